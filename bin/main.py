@@ -1,0 +1,12 @@
+"""Entry point for `python bin/main.py ...` (same as `python -m lingvo_lite ...`)."""
+
+import os
+import sys
+
+# Running the file directly puts bin/ first on sys.path; the repository root is what's needed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lingvo_lite.executor import run_main  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+if __name__ == "__main__":
+  run_main()

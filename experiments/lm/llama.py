@@ -1,0 +1,48 @@
+"""Llama-shaped models on synthetic tokens.
+
+  python -m lingvo_lite --exp=Llama1B --fiddler=tiny --job_log_dir=runs/llama_tiny
+"""
+
+import fiddle as fdl
+
+from experiments.lm import architectures
+from experiments.lm.synthetic import synthetic_lm_data
+from lingvo_lite.experiment import Experiment, Setup, TrainLoop
+from lingvo_lite.optimizers import AdamW
+from lingvo_lite.registry import register
+
+
+@register
+class Llama1B(Experiment):
+  """Llama-3.2-1B shapes: 16 layers, d_model 2048, 32 query / 8 key-value heads, SwiGLU 8192,
+  vocabulary 128256, RoPE base 500000, tied embeddings; bfloat16 compute."""
+
+  @classmethod
+  def config(cls) -> fdl.Config[Setup]:
+    vocab, sequence_length, batch = 128256, 2048, 256
+    return fdl.Config(
+        Setup,
+        model=architectures.llama(vocab_size=vocab, num_layers=16, dim=2048, num_heads=32,
+                                  num_kv_heads=8, head_dim=64, mlp_dim=8192,
+                                  rotary_base=500000.0, tie_embeddings=True,
+                                  dtype="bfloat16", param_dtype="float32"),
+        optimizer=fdl.Config(AdamW, peak_learning_rate=3e-4, warmup_steps=2000,
+                             weight_decay=0.1, clip_grad_norm=1.0),
+        train_data=synthetic_lm_data(vocab, sequence_length, batch),
+        eval_data=synthetic_lm_data(vocab, sequence_length, batch, eval_batches=10),
+        train=fdl.Config(TrainLoop, steps=100000, log_every_steps=10, eval_every_steps=1000),
+    )
+
+
+@register
+class Llama7B(Llama1B):
+  """Llama-2-7B shapes: 32 layers, d_model 4096, 32 heads, SwiGLU 11008, vocabulary 32000."""
+
+  @classmethod
+  def config(cls) -> fdl.Config[Setup]:
+    cfg = super().config()
+    cfg.model = architectures.llama(vocab_size=32000, num_layers=32, dim=4096, num_heads=32,
+                                    mlp_dim=11008, dtype="bfloat16", param_dtype="float32")
+    for data in (cfg.train_data, cfg.eval_data):
+      data.vocab_size = 32000
+    return cfg

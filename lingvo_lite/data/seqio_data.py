@@ -1,0 +1,84 @@
+"""Batches from a seqio Task, materialized once and then indexed by (seed, step).
+
+seqio runs the Task's preprocessors (tokenize, append EOS, chunk) and its LM feature
+converter once per (task, split, length); the resulting fixed-length examples are kept as
+NumPy arrays and every batch is picked from them by index (`source.example_indices`). This
+trades memory (4 bytes a token) for exact, instant resume and for host sharding that does
+not depend on the number of processes. seqio and TensorFlow are imported only here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import numpy as np
+
+from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.data.source import Batch, example_indices, local_rows
+
+# seqio LMFeatureConverter's output names -> lingvo_lite's batch keys.
+_FEATURES = {"decoder_input_tokens": "inputs", "decoder_target_tokens": "targets",
+             "decoder_loss_weights": "weights"}
+
+
+@functools.lru_cache(maxsize=8)
+def _materialize(task: Any, split: str, sequence_length: int,
+                 max_examples: int | None) -> dict[str, np.ndarray]:
+  import_tensorflow()
+  import seqio  # pylint: disable=g-import-not-at-top
+  dataset = task.get_dataset({"targets": sequence_length}, split=split, shuffle=False,
+                             use_cached=False, num_epochs=1)
+  converter = seqio.LMFeatureConverter(pack=False)
+  dataset = converter(dataset, {"targets": sequence_length})
+  if max_examples:
+    dataset = dataset.take(max_examples)
+  parts = {key: [] for key in _FEATURES.values()}
+  for batch in dataset.batch(4096).as_numpy_iterator():
+    for source_key, key in _FEATURES.items():
+      parts[key].append(batch[source_key])
+  if not parts["inputs"]:
+    raise ValueError(f"seqio task {task.name} split {split!r} produced no examples of "
+                     f"{sequence_length} tokens")
+  return {
+      "inputs": np.concatenate(parts["inputs"]).astype(np.int32),
+      "targets": np.concatenate(parts["targets"]).astype(np.int32),
+      "weights": np.concatenate(parts["weights"]).astype(np.float32),
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class SeqioData:
+  """Fixed-length LM examples from a seqio Task.
+
+  Attributes:
+    task: A `seqio.Task` whose `targets` feature yields examples of `sequence_length` tokens.
+    split: The Task's split to read.
+    sequence_length: Tokens per example.
+    global_batch_size: Examples per step over all processes.
+    shuffle: Visit examples in a fresh permutation each epoch (seeded by (seed, epoch)).
+    seed: Root of the shuffle.
+    num_batches: Batches in one eval pass; None for an endless stream.
+    max_examples: Keep only the first examples of the split (tests); None keeps all.
+  """
+
+  task: Any
+  split: str
+  sequence_length: int
+  global_batch_size: int
+  shuffle: bool = True
+  seed: int = 0
+  num_batches: int | None = None
+  max_examples: int | None = None
+
+  @property
+  def examples(self) -> dict[str, np.ndarray]:
+    return _materialize(self.task, self.split, self.sequence_length, self.max_examples)
+
+  def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
+    examples = self.examples
+    rows = local_rows(self.global_batch_size, process_index, process_count)
+    indices = example_indices(step, rows, self.global_batch_size, len(examples["inputs"]),
+                              self.seed, self.shuffle)
+    return {key: value[indices] for key, value in examples.items()}

@@ -1,0 +1,55 @@
+"""The contract every data source meets, and the index arithmetic they share.
+
+A source is deterministic: `batch(step, process_index, process_count)` returns this process's
+rows of global batch number `step`. Global row r of step s is the same example whatever the
+number of processes, which makes resume exact and multi-host runs equal to single-host ones.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+
+
+class DataSource(Protocol):
+  """What the programs need from a data source."""
+
+  global_batch_size: int
+  sequence_length: int
+  # Batches in one pass over an eval set; None for an endless (training) stream.
+  num_batches: int | None
+
+  def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
+    """Rows [process_index * B/P, (process_index + 1) * B/P) of global batch `step`."""
+    ...
+
+
+def local_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:
+  """Global row indices this process owns."""
+  if global_batch_size % process_count:
+    raise ValueError(
+        f"global batch {global_batch_size} is not divisible by {process_count} processes")
+  per_process = global_batch_size // process_count
+  return np.arange(process_index * per_process, (process_index + 1) * per_process)
+
+
+def example_indices(step: int, rows: np.ndarray, global_batch_size: int, num_examples: int,
+                    seed: int, shuffle: bool) -> np.ndarray:
+  """Indices into a fixed example table for the given global rows of batch `step`.
+
+  Walks the table epoch after epoch; with `shuffle`, each epoch is a fresh permutation
+  seeded by (seed, epoch), so any step's batch is computed without replaying earlier ones.
+  """
+  positions = step * global_batch_size + rows
+  epochs, offsets = np.divmod(positions, num_examples)
+  if not shuffle:
+    return offsets
+  indices = np.empty_like(offsets)
+  for epoch in np.unique(epochs):
+    permutation = np.random.default_rng([seed, int(epoch)]).permutation(num_examples)
+    selected = epochs == epoch
+    indices[selected] = permutation[offsets[selected]]
+  return indices

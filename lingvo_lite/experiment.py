@@ -1,0 +1,137 @@
+"""Experiments and the root object they configure.
+
+An experiment is a short class whose `config()` classmethod returns `fdl.Config[Setup]`.
+`Setup` is the built result: model, optimizer, data, partitioner and loop settings, each a
+plain object. `Setup.validate()` checks what no single constructor can (fields that must
+agree with each other), before any device time is spent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import TYPE_CHECKING, Any, get_args
+
+from lingvo_lite.checkpoints import CheckpointSettings
+from lingvo_lite.data.source import DataSource
+from lingvo_lite.errors import config_error
+from lingvo_lite.models.transformer import TransformerLM
+from lingvo_lite.optimizers import AdamW
+from lingvo_lite.partitioning import Partitioner
+
+if TYPE_CHECKING:
+  import fiddle as fdl
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainLoop:
+  """How long to train, and what to do along the way.
+
+  Attributes:
+    steps: Optimizer steps in the whole run (a resumed run continues up to this count).
+    seed: Root seed of parameter initialization (data sources have their own seeds).
+    log_every_steps: Steps between metric logs.
+    eval_every_steps: Steps between evaluations; 0 evaluates only at the end.
+    grad_accum_steps: Micro-batches per step (each global_batch / k rows).
+    z_loss: Weight of the auxiliary loss z_loss * log(Z)^2 (GPT-J used 1e-4).
+    profile_start_step: First step of a profiler trace window; -1 disables tracing.
+    profile_steps: Steps in the trace window (written to JOB/profile/).
+  """
+
+  steps: int = 1000
+  seed: int = 0
+  log_every_steps: int = 10
+  eval_every_steps: int = 0
+  grad_accum_steps: int = 1
+  z_loss: float = 0.0
+  profile_start_step: int = -1
+  profile_steps: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Everything a program needs, built from an experiment's config."""
+
+  model: TransformerLM
+  optimizer: AdamW
+  train_data: DataSource
+  eval_data: DataSource | None
+  partitioner: Partitioner = Partitioner()
+  train: TrainLoop = TrainLoop()
+  checkpoint: CheckpointSettings = CheckpointSettings()
+
+  def validate(self) -> None:
+    """Raises UsageError naming the field, the value and the fix for the first problem."""
+    _check_literals(self)
+    model = self.model
+    _positive(self, ("model.vocab_size", "model.num_layers", "model.dim", "model.num_heads",
+                     "train.steps", "train.log_every_steps", "train.grad_accum_steps",
+                     "train_data.global_batch_size", "train_data.sequence_length",
+                     "checkpoint.every_steps"))
+    if model.head_dim is None and model.dim % model.num_heads:
+      raise config_error("model.num_heads", model.num_heads,
+                         f"does not divide model.dim={model.dim}",
+                         "choose a divisor of dim or set model.head_dim")
+    if model.num_heads % model.resolved_num_kv_heads:
+      raise config_error("model.num_kv_heads", model.num_kv_heads,
+                         f"does not divide model.num_heads={model.num_heads}",
+                         "grouped-query attention needs num_heads % num_kv_heads == 0")
+    rotary_dim = model.resolved_rotary_dim
+    if rotary_dim % 2 or rotary_dim > model.resolved_head_dim:
+      raise config_error("model.rotary_dim", model.rotary_dim,
+                         f"must be even and at most head_dim={model.resolved_head_dim}")
+    for name in ("train_data", "eval_data"):
+      data = getattr(self, name)
+      if data is None:
+        continue
+      if data.global_batch_size % self.train.grad_accum_steps and name == "train_data":
+        raise config_error("train.grad_accum_steps", self.train.grad_accum_steps,
+                           f"does not divide train_data.global_batch_size="
+                           f"{data.global_batch_size}")
+      if model.position == "learned" and data.sequence_length > model.max_length:
+        raise config_error(f"{name}.sequence_length", data.sequence_length,
+                           f"exceeds model.max_length={model.max_length} of learned positions")
+      vocab = getattr(data, "vocab_size", None)
+      if vocab is not None and vocab > model.vocab_size:
+        raise config_error(f"{name}.vocab_size", vocab,
+                           f"exceeds model.vocab_size={model.vocab_size}")
+    if self.eval_data is not None and not self.eval_data.num_batches:
+      raise config_error("eval_data.num_batches", self.eval_data.num_batches,
+                         "an eval set needs a positive number of batches per pass")
+    if self.train.eval_every_steps < 0:
+      raise config_error("train.eval_every_steps", self.train.eval_every_steps,
+                         "must be >= 0 (0 evaluates only at the end)")
+
+
+def _positive(setup: Setup, paths: tuple[str, ...]) -> None:
+  for path in paths:
+    value: Any = setup
+    for part in path.split("."):
+      value = getattr(value, part)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise config_error(path, value, "must be a positive integer")
+
+
+def _check_literals(setup: Setup) -> None:
+  """Every `Literal[...]`-typed field of a built part holds one of its choices."""
+  for part_name in ("model", "optimizer", "partitioner", "train", "checkpoint"):
+    part = getattr(setup, part_name)
+    hints = typing.get_type_hints(type(part))
+    for field in dataclasses.fields(part):
+      hint = hints.get(field.name)
+      if typing.get_origin(hint) is typing.Literal:
+        value = getattr(part, field.name)
+        if value not in get_args(hint):
+          choices = ", ".join(repr(c) for c in get_args(hint))
+          raise config_error(f"{part_name}.{field.name}", value, f"valid choices: {choices}")
+
+
+class Experiment:
+  """Base class of experiments: subclasses override `config()` and register themselves.
+
+  Fiddlers specific to an experiment may be defined as static methods taking the config.
+  """
+
+  @classmethod
+  def config(cls) -> fdl.Config[Setup]:
+    raise NotImplementedError(f"{cls.__name__}.config() must return fdl.Config(Setup, ...)")

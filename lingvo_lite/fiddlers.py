@@ -1,0 +1,75 @@
+"""Generic fiddlers: named config mutations any experiment accepts from `--fiddler=NAME`.
+
+A fiddler is a function `(cfg: fdl.Config[Setup]) -> None`. The executor looks a name up
+on the experiment class first, then in the experiment's module, then here.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import fiddle as fdl
+
+from lingvo_lite.data.synthetic import SyntheticData
+
+
+def _accepts(buildable: fdl.Buildable, name: str) -> bool:
+  return name in inspect.signature(fdl.get_callable(buildable)).parameters
+
+
+def _set_if_accepted(buildable: fdl.Buildable | None, **values) -> None:
+  if buildable is None:
+    return
+  for name, value in values.items():
+    if _accepts(buildable, name):
+      setattr(buildable, name, value)
+
+
+def tiny(cfg: fdl.Config) -> None:
+  """Shrinks any experiment to run in seconds on one CPU: 2 layers, width 64, 10 steps."""
+  model = cfg.model
+  old_head_dim = model.head_dim or model.dim // model.num_heads
+  model.num_layers = 2
+  model.dim = 64
+  model.num_heads = 4
+  model.head_dim = None
+  model.mlp_dim = None
+  model.dtype = "float32"
+  model.param_dtype = "float32"
+  if model.num_kv_heads is not None:
+    model.num_kv_heads = min(model.num_kv_heads, 2)
+  if model.rotary_dim is not None:
+    # Keep the rotated fraction of each head (GPT-J rotates 64 of 256 dims).
+    model.rotary_dim = max(2, 16 * model.rotary_dim // old_head_dim // 2 * 2)
+  cfg.train.steps = 10
+  cfg.train.log_every_steps = 5
+  cfg.train.eval_every_steps = 0
+  cfg.train.grad_accum_steps = 1
+  cfg.checkpoint.every_steps = 10
+  sequence_length = min(cfg.train_data.sequence_length, 64)
+  model.max_length = max(sequence_length, 64)
+  for data in (cfg.train_data, cfg.eval_data):
+    if data is None:
+      continue
+    data.sequence_length = sequence_length
+    data.global_batch_size = 4
+    _set_if_accepted(data, max_examples=256)
+  if cfg.eval_data is not None:
+    cfg.eval_data.num_batches = 2
+
+
+def synthetic_data(cfg: fdl.Config) -> None:
+  """Replaces the train and eval data with synthetic tokens of the same shapes."""
+  for name, seed in (("train_data", 0), ("eval_data", 1)):
+    data = getattr(cfg, name)
+    if data is None:
+      continue
+    setattr(cfg, name, fdl.Config(
+        SyntheticData, vocab_size=cfg.model.vocab_size, sequence_length=data.sequence_length,
+        global_batch_size=data.global_batch_size, seed=seed,
+        num_batches=getattr(data, "num_batches", None)))
+
+
+def no_eval(cfg: fdl.Config) -> None:
+  """Drops the eval data: training runs no evaluation."""
+  cfg.eval_data = None

@@ -1,0 +1,200 @@
+"""Building blocks of a decoder-only transformer: norms, rotary embedding, attention, MLP.
+
+Every parameter is created with logical axis names (`embed`, `heads`, `kv`, `mlp`, `vocab`,
+`norm`) so the partitioner can map them to mesh axes; key activations carry logical
+constraints (`batch`, `length`, ...) that are no-ops unless a mesh and rules are active.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+DType = Literal["float32", "bfloat16", "float16"]
+NormKind = Literal["layernorm", "rmsnorm"]
+Activation = Literal["gelu_tanh", "gelu", "relu", "swiglu", "geglu"]
+RotaryStyle = Literal["interleaved", "half"]
+
+# Gated activations need two input projections (value and gate).
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+
+
+def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
+  """Attaches a logical sharding constraint to an activation."""
+  return nn.with_logical_constraint(x, axes)
+
+
+def dense_init(axes: tuple[str | None, ...], fan_in: int) -> nn.initializers.Initializer:
+  """Truncated-normal init scaled by 1/sqrt(fan_in), tagged with logical axes."""
+  init = nn.initializers.truncated_normal(stddev=1.0 / math.sqrt(fan_in))
+  return nn.with_logical_partitioning(init, axes)
+
+
+class Norm(nn.Module):
+  """LayerNorm (scale and offset) or RMSNorm (scale only), computed in float32."""
+
+  kind: NormKind = "layernorm"
+  eps: float = 1e-5
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    dim = x.shape[-1]
+    x32 = x.astype(jnp.float32)
+    if self.kind == "layernorm":
+      x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
+                       (dim,), self.param_dtype)
+    y = y * scale.astype(jnp.float32)
+    if self.kind == "layernorm":
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
+                        (dim,), self.param_dtype)
+      y = y + bias.astype(jnp.float32)
+    return y.astype(self.dtype)
+
+
+def rotary_sin_cos(positions: jax.Array, rotary_dim: int, base: float) -> tuple[jax.Array, jax.Array]:
+  """Returns sin and cos of shape [batch, length, rotary_dim // 2] in float32."""
+  inv_freq = 1.0 / (base ** (jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq
+  return jnp.sin(angles), jnp.cos(angles)
+
+
+def apply_rotary(x: jax.Array, sin: jax.Array, cos: jax.Array, style: RotaryStyle) -> jax.Array:
+  """Rotates the first `2 * sin.shape[-1]` features of each head; the rest pass through.
+
+  Args:
+    x: [batch, length, heads, head_dim].
+    sin, cos: [batch, length, rotary_dim // 2].
+    style: "interleaved" rotates pairs (x0, x1), (x2, x3), ... as GPT-J does;
+      "half" pairs feature i with i + rotary_dim / 2 as Llama and GPT-NeoX do.
+  """
+  rotary_dim = 2 * sin.shape[-1]
+  rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+  sin = sin[:, :, None, :].astype(x.dtype)
+  cos = cos[:, :, None, :].astype(x.dtype)
+  if style == "interleaved":
+    pairs = rot.reshape(*rot.shape[:-1], rotary_dim // 2, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]
+    rotated = jnp.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1)
+    rotated = rotated.reshape(rot.shape)
+  else:
+    first, second = rot[..., : rotary_dim // 2], rot[..., rotary_dim // 2:]
+    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  if rest.shape[-1] == 0:
+    return rotated
+  return jnp.concatenate([rotated, rest], axis=-1)
+
+
+def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
+  """Boolean [batch or 1, 1, 1, length, length] mask: causal, and within one segment."""
+  causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None, None]
+  if segment_ids is None:
+    return causal
+  same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
+  return causal & same_segment[:, None, None]
+
+
+class Attention(nn.Module):
+  """Causal multi-head attention with grouped-query support and optional rotary embedding."""
+
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  use_bias: bool = False
+  rotary_dim: int = 0  # 0 disables rotary embedding.
+  rotary_style: RotaryStyle = "interleaved"
+  rotary_base: float = 10000.0
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  def _weight(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...],
+              fan_in: int) -> jax.Array:
+    return self.param(name, dense_init(axes, fan_in), shape, self.param_dtype).astype(self.dtype)
+
+  def _bias(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...]) -> jax.Array:
+    init = nn.with_logical_partitioning(nn.initializers.zeros, axes)
+    return self.param(name, init, shape, self.param_dtype).astype(self.dtype)
+
+  def _project(self, x: jax.Array, name: str, heads: int) -> jax.Array:
+    """[b, t, dim] -> [b, t, heads, head_dim]; kernels are stored 3-D with logical axes."""
+    dim = x.shape[-1]
+    kernel = self._weight(f"{name}_kernel", (dim, heads, self.head_dim),
+                          ("embed", "heads", "kv"), dim)
+    y = jnp.einsum("btd,dhk->bthk", x, kernel)
+    if self.use_bias:
+      y = y + self._bias(f"{name}_bias", (heads, self.head_dim), ("heads", "kv"))
+    return y
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    batch, length, dim = x.shape
+    q = self._project(x, "query", self.num_heads)
+    k = self._project(x, "key", self.num_kv_heads)
+    v = self._project(x, "value", self.num_kv_heads)
+    if self.rotary_dim:
+      sin, cos = rotary_sin_cos(positions, self.rotary_dim, self.rotary_base)
+      q = apply_rotary(q, sin, cos, self.rotary_style)
+      k = apply_rotary(k, sin, cos, self.rotary_style)
+    q = constrain(q, "batch", "length", "heads", "kv")
+    k = constrain(k, "batch", "length", "heads", "kv")
+    v = constrain(v, "batch", "length", "heads", "kv")
+
+    # Group query heads by the key/value head they share: [b, t, kv_heads, group, d].
+    group = self.num_heads // self.num_kv_heads
+    q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
+    q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
+    logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    out = out.reshape(batch, length, self.num_heads, self.head_dim)
+    out = constrain(out, "batch", "length", "heads", "kv")
+    kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
+                          ("heads", "kv", "embed"), self.num_heads * self.head_dim)
+    y = jnp.einsum("bthk,hkd->btd", out, kernel)
+    if self.use_bias:
+      y = y + self._bias("out_bias", (dim,), ("embed",))
+    return y
+
+
+def _activate(x: jax.Array, activation: Activation) -> jax.Array:
+  if activation in ("gelu_tanh", "geglu"):
+    return jax.nn.gelu(x, approximate=True)
+  if activation == "gelu":
+    return jax.nn.gelu(x, approximate=False)
+  if activation == "swiglu":
+    return jax.nn.silu(x)
+  return jax.nn.relu(x)
+
+
+class Mlp(nn.Module):
+  """Feed-forward layer: dim -> mlp_dim -> dim, optionally gated (SwiGLU, GeGLU)."""
+
+  mlp_dim: int
+  activation: Activation = "gelu_tanh"
+  use_bias: bool = True
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  def _dense(self, x: jax.Array, features: int, axes: tuple[str, str], name: str) -> jax.Array:
+    return nn.Dense(
+        features, use_bias=self.use_bias, name=name, dtype=self.dtype,
+        param_dtype=self.param_dtype, kernel_init=dense_init(axes, x.shape[-1]),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axes[1],)),
+    )(x)
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    hidden = self._dense(x, self.mlp_dim, ("embed", "mlp"), "wi")
+    hidden = _activate(hidden, self.activation)
+    if self.activation in GATED_ACTIVATIONS:
+      hidden = hidden * self._dense(x, self.mlp_dim, ("embed", "mlp"), "wi_gate")
+    hidden = constrain(hidden, "batch", "length", "mlp")
+    return self._dense(hidden, x.shape[-1], ("mlp", "embed"), "wo")

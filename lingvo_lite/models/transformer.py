@@ -1,0 +1,195 @@
+"""A decoder-only transformer language model covering the GPT-J, Llama and GPT-2 families.
+
+The families differ in a handful of orthogonal choices, each a field here:
+
+| choice            | GPT-J                    | Llama                  | GPT-2            |
+|-------------------|--------------------------|------------------------|------------------|
+| block             | parallel (one norm)      | sequential (two norms) | sequential       |
+| norm              | layernorm                | rmsnorm                | layernorm        |
+| mlp_activation    | gelu_tanh                | swiglu                 | gelu_tanh        |
+| position          | rotary, interleaved,     | rotary, half,          | learned          |
+|                   | first 64 of 256 dims     | all dims               |                  |
+| biases            | MLP, embedding, output   | none                   | all              |
+| tie_embeddings    | no                       | no                     | yes              |
+
+Derived sizes default to None and are computed where used (`head_dim = dim // num_heads`,
+`mlp_dim = 4 * dim`, ...), so overriding `dim` from the command line keeps them consistent.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lingvo_lite.models import layers
+
+BlockKind = Literal["parallel", "sequential"]
+PositionKind = Literal["rotary", "learned", "none"]
+
+
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+  """Position of each token within its segment (restarts at 0 where the segment changes)."""
+  length = segment_ids.shape[-1]
+  index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), segment_ids.shape)
+  starts = jnp.concatenate(
+      [jnp.ones_like(segment_ids[:, :1], dtype=jnp.bool_),
+       segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  segment_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+  return index - segment_start
+
+
+class Block(nn.Module):
+  """One transformer layer, parallel (GPT-J) or sequential (pre-norm GPT-2 / Llama)."""
+
+  kind: BlockKind
+  attention: layers.Attention
+  mlp: layers.Mlp
+  norm_kind: layers.NormKind
+  norm_eps: float
+  dtype: jnp.dtype
+
+  def _norm(self, name: str) -> layers.Norm:
+    return layers.Norm(kind=self.norm_kind, eps=self.norm_eps, dtype=self.dtype, name=name)
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    if self.kind == "parallel":
+      h = self._norm("norm")(x)
+      x = x + self.attention(h, positions, mask) + self.mlp(h)
+    else:
+      x = x + self.attention(self._norm("attention_norm")(x), positions, mask)
+      x = x + self.mlp(self._norm("mlp_norm")(x))
+    return layers.constrain(x, "batch", "length", "embed")
+
+
+class TransformerLM(nn.Module):
+  """Decoder-only transformer LM: tokens [batch, length] -> float32 logits [batch, length, vocab].
+
+  Attributes:
+    vocab_size: Size of the output softmax (may include padding rows, as GPT-J's 50400).
+    num_layers: Number of transformer blocks.
+    dim: Model (residual stream) width.
+    num_heads: Query heads.
+    num_kv_heads: Key/value heads for grouped-query attention; None means num_heads.
+    head_dim: Per-head width; None means dim // num_heads.
+    mlp_dim: Hidden width of the MLP; None means 4 * dim.
+    block: "parallel" (GPT-J: x + attn(ln x) + mlp(ln x)) or "sequential" (pre-norm).
+    norm: "layernorm" or "rmsnorm".
+    norm_eps: Epsilon of every norm.
+    mlp_activation: gelu_tanh, gelu, relu, swiglu or geglu.
+    position: "rotary", "learned" (absolute table of max_length rows) or "none".
+    rotary_dim: Dims of each head that rotate; None means all of head_dim.
+    rotary_style: "interleaved" (GPT-J) or "half" (Llama, NeoX).
+    rotary_base: Base of the rotary frequencies.
+    max_length: Rows of the learned position table.
+    attention_bias: Bias on q, k, v and output projections.
+    mlp_bias: Bias on the MLP projections.
+    embedding_bias: A learned bias added to every token embedding (mesh-transformer-jax
+      implements the embedding as one-hot times a biased Linear).
+    tie_embeddings: Reuse the token embedding as the output projection.
+    output_bias: Bias on the untied output projection.
+    dtype: Activation dtype name.
+    param_dtype: Parameter dtype name.
+  """
+
+  vocab_size: int
+  num_layers: int
+  dim: int
+  num_heads: int
+  num_kv_heads: int | None = None
+  head_dim: int | None = None
+  mlp_dim: int | None = None
+  block: BlockKind = "sequential"
+  norm: layers.NormKind = "layernorm"
+  norm_eps: float = 1e-5
+  mlp_activation: layers.Activation = "gelu_tanh"
+  position: PositionKind = "rotary"
+  rotary_dim: int | None = None
+  rotary_style: layers.RotaryStyle = "half"
+  rotary_base: float = 10000.0
+  max_length: int = 2048
+  attention_bias: bool = False
+  mlp_bias: bool = False
+  embedding_bias: bool = False
+  tie_embeddings: bool = False
+  output_bias: bool = False
+  dtype: layers.DType = "float32"
+  param_dtype: layers.DType = "float32"
+
+  # Derived sizes, computed where used (DESIGN rule 3).
+  @property
+  def resolved_num_kv_heads(self) -> int:
+    return self.num_kv_heads or self.num_heads
+
+  @property
+  def resolved_head_dim(self) -> int:
+    return self.head_dim or self.dim // self.num_heads
+
+  @property
+  def resolved_mlp_dim(self) -> int:
+    return self.mlp_dim or 4 * self.dim
+
+  @property
+  def resolved_rotary_dim(self) -> int:
+    if self.position != "rotary":
+      return 0
+    return self.rotary_dim if self.rotary_dim is not None else self.resolved_head_dim
+
+  def _block(self, index: int) -> Block:
+    dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
+    attention = layers.Attention(
+        num_heads=self.num_heads, num_kv_heads=self.resolved_num_kv_heads,
+        head_dim=self.resolved_head_dim, use_bias=self.attention_bias,
+        rotary_dim=self.resolved_rotary_dim, rotary_style=self.rotary_style,
+        rotary_base=self.rotary_base, dtype=dtype, param_dtype=param_dtype, parent=None)
+    mlp = layers.Mlp(
+        mlp_dim=self.resolved_mlp_dim, activation=self.mlp_activation, use_bias=self.mlp_bias,
+        dtype=dtype, param_dtype=param_dtype, parent=None)
+    return Block(kind=self.block, attention=attention, mlp=mlp, norm_kind=self.norm,
+                 norm_eps=self.norm_eps, dtype=dtype, name=f"layer_{index}")
+
+  @nn.compact
+  def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
+               positions: jax.Array | None = None) -> jax.Array:
+    dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
+    batch, length = tokens.shape
+    if positions is None:
+      positions = (positions_from_segments(segment_ids) if segment_ids is not None
+                   else jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape))
+
+    embedding = self.param(
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), ("vocab", "embed")),
+        (self.vocab_size, self.dim), param_dtype)
+    x = jnp.take(embedding, tokens, axis=0).astype(dtype)
+    if self.embedding_bias:
+      x = x + self.param("embedding_bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("embed",)), (self.dim,), param_dtype).astype(dtype)
+    if self.position == "learned":
+      table = self.param(
+          "position_embedding",
+          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), ("position", "embed")),
+          (self.max_length, self.dim), param_dtype)
+      x = x + jnp.take(table, positions, axis=0).astype(dtype)
+    x = layers.constrain(x, "batch", "length", "embed")
+
+    mask = layers.attention_mask(segment_ids, length)
+    for index in range(self.num_layers):
+      x = self._block(index)(x, positions, mask)
+
+    x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
+    if self.tie_embeddings:
+      # The embedding rows have unit scale; 1/sqrt(dim) keeps initial logits O(1).
+      logits = jnp.einsum("btd,vd->btv", x, embedding.astype(dtype))
+      logits = logits * jnp.asarray(1.0 / math.sqrt(self.dim), dtype)
+    else:
+      logits = nn.Dense(
+          self.vocab_size, use_bias=self.output_bias, name="output", dtype=dtype,
+          param_dtype=param_dtype, kernel_init=layers.dense_init(("embed", "vocab"), self.dim),
+          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)))(x)
+    logits = layers.constrain(logits, "batch", "length", "vocab")
+    return logits.astype(jnp.float32)

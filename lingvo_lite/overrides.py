@@ -1,0 +1,280 @@
+"""Command-line config overrides: `--fiddler=NAME`, `--fdl.a.b=VALUE`, `--fdl_set=a.b=VALUE`.
+
+Fiddle's legacy flags apply every fiddler before every set, whatever the command line
+says. Here argv is scanned once, in order, and the directives are applied in that order.
+A VALUE is a Python literal (`ast.literal_eval`, never evaluated as code) and is checked
+against the field's type annotation before it is set, so a typo or a wrong type fails
+with one line naming the flag, the value and the fix. Each change is recorded in the
+config's history with the flag that made it, which `config.txt` shows.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import importlib
+import inspect
+import re
+import types
+import typing
+from typing import Any, Callable, Sequence
+
+import fiddle as fdl
+from fiddle import history
+
+from lingvo_lite import fiddlers as generic_fiddlers
+from lingvo_lite.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class Directive:
+  """One override in command-line order: a fiddler name, or a path and value text."""
+
+  kind: str  # "fiddler" or "set"
+  flag: str  # The argument as the user wrote it, for messages and history.
+  name: str = ""  # Fiddler name.
+  path: str = ""  # Dotted field path for a set.
+  value_text: str = ""
+
+
+_MULTI_FLAGS = {"--fiddler": "fiddler", "--fdl_set": "set"}
+
+
+def _set_directive(flag: str, assignment: str) -> Directive:
+  path, equals, value_text = assignment.partition("=")
+  if not equals or not path:
+    raise UsageError(f"{flag}: expected PATH=VALUE, e.g. --fdl.model.num_layers=2 or "
+                     "--fdl_set=model.num_layers=2")
+  return Directive("set", flag, path=path.strip(), value_text=value_text)
+
+
+def extract(argv: Sequence[str]) -> tuple[list[str], list[Directive]]:
+  """Splits argv into what absl parses and the ordered override directives.
+
+  `--fdl.PATH=VALUE` is removed (absl does not know those names); `--fiddler` and
+  `--fdl_set` stay in argv too, so `--help` documents them, but their order comes from here.
+  """
+  remaining, directives = [argv[0]], []
+  args = list(argv[1:])
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    if arg == "--":
+      remaining.extend(args[i:])
+      break
+    if arg.startswith("--fdl."):
+      directives.append(_set_directive(arg, arg[len("--fdl."):]))
+      i += 1
+      continue
+    name, equals, value = arg.partition("=")
+    if name in _MULTI_FLAGS:
+      if not equals:
+        if i + 1 >= len(args):
+          raise UsageError(f"{name}: missing value")
+        value = args[i + 1]
+        remaining.extend([arg, value])
+        i += 2
+      else:
+        remaining.append(arg)
+        i += 1
+      flag = f"{name}={value}"
+      if _MULTI_FLAGS[name] == "fiddler":
+        directives.append(Directive("fiddler", flag, name=value))
+      else:
+        directives.append(_set_directive(flag, value))
+      continue
+    remaining.append(arg)
+    i += 1
+  return remaining, directives
+
+
+def parse_value(directive: Directive) -> Any:
+  """The literal a VALUE text denotes; a bare word gets a hint showing the quoting."""
+  text = directive.value_text
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    hint = ""
+    if re.fullmatch(r"[A-Za-z_][\w\-./]*", text.strip()):
+      hint = f"; a string needs quotes inside the shell's: --fdl.{directive.path}='\"{text}\"'"
+    raise UsageError(f"{directive.flag}: {text!r} is not a Python literal (numbers, quoted "
+                     f"strings, True/False/None, tuples, lists, dicts){hint}") from None
+
+
+# ----------------------------------------------------------------------------- types
+
+
+def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
+  target = fn.__init__ if inspect.isclass(fn) and not dataclasses.is_dataclass(fn) else fn
+  try:
+    return typing.get_type_hints(target)
+  except Exception:  # pylint: disable=broad-except
+    return {}  # Unresolvable annotations: skip checking rather than block the user.
+
+
+def _describe(annotation: Any) -> str:
+  if typing.get_origin(annotation) is typing.Literal:
+    return "one of " + ", ".join(repr(c) for c in typing.get_args(annotation))
+  if isinstance(annotation, type):
+    return annotation.__name__
+  return str(annotation).replace("typing.", "")
+
+
+def _matches(value: Any, annotation: Any) -> bool | None:
+  """Whether a literal fits an annotation; None when the annotation is beyond checking."""
+  if annotation is Any or annotation is None and value is None:
+    return True
+  if annotation is type(None):
+    return value is None
+  origin = typing.get_origin(annotation)
+  if origin is typing.Literal:
+    return value in typing.get_args(annotation)
+  if origin in (typing.Union, types.UnionType):
+    results = [_matches(value, arg) for arg in typing.get_args(annotation)]
+    if any(r is True for r in results):
+      return True
+    return None if any(r is None for r in results) else False
+  if origin in (tuple, list, dict):
+    return isinstance(value, (tuple, list) if origin is not dict else dict)
+  if annotation is float:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+  if annotation is int:
+    return isinstance(value, int) and not isinstance(value, bool)
+  if annotation in (bool, str, tuple, list, dict):
+    return isinstance(value, annotation)
+  return None
+
+
+# ----------------------------------------------------------------------------- paths
+
+_STEP = re.compile(r"([A-Za-z_]\w*)|\[(\d+)\]")
+
+
+def _split_path(directive: Directive) -> list[str | int]:
+  steps, position = [], 0
+  path = directive.path
+  while position < len(path):
+    if path[position] == "." and steps:
+      position += 1
+    match = _STEP.match(path, position)
+    if not match:
+      raise UsageError(f"{directive.flag}: cannot parse the field path {path!r}; use "
+                       "dotted names with optional [index], e.g. model.num_layers")
+    steps.append(match.group(1) if match.group(1) else int(match.group(2)))
+    position = match.end()
+  return steps
+
+
+def _parameter_names(buildable: fdl.Buildable) -> list[str]:
+  return list(inspect.signature(fdl.get_callable(buildable)).parameters)
+
+
+def _child(parent: Any, step: str | int, walked: str, directive: Directive) -> Any:
+  if isinstance(step, int):
+    if not isinstance(parent, (list, tuple)) or step >= len(parent):
+      raise UsageError(f"{directive.flag}: {walked or 'the root'} has no element [{step}]")
+    return parent[step]
+  if isinstance(parent, fdl.Buildable):
+    _check_parameter(parent, step, walked, directive)
+    return getattr(parent, step)
+  kind = "None" if parent is None else f"a {type(parent).__name__}"
+  raise UsageError(f"{directive.flag}: {walked} is {kind}, not a config with fields; "
+                   f"it has no field {step!r}")
+
+
+def _check_parameter(buildable: fdl.Buildable, name: str, walked: str,
+                     directive: Directive) -> None:
+  names = _parameter_names(buildable)
+  if name in names:
+    return
+  owner = fdl.get_callable(buildable).__name__
+  close = difflib.get_close_matches(name, names, n=1)
+  fix = f"did you mean {close[0]!r}?" if close else f"valid fields: {', '.join(names)}"
+  where = f"{walked}." if walked else ""
+  raise UsageError(f"{directive.flag}: {owner} ({walked or 'root'}) has no field "
+                   f"{where}{name}; {fix}")
+
+
+def set_field(cfg: fdl.Buildable, directive: Directive) -> None:
+  """Applies one `path=value` directive, checking the field exists and the type fits."""
+  steps = _split_path(directive)
+  value = parse_value(directive)
+  parent, walked = cfg, ""
+  for step in steps[:-1]:
+    parent = _child(parent, step, walked, directive)
+    walked = f"{walked}[{step}]" if isinstance(step, int) else (
+        f"{walked}.{step}" if walked else step)
+  last = steps[-1]
+  if isinstance(last, int):
+    raise UsageError(f"{directive.flag}: set a whole field, not one element of it")
+  if not isinstance(parent, fdl.Buildable):
+    _child(parent, last, walked, directive)  # Raises with the right message.
+  _check_parameter(parent, last, walked, directive)
+  annotation = _type_hints(fdl.get_callable(parent)).get(last)
+  if annotation is not None and _matches(value, annotation) is False:
+    raise UsageError(f"{directive.flag}: {directive.path} must be {_describe(annotation)}, "
+                     f"got {type(value).__name__} {value!r}")
+  setattr(parent, last, value)
+
+
+# ----------------------------------------------------------------------------- fiddlers
+
+
+def _is_fiddler(fn: Any) -> bool:
+  """Fiddlers are functions of exactly one parameter named `cfg`."""
+  try:
+    return list(inspect.signature(fn).parameters) == ["cfg"]
+  except (TypeError, ValueError):
+    return False
+
+
+def _fiddler_candidates(experiment: type | None) -> dict[str, Callable[..., Any]]:
+  """Fiddlers by name, in lookup order: experiment class, its module, generic ones."""
+  found: dict[str, Callable[..., Any]] = {}
+  modules: list[types.ModuleType] = []
+  if experiment is not None:
+    for klass in experiment.__mro__:
+      for name, attribute in vars(klass).items():
+        if isinstance(attribute, staticmethod) and _is_fiddler(attribute.__func__):
+          found.setdefault(name, attribute.__func__)
+    modules.append(importlib.import_module(experiment.__module__))
+  modules.append(generic_fiddlers)
+  for module in modules:
+    for name, fn in vars(module).items():
+      if (inspect.isfunction(fn) and fn.__module__ == module.__name__
+          and not name.startswith("_") and _is_fiddler(fn)):
+        found.setdefault(name, fn)
+  return found
+
+
+def find_fiddler(name: str, experiment: type | None, flag: str) -> Callable[..., Any]:
+  candidates = _fiddler_candidates(experiment)
+  if name in candidates:
+    return candidates[name]
+  if "." in name:
+    module_name, _, attribute = name.rpartition(".")
+    try:
+      fn = getattr(importlib.import_module(module_name), attribute, None)
+    except ImportError:
+      fn = None
+    if callable(fn):
+      return fn
+  raise UsageError(f"{flag}: no fiddler named {name!r}; valid choices: "
+                   f"{', '.join(sorted(candidates))} (or an import path module.function)")
+
+
+def apply(cfg: fdl.Buildable, directives: Sequence[Directive], experiment: type | None) -> None:
+  """Applies the directives in order, labelling each change in the config's history."""
+  for position, directive in enumerate(directives):
+    location = history.Location(filename="command line", line_number=position + 1,
+                                function_name=directive.flag)
+    with history.custom_location(lambda location=location: location):
+      if directive.kind == "fiddler":
+        fiddler = find_fiddler(directive.name, experiment, directive.flag)
+        try:
+          fiddler(cfg)
+        except (AttributeError, TypeError, ValueError) as e:
+          raise UsageError(f"{directive.flag}: the fiddler failed on this config: {e}") from e
+      else:
+        set_field(cfg, directive)

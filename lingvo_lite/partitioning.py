@@ -1,0 +1,117 @@
+"""Device mesh and logical-axis sharding rules.
+
+The model names the axes of its parameters and activations logically (`embed`, `mlp`,
+`heads`, ...); the partitioner maps those names onto named mesh axes (`data`, `fsdp`,
+`tensor`) and turns an abstract state tree into NamedShardings. Pure data parallelism is the
+default: every parameter replicated, the batch split over all devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lingvo_lite.errors import config_error
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# Logical axis -> mesh axes. The batch is split over every data-parallel axis (FSDP is data
+# parallel for activations); weights are split over fsdp on `embed` and over tensor on the
+# head/MLP/vocab dimensions (Megatron-style).
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", ("data", "fsdp")),
+    ("length", None),
+    ("embed", "fsdp"),
+    ("mlp", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("vocab", "tensor"),
+    ("norm", None),
+    ("position", None),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Partitioner:
+  """Mesh shape and sharding rules.
+
+  Attributes:
+    ici_data, ici_fsdp, ici_tensor: Mesh axis sizes within a slice; one may be -1 to take
+      the devices left over.
+    dcn_data, dcn_fsdp, dcn_tensor: Mesh axis sizes across slices (multi-slice jobs).
+    rules: Logical axis name -> mesh axis (or tuple of axes, or None for replicated).
+  """
+
+  ici_data: int = -1
+  ici_fsdp: int = 1
+  ici_tensor: int = 1
+  dcn_data: int = 1
+  dcn_fsdp: int = 1
+  dcn_tensor: int = 1
+  rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
+
+  @property
+  def ici_shape(self) -> tuple[int, int, int]:
+    return (self.ici_data, self.ici_fsdp, self.ici_tensor)
+
+  @property
+  def dcn_shape(self) -> tuple[int, int, int]:
+    return (self.dcn_data, self.dcn_fsdp, self.dcn_tensor)
+
+  def resolved_ici_shape(self, num_devices: int) -> tuple[int, ...]:
+    """ICI sizes with a -1 replaced by the devices left over; raises if they don't fit."""
+    per_slice = num_devices // math.prod(self.dcn_shape)
+    sizes = list(self.ici_shape)
+    if sizes.count(-1) > 1:
+      raise config_error("partitioner.ici_*", tuple(sizes), "at most one mesh axis may be -1")
+    if -1 in sizes:
+      known = math.prod(s for s in sizes if s != -1)
+      if known <= 0 or per_slice % known:
+        raise config_error(
+            "partitioner", f"ici={tuple(sizes)} dcn={self.dcn_shape}",
+            f"the fixed axis sizes do not divide the {per_slice} devices per slice")
+      sizes[sizes.index(-1)] = per_slice // known
+    if math.prod(sizes) * math.prod(self.dcn_shape) != num_devices:
+      raise config_error(
+          "partitioner", f"ici={tuple(sizes)} dcn={self.dcn_shape}",
+          f"the mesh has {math.prod(sizes) * math.prod(self.dcn_shape)} devices but "
+          f"{num_devices} are available; make the product of the axis sizes {num_devices} "
+          "or set one axis to -1")
+    return tuple(sizes)
+
+  def make_mesh(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Builds the mesh with Auto axis types (Flax's logical constraints expect Auto)."""
+    devices = list(devices if devices is not None else jax.devices())
+    ici = self.resolved_ici_shape(len(devices))
+    if math.prod(self.dcn_shape) > 1:
+      device_array = mesh_utils.create_hybrid_device_mesh(
+          ici, self.dcn_shape, devices, allow_split_physical_axes=True)
+    elif len(devices) == 1:
+      device_array = np.asarray(devices).reshape(ici)
+    else:
+      device_array = mesh_utils.create_device_mesh(
+          ici, devices, allow_split_physical_axes=True)
+    return Mesh(device_array, MESH_AXES)
+
+  def data_parallel_size(self, mesh: Mesh) -> int:
+    """Number of ways the batch is split (the product of the mesh axes `batch` maps to)."""
+    batch_axes = dict(self.rules).get("batch") or ()
+    if isinstance(batch_axes, str):
+      batch_axes = (batch_axes,)
+    return math.prod(mesh.shape[axis] for axis in batch_axes)
+
+  def logical_to_sharding(self, logical_specs: Any, mesh: Mesh) -> Any:
+    """Maps a tree of logical PartitionSpecs to NamedShardings."""
+    return nn.logical_to_mesh_sharding(logical_specs, mesh, list(self.rules))
+
+  def batch_sharding(self, mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Sharding of a [batch, length, ...] input array."""
+    spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), list(self.rules))
+    return NamedSharding(mesh, PartitionSpec(*spec))

@@ -1,0 +1,1 @@
+"""Programs the executor runs on a built Setup: train, eval (and later decode, compile)."""

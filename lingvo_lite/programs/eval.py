@@ -1,0 +1,42 @@
+"""The eval program: evaluate the latest checkpoint of a job on its eval data.
+
+Writes to JOB/eval/ (metrics.jsonl and TensorBoard summaries), never to the training files.
+"""
+
+from __future__ import annotations
+
+import jax
+from etils import epath
+
+from lingvo_lite import summaries
+from lingvo_lite.checkpoints import Checkpointer
+from lingvo_lite.errors import UsageError
+from lingvo_lite.experiment import Setup
+from lingvo_lite.programs.jitted import JittedSteps
+
+
+def run(setup: Setup, job_dir: epath.Path) -> dict[str, float]:
+  if setup.eval_data is None:
+    raise UsageError("eval_data=None: this config has no eval data; set eval_data or use "
+                     "an experiment that defines it")
+  checkpoint_dir = job_dir / "checkpoints"
+  checkpointer = Checkpointer(checkpoint_dir, setup.checkpoint, read_only=True) \
+      if checkpoint_dir.exists() else None
+  step = checkpointer.latest_step() if checkpointer else None
+  if step is None:
+    raise UsageError(f"--job_log_dir={job_dir}: no checkpoint in {checkpoint_dir}; "
+                     "train first (--mode=train)")
+  is_chief = jax.process_index() == 0
+  jitted = JittedSteps(setup)
+  with jitted.activated():
+    state = checkpointer.restore(step, jitted.sharded_state.abstract)
+    metrics = jitted.evaluate(state.params, setup.eval_data)
+  writer = summaries.MetricsWriter(job_dir / "eval" / "metrics.jsonl",
+                                   job_dir / "eval" / "summaries", enabled=is_chief)
+  writer.write(step, metrics)
+  writer.close()
+  checkpointer.close()
+  summaries.log(f"eval of checkpoint step {step}: loss {metrics['loss']:.4f}  bits/token "
+                f"{metrics['bits_per_token']:.4f}  accuracy {metrics['accuracy']:.4f}  "
+                f"(written to {job_dir / 'eval'})", is_chief)
+  return {"step": step, **metrics}

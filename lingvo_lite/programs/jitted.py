@@ -1,0 +1,82 @@
+"""The jitted step functions of a Setup on a mesh, shared by every program.
+
+Train, eval and AOT compile all get their steps from here, with the same shardings, so a
+compiled program is exactly the one that trains (DESIGN rule 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Iterator
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from lingvo_lite import steps, train_state
+from lingvo_lite.data.source import Batch
+from lingvo_lite.experiment import Setup
+
+
+class JittedSteps:
+  """Mesh, abstract state, shardings and the jitted train/eval steps of one Setup."""
+
+  def __init__(self, setup: Setup, mesh: Mesh | None = None):
+    self.setup = setup
+    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh()
+    total_steps = setup.train.steps
+    self.optimizer = setup.optimizer.make(total_steps)
+    self.schedule = setup.optimizer.schedule(total_steps)
+    self.sharded_state = train_state.sharded_abstract_state(
+        setup.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
+        self.mesh)
+    self.batch_sharding = setup.partitioner.batch_sharding(self.mesh)
+    state_shardings = self.sharded_state.shardings
+    self.train_step = jax.jit(
+        functools.partial(
+            steps.train_step, model=setup.model, optimizer=self.optimizer,
+            schedule=self.schedule, z_loss=setup.train.z_loss,
+            grad_accum_steps=setup.train.grad_accum_steps),
+        in_shardings=(state_shardings, self.batch_sharding),
+        out_shardings=(state_shardings, None),
+        donate_argnums=(0,))
+    self.eval_step = jax.jit(
+        functools.partial(steps.eval_step, model=setup.model),
+        in_shardings=(state_shardings.params, self.batch_sharding))
+
+  @contextlib.contextmanager
+  def activated(self) -> Iterator[None]:
+    """Mesh and logical-axis rules in scope, so the model's activation constraints apply."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.setup.partitioner.rules)):
+      yield
+
+  def init_state(self) -> train_state.TrainState:
+    return train_state.create_state(
+        self.setup.model, self.optimizer, self.setup.train.seed,
+        self.setup.train_data.sequence_length, self.sharded_state.shardings)
+
+  def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
+    """Assembles this process's rows into global arrays sharded over the batch axes."""
+    return {
+        key: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(value))
+        for key, value in local_batch.items()
+    }
+
+  def evaluate(self, params: Any, eval_data: Any) -> dict[str, float]:
+    """Mean loss, accuracy and bits per token over one pass of `eval_data`."""
+    totals: dict[str, float] = {}
+    for step in range(eval_data.num_batches):
+      local = eval_data.batch(step, jax.process_index(), jax.process_count())
+      sums = self.eval_step(params, self.global_batch(local))
+      for key, value in jax.device_get(sums).items():
+        totals[key] = totals.get(key, 0.0) + float(value)
+    weight = max(totals["weight_sum"], 1.0)
+    loss = totals["cross_entropy_sum"] / weight
+    return {
+        "loss": loss,
+        "accuracy": totals["correct_sum"] / weight,
+        "bits_per_token": loss / float(np.log(2.0)),
+        "tokens": totals["weight_sum"],
+    }

@@ -1,0 +1,163 @@
+"""The train program: init or resume, then step, log, evaluate and checkpoint until done.
+
+Resume is exact: the state comes back from the latest checkpoint and the data source
+yields the batch of a step as a function of (seed, step), so a stopped-and-resumed run
+computes the same losses as an uninterrupted one. SIGTERM or SIGINT saves and stops
+cleanly (exit code 0); rerunning the same command continues.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import threading
+import time
+
+import jax
+from etils import epath
+
+from lingvo_lite import summaries
+from lingvo_lite.checkpoints import Checkpointer
+from lingvo_lite.data.prefetch import Prefetcher
+from lingvo_lite.experiment import Setup
+from lingvo_lite.programs.jitted import JittedSteps
+
+
+class TrainingFailure(RuntimeError):
+  """The run started but cannot go on (exit code 1): a non-finite loss, for instance."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+  step: int
+  train_loss: float | None
+  eval_metrics: dict[str, float] | None
+  interrupted: bool
+
+
+class _StopRequest:
+  """Turns SIGTERM/SIGINT into a flag the loop checks between steps."""
+
+  def __init__(self):
+    self.signal_name: str | None = None
+    self._previous = {}
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for signum in (signal.SIGTERM, signal.SIGINT):
+        self._previous[signum] = signal.signal(signum, self._handle)
+    return self
+
+  def _handle(self, signum, frame):
+    del frame
+    self.signal_name = signal.Signals(signum).name
+
+  def __exit__(self, *exc):
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+
+
+def _check_finite(loss: float, step: int, checkpointer: Checkpointer) -> None:
+  if not math.isfinite(loss):
+    raise TrainingFailure(
+        f"loss is {loss} at step {step}; stopped without saving. The last good checkpoint "
+        f"is step {checkpointer.latest_step()}; lower optimizer.peak_learning_rate or set "
+        "optimizer.clip_grad_norm and rerun")
+
+
+def run(setup: Setup, job_dir: epath.Path) -> TrainResult:
+  is_chief = jax.process_index() == 0
+  jitted = JittedSteps(setup)
+  loop = setup.train
+  tokens_per_step = setup.train_data.global_batch_size * setup.train_data.sequence_length
+  checkpointer = Checkpointer(job_dir / "checkpoints", setup.checkpoint)
+  train_writer = summaries.MetricsWriter(
+      job_dir / "metrics.jsonl", job_dir / "summaries" / "train", enabled=is_chief)
+  eval_writer = summaries.MetricsWriter(
+      job_dir / "eval_metrics.jsonl", job_dir / "summaries" / "eval", enabled=is_chief)
+  say = lambda message: summaries.log(message, is_chief)
+
+  def evaluate(params, step: int) -> dict[str, float] | None:
+    if setup.eval_data is None:
+      return None
+    metrics = jitted.evaluate(params, setup.eval_data)
+    eval_writer.write(step, metrics)
+    say(f"eval  step {step}: loss {metrics['loss']:.4f}  "
+        f"bits/token {metrics['bits_per_token']:.4f}  accuracy {metrics['accuracy']:.4f}")
+    return metrics
+
+  with jitted.activated(), _StopRequest() as stop:
+    start = checkpointer.latest_step()
+    if start is None:
+      start = 0
+      state = jitted.init_state()
+      say(f"initialized a new state in {job_dir}")
+    else:
+      state = checkpointer.restore(start, jitted.sharded_state.abstract)
+      say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
+    num_params = sum(x.size for x in jax.tree.leaves(state.params))
+    say(f"model: {num_params / 1e6:.2f}M parameters; {tokens_per_step} tokens per step "
+        f"(global batch {setup.train_data.global_batch_size} x "
+        f"{setup.train_data.sequence_length})")
+
+    throughput = summaries.Throughput(start, loop.steps, tokens_per_step)
+    prefetcher = Prefetcher(setup.train_data, start, loop.steps, jax.process_index(),
+                            jax.process_count())
+    profiling = False
+    train_loss = None
+    eval_metrics = None
+    step = start
+    metrics = None
+    try:
+      for step_index, local_batch in prefetcher:
+        if step_index == loop.profile_start_step:
+          jax.profiler.start_trace(str(job_dir / "profile"))
+          profiling = True
+        state, metrics = jitted.train_step(state, jitted.global_batch(local_batch))
+        step = step_index + 1
+        if profiling and step >= loop.profile_start_step + loop.profile_steps:
+          jax.block_until_ready(state)
+          jax.profiler.stop_trace()
+          profiling = False
+          say(f"profiler trace of steps {loop.profile_start_step}..{step - 1} written to "
+              f"{job_dir / 'profile'}")
+
+        if step % loop.log_every_steps == 0 or step == loop.steps:
+          values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          _check_finite(values["loss"], step, checkpointer)
+          throughput.add_data_wait(prefetcher.wait_seconds)
+          prefetcher.wait_seconds = 0.0
+          values.update(throughput.report(step))
+          train_writer.write(step, values)
+          train_loss = values["loss"]
+          say(f"train step {step}/{loop.steps}: loss {values['loss']:.4f}  "
+              f"lr {values['learning_rate']:.2e}  grad_norm {values['grad_norm']:.3f}  "
+              f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
+              f"ETA {summaries.format_duration(values['eta_s'])}")
+
+        if loop.eval_every_steps and step % loop.eval_every_steps == 0 and step < loop.steps:
+          evaluate(state.params, step)
+        if stop.signal_name:
+          break
+        if step % setup.checkpoint.every_steps == 0 and step < loop.steps:
+          _check_finite(float(metrics["loss"]), step, checkpointer)
+          checkpointer.save(step, state)
+    finally:
+      prefetcher.close()
+      if profiling:
+        jax.profiler.stop_trace()
+
+    if step > start:
+      _check_finite(float(metrics["loss"]), step, checkpointer)
+      checkpointer.save(step, state, force=True)
+    checkpointer.close()
+    if stop.signal_name:
+      say(f"{stop.signal_name}: saved step {step} and stopped; rerun the same command to "
+          "resume")
+    else:
+      eval_metrics = evaluate(state.params, step)
+    train_writer.close()
+    eval_writer.close()
+  return TrainResult(step=step, train_loss=train_loss, eval_metrics=eval_metrics,
+                     interrupted=stop.signal_name is not None)

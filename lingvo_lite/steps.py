@@ -1,0 +1,93 @@
+"""Pure step functions shared by every program: train, eval and AOT compile jit these same
+functions with the same shardings, so what compiles is what trains.
+
+No I/O, no flags, no config objects: a step receives the model, the optax transformation
+and plain numbers. A batch is a dict of arrays:
+  inputs [B, T] int32, targets [B, T] int32, weights [B, T] float32 (0 on padding),
+  and optionally segment_ids [B, T] and positions [B, T] for packed examples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from lingvo_lite.train_state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+def token_losses(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Per-token cross-entropy and log-partition log(Z), both float32 [B, T]."""
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  return log_z - target_logits, log_z
+
+
+def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Weighted sums of cross-entropy (+ z-loss) over the batch, and metric sums."""
+  logits = model.apply({"params": params}, batch["inputs"], batch.get("segment_ids"),
+                       batch.get("positions"))
+  cross_entropy, log_z = token_losses(logits, batch["targets"])
+  weights = batch["weights"]
+  ce_sum = jnp.sum(cross_entropy * weights)
+  z_sum = jnp.sum(jnp.square(log_z) * weights)
+  correct = jnp.sum((jnp.argmax(logits, axis=-1) == batch["targets"]) * weights)
+  objective = ce_sum + z_loss * z_sum
+  return objective, {"cross_entropy_sum": ce_sum, "z_sum": z_sum, "correct_sum": correct}
+
+
+def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
+  return jax.tree.map(
+      lambda x: x.reshape(num_micro_batches, x.shape[0] // num_micro_batches, *x.shape[1:]),
+      batch)
+
+
+def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
+               optimizer: optax.GradientTransformation, schedule: optax.Schedule,
+               z_loss: float = 0.0, grad_accum_steps: int = 1
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update on the mean token loss of `batch`.
+
+  With `grad_accum_steps` k > 1 the batch is cut into k micro-batches whose gradients are
+  summed before the update. Each micro-batch's loss is divided by the token count of the
+  whole batch, so the update equals the one-big-batch update (up to summation order).
+  """
+  total_weight = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
+  grad_fn = jax.grad(_loss_sums, has_aux=True)
+
+  if grad_accum_steps == 1:
+    grads, sums = grad_fn(state.params, model, batch, z_loss)
+  else:
+    def accumulate(carry, micro_batch):
+      grads, sums = grad_fn(state.params, model, micro_batch, z_loss)
+      return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, (state.params, {
+        "cross_entropy_sum": total_weight, "z_sum": total_weight, "correct_sum": total_weight}))
+    (grads, sums), _ = jax.lax.scan(
+        accumulate, zeros, _split_micro_batches(batch, grad_accum_steps))
+  grads = jax.tree.map(lambda g: g / total_weight, grads)
+
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = {
+      "loss": sums["cross_entropy_sum"] / total_weight,
+      "z_loss": sums["z_sum"] / total_weight,
+      "accuracy": sums["correct_sum"] / total_weight,
+      "grad_norm": optax.global_norm(grads),
+      "learning_rate": schedule(state.step),
+      "tokens": total_weight,
+  }
+  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def eval_step(params: Any, batch: Batch, *, model: nn.Module) -> dict[str, jax.Array]:
+  """Metric sums over one eval batch; the caller adds them up and divides by `weight_sum`."""
+  _, sums = _loss_sums(params, model, batch, 0.0)
+  return {**sums, "weight_sum": jnp.sum(batch["weights"])}

@@ -1,0 +1,1 @@
+"""seqio Task definitions: sources, vocabularies and preprocessors of real data sets."""

@@ -1,0 +1,114 @@
+"""PyCode: the Python standard library's own source files as a byte-level language-model corpus.
+
+Every machine that runs Python has this corpus, so the default experiment trains on real
+text with nothing to download. The split is by file and fixed: a file belongs to
+`validation` when the CRC32 of its path relative to the library root is 0 mod 10, else to
+`train`. Test suites (`test/`, `tests/`, `idle_test/`) and `site-packages/` are left out: they
+are large, repetitive, and not part of the library proper.
+
+Documents are tokenized as raw bytes (seqio's ByteVocabulary: id = byte + 3, with 0 pad,
+1 EOS, 2 UNK), joined with EOS and cut into fixed-length examples, as GPT-J's pipeline does.
+seqio and TensorFlow are imported only when a task is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sysconfig
+import zlib
+
+from lingvo_lite.data.tensorflow_import import import_tensorflow
+
+# ByteVocabulary: 256 byte values + pad, EOS, UNK.
+BYTE_VOCAB_SIZE = 259
+EXCLUDED_DIRECTORIES = frozenset({"site-packages", "test", "tests", "idle_test", "__pycache__"})
+SPLITS = ("train", "validation")
+
+
+def stdlib_dir() -> str:
+  """The running interpreter's standard-library folder."""
+  return sysconfig.get_paths()["stdlib"]
+
+
+def split_of(relative_path: str) -> str:
+  """The split a file belongs to, from a hash of its path (stable across machines)."""
+  return "validation" if zlib.crc32(relative_path.encode()) % 10 == 0 else "train"
+
+
+def source_files(root: str, split: str) -> list[str]:
+  """Sorted paths, relative to `root`, of the `.py` files in `split`."""
+  found = []
+  for directory, subdirectories, files in os.walk(root):
+    subdirectories[:] = sorted(d for d in subdirectories if d not in EXCLUDED_DIRECTORIES)
+    for name in files:
+      if name.endswith(".py"):
+        relative = os.path.relpath(os.path.join(directory, name), root)
+        if split_of(relative) == split:
+          found.append(relative)
+  return sorted(found)
+
+
+def read_documents(root: str, split: str) -> list[bytes]:
+  """The raw bytes of every file in `split`, in `source_files` order."""
+  documents = []
+  for relative in source_files(root, split):
+    with open(os.path.join(root, relative), "rb") as f:
+      documents.append(f.read())
+  return documents
+
+
+def concat_and_chunk(dataset, sequence_length):
+  """Joins the token streams of consecutive documents and cuts fixed-length examples.
+
+  The remainder shorter than one example at the very end is dropped. Implemented with
+  `Dataset.scan` carrying the unfinished tail, so nothing is materialized per token.
+  """
+  tf = import_tensorflow()
+  length = sequence_length["targets"]
+
+  def step(tail, example):
+    stream = tf.concat([tail, example["targets"]], axis=0)
+    whole = tf.shape(stream)[0] // length * length
+    return stream[whole:], tf.reshape(stream[:whole], [-1, length])
+
+  initial_tail = tf.zeros([0], dtype=dataset.element_spec["targets"].dtype)
+  chunks = dataset.scan(initial_tail, step).unbatch()
+  return chunks.map(lambda tokens: {"targets": tokens}, num_parallel_calls=tf.data.AUTOTUNE)
+
+
+def pycode_task(source_dir: str | None = None):
+  """A seqio Task over the `.py` files under `source_dir` (default: this Python's stdlib).
+
+  Raises:
+    FileNotFoundError: when `source_dir` is not a folder.
+  """
+  tf = import_tensorflow()
+  import seqio  # pylint: disable=g-import-not-at-top
+
+  root = source_dir or stdlib_dir()
+  if not os.path.isdir(root):
+    raise FileNotFoundError(f"no such folder: {root}")
+
+  def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
+    del shuffle_files, seed  # Order is fixed; lingvo_lite shuffles by index.
+    return tf.data.Dataset.from_tensor_slices({"text": read_documents(root, split)})
+
+  # The name carries the root so tasks over different folders never share a cache entry.
+  digest = hashlib.sha1(os.path.abspath(root).encode()).hexdigest()[:8]
+  return seqio.Task(
+      name=f"pycode_bytes_{digest}",
+      source=seqio.FunctionDataSource(dataset_fn, splits=SPLITS),
+      preprocessors=[
+          _rekey_text_to_targets,
+          seqio.preprocessors.tokenize,
+          seqio.preprocessors.append_eos,
+          concat_and_chunk,
+      ],
+      output_features={
+          "targets": seqio.Feature(seqio.ByteVocabulary(), add_eos=True, dtype=tf.int32)},
+  )
+
+
+def _rekey_text_to_targets(dataset):
+  return dataset.map(lambda example: {"targets": example["text"]})
