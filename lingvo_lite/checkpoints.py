@@ -32,15 +32,14 @@ class Checkpointer:
   """A thin wrapper over orbax's CheckpointManager with the three calls programs need."""
 
   def __init__(self, directory: epath.Path, settings: CheckpointSettings,
-               read_only: bool = False):
+               create: bool = True):
     self._manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=settings.max_to_keep,
             save_interval_steps=settings.every_steps,
             enable_async_checkpointing=settings.async_save,
-            create=not read_only,
-            read_only=read_only,
+            create=create,
         ))
 
   def latest_step(self) -> int | None:

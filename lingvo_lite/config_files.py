@@ -104,7 +104,7 @@ def write(job_dir: epath.Path, cfg: fdl.Buildable) -> None:
   for name, text in ((CONFIG_JSON, to_json(cfg)), (CONFIG_TXT, to_text(cfg))):
     temporary = job_dir / f".{name}.tmp"
     temporary.write_text(text)
-    temporary.rename(job_dir / name)
+    temporary.replace(job_dir / name)
 
 
 def incompatible_changes(previous: fdl.Buildable, current: fdl.Buildable) -> list[str]:

@@ -20,7 +20,7 @@ def run(setup: Setup, job_dir: epath.Path) -> dict[str, float]:
     raise UsageError("eval_data=None: this config has no eval data; set eval_data or use "
                      "an experiment that defines it")
   checkpoint_dir = job_dir / "checkpoints"
-  checkpointer = Checkpointer(checkpoint_dir, setup.checkpoint, read_only=True) \
+  checkpointer = Checkpointer(checkpoint_dir, setup.checkpoint, create=False) \
       if checkpoint_dir.exists() else None
   step = checkpointer.latest_step() if checkpointer else None
   if step is None:
