@@ -80,7 +80,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
       "loss": sums["cross_entropy_sum"] / total_weight,
       "z_loss": sums["z_sum"] / total_weight,
       "accuracy": sums["correct_sum"] / total_weight,
-      "grad_norm": optax.global_norm(grads),
+      "grad_norm": optax.tree.norm(grads),
       "learning_rate": schedule(state.step),
       "tokens": total_weight,
   }

@@ -1,0 +1,107 @@
+"""Layers against plain NumPy references written from the papers' formulas."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lingvo_lite.models import layers
+
+
+def numpy_rotary_gptj(x, positions, rotary_dim, base=10000.0):
+  """mesh-transformer-jax's formula: sin/cos repeated interleaved, rotate_every_two."""
+  inv_freq = 1.0 / (base ** (np.arange(0, rotary_dim, 2) / rotary_dim))
+  angles = positions[..., None].astype(np.float64) * inv_freq       # [b, t, r/2]
+  sin = np.repeat(np.sin(angles), 2, axis=-1)[:, :, None, :]        # [b, t, 1, r]
+  cos = np.repeat(np.cos(angles), 2, axis=-1)[:, :, None, :]
+  rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+  rotated_pairs = np.stack([-rot[..., 1::2], rot[..., ::2]], axis=-1).reshape(rot.shape)
+  return np.concatenate([rot * cos + rotated_pairs * sin, rest], axis=-1)
+
+
+def numpy_rotary_half(x, positions, base=10000.0):
+  """Llama / GPT-NeoX: feature i pairs with i + d/2 (rotate_half)."""
+  dim = x.shape[-1]
+  inv_freq = 1.0 / (base ** (np.arange(0, dim, 2) / dim))
+  angles = positions[..., None].astype(np.float64) * inv_freq
+  angles = np.concatenate([angles, angles], axis=-1)[:, :, None, :]
+  rotate_half = np.concatenate([-x[..., dim // 2:], x[..., :dim // 2]], axis=-1)
+  return x * np.cos(angles) + rotate_half * np.sin(angles)
+
+
+@pytest.fixture(name="x")
+def fixture_x():
+  return np.random.default_rng(0).normal(size=(2, 7, 3, 16)).astype(np.float32)
+
+
+@pytest.fixture(name="positions")
+def fixture_positions():
+  return np.stack([np.arange(7), np.array([0, 1, 2, 0, 1, 5, 9])]).astype(np.int32)
+
+
+def test_rotary_interleaved_matches_gptj_reference(x, positions):
+  sin, cos = layers.rotary_sin_cos(jnp.asarray(positions), 8, 10000.0)
+  got = layers.apply_rotary(jnp.asarray(x), sin, cos, "interleaved")
+  np.testing.assert_allclose(got, numpy_rotary_gptj(x, positions, 8), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(got[..., 8:], x[..., 8:])  # Unrotated dims pass through.
+
+
+def test_rotary_half_matches_neox_reference(x, positions):
+  sin, cos = layers.rotary_sin_cos(jnp.asarray(positions), 16, 10000.0)
+  got = layers.apply_rotary(jnp.asarray(x), sin, cos, "half")
+  np.testing.assert_allclose(got, numpy_rotary_half(x, positions), rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_is_relative(x):
+  """q.k after rotation depends only on the distance between positions."""
+  sin_a, cos_a = layers.rotary_sin_cos(jnp.array([[3, 5]]), 16, 10000.0)
+  sin_b, cos_b = layers.rotary_sin_cos(jnp.array([[10, 12]]), 16, 10000.0)
+  q = jnp.asarray(x[:1, :2])
+  for style in ("interleaved", "half"):
+    qa = layers.apply_rotary(q, sin_a, cos_a, style)
+    qb = layers.apply_rotary(q, sin_b, cos_b, style)
+    dot_a = jnp.einsum("hd,hd->h", qa[0, 0], qa[0, 1])
+    dot_b = jnp.einsum("hd,hd->h", qb[0, 0], qb[0, 1])
+    np.testing.assert_allclose(dot_a, dot_b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_norm_matches_numpy(kind):
+  x = np.random.default_rng(1).normal(size=(3, 5, 8)).astype(np.float32) * 3 + 1
+  norm = layers.Norm(kind=kind, eps=1e-5)
+  params = norm.init(jax.random.key(0), x)
+  got = norm.apply(params, x)
+  if kind == "layernorm":
+    expected = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)
+  else:
+    expected = x / np.sqrt((x ** 2).mean(-1, keepdims=True) + 1e-5)
+  np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_mask_is_causal_and_within_segments():
+  mask = layers.attention_mask(jnp.array([[1, 1, 2, 2, 2]]), 5)[0, 0, 0]
+  expected = np.array([[1, 0, 0, 0, 0],
+                       [1, 1, 0, 0, 0],
+                       [0, 0, 1, 0, 0],
+                       [0, 0, 1, 1, 0],
+                       [0, 0, 1, 1, 1]], bool)
+  np.testing.assert_array_equal(mask, expected)
+
+
+def test_grouped_query_attention_equals_repeated_kv_heads():
+  """GQA with kv heads shared by groups == MHA whose k/v kernels repeat those heads."""
+  x = jax.random.normal(jax.random.key(0), (2, 6, 32))
+  positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  mask = layers.attention_mask(None, 6)
+  gqa = layers.Attention(num_heads=4, num_kv_heads=2, head_dim=8, rotary_dim=8,
+                         rotary_style="half")
+  params = nn.meta.unbox(gqa.init(jax.random.key(1), x, positions, mask)["params"])
+  mha = layers.Attention(num_heads=4, num_kv_heads=4, head_dim=8, rotary_dim=8,
+                         rotary_style="half")
+  mha_params = dict(params)
+  for name in ("key_kernel", "value_kernel"):
+    mha_params[name] = jnp.repeat(params[name], 2, axis=1)
+  np.testing.assert_allclose(
+      gqa.apply({"params": params}, x, positions, mask),
+      mha.apply({"params": mha_params}, x, positions, mask), rtol=1e-5, atol=1e-5)
