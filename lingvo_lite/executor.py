@@ -203,7 +203,7 @@ def _train(setup: Setup, cfg: fdl.Buildable, job_dir: epath.Path) -> None:
 def _configure_compilation_cache() -> None:
   if _COMPILATION_CACHE_DIR.value:
     jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE_DIR.value)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def main(argv: Sequence[str]) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
+
+import fiddle as fdl
 
 from lingvo_lite.checkpoints import CheckpointSettings
 from lingvo_lite.data.source import DataSource
@@ -18,9 +20,6 @@ from lingvo_lite.errors import config_error
 from lingvo_lite.models.transformer import TransformerLM
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
-
-if TYPE_CHECKING:
-  import fiddle as fdl
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,10 +125,24 @@ def _check_literals(setup: Setup) -> None:
           raise config_error(f"{part_name}.{field.name}", value, f"valid choices: {choices}")
 
 
+def setup_config(**parts: Any) -> fdl.Config[Setup]:
+  """`fdl.Config(Setup, **parts)` with every part the caller leaves out as a default Config.
+
+  Defaults must be Configs, not instances, so `--fdl.partitioner.ici_fsdp=2` and fiddlers
+  can change a field of a part the experiment did not mention.
+  """
+  defaults = {"partitioner": Partitioner, "train": TrainLoop, "checkpoint": CheckpointSettings}
+  for name, part in defaults.items():
+    parts.setdefault(name, fdl.Config(part))
+  parts.setdefault("eval_data", None)
+  return fdl.Config(Setup, **parts)
+
+
 class Experiment:
   """Base class of experiments: subclasses override `config()` and register themselves.
 
   Fiddlers specific to an experiment may be defined as static methods taking the config.
+  `config()` usually returns `setup_config(model=..., optimizer=..., train_data=..., ...)`.
   """
 
   @classmethod

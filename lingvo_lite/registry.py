@@ -32,8 +32,7 @@ def register(cls: T) -> T:
   """Class decorator that records an experiment; a second class under one name is an error."""
   name = registered_name(cls)
   existing = _REGISTRY.get(name)
-  if existing is not None and existing is not cls and (
-      existing.__module__, existing.__qualname__) != (cls.__module__, cls.__qualname__):
+  if existing is not None and existing is not cls:
     raise ValueError(f"experiment name {name!r} is registered twice: by "
                      f"{existing.__module__}.{existing.__qualname__} and "
                      f"{cls.__module__}.{cls.__qualname__}")

@@ -7,7 +7,7 @@ import fiddle as fdl
 
 from experiments.lm import architectures
 from experiments.lm.synthetic import synthetic_lm_data
-from lingvo_lite.experiment import Experiment, Setup, TrainLoop
+from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.registry import register
 
@@ -22,8 +22,7 @@ class Gpt2Small(Experiment):
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     sequence_length, batch = 1024, 512
-    return fdl.Config(
-        Setup,
+    return setup_config(
         model=architectures.gpt2(vocab_size=50304, num_layers=12, dim=768, num_heads=12,
                                  max_length=sequence_length),
         optimizer=fdl.Config(AdamW, peak_learning_rate=6e-4, warmup_steps=700,

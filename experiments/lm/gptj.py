@@ -7,7 +7,7 @@ import fiddle as fdl
 
 from experiments.lm import architectures
 from experiments.lm.synthetic import synthetic_lm_data
-from lingvo_lite.experiment import Experiment, Setup, TrainLoop
+from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.registry import register
 
@@ -26,8 +26,7 @@ class GptJ6B(Experiment):
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     sequence_length = 2048
-    return fdl.Config(
-        Setup,
+    return setup_config(
         model=architectures.gptj(vocab_size=50400, num_layers=28, dim=4096, num_heads=16,
                                  head_dim=256, rotary_dim=64, mlp_dim=16384,
                                  dtype="bfloat16", param_dtype="float32"),

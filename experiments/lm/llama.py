@@ -7,7 +7,7 @@ import fiddle as fdl
 
 from experiments.lm import architectures
 from experiments.lm.synthetic import synthetic_lm_data
-from lingvo_lite.experiment import Experiment, Setup, TrainLoop
+from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.registry import register
 
@@ -20,8 +20,7 @@ class Llama1B(Experiment):
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     vocab, sequence_length, batch = 128256, 2048, 256
-    return fdl.Config(
-        Setup,
+    return setup_config(
         model=architectures.llama(vocab_size=vocab, num_layers=16, dim=2048, num_heads=32,
                                   num_kv_heads=8, head_dim=64, mlp_dim=8192,
                                   rotary_base=500000.0, tie_embeddings=True,

@@ -9,7 +9,7 @@ import fiddle as fdl
 from experiments.lm import architectures
 from lingvo_lite.checkpoints import CheckpointSettings
 from lingvo_lite.data.seqio_data import SeqioData
-from lingvo_lite.experiment import Experiment, Setup, TrainLoop
+from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.registry import register
 from tasks import pycode
@@ -34,8 +34,7 @@ class PyCodeTiny(Experiment):
   def config(cls) -> fdl.Config[Setup]:
     task = fdl.Config(pycode.pycode_task)
     sequence_length = 128
-    return fdl.Config(
-        Setup,
+    return setup_config(
         model=architectures.gptj(vocab_size=pycode.BYTE_VOCAB_SIZE, num_layers=4, dim=128,
                                  num_heads=4, rotary_dim=16),
         optimizer=fdl.Config(AdamW, peak_learning_rate=3e-3, warmup_steps=50,

@@ -1,0 +1,35 @@
+"""config.json reloads to an equal config; config.txt lists every field; resume checks."""
+
+import pytest
+from etils import epath
+
+from lingvo_lite import config_files, registry
+
+
+@pytest.mark.parametrize("name", sorted(registry.all_experiments()))
+def test_config_json_round_trips(name, tmp_path):
+  cfg = registry.lookup(name).config()
+  config_files.write(epath.Path(tmp_path), cfg)
+  reloaded = config_files.load(epath.Path(tmp_path) / config_files.CONFIG_JSON)
+  assert reloaded == cfg
+  assert config_files.to_text(reloaded).splitlines()[0] == "<root> = <lingvo_lite.experiment.Setup>"
+
+
+def test_config_text_lists_defaults_and_nested_fields():
+  text = config_files.to_text(registry.lookup("PyCodeTiny").config())
+  assert "model.num_layers = 4" in text
+  assert "train_data.task.source_dir = None" in text
+  assert "checkpoint.async_save = True" in text and "model.parent" not in text
+
+
+def test_incompatible_changes_ignore_loop_and_mesh_settings():
+  old = registry.lookup("PyCodeTiny").config()
+  new = registry.lookup("PyCodeTiny").config()
+  new.train.steps = 5000
+  new.partitioner.ici_fsdp = 2
+  new.checkpoint.every_steps = 7
+  assert config_files.incompatible_changes(old, new) == []
+  new.model.dim = 256
+  new.optimizer.b2 = 0.99
+  assert config_files.incompatible_changes(old, new) == [
+      "model.dim: 128 -> 256", "optimizer.b2: 0.95 -> 0.99"]

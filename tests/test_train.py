@@ -1,0 +1,64 @@
+"""The train program through the executor, in-process: exact resume, failure stops,
+profiling, and the persistent compilation cache."""
+
+import json
+import os
+
+import pytest
+
+from lingvo_lite.testing import run_cli
+
+TINY_SYNTHETIC = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+                  "--fdl.train.log_every_steps=1", "--fdl.checkpoint.every_steps=3",
+                  # A fixed decay horizon keeps the schedule the same whatever train.steps.
+                  "--fdl.optimizer.decay_steps=20", "--fdl.optimizer.warmup_steps=2"]
+
+
+def _losses(job_dir):
+  with open(os.path.join(job_dir, "metrics.jsonl")) as f:
+    return {row["step"]: row["loss"] for row in map(json.loads, f)}
+
+
+def _train(job_dir, *extra, cache=""):
+  result = run_cli([*TINY_SYNTHETIC, f"--job_log_dir={job_dir}",
+                    f"--compilation_cache_dir={cache}", *extra])
+  assert result.code == 0, result.stderr
+  return result
+
+
+def test_stopped_and_resumed_run_reproduces_the_uninterrupted_losses(tmp_path):
+  whole, parts = tmp_path / "whole", tmp_path / "parts"
+  _train(whole, "--fdl.train.steps=12")
+  _train(parts, "--fdl.train.steps=5")
+  resumed = _train(parts, "--fdl.train.steps=12")
+  assert "resumed from step 5" in resumed.stdout
+  expected, got = _losses(whole), _losses(parts)
+  assert sorted(got) == list(range(1, 13))
+  assert got == expected  # Exactly equal, step by step.
+  assert sorted(os.listdir(parts / "checkpoints")) == ["12", "9"]  # max_to_keep=2
+
+
+def test_a_non_finite_loss_stops_with_exit_code_1_and_saves_nothing(tmp_path):
+  result = run_cli([*TINY_SYNTHETIC, f"--job_log_dir={tmp_path}", "--compilation_cache_dir=",
+                    "--fdl.optimizer.peak_learning_rate=1e35", "--fdl.optimizer.clip_grad_norm=None",
+                    "--fdl.train.steps=12"])
+  assert result.code == 1, result.stderr
+  assert "loss is nan" in result.stderr or "loss is inf" in result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1
+  assert not (tmp_path / "checkpoints").exists() or not os.listdir(tmp_path / "checkpoints")
+
+
+def test_profiler_trace_of_a_step_window(tmp_path):
+  _train(tmp_path, "--fdl.train.steps=4", "--fdl.train.profile_start_step=1",
+         "--fdl.train.profile_steps=2")
+  traces = [name for _, _, files in os.walk(tmp_path / "profile") for name in files]
+  assert any(name.endswith(".xplane.pb") for name in traces), traces
+
+
+def test_rerun_hits_the_persistent_compilation_cache(tmp_path):
+  cache = tmp_path / "cache"
+  _train(tmp_path / "a", "--fdl.train.steps=2", cache=cache)
+  entries = sorted(os.listdir(cache))
+  assert entries, "the first run should fill the cache"
+  _train(tmp_path / "b", "--fdl.train.steps=2", cache=cache)
+  assert sorted(os.listdir(cache)) == entries  # Same programs: nothing new compiled.
