@@ -13,6 +13,7 @@ import typing
 from typing import Any, get_args
 
 import fiddle as fdl
+import jax
 
 from lingvo_lite.checkpoints import CheckpointSettings
 from lingvo_lite.data.source import DataSource
@@ -97,6 +98,8 @@ class Setup:
     if self.eval_data is not None and not self.eval_data.num_batches:
       raise config_error("eval_data.num_batches", self.eval_data.num_batches,
                          "an eval set needs a positive number of batches per pass")
+    # The mesh must fit the devices this process sees (raises with the sizes and the fix).
+    self.partitioner.resolved_ici_shape(jax.device_count())
     if self.train.eval_every_steps < 0:
       raise config_error("train.eval_every_steps", self.train.eval_every_steps,
                          "must be >= 0 (0 evaluates only at the end)")
