@@ -21,25 +21,33 @@ from lingvo_lite.train_state import TrainState
 Batch = dict[str, jax.Array]
 
 
-def token_losses(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Per-token cross-entropy and log-partition log(Z), both float32 [B, T]."""
-  log_z = jax.nn.logsumexp(logits, axis=-1)
+def token_losses(logits: jax.Array, targets: jax.Array
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Per-token cross-entropy, log-partition log(Z) and correctness, float32 [B, T].
+
+  One max over the vocabulary serves both the stable log-sum-exp and the accuracy (the
+  target is the argmax when its logit reaches the max), so the logits are read once less.
+  """
+  max_logit = jax.lax.stop_gradient(jnp.max(logits, axis=-1))
+  log_z = jnp.log(jnp.sum(jnp.exp(logits - max_logit[..., None]), axis=-1)) + max_logit
   target_logits = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-  return log_z - target_logits, log_z
+  return log_z - target_logits, log_z, (target_logits >= max_logit).astype(jnp.float32)
 
 
-def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float
-               ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Weighted sums of cross-entropy (+ z-loss) over the batch, and metric sums."""
+def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
+               normalizer: jax.Array | float = 1.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """(cross-entropy + z_loss * log(Z)^2) summed over weighted tokens / normalizer, and the
+  metric sums. Dividing inside the objective, by a constant, gives gradients already
+  normalized (no extra pass over them)."""
   logits = model.apply({"params": params}, batch["inputs"], batch.get("segment_ids"),
                        batch.get("positions"))
-  cross_entropy, log_z = token_losses(logits, batch["targets"])
+  cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
   weights = batch["weights"]
   ce_sum = jnp.sum(cross_entropy * weights)
   z_sum = jnp.sum(jnp.square(log_z) * weights)
-  correct = jnp.sum((jnp.argmax(logits, axis=-1) == batch["targets"]) * weights)
-  objective = ce_sum + z_loss * z_sum
-  return objective, {"cross_entropy_sum": ce_sum, "z_sum": z_sum, "correct_sum": correct}
+  objective = (ce_sum + z_loss * z_sum if z_loss else ce_sum) / normalizer
+  return objective, {"cross_entropy_sum": ce_sum, "z_sum": z_sum,
+                     "correct_sum": jnp.sum(correct * weights)}
 
 
 def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
@@ -62,17 +70,16 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   grad_fn = jax.grad(_loss_sums, has_aux=True)
 
   if grad_accum_steps == 1:
-    grads, sums = grad_fn(state.params, model, batch, z_loss)
+    grads, sums = grad_fn(state.params, model, batch, z_loss, total_weight)
   else:
     def accumulate(carry, micro_batch):
-      grads, sums = grad_fn(state.params, model, micro_batch, z_loss)
+      grads, sums = grad_fn(state.params, model, micro_batch, z_loss, total_weight)
       return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
     zeros = jax.tree.map(jnp.zeros_like, (state.params, {
         "cross_entropy_sum": total_weight, "z_sum": total_weight, "correct_sum": total_weight}))
     (grads, sums), _ = jax.lax.scan(
         accumulate, zeros, _split_micro_batches(batch, grad_accum_steps))
-  grads = jax.tree.map(lambda g: g / total_weight, grads)
 
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)

@@ -45,17 +45,19 @@ class Norm(nn.Module):
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
     dim = x.shape[-1]
-    x32 = x.astype(jnp.float32)
-    if self.kind == "layernorm":
-      x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
-    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
     scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
-                       (dim,), self.param_dtype)
-    y = y * scale.astype(jnp.float32)
-    if self.kind == "layernorm":
-      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
-                        (dim,), self.param_dtype)
-      y = y + bias.astype(jnp.float32)
+                       (dim,), self.param_dtype).astype(jnp.float32)
+    x32 = x.astype(jnp.float32)
+    mean_square = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    if self.kind == "rmsnorm":
+      return (x32 * (jax.lax.rsqrt(mean_square + self.eps) * scale)).astype(self.dtype)
+    # var = E[x^2] - E[x]^2: both moments in one pass over x; the scale is folded into the
+    # per-token factor so the [tokens, dim] tensor is touched by one multiply-add.
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    variance = jnp.maximum(mean_square - jnp.square(mean), 0.0)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
+                      (dim,), self.param_dtype).astype(jnp.float32)
+    y = (x32 - mean) * (jax.lax.rsqrt(variance + self.eps) * scale) + bias
     return y.astype(self.dtype)
 
 
@@ -146,15 +148,24 @@ class Attention(nn.Module):
     k = constrain(k, "batch", "length", "heads", "kv")
     v = constrain(v, "batch", "length", "heads", "kv")
 
-    # Group query heads by the key/value head they share: [b, t, kv_heads, group, d].
-    group = self.num_heads // self.num_kv_heads
-    q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
     q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
-    logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    out = out.reshape(batch, length, self.num_heads, self.head_dim)
+    group = self.num_heads // self.num_kv_heads
+    if group == 1:
+      # Plain multi-head attention: 4-D einsums are measurably faster on CPU than the
+      # grouped 5-D form with a unit group axis.
+      logits = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
+      logits = jnp.where(mask[:, :, 0], logits, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+      out = jnp.einsum("bhts,bshd->bthd", probs, v)
+    else:
+      # Grouped-query: query heads grouped by the key/value head they share, so k and v
+      # are never copied per query head: [b, t, kv_heads, group, d].
+      q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
+      logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
+      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+      probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+      out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+      out = out.reshape(batch, length, self.num_heads, self.head_dim)
     out = constrain(out, "batch", "length", "heads", "kv")
     kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
                           ("heads", "kv", "embed"), self.num_heads * self.head_dim)

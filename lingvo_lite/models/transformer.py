@@ -183,9 +183,10 @@ class TransformerLM(nn.Module):
 
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
     if self.tie_embeddings:
-      # The embedding rows have unit scale; 1/sqrt(dim) keeps initial logits O(1).
+      # The embedding rows have unit scale; 1/sqrt(dim) keeps initial logits O(1). Scaling
+      # x rather than the logits touches dim, not vocab, values per token.
+      x = x * jnp.asarray(1.0 / math.sqrt(self.dim), dtype)
       logits = jnp.einsum("btd,vd->btv", x, embedding.astype(dtype))
-      logits = logits * jnp.asarray(1.0 / math.sqrt(self.dim), dtype)
     else:
       logits = nn.Dense(
           self.vocab_size, use_bias=self.output_bias, name="output", dtype=dtype,

@@ -1,0 +1,36 @@
+"""The shapes of the project's step-time benchmark (bench/step_bench.py), as experiments.
+
+  python bench/step_bench.py            # lingvo_lite vs a plain Flax + optax step
+"""
+
+import fiddle as fdl
+
+from lingvo_lite.data.synthetic import SyntheticData
+from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
+from lingvo_lite.models.transformer import TransformerLM
+from lingvo_lite.optimizers import AdamW
+from lingvo_lite.registry import register
+
+
+@register
+class BenchSmall(Experiment):
+  """Benchmark shapes: 4 pre-LN blocks, d_model 256, 4 heads, MLP 1024, seq 256, batch 8.
+
+  Tied embeddings over 8192 tokens, no biases, GELU, float32, AdamW without clipping, on
+  synthetic tokens: the plain reference step of bench/step_bench.py has the same shapes.
+  """
+
+  @classmethod
+  def config(cls) -> fdl.Config[Setup]:
+    vocab, sequence_length, batch = 8192, 256, 8
+    return setup_config(
+        model=fdl.Config(
+            TransformerLM, vocab_size=vocab, num_layers=4, dim=256, num_heads=4,
+            mlp_dim=1024, block="sequential", norm="layernorm", mlp_activation="gelu_tanh",
+            position="none", attention_bias=False, mlp_bias=False, tie_embeddings=True),
+        optimizer=fdl.Config(AdamW, peak_learning_rate=3e-4, warmup_steps=10,
+                             weight_decay=1e-4, clip_grad_norm=None),
+        train_data=fdl.Config(SyntheticData, vocab_size=vocab,
+                              sequence_length=sequence_length, global_batch_size=batch),
+        train=fdl.Config(TrainLoop, steps=100, log_every_steps=10),
+    )

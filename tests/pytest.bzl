@@ -1,0 +1,28 @@
+"""`py_pytest_test`: a py_test that runs pytest on one test file."""
+
+def py_pytest_test(name, src = None, deps = [], args = [], data = [], **kwargs):
+    """One test file, run by pytest (so fixtures, parametrize and markers work as usual).
+
+    Args:
+      name: target name; the file is `<name>.py` unless `src` says otherwise.
+      src: the test file.
+      deps: libraries the test imports (third-party packages come from the venv).
+      args: extra pytest arguments.
+      data: extra runtime files.
+      **kwargs: passed to py_test (size, timeout, tags, env, ...).
+    """
+    src = src or name + ".py"
+    native.py_test(
+        name = name,
+        srcs = [
+            "//tests:pytest_runner.py",
+            "//tests:__init__.py",
+            src,
+        ],
+        main = "//tests:pytest_runner.py",
+        args = ["$(rootpath %s)" % src] + args,
+        # pyproject.toml: pytest's rootdir and [tool.pytest.ini_options] (markers).
+        data = data + ["//:pyproject"],
+        deps = deps,
+        **kwargs
+    )
