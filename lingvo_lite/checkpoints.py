@@ -48,9 +48,18 @@ class Checkpointer:
   def all_steps(self) -> list[int]:
     return list(self._manager.all_steps())
 
-  def save(self, step: int, state: Any, force: bool = False) -> bool:
-    """Saves if `step` is on the interval (or `force`); returns whether it saved."""
-    return self._manager.save(step, args=ocp.args.StandardSave(state), force=force)
+  def save(self, step: int, state: Any, force: bool = False,
+           metadata: dict[str, Any] | None = None) -> bool:
+    """Saves if `step` is on the interval (or `force`); returns whether it saved.
+
+    `metadata` (JSON-able) is stored with the step, e.g. the layer layout of the state.
+    """
+    return self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
+                              custom_metadata=metadata)
+
+  def metadata(self, step: int) -> dict[str, Any]:
+    """The metadata saved with `step` ({} if none)."""
+    return dict(self._manager.metadata(step).custom_metadata or {})
 
   def restore(self, step: int, abstract_state: Any) -> Any:
     """Restores `step` into the shapes, dtypes and shardings of `abstract_state`."""

@@ -21,9 +21,11 @@ from lingvo_lite.errors import UsageError
 CONFIG_JSON = "config.json"
 CONFIG_TXT = "config.txt"
 
-# Sections a resumed run may change: loop length and logging, checkpoint cadence, the mesh.
-# Everything else (model, optimizer, data) shapes the state or the loss curve.
-RESUMABLE_SECTIONS = ("train.", "checkpoint.", "partitioner.", "eval_data.")
+# What a resumed run may change: loop length and logging, checkpoint cadence, the mesh, and
+# how layers are executed (a checkpoint's layer layout is converted on restore). Everything
+# else (model, optimizer, data) shapes the state or the loss curve.
+RESUMABLE_SECTIONS = ("train.", "checkpoint.", "partitioner.", "eval_data.",
+                      "model.scan_layers", "model.remat_policy")
 
 
 def _origin(buildable: fdl.Buildable, name: str) -> str:

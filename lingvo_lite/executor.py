@@ -23,7 +23,7 @@ import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import config_files, overrides, registry
+from lingvo_lite import config_files, distributed, overrides, registry
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 
@@ -51,6 +51,18 @@ _JOB_LOG_DIR = flags.DEFINE_string(
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", _DEFAULT_CACHE,
     "Persistent JAX compilation cache, so a restarted run skips compiling; '' disables it.")
+
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ("auto", "on", "off"),
+    "Multi-process runs through jax.distributed: auto = when --coordinator_address is given "
+    "or a SLURM / Open MPI / TPU pod environment is detected.")
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0, which hosts the coordinator.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout_seconds", 100,
+    "A process silent for this long counts as dead and every process stops (JAX's default).")
 
 # Overrides in command-line order, filled by parse_flags (absl cannot keep their order).
 _directives: list[overrides.Directive] = []
@@ -226,6 +238,13 @@ def _run_mode() -> None:
   if job_dir is None and mode in ("train", "eval"):
     raise UsageError(f"--job_log_dir: required for --mode={mode}; e.g. "
                      "--job_log_dir=runs/my_run")
+  if mode in ("train", "eval"):
+    joined = distributed.initialize(
+        _DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
+        _PROCESS_ID.value, _HEARTBEAT_TIMEOUT.value)
+    if joined and jax.process_index() == 0:
+      print(f"jax.distributed: {joined}; {jax.process_count()} processes, "
+            f"{jax.device_count()} devices", flush=True)
   cfg, experiment = base_config(job_dir)
   overrides.apply(cfg, _directives, experiment)
   if mode == "print":

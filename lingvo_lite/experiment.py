@@ -9,10 +9,12 @@ agree with each other), before any device time is spent.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import Any, get_args
 
 import fiddle as fdl
+import flax.linen as nn
 import jax
 
 from lingvo_lite.checkpoints import CheckpointSettings
@@ -36,6 +38,8 @@ class TrainLoop:
     z_loss: Weight of the auxiliary loss z_loss * log(Z)^2 (GPT-J used 1e-4).
     profile_start_step: First step of a profiler trace window; -1 disables tracing.
     profile_steps: Steps in the trace window (written to JOB/profile/).
+    peak_tflops_per_device: Peak for the MFU figure; None looks the device up in a
+      datasheet table, or on a CPU measures the best float32 2048^3 matmul.
   """
 
   steps: int = 1000
@@ -46,6 +50,7 @@ class TrainLoop:
   z_loss: float = 0.0
   profile_start_step: int = -1
   profile_steps: int = 3
+  peak_tflops_per_device: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,11 +103,53 @@ class Setup:
     if self.eval_data is not None and not self.eval_data.num_batches:
       raise config_error("eval_data.num_batches", self.eval_data.num_batches,
                          "an eval set needs a positive number of batches per pass")
-    # The mesh must fit the devices this process sees (raises with the sizes and the fix).
-    self.partitioner.resolved_ici_shape(jax.device_count())
+    _check_partitioning(self)
     if self.train.eval_every_steps < 0:
       raise config_error("train.eval_every_steps", self.train.eval_every_steps,
                          "must be >= 0 (0 evaluates only at the end)")
+
+
+# The config field that sizes each logical axis, for messages about sharding.
+_AXIS_FIELDS = {"embed": "model.dim", "mlp": "model.mlp_dim", "heads": "model.num_heads",
+                "kv": "model.head_dim", "vocab": "model.vocab_size", "layers": "model.num_layers",
+                "norm": "model.dim", "position": "model.max_length"}
+
+
+def _check_partitioning(setup: Setup) -> None:
+  """Mesh vs devices, rules, sharded dimensions and batch divisibility, from shapes only."""
+  partitioner = setup.partitioner
+  axis_sizes = partitioner.mesh_axis_sizes(jax.device_count())
+  tokens = jax.ShapeDtypeStruct((1, setup.train_data.sequence_length), jax.numpy.int32)
+  boxed = jax.eval_shape(setup.model.init, jax.random.key(0), tokens)["params"]
+  specs = nn.get_partition_spec(boxed)
+  paths_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(
+      x, jax.sharding.PartitionSpec))[0]
+  shapes = jax.tree.leaves(nn.meta.unbox(boxed))
+  used = {"batch", "length"} | {name for _, spec in paths_specs for name in spec if name}
+  partitioner.check_rules(used)
+  for (path, spec), shape in zip(paths_specs, shapes):
+    for size, name, mesh_axes in zip(shape.shape, spec, partitioner.mesh_axes_of(spec)):
+      ways = math.prod(axis_sizes[axis] for axis in mesh_axes)
+      if size % ways:
+        field = _AXIS_FIELDS.get(name, "model")
+        raise config_error(
+            field, size, f"the {name!r} dimension of parameter "
+            f"{jax.tree_util.keystr(path)} is not divisible by mesh axes "
+            f"{' x '.join(mesh_axes)} = {ways}",
+            "change the size or the partitioner's axis sizes or rules")
+  data_parallel = partitioner.data_parallel_size(axis_sizes)
+  batch_axes = " x ".join(partitioner.mesh_axes_of(("batch",))[0]) or "none"
+  for name in ("train_data", "eval_data"):
+    data = getattr(setup, name)
+    if data is None:
+      continue
+    rows = data.global_batch_size // (setup.train.grad_accum_steps if name == "train_data" else 1)
+    if rows % data_parallel or data.global_batch_size % jax.process_count():
+      raise config_error(
+          f"{name}.global_batch_size", data.global_batch_size,
+          f"{'each micro-batch ' if rows != data.global_batch_size else ''}must split "
+          f"evenly over the data-parallel size {data_parallel} (mesh axes {batch_axes}) and "
+          f"{jax.process_count()} processes", f"use a multiple of {data_parallel}")
 
 
 def _positive(setup: Setup, paths: tuple[str, ...]) -> None:

@@ -53,6 +53,7 @@ def tiny(cfg: fdl.Config) -> None:
       continue
     data.sequence_length = sequence_length
     data.global_batch_size = 4
+    _set_if_accepted(data, per_device_batch_size=None)
     _set_if_accepted(data, max_examples=256)
   if cfg.eval_data is not None:
     cfg.eval_data.num_batches = 2
@@ -66,7 +67,8 @@ def synthetic_data(cfg: fdl.Config) -> None:
       continue
     setattr(cfg, name, fdl.Config(
         SyntheticData, vocab_size=cfg.model.vocab_size, sequence_length=data.sequence_length,
-        global_batch_size=data.global_batch_size, seed=seed,
+        global_batch_size=data.global_batch_size,
+        per_device_batch_size=getattr(data, "per_device_batch_size", None), seed=seed,
         num_batches=getattr(data, "num_batches", None)))
 
 

@@ -21,6 +21,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from lingvo_lite.errors import config_error
 
 MESH_AXES = ("data", "fsdp", "tensor")
+# Every logical axis name the model and the batch use.
+LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv", "vocab", "norm", "position",
+                "layers")
 
 # Logical axis -> mesh axes. The batch is split over every data-parallel axis (FSDP is data
 # parallel for activations); weights are split over fsdp on `embed` and over tensor on the
@@ -35,7 +38,14 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("vocab", "tensor"),
     ("norm", None),
     ("position", None),
+    ("layers", None),
 )
+
+
+def _as_tuple(target: Any) -> tuple[str, ...]:
+  if target is None:
+    return ()
+  return (target,) if isinstance(target, str) else tuple(target)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,16 +85,41 @@ class Partitioner:
       known = math.prod(s for s in sizes if s != -1)
       if known <= 0 or per_slice % known:
         raise config_error(
-            "partitioner", f"ici={tuple(sizes)} dcn={self.dcn_shape}",
+            "partitioner.ici_*", f"{tuple(sizes)} x dcn {self.dcn_shape}",
             f"the fixed axis sizes do not divide the {per_slice} devices per slice")
       sizes[sizes.index(-1)] = per_slice // known
     if math.prod(sizes) * math.prod(self.dcn_shape) != num_devices:
       raise config_error(
-          "partitioner", f"ici={tuple(sizes)} dcn={self.dcn_shape}",
+          "partitioner.ici_*", f"{tuple(sizes)} x dcn {self.dcn_shape}",
           f"the mesh has {math.prod(sizes) * math.prod(self.dcn_shape)} devices but "
           f"{num_devices} are available; make the product of the axis sizes {num_devices} "
           "or set one axis to -1")
     return tuple(sizes)
+
+  def mesh_axis_sizes(self, num_devices: int) -> dict[str, int]:
+    """Size of each mesh axis (within-slice size x across-slice size)."""
+    ici = self.resolved_ici_shape(num_devices)
+    return {axis: i * d for axis, i, d in zip(MESH_AXES, ici, self.dcn_shape)}
+
+  def check_rules(self, used_logical_axes: set[str]) -> None:
+    """Rules name known logical and mesh axes, and cover every logical axis in use."""
+    for name, target in self.rules:
+      if name not in LOGICAL_AXES:
+        raise config_error("partitioner.rules", name, "unknown logical axis name",
+                           f"valid names: {', '.join(LOGICAL_AXES)}")
+      for axis in _as_tuple(target):
+        if axis not in MESH_AXES:
+          raise config_error("partitioner.rules", f"{name} -> {axis}", "unknown mesh axis",
+                             f"valid mesh axes: {', '.join(MESH_AXES)} (or None)")
+    missing = sorted(used_logical_axes - {name for name, _ in self.rules})
+    if missing:
+      raise config_error("partitioner.rules", missing, "no rule for these logical axes",
+                         f"add ({missing[0]!r}, None) to replicate or map it to a mesh axis")
+
+  def mesh_axes_of(self, logical_spec: Sequence[str | None]) -> list[tuple[str, ...]]:
+    """Mesh axes each dimension of a logically named array is split over."""
+    axes = nn.logical_to_mesh_axes(tuple(logical_spec), list(self.rules))
+    return [_as_tuple(a) for a in axes]
 
   def make_mesh(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """Builds the mesh with Auto axis types (Flax's logical constraints expect Auto)."""
@@ -100,16 +135,27 @@ class Partitioner:
           ici, devices, allow_split_physical_axes=True)
     return Mesh(device_array, MESH_AXES)
 
-  def data_parallel_size(self, mesh: Mesh) -> int:
+  def data_parallel_size(self, axis_sizes: dict[str, int]) -> int:
     """Number of ways the batch is split (the product of the mesh axes `batch` maps to)."""
-    batch_axes = dict(self.rules).get("batch") or ()
-    if isinstance(batch_axes, str):
-      batch_axes = (batch_axes,)
-    return math.prod(mesh.shape[axis] for axis in batch_axes)
+    return math.prod(axis_sizes[axis] for axis in self.mesh_axes_of(("batch",))[0])
 
   def logical_to_sharding(self, logical_specs: Any, mesh: Mesh) -> Any:
-    """Maps a tree of logical PartitionSpecs to NamedShardings."""
-    return nn.logical_to_mesh_sharding(logical_specs, mesh, list(self.rules))
+    """Maps a tree of logical PartitionSpecs to NamedShardings.
+
+    Mesh axes of size 1 are dropped from the specs: they split nothing, and a spec that
+    names only real splits reads as what it is (P() on a data-parallel mesh: replicated).
+    """
+    def drop_unit_axes(sharding: NamedSharding) -> NamedSharding:
+      dims = []
+      for axes in sharding.spec:
+        kept = tuple(a for a in _as_tuple(axes) if mesh.shape[a] > 1)
+        dims.append(kept[0] if len(kept) == 1 else (kept or None))
+      while dims and dims[-1] is None:
+        dims.pop()
+      return NamedSharding(mesh, PartitionSpec(*dims))
+    shardings = nn.logical_to_mesh_sharding(logical_specs, mesh, list(self.rules))
+    return jax.tree.map(drop_unit_axes, shardings,
+                        is_leaf=lambda x: isinstance(x, NamedSharding))
 
   def batch_sharding(self, mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding of a [batch, length, ...] input array."""

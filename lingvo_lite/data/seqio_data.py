@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.data.source import Batch, example_indices, local_rows
+from lingvo_lite.data.source import (Batch, example_indices, local_rows,
+                                     resolve_global_batch_size)
 
 # seqio LMFeatureConverter's output names -> lingvo_lite's batch keys.
 _FEATURES = {"decoder_input_tokens": "inputs", "decoder_target_tokens": "targets",
@@ -57,6 +58,7 @@ class SeqioData:
     split: The Task's split to read.
     sequence_length: Tokens per example.
     global_batch_size: Examples per step over all processes.
+    per_device_batch_size: Alternatively, examples per device (global = this x devices).
     shuffle: Visit examples in a fresh permutation each epoch (seeded by (seed, epoch)).
     seed: Root of the shuffle.
     num_batches: Batches in one eval pass; None for an endless stream.
@@ -66,11 +68,16 @@ class SeqioData:
   task: Any
   split: str
   sequence_length: int
-  global_batch_size: int
+  global_batch_size: int | None = None
   shuffle: bool = True
   seed: int = 0
   num_batches: int | None = None
   max_examples: int | None = None
+  per_device_batch_size: int | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "global_batch_size", resolve_global_batch_size(
+        self.global_batch_size, self.per_device_batch_size))
 
   @property
   def examples(self) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ Batch = dict[str, np.ndarray]
 class DataSource(Protocol):
   """What the programs need from a data source."""
 
-  global_batch_size: int
+  global_batch_size: int  # Resolved at construction, also when given per device.
   sequence_length: int
   # Batches in one pass over an eval set; None for an endless (training) stream.
   num_batches: int | None
@@ -25,6 +25,22 @@ class DataSource(Protocol):
   def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
     """Rows [process_index * B/P, (process_index + 1) * B/P) of global batch `step`."""
     ...
+
+
+def resolve_global_batch_size(global_batch_size: int | None,
+                              per_device_batch_size: int | None) -> int:
+  """The global batch from exactly one of the two ways to give it.
+
+  A per-device batch counts every device (as MaxText's does), so with tensor parallelism
+  the devices of one tensor group each "see" the same rows.
+  """
+  if (global_batch_size is None) == (per_device_batch_size is None):
+    raise ValueError("give exactly one of global_batch_size and per_device_batch_size, got "
+                     f"{global_batch_size} and {per_device_batch_size}")
+  if global_batch_size is not None:
+    return global_batch_size
+  import jax  # pylint: disable=g-import-not-at-top
+  return per_device_batch_size * jax.device_count()
 
 
 def local_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from lingvo_lite.data.source import Batch, local_rows
+from lingvo_lite.data.source import Batch, local_rows, resolve_global_batch_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +20,7 @@ class SyntheticData:
     vocab_size: Tokens are drawn from [1, vocab_size) (0 is left for padding).
     sequence_length: Tokens per row.
     global_batch_size: Rows per step over all processes.
+    per_device_batch_size: Alternatively, rows per device (global = this x device count).
     seed: Root of the data's randomness.
     period: Length of the repeated motif; 0 gives uniformly random tokens.
     num_batches: Batches in one eval pass; None for an endless stream.
@@ -27,10 +28,15 @@ class SyntheticData:
 
   vocab_size: int
   sequence_length: int
-  global_batch_size: int
+  global_batch_size: int | None = None
   seed: int = 0
   period: int = 16
   num_batches: int | None = None
+  per_device_batch_size: int | None = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "global_batch_size", resolve_global_batch_size(
+        self.global_batch_size, self.per_device_batch_size))
 
   def _row(self, step: int, row: int) -> np.ndarray:
     rng = np.random.default_rng([self.seed, step, row])

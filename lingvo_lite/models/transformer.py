@@ -29,6 +29,13 @@ from lingvo_lite.models import layers
 
 BlockKind = Literal["parallel", "sequential"]
 PositionKind = Literal["rotary", "learned", "none"]
+RematPolicy = Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"]
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
@@ -43,27 +50,51 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 
 
 class Block(nn.Module):
-  """One transformer layer, parallel (GPT-J) or sequential (pre-norm GPT-2 / Llama)."""
+  """One transformer layer, parallel (GPT-J) or sequential (pre-norm GPT-2 / Llama).
+
+  Takes its own sizes as plain fields so `nn.scan` and `nn.remat` can lift it as a class.
+  With `scan_carry` it returns `(x, None)`, the (carry, output) pair `nn.scan` expects.
+  """
 
   kind: BlockKind
-  attention: layers.Attention
-  mlp: layers.Mlp
   norm_kind: layers.NormKind
   norm_eps: float
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  attention_bias: bool
+  rotary_dim: int
+  rotary_style: layers.RotaryStyle
+  rotary_base: float
+  mlp_dim: int
+  mlp_activation: layers.Activation
+  mlp_bias: bool
   dtype: jnp.dtype
+  param_dtype: jnp.dtype
+  scan_carry: bool = False
 
   def _norm(self, name: str) -> layers.Norm:
-    return layers.Norm(kind=self.norm_kind, eps=self.norm_eps, dtype=self.dtype, name=name)
+    return layers.Norm(kind=self.norm_kind, eps=self.norm_eps, dtype=self.dtype,
+                       param_dtype=self.param_dtype, name=name)
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array):
+    attention = layers.Attention(
+        num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+        use_bias=self.attention_bias, rotary_dim=self.rotary_dim,
+        rotary_style=self.rotary_style, rotary_base=self.rotary_base, dtype=self.dtype,
+        param_dtype=self.param_dtype, name="attention")
+    mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
+                     use_bias=self.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+                     name="mlp")
     if self.kind == "parallel":
       h = self._norm("norm")(x)
-      x = x + self.attention(h, positions, mask) + self.mlp(h)
+      x = x + attention(h, positions, mask) + mlp(h)
     else:
-      x = x + self.attention(self._norm("attention_norm")(x), positions, mask)
-      x = x + self.mlp(self._norm("mlp_norm")(x))
-    return layers.constrain(x, "batch", "length", "embed")
+      x = x + attention(self._norm("attention_norm")(x), positions, mask)
+      x = x + mlp(self._norm("mlp_norm")(x))
+    x = layers.constrain(x, "batch", "length", "embed")
+    return (x, None) if self.scan_carry else x
 
 
 class TransformerLM(nn.Module):
@@ -94,6 +125,12 @@ class TransformerLM(nn.Module):
     output_bias: Bias on the untied output projection.
     dtype: Activation dtype name.
     param_dtype: Parameter dtype name.
+    scan_layers: Run the blocks as one `nn.scan` (compile time independent of depth);
+      parameters then have a leading layer axis, so checkpoints differ in layout.
+    remat_policy: What the backward pass may keep from the forward of each block: "none"
+      (keep everything, no recomputation), "full" (keep nothing, recompute the block),
+      "dots_saveable" (keep matmul outputs), "dots_with_no_batch_dims_saveable" (keep
+      weight matmuls, recompute attention scores).
   """
 
   vocab_size: int
@@ -119,6 +156,8 @@ class TransformerLM(nn.Module):
   output_bias: bool = False
   dtype: layers.DType = "float32"
   param_dtype: layers.DType = "float32"
+  scan_layers: bool = False
+  remat_policy: RematPolicy = "none"
 
   # Derived sizes, computed where used (DESIGN rule 3).
   @property
@@ -139,18 +178,32 @@ class TransformerLM(nn.Module):
       return 0
     return self.rotary_dim if self.rotary_dim is not None else self.resolved_head_dim
 
-  def _block(self, index: int) -> Block:
-    dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
-    attention = layers.Attention(
-        num_heads=self.num_heads, num_kv_heads=self.resolved_num_kv_heads,
-        head_dim=self.resolved_head_dim, use_bias=self.attention_bias,
-        rotary_dim=self.resolved_rotary_dim, rotary_style=self.rotary_style,
-        rotary_base=self.rotary_base, dtype=dtype, param_dtype=param_dtype, parent=None)
-    mlp = layers.Mlp(
-        mlp_dim=self.resolved_mlp_dim, activation=self.mlp_activation, use_bias=self.mlp_bias,
-        dtype=dtype, param_dtype=param_dtype, parent=None)
-    return Block(kind=self.block, attention=attention, mlp=mlp, norm_kind=self.norm,
-                 norm_eps=self.norm_eps, dtype=dtype, name=f"layer_{index}")
+  def _block_fields(self) -> dict:
+    return dict(
+        kind=self.block, norm_kind=self.norm, norm_eps=self.norm_eps, num_heads=self.num_heads,
+        num_kv_heads=self.resolved_num_kv_heads, head_dim=self.resolved_head_dim,
+        attention_bias=self.attention_bias, rotary_dim=self.resolved_rotary_dim,
+        rotary_style=self.rotary_style, rotary_base=self.rotary_base,
+        mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation,
+        mlp_bias=self.mlp_bias, dtype=jnp.dtype(self.dtype),
+        param_dtype=jnp.dtype(self.param_dtype))
+
+  def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+    """The stack of blocks: unrolled (`layer_0`, ...) or one scanned `layers` module whose
+    parameters carry a leading axis of num_layers (logical axis `layers`)."""
+    block_class = Block
+    if self.remat_policy != "none":
+      block_class = nn.remat(block_class, policy=REMAT_POLICIES[self.remat_policy],
+                             prevent_cse=not self.scan_layers)
+    if not self.scan_layers:
+      for index in range(self.num_layers):
+        x = block_class(**self._block_fields(), name=f"layer_{index}")(x, positions, mask)
+      return x
+    stack = nn.scan(block_class, variable_axes={"params": 0}, split_rngs={"params": True},
+                    in_axes=(nn.broadcast, nn.broadcast), length=self.num_layers,
+                    metadata_params={nn.PARTITION_NAME: "layers"})
+    x, _ = stack(**self._block_fields(), scan_carry=True, name="layers")(x, positions, mask)
+    return x
 
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
@@ -165,7 +218,10 @@ class TransformerLM(nn.Module):
         "embedding",
         nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), ("vocab", "embed")),
         (self.vocab_size, self.dim), param_dtype)
-    x = jnp.take(embedding, tokens, axis=0).astype(dtype)
+    # Gather from the whole table, as FSDP does with every weight before use: from a sharded
+    # table XLA cannot turn the gathered rows into batch-sharded activations efficiently and
+    # replicates them instead ("involuntary full rematerialization").
+    x = jnp.take(layers.constrain(embedding, None, None), tokens, axis=0).astype(dtype)
     if self.embedding_bias:
       x = x + self.param("embedding_bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("embed",)), (self.dim,), param_dtype).astype(dtype)
@@ -178,8 +234,7 @@ class TransformerLM(nn.Module):
     x = layers.constrain(x, "batch", "length", "embed")
 
     mask = layers.attention_mask(segment_ids, length)
-    for index in range(self.num_layers):
-      x = self._block(index)(x, positions, mask)
+    x = self._layers(x, positions, mask)
 
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
     if self.tie_embeddings:

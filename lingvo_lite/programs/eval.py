@@ -29,7 +29,7 @@ def run(setup: Setup, job_dir: epath.Path) -> dict[str, float]:
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)
   with jitted.activated():
-    state = checkpointer.restore(step, jitted.sharded_state.abstract)
+    state = jitted.restore_state(checkpointer, step)
     metrics = jitted.evaluate(state.params, setup.eval_data)
   writer = summaries.MetricsWriter(job_dir / "eval" / "metrics.jsonl",
                                    job_dir / "eval" / "summaries", enabled=is_chief)

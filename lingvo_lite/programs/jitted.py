@@ -16,8 +16,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from lingvo_lite import steps, train_state
+from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.source import Batch
 from lingvo_lite.experiment import Setup
+from lingvo_lite.models import layer_layout
 
 
 class JittedSteps:
@@ -56,6 +58,27 @@ class JittedSteps:
     return train_state.create_state(
         self.setup.model, self.optimizer, self.setup.train.seed,
         self.setup.train_data.sequence_length, self.sharded_state.shardings)
+
+  @property
+  def checkpoint_metadata(self) -> dict[str, Any]:
+    """What a checkpoint records about the state's layout."""
+    return {"scan_layers": bool(self.setup.model.scan_layers),
+            "num_layers": int(self.setup.model.num_layers)}
+
+  def restore_state(self, checkpointer: Checkpointer, step: int) -> train_state.TrainState:
+    """Restores `step` into this setup's shardings, converting the layer layout (scanned or
+    unrolled) when the checkpoint was written with the other one."""
+    saved_scan = checkpointer.metadata(step).get("scan_layers")
+    if saved_scan is None or saved_scan == self.setup.model.scan_layers:
+      return checkpointer.restore(step, self.sharded_state.abstract)
+    saved_model = self.setup.model.clone(scan_layers=saved_scan)
+    saved_layout = train_state.sharded_abstract_state(
+        saved_model, self.optimizer, self.setup.train_data.sequence_length,
+        self.setup.partitioner, self.mesh)
+    state = checkpointer.restore(step, saved_layout.abstract)
+    convert = layer_layout.stack_layers if self.setup.model.scan_layers else \
+        layer_layout.unstack_layers
+    return jax.device_put(convert(state), self.sharded_state.shardings)
 
   def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
     """Assembles this process's rows into global arrays sharded over the batch axes."""

@@ -17,7 +17,7 @@ import time
 import jax
 from etils import epath
 
-from lingvo_lite import summaries
+from lingvo_lite import mfu, summaries
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.experiment import Setup
@@ -94,14 +94,21 @@ def run(setup: Setup, job_dir: epath.Path) -> TrainResult:
       state = jitted.init_state()
       say(f"initialized a new state in {job_dir}")
     else:
-      state = checkpointer.restore(start, jitted.sharded_state.abstract)
+      state = jitted.restore_state(checkpointer, start)
       say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
-    say(f"model: {num_params / 1e6:.2f}M parameters; {tokens_per_step} tokens per step "
-        f"(global batch {setup.train_data.global_batch_size} x "
-        f"{setup.train_data.sequence_length})")
+    data, num_devices = setup.train_data, jax.device_count()
+    mesh_shape = " ".join(f"{axis}={size}" for axis, size in jitted.mesh.shape.items())
+    flops = mfu.model_flops_per_step(setup.model, data.global_batch_size, data.sequence_length)
+    peak, peak_source = mfu.peak_flops_per_device(jax.devices()[0], loop.peak_tflops_per_device)
+    say(f"model: {num_params / 1e6:.2f}M parameters, {flops / 1e12:.3g} TFLOP per step; "
+        f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
+    say(f"batch: global {data.global_batch_size} x {data.sequence_length} tokens = "
+        f"{data.global_batch_size / num_devices:g} per device x {num_devices} devices; "
+        f"mesh {mesh_shape}; {jax.process_count()} process(es)")
 
-    throughput = summaries.Throughput(start, loop.steps, tokens_per_step)
+    throughput = summaries.Throughput(start, loop.steps, tokens_per_step, flops, num_devices,
+                                      peak)
     prefetcher = Prefetcher(setup.train_data, start, loop.steps, jax.process_index(),
                             jax.process_count())
     profiling = False
@@ -134,6 +141,8 @@ def run(setup: Setup, job_dir: epath.Path) -> TrainResult:
           say(f"train step {step}/{loop.steps}: loss {values['loss']:.4f}  "
               f"lr {values['learning_rate']:.2e}  grad_norm {values['grad_norm']:.3f}  "
               f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
+              f"{values['tflops_per_device']:.3g} TFLOP/s/device  MFU {values['mfu']:.1%}  "
+              f"data wait {values['data_wait_s'] * 1e3:.0f} ms/step  "
               f"ETA {summaries.format_duration(values['eta_s'])}")
 
         if loop.eval_every_steps and step % loop.eval_every_steps == 0 and step < loop.steps:
@@ -142,7 +151,7 @@ def run(setup: Setup, job_dir: epath.Path) -> TrainResult:
           break
         if step % setup.checkpoint.every_steps == 0 and step < loop.steps:
           _check_finite(float(metrics["loss"]), step, checkpointer)
-          checkpointer.save(step, state)
+          checkpointer.save(step, state, metadata=jitted.checkpoint_metadata)
     finally:
       prefetcher.close()
       if profiling:
@@ -150,7 +159,7 @@ def run(setup: Setup, job_dir: epath.Path) -> TrainResult:
 
     if step > start:
       _check_finite(float(metrics["loss"]), step, checkpointer)
-      checkpointer.save(step, state, force=True)
+      checkpointer.save(step, state, force=True, metadata=jitted.checkpoint_metadata)
     checkpointer.close()
     if stop.signal_name:
       say(f"{stop.signal_name}: saved step {step} and stopped; rerun the same command to "

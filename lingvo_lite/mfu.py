@@ -1,0 +1,79 @@
+"""Model FLOPs utilization: analytic FLOPs per step, and each device's peak.
+
+FLOPs per step (stated so they can be checked):
+  6 x (matmul parameters) x tokens           forward + backward of every weight matmul,
+                                             the unembedding included, the embedding lookup not;
+  + 6 x layers x length x heads x head_dim x tokens
+                                             attention scores and values (4 T H d per token
+                                             forward, halved for causality, x3 for backward).
+MaxText counts the same way but prints only TFLOP/s; this module turns it into MFU against
+the device's peak: a datasheet table for accelerators (bf16 dense), and for CPUs the best of
+10 float32 2048^3 matmuls measured once per run (or a configured value).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+
+from lingvo_lite.models.transformer import TransformerLM
+
+# Datasheet dense bf16 peak, TFLOP/s per device (per chip on TPU), by device_kind prefix.
+PEAK_BF16_TFLOPS = {
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,  # v5e
+    "TPU v5e": 197.0,
+    "TPU v5p": 459.0,
+    "TPU v5": 459.0,
+    "TPU v6 lite": 918.0,  # v6e (Trillium)
+    "TPU v6e": 918.0,
+    "NVIDIA A100": 312.0,
+    "NVIDIA H100": 989.0,
+    "NVIDIA H200": 989.0,
+}
+
+
+def matmul_parameters(model: TransformerLM) -> int:
+  """Weights that multiply activations once per token (biases, norms, embedding excluded)."""
+  dim, heads, kv_heads = model.dim, model.num_heads, model.resolved_num_kv_heads
+  head_dim, mlp_dim = model.resolved_head_dim, model.resolved_mlp_dim
+  attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q, out; k, v
+  mlp_inputs = 2 if model.mlp_activation in ("swiglu", "geglu") else 1
+  mlp = (mlp_inputs + 1) * dim * mlp_dim
+  return model.num_layers * (attention + mlp) + dim * model.vocab_size
+
+
+def model_flops_per_step(model: TransformerLM, global_batch_size: int,
+                         sequence_length: int) -> float:
+  tokens = global_batch_size * sequence_length
+  attention = 6 * model.num_layers * sequence_length * model.num_heads * \
+      model.resolved_head_dim * tokens
+  return 6.0 * matmul_parameters(model) * tokens + attention
+
+
+@functools.lru_cache(maxsize=None)
+def measured_matmul_peak(size: int = 2048, repeats: int = 10) -> float:
+  """FLOP/s of the fastest of `repeats` float32 size^3 matmuls on the first device."""
+  a = jnp.ones((size, size), jnp.float32)
+  matmul = jax.jit(lambda x, y: x @ y)
+  matmul(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    started = time.perf_counter()
+    matmul(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - started)
+  return 2.0 * size ** 3 / best
+
+
+def peak_flops_per_device(device: jax.Device, configured_tflops: float | None = None
+                          ) -> tuple[float, str]:
+  """(FLOP/s, where the number comes from) for one device."""
+  if configured_tflops:
+    return configured_tflops * 1e12, "configured"
+  for prefix, tflops in PEAK_BF16_TFLOPS.items():
+    if device.device_kind.startswith(prefix):
+      return tflops * 1e12, f"{prefix} bf16 datasheet"
+  return measured_matmul_peak(), "best of 10 float32 2048^3 matmuls"

@@ -1,0 +1,108 @@
+"""Sharding over a device mesh: equal losses on every mesh, the PartitionSpecs each parameter
+gets, and one-line errors for partitioning settings that cannot work.
+
+The multi-device part runs tests/multidevice_worker.py in a child process with 8 forced CPU
+devices (the device count is fixed when JAX starts, and this process keeps one device).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from lingvo_lite.errors import UsageError
+from lingvo_lite.partitioning import Partitioner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module", name="worker")
+def fixture_worker():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+  completed = subprocess.run([sys.executable, "-m", "tests.multidevice_worker"], env=env,
+                             cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  return json.loads(completed.stdout)
+
+
+def _layer_specs(attention_in, attention_out, mlp_in, mlp_out):
+  specs = {}
+  for layer in ("layer_0", "layer_1"):
+    for name in ("query_kernel", "key_kernel", "value_kernel"):
+      specs[f"['{layer}']['attention']['{name}']"] = attention_in
+    specs[f"['{layer}']['attention']['out_kernel']"] = attention_out
+    specs[f"['{layer}']['mlp']['wi']['kernel']"] = mlp_in
+    specs[f"['{layer}']['mlp']['wi_gate']['kernel']"] = mlp_in
+    specs[f"['{layer}']['mlp']['wo']['kernel']"] = mlp_out
+    specs[f"['{layer}']['attention_norm']['scale']"] = "P()"
+    specs[f"['{layer}']['mlp_norm']['scale']"] = "P()"
+  return specs
+
+
+EXPECTED_SPECS = {
+    "data8": {"['embedding']": "P()", "['final_norm']['scale']": "P()",
+              "['output']['kernel']": "P()", **_layer_specs("P()", "P()", "P()", "P()")},
+    "fsdp8": {"['embedding']": "P(None, 'fsdp')", "['final_norm']['scale']": "P()",
+              "['output']['kernel']": "P('fsdp',)",
+              **_layer_specs("P('fsdp',)", "P(None, None, 'fsdp')", "P('fsdp',)",
+                             "P(None, 'fsdp')")},
+    "data2_fsdp2_tensor2": {
+        "['embedding']": "P('tensor', 'fsdp')", "['final_norm']['scale']": "P()",
+        "['output']['kernel']": "P('fsdp', 'tensor')",
+        **_layer_specs("P('fsdp', 'tensor')", "P('tensor', None, 'fsdp')",
+                       "P('fsdp', 'tensor')", "P('tensor', 'fsdp')")},
+}
+
+
+@pytest.mark.parametrize("mesh", sorted(EXPECTED_SPECS))
+def test_losses_on_a_mesh_equal_the_single_device_run(worker, mesh):
+  single = worker["meshes"]["single"]["losses"]
+  sharded = worker["meshes"][mesh]["losses"]
+  assert len(sharded) == 5 and worker["meshes"][mesh]["finite"]
+  np.testing.assert_allclose(sharded, single, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mesh", sorted(EXPECTED_SPECS))
+def test_parameter_partition_specs(worker, mesh):
+  got = {path: spec.replace("PartitionSpec", "P") for path, spec in
+         worker["meshes"][mesh]["specs"].items()}
+  assert got == EXPECTED_SPECS[mesh]
+  assert worker["meshes"][mesh]["moments_match"]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("mesh_vs_devices", "the mesh has 3 devices but 8 are available"),
+    ("batch_vs_data_parallel",
+     "train_data.global_batch_size=4: must split evenly over the data-parallel size 8"),
+    ("dimension_vs_axis", "the 'vocab' dimension of parameter ['embedding'] is not divisible "
+                          "by mesh axes tensor = 8"),
+    ("unknown_logical_axis", "partitioner.rules='embd': unknown logical axis name"),
+    ("unknown_mesh_axis", "partitioner.rules='batch -> dp': unknown mesh axis"),
+])
+def test_bad_partitioning_is_a_one_line_error(worker, case, message):
+  outcome = worker["bad"][case]
+  assert outcome["code"] == 2
+  lines = outcome["stderr"].strip().splitlines()
+  assert len(lines) == 1 and message in lines[0], outcome["stderr"]
+
+
+def test_one_axis_takes_the_remaining_devices():
+  assert Partitioner(ici_data=-1, ici_tensor=2).resolved_ici_shape(8) == (4, 1, 2)
+  assert Partitioner(ici_data=1, ici_fsdp=-1, dcn_data=2).mesh_axis_sizes(8) == {
+      "data": 2, "fsdp": 4, "tensor": 1}
+  with pytest.raises(UsageError, match="at most one mesh axis may be -1"):
+    Partitioner(ici_data=-1, ici_fsdp=-1).resolved_ici_shape(8)
+  with pytest.raises(UsageError, match="do not divide the 8 devices"):
+    Partitioner(ici_data=-1, ici_tensor=3).resolved_ici_shape(8)
+
+
+def test_single_device_mesh_and_batch_sharding():
+  partitioner = Partitioner()
+  mesh = partitioner.make_mesh(jax.devices()[:1])
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
+  assert partitioner.data_parallel_size({"data": 4, "fsdp": 2, "tensor": 2}) == 8
