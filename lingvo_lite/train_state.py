@@ -34,6 +34,13 @@ class ShardedState:
   shardings: TrainState
 
 
+def strip_boxes(tree: Any) -> Any:
+  """The values inside Flax's logical-axis boxes, without the sharding constraint that
+  `nn.meta.unbox` applies when a mesh is active (which fails on abstract values)."""
+  return jax.tree.map(lambda x: x.value if isinstance(x, nn.meta.AxisMetadata) else x, tree,
+                      is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+
+
 def init_state(model: nn.Module, optimizer: optax.GradientTransformation, rng: jax.Array,
                sequence_length: int) -> TrainState:
   """Initializes parameters and optimizer state; parameters keep their logical-axis boxes."""
@@ -51,7 +58,7 @@ def sharded_abstract_state(model: nn.Module, optimizer: optax.GradientTransforma
   shardings = partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
   abstract = jax.tree.map(
       lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-      nn.meta.unbox(boxed), shardings)
+      strip_boxes(boxed), shardings)
   return ShardedState(abstract=abstract, shardings=shardings)
 
 

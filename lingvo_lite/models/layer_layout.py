@@ -3,6 +3,8 @@ scanned `layers` subtree whose arrays have a leading axis of num_layers.
 
 Works on any pytree holding such dicts (parameters, Adam's moments inside an optax state,
 a whole TrainState), so a checkpoint written with one layout can be restored into the other.
+The conversion runs on host (NumPy) arrays: it happens once, at restore, and the caller
+places the result into the new layout's shardings.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import re
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 _LAYER_KEY = re.compile(r"layer_(\d+)$")
 
@@ -34,7 +36,7 @@ def stack_layers(tree: Any) -> Any:
       raise ValueError(f"layer keys are not layer_0..layer_{len(indices) - 1}: {indices}")
     layers = [node[f"layer_{i}"] for i in indices]
     rest = {k: v for k, v in node.items() if not _LAYER_KEY.match(k)}
-    return {**rest, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+    return {**rest, "layers": jax.tree.map(lambda *xs: np.stack(xs), *layers)}
   return jax.tree.map(convert, tree, is_leaf=_is_unrolled)
 
 

@@ -75,7 +75,7 @@ class JittedSteps:
     saved_layout = train_state.sharded_abstract_state(
         saved_model, self.optimizer, self.setup.train_data.sequence_length,
         self.setup.partitioner, self.mesh)
-    state = checkpointer.restore(step, saved_layout.abstract)
+    state = jax.device_get(checkpointer.restore(step, saved_layout.abstract))
     convert = layer_layout.stack_layers if self.setup.model.scan_layers else \
         layer_layout.unstack_layers
     return jax.device_put(convert(state), self.sharded_state.shardings)

@@ -1,0 +1,63 @@
+"""Model FLOPs per step against a count taken from the real parameter tree, and device peaks."""
+
+import types
+
+import fiddle as fdl
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.lm import architectures
+from lingvo_lite import mfu
+
+FAMILIES = {
+    "gptj": architectures.gptj(vocab_size=300, num_layers=3, dim=64, num_heads=4, rotary_dim=8),
+    "llama": architectures.llama(vocab_size=300, num_layers=3, dim=64, num_heads=4,
+                                 num_kv_heads=2, mlp_dim=96),
+    "gpt2": architectures.gpt2(vocab_size=300, num_layers=3, dim=64, num_heads=4,
+                               max_length=32),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_matmul_parameters_match_the_parameter_tree(family):
+  model = fdl.build(FAMILIES[family])
+  params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0),
+                                        jnp.zeros((1, 8), jnp.int32)))["params"]
+  counted = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name = jax.tree_util.keystr(path)
+    # Kernels only: lookups (embeddings) and biases (2-D per-head ones too) are not matmuls.
+    if len(leaf.shape) >= 2 and "embedding" not in name and "bias" not in name:
+      counted += int(np.prod(leaf.shape))
+  if model.tie_embeddings:
+    counted += model.dim * model.vocab_size  # The unembedding reuses the embedding.
+  assert mfu.matmul_parameters(model) == counted
+
+
+def test_flops_formula_for_gptj_6b():
+  model = fdl.build(architectures.gptj(vocab_size=50400, num_layers=28, dim=4096,
+                                       num_heads=16, head_dim=256, rotary_dim=64,
+                                       mlp_dim=16384))
+  tokens = 512 * 2048
+  matmuls = 28 * (4 * 4096 * 4096 + 2 * 4096 * 16384) + 4096 * 50400
+  attention = 6 * 28 * 2048 * 16 * 256 * tokens  # Causal: half of 12 T H d per token.
+  assert mfu.model_flops_per_step(model, 512, 2048) == 6 * matmuls * tokens + attention
+
+
+@pytest.mark.parametrize("kind, tflops", [("NVIDIA H100 80GB HBM3", 989.0),
+                                          ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-80GB", 312.0),
+                                          ("TPU v5 lite", 197.0), ("TPU v4", 275.0),
+                                          ("TPU v6 lite", 918.0), ("TPU v5p", 459.0)])
+def test_datasheet_peaks(kind, tflops):
+  peak, source = mfu.peak_flops_per_device(types.SimpleNamespace(device_kind=kind))
+  assert peak == tflops * 1e12 and "datasheet" in source
+
+
+def test_cpu_peak_is_measured_unless_configured():
+  cpu = types.SimpleNamespace(device_kind="cpu")
+  peak, source = mfu.peak_flops_per_device(cpu)
+  assert peak > 1e9 and "2048^3" in source
+  assert mfu.peak_flops_per_device(cpu, configured_tflops=2.5) == (2.5e12, "configured")

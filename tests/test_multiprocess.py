@@ -1,0 +1,94 @@
+"""Several processes through jax.distributed on 127.0.0.1: the same losses as one process with
+the same devices, and a dead peer stops the survivor (non-zero exit) in bounded time."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COMMON = ["--exp=PyCodeLlamaTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+          "--fdl.model.vocab_size=256", "--fdl.train_data.vocab_size=256",
+          "--fdl.eval_data.vocab_size=256", "--fdl.train_data.global_batch_size=8",
+          "--fdl.eval_data.global_batch_size=8", "--fdl.train.log_every_steps=1",
+          "--fdl.partitioner.ici_fsdp=2", "--fdl.partitioner.ici_tensor=2",
+          "--compilation_cache_dir="]
+
+
+def _env(devices):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+  return env
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _start(job, devices, extra=(), process_id=None, num_processes=None, port=None):
+  args = [sys.executable, "-m", "lingvo_lite", *COMMON, f"--job_log_dir={job}", *extra]
+  if process_id is not None:
+    args += [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num_processes}",
+             f"--process_id={process_id}", "--heartbeat_timeout_seconds=10"]
+  return subprocess.Popen(args, env=_env(devices), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+
+
+def _losses(job):
+  with open(os.path.join(job, "metrics.jsonl")) as f:
+    return [json.loads(line)["loss"] for line in f]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
+  steps = ["--fdl.train.steps=5"]
+  single = _start(tmp_path / "single", 8, steps)
+  _, err = single.communicate(timeout=300)
+  assert single.returncode == 0, err[-2000:]
+
+  port = _free_port()
+  processes = [_start(tmp_path / "multi", 4, steps, i, 2, port) for i in range(2)]
+  outputs = [p.communicate(timeout=300) for p in processes]
+  for process, (_, err) in zip(processes, outputs):
+    assert process.returncode == 0, err[-2000:]
+  assert "jax.distributed: process 0 of 2" in outputs[0][0]
+  assert "mesh data=2 fsdp=2 tensor=2; 2 process(es)" in outputs[0][0]
+  # Only process 0 logs (gloo's own C++ connection lines aside).
+  assert [l for l in outputs[1][0].splitlines() if not l.startswith("[Gloo]")] == []
+  np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"),
+                             rtol=1e-5)
+  assert len(_losses(tmp_path / "multi")) == 5
+
+
+@pytest.mark.slow
+def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):
+  port = _free_port()
+  job = tmp_path / "job"
+  processes = [_start(job, 4, ["--fdl.train.steps=100000"], i, 2, port) for i in range(2)]
+  try:
+    deadline = time.time() + 180
+    while time.time() < deadline:
+      if (job / "metrics.jsonl").exists() and len(_losses(job)) >= 3:
+        break
+      time.sleep(0.2)
+    else:
+      pytest.fail("training did not start")
+    processes[1].send_signal(signal.SIGKILL)  # Dies in the middle of a step.
+    killed_at = time.time()
+    _, err = processes[0].communicate(timeout=60)
+    elapsed = time.time() - killed_at
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+  assert processes[0].returncode != 0
+  assert elapsed < 60
+  assert "heartbeat" in err or "Connection reset" in err, err[-2000:]
