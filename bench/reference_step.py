@@ -81,12 +81,3 @@ def make_reference(shapes: Shapes, learning_rate: float = 3e-4, seed: int = 0,
   if in_shardings is not None:
     jit_kwargs = {"in_shardings": in_shardings, "out_shardings": out_shardings}
   return (jax.jit(step, donate_argnums=(0, 1), **jit_kwargs), params, opt_state)
-
-
-def model_flops_per_step(shapes: Shapes) -> float:
-  """6 x matmul parameters x tokens, plus attention scores and values (fwd + bwd, full)."""
-  s = shapes
-  matmul_params = s.num_layers * (4 * s.dim * s.dim + 2 * s.dim * s.mlp_dim) + s.dim * s.vocab_size
-  tokens = s.batch_size * s.sequence_length
-  attention = s.num_layers * 2 * 2 * s.sequence_length * s.dim * tokens
-  return 6 * matmul_params * tokens + 3 * attention

@@ -34,3 +34,19 @@ class BenchSmall(Experiment):
                               sequence_length=sequence_length, global_batch_size=batch),
         train=fdl.Config(TrainLoop, steps=100, log_every_steps=10),
     )
+
+
+@register
+class BenchLarge(BenchSmall):
+  """Larger benchmark shapes: 8 layers, d_model 512, 8 heads, MLP 2048, seq 512, vocab 32000.
+
+  python bench/step_bench.py --experiment=BenchLarge
+  """
+
+  @classmethod
+  def config(cls) -> fdl.Config[Setup]:
+    cfg = super().config()
+    cfg.model.num_layers, cfg.model.dim, cfg.model.num_heads = 8, 512, 8
+    cfg.model.mlp_dim, cfg.model.vocab_size = 2048, 32000
+    cfg.train_data.vocab_size, cfg.train_data.sequence_length = 32000, 512
+    return cfg
