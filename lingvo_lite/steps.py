@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax.flatten_util import ravel_pytree
 
 from lingvo_lite.train_state import TrainState
 
@@ -48,6 +49,16 @@ def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
   objective = (ce_sum + z_loss * z_sum if z_loss else ce_sum) / normalizer
   return objective, {"cross_entropy_sum": ce_sum, "z_sum": z_sum,
                      "correct_sum": jnp.sum(correct * weights)}
+
+
+def _global_norm(tree: Any) -> jax.Array:
+  """L2 norm over every leaf, as one reduction over the raveled leaves.
+
+  A per-leaf norm (optax.tree.norm) adds a reduction kernel for every parameter next to the
+  optimizer's update kernel; on CPU those ~3 extra kernels per parameter cost more than
+  the one concatenation (measured: 1256 -> 1031 kernels in the BenchLarge step).
+  """
+  return jnp.sqrt(jnp.sum(jnp.square(ravel_pytree(tree)[0])))
 
 
 def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
@@ -87,7 +98,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
       "loss": sums["cross_entropy_sum"] / total_weight,
       "z_loss": sums["z_sum"] / total_weight,
       "accuracy": sums["correct_sum"] / total_weight,
-      "grad_norm": optax.tree.norm(grads),
+      "grad_norm": _global_norm(grads),
       "learning_rate": schedule(state.step),
       "tokens": total_weight,
   }

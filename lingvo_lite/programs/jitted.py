@@ -17,9 +17,27 @@ from jax.sharding import Mesh
 
 from lingvo_lite import steps, train_state
 from lingvo_lite.checkpoints import Checkpointer
-from lingvo_lite.data.source import Batch
+from lingvo_lite.data.source import Batch, local_rows
+from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models import layer_layout
+
+
+def _check_process_rows(batch_sharding: jax.sharding.Sharding, global_batch_size: int) -> None:
+  """This process's devices must hold the block of rows its data source reads.
+
+  Sources hand process p the rows [p * B/P, (p + 1) * B/P); a mesh whose batch axes put
+  other rows on p's devices would silently train on the wrong examples.
+  """
+  indices = batch_sharding.addressable_devices_indices_map((global_batch_size, 1)).values()
+  rows = sorted({row for index in indices
+                 for row in range(*index[0].indices(global_batch_size))})
+  expected = list(local_rows(global_batch_size, jax.process_index(), jax.process_count()))
+  if rows != expected:
+    raise UsageError(
+        f"partitioner: the mesh puts batch rows {rows[0]}..{rows[-1]} on process "
+        f"{jax.process_index()}, which reads rows {expected[0]}..{expected[-1]}; order the "
+        "mesh so each process's devices hold one contiguous block of the batch axes")
 
 
 class JittedSteps:
@@ -35,6 +53,7 @@ class JittedSteps:
         setup.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
         self.mesh)
     self.batch_sharding = setup.partitioner.batch_sharding(self.mesh)
+    _check_process_rows(self.batch_sharding, setup.train_data.global_batch_size)
     state_shardings = self.sharded_state.shardings
     self.train_step = jax.jit(
         functools.partial(
