@@ -61,8 +61,10 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
     assert process.returncode == 0, err[-2000:]
   assert "jax.distributed: process 0 of 2" in outputs[0][0]
   assert "mesh data=2 fsdp=2 tensor=2; 2 process(es)" in outputs[0][0]
-  # Only process 0 logs (gloo's own C++ connection lines aside).
-  assert [l for l in outputs[1][0].splitlines() if not l.startswith("[Gloo]")] == []
+  # Only process 0 logs. gloo's C++ code prints "[Gloo] Rank R is connected to N peer ranks"
+  # lines from several threads at once (so they can arrive split); those are not ours.
+  assert [l for l in outputs[1][0].splitlines()
+          if l.strip() and "peer ranks" not in l and "[Gloo]" not in l] == []
   np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"),
                              rtol=1e-5)
   assert len(_losses(tmp_path / "multi")) == 5
