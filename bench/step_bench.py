@@ -50,9 +50,7 @@ from lingvo_lite.programs.jitted import JittedSteps
 
 def _lingvo_step(experiment: str, sets: list[str]):
   cfg = registry.lookup(experiment).config()
-  directives = [overrides.Directive("set", f"--set {s}", path=s.partition("=")[0],
-                                    value_text=s.partition("=")[2]) for s in sets]
-  overrides.apply(cfg, directives, None)
+  overrides.apply(cfg, [overrides.set_directive(f"--set {s}", s) for s in sets], None)
   setup = executor.build(cfg)
   jitted = JittedSteps(setup)
   with jitted.activated():

@@ -41,7 +41,8 @@ class Directive:
 _MULTI_FLAGS = {"--fiddler": "fiddler", "--fdl_set": "set"}
 
 
-def _set_directive(flag: str, assignment: str) -> Directive:
+def set_directive(flag: str, assignment: str) -> Directive:
+  """A `set` directive from `PATH=VALUE`; `flag` is how the user wrote it, for messages."""
   path, equals, value_text = assignment.partition("=")
   if not equals or not path:
     raise UsageError(f"{flag}: expected PATH=VALUE, e.g. --fdl.model.num_layers=2 or "
@@ -64,7 +65,7 @@ def extract(argv: Sequence[str]) -> tuple[list[str], list[Directive]]:
       remaining.extend(args[i:])
       break
     if arg.startswith("--fdl."):
-      directives.append(_set_directive(arg, arg[len("--fdl."):]))
+      directives.append(set_directive(arg, arg[len("--fdl."):]))
       i += 1
       continue
     name, equals, value = arg.partition("=")
@@ -82,7 +83,7 @@ def extract(argv: Sequence[str]) -> tuple[list[str], list[Directive]]:
       if _MULTI_FLAGS[name] == "fiddler":
         directives.append(Directive("fiddler", flag, name=value))
       else:
-        directives.append(_set_directive(flag, value))
+        directives.append(set_directive(flag, value))
       continue
     remaining.append(arg)
     i += 1

@@ -26,12 +26,7 @@ def tiny_config(experiment: str, *sets: str, synthetic: bool = False) -> fdl.Con
   fiddlers.tiny(cfg)
   if synthetic:
     fiddlers.synthetic_data(cfg)
-  directives = []
-  for assignment in sets:
-    path, _, value_text = assignment.partition("=")
-    directives.append(overrides.Directive("set", f"--fdl.{assignment}", path=path,
-                                          value_text=value_text))
-  overrides.apply(cfg, directives, None)
+  overrides.apply(cfg, [overrides.set_directive(f"--fdl.{s}", s) for s in sets], None)
   return cfg
 
 
