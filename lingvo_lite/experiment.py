@@ -38,6 +38,8 @@ class TrainLoop:
     z_loss: Weight of the auxiliary loss z_loss * log(Z)^2 (GPT-J used 1e-4).
     profile_start_step: First step of a profiler trace window; -1 disables tracing.
     profile_steps: Steps in the trace window (written to JOB/profile/).
+    log_grad_norm: Compute and log the global gradient norm (one more pass over the
+      gradients each step).
     peak_tflops_per_device: Peak for the MFU figure; None looks the device up in a
       datasheet table, or on a CPU measures the best float32 2048^3 matmul.
   """
@@ -50,6 +52,7 @@ class TrainLoop:
   z_loss: float = 0.0
   profile_start_step: int = -1
   profile_steps: int = 3
+  log_grad_norm: bool = True
   peak_tflops_per_device: float | None = None
 
 

@@ -69,7 +69,7 @@ def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
 
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-               z_loss: float = 0.0, grad_accum_steps: int = 1
+               z_loss: float = 0.0, grad_accum_steps: int = 1, log_grad_norm: bool = True
                ) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update on the mean token loss of `batch`.
 
@@ -98,10 +98,12 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
       "loss": sums["cross_entropy_sum"] / total_weight,
       "z_loss": sums["z_sum"] / total_weight,
       "accuracy": sums["correct_sum"] / total_weight,
-      "grad_norm": _global_norm(grads),
       "learning_rate": schedule(state.step),
       "tokens": total_weight,
   }
+  if log_grad_norm:
+    # An extra pass over every gradient (the optimizer's clipping computes its own norm).
+    metrics["grad_norm"] = _global_norm(grads)
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

@@ -87,3 +87,16 @@ def test_eval_step_sums_match_train_loss():
   _, metrics = _step(SETUP, optimizer, 1)(jax.tree.map(jnp.array, state), batch)
   np.testing.assert_allclose(sums["cross_entropy_sum"] / sums["weight_sum"], metrics["loss"],
                              rtol=1e-6)
+
+
+def test_grad_norm_metric_is_the_global_norm_and_optional():
+  optimizer, state, batch = _state_and_batch()
+  step = lambda log: jax.jit(functools.partial(
+      steps.train_step, model=SETUP.model, optimizer=optimizer,
+      schedule=SETUP.optimizer.schedule(SETUP.train.steps), log_grad_norm=log))
+  _, metrics = step(True)(jax.tree.map(jnp.array, state), batch)
+  grads = jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 0.0,
+                                              jnp.sum(batch["weights"]))[0])(state.params)
+  np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(grads), rtol=1e-5)
+  _, metrics = step(False)(jax.tree.map(jnp.array, state), batch)
+  assert "grad_norm" not in metrics

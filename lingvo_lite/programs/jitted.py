@@ -59,7 +59,8 @@ class JittedSteps:
         functools.partial(
             steps.train_step, model=setup.model, optimizer=self.optimizer,
             schedule=self.schedule, z_loss=setup.train.z_loss,
-            grad_accum_steps=setup.train.grad_accum_steps),
+            grad_accum_steps=setup.train.grad_accum_steps,
+            log_grad_norm=setup.train.log_grad_norm),
         in_shardings=(state_shardings, self.batch_sharding),
         out_shardings=(state_shardings, None),
         donate_argnums=(0,))

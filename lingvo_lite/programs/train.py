@@ -138,8 +138,9 @@ def run(setup: Setup, job_dir: epath.Path) -> TrainResult:
           values.update(throughput.report(step))
           train_writer.write(step, values)
           train_loss = values["loss"]
+          grad_norm = f"grad_norm {values['grad_norm']:.3f}  " if "grad_norm" in values else ""
           say(f"train step {step}/{loop.steps}: loss {values['loss']:.4f}  "
-              f"lr {values['learning_rate']:.2e}  grad_norm {values['grad_norm']:.3f}  "
+              f"lr {values['learning_rate']:.2e}  {grad_norm}"
               f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
               f"{values['tflops_per_device']:.3g} TFLOP/s/device  MFU {values['mfu']:.1%}  "
               f"data wait {values['data_wait_s'] * 1e3:.0f} ms/step  "
