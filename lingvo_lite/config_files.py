@@ -44,10 +44,6 @@ def _origin(buildable: fdl.Buildable, name: str) -> str:
   return f"{filename}:{location.line_number}"
 
 
-def issubclass_safe(fn: Any, base: type) -> bool:
-  return isinstance(fn, type) and issubclass(fn, base)
-
-
 def _callable_name(buildable: fdl.Buildable) -> str:
   fn = fdl.get_callable(buildable)
   return f"{fn.__module__}.{fn.__qualname__}"
@@ -58,7 +54,8 @@ def flatten(cfg: Any, prefix: str = "") -> Iterator[tuple[str, str, str]]:
   if not isinstance(cfg, fdl.Buildable):
     return
   arguments = fdl.ordered_arguments(cfg, include_defaults=True)
-  if issubclass_safe(fdl.get_callable(cfg), nn.Module):
+  fn = fdl.get_callable(cfg)
+  if isinstance(fn, type) and issubclass(fn, nn.Module):
     # Flax's bookkeeping fields, not settings.
     arguments = {k: v for k, v in arguments.items() if k not in ("parent", "name")}
   for name, value in arguments.items():

@@ -158,6 +158,5 @@ class Partitioner:
                         is_leaf=lambda x: isinstance(x, NamedSharding))
 
   def batch_sharding(self, mesh: Mesh, ndim: int = 2) -> NamedSharding:
-    """Sharding of a [batch, length, ...] input array."""
-    spec = nn.logical_to_mesh_axes(("batch",) + (None,) * (ndim - 1), list(self.rules))
-    return NamedSharding(mesh, PartitionSpec(*spec))
+    """Sharding of a [batch, length, ...] input array (the same mapping as parameters)."""
+    return self.logical_to_sharding(PartitionSpec("batch", *(None,) * (ndim - 1)), mesh)
