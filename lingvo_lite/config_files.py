@@ -22,10 +22,11 @@ CONFIG_JSON = "config.json"
 CONFIG_TXT = "config.txt"
 
 # What a resumed run may change: loop length and logging, checkpoint cadence, the mesh, and
-# how layers are executed (a checkpoint's layer layout is converted on restore). Everything
-# else (model, optimizer, data) shapes the state or the loss curve.
+# how layers and attention are executed (a checkpoint's layer layout is converted on
+# restore; the attention kernels compute the same function). Everything else (model,
+# optimizer, data) shapes the state or the loss curve.
 RESUMABLE_SECTIONS = ("train.", "checkpoint.", "partitioner.", "eval_data.",
-                      "model.scan_layers", "model.remat_policy")
+                      "model.scan_layers", "model.remat_policy", "model.attention_kernel")
 
 
 def _origin(buildable: fdl.Buildable, name: str) -> str:

@@ -84,6 +84,10 @@ class Setup:
       raise config_error("model.num_kv_heads", model.num_kv_heads,
                          f"does not divide model.num_heads={model.num_heads}",
                          "grouped-query attention needs num_heads % num_kv_heads == 0")
+    if model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
+      raise config_error("model.attention_kernel", model.attention_kernel,
+                         f"needs an NVIDIA GPU (this backend: {jax.default_backend()})",
+                         "use 'einsum' or 'xla'")
     rotary_dim = model.resolved_rotary_dim
     if rotary_dim % 2 or rotary_dim > model.resolved_head_dim:
       raise config_error("model.rotary_dim", model.rotary_dim,

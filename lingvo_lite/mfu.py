@@ -55,9 +55,9 @@ def model_flops_per_step(model: TransformerLM, global_batch_size: int,
 
 
 @functools.lru_cache(maxsize=None)
-def measured_matmul_peak(size: int = 2048, repeats: int = 10) -> float:
-  """FLOP/s of the fastest of `repeats` float32 size^3 matmuls on the first device."""
-  a = jnp.ones((size, size), jnp.float32)
+def measured_matmul_peak(size: int = 2048, repeats: int = 10, dtype: str = "float32") -> float:
+  """FLOP/s of the fastest of `repeats` size^3 matmuls of `dtype` on the first device."""
+  a = jnp.ones((size, size), dtype)
   matmul = jax.jit(lambda x, y: x @ y)
   matmul(a, a).block_until_ready()
   best = float("inf")

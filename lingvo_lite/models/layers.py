@@ -18,6 +18,9 @@ DType = Literal["float32", "bfloat16", "float16"]
 NormKind = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu_tanh", "gelu", "relu", "swiglu", "geglu"]
 RotaryStyle = Literal["interleaved", "half"]
+# "einsum": the attention written out below. "xla" and "cudnn": jax.nn.dot_product_attention
+# with that implementation; "cudnn" is the fused flash-attention kernel of NVIDIA GPUs.
+AttentionKernel = Literal["einsum", "xla", "cudnn"]
 
 # Gated activations need two input projections (value and gate).
 GATED_ACTIVATIONS = ("swiglu", "geglu")
@@ -128,6 +131,7 @@ class Attention(nn.Module):
   rotary_dim: int = 0  # 0 disables rotary embedding.
   rotary_style: RotaryStyle = "interleaved"
   rotary_base: float = 10000.0
+  kernel: AttentionKernel = "einsum"
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -149,9 +153,34 @@ class Attention(nn.Module):
       y = y + self._bias(f"{name}_bias", (heads, self.head_dim), ("heads", "kv"))
     return y
 
+  def _einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                        mask: jax.Array | None) -> jax.Array:
+    batch, length = q.shape[:2]
+    if mask is None:
+      mask = attention_mask(None, length)
+    q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
+    group = self.num_heads // self.num_kv_heads
+    if group == 1:
+      # Plain multi-head attention: 4-D einsums are measurably faster on CPU than the
+      # grouped 5-D form with a unit group axis.
+      logits = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
+      weights, denominator = _unnormalized_softmax(logits, mask[:, :, 0])
+      out = jnp.einsum("bhts,bshd->bthd", weights.astype(self.dtype), v)
+      return out / jnp.moveaxis(denominator, -1, 1)[..., None].astype(self.dtype)
+    # Grouped-query: query heads grouped by the key/value head they share, so k and v are
+    # never copied per query head: [b, t, kv_heads, group, d].
+    q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
+    logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
+    weights, denominator = _unnormalized_softmax(logits, mask)
+    out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(self.dtype), v)
+    out = out / jnp.moveaxis(denominator, -1, 1)[..., None].astype(self.dtype)
+    return out.reshape(batch, length, self.num_heads, self.head_dim)
+
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
-    batch, length, dim = x.shape
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """`mask` is `attention_mask(segment_ids, length)`, or None for causal only (which
+    fused kernels take as `is_causal`, skipping the masked blocks)."""
+    dim = x.shape[-1]
     q = self._project(x, "query", self.num_heads)
     k = self._project(x, "key", self.num_kv_heads)
     v = self._project(x, "value", self.num_kv_heads)
@@ -162,25 +191,12 @@ class Attention(nn.Module):
     q = constrain(q, "batch", "length", "heads", "kv")
     k = constrain(k, "batch", "length", "heads", "kv")
     v = constrain(v, "batch", "length", "heads", "kv")
-
-    q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
-    group = self.num_heads // self.num_kv_heads
-    if group == 1:
-      # Plain multi-head attention: 4-D einsums are measurably faster on CPU than the
-      # grouped 5-D form with a unit group axis.
-      logits = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
-      weights, denominator = _unnormalized_softmax(logits, mask[:, :, 0])
-      out = jnp.einsum("bhts,bshd->bthd", weights.astype(self.dtype), v)
-      out = out / jnp.moveaxis(denominator, -1, 1)[..., None].astype(self.dtype)
+    if self.kernel == "einsum":
+      out = self._einsum_attention(q, k, v, mask)
     else:
-      # Grouped-query: query heads grouped by the key/value head they share, so k and v
-      # are never copied per query head: [b, t, kv_heads, group, d].
-      q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
-      logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
-      weights, denominator = _unnormalized_softmax(logits, mask)
-      out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(self.dtype), v)
-      out = out / jnp.moveaxis(denominator, -1, 1)[..., None].astype(self.dtype)
-      out = out.reshape(batch, length, self.num_heads, self.head_dim)
+      out = jax.nn.dot_product_attention(
+          q, k, v, mask=None if mask is None else mask[:, :, 0], is_causal=mask is None,
+          scale=1.0 / math.sqrt(self.head_dim), implementation=self.kernel)
     out = constrain(out, "batch", "length", "heads", "kv")
     kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
                           ("heads", "kv", "embed"), self.num_heads * self.head_dim)

@@ -66,6 +66,7 @@ class Block(nn.Module):
   rotary_dim: int
   rotary_style: layers.RotaryStyle
   rotary_base: float
+  attention_kernel: layers.AttentionKernel
   mlp_dim: int
   mlp_activation: layers.Activation
   mlp_bias: bool
@@ -78,12 +79,13 @@ class Block(nn.Module):
                        param_dtype=self.param_dtype, name=name)
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array):
+  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None):
     attention = layers.Attention(
         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
         use_bias=self.attention_bias, rotary_dim=self.rotary_dim,
-        rotary_style=self.rotary_style, rotary_base=self.rotary_base, dtype=self.dtype,
-        param_dtype=self.param_dtype, name="attention")
+        rotary_style=self.rotary_style, rotary_base=self.rotary_base,
+        kernel=self.attention_kernel, dtype=self.dtype, param_dtype=self.param_dtype,
+        name="attention")
     mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
                      use_bias=self.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype,
                      name="mlp")
@@ -118,6 +120,8 @@ class TransformerLM(nn.Module):
     rotary_base: Base of the rotary frequencies.
     max_length: Rows of the learned position table.
     attention_bias: Bias on q, k, v and output projections.
+    attention_kernel: "einsum" (written out, the default), or jax.nn.dot_product_attention's
+      "xla" or "cudnn" implementation (flash attention; NVIDIA GPUs only).
     mlp_bias: Bias on the MLP projections.
     embedding_bias: A learned bias added to every token embedding (mesh-transformer-jax
       implements the embedding as one-hot times a biased Linear).
@@ -150,6 +154,7 @@ class TransformerLM(nn.Module):
   rotary_base: float = 10000.0
   max_length: int = 2048
   attention_bias: bool = False
+  attention_kernel: layers.AttentionKernel = "einsum"
   mlp_bias: bool = False
   embedding_bias: bool = False
   tie_embeddings: bool = False
@@ -184,11 +189,12 @@ class TransformerLM(nn.Module):
         num_kv_heads=self.resolved_num_kv_heads, head_dim=self.resolved_head_dim,
         attention_bias=self.attention_bias, rotary_dim=self.resolved_rotary_dim,
         rotary_style=self.rotary_style, rotary_base=self.rotary_base,
-        mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation,
-        mlp_bias=self.mlp_bias, dtype=jnp.dtype(self.dtype),
-        param_dtype=jnp.dtype(self.param_dtype))
+        attention_kernel=self.attention_kernel, mlp_dim=self.resolved_mlp_dim,
+        mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
+        dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype))
 
-  def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array) -> jax.Array:
+  def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None
+              ) -> jax.Array:
     """The stack of blocks: unrolled (`layer_0`, ...) or one scanned `layers` module whose
     parameters carry a leading axis of num_layers (logical axis `layers`)."""
     block_class = Block
@@ -233,7 +239,8 @@ class TransformerLM(nn.Module):
       x = x + jnp.take(table, positions, axis=0).astype(dtype)
     x = layers.constrain(x, "batch", "length", "embed")
 
-    mask = layers.attention_mask(segment_ids, length)
+    # Without segments the mask is causal only, which fused attention kernels take as a flag.
+    mask = layers.attention_mask(segment_ids, length) if segment_ids is not None else None
     x = self._layers(x, positions, mask)
 
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)

@@ -1,0 +1,22 @@
+#!/bin/bash
+# The accelerator checks of the scale-out issue, prepared to run in one call on a lent GPU
+# machine (Python 3.12 with jax, flax, optax and orbax; no fiddle and no network):
+#
+#   here:  pip download fiddle==0.3.1 --no-deps -d .wheels        (once; .wheels is ignored)
+#   there: bash bench/gpu_check.sh                                (carry .wheels)
+#
+# Prints, for the ~1B Llama experiment in bfloat16 on synthetic data, MFU against the
+# datasheet peak and against a measured bf16 matmul peak, with cuDNN flash attention and
+# with the written-out attention for comparison. Output also goes to $OUT when set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deps="$(mktemp -d)"
+for wheel in .wheels/*.whl; do python3 -m zipfile -e "$wheel" "$deps"; done
+export PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}"
+out="${OUT:-$(mktemp -d)}"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt" || true
+for kernel in cudnn einsum; do
+  python3 bench/accelerator_mfu.py --experiment Llama1B --steps 10 \
+      --set "train_data.global_batch_size=8" --set "model.attention_kernel='$kernel'" \
+      2>&1 | grep -v "^W0\|^I0" | tee "$out/llama1b_$kernel.txt"
+done
