@@ -1,7 +1,8 @@
 """Checkpoint saving and restoring with orbax, keyed by step, under JOB/checkpoints/.
 
 Restores into the abstract, sharded state the program already computed, so a checkpoint
-lands directly in the current run's shardings (orbax reshards if the mesh changed).
+lands directly in the current run's shardings (orbax reshards if the mesh changed). Each
+finished step gets checksums (`checkpoint_integrity`), verified before it is restored.
 """
 
 from __future__ import annotations
@@ -9,8 +10,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
+
+from lingvo_lite import checkpoint_integrity
+from lingvo_lite.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,11 +29,14 @@ class CheckpointSettings:
     every_steps: Save every this many steps (and always at the end of training).
     max_to_keep: Newest checkpoints kept on disk; older ones are deleted.
     async_save: Write in a background thread while training continues.
+    checksums: Record each file's CRC-32 once a step is written (process 0 reads the step
+      back: one more read of the checkpoint's bytes per save) and verify them on restore.
   """
 
   every_steps: int = 1000
   max_to_keep: int = 3
   async_save: bool = True
+  checksums: bool = True
 
 
 class Checkpointer:
@@ -33,6 +44,9 @@ class Checkpointer:
 
   def __init__(self, directory: epath.Path, settings: CheckpointSettings,
                create: bool = True):
+    self._directory = directory
+    self._checksums = settings.checksums
+    self._steps_without_checksums: list[int] = []
     self._manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(
@@ -54,18 +68,56 @@ class Checkpointer:
 
     `metadata` (JSON-able) is stored with the step, e.g. the layer layout of the state.
     """
-    return self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
-                              custom_metadata=metadata)
+    # orbax finishes the previous asynchronous save before starting one, so waiting here
+    # first costs nothing and lets that step's checksums be written.
+    self._write_pending_checksums()
+    saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
+                               custom_metadata=metadata)
+    if saved and self._checksums:
+      self._steps_without_checksums.append(step)
+    return saved
 
   def metadata(self, step: int) -> dict[str, Any]:
     """The metadata saved with `step` ({} if none)."""
     return dict(self._manager.metadata(step).custom_metadata or {})
 
   def restore(self, step: int, abstract_state: Any) -> Any:
-    """Restores `step` into the shapes, dtypes and shardings of `abstract_state`."""
+    """Restores `step` into the shapes, dtypes and shardings of `abstract_state`, after
+    checking its files against their checksums (UsageError naming the first that differs)."""
+    self._verify(step)
     return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
 
   def close(self) -> None:
-    """Waits for pending asynchronous saves, then releases resources."""
-    self._manager.wait_until_finished()
+    """Waits for pending asynchronous saves, writes their checksums, releases resources."""
+    self._write_pending_checksums()
     self._manager.close()
+
+  def _write_pending_checksums(self) -> None:
+    self._manager.wait_until_finished()
+    if jax.process_index() == 0:
+      for step in self._steps_without_checksums:
+        step_dir = self._directory / str(step)
+        if step_dir.exists():  # max_to_keep may have deleted it already.
+          checkpoint_integrity.write_checksums(step_dir)
+    self._steps_without_checksums = []
+
+  def _verify(self, step: int) -> None:
+    """Process 0 checks the files; every process learns the verdict, so all stop together."""
+    step_dir = self._directory / str(step)
+    problem = None
+    if jax.process_index() == 0:
+      if checkpoint_integrity.has_checksums(step_dir):
+        problem = checkpoint_integrity.first_mismatch(step_dir)
+      else:
+        logging.warning("checkpoint step %d has no checksums (written before they existed, "
+                        "or the run stopped before recording them); restoring unverified",
+                        step)
+    if jax.process_count() > 1:
+      corrupt = multihost_utils.broadcast_one_to_all(np.int32(problem is not None))
+      if corrupt and problem is None:
+        problem = "process 0 found a file that differs from its checksum"
+    if problem is not None:
+      earlier = [s for s in self.all_steps() if s < step]
+      fix = (f"move {step_dir} out of the way to resume from step {max(earlier)}" if earlier
+             else f"move {step_dir} out of the way to start from scratch")
+      raise UsageError(f"checkpoint step {step} is corrupt: {problem}; {fix}")

@@ -190,10 +190,12 @@ def _check_resume(job_dir: epath.Path, cfg: fdl.Buildable) -> None:
 def _train(setup: Setup, cfg: fdl.Buildable, job_dir: epath.Path) -> None:
   from lingvo_lite.programs import train  # pylint: disable=g-import-not-at-top
   _check_resume(job_dir, cfg)
-  if jax.process_index() == 0:
-    config_files.write(job_dir, cfg)
+
+  def record_config() -> None:
+    if jax.process_index() == 0:
+      config_files.write(job_dir, cfg)
   try:
-    result = train.run(setup, job_dir)
+    result = train.run(setup, job_dir, record_config)
   except train.TrainingFailure as e:
     _fail(str(e), code=1)
   if jax.process_index() != 0:

@@ -47,27 +47,36 @@ def _losses(job):
     return [json.loads(line)["loss"] for line in f]
 
 
-@pytest.mark.slow
-def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
-  steps = ["--fdl.train.steps=5"]
-  single = _start(tmp_path / "single", 8, steps)
-  _, err = single.communicate(timeout=300)
-  assert single.returncode == 0, err[-2000:]
-
+def _run_two_processes(job, extra):
   port = _free_port()
-  processes = [_start(tmp_path / "multi", 4, steps, i, 2, port) for i in range(2)]
+  processes = [_start(job, 4, extra, i, 2, port) for i in range(2)]
   outputs = [p.communicate(timeout=300) for p in processes]
   for process, (_, err) in zip(processes, outputs):
     assert process.returncode == 0, err[-2000:]
-  assert "jax.distributed: process 0 of 2" in outputs[0][0]
-  assert "mesh data=2 fsdp=2 tensor=2; 2 process(es)" in outputs[0][0]
+  return [out for out, _ in outputs]
+
+
+@pytest.mark.slow
+def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
+  single = _start(tmp_path / "single", 8, ["--fdl.train.steps=7"])
+  _, err = single.communicate(timeout=300)
+  assert single.returncode == 0, err[-2000:]
+
+  outputs = _run_two_processes(tmp_path / "multi", ["--fdl.train.steps=5"])
+  assert "jax.distributed: process 0 of 2" in outputs[0]
+  assert "mesh data=2 fsdp=2 tensor=2; 2 process(es)" in outputs[0]
   # Only process 0 logs. gloo's C++ code prints "[Gloo] Rank R is connected to N peer ranks"
   # lines from several threads at once (so they can arrive split); those are not ours.
-  assert [l for l in outputs[1][0].splitlines()
+  assert [l for l in outputs[1].splitlines()
           if l.strip() and "peer ranks" not in l and "[Gloo]" not in l] == []
+  # Process 0 recorded the checksums of the files both processes wrote; resuming restores
+  # the step-5 checkpoint after process 0 verifies them and shares the verdict.
+  assert (tmp_path / "multi" / "checkpoints" / "5" / "lingvo_lite_checksums.json").exists()
+  outputs = _run_two_processes(tmp_path / "multi", ["--fdl.train.steps=7"])
+  assert "resumed from step 5" in outputs[0]
   np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"),
                              rtol=1e-5)
-  assert len(_losses(tmp_path / "multi")) == 5
+  assert len(_losses(tmp_path / "multi")) == 7
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import signal
 import threading
-import time
+from typing import Callable
 
 import jax
 from etils import epath
@@ -66,26 +66,20 @@ def _check_finite(loss: float, step: int, checkpointer: Checkpointer) -> None:
         "optimizer.clip_grad_norm and rerun")
 
 
-def run(setup: Setup, job_dir: epath.Path) -> TrainResult:
+def run(setup: Setup, job_dir: epath.Path,
+        record_config: Callable[[], None] = lambda: None) -> TrainResult:
+  """Trains `setup` in `job_dir`, resuming from its latest checkpoint if there is one.
+
+  Nothing in `job_dir` changes until the starting state is in hand (initialized, or restored
+  and verified): only then does `record_config` run and do the metric writers open, so a run
+  that cannot start leaves an existing job as it was.
+  """
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)
   loop = setup.train
   tokens_per_step = setup.train_data.global_batch_size * setup.train_data.sequence_length
   checkpointer = Checkpointer(job_dir / "checkpoints", setup.checkpoint)
-  train_writer = summaries.MetricsWriter(
-      job_dir / "metrics.jsonl", job_dir / "summaries" / "train", enabled=is_chief)
-  eval_writer = summaries.MetricsWriter(
-      job_dir / "eval_metrics.jsonl", job_dir / "summaries" / "eval", enabled=is_chief)
   say = lambda message: summaries.log(message, is_chief)
-
-  def evaluate(params, step: int) -> dict[str, float] | None:
-    if setup.eval_data is None:
-      return None
-    metrics = jitted.evaluate(params, setup.eval_data)
-    eval_writer.write(step, metrics)
-    say(f"eval  step {step}: loss {metrics['loss']:.4f}  "
-        f"bits/token {metrics['bits_per_token']:.4f}  accuracy {metrics['accuracy']:.4f}")
-    return metrics
 
   with jitted.activated(), _StopRequest() as stop:
     start = checkpointer.latest_step()
@@ -96,6 +90,21 @@ def run(setup: Setup, job_dir: epath.Path) -> TrainResult:
     else:
       state = jitted.restore_state(checkpointer, start)
       say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
+    record_config()
+    train_writer = summaries.MetricsWriter(
+        job_dir / "metrics.jsonl", job_dir / "summaries" / "train", enabled=is_chief)
+    eval_writer = summaries.MetricsWriter(
+        job_dir / "eval_metrics.jsonl", job_dir / "summaries" / "eval", enabled=is_chief)
+
+    def evaluate(params, step: int) -> dict[str, float] | None:
+      if setup.eval_data is None:
+        return None
+      metrics = jitted.evaluate(params, setup.eval_data)
+      eval_writer.write(step, metrics)
+      say(f"eval  step {step}: loss {metrics['loss']:.4f}  "
+          f"bits/token {metrics['bits_per_token']:.4f}  accuracy {metrics['accuracy']:.4f}")
+      return metrics
+
     num_params = sum(x.size for x in jax.tree.leaves(state.params))
     data, num_devices = setup.train_data, jax.device_count()
     mesh_shape = " ".join(f"{axis}={size}" for axis, size in jitted.mesh.shape.items())
