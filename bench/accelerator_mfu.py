@@ -1,7 +1,7 @@
 """MFU of lingvo_lite's train step on an accelerator, against its datasheet and a measured peak.
 
   python bench/accelerator_mfu.py [--experiment Llama1B] [--steps 10]
-                                  [--set "model.attention_kernel='cudnn'" ...]
+                                  [--set "model.attention_implementation='cudnn'" ...]
 
 Builds the experiment (synthetic data: nothing but jax, flax, optax, orbax and fiddle is
 imported), runs `--steps` timed train steps after two warm-up steps and prints step time,
@@ -70,7 +70,7 @@ def main() -> None:
         f"{args.experiment} with {args.set or 'no overrides'}")
   print(f"{mfu.matmul_parameters(model) / 1e9:.3f}B matmul parameters, batch "
         f"{data.global_batch_size} x {data.sequence_length}, {model.dtype} compute, "
-        f"attention kernel {model.attention_kernel}; warm-up (compile) {warmup:.1f} s; "
+        f"attention {model.attention_implementation}; warm-up (compile) {warmup:.1f} s; "
         f"loss {float(np.asarray(metrics['loss'])):.3f}")
   print(f"step {step_time * 1e3:.1f} ms (median of {args.steps}), "
         f"{data.global_batch_size * data.sequence_length / step_time:,.0f} tokens/s, "

@@ -15,8 +15,8 @@ for wheel in .wheels/*.whl; do python3 -m zipfile -e "$wheel" "$deps"; done
 export PYTHONPATH="$deps${PYTHONPATH:+:$PYTHONPATH}"
 out="${OUT:-$(mktemp -d)}"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$out/gpu.txt" || true
-for kernel in cudnn einsum; do
+for attention in cudnn einsum; do
   python3 bench/accelerator_mfu.py --experiment Llama1B --steps 10 \
-      --set "train_data.global_batch_size=8" --set "model.attention_kernel='$kernel'" \
-      2>&1 | grep -v "^W0\|^I0" | tee "$out/llama1b_$kernel.txt"
+      --set "train_data.global_batch_size=8" --set "model.attention_implementation='$attention'" \
+      2>&1 | grep -v "^W0\|^I0" | tee "$out/llama1b_$attention.txt"
 done

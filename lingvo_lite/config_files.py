@@ -23,10 +23,10 @@ CONFIG_TXT = "config.txt"
 
 # What a resumed run may change: loop length and logging, checkpoint cadence, the mesh, and
 # how layers and attention are executed (a checkpoint's layer layout is converted on
-# restore; the attention kernels compute the same function). Everything else (model,
+# restore; the attention implementations compute the same function). Everything else (model,
 # optimizer, data) shapes the state or the loss curve.
 RESUMABLE_SECTIONS = ("train.", "checkpoint.", "partitioner.", "eval_data.",
-                      "model.scan_layers", "model.remat_policy", "model.attention_kernel")
+                      "model.scan_layers", "model.remat_policy", "model.attention_implementation")
 
 
 def _origin(buildable: fdl.Buildable, name: str) -> str:

@@ -84,8 +84,8 @@ class Setup:
       raise config_error("model.num_kv_heads", model.num_kv_heads,
                          f"does not divide model.num_heads={model.num_heads}",
                          "grouped-query attention needs num_heads % num_kv_heads == 0")
-    if model.attention_kernel == "cudnn" and jax.default_backend() != "gpu":
-      raise config_error("model.attention_kernel", model.attention_kernel,
+    if model.attention_implementation == "cudnn" and jax.default_backend() != "gpu":
+      raise config_error("model.attention_implementation", model.attention_implementation,
                          f"needs an NVIDIA GPU (this backend: {jax.default_backend()})",
                          "use 'einsum' or 'xla'")
     rotary_dim = model.resolved_rotary_dim

@@ -48,10 +48,10 @@ CASES = [
     ("missing data folder", ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir={job}",
                              "--fdl.train_data.task.source_dir='/no/such/dir'"],
      "train_data.task: no such folder: /no/such/dir"),
-    ("flash attention without a GPU", ["--job_log_dir={job}",
-                                       "--fdl.model.attention_kernel=\"cudnn\""],
-     "model.attention_kernel='cudnn': needs an NVIDIA GPU (this backend: cpu); use 'einsum' or "
-     "'xla'"),
+    ("flash attention without a GPU",
+     ["--job_log_dir={job}", "--fdl.model.attention_implementation=\"cudnn\""],
+     "model.attention_implementation='cudnn': needs an NVIDIA GPU (this backend: cpu); "
+     "use 'einsum' or 'xla'"),
     ("mesh larger than the devices", ["--job_log_dir={job}", "--fdl.partitioner.ici_data=3"],
      "the mesh has 3 devices but 1 are available"),
     ("bad experiment arguments", ["--fdl_config=PyCodeTiny(layers=2)", "--job_log_dir={job}"],

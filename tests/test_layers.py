@@ -140,22 +140,23 @@ def test_attention_and_its_gradient_match_textbook_softmax(num_kv_heads):
 
 @pytest.mark.parametrize("num_kv_heads", [4, 2])
 @pytest.mark.parametrize("segment_ids", [None, [[1, 1, 1, 2, 2, 2], [1, 2, 2, 3, 3, 3]]])
-def test_jax_dot_product_attention_kernel_equals_einsum_kernel(num_kv_heads, segment_ids):
-  """`kernel="xla"` (jax.nn.dot_product_attention) computes the same function and gradient.
+def test_jax_dot_product_attention_implementation_equals_einsum_kernel(num_kv_heads, segment_ids):
+  """`implementation="xla"` (jax.nn.dot_product_attention): same function and gradient.
 
   Without segments the mask is None (causal only), the form fused kernels take as a flag.
   """
   x = jax.random.normal(jax.random.key(0), (2, 6, 32))
   positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
   mask = None if segment_ids is None else layers.attention_mask(jnp.array(segment_ids), 6)
-  make = lambda kernel: layers.Attention(num_heads=4, num_kv_heads=num_kv_heads, head_dim=8,
-                                         rotary_dim=8, rotary_style="half", kernel=kernel)
+  make = lambda implementation: layers.Attention(
+      num_heads=4, num_kv_heads=num_kv_heads, head_dim=8, rotary_dim=8, rotary_style="half",
+      implementation=implementation)
   params = nn.meta.unbox(make("einsum").init(jax.random.key(1), x, positions, mask)["params"])
   cotangent = jax.random.normal(jax.random.key(2), x.shape)
   results = {}
-  for kernel in ("einsum", "xla"):
-    apply = lambda p, x, kernel=kernel: make(kernel).apply({"params": p}, x, positions, mask)
-    results[kernel] = (apply(params, x), jax.grad(
+  for implementation in ("einsum", "xla"):
+    apply = lambda p, x, i=implementation: make(i).apply({"params": p}, x, positions, mask)
+    results[implementation] = (apply(params, x), jax.grad(
         lambda p, x: jnp.sum(apply(p, x) * cotangent), argnums=(0, 1))(params, x))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
                results["xla"], results["einsum"])

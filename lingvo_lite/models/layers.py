@@ -20,7 +20,7 @@ Activation = Literal["gelu_tanh", "gelu", "relu", "swiglu", "geglu"]
 RotaryStyle = Literal["interleaved", "half"]
 # "einsum": the attention written out below. "xla" and "cudnn": jax.nn.dot_product_attention
 # with that implementation; "cudnn" is the fused flash-attention kernel of NVIDIA GPUs.
-AttentionKernel = Literal["einsum", "xla", "cudnn"]
+AttentionImplementation = Literal["einsum", "xla", "cudnn"]
 
 # Gated activations need two input projections (value and gate).
 GATED_ACTIVATIONS = ("swiglu", "geglu")
@@ -131,7 +131,7 @@ class Attention(nn.Module):
   rotary_dim: int = 0  # 0 disables rotary embedding.
   rotary_style: RotaryStyle = "interleaved"
   rotary_base: float = 10000.0
-  kernel: AttentionKernel = "einsum"
+  implementation: AttentionImplementation = "einsum"
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -191,12 +191,12 @@ class Attention(nn.Module):
     q = constrain(q, "batch", "length", "heads", "kv")
     k = constrain(k, "batch", "length", "heads", "kv")
     v = constrain(v, "batch", "length", "heads", "kv")
-    if self.kernel == "einsum":
+    if self.implementation == "einsum":
       out = self._einsum_attention(q, k, v, mask)
     else:
       out = jax.nn.dot_product_attention(
           q, k, v, mask=None if mask is None else mask[:, :, 0], is_causal=mask is None,
-          scale=1.0 / math.sqrt(self.head_dim), implementation=self.kernel)
+          scale=1.0 / math.sqrt(self.head_dim), implementation=self.implementation)
     out = constrain(out, "batch", "length", "heads", "kv")
     kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
                           ("heads", "kv", "embed"), self.num_heads * self.head_dim)

@@ -66,7 +66,7 @@ class Block(nn.Module):
   rotary_dim: int
   rotary_style: layers.RotaryStyle
   rotary_base: float
-  attention_kernel: layers.AttentionKernel
+  attention_implementation: layers.AttentionImplementation
   mlp_dim: int
   mlp_activation: layers.Activation
   mlp_bias: bool
@@ -84,8 +84,8 @@ class Block(nn.Module):
         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
         use_bias=self.attention_bias, rotary_dim=self.rotary_dim,
         rotary_style=self.rotary_style, rotary_base=self.rotary_base,
-        kernel=self.attention_kernel, dtype=self.dtype, param_dtype=self.param_dtype,
-        name="attention")
+        implementation=self.attention_implementation, dtype=self.dtype,
+        param_dtype=self.param_dtype, name="attention")
     mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
                      use_bias=self.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype,
                      name="mlp")
@@ -120,8 +120,8 @@ class TransformerLM(nn.Module):
     rotary_base: Base of the rotary frequencies.
     max_length: Rows of the learned position table.
     attention_bias: Bias on q, k, v and output projections.
-    attention_kernel: "einsum" (written out, the default), or jax.nn.dot_product_attention's
-      "xla" or "cudnn" implementation (flash attention; NVIDIA GPUs only).
+    attention_implementation: "einsum" (written out, the default), or
+      jax.nn.dot_product_attention's "xla" or "cudnn" (flash attention; NVIDIA GPUs only).
     mlp_bias: Bias on the MLP projections.
     embedding_bias: A learned bias added to every token embedding (mesh-transformer-jax
       implements the embedding as one-hot times a biased Linear).
@@ -154,7 +154,7 @@ class TransformerLM(nn.Module):
   rotary_base: float = 10000.0
   max_length: int = 2048
   attention_bias: bool = False
-  attention_kernel: layers.AttentionKernel = "einsum"
+  attention_implementation: layers.AttentionImplementation = "einsum"
   mlp_bias: bool = False
   embedding_bias: bool = False
   tie_embeddings: bool = False
@@ -189,8 +189,8 @@ class TransformerLM(nn.Module):
         num_kv_heads=self.resolved_num_kv_heads, head_dim=self.resolved_head_dim,
         attention_bias=self.attention_bias, rotary_dim=self.resolved_rotary_dim,
         rotary_style=self.rotary_style, rotary_base=self.rotary_base,
-        attention_kernel=self.attention_kernel, mlp_dim=self.resolved_mlp_dim,
-        mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
+        attention_implementation=self.attention_implementation,
+        mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
         dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype))
 
   def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None
