@@ -70,12 +70,14 @@ class MetricsWriter:
 
 
 class Throughput:
-  """Steps/s, tokens/s, TFLOP/s per device, MFU, data wait and ETA since the last report."""
+  """Steps/s, tokens/s, model TFLOP per step, TFLOP/s per device, MFU, data wait and ETA,
+  over the steps since the last report."""
 
   def __init__(self, start_step: int, total_steps: int, tokens_per_step: int,
                flops_per_step: float, num_devices: int, peak_flops_per_device: float):
     self._total_steps = total_steps
     self._tokens_per_step = tokens_per_step
+    self._flops_per_step = flops_per_step
     self._flops_per_device_step = flops_per_step / num_devices
     self._peak = peak_flops_per_device
     self._last_step = start_step
@@ -94,6 +96,7 @@ class Throughput:
         "step_time_s": step_time,
         "steps_per_s": 1.0 / step_time,
         "tokens_per_s": self._tokens_per_step / step_time,
+        "model_tflop_per_step": self._flops_per_step / 1e12,
         "tflops_per_device": self._flops_per_device_step / step_time / 1e12,
         "mfu": self._flops_per_device_step / step_time / self._peak,
         "data_wait_s": self._data_wait / steps,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from experiments.lm import architectures
-from lingvo_lite import mfu
+from lingvo_lite import mfu, summaries
 
 FAMILIES = {
     "gptj": architectures.gptj(vocab_size=300, num_layers=3, dim=64, num_heads=4, rotary_dim=8),
@@ -61,3 +61,20 @@ def test_cpu_peak_is_measured_unless_configured():
   peak, source = mfu.peak_flops_per_device(cpu)
   assert peak > 1e9 and "2048^3" in source
   assert mfu.peak_flops_per_device(cpu, configured_tflops=2.5) == (2.5e12, "configured")
+
+
+def test_throughput_report_over_the_steps_since_the_last_one(monkeypatch):
+  """Hand-computed rates for 2 s per step: 8 devices, 6.4 TFLOP and 4096 tokens per step."""
+  clock = iter([100.0, 120.0])  # Created at t=100; report after 10 steps, at t=120.
+  monkeypatch.setattr(summaries.time, "perf_counter", lambda: next(clock))
+  throughput = summaries.Throughput(start_step=5, total_steps=25, tokens_per_step=4096,
+                                    flops_per_step=6.4e12, num_devices=8,
+                                    peak_flops_per_device=1e12)
+  throughput.add_data_wait(0.5)
+  report = throughput.report(15)
+  expected = {"step_time_s": 2.0, "steps_per_s": 0.5, "tokens_per_s": 2048.0,
+              "model_tflop_per_step": 6.4, "tflops_per_device": 0.4, "mfu": 0.4,
+              "data_wait_s": 0.05, "eta_s": 20.0}
+  assert report.keys() == expected.keys()
+  for key, value in expected.items():
+    assert report[key] == pytest.approx(value), key

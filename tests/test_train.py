@@ -3,6 +3,7 @@ profiling, and the persistent compilation cache."""
 
 import json
 import os
+import re
 
 import pytest
 
@@ -28,7 +29,7 @@ def _train(job_dir, *extra, cache=""):
 
 def test_stopped_and_resumed_run_reproduces_the_uninterrupted_losses(tmp_path):
   whole, parts = tmp_path / "whole", tmp_path / "parts"
-  _train(whole, "--fdl.train.steps=12")
+  log = _train(whole, "--fdl.train.steps=12").stdout
   _train(parts, "--fdl.train.steps=5")
   resumed = _train(parts, "--fdl.train.steps=12")
   assert "resumed from step 5" in resumed.stdout
@@ -36,6 +37,15 @@ def test_stopped_and_resumed_run_reproduces_the_uninterrupted_losses(tmp_path):
   assert sorted(got) == list(range(1, 13))
   assert got == expected  # Exactly equal, step by step.
   assert sorted(os.listdir(parts / "checkpoints")) == ["12", "9"]  # max_to_keep=2
+  # Every logged step reports throughput and utilization, in the log and in metrics.jsonl.
+  step_lines = [line for line in log.splitlines() if line.startswith("train step ")]
+  assert len(step_lines) == 12
+  assert all(re.search(r"TFLOP/step  [\d.e+-]+ TFLOP/s/device  MFU [\d.]+%  data wait \d+ ms",
+                       line) for line in step_lines), step_lines[0]
+  with open(whole / "metrics.jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  for key in ("model_tflop_per_step", "tflops_per_device", "mfu", "data_wait_s", "tokens_per_s"):
+    assert all(row[key] > 0 or key == "data_wait_s" for row in rows), key
 
 
 def test_a_non_finite_loss_stops_with_exit_code_1_and_saves_nothing(tmp_path):

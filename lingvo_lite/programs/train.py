@@ -151,6 +151,7 @@ def run(setup: Setup, job_dir: epath.Path,
           say(f"train step {step}/{loop.steps}: loss {values['loss']:.4f}  "
               f"lr {values['learning_rate']:.2e}  {grad_norm}"
               f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
+              f"{values['model_tflop_per_step']:.3g} TFLOP/step  "
               f"{values['tflops_per_device']:.3g} TFLOP/s/device  MFU {values['mfu']:.1%}  "
               f"data wait {values['data_wait_s'] * 1e3:.0f} ms/step  "
               f"ETA {summaries.format_duration(values['eta_s'])}")
