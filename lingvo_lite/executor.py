@@ -23,7 +23,7 @@ import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import config_files, distributed, overrides, registry
+from lingvo_lite import config_files, distributed, overrides, registry, supervisor
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 
@@ -262,5 +262,8 @@ def _run_mode() -> None:
 
 
 def run_main() -> None:
-  """Console-script entry point."""
+  """Console-script entry point. A process joining a multi-process run is run as the child
+  of a supervisor, which turns JAX's abort on a dead peer into one line."""
+  if supervisor.wanted(sys.argv):
+    sys.exit(supervisor.supervise(sys.argv[1:]))
   app.run(main, flags_parser=parse_flags)

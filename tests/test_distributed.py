@@ -1,13 +1,14 @@
-"""When the executor joins a multi-process run: explicit flags, a detected cluster, or never.
+"""When the executor joins a multi-process run (explicit flags, a detected cluster, or never),
+and what its supervising parent makes of a survivor's log.
 
 jax.distributed.initialize is replaced by a recorder: what matters here is whether it is called
-and with what (the real multi-process path is tests/test_multiprocess.py).
+and with what (the real multi-process path, dead peer included, is tests/test_multiprocess.py).
 """
 
 import jax
 import pytest
 
-from lingvo_lite import distributed
+from lingvo_lite import distributed, supervisor
 from lingvo_lite.errors import UsageError
 
 CLUSTER_VARIABLES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
@@ -71,3 +72,65 @@ def test_inconsistent_flags_are_one_usage_error(calls, mode, flags, message):
     distributed.initialize(mode, *flags, 100)
   assert message in str(error.value) and "\n" not in str(error.value)
   assert not calls
+
+
+# What the coordination service printed in a survivor when process 1 was killed (abridged).
+HEARTBEAT_LOG_MULTILINE = """\
+E1130 06:25:26.878805 13382 coordination_service.cc:1549] Use error polling to propagate the \
+following error to all tasks: UNAVAILABLE: The following tasks are unhealthy (stopped sending \
+heartbeats):
+1
+The tasks have crashed. Check the task logs for an earlier error.
+F1130 06:25:26.880194 13393 client.h:80] Terminating process because the JAX distributed \
+service detected fatal errors.
+"""
+HEARTBEAT_LOG_INLINE = """\
+Barrier result: 'INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 3 \
+heartbeat timeout. This indicates that the remote task has failed, got preempted, or crashed.
+"""
+GLOO_LOG = """\
+Traceback (most recent call last):
+jax.errors.JaxRuntimeError: UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/\
+tcp/pair.cc:547] Connection closed by peer [127.0.0.1]:59055
+"""
+
+
+def _watch(log):
+  watch = supervisor.LogWatch()
+  for line in log.splitlines(keepends=True):
+    watch.feed(line)
+  return watch
+
+
+def test_log_watch_names_the_process_that_stopped_sending_heartbeats():
+  assert _watch(HEARTBEAT_LOG_MULTILINE).missing_processes == {"1"}
+  assert _watch(HEARTBEAT_LOG_INLINE).missing_processes == {"3"}
+  both = _watch(GLOO_LOG + HEARTBEAT_LOG_MULTILINE + HEARTBEAT_LOG_INLINE).verdict()
+  assert both.startswith("lingvo_lite: error: process 1, 3 of this jax.distributed run stopped "
+                         "sending heartbeats") and "\n" not in both
+  # "1" on a line of its own counts only right after the line that announces the ids.
+  assert _watch("step\n1\n").missing_processes == set()
+
+
+def test_log_watch_falls_back_to_the_closed_connection_and_else_stays_silent():
+  assert _watch(GLOO_LOG).verdict().startswith(
+      "lingvo_lite: error: a peer process closed its connection in the middle of a collective")
+  assert _watch("Traceback (most recent call last):\nValueError: boom\n").verdict() is None
+
+
+@pytest.mark.parametrize("argv, environment, expected", [
+    (["lingvo_lite", "--exp=X"], {}, False),
+    (["lingvo_lite", "--coordinator_address=h:1", "--num_processes=2", "--process_id=0"], {},
+     True),
+    (["lingvo_lite", "--distributed=on"], {}, True),
+    (["lingvo_lite"], {"SLURM_NTASKS": "4"}, True),
+    (["lingvo_lite", "--distributed=off"], {"SLURM_NTASKS": "4"}, False),
+    (["lingvo_lite", "--coordinator_address=h:1"], {supervisor.CHILD_ENV: "1"}, False),
+])
+def test_supervisor_wraps_only_processes_of_a_multi_process_run(monkeypatch, argv, environment,
+                                                                expected):
+  for name in (*CLUSTER_VARIABLES, supervisor.CHILD_ENV):
+    monkeypatch.delenv(name, raising=False)
+  for name, value in environment.items():
+    monkeypatch.setenv(name, value)
+  assert supervisor.wanted(argv) == expected

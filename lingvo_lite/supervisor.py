@@ -1,0 +1,100 @@
+"""A supervising parent for multi-process runs, so a dead peer ends each survivor with one line.
+
+When a process of a jax.distributed run dies, the coordination service aborts the others:
+an abort Python cannot catch, after pages of C++ log (with gloo on CPU, a failed collective
+comes first). The parent runs the same command as a child, passes stdout through untouched,
+copies stderr line by line while watching for that verdict, forwards SIGTERM and SIGINT, and
+exits with the child's code, ending with one line that names the missing process. The child
+dies with the parent (PR_SET_PDEATHSIG), so killing the parent never leaves it behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+from typing import Sequence
+
+from lingvo_lite import distributed
+
+CHILD_ENV = "LINGVO_LITE_SUPERVISED"
+# The coordination service names a dead process (a "task") in one of two forms: inline, or
+# as a line of ids after a line that ends with the second pattern.
+_MISSING_TASK = re.compile(r"Task (\d+) heartbeat timeout")
+_MISSING_TASKS_FOLLOW = re.compile(r"stopped sending heartbeats\):\s*$")
+_TASK_IDS_LINE = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
+_PEER_CLOSED = re.compile(r"Connection closed by peer|Connection reset by peer")
+_PR_SET_PDEATHSIG = 1
+
+
+def wanted(argv: Sequence[str]) -> bool:
+  """Whether this command joins a multi-process run (and is not already the child)."""
+  if os.environ.get(CHILD_ENV):
+    return False
+  flags = [arg for arg in argv[1:] if arg.startswith("--")]
+  if "--distributed=off" in flags:
+    return False
+  return (any(arg.startswith("--coordinator_address") for arg in flags)
+          or "--distributed=on" in flags or distributed.detected_cluster() is not None)
+
+
+def _die_with_parent() -> None:
+  try:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+  except (OSError, AttributeError):  # Not Linux: the child may outlive a killed parent.
+    pass
+
+
+class LogWatch:
+  """What a child's stderr says about dead peers, fed one line at a time."""
+
+  def __init__(self):
+    self.missing_processes: set[str] = set()
+    self.peer_closed = False
+    self._ids_expected = False
+
+  def feed(self, line: str) -> None:
+    self.missing_processes.update(_MISSING_TASK.findall(line))
+    if self._ids_expected and _TASK_IDS_LINE.match(line):
+      self.missing_processes.update(re.findall(r"\d+", line))
+    self._ids_expected = bool(_MISSING_TASKS_FOLLOW.search(line))
+    self.peer_closed = self.peer_closed or bool(_PEER_CLOSED.search(line))
+
+  def verdict(self) -> str | None:
+    """The one line for a child stopped because a peer died, or None if that is not what
+    its log says."""
+    fix = "restart every process to resume from the last checkpoint"
+    if self.missing_processes:
+      which = ", ".join(sorted(self.missing_processes, key=int))
+      return (f"lingvo_lite: error: process {which} of this jax.distributed run stopped "
+              "sending heartbeats (it crashed, was killed or was preempted), so JAX stopped "
+              f"this one; {fix}")
+    if self.peer_closed:
+      return ("lingvo_lite: error: a peer process closed its connection in the middle of a "
+              f"collective (it crashed or was killed), so this one stopped; {fix}")
+    return None
+
+
+def supervise(args: Sequence[str]) -> int:
+  """Runs `python -m lingvo_lite ARGS` as a child; returns the exit code to leave with."""
+  env = dict(os.environ, **{CHILD_ENV: "1"})
+  package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+  child = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *args], env=env,
+                           stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+  for signum in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(signum, lambda received, _: child.send_signal(received))
+  watch = LogWatch()
+  for raw_line in child.stderr:
+    sys.stderr.buffer.write(raw_line)
+    sys.stderr.flush()
+    watch.feed(raw_line.decode(errors="replace"))
+  code = child.wait()
+  message = watch.verdict() if code != 0 else None
+  if message:
+    print(message, file=sys.stderr, flush=True)
+    return 1
+  return code if code >= 0 else 128 - code  # Killed by signal N: the shell's 128 + N.
