@@ -14,6 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lingvo_lite.models.weight_matmul import dense_dot_general, weight_matmul
+
 DType = Literal["float32", "bfloat16", "float16"]
 NormKind = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu_tanh", "gelu", "relu", "swiglu", "geglu"]
@@ -148,7 +150,7 @@ class Attention(nn.Module):
     dim = x.shape[-1]
     kernel = self._weight(f"{name}_kernel", (dim, heads, self.head_dim),
                           ("embed", "heads", "kv"), dim)
-    y = jnp.einsum("btd,dhk->bthk", x, kernel)
+    y = weight_matmul(x, kernel)
     if self.use_bias:
       y = y + self._bias(f"{name}_bias", (heads, self.head_dim), ("heads", "kv"))
     return y
@@ -200,7 +202,7 @@ class Attention(nn.Module):
     out = constrain(out, "batch", "length", "heads", "kv")
     kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
                           ("heads", "kv", "embed"), self.num_heads * self.head_dim)
-    y = jnp.einsum("bthk,hkd->btd", out, kernel)
+    y = weight_matmul(out, kernel, contracting=2)
     if self.use_bias:
       y = y + self._bias("out_bias", (dim,), ("embed",))
     return y
@@ -230,6 +232,7 @@ class Mlp(nn.Module):
         features, use_bias=self.use_bias, name=name, dtype=self.dtype,
         param_dtype=self.param_dtype, kernel_init=dense_init(axes, x.shape[-1]),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axes[1],)),
+        dot_general=dense_dot_general,
     )(x)
 
   @nn.compact
