@@ -7,8 +7,9 @@ Builds the experiment (synthetic data: nothing but jax, flax, optax, orbax and f
 imported), runs `--steps` timed train steps after two warm-up steps and prints step time,
 tokens/s, model TFLOP/s per device (mfu.py's formula) and MFU against (a) the device's
 datasheet bf16 peak and (b) the best of 10 bfloat16 8192^3 matmuls measured here. On a CPU
-it runs too (use small `--set` overrides); the datasheet column is then the measured float32
-peak, as in training logs.
+it runs too, with small `--set` overrides and a small `--matmul_size` (an 8192^3 bfloat16
+matmul takes many seconds there); the datasheet column is then the measured float32 peak, as
+in training logs.
 """
 
 from __future__ import annotations

@@ -46,14 +46,17 @@ def has_checksums(step_dir: epath.Path) -> bool:
 
 def first_mismatch(step_dir: epath.Path) -> str | None:
   """None if every recorded file is present with its size and CRC-32; else what differs."""
-  recorded = json.loads((step_dir / CHECKSUMS_FILE).read_text())
-  for name, expected in sorted(recorded.items()):
+  try:
+    recorded = {name: (int(entry["bytes"]), str(entry["crc32"])) for name, entry in
+                json.loads((step_dir / CHECKSUMS_FILE).read_text()).items()}
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    return f"{CHECKSUMS_FILE} is unreadable ({type(e).__name__}: {e})"
+  for name, (size, crc32) in sorted(recorded.items()):
     path = step_dir / name
     if not path.exists():
       return f"{name} is missing"
-    size = path.stat().length
-    if size != expected["bytes"]:
-      return f"{name} has {size} bytes, {expected['bytes']} were written"
-    if _crc32(path) != expected["crc32"]:
+    if path.stat().length != size:
+      return f"{name} has {path.stat().length} bytes, {size} were written"
+    if _crc32(path) != crc32:
       return f"{name} does not match the CRC-32 recorded when it was written"
   return None

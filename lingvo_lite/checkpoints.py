@@ -29,8 +29,9 @@ class CheckpointSettings:
     every_steps: Save every this many steps (and always at the end of training).
     max_to_keep: Newest checkpoints kept on disk; older ones are deleted.
     async_save: Write in a background thread while training continues.
-    checksums: Record each file's CRC-32 once a step is written (process 0 reads the step
-      back: one more read of the checkpoint's bytes per save) and verify them on restore.
+    checksums: Record each file's size and CRC-32 once a step is written and verify them
+      before a restore. Process 0 reads the step back on the training thread when the next
+      save starts (or at the end): one more read of the checkpoint's bytes per save.
   """
 
   every_steps: int = 1000
@@ -47,6 +48,7 @@ class Checkpointer:
     self._directory = directory
     self._checksums = settings.checksums
     self._steps_without_checksums: list[int] = []
+    self._verified_steps: set[int] = set()
     self._manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(
@@ -78,7 +80,8 @@ class Checkpointer:
     return saved
 
   def metadata(self, step: int) -> dict[str, Any]:
-    """The metadata saved with `step` ({} if none)."""
+    """The metadata saved with `step` ({} if none), once the step's files are verified."""
+    self._verify(step)
     return dict(self._manager.metadata(step).custom_metadata or {})
 
   def restore(self, step: int, abstract_state: Any) -> Any:
@@ -103,6 +106,8 @@ class Checkpointer:
 
   def _verify(self, step: int) -> None:
     """Process 0 checks the files; every process learns the verdict, so all stop together."""
+    if not self._checksums or step in self._verified_steps:
+      return
     step_dir = self._directory / str(step)
     problem = None
     if jax.process_index() == 0:
@@ -121,3 +126,4 @@ class Checkpointer:
       fix = (f"move {step_dir} out of the way to resume from step {max(earlier)}" if earlier
              else f"move {step_dir} out of the way to start from scratch")
       raise UsageError(f"checkpoint step {step} is corrupt: {problem}; {fix}")
+    self._verified_steps.add(step)

@@ -266,4 +266,5 @@ def run_main() -> None:
   of a supervisor, which turns JAX's abort on a dead peer into one line."""
   if supervisor.wanted(sys.argv):
     sys.exit(supervisor.supervise(sys.argv[1:]))
+  supervisor.follow_parent()
   app.run(main, flags_parser=parse_flags)

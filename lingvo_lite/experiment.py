@@ -84,10 +84,8 @@ class Setup:
       raise config_error("model.num_kv_heads", model.num_kv_heads,
                          f"does not divide model.num_heads={model.num_heads}",
                          "grouped-query attention needs num_heads % num_kv_heads == 0")
-    if model.attention_implementation == "cudnn" and jax.default_backend() != "gpu":
-      raise config_error("model.attention_implementation", model.attention_implementation,
-                         f"needs an NVIDIA GPU (this backend: {jax.default_backend()})",
-                         "use 'einsum' or 'xla'")
+    if model.attention_implementation == "cudnn":
+      _check_cudnn_attention(model)
     rotary_dim = model.resolved_rotary_dim
     if rotary_dim % 2 or rotary_dim > model.resolved_head_dim:
       raise config_error("model.rotary_dim", model.rotary_dim,
@@ -114,6 +112,21 @@ class Setup:
     if self.train.eval_every_steps < 0:
       raise config_error("train.eval_every_steps", self.train.eval_every_steps,
                          "must be >= 0 (0 evaluates only at the end)")
+
+
+def _check_cudnn_attention(model: TransformerLM) -> None:
+  """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device time."""
+  problem = None
+  if jax.default_backend() != "gpu":
+    problem = f"needs an NVIDIA GPU (this backend: {jax.default_backend()})"
+  elif model.dtype not in ("bfloat16", "float16"):
+    problem = f"needs model.dtype 'bfloat16' or 'float16' (got {model.dtype!r})"
+  elif model.resolved_head_dim % 8 or model.resolved_head_dim > 256:
+    problem = (f"needs a head_dim that is a multiple of 8 and at most 256 (got "
+               f"{model.resolved_head_dim})")
+  if problem:
+    raise config_error("model.attention_implementation", "cudnn", problem,
+                       "or use 'einsum' or 'xla'")
 
 
 # The config field that sizes each logical axis, for messages about sharding.

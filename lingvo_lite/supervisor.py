@@ -5,7 +5,8 @@ an abort Python cannot catch, after pages of C++ log (with gloo on CPU, a failed
 comes first). The parent runs the same command as a child, passes stdout through untouched,
 copies stderr line by line while watching for that verdict, forwards SIGTERM and SIGINT, and
 exits with the child's code, ending with one line that names the missing process. The child
-dies with the parent (PR_SET_PDEATHSIG), so killing the parent never leaves it behind.
+dies with the parent (PR_SET_PDEATHSIG, set by the child itself), so killing the parent never
+leaves it behind.
 """
 
 from __future__ import annotations
@@ -20,18 +21,22 @@ from typing import Sequence
 
 from lingvo_lite import distributed
 
-CHILD_ENV = "LINGVO_LITE_SUPERVISED"
+# Set in the child's environment to the supervising parent's pid.
+CHILD_ENV = "LINGVO_LITE_SUPERVISOR_PID"
 # The coordination service names a dead process (a "task") in one of two forms: inline, or
 # as a line of ids after a line that ends with the second pattern.
 _MISSING_TASK = re.compile(r"Task (\d+) heartbeat timeout")
 _MISSING_TASKS_FOLLOW = re.compile(r"stopped sending heartbeats\):\s*$")
 _TASK_IDS_LINE = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
-_PEER_CLOSED = re.compile(r"Connection closed by peer|Connection reset by peer")
+_PEER_CLOSED = re.compile(r"Gloo.*(Connection closed by peer|Connection reset by peer)")
 _PR_SET_PDEATHSIG = 1
 
 
 def wanted(argv: Sequence[str]) -> bool:
-  """Whether this command joins a multi-process run (and is not already the child)."""
+  """Whether this command joins a multi-process run (and is not already the child).
+
+  Reads the flags as written (`--name=value`); one given another way (`--distributed off`, a
+  --flagfile) is still honoured by the run itself, just without the supervisor."""
   if os.environ.get(CHILD_ENV):
     return False
   flags = [arg for arg in argv[1:] if arg.startswith("--")]
@@ -41,11 +46,18 @@ def wanted(argv: Sequence[str]) -> bool:
           or "--distributed=on" in flags or distributed.detected_cluster() is not None)
 
 
-def _die_with_parent() -> None:
+def follow_parent() -> None:
+  """In a supervised child: die when the parent dies, even if it already has (Linux only;
+  elsewhere a killed parent may leave the child running). A no-op when not supervised."""
+  parent = os.environ.get(CHILD_ENV)
+  if not parent:
+    return
   try:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-  except (OSError, AttributeError):  # Not Linux: the child may outlive a killed parent.
-    pass
+  except (OSError, AttributeError):
+    return
+  if os.getppid() != int(parent):  # The parent died before prctl took effect.
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class LogWatch:
@@ -80,20 +92,32 @@ class LogWatch:
 
 def supervise(args: Sequence[str]) -> int:
   """Runs `python -m lingvo_lite ARGS` as a child; returns the exit code to leave with."""
-  env = dict(os.environ, **{CHILD_ENV: "1"})
+  env = dict(os.environ, **{CHILD_ENV: str(os.getpid())})
   package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-  child = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *args], env=env,
-                           stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+  # Handlers first, so a signal that arrives while the child starts is not lost.
+  received: list[int] = []
+  child: subprocess.Popen | None = None
+
+  def forward(signum, _):
+    if child is None:
+      received.append(signum)
+    else:
+      child.send_signal(signum)
   for signum in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(signum, lambda received, _: child.send_signal(received))
+    signal.signal(signum, forward)
+  child = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *args], env=env,
+                           stderr=subprocess.PIPE)
+  for signum in received:
+    child.send_signal(signum)
   watch = LogWatch()
   for raw_line in child.stderr:
     sys.stderr.buffer.write(raw_line)
     sys.stderr.flush()
     watch.feed(raw_line.decode(errors="replace"))
   code = child.wait()
-  message = watch.verdict() if code != 0 else None
+  # Only an abort is JAX stopping a survivor; an exit code is the child's own answer.
+  message = watch.verdict() if code < 0 else None
   if message:
     print(message, file=sys.stderr, flush=True)
     return 1

@@ -4,8 +4,13 @@ directory it pointed at is byte-for-byte unchanged."""
 import subprocess
 import sys
 
+import fiddle as fdl
+import jax
 import pytest
 
+from experiments.lm import architectures
+from lingvo_lite import experiment
+from lingvo_lite.errors import UsageError
 from lingvo_lite.testing import run_cli, tree_digest
 
 # (case id, arguments with {job} for the existing job dir, text the one-line message holds).
@@ -51,7 +56,7 @@ CASES = [
     ("flash attention without a GPU",
      ["--job_log_dir={job}", "--fdl.model.attention_implementation=\"cudnn\""],
      "model.attention_implementation='cudnn': needs an NVIDIA GPU (this backend: cpu); "
-     "use 'einsum' or 'xla'"),
+     "or use 'einsum' or 'xla'"),
     ("mesh larger than the devices", ["--job_log_dir={job}", "--fdl.partitioner.ici_data=3"],
      "the mesh has 3 devices but 1 are available"),
     ("bad experiment arguments", ["--fdl_config=PyCodeTiny(layers=2)", "--job_log_dir={job}"],
@@ -99,3 +104,22 @@ def test_a_real_process_prints_one_line_and_exits_2(job, args):
   assert completed.returncode == 2
   assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
   assert tree_digest(job) == before
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"dtype": "float32"}, "needs model.dtype 'bfloat16' or 'float16' (got 'float32')"),
+    ({"dtype": "bfloat16", "head_dim": 12}, "a multiple of 8 and at most 256 (got 12)"),
+    ({"dtype": "bfloat16", "head_dim": 512}, "a multiple of 8 and at most 256 (got 512)"),
+])
+def test_cudnn_attention_limits_are_checked_before_device_time(monkeypatch, fields, message):
+  """On a GPU backend (faked here), what the cuDNN kernel refuses is a one-line config error."""
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  model = fdl.build(architectures.llama(vocab_size=64, num_layers=1, dim=64, num_heads=4,
+                                        attention_implementation="cudnn", **fields))
+  with pytest.raises(UsageError) as error:
+    experiment._check_cudnn_attention(model)  # pylint: disable=protected-access
+  assert str(error.value).startswith("model.attention_implementation='cudnn': ")
+  assert message in str(error.value)
+  experiment._check_cudnn_attention(  # pylint: disable=protected-access
+      fdl.build(architectures.llama(vocab_size=64, num_layers=1, dim=64, num_heads=4,
+                                    attention_implementation="cudnn", dtype="bfloat16")))

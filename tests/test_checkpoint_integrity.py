@@ -50,6 +50,10 @@ def test_checksums_catch_a_flipped_byte_a_truncation_and_a_missing_file(tmp_path
   (step_dir / "meta").unlink()
   assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)) == "meta is missing"
 
+  (step_dir / checkpoint_integrity.CHECKSUMS_FILE).write_text('{"meta": {"bytes": 2')
+  assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)).startswith(
+      "lingvo_lite_checksums.json is unreadable (JSONDecodeError: ")
+
 
 def test_training_records_checksums_and_refuses_a_corrupt_step(tmp_path):
   job = tmp_path / "job"
@@ -70,6 +74,12 @@ def test_training_records_checksums_and_refuses_a_corrupt_step(tmp_path):
     assert lines[0].endswith(f"move {job / 'checkpoints' / '4'} out of the way to resume from "
                              "step 2")
     assert tree_digest(job) == before
+
+  # With checksums off the damage goes unnoticed, as orbax alone would let it (the reason
+  # they are on by default).
+  result = run_cli([*TINY, "--mode=eval", "--fdl.checkpoint.checksums=False",
+                    f"--job_log_dir={job}"])
+  assert result.code == 0, result.stderr
 
   # The way out the message gives works: the run resumes from the intact step.
   shutil.move(job / "checkpoints" / "4", tmp_path / "corrupt_step_4")

@@ -116,6 +116,8 @@ def test_log_watch_falls_back_to_the_closed_connection_and_else_stays_silent():
   assert _watch(GLOO_LOG).verdict().startswith(
       "lingvo_lite: error: a peer process closed its connection in the middle of a collective")
   assert _watch("Traceback (most recent call last):\nValueError: boom\n").verdict() is None
+  # A reset connection outside a collective (a storage read, say) is not a dead peer.
+  assert _watch("OSError: [Errno 104] Connection reset by peer\n").verdict() is None
 
 
 @pytest.mark.parametrize("argv, environment, expected", [
@@ -125,7 +127,7 @@ def test_log_watch_falls_back_to_the_closed_connection_and_else_stays_silent():
     (["lingvo_lite", "--distributed=on"], {}, True),
     (["lingvo_lite"], {"SLURM_NTASKS": "4"}, True),
     (["lingvo_lite", "--distributed=off"], {"SLURM_NTASKS": "4"}, False),
-    (["lingvo_lite", "--coordinator_address=h:1"], {supervisor.CHILD_ENV: "1"}, False),
+    (["lingvo_lite", "--coordinator_address=h:1"], {supervisor.CHILD_ENV: "4242"}, False),
 ])
 def test_supervisor_wraps_only_processes_of_a_multi_process_run(monkeypatch, argv, environment,
                                                                 expected):

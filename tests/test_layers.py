@@ -160,3 +160,20 @@ def test_jax_dot_product_attention_implementation_equals_einsum_kernel(num_kv_he
         lambda p, x: jnp.sum(apply(p, x) * cotangent), argnums=(0, 1))(params, x))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
                results["xla"], results["einsum"])
+
+
+@pytest.mark.parametrize("dtype, rtol", [("bfloat16", 3e-2), ("float16", 3e-3)])
+def test_half_precision_attention_over_long_diffuse_context_stays_finite(dtype, rtol):
+  """Uniform attention over 4096 keys whose values are all 32: the un-normalized sum
+  (4096 x 32) overflows float16, the attention output (32) does not."""
+  length, dim = 4096, 16
+  attention = layers.Attention(num_heads=1, num_kv_heads=1, head_dim=dim, dtype=dtype)
+  x = jnp.ones((1, length, dim), dtype)
+  positions = jnp.arange(length)[None]
+  params = nn.meta.unbox(attention.init(jax.random.key(0), x, positions, None)["params"])
+  params = {**params, "query_kernel": jnp.zeros_like(params["query_kernel"]),  # Uniform.
+            "value_kernel": jnp.full_like(params["value_kernel"], 2.0),      # v = 32.
+            "out_kernel": jnp.eye(dim).reshape(params["out_kernel"].shape)}
+  out = attention.apply({"params": params}, x, positions, None)
+  assert out.dtype == jnp.dtype(dtype)
+  np.testing.assert_allclose(np.asarray(out, np.float32), 32.0, rtol=rtol)

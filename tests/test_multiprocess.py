@@ -110,3 +110,30 @@ def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):
   assert last_line.startswith("lingvo_lite: error: "), err[-2000:]
   assert ("process 1 of this jax.distributed run stopped sending heartbeats" in last_line
           or "a peer process closed its connection" in last_line), last_line
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_supervisors_reaches_the_runs_which_save_and_exit_0(tmp_path):
+  port = _free_port()
+  job = tmp_path / "job"
+  processes = [_start(job, 4, ["--fdl.train.steps=100000"], i, 2, port) for i in range(2)]
+  try:
+    deadline = time.time() + 180
+    while time.time() < deadline:
+      if (job / "metrics.jsonl").exists() and len(_losses(job)) >= 3:
+        break
+      time.sleep(0.2)
+    else:
+      pytest.fail("training did not start")
+    for process in processes:
+      process.send_signal(signal.SIGTERM)
+    outputs = [process.communicate(timeout=120) for process in processes]
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+  for process, (_, err) in zip(processes, outputs):
+    assert process.returncode == 0, err[-2000:]
+  assert "SIGTERM: saved step" in outputs[0][0]
+  saved = os.listdir(job / "checkpoints")
+  assert len(saved) == 1 and int(saved[0]) >= 3

@@ -114,7 +114,8 @@ def _unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array
   The caller divides the attention output by the sum instead of dividing the probabilities:
   [.., t, head_dim] values instead of [.., t, t], in the forward and the backward pass
   (measured: about 3% of a BenchSmall train step on 8 CPU devices). Every query sees at
-  least itself, so the sum is at least 1.
+  least itself, so the sum is at least 1. The un-normalized output is a sum over up to t
+  values, so it is accumulated and divided in float32 (float16 would overflow).
   """
   logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
   # The softmax does not depend on the shift, so no gradient flows through it.
@@ -167,15 +168,17 @@ class Attention(nn.Module):
       # grouped 5-D form with a unit group axis.
       logits = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
       weights, denominator = _unnormalized_softmax(logits, mask[:, :, 0])
-      out = jnp.einsum("bhts,bshd->bthd", weights.astype(self.dtype), v)
-      return out / jnp.moveaxis(denominator, -1, 1)[..., None].astype(self.dtype)
+      out = jnp.einsum("bhts,bshd->bthd", weights.astype(self.dtype), v,
+                       preferred_element_type=jnp.float32)
+      return (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
     # Grouped-query: query heads grouped by the key/value head they share, so k and v are
     # never copied per query head: [b, t, kv_heads, group, d].
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
     logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
     weights, denominator = _unnormalized_softmax(logits, mask)
-    out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(self.dtype), v)
-    out = out / jnp.moveaxis(denominator, -1, 1)[..., None].astype(self.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(self.dtype), v,
+                     preferred_element_type=jnp.float32)
+    out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
     return out.reshape(batch, length, self.num_heads, self.head_dim)
 
   @nn.compact

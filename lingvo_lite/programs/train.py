@@ -60,6 +60,7 @@ class _StopRequest:
 
 def _check_finite(loss: float, step: int, checkpointer: Checkpointer) -> None:
   if not math.isfinite(loss):
+    checkpointer.close()  # Finishes the pending save of a good step, with its checksums.
     raise TrainingFailure(
         f"loss is {loss} at step {step}; stopped without saving. The last good checkpoint "
         f"is step {checkpointer.latest_step()}; lower optimizer.peak_learning_rate or set "
@@ -70,9 +71,10 @@ def run(setup: Setup, job_dir: epath.Path,
         record_config: Callable[[], None] = lambda: None) -> TrainResult:
   """Trains `setup` in `job_dir`, resuming from its latest checkpoint if there is one.
 
-  Nothing in `job_dir` changes until the starting state is in hand (initialized, or restored
-  and verified): only then does `record_config` run and do the metric writers open, so a run
-  that cannot start leaves an existing job as it was.
+  Nothing in an existing `job_dir` changes until the starting state is in hand (initialized,
+  or restored and verified): only then does `record_config` run and do the metric writers
+  open, so a run that cannot start leaves the job as it was. (A new job dir gets its empty
+  `checkpoints/` first.)
   """
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)
