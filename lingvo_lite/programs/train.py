@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import signal
 import threading
 from typing import Callable
 
 import jax
 from etils import epath
+from jax._src import distributed as jax_distributed  # The preemption service's state.
+from jax.experimental import multihost_utils
 
 from lingvo_lite import mfu, summaries
 from lingvo_lite.checkpoints import Checkpointer
@@ -37,21 +40,38 @@ class TrainResult:
 
 
 class _StopRequest:
-  """Turns SIGTERM/SIGINT into a flag the loop checks between steps."""
+  """SIGTERM or SIGINT stops the run between steps, at the same step in every process.
+
+  One process: the signal sets a flag the loop reads. Several processes: each may be
+  signalled at a different step (or only one may be), so JAX's preemption service, which
+  catches SIGTERM itself and shares the notice through the coordination service, picks the
+  step they all stop after; SIGINT is passed on to it as a SIGTERM.
+  """
 
   def __init__(self):
     self.signal_name: str | None = None
     self._previous = {}
+    self._shared = jax.process_count() > 1 and getattr(
+        jax_distributed.global_state, "preemption_sync_manager", None) is not None
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
-      for signum in (signal.SIGTERM, signal.SIGINT):
+      for signum in (signal.SIGINT,) if self._shared else (signal.SIGTERM, signal.SIGINT):
         self._previous[signum] = signal.signal(signum, self._handle)
     return self
 
   def _handle(self, signum, frame):
     del frame
-    self.signal_name = signal.Signals(signum).name
+    if self._shared:
+      os.kill(os.getpid(), signal.SIGTERM)
+    else:
+      self.signal_name = signal.Signals(signum).name
+
+  def should_stop(self, step: int) -> bool:
+    """Called after every step, by every process."""
+    if self._shared and multihost_utils.reached_preemption_sync_point(step):
+      self.signal_name = "SIGTERM"
+    return self.signal_name is not None
 
   def __exit__(self, *exc):
     for signum, handler in self._previous.items():
@@ -160,7 +180,7 @@ def run(setup: Setup, job_dir: epath.Path,
 
         if loop.eval_every_steps and step % loop.eval_every_steps == 0 and step < loop.steps:
           evaluate(state.params, step)
-        if stop.signal_name:
+        if stop.should_stop(step):
           break
         if step % setup.checkpoint.every_steps == 0 and step < loop.steps:
           _check_finite(float(metrics["loss"]), step, checkpointer)
