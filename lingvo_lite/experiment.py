@@ -117,13 +117,17 @@ class Setup:
 def _check_cudnn_attention(model: TransformerLM) -> None:
   """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device time."""
   problem = None
-  if jax.default_backend() != "gpu":
-    problem = f"needs an NVIDIA GPU (this backend: {jax.default_backend()})"
+  device = jax.devices()[0]
+  # Hopper (compute capability 9.0) and newer take heads up to 256 wide, older GPUs 128.
+  capability = getattr(device, "compute_capability", "0")
+  widest_head = 256 if float(capability) >= 9.0 else 128
+  if jax.default_backend() != "gpu" or "NVIDIA" not in device.device_kind.upper():
+    problem = f"needs an NVIDIA GPU (this device: {device.device_kind})"
   elif model.dtype not in ("bfloat16", "float16"):
     problem = f"needs model.dtype 'bfloat16' or 'float16' (got {model.dtype!r})"
-  elif model.resolved_head_dim % 8 or model.resolved_head_dim > 256:
-    problem = (f"needs a head_dim that is a multiple of 8 and at most 256 (got "
-               f"{model.resolved_head_dim})")
+  elif model.resolved_head_dim % 8 or model.resolved_head_dim > widest_head:
+    problem = (f"needs a head_dim that is a multiple of 8 and at most {widest_head} on "
+               f"{device.device_kind} (got {model.resolved_head_dim})")
   if problem:
     raise config_error("model.attention_implementation", "cudnn", problem,
                        "or use 'einsum' or 'xla'")

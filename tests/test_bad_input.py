@@ -3,6 +3,7 @@ directory it pointed at is byte-for-byte unchanged."""
 
 import subprocess
 import sys
+import types
 
 import fiddle as fdl
 import jax
@@ -55,7 +56,7 @@ CASES = [
      "train_data.task: no such folder: /no/such/dir"),
     ("flash attention without a GPU",
      ["--job_log_dir={job}", "--fdl.model.attention_implementation=\"cudnn\""],
-     "model.attention_implementation='cudnn': needs an NVIDIA GPU (this backend: cpu); "
+     "model.attention_implementation='cudnn': needs an NVIDIA GPU (this device: cpu); "
      "or use 'einsum' or 'xla'"),
     ("mesh larger than the devices", ["--job_log_dir={job}", "--fdl.partitioner.ici_data=3"],
      "the mesh has 3 devices but 1 are available"),
@@ -106,14 +107,21 @@ def test_a_real_process_prints_one_line_and_exits_2(job, args):
   assert tree_digest(job) == before
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"dtype": "float32"}, "needs model.dtype 'bfloat16' or 'float16' (got 'float32')"),
-    ({"dtype": "bfloat16", "head_dim": 12}, "a multiple of 8 and at most 256 (got 12)"),
-    ({"dtype": "bfloat16", "head_dim": 512}, "a multiple of 8 and at most 256 (got 512)"),
+@pytest.mark.parametrize("capability, fields, message", [
+    ("9.0", {"dtype": "float32"}, "needs model.dtype 'bfloat16' or 'float16' (got 'float32')"),
+    ("9.0", {"dtype": "bfloat16", "head_dim": 12},
+     "a multiple of 8 and at most 256 on NVIDIA H200 (got 12)"),
+    ("9.0", {"dtype": "bfloat16", "head_dim": 512},
+     "a multiple of 8 and at most 256 on NVIDIA H200 (got 512)"),
+    ("8.0", {"dtype": "bfloat16", "head_dim": 160},
+     "a multiple of 8 and at most 128 on NVIDIA H200 (got 160)"),
 ])
-def test_cudnn_attention_limits_are_checked_before_device_time(monkeypatch, fields, message):
-  """On a GPU backend (faked here), what the cuDNN kernel refuses is a one-line config error."""
+def test_cudnn_attention_limits_are_checked_before_device_time(monkeypatch, capability, fields,
+                                                               message):
+  """On an NVIDIA GPU (faked here), what the cuDNN kernel refuses is a one-line config error."""
+  gpu = types.SimpleNamespace(device_kind="NVIDIA H200", compute_capability=capability)
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(jax, "devices", lambda: [gpu])
   model = fdl.build(architectures.llama(vocab_size=64, num_layers=1, dim=64, num_heads=4,
                                         attention_implementation="cudnn", **fields))
   with pytest.raises(UsageError) as error:

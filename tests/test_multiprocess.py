@@ -137,3 +137,27 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step_with_a_checkpoint(tm
   assert "SIGTERM: saved step" in outputs[0][0]
   saved = os.listdir(job / "checkpoints")
   assert len(saved) == 1 and int(saved[0]) >= 3
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_resumed_run_starts_stops_it_after_its_first_step(tmp_path):
+  """Resumed at step 3 and signalled before step 4 is done (JAX's preemption service counts
+  from 0, so the run must tell it where it starts)."""
+  job = tmp_path / "job"
+  _run_two_processes(job, ["--fdl.train.steps=3"])
+  port = _free_port()
+  processes = [_start(job, 4, ["--fdl.train.steps=100000"], i, 2, port) for i in range(2)]
+  try:
+    for line in processes[0].stdout:  # Restored; the first step is not compiled yet.
+      if line.startswith("resumed from step 3"):
+        break
+    processes[0].send_signal(signal.SIGTERM)
+    outputs = [process.communicate(timeout=120) for process in processes]
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+  for process, (_, err) in zip(processes, outputs):
+    assert process.returncode == 0, err[-2000:]
+  assert "SIGTERM: saved step 4 and stopped" in outputs[0][0]
+  assert sorted(os.listdir(job / "checkpoints")) == ["3", "4"]

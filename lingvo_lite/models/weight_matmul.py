@@ -7,7 +7,9 @@ that strided transpose. Measured in a BenchSmall train step on CPU: 22-44 ms per
 a 0.45 s step, more than the layer's matmuls. Here the backward pass transposes x explicitly
 (an optimization barrier keeps XLA from folding the transpose back into the matmul), which is
 a plain copy of the smaller operand, and every matmul runs on the fast kernel. GPUs and TPUs
-read transposed operands natively, so on them this is a plain `jnp.tensordot`.
+read transposed operands natively, so on them this is a plain `jnp.tensordot`. The backward
+assumes meshes with Auto axes, as the partitioner builds them (under Explicit axes JAX asks
+for the output sharding of the contraction over the batch).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import threading
 from typing import Callable
 
 import jax
+from absl import logging
 from etils import epath
 from jax._src import distributed as jax_distributed  # The preemption service's state.
 from jax.experimental import multihost_utils
@@ -53,6 +54,9 @@ class _StopRequest:
     self._previous = {}
     self._shared = jax.process_count() > 1 and getattr(
         jax_distributed.global_state, "preemption_sync_manager", None) is not None
+    if jax.process_count() > 1 and not self._shared:
+      logging.warning("JAX's preemption service is off (jax_enable_preemption_service): a "
+                      "SIGTERM must reach every process before the same step")
 
   def __enter__(self):
     if threading.current_thread() is threading.main_thread():
@@ -68,7 +72,13 @@ class _StopRequest:
       self.signal_name = signal.Signals(signum).name
 
   def should_stop(self, step: int) -> bool:
-    """Called after every step, by every process."""
+    """Called by every process with the starting step, then after every step.
+
+    JAX's preemption service counts steps from 0 and stops at one past the highest step it
+    has been told of: without the starting step, a stop asked for before a resumed run
+    finished its first step would name step 1, which never comes. (A SIGTERM in the seconds
+    between jax.distributed.initialize and the first call is still lost that way.)
+    """
     if self._shared and multihost_utils.reached_preemption_sync_point(step):
       self.signal_name = "SIGTERM"
     return self.signal_name is not None
@@ -105,6 +115,9 @@ def run(setup: Setup, job_dir: epath.Path,
 
   with jitted.activated(), _StopRequest() as stop:
     start = checkpointer.latest_step()
+    # Before the restore and the compile, which can take minutes: a stop asked for meanwhile
+    # must name a step after `start` (see _StopRequest.should_stop).
+    stopped_before_first_step = stop.should_stop(start or 0)
     if start is None:
       start = 0
       state = jitted.init_state()
@@ -148,7 +161,7 @@ def run(setup: Setup, job_dir: epath.Path,
     step = start
     metrics = None
     try:
-      for step_index, local_batch in prefetcher:
+      for step_index, local_batch in () if stopped_before_first_step else prefetcher:
         if step_index == loop.profile_start_step:
           jax.profiler.start_trace(str(job_dir / "profile"))
           profiling = True
