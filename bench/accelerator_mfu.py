@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 import numpy as np
 
-from lingvo_lite import executor, mfu, overrides, registry
+from lingvo_lite import executor, mfu
 from lingvo_lite.programs.jitted import JittedSteps
 # pylint: enable=wrong-import-position
 
@@ -42,9 +42,7 @@ def _parse_args() -> argparse.Namespace:
 
 def main() -> None:
   args = _parse_args()
-  cfg = registry.lookup(args.experiment).config()
-  overrides.apply(cfg, [overrides.set_directive(f"--set {s}", s) for s in args.set], None)
-  setup = executor.build(cfg)
+  setup = executor.build_experiment(args.experiment, args.set)
   jitted = JittedSteps(setup)
   data, model = setup.train_data, setup.model
   with jitted.activated():

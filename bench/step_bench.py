@@ -44,15 +44,13 @@ import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bench.reference_step import Shapes, make_reference
-from lingvo_lite import executor, mfu, overrides, registry
+from lingvo_lite import executor, mfu
 from lingvo_lite.programs.jitted import JittedSteps
 # pylint: enable=wrong-import-position
 
 
 def _lingvo_step(experiment: str, sets: list[str]):
-  cfg = registry.lookup(experiment).config()
-  overrides.apply(cfg, [overrides.set_directive(f"--set {s}", s) for s in sets], None)
-  setup = executor.build(cfg)
+  setup = executor.build_experiment(experiment, sets)
   jitted = JittedSteps(setup)
   with jitted.activated():
     state = jitted.init_state()

@@ -55,8 +55,9 @@ def first_mismatch(step_dir: epath.Path) -> str | None:
     path = step_dir / name
     if not path.exists():
       return f"{name} is missing"
-    if path.stat().length != size:
-      return f"{name} has {path.stat().length} bytes, {size} were written"
+    on_disk = path.stat().length
+    if on_disk != size:
+      return f"{name} has {on_disk} bytes, {size} were written"
     if _crc32(path) != crc32:
       return f"{name} does not match the CRC-32 recorded when it was written"
   return None

@@ -163,6 +163,14 @@ def build(cfg: fdl.Buildable) -> Setup:
   return setup
 
 
+def build_experiment(name: str, assignments: Sequence[str] = ()) -> Setup:
+  """The registered experiment `name` with `PATH=VALUE` assignments applied in order (as
+  --fdl_set applies them), built and validated: for scripts that take no lingvo_lite flags."""
+  cfg = registry.lookup(name).config()
+  overrides.apply(cfg, [overrides.set_directive(f"--set {a}", a) for a in assignments], None)
+  return build(cfg)
+
+
 # ----------------------------------------------------------------------------- modes
 
 

@@ -1,6 +1,7 @@
 """Several processes through jax.distributed on 127.0.0.1: the same losses as one process with
 the same devices, and a dead peer stops the survivor (non-zero exit) in bounded time."""
 
+import contextlib
 import json
 import os
 import signal
@@ -47,13 +48,34 @@ def _losses(job):
     return [json.loads(line)["loss"] for line in f]
 
 
-def _run_two_processes(job, extra):
+@contextlib.contextmanager
+def _two_processes(job, extra):
+  """Processes 0 and 1 of one run of `job`; whatever still runs at the end is killed."""
   port = _free_port()
   processes = [_start(job, 4, extra, i, 2, port) for i in range(2)]
-  outputs = [p.communicate(timeout=300) for p in processes]
+  try:
+    yield processes
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+
+
+def _run_two_processes(job, extra):
+  with _two_processes(job, extra) as processes:
+    outputs = [p.communicate(timeout=300) for p in processes]
   for process, (_, err) in zip(processes, outputs):
     assert process.returncode == 0, err[-2000:]
   return [out for out, _ in outputs]
+
+
+def _wait_for_three_steps(job):
+  deadline = time.time() + 180
+  while time.time() < deadline:
+    if (job / "metrics.jsonl").exists() and len(_losses(job)) >= 3:
+      return
+    time.sleep(0.2)
+  pytest.fail("training did not start")
 
 
 @pytest.mark.slow
@@ -81,27 +103,15 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
 
 @pytest.mark.slow
 def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):
-  port = _free_port()
   job = tmp_path / "job"
-  processes = [_start(job, 4, ["--fdl.train.steps=100000"], i, 2, port) for i in range(2)]
-  try:
-    deadline = time.time() + 180
-    while time.time() < deadline:
-      if (job / "metrics.jsonl").exists() and len(_losses(job)) >= 3:
-        break
-      time.sleep(0.2)
-    else:
-      pytest.fail("training did not start")
+  with _two_processes(job, ["--fdl.train.steps=100000"]) as processes:
+    _wait_for_three_steps(job)
     # Process 1's supervising parent dies, and its training child with it (PR_SET_PDEATHSIG),
     # in the middle of a step.
     processes[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
     _, err = processes[0].communicate(timeout=60)
     elapsed = time.time() - killed_at
-  finally:
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
   assert processes[0].returncode == 1
   assert elapsed < 60
   # The supervising parent ends the survivor's log with one line naming the dead process
@@ -115,23 +125,11 @@ def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):
 @pytest.mark.slow
 def test_sigterm_to_one_process_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
   """Through process 0's supervising parent; JAX's preemption service tells process 1."""
-  port = _free_port()
   job = tmp_path / "job"
-  processes = [_start(job, 4, ["--fdl.train.steps=100000"], i, 2, port) for i in range(2)]
-  try:
-    deadline = time.time() + 180
-    while time.time() < deadline:
-      if (job / "metrics.jsonl").exists() and len(_losses(job)) >= 3:
-        break
-      time.sleep(0.2)
-    else:
-      pytest.fail("training did not start")
+  with _two_processes(job, ["--fdl.train.steps=100000"]) as processes:
+    _wait_for_three_steps(job)
     processes[0].send_signal(signal.SIGTERM)
     outputs = [process.communicate(timeout=120) for process in processes]
-  finally:
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
   for process, (_, err) in zip(processes, outputs):
     assert process.returncode == 0, err[-2000:]
   assert "SIGTERM: saved step" in outputs[0][0]
@@ -145,18 +143,12 @@ def test_sigterm_while_a_resumed_run_starts_stops_it_after_its_first_step(tmp_pa
   from 0, so the run must tell it where it starts)."""
   job = tmp_path / "job"
   _run_two_processes(job, ["--fdl.train.steps=3"])
-  port = _free_port()
-  processes = [_start(job, 4, ["--fdl.train.steps=100000"], i, 2, port) for i in range(2)]
-  try:
+  with _two_processes(job, ["--fdl.train.steps=100000"]) as processes:
     for line in processes[0].stdout:  # Restored; the first step is not compiled yet.
       if line.startswith("resumed from step 3"):
         break
     processes[0].send_signal(signal.SIGTERM)
     outputs = [process.communicate(timeout=120) for process in processes]
-  finally:
-    for process in processes:
-      if process.poll() is None:
-        process.kill()
   for process, (_, err) in zip(processes, outputs):
     assert process.returncode == 0, err[-2000:]
   assert "SIGTERM: saved step 4 and stopped" in outputs[0][0]
