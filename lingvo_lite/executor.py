@@ -11,11 +11,10 @@ with one line on stderr and exit code 2 before any device time is spent.
 
 from __future__ import annotations
 
-import ast
 import inspect
 import os
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from absl import app, flags, logging
 
@@ -23,7 +22,8 @@ import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import config_files, distributed, overrides, registry, supervisor
+from lingvo_lite import (building, config_files, distributed, overrides, paths, registry,
+                         supervisor)
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 
@@ -91,42 +91,6 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 # ----------------------------------------------------------------------------- configs
 
 
-def _parse_call(flag: str, text: str) -> tuple[str, dict[str, Any]]:
-  """`name` or `name(k=literal, ...)` -> (name, kwargs)."""
-  try:
-    node = ast.parse(text.strip(), mode="eval").body
-  except SyntaxError:
-    raise UsageError(f"{flag}={text}: expected NAME or NAME(key=literal, ...)") from None
-  if isinstance(node, ast.Call):
-    if node.args:
-      raise UsageError(f"{flag}={text}: pass arguments by keyword, e.g. fn(num_layers=4)")
-    try:
-      kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-    except ValueError:
-      raise UsageError(f"{flag}={text}: arguments must be Python literals") from None
-    node = node.func
-  else:
-    kwargs = {}
-  name = ast.unparse(node)
-  if not all(part.isidentifier() for part in name.split(".")):
-    raise UsageError(f"{flag}={text}: {name!r} is not a dotted name")
-  return name, kwargs
-
-
-def _config_from_name(flag: str, text: str) -> tuple[fdl.Buildable, type | None]:
-  name, kwargs = _parse_call(flag, text)
-  found = registry.lookup(name, flag=flag)
-  experiment = found if inspect.isclass(found) else None
-  factory = found.config if experiment is not None else found
-  try:
-    cfg = factory(**kwargs)
-  except TypeError as e:
-    raise UsageError(f"{flag}={text}: {e}") from None
-  if not isinstance(cfg, fdl.Buildable):
-    raise UsageError(f"{flag}={text}: returned a {type(cfg).__name__}, not a fdl.Config")
-  return cfg, experiment
-
-
 def base_config(job_dir: epath.Path | None) -> tuple[fdl.Buildable, type | None]:
   """The config named by --exp, --fdl_config or --fdl_config_file, else JOB/config.json."""
   given = [(f"--{flag.name}", flag.value) for flag in (_EXP, _FDL_CONFIG, _FDL_CONFIG_FILE)
@@ -137,8 +101,8 @@ def base_config(job_dir: epath.Path | None) -> tuple[fdl.Buildable, type | None]
   if given:
     flag, value = given[0]
     if flag == "--fdl_config_file":
-      return config_files.load(epath.Path(value)), None
-    return _config_from_name(flag, value)
+      return config_files.load(paths.resolve(value)), None
+    return registry.config_from_flag(flag, value)
   if job_dir is not None and (job_dir / config_files.CONFIG_JSON).exists():
     return config_files.load(job_dir / config_files.CONFIG_JSON, "--job_log_dir"), None
   where = f" and {job_dir} holds no {config_files.CONFIG_JSON}" if job_dir else ""
@@ -146,21 +110,7 @@ def base_config(job_dir: epath.Path | None) -> tuple[fdl.Buildable, type | None]
                    "--fdl_config_file=PATH, or a --job_log_dir of an earlier run")
 
 
-def build(cfg: fdl.Buildable) -> Setup:
-  """fdl.build + validate, with construction errors reported as one line with the path."""
-  try:
-    setup = fdl.build(cfg)
-  except Exception as e:  # pylint: disable=broad-except
-    message = str(e).strip()
-    summary = message.splitlines()[0] if message else type(e).__name__
-    path = ""
-    if " at <root>" in message:
-      path = message.split(" at <root>", 1)[1].split()[0].lstrip(".") + ": "
-    raise UsageError(f"{path}{summary} (while building the config)") from None
-  if not isinstance(setup, Setup):
-    raise UsageError(f"the config builds a {type(setup).__name__}, not a lingvo_lite Setup")
-  setup.validate()
-  return setup
+build = building.build
 
 
 def build_experiment(name: str, assignments: Sequence[str] = ()) -> Setup:
@@ -244,7 +194,7 @@ def _run_mode() -> None:
   if mode == "list":
     _list_experiments()
     return
-  job_dir = epath.Path(_JOB_LOG_DIR.value) if _JOB_LOG_DIR.value else None
+  job_dir = paths.resolve(_JOB_LOG_DIR.value) if _JOB_LOG_DIR.value else None
   if job_dir is None and mode in ("train", "eval"):
     raise UsageError(f"--job_log_dir: required for --mode={mode}; e.g. "
                      "--job_log_dir=runs/my_run")

@@ -8,10 +8,14 @@ name, any unique dotted suffix (`pycode.PyCodeTiny`, `PyCodeTiny`), or an import
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib
+import inspect
 import pkgutil
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
+
+import fiddle as fdl
 
 from lingvo_lite.errors import UsageError
 
@@ -96,3 +100,40 @@ def lookup(name: str, flag: str = "--exp") -> type | Callable[..., object]:
   hint = (f"did you mean {', '.join(dict.fromkeys(close))}?" if close
           else "run --mode=list to see registered experiments")
   raise UsageError(f"{flag}={name}: no such experiment; {hint}")
+
+
+def _parse_call(flag: str, text: str) -> tuple[str, dict[str, Any]]:
+  """`name` or `name(k=literal, ...)` -> (name, kwargs)."""
+  try:
+    node = ast.parse(text.strip(), mode="eval").body
+  except SyntaxError:
+    raise UsageError(f"{flag}={text}: expected NAME or NAME(key=literal, ...)") from None
+  if isinstance(node, ast.Call):
+    if node.args:
+      raise UsageError(f"{flag}={text}: pass arguments by keyword, e.g. fn(num_layers=4)")
+    try:
+      kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    except ValueError:
+      raise UsageError(f"{flag}={text}: arguments must be Python literals") from None
+    node = node.func
+  else:
+    kwargs = {}
+  name = ast.unparse(node)
+  if not all(part.isidentifier() for part in name.split(".")):
+    raise UsageError(f"{flag}={text}: {name!r} is not a dotted name")
+  return name, kwargs
+
+
+def config_from_flag(flag: str, text: str) -> tuple[fdl.Buildable, type | None]:
+  """The config an `--exp` / `--fdl_config` value names, and the experiment class if any."""
+  name, kwargs = _parse_call(flag, text)
+  found = lookup(name, flag=flag)
+  experiment = found if inspect.isclass(found) else None
+  factory = found.config if experiment is not None else found
+  try:
+    cfg = factory(**kwargs)
+  except TypeError as e:
+    raise UsageError(f"{flag}={text}: {e}") from None
+  if not isinstance(cfg, fdl.Buildable):
+    raise UsageError(f"{flag}={text}: returned a {type(cfg).__name__}, not a fdl.Config")
+  return cfg, experiment
