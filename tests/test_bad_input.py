@@ -135,7 +135,10 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_job_untouched(job, tmp_path
                                                                    case):
   if case.prepare is not None:
     case.prepare(str(tmp_path))
-  monkeypatch.chdir(tmp_path)  # Relative paths in a case are relative to its own folder.
+  # As under `python -m lingvo_lite`: relative paths start at the case's own folder, which is
+  # also first on sys.path (so user modules written there import).
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
   before = tree_digest(job), tree_digest(tmp_path)
   result = run_cli([arg.format(job=job, tmp=tmp_path) for arg in case.args]
                    + ["--compilation_cache_dir="])
@@ -145,6 +148,15 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_job_untouched(job, tmp_path
   assert case.expected in lines[0], lines[0]
   assert "Traceback" not in result.stderr + result.stdout
   assert (tree_digest(job), tree_digest(tmp_path)) == before
+
+
+@pytest.fixture(autouse=True)
+def _forget_user_modules(tmp_path):
+  """Modules a case imported from its folder must not leak into the next case."""
+  yield
+  for name, module in list(sys.modules.items()):
+    if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
+      del sys.modules[name]
 
 
 @pytest.mark.parametrize("args", [["--exp=NoSuchExp"], ["--mdoe=train"],
