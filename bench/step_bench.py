@@ -1,7 +1,7 @@
 """Step time of lingvo_lite's train step against a plain Flax + optax step, same shapes.
 
   python bench/step_bench.py [--experiment BenchSmall|BenchLarge] [--pairs 7] [--steps 5]
-                             [--devices 8 --mesh data|fsdp] [--set PATH=VALUE ...]
+                             [--warmup 2] [--devices 8 --mesh data|fsdp] [--set PATH=VALUE ...]
 
 Both run in this process in pairs, the side that goes first alternating from pair to pair,
 so machine noise and cache warmth hit both alike. Each measurement is the mean of `--steps`
@@ -26,11 +26,18 @@ def _parse_args() -> argparse.Namespace:
   parser.add_argument("--experiment", default="BenchSmall")
   parser.add_argument("--pairs", type=int, default=7)
   parser.add_argument("--steps", type=int, default=5)
+  # The first warm-up step compiles; a second settles caches. `--pairs 1 --steps 1 --warmup 1`
+  # is a smoke run (tests/test_readme.py runs the README's bench commands so).
+  parser.add_argument("--warmup", type=int, default=2,
+                      help="untimed steps each side runs first (at least 1: it compiles)")
   parser.add_argument("--devices", type=int, default=1)
   parser.add_argument("--mesh", choices=("data", "fsdp"), default="data")
   parser.add_argument("--set", action="append", default=[],
                       help="PATH=VALUE override of the lingvo_lite config (repeatable)")
-  return parser.parse_args()
+  args = parser.parse_args()
+  if args.warmup < 1 or args.pairs < 1 or args.steps < 1:
+    parser.error("--warmup, --pairs and --steps must be at least 1")
+  return args
 
 
 ARGS = _parse_args()
@@ -124,7 +131,7 @@ def main() -> None:
         f"device(s), mesh {dict(jitted.mesh.shape)}; {shapes}; lingvo_lite overrides: "
         f"{sets or 'none'}; {flops / 1e9:.1f} GFLOP/step (mfu.py formula); peak "
         f"{peak / 1e9:.0f} GFLOP/s (best of 10 float32 2048^3 matmuls)")
-  reference(2), lingvo(2)  # Compile and warm up.
+  reference(ARGS.warmup), lingvo(ARGS.warmup)  # Compile and warm up.
 
   ratios, reference_times, lingvo_times = [], [], []
   for pair in range(ARGS.pairs):

@@ -10,7 +10,8 @@
 #     into place only when complete, so a half-built venv is never reused. The project itself
 #     is not installed there (the venv is keyed by dependencies only): scripts run it with
 #     PYTHONPATH=<repo root>.
-#  3. .bazelrc.local (git-ignored): the venv's python for py_* targets and PATH for tests.
+#  3. .bazelrc.local (git-ignored): the venv's python for py_* targets; PATH and the venv root
+#     for tests.
 #  4. .venv (git-ignored): a symlink to the venv, for convenience.
 #
 # Progress goes to stderr; stdout is one line, the venv's path:  venv=$(bin/setup.sh)
@@ -53,8 +54,9 @@ fi
 
 key="$({ cat requirements.lock; python3 -c 'import sys;print(sys.version)'; } | sha256sum | cut -c1-16)"
 venv_root="${LINGVO_LITE_VENV_ROOT:-$HOME/.cache/lingvo_lite}"
-venv="$venv_root/venv-$key"
 mkdir -p "$venv_root"
+venv_root="$(cd "$venv_root" && pwd)"  # Absolute: .bazelrc.local hands it to tests.
+venv="$venv_root/venv-$key"
 
 if [ ! -x "$venv/bin/python" ]; then
   # One builder at a time per key (other checkouts wait, then find it built).
@@ -90,7 +92,10 @@ build --python_path=$venv/bin/python
 test --test_env=PATH=$venv/bin:/usr/local/bin:/usr/bin:/bin
 # Tests import this project only from their runfiles (the launcher sets PYTHONPATH to them),
 # never from the source tree: a missing dep in a BUILD file fails the test.
-test --test_env=PYTHONPATH="
+test --test_env=PYTHONPATH=
+# tests/test_default_experiment.py runs bin/demo.sh, which runs this script: whatever HOME a
+# test gets, it finds this venv instead of building another.
+test --test_env=LINGVO_LITE_VENV_ROOT=$venv_root"
 if [ "$(cat .bazelrc.local 2>/dev/null)" != "$bazelrc_local" ]; then
   printf '%s\n' "$bazelrc_local" > .bazelrc.local
   note "wrote $root/.bazelrc.local"

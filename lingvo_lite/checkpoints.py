@@ -19,6 +19,22 @@ from jax.experimental import multihost_utils
 
 from lingvo_lite import checkpoint_integrity
 from lingvo_lite.errors import UsageError
+from lingvo_lite.fields import PositiveInt
+
+
+_ITEM = "default"  # The folder orbax writes a single-item step's state to.
+_STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
+
+
+def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
+  """'params/layers_0/attention/query/kernel' -> shape, for any pytree of arrays or metadata
+  (a TrainState's attributes and a restored dict's keys name a leaf alike)."""
+  shapes = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    names = [str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
+             for key in path]
+    shapes["/".join(names)] = tuple(getattr(leaf, "shape", ()))
+  return shapes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +50,8 @@ class CheckpointSettings:
       save starts (or at the end): one more read of the checkpoint's bytes per save.
   """
 
-  every_steps: int = 1000
-  max_to_keep: int = 3
+  every_steps: PositiveInt = 1000
+  max_to_keep: PositiveInt = 3
   async_save: bool = True
   checksums: bool = True
 
@@ -48,6 +64,7 @@ class Checkpointer:
     self._directory = directory
     self._checksums = settings.checksums
     self._steps_without_checksums: list[int] = []
+    self._reported_incomplete: set[int] = set()
     self._verified_steps: set[int] = set()
     self._manager = ocp.CheckpointManager(
         directory,
@@ -56,13 +73,42 @@ class Checkpointer:
             save_interval_steps=settings.every_steps,
             enable_async_checkpointing=settings.async_save,
             create=create,
-        ))
+        ),
+        # Naming the item's handler lets orbax read a step's metadata without warnings.
+        item_handlers=ocp.StandardCheckpointHandler())
 
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    """The newest complete step; incomplete step folders are skipped with a warning."""
+    complete = self.all_steps()
+    return complete[-1] if complete else None
 
   def all_steps(self) -> list[int]:
-    return list(self._manager.all_steps())
+    """Complete steps, oldest first (see `_is_complete`)."""
+    steps = sorted(self._manager.all_steps())
+    for step in steps:
+      if not self._is_complete(step) and step not in self._reported_incomplete:
+        self._reported_incomplete.add(step)
+        logging.warning("checkpoint step %d in %s is incomplete (no %s: an interrupted save or "
+                        "a partial copy); it is skipped", step, self._directory,
+                        _STEP_METADATA_FILE)
+    return [step for step in steps if step not in self._reported_incomplete]
+
+  def _is_complete(self, step: int) -> bool:
+    """orbax renames a step's folder into place only once every file is written, with its
+    metadata file; a final-named folder without it is an empty or partial copy."""
+    step_dir = self._directory / str(step)
+    return (step_dir / _STEP_METADATA_FILE).exists() and (step_dir / _ITEM).is_dir()
+
+  def discard_incomplete_steps(self) -> None:
+    """Deletes incomplete step folders, which orbax would count as saved steps (it then
+    refuses to save any step up to theirs). Called by training once its state is in hand."""
+    incomplete = [s for s in self._manager.all_steps() if not self._is_complete(s)]
+    if not incomplete or jax.process_index() != 0:
+      return
+    for step in incomplete:
+      logging.warning("deleting incomplete checkpoint step folder %s", self._directory / str(step))
+      (self._directory / str(step)).rmtree()
+    self._manager.reload()
 
   def save(self, step: int, state: Any, force: bool = False,
            metadata: dict[str, Any] | None = None) -> bool:
@@ -86,9 +132,33 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state: Any) -> Any:
     """Restores `step` into the shapes, dtypes and shardings of `abstract_state`, after
-    checking its files against their checksums (UsageError naming the first that differs)."""
+    checking its files against their checksums and its tree against the state's (UsageError
+    naming the first file or parameter that differs)."""
     self._verify(step)
+    self._check_tree(step, abstract_state)
     return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+
+  def _check_tree(self, step: int, abstract_state: Any) -> None:
+    """The saved arrays' paths and shapes must be the state's: orbax would otherwise fail
+    deep inside tensorstore, or silently broadcast or truncate."""
+    saved = _shapes_by_path(self._manager.item_metadata(step))
+    wanted = _shapes_by_path(abstract_state)
+    problem = None
+    for path, shape in wanted.items():
+      if path not in saved:
+        problem = f"it has no {path} (this config's state has one of shape {shape})"
+      elif saved[path] != shape:
+        problem = f"its {path} has shape {saved[path]}, this config's has {shape}"
+      if problem:
+        break
+    else:
+      extra = [path for path in saved if path not in wanted]
+      if extra:
+        problem = f"it holds {extra[0]}, which this config's state has no place for"
+    if problem:
+      raise UsageError(f"checkpoint step {step} in {self._directory} does not fit this config: "
+                       f"{problem}; the model or optimizer differs from the one that wrote it: "
+                       "use the job's own config (its config.json), or a new --job_log_dir")
 
   def close(self) -> None:
     """Waits for pending asynchronous saves, writes their checksums, releases resources."""

@@ -2,7 +2,10 @@
 
 `config.txt` lists every field, flattened (`model.num_layers = 2`), with where its value
 came from: the experiment's source line, a command-line flag, or `default`. `config.json`
-is Fiddle's serialization; `--fdl_config_file=JOB/config.json` rebuilds an equal config.
+is Fiddle's serialization plus a `lingvo_lite` entry (which Fiddle's loader ignores) holding
+each field's origin and the experiment's name: `--fdl_config_file=JOB/config.json` rebuilds
+an equal config whose `config.txt` still says where every value came from, and whose
+experiment's own fiddlers still apply.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from typing import Any, Iterator
 import fiddle as fdl
 import flax.linen as nn
 from etils import epath
+from fiddle import history
 from fiddle.experimental import serialization
 
 from lingvo_lite.errors import UsageError
 
 CONFIG_JSON = "config.json"
 CONFIG_TXT = "config.txt"
+_EXTRA_KEY = "lingvo_lite"  # Our entry in config.json, beside Fiddle's own keys.
 
 # What a resumed run may change: loop length and logging, checkpoint cadence, the mesh, and
 # how layers and attention are executed (a checkpoint's layer layout is converted on
@@ -29,11 +34,15 @@ RESUMABLE_SECTIONS = ("train.", "checkpoint.", "partitioner.", "eval_data.",
                       "model.scan_layers", "model.remat_policy", "model.attention_implementation")
 
 
-def _origin(buildable: fdl.Buildable, name: str) -> str:
+def _last_location(buildable: fdl.Buildable, name: str) -> history.Location | None:
   entries = buildable.__argument_history__.get(name, [])
-  if not entries:
+  return entries[-1].location if entries else None
+
+
+def _origin(buildable: fdl.Buildable, name: str) -> str:
+  location = _last_location(buildable, name)
+  if location is None:
     return "default"
-  location = entries[-1].location
   if location.filename == "command line":
     return f"command line: {location.function_name}"
   filename = location.filename
@@ -50,22 +59,31 @@ def _callable_name(buildable: fdl.Buildable) -> str:
   return f"{fn.__module__}.{fn.__qualname__}"
 
 
-def flatten(cfg: Any, prefix: str = "") -> Iterator[tuple[str, str, str]]:
-  """(path, value repr, origin) for every field, defaults included, depth first."""
-  if not isinstance(cfg, fdl.Buildable):
-    return
-  arguments = fdl.ordered_arguments(cfg, include_defaults=True)
-  fn = fdl.get_callable(cfg)
+def _arguments(buildable: fdl.Buildable) -> dict[str, Any]:
+  arguments = fdl.ordered_arguments(buildable, include_defaults=True)
+  fn = fdl.get_callable(buildable)
   if isinstance(fn, type) and issubclass(fn, nn.Module):
     # Flax's bookkeeping fields, not settings.
     arguments = {k: v for k, v in arguments.items() if k not in ("parent", "name")}
-  for name, value in arguments.items():
+  return arguments
+
+
+def fields(cfg: Any, prefix: str = "") -> Iterator[tuple[str, fdl.Buildable, str, Any]]:
+  """(dotted path, owning Buildable, field name, value) for every field, depth first."""
+  if not isinstance(cfg, fdl.Buildable):
+    return
+  for name, value in _arguments(cfg).items():
     path = f"{prefix}{name}"
+    yield path, cfg, name, value
     if isinstance(value, fdl.Buildable):
-      yield path, f"<{_callable_name(value)}>", _origin(cfg, name)
-      yield from flatten(value, path + ".")
-    else:
-      yield path, repr(value), _origin(cfg, name)
+      yield from fields(value, path + ".")
+
+
+def flatten(cfg: Any, prefix: str = "") -> Iterator[tuple[str, str, str]]:
+  """(path, value repr, origin) for every field, defaults included, depth first."""
+  for path, owner, name, value in fields(cfg, prefix):
+    shown = f"<{_callable_name(value)}>" if isinstance(value, fdl.Buildable) else repr(value)
+    yield path, shown, _origin(owner, name)
 
 
 def to_text(cfg: fdl.Buildable) -> str:
@@ -79,29 +97,86 @@ def to_text(cfg: fdl.Buildable) -> str:
   return "\n".join(lines) + "\n"
 
 
-def to_json(cfg: fdl.Buildable) -> str:
-  return serialization.dump_json(cfg, indent=2)
+def to_json(cfg: fdl.Buildable, experiment: type | None = None) -> str:
+  """Fiddle's JSON of `cfg`, plus each explicitly set field's origin and the experiment."""
+  data = json.loads(serialization.dump_json(cfg))
+  origins = {}
+  for path, owner, name, _ in fields(cfg):
+    location = _last_location(owner, name)
+    if location is not None:
+      origins[path] = [location.filename, location.line_number, location.function_name]
+  data[_EXTRA_KEY] = {
+      "experiment": f"{experiment.__module__}.{experiment.__qualname__}" if experiment else None,
+      "origins": origins,
+  }
+  return json.dumps(data, indent=2)
+
+
+def _restore_origins(cfg: fdl.Buildable, origins: dict[str, Any]) -> None:
+  """Re-records each field's origin in the reloaded config's history."""
+  for path, owner, name, value in list(fields(cfg)):
+    recorded = origins.get(path)
+    if not recorded or name not in owner.__arguments__:
+      continue
+    filename, line_number, function_name = recorded
+    location = history.Location(filename=str(filename), line_number=int(line_number),
+                                function_name=function_name)
+    with history.custom_location(lambda location=location: location):
+      setattr(owner, name, value)
+
+
+def _read_json(path: epath.Path, flag: str) -> dict[str, Any]:
+  if not path.exists():
+    raise UsageError(f"{flag}={path}: no such file")
+  if path.is_dir():
+    raise UsageError(f"{flag}={path}: is a folder; give the config.json file in it, e.g. "
+                     f"{flag}={path / CONFIG_JSON}")
+  try:
+    data = json.loads(path.read_text())
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise UsageError(f"{flag}={path}: not a config.json written by lingvo_lite "
+                     f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+  if not isinstance(data, dict):
+    raise UsageError(f"{flag}={path}: not a config.json written by lingvo_lite (it holds a "
+                     f"JSON {type(data).__name__}, not an object)")
+  return data
 
 
 def load(path: epath.Path, flag: str = "--fdl_config_file") -> fdl.Buildable:
-  """Reads a config.json; a missing or unreadable file is a one-line usage error."""
-  if not path.exists():
-    raise UsageError(f"{flag}={path}: no such file")
+  """Reads a config.json, with each field's origin; a bad file is a one-line usage error."""
+  data = _read_json(path, flag)
   try:
-    cfg = serialization.load_json(path.read_text())
-  except (ValueError, KeyError, TypeError, AttributeError, ModuleNotFoundError,
-          json.JSONDecodeError) as e:
-    raise UsageError(f"{flag}={path}: not a config.json written by lingvo_lite "
-                     f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    cfg = serialization.load_json(json.dumps(data))
+  except (ValueError, KeyError, TypeError, AttributeError, ImportError, IndexError,
+          serialization.DeserializationError) as e:
+    raise UsageError(f"{flag}={path}: not a config.json written by lingvo_lite, or it names "
+                     f"code that no longer exists ({type(e).__name__}: "
+                     f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
   if not isinstance(cfg, fdl.Buildable):
     raise UsageError(f"{flag}={path}: holds a {type(cfg).__name__}, not a config")
+  extra = data.get(_EXTRA_KEY)
+  if isinstance(extra, dict) and isinstance(extra.get("origins"), dict):
+    try:
+      _restore_origins(cfg, extra["origins"])
+    except (TypeError, ValueError):
+      pass  # Origins are for reading config.txt; a config with damaged ones still runs.
   return cfg
 
 
-def write(job_dir: epath.Path, cfg: fdl.Buildable) -> None:
+def recorded_experiment(path: epath.Path) -> str | None:
+  """The import path of the experiment class a config.json was written from, if recorded."""
+  try:
+    extra = json.loads(path.read_text()).get(_EXTRA_KEY) or {}
+  except (OSError, ValueError, AttributeError):
+    return None
+  name = extra.get("experiment") if isinstance(extra, dict) else None
+  return name if isinstance(name, str) else None
+
+
+def write(job_dir: epath.Path, cfg: fdl.Buildable, experiment: type | None = None) -> None:
   """Writes config.json and config.txt, each through a temporary file and a rename."""
   job_dir.mkdir(parents=True, exist_ok=True)
-  for name, text in ((CONFIG_JSON, to_json(cfg)), (CONFIG_TXT, to_text(cfg))):
+  for name, text in ((CONFIG_JSON, to_json(cfg, experiment)), (CONFIG_TXT, to_text(cfg))):
     temporary = job_dir / f".{name}.tmp"
     temporary.write_text(text)
     temporary.replace(job_dir / name)

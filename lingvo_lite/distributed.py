@@ -26,12 +26,18 @@ def detected_cluster() -> str | None:
   return None
 
 
-def initialize(mode: str, coordinator_address: str | None, num_processes: int | None,
-               process_id: int | None, heartbeat_timeout_seconds: int) -> str | None:
-  """Calls jax.distributed.initialize when asked or detected; returns how, or None.
+def plan(mode: str, coordinator_address: str | None, num_processes: int | None,
+         process_id: int | None) -> str | None:
+  """How this process would join a multi-process run (None: it runs alone), from the flags.
+
+  Checked before anything else happens (before a supervising parent starts a child, too), so
+  inconsistent flags are one line.
 
   Args:
     mode: "auto" (explicit flags or a detected cluster), "on" (always), "off" (never).
+
+  Raises:
+    UsageError: the flags contradict each other or cannot start a run.
   """
   explicit = (coordinator_address, num_processes, process_id)
   if mode == "off":
@@ -43,15 +49,28 @@ def initialize(mode: str, coordinator_address: str | None, num_processes: int | 
     if None in explicit:
       raise UsageError("--coordinator_address, --num_processes and --process_id go together; "
                        f"got {coordinator_address!r}, {num_processes!r}, {process_id!r}")
-    if not 0 <= process_id < num_processes:
+    if num_processes < 1 or not 0 <= process_id < num_processes:
       raise UsageError(f"--process_id={process_id}: must be in [0, --num_processes="
                        f"{num_processes})")
-    how = f"process {process_id} of {num_processes} via {coordinator_address}"
-  else:
-    cluster = detected_cluster()
-    if cluster is None and mode == "auto":
-      return None
-    how = f"auto-detected {cluster or 'cluster'} environment"
+    return f"process {process_id} of {num_processes} via {coordinator_address}"
+  cluster = detected_cluster()
+  if cluster is None and mode == "auto":
+    return None
+  if cluster is None:
+    # jax.distributed.initialize() would fail deep in its cluster detection instead.
+    raise UsageError("--distributed=on: no --coordinator_address/--num_processes/"
+                     "--process_id given and no SLURM, Open MPI or TPU pod environment "
+                     "detected; pass all three flags, or drop --distributed=on")
+  return f"auto-detected {cluster} environment"
+
+
+def initialize(mode: str, coordinator_address: str | None, num_processes: int | None,
+               process_id: int | None, heartbeat_timeout_seconds: int) -> str | None:
+  """Calls jax.distributed.initialize when asked or detected (see `plan`); returns how, or
+  None."""
+  how = plan(mode, coordinator_address, num_processes, process_id)
+  if how is None:
+    return None
   # CPU processes exchange collectives through gloo (no effect on accelerators).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address,

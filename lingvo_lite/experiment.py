@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
-from typing import Any, get_args
+from typing import Annotated, Any
 
 import fiddle as fdl
-import flax.linen as nn
 import jax
 
+from lingvo_lite import fields
 from lingvo_lite.checkpoints import CheckpointSettings
 from lingvo_lite.data.source import DataSource
 from lingvo_lite.errors import config_error
+from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
 from lingvo_lite.models.transformer import TransformerLM
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
@@ -44,16 +44,16 @@ class TrainLoop:
       datasheet table, or on a CPU measures the best float32 2048^3 matmul.
   """
 
-  steps: int = 1000
+  steps: PositiveInt = 1000
   seed: int = 0
-  log_every_steps: int = 10
-  eval_every_steps: int = 0
-  grad_accum_steps: int = 1
-  z_loss: float = 0.0
-  profile_start_step: int = -1
-  profile_steps: int = 3
+  log_every_steps: PositiveInt = 10
+  eval_every_steps: Annotated[int, Range(0, note="0 evaluates only at the end")] = 0
+  grad_accum_steps: PositiveInt = 1
+  z_loss: NonNegativeFloat = 0.0
+  profile_start_step: Annotated[int, Range(-1, note="-1 disables tracing")] = -1
+  profile_steps: PositiveInt = 3
   log_grad_norm: bool = True
-  peak_tflops_per_device: float | None = None
+  peak_tflops_per_device: PositiveFloat | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,13 +69,15 @@ class Setup:
   checkpoint: CheckpointSettings = CheckpointSettings()
 
   def validate(self) -> None:
-    """Raises UsageError naming the field, the value and the fix for the first problem."""
-    _check_literals(self)
+    """Raises UsageError naming the field, the value and the fix for the first problem.
+
+    First every field of every part against its annotation and the constraints declared
+    with it (`lingvo_lite.fields`), then the model's size, then what no single field shows:
+    fields that must agree with each other, and the partitioning (from shapes only).
+    """
+    fields.check_part("", self)
     model = self.model
-    _positive(self, ("model.vocab_size", "model.num_layers", "model.dim", "model.num_heads",
-                     "train.steps", "train.log_every_steps", "train.grad_accum_steps",
-                     "train_data.global_batch_size", "train_data.sequence_length",
-                     "checkpoint.every_steps"))
+    _check_size(model)
     if model.head_dim is None and model.dim % model.num_heads:
       raise config_error("model.num_heads", model.num_heads,
                          f"does not divide model.dim={model.dim}",
@@ -101,17 +103,48 @@ class Setup:
       if model.position == "learned" and data.sequence_length > model.max_length:
         raise config_error(f"{name}.sequence_length", data.sequence_length,
                            f"exceeds model.max_length={model.max_length} of learned positions")
-      vocab = getattr(data, "vocab_size", None)
-      if vocab is not None and vocab > model.vocab_size:
-        raise config_error(f"{name}.vocab_size", vocab,
-                           f"exceeds model.vocab_size={model.vocab_size}")
+      _check_vocabulary(name, data, model)
     if self.eval_data is not None and not self.eval_data.num_batches:
       raise config_error("eval_data.num_batches", self.eval_data.num_batches,
                          "an eval set needs a positive number of batches per pass")
     _check_partitioning(self)
-    if self.train.eval_every_steps < 0:
-      raise config_error("train.eval_every_steps", self.train.eval_every_steps,
-                         "must be >= 0 (0 evaluates only at the end)")
+
+
+# No machine holds the training state of more parameters: 1e14 float32 parameters with
+# their Adam moments and gradients are 1.6 PB, twice the memory of the largest TPU pods.
+MAX_PARAMETERS = 1e14
+# The fields that size the model, for naming the one that makes it too large.
+_SIZE_FIELDS = ("num_layers", "dim", "mlp_dim", "vocab_size", "num_heads", "num_kv_heads",
+                "head_dim", "max_length")
+
+
+def _check_size(model: TransformerLM) -> None:
+  """Refuses a model too large for any machine, counted from its sizes (nothing traced)."""
+  count = model.num_parameters()
+  if count <= MAX_PARAMETERS:
+    return
+  sizes = {name: getattr(model, name) for name in _SIZE_FIELDS
+           if getattr(model, name) is not None
+           and (name != "max_length" or model.position == "learned")}
+  largest = max(sizes, key=sizes.get)
+  raise config_error(f"model.{largest}", sizes[largest],
+                     f"makes {count:.3g} parameters, more than any machine holds "
+                     f"({MAX_PARAMETERS:.0e})", "use smaller model sizes")
+
+
+def _check_vocabulary(name: str, data: DataSource, model: TransformerLM) -> None:
+  """The model's vocabulary covers the data's token ids (when the source knows them)."""
+  vocab = getattr(data, "vocab_size", None)
+  if vocab is None or vocab <= model.vocab_size:
+    return
+  if dataclasses.is_dataclass(data) and "vocab_size" in {
+      f.name for f in dataclasses.fields(data)}:
+    raise config_error(f"{name}.vocab_size", vocab,
+                       f"exceeds model.vocab_size={model.vocab_size}")
+  # The source's vocabulary comes with its data (a seqio Task's): the model must follow.
+  raise config_error("model.vocab_size", model.vocab_size,
+                     f"is smaller than the {vocab} tokens of {name}'s vocabulary",
+                     f"use at least {vocab}")
 
 
 def _check_cudnn_attention(model: TransformerLM) -> None:
@@ -143,23 +176,18 @@ def _check_partitioning(setup: Setup) -> None:
   """Mesh vs devices, rules, sharded dimensions and batch divisibility, from shapes only."""
   partitioner = setup.partitioner
   axis_sizes = partitioner.mesh_axis_sizes(jax.device_count())
-  tokens = jax.ShapeDtypeStruct((1, setup.train_data.sequence_length), jax.numpy.int32)
-  boxed = jax.eval_shape(setup.model.init, jax.random.key(0), tokens)["params"]
-  specs = nn.get_partition_spec(boxed)
-  paths_specs = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(
-      x, jax.sharding.PartitionSpec))[0]
-  shapes = jax.tree.leaves(nn.meta.unbox(boxed))
-  used = {"batch", "length"} | {name for _, spec in paths_specs for name in spec if name}
+  parameters = setup.model.parameter_shapes()
+  used = {"batch", "length"} | {name for p in parameters for name in p.axes if name}
   partitioner.check_rules(used)
-  for (path, spec), shape in zip(paths_specs, shapes):
-    for size, name, mesh_axes in zip(shape.shape, spec, partitioner.mesh_axes_of(spec)):
+  for parameter in parameters:
+    for size, name, mesh_axes in zip(parameter.shape, parameter.axes,
+                                     partitioner.mesh_axes_of(parameter.axes)):
       ways = math.prod(axis_sizes[axis] for axis in mesh_axes)
       if size % ways:
         field = _AXIS_FIELDS.get(name, "model")
         raise config_error(
-            field, size, f"the {name!r} dimension of parameter "
-            f"{jax.tree_util.keystr(path)} is not divisible by mesh axes "
-            f"{' x '.join(mesh_axes)} = {ways}",
+            field, size, f"the {name!r} dimension of parameter {parameter.path} is not "
+            f"divisible by mesh axes {' x '.join(mesh_axes)} = {ways}",
             "change the size or the partitioner's axis sizes or rules")
   data_parallel = partitioner.data_parallel_size(axis_sizes)
   batch_axes = " x ".join(partitioner.mesh_axes_of(("batch",))[0]) or "none"
@@ -174,29 +202,6 @@ def _check_partitioning(setup: Setup) -> None:
           f"{'each micro-batch ' if rows != data.global_batch_size else ''}must split "
           f"evenly over the data-parallel size {data_parallel} (mesh axes {batch_axes}) and "
           f"{jax.process_count()} processes", f"use a multiple of {data_parallel}")
-
-
-def _positive(setup: Setup, paths: tuple[str, ...]) -> None:
-  for path in paths:
-    value: Any = setup
-    for part in path.split("."):
-      value = getattr(value, part)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-      raise config_error(path, value, "must be a positive integer")
-
-
-def _check_literals(setup: Setup) -> None:
-  """Every `Literal[...]`-typed field of a built part holds one of its choices."""
-  for part_name in ("model", "optimizer", "partitioner", "train", "checkpoint"):
-    part = getattr(setup, part_name)
-    hints = typing.get_type_hints(type(part))
-    for field in dataclasses.fields(part):
-      hint = hints.get(field.name)
-      if typing.get_origin(hint) is typing.Literal:
-        value = getattr(part, field.name)
-        if value not in get_args(hint):
-          choices = ", ".join(repr(c) for c in get_args(hint))
-          raise config_error(f"{part_name}.{field.name}", value, f"valid choices: {choices}")
 
 
 def setup_config(**parts: Any) -> fdl.Config[Setup]:

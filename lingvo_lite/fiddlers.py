@@ -40,7 +40,7 @@ def tiny(cfg: fdl.Config) -> None:
     model.num_kv_heads = min(model.num_kv_heads, 2)
   if model.rotary_dim is not None:
     # Keep the rotated fraction of each head (GPT-J rotates 64 of 256 dims).
-    model.rotary_dim = max(2, 16 * model.rotary_dim // old_head_dim // 2 * 2)
+    model.rotary_dim = min(16, max(2, 16 * model.rotary_dim // old_head_dim // 2 * 2))
   cfg.train.steps = 10
   cfg.train.log_every_steps = 5
   cfg.train.eval_every_steps = 0

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import optax
+
+from lingvo_lite.fields import (NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt,
+                                Range)
+
+# A moment decay rate of 1 zeroes Adam's bias correction 1 - b**t: every update divides by 0.
+_MOMENT_DECAY = Range(0, 1, high_open=True)
 
 
 def decay_mask(params: Any) -> Any:
@@ -28,15 +34,18 @@ class AdamW:
     clip_grad_norm: Global-norm clipping threshold; None or 0 disables it.
   """
 
-  peak_learning_rate: float = 3e-4
-  warmup_steps: int = 100
-  decay_steps: int | None = None
-  final_learning_rate_ratio: float = 0.1
-  b1: float = 0.9
-  b2: float = 0.95
-  eps: float = 1e-8
-  weight_decay: float = 0.1
-  clip_grad_norm: float | None = 1.0
+  peak_learning_rate: PositiveFloat = 3e-4
+  warmup_steps: NonNegativeInt = 100
+  decay_steps: PositiveInt | None = None
+  final_learning_rate_ratio: Annotated[float, Range(0, 1)] = 0.1
+  b1: Annotated[float, _MOMENT_DECAY] = 0.9
+  b2: Annotated[float, _MOMENT_DECAY] = 0.95
+  eps: PositiveFloat = 1e-8
+  weight_decay: NonNegativeFloat = 0.1
+  clip_grad_norm: NonNegativeFloat | None = 1.0
+
+  # Adam keeps two moments per parameter (mu and nu), each of the parameter's shape and dtype.
+  moments_per_parameter = 2
 
   def schedule(self, total_steps: int) -> optax.Schedule:
     decay_steps = max(self.decay_steps or total_steps, self.warmup_steps + 1)

@@ -17,13 +17,13 @@ import importlib
 import inspect
 import re
 import types
-import typing
 from typing import Any, Callable, Sequence
 
 import fiddle as fdl
 from fiddle import history
 
 from lingvo_lite import fiddlers as generic_fiddlers
+from lingvo_lite import fields
 from lingvo_lite.errors import UsageError
 
 
@@ -107,44 +107,33 @@ def parse_value(directive: Directive) -> Any:
 
 
 def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
-  target = fn.__init__ if inspect.isclass(fn) and not dataclasses.is_dataclass(fn) else fn
-  try:
-    return typing.get_type_hints(target)
-  except Exception:  # pylint: disable=broad-except
-    return {}  # Unresolvable annotations: skip checking rather than block the user.
+  """Annotations of a config's callable, with the constraints declared in them."""
+  return fields.type_hints(fn)
 
 
 def _describe(annotation: Any) -> str:
-  if typing.get_origin(annotation) is typing.Literal:
-    return "one of " + ", ".join(repr(c) for c in typing.get_args(annotation))
-  if isinstance(annotation, type):
-    return annotation.__name__
-  return str(annotation).replace("typing.", "")
+  return fields.describe(annotation)
 
 
 def _matches(value: Any, annotation: Any) -> bool | None:
   """Whether a literal fits an annotation; None when the annotation is beyond checking."""
-  if annotation is Any or annotation is None and value is None:
-    return True
-  if annotation is type(None):
-    return value is None
-  origin = typing.get_origin(annotation)
-  if origin is typing.Literal:
-    return value in typing.get_args(annotation)
-  if origin in (typing.Union, types.UnionType):
-    results = [_matches(value, arg) for arg in typing.get_args(annotation)]
-    if any(r is True for r in results):
-      return True
-    return None if any(r is None for r in results) else False
-  if origin in (tuple, list, dict):
-    return isinstance(value, (tuple, list) if origin is not dict else dict)
-  if annotation is float:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-  if annotation is int:
-    return isinstance(value, int) and not isinstance(value, bool)
-  if annotation in (bool, str, tuple, list, dict):
-    return isinstance(value, annotation)
-  return None
+  return fields.matches(value, annotation)
+
+
+def _check_value(directive: Directive, value: Any, annotation: Any) -> None:
+  """The type, then the declared constraints (a positive size, a finite float, ...)."""
+  path = directive.path
+  if _matches(value, annotation) is False:
+    fix = ""
+    if fields.is_part(annotation):
+      fix = (f"; a part is changed field by field (--fdl.{path}.FIELD=VALUE), or replaced by "
+             "a config in a fiddler")
+    raise UsageError(f"{directive.flag}: {path} must be {_describe(annotation)}, "
+                     f"got {type(value).__name__} {value!r}{fix}")
+  problem = fields.value_problem(value, annotation)
+  if problem:
+    # The flag shows the path and the value as written (`--fdl.train.steps=-5`).
+    raise UsageError(f"{directive.flag}: {problem}")
 
 
 # ----------------------------------------------------------------------------- paths
@@ -213,9 +202,8 @@ def set_field(cfg: fdl.Buildable, directive: Directive) -> None:
     _child(parent, last, walked, directive)  # Raises with the right message.
   _check_parameter(parent, last, walked, directive)
   annotation = _type_hints(fdl.get_callable(parent)).get(last)
-  if annotation is not None and _matches(value, annotation) is False:
-    raise UsageError(f"{directive.flag}: {directive.path} must be {_describe(annotation)}, "
-                     f"got {type(value).__name__} {value!r}")
+  if annotation is not None:
+    _check_value(directive, value, annotation)
   setattr(parent, last, value)
 
 
@@ -230,7 +218,7 @@ def _is_fiddler(fn: Any) -> bool:
     return False
 
 
-def _fiddler_candidates(experiment: type | None) -> dict[str, Callable[..., Any]]:
+def fiddlers_for(experiment: type | None) -> dict[str, Callable[..., Any]]:
   """Fiddlers by name, in lookup order: experiment class, its module, generic ones."""
   found: dict[str, Callable[..., Any]] = {}
   modules: list[types.ModuleType] = []
@@ -250,7 +238,7 @@ def _fiddler_candidates(experiment: type | None) -> dict[str, Callable[..., Any]
 
 
 def find_fiddler(name: str, experiment: type | None, flag: str) -> Callable[..., Any]:
-  candidates = _fiddler_candidates(experiment)
+  candidates = fiddlers_for(experiment)
   if name in candidates:
     return candidates[name]
   if "." in name:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Annotated, Any, Sequence
 
 import flax.linen as nn
 import jax
@@ -19,6 +19,9 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lingvo_lite.errors import config_error
+from lingvo_lite.fields import PositiveInt, Range
+
+IciSize = Annotated[int, Range(1, also=(-1,), note="-1 takes the devices left over")]
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Every logical axis name the model and the batch use.
@@ -59,12 +62,12 @@ class Partitioner:
     rules: Logical axis name -> mesh axis (or tuple of axes, or None for replicated).
   """
 
-  ici_data: int = -1
-  ici_fsdp: int = 1
-  ici_tensor: int = 1
-  dcn_data: int = 1
-  dcn_fsdp: int = 1
-  dcn_tensor: int = 1
+  ici_data: IciSize = -1
+  ici_fsdp: IciSize = 1
+  ici_tensor: IciSize = 1
+  dcn_data: PositiveInt = 1
+  dcn_fsdp: PositiveInt = 1
+  dcn_tensor: PositiveInt = 1
   rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
 
   @property

@@ -1,31 +1,47 @@
 """The experiment registry: the one open-ended name lookup the command line needs.
 
 Experiments register under their module path below `experiments.` plus the class name
-(`experiments/lm/pycode.py:PyCodeTiny` -> `lm.pycode.PyCodeTiny`). A lookup accepts the full
-name, any unique dotted suffix (`pycode.PyCodeTiny`, `PyCodeTiny`), or an import path
-(`my_project.exps.MyExp`), imported on demand.
+(`experiments/lm/pycode.py:PyCodeTiny` -> `lm.pycode.PyCodeTiny`); those of any other module
+under their full module path (`my_project.exps.MyExp`). A lookup accepts the full name, any
+unique dotted suffix (`pycode.PyCodeTiny`, `PyCodeTiny`, `exps.MyExp`), or an import path to an
+experiment class or a config function (`my_project.exps.MyExp`), imported on demand.
+
+Experiment modules are found in three places: every module under the built-in `experiments`
+package; the module of every entry point in the `lingvo_lite.experiments` group of an installed
+distribution (how a project outside this repository lists its experiments); and modules named by
+`--experiments_module` (`import_modules`). A module that fails to import is skipped and reported
+by `import_failures()`, so one broken file never hides the others.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
-import importlib
+import importlib.util
 import inspect
-import pkgutil
-from typing import Any, Callable, TypeVar
+import sys
+from typing import Any, Callable, Collection, Sequence, TypeVar
 
 import fiddle as fdl
+from fiddle.experimental import auto_config
 
+from lingvo_lite import builtin_packages, experiment_modules
 from lingvo_lite.errors import UsageError
 
 _PACKAGE = "experiments"
 _REGISTRY: dict[str, type] = {}
+_failures: dict[str, str] = {}  # From the last import_all(): module -> one-line error.
+_MISSING = object()
+
+# Before any experiment module is imported (they import this module to @register): a user's
+# own `experiments/` or `tasks/` in the working directory must not hide the built-in ones.
+builtin_packages.install()
 
 T = TypeVar("T", bound=type)
 
 
 def registered_name(cls: type) -> str:
+  """`experiments.lm.pycode.PyCodeTiny` -> `lm.pycode.PyCodeTiny`; other modules stay whole."""
   module = cls.__module__
   if module.startswith(_PACKAGE + "."):
     module = module[len(_PACKAGE) + 1:]
@@ -44,14 +60,54 @@ def register(cls: T) -> T:
   return cls
 
 
+def _forget(modules: Collection[str]) -> None:
+  """Drops what modules that then failed registered, so a retried import can register again."""
+  for name, cls in list(_REGISTRY.items()):
+    if cls.__module__ in modules:
+      del _REGISTRY[name]
+
+
 def import_all() -> None:
-  """Imports every module under `experiments/`, registering what they define."""
-  package = importlib.import_module(_PACKAGE)
-  for module in pkgutil.walk_packages(package.__path__, prefix=_PACKAGE + "."):
-    importlib.import_module(module.name)
+  """Imports every experiment module: the `experiments` package and the entry points.
+
+  A module that fails is skipped (see `import_failures()`); the rest still register.
+  """
+  failures = experiment_modules.import_tree(_PACKAGE)
+  failures.update(experiment_modules.import_entry_points())
+  _forget(failures)
+  _failures.clear()
+  _failures.update(failures)
+
+
+def import_failures() -> dict[str, str]:
+  """Module -> one-line reason, for each experiment module the last `import_all()` could not
+  import (and each user module a built-in package's name hides); print one warning each."""
+  return dict(sorted({**builtin_packages.hidden(), **_failures}.items()))
+
+
+def import_modules(names: Sequence[str], flag: str = "--experiments_module") -> None:
+  """Imports the modules a flag names (`my_project.exps`), registering their experiments.
+
+  Raises:
+    UsageError: a name that is not a dotted name, is not found, or fails to import.
+  """
+  for name in (name.strip() for name in names):
+    if not name:
+      continue
+    if not all(part.isidentifier() for part in name.split(".")):
+      raise UsageError(f"{flag}={name}: not a dotted module name; e.g. {flag}=my_project.exps")
+    try:
+      module = experiment_modules.import_module(name)
+    except experiment_modules.ImportFailed as e:
+      _forget([name])
+      raise UsageError(f"{flag}={name}: importing module {name} failed: {e}") from None
+    if module is None:
+      raise UsageError(f"{flag}={name}: no module named {name!r}; run from the folder that "
+                       "holds it or add that folder to PYTHONPATH")
 
 
 def all_experiments() -> dict[str, type]:
+  """Every registered experiment by name, after importing every experiment module."""
   import_all()
   return dict(sorted(_REGISTRY.items()))
 
@@ -60,33 +116,92 @@ def _suffix_matches(name: str) -> list[str]:
   return [key for key in _REGISTRY if key == name or key.endswith("." + name)]
 
 
-def _import_object(path: str) -> object | None:
-  """`pkg.module.attr` -> the attribute, or None if no such module or attribute exists."""
-  module_name, _, attribute = path.rpartition(".")
-  if not module_name:
-    return None
+def _resolve(path: str, flag: str, name: str) -> tuple[object, str | None]:
+  """The object at import path `pkg.module.attr...`: (object or _MISSING, note on why not).
+
+  Raises:
+    UsageError: a module on the path exists but fails to import.
+  """
+  parts = path.split(".")
+  for i in range(len(parts) - 1, 0, -1):  # The longest module prefix that exists.
+    module_name = ".".join(parts[:i])
+    try:
+      found = experiment_modules.import_module(module_name)
+    except experiment_modules.ImportFailed as e:
+      _forget([module_name])
+      raise UsageError(f"{flag}={name}: importing module {module_name} failed: {e}") from None
+    if found is None:
+      continue
+    for j in range(i, len(parts)):
+      owner, found = found, getattr(found, parts[j], _MISSING)
+      if found is _MISSING:
+        if getattr(owner, "__name__", None) == _PACKAGE:
+          return _MISSING, None  # Not found below `experiments.`: the registry may know it.
+        return _MISSING, f"{'.'.join(parts[:j])} has no attribute {parts[j]!r}"
+    return found, None
+  return _MISSING, None
+
+
+def _check_kind(found: object, flag: str, name: str) -> type | Callable[..., object]:
+  """Only experiment classes and config functions may be called by a flag's import path.
+
+  An import path could name anything (`os.remove`, `shutil.rmtree`); calling only Python
+  functions outside the standard library, and classes with a `config` classmethod, keeps a
+  typo from doing harm, and gives a plain message instead of a confusing TypeError. (The
+  command line is the user's own: this guards against accidents, not against attacks.)
+  """
+  where = f"{flag}={name}"
+  if inspect.isclass(found):
+    if isinstance(inspect.getattr_static(found, "config", None), (classmethod, staticmethod)):
+      return found
+    raise UsageError(f"{where}: the class {found.__module__}.{found.__qualname__} has no "
+                     "config() classmethod; an experiment subclasses "
+                     "lingvo_lite.experiment.Experiment and returns its config from config()")
+  if isinstance(found, auto_config.AutoConfig):
+    return found
+  function = found.__func__ if inspect.ismethod(found) else found
+  if inspect.isfunction(function):
+    if (function.__module__ or "").partition(".")[0] in sys.stdlib_module_names:
+      raise UsageError(f"{where}: {function.__module__}.{function.__qualname__} is a Python "
+                       "standard library function, not a config function; name an experiment "
+                       "(see --mode=list) or a function returning a fdl.Config")
+    return found
+  if inspect.ismodule(found):
+    kind = "a module"
+  elif inspect.isbuiltin(found):
+    kind = "a built-in function"
+  elif callable(found):
+    kind = f"a callable {type(found).__name__}"
+  else:
+    kind = f"a {type(found).__name__} value"
+  raise UsageError(f"{where}: is {kind}, not an experiment class or a function returning a "
+                   "fdl.Config; see --mode=list")
+
+
+def _is_module(name: str) -> bool:
   try:
-    module = importlib.import_module(module_name)
-  except ModuleNotFoundError as e:
-    if e.name and module_name.startswith(e.name):
-      return None  # The module itself is missing, not one of its imports.
-    raise
-  return getattr(module, attribute, None)
+    return importlib.util.find_spec(name) is not None
+  except Exception:  # pylint: disable=broad-except
+    return False  # A parent package is missing or fails: not a module we can name.
 
 
 def lookup(name: str, flag: str = "--exp") -> type | Callable[..., object]:
   """Finds an experiment class (or a config-returning function) by name.
 
   Raises:
-    UsageError: unknown (with the closest names) or ambiguous (with every match).
+    UsageError: unknown (with the closest names, and any experiment module that failed to
+      import), ambiguous (with every match), a module that fails to import, or an import path
+      to something that is neither an experiment class nor a config function.
   """
   matches = _suffix_matches(name)
+  note = None
   if not matches:
     # Try the module the name points into before loading every experiment module.
     for candidate in (f"{_PACKAGE}.{name}", name):
-      found = _import_object(candidate)
-      if found is not None:
-        return found
+      found, candidate_note = _resolve(candidate, flag, name)
+      if found is not _MISSING:
+        return _check_kind(found, flag, name)
+      note = note or candidate_note
     import_all()
     matches = _suffix_matches(name)
   if len(matches) == 1:
@@ -94,12 +209,26 @@ def lookup(name: str, flag: str = "--exp") -> type | Callable[..., object]:
   if len(matches) > 1:
     raise UsageError(f"{flag}={name}: ambiguous, matches {', '.join(sorted(matches))}; "
                      "give more of the dotted name")
+  if _is_module(f"{_PACKAGE}.{name}") or _is_module(name):
+    raise UsageError(f"{flag}={name}: is a module, not an experiment; name an experiment class "
+                     f"or config function in it ({flag}={name}.NAME), see --mode=list")
   close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
   close += [key for key in _REGISTRY
             if key.rsplit(".", 1)[-1].lower() == name.rsplit(".", 1)[-1].lower()]
   hint = (f"did you mean {', '.join(dict.fromkeys(close))}?" if close
           else "run --mode=list to see registered experiments")
-  raise UsageError(f"{flag}={name}: no such experiment; {hint}")
+  raise UsageError(f"{flag}={name}: no such experiment{f' ({note})' if note else ''}; {hint}"
+                   f"{_failures_note()}")
+
+
+def _failures_note() -> str:
+  if not _failures:
+    return ""
+  if len(_failures) == 1:
+    ((module, error),) = _failures.items()
+    return f"; experiment module {module} failed to import: {error}"
+  return (f"; {len(_failures)} experiment modules failed to import: "
+          f"{', '.join(sorted(_failures))} (see --mode=list)")
 
 
 def _parse_call(flag: str, text: str) -> tuple[str, dict[str, Any]]:
@@ -129,11 +258,37 @@ def config_from_flag(flag: str, text: str) -> tuple[fdl.Buildable, type | None]:
   name, kwargs = _parse_call(flag, text)
   found = lookup(name, flag=flag)
   experiment = found if inspect.isclass(found) else None
-  factory = found.config if experiment is not None else found
+  if experiment is not None:
+    factory = signed = experiment.config
+    label = f"{experiment.__qualname__}.config"
+  elif isinstance(found, auto_config.AutoConfig):
+    factory, signed, label = found.as_buildable, found.func, found.func.__qualname__
+  else:
+    factory = signed = found
+    label = f"{found.__module__}.{found.__qualname__}"
+  try:
+    signature = inspect.signature(signed)
+  except (TypeError, ValueError):
+    signature = None  # No signature to check; the call itself will say.
+  if signature is not None:
+    try:
+      signature.bind(**kwargs)  # Before calling: a wrong argument runs none of the user's code.
+    except TypeError as e:
+      takes = ", ".join(signature.parameters) or "no arguments"
+      raise UsageError(f"{flag}={text}: {e}; {label}() takes {takes}") from None
   try:
     cfg = factory(**kwargs)
-  except TypeError as e:
-    raise UsageError(f"{flag}={text}: {e}") from None
+  except UsageError:
+    raise  # Already one line: the experiment checked its own arguments.
+  except Exception as e:  # pylint: disable=broad-except
+    # A bug in the user's experiment code, met before any device time: one line naming the
+    # experiment, the exception and the line that raised it, exit 2, as for other config
+    # mistakes (exit 1 is for runs that failed after they started). That line is what a
+    # traceback's last frame would say; a deeper bug can be chased by calling config() in
+    # Python.
+    raise UsageError(f"{flag}={text}: {label}() raised "
+                     f"{experiment_modules.describe(e)}") from None
   if not isinstance(cfg, fdl.Buildable):
-    raise UsageError(f"{flag}={text}: returned a {type(cfg).__name__}, not a fdl.Config")
+    raise UsageError(f"{flag}={text}: {label}() returned a {type(cfg).__name__}, not a "
+                     "fdl.Config")
   return cfg, experiment

@@ -32,18 +32,14 @@ _PEER_CLOSED = re.compile(r"Gloo.*(Connection closed by peer|Connection reset by
 _PR_SET_PDEATHSIG = 1
 
 
-def wanted(argv: Sequence[str]) -> bool:
-  """Whether this command joins a multi-process run (and is not already the child).
-
-  Reads the flags as written (`--name=value`); one given another way (`--distributed off`, a
-  --flagfile) is still honoured by the run itself, just without the supervisor."""
-  if os.environ.get(CHILD_ENV):
+def wanted(distributed_mode: str, coordinator_address: str | None) -> bool:
+  """Whether a process with these (parsed) flags joins a multi-process run and is not
+  already the supervised child. The executor asks after absl has parsed the command line,
+  so every spelling of the flags, a --flagfile included, counts."""
+  if os.environ.get(CHILD_ENV) or distributed_mode == "off":
     return False
-  flags = [arg for arg in argv[1:] if arg.startswith("--")]
-  if "--distributed=off" in flags:
-    return False
-  return (any(arg.startswith("--coordinator_address") for arg in flags)
-          or "--distributed=on" in flags or distributed.detected_cluster() is not None)
+  return (coordinator_address is not None or distributed_mode == "on"
+          or distributed.detected_cluster() is not None)
 
 
 def follow_parent() -> None:

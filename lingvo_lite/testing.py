@@ -1,4 +1,5 @@
-"""Helpers for tests: tiny setups, the CLI run in-process, job-dir digests, shaped batches."""
+"""Helpers for tests: tiny setups, the CLI run in-process, job-dir digests, shaped batches,
+working copies of the repository."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import dataclasses
 import hashlib
 import io
 import os
+import pathlib
+import shutil
 from typing import Any, Sequence
 
 import fiddle as fdl
@@ -75,6 +78,16 @@ def run_cli(args: Sequence[str]) -> CliResult:
   return CliResult(code, stdout.getvalue(), stderr.getvalue())
 
 
+def override_directives(args: Sequence[str]) -> list[overrides.Directive]:
+  """The override directives `python -m lingvo_lite ARGS` would apply, in their order."""
+  flags.FLAGS.unparse_flags()
+  try:
+    executor.parse_flags(["lingvo_lite", *args])
+    return list(executor.override_log().directives)
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
 def tree_digest(root: str | os.PathLike) -> str:
   """SHA-256 over every path, file size and file content under `root`."""
   digest = hashlib.sha256()
@@ -87,3 +100,49 @@ def tree_digest(root: str | os.PathLike) -> str:
         with open(path, "rb") as f:
           digest.update(f.read())
   return digest.hexdigest()
+
+
+# What a fresh clone needs to run the README's commands (bin/demo.sh, `python -m lingvo_lite`,
+# bench/step_bench.py). Under `bazel test` each of these must be in the test's runfiles: the
+# packages through deps, the rest through `data` (//:readme, //:requirements_lock, //bin:scripts,
+# //bench:files).
+WORKING_COPY_ENTRIES = ("README.md", "pyproject.toml", "requirements.lock", "bin", "bench",
+                        "experiments", "lingvo_lite", "tasks")
+
+
+def source_root() -> pathlib.Path:
+  """The repository root this module was imported from.
+
+  In a checkout that is the checkout; under `bazel test` it is the workspace folder of the
+  test's runfiles tree (`$TEST_SRCDIR/lingvo_lite`), which holds only declared deps and data.
+  """
+  return pathlib.Path(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def make_working_copy(destination: str | os.PathLike,
+                      entries: Sequence[str] = WORKING_COPY_ENTRIES) -> pathlib.Path:
+  """Copies the repository's `entries` into `destination` (created) and returns it.
+
+  Tests run the CLI from inside such a copy with relative paths, as a user of a fresh clone
+  does: nothing they write (runs/, .venv, .bazelrc.local) lands in the real checkout, and
+  under Bazel the runfiles' symlinks become plain files that scripts can `cd` among.
+
+  Raises:
+    FileNotFoundError: an entry is missing from the source (under Bazel: not in the test's
+      deps or data).
+  """
+  source, destination = source_root(), pathlib.Path(destination)
+  destination.mkdir(parents=True, exist_ok=True)
+  for entry in entries:
+    path = source / entry
+    if not path.exists():
+      raise FileNotFoundError(
+          f"{path}: not found; a working copy needs {', '.join(entries)} (under Bazel, "
+          "add it to the test's deps or data)")
+    if path.is_dir():
+      # symlinks=False: copy what runfiles symlinks point at, not the links.
+      shutil.copytree(path, destination / entry, symlinks=False,
+                      ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    else:
+      shutil.copy2(path, destination / entry)
+  return destination

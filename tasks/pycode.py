@@ -19,6 +19,7 @@ import sysconfig
 import zlib
 
 from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.errors import UsageError, config_error
 
 # ByteVocabulary: 256 byte values + pad, EOS, UNK.
 BYTE_VOCAB_SIZE = 259
@@ -81,14 +82,19 @@ def pycode_task(source_dir: str | None = None):
   """A seqio Task over the `.py` files under `source_dir` (default: this Python's stdlib).
 
   Raises:
-    FileNotFoundError: when `source_dir` is not a folder.
+    UsageError: when `source_dir` is not a folder, or seqio and TensorFlow are missing.
   """
-  tf = import_tensorflow()
-  import seqio  # pylint: disable=g-import-not-at-top
-
   root = source_dir or stdlib_dir()
   if not os.path.isdir(root):
-    raise FileNotFoundError(f"no such folder: {root}")
+    raise config_error("source_dir", root, "no such folder",
+                       "give a folder of .py files, or None for this Python's stdlib")
+  try:
+    tf = import_tensorflow()
+    import seqio  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    # A machine with only the JAX stack (no TensorFlow) can still train on synthetic data.
+    raise UsageError(f"needs seqio and TensorFlow, which this Python lacks ({e}); install "
+                     "them, or train on --fiddler=synthetic_data") from None
 
   def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
     del shuffle_files, seed  # Order is fixed; lingvo_lite shuffles by index.

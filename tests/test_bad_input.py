@@ -3,6 +3,7 @@ directory it pointed at is byte-for-byte unchanged."""
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -44,6 +45,68 @@ def _write(relative: str, text: str) -> Callable[[str], None]:
   return prepare
 
 
+_JOB = []  # The trained job dir, once the module's fixture made it.
+
+
+def _copy_job(edit: Callable[[str], None] | None = None) -> Callable[[str], None]:
+  """A `prepare` that copies the trained job to `{tmp}/job`, then lets `edit(job)` damage it."""
+  def prepare(tmp: str) -> None:
+    job = os.path.join(tmp, "job")
+    shutil.copytree(_JOB[0], job)
+    if edit is not None:
+      edit(job)
+  return prepare
+
+
+def _replace_in(relative: str, old: str, new: str) -> Callable[[str], None]:
+  def edit(job: str) -> None:
+    path = os.path.join(job, relative)
+    with open(path) as f:
+      text = f.read()
+    assert old in text, (old, path)
+    with open(path, "w") as f:
+      f.write(text.replace(old, new))
+  return edit
+
+
+def _truncate(relative: str, keep: int) -> Callable[[str], None]:
+  def edit(job: str) -> None:
+    with open(os.path.join(job, relative), "r+") as f:
+      f.truncate(keep)
+  return edit
+
+
+def _make_file(relative: str) -> Callable[[str], None]:
+  """Replaces a file or folder of the job by a one-byte file."""
+  def edit(job: str) -> None:
+    path = os.path.join(job, relative)
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.exists(path):
+      os.remove(path)
+    with open(path, "w") as f:
+      f.write("x")
+  return edit
+
+
+def _make_folder(relative: str) -> Callable[[str], None]:
+  def edit(job: str) -> None:
+    path = os.path.join(job, relative)
+    if os.path.exists(path):
+      os.remove(path)
+    os.makedirs(path)
+  return edit
+
+
+def _remove(relative: str) -> Callable[[str], None]:
+  def edit(job: str) -> None:
+    os.remove(os.path.join(job, relative))
+  return edit
+
+
+TRAIN_TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+              "--fdl.train.steps=2"]
+
 # The table, by family. Each family's mistakes are caught at one root (named in its header).
 
 # Command-line syntax and flags (executor, absl parsing).
@@ -58,6 +121,52 @@ CLI_CASES = [
      "unexpected argument 'train'"),
     Case("set without a value", ["--fdl_set=model.num_layers", "--job_log_dir={job}"],
      "expected PATH=VALUE"),
+    Case("config flag in list mode", ["--mode=list", "--exp=PyCodeTiny"],
+         "--exp: --mode=list takes no config or job dir"),
+    Case("override in list mode", ["--mode=list", "--fdl.model.dim=3"],
+         "--fdl.PATH=VALUE: --mode=list takes no config"),
+    Case("fiddler in list mode", ["--mode=list", "-fiddler=tiny"],
+         "--fiddler: --mode=list takes no config"),
+    Case("job dir in list mode", ["--mode=list", "--job_log_dir={job}"],
+         "--job_log_dir: --mode=list takes no config"),
+    Case("dotted set without a value", ["--job_log_dir={job}", "--fdl.model.dim"],
+         "--fdl.model.dim: missing value; write --fdl.PATH=VALUE"),
+    Case("empty dotted path", ["--job_log_dir={job}", "--fdl.=3"], "expected PATH=VALUE"),
+    Case("flag without its value", ["--job_log_dir={job}", "--fiddler", "--mode=train"],
+         "no fiddler named '--mode=train'"),
+    Case("missing flagfile", ["--flagfile=no_such_flags.txt", "--job_log_dir={job}"],
+         "no_such_flags.txt"),
+    Case("bad override inside a flagfile", ["--flagfile=flags.txt", "--job_log_dir={job}"],
+         "--fdl.model.num_layer=2: ", _write("flags.txt", "--fdl.model.num_layer=2\n")),
+    Case("unknown flag inside a flagfile", ["--flagfile=flags.txt", "--job_log_dir={job}"],
+         "Unknown command line flag 'mdoe'", _write("flags.txt", "--mdoe=eval\n")),
+    Case("override after double dash", ["--job_log_dir={job}", "--", "--fdl.model.dim=3"],
+         "unexpected argument '--fdl.model.dim=3'"),
+    Case("integer flag not a number", ["--job_log_dir={job}", "--num_processes=two"],
+         "--num_processes"),
+    Case("boolean flag with a value", ["--job_log_dir={job}", "--fdl_help=maybe"], "fdl_help"),
+    Case("distributed on without coordinator", ["--job_log_dir={job}", "--distributed=on"],
+         "--distributed=on: no --coordinator_address/--num_processes/--process_id given"),
+    Case("coordinator without the rest", ["--job_log_dir={job}", "--coordinator_address=h:1"],
+         "--coordinator_address, --num_processes and --process_id go together"),
+    Case("process id out of range", ["--job_log_dir={job}", "--coordinator_address=h:1",
+                                     "--num_processes=2", "--process_id=2"],
+         "--process_id=2: must be in [0, --num_processes=2)"),
+    Case("distributed off with coordinator", ["--job_log_dir={job}", "--distributed=off",
+                                              "--coordinator_address=h:1"],
+         "--distributed=off: conflicts with"),
+    Case("eval without job dir", ["--mode=eval", "--exp=PyCodeTiny"],
+         "--job_log_dir: required for --mode=eval"),
+    Case("print validates", ["--mode=print", "--exp=PyCodeTiny", "--fdl.model.num_heads=3"],
+         "model.num_heads=3: does not divide model.dim=128"),
+    Case("missing experiments module", ["--experiments_module=lk_nomod", "--exp=PyCodeTiny",
+                                        "--job_log_dir={job}"],
+         "--experiments_module=lk_nomod: no module named 'lk_nomod'"),
+    Case("broken experiments module", ["--experiments_module=lk_flagbad", "--exp=PyCodeTiny",
+                                       "--job_log_dir={job}"],
+         "importing module lk_flagbad failed: SyntaxError: ", _write("lk_flagbad.py", "def f(:\n")),
+    Case("experiments module not a name", ["--experiments_module=my-exps", "--mode=list"],
+         "not a dotted module name"),
 ]  # End of CLI_CASES.
 
 # Experiment and fiddler lookup (registry), user modules.
@@ -70,6 +179,74 @@ LOOKUP_CASES = [
      "no fiddler named 'nope'; valid choices:"),
     Case("bad experiment arguments", ["--fdl_config=PyCodeTiny(layers=2)", "--job_log_dir={job}"],
      "unexpected keyword argument 'layers'"),
+    Case("user module raises at import", ["--exp=lk_raises.LkExp", "--job_log_dir={job}"],
+     "--exp=lk_raises.LkExp: importing module lk_raises failed: RuntimeError: half-written "
+     "(at lk_raises.py:1)", _write("lk_raises.py", "raise RuntimeError('half-written')\n")),
+    Case("user module syntax error", ["--exp=lk_syntax.LkExp", "--job_log_dir={job}"],
+     "--exp=lk_syntax.LkExp: importing module lk_syntax failed: SyntaxError: ",
+     _write("lk_syntax.py", "def f(:\n")),
+    Case("user module lacks a dependency", ["--exp=lk_dep.LkExp", "--job_log_dir={job}"],
+     "importing module lk_dep failed: ModuleNotFoundError: No module named "
+     "'lk_no_such_dependency' (at lk_dep.py:1)",
+     _write("lk_dep.py", "import lk_no_such_dependency\n")),
+    Case("user module has no such class", ["--exp=lk_empty.LkMissing", "--job_log_dir={job}"],
+     "--exp=lk_empty.LkMissing: no such experiment (lk_empty has no attribute 'LkMissing')",
+     _write("lk_empty.py", "")),
+    Case("user class without config", ["--exp=lk_noconfig.Plain", "--job_log_dir={job}"],
+     "the class lk_noconfig.Plain has no config() classmethod",
+     _write("lk_noconfig.py", "class Plain:\n  pass\n")),
+    Case("library class without config", ["--exp=lingvo_lite.experiment.Setup",
+                                          "--job_log_dir={job}"],
+     "the class lingvo_lite.experiment.Setup has no config() classmethod"),
+    Case("standard library function", ["--exp=os.path.join", "--job_log_dir={job}"],
+     "--exp=os.path.join: posixpath.join is a Python standard library function, not a config "
+     "function"),
+    Case("standard library function with arguments",
+     ["--fdl_config=shutil.rmtree(path='{tmp}')", "--job_log_dir={job}"],
+     "shutil.rmtree is a Python standard library function"),
+    Case("built-in function", ["--fdl_config=os.remove(path='x')", "--job_log_dir={job}"],
+     "is a built-in function, not an experiment class"),
+    Case("module instead of experiment", ["--exp=json", "--job_log_dir={job}"],
+     "--exp=json: is a module, not an experiment"),
+    Case("constant instead of experiment", ["--exp=os.sep", "--job_log_dir={job}"],
+     "--exp=os.sep: is a str value, not an experiment class"),
+    Case("config function raises", ["--fdl_config=lk_cfgraise.config", "--job_log_dir={job}"],
+     "lk_cfgraise.config() raised KeyError: 'model' (at lk_cfgraise.py:2)",
+     _write("lk_cfgraise.py", "def config():\n  return {}['model']\n")),
+    Case("config function returns no config", ["--fdl_config=lk_cfgnone.config",
+                                               "--job_log_dir={job}"],
+     "lk_cfgnone.config() returned a NoneType, not a fdl.Config",
+     _write("lk_cfgnone.py", "def config():\n  return None\n")),
+    Case("config function missing an argument", ["--fdl_config=lk_cfgargs.config",
+                                                 "--job_log_dir={job}"],
+     "missing a required argument: 'layers'; lk_cfgargs.config() takes layers",
+     _write("lk_cfgargs.py", "def config(layers):\n  raise AssertionError('must not run')\n")),
+    Case("experiment config raises", ["--exp=lk_expraise.LkRaisingExp", "--job_log_dir={job}"],
+     "LkRaisingExp.config() raised AttributeError: type object 'LkRaisingExp' has no attribute "
+     "'base' (at lk_expraise.py:4)",
+     _write("lk_expraise.py", "class LkRaisingExp:\n  @classmethod\n  def config(cls):\n"
+                              "    return cls.base\n")),
+    Case("positional experiment argument", ["--fdl_config=PyCodeTiny(2)", "--job_log_dir={job}"],
+     "pass arguments by keyword"),
+    Case("non-literal experiment argument",
+     ["--fdl_config=PyCodeTiny(layers=len('ab'))", "--job_log_dir={job}"],
+     "arguments must be Python literals"),
+    Case("unknown experiment with a broken entry point", ["--exp=LkNoSuchExp",
+                                                          "--job_log_dir={job}"],
+     "experiment module lk_ep_gone failed to import: entry point lk = lk_ep_gone of "
+     "distribution lk-dist (group lingvo_lite.experiments): no module named 'lk_ep_gone'",
+     lambda tmp: [_write(f"lk_dist-0.1.dist-info/{name}", text)(tmp) for name, text in (
+         ("METADATA", "Metadata-Version: 2.1\nName: lk-dist\nVersion: 0.1\n"),
+         ("entry_points.txt", "[lingvo_lite.experiments]\nlk = lk_ep_gone\n"))]),
+    Case("ambiguous entry-point experiments", ["--exp=LkTwinExp", "--job_log_dir={job}"],
+     "--exp=LkTwinExp: ambiguous, matches lk_twin_a.LkTwinExp, lk_twin_b.LkTwinExp",
+     lambda tmp: [_write(name, text)(tmp) for name, text in [
+         ("lk_twins-0.1.dist-info/METADATA", "Metadata-Version: 2.1\nName: lk-twins\n"),
+         ("lk_twins-0.1.dist-info/entry_points.txt",
+          "[lingvo_lite.experiments]\na = lk_twin_a\nb = lk_twin_b\n")] + [
+         (f"lk_twin_{x}.py", "from lingvo_lite.experiment import Experiment\n"
+          "from lingvo_lite.registry import register\n"
+          "@register\nclass LkTwinExp(Experiment):\n  pass\n") for x in "ab"]]),
 ]  # End of LOOKUP_CASES.
 
 # Values: types, whole parts replaced by literals, sizes, validate() rules.
@@ -90,7 +267,7 @@ VALUES_CASES = [
      "train_data.vocab_size=1000: exceeds model.vocab_size=259"),
     Case("missing data folder", ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir={job}",
                              "--fdl.train_data.task.source_dir='/no/such/dir'"],
-     "train_data.task: no such folder: /no/such/dir"),
+     "train_data.task.source_dir='/no/such/dir': no such folder"),
     Case("flash attention without a GPU",
      ["--job_log_dir={job}", "--fdl.model.attention_implementation=\"cudnn\""],
      "model.attention_implementation='cudnn': needs an NVIDIA GPU (this device: cpu); "
@@ -99,6 +276,89 @@ VALUES_CASES = [
      "the mesh has 3 devices but 1 are available"),
     Case("field of a non-config", ["--job_log_dir={job}", "--fdl.train.steps.every=1"],
      "train.steps is a int, not a config"),
+    # Whole parts replaced by a literal, or by the wrong part (type check, config_checks).
+    Case("model replaced by a number", ["--job_log_dir={job}", "--fdl.model=3"],
+     "--fdl.model=3: model must be TransformerLM, got int 3"),
+    Case("train data replaced by None", ["--job_log_dir={job}", "--fdl.train_data=None"],
+     "train_data must be DataSource, got NoneType None"),
+    Case("optimizer replaced by a string", ["--job_log_dir={job}", "--fdl.optimizer=\"adam\""],
+     "optimizer must be AdamW, got str 'adam'"),
+    Case("partitioner replaced by None", ["--job_log_dir={job}", "--fdl.partitioner=None"],
+     "partitioner must be Partitioner, got NoneType None"),
+    Case("fiddler sets a size to a string", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
+     "model.num_layers='4': must be int, got str",
+     _write("mod.py", "def fiddle(cfg):\n  cfg.model.num_layers = '4'\n")),
+    Case("fiddler leaves a required field unset", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
+     "model.num_layers: required by TransformerLM and not set",
+     _write("mod.py", "import fiddle as fdl\n"
+            "def fiddle(cfg):\n"
+            "  cfg.model = fdl.Config(fdl.get_callable(cfg.model), vocab_size=259, dim=64,\n"
+            "                         num_heads=4)\n")),
+    Case("fiddler puts an optimizer where the model goes",
+     ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
+     "model=<config of AdamW>: must be TransformerLM",
+     _write("mod.py", "import fiddle as fdl\nfrom lingvo_lite.optimizers import AdamW\n"
+            "def fiddle(cfg):\n  cfg.model = fdl.Config(AdamW)\n")),
+    # Values of the right type that make no sense (constraints declared with the fields).
+    Case("zero dcn axis", ["--job_log_dir={job}", "--fdl.partitioner.dcn_data=0"],
+     "--fdl.partitioner.dcn_data=0: must be a positive integer"),
+    Case("zero ici axis", ["--job_log_dir={job}", "--fdl.partitioner.ici_fsdp=0"],
+     "must be a positive integer or -1 (-1 takes the devices left over)"),
+    Case("negative kv heads", ["--job_log_dir={job}", "--fdl.model.num_kv_heads=-1"],
+     "--fdl.model.num_kv_heads=-1: must be a positive integer or None"),
+    Case("zero heads set by a fiddler", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
+     "model.num_heads=0: must be a positive integer",
+     _write("mod.py", "def fiddle(cfg):\n  cfg.model.num_heads = 0\n")),
+    Case("zero eval sequence length", ["--job_log_dir={job}", "--fdl.eval_data.sequence_length=0"],
+     "--fdl.eval_data.sequence_length=0: must be in [1, 2147483647]"),
+    Case("zero eval batch", ["--job_log_dir={job}", "--fdl.eval_data.global_batch_size=0"],
+     "--fdl.eval_data.global_batch_size=0: must be a positive integer or None"),
+    Case("zero mlp width", ["--job_log_dir={job}", "--fdl.model.mlp_dim=0"],
+     "--fdl.model.mlp_dim=0: must be a positive integer or None"),
+    Case("negative head width", ["--job_log_dir={job}", "--fdl.model.head_dim=-2"],
+     "--fdl.model.head_dim=-2: must be a positive integer or None"),
+    Case("model vocabulary smaller than the bytes",
+     ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir={job}", "--fdl.model.vocab_size=100"],
+     "model.vocab_size=100: is smaller than the 259 tokens of train_data's vocabulary"),
+    Case("unknown data split", ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir={job}",
+                                "--fdl.eval_data.split=\"valid\""],
+     "eval_data.split='valid': the task has no such split; valid choices: 'train', "
+     "'validation'"),
+    Case("zero learning rate", ["--job_log_dir={job}", "--fdl.optimizer.peak_learning_rate=0.0"],
+     "--fdl.optimizer.peak_learning_rate=0.0: must be a positive number"),
+    Case("negative learning rate set by a fiddler", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
+     "optimizer.peak_learning_rate=-0.001: must be a positive number",
+     _write("mod.py", "def fiddle(cfg):\n  cfg.optimizer.peak_learning_rate = -1e-3\n")),
+    Case("infinite learning rate",
+     ["--job_log_dir={job}", "--fdl.optimizer.peak_learning_rate=1e999"],
+     "--fdl.optimizer.peak_learning_rate=1e999: must be a finite number"),
+    Case("minus infinite z-loss", ["--job_log_dir={job}", "--fdl.train.z_loss=-1e999"],
+     "--fdl.train.z_loss=-1e999: must be a finite number"),
+    Case("nan set by a fiddler", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
+     "train.z_loss=nan: must be a finite number",
+     _write("mod.py", "def fiddle(cfg):\n  cfg.train.z_loss = float('nan')\n")),
+    Case("negative weight decay", ["--job_log_dir={job}", "--fdl.optimizer.weight_decay=-0.1"],
+     "--fdl.optimizer.weight_decay=-0.1: must be >= 0"),
+    Case("beta of one", ["--job_log_dir={job}", "--fdl.optimizer.b2=1.0"],
+     "--fdl.optimizer.b2=1.0: must be in [0, 1)"),
+    Case("negative warmup", ["--job_log_dir={job}", "--fdl.optimizer.warmup_steps=-1"],
+     "--fdl.optimizer.warmup_steps=-1: must be >= 0"),
+    Case("profile start below -1", ["--job_log_dir={job}", "--fdl.train.profile_start_step=-2"],
+     "must be >= -1 (-1 disables tracing)"),
+    Case("zero checkpoint interval", ["--job_log_dir={job}", "--fdl.checkpoint.every_steps=0"],
+     "--fdl.checkpoint.every_steps=0: must be a positive integer"),
+    Case("two batch sizes", ["--job_log_dir={job}", "--fdl.train_data.per_device_batch_size=2"],
+     "train_data.global_batch_size=4: give exactly one of global_batch_size and "
+     "per_device_batch_size (per_device_batch_size=2)"),
+    # Absurd sizes: counted before anything is traced or allocated.
+    Case("absurd width", ["--job_log_dir={job}", "--fdl.model.dim=1000000000"],
+     "model.dim=1000000000: makes 2.4e+19 parameters, more than any machine holds"),
+    Case("size past int64", ["--job_log_dir={job}", "--fdl.model.mlp_dim=10000000000000000000"],
+     "--fdl.model.mlp_dim=10000000000000000000: is past int64"),
+    Case("absurd depth does not fit this host",
+     ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+      "--job_log_dir={tmp}/new", "--fdl.model.num_layers=1000000000"],
+     "do not fit: training needs at least"),
 ]  # End of VALUES_CASES.
 
 # Job dirs, config files and checkpoints.
@@ -111,6 +371,55 @@ JOBDIR_CASES = [
      "the config differs from the one this job was trained with (model.dim: 64 -> 32)"),
     Case("eval without eval data", ["--mode=eval", "--job_log_dir={job}", "--fdl.eval_data=None"],
      "this config has no eval data"),
+    Case("job dir is a file", [*TRAIN_TINY, "--job_log_dir=job"],
+         "--job_log_dir=job: is a file, not a folder", _write("job", "x")),
+    Case("job dir under a file", [*TRAIN_TINY, "--job_log_dir=file/job"],
+         "file is a file, so the job folder cannot be created", _write("file", "x")),
+    Case("eval of a missing job dir", ["--mode=eval", "--job_log_dir=no_such_job"],
+         "--job_log_dir=no_such_job: no such folder"),
+    Case("checkpoints is a file", ["--job_log_dir=job"], "checkpoints is a file, not a folder",
+         _copy_job(_make_file("checkpoints"))),
+    Case("checkpoints is a file at eval", ["--mode=eval", "--job_log_dir=job"],
+         "checkpoints is a file, not a folder", _copy_job(_make_file("checkpoints"))),
+    Case("config.json is a folder", ["--job_log_dir=job"], "config.json is a folder, not a file",
+         _copy_job(_make_folder("config.json"))),
+    Case("summaries is a file", ["--job_log_dir=job"], "summaries is a file, not a folder",
+         _copy_job(_make_file("summaries"))),
+    Case("truncated config.json", ["--mode=eval", "--job_log_dir=job"],
+         "not a config.json written by lingvo_lite (JSONDecodeError",
+         _copy_job(_truncate("config.json", 300))),
+    Case("empty config.json", ["--job_log_dir=job"], "not a config.json written by lingvo_lite",
+         _copy_job(_truncate("config.json", 0))),
+    Case("config.json holds a list", ["--job_log_dir=job"], "holds a JSON list, not an object",
+         _write("job/config.json", "[1, 2]")),
+    Case("config.json names a missing class", ["--mode=eval", "--job_log_dir=job"],
+         "names code that no longer exists",
+         _copy_job(_replace_in("config.json", '"TransformerLM"', '"TransformerLMv2"'))),
+    Case("config.json names a missing module", ["--mode=eval", "--job_log_dir=job"],
+         "names code that no longer exists",
+         _copy_job(_replace_in("config.json", '"lingvo_lite.optimizers"',
+                               '"lingvo_lite.no_such_module"'))),
+    Case("config file is a folder", ["--fdl_config_file=.", "--job_log_dir={job}"],
+         "is a folder; give the config.json file in it"),
+    Case("relative config file missing", ["--fdl_config_file=runs/a/config.json",
+                                          "--job_log_dir={job}"], "no such file"),
+    Case("eval with another model, same shapes", ["--mode=eval", "--job_log_dir={job}",
+                                                  "--fdl.model.norm=\"rmsnorm\""],
+         "the model config differs from the one its checkpoints were trained with "
+         "(model.norm: 'layernorm' -> 'rmsnorm')"),
+    Case("eval with another model from --exp", ["--mode=eval", "--job_log_dir={job}",
+                                                "--exp=PyCodeTiny"],
+         "the model config differs from the one its checkpoints were trained with"),
+    Case("eval without config.json, other shapes",
+         ["--mode=eval", "--job_log_dir=job", *TRAIN_TINY, "--fdl.model.dim=32"],
+         "checkpoint step 2 in", _copy_job(_remove("config.json"))),
+    Case("resume without config.json, other shapes",
+         [*TRAIN_TINY, "--fdl.train.steps=4", "--fdl.model.mlp_dim=48", "--job_log_dir=job"],
+         "does not fit this config: its params/layer_0/mlp/wi/bias has shape (256,), this "
+         "config's has (48,)",
+         _copy_job(_remove("config.json"))),
+    Case("eval of a job without checkpoints", ["--mode=eval", "--job_log_dir=job"],
+         "no checkpoint in", _copy_job(lambda job: shutil.rmtree(os.path.join(job, "checkpoints")))),
 ]  # End of JOBDIR_CASES.
 
 CASES = CLI_CASES + LOOKUP_CASES + VALUES_CASES + JOBDIR_CASES
@@ -119,9 +428,9 @@ CASES = CLI_CASES + LOOKUP_CASES + VALUES_CASES + JOBDIR_CASES
 @pytest.fixture(scope="module", name="job")
 def fixture_job(tmp_path_factory):
   job = tmp_path_factory.mktemp("job")
-  result = run_cli(["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
-                    "--fdl.train.steps=2", f"--job_log_dir={job}", "--compilation_cache_dir="])
+  result = run_cli([*TRAIN_TINY, f"--job_log_dir={job}", "--compilation_cache_dir="])
   assert result.code == 0, result.stderr
+  _JOB[:] = [str(job)]
   return job
 
 
@@ -139,6 +448,7 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_job_untouched(job, tmp_path
   # also first on sys.path (so user modules written there import).
   monkeypatch.chdir(tmp_path)
   monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(sys, "dont_write_bytecode", True)  # No __pycache__ in the case's folder.
   before = tree_digest(job), tree_digest(tmp_path)
   result = run_cli([arg.format(job=job, tmp=tmp_path) for arg in case.args]
                    + ["--compilation_cache_dir="])

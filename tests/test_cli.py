@@ -11,7 +11,7 @@ import time
 import pytest
 
 from lingvo_lite import config_files, overrides, registry
-from lingvo_lite.testing import tree_digest
+from lingvo_lite.testing import override_directives, tree_digest
 from etils import epath
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--compilation_cache_dir="]
@@ -53,8 +53,8 @@ def test_train_resume_reload_and_eval(tmp_path):
 
   # config.json rebuilds a config equal to the one the flags made.
   cfg = registry.lookup("PyCodeTiny").config()
-  _, directives = overrides.extract(["prog", "--fiddler=tiny", "--fdl.train.steps=8",
-                                     "--fdl.train.log_every_steps=2"])
+  directives = override_directives(["--fiddler=tiny", "--fdl.train.steps=8",
+                                    "--fdl.train.log_every_steps=2"])
   overrides.apply(cfg, directives, None)
   assert config_files.load(epath.Path(job) / "config.json") == cfg
 

@@ -3,7 +3,8 @@
 import pytest
 from etils import epath
 
-from lingvo_lite import config_files, registry
+from lingvo_lite import config_files, overrides, registry
+from lingvo_lite.testing import override_directives
 
 
 @pytest.mark.parametrize("name", sorted(registry.all_experiments()))
@@ -33,3 +34,27 @@ def test_incompatible_changes_ignore_loop_and_mesh_settings():
   new.optimizer.b2 = 0.99
   assert config_files.incompatible_changes(old, new) == [
       "model.dim: 128 -> 256", "optimizer.b2: 0.95 -> 0.99"]
+
+
+def test_a_reloaded_config_keeps_every_fields_origin(tmp_path):
+  cls = registry.lookup("PyCodeTiny")
+  cfg = cls.config()
+  overrides.apply(cfg, override_directives(["--fiddler=tiny", "--fdl.train.steps=42"]), cls)
+  config_files.write(epath.Path(tmp_path), cfg, cls)
+  path = epath.Path(tmp_path) / config_files.CONFIG_JSON
+  reloaded = config_files.load(path)
+  assert config_files.to_text(reloaded) == config_files.to_text(cfg)
+  text = config_files.to_text(reloaded)
+  assert "# command line: --fdl.train.steps=42" in text
+  assert "# experiments/lm/pycode.py:" in text and "# default" in text
+  assert config_files.recorded_experiment(path) == "experiments.lm.pycode.PyCodeTiny"
+
+
+def test_a_config_json_without_origins_still_loads(tmp_path):
+  """Files written before origins were recorded (Fiddle's JSON alone) load, as `default`."""
+  from fiddle.experimental import serialization  # pylint: disable=g-import-not-at-top
+  cfg = registry.lookup("PyCodeTiny").config()
+  (tmp_path / "config.json").write_text(serialization.dump_json(cfg))
+  reloaded = config_files.load(epath.Path(tmp_path) / "config.json")
+  assert reloaded == cfg
+  assert config_files.recorded_experiment(epath.Path(tmp_path) / "config.json") is None

@@ -6,6 +6,7 @@ import pytest
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.data.source import example_indices, local_rows
 from lingvo_lite.data.synthetic import SyntheticData
+from lingvo_lite.errors import UsageError
 
 
 def test_synthetic_batches_are_a_function_of_seed_and_step():
@@ -31,7 +32,7 @@ def test_process_shards_concatenate_to_the_global_batch(process_count):
 
 
 def test_local_rows_rejects_an_uneven_split():
-  with pytest.raises(ValueError, match="not divisible"):
+  with pytest.raises(UsageError, match="not divisible"):
     local_rows(6, 0, 4)
 
 

@@ -7,8 +7,9 @@ and with what (the real multi-process path, dead peer included, is tests/test_mu
 
 import jax
 import pytest
+from absl import flags
 
-from lingvo_lite import distributed, supervisor
+from lingvo_lite import distributed, executor, supervisor
 from lingvo_lite.errors import UsageError
 
 CLUSTER_VARIABLES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
@@ -120,19 +121,29 @@ def test_log_watch_falls_back_to_the_closed_connection_and_else_stays_silent():
   assert _watch("OSError: [Errno 104] Connection reset by peer\n").verdict() is None
 
 
-@pytest.mark.parametrize("argv, environment, expected", [
-    (["lingvo_lite", "--exp=X"], {}, False),
-    (["lingvo_lite", "--coordinator_address=h:1", "--num_processes=2", "--process_id=0"], {},
-     True),
-    (["lingvo_lite", "--distributed=on"], {}, True),
-    (["lingvo_lite"], {"SLURM_NTASKS": "4"}, True),
-    (["lingvo_lite", "--distributed=off"], {"SLURM_NTASKS": "4"}, False),
-    (["lingvo_lite", "--coordinator_address=h:1"], {supervisor.CHILD_ENV: "4242"}, False),
+@pytest.mark.parametrize("args, environment, expected", [
+    (["--exp=X"], {}, False),
+    (["--coordinator_address=h:1", "--num_processes=2", "--process_id=0"], {}, True),
+    (["-coordinator_address", "h:1", "--num_processes=2", "--process_id=0"], {}, True),
+    (["--distributed=on"], {}, True),
+    (["--distributed", "on"], {}, True),
+    ([], {"SLURM_NTASKS": "4"}, True),
+    (["--distributed=off"], {"SLURM_NTASKS": "4"}, False),
+    (["--coordinator_address=h:1"], {supervisor.CHILD_ENV: "4242"}, False),
+    (["--flagfile={tmp}/flags"], {}, True),
 ])
-def test_supervisor_wraps_only_processes_of_a_multi_process_run(monkeypatch, argv, environment,
-                                                                expected):
+def test_supervisor_wraps_only_processes_of_a_multi_process_run(monkeypatch, tmp_path, args,
+                                                                environment, expected):
+  """Decided from the flags as absl parsed them: every spelling counts, a flagfile too."""
   for name in (*CLUSTER_VARIABLES, supervisor.CHILD_ENV):
     monkeypatch.delenv(name, raising=False)
   for name, value in environment.items():
     monkeypatch.setenv(name, value)
-  assert supervisor.wanted(argv) == expected
+  (tmp_path / "flags").write_text("--coordinator_address=h:1\n")
+  flags.FLAGS.unparse_flags()
+  try:
+    executor.parse_flags(["lingvo_lite", *(a.format(tmp=tmp_path) for a in args)])
+    assert supervisor.wanted(flags.FLAGS.distributed, flags.FLAGS.coordinator_address) == \
+        expected
+  finally:
+    flags.FLAGS.unparse_flags()

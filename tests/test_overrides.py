@@ -4,13 +4,13 @@ import pytest
 
 from lingvo_lite import config_files, overrides, registry
 from lingvo_lite.errors import UsageError
+from lingvo_lite.testing import override_directives, run_cli
 
 
 def _apply(*args, experiment="PyCodeTiny"):
   cls = registry.lookup(experiment)
   cfg = cls.config()
-  _, directives = overrides.extract(["prog", *args])
-  overrides.apply(cfg, directives, cls)
+  overrides.apply(cfg, override_directives(args), cls)
   return cfg
 
 
@@ -21,11 +21,34 @@ def test_directives_apply_in_command_line_order():
                 "--fdl_set", "model.num_layers=7").model.num_layers == 7
 
 
-def test_extract_keeps_other_flags_for_absl():
-  remaining, directives = overrides.extract(
-      ["prog", "--mode=train", "--fdl.train.steps=4", "--fiddler", "tiny", "--job_log_dir=x"])
-  assert remaining == ["prog", "--mode=train", "--fiddler", "tiny", "--job_log_dir=x"]
-  assert [d.flag for d in directives] == ["--fdl.train.steps=4", "--fiddler=tiny"]
+@pytest.mark.parametrize("args", [
+    ["--fdl.train.steps=4", "--fiddler", "tiny", "--fdl_set", "model.dim=32"],
+    ["--fdl.train.steps", "4", "-fiddler=tiny", "-fdl_set=model.dim=32"],
+    ["-fdl.train.steps=4", "--fiddler=tiny", "--fdl_set=model.dim=32"],
+])
+def test_every_spelling_absl_accepts_is_an_override_in_order(args):
+  directives = override_directives(["--mode=train", *args, "--job_log_dir=x"])
+  assert [(d.kind, d.name or d.path) for d in directives] == [
+      ("set", "train.steps"), ("fiddler", "tiny"), ("set", "model.dim")]
+  assert [d.value_text for d in directives if d.kind == "set"] == ["4", "32"]
+
+
+def test_overrides_in_a_flagfile_sit_at_its_position(tmp_path):
+  flagfile = tmp_path / "flags.txt"
+  flagfile.write_text("--fdl.model.num_layers=5\n--fiddler=tiny\n")
+  directives = override_directives(["--fdl.model.dim=32", f"--flagfile={flagfile}",
+                                    "--fdl.train.steps=3"])
+  assert [d.flag for d in directives] == ["--fdl.model.dim=32", "--fdl.model.num_layers=5",
+                                          "--fiddler=tiny", "--fdl.train.steps=3"]
+  # Applied: the flagfile's fiddler comes after --fdl.model.num_layers=5, so it wins.
+  cfg = registry.lookup("PyCodeTiny").config()
+  overrides.apply(cfg, directives, None)
+  assert (cfg.model.num_layers, cfg.model.dim, cfg.train.steps) == (2, 64, 3)
+
+
+def test_arguments_after_double_dash_are_not_overrides():
+  result = run_cli(["--mode=print", "--exp=PyCodeTiny", "--", "--fdl.model.dim=32"])
+  assert result.code == 2 and "unexpected argument '--fdl.model.dim=32'" in result.stderr
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -50,13 +73,24 @@ def test_values_are_python_literals(value, expected):
     ("--fdl.model.num_layer=2", "has no field model.num_layer; did you mean 'num_layers'"),
     ("--fdl.train.steps.x=1", "train.steps is a int, not a config"),
     ("--fdl.nothing=1", "has no field nothing"),
-    ("--fdl.model.num_layers", "expected PATH=VALUE"),
     ("--fdl.model.num_layers=__import__('os')", "not a Python literal"),
     ("--fiddler=tinyy", "no fiddler named 'tinyy'; valid choices: .*tiny"),
 ])
 def test_bad_overrides_name_the_flag_and_the_fix(arg, message):
   with pytest.raises(UsageError, match=message):
     _apply(arg)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fdl.model.num_layers"], "--fdl.model.num_layers: missing value"),
+    (["--fdl_set=model.num_layers"], "--fdl_set=model.num_layers: expected PATH=VALUE"),
+    (["--fdl_set"], "Missing value for flag --fdl_set"),
+    (["--flagfile=/no/such/flags.txt"], "/no/such/flags.txt"),
+])
+def test_malformed_overrides_are_one_line_usage_errors(args, message):
+  result = run_cli(["--mode=print", "--exp=PyCodeTiny", *args])
+  assert result.code == 2 and result.stderr.count("\n") == 1, result
+  assert message in result.stderr
 
 
 def test_path_through_none_is_reported():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite.data.seqio_data import SeqioData
+from lingvo_lite.errors import UsageError
 from tasks import pycode
 
 ROOT = pycode.stdlib_dir()
@@ -51,5 +52,5 @@ def test_batches_are_a_function_of_step(validation):
 
 
 def test_missing_source_folder_is_reported():
-  with pytest.raises(FileNotFoundError, match="no such folder: /no/such/dir"):
+  with pytest.raises(UsageError, match="source_dir='/no/such/dir': no such folder"):
     pycode.pycode_task("/no/such/dir")

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
-from lingvo_lite.data.tensorflow_import import import_tensorflow
 from lingvo_lite.data.source import (Batch, example_indices, local_rows,
                                      resolve_global_batch_size)
+from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.errors import config_error
+from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveInt
 
 # seqio LMFeatureConverter's output names -> lingvo_lite's batch keys.
 _FEATURES = {"decoder_input_tokens": "inputs", "decoder_target_tokens": "targets",
@@ -67,17 +69,29 @@ class SeqioData:
 
   task: Any
   split: str
-  sequence_length: int
-  global_batch_size: int | None = None
+  sequence_length: Annotated[int, Int32Size]
+  global_batch_size: PositiveInt | None = None
   shuffle: bool = True
-  seed: int = 0
-  num_batches: int | None = None
-  max_examples: int | None = None
-  per_device_batch_size: int | None = None
+  seed: NonNegativeInt = 0
+  num_batches: PositiveInt | None = None
+  max_examples: PositiveInt | None = None
+  per_device_batch_size: PositiveInt | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "global_batch_size", resolve_global_batch_size(
         self.global_batch_size, self.per_device_batch_size))
+    splits = tuple(getattr(self.task, "splits", None) or ())
+    if splits and self.split not in splits:
+      raise config_error("split", self.split, f"the task has no such split; valid choices: "
+                         f"{', '.join(repr(s) for s in splits)}")
+
+  @property
+  def vocab_size(self) -> int | None:
+    """Size of the `targets` feature's vocabulary (None when the task does not say)."""
+    try:
+      return int(self.task.output_features["targets"].vocabulary.vocab_size)
+    except (AttributeError, KeyError, TypeError):
+      return None
 
   @property
   def examples(self) -> dict[str, np.ndarray]:

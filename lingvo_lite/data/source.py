@@ -11,6 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
+from lingvo_lite.errors import config_error
+
 Batch = dict[str, np.ndarray]
 
 
@@ -21,6 +23,8 @@ class DataSource(Protocol):
   sequence_length: int
   # Batches in one pass over an eval set; None for an endless (training) stream.
   num_batches: int | None
+  # A source that knows its token ids lie in [0, vocab_size) also has `vocab_size` (a field
+  # or a property); `Setup.validate()` then checks that the model's vocabulary covers it.
 
   def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
     """Rows [process_index * B/P, (process_index + 1) * B/P) of global batch `step`."""
@@ -33,10 +37,16 @@ def resolve_global_batch_size(global_batch_size: int | None,
 
   A per-device batch counts every device (as MaxText's does), so with tensor parallelism
   the devices of one tensor group each "see" the same rows.
+
+  Raises:
+    UsageError: naming `global_batch_size` (relative to the source, which the builder
+      prefixes with the source's config path) unless exactly one is given.
   """
   if (global_batch_size is None) == (per_device_batch_size is None):
-    raise ValueError("give exactly one of global_batch_size and per_device_batch_size, got "
-                     f"{global_batch_size} and {per_device_batch_size}")
+    raise config_error("global_batch_size", global_batch_size,
+                       "give exactly one of global_batch_size and per_device_batch_size "
+                       f"(per_device_batch_size={per_device_batch_size!r})",
+                       "set the other one to None")
   if global_batch_size is not None:
     return global_batch_size
   import jax  # pylint: disable=g-import-not-at-top
@@ -46,8 +56,9 @@ def resolve_global_batch_size(global_batch_size: int | None,
 def local_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:
   """Global row indices this process owns."""
   if global_batch_size % process_count:
-    raise ValueError(
-        f"global batch {global_batch_size} is not divisible by {process_count} processes")
+    raise config_error("global_batch_size", global_batch_size,
+                       f"not divisible by {process_count} processes",
+                       f"use a multiple of {process_count}")
   per_process = global_batch_size // process_count
   return np.arange(process_index * per_process, (process_index + 1) * per_process)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import numpy as np
 
+from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveInt, Range
 from lingvo_lite.data.source import Batch, local_rows, resolve_global_batch_size
 
 
@@ -26,13 +28,13 @@ class SyntheticData:
     num_batches: Batches in one eval pass; None for an endless stream.
   """
 
-  vocab_size: int
-  sequence_length: int
-  global_batch_size: int | None = None
-  seed: int = 0
-  period: int = 16
-  num_batches: int | None = None
-  per_device_batch_size: int | None = None
+  vocab_size: Annotated[int, Range(2, 2**31 - 1, note="ids are int32 and 0 is padding")]
+  sequence_length: Annotated[int, Int32Size]
+  global_batch_size: PositiveInt | None = None
+  seed: NonNegativeInt = 0
+  period: NonNegativeInt = 16
+  num_batches: PositiveInt | None = None
+  per_device_batch_size: PositiveInt | None = None
 
   def __post_init__(self):
     object.__setattr__(self, "global_batch_size", resolve_global_batch_size(

@@ -18,13 +18,15 @@ Derived sizes default to None and are computed where used (`head_dim = dim // nu
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.models import layers
 
 BlockKind = Literal["parallel", "sequential"]
@@ -47,6 +49,26 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
        segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
   segment_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
   return index - segment_start
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterShape:
+  """One parameter of a model, as shapes only (see `TransformerLM.parameter_shapes`).
+
+  Attributes:
+    path: Where it lives in the parameter tree, as `jax.tree_util.keystr` writes it.
+    axes: Logical axis name of each dimension (None for unnamed).
+    shape: Its full shape.
+    dtype: Its dtype.
+    repeats: How many parameters of this path and shape the model has (one per layer for a
+      parameter of an unrolled layer).
+  """
+
+  path: str
+  axes: tuple[str | None, ...]
+  shape: tuple[int, ...]
+  dtype: jnp.dtype
+  repeats: int = 1
 
 
 class Block(nn.Module):
@@ -137,22 +159,22 @@ class TransformerLM(nn.Module):
       weight matmuls, recompute attention scores).
   """
 
-  vocab_size: int
-  num_layers: int
-  dim: int
-  num_heads: int
-  num_kv_heads: int | None = None
-  head_dim: int | None = None
-  mlp_dim: int | None = None
+  vocab_size: Annotated[int, Int32Size]
+  num_layers: PositiveInt
+  dim: PositiveInt
+  num_heads: PositiveInt
+  num_kv_heads: PositiveInt | None = None
+  head_dim: PositiveInt | None = None
+  mlp_dim: PositiveInt | None = None
   block: BlockKind = "sequential"
   norm: layers.NormKind = "layernorm"
-  norm_eps: float = 1e-5
+  norm_eps: PositiveFloat = 1e-5
   mlp_activation: layers.Activation = "gelu_tanh"
   position: PositionKind = "rotary"
-  rotary_dim: int | None = None
+  rotary_dim: NonNegativeInt | None = None
   rotary_style: layers.RotaryStyle = "half"
-  rotary_base: float = 10000.0
-  max_length: int = 2048
+  rotary_base: PositiveFloat = 10000.0
+  max_length: Annotated[int, Int32Size] = 2048
   attention_bias: bool = False
   attention_implementation: layers.AttentionImplementation = "einsum"
   mlp_bias: bool = False
@@ -182,6 +204,52 @@ class TransformerLM(nn.Module):
     if self.position != "rotary":
       return 0
     return self.rotary_dim if self.rotary_dim is not None else self.resolved_head_dim
+
+  def num_parameters(self) -> int:
+    """The parameter count, from the sizes alone (nothing is traced), so that an absurd size
+    is refused before JAX is asked to shape it. Exact: a test compares it with `init`."""
+    dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
+    head_dim, mlp_dim, vocab = self.resolved_head_dim, self.resolved_mlp_dim, self.vocab_size
+    norm = dim if self.norm == "rmsnorm" else 2 * dim  # Scale, and LayerNorm's offset.
+    attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q and out; k and v.
+    if self.attention_bias:
+      attention += head_dim * (heads + 2 * kv_heads) + dim
+    mlp_inputs = 2 if self.mlp_activation in layers.GATED_ACTIVATIONS else 1
+    mlp = (mlp_inputs + 1) * dim * mlp_dim + (
+        mlp_inputs * mlp_dim + dim if self.mlp_bias else 0)
+    block = attention + mlp + norm * (1 if self.block == "parallel" else 2)
+    total = self.num_layers * block + vocab * dim + norm
+    total += dim if self.embedding_bias else 0
+    total += self.max_length * dim if self.position == "learned" else 0
+    if not self.tie_embeddings:
+      total += dim * vocab + (vocab if self.output_bias else 0)
+    return total
+
+  def parameter_shapes(self) -> list[ParameterShape]:
+    """Every parameter's path, logical axes, full shape and dtype, without allocating any.
+
+    Traces a copy with one layer: every layer has the same shapes, and tracing all of them
+    takes time in proportion to depth (forever, for an absurd depth). A parameter of the
+    unrolled `layer_0` stands for num_layers of them (`repeats`); a scanned one gets its
+    leading `layers` axis back at full size.
+    """
+    sample = self.clone(parent=None, num_layers=1)
+    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    boxed = jax.eval_shape(sample.init, jax.random.key(0), tokens)["params"]
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(
+        boxed, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))[0]:
+      value = leaf.value if isinstance(leaf, nn.meta.AxisMetadata) else leaf
+      axes = tuple(getattr(leaf, "names", (None,) * len(value.shape)))
+      shape, repeats = tuple(value.shape), 1
+      top = getattr(path[0], "key", None)
+      if top == "layer_0":
+        repeats = self.num_layers
+      elif top == "layers" and axes and axes[0] == "layers":
+        shape = (self.num_layers, *shape[1:])
+      found.append(ParameterShape(jax.tree_util.keystr(path), axes, shape,
+                                  jnp.dtype(value.dtype), repeats))
+    return found
 
   def _block_fields(self) -> dict:
     return dict(

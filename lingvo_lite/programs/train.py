@@ -21,7 +21,7 @@ from etils import epath
 from jax._src import distributed as jax_distributed  # The preemption service's state.
 from jax.experimental import multihost_utils
 
-from lingvo_lite import mfu, summaries
+from lingvo_lite import memory_fit, mfu, summaries
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.experiment import Setup
@@ -106,6 +106,7 @@ def run(setup: Setup, job_dir: epath.Path,
   open, so a run that cannot start leaves the job as it was. (A new job dir gets its empty
   `checkpoints/` first.)
   """
+  memory_fit.check_fits(setup)  # Before anything is allocated or written.
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)
   loop = setup.train
@@ -126,6 +127,7 @@ def run(setup: Setup, job_dir: epath.Path,
       state = jitted.restore_state(checkpointer, start)
       say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
     record_config()
+    checkpointer.discard_incomplete_steps()
     train_writer = summaries.MetricsWriter(
         job_dir / "metrics.jsonl", job_dir / "summaries" / "train", enabled=is_chief)
     eval_writer = summaries.MetricsWriter(

@@ -1,0 +1,87 @@
+"""Type checks of a whole config tree, before anything in it is built.
+
+`fdl.build` hands each constructor whatever its config holds: a literal where a part is
+expected (`--fdl.model=3`), None in a field that is not Optional, nothing for a required
+argument. Each of those fails deep in a constructor, or later still, with a traceback. This
+module walks the tree first, whatever produced it (the experiment, fiddlers, `--fdl.` sets, a
+config.json), and checks every argument of every Buildable against its callable's annotation
+and the constraints declared with it (`lingvo_lite.fields`), naming the dotted config path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import fiddle as fdl
+
+from lingvo_lite import fields
+from lingvo_lite.errors import UsageError
+
+
+def check(cfg: Any) -> None:
+  """Raises UsageError, one line naming the path, for the first argument that cannot build."""
+  _check(cfg, "", set())
+
+
+def _type_of(value: Any) -> type | None:
+  """The type a config value will have once built; None when that is not known."""
+  if isinstance(value, fdl.Config):
+    fn = fdl.get_callable(value)
+    if isinstance(fn, type):
+      return fn
+    returned = fields.type_hints(fn).get("return")
+    return returned if isinstance(returned, type) else None
+  if isinstance(value, fdl.Buildable):
+    return None  # A Partial builds into a callable, which no field here is annotated with.
+  return type(value)
+
+
+def _join(path: str, name: str) -> str:
+  return f"{path}.{name}" if path else name
+
+
+def _check(value: Any, path: str, seen: set[int]) -> None:
+  if isinstance(value, (list, tuple)):
+    for index, item in enumerate(value):
+      _check(item, f"{path}[{index}]", seen)
+    return
+  if isinstance(value, dict):
+    for key, item in value.items():
+      _check(item, f"{path}[{key!r}]", seen)
+    return
+  if not isinstance(value, fdl.Buildable) or id(value) in seen:
+    return
+  seen.add(id(value))  # A config shared by two fields is checked once.
+  fn = fdl.get_callable(value)
+  hints = fields.type_hints(fn)
+  arguments = value.__arguments__
+  try:
+    parameters = inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return  # A callable without a signature (some builtins): nothing to check against.
+  for name, parameter in parameters.items():
+    if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+      continue
+    field_path = _join(path, name)
+    if name not in arguments:
+      if parameter.default is parameter.empty and isinstance(value, fdl.Config):
+        raise UsageError(f"{field_path}: required by {getattr(fn, '__name__', fn)} and not "
+                         f"set; give it in the experiment or with --fdl.{field_path}=VALUE")
+      continue
+    argument = arguments[name]
+    if name in hints:
+      _check_argument(field_path, argument, hints[name])
+    _check(argument, field_path, seen)
+  for name, argument in arguments.items():
+    if name not in parameters:  # Taken by **kwargs: no annotation, but it may hold configs.
+      _check(argument, _join(path, str(name)), seen)
+
+
+def _check_argument(path: str, argument: Any, annotation: Any) -> None:
+  if not isinstance(argument, fdl.Buildable):
+    fields.check(path, argument, annotation)
+  elif fields.matches(argument, annotation, _type_of) is False:
+    built = getattr(fdl.get_callable(argument), "__name__", "?")
+    raise UsageError(f"{path}=<config of {built}>: must be {fields.describe(annotation)}; "
+                     f"give a config of {fields.describe(annotation)} instead")

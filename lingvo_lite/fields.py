@@ -1,0 +1,338 @@
+"""What a field of a configurable part accepts: its type, and the constraints declared with it.
+
+A part (a dataclass or Flax module that a config builds: the model, the optimizer, a data
+source, ...) declares the range of a field next to the field, in its annotation:
+
+  num_layers: PositiveInt                          # Annotated[int, Positive]
+  b1: Annotated[float, Range(0, 1, high_open=True)]
+  ici_data: Annotated[int, Range(1, also=(-1,), note="-1 takes the devices left over")]
+
+and one generic check applies every declaration: to a `--fdl.` value when it is set, to
+every argument of a config before it is built, and to every field of the built parts in
+`Setup.validate()` (which also sees values set by fiddlers or read from a config.json).
+Beyond the declarations, every float must be finite (`1e999` parses to inf) unless its
+annotation carries `NonFinite`, and every int must fit int64, which is what JAX computes
+shapes with. Nothing here imports Fiddle: models and data sources import this module to
+declare their fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import types
+import typing
+from typing import Annotated, Any, Callable
+
+from lingvo_lite.errors import UsageError, config_error
+
+_INT64_MAX = 2**63 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+  """A number in [low, high] (ends open if asked), or one of the special values in `also`.
+
+  Attributes:
+    low: Smallest allowed value; None for no bound.
+    high: Largest allowed value; None for no bound.
+    low_open: Exclude `low` itself.
+    high_open: Exclude `high` itself.
+    also: Values allowed outside the range (e.g. -1 for "the rest").
+    note: What the special values mean, or why the bound is there, for the message.
+  """
+
+  low: float | None = None
+  high: float | None = None
+  low_open: bool = False
+  high_open: bool = False
+  also: tuple[Any, ...] = ()
+  note: str = ""
+
+  def problem(self, value: Any) -> str | None:
+    """Why `value` is outside the range ("must be ..."), or None if it is allowed."""
+    if any(value == special for special in self.also):
+      return None
+    too_low = self.low is not None and (value <= self.low if self.low_open else value < self.low)
+    too_high = self.high is not None and (
+        value >= self.high if self.high_open else value > self.high)
+    if not too_low and not too_high:
+      return None
+    return "must be " + self.requirement(isinstance(value, numbers.Integral))
+
+  def requirement(self, integer: bool) -> str:
+    """The range in words: 'a positive integer', '>= 0', 'in [0, 1)', ..."""
+    low_is_positive = ((self.low == 0 and self.low_open)
+                       or (integer and self.low == 1 and not self.low_open))
+    if low_is_positive and self.high is None:
+      text = f"a positive {'integer' if integer else 'number'}"
+    elif self.high is None:
+      text = f"{'>' if self.low_open else '>='} {_number(self.low)}"
+    elif self.low is None:
+      text = f"{'<' if self.high_open else '<='} {_number(self.high)}"
+    else:
+      text = (f"in {'(' if self.low_open else '['}{_number(self.low)}, {_number(self.high)}"
+              f"{')' if self.high_open else ']'}")
+    if self.also:
+      text += " or " + " or ".join(repr(v) for v in self.also)
+    return f"{text} ({self.note})" if self.note else text
+
+
+def _number(x: float) -> str:
+  return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _NonFinite:
+  """Marks a float field that may hold inf or nan (every other float must be finite)."""
+
+
+NonFinite = _NonFinite()
+Positive = Range(low=0, low_open=True)
+NonNegative = Range(low=0)
+Int32Size = Range(low=1, high=2**31 - 1, note="token ids and positions are int32")
+
+PositiveInt = Annotated[int, Positive]
+NonNegativeInt = Annotated[int, NonNegative]
+PositiveFloat = Annotated[float, Positive]
+NonNegativeFloat = Annotated[float, NonNegative]
+
+
+# ----------------------------------------------------------------------------- annotations
+
+
+def type_hints(owner: Any) -> dict[str, Any]:
+  """Field or parameter annotations of a class or function, with their `Annotated` extras.
+
+  A class that is not a dataclass is described by its `__init__`. Annotations that do not
+  resolve give {}: an unknown type is not checked rather than blocking the user.
+  """
+  target = owner
+  if isinstance(owner, type) and not dataclasses.is_dataclass(owner):
+    target = owner.__init__
+  try:
+    return typing.get_type_hints(target, include_extras=True)
+  except Exception:  # pylint: disable=broad-except
+    return {}
+
+
+def _strip(annotation: Any) -> tuple[Any, tuple[Any, ...]]:
+  """(the annotation without `Annotated`, the extras it carried)."""
+  if typing.get_origin(annotation) is Annotated:
+    return annotation.__origin__, annotation.__metadata__
+  return annotation, ()
+
+
+def _union_args(annotation: Any) -> tuple[Any, ...] | None:
+  if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+    return typing.get_args(annotation)
+  return None
+
+
+def describe(annotation: Any) -> str:
+  """An annotation in words: 'int', "one of 'a', 'b'", 'TransformerLM or None'."""
+  annotation, _ = _strip(annotation)
+  if annotation is type(None) or annotation is None:
+    return "None"
+  if typing.get_origin(annotation) is typing.Literal:
+    return "one of " + ", ".join(repr(c) for c in typing.get_args(annotation))
+  union = _union_args(annotation)
+  if union is not None:
+    return " or ".join(describe(arg) for arg in union)
+  if isinstance(annotation, type):
+    return annotation.__name__
+  return str(annotation).replace("typing.", "")
+
+
+def is_part(annotation: Any) -> bool:
+  """Whether the annotation names a part (a class of the project's), not a plain value."""
+  annotation, _ = _strip(annotation)
+  union = _union_args(annotation)
+  if union is not None:
+    return any(is_part(arg) for arg in union)
+  return isinstance(annotation, type) and annotation.__module__ not in ("builtins", "typing")
+
+
+# ----------------------------------------------------------------------------- types
+
+
+def _protocol_members(protocol: type) -> tuple[set[str], set[str]]:
+  """(data members, methods) a Protocol declares."""
+  data, methods = set(), set()
+  for base in protocol.__mro__:
+    if base in (object, typing.Protocol, typing.Generic):
+      continue
+    data |= set(getattr(base, "__annotations__", {}))
+    methods |= {name for name, value in vars(base).items()
+                if callable(value) and not name.startswith("_")}
+  return data, methods
+
+
+def _class_matches(value_type: type, annotation: type) -> bool | None:
+  if getattr(annotation, "_is_protocol", False):
+    data, methods = _protocol_members(annotation)
+    if not all(callable(getattr(value_type, name, None)) for name in methods):
+      return False
+    declared = set(dir(value_type))
+    for klass in value_type.__mro__:
+      declared |= set(getattr(klass, "__annotations__", {}))
+    # An attribute set in __init__ is invisible on the class: then it cannot be told.
+    return True if data <= declared else None
+  try:
+    return issubclass(value_type, annotation)
+  except TypeError:
+    return None
+
+
+def _all(results: list[bool | None]) -> bool | None:
+  if any(r is False for r in results):
+    return False
+  return True if all(r is True for r in results) else None
+
+
+def _items_match(value: Any, origin: Any, args: tuple[Any, ...],
+                 type_of: Callable[[Any], type | None]) -> bool | None:
+  """Whether the elements of a tuple, list or dict fit `tuple[int, ...]`, `dict[str, X]`..."""
+  if not args or not isinstance(value, (tuple, list, dict)):
+    return True if not args else None
+  if origin is dict:
+    return _all([matches(k, args[0], type_of) for k in value]
+                + [matches(v, args[-1], type_of) for v in value.values()])
+  if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+    if len(args) != len(value):
+      return False
+    return _all([matches(v, a, type_of) for v, a in zip(value, args)])
+  return _all([matches(v, args[0], type_of) for v in value])
+
+
+def matches(value: Any, annotation: Any,
+            type_of: Callable[[Any], type | None] = type) -> bool | None:
+  """Whether `value` fits `annotation`; None when that cannot be told.
+
+  Args:
+    value: The value, or something `type_of` knows the future type of (a Fiddle config).
+    annotation: The field's annotation; `Annotated` extras are ignored here.
+    type_of: The type `value` is or builds into; None for unknown.
+  """
+  annotation, _ = _strip(annotation)
+  if annotation is Any:
+    return True
+  if annotation is None or annotation is type(None):
+    return value is None
+  origin = typing.get_origin(annotation)
+  if origin is typing.Literal:
+    return any(value == c and type(value) is type(c) for c in typing.get_args(annotation))
+  union = _union_args(annotation)
+  if union is not None:
+    results = [matches(value, arg, type_of) for arg in union]
+    if any(r is True for r in results):
+      return True
+    return None if any(r is None for r in results) else False
+  value_type = type_of(value)
+  if value_type is None:
+    return None
+  if origin in (tuple, list, dict):
+    # A tuple and a list are interchangeable: a config.json gives back lists.
+    if not issubclass(value_type, dict if origin is dict else (tuple, list)):
+      return False
+    return _items_match(value, origin, typing.get_args(annotation), type_of)
+  if annotation is float:
+    return issubclass(value_type, numbers.Real) and not issubclass(value_type, bool)
+  if annotation is int:
+    return issubclass(value_type, numbers.Integral) and not issubclass(value_type, bool)
+  if annotation in (tuple, list):
+    return issubclass(value_type, (tuple, list))
+  if isinstance(annotation, type):
+    return _class_matches(value_type, annotation)
+  return None
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def _constraints(annotation: Any) -> tuple[list[Any], bool]:
+  """(every Annotated extra anywhere in the annotation, whether None is allowed)."""
+  annotation, extras = _strip(annotation)
+  found, optional = list(extras), annotation is None or annotation is type(None)
+  for arg in _union_args(annotation) or ():
+    inner, inner_optional = _constraints(arg)
+    found += inner
+    optional = optional or inner_optional
+  return found, optional
+
+
+def value_problem(value: Any, annotation: Any) -> str | None:
+  """Why a value of the right type is still refused ("must be ..."), or None.
+
+  Checks the declared `Range`s, that a float is finite (unless `NonFinite`), and that an
+  int fits int64.
+  """
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    return None
+  constraints, optional = _constraints(annotation)
+  or_none = " or None" if optional else ""
+  if isinstance(value, numbers.Integral) and abs(int(value)) > _INT64_MAX:
+    return "is past int64; no shape or count can be that large"
+  if not isinstance(value, numbers.Integral) and not math.isfinite(value) and (
+      NonFinite not in constraints):
+    return f"must be a finite number{or_none}"
+  for constraint in constraints:
+    if isinstance(constraint, Range):
+      problem = constraint.problem(value)
+      if problem:
+        return problem + or_none
+  return None
+
+
+def check(path: str, value: Any, annotation: Any) -> None:
+  """Raises the one-line error for a value that does not fit its field's annotation."""
+  bare = _strip(annotation)[0]
+  if matches(value, annotation) is False:
+    if typing.get_origin(bare) is typing.Literal:
+      problem = "valid choices: " + ", ".join(repr(c) for c in typing.get_args(bare))
+    else:
+      problem = f"must be {describe(annotation)}, got {type(value).__name__}"
+    fix = ""
+    if is_part(annotation) and not is_part(type(value)):
+      fix = (f"a part is changed field by field ({path}.FIELD=VALUE), or replaced by a "
+             "config in a fiddler")
+    raise _error(path, value, problem, fix)
+  problem = value_problem(value, annotation)
+  if problem:
+    raise _error(path, value, problem)
+
+
+def _error(path: str, value: Any, problem: str, fix: str = "") -> UsageError:
+  """`config_error`, with a value whose repr would not fit on one line shown by its type."""
+  shown = repr(value)
+  if len(shown) > 80 or "\n" in shown:
+    return UsageError(f"{path}=<{type(value).__name__}>: {problem}" + (f"; {fix}" if fix else ""))
+  return config_error(path, value, problem, fix)
+
+
+def _is_framework_field(part: Any, name: str) -> bool:
+  """Flax modules' own `parent` and `name` fields are bookkeeping, not settings."""
+  return name in ("parent", "name") and any(
+      klass.__module__.startswith("flax.") for klass in type(part).__mro__)
+
+
+def check_part(path: str, part: Any) -> None:
+  """Checks every field of a dataclass part, and of the dataclass parts inside it.
+
+  Raises:
+    UsageError: naming `path.field`, the value and what it must be, for the first field
+      that does not fit its annotation.
+  """
+  if not dataclasses.is_dataclass(part) or isinstance(part, type):
+    return
+  hints = type_hints(type(part))
+  for field in dataclasses.fields(part):
+    if _is_framework_field(part, field.name) or not hasattr(part, field.name):
+      continue
+    value = getattr(part, field.name)
+    field_path = f"{path}.{field.name}" if path else field.name
+    if field.name in hints:
+      check(field_path, value, hints[field.name])
+    check_part(field_path, value)
+

@@ -1,0 +1,92 @@
+"""The train program refuses a state that cannot fit this host's devices, from shapes alone;
+the shapes come from the model's own count and a one-layer trace."""
+
+import dataclasses
+import math
+import types
+
+import fiddle as fdl
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments.lm import architectures
+from lingvo_lite import memory_fit
+from lingvo_lite.errors import UsageError
+from lingvo_lite.partitioning import Partitioner
+from lingvo_lite.testing import run_cli, synthetic_tiny_setup, tree_digest
+
+_FAMILIES = {"gptj": architectures.gptj, "llama": architectures.llama,
+             "gpt2": architectures.gpt2}
+
+
+@pytest.mark.parametrize("family", sorted(_FAMILIES))
+@pytest.mark.parametrize("fields", [
+    {}, {"scan_layers": True},
+    {"num_kv_heads": 2, "attention_bias": True, "mlp_bias": True, "embedding_bias": True,
+     "output_bias": True, "tie_embeddings": False, "norm": "rmsnorm", "position": "learned",
+     "max_length": 32}])
+def test_the_analytic_count_and_the_one_layer_shapes_match_the_initialized_model(family, fields):
+  model = fdl.build(_FAMILIES[family](vocab_size=50, num_layers=3, dim=16, num_heads=4,
+                                      **fields))
+  tokens = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+  params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens)["params"])
+  leaves = jax.tree.leaves(params)
+  assert model.num_parameters() == sum(math.prod(x.shape) for x in leaves)
+  shapes = model.parameter_shapes()
+  assert sum(math.prod(p.shape) * p.repeats for p in shapes) == model.num_parameters()
+  assert sum(p.repeats for p in shapes) == len(leaves)
+
+
+def test_a_tiny_state_fits_and_is_counted_per_device():
+  setup = synthetic_tiny_setup()
+  memory_fit.check_fits(setup)
+  need = memory_fit.per_device_need(setup, 1)
+  assert need.parameters == 4 * setup.model.num_parameters()  # float32
+  assert need.gradients == need.parameters and need.moments == 2 * need.parameters
+
+
+def test_fsdp_divides_each_device_s_share():
+  setup = synthetic_tiny_setup()
+  replicated = memory_fit.per_device_need(setup, 8)
+  fsdp = memory_fit.per_device_need(
+      dataclasses.replace(setup, partitioner=Partitioner(ici_data=1, ici_fsdp=-1)), 8)
+  assert replicated.parameters == 4 * setup.model.num_parameters()
+  # Everything but the norms' scales and offsets is split 8 ways over `embed`.
+  assert fsdp.parameters < replicated.parameters / 6
+
+
+def test_an_accelerator_is_compared_with_its_own_memory(monkeypatch):
+  setup = synthetic_tiny_setup()
+  need = memory_fit.per_device_need(setup, 1).total
+
+  def fake_gpu(limit):
+    stats = {"bytes_limit": limit} if limit else None
+    return types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200",
+                                 memory_stats=lambda: stats)
+  monkeypatch.setattr(jax, "local_devices", lambda: [fake_gpu(need // 2)])
+  with pytest.raises(UsageError, match=r"do not fit: .* of each NVIDIA H200 .* and it has"):
+    memory_fit.check_fits(setup)
+  monkeypatch.setattr(jax, "local_devices", lambda: [fake_gpu(need * 2)])
+  memory_fit.check_fits(setup)
+  monkeypatch.setattr(jax, "local_devices", lambda: [fake_gpu(None)])
+  memory_fit.check_fits(setup)  # A runtime that does not say: not refused.
+
+
+def test_training_a_7b_model_on_a_small_host_is_one_line_but_printing_it_works(tmp_path,
+                                                                              monkeypatch):
+  monkeypatch.setattr(memory_fit, "host_available_bytes", lambda: 16 * 2**30)
+  monkeypatch.chdir(tmp_path)
+  before = tree_digest(tmp_path)
+  result = run_cli(["--exp=Llama7B", f"--job_log_dir={tmp_path / 'llama'}",
+                    "--compilation_cache_dir="])
+  lines = result.stderr.strip().splitlines()
+  assert result.code == 2 and len(lines) == 1, result.stderr
+  assert lines[0].startswith("lingvo_lite: error: model: 6.74B parameters (num_layers=32, "
+                             "dim=4096) do not fit: training needs at least 163 GiB"), lines[0]
+  assert "and 16 GiB is available; use fewer layers (model.num_layers)" in lines[0]
+  assert tree_digest(tmp_path) == before
+  printed = run_cli(["--mode=print", "--exp=Llama7B"])
+  assert printed.code == 0, printed.stderr
+  assert "model.num_layers = 32" in printed.stdout

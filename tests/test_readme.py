@@ -1,0 +1,402 @@
+"""Every command in README.md's code blocks runs as written, from a working copy of the repository.
+
+The README is the first thing a new user runs, from a working directory and with relative
+paths (`--job_log_dir=runs/a`), so that is how these tests run it: in README order (later
+commands read earlier job directories), with `python` the test's interpreter and `PYTHONPATH`
+the copy's root, as the README says `python -m lingvo_lite` needs.
+
+`RULES` says how each kind of command runs here: the flags appended to it where the command
+as written would take too long (appended last, so they win over the README's own flags), and
+what its output must show. A README command no rule recognises fails
+`test_every_readme_command_has_a_rule`, so a new README command needs a rule; commands that
+cannot run inside a test are in the table too, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Sequence
+
+import pytest
+
+from lingvo_lite import testing
+
+README = testing.source_root() / "README.md"
+TIMEOUT_S = 300
+
+# Code blocks that hold no commands, known by their first line.
+NOT_COMMANDS = {
+    r"^train step \d+/\d+: loss": "bin/demo.sh's sample output",
+    r"^bin/\s+demo\.sh": "the Layout section's list of folders",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+  """One README command line, as a shell reads it."""
+  text: str  # Continuations joined, comment dropped: what the report shows.
+  env: dict[str, str]  # Leading NAME=value assignments.
+  argv: tuple[str, ...]
+
+  def flag(self, name: str) -> str | None:
+    """The last value of `--name=value` or `--name value`, else None."""
+    return _flag(self.argv, name)
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+  value = None
+  for i, token in enumerate(argv):
+    if token.startswith(f"--{name}="):
+      value = token.partition("=")[2]
+    elif token == f"--{name}" and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
+
+
+def _code_blocks(markdown: str) -> list[list[str]]:
+  """The lines of each fenced code block, its fence's indentation removed (list items indent
+  theirs)."""
+  blocks, block, indent = [], None, 0
+  for line in markdown.splitlines():
+    if line.lstrip().startswith("```"):
+      if block is None:
+        block, indent = [], len(line) - len(line.lstrip())
+      else:
+        blocks.append(block)
+        block = None
+    elif block is not None:
+      block.append(line[indent:] if not line[:indent].strip() else line.lstrip())
+  return blocks
+
+
+def _logical_lines(block: list[str]) -> list[str]:
+  """Lines with backslash continuations joined, as a shell joins them."""
+  lines, pending = [], ""
+  for line in block:
+    if line.rstrip().endswith("\\"):
+      pending += line.rstrip()[:-1]
+    else:
+      lines.append(pending + line)
+      pending = ""
+  return lines + [pending] if pending else lines
+
+
+def readme_commands(markdown: str) -> list[Command]:
+  """The command lines of every fenced code block, in order, except NOT_COMMANDS blocks."""
+  commands = []
+  for block in _code_blocks(markdown):
+    first = next((line for line in block if line.strip()), "")
+    if any(re.match(pattern, first) for pattern in NOT_COMMANDS):
+      continue
+    for line in _logical_lines(block):
+      words = shlex.split(line, comments=True)
+      if not words:
+        continue  # Blank, or a comment line ("# ... and the same with --process_id=1").
+      env, argv = {}, list(words)
+      while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):
+        name, _, value = argv.pop(0).partition("=")
+        env[name] = value
+      commands.append(Command(shlex.join(words), env, tuple(argv)))
+  return commands
+
+
+# ------------------------------------------------------------------------------ running
+
+
+@dataclasses.dataclass
+class Session:
+  """What later commands' checks need from earlier ones."""
+  copy: pathlib.Path
+  commands: list[Command]
+  final_losses: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # job -> lines
+
+
+def _environment(copy: pathlib.Path, command_env: dict[str, str]) -> dict[str, str]:
+  env = dict(os.environ)
+  # A user's shell: only what the README says to set. The test runner's own XLA_FLAGS (forced
+  # devices) or PYTHONPATH (Bazel's runfiles) would change what the command does.
+  for name in ("XLA_FLAGS", "PYTHONPATH"):
+    env.pop(name, None)
+  env["PYTHONPATH"] = str(copy)
+  # `python` is this test's interpreter (the project's venv), as in an activated venv.
+  env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+  env.update(command_env)
+  return env
+
+
+def _run_one(argv: Sequence[str], env: dict[str, str],
+             copy: pathlib.Path) -> list[subprocess.CompletedProcess]:
+  return [subprocess.run(list(argv), cwd=copy, env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=TIMEOUT_S, check=False)]
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _run_processes(argv: Sequence[str], env: dict[str, str],
+                   copy: pathlib.Path) -> list[subprocess.CompletedProcess]:
+  """Every process of a jax.distributed command at once: `--process_id=I` for each I, and a
+  free port instead of the README's (tests may run side by side)."""
+  host = _flag(argv, "coordinator_address").rpartition(":")[0]
+  address = f"{host}:{_free_port()}"
+  argvs = []
+  for process in range(int(_flag(argv, "num_processes"))):
+    argvs.append([f"--process_id={process}" if t.startswith("--process_id=") else
+                  f"--coordinator_address={address}" if t.startswith("--coordinator_address=")
+                  else t for t in argv])
+  # Output to files, not pipes: waiting on one process must not let another block on a full
+  # pipe (it would stall the collectives both are in).
+  files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in argvs]
+  procs = [subprocess.Popen(a, cwd=copy, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=err, text=True) for a, (out, err) in zip(argvs, files)]
+  try:
+    deadline = time.monotonic() + TIMEOUT_S
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+      if any(p.returncode not in (None, 0) for p in procs):
+        # A failed process: its peers stop soon on their own (or are killed: exit -9),
+        # rather than wait out the timeout for it.
+        deadline = min(deadline, time.monotonic() + 30)
+      time.sleep(0.2)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  results = []
+  for a, p, streams in zip(argvs, procs, files):
+    for f in streams:
+      f.seek(0)
+    results.append(subprocess.CompletedProcess(a, p.returncode, *(f.read() for f in streams)))
+    for f in streams:
+      f.close()
+  return results
+
+
+# ------------------------------------------------------------------------------- checks
+
+Results = list[subprocess.CompletedProcess]
+
+
+def _search(pattern: str, text: str, what: str) -> re.Match:
+  match = re.search(pattern, text, re.MULTILINE)
+  assert match, f"{what}: no line matches {pattern!r} in:\n{text[-2000:]}"
+  return match
+
+
+def _check_list(command: Command, results: Results, session: Session) -> None:
+  del command
+  names = [line.split()[0] for line in results[0].stdout.splitlines() if line.strip()]
+  assert "lm.pycode.PyCodeTiny" in names, results[0].stdout
+  # Every experiment the README's commands name is in the list, by a unique dotted suffix.
+  for exp in {c.flag("exp") for c in session.commands} - {None}:
+    found = [n for n in names if n == exp or n.endswith("." + exp)]
+    assert len(found) == 1, f"--exp={exp}: {found or 'not'} in --mode=list"
+
+
+def _check_print(command: Command, results: Results, session: Session) -> None:
+  del session
+  out = results[0].stdout
+  _search(r"^model = <", out, "--mode=print")
+  for token in command.argv:  # Each of the README's overrides, with its origin.
+    if token.startswith("--fdl."):
+      path = token[len("--fdl."):].partition("=")[0]
+      _search(rf"^{re.escape(path)} = .*# command line: {re.escape(token)}", out, token)
+
+
+def _check_fdl_help(command: Command, results: Results, session: Session) -> None:
+  del command, session
+  out = results[0].stdout
+  _search(r"^\s*model\.dim\b", out, "--fdl_help: a field")
+  _search(r"\btiny\b", out, "--fdl_help: the fiddlers that apply")
+
+
+def _check_help(command: Command, results: Results, session: Session) -> None:
+  del command
+  out = results[0].stdout + results[0].stderr
+  # Every flag the README's lingvo_lite commands use is documented.
+  used = {t.partition("=")[0][2:] for c in session.commands if c.argv[:3] == LINGVO
+          for t in c.argv[3:] if t.startswith("--") and not t.startswith("--fdl.")}
+  for name in sorted(used - {"help", "helpfull"}):
+    _search(rf"^\s+--(\[no\])?{re.escape(name)}:", out, f"--help: --{name}")
+
+
+def _check_eval(command: Command, results: Results, session: Session) -> None:
+  _search(r"^eval of checkpoint step \d+: loss \d", results[0].stdout, "eval")
+  job = command.flag("job_log_dir")
+  assert (session.copy / job / "eval").is_dir(), f"no {job}/eval in the working copy"
+
+
+def _check_train(command: Command, results: Results, session: Session) -> None:
+  out = results[0].stdout
+  steps = _flag(results[0].args, "fdl.train.steps")
+  _search(rf"^done: step {steps}$", out, "train")
+  job = command.flag("job_log_dir")
+  # Relative to the working directory, where the user looks for it.
+  assert (session.copy / job / "config.json").is_file(), f"no {job}/config.json in the copy"
+  finals = re.findall(r"^  final (?:train|eval) loss: .*$", out, re.MULTILINE)
+  assert len(finals) == 2, out[-2000:]
+  session.final_losses[os.path.normpath(job)] = finals
+  # `--fdl_config_file=runs/a/config.json`: "re-run exactly" means the same losses.
+  source = command.flag("fdl_config_file")
+  if source and os.path.normpath(os.path.dirname(source)) in session.final_losses:
+    assert finals == session.final_losses[os.path.normpath(os.path.dirname(source))], (
+        f"{command.text}: not the run {source} came from")
+
+
+def _check_processes(command: Command, results: Results, session: Session) -> None:
+  first, *others = results
+  _search(r"^done: step \d+$", first.stdout, "process 0")
+  for other in others:  # "process 0 alone writes the config, logs and summaries"
+    assert "done: step" not in other.stdout, other.stdout[-2000:]
+  job = command.flag("job_log_dir")
+  assert (session.copy / job / "config.json").is_file(), f"no {job}/config.json in the copy"
+
+
+def _check_bench(command: Command, results: Results, session: Session) -> None:
+  del session
+  out = results[0].stdout
+  _search(r"^median ratio lingvo_lite / reference: \d+\.\d+ \(quartiles", out, "bench")
+  devices = command.flag("devices") or "1"
+  _search(rf"^jax \S+, {devices} \S+ device\(s\), mesh \{{.*'{command.flag('mesh') or 'data'}'"
+          rf": {devices}", out, "bench devices and mesh")
+
+
+# -------------------------------------------------------------------------------- rules
+
+LINGVO = ("python", "-m", "lingvo_lite")
+BENCH = ("python", "bench/step_bench.py")
+# No shared persistent compilation cache: each run compiles, as on a fresh machine, and does
+# not depend on what other tests (or the user) compiled before.
+NO_CACHE = ("--compilation_cache_dir=",)
+BENCH_SMOKE = ("--pairs", "1", "--steps", "1", "--warmup", "1")
+
+
+def _lingvo(command: Command, mode: str) -> bool:
+  return command.argv[:3] == LINGVO and (command.flag("mode") or "train") == mode
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """How one kind of README command runs here.
+
+  Attributes:
+    kind: its name in reports.
+    matches: whether a command is of this kind (the first rule that matches wins).
+    check: asserts on the output of a run that exited 0; None: the command is not run here.
+    extra: flags appended to the command, after the README's own.
+    why: why those flags, or why it does not run here.
+    run: runs the command in the working copy.
+  """
+  kind: str
+  matches: Callable[[Command], bool]
+  check: Callable[[Command, Results, Session], None] | None
+  extra: tuple[str, ...] = ()
+  why: str = ""
+  run: Callable[[Sequence[str], dict[str, str], pathlib.Path], Results] = _run_one
+
+
+RULES = (
+    Rule("bin/test.sh", lambda c: c.argv[:2] == ("bash", "bin/test.sh"), None,
+         why="runs the whole suite, this test included (it is what CI runs)"),
+    Rule("bin/demo.sh", lambda c: c.argv[:2] == ("bash", "bin/demo.sh"), None,
+         why="tests/test_default_experiment.py runs it as written; its 800 steps take ~1.5 "
+             "minutes, so the suite runs them once"),
+    Rule("list", lambda c: _lingvo(c, "list"), _check_list),
+    Rule("print", lambda c: _lingvo(c, "print"), _check_print),
+    Rule("--fdl_help", lambda c: c.argv[:3] == LINGVO and "--fdl_help" in c.argv,
+         _check_fdl_help),
+    Rule("--help", lambda c: c.argv[:3] == LINGVO and "--help" in c.argv, _check_help),
+    Rule("eval", lambda c: _lingvo(c, "eval"), _check_eval, NO_CACHE),
+    Rule("train, several processes",
+         lambda c: _lingvo(c, "train") and c.flag("job_log_dir") is not None
+         and c.flag("num_processes") is not None,
+         _check_processes, NO_CACHE, run=_run_processes,
+         why="every process at once (README: 'the same with --process_id=1 in a second "
+             "shell'), on a free port"),
+    Rule("train", lambda c: _lingvo(c, "train") and c.flag("job_log_dir") is not None,
+         _check_train,
+         ("--fdl.train.steps=4",) + NO_CACHE,
+         why="PyCodeTiny's 800 steps take ~1.5 minutes; 4 steps still train, checkpoint, "
+             "evaluate and write the job directory that later commands read"),
+    Rule("bench BenchLarge",
+         lambda c: c.argv[:2] == BENCH and c.flag("experiment") == "BenchLarge", _check_bench,
+         BENCH_SMOKE + ("--set", "train_data.global_batch_size=2"),
+         why="one pair of single steps; BenchLarge's batch of 8 takes ~5 s a step per side on "
+             "2 cores"),
+    Rule("bench", lambda c: c.argv[:2] == BENCH, _check_bench, BENCH_SMOKE,
+         why="one pair of single steps: builds, compiles and times both steps and prints the "
+             "ratio line (the README's figures come from 9-31 pairs)"),
+)
+
+
+def rule_for(command: Command) -> Rule | None:
+  return next((rule for rule in RULES if rule.matches(command)), None)
+
+
+# -------------------------------------------------------------------------------- tests
+
+
+def test_commands_are_read_as_a_shell_reads_them():
+  markdown = "\n".join([
+      "Text `python -m not_a_block`.", "```", "train step 1/1: loss 1.0", "```",
+      "- item", "  ```", "  A=1 python -m lingvo_lite --x=1 \\",
+      "      --y='a b'   # what it does", "  # a comment line", "", "  ```",
+      "```", "bash bin/x.sh", "```"])
+  commands = readme_commands(markdown)
+  assert [(c.env, c.argv) for c in commands] == [
+      ({"A": "1"}, ("python", "-m", "lingvo_lite", "--x=1", "--y=a b")),
+      ({}, ("bash", "bin/x.sh"))]
+  assert commands[0].flag("y") == "a b" and commands[0].flag("z") is None
+
+
+def test_every_readme_command_has_a_rule():
+  commands = readme_commands(README.read_text())
+  unrecognised = [c.text for c in commands if rule_for(c) is None]
+  assert not unrecognised, (
+      "README commands that no rule in tests/test_readme.py recognises (add one, with the "
+      "flags a test needs and what the output must show):\n  " + "\n  ".join(unrecognised))
+  used = {rule_for(c).kind for c in commands}
+  stale = [rule.kind for rule in RULES if rule.kind not in used]
+  assert not stale, f"rules that match no README command (remove them): {stale}"
+
+
+@pytest.mark.slow
+def test_readme_commands_run_as_written(tmp_path):
+  copy = testing.make_working_copy(tmp_path / "repo")
+  commands = readme_commands(README.read_text())
+  session = Session(copy, commands)
+  failures = []
+  for command in commands:
+    rule = rule_for(command)
+    if rule is None or rule.check is None:
+      continue  # Unrecognised: test_every_readme_command_has_a_rule fails. Not run: see why.
+    env = _environment(copy, command.env)
+    assert shutil.which("python", path=env["PATH"]) == os.path.join(
+        os.path.dirname(sys.executable), "python")
+    started = time.monotonic()
+    try:
+      results = rule.run(command.argv + rule.extra, env, copy)
+      for result in results:
+        assert result.returncode == 0, (
+            f"exit {result.returncode}: "
+            + " | ".join(result.stderr.strip().splitlines()[-3:]))
+      rule.check(command, results, session)
+    except (AssertionError, subprocess.TimeoutExpired) as e:
+      # The message only, not pytest's rewritten `assert ...` explanation after it.
+      message = str(e).strip().split("\nassert ")[0]
+      failures.append(f"{command.text}\n    {message[:1500]}")
+    print(f"{time.monotonic() - started:6.1f} s  [{rule.kind}] {command.text}")
+  assert not failures, f"{len(failures)} README command(s) failed:\n" + "\n".join(failures)
