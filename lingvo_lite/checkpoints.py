@@ -1,13 +1,26 @@
 """Checkpoint saving and restoring with orbax, keyed by step, under JOB/checkpoints/.
 
 Restores into the abstract, sharded state the program already computed, so a checkpoint
-lands directly in the current run's shardings (orbax reshards if the mesh changed). Each
-finished step gets checksums (`checkpoint_integrity`), verified before it is restored.
+lands directly in the current run's shardings (orbax reshards if the mesh changed).
+
+What can go wrong on disk is handled here, not left to orbax's background threads:
+- A save that fails (disk full, permissions, an I/O error) is noticed at the next step
+  boundary (`poll`), not one save interval later, and becomes one `CheckpointWriteError`.
+- A step counts as saved only once it is *verified*: orbax has committed it and process 0
+  has recorded every file's checksum (`checkpoint_integrity`), at the first step boundary
+  after the commit. A restore checks those checksums first, and never picks a step without
+  them unless `restore_unverified` says so: a run killed between the commit and the checksums
+  leaves such a step, and it is skipped with a warning.
+- Old steps are deleted by this class, not by orbax, and only once a newer step is verified,
+  so the newest verified step is never deleted. Deleting renames a step out of orbax's sight
+  first, so a kill mid-delete leaves an orphan that the next run removes, not a half step.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+import time
 from typing import Any
 
 import jax
@@ -21,9 +34,65 @@ from lingvo_lite import checkpoint_integrity
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveInt
 
-
 _ITEM = "default"  # The folder orbax writes a single-item step's state to.
 _STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
+# Folder-name markers of steps being written (orbax's) or being deleted (ours).
+_TEMPORARY_MARKERS = (".orbax-checkpoint-tmp", ".lingvo_lite-deleting")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+  """When to save, how many to keep, and what a restore may trust.
+
+  Attributes:
+    every_steps: Save every this many steps (and always at the end of training).
+    max_to_keep: Newest checkpoints kept on disk; older ones are deleted once a newer one
+      is verified. None keeps all (0 is refused: it would keep none).
+    async_save: Write in a background thread while training continues.
+    checksums: Record each file's size and CRC-32 once a step is committed and verify them
+      before a restore. Process 0 reads the step back on the training thread, at the first
+      step boundary after the commit: one more read of the checkpoint's bytes per save.
+    restore_unverified: Restore the newest step even if it has no checksums (its run was
+      killed between the commit and recording them). Off: such a step is skipped with a
+      warning, and the newest verified step is restored.
+  """
+
+  every_steps: PositiveInt = 1000
+  max_to_keep: PositiveInt | None = 3
+  async_save: bool = True
+  checksums: bool = True
+  restore_unverified: bool = False
+
+
+class CheckpointWriteError(RuntimeError):
+  """A save failed; the message is one line naming the step and the cause."""
+
+
+def _silence_closed_loop_errors() -> None:
+  """After a failed save, each of tensorstore's callbacks into orbax's already closed asyncio
+  loop reports 'Event loop is closed' as an unraisable exception, a traceback apiece: tens of
+  lines of noise around the one line that says what failed. Every other unraisable
+  exception still reaches the original hook."""
+  original = sys.unraisablehook
+  if getattr(original, "lingvo_lite_filter", False):
+    return
+
+  def hook(unraisable):
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      original(unraisable)
+  hook.lingvo_lite_filter = True
+  sys.unraisablehook = hook
+
+
+def _one_line(error: BaseException) -> str:
+  """The innermost cause of an exception chain, in one line."""
+  while error.__cause__ is not None or error.__context__ is not None:
+    error = error.__cause__ or error.__context__
+  text = " ".join(str(error).split())
+  if len(text) > 400:  # tensorstore's messages name every path; the cause is at the end.
+    text = f"{text[:200]} ... {text[-190:]}"
+  return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
@@ -37,39 +106,21 @@ def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
   return shapes
 
 
-@dataclasses.dataclass(frozen=True)
-class CheckpointSettings:
-  """When to save and how many to keep.
-
-  Attributes:
-    every_steps: Save every this many steps (and always at the end of training).
-    max_to_keep: Newest checkpoints kept on disk; older ones are deleted.
-    async_save: Write in a background thread while training continues.
-    checksums: Record each file's size and CRC-32 once a step is written and verify them
-      before a restore. Process 0 reads the step back on the training thread when the next
-      save starts (or at the end): one more read of the checkpoint's bytes per save.
-  """
-
-  every_steps: PositiveInt = 1000
-  max_to_keep: PositiveInt = 3
-  async_save: bool = True
-  checksums: bool = True
-
-
 class Checkpointer:
-  """A thin wrapper over orbax's CheckpointManager with the three calls programs need."""
+  """orbax's CheckpointManager, with verified steps, failure detection and retention."""
 
   def __init__(self, directory: epath.Path, settings: CheckpointSettings,
                create: bool = True):
     self._directory = directory
-    self._checksums = settings.checksums
-    self._steps_without_checksums: list[int] = []
-    self._reported_incomplete: set[int] = set()
-    self._verified_steps: set[int] = set()
+    self._settings = settings
+    self._pending: list[int] = []  # Saved, not yet committed and checksummed.
+    self._verified_steps: set[int] = set()  # Checked against their checksums.
+    self._reported: set[tuple[str, int]] = set()
+    _silence_closed_loop_errors()
     self._manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=settings.max_to_keep,
+            max_to_keep=None,  # Retention is ours: see `_delete_old_steps`.
             save_interval_steps=settings.every_steps,
             enable_async_checkpointing=settings.async_save,
             create=create,
@@ -77,21 +128,12 @@ class Checkpointer:
         # Naming the item's handler lets orbax read a step's metadata without warnings.
         item_handlers=ocp.StandardCheckpointHandler())
 
-  def latest_step(self) -> int | None:
-    """The newest complete step; incomplete step folders are skipped with a warning."""
-    complete = self.all_steps()
-    return complete[-1] if complete else None
+  # --------------------------------------------------------------------------- which steps
 
-  def all_steps(self) -> list[int]:
-    """Complete steps, oldest first (see `_is_complete`)."""
-    steps = sorted(self._manager.all_steps())
-    for step in steps:
-      if not self._is_complete(step) and step not in self._reported_incomplete:
-        self._reported_incomplete.add(step)
-        logging.warning("checkpoint step %d in %s is incomplete (no %s: an interrupted save or "
-                        "a partial copy); it is skipped", step, self._directory,
-                        _STEP_METADATA_FILE)
-    return [step for step in steps if step not in self._reported_incomplete]
+  def _warn_once(self, kind: str, step: int, message: str, *args: Any) -> None:
+    if (kind, step) not in self._reported:
+      self._reported.add((kind, step))
+      logging.warning(message, *args)
 
   def _is_complete(self, step: int) -> bool:
     """orbax renames a step's folder into place only once every file is written, with its
@@ -99,31 +141,166 @@ class Checkpointer:
     step_dir = self._directory / str(step)
     return (step_dir / _STEP_METADATA_FILE).exists() and (step_dir / _ITEM).is_dir()
 
-  def discard_incomplete_steps(self) -> None:
-    """Deletes incomplete step folders, which orbax would count as saved steps (it then
-    refuses to save any step up to theirs). Called by training once its state is in hand."""
-    incomplete = [s for s in self._manager.all_steps() if not self._is_complete(s)]
-    if not incomplete or jax.process_index() != 0:
-      return
-    for step in incomplete:
-      logging.warning("deleting incomplete checkpoint step folder %s", self._directory / str(step))
-      (self._directory / str(step)).rmtree()
+  def _has_checksums(self, step: int) -> bool:
+    return checkpoint_integrity.has_checksums(self._directory / str(step))
+
+  def all_steps(self) -> list[int]:
+    """Complete steps on disk, oldest first; incomplete ones are skipped with a warning."""
+    steps = []
+    for step in sorted(self._manager.all_steps()):
+      if step in self._pending:
+        continue  # This run's own save, still being written.
+      if self._is_complete(step):
+        steps.append(step)
+      else:
+        self._warn_once("incomplete", step, "checkpoint step %d in %s is incomplete (no %s: an "
+                        "interrupted save or a partial copy); it is skipped", step,
+                        self._directory, _STEP_METADATA_FILE)
+    return steps
+
+  def latest_step(self) -> int | None:
+    """The newest step a restore may use: verified (it has checksums), or any complete one
+    where checksums are off or `restore_unverified` allows it.
+
+    Raises:
+      UsageError: steps exist but none has checksums (and no setting allows that).
+    """
+    steps = self.all_steps()
+    if not steps:
+      return None
+    settings = self._settings
+    if not settings.checksums or settings.restore_unverified:
+      return steps[-1]
+    verified = [step for step in steps if self._has_checksums(step)]
+    for step in steps:
+      if step not in verified and (not verified or step > verified[-1]):
+        self._warn_once("unverified", step, "checkpoint step %d has no checksums (its run "
+                        "stopped between writing it and recording them); %s; "
+                        "--fdl.checkpoint.restore_unverified=True would restore it", step,
+                        f"restoring step {verified[-1]} instead" if verified else "skipped")
+    if not verified:
+      raise UsageError(
+          f"--job_log_dir: no checkpoint step in {self._directory} has checksums (steps "
+          f"{', '.join(map(str, steps))}); pass --fdl.checkpoint.restore_unverified=True to "
+          "restore the newest one anyway, or move the checkpoints away to start over")
+    return verified[-1]
+
+  def clean_up_for_training(self, start: int | None) -> None:
+    """Before a training run saves its first step (process 0; it holds the job's lock):
+    removes folders no run will finish (orbax's temporaries and our interrupted deletes, left
+    by a kill), incomplete step folders, and steps after `start` that were skipped (orbax
+    would count those as saved, and refuse to save any step up to theirs)."""
+    if jax.process_index() == 0 and self._directory.exists():
+      for path in sorted(self._directory.iterdir()):
+        if any(marker in path.name for marker in _TEMPORARY_MARKERS):
+          logging.warning("removing %s, left by an interrupted save or delete", path)
+          path.rmtree()
+      for step in sorted(self._manager.all_steps()):
+        if step not in self._pending and (step > (start or 0) or not self._is_complete(step)):
+          self._delete_step(step, "it is incomplete or newer than the step training resumes "
+                            f"from ({start or 0})")
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("lingvo_lite_checkpoint_clean_up")
     self._manager.reload()
+
+  def _delete_step(self, step: int, why: str) -> None:
+    step_dir = self._directory / str(step)
+    doomed = self._directory / f"{step}{_TEMPORARY_MARKERS[1]}-{time.time_ns()}"
+    logging.warning("deleting checkpoint step %d: %s", step, why)
+    step_dir.rename(doomed)  # Out of orbax's sight at once; a kill now leaves an orphan.
+    doomed.rmtree()
+
+  # --------------------------------------------------------------------------- saving
 
   def save(self, step: int, state: Any, force: bool = False,
            metadata: dict[str, Any] | None = None) -> bool:
-    """Saves if `step` is on the interval (or `force`); returns whether it saved.
+    """Starts saving `step` if it is on the interval (or `force`); returns whether it did.
 
     `metadata` (JSON-able) is stored with the step, e.g. the layer layout of the state.
+
+    Raises:
+      CheckpointWriteError: this save or the previous one failed.
     """
-    # orbax finishes the previous asynchronous save before starting one, so waiting here
-    # first costs nothing and lets that step's checksums be written.
-    self._write_pending_checksums()
-    saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
-                               custom_metadata=metadata)
-    if saved and self._checksums:
-      self._steps_without_checksums.append(step)
+    self.wait()  # orbax waits for the previous save anyway; this also verifies it.
+    try:
+      saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
+                                 custom_metadata=metadata)
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {_one_line(e)}") from e
+    if saved:
+      self._pending.append(step)
     return saved
+
+  def poll(self) -> list[int]:
+    """At a step boundary: verifies the pending save if orbax has finished it.
+
+    Returns:
+      The steps verified by this call.
+
+    Raises:
+      CheckpointWriteError: the background save failed.
+    """
+    if not self._pending or self._manager.is_saving_in_progress():
+      return []
+    return self.wait()
+
+  def wait(self) -> list[int]:
+    """Waits for pending saves, then checksums them and applies `max_to_keep`.
+
+    Returns:
+      The steps verified by this call.
+
+    Raises:
+      CheckpointWriteError: a pending save failed (the step is not kept).
+    """
+    if not self._pending:
+      return []
+    pending, self._pending = self._pending, []
+    try:
+      self._manager.wait_until_finished()
+      self._manager.check_for_errors()
+    except Exception as e:  # pylint: disable=broad-except
+      raise CheckpointWriteError(
+          f"saving checkpoint step {pending[-1]} failed: {_one_line(e)}") from e
+    for step in pending:
+      if not self._is_complete(step):
+        raise CheckpointWriteError(f"saving checkpoint step {step} failed: orbax reported no "
+                                   f"error, but {self._directory / str(step)} is incomplete")
+      if self._settings.checksums and jax.process_index() == 0:
+        try:
+          checkpoint_integrity.write_checksums(self._directory / str(step))
+        except OSError as e:
+          raise CheckpointWriteError(f"recording the checksums of checkpoint step {step} "
+                                     f"failed: {_one_line(e)}") from e
+      self._verified_steps.add(step)
+    self._delete_old_steps()
+    return pending
+
+  def _delete_old_steps(self) -> None:
+    """Keeps the newest `max_to_keep` complete steps; never the newest verified one."""
+    keep = self._settings.max_to_keep
+    if keep is None or jax.process_index() != 0:
+      return
+    steps = self.all_steps()
+    verified = [s for s in steps if s in self._verified_steps or self._has_checksums(s)]
+    protected = {verified[-1]} if verified else set()
+    for step in steps[:-keep] if len(steps) > keep else []:
+      if step not in protected:
+        self._delete_step(step, f"checkpoint.max_to_keep={keep}")
+    self._manager.reload()
+
+  def close(self) -> list[int]:
+    """Waits for and verifies pending saves, then releases orbax's threads.
+
+    Raises:
+      CheckpointWriteError: a pending save failed (resources are released all the same).
+    """
+    try:
+      return self.wait()
+    finally:
+      self._manager.close()
+
+  # --------------------------------------------------------------------------- restoring
 
   def metadata(self, step: int) -> dict[str, Any]:
     """The metadata saved with `step` ({} if none), once the step's files are verified."""
@@ -160,23 +337,9 @@ class Checkpointer:
                        f"{problem}; the model or optimizer differs from the one that wrote it: "
                        "use the job's own config (its config.json), or a new --job_log_dir")
 
-  def close(self) -> None:
-    """Waits for pending asynchronous saves, writes their checksums, releases resources."""
-    self._write_pending_checksums()
-    self._manager.close()
-
-  def _write_pending_checksums(self) -> None:
-    self._manager.wait_until_finished()
-    if jax.process_index() == 0:
-      for step in self._steps_without_checksums:
-        step_dir = self._directory / str(step)
-        if step_dir.exists():  # max_to_keep may have deleted it already.
-          checkpoint_integrity.write_checksums(step_dir)
-    self._steps_without_checksums = []
-
   def _verify(self, step: int) -> None:
     """Process 0 checks the files; every process learns the verdict, so all stop together."""
-    if not self._checksums or step in self._verified_steps:
+    if not self._settings.checksums or step in self._verified_steps:
       return
     step_dir = self._directory / str(step)
     problem = None
@@ -184,9 +347,8 @@ class Checkpointer:
       if checkpoint_integrity.has_checksums(step_dir):
         problem = checkpoint_integrity.first_mismatch(step_dir)
       else:
-        logging.warning("checkpoint step %d has no checksums (written before they existed, "
-                        "or the run stopped before recording them); restoring unverified",
-                        step)
+        self._warn_once("restoring unverified", step, "restoring checkpoint step %d without "
+                        "checksums (checkpoint.restore_unverified)", step)
     if jax.process_count() > 1:
       corrupt = multihost_utils.broadcast_one_to_all(np.int32(problem is not None))
       if corrupt and problem is None:

@@ -26,12 +26,18 @@ CONFIG_JSON = "config.json"
 CONFIG_TXT = "config.txt"
 _EXTRA_KEY = "lingvo_lite"  # Our entry in config.json, beside Fiddle's own keys.
 
-# What a resumed run may change: loop length and logging, checkpoint cadence, the mesh, and
-# how layers and attention are executed (a checkpoint's layer layout is converted on
-# restore; the attention implementations compute the same function). Everything else (model,
-# optimizer, data) shapes the state or the loss curve.
-RESUMABLE_SECTIONS = ("train.", "checkpoint.", "partitioner.", "eval_data.",
-                      "model.scan_layers", "model.remat_policy", "model.attention_implementation")
+# What a resumed run may change: loop length and logging, checkpoint cadence, the mesh, how
+# layers and attention are executed (a checkpoint's layer layout is converted on restore;
+# the attention implementations compute the same function), and the optimizer's
+# hyperparameters, which leave its state's tree as it is (the way back from a divergence is
+# a lower learning rate or clipping). Everything else (the model, the optimizer's kind, the
+# training data) shapes the state or the data a step sees.
+RESUMABLE_SECTIONS = (
+    "train.", "checkpoint.", "partitioner.", "eval_data.",
+    "model.scan_layers", "model.remat_policy", "model.attention_implementation",
+    "optimizer.peak_learning_rate", "optimizer.warmup_steps", "optimizer.decay_steps",
+    "optimizer.final_learning_rate_ratio", "optimizer.b1", "optimizer.b2", "optimizer.eps",
+    "optimizer.weight_decay", "optimizer.clip_grad_norm")
 
 
 def _last_location(buildable: fdl.Buildable, name: str) -> history.Location | None:

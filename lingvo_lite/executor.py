@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging as std_logging
 import os
 import sys
 from typing import Sequence
@@ -24,7 +25,7 @@ import jax
 from etils import epath
 
 from lingvo_lite import (building, command_line, config_files, config_help, distributed, job_dirs,
-                         overrides, paths, registry, supervisor)
+                         job_lock, overrides, paths, registry, supervisor)
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 
@@ -229,13 +230,17 @@ def _summarize(changes: Sequence[str]) -> str:
 def _train(setup: Setup, cfg: fdl.Buildable, experiment: type | None,
            job_dir: epath.Path) -> None:
   from lingvo_lite.programs import train  # pylint: disable=g-import-not-at-top
-  _check_resume(job_dir, cfg)
 
   def record_config() -> None:
     if jax.process_index() == 0:
       config_files.write(job_dir, cfg, experiment)
+  # The lock first: what the job holds (its config, its checkpoints) is read under it.
+  lock = job_lock.JobLock(job_dir, enabled=jax.process_index() == 0, shown=_JOB_LOG_DIR.value)
   try:
-    result = train.run(setup, job_dir, record_config)
+    with lock:
+      _check_resume(job_dir, cfg)
+      job_is_new = not (job_dir / config_files.CONFIG_JSON).exists()
+      result = train.run(setup, job_dir, record_config, job_is_new)
   except train.TrainingFailure as e:
     _fail(str(e), code=1)
   if jax.process_index() != 0:
@@ -261,11 +266,19 @@ def _configure_compilation_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def _quiet_orbax(record: std_logging.LogRecord) -> bool:
+  """Drops orbax's own warnings and errors: lingvo_lite reports what they are about (a failed
+  save, an incomplete step) in one line of its own, where orbax logs hundreds of lines of
+  tracebacks from its background threads. `--verbosity` (`-v 0`) shows them again."""
+  return f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
 def main(argv: Sequence[str]) -> None:
   del argv
   if not flags.FLAGS["verbosity"].present:
     # orbax and jax log every checkpoint step at INFO; -v 0 brings them back.
     logging.set_verbosity(logging.WARNING)
+    logging.get_absl_handler().addFilter(_quiet_orbax)
   try:
     if _MODE.value in ("train", "eval"):
       distributed.plan(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,

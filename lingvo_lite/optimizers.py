@@ -58,6 +58,9 @@ class AdamW:
     adamw = optax.adamw(
         self.schedule(total_steps), b1=self.b1, b2=self.b2, eps=self.eps,
         weight_decay=self.weight_decay, mask=decay_mask)
-    if not self.clip_grad_norm:
-      return adamw
-    return optax.chain(optax.clip_by_global_norm(self.clip_grad_norm), adamw)
+    # The same chain whether clipping is on or off (identity has clipping's empty state),
+    # so the optimizer state's tree, and a checkpoint, does not depend on it: a resumed run
+    # may turn clipping on to recover from a divergence.
+    clip = (optax.clip_by_global_norm(self.clip_grad_norm) if self.clip_grad_norm
+            else optax.identity())
+    return optax.chain(clip, adamw)

@@ -111,3 +111,12 @@ def eval_step(params: Any, batch: Batch, *, model: nn.Module) -> dict[str, jax.A
   """Metric sums over one eval batch; the caller adds them up and divides by `weight_sum`."""
   _, sums = _loss_sums(params, model, batch, 0.0)
   return {**sums, "weight_sum": jnp.sum(batch["weights"])}
+
+
+def is_finite(tree: Any) -> jax.Array:
+  """A scalar: whether every float in `tree` (a state: parameters and optimizer moments) is
+  finite. Computed where the arrays are, so only one bool crosses to the host."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)]
+  if not leaves:
+    return jnp.array(True)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import struct
 import time
-from typing import Mapping
+from typing import Callable, Mapping
 
 from etils import epath
 
@@ -36,37 +38,202 @@ def format_duration(seconds: float) -> str:
 
 
 class MetricsWriter:
-  """Appends `{"step": ..., **metrics}` to a JSONL file and mirrors scalars to TensorBoard."""
+  """Appends `{"step": ..., **metrics}` to a JSONL file and mirrors scalars to TensorBoard.
+
+  Rows are appended as they come, so a user can watch the file. A run that resumes from a
+  checkpoint (`resumed_from`) must end with one row per step, although the run it resumes
+  (killed after that checkpoint) may have written rows past it. So whatever a run writes is
+  provisional until `commit()`, which the train program calls once a checkpoint of this run
+  is safely written:
+
+  - `commit()` rewrites the JSONL file (a new file renamed over the old one) as the rows it
+    held with `step <= resumed_from` that this run did not write again, then this run's rows.
+    It also drops the same rows from the TensorBoard event files already in
+    `tensorboard_dir` (those of the earlier runs), so every reader of them sees one value per
+    step. Later calls do nothing; rows written after it are appended as usual.
+  - `rollback()`, for a run that fails before its first commit, puts the JSONL file back as
+    it was (byte for byte, or not there), deletes the event files this writer created and
+    the folders it created, if empty: the job dir is as before the run.
+
+  `resumed_from=None` keeps every existing row (plain appending); rollback works all the same.
+  The TensorBoard writer opens at the first write, so a run that fails before its first
+  metric creates no event file. (Between a resume and its first commit, TensorBoard's default
+  fast loader already hides a killed run's events past the new run's first step: its
+  reservoirs drop points whose step is not below a newly read one. The legacy loader,
+  `--load_fast=false`, does not: TF2 event files are version 2, for which it purges only on a
+  `SessionLog.START` event, which TF2 writers do not write.)
+  """
 
   def __init__(self, jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
-               enabled: bool = True):
+               enabled: bool = True, resumed_from: int | None = None):
     self._enabled = enabled
     self._jsonl_path = jsonl_path
+    self._tensorboard_dir = tensorboard_dir
+    self._resumed_from = resumed_from
     self._tensorboard = None
+    self._tensorboard_opened = False
+    self._committed = False
+    self._rolled_back = False
+    self._closed = False
+    self._folder_made = False
+    self._lines: list[str] = []  # This run's rows, until the commit.
+    self._steps: set[int] = set()
     if not enabled:
       return
-    jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+    self._original = jsonl_path.read_bytes() if jsonl_path.exists() else None
+    self._needs_newline = bool(self._original) and not self._original.endswith(b"\n")
+    folders = _missing_folders(jsonl_path.parent)
+    self._earlier_events: list[epath.Path] = []
     if tensorboard_dir is not None:
-      try:
-        import_tensorflow()
-        from clu import metric_writers  # pylint: disable=g-import-not-at-top
-        self._tensorboard = metric_writers.SummaryWriter(str(tensorboard_dir))
-      except ImportError as e:
-        log(f"TensorBoard summaries disabled ({e}); metrics still go to {jsonl_path}")
+      folders += _missing_folders(tensorboard_dir)
+      if tensorboard_dir.is_dir():
+        self._earlier_events = sorted(p for p in tensorboard_dir.iterdir() if _is_events(p))
+    # Deepest first, so a folder is tried after the ones inside it.
+    self._created_folders = sorted(set(folders), key=lambda p: len(p.parts), reverse=True)
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     if not self._enabled:
       return
+    if self._closed:
+      raise RuntimeError(f"MetricsWriter({self._jsonl_path}) is closed")
     record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    line = json.dumps(record) + "\n"
+    if not self._folder_made:
+      self._jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+      self._folder_made = True
     with self._jsonl_path.open("a") as f:
-      f.write(json.dumps(record) + "\n")
-    if self._tensorboard is not None:
-      self._tensorboard.write_scalars(int(step), {k: v for k, v in metrics.items()})
+      # A run killed mid-row left half a line: this row starts a line of its own.
+      f.write(("\n" if self._needs_newline else "") + line)
+    self._needs_newline = False
+    if not self._committed:
+      self._lines.append(line)
+      self._steps.add(int(step))
+    tensorboard = self._tensorboard_writer()
+    if tensorboard is not None:
+      tensorboard.write_scalars(int(step), {k: v for k, v in metrics.items()})
+
+  def commit(self) -> None:
+    """This run's rows are for keeping: drops the rows it supersedes (see the class doc)."""
+    if not self._enabled or self._committed or self._rolled_back:
+      return
+    self._committed = True
+    if self._resumed_from is not None:
+      kept = [line + "\n" for line in _lines(self._original)
+              if (step := _row_step(line)) is not None and step <= self._resumed_from
+              and step not in self._steps]
+      new = "".join(kept + self._lines).encode()
+      exists = self._jsonl_path.exists()
+      if (new or exists) and not (exists and self._jsonl_path.read_bytes() == new):
+        _replace(self._jsonl_path, new)
+      for path in self._earlier_events:
+        _drop_events(path, lambda step: step > self._resumed_from or step in self._steps)
+    self._lines, self._steps = [], set()
+
+  def rollback(self) -> None:
+    """Takes back everything this writer wrote, unless it committed; then closes it."""
+    self.close()
+    if not self._enabled or self._committed or self._rolled_back:
+      return
+    self._rolled_back = True
+    if self._original is None:
+      if self._jsonl_path.exists():
+        self._jsonl_path.unlink()
+    elif self._jsonl_path.read_bytes() != self._original:
+      _replace(self._jsonl_path, self._original)
+    if self._tensorboard_dir is not None and self._tensorboard_dir.is_dir():
+      for path in self._tensorboard_dir.iterdir():
+        if _is_events(path) and path not in self._earlier_events:
+          path.unlink()
+    for folder in self._created_folders:
+      try:
+        if folder.is_dir() and not any(folder.iterdir()):
+          folder.rmdir()
+      except OSError:
+        pass  # Not ours to insist on: an object store has no real folders, for one.
 
   def close(self) -> None:
+    self._closed = True
     if self._tensorboard is not None:
       self._tensorboard.flush()
       self._tensorboard.close()
+      self._tensorboard = None
+
+  def _tensorboard_writer(self):
+    if not self._tensorboard_opened and self._tensorboard_dir is not None:
+      self._tensorboard_opened = True
+      try:
+        import_tensorflow()
+        from clu import metric_writers  # pylint: disable=g-import-not-at-top
+        self._tensorboard = metric_writers.SummaryWriter(str(self._tensorboard_dir))
+      except ImportError as e:
+        log(f"TensorBoard summaries disabled ({e}); metrics still go to {self._jsonl_path}")
+    return self._tensorboard
+
+
+def _missing_folders(folder: epath.Path) -> list[epath.Path]:
+  """`folder` and its ancestors that do not exist yet."""
+  missing = []
+  while not folder.exists() and folder.parent != folder:
+    missing.append(folder)
+    folder = folder.parent
+  return missing
+
+
+def _is_events(path: epath.Path) -> bool:
+  return "tfevents" in path.name and not path.name.startswith(".")
+
+
+def _lines(data: bytes | None) -> list[str]:
+  return data.decode(errors="replace").splitlines() if data else []
+
+
+def _row_step(line: str) -> int | None:
+  """The step of a JSONL row; None for a line that is not one (half a row, left by a kill)."""
+  try:
+    step = json.loads(line).get("step")
+  except (ValueError, AttributeError):
+    return None
+  return step if isinstance(step, int) else None
+
+
+def _replace(path: epath.Path, data: bytes) -> None:
+  """Writes `path` whole: a reader sees the old file or the new one, never a part."""
+  # Not named like the file: TensorBoard would read a `*tfevents*` one as another event file.
+  temporary = path.parent / f".lingvo_lite_rewrite.{os.getpid()}.tmp"
+  temporary.write_bytes(data)
+  temporary.replace(path)
+
+
+def _drop_events(path: epath.Path, drop: Callable[[int], bool]) -> None:
+  """Rewrites an event file without its summaries whose step `drop`s (other events stay).
+
+  An event file is TFRecords: length (8 bytes), its masked CRC (4), the Event proto, the
+  proto's masked CRC (4). Kept records are copied whole, CRCs and all; a torn last record
+  (a killed writer's) is dropped.
+  """
+  try:
+    from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return  # No TensorBoard here (nor TensorFlow): this run wrote no events to supersede.
+  from google.protobuf.message import DecodeError  # pylint: disable=g-import-not-at-top
+  data = path.read_bytes()
+  kept, offset = [], 0
+  while offset + 12 <= len(data):
+    (length,) = struct.unpack_from("<Q", data, offset)
+    end = offset + 12 + length + 4
+    if end > len(data):
+      break
+    try:
+      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
+      dropped = event.HasField("summary") and drop(event.step)
+    except DecodeError:
+      dropped = False  # Not ours to judge: TensorBoard reports a damaged record itself.
+    if not dropped:
+      kept.append(data[offset:end])
+    offset = end
+  new = b"".join(kept)
+  if new != data:
+    _replace(path, new)
 
 
 class Throughput:

@@ -102,8 +102,10 @@ def supervise(args: Sequence[str]) -> int:
       child.send_signal(signum)
   for signum in (signal.SIGTERM, signal.SIGINT):
     signal.signal(signum, forward)
+  # Its own process group: a Ctrl-C at the terminal reaches the child once, forwarded from
+  # here, not twice (a second SIGINT stops a training run at once, without saving).
   child = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *args], env=env,
-                           stderr=subprocess.PIPE)
+                           stderr=subprocess.PIPE, process_group=0)
   for signum in received:
     child.send_signal(signum)
   watch = LogWatch()

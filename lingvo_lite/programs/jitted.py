@@ -67,6 +67,8 @@ class JittedSteps:
     self.eval_step = jax.jit(
         functools.partial(steps.eval_step, model=setup.model),
         in_shardings=(state_shardings.params, self.batch_sharding))
+    # Checked before every save, so only finite states are ever written.
+    self.state_is_finite = jax.jit(steps.is_finite, in_shardings=(state_shardings,))
 
   @contextlib.contextmanager
   def activated(self) -> Iterator[None]:

@@ -1,0 +1,410 @@
+"""Nothing lost under faults: kill -9 mid-save, a full disk, a non-finite loss, a kill between
+a checkpoint's commit and its checksums, a failed resume, orphaned temporary folders and a
+second Ctrl-C.
+
+Each case runs `python -m lingvo_lite` as a child process from a temporary working directory
+with a relative `--job_log_dir`, as a user would, on the tiny synthetic-data setup. The
+restarts of one case share one compilation cache (in its temporary directory), so only the
+first run of a case compiles.
+"""
+
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from etils import epath
+
+from lingvo_lite import checkpoint_integrity
+from lingvo_lite.testing import run_cli, source_root, tree_digest
+
+ROOT = str(source_root())
+BASE = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+        "--fdl.train.log_every_steps=1"]
+TMP_MARKER = "orbax-checkpoint-tmp"
+# Steps of 256 x 64 tokens take longer than a whole save of the tiny state (~0.15 s), so a
+# save that fails has failed by the end of the step after the one that started it.
+SLOW_STEPS = ["--fdl.train_data.global_batch_size=256"]
+
+
+def _env():
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # One CPU device, whatever the test runner forces.
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+  return env
+
+
+def _argv(tmp_path, job, *args, cache=True):
+  cache_dir = str(tmp_path / "jax_cache") if cache else ""
+  return [sys.executable, "-m", "lingvo_lite", *BASE, f"--job_log_dir={job}",
+          f"--compilation_cache_dir={cache_dir}", *args]
+
+
+def _run(tmp_path, job, *args, timeout=240, cache=True, preexec_fn=None):
+  """Runs the CLI to the end from `tmp_path` (`job` relative to it)."""
+  return subprocess.run(_argv(tmp_path, job, *args, cache=cache), cwd=tmp_path, env=_env(),
+                        capture_output=True, text=True, timeout=timeout, check=False,
+                        preexec_fn=preexec_fn)
+
+
+def _start(tmp_path, job, *args, log_name="run"):
+  """Starts the CLI in the background, its output appended to files beside the job (a pipe
+  nobody reads would block it once full)."""
+  out = open(tmp_path / f"{log_name}.stdout", "a")
+  err = open(tmp_path / f"{log_name}.stderr", "a")
+  try:
+    return subprocess.Popen(_argv(tmp_path, job, *args), cwd=tmp_path, env=_env(),
+                            stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+  finally:
+    out.close()
+    err.close()
+
+
+def _stop(process):
+  if process is not None and process.poll() is None:
+    process.kill()
+    process.wait(timeout=30)
+
+
+def _ok(result):
+  assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
+  return result
+
+
+def _rows(job):
+  path = job / "metrics.jsonl"
+  if not path.exists():
+    return []
+  rows = []
+  for number, line in enumerate(path.read_text().splitlines(), 1):
+    try:
+      rows.append(json.loads(line))
+    except ValueError:
+      pytest.fail(f"{path} line {number} is not a JSON row: {line[:80]!r}")
+  return rows
+
+
+def _logged_step(job):
+  """The newest step of a complete row of metrics.jsonl, read while a run may be writing it
+  (or was killed mid-row); 0 if none."""
+  path = job / "metrics.jsonl"
+  newest = 0
+  if path.exists():
+    for line in path.read_text().split("\n")[:-1]:
+      try:
+        newest = max(newest, int(json.loads(line)["step"]))
+      except (ValueError, KeyError, TypeError):
+        pass
+  return newest
+
+
+def _complete_steps(job):
+  """Final-named step folders orbax committed (with their step metadata), oldest first."""
+  directory = job / "checkpoints"
+  if not directory.is_dir():
+    return []
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit()
+                and (directory / name / "_CHECKPOINT_METADATA").exists())
+
+
+def _temporary_folders(job):
+  directory = job / "checkpoints"
+  return sorted(name for name in os.listdir(directory) if TMP_MARKER in name)
+
+
+def _restore(step_dir):
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  return ocp.StandardCheckpointer().restore(epath.Path(step_dir).absolute() / "default")
+
+
+def _leaves(tree):
+  import jax  # pylint: disable=g-import-not-at-top
+  return {jax.tree_util.keystr(path): np.asarray(leaf)
+          for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _error_lines(stderr):
+  return [line for line in stderr.splitlines() if line.startswith("lingvo_lite: error:")]
+
+
+def _assert_one_error_line(stderr):
+  """The run's last word is one `lingvo_lite: error:` line, with no traceback anywhere."""
+  assert "Traceback" not in stderr, stderr[-3000:]
+  lines = _error_lines(stderr)
+  assert len(lines) == 1, stderr[-3000:]
+  assert stderr.strip().splitlines()[-1] == lines[0], stderr[-3000:]
+  return lines[0]
+
+
+def _wait_for(condition, process, timeout, what):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    value = condition()
+    if value:
+      return value
+    if process.poll() is not None:
+      pytest.fail(f"the run exited ({process.returncode}) while waiting for {what}")
+    time.sleep(0.001)
+  pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+# 1. Kill -9, again and again, also while a save is in flight.
+
+@pytest.mark.slow
+def test_kill_9_soak_loses_nothing(tmp_path):
+  # Each run below progresses ~10-20 steps before its kill: 11 kills fit well within 240.
+  steps, every = 240, 10
+  args = [f"--fdl.train.steps={steps}", f"--fdl.checkpoint.every_steps={every}"]
+  # The uninterrupted run first: it also fills the compilation cache, so no kill lands in
+  # a cache write (JAX's cache does not write atomically).
+  began = time.time()
+  _ok(_run(tmp_path, "whole", *args))
+  print(f"uninterrupted run: {time.time() - began:.1f} s")
+  parts = tmp_path / "parts"
+  rng = np.random.default_rng(0)
+  kills, kills_in_flight, wanted_kills, process = 0, 0, 11, None
+  try:
+    for attempt in range(wanted_kills):
+      start = max(_complete_steps(parts), default=0)
+      process = _start(tmp_path, "parts", *args, log_name="parts")
+      # Progress first: one step of this run committed (so no run is wasted), then the kill.
+      saved = _wait_for(lambda: [s for s in _complete_steps(parts) if s > start], process, 120,
+                        f"a checkpoint after step {start} (kill {attempt})")[0]
+      if attempt % 2 == 0:  # The moment the next save's temporary folder appears.
+        _wait_for(lambda: [n for n in _temporary_folders(parts)
+                           if int(n.split(".")[0]) > saved], process, 60,
+                  f"a save in flight after step {saved}")
+      else:  # After a random number of steps: mid-step, mid-save, between a commit and its
+        target = saved + int(rng.integers(1, every + 1))  # checksums...
+        _wait_for(lambda: _logged_step(parts) >= target, process, 60, f"step {target}")
+      process.send_signal(signal.SIGKILL)
+      process.wait(timeout=30)
+      kills += 1
+      # A kill in flight leaves the save's temporary folder behind.
+      kills_in_flight += any(int(n.split(".")[0]) > saved for n in _temporary_folders(parts))
+      print(f"kill {attempt} at {time.time() - began:.1f} s: resumed from <= {start}, saved "
+            f"{saved}, logged {_logged_step(parts)}, in flight so far {kills_in_flight}")
+    result = _ok(_run(tmp_path, "parts", *args))
+  finally:
+    _stop(process)
+  assert "resumed from step" in result.stdout
+  assert kills >= 10 and kills_in_flight >= 3, (kills, kills_in_flight)
+
+  # The same curve and the same final state as the uninterrupted run...
+  whole = tmp_path / "whole"
+  losses = {job.name: {row["step"]: row["loss"] for row in _rows(job)} for job in (whole, parts)}
+  assert sorted(losses["whole"]) == list(range(1, steps + 1))
+  assert losses["parts"] == losses["whole"]
+  assert max(_complete_steps(parts)) == max(_complete_steps(whole)) == steps
+  expected = _leaves(_restore(whole / "checkpoints" / str(steps)))
+  got = _leaves(_restore(parts / "checkpoints" / str(steps)))
+  assert sorted(got) == sorted(expected)
+  different = [name for name in expected if not np.array_equal(got[name], expected[name])]
+  assert not different, different[:5]
+  # ... and the killed runs' rows past their checkpoints are gone: one row per step.
+  logged = [row["step"] for row in _rows(parts)]
+  assert logged == list(range(1, steps + 1)), (
+      f"parts/metrics.jsonl: {len(logged)} rows for {steps} steps, "
+      f"{len(logged) - len(set(logged))} of them repeats")
+  assert _temporary_folders(parts) == []
+
+
+# 2. A full disk, a file size limit: the failed background save stops the run.
+
+def _assert_stopped_after_failed_save(result, job, failed_step, steps, cause):
+  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+  line = _assert_one_error_line(result.stderr)
+  assert re.search(rf"\bstep {failed_step}\b", line), line
+  assert cause in line, line
+  # The save of step S fails in the background while step S+1 runs (a step takes longer
+  # than a save here): the failure is seen at the boundary after step S+1, and one more
+  # step is allowed for a step already dispatched. So no metric row beyond S+2, where the
+  # unfixed run went on to the next save (S + every_steps) or the end.
+  logged = [row["step"] for row in _rows(job)]
+  assert logged and max(logged) <= failed_step + 2 < steps, logged
+  assert len(logged) == len(set(logged)), logged
+  # No folder of the failed step claims success.
+  assert failed_step not in _complete_steps(job)
+
+
+def test_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tmp_path):
+  if os.geteuid() != 0:
+    pytest.skip("mounting a small tmpfs needs root")
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  # Two checkpoints of the tiny state (1.6 MB each) and the job's small files fit; a third
+  # does not. max_to_keep=5 deletes nothing the run saves, so the third save must fail.
+  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4200k", "tmpfs", str(disk)],
+                           capture_output=True, text=True, check=False)
+  if mounted.returncode != 0:
+    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+  args = ["--fdl.train.steps=10", "--fdl.checkpoint.every_steps=2",
+          "--fdl.checkpoint.max_to_keep=5", *SLOW_STEPS]
+  job = disk / "job"
+  try:
+    result = _run(tmp_path, "disk/job", *args)
+    _assert_stopped_after_failed_save(result, job, 6, 10, "No space left on device")
+    assert _complete_steps(job) == [2, 4]
+    for step in (2, 4):  # Intact and verified.
+      step_dir = epath.Path(job / "checkpoints" / str(step))
+      assert checkpoint_integrity.has_checksums(step_dir), step
+      assert checkpoint_integrity.first_mismatch(step_dir) is None, step
+
+    # A bigger disk: the same command resumes from the newest intact checkpoint.
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+    result = _ok(_run(tmp_path, "disk/job", *args))
+    assert "resumed from step 4" in result.stdout
+    assert "done: step 10" in result.stdout
+    assert [row["step"] for row in _rows(job)] == list(range(1, 11))
+  finally:
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _limit_file_size(limit_bytes):
+  def preexec():
+    # Past the limit a write fails with EFBIG ("File too large") instead of SIGXFSZ killing
+    # the process; an ignored signal stays ignored across exec.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+  return preexec
+
+
+def test_file_size_limit_fails_the_first_save_cleanly(tmp_path):
+  # 200 KB: more than the config, metrics and event files, less than the checkpoint's largest
+  # data file (~1 MB), so the first save fails. No compilation cache: its entries are bigger
+  # than the limit, and a truncated entry would outlive the test's run.
+  args = ["--fdl.train.steps=10", "--fdl.checkpoint.every_steps=3", *SLOW_STEPS]
+  result = _run(tmp_path, "job", *args, cache=False, preexec_fn=_limit_file_size(200_000))
+  job = tmp_path / "job"
+  _assert_stopped_after_failed_save(result, job, 3, 10, "File too large")
+  assert _complete_steps(job) == []
+
+
+# 3. A non-finite loss: stop with the newest finite checkpoint named; its advice works.
+
+def test_nan_stops_with_finite_checkpoints_and_a_lower_learning_rate_resumes(tmp_path):
+  # Without clipping, a peak learning rate of 100 (reached over the 100 warmup steps) blows
+  # the tiny model up to a NaN loss after ~25 steps, with checkpoints saved on the way.
+  common = ["--fdl.train.steps=60", "--fdl.checkpoint.every_steps=5",
+            "--fdl.optimizer.clip_grad_norm=None"]
+  result = _run(tmp_path, "job", *common, "--fdl.optimizer.peak_learning_rate=1e2")
+  job = tmp_path / "job"
+  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+  line = _assert_one_error_line(result.stderr)
+  saved = _complete_steps(job)
+  assert saved, "no checkpoint was saved before the loss went non-finite"
+  assert re.search(rf"\bstep {saved[-1]}\b", line), (saved, line)
+  for step in saved:
+    leaves = _leaves(_restore(job / "checkpoints" / str(step)))
+    not_finite = [name for name, leaf in leaves.items()
+                  if np.issubdtype(leaf.dtype, np.floating) and not np.isfinite(leaf).all()]
+    assert not not_finite, (step, not_finite[:5])
+
+  result = _ok(_run(tmp_path, "job", *common, "--fdl.optimizer.peak_learning_rate=1e-3"))
+  assert f"resumed from step {saved[-1]}" in result.stdout
+  assert "done: step 60" in result.stdout
+  config_lines = [l for l in (job / "config.txt").read_text().splitlines()
+                  if l.startswith("optimizer.peak_learning_rate ")]
+  assert len(config_lines) == 1, config_lines
+  assert re.match(r"optimizer\.peak_learning_rate = 0\.001 +# command line: "
+                  r"--fdl\.optimizer\.peak_learning_rate=1e-3$", config_lines[0]), config_lines
+
+
+# 4. A step whose checksums were never written is not restored silently.
+
+def test_a_step_without_checksums_is_skipped_unless_asked_for(tmp_path):
+  args = ["--fdl.checkpoint.every_steps=2", "--fdl.checkpoint.max_to_keep=5"]
+  _ok(_run(tmp_path, "job", *args, "--fdl.train.steps=6"))
+  job = tmp_path / "job"
+  assert _complete_steps(job) == [2, 4, 6]
+  # As a kill between the commit of step 6 and its checksums leaves it.
+  (job / "checkpoints" / "6" / checkpoint_integrity.CHECKSUMS_FILE).unlink()
+  shutil.copytree(job, tmp_path / "job_unverified", symlinks=True)
+
+  result = _ok(_run(tmp_path, "job", *args, "--fdl.train.steps=8"))
+  assert "resumed from step 4" in result.stdout
+  about_6 = [l for l in result.stderr.splitlines() if re.search(r"\bstep 6\b", l)]
+  assert len(about_6) == 1 and "checksum" in about_6[0], result.stderr[-3000:]
+  assert "done: step 8" in result.stdout
+
+  result = _ok(_run(tmp_path, "job_unverified", *args, "--fdl.train.steps=8",
+                    "--fdl.checkpoint.restore_unverified=True"))
+  assert "resumed from step 6" in result.stdout
+  assert "done: step 8" in result.stdout
+
+
+# 6. max_to_keep=0 would keep nothing.
+
+def test_max_to_keep_zero_is_refused(tmp_path):
+  result = run_cli([*BASE, "--fdl.checkpoint.max_to_keep=0", "--compilation_cache_dir=",
+                    f"--job_log_dir={tmp_path / 'job'}"])
+  assert result.code == 2, result
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("lingvo_lite: error: "), result.stderr
+  assert "checkpoint.max_to_keep" in lines[0], lines[0]
+  assert not (tmp_path / "job" / "checkpoints").exists()
+
+
+# 7. A resume that fails after it started leaves the job as it was.
+
+def test_a_failed_resume_leaves_the_job_dir_as_it_was(tmp_path):
+  common = ["--fdl.optimizer.clip_grad_norm=None"]
+  _ok(_run(tmp_path, "job", *common, "--fdl.train.steps=4", "--fdl.checkpoint.every_steps=2"))
+  job = tmp_path / "job"
+  before = tree_digest(job)
+  # A learning rate of 1e4 makes the loss non-finite within a few steps, long before the
+  # next save.
+  result = _run(tmp_path, "job", *common, "--fdl.train.steps=40",
+                "--fdl.checkpoint.every_steps=1000", "--fdl.optimizer.peak_learning_rate=1e4")
+  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+  assert "resumed from step 4" in result.stdout
+  assert "train step 5/40" in result.stdout  # It did start training.
+  _assert_one_error_line(result.stderr)
+  assert tree_digest(job) == before
+
+
+# 8. Orphaned temporary folders; a second Ctrl-C.
+
+def test_orphaned_temporary_folders_are_removed_on_the_next_start(tmp_path):
+  args = ["--fdl.checkpoint.every_steps=2"]
+  _ok(_run(tmp_path, "job", *args, "--fdl.train.steps=4"))
+  job = tmp_path / "job"
+  # What a kill in the middle of saving step 9 leaves (a step this run will not save again).
+  orphan = job / "checkpoints" / f"9.{TMP_MARKER}"
+  shutil.copytree(job / "checkpoints" / "4" / "default", orphan / f"default.{TMP_MARKER}")
+  result = _ok(_run(tmp_path, "job", *args, "--fdl.train.steps=6"))
+  assert "resumed from step 4" in result.stdout
+  named = [l for l in (result.stdout + result.stderr).splitlines() if orphan.name in l]
+  if orphan.exists():
+    assert len(named) == 1, f"{orphan.name} was neither removed nor reported once: {named}"
+  else:
+    assert len(named) <= 1, named
+
+
+def test_a_second_ctrl_c_stops_at_once_with_exit_code_130(tmp_path):
+  process = None
+  try:
+    process = _start(tmp_path, "job", "--fdl.train.steps=100000",
+                     "--fdl.checkpoint.every_steps=100000")
+    job = tmp_path / "job"
+    _wait_for(lambda: _logged_step(job) >= 5, process, 120, "step 5")
+    process.send_signal(signal.SIGINT)
+    # The first Ctrl-C asks for a save; the second comes while that save is in flight.
+    _wait_for(lambda: _temporary_folders(job), process, 60, "the stop's save to begin")
+    process.send_signal(signal.SIGINT)
+    sent = time.time()
+    code = process.wait(timeout=30)
+    waited = time.time() - sent
+  finally:
+    _stop(process)
+  stderr = (tmp_path / "run.stderr").read_text()
+  assert code == 130, (code, stderr[-3000:])
+  assert waited < 5, waited
+  assert "Traceback" not in stderr, stderr[-3000:]

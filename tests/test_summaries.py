@@ -1,0 +1,140 @@
+"""Metric files across a resume and a failure: one JSONL row (and one TensorBoard value) per
+step after a commit, and a failed run's rollback leaves the job dir byte-for-byte as it was."""
+
+import json
+
+from etils import epath
+
+from lingvo_lite import summaries
+from lingvo_lite.testing import tree_digest
+
+
+def _rows(path):
+  return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _writer(job, resumed_from=None, tensorboard=True, name="train"):
+  return summaries.MetricsWriter(
+      job / ("metrics.jsonl" if name == "train" else f"{name}_metrics.jsonl"),
+      job / "summaries" / name if tensorboard else None, resumed_from=resumed_from)
+
+
+def _killed_run(job, steps, tensorboard=True):
+  """What a run killed after its checkpoint at steps[1] leaves: rows past that step too."""
+  writer = _writer(job, tensorboard=tensorboard)
+  for step in steps:
+    writer.write(step, {"loss": 1.0})
+  writer.close()
+
+
+def _scalars(folder):
+  """(step, value) of the `loss` series, as TensorBoard's Python loader reads the folder."""
+  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf
+  from tensorboard.backend.event_processing import plugin_event_accumulator as loader
+  accumulator = loader.EventAccumulator(str(folder), {"tensors": 0})
+  accumulator.Reload()
+  return [(e.step, float(tf.make_ndarray(e.tensor_proto)))
+          for e in accumulator.Tensors("loss")]
+
+
+def test_the_tensorboard_writer_opens_at_the_first_write(tmp_path):
+  job = epath.Path(tmp_path) / "job"
+  job.mkdir()
+  writer = _writer(job, resumed_from=0)
+  writer.close()
+  assert not list(job.iterdir())
+  writer.rollback()
+  assert not list(job.iterdir())
+
+
+def test_commit_drops_rows_past_the_restored_step(tmp_path):
+  job = epath.Path(tmp_path)
+  _killed_run(job, [10, 20, 30, 40, 50], tensorboard=False)
+  writer = _writer(job, resumed_from=20, tensorboard=False)
+  writer.write(30, {"loss": 2.0})
+  writer.write(40, {"loss": 2.0})
+  # Live until the commit: the user watching the file sees the new rows at once.
+  assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20, 30, 40, 50, 30, 40]
+  writer.commit()
+  assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [
+      (10, 1.0), (20, 1.0), (30, 2.0), (40, 2.0)]
+  writer.write(50, {"loss": 2.0})
+  writer.commit()  # Later commits change nothing.
+  writer.close()
+  assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20, 30, 40, 50]
+  assert not [p.name for p in job.iterdir() if p.name.startswith(".")]
+
+
+def test_a_row_of_the_restored_step_written_again_supersedes_the_old_one(tmp_path):
+  # A finished job rerun evaluates its last step again.
+  job = epath.Path(tmp_path)
+  _killed_run(job, [10, 20], tensorboard=False)
+  writer = _writer(job, resumed_from=20, tensorboard=False)
+  writer.write(20, {"loss": 3.0})
+  writer.commit()
+  writer.close()
+  assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [
+      (10, 1.0), (20, 3.0)]
+
+
+def test_a_torn_last_row_is_dropped_at_commit_and_restored_by_a_rollback(tmp_path):
+  job = epath.Path(tmp_path)
+  torn = b'{"step": 10, "loss": 1.0}\n{"step": 20, "lo'
+  (job / "metrics.jsonl").write_bytes(torn)
+  writer = _writer(job, resumed_from=10, tensorboard=False)
+  writer.write(20, {"loss": 2.0})
+  assert (job / "metrics.jsonl").read_text().splitlines()[-1] == '{"step": 20, "loss": 2.0}'
+  writer.rollback()
+  assert (job / "metrics.jsonl").read_bytes() == torn
+  writer = _writer(job, resumed_from=10, tensorboard=False)
+  writer.write(20, {"loss": 2.0})
+  writer.commit()
+  assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20]
+
+
+def test_a_failed_resume_leaves_the_job_dir_as_it_was(tmp_path):
+  job = epath.Path(tmp_path) / "job"
+  _killed_run(job, [10, 20, 30])
+  before = tree_digest(job)
+  train, evaluation = _writer(job, resumed_from=20), _writer(job, resumed_from=20, name="eval")
+  train.write(30, {"loss": 2.0})
+  evaluation.write(30, {"loss": 2.0})
+  assert tree_digest(job) != before
+  train.rollback()
+  evaluation.rollback()
+  assert tree_digest(job) == before
+
+
+def test_a_failed_first_run_leaves_no_files_or_folders(tmp_path):
+  job = epath.Path(tmp_path) / "job"
+  job.mkdir()
+  train, evaluation = _writer(job, resumed_from=0), _writer(job, resumed_from=0, name="eval")
+  train.write(10, {"loss": 2.0})
+  evaluation.write(10, {"loss": 2.0})
+  train.rollback()
+  evaluation.rollback()
+  assert not list(job.iterdir())
+
+
+def test_commit_drops_a_killed_runs_events_past_the_restored_step(tmp_path):
+  job = epath.Path(tmp_path)
+  _killed_run(job, [10, 20, 30, 40, 50])
+  writer = _writer(job, resumed_from=20)
+  writer.write(30, {"loss": 2.0})
+  writer.write(40, {"loss": 2.0})
+  writer.close()
+  # Before the commit TensorBoard's Python loader shows both runs: the zigzag.
+  assert [s for s, _ in _scalars(job / "summaries" / "train")] == [10, 20, 30, 40, 50, 30, 40]
+  writer.commit()
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0), (30, 2.0), (40, 2.0)]
+
+
+def test_a_disabled_writer_writes_nothing(tmp_path):
+  job = epath.Path(tmp_path)
+  writer = summaries.MetricsWriter(job / "metrics.jsonl", job / "summaries", enabled=False,
+                                   resumed_from=0)
+  writer.write(1, {"loss": 1.0})
+  writer.commit()
+  writer.rollback()
+  assert not list(job.iterdir())
