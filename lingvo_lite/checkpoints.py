@@ -18,10 +18,12 @@ What can go wrong on disk is handled here, not left to orbax's background thread
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import re
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -38,6 +40,7 @@ _ITEM = "default"  # The folder orbax writes a single-item step's state to.
 _STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
 # Folder-name markers of steps being written (orbax's) or being deleted (ours).
 _TEMPORARY_MARKERS = (".orbax-checkpoint-tmp", ".lingvo_lite-deleting")
+_SET_ASIDE_MARKER = ".unverified"  # A skipped step, kept out of orbax's sight.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +93,13 @@ def _one_line(error: BaseException) -> str:
   while error.__cause__ is not None or error.__context__ is not None:
     error = error.__cause__ or error.__context__
   text = " ".join(str(error).split())
-  if len(text) > 400:  # tensorstore's messages name every path; the cause is at the end.
-    text = f"{text[:200]} ... {text[-190:]}"
+  # tensorstore's messages name every path and spec; the operating system's word for what
+  # went wrong ("No space left on device") sits before its `[os_error_code=N]`.
+  os_error = re.search(r":\s*([^:\[\]\"]+?)\s*\[os_error_code='?(\d+)", text)
+  if len(text) > 300:
+    text = f"{text[:240]} ..."
+  if os_error:
+    text = f"{os_error.group(1)} (errno {os_error.group(2)}); {text}"
   return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
@@ -145,60 +153,69 @@ class Checkpointer:
     return checkpoint_integrity.has_checksums(self._directory / str(step))
 
   def all_steps(self) -> list[int]:
-    """Complete steps on disk, oldest first; incomplete ones are skipped with a warning."""
-    steps = []
+    """Complete steps on disk, oldest first (see `skipped_steps` for the others)."""
+    return [step for step in sorted(self._manager.all_steps())
+            if step not in self._pending and self._is_complete(step)]
+
+  def skipped_steps(self) -> dict[int, str]:
+    """Step folders a restore will not use, each with the reason (for messages)."""
+    skipped = {}
     for step in sorted(self._manager.all_steps()):
       if step in self._pending:
         continue  # This run's own save, still being written.
-      if self._is_complete(step):
-        steps.append(step)
-      else:
-        self._warn_once("incomplete", step, "checkpoint step %d in %s is incomplete (no %s: an "
-                        "interrupted save or a partial copy); it is skipped", step,
-                        self._directory, _STEP_METADATA_FILE)
-    return steps
+      if not self._is_complete(step):
+        skipped[step] = (f"step {step} is incomplete (no {_STEP_METADATA_FILE}: an "
+                         "interrupted save or a partial copy)")
+      elif self._needs_checksums() and not self._has_checksums(step):
+        skipped[step] = (f"step {step} has no checksums (its run stopped between writing it "
+                         "and recording them; --fdl.checkpoint.restore_unverified=True would "
+                         "restore it)")
+    return skipped
 
-  def latest_step(self) -> int | None:
+  def _needs_checksums(self) -> bool:
+    return self._settings.checksums and not self._settings.restore_unverified
+
+  def latest_step(self, warn: bool = True) -> int | None:
     """The newest step a restore may use: verified (it has checksums), or any complete one
-    where checksums are off or `restore_unverified` allows it.
-
-    Raises:
-      UsageError: steps exist but none has checksums (and no setting allows that).
-    """
-    steps = self.all_steps()
-    if not steps:
+    where checksums are off or `restore_unverified` allows it. Newer steps it skips are
+    warned about; where none is usable, `skipped_steps` says why (no warning: the caller's
+    message does)."""
+    skipped = self.skipped_steps()
+    usable = [step for step in self.all_steps() if step not in skipped]
+    if not usable:
       return None
-    settings = self._settings
-    if not settings.checksums or settings.restore_unverified:
-      return steps[-1]
-    verified = [step for step in steps if self._has_checksums(step)]
-    for step in steps:
-      if step not in verified and (not verified or step > verified[-1]):
-        self._warn_once("unverified", step, "checkpoint step %d has no checksums (its run "
-                        "stopped between writing it and recording them); %s; "
-                        "--fdl.checkpoint.restore_unverified=True would restore it", step,
-                        f"restoring step {verified[-1]} instead" if verified else "skipped")
-    if not verified:
-      raise UsageError(
-          f"--job_log_dir: no checkpoint step in {self._directory} has checksums (steps "
-          f"{', '.join(map(str, steps))}); pass --fdl.checkpoint.restore_unverified=True to "
-          "restore the newest one anyway, or move the checkpoints away to start over")
-    return verified[-1]
+    for step, reason in skipped.items() if warn else ():
+      if step > usable[-1]:
+        self._warn_once("skipped", step, "checkpoint %s; restoring step %d instead", reason,
+                        usable[-1])
+    return usable[-1]
 
   def clean_up_for_training(self, start: int | None) -> None:
     """Before a training run saves its first step (process 0; it holds the job's lock):
     removes folders no run will finish (orbax's temporaries and our interrupted deletes, left
-    by a kill), incomplete step folders, and steps after `start` that were skipped (orbax
-    would count those as saved, and refuse to save any step up to theirs)."""
+    by a kill) and incomplete step folders, and moves aside complete steps it skipped (no
+    checksums): orbax would count those as saved, and refuse to save any step up to theirs.
+    One warning line per folder."""
     if jax.process_index() == 0 and self._directory.exists():
       for path in sorted(self._directory.iterdir()):
         if any(marker in path.name for marker in _TEMPORARY_MARKERS):
           logging.warning("removing %s, left by an interrupted save or delete", path)
           path.rmtree()
+      skipped = self.skipped_steps()
+      resumed = f"training resumes from step {start}" if start else "training starts over"
       for step in sorted(self._manager.all_steps()):
-        if step not in self._pending and (step > (start or 0) or not self._is_complete(step)):
-          self._delete_step(step, "it is incomplete or newer than the step training resumes "
-                            f"from ({start or 0})")
+        if step in self._pending or (step not in skipped and step <= (start or 0)):
+          continue
+        reason = skipped.get(step, f"step {step} is newer than the restored one")
+        if self._is_complete(step):
+          # Kept, not deleted: the user may still want it (rename it back, and restore it
+          # with checkpoint.restore_unverified).
+          aside = self._directory / f"{step}{_SET_ASIDE_MARKER}-{time.time_ns()}"
+          self._reported.add(("skipped", step))
+          logging.warning("checkpoint %s; %s; moved it to %s", reason, resumed, aside)
+          (self._directory / str(step)).rename(aside)
+        else:
+          self._delete_step(step, f"{reason}; {resumed}")
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("lingvo_lite_checkpoint_clean_up")
     self._manager.reload()
@@ -305,7 +322,8 @@ class Checkpointer:
   def metadata(self, step: int) -> dict[str, Any]:
     """The metadata saved with `step` ({} if none), once the step's files are verified."""
     self._verify(step)
-    return dict(self._manager.metadata(step).custom_metadata or {})
+    with self._reading(step):
+      return dict(self._manager.metadata(step).custom_metadata or {})
 
   def restore(self, step: int, abstract_state: Any) -> Any:
     """Restores `step` into the shapes, dtypes and shardings of `abstract_state`, after
@@ -313,12 +331,27 @@ class Checkpointer:
     naming the first file or parameter that differs)."""
     self._verify(step)
     self._check_tree(step, abstract_state)
-    return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    with self._reading(step):
+      return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+
+  @contextlib.contextmanager
+  def _reading(self, step: int) -> Iterator[None]:
+    """orbax's errors reading a damaged step (checksums off, or damage they cannot see:
+    a file edited before they were written) as one line naming the step and the way out."""
+    try:
+      yield
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+      earlier = [s for s in self.all_steps() if s < step]
+      fix = (f"resume from step {max(earlier)}" if earlier else "start from scratch")
+      raise UsageError(f"checkpoint step {step} in {self._directory} is unreadable "
+                       f"({_one_line(e)}); move {self._directory / str(step)} out of the way "
+                       f"to {fix}") from None
 
   def _check_tree(self, step: int, abstract_state: Any) -> None:
     """The saved arrays' paths and shapes must be the state's: orbax would otherwise fail
     deep inside tensorstore, or silently broadcast or truncate."""
-    saved = _shapes_by_path(self._manager.item_metadata(step))
+    with self._reading(step):
+      saved = _shapes_by_path(self._manager.item_metadata(step))
     wanted = _shapes_by_path(abstract_state)
     problem = None
     for path, shape in wanted.items():

@@ -83,12 +83,19 @@ def expand(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str]:
   the value of a preceding `--flag VALUE` are left as they are.
 
   Raises:
-    UsageError: a flag file that cannot be read, or `--fdl.PATH` with no value.
+    UsageError: a flag file that cannot be read or is not UTF-8, or `--fdl.PATH` with no
+      value.
   """
   try:
     args = flag_values.read_flags_from_files(list(argv), force_gnu=False)
   except flags.Error as e:
     raise UsageError(str(e).splitlines()[0]) from None
+  except UnicodeDecodeError as e:
+    # absl reads flag files as text and its error names no file: find the one that is not.
+    name = _undecodable_flagfile(argv[1:], set()) or "FILE"
+    raise UsageError(f"--flagfile={name}: not UTF-8 text ({e.reason}: byte "
+                     f"{e.object[e.start:e.start + 1]!r} at position {e.start}); save it "
+                     "as UTF-8") from None
   expanded, i = args[:1], 1
   while i < len(args):
     arg = args[i]
@@ -112,6 +119,40 @@ def expand(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str]:
       expanded.append(arg)
     i += 1
   return expanded
+
+
+def _flagfile_names(args: Sequence[str]) -> list[str]:
+  """The files `--flagfile=F` / `--flagfile F` (any number of dashes) name, in order."""
+  names = []
+  for i, arg in enumerate(args):
+    if arg == "--":
+      break
+    dashes, name, has_value, value = _split(arg)
+    if dashes and name == "flagfile":
+      if has_value:
+        names.append(value)
+      elif i + 1 < len(args):
+        names.append(args[i + 1])
+  return names
+
+
+def _undecodable_flagfile(args: Sequence[str], seen: set[str]) -> str | None:
+  """The first flag file named in `args`, or in a flag file they name, that is not UTF-8."""
+  for name in _flagfile_names(args):
+    if name in seen:
+      continue  # absl skips a circular include too.
+    seen.add(name)
+    try:
+      with open(name, "rb") as f:
+        text = f.read().decode("utf-8")
+    except UnicodeDecodeError:
+      return name
+    except OSError:
+      continue
+    found = _undecodable_flagfile([line.strip() for line in text.splitlines()], seen)
+    if found:
+      return found
+  return None
 
 
 def help_requested(args: Sequence[str]) -> str | None:

@@ -124,9 +124,12 @@ def _restore_origins(cfg: fdl.Buildable, origins: dict[str, Any]) -> None:
     recorded = origins.get(path)
     if not recorded or name not in owner.__arguments__:
       continue
-    filename, line_number, function_name = recorded
-    location = history.Location(filename=str(filename), line_number=int(line_number),
-                                function_name=function_name)
+    try:
+      filename, line_number, function_name = recorded
+      location = history.Location(filename=str(filename), line_number=int(line_number),
+                                  function_name=function_name)
+    except Exception:  # pylint: disable=broad-except
+      continue  # A damaged origin ('abc', 1e999): this field's is lost, the others stay.
     with history.custom_location(lambda location=location: location):
       setattr(owner, name, value)
 
@@ -139,7 +142,8 @@ def _read_json(path: epath.Path, flag: str) -> dict[str, Any]:
                      f"{flag}={path / CONFIG_JSON}")
   try:
     data = json.loads(path.read_text())
-  except (OSError, UnicodeDecodeError, ValueError) as e:
+  # RecursionError: arrays nested thousands deep.
+  except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
     raise UsageError(f"{flag}={path}: not a config.json written by lingvo_lite "
                      f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
   if not isinstance(data, dict):
@@ -153,20 +157,29 @@ def load(path: epath.Path, flag: str = "--fdl_config_file") -> fdl.Buildable:
   data = _read_json(path, flag)
   try:
     cfg = serialization.load_json(json.dumps(data))
-  except (ValueError, KeyError, TypeError, AttributeError, ImportError, IndexError,
-          serialization.DeserializationError) as e:
+  # A config.json is user data, and loading it imports the modules it names: whatever that
+  # raises (a module with a syntax error or that fails at import, a reference Fiddle's policy
+  # refuses such as `os.system`, nesting deeper than the stack) is the file's problem.
+  except (Exception, SystemExit) as e:  # pylint: disable=broad-except
     raise UsageError(f"{flag}={path}: not a config.json written by lingvo_lite, or it names "
-                     f"code that no longer exists ({type(e).__name__}: "
-                     f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+                     f"code that no longer exists ({_first_line(e)})") from None
   if not isinstance(cfg, fdl.Buildable):
     raise UsageError(f"{flag}={path}: holds a {type(cfg).__name__}, not a config")
   extra = data.get(_EXTRA_KEY)
   if isinstance(extra, dict) and isinstance(extra.get("origins"), dict):
     try:
       _restore_origins(cfg, extra["origins"])
-    except (TypeError, ValueError):
-      pass  # Origins are for reading config.txt; a config with damaged ones still runs.
+    # Origins are for reading config.txt; a config with damaged ones (a line number of
+    # 1e999 is an OverflowError) still runs.
+    except Exception:  # pylint: disable=broad-except
+      pass
   return cfg
+
+
+def _first_line(error: BaseException) -> str:
+  """`Type: the message's first line`, at most 200 characters of it."""
+  lines = str(error).strip().splitlines()
+  return f"{type(error).__name__}: {lines[0][:200]}" if lines else type(error).__name__
 
 
 def recorded_experiment(path: epath.Path) -> str | None:

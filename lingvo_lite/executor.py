@@ -86,6 +86,11 @@ def override_log() -> command_line.OverrideLog:
 
 
 def _fail(message: str, code: int = 2) -> None:
+  """Prints the one error line and exits. Messages quote what the user typed, which can hold
+  a newline or another control character (`--exp=$'a\\nb'`); escaped as Python would write
+  them, they keep the message on the one line the contract promises."""
+  message = "".join(ch if ch.isprintable() or ch == " " else
+                    ch.encode("unicode_escape").decode("ascii") for ch in message)
   print(f"lingvo_lite: error: {message}", file=sys.stderr, flush=True)
   sys.exit(code)
 
@@ -135,7 +140,7 @@ def base_config(job_dir: epath.Path | None) -> tuple[fdl.Buildable, type | None]
   if given and given[0][0] != "--fdl_config_file":
     return registry.config_from_flag(*given[0])
   if given:
-    flag, path = given[0][0], paths.resolve(given[0][1])
+    flag, path = given[0][0], paths.resolve(given[0][1], given[0][0])
   elif job_dir is not None and (job_dir / config_files.CONFIG_JSON).exists():
     flag, path = "--job_log_dir", job_dir / config_files.CONFIG_JSON
   else:
@@ -234,6 +239,7 @@ def _train(setup: Setup, cfg: fdl.Buildable, experiment: type | None,
   def record_config() -> None:
     if jax.process_index() == 0:
       config_files.write(job_dir, cfg, experiment)
+  setup.check_data()  # An empty data source is one line now, not a failure mid-run.
   # The lock first: what the job holds (its config, its checkpoints) is read under it.
   lock = job_lock.JobLock(job_dir, enabled=jax.process_index() == 0, shown=_JOB_LOG_DIR.value)
   try:
@@ -298,7 +304,7 @@ def _run_mode() -> None:
     _refuse_config_flags(mode)
     _list_experiments()
     return
-  job_dir = paths.resolve(_JOB_LOG_DIR.value) if _JOB_LOG_DIR.value else None
+  job_dir = paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value else None
   if job_dir is None and mode in ("train", "eval") and not _FDL_HELP.value:
     raise UsageError(f"--job_log_dir: required for --mode={mode}; e.g. "
                      "--job_log_dir=runs/my_run")
@@ -317,6 +323,9 @@ def _run_mode() -> None:
     print(config_help.describe(cfg, overrides.fiddlers_for(experiment)), end="")
     return
   setup = build(cfg)
+  if mode == "train" and setup.train.profile_start_step >= 0:
+    # Only the built config says whether the run writes JOB/profile; still nothing is written.
+    job_dirs.check(job_dir, mode, _JOB_LOG_DIR.value, profile=True)
   if mode == "print":
     print(config_files.to_text(cfg), end="")
     return
@@ -326,6 +335,7 @@ def _run_mode() -> None:
   elif mode == "eval":
     from lingvo_lite.programs import eval as eval_program  # pylint: disable=g-import-not-at-top
     _check_eval_model(job_dir, cfg)
+    setup.check_data(("eval_data",))
     eval_program.run(setup, job_dir)
 
 

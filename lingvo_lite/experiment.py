@@ -17,10 +17,10 @@ import jax
 
 from lingvo_lite import fields
 from lingvo_lite.checkpoints import CheckpointSettings
-from lingvo_lite.data.source import DataSource
+from lingvo_lite.data.source import DataSource, check_ready
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
-from lingvo_lite.models.transformer import TransformerLM
+from lingvo_lite.models.transformer import ParameterShape, TransformerLM
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 
@@ -109,6 +109,21 @@ class Setup:
                          "an eval set needs a positive number of batches per pass")
     _check_partitioning(self)
 
+  def check_data(self, names: tuple[str, ...] = ("train_data", "eval_data")) -> None:
+    """Reads what each named data source must read to know it is usable.
+
+    Not part of `validate()`: materializing a corpus takes seconds that `--mode=print` need
+    not spend. A program calls it after `validate()` and before it writes into the job dir
+    or allocates, so that a source that turns out empty (a seqio split with no example of
+    the sequence length, a folder with no file of that split) is a one-line error then, not
+    a failure of the prefetch thread mid-run.
+
+    Raises:
+      UsageError: naming the field, e.g. `train_data.sequence_length=4096: ...`.
+    """
+    for name in names:
+      check_ready(name, getattr(self, name))
+
 
 # No machine holds the training state of more parameters: 1e14 float32 parameters with
 # their Adam moments and gradients are 1.6 PB, twice the memory of the largest TPU pods.
@@ -180,6 +195,7 @@ def _check_partitioning(setup: Setup) -> None:
   used = {"batch", "length"} | {name for p in parameters for name in p.axes if name}
   partitioner.check_rules(used)
   for parameter in parameters:
+    _check_distinct_mesh_axes(partitioner, parameter)
     for size, name, mesh_axes in zip(parameter.shape, parameter.axes,
                                      partitioner.mesh_axes_of(parameter.axes)):
       ways = math.prod(axis_sizes[axis] for axis in mesh_axes)
@@ -202,6 +218,28 @@ def _check_partitioning(setup: Setup) -> None:
           f"{'each micro-batch ' if rows != data.global_batch_size else ''}must split "
           f"evenly over the data-parallel size {data_parallel} (mesh axes {batch_axes}) and "
           f"{jax.process_count()} processes", f"use a multiple of {data_parallel}")
+
+
+def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ParameterShape) -> None:
+  """No two dimensions of a parameter are mapped to one mesh axis.
+
+  A mesh axis splits at most one dimension of an array; where the rules ask for more, Flax
+  silently leaves the later dimension unsplit (or JAX refuses the sharding mid-run), so the
+  parameter would not be sharded as configured. A logical axis with a second rule (a
+  fallback Flax tries in order) is what the user asked for, and is let through.
+  """
+  owner: dict[str, str] = {}
+  for name in parameter.axes:
+    if not name:
+      continue
+    for axis in partitioner.intended_mesh_axes(name):
+      first = owner.setdefault(axis, name)
+      if first != name and not partitioner.has_fallback(name):
+        raise config_error(
+            "partitioner.rules", f"{first} -> {axis}, {name} -> {axis}",
+            f"parameter {parameter.path} has dimensions {first!r} and {name!r}, and one mesh "
+            "axis can split only one dimension of an array",
+            f"map {name!r} or {first!r} to another mesh axis or to None")
 
 
 def setup_config(**parts: Any) -> fdl.Config[Setup]:

@@ -25,7 +25,7 @@ import types
 import typing
 from typing import Annotated, Any, Callable
 
-from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.errors import UsageError, shown
 
 _INT64_MAX = 2**63 - 1
 
@@ -304,11 +304,9 @@ def check(path: str, value: Any, annotation: Any) -> None:
 
 
 def _error(path: str, value: Any, problem: str, fix: str = "") -> UsageError:
-  """`config_error`, with a value whose repr would not fit on one line shown by its type."""
-  shown = repr(value)
-  if len(shown) > 80 or "\n" in shown:
-    return UsageError(f"{path}=<{type(value).__name__}>: {problem}" + (f"; {fix}" if fix else ""))
-  return config_error(path, value, problem, fix)
+  """`config_error`'s message, with a value of more than 80 characters shown by its type."""
+  message = f"{path}={shown(value, limit=80)}: {problem}"
+  return UsageError(message + (f"; {fix}" if fix else ""))
 
 
 def _is_framework_field(part: Any, name: str) -> bool:

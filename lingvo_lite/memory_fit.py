@@ -1,15 +1,26 @@
-"""Whether a training state fits this host's devices, judged from shapes before allocating it.
+"""Whether a program's arrays fit this host's devices, judged from shapes before allocating.
 
 A config can be valid and still far too large for the machine at hand: Llama-7B's float32
-parameters, gradients and Adam moments are 108 GB. Allocating it anyway fails late, as an
-out-of-memory abort in C++ (or, on a CPU host, by swapping the machine to a halt). The train
-program asks here first and refuses with one line naming the sizes and the fixes.
+parameters, gradients and Adam moments are 108 GB; the attention scores of one 30,000-token
+sequence are 3.6 GB per head. Allocating it anyway fails late, as an out-of-memory abort in
+C++ (or, on a CPU host, by swapping the machine to a halt), after compiling or after training.
+The train and eval programs ask here first and refuse with one line naming the sizes and the
+fixes.
 
-The count is a lower bound: each device's shard of the parameters, their gradients and the
-optimizer's moments (`model.parameter_shapes()`, split as the partitioner's rules split
-them), plus the batch and the float32 logits of one micro-batch. Other activations, which
-remat policies trade, are not counted. A CPU's devices share the host's RAM, so their needs
-add up; an accelerator is compared with its own memory (`memory_stats()["bytes_limit"]`).
+The count is a lower bound, per device, at the program's largest step:
+- training: each device's shard of the parameters, their gradients and the optimizer's
+  moments (`model.parameter_shapes()`, split as the partitioner's rules split them), plus the
+  step's activations;
+- an evaluation (the eval program's, or the one a training run does): the parameters (and,
+  within training, the moments) plus the eval step's activations.
+The activations counted are the int32/float32 batch, the float32 logits of the rows one step
+computes (a micro-batch in training), and, for the written-out "einsum" attention, one layer's
+float32 attention scores (rows x heads x length x length): every layer materializes them,
+so at least one layer's worth is live. Other activations, which remat policies trade, are
+not counted, nor are the scores of jax.nn.dot_product_attention ("xla", "cudnn"), which XLA
+or the kernel may never hold whole. A CPU's devices share the host's RAM, so
+their needs add up; an accelerator is compared with its own memory
+(`memory_stats()["bytes_limit"]`).
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import Any, Callable
 
 import jax
 
@@ -28,49 +40,98 @@ _GIB = 2**30
 
 @dataclasses.dataclass(frozen=True)
 class Need:
-  """Bytes one device needs for training, by what they hold."""
+  """Bytes one device needs at the peak of a program, by what they hold.
+
+  Attributes:
+    parameters: The device's shard of the parameters.
+    gradients: Of the gradients (0 where the peak is an evaluation).
+    moments: Of the optimizer's moments (0 in the eval program).
+    batch: The batch's arrays and the float32 logits of the rows one step computes.
+    attention: One layer's float32 attention scores for those rows.
+    step: What the peak is: "training step" or "eval step".
+    data: The config path of the data that step reads ("train_data" or "eval_data").
+  """
 
   parameters: int
   gradients: int
   moments: int
   batch: int
+  attention: int = 0
+  step: str = "training step"
+  data: str = "train_data"
 
   @property
   def total(self) -> int:
-    return self.parameters + self.gradients + self.moments + self.batch
+    return self.parameters + self.gradients + self.moments + self.batch + self.attention
+
+  @property
+  def state(self) -> int:
+    return self.parameters + self.gradients + self.moments
 
 
 def _ceil_div(a: int, b: int) -> int:
   return -(-a // b)
 
 
-def per_device_need(setup: Setup, num_devices: int) -> Need:
-  """The lower bound described above, for one of `num_devices` devices of the mesh."""
+def _sharder(setup: Setup, num_devices: int) -> Callable[[tuple[int, ...], tuple], int]:
+  """Elements of one device's shard of an array of `shape` with logical `axes`."""
   partitioner = setup.partitioner
   axis_sizes = partitioner.mesh_axis_sizes(num_devices)
 
-  def shard(shape, axes) -> int:
+  def shard(shape: tuple[int, ...], axes: tuple) -> int:
     ways = [math.prod(axis_sizes[a] for a in mesh_axes)
             for mesh_axes in partitioner.mesh_axes_of(axes)]
     return math.prod(_ceil_div(size, way) for size, way in zip(shape, ways))
+  return shard
 
-  parameter_bytes = sum(p.repeats * shard(p.shape, p.axes) * p.dtype.itemsize
-                        for p in setup.model.parameter_shapes())
-  moments = getattr(setup.optimizer, "moments_per_parameter", 2)
 
-  def batch_bytes(data, rows: int) -> int:
-    # int32 inputs and targets and float32 weights, and the float32 logits of `rows` rows.
-    return (12 * shard((data.global_batch_size, data.sequence_length), ("batch", "length"))
-            + 4 * shard((rows, data.sequence_length, setup.model.vocab_size),
-                        ("batch", "length", "vocab")))
+def _step_bytes(setup: Setup, data: Any, rows: int, shard) -> tuple[int, int]:
+  """(batch and logits, attention scores) of one step computing `rows` rows of `data`."""
+  length = data.sequence_length
+  # int32 inputs and targets and float32 weights of the whole batch, float32 logits of `rows`.
+  batch = (12 * shard((data.global_batch_size, length), ("batch", "length"))
+           + 4 * shard((rows, length, setup.model.vocab_size), ("batch", "length", "vocab")))
+  attention = 0
+  if setup.model.attention_implementation == "einsum":
+    # float32 scores, "bhts" (see models/layers.py), as the einsum writes them out.
+    attention = 4 * shard((rows, setup.model.num_heads, length, length),
+                          ("batch", "heads", "length", None))
+  return batch, attention
 
+
+def per_device_need(setup: Setup, num_devices: int) -> Need:
+  """The training lower bound described above, for one of `num_devices` devices: the larger
+  of a training step and the evaluations the run does."""
+  shard = _sharder(setup, num_devices)
+  parameters = _parameter_bytes(setup, shard)
+  moments = getattr(setup.optimizer, "moments_per_parameter", 2) * parameters
   train = setup.train_data
-  batches = [batch_bytes(train, train.global_batch_size // setup.train.grad_accum_steps)]
+  batch, attention = _step_bytes(setup, train, train.global_batch_size //
+                                 setup.train.grad_accum_steps, shard)
+  need = Need(parameters=parameters, gradients=parameters, moments=moments, batch=batch,
+              attention=attention)
   if setup.eval_data is not None:
-    batches.append(batch_bytes(setup.eval_data, setup.eval_data.global_batch_size))
-  # A train and an eval batch are never held at the same time.
-  return Need(parameters=parameter_bytes, gradients=parameter_bytes,
-              moments=moments * parameter_bytes, batch=max(batches))
+    # The gradients are gone between steps, when the run evaluates; the state is not.
+    batch, attention = _step_bytes(setup, setup.eval_data, setup.eval_data.global_batch_size,
+                                   shard)
+    evaluation = Need(parameters=parameters, gradients=0, moments=moments, batch=batch,
+                      attention=attention, step="eval step", data="eval_data")
+    need = max(need, evaluation, key=lambda n: n.total)
+  return need
+
+
+def eval_need(setup: Setup, num_devices: int) -> Need:
+  """The eval program's lower bound: the parameters and one eval step's activations."""
+  shard = _sharder(setup, num_devices)
+  data = setup.eval_data
+  batch, attention = _step_bytes(setup, data, data.global_batch_size, shard)
+  return Need(parameters=_parameter_bytes(setup, shard), gradients=0, moments=0, batch=batch,
+              attention=attention, step="eval step", data="eval_data")
+
+
+def _parameter_bytes(setup: Setup, shard) -> int:
+  return sum(p.repeats * shard(p.shape, p.axes) * p.dtype.itemsize
+             for p in setup.model.parameter_shapes())
 
 
 def host_available_bytes() -> int | None:
@@ -98,8 +159,15 @@ def device_limit_bytes(device: jax.Device) -> int | None:
   return int(limit) if limit else None
 
 
+def _count(n: int) -> str:
+  return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+
+
 def _gib(n: int) -> str:
-  """Bytes in GiB, or in a larger binary unit where GiB would need an exponent."""
+  """Bytes in GiB, in MiB below 1 GiB, or in a larger binary unit where GiB would need an
+  exponent."""
+  if n < _GIB:
+    return f"{n / 2**20:.3g} MiB"
   for unit in ("GiB", "TiB", "PiB", "EiB"):
     if n < 1000 * _GIB or unit == "EiB":
       return f"{n / _GIB:.3g} {unit}"
@@ -108,26 +176,57 @@ def _gib(n: int) -> str:
 
 
 def check_fits(setup: Setup) -> None:
-  """Raises UsageError when the training state cannot fit this process's devices."""
+  """Raises UsageError when training `setup` cannot fit this process's devices."""
+  _check(setup, per_device_need, "training")
+
+
+def check_eval_fits(setup: Setup) -> None:
+  """Raises UsageError when evaluating `setup` (the eval program) cannot fit this process's
+  devices; `setup.eval_data` must be set."""
+  _check(setup, eval_need, "eval")
+
+
+def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) -> None:
   devices = jax.local_devices()
-  need = per_device_need(setup, jax.device_count())
+  need = need_of(setup, jax.device_count())
   if devices[0].platform == "cpu":
-    needed, available = need.total * len(devices), host_available_bytes()
+    copies, available = len(devices), host_available_bytes()
     where = (f"this host's RAM for {len(devices)} CPU device(s)", f"{_gib(available or 0)} "
              "is available")
   else:
     limits = [limit for limit in map(device_limit_bytes, devices) if limit]
-    needed, available = need.total, min(limits) if limits else None
+    copies, available = 1, min(limits) if limits else None
     where = (f"each {devices[0].device_kind}", f"it has {_gib(available or 0)}")
+  needed = need.total * copies
   if available is None or needed <= available:
     return
-  model = setup.model
+  parts = [("parameters", need.parameters), ("gradients", need.gradients),
+           ("optimizer moments", need.moments), ("batch and logits", need.batch),
+           ("attention scores", need.attention)]
+  breakdown = " + ".join(f"{name} {_gib(size)}" for name, size in parts if size)
+  model, data, activations = setup.model, getattr(setup, need.data), need.batch + need.attention
+  # The fixes for each part that is too large alone, else for the larger part.
+  state_too_large = need.state * copies > available
+  activations_too_large = activations * copies > available
+  fixes = []
+  if state_too_large or (not activations_too_large and need.state >= activations):
+    fixes.append("use fewer layers (model.num_layers) or a smaller model.dim, more devices, "
+                 "or shard the weights over them (FSDP: --fdl.partitioner.ici_fsdp=-1 "
+                 "--fdl.partitioner.ici_data=1)")
+  if activations_too_large or (not state_too_large and activations > need.state):
+    fix = f"use a smaller {need.data}.global_batch_size or {need.data}.sequence_length"
+    if need.data == "eval_data":
+      fix += " (more eval_data.num_batches keep the tokens evaluated)"
+    elif setup.train.grad_accum_steps * 2 <= data.global_batch_size:
+      fix += ", more train.grad_accum_steps"
+    fix += ", or more devices"
+    if need.attention:
+      fix += ("; model.attention_implementation='cudnn' (NVIDIA GPUs) never holds the "
+              "attention scores")
+    fixes.append(fix)
   raise UsageError(
-      f"model: {model.num_parameters() / 1e9:.3g}B parameters (num_layers={model.num_layers}, "
-      f"dim={model.dim}) do not fit: training needs at least {_gib(needed)} of {where[0]} "
-      f"(per device: parameters {_gib(need.parameters)} + gradients {_gib(need.gradients)} + "
-      f"optimizer moments {_gib(need.moments)} + batch and logits {_gib(need.batch)}) and "
-      f"{where[1]}; use fewer layers (model.num_layers) or a smaller model.dim, more devices, "
-      "or shard the weights over them (FSDP: --fdl.partitioner.ici_fsdp=-1 "
-      "--fdl.partitioner.ici_data=1); a smaller batch or more train.grad_accum_steps shrink "
-      "the logits")
+      f"model: {_count(model.num_parameters())} parameters (num_layers={model.num_layers}, "
+      f"dim={model.dim}) with {need.data} batches of {data.global_batch_size} x "
+      f"{data.sequence_length} tokens do not fit: {program} needs at least {_gib(needed)} of "
+      f"{where[0]} (per device, in one {need.step}: {breakdown}) and {where[1]}; "
+      f"{'; '.join(fixes)}")

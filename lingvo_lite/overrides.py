@@ -22,9 +22,9 @@ from typing import Any, Callable, Sequence
 import fiddle as fdl
 from fiddle import history
 
+from lingvo_lite import experiment_modules, fields
 from lingvo_lite import fiddlers as generic_fiddlers
-from lingvo_lite import fields
-from lingvo_lite.errors import UsageError
+from lingvo_lite.errors import SHOWN_LIMIT, UsageError, shown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,16 +90,31 @@ def extract(argv: Sequence[str]) -> tuple[list[str], list[Directive]]:
   return remaining, directives
 
 
+# Far longer than any literal a config holds (the whole default rules table is 300
+# characters): Python's parser needs stack and memory in proportion to the text, and a
+# message echoes it.
+MAX_VALUE_LENGTH = 10_000
+
+
 def parse_value(directive: Directive) -> Any:
   """The literal a VALUE text denotes; a bare word gets a hint showing the quoting."""
   text = directive.value_text
+  if len(text) > MAX_VALUE_LENGTH:
+    flag = directive.flag[:len(directive.flag) - len(text)]  # Without the value.
+    raise UsageError(f"{flag}...: the value is {len(text)} characters long, more than the "
+                     f"{MAX_VALUE_LENGTH} a field's value may have; set large values in a "
+                     "fiddler (--fiddler=module.function)")
   try:
     return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
+  # TypeError: an unhashable key (`{[1]: 2}`); RecursionError and MemoryError: nesting deeper
+  # than Python's parser goes (`--1` with 5000 minus signs).
+  except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
     hint = ""
     if re.fullmatch(r"[A-Za-z_][\w\-./]*", text.strip()):
       hint = f"; a string needs quotes inside the shell's: --fdl.{directive.path}='\"{text}\"'"
-    raise UsageError(f"{directive.flag}: {text!r} is not a Python literal (numbers, quoted "
+    # The flag already shows a long value; the message need not repeat it.
+    subject = repr(text) if len(repr(text)) <= SHOWN_LIMIT else "the value"
+    raise UsageError(f"{directive.flag}: {subject} is not a Python literal (numbers, quoted "
                      f"strings, True/False/None, tuples, lists, dicts){hint}") from None
 
 
@@ -129,7 +144,7 @@ def _check_value(directive: Directive, value: Any, annotation: Any) -> None:
       fix = (f"; a part is changed field by field (--fdl.{path}.FIELD=VALUE), or replaced by "
              "a config in a fiddler")
     raise UsageError(f"{directive.flag}: {path} must be {_describe(annotation)}, "
-                     f"got {type(value).__name__} {value!r}{fix}")
+                     f"got {type(value).__name__} {shown(value)}{fix}")
   problem = fields.value_problem(value, annotation)
   if problem:
     # The flag shows the path and the value as written (`--fdl.train.steps=-5`).
@@ -149,7 +164,7 @@ def _split_path(directive: Directive) -> list[str | int]:
       position += 1
     match = _STEP.match(path, position)
     if not match:
-      raise UsageError(f"{directive.flag}: cannot parse the field path {path!r}; use "
+      raise UsageError(f"{directive.flag}: cannot parse the field path {shown(path)}; use "
                        "dotted names with optional [index], e.g. model.num_layers")
     steps.append(match.group(1) if match.group(1) else int(match.group(2)))
     position = match.end()
@@ -237,24 +252,69 @@ def fiddlers_for(experiment: type | None) -> dict[str, Callable[..., Any]]:
   return found
 
 
+def _check_fiddler(fn: Any, flag: str) -> None:
+  """A fiddler named by import path is a Python function of one argument, and not one that
+  the standard library, an installed distribution or lingvo_lite wrote for another purpose.
+
+  The same guard as for `--exp` import paths (`experiment_modules.foreign_code`): calling
+  `sys.exit`, `builtins.input` or `shutil.rmtree` with the config would end the run, wait for
+  a terminal or delete files. A library's function shaped as a fiddler (one parameter named
+  `cfg`) is one it wrote for `--fiddler`.
+  """
+  fix = "a fiddler is a Python function of one argument, the config: def my_fiddler(cfg): ..."
+  function = fn.__func__ if inspect.ismethod(fn) else fn
+  if not inspect.isfunction(function):
+    raise UsageError(f"{flag}: is {experiment_modules.kind(fn)}, not a fiddler; {fix}")
+  foreign = experiment_modules.foreign_code(function)
+  if foreign and (experiment_modules.code_owner(function) == "stdlib" or not _is_fiddler(fn)):
+    raise UsageError(f"{flag}: {foreign}, not a fiddler; {fix}")
+  try:
+    inspect.signature(fn).bind(None)
+  except TypeError:
+    raise UsageError(f"{flag}: {function.__module__}.{function.__qualname__}"
+                     f"{inspect.signature(fn)} does not take one argument; {fix}") from None
+  except ValueError:
+    pass  # No signature to check; the call will say.
+
+
 def find_fiddler(name: str, experiment: type | None, flag: str) -> Callable[..., Any]:
+  """The fiddler a `--fiddler=NAME` names: one of `fiddlers_for(experiment)`, or an import path.
+
+  Raises:
+    UsageError: no such fiddler, a module on the path that fails to import, or an import path
+      to something that is not a fiddler.
+  """
   candidates = fiddlers_for(experiment)
   if name in candidates:
     return candidates[name]
+  valid = (f"valid choices: {', '.join(sorted(candidates))} (or an import path "
+           "module.function)")
+  note = ""
   if "." in name:
+    if not all(part.isidentifier() for part in name.split(".")):
+      raise UsageError(f"{flag}: {shown(name)} is neither a fiddler name nor a dotted import "
+                       f"path; {valid}")
     module_name, _, attribute = name.rpartition(".")
     try:
-      fn = getattr(importlib.import_module(module_name), attribute, None)
-    except ImportError:
-      fn = None
-    if callable(fn):
+      module = experiment_modules.import_module(module_name)
+    except experiment_modules.ImportFailed as e:
+      raise UsageError(f"{flag}: importing module {module_name} failed: {e}") from None
+    fn = getattr(module, attribute, None) if module is not None else None
+    if fn is not None:
+      _check_fiddler(fn, flag)
       return fn
-  raise UsageError(f"{flag}: no fiddler named {name!r}; valid choices: "
-                   f"{', '.join(sorted(candidates))} (or an import path module.function)")
+    note = (f" (no module named {module_name!r})" if module is None
+            else f" ({module_name} has no attribute {attribute!r})")
+  raise UsageError(f"{flag}: no fiddler named {shown(name)}{note}; {valid}")
 
 
 def apply(cfg: fdl.Buildable, directives: Sequence[Directive], experiment: type | None) -> None:
-  """Applies the directives in order, labelling each change in the config's history."""
+  """Applies the directives in order, labelling each change in the config's history.
+
+  Raises:
+    UsageError: one line for a directive that fails: an unknown fiddler or field, a bad
+      value, or a fiddler that raised (named with the exception and the line that raised it).
+  """
   for position, directive in enumerate(directives):
     location = history.Location(filename="command line", line_number=position + 1,
                                 function_name=directive.flag)
@@ -263,7 +323,13 @@ def apply(cfg: fdl.Buildable, directives: Sequence[Directive], experiment: type 
         fiddler = find_fiddler(directive.name, experiment, directive.flag)
         try:
           fiddler(cfg)
-        except (AttributeError, TypeError, ValueError) as e:
-          raise UsageError(f"{directive.flag}: the fiddler failed on this config: {e}") from e
+        except UsageError as e:
+          raise UsageError(f"{directive.flag}: {e}") from None
+        # Any exception, and SystemExit: a fiddler is the user's code run on the user's
+        # config, so its failure is a config mistake to report in one line, like a failing
+        # config() (registry.config_from_flag), not a traceback or a silent exit.
+        except (Exception, SystemExit) as e:  # pylint: disable=broad-except
+          raise UsageError(f"{directive.flag}: the fiddler raised "
+                           f"{experiment_modules.describe(e)}") from None
       else:
         set_field(cfg, directive)

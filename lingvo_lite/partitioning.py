@@ -105,19 +105,45 @@ class Partitioner:
     return {axis: i * d for axis, i, d in zip(MESH_AXES, ici, self.dcn_shape)}
 
   def check_rules(self, used_logical_axes: set[str]) -> None:
-    """Rules name known logical and mesh axes, and cover every logical axis in use."""
+    """Rules name known logical and mesh axes, and cover every logical axis in use.
+
+    A rule's target is None (replicated), a mesh axis name, or a tuple of distinct mesh axis
+    names: anything else fails inside Flax or JAX when the first array is sharded, with a
+    traceback (an int is not iterable; `('fsdp', 'fsdp')` is a DuplicateSpecError).
+    """
     for name, target in self.rules:
       if name not in LOGICAL_AXES:
         raise config_error("partitioner.rules", name, "unknown logical axis name",
                            f"valid names: {', '.join(LOGICAL_AXES)}")
+      example = f"e.g. ({name!r}, 'data'), ({name!r}, ('data', 'fsdp')) or ({name!r}, None)"
+      if target is not None and not isinstance(target, str) and not (
+          isinstance(target, (tuple, list)) and all(isinstance(a, str) for a in target)):
+        raise config_error("partitioner.rules", (name, target),
+                           "a rule maps a logical axis to None, a mesh axis name or a tuple "
+                           "of mesh axis names", example)
       for axis in _as_tuple(target):
         if axis not in MESH_AXES:
           raise config_error("partitioner.rules", f"{name} -> {axis}", "unknown mesh axis",
                              f"valid mesh axes: {', '.join(MESH_AXES)} (or None)")
+      if len(set(_as_tuple(target))) != len(_as_tuple(target)):
+        raise config_error("partitioner.rules", (name, target),
+                           "names a mesh axis twice; an array dimension is split over each "
+                           "mesh axis at most once", "give each mesh axis once")
     missing = sorted(used_logical_axes - {name for name, _ in self.rules})
     if missing:
       raise config_error("partitioner.rules", missing, "no rule for these logical axes",
                          f"add ({missing[0]!r}, None) to replicate or map it to a mesh axis")
+
+  def intended_mesh_axes(self, logical_axis: str | None) -> tuple[str, ...]:
+    """The mesh axes of the first rule for `logical_axis` (what the user asked for)."""
+    for name, target in self.rules:
+      if name == logical_axis:
+        return _as_tuple(target)
+    return ()
+
+  def has_fallback(self, logical_axis: str) -> bool:
+    """Whether more than one rule names `logical_axis` (Flax tries them in order)."""
+    return sum(name == logical_axis for name, _ in self.rules) > 1
 
   def mesh_axes_of(self, logical_spec: Sequence[str | None]) -> list[tuple[str, ...]]:
     """Mesh axes each dimension of a logically named array is split over."""

@@ -4,13 +4,21 @@ Users and the README write relative paths (`--job_log_dir=runs/a`); orbax refuse
 checkpoint paths, and a relative path recorded in a config would mean something else when
 the config is replayed from another folder. So the executor resolves every local path it is
 given once, against the working directory, and leaves remote URLs (`gs://...`) as they are.
+A `file://` URL is a local path in another spelling, so it becomes one (etils.epath itself has
+no `file://` scheme).
 """
 
 from __future__ import annotations
 
 import os
+import urllib.parse
 
 from etils import epath
+from etils.epath import register
+
+from lingvo_lite.errors import UsageError
+
+_FILE_SCHEME = "file://"
 
 
 def is_remote(text: str) -> bool:
@@ -18,9 +26,64 @@ def is_remote(text: str) -> bool:
   return "://" in text
 
 
-def resolve(text: str | os.PathLike) -> epath.Path:
-  """An absolute local path (`~` expanded, against the working directory) or the URL as is."""
+def resolve(text: str | os.PathLike, flag: str | None = None) -> epath.Path:
+  """An absolute local path (`~` expanded, against the working directory) or the URL as is.
+
+  Args:
+    text: The path as the user wrote it.
+    flag: The flag that gave it (`--job_log_dir`), for messages.
+
+  Raises:
+    UsageError: a URL of a scheme epath cannot open, a `file://` URL naming another host, a
+      relative path while the working directory is gone, or a local path that is not valid
+      UTF-8 (TensorBoard's writer and tensorstore take only UTF-8 path names, and would fail
+      only once training has run).
+  """
   text = os.fspath(text)
-  if is_remote(text):
+  shown = f"{flag}={_printable(text)}" if flag else repr(text)
+  if text.startswith(_FILE_SCHEME):
+    text = _local_path_of_file_url(text, shown)
+  elif is_remote(text):
+    scheme = text.split("://", 1)[0] + "://"
+    if scheme not in register._URI_PREFIXES_TO_CLS:  # pylint: disable=protected-access
+      # epath would raise a bare KeyError for it.
+      known = ", ".join(sorted(register._URI_PREFIXES_TO_CLS))  # pylint: disable=protected-access
+      raise UsageError(f"{shown}: unknown URL scheme {scheme!r}; give a local path, a "
+                       f"file:// URL, or a URL of one of {known}")
     return epath.Path(text)
-  return epath.Path(os.path.abspath(os.path.expanduser(text)))
+  expanded = os.path.expanduser(text)
+  try:
+    absolute = os.path.abspath(expanded)
+  except OSError as e:  # getcwd() fails once the working directory has been deleted.
+    raise UsageError(f"{shown}: is relative, but the working directory is gone "
+                     f"({e.strerror or e}); cd to an existing folder or give an absolute "
+                     "path") from None
+  try:
+    absolute.encode("utf-8")
+  except UnicodeEncodeError:
+    raise UsageError(f"{shown}: the path {_printable(absolute)} is not valid UTF-8, which "
+                     "TensorBoard and the checkpoint library need; rename the folder, or give "
+                     "another path") from None
+  return epath.Path(absolute)
+
+
+def _printable(text: str) -> str:
+  """`text` with the bytes it really has where they are not UTF-8 (`j\\xff`): argv bytes that
+  do not decode arrive as lone surrogates, which no terminal shows."""
+  try:
+    return os.fsencode(text).decode("utf-8", "backslashreplace")
+  except UnicodeEncodeError:  # A surrogate that no byte decodes to: not from argv.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _local_path_of_file_url(url: str, shown: str) -> str:
+  """`file:///abs/path` or `file://localhost/abs/path` -> `/abs/path` (RFC 8089).
+
+  Percent escapes are decoded (`Path.as_uri()` writes them); `?` and `#` stay part of the
+  path, as they are in a file name.
+  """
+  host, _, path = url[len(_FILE_SCHEME):].partition("/")
+  if host not in ("", "localhost"):
+    raise UsageError(f"{shown}: names host {host!r}; a file:// URL must name a local path "
+                     "(file:///ABSOLUTE/PATH), or give the path itself")
+  return urllib.parse.unquote("/" + path)

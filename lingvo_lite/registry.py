@@ -19,7 +19,9 @@ import ast
 import difflib
 import importlib.util
 import inspect
-import sys
+import re
+import types
+import typing
 from typing import Any, Callable, Collection, Sequence, TypeVar
 
 import fiddle as fdl
@@ -142,40 +144,62 @@ def _resolve(path: str, flag: str, name: str) -> tuple[object, str | None]:
   return _MISSING, None
 
 
+def _returns_config(fn: object) -> bool:
+  """Whether a function's return annotation names a Fiddle config (`-> fdl.Config[Setup]`)."""
+  try:
+    annotation = typing.get_type_hints(fn).get("return")
+  except Exception:  # pylint: disable=broad-except
+    annotation = (getattr(fn, "__annotations__", None) or {}).get("return")
+  if isinstance(annotation, str):  # Unresolvable under `from __future__ import annotations`.
+    return bool(re.match(r"(fdl\.|fiddle\.)?(Config|Buildable|Partial)\b", annotation.strip()))
+  options = typing.get_args(annotation) if typing.get_origin(annotation) in (
+      typing.Union, types.UnionType) else (annotation,)
+  for option in options:
+    option = typing.get_origin(option) or option
+    if isinstance(option, type) and issubclass(option, fdl.Buildable):
+      return True
+  return False
+
+
+def _is_experiment_class(cls: type) -> bool:
+  return cls in _REGISTRY.values() or any(
+      klass.__module__ == "lingvo_lite.experiment" and klass.__name__ == "Experiment"
+      for klass in cls.__mro__)
+
+
 def _check_kind(found: object, flag: str, name: str) -> type | Callable[..., object]:
   """Only experiment classes and config functions may be called by a flag's import path.
 
-  An import path could name anything (`os.remove`, `shutil.rmtree`); calling only Python
-  functions outside the standard library, and classes with a `config` classmethod, keeps a
-  typo from doing harm, and gives a plain message instead of a confusing TypeError. (The
-  command line is the user's own: this guards against accidents, not against attacks.)
+  An import path could name anything (`os.remove`, `tensorflow.io.gfile.rmtree`, the CLI's
+  own entry point): only the user's own functions (see `experiment_modules.foreign_code`),
+  and any function annotated to return a Fiddle config, are called, and only classes with a
+  `config` classmethod. That keeps a typo from doing harm, and gives a plain message instead
+  of a confusing TypeError. (The command line is the user's own: this guards against
+  accidents, not against attacks.)
   """
   where = f"{flag}={name}"
+  fix = "name an experiment (see --mode=list) or a function returning a fdl.Config"
   if inspect.isclass(found):
-    if isinstance(inspect.getattr_static(found, "config", None), (classmethod, staticmethod)):
-      return found
-    raise UsageError(f"{where}: the class {found.__module__}.{found.__qualname__} has no "
-                     "config() classmethod; an experiment subclasses "
-                     "lingvo_lite.experiment.Experiment and returns its config from config()")
+    config = inspect.getattr_static(found, "config", None)
+    if not isinstance(config, (classmethod, staticmethod)):
+      raise UsageError(f"{where}: the class {found.__module__}.{found.__qualname__} has no "
+                       "config() classmethod; an experiment subclasses "
+                       "lingvo_lite.experiment.Experiment and returns its config from config()")
+    foreign = experiment_modules.foreign_code(found)
+    if foreign and not _is_experiment_class(found) and not _returns_config(found.config):
+      raise UsageError(f"{where}: {foreign}, not an experiment (it does not subclass "
+                       f"lingvo_lite.experiment.Experiment); {fix}")
+    return found
   if isinstance(found, auto_config.AutoConfig):
     return found
   function = found.__func__ if inspect.ismethod(found) else found
   if inspect.isfunction(function):
-    if (function.__module__ or "").partition(".")[0] in sys.stdlib_module_names:
-      raise UsageError(f"{where}: {function.__module__}.{function.__qualname__} is a Python "
-                       "standard library function, not a config function; name an experiment "
-                       "(see --mode=list) or a function returning a fdl.Config")
+    foreign = experiment_modules.foreign_code(function)
+    if foreign and not _returns_config(function):
+      raise UsageError(f"{where}: {foreign}, not a config function; {fix}")
     return found
-  if inspect.ismodule(found):
-    kind = "a module"
-  elif inspect.isbuiltin(found):
-    kind = "a built-in function"
-  elif callable(found):
-    kind = f"a callable {type(found).__name__}"
-  else:
-    kind = f"a {type(found).__name__} value"
-  raise UsageError(f"{where}: is {kind}, not an experiment class or a function returning a "
-                   "fdl.Config; see --mode=list")
+  raise UsageError(f"{where}: is {experiment_modules.kind(found)}, not an experiment class or "
+                   "a function returning a fdl.Config; see --mode=list")
 
 
 def _is_module(name: str) -> bool:
@@ -231,23 +255,37 @@ def _failures_note() -> str:
           f"{', '.join(sorted(_failures))} (see --mode=list)")
 
 
+# Far longer than any experiment name with its arguments: Python's parser needs stack and
+# memory in proportion to the text (5000 nested `-` overflow its stack), and a message
+# echoes it.
+MAX_FLAG_LENGTH = 10_000
+
+
 def _parse_call(flag: str, text: str) -> tuple[str, dict[str, Any]]:
   """`name` or `name(k=literal, ...)` -> (name, kwargs)."""
+  if len(text) > MAX_FLAG_LENGTH:
+    raise UsageError(f"{flag}: the value is {len(text)} characters long, more than the "
+                     f"{MAX_FLAG_LENGTH} an experiment name and its arguments may have; set "
+                     "large values in the experiment or a fiddler")
   try:
     node = ast.parse(text.strip(), mode="eval").body
-  except SyntaxError:
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    # ValueError: a NUL byte; RecursionError, MemoryError: deep nesting.
     raise UsageError(f"{flag}={text}: expected NAME or NAME(key=literal, ...)") from None
   if isinstance(node, ast.Call):
-    if node.args:
+    if node.args or any(kw.arg is None for kw in node.keywords):  # `f(1)`, `f(**d)`.
       raise UsageError(f"{flag}={text}: pass arguments by keyword, e.g. fn(num_layers=4)")
     try:
       kwargs = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
-    except ValueError:
+    except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
       raise UsageError(f"{flag}={text}: arguments must be Python literals") from None
     node = node.func
   else:
     kwargs = {}
-  name = ast.unparse(node)
+  try:
+    name = ast.unparse(node)
+  except (RecursionError, MemoryError):  # `a.a.a...` thousands deep.
+    raise UsageError(f"{flag}={text}: expected NAME or NAME(key=literal, ...)") from None
   if not all(part.isidentifier() for part in name.split(".")):
     raise UsageError(f"{flag}={text}: {name!r} is not a dotted name")
   return name, kwargs
@@ -280,7 +318,9 @@ def config_from_flag(flag: str, text: str) -> tuple[fdl.Buildable, type | None]:
     cfg = factory(**kwargs)
   except UsageError:
     raise  # Already one line: the experiment checked its own arguments.
-  except Exception as e:  # pylint: disable=broad-except
+  # SystemExit too: a config function that calls sys.exit() must not end the run silently
+  # (with exit 0) or print its message raw.
+  except (Exception, SystemExit) as e:  # pylint: disable=broad-except
     # A bug in the user's experiment code, met before any device time: one line naming the
     # experiment, the exception and the line that raised it, exit 2, as for other config
     # mistakes (exit 1 is for runs that failed after they started). That line is what a

@@ -118,9 +118,14 @@ class MetricsWriter:
       return
     self._committed = True
     if self._resumed_from is not None:
-      kept = [line + "\n" for line in _lines(self._original)
-              if (step := _row_step(line)) is not None and step <= self._resumed_from
-              and step not in self._steps]
+      # Rows of one step from several earlier runs (killed ones redo steps they had logged
+      # past their restored step): the last written is the one on the resumed-from path.
+      latest: dict[int, str] = {}
+      for line in _lines(self._original):
+        step = _row_step(line)
+        if step is not None and step <= self._resumed_from and step not in self._steps:
+          latest[step] = line + "\n"
+      kept = [latest[step] for step in sorted(latest)]
       new = "".join(kept + self._lines).encode()
       exists = self._jsonl_path.exists()
       if (new or exists) and not (exists and self._jsonl_path.read_bytes() == new):

@@ -50,6 +50,15 @@ def source_files(root: str, split: str) -> list[str]:
   return sorted(found)
 
 
+def _has_source_files(root: str) -> bool:
+  """Whether any `.py` file is under `root` (outside the excluded folders); stops at the first."""
+  for directory, subdirectories, files in os.walk(root):
+    subdirectories[:] = [d for d in subdirectories if d not in EXCLUDED_DIRECTORIES]
+    if any(name.endswith(".py") for name in files):
+      return True
+  return False
+
+
 def read_documents(root: str, split: str) -> list[bytes]:
   """The raw bytes of every file in `split`, in `source_files` order."""
   documents = []
@@ -82,11 +91,19 @@ def pycode_task(source_dir: str | None = None):
   """A seqio Task over the `.py` files under `source_dir` (default: this Python's stdlib).
 
   Raises:
-    UsageError: when `source_dir` is not a folder, or seqio and TensorFlow are missing.
+    UsageError: when `source_dir` is not a folder or holds no `.py` file, or seqio and
+      TensorFlow are missing; when a split is read that has no `.py` file.
   """
   root = source_dir or stdlib_dir()
   if not os.path.isdir(root):
     raise config_error("source_dir", root, "no such folder",
+                       "give a folder of .py files, or None for this Python's stdlib")
+  # No documents at all would fail deep inside TensorFlow once training reads them (an empty
+  # list has no string type). A folder with files in one split only is refused when that
+  # split is read (below): a small folder may well have no 'validation' file, and need none.
+  if not _has_source_files(root):
+    raise config_error("source_dir", root, "has no .py files (outside "
+                       f"{', '.join(sorted(EXCLUDED_DIRECTORIES))})",
                        "give a folder of .py files, or None for this Python's stdlib")
   try:
     tf = import_tensorflow()
@@ -98,7 +115,12 @@ def pycode_task(source_dir: str | None = None):
 
   def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
     del shuffle_files, seed  # Order is fixed; lingvo_lite shuffles by index.
-    return tf.data.Dataset.from_tensor_slices({"text": read_documents(root, split)})
+    documents = read_documents(root, split)
+    if not documents:
+      raise config_error("source_dir", root, f"has no .py file in the {split!r} split (a "
+                         "file's split is fixed by a hash of its path; about 1 in 10 files is "
+                         "'validation')", "give a folder with more .py files")
+    return tf.data.Dataset.from_tensor_slices({"text": documents})
 
   # The name carries the root so tasks over different folders never share a cache entry.
   digest = hashlib.sha1(os.path.abspath(root).encode()).hexdigest()[:8]

@@ -167,6 +167,27 @@ CLI_CASES = [
          "importing module lk_flagbad failed: SyntaxError: ", _write("lk_flagbad.py", "def f(:\n")),
     Case("experiments module not a name", ["--experiments_module=my-exps", "--mode=list"],
          "not a dotted module name"),
+    # Control characters the user typed are escaped: the message stays one line.
+    Case("newline inside a set value", ["--job_log_dir={job}", '--fdl.model.norm="""rms\nnorm"""'],
+         "--fdl.model.norm=\"\"\"rms\\nnorm\"\"\": model.norm must be one of"),
+    Case("newline inside --exp", ["--exp=PyCode\nTiny", "--job_log_dir={job}"],
+         "--exp=PyCode\\nTiny: "),
+    Case("carriage return and tab inside --exp", ["--exp=Py\rCode\tTiny", "--job_log_dir={job}"],
+         "--exp=Py\\rCode\\tTiny: "),
+    Case("newline inside --job_log_dir", ["--mode=eval", "--job_log_dir=no\nsuch"],
+         "--job_log_dir=no\\nsuch: no such folder"),
+    Case("coordinator without a port", ["--job_log_dir={job}", "--coordinator_address=localhost",
+                                        "--num_processes=1", "--process_id=0"],
+         "--coordinator_address=localhost: expected HOST:PORT"),
+    Case("coordinator port out of range", ["--job_log_dir={job}", "--num_processes=1",
+                                           "--coordinator_address=127.0.0.1:99999",
+                                           "--process_id=0"],
+         "with a port in 1..65535"),
+    Case("zero processes", ["--job_log_dir={job}", "--coordinator_address=h:1",
+                            "--num_processes=0", "--process_id=0"],
+         "--num_processes=0: must be a positive integer"),
+    Case("negative heartbeat timeout", ["--job_log_dir={job}", "--heartbeat_timeout_seconds=-1"],
+         "--heartbeat_timeout_seconds=-1: must be in [1, 2147483647] seconds"),
 ]  # End of CLI_CASES.
 
 # Experiment and fiddler lookup (registry), user modules.
@@ -247,6 +268,55 @@ LOOKUP_CASES = [
          (f"lk_twin_{x}.py", "from lingvo_lite.experiment import Experiment\n"
           "from lingvo_lite.registry import register\n"
           "@register\nclass LkTwinExp(Experiment):\n  pass\n") for x in "ab"]]),
+    # Fiddlers named by import path: imported like experiment modules, their failures one line.
+    Case("fiddler raises", ["--job_log_dir={job}", "--fiddler=lk_fidraise.fid"],
+     "--fiddler=lk_fidraise.fid: the fiddler raised KeyError: 'model' (at lk_fidraise.py:2)",
+     _write("lk_fidraise.py", "def fid(cfg):\n  return {}['model']\n")),
+    Case("fiddler exits", ["--job_log_dir={job}", "--fiddler=lk_fidexit.fid"],
+     "--fiddler=lk_fidexit.fid: the fiddler raised SystemExit: 3 (at lk_fidexit.py:3)",
+     _write("lk_fidexit.py", "import sys\ndef fid(cfg):\n  sys.exit(3)\n")),
+    Case("fiddler fails inside fiddle", ["--job_log_dir={job}", "--fiddler=lk_fidkey.fid"],
+     "the fiddler raised AssertionError: Key must be an int or slice, got model. (at fiddle/",
+     _write("lk_fidkey.py", "def fid(cfg):\n  return cfg['model']\n")),
+    Case("fiddler module syntax error", ["--job_log_dir={job}", "--fiddler=lk_fidsyntax.fid"],
+     "--fiddler=lk_fidsyntax.fid: importing module lk_fidsyntax failed: SyntaxError: ",
+     _write("lk_fidsyntax.py", "def fid(cfg:\n  pass\n")),
+    Case("fiddler module lacks a dependency", ["--job_log_dir={job}", "--fiddler=lk_fiddep.fid"],
+     "importing module lk_fiddep failed: ModuleNotFoundError: No module named "
+     "'lk_no_such_dependency' (at lk_fiddep.py:1)",
+     _write("lk_fiddep.py", "import lk_no_such_dependency\ndef fid(cfg):\n  pass\n")),
+    Case("fiddler path with an empty part", ["--job_log_dir={job}", "--fiddler=..x"],
+     "--fiddler=..x: '..x' is neither a fiddler name nor a dotted import path"),
+    Case("built-in function as fiddler", ["--job_log_dir={job}", "--fiddler=sys.exit"],
+     "--fiddler=sys.exit: is a built-in function, not a fiddler"),
+    Case("standard library function as fiddler", ["--job_log_dir={job}",
+                                                  "--fiddler=shutil.rmtree"],
+     "--fiddler=shutil.rmtree: shutil.rmtree is a Python standard library function, not a "
+     "fiddler"),
+    Case("class as fiddler", ["--job_log_dir={job}", "--fiddler=threading.Thread"],
+     "--fiddler=threading.Thread: is the class threading.Thread, not a fiddler"),
+    # Config functions that exit, library functions, lingvo_lite's own functions.
+    Case("config function exits", ["--fdl_config=lk_cfgexit.config", "--job_log_dir={job}"],
+     "lk_cfgexit.config() raised SystemExit: 0 (at lk_cfgexit.py:3)",
+     _write("lk_cfgexit.py", "import sys\ndef config():\n  sys.exit(0)\n")),
+    Case("config function exits with two lines", ["--fdl_config=lk_cfgexit2.config",
+                                                  "--job_log_dir={job}"],
+     "lk_cfgexit2.config() raised SystemExit: bad (at lk_cfgexit2.py:2)",
+     _write("lk_cfgexit2.py", "def config():\n  raise SystemExit('bad\\nthing')\n")),
+    Case("installed library function", ["--fdl_config=tensorflow.io.gfile.rmtree(path='victim')",
+                                        "--job_log_dir={job}"],
+     "tensorflow.python.lib.io.file_io.delete_recursively_v2 is a function of the installed "
+     "distribution tensorflow, not a config function",
+     _write("victim/precious.txt", "data")),
+    Case("lingvo_lite's own function", ["--exp=lingvo_lite.executor.run_main",
+                                        "--job_log_dir={job}"],
+     "--exp=lingvo_lite.executor.run_main: lingvo_lite.executor.run_main is part of lingvo_lite "
+     "itself, not a config function"),
+    Case("experiment arguments nested too deep",
+     ["--fdl_config=PyCodeTiny(layers=" + "-" * 5000 + "1)", "--job_log_dir={job}"],
+     "expected NAME or NAME(key=literal, ...)"),
+    Case("experiment name too long", ["--exp=" + "A" * 20000, "--job_log_dir={job}"],
+     "--exp: the value is 20000 characters long, more than the 10000"),
 ]  # End of LOOKUP_CASES.
 
 # Values: types, whole parts replaced by literals, sizes, validate() rules.
@@ -359,6 +429,39 @@ VALUES_CASES = [
      ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
       "--job_log_dir={tmp}/new", "--fdl.model.num_layers=1000000000"],
      "do not fit: training needs at least"),
+    # Values Python's parser or repr cannot take: nesting, length, ints of 4300+ digits.
+    Case("value nested too deep", ["--job_log_dir={job}", "--fdl.train.steps=" + "-" * 5000 + "1"],
+     ": the value is not a Python literal"),
+    Case("value too long", ["--job_log_dir={job}", "--fdl.model.norm=\"" + "a" * 20000 + "\""],
+     "--fdl.model.norm=...: the value is 20002 characters long, more than the 10000"),
+    Case("int too long to print", ["--job_log_dir={job}", "--fdl.model.norm=0x" + "f" * 4000],
+     "model.norm must be one of 'layernorm', 'rmsnorm', got int <int of 16000 bits>"),
+    Case("fiddler sets an int too long to print", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
+     "model.norm=<int of 20001 bits>: valid choices: 'layernorm', 'rmsnorm'",
+     _write("mod.py", "def fiddle(cfg):\n  cfg.model.norm = 1 << 20000\n")),
+    # Partitioner rules: what Flax or JAX would refuse only once arrays are sharded.
+    Case("rule target not a mesh axis", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
+     "partitioner.rules=('batch', 3): a rule maps a logical axis to None, a mesh axis name or "
+     "a tuple of mesh axis names",
+     _write("mod.py", "def fiddle(cfg):\n  cfg.partitioner.rules = tuple(\n"
+            "      (n, 3 if n == 'batch' else t) for n, t in cfg.partitioner.rules)\n")),
+    Case("rule names a mesh axis twice", [*TRAIN_TINY, "--job_log_dir=new", "--fiddler=mod.fiddle"],
+     "partitioner.rules=('embed', ('fsdp', 'fsdp')): names a mesh axis twice",
+     _write("mod.py", "def fiddle(cfg):\n  cfg.partitioner.rules = tuple(\n"
+            "      (n, ('fsdp', 'fsdp') if n == 'embed' else t) for n, t in "
+            "cfg.partitioner.rules)\n")),
+    Case("two dimensions of a parameter on one mesh axis",
+     ["--mode=print", "--exp=PyCodeTiny", "--fiddler=mod.fiddle"],
+     "partitioner.rules='embed -> fsdp, mlp -> fsdp': parameter ",
+     _write("mod.py", "def fiddle(cfg):\n  cfg.partitioner.rules = tuple(\n"
+            "      (n, 'fsdp' if n == 'mlp' else t) for n, t in cfg.partitioner.rules)\n")),
+    # Data sources that lack what they read, found when the config is built.
+    Case("data task replaced by None", ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir=new",
+                                        "--fdl.train_data.task=None"],
+     "train_data.task=None: is a NoneType, not a seqio Task"),
+    Case("empty data folder", ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir=new",
+                               "--fdl.train_data.task.source_dir='empty'"],
+     "train_data.task.source_dir='empty': has no .py files", _write("empty/notes.txt", "x")),
 ]  # End of VALUES_CASES.
 
 # Job dirs, config files and checkpoints.
@@ -420,6 +523,66 @@ JOBDIR_CASES = [
          _copy_job(_remove("config.json"))),
     Case("eval of a job without checkpoints", ["--mode=eval", "--job_log_dir=job"],
          "no checkpoint in", _copy_job(lambda job: shutil.rmtree(os.path.join(job, "checkpoints")))),
+    # Paths job_dirs.check and paths.resolve refuse before anything is created.
+    Case("job dir a dangling symlink", [*TRAIN_TINY, "--job_log_dir=link"],
+         "link is a symlink whose target does not exist (-> no_such_target)",
+         lambda tmp: os.symlink("no_such_target", os.path.join(tmp, "link"))),
+    Case("job dir a symlink loop", [*TRAIN_TINY, "--job_log_dir=loop"],
+         "loop is a symlink loop (-> loop)",
+         lambda tmp: os.symlink("loop", os.path.join(tmp, "loop"))),
+    Case("job dir name too long", [*TRAIN_TINY, "--job_log_dir=" + "j" * 300],
+         "is 300 bytes long, and this file system allows 255; use a shorter name"),
+    Case("job dir path too long", [*TRAIN_TINY, "--job_log_dir=" + "/".join(["d" * 200] * 22)],
+         "bytes a run writes below it, and this system allows paths of 4095"),
+    Case("job dir under /proc", [*TRAIN_TINY, "--job_log_dir=/proc/lk_job"],
+         "create folders in /proc"),
+    Case("job dir not UTF-8", [*TRAIN_TINY, "--job_log_dir=j\udcff"],
+         "--job_log_dir=j\\xff: the path "),
+    Case("checkpoints a dangling symlink", ["--job_log_dir=job"],
+         "checkpoints is a symlink whose target does not exist",
+         _copy_job(lambda job: (shutil.rmtree(os.path.join(job, "checkpoints")),
+                                os.symlink("no_such_folder", os.path.join(job, "checkpoints"))))),
+    # Every folder a mode creates, not only the top-level ones.
+    Case("summaries/train is a file", ["--job_log_dir=job", "--fdl.train.steps=3"],
+         "summaries/train is a file, not a folder", _copy_job(_make_file("summaries/train"))),
+    Case("eval is a file", ["--mode=eval", "--job_log_dir=job"], "eval is a file, not a folder",
+         _copy_job(_make_file("eval"))),
+    Case("eval/summaries is a file", ["--mode=eval", "--job_log_dir=job"],
+         "eval/summaries is a file, not a folder",
+         _copy_job(lambda job: (os.makedirs(os.path.join(job, "eval")),
+                                _make_file("eval/summaries")(job)))),
+    Case("profile is a file", ["--job_log_dir=job", "--fdl.train.steps=4",
+                               "--fdl.train.profile_start_step=2", "--fdl.train.profile_steps=1"],
+         "profile is a file, not a folder", _copy_job(_make_file("profile"))),
+    # URLs: file:// is a local path; an unreachable store is one line.
+    Case("file URL of a missing job", ["--mode=eval", "--job_log_dir=file://{tmp}/nope"],
+         "/nope: no such folder; give the --job_log_dir of a training run"),
+    Case("unknown URL scheme", ["--mode=eval", "--job_log_dir=foo://bucket/job"],
+         "--job_log_dir=foo://bucket/job: unknown URL scheme 'foo://'"),
+    Case("unreachable s3 job dir", ["--mode=eval", "--job_log_dir=s3://lk-bucket/job"],
+         "--job_log_dir=s3://lk-bucket/job: cannot be reached ("),
+    # Sizes the eval program and a resumed training would only meet as an out-of-memory abort.
+    Case("eval batch larger than the host", ["--mode=eval", "--job_log_dir={job}",
+                                             "--fdl.eval_data.global_batch_size=20000000"],
+         "with eval_data batches of 20000000 x 64 tokens do not fit: eval needs at least"),
+    Case("eval sequence longer than the host holds", ["--mode=eval", "--job_log_dir={job}",
+                                                      "--fdl.eval_data.sequence_length=200000"],
+         "with eval_data batches of 4 x 200000 tokens do not fit: eval needs at least"),
+    Case("train attention scores larger than the host",
+         [*TRAIN_TINY, "--job_log_dir={tmp}/new", "--fdl.train_data.sequence_length=200000",
+          "--fdl.eval_data.sequence_length=64"],
+         "with train_data batches of 4 x 200000 tokens do not fit: training needs at least"),
+    Case("resume with an eval batch larger than the host",
+         ["--job_log_dir=job", "--fdl.train.steps=3", "--fdl.eval_data.global_batch_size=20000000"],
+         "with eval_data batches of 20000000 x 64 tokens do not fit: training needs at least",
+         _copy_job()),
+    # No usable step: the one line says why.
+    Case("eval when the only step is incomplete", ["--mode=eval", "--job_log_dir=job"],
+         "checkpoints: step 2 is incomplete (no _CHECKPOINT_METADATA",
+         _copy_job(_remove("checkpoints/2/_CHECKPOINT_METADATA"))),
+    Case("eval when the only step lacks checksums", ["--mode=eval", "--job_log_dir=job"],
+         "checkpoints: step 2 has no checksums",
+         _copy_job(_remove("checkpoints/2/lingvo_lite_checksums.json"))),
 ]  # End of JOBDIR_CASES.
 
 CASES = CLI_CASES + LOOKUP_CASES + VALUES_CASES + JOBDIR_CASES

@@ -115,6 +115,10 @@ def _built(**changes):
     ({"checkpoint__max_to_keep": 0}, "checkpoint.max_to_keep=0: must be a positive integer"),
     ({"eval_data__sequence_length": 0}, "eval_data.sequence_length=0: must be in [1, "),
     ({"model__norm": "rms"}, "model.norm='rms': valid choices: 'layernorm', 'rmsnorm'"),
+    # A value whose repr Python refuses (over 4300 digits), or that would not fit one line.
+    ({"model__norm": 1 << 20000}, "model.norm=<int of 20001 bits>: valid choices: "),
+    ({"model__norm": "x" * 100}, "model.norm=<str of 100 characters>: valid choices: "),
+    ({"train__steps": [1] * 100}, "train.steps=<list of 100 items>: must be int, got list"),
 ])
 def test_validate_checks_every_part_generically(changes, message):
   setup = _built(**changes)
@@ -170,6 +174,33 @@ def test_the_partitioning_check_sees_the_layers_axis_of_a_scanned_model():
   shapes = {p.path: p for p in setup.model.parameter_shapes()}
   kernel = shapes["['layers']['attention']['query_kernel']"]
   assert kernel.shape[0] == 3 and kernel.axes[0] == "layers" and kernel.repeats == 1
+
+
+def _rules(**targets):
+  return tuple((name, targets.get(name, target)) for name, target in Partitioner().rules)
+
+
+@pytest.mark.parametrize("rules, message", [
+    (_rules(batch=3), "partitioner.rules=('batch', 3): a rule maps a logical axis to None, a "
+                      "mesh axis name or a tuple of mesh axis names"),
+    (_rules(batch=("data", 1)), "partitioner.rules=('batch', ('data', 1)): a rule maps"),
+    (_rules(embed=("fsdp", "fsdp")), "partitioner.rules=('embed', ('fsdp', 'fsdp')): names a "
+                                     "mesh axis twice"),
+    (_rules(mlp="fsdp"), "partitioner.rules='embed -> fsdp, mlp -> fsdp': parameter "
+                         "['layer_0']['mlp']['wi']['kernel'] has dimensions 'embed' and 'mlp'"),
+    (_rules(vocab=("data", "fsdp")), "partitioner.rules='vocab -> fsdp, embed -> fsdp': "
+                                     "parameter ['embedding']"),
+])
+def test_partitioner_rules_that_cannot_shard_are_refused(rules, message):
+  with pytest.raises(UsageError) as error:
+    _built(partitioner__rules=rules).validate()
+  assert str(error.value).startswith(message), str(error.value)
+
+
+def test_a_fallback_rule_lets_two_dimensions_name_one_mesh_axis():
+  # Flax tries a logical axis's rules in order: the second is the user's choice when the
+  # first one's mesh axis is taken (by `embed` in mlp/wi, by `mlp` in mlp/wo).
+  _built(partitioner__rules=(*_rules(mlp="fsdp"), ("mlp", None), ("embed", None))).validate()
 
 
 def test_a_seqio_vocabulary_larger_than_the_model_is_refused():

@@ -30,10 +30,13 @@ def test_incompatible_changes_ignore_loop_and_mesh_settings():
   new.partitioner.ici_fsdp = 2
   new.checkpoint.every_steps = 7
   assert config_files.incompatible_changes(old, new) == []
+  new.optimizer.b2 = 0.99  # Optimizer hyperparameters may change on resume.
+  new.optimizer.peak_learning_rate = 1e-5
+  assert config_files.incompatible_changes(old, new) == []
   new.model.dim = 256
-  new.optimizer.b2 = 0.99
+  new.train_data.seed = 7
   assert config_files.incompatible_changes(old, new) == [
-      "model.dim: 128 -> 256", "optimizer.b2: 0.95 -> 0.99"]
+      "model.dim: 128 -> 256", "train_data.seed: 0 -> 7"]
 
 
 def test_a_reloaded_config_keeps_every_fields_origin(tmp_path):

@@ -12,7 +12,15 @@ from absl import flags
 from lingvo_lite import distributed, executor, supervisor
 from lingvo_lite.errors import UsageError
 
-CLUSTER_VARIABLES = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES")
+CLUSTER_VARIABLES = ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_PROCID",
+                     "SLURM_LOCALID", "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri",
+                     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                     "TPU_WORKER_HOSTNAMES")
+# What srun and mpirun set (JAX's cluster detection reads all of them).
+SLURM = {"SLURM_NTASKS": "8", "SLURM_JOB_ID": "123", "SLURM_STEP_NODELIST": "node[1-2]",
+         "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+OPEN_MPI = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:4242",
+            "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
 
 
 @pytest.fixture(name="calls")
@@ -37,23 +45,69 @@ def test_explicit_flags_are_passed_through(calls):
                     "process_id": 3, "heartbeat_timeout_seconds": 15}]
 
 
-@pytest.mark.parametrize("variable, value, cluster", [
-    ("SLURM_NTASKS", "8", "SLURM"),
-    ("OMPI_COMM_WORLD_SIZE", "2", "Open MPI"),
-    ("TPU_WORKER_HOSTNAMES", "host0,host1", "TPU pod"),
+@pytest.mark.parametrize("environment, cluster", [
+    (SLURM, "SLURM"),
+    (OPEN_MPI, "Open MPI"),
+    ({"TPU_WORKER_HOSTNAMES": "host0,host1"}, "TPU pod"),
 ])
-def test_detected_cluster_lets_jax_fill_in_the_rest(calls, monkeypatch, variable, value, cluster):
-  monkeypatch.setenv(variable, value)
+def test_detected_cluster_lets_jax_fill_in_the_rest(calls, monkeypatch, environment, cluster):
+  for variable, value in environment.items():
+    monkeypatch.setenv(variable, value)
   assert distributed.initialize("auto", None, None, None, 30) == (
       f"auto-detected {cluster} environment")
   assert calls == [{"coordinator_address": None, "num_processes": None, "process_id": None,
                     "heartbeat_timeout_seconds": 30}]
 
 
-def test_one_task_slurm_job_stays_single_process(calls, monkeypatch):
-  monkeypatch.setenv("SLURM_NTASKS", "1")
+@pytest.mark.parametrize("value", ["1", "", " "])
+def test_one_task_or_an_empty_count_stays_single_process(calls, monkeypatch, value):
+  for variable, text in SLURM.items():
+    monkeypatch.setenv(variable, text)
+  monkeypatch.setenv("SLURM_NTASKS", value)  # `SLURM_NTASKS= python ...` clears it.
   assert distributed.initialize("auto", None, None, None, 100) is None
   assert not calls
+
+
+@pytest.mark.parametrize("environment, message", [
+    ({"SLURM_NTASKS": "two"}, "environment variable SLURM_NTASKS='two': not an integer"),
+    ({"SLURM_NTASKS": "2"}, "environment variable SLURM_NTASKS=2: says this is one of 2 SLURM "
+     "processes, but SLURM_JOB_ID, SLURM_STEP_NODELIST, SLURM_PROCID, SLURM_LOCALID are not "
+     "set, so JAX cannot find the coordinator; start the processes with srun"),
+    ({**OPEN_MPI, "OMPI_MCA_orte_hnp_uri": None}, "OMPI_COMM_WORLD_SIZE=2: says this is one "
+     "of 2 Open MPI processes, but OMPI_MCA_orte_hnp_uri is not set"),
+])
+def test_a_broken_launcher_environment_is_one_usage_error(calls, monkeypatch, environment,
+                                                          message):
+  for variable, value in environment.items():
+    if value is not None:
+      monkeypatch.setenv(variable, value)
+  for mode in ("auto", "on"):
+    with pytest.raises(UsageError) as error:
+      distributed.initialize(mode, None, None, None, 100)
+    assert message in str(error.value) and "\n" not in str(error.value)
+  assert distributed.initialize("off", None, None, None, 100) is None  # Never read.
+  assert not calls
+
+
+def test_what_jax_refuses_before_connecting_is_one_usage_error(monkeypatch, calls):
+  del calls
+
+  def refuse(**kwargs):
+    raise ValueError("process_id and num_processes must be nonnegative,\nwith process_id < "
+                     "num_processes.")
+  monkeypatch.setattr(jax.distributed, "initialize", refuse)
+  with pytest.raises(UsageError) as error:
+    distributed.initialize("auto", "h:1", 2, 0, 100)
+  assert str(error.value).startswith("--distributed: jax.distributed.initialize refused the "
+                                     "setup (process 0 of 2 via h:1): ValueError: process_id "
+                                     "and num_processes must be nonnegative, with process_id")
+
+  def time_out(**kwargs):
+    raise jax.errors.JaxRuntimeError("DEADLINE_EXCEEDED: Barrier timed out")
+  monkeypatch.setattr(jax.distributed, "initialize", time_out)
+  # A coordinator that never answers is a failure of the run, not of the command.
+  with pytest.raises(jax.errors.JaxRuntimeError):
+    distributed.initialize("auto", "h:1", 2, 0, 100)
 
 
 def test_off_never_initializes(calls, monkeypatch):
@@ -67,12 +121,27 @@ def test_off_never_initializes(calls, monkeypatch):
                                "together; got 'h:1', 2, None"),
     ("auto", ("h:1", 2, 2), "--process_id=2: must be in [0, --num_processes=2)"),
     ("off", ("h:1", 2, 0), "--distributed=off: conflicts with"),
+    ("auto", ("h:1", 0, 0), "--num_processes=0: must be a positive integer"),
+    ("auto", ("localhost", 1, 0), "--coordinator_address=localhost: expected HOST:PORT"),
+    ("auto", (":1234", 1, 0), "--coordinator_address=:1234: expected HOST:PORT"),
+    ("auto", ("h:99999", 1, 0), "with a port in 1..65535"),
+    ("auto", ("h:0", 1, 0), "with a port in 1..65535"),
+    ("auto", ("h:port", 1, 0), "with a port in 1..65535"),
 ])
 def test_inconsistent_flags_are_one_usage_error(calls, mode, flags, message):
   with pytest.raises(UsageError) as error:
     distributed.initialize(mode, *flags, 100)
   assert message in str(error.value) and "\n" not in str(error.value)
   assert not calls
+
+
+@pytest.mark.parametrize("seconds", [-1, 0, 2**31])
+def test_a_heartbeat_timeout_jax_would_abort_on_is_one_usage_error(calls, seconds):
+  with pytest.raises(UsageError, match=rf"--heartbeat_timeout_seconds={seconds}: must be in "
+                                       r"\[1, 2147483647\] seconds"):
+    distributed.initialize("auto", "h:1", 2, 0, seconds)
+  assert not calls
+  assert distributed.initialize("auto", "[::1]:1234", 2, 1, 1) == "process 1 of 2 via [::1]:1234"
 
 
 # What the coordination service printed in a survivor when process 1 was killed (abridged).
@@ -127,8 +196,8 @@ def test_log_watch_falls_back_to_the_closed_connection_and_else_stays_silent():
     (["-coordinator_address", "h:1", "--num_processes=2", "--process_id=0"], {}, True),
     (["--distributed=on"], {}, True),
     (["--distributed", "on"], {}, True),
-    ([], {"SLURM_NTASKS": "4"}, True),
-    (["--distributed=off"], {"SLURM_NTASKS": "4"}, False),
+    ([], SLURM, True),
+    (["--distributed=off"], SLURM, False),
     (["--coordinator_address=h:1"], {supervisor.CHILD_ENV: "4242"}, False),
     (["--flagfile={tmp}/flags"], {}, True),
 ])

@@ -3,15 +3,16 @@ a checkpoint's commit and its checksums, a failed resume, orphaned temporary fol
 second Ctrl-C.
 
 Each case runs `python -m lingvo_lite` as a child process from a temporary working directory
-with a relative `--job_log_dir`, as a user would, on the tiny synthetic-data setup. The
-restarts of one case share one compilation cache (in its temporary directory), so only the
-first run of a case compiles.
+with a relative `--job_log_dir`, as a user would, on the tiny synthetic-data setup. The cases
+share one compilation cache (content-addressed, so sharing is safe), and the optimizer's
+`decay_steps` is fixed so that runs of different lengths compile the same train step: only
+the first run of each model, batch and optimizer setting compiles.
+(Concurrent trainers on one job dir: tests/test_job_lock.py.)
 """
 
 import json
 import os
 import re
-import resource
 import shutil
 import signal
 import subprocess
@@ -27,11 +28,22 @@ from lingvo_lite.testing import run_cli, source_root, tree_digest
 
 ROOT = str(source_root())
 BASE = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
-        "--fdl.train.log_every_steps=1"]
+        "--fdl.train.log_every_steps=1", "--fdl.optimizer.decay_steps=1000"]
 TMP_MARKER = "orbax-checkpoint-tmp"
 # Steps of 256 x 64 tokens take longer than a whole save of the tiny state (~0.15 s), so a
 # save that fails has failed by the end of the step after the one that started it.
 SLOW_STEPS = ["--fdl.train_data.global_batch_size=256"]
+# `python -c LIMITED N -m lingvo_lite ...`: past N bytes a write fails with EFBIG ("File too
+# large") instead of SIGXFSZ killing the process (an ignored signal stays ignored across
+# exec). A wrapper, not preexec_fn: forking this multithreaded (JAX) process is unsafe.
+LIMITED = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+           "n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+           "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("jax_cache"))
 
 
 def _env():
@@ -41,30 +53,27 @@ def _env():
   return env
 
 
-def _argv(tmp_path, job, *args, cache=True):
-  cache_dir = str(tmp_path / "jax_cache") if cache else ""
-  return [sys.executable, "-m", "lingvo_lite", *BASE, f"--job_log_dir={job}",
-          f"--compilation_cache_dir={cache_dir}", *args]
+def _argv(job, cache, args, file_size_limit=None):
+  python = [sys.executable]
+  if file_size_limit is not None:
+    python += ["-c", LIMITED, str(file_size_limit)]
+  return [*python, "-m", "lingvo_lite", *BASE, f"--job_log_dir={job}",
+          f"--compilation_cache_dir={cache}", *args]
 
 
-def _run(tmp_path, job, *args, timeout=240, cache=True, preexec_fn=None):
-  """Runs the CLI to the end from `tmp_path` (`job` relative to it)."""
-  return subprocess.run(_argv(tmp_path, job, *args, cache=cache), cwd=tmp_path, env=_env(),
+def _run(cwd, job, cache, *args, timeout=240, file_size_limit=None):
+  """Runs the CLI to the end from `cwd` (`job` relative to it)."""
+  return subprocess.run(_argv(job, cache, args, file_size_limit), cwd=cwd, env=_env(),
                         capture_output=True, text=True, timeout=timeout, check=False,
-                        preexec_fn=preexec_fn)
+                        stdin=subprocess.DEVNULL)
 
 
-def _start(tmp_path, job, *args, log_name="run"):
-  """Starts the CLI in the background, its output appended to files beside the job (a pipe
-  nobody reads would block it once full)."""
-  out = open(tmp_path / f"{log_name}.stdout", "a")
-  err = open(tmp_path / f"{log_name}.stderr", "a")
-  try:
-    return subprocess.Popen(_argv(tmp_path, job, *args), cwd=tmp_path, env=_env(),
-                            stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-  finally:
-    out.close()
-    err.close()
+def _start(cwd, job, cache, *args, log_name="run"):
+  """Starts the CLI in the background, its output appended to files in `cwd` (a pipe nobody
+  reads would block it once full)."""
+  with open(cwd / f"{log_name}.stdout", "a") as out, open(cwd / f"{log_name}.stderr", "a") as err:
+    return subprocess.Popen(_argv(job, cache, args), cwd=cwd, env=_env(), stdout=out,
+                            stderr=err, stdin=subprocess.DEVNULL)
 
 
 def _stop(process):
@@ -155,17 +164,34 @@ def _wait_for(condition, process, timeout, what):
   pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
+# A job trained to step 6 with checkpoints 2, 4 and 6, copied into the cases that resume one.
+TRAINED_ARGS = ["--fdl.checkpoint.every_steps=2", "--fdl.checkpoint.max_to_keep=5"]
+
+
+@pytest.fixture(scope="module")
+def trained_job(tmp_path_factory, cache):
+  cwd = tmp_path_factory.mktemp("trained")
+  _ok(_run(cwd, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=6"))
+  assert _complete_steps(cwd / "job") == [2, 4, 6]
+  return cwd / "job"
+
+
+def _copy_job(trained_job, destination):
+  shutil.copytree(trained_job, destination, symlinks=True)
+  return destination
+
+
 # 1. Kill -9, again and again, also while a save is in flight.
 
 @pytest.mark.slow
-def test_kill_9_soak_loses_nothing(tmp_path):
+def test_kill_9_soak_loses_nothing(tmp_path, cache):
   # Each run below progresses ~10-20 steps before its kill: 11 kills fit well within 240.
   steps, every = 240, 10
   args = [f"--fdl.train.steps={steps}", f"--fdl.checkpoint.every_steps={every}"]
   # The uninterrupted run first: it also fills the compilation cache, so no kill lands in
   # a cache write (JAX's cache does not write atomically).
   began = time.time()
-  _ok(_run(tmp_path, "whole", *args))
+  _ok(_run(tmp_path, "whole", cache, *args))
   print(f"uninterrupted run: {time.time() - began:.1f} s")
   parts = tmp_path / "parts"
   rng = np.random.default_rng(0)
@@ -173,7 +199,7 @@ def test_kill_9_soak_loses_nothing(tmp_path):
   try:
     for attempt in range(wanted_kills):
       start = max(_complete_steps(parts), default=0)
-      process = _start(tmp_path, "parts", *args, log_name="parts")
+      process = _start(tmp_path, "parts", cache, *args, log_name="parts")
       # Progress first: one step of this run committed (so no run is wasted), then the kill.
       saved = _wait_for(lambda: [s for s in _complete_steps(parts) if s > start], process, 120,
                         f"a checkpoint after step {start} (kill {attempt})")[0]
@@ -191,7 +217,7 @@ def test_kill_9_soak_loses_nothing(tmp_path):
       kills_in_flight += any(int(n.split(".")[0]) > saved for n in _temporary_folders(parts))
       print(f"kill {attempt} at {time.time() - began:.1f} s: resumed from <= {start}, saved "
             f"{saved}, logged {_logged_step(parts)}, in flight so far {kills_in_flight}")
-    result = _ok(_run(tmp_path, "parts", *args))
+    result = _ok(_run(tmp_path, "parts", cache, *args))
   finally:
     _stop(process)
   assert "resumed from step" in result.stdout
@@ -225,16 +251,16 @@ def _assert_stopped_after_failed_save(result, job, failed_step, steps, cause):
   assert cause in line, line
   # The save of step S fails in the background while step S+1 runs (a step takes longer
   # than a save here): the failure is seen at the boundary after step S+1, and one more
-  # step is allowed for a step already dispatched. So no metric row beyond S+2, where the
-  # unfixed run went on to the next save (S + every_steps) or the end.
-  logged = [row["step"] for row in _rows(job)]
-  assert logged and max(logged) <= failed_step + 2 < steps, logged
-  assert len(logged) == len(set(logged)), logged
+  # step is allowed for a step already dispatched. So no step beyond S+2 runs, where the
+  # unfixed run went on to the next save (S + every_steps) or the end. (Counted from the
+  # progress lines: a run that fails before its first checkpoint takes its metric rows back.)
+  ran = [int(n) for n in re.findall(rf"^train step (\d+)/{steps}:", result.stdout, re.M)]
+  assert ran and failed_step <= max(ran) <= failed_step + 2 < steps, ran
   # No folder of the failed step claims success.
   assert failed_step not in _complete_steps(job)
 
 
-def test_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tmp_path):
+def test_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tmp_path, cache):
   if os.geteuid() != 0:
     pytest.skip("mounting a small tmpfs needs root")
   disk = tmp_path / "disk"
@@ -245,43 +271,34 @@ def test_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tmp_path):
                            capture_output=True, text=True, check=False)
   if mounted.returncode != 0:
     pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-  args = ["--fdl.train.steps=10", "--fdl.checkpoint.every_steps=2",
+  args = ["--fdl.train.steps=12", "--fdl.checkpoint.every_steps=3",
           "--fdl.checkpoint.max_to_keep=5", *SLOW_STEPS]
   job = disk / "job"
   try:
-    result = _run(tmp_path, "disk/job", *args)
-    _assert_stopped_after_failed_save(result, job, 6, 10, "No space left on device")
-    assert _complete_steps(job) == [2, 4]
-    for step in (2, 4):  # Intact and verified.
+    result = _run(tmp_path, "disk/job", cache, *args)
+    _assert_stopped_after_failed_save(result, job, 9, 12, "No space left on device")
+    assert _complete_steps(job) == [3, 6]
+    for step in (3, 6):  # Intact and verified.
       step_dir = epath.Path(job / "checkpoints" / str(step))
       assert checkpoint_integrity.has_checksums(step_dir), step
       assert checkpoint_integrity.first_mismatch(step_dir) is None, step
 
     # A bigger disk: the same command resumes from the newest intact checkpoint.
     subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
-    result = _ok(_run(tmp_path, "disk/job", *args))
-    assert "resumed from step 4" in result.stdout
-    assert "done: step 10" in result.stdout
-    assert [row["step"] for row in _rows(job)] == list(range(1, 11))
+    result = _ok(_run(tmp_path, "disk/job", cache, *args))
+    assert "resumed from step 6" in result.stdout
+    assert "done: step 12" in result.stdout
+    assert [row["step"] for row in _rows(job)] == list(range(1, 13))
   finally:
     subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
-def _limit_file_size(limit_bytes):
-  def preexec():
-    # Past the limit a write fails with EFBIG ("File too large") instead of SIGXFSZ killing
-    # the process; an ignored signal stays ignored across exec.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
-  return preexec
 
 
 def test_file_size_limit_fails_the_first_save_cleanly(tmp_path):
   # 200 KB: more than the config, metrics and event files, less than the checkpoint's largest
   # data file (~1 MB), so the first save fails. No compilation cache: its entries are bigger
-  # than the limit, and a truncated entry would outlive the test's run.
-  args = ["--fdl.train.steps=10", "--fdl.checkpoint.every_steps=3", *SLOW_STEPS]
-  result = _run(tmp_path, "job", *args, cache=False, preexec_fn=_limit_file_size(200_000))
+  # than the limit, and a truncated entry would outlive this run.
+  result = _run(tmp_path, "job", "", "--fdl.train.steps=10", "--fdl.checkpoint.every_steps=3",
+                *SLOW_STEPS, file_size_limit=200_000)
   job = tmp_path / "job"
   _assert_stopped_after_failed_save(result, job, 3, 10, "File too large")
   assert _complete_steps(job) == []
@@ -289,25 +306,25 @@ def test_file_size_limit_fails_the_first_save_cleanly(tmp_path):
 
 # 3. A non-finite loss: stop with the newest finite checkpoint named; its advice works.
 
-def test_nan_stops_with_finite_checkpoints_and_a_lower_learning_rate_resumes(tmp_path):
+def test_nan_stops_with_finite_checkpoints_and_a_lower_learning_rate_resumes(tmp_path, cache):
   # Without clipping, a peak learning rate of 100 (reached over the 100 warmup steps) blows
   # the tiny model up to a NaN loss after ~25 steps, with checkpoints saved on the way.
   common = ["--fdl.train.steps=60", "--fdl.checkpoint.every_steps=5",
             "--fdl.optimizer.clip_grad_norm=None"]
-  result = _run(tmp_path, "job", *common, "--fdl.optimizer.peak_learning_rate=1e2")
+  result = _run(tmp_path, "job", cache, *common, "--fdl.optimizer.peak_learning_rate=1e2")
   job = tmp_path / "job"
   assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
   line = _assert_one_error_line(result.stderr)
   saved = _complete_steps(job)
   assert saved, "no checkpoint was saved before the loss went non-finite"
-  assert re.search(rf"\bstep {saved[-1]}\b", line), (saved, line)
   for step in saved:
     leaves = _leaves(_restore(job / "checkpoints" / str(step)))
     not_finite = [name for name, leaf in leaves.items()
                   if np.issubdtype(leaf.dtype, np.floating) and not np.isfinite(leaf).all()]
     assert not not_finite, (step, not_finite[:5])
+  assert re.search(rf"\bstep {saved[-1]}\b", line), (saved, line)
 
-  result = _ok(_run(tmp_path, "job", *common, "--fdl.optimizer.peak_learning_rate=1e-3"))
+  result = _ok(_run(tmp_path, "job", cache, *common, "--fdl.optimizer.peak_learning_rate=1e-3"))
   assert f"resumed from step {saved[-1]}" in result.stdout
   assert "done: step 60" in result.stdout
   config_lines = [l for l in (job / "config.txt").read_text().splitlines()
@@ -319,22 +336,19 @@ def test_nan_stops_with_finite_checkpoints_and_a_lower_learning_rate_resumes(tmp
 
 # 4. A step whose checksums were never written is not restored silently.
 
-def test_a_step_without_checksums_is_skipped_unless_asked_for(tmp_path):
-  args = ["--fdl.checkpoint.every_steps=2", "--fdl.checkpoint.max_to_keep=5"]
-  _ok(_run(tmp_path, "job", *args, "--fdl.train.steps=6"))
-  job = tmp_path / "job"
-  assert _complete_steps(job) == [2, 4, 6]
+def test_a_step_without_checksums_is_skipped_unless_asked_for(tmp_path, cache, trained_job):
   # As a kill between the commit of step 6 and its checksums leaves it.
+  job = _copy_job(trained_job, tmp_path / "job")
   (job / "checkpoints" / "6" / checkpoint_integrity.CHECKSUMS_FILE).unlink()
-  shutil.copytree(job, tmp_path / "job_unverified", symlinks=True)
+  _copy_job(job, tmp_path / "job_unverified")
 
-  result = _ok(_run(tmp_path, "job", *args, "--fdl.train.steps=8"))
+  result = _ok(_run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=8"))
   assert "resumed from step 4" in result.stdout
   about_6 = [l for l in result.stderr.splitlines() if re.search(r"\bstep 6\b", l)]
   assert len(about_6) == 1 and "checksum" in about_6[0], result.stderr[-3000:]
   assert "done: step 8" in result.stdout
 
-  result = _ok(_run(tmp_path, "job_unverified", *args, "--fdl.train.steps=8",
+  result = _ok(_run(tmp_path, "job_unverified", cache, *TRAINED_ARGS, "--fdl.train.steps=8",
                     "--fdl.checkpoint.restore_unverified=True"))
   assert "resumed from step 6" in result.stdout
   assert "done: step 8" in result.stdout
@@ -349,38 +363,34 @@ def test_max_to_keep_zero_is_refused(tmp_path):
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith("lingvo_lite: error: "), result.stderr
   assert "checkpoint.max_to_keep" in lines[0], lines[0]
-  assert not (tmp_path / "job" / "checkpoints").exists()
+  assert not (tmp_path / "job").exists()
 
 
 # 7. A resume that fails after it started leaves the job as it was.
 
-def test_a_failed_resume_leaves_the_job_dir_as_it_was(tmp_path):
-  common = ["--fdl.optimizer.clip_grad_norm=None"]
-  _ok(_run(tmp_path, "job", *common, "--fdl.train.steps=4", "--fdl.checkpoint.every_steps=2"))
-  job = tmp_path / "job"
+def test_a_failed_resume_leaves_the_job_dir_as_it_was(tmp_path, cache, trained_job):
+  job = _copy_job(trained_job, tmp_path / "job")
   before = tree_digest(job)
   # A learning rate of 1e4 makes the loss non-finite within a few steps, long before the
   # next save.
-  result = _run(tmp_path, "job", *common, "--fdl.train.steps=40",
+  result = _run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=40",
                 "--fdl.checkpoint.every_steps=1000", "--fdl.optimizer.peak_learning_rate=1e4")
   assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
-  assert "resumed from step 4" in result.stdout
-  assert "train step 5/40" in result.stdout  # It did start training.
+  assert "resumed from step 6" in result.stdout
+  assert "train step 7/40" in result.stdout  # It did start training.
   _assert_one_error_line(result.stderr)
   assert tree_digest(job) == before
 
 
 # 8. Orphaned temporary folders; a second Ctrl-C.
 
-def test_orphaned_temporary_folders_are_removed_on_the_next_start(tmp_path):
-  args = ["--fdl.checkpoint.every_steps=2"]
-  _ok(_run(tmp_path, "job", *args, "--fdl.train.steps=4"))
-  job = tmp_path / "job"
+def test_orphaned_temporary_folders_are_removed_on_the_next_start(tmp_path, cache, trained_job):
+  job = _copy_job(trained_job, tmp_path / "job")
   # What a kill in the middle of saving step 9 leaves (a step this run will not save again).
   orphan = job / "checkpoints" / f"9.{TMP_MARKER}"
-  shutil.copytree(job / "checkpoints" / "4" / "default", orphan / f"default.{TMP_MARKER}")
-  result = _ok(_run(tmp_path, "job", *args, "--fdl.train.steps=6"))
-  assert "resumed from step 4" in result.stdout
+  shutil.copytree(job / "checkpoints" / "6" / "default", orphan / f"default.{TMP_MARKER}")
+  result = _ok(_run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=8"))
+  assert "resumed from step 6" in result.stdout
   named = [l for l in (result.stdout + result.stderr).splitlines() if orphan.name in l]
   if orphan.exists():
     assert len(named) == 1, f"{orphan.name} was neither removed nor reported once: {named}"
@@ -388,12 +398,12 @@ def test_orphaned_temporary_folders_are_removed_on_the_next_start(tmp_path):
     assert len(named) <= 1, named
 
 
-def test_a_second_ctrl_c_stops_at_once_with_exit_code_130(tmp_path):
+def test_a_second_ctrl_c_stops_at_once_with_exit_code_130(tmp_path, cache):
   process = None
+  job = tmp_path / "job"
   try:
-    process = _start(tmp_path, "job", "--fdl.train.steps=100000",
+    process = _start(tmp_path, "job", cache, "--fdl.train.steps=100000",
                      "--fdl.checkpoint.every_steps=100000")
-    job = tmp_path / "job"
     _wait_for(lambda: _logged_step(job) >= 5, process, 120, "step 5")
     process.send_signal(signal.SIGINT)
     # The first Ctrl-C asks for a save; the second comes while that save is in flight.

@@ -1,5 +1,5 @@
-"""The train program refuses a state that cannot fit this host's devices, from shapes alone;
-the shapes come from the model's own count and a one-layer trace."""
+"""The train and eval programs refuse arrays that cannot fit this host's devices, from shapes
+alone; the shapes come from the model's own count and a one-layer trace."""
 
 import dataclasses
 import math
@@ -83,10 +83,72 @@ def test_training_a_7b_model_on_a_small_host_is_one_line_but_printing_it_works(t
                     "--compilation_cache_dir="])
   lines = result.stderr.strip().splitlines()
   assert result.code == 2 and len(lines) == 1, result.stderr
+  # 100 GiB of state and, for 256 x 2048 tokens, 128 GiB of one layer's attention scores.
   assert lines[0].startswith("lingvo_lite: error: model: 6.74B parameters (num_layers=32, "
-                             "dim=4096) do not fit: training needs at least 163 GiB"), lines[0]
-  assert "and 16 GiB is available; use fewer layers (model.num_layers)" in lines[0]
+                             "dim=4096) with train_data batches of 256 x 2048 tokens do not "
+                             "fit: training needs at least 291 GiB"), lines[0]
+  assert "attention scores 128 GiB) and 16 GiB is available; use fewer layers " in lines[0]
+  assert "; use a smaller train_data.global_batch_size or train_data.sequence_length" in lines[0]
   assert tree_digest(tmp_path) == before
   printed = run_cli(["--mode=print", "--exp=Llama7B"])
   assert printed.code == 0, printed.stderr
   assert "model.num_layers = 32" in printed.stdout
+
+
+def _with_data(setup, name, **fields):
+  return dataclasses.replace(setup, **{name: dataclasses.replace(getattr(setup, name),
+                                                                 **fields)})
+
+
+def test_one_layer_of_einsum_attention_scores_is_counted_and_other_implementations_not():
+  setup = synthetic_tiny_setup()
+  data, model = setup.train_data, setup.model
+  need = memory_fit.per_device_need(setup, 1)
+  assert model.attention_implementation == "einsum"
+  assert need.attention == 4 * data.global_batch_size * model.num_heads * data.sequence_length**2
+  accumulated = dataclasses.replace(setup, train=dataclasses.replace(setup.train,
+                                                                     grad_accum_steps=2))
+  assert memory_fit.per_device_need(accumulated, 1).attention == need.attention // 2
+  # jax.nn.dot_product_attention may fuse them away: not counted, so the bound stays low.
+  other = dataclasses.replace(setup, model=model.clone(attention_implementation="xla"))
+  assert memory_fit.per_device_need(other, 1).attention == 0
+  # Split over the batch's mesh axis like the batch: 8 data-parallel devices hold 1/8 each
+  # (4 rows over 8 devices: at least one row each).
+  assert memory_fit.per_device_need(_with_data(setup, "train_data", global_batch_size=16),
+                                    8).attention == need.attention // 2
+
+
+def test_the_eval_program_needs_the_parameters_and_one_eval_step():
+  setup = _with_data(synthetic_tiny_setup(), "eval_data", global_batch_size=64)
+  need = memory_fit.eval_need(setup, 1)
+  train = memory_fit.per_device_need(setup, 1)
+  assert (need.parameters, need.gradients, need.moments) == (train.parameters, 0, 0)
+  length, vocab = setup.eval_data.sequence_length, setup.model.vocab_size
+  assert need.batch == 12 * 64 * length + 4 * 64 * length * vocab
+  assert need.attention == 4 * 64 * setup.model.num_heads * length**2
+  # Within training, an eval step this large is the peak: state without gradients.
+  assert (train.step, train.gradients, train.moments) == ("eval step", 0, 2 * train.parameters)
+  assert train.total == need.total + train.moments
+
+
+@pytest.mark.parametrize("name, fields, check, message", [
+    ("eval_data", {"global_batch_size": 2_000_000}, memory_fit.check_eval_fits,
+     "with eval_data batches of 2000000 x 64 tokens do not fit: eval needs at least"),
+    ("eval_data", {"sequence_length": 60_000}, memory_fit.check_eval_fits,
+     "with eval_data batches of 4 x 60000 tokens do not fit: eval needs at least"),
+    ("train_data", {"sequence_length": 30_000}, memory_fit.check_fits,
+     "with train_data batches of 4 x 30000 tokens do not fit: training needs at least"),
+    ("eval_data", {"global_batch_size": 2_000_000}, memory_fit.check_fits,
+     "(per device, in one eval step: parameters"),
+])
+def test_activations_too_large_for_the_host_are_one_usage_error(monkeypatch, name, fields,
+                                                                check, message):
+  monkeypatch.setattr(memory_fit, "host_available_bytes", lambda: 16 * 2**30)
+  setup = _with_data(synthetic_tiny_setup(), name, **fields)
+  with pytest.raises(UsageError) as error:
+    check(setup)
+  text = str(error.value)
+  assert message in text and "attention scores" in text, text
+  assert f"use a smaller {name}.global_batch_size or {name}.sequence_length" in text
+  assert "use fewer layers" not in text  # The 0.13M parameters are not the problem.
+  memory_fit.check_eval_fits(synthetic_tiny_setup())

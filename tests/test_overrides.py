@@ -75,10 +75,51 @@ def test_values_are_python_literals(value, expected):
     ("--fdl.nothing=1", "has no field nothing"),
     ("--fdl.model.num_layers=__import__('os')", "not a Python literal"),
     ("--fiddler=tinyy", "no fiddler named 'tinyy'; valid choices: .*tiny"),
+    # What Python's parser or repr cannot take: one line, not a RecursionError or ValueError.
+    ("--fdl.train.steps=" + "-" * 5000 + "1", "the value is not a Python literal"),
+    ("--fdl.train.steps=" + "[" * 300 + "]" * 300, "the value is not a Python literal"),
+    ("--fdl.model.norm={[1]: 2}", r"'\{\[1\]: 2\}' is not a Python literal"),
+    ("--fdl.model.norm='" + "a" * 10_001 + "'",
+     r"^--fdl.model.norm=\.\.\.: the value is 10003 characters long"),
+    ("--fdl.model.norm=0x" + "f" * 4000, "got int <int of 16000 bits>$"),
+    ("--fdl.model.norm='" + "a" * 300 + "'", "got str <str of 300 characters>$"),
+    # Fiddlers by import path: only Python functions of the config, and not library ones.
+    ("--fiddler=.x", "'.x' is neither a fiddler name nor a dotted import path"),
+    ("--fiddler=sys.exit", "is a built-in function, not a fiddler"),
+    ("--fiddler=builtins.input", "is a built-in function, not a fiddler"),
+    ("--fiddler=shutil.rmtree", "shutil.rmtree is a Python standard library function, not a "
+                                "fiddler"),
+    ("--fiddler=lingvo_lite.executor.run_main", "is part of lingvo_lite itself, not a fiddler"),
+    ("--fiddler=lingvo_lite.no_such_module.f", r"no fiddler named .*\(no module named "
+                                               r"'lingvo_lite.no_such_module'\)"),
+    ("--fiddler=tests.test_overrides.llt_two_arguments", r"llt_two_arguments\(cfg, other\) does "
+                                                         "not take one argument"),
+    ("--fiddler=tests.test_overrides.llt_raises", "^--fiddler=tests.test_overrides.llt_raises: "
+     r"the fiddler raised RuntimeError: not for this config \(at .*test_overrides.py:\d+\)$"),
+    ("--fiddler=tests.test_overrides.llt_exits", "the fiddler raised SystemExit: 0"),
 ])
 def test_bad_overrides_name_the_flag_and_the_fix(arg, message):
-  with pytest.raises(UsageError, match=message):
+  with pytest.raises(UsageError, match=message) as error:
     _apply(arg)
+  assert "\n" not in str(error.value)
+
+
+def llt_two_arguments(cfg, other):
+  del cfg, other
+
+
+def llt_raises(cfg):
+  del cfg
+  raise RuntimeError("not for this config")
+
+
+def llt_exits(cfg):
+  del cfg
+  raise SystemExit(0)
+
+
+def test_a_generic_fiddler_by_its_import_path_applies():
+  assert _apply("--fiddler=lingvo_lite.fiddlers.tiny").model.num_layers == 2
 
 
 @pytest.mark.parametrize("args, message", [
@@ -91,6 +132,19 @@ def test_malformed_overrides_are_one_line_usage_errors(args, message):
   result = run_cli(["--mode=print", "--exp=PyCodeTiny", *args])
   assert result.code == 2 and result.stderr.count("\n") == 1, result
   assert message in result.stderr
+
+
+@pytest.mark.parametrize("outer", [None, "--fiddler=tiny\n--flagfile=latin1.txt\n"])
+def test_a_flagfile_that_is_not_utf8_is_named(tmp_path, monkeypatch, outer):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "latin1.txt").write_bytes(b'--fdl.model.norm="caf\xe9"\n')
+  if outer:
+    (tmp_path / "outer.txt").write_text(outer)
+  result = run_cli(["--mode=print", "--exp=PyCodeTiny",
+                    f"--flagfile={'outer.txt' if outer else 'latin1.txt'}"])
+  assert result.code == 2 and result.stderr.count("\n") == 1, result
+  assert ("--flagfile=latin1.txt: not UTF-8 text (invalid continuation byte: byte b'\\xe9' at "
+          "position 21); save it as UTF-8") in result.stderr
 
 
 def test_path_through_none_is_reported():

@@ -106,3 +106,20 @@ def test_single_device_mesh_and_batch_sharding():
   mesh = partitioner.make_mesh(jax.devices()[:1])
   assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
   assert partitioner.data_parallel_size({"data": 4, "fsdp": 2, "tensor": 2}) == 8
+
+
+@pytest.mark.parametrize("target, message", [
+    (3, "partitioner.rules=('batch', 3): a rule maps a logical axis to None, a mesh axis name "
+        "or a tuple of mesh axis names; e.g. ('batch', 'data')"),
+    ({"data": 1}, "partitioner.rules=('batch', {'data': 1}): a rule maps"),
+    (("data", None), "partitioner.rules=('batch', ('data', None)): a rule maps"),
+    (("fsdp", "fsdp"), "partitioner.rules=('batch', ('fsdp', 'fsdp')): names a mesh axis twice"),
+    ("dp", "partitioner.rules='batch -> dp': unknown mesh axis"),
+])
+def test_rule_targets_are_checked_before_anything_is_sharded(target, message):
+  rules = tuple((name, target if name == "batch" else rule) for name, rule in
+                Partitioner().rules)
+  with pytest.raises(UsageError) as error:
+    Partitioner(rules=rules).check_rules({"batch"})
+  assert str(error.value).startswith(message), str(error.value)
+  Partitioner().check_rules({"batch"})  # The default rules pass.

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite.data.seqio_data import SeqioData
+from lingvo_lite.data.source import check_ready
 from lingvo_lite.errors import UsageError
 from tasks import pycode
 
@@ -54,3 +55,46 @@ def test_batches_are_a_function_of_step(validation):
 def test_missing_source_folder_is_reported():
   with pytest.raises(UsageError, match="source_dir='/no/such/dir': no such folder"):
     pycode.pycode_task("/no/such/dir")
+
+
+def test_a_folder_without_python_files_is_refused_when_the_task_is_made(tmp_path):
+  (tmp_path / "notes.txt").write_text("x")
+  (tmp_path / "tests").mkdir()
+  (tmp_path / "tests" / "test_a.py").write_text("x = 1\n")  # Excluded: still no documents.
+  with pytest.raises(UsageError, match=r"source_dir='.*': has no \.py files \(outside "):
+    pycode.pycode_task(str(tmp_path))
+
+
+def _folder(tmp_path, files):
+  for name in files:  # `v8.py` is in the validation split, `a.py` in train.
+    assert pycode.split_of(name) == ("validation" if name == "v8.py" else "train")
+    (tmp_path / name).write_text("x = 1\n")
+  return pycode.pycode_task(str(tmp_path))
+
+
+def test_a_split_without_files_is_refused_before_a_program_runs(tmp_path):
+  task = _folder(tmp_path, ["a.py"])  # A small folder may have no validation file...
+  train = SeqioData(task, "train", 4, global_batch_size=1)
+  check_ready("train_data", train)  # ...and need none.
+  validation = SeqioData(task, "validation", 4, global_batch_size=1)
+  with pytest.raises(UsageError, match=r"^eval_data\.task\.source_dir='.*': has no \.py file "
+                                       r"in the 'validation' split"):
+    check_ready("eval_data", validation)
+
+
+def test_a_split_shorter_than_one_example_is_refused_before_a_program_runs(tmp_path):
+  data = SeqioData(_folder(tmp_path, ["a.py", "v8.py"]), "train", 64, global_batch_size=1)
+  with pytest.raises(UsageError, match=r"^train_data\.sequence_length=64: seqio task "
+                                       r"pycode_bytes_\w+ split 'train' produced no examples of "
+                                       r"64 tokens; use a shorter sequence_length"):
+    check_ready("train_data", data)
+
+
+@pytest.mark.parametrize("task, message", [
+    (None, "task=None: is a NoneType, not a seqio Task (it has no get_dataset())"),
+    ("pycode", "task='pycode': is a str, not a seqio Task"),
+])
+def test_a_source_without_a_task_is_refused_when_it_is_built(task, message):
+  with pytest.raises(UsageError) as error:
+    SeqioData(task, "train", 4, global_batch_size=1)
+  assert str(error.value).startswith(message)

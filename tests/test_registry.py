@@ -9,7 +9,7 @@ import fiddle as fdl
 import pytest
 
 import experiments
-from lingvo_lite import builtin_packages, registry
+from lingvo_lite import builtin_packages, experiment_modules, registry
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Experiment
 
@@ -193,11 +193,18 @@ def test_import_modules_registers_or_fails_in_one_line(tmp_path, monkeypatch, fo
                                      "classmethod"),
     ("lingvo_lite.registry.LltMissing", "no such experiment (lingvo_lite.registry has no "
                                         "attribute 'LltMissing')"),
+    ("lingvo_lite.executor.run_main", "lingvo_lite.executor.run_main is part of lingvo_lite "
+                                      "itself, not a config function"),
+    ("fiddle.build", "fiddle._src.building.build is a function of the installed distribution "
+                     "fiddle, not a config function"),
+    ("A" * 10_001, "the value is 10001 characters long"),
+    ("f(x=" + "-" * 5000 + "1)", "expected NAME or NAME(key=literal, ...)"),
+    ("f(**{})", "pass arguments by keyword"),
 ])
 def test_import_paths_to_anything_but_experiments_are_refused(name, message):
   with pytest.raises(UsageError) as error:
     registry.config_from_flag("--exp", name)
-  assert str(error.value).startswith(f"--exp={name}: ")
+  assert str(error.value).startswith(f"--exp={name}: " if len(name) < 10_000 else "--exp: ")
   assert message in str(error.value)
   assert "\n" not in str(error.value)
 
@@ -236,6 +243,38 @@ def test_config_functions_are_checked_before_and_after_the_call():
   assert not _calls
   cfg, experiment = registry.config_from_flag("--fdl_config", f"{where}.llt_needs_layers(layers=3)")
   assert (cfg.layers, experiment, _calls) == (3, None, [3])
+
+
+def llt_exits():
+  raise SystemExit("bad\nthing")
+
+
+def test_a_config_function_that_exits_is_one_line_naming_it():
+  with pytest.raises(UsageError, match=rf"^--fdl_config={__name__}.llt_exits: "
+                                       rf"{__name__}.llt_exits\(\) raised SystemExit: bad "
+                                       r"\(at .*test_registry\.py:\d+\)$"):
+    registry.config_from_flag("--fdl_config", f"{__name__}.llt_exits")
+
+
+def test_library_functions_annotated_to_return_a_config_may_be_called():
+  # lingvo_lite's own, but `-> fdl.Config[Setup]`: a config function, not the CLI or a tool.
+  cfg, experiment = registry.config_from_flag("--exp", "lingvo_lite.experiment.setup_config")
+  assert isinstance(cfg, fdl.Config) and experiment is None
+
+
+@pytest.mark.parametrize("name, owner", [
+    ("shutil.rmtree", "shutil.rmtree is a Python standard library function"),
+    ("os.path.join", "posixpath.join is a Python standard library function"),
+    ("fiddle.build", "is a function of the installed distribution fiddle"),
+    ("lingvo_lite.executor.run_main", "is part of lingvo_lite itself"),
+    ("tasks.pycode.pycode_task", "is part of lingvo_lite itself"),
+    ("experiments.lm.architectures.llama", None),
+    (f"{__name__}.llt_exits", None),
+])
+def test_whose_code_a_function_is(name, owner):
+  module, _, attribute = name.rpartition(".")
+  found = experiment_modules.foreign_code(getattr(importlib.import_module(module), attribute))
+  assert found == owner if owner is None else owner in found
 
 
 class LltBroken(Experiment):

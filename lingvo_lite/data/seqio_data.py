@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Annotated, Any
+from typing import Annotated, Any, Mapping
 
 import numpy as np
 
 from lingvo_lite.data.source import (Batch, example_indices, local_rows,
-                                     resolve_global_batch_size)
+                                     resolve_global_batch_size, under)
 from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import config_error
+from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveInt
 
 # seqio LMFeatureConverter's output names -> lingvo_lite's batch keys.
@@ -31,8 +31,11 @@ def _materialize(task: Any, split: str, sequence_length: int,
                  max_examples: int | None) -> dict[str, np.ndarray]:
   import_tensorflow()
   import seqio  # pylint: disable=g-import-not-at-top
-  dataset = task.get_dataset({"targets": sequence_length}, split=split, shuffle=False,
-                             use_cached=False, num_epochs=1)
+  try:
+    dataset = task.get_dataset({"targets": sequence_length}, split=split, shuffle=False,
+                               use_cached=False, num_epochs=1)
+  except UsageError as e:  # The task's own (a split with no files): one of `task`'s fields.
+    raise under("task", e) from None
   converter = seqio.LMFeatureConverter(pack=False)
   dataset = converter(dataset, {"targets": sequence_length})
   if max_examples:
@@ -42,13 +45,32 @@ def _materialize(task: Any, split: str, sequence_length: int,
     for source_key, key in _FEATURES.items():
       parts[key].append(batch[source_key])
   if not parts["inputs"]:
-    raise ValueError(f"seqio task {task.name} split {split!r} produced no examples of "
-                     f"{sequence_length} tokens")
+    # The split holds fewer tokens than one example (a short split, a long sequence): the
+    # config's to fix, so a UsageError, named relative to the source (`check_ready` puts the
+    # source's config path in front).
+    raise config_error("sequence_length", sequence_length,
+                       f"seqio task {task.name} split {split!r} produced no examples of "
+                       f"{sequence_length} tokens", "use a shorter sequence_length or a split "
+                       "with more data")
   return {
       "inputs": np.concatenate(parts["inputs"]).astype(np.int32),
       "targets": np.concatenate(parts["targets"]).astype(np.int32),
       "weights": np.concatenate(parts["weights"]).astype(np.float32),
   }
+
+
+def _check_task(task: Any) -> None:
+  """What `_materialize` needs of a task, checked when the source is built: a seqio Task with
+  a `targets` feature, not None or another object (which would fail mid-run in the prefetch
+  thread, with a traceback)."""
+  if not callable(getattr(task, "get_dataset", None)):
+    raise config_error("task", task, f"is a {type(task).__name__}, not a seqio Task (it has no "
+                       "get_dataset())", "give a seqio.Task, e.g. fdl.Config(pycode_task) of "
+                       "tasks.pycode")
+  features = getattr(task, "output_features", None)
+  if not isinstance(features, Mapping) or "targets" not in features:
+    raise config_error("task", getattr(task, "name", task), "has no 'targets' output feature",
+                       "a language-model task yields its tokens as 'targets'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +102,7 @@ class SeqioData:
   def __post_init__(self):
     object.__setattr__(self, "global_batch_size", resolve_global_batch_size(
         self.global_batch_size, self.per_device_batch_size))
+    _check_task(self.task)
     splits = tuple(getattr(self.task, "splits", None) or ())
     if splits and self.split not in splits:
       raise config_error("split", self.split, f"the task has no such split; valid choices: "
@@ -96,6 +119,15 @@ class SeqioData:
   @property
   def examples(self) -> dict[str, np.ndarray]:
     return _materialize(self.task, self.split, self.sequence_length, self.max_examples)
+
+  def check(self) -> None:
+    """Materializes the examples (once per process: they are cached), so that a split with
+    no example of `sequence_length` tokens is refused before a program starts.
+
+    Raises:
+      UsageError: naming `sequence_length` (see `source.check_ready`).
+    """
+    _materialize(self.task, self.split, self.sequence_length, self.max_examples)
 
   def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
     examples = self.examples

@@ -7,11 +7,15 @@ number of processes, which makes resume exact and multi-host runs equal to singl
 
 from __future__ import annotations
 
+import re
 from typing import Protocol
 
 import numpy as np
 
-from lingvo_lite.errors import config_error
+from lingvo_lite.errors import UsageError, config_error
+
+# The start of a `config_error` message: `field=value: ...`.
+_FIELD_FIRST = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*|\[\d+\])*=")
 
 Batch = dict[str, np.ndarray]
 
@@ -29,6 +33,40 @@ class DataSource(Protocol):
   def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
     """Rows [process_index * B/P, (process_index + 1) * B/P) of global batch `step`."""
     ...
+
+  # A source whose data can turn out unusable only once it is read (a seqio split with no
+  # example of the sequence length) also has `check()`, which reads it (or what it needs of
+  # it) and raises a UsageError naming its own field; `check_ready` calls it.
+
+
+def check_ready(name: str, source: DataSource | None) -> None:
+  """Runs the source's `check()`, if it has one, before a program writes or allocates.
+
+  A program's batches are made on a background thread, mid-run; a problem met there would
+  come after the job dir was written. `check()` reads the data first (a seqio source caches
+  what it read, so the run does not read it again).
+
+  Args:
+    name: The source's config path (`train_data`), put in front of the field it names.
+    source: The data source; None (no eval data) checks nothing.
+
+  Raises:
+    UsageError: `train_data.sequence_length=1024: ...`.
+  """
+  check = getattr(source, "check", None)
+  if check is None:
+    return
+  try:
+    check()
+  except UsageError as e:
+    raise under(name, e) from None
+
+
+def under(path: str, error: UsageError) -> UsageError:
+  """A part's error, named from its owner: `sequence_length=64: ...` of the part at
+  `train_data` becomes `train_data.sequence_length=64: ...`."""
+  message = str(error)
+  return UsageError(f"{path}.{message}" if _FIELD_FIRST.match(message) else f"{path}: {message}")
 
 
 def resolve_global_batch_size(global_batch_size: int | None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax
 from etils import epath
 
-from lingvo_lite import summaries
+from lingvo_lite import memory_fit, summaries
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
@@ -19,11 +19,19 @@ def run(setup: Setup, job_dir: epath.Path) -> dict[str, float]:
   if setup.eval_data is None:
     raise UsageError("eval_data=None: this config has no eval data; set eval_data or use "
                      "an experiment that defines it")
+  # Before anything is restored or allocated: one line instead of an out-of-memory abort.
+  memory_fit.check_eval_fits(setup)
   checkpoint_dir = job_dir / "checkpoints"
   checkpointer = Checkpointer(checkpoint_dir, setup.checkpoint, create=False) \
       if checkpoint_dir.exists() else None
   step = checkpointer.latest_step() if checkpointer else None
   if step is None:
+    skipped = checkpointer.skipped_steps() if checkpointer else {}
+    if skipped:
+      # "No checkpoint; train first" would mislead: there are steps, and none is usable.
+      raise UsageError(f"--job_log_dir={job_dir}: no usable checkpoint in {checkpoint_dir}: "
+                       f"{'; '.join(skipped.values())}; fix the step folder or move it away, "
+                       "or train again (--mode=train deletes unusable steps and starts over)")
     raise UsageError(f"--job_log_dir={job_dir}: no checkpoint in {checkpoint_dir}; "
                      "train first (--mode=train)")
   is_chief = jax.process_index() == 0

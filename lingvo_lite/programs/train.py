@@ -104,7 +104,7 @@ def run(setup: Setup, job_dir: epath.Path,
   say = lambda message: summaries.log(message, is_chief)
 
   with jitted.activated(), StopRequest() as stop:
-    start = checkpointer.latest_step()
+    start = checkpointer.latest_step(warn=False)  # clean_up_for_training says what it skips.
     # Before the restore and the compile, which can take minutes: a stop asked for meanwhile
     # must name a step after `start` (see StopRequest.should_stop).
     stopped_before_first_step = stop.should_stop(start or 0)
@@ -131,10 +131,14 @@ def run(setup: Setup, job_dir: epath.Path,
         pass  # The first failure is the one to report.
       outputs.rollback()
       outputs.close()
+      # Said after close(): a save still pending when the run stopped is verified by now.
       message = str(e)
       if isinstance(e, CheckpointWriteError):
         message += (f"; training stopped, and {_newest_checkpoint(checkpointer)}: free "
                     "space or fix the job folder's permissions, then rerun the same command")
+      elif isinstance(e, _NonFinite):
+        message += (f"; {_newest_checkpoint(checkpointer)} (every saved state is finite); "
+                    f"{_NON_FINITE_ADVICE}")
       raise TrainingFailure(message) from e
     outputs.close()
   return result
@@ -161,10 +165,8 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     if not force and step % setup.checkpoint.every_steps:
       return
     if not bool(jitted.state_is_finite(state)):
-      raise TrainingFailure(
-          f"the training state (parameters or optimizer moments) is not finite at step {step}; "
-          f"stopped without saving it; {_newest_checkpoint(checkpointer)} (every saved state is "
-          f"finite); {_NON_FINITE_ADVICE}")
+      raise _NonFinite(f"the training state (parameters or optimizer moments) is not finite "
+                       f"at step {step}; stopped without saving it")
     checkpointer.save(step, state, force=force, metadata=jitted.checkpoint_metadata)
 
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
@@ -203,7 +205,7 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
 
       if step % loop.log_every_steps == 0 or step == loop.steps:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        _check_finite(values["loss"], step, checkpointer)
+        _check_finite(values["loss"], step)
         throughput.add_data_wait(prefetcher.wait_seconds)
         prefetcher.wait_seconds = 0.0
         values.update(throughput.report(step))
@@ -248,9 +250,10 @@ _NON_FINITE_ADVICE = ("rerun with a lower optimizer.peak_learning_rate (or a cli
                       "longer warmup_steps): a resumed run may change the optimizer's settings")
 
 
-def _check_finite(loss: float, step: int, checkpointer: Checkpointer) -> None:
+class _NonFinite(TrainingFailure):
+  """A non-finite loss or state; `run` adds where a rerun resumes and what to change."""
+
+
+def _check_finite(loss: float, step: int) -> None:
   if not math.isfinite(loss):
-    raise TrainingFailure(
-        f"loss is {loss} at step {step}; stopped without saving it; "
-        f"{_newest_checkpoint(checkpointer)} (every saved state is finite); "
-        f"{_NON_FINITE_ADVICE}")
+    raise _NonFinite(f"loss is {loss} at step {step}; stopped without saving it")
