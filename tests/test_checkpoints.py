@@ -1,0 +1,42 @@
+"""Retention: old steps go only once a newer one is verified, never the newest verified one."""
+
+import shutil
+
+import jax.numpy as jnp
+from etils import epath
+
+from lingvo_lite import checkpoint_integrity
+from lingvo_lite.checkpoints import Checkpointer, CheckpointSettings
+
+
+def _steps(directory):
+  return sorted(int(p.name) for p in epath.Path(directory).iterdir() if p.name.isdigit())
+
+
+def test_old_steps_are_deleted_only_after_a_newer_one_is_verified(tmp_path):
+  checkpointer = Checkpointer(epath.Path(tmp_path), CheckpointSettings(
+      every_steps=1, max_to_keep=1, async_save=True))
+  state = {"w": jnp.arange(4.0)}
+  checkpointer.save(1, state)
+  assert checkpointer.wait() == [1]
+  checkpointer.save(2, state)
+  # Step 2 is written but not yet verified: step 1 is still the one to resume from.
+  assert 1 in _steps(tmp_path)
+  assert checkpointer.wait() == [2]
+  assert _steps(tmp_path) == [2]
+  assert checkpoint_integrity.has_checksums(epath.Path(tmp_path) / "2")
+  checkpointer.close()
+
+
+def test_the_newest_verified_step_survives_a_newer_unverified_one(tmp_path):
+  checkpointer = Checkpointer(epath.Path(tmp_path), CheckpointSettings(
+      every_steps=1, max_to_keep=1))
+  checkpointer.save(3, {"w": jnp.ones(4)})
+  checkpointer.wait()
+  # A complete step without checksums, as a kill between commit and checksums leaves one.
+  shutil.copytree(tmp_path / "3", tmp_path / "5")
+  (tmp_path / "5" / checkpoint_integrity.CHECKSUMS_FILE).unlink()
+  checkpointer._delete_old_steps()  # pylint: disable=protected-access
+  assert _steps(tmp_path) == [3, 5]  # max_to_keep=1, but 3 is the newest verified step.
+  assert checkpointer.latest_step() == 3
+  checkpointer.close()
