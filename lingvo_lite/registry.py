@@ -98,14 +98,20 @@ def import_modules(names: Sequence[str], flag: str = "--experiments_module") -> 
       continue
     if not all(part.isidentifier() for part in name.split(".")):
       raise UsageError(f"{flag}={name}: not a dotted module name; e.g. {flag}=my_project.exps")
-    try:
-      module = experiment_modules.import_module(name)
-    except experiment_modules.ImportFailed as e:
-      _forget([name])
-      raise UsageError(f"{flag}={name}: importing module {name} failed: {e}") from None
+    module = _import(name, f"{flag}={name}")
     if module is None:
       raise UsageError(f"{flag}={name}: no module named {name!r}; run from the folder that "
                        "holds it or add that folder to PYTHONPATH")
+
+
+def _import(module_name: str, where: str) -> Any:
+  """The module, or None if it does not exist; one UsageError if importing it fails (and
+  whatever it registered before failing is forgotten, so a retry can register again)."""
+  try:
+    return experiment_modules.import_module(module_name)
+  except experiment_modules.ImportFailed as e:
+    _forget([module_name])
+    raise UsageError(f"{where}: importing module {module_name} failed: {e}") from None
 
 
 def all_experiments() -> dict[str, type]:
@@ -127,11 +133,7 @@ def _resolve(path: str, flag: str, name: str) -> tuple[object, str | None]:
   parts = path.split(".")
   for i in range(len(parts) - 1, 0, -1):  # The longest module prefix that exists.
     module_name = ".".join(parts[:i])
-    try:
-      found = experiment_modules.import_module(module_name)
-    except experiment_modules.ImportFailed as e:
-      _forget([module_name])
-      raise UsageError(f"{flag}={name}: importing module {module_name} failed: {e}") from None
+    found = _import(module_name, f"{flag}={name}")
     if found is None:
       continue
     for j in range(i, len(parts)):
