@@ -16,7 +16,7 @@ import inspect
 import logging as std_logging
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from absl import app, flags, logging
 
@@ -24,12 +24,13 @@ import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import (building, command_line, config_files, config_help, distributed, job_dirs,
-                         job_lock, overrides, paths, registry, supervisor)
+from lingvo_lite import (building, command_line, config_files, config_help,
+                         distributed, job_dirs, overrides, paths, programs, registry, supervisor,
+                         target as targets, topologies)
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 
-MODES = ("train", "eval", "print", "list")
+MODES = tuple(programs.PROGRAMS)
 _DEFAULT_CACHE = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lingvo_lite", "jax")
 
@@ -60,13 +61,33 @@ _EXPERIMENTS_MODULE = flags.DEFINE_list(
 _FDL_HELP = flags.DEFINE_bool(
     "fdl_help", False, "Lists every field of the chosen config (type, value, origin, doc) "
     "and the fiddlers that apply, then exits.")
-_MODE = flags.DEFINE_enum("mode", "train", MODES, "Program to run.")
+_MODE = flags.DEFINE_enum("mode", "train", MODES, "Program to run: " + "; ".join(
+    f"{p.name}: {p.summary}" for p in programs.PROGRAMS.values()) + ".")
 _JOB_LOG_DIR = flags.DEFINE_string(
     "job_log_dir", None, "Job folder: config, checkpoints, metrics, summaries (local or "
     "remote path).")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", _DEFAULT_CACHE,
     "Persistent JAX compilation cache, so a restarted run skips compiling; '' disables it.")
+
+# --mode=compile (and the saved step train loads); lingvo_lite/programs lists who reads what.
+flags.DEFINE_string(
+    "compile_topology", None, "What --mode=compile compiles for: cpu:N (N virtual CPU "
+    "devices), local (this host's devices), or a TPU slice (v4-8, v5e-8, v5e-256, v5p-128, "
+    "v6e-8, ...; needs lingvo_lite[tpu]). The number counts TensorCores on v4/v5p, chips on "
+    "v5e/v6e.")
+flags.DEFINE_integer("compile_num_slices", 1, "TPU slices joined over the data-center "
+                     "network (multi-slice; the mesh's dcn axes span them).")
+flags.DEFINE_enum("compile_program", "train", ("train", "eval"), "Which step to compile.")
+flags.DEFINE_bool("compile_find_max_batch", False, "Also find the largest per-device batch "
+                  "that fits (two compiles fit a line, then the prediction is confirmed).")
+flags.DEFINE_list("compile_remat_policies", [], "With --compile_find_max_batch: the remat "
+                  "policies to search, as a table (e.g. none,full).")
+flags.DEFINE_string("compiled_step_out", None, "--mode=compile: write the compiled train step "
+                    "and its manifest to this folder.")
+flags.DEFINE_string("compiled_step_in", None, "--mode=train: run the compiled step saved at "
+                    "this folder instead of compiling; refused (one line) if anything it was "
+                    "compiled for differs. A saved step is code: load only your own.")
 
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ("auto", "on", "off"),
@@ -177,54 +198,25 @@ def build_experiment(name: str, assignments: Sequence[str] = ()) -> Setup:
 # ----------------------------------------------------------------------------- modes
 
 
-def _list_experiments() -> None:
-  """Every registered experiment; a module that failed to import is one warning line each,
-  and the rest are still listed."""
-  for name, cls in registry.all_experiments().items():
-    doc = (inspect.getdoc(cls) or "").splitlines()
-    print(f"{name:<40} {doc[0] if doc else ''}")
-  for module, reason in registry.import_failures().items():
-    print(f"lingvo_lite: warning: skipped {module}: {reason}", file=sys.stderr)
-
-
 # What only a mode with a config uses; --mode=list refuses them rather than ignore them.
 _CONFIG_FLAGS = ("exp", "fdl_config", "fdl_config_file", "fiddler", "fdl_set",
                  command_line.DOTTED_FLAG, "fdl_help", "job_log_dir")
 
 
-def _refuse_config_flags(mode: str) -> None:
-  for name in _CONFIG_FLAGS:
+def _refuse_flags(program: programs.Program) -> None:
+  """A flag the program does not read is refused, never silently ignored."""
+  foreign = [] if program.needs_config else list(_CONFIG_FLAGS)
+  for other in programs.PROGRAMS.values():
+    if other is not program:
+      foreign += [name for name in other.flags if name not in program.flags]
+  for name in foreign:
     if flags.FLAGS[name].present:
       shown = "--fdl.PATH=VALUE" if name == command_line.DOTTED_FLAG else f"--{name}"
-      raise UsageError(f"{shown}: --mode={mode} takes no config or job dir (it lists every "
-                       "registered experiment); drop the flag, or pick another --mode")
-
-
-def _check_resume(job_dir: epath.Path, cfg: fdl.Buildable) -> None:
-  """Refuses to train into a job dir whose config differs in what shapes the state."""
-  existing = job_dir / config_files.CONFIG_JSON
-  if not existing.exists():
-    return
-  changes = config_files.incompatible_changes(config_files.load(existing, "--job_log_dir"),
-                                              cfg)
-  if changes:
-    raise UsageError(f"--job_log_dir={job_dir}: the config differs from the one this job "
-                     f"was trained with ({_summarize(changes)}); resume with the same config "
-                     "or use a new --job_log_dir")
-
-
-def _check_eval_model(job_dir: epath.Path, cfg: fdl.Buildable) -> None:
-  """Eval of a job's checkpoints with another model config would score another model, even
-  when the shapes agree (another norm, activation or rotary setting)."""
-  existing = job_dir / config_files.CONFIG_JSON
-  if not existing.exists():
-    return
-  changes = [c for c in config_files.incompatible_changes(
-      config_files.load(existing, "--job_log_dir"), cfg) if c.startswith("model.")]
-  if changes:
-    raise UsageError(f"--job_log_dir={job_dir}: the model config differs from the one its "
-                     f"checkpoints were trained with ({_summarize(changes)}); evaluate with "
-                     "the job's own config (drop the --exp and model overrides)")
+      readers = [p.name for p in programs.PROGRAMS.values() if name in p.flags]
+      what = (f"only --mode={' / --mode='.join(readers)} reads it" if readers else
+              "it takes no config or job dir (it lists every registered experiment)")
+      raise UsageError(f"{shown}: --mode={program.name} does not use this flag ({what}); "
+                       "drop the flag, or pick another --mode")
 
 
 def _summarize(changes: Sequence[str]) -> str:
@@ -232,38 +224,40 @@ def _summarize(changes: Sequence[str]) -> str:
                                    else "")
 
 
-def _train(setup: Setup, cfg: fdl.Buildable, experiment: type | None,
-           job_dir: epath.Path) -> None:
-  from lingvo_lite.programs import train  # pylint: disable=g-import-not-at-top
+def _config_changes(job_dir: epath.Path | None, cfg: fdl.Buildable) -> list[str]:
+  """Fields of `cfg` that differ from JOB/config.json in what shapes the state."""
+  existing = job_dir / config_files.CONFIG_JSON if job_dir is not None else None
+  if existing is None or not existing.exists():
+    return []
+  return config_files.incompatible_changes(config_files.load(existing, "--job_log_dir"), cfg)
 
-  def record_config() -> None:
-    if jax.process_index() == 0:
-      config_files.write(job_dir, cfg, experiment)
-  setup.check_data()  # An empty data source is one line now, not a failure mid-run.
-  # The lock first: what the job holds (its config, its checkpoints) is read under it.
-  lock = job_lock.JobLock(job_dir, enabled=jax.process_index() == 0, shown=_JOB_LOG_DIR.value)
-  try:
-    with lock:
-      _check_resume(job_dir, cfg)
-      job_is_new = not (job_dir / config_files.CONFIG_JSON).exists()
-      result = train.run(setup, job_dir, record_config, job_is_new)
-  except train.TrainingFailure as e:
-    _fail(str(e), code=1)
-  if jax.process_index() != 0:
+
+def _compile_target(cfg: fdl.Buildable, options: dict[str, Any]) -> targets.Target:
+  """The target of --compile_topology; on several TPU slices, a config that sets no axis
+  across slices gets `partitioner.dcn_data` = the slice count (data parallel over the
+  data-center network, as MaxText's default)."""
+  if not options["compile_topology"]:
+    raise UsageError("--compile_topology: required for --mode=compile; e.g. "
+                     f"--compile_topology=v5e-8 (known: {topologies.known_names()})")
+  target = targets.compile_target(options["compile_topology"], options["compile_num_slices"])
+  partitioner = getattr(cfg, "partitioner", None)
+  if target.num_slices > 1 and isinstance(partitioner, fdl.Config) and all(
+      getattr(partitioner, f"dcn_{axis}", 1) == 1 for axis in ("data", "fsdp", "tensor")):
+    partitioner.dcn_data = target.num_slices
+  return target
+
+
+def _arrange_cpu_devices() -> None:
+  """`--compile_topology=cpu:N` needs N CPU devices, which JAX fixes when its backend starts:
+  asked for here, before anything touches a device."""
+  count = topologies.cpu_devices(flags.FLAGS["compile_topology"].value or "")
+  if not count or not 1 <= count <= topologies.MAX_CPU_DEVICES:
     return
-  shown = epath.Path(_JOB_LOG_DIR.value)  # As the user wrote it (relative stays relative).
-  lines = [f"done: step {result.step}" + (" (stopped by signal)" if result.interrupted else "")]
-  if result.train_loss is not None:
-    lines.append(f"  final train loss: {result.train_loss:.4f}")
-  if result.eval_metrics:
-    lines.append(f"  final eval loss:  {result.eval_metrics['loss']:.4f} "
-                 f"({result.eval_metrics['bits_per_token']:.4f} bits/token)")
-  lines += [f"  config:      {shown / config_files.CONFIG_TXT} (reload: "
-            f"--fdl_config_file={shown / config_files.CONFIG_JSON})",
-            f"  checkpoints: {shown / 'checkpoints'}",
-            f"  metrics:     {shown / 'metrics.jsonl'}, {shown / 'eval_metrics.jsonl'}",
-            f"  TensorBoard: tensorboard --logdir={shown / 'summaries'}"]
-  print("\n".join(lines), flush=True)
+  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    return  # The user's own count; the target takes the first N (or says there are too few).
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if not xla_bridge.backends_are_initialized():
+    jax.config.update("jax_num_cpu_devices", count)
 
 
 def _configure_compilation_cache() -> None:
@@ -286,31 +280,37 @@ def main(argv: Sequence[str]) -> None:
     logging.set_verbosity(logging.WARNING)
     logging.get_absl_handler().addFilter(_quiet_orbax)
   try:
-    if _MODE.value in ("train", "eval"):
+    if programs.PROGRAMS[_MODE.value].joins_distributed:
       distributed.plan(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
                        _PROCESS_ID.value)  # Flags that cannot work fail before a child starts.
       if supervisor.wanted(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value):
         sys.exit(supervisor.supervise(sys.argv[1:]))
-    _run_mode()
+    if _MODE.value == "compile":
+      _arrange_cpu_devices()
+    code = _run_mode()
   except UsageError as e:
     _fail(str(e))
+  except programs.ProgramFailure as e:
+    _fail(str(e), code=1)
+  if code:
+    sys.exit(code)
 
 
-def _run_mode() -> None:
-  mode = _MODE.value
+def _run_mode() -> int | None:
+  program = programs.PROGRAMS[_MODE.value]
   if _EXPERIMENTS_MODULE.value:
     registry.import_modules(_EXPERIMENTS_MODULE.value)
-  if mode == "list":
-    _refuse_config_flags(mode)
-    _list_experiments()
-    return
+  _refuse_flags(program)
+  options = {name: flags.FLAGS[name].value for name in program.flags}
+  if not program.needs_config:
+    return program.main(programs.Invocation(None, None, None, None, options))
   job_dir = paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value else None
-  if job_dir is None and mode in ("train", "eval") and not _FDL_HELP.value:
-    raise UsageError(f"--job_log_dir: required for --mode={mode}; e.g. "
+  if job_dir is None and program.needs_job_dir and not _FDL_HELP.value:
+    raise UsageError(f"--job_log_dir: required for --mode={program.name}; e.g. "
                      "--job_log_dir=runs/my_run")
   if job_dir is not None and not _FDL_HELP.value:
-    job_dirs.check(job_dir, mode, _JOB_LOG_DIR.value)
-  if mode in ("train", "eval") and not _FDL_HELP.value:
+    job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value)
+  if program.joins_distributed and not _FDL_HELP.value:
     joined = distributed.initialize(
         _DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
         _PROCESS_ID.value, _HEARTBEAT_TIMEOUT.value)
@@ -321,22 +321,26 @@ def _run_mode() -> None:
   overrides.apply(cfg, _OVERRIDES.directives, experiment)
   if _FDL_HELP.value:
     print(config_help.describe(cfg, overrides.fiddlers_for(experiment)), end="")
-    return
-  setup = build(cfg)
-  if mode == "train" and setup.train.profile_start_step >= 0:
-    # Only the built config says whether the run writes JOB/profile; still nothing is written.
-    job_dirs.check(job_dir, mode, _JOB_LOG_DIR.value, profile=True)
-  if mode == "print":
-    print(config_files.to_text(cfg), end="")
-    return
-  _configure_compilation_cache()
-  if mode == "train":
-    _train(setup, cfg, experiment, job_dir)
-  elif mode == "eval":
-    from lingvo_lite.programs import eval as eval_program  # pylint: disable=g-import-not-at-top
-    _check_eval_model(job_dir, cfg)
-    setup.check_data(("eval_data",))
-    eval_program.run(setup, job_dir)
+    return None
+  target = _compile_target(cfg, options) if program.name == "compile" else targets.host()
+  with targets.active(target):  # Batch sizes per device and validation count its devices.
+    setup = build(cfg)
+    if program.name == "train" and setup.train.profile_start_step >= 0:
+      # Only the built config says whether the run writes JOB/profile; still nothing is written.
+      job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value, profile=True)
+    if program.name == "compile":
+      # Its compile time is a reported figure, and XLA:CPU cannot serialize an executable
+      # that came out of the persistent cache (it loses the kernels: "Function ... not found"
+      # when the saved step runs).
+      jax.config.update("jax_enable_compilation_cache", False)
+    elif program.name != "print":
+      _configure_compilation_cache()
+    invocation = programs.Invocation(
+        setup=setup, job_dir=job_dir, shown_job_dir=_JOB_LOG_DIR.value, target=target,
+        options=options, config_text=config_files.to_text(cfg),
+        write_config=lambda: config_files.write(job_dir, cfg, experiment),
+        config_changes=lambda: _config_changes(job_dir, cfg))
+    return program.main(invocation)
 
 
 def run_main() -> None:

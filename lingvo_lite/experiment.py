@@ -13,9 +13,8 @@ import math
 from typing import Annotated, Any
 
 import fiddle as fdl
-import jax
 
-from lingvo_lite import fields
+from lingvo_lite import fields, target as targets
 from lingvo_lite.checkpoints import CheckpointSettings
 from lingvo_lite.data.source import DataSource, check_ready
 from lingvo_lite.errors import config_error
@@ -68,13 +67,18 @@ class Setup:
   train: TrainLoop = TrainLoop()
   checkpoint: CheckpointSettings = CheckpointSettings()
 
-  def validate(self) -> None:
+  def validate(self, target: targets.Target | None = None) -> None:
     """Raises UsageError naming the field, the value and the fix for the first problem.
 
     First every field of every part against its annotation and the constraints declared
     with it (`lingvo_lite.fields`), then the model's size, then what no single field shows:
     fields that must agree with each other, and the partitioning (from shapes only).
+
+    Args:
+      target: The devices the setup is for; None takes the active one (this host's, or the
+        compile program's topology).
     """
+    target = target or targets.current()
     fields.check_part("", self)
     model = self.model
     _check_size(model)
@@ -87,7 +91,7 @@ class Setup:
                          f"does not divide model.num_heads={model.num_heads}",
                          "grouped-query attention needs num_heads % num_kv_heads == 0")
     if model.attention_implementation == "cudnn":
-      _check_cudnn_attention(model)
+      _check_cudnn_attention(model, target)
     rotary_dim = model.resolved_rotary_dim
     if rotary_dim % 2 or rotary_dim > model.resolved_head_dim:
       raise config_error("model.rotary_dim", model.rotary_dim,
@@ -107,7 +111,7 @@ class Setup:
     if self.eval_data is not None and not self.eval_data.num_batches:
       raise config_error("eval_data.num_batches", self.eval_data.num_batches,
                          "an eval set needs a positive number of batches per pass")
-    _check_partitioning(self)
+    _check_partitioning(self, target)
 
   def check_data(self, names: tuple[str, ...] = ("train_data", "eval_data")) -> None:
     """Reads what each named data source must read to know it is usable.
@@ -162,14 +166,14 @@ def _check_vocabulary(name: str, data: DataSource, model: TransformerLM) -> None
                      f"use at least {vocab}")
 
 
-def _check_cudnn_attention(model: TransformerLM) -> None:
+def _check_cudnn_attention(model: TransformerLM, target: targets.Target) -> None:
   """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device time."""
   problem = None
-  device = jax.devices()[0]
+  device = target.devices[0]
   # Hopper (compute capability 9.0) and newer take heads up to 256 wide, older GPUs 128.
   capability = getattr(device, "compute_capability", "0")
   widest_head = 256 if float(capability) >= 9.0 else 128
-  if jax.default_backend() != "gpu" or "NVIDIA" not in device.device_kind.upper():
+  if target.platform != "gpu" or "NVIDIA" not in device.device_kind.upper():
     problem = f"needs an NVIDIA GPU (this device: {device.device_kind})"
   elif model.dtype not in ("bfloat16", "float16"):
     problem = f"needs model.dtype 'bfloat16' or 'float16' (got {model.dtype!r})"
@@ -187,10 +191,11 @@ _AXIS_FIELDS = {"embed": "model.dim", "mlp": "model.mlp_dim", "heads": "model.nu
                 "norm": "model.dim", "position": "model.max_length"}
 
 
-def _check_partitioning(setup: Setup) -> None:
+def _check_partitioning(setup: Setup, target: targets.Target) -> None:
   """Mesh vs devices, rules, sharded dimensions and batch divisibility, from shapes only."""
   partitioner = setup.partitioner
-  axis_sizes = partitioner.mesh_axis_sizes(jax.device_count())
+  partitioner.check_slices(target.num_slices, target.name, target.platform)
+  axis_sizes = partitioner.mesh_axis_sizes(target.num_devices)
   parameters = setup.model.parameter_shapes()
   used = {"batch", "length"} | {name for p in parameters for name in p.axes if name}
   partitioner.check_rules(used)
@@ -212,12 +217,13 @@ def _check_partitioning(setup: Setup) -> None:
     if data is None:
       continue
     rows = data.global_batch_size // (setup.train.grad_accum_steps if name == "train_data" else 1)
-    if rows % data_parallel or data.global_batch_size % jax.process_count():
+    if rows % data_parallel or data.global_batch_size % target.num_processes:
       raise config_error(
           f"{name}.global_batch_size", data.global_batch_size,
           f"{'each micro-batch ' if rows != data.global_batch_size else ''}must split "
           f"evenly over the data-parallel size {data_parallel} (mesh axes {batch_axes}) and "
-          f"{jax.process_count()} processes", f"use a multiple of {data_parallel}")
+          f"{target.num_processes} processes",
+          f"use a multiple of {math.lcm(data_parallel, target.num_processes)}")
 
 
 def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ParameterShape) -> None:

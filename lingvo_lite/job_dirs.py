@@ -33,7 +33,7 @@ from lingvo_lite.data import tensorflow_import
 from lingvo_lite.errors import UsageError
 
 # Modes that write a job dir (and create it if missing); the others need an existing one.
-WRITING_MODES = ("train",)
+WRITING_MODES = ("train", "compile")
 FOLDER, FILE = "folder", "file"
 # What every mode may read, relative to the job dir: checked for its kind where present.
 _READ = (("config.json", FILE), ("checkpoints", FOLDER))
@@ -45,6 +45,8 @@ _WRITTEN = {
               ("metrics.jsonl", FILE), ("eval_metrics.jsonl", FILE),
               (job_lock.LOCK_NAME, FILE)),
     "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/metrics.jsonl", FILE)),
+    "compile": (("compile", FOLDER), ("compile/report.txt", FILE),
+                ("compile/report.json", FILE)),
 }
 _PROFILE = ("profile", FOLDER)  # Written by train when train.profile_start_step >= 0.
 # Bytes below the job dir of the deepest file a writing mode creates: orbax's temporary step

@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 import jax
 
+from lingvo_lite import target as targets
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 
@@ -188,7 +189,7 @@ def check_eval_fits(setup: Setup) -> None:
 
 def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) -> None:
   devices = jax.local_devices()
-  need = need_of(setup, jax.device_count())
+  need = need_of(setup, targets.current().num_devices)
   if devices[0].platform == "cpu":
     copies, available = len(devices), host_available_bytes()
     where = (f"this host's RAM for {len(devices)} CPU device(s)", f"{_gib(available or 0)} "

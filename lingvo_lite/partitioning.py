@@ -99,6 +99,18 @@ class Partitioner:
           "or set one axis to -1")
     return tuple(sizes)
 
+  def check_slices(self, num_slices: int, target_name: str, platform: str) -> None:
+    """The axes across slices (over the data-center network) match a TPU target's slices.
+
+    On CPUs and GPUs the dcn axes are outer mesh axes (across processes, in device order)."""
+    across = math.prod(self.dcn_shape)
+    if (num_slices > 1 or platform == "tpu") and across != num_slices:
+      raise config_error(
+          "partitioner.dcn_*", self.dcn_shape,
+          f"the mesh axes across slices multiply to {across}, but {target_name} has "
+          f"{num_slices} slices", f"make their product {num_slices} (e.g. "
+          f"--fdl.partitioner.dcn_data={num_slices})")
+
   def mesh_axis_sizes(self, num_devices: int) -> dict[str, int]:
     """Size of each mesh axis (within-slice size x across-slice size)."""
     ici = self.resolved_ici_shape(num_devices)
@@ -152,16 +164,21 @@ class Partitioner:
 
   def make_mesh(self, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """Builds the mesh with Auto axis types (Flax's logical constraints expect Auto)."""
-    devices = list(devices if devices is not None else jax.devices())
+    if devices is None:
+      from lingvo_lite import target  # pylint: disable=g-import-not-at-top
+      devices = target.current().devices
+    devices = list(devices)
     ici = self.resolved_ici_shape(len(devices))
-    if math.prod(self.dcn_shape) > 1:
+    if math.prod(self.dcn_shape) > 1 and hasattr(devices[0], "slice_index"):
+      # TPU slices: the dcn axes run across slices, the ici axes within one.
       device_array = mesh_utils.create_hybrid_device_mesh(
           ici, self.dcn_shape, devices, allow_split_physical_axes=True)
     elif len(devices) == 1:
       device_array = np.asarray(devices).reshape(ici)
     else:
+      sizes = tuple(i * d for i, d in zip(ici, self.dcn_shape))
       device_array = mesh_utils.create_device_mesh(
-          ici, devices, allow_split_physical_axes=True)
+          sizes, devices, allow_split_physical_axes=True)
     return Mesh(device_array, MESH_AXES)
 
   def data_parallel_size(self, axis_sizes: dict[str, int]) -> int:

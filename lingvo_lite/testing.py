@@ -37,28 +37,15 @@ def synthetic_tiny_setup(experiment: str = "PyCodeTiny", *sets: str) -> Setup:
   """A tiny, validated Setup on synthetic data (no TensorFlow needed)."""
   return executor.build(tiny_config(experiment, *sets, synthetic=True))
 
-
-def shaped_batch(setup: Setup) -> dict[str, jax.ShapeDtypeStruct]:
-  """Abstract global batch of the train data, for lowering without data."""
-  shape = (setup.train_data.global_batch_size, setup.train_data.sequence_length)
-  return {"inputs": jax.ShapeDtypeStruct(shape, jnp.int32),
-          "targets": jax.ShapeDtypeStruct(shape, jnp.int32),
-          "weights": jax.ShapeDtypeStruct(shape, jnp.float32)}
-
-
 def assert_experiment_lowers(setup: Setup) -> Any:
   """Shapes the state and lowers the train step on the available devices; returns lowered."""
-  jitted = JittedSteps(setup)
-  with jitted.activated():
-    return jitted.train_step.lower(jitted.sharded_state.abstract, shaped_batch(setup))
-
+  return JittedSteps(setup).lower_train_step()
 
 @dataclasses.dataclass(frozen=True)
 class CliResult:
   code: int
   stdout: str
   stderr: str
-
 
 def run_cli(args: Sequence[str]) -> CliResult:
   """Runs the executor in this process, as `python -m lingvo_lite ARGS` would.
@@ -77,7 +64,6 @@ def run_cli(args: Sequence[str]) -> CliResult:
   flags.FLAGS.unparse_flags()
   return CliResult(code, stdout.getvalue(), stderr.getvalue())
 
-
 def override_directives(args: Sequence[str]) -> list[overrides.Directive]:
   """The override directives `python -m lingvo_lite ARGS` would apply, in their order."""
   flags.FLAGS.unparse_flags()
@@ -86,7 +72,6 @@ def override_directives(args: Sequence[str]) -> list[overrides.Directive]:
     return list(executor.override_log().directives)
   finally:
     flags.FLAGS.unparse_flags()
-
 
 def tree_digest(root: str | os.PathLike) -> str:
   """SHA-256 over every path, file size and file content under `root`."""
@@ -101,14 +86,12 @@ def tree_digest(root: str | os.PathLike) -> str:
           digest.update(f.read())
   return digest.hexdigest()
 
-
 # What a fresh clone needs to run the README's commands (bin/demo.sh, `python -m lingvo_lite`,
 # bench/step_bench.py). Under `bazel test` each of these must be in the test's runfiles: the
 # packages through deps, the rest through `data` (//:readme, //:requirements_lock, //bin:scripts,
 # //bench:files).
 WORKING_COPY_ENTRIES = ("README.md", "pyproject.toml", "requirements.lock", "bin", "bench",
                         "experiments", "lingvo_lite", "tasks")
-
 
 def source_root() -> pathlib.Path:
   """The repository root this module was imported from.
@@ -117,7 +100,6 @@ def source_root() -> pathlib.Path:
   test's runfiles tree (`$TEST_SRCDIR/lingvo_lite`), which holds only declared deps and data.
   """
   return pathlib.Path(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def make_working_copy(destination: str | os.PathLike,
                       entries: Sequence[str] = WORKING_COPY_ENTRIES) -> pathlib.Path:

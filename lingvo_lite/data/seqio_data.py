@@ -15,7 +15,7 @@ from typing import Annotated, Any, Mapping
 
 import numpy as np
 
-from lingvo_lite.data.source import (Batch, example_indices, local_rows,
+from lingvo_lite.data.source import (Batch, example_indices, lm_batch_spec, local_rows,
                                      resolve_global_batch_size, under)
 from lingvo_lite.data.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import UsageError, config_error
@@ -128,6 +128,9 @@ class SeqioData:
       UsageError: naming `sequence_length` (see `source.check_ready`).
     """
     _materialize(self.task, self.split, self.sequence_length, self.max_examples)
+
+  def batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    return lm_batch_spec(self.global_batch_size, self.sequence_length)
 
   def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
     examples = self.examples

@@ -34,6 +34,11 @@ class DataSource(Protocol):
     """Rows [process_index * B/P, (process_index + 1) * B/P) of global batch `step`."""
     ...
 
+  def batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Shape and dtype name of each array of one global batch, without reading any data:
+    what the AOT compile shapes the step with (`lm_batch_spec` for plain LM examples)."""
+    ...
+
   # A source whose data can turn out unusable only once it is read (a seqio split with no
   # example of the sequence length) also has `check()`, which reads it (or what it needs of
   # it) and raises a UsageError naming its own field; `check_ready` calls it.
@@ -69,6 +74,13 @@ def under(path: str, error: UsageError) -> UsageError:
   return UsageError(f"{path}.{message}" if _FIELD_FIRST.match(message) else f"{path}: {message}")
 
 
+def lm_batch_spec(global_batch_size: int, sequence_length: int
+                  ) -> dict[str, tuple[tuple[int, ...], str]]:
+  """The batch of unpacked LM examples: int32 inputs and targets, float32 loss weights."""
+  shape = (global_batch_size, sequence_length)
+  return {"inputs": (shape, "int32"), "targets": (shape, "int32"), "weights": (shape, "float32")}
+
+
 def resolve_global_batch_size(global_batch_size: int | None,
                               per_device_batch_size: int | None) -> int:
   """The global batch from exactly one of the two ways to give it.
@@ -87,8 +99,9 @@ def resolve_global_batch_size(global_batch_size: int | None,
                        "set the other one to None")
   if global_batch_size is not None:
     return global_batch_size
-  import jax  # pylint: disable=g-import-not-at-top
-  return per_device_batch_size * jax.device_count()
+  from lingvo_lite import target  # pylint: disable=g-import-not-at-top
+  # The active target's devices: a compile for v5e-256 resolves against 256 chips.
+  return per_device_batch_size * target.current().num_devices
 
 
 def local_rows(global_batch_size: int, process_index: int, process_count: int) -> np.ndarray:

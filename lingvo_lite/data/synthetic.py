@@ -8,7 +8,8 @@ from typing import Annotated
 import numpy as np
 
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveInt, Range
-from lingvo_lite.data.source import Batch, local_rows, resolve_global_batch_size
+from lingvo_lite.data.source import (Batch, lm_batch_spec, local_rows,
+                                     resolve_global_batch_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,9 @@ class SyntheticData:
       return rng.integers(1, self.vocab_size, size=length, dtype=np.int32)
     motif = rng.integers(1, self.vocab_size, size=self.period, dtype=np.int32)
     return np.resize(motif, length)
+
+  def batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    return lm_batch_spec(self.global_batch_size, self.sequence_length)
 
   def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
     rows = local_rows(self.global_batch_size, process_index, process_count)

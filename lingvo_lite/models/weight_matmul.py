@@ -7,7 +7,9 @@ that strided transpose. Measured in a BenchSmall train step on CPU: 22-44 ms per
 a 0.45 s step, more than the layer's matmuls. Here the backward pass transposes x explicitly
 (an optimization barrier keeps XLA from folding the transpose back into the matmul), which is
 a plain copy of the smaller operand, and every matmul runs on the fast kernel. GPUs and TPUs
-read transposed operands natively, so on them this is a plain `jnp.tensordot`. The backward
+read transposed operands natively, so on them this is a plain `jnp.tensordot`. The variant
+follows the platform of the active target (`lingvo_lite.target`), not this host's backend: a
+TPU step compiled on a CPU host gets the TPU form. The backward
 assumes meshes with Auto axes, as the partitioner builds them (under Explicit axes JAX asks
 for the output sharding of the contraction over the batch).
 """
@@ -20,10 +22,12 @@ import math
 import jax
 import jax.numpy as jnp
 
+from lingvo_lite import target
+
 
 def weight_matmul(x: jax.Array, w: jax.Array, contracting: int = 1) -> jax.Array:
   """x [..., K...] times w [K..., N...] -> [..., N...], over x's last `contracting` dims."""
-  if jax.default_backend() == "cpu":
+  if target.current_platform() == "cpu":
     return _cpu_weight_matmul(x, w, contracting)
   return jnp.tensordot(x, w, contracting)
 

@@ -1,1 +1,89 @@
-"""Programs the executor runs on a built Setup: train, eval (and later decode, compile)."""
+"""The programs `--mode` runs, in one table: their names, what they need, their flags, docs.
+
+A program is a module with `main(invocation)`; the executor builds the `Invocation` (the
+validated Setup, the job dir, the target) and never branches on the mode itself. Adding a
+program is one entry here and one module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable
+
+from etils import epath
+
+
+class ProgramFailure(RuntimeError):
+  """A program started and cannot go on (exit code 1): a non-finite loss, a failed save."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One `--mode` choice.
+
+  Attributes:
+    name: The `--mode` value.
+    summary: One line for --help.
+    module: The module (under lingvo_lite.programs) whose `main(invocation)` runs it.
+    needs_config: Builds a Setup from an experiment or a config.json (list does not).
+    needs_job_dir: `--job_log_dir` is required.
+    joins_distributed: Runs in every process of a multi-process run (jax.distributed).
+    flags: The executor's flags only this program reads; other modes refuse them.
+  """
+
+  name: str
+  summary: str
+  module: str
+  needs_config: bool = True
+  needs_job_dir: bool = False
+  joins_distributed: bool = False
+  flags: tuple[str, ...] = ()
+
+  def main(self, invocation: "Invocation") -> int | None:
+    """Runs the program; returns its exit code (None is 0)."""
+    module = importlib.import_module(f"lingvo_lite.programs.{self.module}")
+    return module.main(invocation)
+
+
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+  """What the executor hands a program: everything it needs, nothing of Fiddle's.
+
+  Attributes:
+    setup: The built and validated Setup (None for programs without a config).
+    job_dir: The resolved job dir, or None when none was given.
+    shown_job_dir: The job dir as the user wrote it (relative stays relative), for messages.
+    target: The devices the program runs on or compiles for (lingvo_lite.target.Target).
+    options: This program's flag values, by flag name.
+    config_text: The flattened config (config.txt's text).
+    write_config: Writes config.json and config.txt into the job dir.
+    config_changes: Given a job dir's recorded config path, the fields that differ from this
+      config as `path: old -> new` (none when the job has no config yet).
+  """
+
+  setup: Any
+  job_dir: epath.Path | None
+  shown_job_dir: str | None
+  target: Any
+  options: dict[str, Any]
+  config_text: str = ""
+  write_config: Callable[[], None] = lambda: None
+  config_changes: Callable[[], list[str]] = lambda: []
+
+
+PROGRAMS: dict[str, Program] = {p.name: p for p in (
+    Program("train", "train the experiment, resuming from the job's latest checkpoint",
+            "train", needs_job_dir=True, joins_distributed=True, flags=("compiled_step_in",)),
+    Program("eval", "evaluate the job's latest checkpoint on its eval data", "eval",
+            needs_job_dir=True, joins_distributed=True),
+    Program("compile", "compile the train (or eval) step ahead of time for a target "
+            "topology: memory verdict, step time, maximum batch, a saved executable",
+            "compile", flags=("compile_topology", "compile_num_slices", "compile_program",
+                              "compile_find_max_batch", "compile_remat_policies",
+                              "compiled_step_out")),
+    Program("print", "print the flattened config (after overrides) and validate it",
+            "print_config"),
+    Program("list", "list the registered experiments", "list_experiments",
+            needs_config=False),
+)}

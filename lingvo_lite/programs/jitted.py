@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from lingvo_lite import steps, train_state
+from lingvo_lite import steps, target as targets, train_state
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.source import Batch, local_rows
 from lingvo_lite.errors import UsageError
@@ -24,28 +24,34 @@ from lingvo_lite.models import layer_layout
 
 
 def _check_process_rows(batch_sharding: jax.sharding.Sharding, global_batch_size: int) -> None:
-  """This process's devices must hold the block of rows its data source reads.
+  """Each process's devices must hold the block of rows its data source reads.
 
   Sources hand process p the rows [p * B/P, (p + 1) * B/P); a mesh whose batch axes put
-  other rows on p's devices would silently train on the wrong examples.
+  other rows on p's devices would silently train on the wrong examples. Checked for every
+  process of the target (a compile for a 64-host pod checks all 64), from the sharding alone.
   """
-  indices = batch_sharding.addressable_devices_indices_map((global_batch_size, 1)).values()
-  rows = sorted({row for index in indices
-                 for row in range(*index[0].indices(global_batch_size))})
-  expected = list(local_rows(global_batch_size, jax.process_index(), jax.process_count()))
-  if rows != expected:
-    raise UsageError(
-        f"partitioner: the mesh puts batch rows {rows[0]}..{rows[-1]} on process "
-        f"{jax.process_index()}, which reads rows {expected[0]}..{expected[-1]}; order the "
-        "mesh so each process's devices hold one contiguous block of the batch axes")
+  rows_of: dict[int, set[int]] = {}
+  for device, index in batch_sharding.devices_indices_map((global_batch_size, 1)).items():
+    rows_of.setdefault(device.process_index, set()).update(
+        range(*index[0].indices(global_batch_size)))
+  for rank, process in enumerate(sorted(rows_of)):
+    rows = sorted(rows_of[process])
+    expected = list(local_rows(global_batch_size, rank, len(rows_of)))
+    if rows != expected:
+      raise UsageError(
+          f"partitioner: the mesh puts batch rows {rows[0]}..{rows[-1]} on process "
+          f"{process}, which reads rows {expected[0]}..{expected[-1]}; order the mesh so "
+          "each process's devices hold one contiguous block of the batch axes")
 
 
 class JittedSteps:
   """Mesh, abstract state, shardings and the jitted train/eval steps of one Setup."""
 
-  def __init__(self, setup: Setup, mesh: Mesh | None = None):
+  def __init__(self, setup: Setup, mesh: Mesh | None = None,
+               target: targets.Target | None = None):
     self.setup = setup
-    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh()
+    self.target = target or targets.current()
+    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh(self.target.devices)
     total_steps = setup.train.steps
     self.optimizer = setup.optimizer.make(total_steps)
     self.schedule = setup.optimizer.schedule(total_steps)
@@ -72,9 +78,21 @@ class JittedSteps:
 
   @contextlib.contextmanager
   def activated(self) -> Iterator[None]:
-    """Mesh and logical-axis rules in scope, so the model's activation constraints apply."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.setup.partitioner.rules)):
+    """Target, mesh and logical-axis rules in scope, so the model traces for the target's
+    platform and its activation constraints apply."""
+    with targets.active(self.target), jax.set_mesh(self.mesh), \
+        nn.logical_axis_rules(list(self.setup.partitioner.rules)):
       yield
+
+  def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """The train data's global batch as shapes with the batch sharding (no data read)."""
+    return {key: jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=self.batch_sharding)
+            for key, (shape, dtype) in self.setup.train_data.batch_spec().items()}
+
+  def lower_train_step(self) -> Any:
+    """The train step lowered from shapes only: what `--mode=compile` compiles and saves."""
+    with self.activated():
+      return self.train_step.lower(self.sharded_state.abstract, self.abstract_batch())
 
   def init_state(self) -> train_state.TrainState:
     return train_state.create_state(

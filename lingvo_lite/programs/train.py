@@ -15,16 +15,17 @@ from typing import Callable
 import jax
 from etils import epath
 
-from lingvo_lite import memory_fit, mfu, summaries
+from lingvo_lite import job_lock, memory_fit, mfu, summaries
 from lingvo_lite.checkpoints import Checkpointer, CheckpointWriteError
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
+from lingvo_lite.programs import Invocation, ProgramFailure
 from lingvo_lite.programs.jitted import JittedSteps
 from lingvo_lite.programs.stop_request import StopRequest
 
 
-class TrainingFailure(RuntimeError):
+class TrainingFailure(ProgramFailure):
   """The run started but cannot go on (exit code 1): a non-finite loss, for instance."""
 
 
@@ -75,6 +76,46 @@ class _RunOutputs:
     self.eval.close()
 
 
+def main(invocation: Invocation) -> None:
+  """The train program: under the job's lock, checks the job's config, trains, summarizes."""
+  setup, job_dir = invocation.setup, invocation.job_dir
+  is_chief = jax.process_index() == 0
+  setup.check_data()  # An empty data source is one line now, not a failure mid-run.
+  # The lock first: what the job holds (its config, its checkpoints) is read under it.
+  lock = job_lock.JobLock(job_dir, enabled=is_chief, shown=invocation.shown_job_dir)
+  with lock:
+    changes = invocation.config_changes()
+    if changes:
+      raise UsageError(
+          f"--job_log_dir={invocation.shown_job_dir}: the config differs from the one this "
+          f"job was trained with ({_summarize(changes)}); resume with the same config or use "
+          "a new --job_log_dir")
+    job_is_new = not (job_dir / "config.json").exists()
+    record_config = invocation.write_config if is_chief else lambda: None
+    result = run(setup, job_dir, record_config, job_is_new,
+                 compiled_step_in=invocation.options.get("compiled_step_in"))
+  if not is_chief:
+    return
+  shown = epath.Path(invocation.shown_job_dir)  # As the user wrote it.
+  lines = [f"done: step {result.step}" + (" (stopped by signal)" if result.interrupted else "")]
+  if result.train_loss is not None:
+    lines.append(f"  final train loss: {result.train_loss:.4f}")
+  if result.eval_metrics:
+    lines.append(f"  final eval loss:  {result.eval_metrics['loss']:.4f} "
+                 f"({result.eval_metrics['bits_per_token']:.4f} bits/token)")
+  lines += [f"  config:      {shown / 'config.txt'} (reload: "
+            f"--fdl_config_file={shown / 'config.json'})",
+            f"  checkpoints: {shown / 'checkpoints'}",
+            f"  metrics:     {shown / 'metrics.jsonl'}, {shown / 'eval_metrics.jsonl'}",
+            f"  TensorBoard: tensorboard --logdir={shown / 'summaries'}"]
+  print("\n".join(lines), flush=True)
+
+
+def _summarize(changes: list[str]) -> str:
+  return "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3
+                                   else "")
+
+
 def _newest_checkpoint(checkpointer: Checkpointer) -> str:
   """Where a rerun would resume, for the messages of a failed run."""
   try:
@@ -87,19 +128,27 @@ def _newest_checkpoint(checkpointer: Checkpointer) -> str:
 
 def run(setup: Setup, job_dir: epath.Path,
         record_config: Callable[[], None] = lambda: None,
-        job_is_new: bool = True) -> TrainResult:
+        job_is_new: bool = True, compiled_step_in: str | None = None) -> TrainResult:
   """Trains `setup` in `job_dir`, resuming from its latest verified checkpoint if any.
 
   Nothing in an existing `job_dir` changes until the starting state is in hand (initialized,
   or restored and verified), and what the run writes after that stays only if it saves a
   checkpoint (see `_RunOutputs`).
 
+  Args:
+    compiled_step_in: A folder written by `--mode=compile --compiled_step_out`: its step
+      replaces the jitted one once its manifest matches this setup and host.
+
   Raises:
     TrainingFailure: a non-finite loss or state, or a failed save (one-line message).
+    UsageError: the saved step was compiled for something else.
   """
   memory_fit.check_fits(setup)  # Before anything is allocated or written.
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)
+  if compiled_step_in:
+    from lingvo_lite.programs import compiled_steps  # pylint: disable=g-import-not-at-top
+    jitted.train_step = compiled_steps.load(compiled_step_in, jitted)
   checkpointer = Checkpointer(job_dir / "checkpoints", setup.checkpoint)
   say = lambda message: summaries.log(message, is_chief)
 
@@ -170,10 +219,11 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     checkpointer.save(step, state, force=force, metadata=jitted.checkpoint_metadata)
 
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
-  data, num_devices = setup.train_data, jax.device_count()
+  data, num_devices = setup.train_data, jitted.target.num_devices
   mesh_shape = " ".join(f"{axis}={size}" for axis, size in jitted.mesh.shape.items())
   flops = mfu.model_flops_per_step(setup.model, data.global_batch_size, data.sequence_length)
-  peak, peak_source = mfu.peak_flops_per_device(jax.devices()[0], loop.peak_tflops_per_device)
+  peak, peak_source = mfu.peak_flops_per_device(jitted.target.devices[0],
+                                                loop.peak_tflops_per_device)
   say(f"model: {num_params / 1e6:.2f}M parameters, {flops / 1e12:.3g} TFLOP per step; "
       f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
   say(f"batch: global {data.global_batch_size} x {data.sequence_length} tokens = "

@@ -1,0 +1,66 @@
+"""The compile program: compile a step ahead of time for a target and say whether it fits.
+
+  python -m lingvo_lite --exp=GptJ6B --mode=compile --compile_topology=v5e-256 \\
+      --job_log_dir=runs/gptj_v5e
+
+Prints the report (programs/compile_report.py) and writes it to JOB/compile/report.{txt,json}
+when a job dir is given; `--compile_find_max_batch` adds the largest per-device batch that
+fits, `--compiled_step_out` saves the executable for `--mode=train --compiled_step_in`.
+Exit code 3 when the step does not fit the target's memory.
+"""
+
+from __future__ import annotations
+
+import json
+
+from etils import epath
+
+from lingvo_lite import summaries
+from lingvo_lite.errors import UsageError
+from lingvo_lite.programs import Invocation, aot, compile_report, compiled_steps, max_batch
+
+EXIT_DOES_NOT_FIT = 3
+
+
+def main(invocation: Invocation) -> int | None:
+  options, setup, target = invocation.options, invocation.setup, invocation.target
+  program = options["compile_program"]
+  if program == "eval" and setup.eval_data is None:
+    raise UsageError("--compile_program=eval: this config has no eval_data; compile the "
+                     "train step or set eval_data")
+  if options["compile_remat_policies"] and not options["compile_find_max_batch"]:
+    raise UsageError("--compile_remat_policies: only searched with --compile_find_max_batch; "
+                     "add it, or set one policy with --fdl.model.remat_policy=NAME")
+  policies = max_batch.check_policies(options["compile_remat_policies"])
+  if options["compiled_step_out"] and program != "train":
+    raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
+                     "drop --compile_program=eval")
+  step_out = compiled_steps.check_out_path(options["compiled_step_out"])
+  result = aot.compile_step(setup, target, program)
+  report = compile_report.build(result)
+  if options["compile_find_max_batch"]:
+    report["max_batch"] = max_batch.search(setup, target, program, policies, result)
+  text = compile_report.to_text(report)
+  print(text, end="", flush=True)
+  if invocation.job_dir is not None:
+    folder = invocation.job_dir / "compile"
+    folder.mkdir(parents=True, exist_ok=True)
+    _write(folder / "report.json", json.dumps(report, indent=2) + "\n")
+    _write(folder / "report.txt", text)
+    summaries.log(f"report written to {epath.Path(invocation.shown_job_dir) / 'compile'}",
+                  True)
+  if step_out is not None:
+    if result.executable is None:
+      summaries.log("no compiled step saved: XLA refused the step for memory", True)
+    else:
+      compiled_steps.save(step_out, result)
+      summaries.log(f"compiled step saved to {options['compiled_step_out']} (load with "
+                    f"--mode=train --compiled_step_in={options['compiled_step_out']})", True)
+  return EXIT_DOES_NOT_FIT if report["verdict"] == compile_report.DOES_NOT_FIT else None
+
+
+def _write(path: epath.Path, text: str) -> None:
+  """Through a temporary file and a rename: a killed compile leaves the old report whole."""
+  temporary = path.parent / f".{path.name}.tmp"
+  temporary.write_text(text)
+  temporary.replace(path)

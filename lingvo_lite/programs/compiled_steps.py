@@ -1,0 +1,218 @@
+"""Saved compiled train steps: an executable and a manifest of everything it was built for.
+
+`--mode=compile --compiled_step_out=PATH` writes PATH/executable.bin (XLA's serialized
+executable) and PATH/manifest.json; `--mode=train --compiled_step_in=PATH` loads it only when
+the manifest matches the run in everything that reaches the step:
+  - the config fields compiled into it: the model, optimizer and partitioner, the train
+    loop's steps (the learning-rate schedule is baked in), z-loss, gradient accumulation and
+    norm logging, and the batch's shapes and dtypes; fields that never reach the step
+    (logging and checkpoint intervals, seeds, data paths) may differ;
+  - the input and output tree structures and shardings;
+  - the platform, device count, device kinds and their order in the mesh (an executable
+    loaded onto devices in another order computes on the wrong shards: maxtext #2580);
+  - jax, jaxlib (and for TPU steps libtpu) versions, and the XLA flags in force.
+Any difference is one line naming what differs, saved and current values, exit code 2; a
+saved step never runs silently where it is not valid.
+
+Trust: a serialized executable is code (deserializing it unpickles and runs it). It is loaded
+only from the path given on the command line; load only steps you compiled yourself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+from typing import Any
+
+import jax
+from etils import epath
+from jax.experimental import serialize_executable
+
+from lingvo_lite import paths, target as targets
+from lingvo_lite.errors import UsageError, shown
+from lingvo_lite.programs.aot import CompileResult
+from lingvo_lite.programs.jitted import JittedSteps
+
+SCHEMA = "lingvo_lite.compiled_step/1"
+MANIFEST, EXECUTABLE = "manifest.json", "executable.bin"
+# Train-loop fields compiled into the step (the others never reach it).
+_STEP_TRAIN_FIELDS = ("steps", "grad_accum_steps", "z_loss", "log_grad_norm")
+# XLA flags that say how many devices exist, which the device list already compares.
+_DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+# jax settings that change what a step computes.
+_JAX_SETTINGS = ("jax_enable_x64", "jax_default_matmul_precision")
+
+
+def _dataclass_fields(obj: Any, prefix: str) -> dict[str, str]:
+  out = {}
+  for field in dataclasses.fields(obj):
+    if field.name in ("parent", "name"):  # A Flax module's place in a tree, not a setting.
+      continue
+    value = getattr(obj, field.name)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+      out.update(_dataclass_fields(value, f"{prefix}{field.name}."))
+    else:
+      out[f"{prefix}{field.name}"] = repr(value)
+  return out
+
+
+def step_config(jitted: JittedSteps) -> dict[str, str]:
+  """The config fields compiled into the train step, as `path: repr`."""
+  setup = jitted.setup
+  fields = {}
+  for part in ("model", "optimizer", "partitioner"):
+    fields.update(_dataclass_fields(getattr(setup, part), f"{part}."))
+  fields.update({f"train.{name}": repr(getattr(setup.train, name))
+                 for name in _STEP_TRAIN_FIELDS})
+  for key, (shape, dtype) in sorted(setup.train_data.batch_spec().items()):
+    fields[f"train_data batch {key}"] = f"{dtype}{list(shape)}"
+  return fields
+
+
+def _xla_flags() -> dict[str, str]:
+  flags = {name: " ".join(f for f in os.environ.get(name, "").split()
+                          if not f.startswith(_DEVICE_COUNT_FLAG))
+           for name in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+  flags.update({name: repr(getattr(jax.config, name)) for name in _JAX_SETTINGS})
+  return flags
+
+
+def _versions(platform: str) -> dict[str, str]:
+  versions = {"jax": jax.__version__, "jaxlib": importlib.metadata.version("jaxlib")}
+  if platform == "tpu":
+    try:
+      versions["libtpu"] = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+      versions["libtpu"] = "not installed"
+  return versions
+
+
+def topology_label(target: targets.Target) -> str:
+  """`cpu:8`, `v5e-8`, `8 x NVIDIA H100 80GB HBM3`: what a step was compiled for."""
+  if target.platform == "cpu":
+    return f"cpu:{target.num_devices}"
+  if target.platform == "tpu" and not target.is_host:
+    return target.name
+  return f"{target.num_devices} x {target.device_kind}"
+
+
+def _trees_and_shardings(jitted: JittedSteps) -> dict[str, str]:
+  abstract_state, batch = jitted.sharded_state.abstract, jitted.abstract_batch()
+  with jitted.activated():
+    outputs = jax.eval_shape(jitted.train_step, abstract_state, batch)
+  in_leaves, in_tree = jax.tree.flatten(((abstract_state, batch), {}))
+  return {
+      "input tree": str(in_tree),
+      "output tree": str(jax.tree.structure(outputs)),
+      "input shardings": hashlib.sha256(
+          repr([str(leaf.sharding.spec) for leaf in in_leaves]).encode()).hexdigest()[:16],
+  }
+
+
+def manifest(jitted: JittedSteps) -> dict[str, Any]:
+  """What the saved step must agree with, for `jitted` on its target."""
+  target = jitted.target
+  return {
+      "versions": _versions(target.platform),
+      "platform": target.platform,
+      "topology": topology_label(target),
+      "device kinds": sorted({d.device_kind for d in target.devices}),
+      "device order": [int(d.id) for d in jitted.mesh.devices.flat],
+      "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
+      "xla flags": _xla_flags(),
+      "step config": step_config(jitted),
+      **_trees_and_shardings(jitted),
+  }
+
+
+def check_out_path(value: str | None) -> epath.Path | None:
+  """The resolved --compiled_step_out, refused before compiling if it cannot be written."""
+  if not value:
+    return None
+  path = paths.resolve(value, "--compiled_step_out")
+  if path.exists() and not path.is_dir():
+    raise UsageError(f"--compiled_step_out={shown(value)}: exists and is not a folder; "
+                     "name a new or existing folder")
+  parent = path if path.exists() else path.parent
+  while not parent.exists():
+    parent = parent.parent
+  if not paths.is_remote(str(parent)) and not os.access(os.fspath(parent), os.W_OK | os.X_OK):
+    raise UsageError(f"--compiled_step_out={shown(value)}: {parent} is not writable; "
+                     "choose a folder you can write")
+  return path
+
+
+def save(path: epath.Path, result: CompileResult) -> None:
+  """Writes the executable and its manifest, each through a temporary file and a rename;
+  the manifest last, so a folder with a manifest always has its executable."""
+  serialized, _, _ = serialize_executable.serialize(result.executable)
+  path.mkdir(parents=True, exist_ok=True)
+  data = manifest(result.jitted)
+  data = {"schema": SCHEMA, "executable sha256": hashlib.sha256(serialized).hexdigest(), **data}
+  for name, content in ((EXECUTABLE, serialized),
+                        (MANIFEST, (json.dumps(data, indent=2) + "\n").encode())):
+    temporary = path / f".{name}.tmp"
+    temporary.write_bytes(content)
+    temporary.replace(path / name)
+
+
+def _differences(saved: Any, current: Any, where: str) -> list[tuple[str, Any, Any]]:
+  """(field, saved, current) for each difference, nested dicts flattened."""
+  if isinstance(saved, dict) and isinstance(current, dict):
+    found = []
+    for key in list(saved) + [k for k in current if k not in saved]:
+      found += _differences(saved.get(key, "<absent>"), current.get(key, "<absent>"),
+                            f"{where}.{key}" if where else key)
+    return found
+  return [] if saved == current else [(where, saved, current)]
+
+
+def load(value: str, jitted: JittedSteps) -> Any:
+  """The saved step at --compiled_step_in=value, once its manifest matches `jitted`.
+
+  Raises:
+    UsageError: a missing or unreadable folder, or the first difference (field, saved value,
+      current value).
+  """
+  flag = f"--compiled_step_in={shown(value)}"
+  path = paths.resolve(value, "--compiled_step_in")
+  try:
+    saved = json.loads((path / MANIFEST).read_text())
+    serialized = (path / EXECUTABLE).read_bytes()
+  except FileNotFoundError as e:
+    raise UsageError(f"{flag}: no saved step there ({os.path.basename(str(e.filename))} is "
+                     "missing); write one with --mode=compile --compiled_step_out=PATH") from None
+  except (OSError, ValueError) as e:
+    raise UsageError(f"{flag}: cannot read the saved step ({type(e).__name__}: "
+                     f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+  if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
+    raise UsageError(f"{flag}: {MANIFEST} is not a lingvo_lite compiled-step manifest "
+                     f"(schema {shown(saved.get('schema') if isinstance(saved, dict) else None)},"
+                     f" expected {SCHEMA!r})")
+  if hashlib.sha256(serialized).hexdigest() != saved.get("executable sha256"):
+    raise UsageError(f"{flag}: {EXECUTABLE} does not match the checksum its manifest "
+                     "records (a partial copy or a changed file); compile it again")
+  current = manifest(jitted)
+  saved_fields = {k: v for k, v in saved.items() if k not in ("schema", "executable sha256")}
+  differences = _differences(saved_fields, current, "")
+  if differences:
+    field, old, new = differences[0]
+    more = f" (and {len(differences) - 1} more differences)" if len(differences) > 1 else ""
+    raise UsageError(f"{flag}: compiled for another {field.split('.')[0]}: {field} was "
+                     f"{shown(old, 120)} when compiled, is {shown(new, 120)} now{more}; "
+                     "recompile with --mode=compile --compiled_step_out=PATH for this run")
+  in_leaves, in_tree = jax.tree.flatten(((jitted.sharded_state.abstract,
+                                          jitted.abstract_batch()), {}))
+  del in_leaves
+  with jitted.activated():
+    out_tree = jax.tree.structure(jax.eval_shape(
+        jitted.train_step, jitted.sharded_state.abstract, jitted.abstract_batch()))
+  try:
+    return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+  except Exception as e:  # pylint: disable=broad-except
+    raise UsageError(f"{flag}: XLA cannot load the saved executable on this host "
+                     f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''});"
+                     " compile it again here") from None
