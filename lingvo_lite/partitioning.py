@@ -45,6 +45,21 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+def _per_process_shape(sizes: tuple[int, ...], devices: Sequence[Any]
+                       ) -> tuple[int, ...] | None:
+  """The block of `sizes` one process's devices fill, innermost axes first (the tensor axis
+  stays within a host), or None for one process or when no such block exists."""
+  processes = {d.process_index for d in devices}
+  if len(processes) < 2 or len(devices) % len(processes):
+    return None
+  left = len(devices) // len(processes)
+  block = [1] * len(sizes)
+  for axis in reversed(range(len(sizes))):
+    block[axis] = math.gcd(sizes[axis], left)
+    left //= block[axis]
+  return tuple(block) if left == 1 else None
+
+
 def _as_tuple(target: Any) -> tuple[str, ...]:
   if target is None:
     return ()
@@ -177,8 +192,17 @@ class Partitioner:
       device_array = np.asarray(devices).reshape(ici)
     else:
       sizes = tuple(i * d for i, d in zip(ici, self.dcn_shape))
-      device_array = mesh_utils.create_device_mesh(
-          sizes, devices, allow_split_physical_axes=True)
+      per_process = _per_process_shape(sizes, devices)
+      if per_process is not None:
+        # Each process's devices form one block of the mesh, the blocks in process order,
+        # so every process's devices hold the contiguous rows its data source reads (a
+        # torus-order mesh of a 64-host pod scatters a host's rows across the batch).
+        device_array = mesh_utils.create_hybrid_device_mesh(
+            per_process, tuple(s // p for s, p in zip(sizes, per_process)), devices,
+            process_is_granule=True, allow_split_physical_axes=True)
+      else:
+        device_array = mesh_utils.create_device_mesh(
+            sizes, devices, allow_split_physical_axes=True)
     return Mesh(device_array, MESH_AXES)
 
   def data_parallel_size(self, axis_sizes: dict[str, int]) -> int:

@@ -51,14 +51,18 @@ def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
                      "correct_sum": correct_sum}
 
 
-def _global_norm(tree: Any) -> jax.Array:
-  """L2 norm over every leaf, as one reduction over the raveled leaves.
+def _global_norm(tree: Any, one_device: bool) -> jax.Array:
+  """L2 norm over every leaf.
 
-  A per-leaf norm (optax.tree.norm) adds a reduction kernel for every parameter next to the
-  optimizer's update kernel; on CPU those ~3 extra kernels per parameter cost more than
-  the one concatenation (measured: 1256 -> 1031 kernels in the BenchLarge step).
+  On one device, as one reduction over the raveled leaves: a per-leaf norm adds a reduction
+  kernel for every parameter next to the optimizer's update kernel, and on CPU those ~3 extra
+  kernels per parameter cost more than the one concatenation (measured: 1256 -> 1031 kernels
+  in the BenchLarge step). On a mesh the ravel would gather every sharded gradient whole onto
+  each device (24 GB of float32 for GPT-J-6B), so there each leaf is reduced where it lies.
   """
-  return jnp.sqrt(jnp.sum(jnp.square(ravel_pytree(tree)[0])))
+  if one_device:
+    return jnp.sqrt(jnp.sum(jnp.square(ravel_pytree(tree)[0])))
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
 def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
@@ -69,13 +73,14 @@ def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
 
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-               z_loss: float = 0.0, grad_accum_steps: int = 1, log_grad_norm: bool = True
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+               z_loss: float = 0.0, grad_accum_steps: int = 1, log_grad_norm: bool = True,
+               one_device: bool = True) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update on the mean token loss of `batch`.
 
   With `grad_accum_steps` k > 1 the batch is cut into k micro-batches whose gradients are
   summed before the update. Each micro-batch's loss is divided by the token count of the
   whole batch, so the update equals the one-big-batch update (up to summation order).
+  `one_device` says the step runs on a single device (see `_global_norm`).
   """
   total_weight = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
   grad_fn = jax.grad(_loss_sums, has_aux=True)
@@ -103,7 +108,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   }
   if log_grad_norm:
     # An extra pass over every gradient (the optimizer's clipping computes its own norm).
-    metrics["grad_norm"] = _global_norm(grads)
+    metrics["grad_norm"] = _global_norm(grads, one_device)
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
