@@ -71,7 +71,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$tmp"
     "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.lock >&2 \
       || die "pip install -r requirements.lock failed; nothing was kept"
-    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest' \
+    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu' \
       || die "the new venv cannot import the project's dependencies; nothing was kept"
     # Scripts (pytest, pip, activate) name the venv's absolute path: point them at the final one.
     { grep -lIF "$tmp" "$tmp"/bin/* "$tmp/pyvenv.cfg" 2>/dev/null || true; } | while read -r f; do

@@ -213,10 +213,12 @@ def _refuse_flags(program: programs.Program) -> None:
     if flags.FLAGS[name].present:
       shown = "--fdl.PATH=VALUE" if name == command_line.DOTTED_FLAG else f"--{name}"
       readers = [p.name for p in programs.PROGRAMS.values() if name in p.flags]
-      what = (f"only --mode={' / --mode='.join(readers)} reads it" if readers else
-              "it takes no config or job dir (it lists every registered experiment)")
-      raise UsageError(f"{shown}: --mode={program.name} does not use this flag ({what}); "
-                       "drop the flag, or pick another --mode")
+      if not readers:
+        raise UsageError(f"{shown}: --mode={program.name} takes no config or job dir (it "
+                         f"{program.summary}); drop the flag, or pick another --mode")
+      raise UsageError(f"{shown}: --mode={program.name} does not use this flag (only "
+                       f"--mode={' / --mode='.join(readers)} reads it); drop the flag, or "
+                       "pick another --mode")
 
 
 def _summarize(changes: Sequence[str]) -> str:

@@ -45,6 +45,22 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 )
 
 
+def _device_grid(sizes: tuple[int, ...], devices: Sequence[Any]) -> np.ndarray:
+  """`devices` as an array of `sizes`, in the interconnect's order within each process.
+
+  With several processes each one's devices form one block, the blocks in process order, so
+  every process's devices hold the contiguous rows its data source reads (a torus-order
+  mesh of a 64-host pod scatters a host's rows across the batch)."""
+  if len(devices) == 1:
+    return np.asarray(devices).reshape(sizes)
+  per_process = _per_process_shape(sizes, devices)
+  if per_process is None:
+    return mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+  return mesh_utils.create_hybrid_device_mesh(
+      per_process, tuple(s // p for s, p in zip(sizes, per_process)), devices,
+      process_is_granule=True, allow_split_physical_axes=True)
+
+
 def _per_process_shape(sizes: tuple[int, ...], devices: Sequence[Any]
                        ) -> tuple[int, ...] | None:
   """The block of `sizes` one process's devices fill, innermost axes first (the tensor axis
@@ -186,23 +202,15 @@ class Partitioner:
     ici = self.resolved_ici_shape(len(devices))
     if math.prod(self.dcn_shape) > 1 and hasattr(devices[0], "slice_index"):
       # TPU slices: the dcn axes run across slices, the ici axes within one.
-      device_array = mesh_utils.create_hybrid_device_mesh(
-          ici, self.dcn_shape, devices, allow_split_physical_axes=True)
-    elif len(devices) == 1:
-      device_array = np.asarray(devices).reshape(ici)
+      slices = sorted({d.slice_index for d in devices})
+      grids = np.stack([_device_grid(ici, [d for d in devices if d.slice_index == index])
+                        for index in slices]).reshape(*self.dcn_shape, *ici)
+      # Slice-major within each axis: axis k of the mesh is (dcn_k, ici_k).
+      order = [axis for k in range(len(ici)) for axis in (k, len(ici) + k)]
+      device_array = grids.transpose(order).reshape(
+          tuple(i * d for i, d in zip(ici, self.dcn_shape)))
     else:
-      sizes = tuple(i * d for i, d in zip(ici, self.dcn_shape))
-      per_process = _per_process_shape(sizes, devices)
-      if per_process is not None:
-        # Each process's devices form one block of the mesh, the blocks in process order,
-        # so every process's devices hold the contiguous rows its data source reads (a
-        # torus-order mesh of a 64-host pod scatters a host's rows across the batch).
-        device_array = mesh_utils.create_hybrid_device_mesh(
-            per_process, tuple(s // p for s, p in zip(sizes, per_process)), devices,
-            process_is_granule=True, allow_split_physical_axes=True)
-      else:
-        device_array = mesh_utils.create_device_mesh(
-            sizes, devices, allow_split_physical_axes=True)
+      device_array = _device_grid(tuple(i * d for i, d in zip(ici, self.dcn_shape)), devices)
     return Mesh(device_array, MESH_AXES)
 
   def data_parallel_size(self, axis_sizes: dict[str, int]) -> int:

@@ -181,6 +181,10 @@ def _tpu_target(tpu_slice: topologies.TpuSlice, num_slices: int) -> Target:
     raise UsageError(
         f"--compile_topology={tpu_slice.name}: TPU compiles need the libtpu package, which is "
         "not installed; pip install 'lingvo_lite[tpu]' (libtpu matching this jax)") from None
+  # libtpu takes /tmp/libtpu_lockfile so that two processes never drive one host's chips;
+  # a compile drives none, and compiles side by side (parallel test shards, a sweep of
+  # topologies) must not refuse each other.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   with _quiet_stderr():
     description = jax_topologies.get_topology_desc(
         platform="tpu", topology_name=tpu_slice.topology_name,

@@ -585,7 +585,63 @@ JOBDIR_CASES = [
          _copy_job(_remove("checkpoints/2/lingvo_lite_checksums.json"))),
 ]  # End of JOBDIR_CASES.
 
-CASES = CLI_CASES + LOOKUP_CASES + VALUES_CASES + JOBDIR_CASES
+# --mode=compile: the target (lingvo_lite/target.py) and the config against it, checked before
+# anything compiles; flags of one program refused by the others (lingvo_lite/programs).
+COMPILE_TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data", "--mode=compile",
+                "--fdl.train_data.global_batch_size=8", "--fdl.eval_data.global_batch_size=8"]
+COMPILE_CASES = [
+    Case("compile without a topology", COMPILE_TINY, "--compile_topology: required"),
+    Case("unknown topology", [*COMPILE_TINY, "--compile_topology=v9z-8"],
+         "--compile_topology=v9z-8: unknown topology; known: cpu:N"),
+    Case("topology name of the wrong count", [*COMPILE_TINY, "--compile_topology=v4-4"],
+         "v4 (TensorCores, 2 per chip): v4-8 v4-16"),
+    Case("zero slices", [*COMPILE_TINY, "--compile_topology=v5e-8", "--compile_num_slices=0"],
+         "--compile_num_slices=0: must be at least 1"),
+    Case("slices of a CPU topology", [*COMPILE_TINY, "--compile_topology=cpu:8",
+                                      "--compile_num_slices=2"],
+         "--compile_num_slices=2: only TPU topologies have slices"),
+    Case("zero virtual CPU devices", [*COMPILE_TINY, "--compile_topology=cpu:0"],
+         "--compile_topology=cpu:0: N must be 1..4096"),
+    Case("mesh that does not match the chip count",
+         [*COMPILE_TINY, "--compile_topology=v5e-8", "--fdl.partitioner.ici_data=3"],
+         "partitioner.ici_*="),
+    Case("batch that does not split over the topology",
+         [*COMPILE_TINY, "--compile_topology=v5e-8", "--fdl.train_data.global_batch_size=12"],
+         "train_data.global_batch_size=12: must split evenly over the data-parallel size 8"),
+    Case("axes across slices that do not match the slices",
+         [*COMPILE_TINY, "--compile_topology=v5e-8", "--compile_num_slices=2",
+          "--fdl.partitioner.dcn_data=4", "--fdl.train_data.global_batch_size=16",
+          "--fdl.eval_data.global_batch_size=16"],
+         "partitioner.dcn_*=(4, 1, 1): the mesh axes across slices multiply to 4"),
+    Case("unknown remat policy", [*COMPILE_TINY, "--compile_topology=v5e-8",
+                                  "--compile_find_max_batch", "--compile_remat_policies=bogus"],
+         "unknown policy 'bogus'; valid: none, full"),
+    Case("remat policies without the search", [*COMPILE_TINY, "--compile_topology=v5e-8",
+                                               "--compile_remat_policies=full"],
+         "--compile_remat_policies: only searched with --compile_find_max_batch"),
+    Case("eval step of a config without eval data",
+         [*COMPILE_TINY, "--fiddler=no_eval", "--compile_topology=v5e-8",
+          "--compile_program=eval"], "--compile_program=eval: this config has no eval_data"),
+    Case("compiled step written over a file",
+         [*COMPILE_TINY, "--compile_topology=v5e-8", "--compiled_step_out=step"],
+         "--compiled_step_out='step': exists and is not a folder", _write("step", "x")),
+    Case("compile flag given to train", [*TRAIN_TINY, "--job_log_dir={tmp}/new",
+                                         "--compile_topology=v5e-8"],
+         "--compile_topology: --mode=train does not use this flag (only --mode=compile"),
+    Case("saved step given to compile", [*COMPILE_TINY, "--compile_topology=v5e-8",
+                                         "--compiled_step_in=step"],
+         "--compiled_step_in: --mode=compile does not use this flag (only --mode=train"),
+    Case("missing saved step", [*TRAIN_TINY, "--job_log_dir={tmp}/new",
+                                "--compiled_step_in=nowhere"],
+         "--compiled_step_in='nowhere': no saved step there (manifest.json is missing)"),
+    Case("saved step that is not a manifest", [*TRAIN_TINY, "--job_log_dir={tmp}/new",
+                                               "--compiled_step_in=step"],
+         "--compiled_step_in='step': cannot read the saved step (JSONDecodeError",
+         lambda tmp: (_write("step/manifest.json", "{")(tmp),
+                      _write("step/executable.bin", "x")(tmp))),
+]
+
+CASES = CLI_CASES + LOOKUP_CASES + VALUES_CASES + JOBDIR_CASES + COMPILE_CASES
 
 
 @pytest.fixture(scope="module", name="job")

@@ -256,6 +256,20 @@ def _check_train(command: Command, results: Results, session: Session) -> None:
         f"{command.text}: not the run {source} came from")
 
 
+def _check_compile(command: Command, results: Results, session: Session) -> None:
+  out = results[0].stdout
+  _search(r"^verdict: FITS: needs ", out, "compile verdict")
+  if command.flag("compile_find_max_batch") is not None:
+    for policy in (command.flag("compile_remat_policies") or "").split(","):
+      _search(rf"^    {re.escape(policy)} +\d+ ", out, f"max batch for {policy}")
+  job = command.flag("job_log_dir")
+  if job:
+    assert (session.copy / job / "compile" / "report.json").is_file(), f"no {job}/compile"
+  step = command.flag("compiled_step_out")
+  if step:
+    assert (session.copy / step / "manifest.json").is_file(), f"no {step}/manifest.json"
+
+
 def _check_processes(command: Command, results: Results, session: Session) -> None:
   first, *others = results
   _search(r"^done: step \d+$", first.stdout, "process 0")
@@ -320,6 +334,18 @@ RULES = (
          _check_fdl_help),
     Rule("--help", lambda c: c.argv[:3] == LINGVO and "--help" in c.argv, _check_help),
     Rule("eval", lambda c: _lingvo(c, "eval"), _check_eval, NO_CACHE),
+    Rule("compile GPT-J-6B", lambda c: _lingvo(c, "compile") and c.flag("exp") == "GptJ6B",
+         None, why="tests/test_compile_experiments.py compiles GptJ6B for v5e-256 and asserts "
+                   "FITS (about a minute on 2 cores); the suite does it once"),
+    Rule("compile, max-batch search",
+         lambda c: _lingvo(c, "compile") and c.flag("compile_find_max_batch") is not None,
+         _check_compile, ("--fiddler=tiny", "--fdl.train_data.global_batch_size=8",
+                          "--fdl.eval_data.global_batch_size=8"),
+         why="Llama1B's ~30 s compiles, a few per policy, would take minutes; the tiny model "
+             "searches the same way in seconds"),
+    Rule("compile", lambda c: _lingvo(c, "compile"), _check_compile, ("--fdl.train.steps=4",),
+         why="the train command that loads the saved step runs 4 steps (the train rule), and "
+             "train.steps is compiled into the step (its learning-rate schedule)"),
     Rule("train, several processes",
          lambda c: _lingvo(c, "train") and c.flag("job_log_dir") is not None
          and c.flag("num_processes") is not None,
