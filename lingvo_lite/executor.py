@@ -330,19 +330,24 @@ def _run_mode() -> int | None:
     if program.name == "train" and setup.train.profile_start_step >= 0:
       # Only the built config says whether the run writes JOB/profile; still nothing is written.
       job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value, profile=True)
-    if program.name == "compile":
-      # Its compile time is a reported figure, and XLA:CPU cannot serialize an executable
-      # that came out of the persistent cache (it loses the kernels: "Function ... not found"
-      # when the saved step runs).
-      jax.config.update("jax_enable_compilation_cache", False)
-    elif program.name != "print":
+    if program.name != "print":
       _configure_compilation_cache()
     invocation = programs.Invocation(
         setup=setup, job_dir=job_dir, shown_job_dir=_JOB_LOG_DIR.value, target=target,
         options=options, config_text=config_files.to_text(cfg),
         write_config=lambda: config_files.write(job_dir, cfg, experiment),
         config_changes=lambda: _config_changes(job_dir, cfg))
-    return program.main(invocation)
+    if program.name != "compile":
+      return program.main(invocation)
+    # Without the persistent cache: the compile time is a reported figure, and XLA:CPU cannot
+    # serialize an executable that came out of the cache (the saved step would lose its
+    # kernels: "Function ... not found" when it runs).
+    cache_was_enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+      return program.main(invocation)
+    finally:
+      jax.config.update("jax_enable_compilation_cache", cache_was_enabled)
 
 
 def run_main() -> None:

@@ -10,11 +10,10 @@ import types
 from typing import Callable
 
 import fiddle as fdl
-import jax
 import pytest
 
 from experiments.lm import architectures
-from lingvo_lite import experiment
+from lingvo_lite import experiment, target
 from lingvo_lite.errors import UsageError
 from lingvo_lite.testing import run_cli, tree_digest
 
@@ -711,15 +710,21 @@ def test_a_real_process_prints_one_line_and_exits_2(job, args):
 def test_cudnn_attention_limits_are_checked_before_device_time(monkeypatch, capability, fields,
                                                                message):
   """On an NVIDIA GPU (faked here), what the cuDNN kernel refuses is a one-line config error."""
-  gpu = types.SimpleNamespace(device_kind="NVIDIA H200", compute_capability=capability)
-  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  monkeypatch.setattr(jax, "devices", lambda: [gpu])
+  del monkeypatch
+  gpu = types.SimpleNamespace(device_kind="NVIDIA H200", compute_capability=capability,
+                              process_index=0)
+  # The check reads the target's devices, not this CPU host's backend.
+  host_gpu = target.Target(name="local", platform="gpu", devices=(gpu,), memory_per_device=None,
+                           memory_source="")
   model = fdl.build(architectures.llama(vocab_size=64, num_layers=1, dim=64, num_heads=4,
                                         attention_implementation="cudnn", **fields))
   with pytest.raises(UsageError) as error:
-    experiment._check_cudnn_attention(model)  # pylint: disable=protected-access
+    experiment._check_cudnn_attention(model, host_gpu)  # pylint: disable=protected-access
   assert str(error.value).startswith("model.attention_implementation='cudnn': ")
   assert message in str(error.value)
   experiment._check_cudnn_attention(  # pylint: disable=protected-access
       fdl.build(architectures.llama(vocab_size=64, num_layers=1, dim=64, num_heads=4,
-                                    attention_implementation="cudnn", dtype="bfloat16")))
+                                    attention_implementation="cudnn", dtype="bfloat16")),
+      host_gpu)
+  with pytest.raises(UsageError, match="needs an NVIDIA GPU"):
+    experiment._check_cudnn_attention(model, target.host())  # pylint: disable=protected-access

@@ -83,12 +83,13 @@ def test_training_a_7b_model_on_a_small_host_is_one_line_but_printing_it_works(t
                     "--compilation_cache_dir="])
   lines = result.stderr.strip().splitlines()
   assert result.code == 2 and len(lines) == 1, result.stderr
-  # 100 GiB of state and, for 256 x 2048 tokens, 128 GiB of one layer's attention scores.
+  # 75 GiB of parameters and moments and, for an eval batch of 256 x 2048 tokens (training
+  # takes its 256 rows as 16 micro-batches), 128 GiB of one layer's attention scores.
   assert lines[0].startswith("lingvo_lite: error: model: 6.74B parameters (num_layers=32, "
-                             "dim=4096) with train_data batches of 256 x 2048 tokens do not "
-                             "fit: training needs at least 291 GiB"), lines[0]
+                             "dim=4096) with eval_data batches of 256 x 2048 tokens do not "
+                             "fit: training needs at least 266 GiB"), lines[0]
   assert "attention scores 128 GiB) and 16 GiB is available; use fewer layers " in lines[0]
-  assert "; use a smaller train_data.global_batch_size or train_data.sequence_length" in lines[0]
+  assert "; use a smaller eval_data.global_batch_size or eval_data.sequence_length" in lines[0]
   assert tree_digest(tmp_path) == before
   printed = run_cli(["--mode=print", "--exp=Llama7B"])
   assert printed.code == 0, printed.stderr

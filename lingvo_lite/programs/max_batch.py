@@ -6,12 +6,15 @@ batch that fits, and real compiles confirm it and the batch one past it (which m
 Where the line is off (XLA changes its fusion or layout choices with the shape), the search
 refits through the two measurements nearest the boundary, and bisects if a prediction
 repeats, so it ends with a boundary checked by compiles on both sides: `fits(b)` and
-`not fits(b + 1)`, the same answer a brute-force search gives for memory that grows with b.
+`not fits(b + u)`, the same answer a brute-force search gives for memory that grows with b.
+Batches step by u, the smallest per-device batch the mesh and micro-batching accept (1 for
+plain data parallelism; 16 for Llama1B's 16 micro-batches over 8 chips).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from lingvo_lite import target as targets
@@ -52,63 +55,71 @@ def search(setup: Setup, target: targets.Target, program: str, policies: list[st
   return {"policies": rows}
 
 
+def _unit(setup: Setup, program: str, target: targets.Target) -> int:
+  """The smallest per-device batch the mesh and the micro-batching accept; valid batches
+  are its multiples (the global batch must split over grad_accum_steps x data-parallel
+  micro-batch rows and over the processes)."""
+  data_parallel = setup.partitioner.data_parallel_size(
+      setup.partitioner.mesh_axis_sizes(target.num_devices))
+  accum = setup.train.grad_accum_steps if program == "train" else 1
+  rows = math.lcm(accum * data_parallel, target.num_processes)
+  return rows // math.gcd(rows, target.num_devices)
+
+
 def _search(setup: Setup, target: targets.Target, program: str,
             first: aot.CompileResult | None) -> dict[str, Any]:
+  """Searches k, the per-device batch in units of `_unit` (1 for plain data parallelism)."""
   data = setup.train_data if program == "train" else setup.eval_data
-  num_devices = target.num_devices
-  compiles: dict[int, dict[str, Any]] = {}
+  num_devices, unit = target.num_devices, _unit(setup, program, target)
+  compiles: dict[int, dict[str, Any]] = {}  # By k.
 
-  def measure(per_device: int) -> dict[str, Any]:
-    if per_device not in compiles:
-      candidate = _with_batch(setup, program, per_device, num_devices)
-      try:
-        with targets.active(target):
-          candidate.validate(target)
-      except UsageError as e:
-        compiles[per_device] = {"per_device_batch_size": per_device, "valid": False,
-                                "reason": str(e)}
-        return compiles[per_device]
-      result = aot.compile_step(candidate, target, program)
-      report = compile_report.build(result)
-      compiles[per_device] = {
-          "per_device_batch_size": per_device, "valid": True,
-          "bytes": report["memory"]["deciding"], "available": report["memory"]["available"],
-          "fits": report["verdict"] == compile_report.FITS, "seconds": result.seconds}
-    return compiles[per_device]
+  def record(k: int, result: aot.CompileResult) -> dict[str, Any]:
+    report = compile_report.build(result)
+    compiles[k] = {"per_device_batch_size": k * unit, "bytes": report["memory"]["deciding"],
+                   "available": report["memory"]["available"],
+                   "fits": report["verdict"] == compile_report.FITS, "seconds": result.seconds}
+    return compiles[k]
 
-  if first is not None and data.global_batch_size % num_devices == 0:
-    # The report's own compile is one of the two points, when its batch is whole per device.
-    report = compile_report.build(first)
-    per_device = data.global_batch_size // num_devices
-    compiles[per_device] = {
-        "per_device_batch_size": per_device, "valid": True,
-        "bytes": report["memory"]["deciding"], "available": report["memory"]["available"],
-        "fits": report["verdict"] == compile_report.FITS, "seconds": first.seconds}
-  for per_device in (1, 2):
-    if len([c for c in compiles.values() if c.get("bytes") is not None]) >= 2:
+  def measure(k: int) -> dict[str, Any]:
+    if k not in compiles:
+      candidate = _with_batch(setup, program, k * unit, num_devices)
+      with targets.active(target):
+        candidate.validate(target)
+      record(k, aot.compile_step(candidate, target, program))
+    return compiles[k]
+
+  per_device, remainder = divmod(data.global_batch_size, num_devices)
+  if first is not None and not remainder and per_device % unit == 0:
+    record(per_device // unit, first)  # The report's own compile is one of the points.
+  for k in (1, 2):
+    if len(compiles) >= 2:
       break
-    measure(per_device)
-  if any(c.get("bytes") is None for c in compiles.values() if c["valid"]):
-    return _finish(setup, compiles, None, None, "XLA reported no memory analysis")
-  if not measure(1).get("fits", False):
-    return _finish(setup, compiles, 0, None, "even a batch of 1 per device does not fit")
+    measure(k)
+  if any(c["bytes"] is None for c in compiles.values()):
+    return _finish(setup, unit, compiles, None, None, "XLA reported no memory analysis")
+  if not measure(1)["fits"]:
+    return _finish(setup, unit, compiles, 0, None,
+                   f"even a per-device batch of {unit} (the smallest valid) does not fit")
 
-  fitting = max(b for b, c in compiles.items() if c.get("fits"))
-  failing = min((b for b, c in compiles.items() if c["valid"] and not c["fits"]), default=None)
+  def bounds() -> tuple[int, int | None]:
+    fitting = max(k for k, c in compiles.items() if c["fits"])
+    failing = min((k for k, c in compiles.items() if not c["fits"]), default=None)
+    return fitting, failing
+
+  fitting, failing = bounds()
   line = None
-  while failing is None or failing > fitting + 1:
-    if len(compiles) >= MAX_COMPILES:
-      break
-    measured = {b: c["bytes"] for b, c in compiles.items() if c.get("bytes") is not None}
+  while (failing is None or failing > fitting + 1) and len(compiles) < MAX_COMPILES:
     if failing is not None:  # The line through the two measurements around the boundary.
-      b1, b2 = fitting, failing
+      k1, k2 = fitting, failing
     else:
-      b1, b2 = sorted(measured)[-2:] if len(measured) > 1 else (fitting, fitting)
-    y1, y2 = measured[b1], measured[b2]
-    slope = (y2 - y1) / (b2 - b1) if b2 != b1 else 0
-    available = compiles[fitting]["available"]
+      k1, k2 = sorted(compiles)[-2:]
+    y1, y2 = compiles[k1]["bytes"], compiles[k2]["bytes"]
+    slope = (y2 - y1) / (k2 - k1)
     if slope > 0:
-      line = {"bytes_at_zero": y1 - slope * b1, "bytes_per_row": slope}
+      line = {"bytes_at_zero": y1 - slope * k1, "bytes_per_row": slope / unit}
+      # The least memory any compile was given: XLA:TPU's own limit (15.75 of a v5e's
+      # 16 GiB) comes with the first compile it refuses.
+      available = min(c["available"] for c in compiles.values())
       guess = int((available - line["bytes_at_zero"]) // slope)
     else:
       guess = fitting * 2
@@ -116,26 +127,22 @@ def _search(setup: Setup, target: targets.Target, program: str,
     guess = min(max(guess, fitting + 1), high - 1)
     if guess in compiles:
       guess = (fitting + high) // 2
-    if measure(guess).get("fits") and guess + 1 not in compiles and (
+    if measure(guess)["fits"] and guess + 1 not in compiles and (
         failing is None or guess + 1 < failing):
       measure(guess + 1)  # The prediction and one step beyond it.
-    fitting = max(b for b, c in compiles.items() if c.get("fits"))
-    failing = min((b for b, c in compiles.items() if c["valid"] and not c["fits"]),
-                  default=None)
-    if failing is not None and all(
-        not c["valid"] for b, c in compiles.items() if fitting < b < failing):
-      break  # Only batches validate() refuses lie between.
-  note = "" if failing == fitting + 1 else (
-      f"boundary not closed after {len(compiles)} compiles" if failing is None or
-      len(compiles) >= MAX_COMPILES else "the batches in between are not valid for this mesh")
-  return _finish(setup, compiles, fitting, line, note)
+    fitting, failing = bounds()
+  note = "" if failing == fitting + 1 else f"boundary not closed after {len(compiles)} compiles"
+  return _finish(setup, unit, compiles, fitting, line, note)
 
 
-def _finish(setup: Setup, compiles: dict[int, dict[str, Any]], best: int | None,
+def _finish(setup: Setup, unit: int, compiles: dict[int, dict[str, Any]], best: int | None,
             line: dict[str, float] | None, note: str) -> dict[str, Any]:
-  return {"remat_policy": setup.model.remat_policy, "max_per_device_batch_size": best,
-          "line": line, "note": note,
-          "compiles": [compiles[b] for b in sorted(compiles)]}
+  """The search's result: the largest fitting per-device batch (rows), the fitted line
+  (bytes at zero rows and per row, per device) and every compile made."""
+  return {"remat_policy": setup.model.remat_policy,
+          "max_per_device_batch_size": None if best is None else best * unit,
+          "per_device_unit": unit, "line": line, "note": note,
+          "compiles": [compiles[k] for k in sorted(compiles)]}
 
 
 def to_text(data: dict[str, Any]) -> list[str]:
@@ -143,8 +150,7 @@ def to_text(data: dict[str, Any]) -> list[str]:
            "    remat policy                        max per device  compiles (batch: GiB, fits)"]
   for row in data["policies"]:
     made = ", ".join(
-        f"{c['per_device_batch_size']}: " + (f"{c['bytes'] / 2**30:.2f} {'yes' if c['fits'] else 'no'}"
-                                             if c["valid"] else "invalid")
+        f"{c['per_device_batch_size']}: {c['bytes'] / 2**30:.2f} {'yes' if c['fits'] else 'no'}"
         for c in row["compiles"])
     best = row["max_per_device_batch_size"]
     lines.append(f"    {row['remat_policy']:<35} {'n/a' if best is None else best:>14}  {made}"
