@@ -116,14 +116,3 @@ def cpu_devices(name: str) -> int | None:
   """N of `cpu:N`, or None when `name` is not of that form."""
   match = _CPU.fullmatch(name)
   return int(match.group(1)) if match else None
-
-
-def describe_table() -> str:
-  """The slice table as text: name, chips, memory per chip (the README's table)."""
-  lines = ["name       chips  memory per chip  peak bf16 per chip"]
-  for tpu_slice in TPU_SLICES.values():
-    generation = tpu_slice.generation
-    lines.append(f"{tpu_slice.name:<10} {tpu_slice.chips:>5}  "
-                 f"{generation.memory_per_chip / _GIB:>9.0f} GiB  "
-                 f"{generation.peak_bf16_tflops:>9.0f} TFLOP/s")
-  return "\n".join(lines)

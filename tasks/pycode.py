@@ -8,7 +8,7 @@ are large, repetitive, and not part of the library proper.
 
 Documents are tokenized as raw bytes (seqio's ByteVocabulary: id = byte + 3, with 0 pad,
 1 EOS, 2 UNK), joined with EOS and cut into fixed-length examples, as GPT-J's pipeline does.
-seqio and TensorFlow are imported only when a task is built.
+seqio and TensorFlow are imported only when the task's data is first read.
 """
 
 from __future__ import annotations
@@ -87,12 +87,40 @@ def concat_and_chunk(dataset, sequence_length):
   return chunks.map(lambda tokens: {"targets": tokens}, num_parallel_calls=tf.data.AUTOTUNE)
 
 
-def pycode_task(source_dir: str | None = None):
-  """A seqio Task over the `.py` files under `source_dir` (default: this Python's stdlib).
+class DeferredTask:
+  """A seqio Task made on first use: what a config needs to validate (its name, splits and
+  vocabulary size) without TensorFlow, whose import alone takes 2.5 s, so `--mode=print`
+  and `--mode=compile` of the PyCode experiments never load it. `get_dataset` and
+  `output_features` make the Task (and raise the UsageError of a missing seqio)."""
+
+  def __init__(self, name: str, splits: tuple[str, ...], vocab_size: int, make):
+    self.name, self.splits, self.vocab_size, self._make = name, splits, vocab_size, make
+    self._task = None
+
+  @property
+  def task(self):
+    if self._task is None:
+      self._task = self._make()
+    return self._task
+
+  @property
+  def output_features(self):
+    return self.task.output_features
+
+  def get_dataset(self, *args, **kwargs):
+    return self.task.get_dataset(*args, **kwargs)
+
+  def __repr__(self) -> str:
+    return f"DeferredTask({self.name!r})"
+
+
+def pycode_task(source_dir: str | None = None) -> DeferredTask:
+  """The seqio Task over the `.py` files under `source_dir` (default: this Python's stdlib),
+  made when its data is first read.
 
   Raises:
-    UsageError: when `source_dir` is not a folder or holds no `.py` file, or seqio and
-      TensorFlow are missing; when a split is read that has no `.py` file.
+    UsageError: when `source_dir` is not a folder or holds no `.py` file; when the data is
+      read: seqio and TensorFlow are missing, or a split has no `.py` file.
   """
   root = source_dir or stdlib_dir()
   if not os.path.isdir(root):
@@ -105,6 +133,13 @@ def pycode_task(source_dir: str | None = None):
     raise config_error("source_dir", root, "has no .py files (outside "
                        f"{', '.join(sorted(EXCLUDED_DIRECTORIES))})",
                        "give a folder of .py files, or None for this Python's stdlib")
+  # The name carries the root so tasks over different folders never share a cache entry.
+  digest = hashlib.sha1(os.path.abspath(root).encode()).hexdigest()[:8]
+  name = f"pycode_bytes_{digest}"
+  return DeferredTask(name, SPLITS, BYTE_VOCAB_SIZE, lambda: _make_task(root, name))
+
+
+def _make_task(root: str, name: str):
   try:
     tf = import_tensorflow()
     import seqio  # pylint: disable=g-import-not-at-top
@@ -122,10 +157,8 @@ def pycode_task(source_dir: str | None = None):
                          "'validation')", "give a folder with more .py files")
     return tf.data.Dataset.from_tensor_slices({"text": documents})
 
-  # The name carries the root so tasks over different folders never share a cache entry.
-  digest = hashlib.sha1(os.path.abspath(root).encode()).hexdigest()[:8]
   return seqio.Task(
-      name=f"pycode_bytes_{digest}",
+      name=name,
       source=seqio.FunctionDataSource(dataset_fn, splits=SPLITS),
       preprocessors=[
           _rekey_text_to_targets,

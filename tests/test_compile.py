@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite import target as targets
+from lingvo_lite.programs import aot, compile_report
 from lingvo_lite.programs.jitted import JittedSteps
 from lingvo_lite.testing import source_root, synthetic_tiny_setup
 
@@ -203,3 +204,51 @@ def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tm
     assert completed.returncode == (0 if per_device <= best else 3), (per_device,
                                                                        completed.stderr)
     assert _report(job)["verdict"] == ("FITS" if per_device <= best else "DOES NOT FIT")
+
+
+def test_out_of_memory_messages_become_bytes():
+  # XLA:TPU's two phrasings (the first as MaxText quotes it).
+  first = aot.parse_out_of_memory(
+      "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent "
+      "error. Ran out of memory in memory space hbm. the total memory required for HLO "
+      "temporaries (94.65G) exceeds available HBM (15.75G).")
+  assert (first.required, first.available) == (int(94.65 * 2**30), int(15.75 * 2**30))
+  second = aot.parse_out_of_memory("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G hbm. Exceeded")
+  assert (second.required, second.available) == (int(20.5 * 2**30), int(15.48 * 2**30))
+  assert aot.parse_out_of_memory("INVALID_ARGUMENT: bad shape") is None
+
+
+def test_no_memory_analysis_is_unknown_never_fits():
+  class Stats:  # What some backends return (jax #18954): zeros, or -1.
+    argument_size_in_bytes = output_size_in_bytes = alias_size_in_bytes = 0
+    temp_size_in_bytes = generated_code_size_in_bytes = 0
+
+  class Executable:
+    def memory_analysis(self):
+      return Stats()
+
+  assert aot._memory(Executable()) is None  # pylint: disable=protected-access
+  Stats.temp_size_in_bytes = -1
+  assert aot._memory(Executable()) is None  # pylint: disable=protected-access
+  setup = synthetic_tiny_setup()
+  result = aot.CompileResult(JittedSteps(setup), "train", object(), 1.0, None, None, None, [])
+  report = compile_report.build(result)
+  assert report["verdict"] == "UNKNOWN" and report["margin"] is None
+  assert "verdict: UNKNOWN: XLA reported no memory analysis" in compile_report.to_text(report)
+
+
+def test_largest_buffers_skip_fused_and_aliasing_instructions():
+  hlo = "\n".join([
+      "%fused_computation (p: f32[1024,1024]) -> f32[1024,1024] {",
+      "  %p = f32[1024,1024]{1,0} parameter(0)",
+      "  ROOT %huge = f32[4096,4096]{1,0} add(%p, %p)",
+      "}",
+      "ENTRY %main (a: f32[8,8]) -> f32[64,64] {",
+      '  %a = f32[8,8]{1,0} parameter(0), metadata={op_name="state.params[\\\'w\\\']"}',
+      "  %b = bf16[64,64]{1,0} bitcast(%a)",
+      '  ROOT %c = f32[64,64]{1,0} dot(%a, %a), metadata={op_name="jit(step)/dot_general"}',
+      "}"])
+  buffers = aot.largest_buffers(hlo)
+  assert [(b.bytes, b.shape, b.op_name) for b in buffers] == [
+      (64 * 64 * 4, "f32[64,64]", "jit(step)/dot_general"),
+      (8 * 8 * 4, "f32[8,8]", "state.params['w']")]

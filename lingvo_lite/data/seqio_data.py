@@ -67,6 +67,8 @@ def _check_task(task: Any) -> None:
     raise config_error("task", task, f"is a {type(task).__name__}, not a seqio Task (it has no "
                        "get_dataset())", "give a seqio.Task, e.g. fdl.Config(pycode_task) of "
                        "tasks.pycode")
+  if isinstance(getattr(task, "vocab_size", None), int) and hasattr(task, "splits"):
+    return  # Made on first use; its targets feature is checked when it is made.
   features = getattr(task, "output_features", None)
   if not isinstance(features, Mapping) or "targets" not in features:
     raise config_error("task", getattr(task, "name", task), "has no 'targets' output feature",
@@ -110,7 +112,11 @@ class SeqioData:
 
   @property
   def vocab_size(self) -> int | None:
-    """Size of the `targets` feature's vocabulary (None when the task does not say)."""
+    """Size of the `targets` feature's vocabulary (None when the task does not say); a task
+    made on first use (tasks.pycode.DeferredTask) states it without being made."""
+    declared = getattr(self.task, "vocab_size", None)
+    if isinstance(declared, int):
+      return declared
     try:
       return int(self.task.output_features["targets"].vocabulary.vocab_size)
     except (AttributeError, KeyError, TypeError):

@@ -190,8 +190,9 @@ def to_text(report: dict[str, Any]) -> str:
     lines.append(f"verdict: UNKNOWN: {m['deciding_rule']}; no claim that it fits")
   else:
     margin = report["margin"]
+    source = "as XLA states it" if m["source"] == "resource_exhausted" else t["memory_source"]
     lines.append(f"verdict: {verdict}: needs {gib(m['deciding'])} per device of "
-                 f"{gib(m['available'])} ({t['memory_source'] if m['source'] != 'resource_exhausted' else 'as XLA states it'}); "
+                 f"{gib(m['available'])} ({source}); "
                  f"margin {margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})")
     lines.append(f"  decided by: {m['deciding_rule']}")
   if "arguments" in m:
@@ -202,8 +203,9 @@ def to_text(report: dict[str, Any]) -> str:
   if m.get("xla_error"):
     lines.append(f"  XLA: {m['xla_error']}")
   parts = ", ".join(f"{name} {gib(size)}" for name, size in a["by_part"].items())
+  padding = "; XLA:TPU pads arrays to its tiles" if t["platform"] == "tpu" else ""
   lines.append(f"  analytic argument bytes per device: {parts}; total {gib(a['total'])} "
-               f"(XLA arguments: {gib(a['xla_arguments'])})")
+               f"(XLA arguments: {gib(a['xla_arguments'])}{padding})")
   if report["largest_buffers"]:
     lines.append("  largest buffers (optimized HLO):")
     for b in report["largest_buffers"]:
@@ -212,12 +214,14 @@ def to_text(report: dict[str, Any]) -> str:
   xla_flops = f["xla_per_device"]
   lines.append(f"  FLOPs per step: model {f['model_per_step']:.4g} ({f['model_per_device']:.4g} "
                f"per device); XLA cost analysis "
-               f"{'n/a' if xla_flops is None else f'{xla_flops:.4g}'} per device")
+               f"{'n/a' if xla_flops is None else f'{xla_flops:.4g}'} per device (it counts "
+               "a loop body once: a scan over layers or micro-batches counts one iteration)")
   lines.append(f"  compile time: {report['compile_seconds']:.1f} s")
+  tokens = s["tokens_per_s_per_device_at_50_mfu"]
   lines.append(f"  step time at 100% MFU {s['seconds_at_100_mfu'] * 1e3:.4g} ms, at 50% "
-               f"{s['seconds_at_50_mfu'] * 1e3:.4g} ms ({s['tokens_per_s_per_device_at_50_mfu']:,.0f}"
-               f" tokens/s per device); peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s "
-               f"per device ({s['peak_source']})")
+               f"{s['seconds_at_50_mfu'] * 1e3:.4g} ms ({tokens:,.0f} tokens/s per device); "
+               f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
+               f"({s['peak_source']})")
   if "max_batch" in report:
     from lingvo_lite.programs import max_batch  # pylint: disable=g-import-not-at-top
     lines += max_batch.to_text(report["max_batch"])
