@@ -143,9 +143,9 @@ def compile_target(name: str, num_slices: int = 1) -> Target:
     UsageError: an unknown name (listing the known ones), a slice count that is not positive
       or given for a topology without slices, or libtpu missing for a TPU name.
   """
-  if num_slices < 1:
-    raise UsageError(f"--compile_num_slices={num_slices}: must be at least 1 (slices joined "
-                     "over the data-center network)")
+  if not 1 <= num_slices <= topologies.MAX_SLICES:
+    raise UsageError(f"--compile_num_slices={num_slices}: must be 1..{topologies.MAX_SLICES} "
+                     "(slices joined over the data-center network)")
   cpu_count = topologies.cpu_devices(name)
   if name == "local" or cpu_count is not None:
     if num_slices != 1:

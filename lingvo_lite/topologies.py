@@ -100,6 +100,8 @@ TPU_SLICES = _slices()
 _CPU = re.compile(r"cpu:([0-9]{1,6})")
 # More virtual CPU devices than this are a typo, not a mesh (XLA starts a thread per device).
 MAX_CPU_DEVICES = 4096
+# More slices than any multi-slice job joins (libtpu builds every device of every slice).
+MAX_SLICES = 1024
 
 
 def known_names() -> str:

@@ -260,7 +260,7 @@ def _check_compile(command: Command, results: Results, session: Session) -> None
   out = results[0].stdout
   _search(r"^verdict: FITS: needs ", out, "compile verdict")
   if command.flag("compile_find_max_batch") is not None:
-    for policy in (command.flag("compile_remat_policies") or "").split(","):
+    for policy in (_flag(results[0].args, "compile_remat_policies") or "").split(","):
       _search(rf"^    {re.escape(policy)} +\d+ ", out, f"max batch for {policy}")
   job = command.flag("job_log_dir")
   if job:
@@ -340,9 +340,9 @@ RULES = (
     Rule("compile, max-batch search",
          lambda c: _lingvo(c, "compile") and c.flag("compile_find_max_batch") is not None,
          _check_compile, ("--fiddler=tiny", "--fdl.train_data.global_batch_size=8",
-                          "--fdl.eval_data.global_batch_size=8"),
-         why="Llama1B's ~30 s compiles, a few per policy, would take minutes; the tiny model "
-             "searches the same way in seconds"),
+                          "--fdl.eval_data.global_batch_size=8", "--compile_remat_policies=full"),
+         why="Llama1B's ~30 s compiles, about seven per policy, would take many minutes; the "
+             "tiny model searches the same way, for one policy, in under a minute"),
     Rule("compile", lambda c: _lingvo(c, "compile"), _check_compile, ("--fdl.train.steps=4",),
          why="the train command that loads the saved step runs 4 steps (the train rule), and "
              "train.steps is compiled into the step (its learning-rate schedule)"),

@@ -130,8 +130,11 @@ def manifest(jitted: JittedSteps) -> dict[str, Any]:
 
 def check_out_path(value: str | None) -> epath.Path | None:
   """The resolved --compiled_step_out, refused before compiling if it cannot be written."""
-  if not value:
+  if value is None:
     return None
+  if not value.strip():
+    raise UsageError(f"--compiled_step_out={shown(value)}: empty; give a folder for the "
+                     "compiled step, e.g. --compiled_step_out=runs/step")
   path = paths.resolve(value, "--compiled_step_out")
   if path.exists() and not path.is_dir():
     raise UsageError(f"--compiled_step_out={shown(value)}: exists and is not a folder; "
@@ -178,6 +181,8 @@ def load(value: str, jitted: JittedSteps) -> Any:
       current value).
   """
   flag = f"--compiled_step_in={shown(value)}"
+  if not value.strip():
+    raise UsageError(f"{flag}: empty; give the folder --compiled_step_out wrote")
   path = paths.resolve(value, "--compiled_step_in")
   try:
     saved = json.loads((path / MANIFEST).read_text())

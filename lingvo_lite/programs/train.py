@@ -146,7 +146,7 @@ def run(setup: Setup, job_dir: epath.Path,
   memory_fit.check_fits(setup)  # Before anything is allocated or written.
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)
-  if compiled_step_in:
+  if compiled_step_in is not None:
     from lingvo_lite.programs import compiled_steps  # pylint: disable=g-import-not-at-top
     jitted.train_step = compiled_steps.load(compiled_step_in, jitted)
   checkpointer = Checkpointer(job_dir / "checkpoints", setup.checkpoint)
