@@ -17,10 +17,13 @@ def _skip_absent_tpu() -> None:
   import importlib.util  # pylint: disable=g-import-not-at-top
   if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None:
     return
-  from jax._src import hardware_utils, xla_bridge  # pylint: disable=g-import-not-at-top
-  registration = xla_bridge._backend_factories.get("tpu")  # pylint: disable=protected-access
-  if (registration is None or xla_bridge.backends_are_initialized()
-      or hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0):
+  try:  # JAX internals: where another jax version lacks them, JAX's own behaviour stands.
+    from jax._src import hardware_utils, xla_bridge  # pylint: disable=g-import-not-at-top
+    registration = xla_bridge._backend_factories.get("tpu")  # pylint: disable=protected-access
+    if (registration is None or xla_bridge.backends_are_initialized()
+        or hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0):
+      return
+  except (ImportError, AttributeError):
     return
 
   def no_tpu():

@@ -139,7 +139,8 @@ class Partitioner:
       raise config_error(
           "partitioner.dcn_*", self.dcn_shape,
           f"the mesh axes across slices multiply to {across}, but {target_name} has "
-          f"{num_slices} slices", f"make their product {num_slices} (e.g. "
+          f"{num_slices} slice{'s' if num_slices > 1 else ''}", f"make their product "
+          f"{num_slices} (e.g. "
           f"--fdl.partitioner.dcn_data={num_slices})")
 
   def mesh_axis_sizes(self, num_devices: int) -> dict[str, int]:

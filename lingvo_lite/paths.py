@@ -87,3 +87,19 @@ def _local_path_of_file_url(url: str, shown: str) -> str:
     raise UsageError(f"{shown}: names host {host!r}; a file:// URL must name a local path "
                      "(file:///ABSOLUTE/PATH), or give the path itself")
   return urllib.parse.unquote("/" + path)
+
+
+def write_atomically(path: epath.Path, content: str | bytes) -> None:
+  """Writes `path` through a temporary file of this process's own and a rename: a reader,
+  a kill mid-write or another process writing the same file at the same time (two compiles
+  into one job) only ever sees a whole version of it."""
+  temporary = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+  try:
+    if isinstance(content, bytes):
+      temporary.write_bytes(content)
+    else:
+      temporary.write_text(content)
+    temporary.replace(path)
+  finally:
+    if temporary.exists():
+      temporary.unlink()

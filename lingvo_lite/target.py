@@ -18,7 +18,7 @@ import tempfile
 from typing import Any, Iterator, Sequence
 
 from lingvo_lite import topologies
-from lingvo_lite.errors import UsageError
+from lingvo_lite.errors import UsageError, shown
 
 _GIB = 2**30
 
@@ -155,7 +155,9 @@ def compile_target(name: str, num_slices: int = 1) -> Target:
     return host() if cpu_count is None else _cpu_target(name, cpu_count)
   tpu_slice = topologies.TPU_SLICES.get(name)
   if tpu_slice is None:
-    raise UsageError(f"--compile_topology={name}: unknown topology; known: "
+    close = topologies.close_name(name)
+    hint = f"did you mean {close}? " if close else ""
+    raise UsageError(f"--compile_topology={shown(name)}: unknown topology; {hint}known: "
                      f"{topologies.known_names()}")
   return _tpu_target(tpu_slice, num_slices)
 

@@ -118,3 +118,12 @@ def cpu_devices(name: str) -> int | None:
   """N of `cpu:N`, or None when `name` is not of that form."""
   match = _CPU.fullmatch(name)
   return int(match.group(1)) if match else None
+
+
+def close_name(name: str) -> str | None:
+  """The known name `name` means, spelled otherwise (`V5E-8`, ` v5e-08`, `v5e_8`), or None."""
+  match = re.fullmatch(r"\s*(v\d[a-z]?)[-_: ]?0*(\d+)\s*", name.lower())
+  if not match:
+    return None
+  candidate = f"{match.group(1)}-{match.group(2)}"
+  return candidate if candidate in TPU_SLICES and candidate != name else None

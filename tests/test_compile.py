@@ -135,7 +135,7 @@ def test_saved_step_trains_exactly_and_refuses_what_differs(tmp_path):
               "batch": "train_data batch inputs was 'int32[16, 64]' when compiled, is "
                        "'int32[8, 64]' now",
               "topology": "topology was 'v5e-8' when compiled, is 'cpu:8' now",
-              "device order": "compiled for another device order: device order was [",
+              "device order": "compiled for a different device order: device order was [",
               "xla flags": "xla flags.XLA_FLAGS was '--xla_cpu_enable_fast_math=true'",
               "versions": "versions.jax was '0.0.1' when compiled"}
   for (name, fragment), result in zip(expected.items(), refused):
@@ -252,3 +252,29 @@ def test_largest_buffers_skip_fused_and_aliasing_instructions():
   assert [(b.bytes, b.shape, b.op_name) for b in buffers] == [
       (64 * 64 * 4, "f32[64,64]", "jit(step)/dot_general"),
       (8 * 8 * 4, "f32[8,8]", "state.params['w']")]
+
+
+def test_reports_written_by_two_writers_at_once_stay_whole(tmp_path):
+  """Two compiles into one job write the same report files (paths.write_atomically)."""
+  import threading  # pylint: disable=import-outside-toplevel
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  from lingvo_lite import paths  # pylint: disable=import-outside-toplevel
+  target = epath.Path(tmp_path) / "report.json"
+  versions = [json.dumps({"writer": w, "pad": "x" * 100_000}) for w in range(2)]
+  errors = []
+
+  def write(version: str) -> None:
+    try:
+      for _ in range(200):
+        paths.write_atomically(target, version)
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  threads = [threading.Thread(target=write, args=(v,)) for v in versions]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors
+  assert target.read_text() in versions
+  assert sorted(p.name for p in epath.Path(tmp_path).iterdir()) == ["report.json"]

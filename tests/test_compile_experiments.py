@@ -49,10 +49,13 @@ def test_experiment_verdict(tmp_path, experiment, topology, verdict, code):
     # Term by term: embedding 50400 x 4096 and its bias 4096; per layer a LayerNorm 8192,
     # q/k/v/out 4 x 4096^2, MLP 4096 x 16384 + 16384 and 16384 x 4096 + 4096 (x 28); final
     # LayerNorm 8192; output 4096 x 50400 + 50400. That is Hugging Face's GPT-J count plus
-    # the embedding bias mesh-transformer-jax has; the published 6,053,381,344 is 2,494,464
-    # (609 x 4096) more, which no term of the architecture accounts for.
+    # the embedding bias mesh-transformer-jax has. The published 6,053,381,344 is 2,494,464
+    # more: exactly 7 more copies of what mesh-transformer-jax replicates on each of its 8
+    # model-parallel shards (each layer's LayerNorm and MLP output bias, the final LayerNorm,
+    # the embedding bias), counted once per shard.
     terms = (50400 * 4096 + 4096
              + 28 * (8192 + 4 * 4096**2 + 4096 * 16384 + 16384 + 16384 * 4096 + 4096)
              + 8192 + 4096 * 50400 + 50400)
     assert report["parameters"] == terms == 6_050_886_880
-    assert PUBLISHED_GPTJ_PARAMETERS - terms == 609 * 4096
+    replicated = 28 * (8192 + 4096) + 8192 + 4096
+    assert PUBLISHED_GPTJ_PARAMETERS - terms == 7 * replicated

@@ -5,7 +5,8 @@
 
 Prints the report (programs/compile_report.py) and writes it to JOB/compile/report.{txt,json}
 when a job dir is given; `--compile_find_max_batch` adds the largest per-device batch that
-fits, `--compiled_step_out` saves the executable for `--mode=train --compiled_step_in`.
+fits, `--compiled_step_out` saves the executable (of a step that fits) for `--mode=train
+--compiled_step_in`.
 Exit code 3 when the step does not fit the target's memory.
 """
 
@@ -15,9 +16,10 @@ import json
 
 from etils import epath
 
-from lingvo_lite import summaries
+from lingvo_lite import paths, summaries
 from lingvo_lite.errors import UsageError
-from lingvo_lite.programs import Invocation, aot, compile_report, compiled_steps, max_batch
+from lingvo_lite.programs import (Invocation, ProgramFailure, aot, compile_report,
+                                  compiled_steps, max_batch)
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -25,6 +27,12 @@ EXIT_DOES_NOT_FIT = 3
 def main(invocation: Invocation) -> int | None:
   options, setup, target = invocation.options, invocation.setup, invocation.target
   program = options["compile_program"]
+  changes = invocation.config_changes()
+  if changes:  # JOB/compile/ would describe another model than the job's.
+    raise UsageError(
+        f"--job_log_dir={invocation.shown_job_dir}: the config differs from the one this job "
+        f"was trained with ({'; '.join(changes[:3])}); compile the job's own config (drop the "
+        "overrides), or give another --job_log_dir (or none) for this one")
   if program == "eval" and setup.eval_data is None:
     raise UsageError("--compile_program=eval: this config has no eval_data; compile the "
                      "train step or set eval_data")
@@ -42,25 +50,23 @@ def main(invocation: Invocation) -> int | None:
     report["max_batch"] = max_batch.search(setup, target, program, policies, result)
   text = compile_report.to_text(report)
   print(text, end="", flush=True)
-  if invocation.job_dir is not None:
-    folder = invocation.job_dir / "compile"
-    folder.mkdir(parents=True, exist_ok=True)
-    _write(folder / "report.json", json.dumps(report, indent=2) + "\n")
-    _write(folder / "report.txt", text)
-    summaries.log(f"report written to {epath.Path(invocation.shown_job_dir) / 'compile'}",
-                  True)
-  if step_out is not None:
-    if result.executable is None:
-      summaries.log("no compiled step saved: XLA refused the step for memory", True)
-    else:
+  fits = report["verdict"] != compile_report.DOES_NOT_FIT
+  try:
+    # The step first: a step folder that fails leaves the job's report as it was.
+    if step_out is not None and result.executable is not None and fits:
       compiled_steps.save(step_out, result)
       summaries.log(f"compiled step saved to {options['compiled_step_out']} (load with "
                     f"--mode=train --compiled_step_in={options['compiled_step_out']})", True)
-  return EXIT_DOES_NOT_FIT if report["verdict"] == compile_report.DOES_NOT_FIT else None
-
-
-def _write(path: epath.Path, text: str) -> None:
-  """Through a temporary file and a rename: a killed compile leaves the old report whole."""
-  temporary = path.parent / f".{path.name}.tmp"
-  temporary.write_text(text)
-  temporary.replace(path)
+    elif step_out is not None:
+      summaries.log("no compiled step saved: the step does not fit the target", True)
+    if invocation.job_dir is not None:
+      folder = invocation.job_dir / "compile"
+      folder.mkdir(parents=True, exist_ok=True)
+      paths.write_atomically(folder / "report.json", json.dumps(report, indent=2) + "\n")
+      paths.write_atomically(folder / "report.txt", text)
+      summaries.log(f"report written to {epath.Path(invocation.shown_job_dir) / 'compile'}",
+                    True)
+  except OSError as e:
+    raise ProgramFailure(f"cannot write the compile's output: {type(e).__name__}: "
+                         f"{e.strerror or e} ({getattr(e, 'filename', '') or ''})") from None
+  return None if fits else EXIT_DOES_NOT_FIT

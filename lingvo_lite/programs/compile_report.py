@@ -9,7 +9,8 @@ report.json, schema "lingvo_lite.compile_report/1":
   program:    "train" or "eval";  mesh: {axis: size};  parameters: count
   batch:      global_batch_size, per_device_batch_size, sequence_length
   memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
-              outputs - aliased + temporaries + generated code), peak (XLA's, TPU only),
+              outputs - aliased + temporaries + generated code), peak (XLA's peak of live
+              buffers where it reports one; it decides only on TPU),
               deciding (the number the verdict compares), deciding_rule (which and why),
               source: "memory_analysis" | "resource_exhausted" | "none"
   verdict:    "FITS" | "DOES NOT FIT" | "UNKNOWN" (XLA reported no memory analysis)
@@ -91,7 +92,9 @@ def _deciding(result: CompileResult) -> tuple[int | None, str, str]:
   if result.jitted.target.platform == "tpu" and memory.peak:
     return (max(memory.peak, memory.total),
             "the larger of XLA:TPU's peak of live buffers (its heap simulation) and "
-            "arguments + outputs - aliased + temporaries + generated code", "memory_analysis")
+            "arguments + outputs - aliased + temporaries + generated code; XLA:TPU itself "
+            "refuses a step above its own limit, a little under the datasheet's (15.75 of "
+            "a v5e's 16 GiB)", "memory_analysis")
   return (memory.total, "arguments + outputs - aliased + temporaries + generated code "
           "(on CPU and GPU jaxlib's peak_memory_in_bytes leaves temporaries out)",
           "memory_analysis")

@@ -25,6 +25,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import tempfile
 from typing import Any
 
 import jax
@@ -115,13 +116,14 @@ def _trees_and_shardings(jitted: JittedSteps) -> dict[str, str]:
 def manifest(jitted: JittedSteps) -> dict[str, Any]:
   """What the saved step must agree with, for `jitted` on its target."""
   target = jitted.target
+  # In the order a mismatch is reported: what the step runs on first.
   return {
-      "versions": _versions(target.platform),
       "platform": target.platform,
       "topology": topology_label(target),
       "device kinds": sorted({d.device_kind for d in target.devices}),
       "device order": [int(d.id) for d in jitted.mesh.devices.flat],
       "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
+      "versions": _versions(target.platform),
       "xla flags": _xla_flags(),
       "step config": step_config(jitted),
       **_trees_and_shardings(jitted),
@@ -129,37 +131,46 @@ def manifest(jitted: JittedSteps) -> dict[str, Any]:
 
 
 def check_out_path(value: str | None) -> epath.Path | None:
-  """The resolved --compiled_step_out, refused before compiling if it cannot be written."""
+  """The resolved --compiled_step_out, refused before compiling if it cannot be written: its
+  nearest existing folder must be a folder in which one can create a folder (tried, for
+  root passes every permission check and /proc refuses what os.access allows)."""
   if value is None:
     return None
+  flag = f"--compiled_step_out={shown(value)}"
   if not value.strip():
-    raise UsageError(f"--compiled_step_out={shown(value)}: empty; give a folder for the "
-                     "compiled step, e.g. --compiled_step_out=runs/step")
+    raise UsageError(f"{flag}: empty; give a folder for the compiled step, e.g. "
+                     "--compiled_step_out=runs/step")
   path = paths.resolve(value, "--compiled_step_out")
   if path.exists() and not path.is_dir():
-    raise UsageError(f"--compiled_step_out={shown(value)}: exists and is not a folder; "
-                     "name a new or existing folder")
-  parent = path if path.exists() else path.parent
-  while not parent.exists():
+    raise UsageError(f"{flag}: exists and is not a folder; name a new or existing folder")
+  if paths.is_remote(str(path)):
+    return path
+  parent = path
+  while not os.path.lexists(os.fspath(parent)):
     parent = parent.parent
-  if not paths.is_remote(str(parent)) and not os.access(os.fspath(parent), os.W_OK | os.X_OK):
-    raise UsageError(f"--compiled_step_out={shown(value)}: {parent} is not writable; "
-                     "choose a folder you can write")
+  if not parent.is_dir():
+    raise UsageError(f"{flag}: {parent} is a file, not a folder; name a folder path")
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".lingvo_lite_probe.", dir=os.fspath(parent)))
+  except OSError as e:
+    raise UsageError(f"{flag}: cannot create a folder in {parent} ({e.strerror or e}); "
+                     "choose a folder you can write") from None
   return path
 
 
 def save(path: epath.Path, result: CompileResult) -> None:
-  """Writes the executable and its manifest, each through a temporary file and a rename;
-  the manifest last, so a folder with a manifest always has its executable."""
+  """Writes the executable and its manifest, each whole (paths.write_atomically); the
+  manifest last, so a folder with a manifest has the executable it describes.
+
+  Raises:
+    OSError: the folder or a file cannot be written (a full disk, say).
+  """
   serialized, _, _ = serialize_executable.serialize(result.executable)
   path.mkdir(parents=True, exist_ok=True)
   data = manifest(result.jitted)
   data = {"schema": SCHEMA, "executable sha256": hashlib.sha256(serialized).hexdigest(), **data}
-  for name, content in ((EXECUTABLE, serialized),
-                        (MANIFEST, (json.dumps(data, indent=2) + "\n").encode())):
-    temporary = path / f".{name}.tmp"
-    temporary.write_bytes(content)
-    temporary.replace(path / name)
+  paths.write_atomically(path / EXECUTABLE, serialized)
+  paths.write_atomically(path / MANIFEST, json.dumps(data, indent=2) + "\n")
 
 
 def _differences(saved: Any, current: Any, where: str) -> list[tuple[str, Any, Any]]:
@@ -190,7 +201,7 @@ def load(value: str, jitted: JittedSteps) -> Any:
   except FileNotFoundError as e:
     raise UsageError(f"{flag}: no saved step there ({os.path.basename(str(e.filename))} is "
                      "missing); write one with --mode=compile --compiled_step_out=PATH") from None
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, RecursionError) as e:
     raise UsageError(f"{flag}: cannot read the saved step ({type(e).__name__}: "
                      f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
   if not isinstance(saved, dict) or saved.get("schema") != SCHEMA:
@@ -206,7 +217,7 @@ def load(value: str, jitted: JittedSteps) -> Any:
   if differences:
     field, old, new = differences[0]
     more = f" (and {len(differences) - 1} more differences)" if len(differences) > 1 else ""
-    raise UsageError(f"{flag}: compiled for another {field.split('.')[0]}: {field} was "
+    raise UsageError(f"{flag}: compiled for a different {field.split('.')[0]}: {field} was "
                      f"{shown(old, 120)} when compiled, is {shown(new, 120)} now{more}; "
                      "recompile with --mode=compile --compiled_step_out=PATH for this run")
   in_leaves, in_tree = jax.tree.flatten(((jitted.sharded_state.abstract,
