@@ -108,6 +108,7 @@ def _search(setup: Setup, target: targets.Target, program: str,
 
   fitting, failing = bounds()
   line = None
+  crept = False  # The last prediction fit without closing the boundary.
   while (failing is None or failing > fitting + 1) and len(compiles) < MAX_COMPILES:
     if failing is not None:  # The line through the two measurements around the boundary.
       k1, k2 = fitting, failing
@@ -121,18 +122,20 @@ def _search(setup: Setup, target: targets.Target, program: str,
       # 16 GiB) comes with the first compile it refuses.
       available = min(c["available"] for c in compiles.values())
       guess = int((available - line["bytes_at_zero"]) // slope)
-    else:
-      guess = fitting * 2
+    else:  # Tiny batches are all fixed cost: step out until memory grows.
+      guess = fitting * 4
     high = failing if failing is not None else max(guess + 2, fitting * 2)
     guess = min(max(guess, fitting + 1), high - 1)
-    if guess in compiles or (failing is not None and failing - fitting > 3 and
-                             min(guess - fitting, failing - guess) <= 1):
-      # A prediction at the edge of the interval creeps one unit a compile where the line
-      # misleads (XLA's choices change with the shape): bisect instead.
+    bisect = guess in compiles or crept
+    if bisect:
+      # Where the line misleads (XLA's choices change with the shape) its predictions creep
+      # a unit or two a compile: after one that fit without closing the boundary, halve.
       guess = (fitting + high) // 2
-    if measure(guess)["fits"] and guess + 1 not in compiles and (
+    fits = measure(guess)["fits"]
+    if fits and slope > 0 and guess + 1 not in compiles and (
         failing is None or guess + 1 < failing):
-      measure(guess + 1)  # The prediction and one step beyond it.
+      fits = measure(guess + 1)["fits"]  # The prediction and one step beyond it.
+    crept = not bisect and fits and failing is not None
     fitting, failing = bounds()
   note = "" if failing == fitting + 1 else f"boundary not closed after {len(compiles)} compiles"
   return _finish(setup, unit, compiles, fitting, line, note)
