@@ -67,6 +67,8 @@ def main(invocation: Invocation) -> int | None:
       summaries.log(f"report written to {epath.Path(invocation.shown_job_dir) / 'compile'}",
                     True)
   except OSError as e:
-    raise ProgramFailure(f"cannot write the compile's output: {type(e).__name__}: "
-                         f"{e.strerror or e} ({getattr(e, 'filename', '') or ''})") from None
+    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    raise ProgramFailure(f"cannot write the compile's output{where}: {type(e).__name__}: "
+                         f"{e.strerror or e}; free space or fix the folder's permissions, "
+                         "then run the compile again") from None
   return None if fits else EXIT_DOES_NOT_FIT
