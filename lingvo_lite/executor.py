@@ -221,11 +221,6 @@ def _refuse_flags(program: programs.Program) -> None:
                        "pick another --mode")
 
 
-def _summarize(changes: Sequence[str]) -> str:
-  return "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3
-                                   else "")
-
-
 def _config_changes(job_dir: epath.Path | None, cfg: fdl.Buildable) -> list[str]:
   """Fields of `cfg` that differ from JOB/config.json in what shapes the state."""
   existing = job_dir / config_files.CONFIG_JSON if job_dir is not None else None
@@ -334,7 +329,7 @@ def _run_mode() -> int | None:
       _configure_compilation_cache()
     invocation = programs.Invocation(
         setup=setup, job_dir=job_dir, shown_job_dir=_JOB_LOG_DIR.value, target=target,
-        options=options, config_text=config_files.to_text(cfg),
+        options=options, config_text=lambda: config_files.to_text(cfg),
         write_config=lambda: config_files.write(job_dir, cfg, experiment),
         config_changes=lambda: _config_changes(job_dir, cfg))
     if program.name != "compile":

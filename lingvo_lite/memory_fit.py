@@ -150,16 +150,6 @@ def host_available_bytes() -> int | None:
     return None
 
 
-def device_limit_bytes(device: jax.Device) -> int | None:
-  """An accelerator's memory for arrays, or None when its runtime does not say."""
-  try:
-    stats = device.memory_stats() or {}
-  except Exception:  # pylint: disable=broad-except
-    return None  # Some backends do not implement memory_stats at all.
-  limit = stats.get("bytes_limit")
-  return int(limit) if limit else None
-
-
 def _count(n: int) -> str:
   return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
@@ -195,7 +185,7 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
     where = (f"this host's RAM for {len(devices)} CPU device(s)", f"{_gib(available or 0)} "
              "is available")
   else:
-    limits = [limit for limit in map(device_limit_bytes, devices) if limit]
+    limits = [limit for limit in map(targets.device_limit_bytes, devices) if limit]
     copies, available = 1, min(limits) if limits else None
     where = (f"each {devices[0].device_kind}", f"it has {_gib(available or 0)}")
   needed = need.total * copies

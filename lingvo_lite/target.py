@@ -57,14 +57,6 @@ class Target:
     return len({d.process_index for d in self.devices})
 
   @property
-  def process_index(self) -> int:
-    """This process's index among the target's; a compile target is seen as its process 0."""
-    if self.is_host:
-      import jax  # pylint: disable=g-import-not-at-top
-      return jax.process_index()
-    return 0
-
-  @property
   def device_kind(self) -> str:
     return self.devices[0].device_kind
 
@@ -110,7 +102,8 @@ def host_memory_bytes() -> int:
   return total
 
 
-def _device_memory(device: Any) -> int | None:
+def device_limit_bytes(device: Any) -> int | None:
+  """An accelerator's memory for arrays, or None when its runtime does not say."""
   try:
     stats = device.memory_stats() or {}
   except Exception:  # pylint: disable=broad-except
@@ -127,10 +120,11 @@ def host(devices: Sequence[Any] | None = None, name: str = "local") -> Target:
   if platform == "cpu":
     # Virtual CPU devices share the host's RAM: each gets its share.
     local = sum(d.process_index == jax.process_index() for d in devices) or 1
-    memory = host_memory_bytes() // local
-    source = f"this host's {host_memory_bytes() / _GIB:.1f} GiB RAM shared by {local} CPU devices"
+    ram = host_memory_bytes()
+    memory = ram // local
+    source = f"this host's {ram / _GIB:.1f} GiB RAM shared by {local} CPU devices"
   else:
-    memory = _device_memory(devices[0])
+    memory = device_limit_bytes(devices[0])
     source = "the runtime's bytes_limit" if memory else "unknown (the runtime does not say)"
   return Target(name=name, platform=platform, devices=devices, memory_per_device=memory,
                 memory_source=source)

@@ -56,7 +56,8 @@ class Invocation:
     shown_job_dir: The job dir as the user wrote it (relative stays relative), for messages.
     target: The devices the program runs on or compiles for (lingvo_lite.target.Target).
     options: This program's flag values, by flag name.
-    config_text: The flattened config (config.txt's text).
+    config_text: Makes the flattened config (config.txt's text), for the programs that
+      show it.
     write_config: Writes config.json and config.txt into the job dir.
     config_changes: Given a job dir's recorded config path, the fields that differ from this
       config as `path: old -> new` (none when the job has no config yet).
@@ -67,9 +68,15 @@ class Invocation:
   shown_job_dir: str | None
   target: Any
   options: dict[str, Any]
-  config_text: str = ""
+  config_text: Callable[[], str] = lambda: ""
   write_config: Callable[[], None] = lambda: None
   config_changes: Callable[[], list[str]] = lambda: []
+
+
+def summarize_changes(changes: list[str]) -> str:
+  """The first three of `Invocation.config_changes()`, for a one-line message."""
+  return "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3
+                                   else "")
 
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (

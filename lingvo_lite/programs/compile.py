@@ -19,7 +19,7 @@ from etils import epath
 from lingvo_lite import paths, summaries
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import (Invocation, ProgramFailure, aot, compile_report,
-                                  compiled_steps, max_batch)
+                                  compiled_steps, max_batch, summarize_changes)
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -31,7 +31,7 @@ def main(invocation: Invocation) -> int | None:
   if changes:  # JOB/compile/ would describe another model than the job's.
     raise UsageError(
         f"--job_log_dir={invocation.shown_job_dir}: the config differs from the one this job "
-        f"was trained with ({'; '.join(changes[:3])}); compile the job's own config (drop the "
+        f"was trained with ({summarize_changes(changes)}); compile the job's own config (drop the "
         "overrides), or give another --job_log_dir (or none) for this one")
   if program == "eval" and setup.eval_data is None:
     raise UsageError("--compile_program=eval: this config has no eval_data; compile the "

@@ -100,22 +100,27 @@ def topology_label(target: targets.Target) -> str:
   return f"{target.num_devices} x {target.device_kind}"
 
 
-def _trees_and_shardings(jitted: JittedSteps) -> dict[str, str]:
+@dataclasses.dataclass(frozen=True)
+class _StepTrees:
+  """The train step's input and output tree structures, and its input leaves (traced once)."""
+
+  inputs: Any
+  outputs: Any
+  input_leaves: list[Any]
+
+
+def _step_trees(jitted: JittedSteps) -> _StepTrees:
   abstract_state, batch = jitted.sharded_state.abstract, jitted.abstract_batch()
   with jitted.activated():
     outputs = jax.eval_shape(jitted.train_step, abstract_state, batch)
-  in_leaves, in_tree = jax.tree.flatten(((abstract_state, batch), {}))
-  return {
-      "input tree": str(in_tree),
-      "output tree": str(jax.tree.structure(outputs)),
-      "input shardings": hashlib.sha256(
-          repr([str(leaf.sharding.spec) for leaf in in_leaves]).encode()).hexdigest()[:16],
-  }
+  leaves, inputs = jax.tree.flatten(((abstract_state, batch), {}))
+  return _StepTrees(inputs, jax.tree.structure(outputs), leaves)
 
 
-def manifest(jitted: JittedSteps) -> dict[str, Any]:
+def manifest(jitted: JittedSteps, trees: _StepTrees | None = None) -> dict[str, Any]:
   """What the saved step must agree with, for `jitted` on its target."""
   target = jitted.target
+  trees = trees or _step_trees(jitted)
   # In the order a mismatch is reported: what the step runs on first.
   return {
       "platform": target.platform,
@@ -126,7 +131,10 @@ def manifest(jitted: JittedSteps) -> dict[str, Any]:
       "versions": _versions(target.platform),
       "xla flags": _xla_flags(),
       "step config": step_config(jitted),
-      **_trees_and_shardings(jitted),
+      "input tree": str(trees.inputs),
+      "output tree": str(trees.outputs),
+      "input shardings": hashlib.sha256(repr(
+          [str(leaf.sharding.spec) for leaf in trees.input_leaves]).encode()).hexdigest()[:16],
   }
 
 
@@ -211,7 +219,8 @@ def load(value: str, jitted: JittedSteps) -> Any:
   if hashlib.sha256(serialized).hexdigest() != saved.get("executable sha256"):
     raise UsageError(f"{flag}: {EXECUTABLE} does not match the checksum its manifest "
                      "records (a partial copy or a changed file); compile it again")
-  current = manifest(jitted)
+  trees = _step_trees(jitted)
+  current = manifest(jitted, trees)
   saved_fields = {k: v for k, v in saved.items() if k not in ("schema", "executable sha256")}
   differences = _differences(saved_fields, current, "")
   if differences:
@@ -220,14 +229,8 @@ def load(value: str, jitted: JittedSteps) -> Any:
     raise UsageError(f"{flag}: compiled for a different {field.split('.')[0]}: {field} was "
                      f"{shown(old, 120)} when compiled, is {shown(new, 120)} now{more}; "
                      "recompile with --mode=compile --compiled_step_out=PATH for this run")
-  in_leaves, in_tree = jax.tree.flatten(((jitted.sharded_state.abstract,
-                                          jitted.abstract_batch()), {}))
-  del in_leaves
-  with jitted.activated():
-    out_tree = jax.tree.structure(jax.eval_shape(
-        jitted.train_step, jitted.sharded_state.abstract, jitted.abstract_batch()))
   try:
-    return serialize_executable.deserialize_and_load(serialized, in_tree, out_tree)
+    return serialize_executable.deserialize_and_load(serialized, trees.inputs, trees.outputs)
   except Exception as e:  # pylint: disable=broad-except
     raise UsageError(f"{flag}: XLA cannot load the saved executable on this host "
                      f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''});"

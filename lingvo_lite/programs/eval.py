@@ -12,7 +12,7 @@ from lingvo_lite import memory_fit, summaries
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.programs import Invocation
+from lingvo_lite.programs import Invocation, summarize_changes
 from lingvo_lite.programs.jitted import JittedSteps
 
 
@@ -21,10 +21,9 @@ def main(invocation: Invocation) -> None:
   even where the shapes agree (another norm, activation or rotary setting)."""
   changes = [c for c in invocation.config_changes() if c.startswith("model.")]
   if changes:
-    shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3
-                                      else "")
     raise UsageError(f"--job_log_dir={invocation.shown_job_dir}: the model config differs "
-                     f"from the one its checkpoints were trained with ({shown}); evaluate "
+                     f"from the one its checkpoints were trained with "
+                     f"({summarize_changes(changes)}); evaluate "
                      "with the job's own config (drop the --exp and model overrides)")
   invocation.setup.check_data(("eval_data",))
   run(invocation.setup, invocation.job_dir)

@@ -6,4 +6,4 @@ from lingvo_lite.programs import Invocation
 
 
 def main(invocation: Invocation) -> None:
-  print(invocation.config_text, end="")
+  print(invocation.config_text(), end="")

@@ -20,7 +20,7 @@ from lingvo_lite.checkpoints import Checkpointer, CheckpointWriteError
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.programs import Invocation, ProgramFailure
+from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
 from lingvo_lite.programs.jitted import JittedSteps
 from lingvo_lite.programs.stop_request import StopRequest
 
@@ -88,8 +88,8 @@ def main(invocation: Invocation) -> None:
     if changes:
       raise UsageError(
           f"--job_log_dir={invocation.shown_job_dir}: the config differs from the one this "
-          f"job was trained with ({_summarize(changes)}); resume with the same config or use "
-          "a new --job_log_dir")
+          f"job was trained with ({summarize_changes(changes)}); resume with the same config "
+          "or use a new --job_log_dir")
     job_is_new = not (job_dir / "config.json").exists()
     record_config = invocation.write_config if is_chief else lambda: None
     result = run(setup, job_dir, record_config, job_is_new,
@@ -109,11 +109,6 @@ def main(invocation: Invocation) -> None:
             f"  metrics:     {shown / 'metrics.jsonl'}, {shown / 'eval_metrics.jsonl'}",
             f"  TensorBoard: tensorboard --logdir={shown / 'summaries'}"]
   print("\n".join(lines), flush=True)
-
-
-def _summarize(changes: list[str]) -> str:
-  return "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3
-                                   else "")
 
 
 def _newest_checkpoint(checkpointer: Checkpointer) -> str:
