@@ -71,7 +71,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$tmp"
     "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.lock >&2 \
       || die "pip install -r requirements.lock failed; nothing was kept"
-    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu' \
+    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu, apache_beam, sentencepiece, tensorstore, pyarrow' \
       || die "the new venv cannot import the project's dependencies; nothing was kept"
     # Scripts (pytest, pip, activate) name the venv's absolute path: point them at the final one.
     { grep -lIF "$tmp" "$tmp"/bin/* "$tmp/pyvenv.cfg" 2>/dev/null || true; } | while read -r f; do
@@ -95,7 +95,9 @@ test --test_env=PATH=$venv/bin:/usr/local/bin:/usr/bin:/bin
 test --test_env=PYTHONPATH=
 # tests/test_default_experiment.py runs bin/demo.sh, which runs this script: whatever HOME a
 # test gets, it finds this venv instead of building another.
-test --test_env=LINGVO_LITE_VENV_ROOT=$venv_root"
+test --test_env=LINGVO_LITE_VENV_ROOT=$venv_root
+# Token stores and trained vocabularies are built once per machine, not once per test target.
+test --test_env=LINGVO_LITE_DATA_DIR=${LINGVO_LITE_DATA_DIR:-$venv_root/data}"
 if [ "$(cat .bazelrc.local 2>/dev/null)" != "$bazelrc_local" ]; then
   printf '%s\n' "$bazelrc_local" > .bazelrc.local
   note "wrote $root/.bazelrc.local"

@@ -14,6 +14,12 @@ class UsageError(Exception):
   """A command-line or config mistake, detected before any device time is spent."""
 
 
+class DataError(Exception):
+  """Bad data met while building a token store or reading one mid-run (a file that is not
+  UTF-8, a malformed record, an unreadable shard): exit code 1, one line that names the file
+  and the record. Nothing it interrupted is left looking complete."""
+
+
 def _sized(value: object) -> str:
   """`<int of 66439 bits>`, `<str of 100002 characters>`, `<list of 3 items>`, `<Foo>`."""
   kind = type(value).__name__

@@ -27,7 +27,7 @@ from etils import epath
 from lingvo_lite import (building, command_line, config_files, config_help,
                          distributed, job_dirs, overrides, paths, programs, registry, supervisor,
                          target as targets, topologies)
-from lingvo_lite.errors import UsageError
+from lingvo_lite.errors import DataError, UsageError
 from lingvo_lite.experiment import Setup
 
 MODES = tuple(programs.PROGRAMS)
@@ -287,7 +287,7 @@ def main(argv: Sequence[str]) -> None:
     code = _run_mode()
   except UsageError as e:
     _fail(str(e))
-  except programs.ProgramFailure as e:
+  except (programs.ProgramFailure, DataError) as e:
     _fail(str(e), code=1)
   if code:
     sys.exit(code)

@@ -6,9 +6,10 @@ text with nothing to download. The split is by file and fixed: a file belongs to
 `train`. Test suites (`test/`, `tests/`, `idle_test/`) and `site-packages/` are left out: they
 are large, repetitive, and not part of the library proper.
 
-Documents are tokenized as raw bytes (seqio's ByteVocabulary: id = byte + 3, with 0 pad,
-1 EOS, 2 UNK), joined with EOS and cut into fixed-length examples, as GPT-J's pipeline does.
-seqio and TensorFlow are imported only when the task's data is first read.
+Each file is one document, tokenized as raw bytes (seqio's ByteVocabulary: id = byte + 3,
+with 0 pad, 1 EOS, 2 UNK) or by a SentencePiece model trained on the train split, with EOS
+appended; the token store (lingvo_lite/data/token_store.py) packs the documents into
+examples. seqio and TensorFlow are imported only when the task's data is first read.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import hashlib
 import os
 import sysconfig
 import zlib
+from typing import Any
 
+from lingvo_lite.data import vocabulary as vocabulary_lib
 from lingvo_lite.data.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import UsageError, config_error
+from tasks.deferred import DeferredTask
 
 # ByteVocabulary: 256 byte values + pad, EOS, UNK.
 BYTE_VOCAB_SIZE = 259
@@ -68,78 +72,41 @@ def read_documents(root: str, split: str) -> list[bytes]:
   return documents
 
 
-def concat_and_chunk(dataset, sequence_length):
-  """Joins the token streams of consecutive documents and cuts fixed-length examples.
-
-  The remainder shorter than one example at the very end is dropped. Implemented with
-  `Dataset.scan` carrying the unfinished tail, so nothing is materialized per token.
-  """
-  tf = import_tensorflow()
-  length = sequence_length["targets"]
-
-  def step(tail, example):
-    stream = tf.concat([tail, example["targets"]], axis=0)
-    whole = tf.shape(stream)[0] // length * length
-    return stream[whole:], tf.reshape(stream[:whole], [-1, length])
-
-  initial_tail = tf.zeros([0], dtype=dataset.element_spec["targets"].dtype)
-  chunks = dataset.scan(initial_tail, step).unbatch()
-  return chunks.map(lambda tokens: {"targets": tokens}, num_parallel_calls=tf.data.AUTOTUNE)
-
-
-class DeferredTask:
-  """A seqio Task made on first use: what a config needs to validate (its name, splits and
-  vocabulary size) without TensorFlow, whose import alone takes 2.5 s, so `--mode=print`
-  and `--mode=compile` of the PyCode experiments never load it. `get_dataset` and
-  `output_features` make the Task (and raise the UsageError of a missing seqio)."""
-
-  def __init__(self, name: str, splits: tuple[str, ...], vocab_size: int, make):
-    self.name, self.splits, self.vocab_size, self._make = name, splits, vocab_size, make
-    self._task = None
-
-  @property
-  def task(self):
-    if self._task is None:
-      self._task = self._make()
-    return self._task
-
-  @property
-  def output_features(self):
-    return self.task.output_features
-
-  def get_dataset(self, *args, **kwargs):
-    return self.task.get_dataset(*args, **kwargs)
-
-  def __repr__(self) -> str:
-    return f"DeferredTask({self.name!r})"
-
-
-def pycode_task(source_dir: str | None = None) -> DeferredTask:
+def pycode_task(source_dir: str | None = None, vocabulary: Any = None) -> DeferredTask:
   """The seqio Task over the `.py` files under `source_dir` (default: this Python's stdlib),
-  made when its data is first read.
+  one document per file, made when its data is first read.
+
+  Args:
+    source_dir: A folder of `.py` files; None for this Python's standard library.
+    vocabulary: None for bytes; a SentencePiece `.model` path; or a
+      `vocabulary.SentencePieceModel`, trained from this task's train split on first use.
 
   Raises:
-    UsageError: when `source_dir` is not a folder or holds no `.py` file; when the data is
-      read: seqio and TensorFlow are missing, or a split has no `.py` file.
+    UsageError: when `source_dir` is not a folder or holds no `.py` file, or `vocabulary`
+      names no file; when the data is read: seqio and TensorFlow are missing, or a split has
+      no `.py` file.
   """
-  root = source_dir or stdlib_dir()
+  root = os.path.abspath(source_dir or stdlib_dir())
   if not os.path.isdir(root):
     raise config_error("source_dir", root, "no such folder",
                        "give a folder of .py files, or None for this Python's stdlib")
-  # No documents at all would fail deep inside TensorFlow once training reads them (an empty
-  # list has no string type). A folder with files in one split only is refused when that
-  # split is read (below): a small folder may well have no 'validation' file, and need none.
+  # No documents at all would fail deep inside TensorFlow once training reads them. A folder
+  # with files in one split only is refused when that split is read (below): a small folder
+  # may well have no 'validation' file, and need none.
   if not _has_source_files(root):
     raise config_error("source_dir", root, "has no .py files (outside "
                        f"{', '.join(sorted(EXCLUDED_DIRECTORIES))})",
                        "give a folder of .py files, or None for this Python's stdlib")
-  # The name carries the root so tasks over different folders never share a cache entry.
-  digest = hashlib.sha1(os.path.abspath(root).encode()).hexdigest()[:8]
-  name = f"pycode_bytes_{digest}"
-  return DeferredTask(name, SPLITS, BYTE_VOCAB_SIZE, lambda: _make_task(root, name))
+  vocab_size = vocabulary_lib.vocabulary_size(vocabulary)
+  # The name carries the root and the vocabulary, so tasks over different folders or
+  # vocabularies never share a store.
+  digest = hashlib.sha1(root.encode()).hexdigest()[:8]
+  kind = "bytes" if vocabulary is None else f"sp{vocab_size}"
+  name = f"pycode_{kind}_{digest}"
+  return DeferredTask(name, SPLITS, vocab_size, lambda: _make_task(root, name, vocabulary))
 
 
-def _make_task(root: str, name: str):
+def _make_task(root: str, name: str, vocabulary: Any):
   try:
     tf = import_tensorflow()
     import seqio  # pylint: disable=g-import-not-at-top
@@ -147,27 +114,34 @@ def _make_task(root: str, name: str):
     # A machine with only the JAX stack (no TensorFlow) can still train on synthetic data.
     raise UsageError(f"needs seqio and TensorFlow, which this Python lacks ({e}); install "
                      "them, or train on --fiddler=synthetic_data") from None
+  vocab = vocabulary_lib.resolve_vocabulary(
+      vocabulary, name, lambda: read_documents(root, "train"))
 
-  def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None):
-    del shuffle_files, seed  # Order is fixed; lingvo_lite shuffles by index.
-    documents = read_documents(root, split)
-    if not documents:
-      raise config_error("source_dir", root, f"has no .py file in the {split!r} split (a "
-                         "file's split is fixed by a hash of its path; about 1 in 10 files is "
-                         "'validation')", "give a folder with more .py files")
-    return tf.data.Dataset.from_tensor_slices({"text": documents})
+  class WholeFiles(seqio.FileDataSource):
+    """One document per file; one input shard per file, so store builds spread over them."""
+
+    def __init__(self):
+      super().__init__(
+          read_file_fn=lambda path: tf.data.Dataset.from_tensors({"text": tf.io.read_file(path)}),
+          split_to_filepattern={split: split for split in SPLITS})
+
+    def list_shards(self, split: str) -> list[str]:
+      files = [os.path.join(root, relative) for relative in source_files(root, split)]
+      if not files:
+        raise config_error("source_dir", root, f"has no .py file in the {split!r} split (a "
+                           "file's split is fixed by a hash of its path; about 1 in 10 files "
+                           "is 'validation')", "give a folder with more .py files")
+      return files
 
   return seqio.Task(
       name=name,
-      source=seqio.FunctionDataSource(dataset_fn, splits=SPLITS),
+      source=WholeFiles(),
       preprocessors=[
           _rekey_text_to_targets,
           seqio.preprocessors.tokenize,
           seqio.preprocessors.append_eos,
-          concat_and_chunk,
       ],
-      output_features={
-          "targets": seqio.Feature(seqio.ByteVocabulary(), add_eos=True, dtype=tf.int32)},
+      output_features={"targets": seqio.Feature(vocab, add_eos=True, dtype=tf.int32)},
   )
 
 

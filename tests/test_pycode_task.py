@@ -1,4 +1,4 @@
-"""The PyCode seqio Task: a fixed split by file, bytes in, fixed-length examples out."""
+"""The PyCode seqio Task: a fixed split by file, one document per file, read through its store."""
 
 import os
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite.data.seqio_data import SeqioData
+from lingvo_lite.data.store_data import TokenStoreData
 from lingvo_lite.data.source import check_ready
 from lingvo_lite.errors import UsageError
 from tasks import pycode
@@ -16,8 +17,9 @@ LENGTH = 128
 
 @pytest.fixture(scope="module", name="validation")
 def fixture_validation():
-  return SeqioData(pycode.pycode_task(), "validation", LENGTH, global_batch_size=4,
-                   shuffle=False)
+  # The validation split's store, built once per machine (LINGVO_LITE_DATA_DIR).
+  return TokenStoreData(task=pycode.pycode_task(), split="validation", sequence_length=LENGTH,
+                        global_batch_size=4, shuffle=False)
 
 
 def test_split_is_by_file_fixed_and_disjoint():
@@ -30,26 +32,28 @@ def test_split_is_by_file_fixed_and_disjoint():
                  for path in train for part in path.split(os.sep)[:-1])
 
 
-def test_examples_are_the_documents_joined_with_eos_and_chunked(validation):
+def test_examples_are_the_documents_joined_with_eos_and_cut(validation):
   documents = pycode.read_documents(ROOT, "validation")
   stream = np.concatenate([np.append(np.frombuffer(d, np.uint8).astype(np.int32) + 3, 1)
                            for d in documents])
-  examples = validation.examples
-  count = len(stream) // LENGTH
-  assert examples["targets"].shape == (count, LENGTH)
-  np.testing.assert_array_equal(examples["targets"].reshape(-1), stream[:count * LENGTH])
-  # Inputs are targets shifted right with 0 (BOS) first; every target token counts.
-  np.testing.assert_array_equal(examples["inputs"][:, 1:], examples["targets"][:, :-1])
-  assert (examples["inputs"][:, 0] == 0).all()
-  assert (examples["weights"] == 1).all()
+  count = validation.num_examples(LENGTH)
+  assert count == -(-len(stream) // LENGTH)  # The last, partial window is kept (padded).
+  examples = validation.windows(np.arange(count), LENGTH)
+  np.testing.assert_array_equal(examples["targets"][examples["weights"] > 0], stream)
+  # Inputs are targets shifted right within each document, 0 (BOS) at a document's start.
+  starts = examples["positions"] == 0
+  np.testing.assert_array_equal(np.where(starts, 0, np.roll(examples["targets"], 1, axis=1)),
+                                examples["inputs"])
+  assert (examples["weights"].sum(axis=1)[:-1] == LENGTH).all()
 
 
 def test_batches_are_a_function_of_step(validation):
-  shuffled = SeqioData(validation.task, "validation", LENGTH, global_batch_size=4, seed=5)
+  shuffled = TokenStoreData(task=validation.task, split="validation", sequence_length=LENGTH,
+                            global_batch_size=4, seed=5)
   np.testing.assert_array_equal(shuffled.batch(3)["targets"], shuffled.batch(3)["targets"])
   assert not np.array_equal(shuffled.batch(3)["targets"], shuffled.batch(4)["targets"])
   np.testing.assert_array_equal(validation.batch(1)["targets"],
-                                validation.examples["targets"][4:8])
+                                validation.windows(np.arange(4, 8), LENGTH)["targets"])
 
 
 def test_missing_source_folder_is_reported():
@@ -74,27 +78,25 @@ def _folder(tmp_path, files):
 
 def test_a_split_without_files_is_refused_before_a_program_runs(tmp_path):
   task = _folder(tmp_path, ["a.py"])  # A small folder may have no validation file...
-  train = SeqioData(task, "train", 4, global_batch_size=1)
+  train = TokenStoreData(task=task, split="train", sequence_length=4, global_batch_size=1,
+                         store_dir=str(tmp_path / "stores" / "train"), build_workers=1)
   check_ready("train_data", train)  # ...and need none.
-  validation = SeqioData(task, "validation", 4, global_batch_size=1)
+  validation = TokenStoreData(task=task, split="validation", sequence_length=4,
+                              global_batch_size=1, store_dir=str(tmp_path / "stores" / "v"))
   with pytest.raises(UsageError, match=r"^eval_data\.task\.source_dir='.*': has no \.py file "
                                        r"in the 'validation' split"):
     check_ready("eval_data", validation)
 
 
-def test_a_split_shorter_than_one_example_is_refused_before_a_program_runs(tmp_path):
-  data = SeqioData(_folder(tmp_path, ["a.py", "v8.py"]), "train", 64, global_batch_size=1)
-  with pytest.raises(UsageError, match=r"^train_data\.sequence_length=64: seqio task "
-                                       r"pycode_bytes_\w+ split 'train' produced no examples of "
-                                       r"64 tokens; use a shorter sequence_length"):
-    check_ready("train_data", data)
-
-
 @pytest.mark.parametrize("task, message", [
-    (None, "task=None: is a NoneType, not a seqio Task (it has no get_dataset())"),
+    (None, "task=None: is a NoneType, not a seqio Task"),
     ("pycode", "task='pycode': is a str, not a seqio Task"),
 ])
-def test_a_source_without_a_task_is_refused_when_it_is_built(task, message):
+@pytest.mark.parametrize("source", ["seqio", "store"])
+def test_a_source_without_a_task_is_refused_when_it_is_built(task, message, source):
   with pytest.raises(UsageError) as error:
-    SeqioData(task, "train", 4, global_batch_size=1)
+    if source == "seqio":
+      SeqioData(task, "train", 4, global_batch_size=1)
+    else:
+      TokenStoreData(task=task, split="train", sequence_length=4, global_batch_size=1)
   assert str(error.value).startswith(message)

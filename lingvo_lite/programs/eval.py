@@ -59,6 +59,8 @@ def run(setup: Setup, job_dir: epath.Path) -> dict[str, float]:
   writer.close()
   checkpointer.close()
   summaries.log(f"eval of checkpoint step {step}: loss {metrics['loss']:.4f}  bits/token "
-                f"{metrics['bits_per_token']:.4f}  accuracy {metrics['accuracy']:.4f}  "
+                f"{metrics['bits_per_token']:.4f}  "
+                + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics
+                   else "") + f"accuracy {metrics['accuracy']:.4f}  "
                 f"(written to {job_dir / 'eval'})", is_chief)
   return {"step": step, **metrics}

@@ -128,18 +128,32 @@ class JittedSteps:
     }
 
   def evaluate(self, params: Any, eval_data: Any) -> dict[str, float]:
-    """Mean loss, accuracy and bits per token over one pass of `eval_data`."""
+    """Mean loss, accuracy and bits per token over one pass of `eval_data`; with a source
+    that knows each token's text (`token_bytes`), also bits per byte of the evaluated text:
+    total nats / ln 2 / its UTF-8 bytes, comparable across vocabularies."""
     totals: dict[str, float] = {}
+    token_bytes = getattr(eval_data, "token_bytes", None)
+    text_bytes = 0.0
     for step in range(eval_data.num_batches):
       local = eval_data.batch(step, jax.process_index(), jax.process_count())
+      if token_bytes is not None:
+        text_bytes += float(np.sum(token_bytes[local["targets"]] * (local["weights"] > 0)))
       sums = self.eval_step(params, self.global_batch(local))
       for key, value in jax.device_get(sums).items():
         totals[key] = totals.get(key, 0.0) + float(value)
     weight = max(totals["weight_sum"], 1.0)
     loss = totals["cross_entropy_sum"] / weight
-    return {
+    metrics = {
         "loss": loss,
         "accuracy": totals["correct_sum"] / weight,
         "bits_per_token": loss / float(np.log(2.0)),
         "tokens": totals["weight_sum"],
     }
+    if token_bytes is not None:
+      if jax.process_count() > 1:  # Each process counted its own rows' text.
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        text_bytes = float(np.sum(multihost_utils.process_allgather(np.float64(text_bytes))))
+      metrics["bytes"] = text_bytes
+      metrics["bits_per_byte"] = totals["cross_entropy_sum"] / float(np.log(2.0)) / max(
+          text_bytes, 1.0)
+    return metrics

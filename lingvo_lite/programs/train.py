@@ -102,7 +102,9 @@ def main(invocation: Invocation) -> None:
     lines.append(f"  final train loss: {result.train_loss:.4f}")
   if result.eval_metrics:
     lines.append(f"  final eval loss:  {result.eval_metrics['loss']:.4f} "
-                 f"({result.eval_metrics['bits_per_token']:.4f} bits/token)")
+                 f"({result.eval_metrics['bits_per_token']:.4f} bits/token"
+                 + (f", {result.eval_metrics['bits_per_byte']:.4f} bits/byte)"
+                    if "bits_per_byte" in result.eval_metrics else ")"))
   lines += [f"  config:      {shown / 'config.txt'} (reload: "
             f"--fdl_config_file={shown / 'config.json'})",
             f"  checkpoints: {shown / 'checkpoints'}",
@@ -201,7 +203,9 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     metrics = jitted.evaluate(params, setup.eval_data)
     outputs.eval.write(step, metrics)
     say(f"eval  step {step}: loss {metrics['loss']:.4f}  "
-        f"bits/token {metrics['bits_per_token']:.4f}  accuracy {metrics['accuracy']:.4f}")
+        f"bits/token {metrics['bits_per_token']:.4f}  "
+        + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics else "")
+        + f"accuracy {metrics['accuracy']:.4f}")
     return metrics
 
   def save(step: int, force: bool = False) -> None:

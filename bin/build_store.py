@@ -1,0 +1,150 @@
+"""Builds token stores from local files (or any task) with Apache Beam; prints a summary.
+
+  python bin/build_store.py --format=jsonl --files=train='data/train/*.jsonl' \\
+      --files=validation='data/val/*.jsonl' --text_field=text \\
+      --vocabulary=sp:1024:unigram --out=stores/mydata
+  python bin/build_store.py --task=tasks.pycode.pycode_task --out=stores/pycode_bytes
+
+Each split becomes one store, `OUT/<split>`, which a config reads with
+`TokenStoreData(task=<the same task>, split=..., store_dir='OUT/<split>')`. A store that is
+already there and matches the task is kept; one that does not is rebuilt. `--runner` and
+`--pipeline_arg` run the same pipeline on Dataflow, Flink or Spark (docs/DATA.md).
+Bad input: one line on stderr, exit 2; bad data met during the build: one line, exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from lingvo_lite.errors import DataError, UsageError, config_error
+
+FORMATS = ("text", "lines", "jsonl", "prompt_completion", "parquet", "tfrecord")
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--format", choices=FORMATS, help="the files' format (with --files)")
+  parser.add_argument("--files", action="append", default=[], metavar="SPLIT=GLOB",
+                      help="a split's files; repeat for each split")
+  parser.add_argument("--task", help="instead of --format/--files: module.function returning "
+                      "a seqio Task (called with no arguments)")
+  parser.add_argument("--splits", default=None, help="comma-separated splits of --task to "
+                      "build (default: all)")
+  parser.add_argument("--vocabulary", default="bytes", help="bytes, a SentencePiece .model "
+                      "path, or sp:SIZE:unigram|bpe (trained on the train split first)")
+  parser.add_argument("--text_field", default="text")
+  parser.add_argument("--prompt_field", default="prompt")
+  parser.add_argument("--completion_field", default="completion")
+  parser.add_argument("--text_column", default="text")
+  parser.add_argument("--vocab_size", type=int, help="ids of pre-tokenized TFRecords")
+  parser.add_argument("--out", required=True, help="folder of the stores, one per split")
+  parser.add_argument("--workers", type=int, default=None, help="DirectRunner workers "
+                      "(default: one per core)")
+  parser.add_argument("--pipeline_arg", action="append", default=[],
+                      help="a Beam pipeline option, e.g. --pipeline_arg=--runner=DataflowRunner")
+  parser.add_argument("--no_progress", action="store_true")
+  return parser.parse_args(argv)
+
+
+def _vocabulary(text: str):
+  from lingvo_lite.data.vocabulary import SentencePieceModel
+  if text == "bytes":
+    return None
+  if text.startswith("sp:"):
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in ("unigram", "bpe"):
+      raise config_error("--vocabulary", text, "is not sp:SIZE:unigram|bpe",
+                         "e.g. --vocabulary=sp:1024:unigram")
+    return SentencePieceModel(vocab_size=int(parts[1]), model_type=parts[2])
+  return text
+
+
+def _files(pairs: list[str]) -> dict[str, str]:
+  files = {}
+  for pair in pairs:
+    split, _, pattern = pair.partition("=")
+    if not split or not pattern:
+      raise config_error("--files", pair, "is not SPLIT=GLOB", "e.g. --files=train='d/*.txt'")
+    files[split] = pattern
+  if not files:
+    raise UsageError("--files: give at least one SPLIT=GLOB with --format, or use --task")
+  return files
+
+
+def _task(args: argparse.Namespace):
+  from tasks import local_files
+  if args.task:
+    if args.format or args.files:
+      raise UsageError("--task: give either --task or --format with --files, not both")
+    module_name, _, function = args.task.rpartition(".")
+    try:
+      factory = getattr(importlib.import_module(module_name), function)
+    except (ImportError, AttributeError, ValueError) as e:
+      raise config_error("--task", args.task, f"cannot be imported ({e})",
+                         "give module.function, e.g. tasks.pycode.pycode_task") from None
+    return factory()
+  if not args.format:
+    raise UsageError("--format: required with --files; valid choices: " + ", ".join(FORMATS))
+  files, vocabulary = _files(args.files), _vocabulary(args.vocabulary)
+  if args.format in ("text", "lines"):
+    return local_files.text_files_task(files, vocabulary,
+                                       unit="file" if args.format == "text" else "line")
+  if args.format == "jsonl":
+    return local_files.json_lines_task(files, vocabulary, text_field=args.text_field)
+  if args.format == "prompt_completion":
+    return local_files.prompt_completion_task(files, vocabulary, args.prompt_field,
+                                              args.completion_field)
+  if args.format == "parquet":
+    return local_files.parquet_task(files, vocabulary, text_column=args.text_column)
+  if args.vocab_size is None:
+    raise UsageError("--vocab_size: required with --format=tfrecord (ids are kept as they are)")
+  return local_files.pretokenized_tfrecord_task(files, args.vocab_size)
+
+
+def main(argv: list[str]) -> int:
+  args = _parse(argv)
+  from etils import epath
+  from lingvo_lite.data import store_build, token_store
+  if args.workers is not None and args.workers < 1:
+    raise config_error("--workers", args.workers, "must be at least 1")
+  task = _task(args)
+  splits = args.splits.split(",") if args.splits else list(task.splits)
+  unknown = [s for s in splits if s not in task.splits]
+  if unknown:
+    raise config_error("--splits", args.splits, f"the task has no split {unknown[0]!r}; valid "
+                       f"choices: {', '.join(task.splits)}")
+  out = epath.Path(args.out if "://" in args.out else os.path.abspath(args.out))
+  for split in splits:
+    path = out / split
+    started = time.perf_counter()
+    key = store_build.store_key(task, split)
+    manifest = token_store.read_manifest(path)
+    kept = manifest is not None and token_store.manifest_difference(key, manifest) is None
+    if not kept:
+      manifest = store_build.build_store(task, split, path, workers=args.workers,
+                                         pipeline_args=args.pipeline_arg,
+                                         progress=not args.no_progress, key=key)
+    source_bytes = sum(s.get("size", 0) for s in manifest["sources"])
+    print(f"{split}: {'kept (up to date)' if kept else 'built'} {path}: "
+          f"{manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
+          f"({manifest['dtype']}), {source_bytes:,} source bytes, "
+          f"{len(manifest['shards'])} shards, {time.perf_counter() - started:.1f} s")
+  return 0
+
+
+if __name__ == "__main__":
+  try:
+    sys.exit(main(sys.argv[1:]))
+  except UsageError as e:
+    print(f"build_store: {e}", file=sys.stderr)
+    sys.exit(2)
+  except DataError as e:
+    print(f"build_store: {e}", file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,261 @@
+"""Builds a token store from a seqio Task with an Apache Beam pipeline.
+
+As seqio's own `cache_tasks_main` does, the pipeline is sharded over the Task's input files:
+each element is one group of files (seqio's `ShardInfo(g, G)` of the Task's source), read
+through the Task's source and preprocessors (tokenize, append EOS: one example per document)
+and written as one store shard, whose ledger entry marks it finished. The main process then
+checks the ledger, writes the manifest and publishes the store (`token_store.publish`).
+
+On this machine and in CI the pipeline runs on Beam's DirectRunner with one worker process
+per core; the same pipeline runs on Dataflow, Flink or Spark by passing their pipeline
+options (`pipeline_args`, see docs/DATA.md). A worker that meets bad data writes the one-line
+message into the partial store's `errors/` folder before failing, so the message reaches the
+user whatever the runner does with the exception; the partial store is removed.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Sequence
+
+import numpy as np
+from etils import epath
+
+from lingvo_lite.data import token_store, vocabulary
+from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.errors import DataError, UsageError
+
+MAX_SHARDS = 256  # Enough groups to balance any worker count here; each is one store shard.
+
+
+def _describe(function: Any) -> str:
+  """A preprocessor's stable name, with a partial's bound arguments."""
+  if isinstance(function, functools.partial):
+    bound = [repr(a) for a in function.args] + [f"{k}={v!r}" for k, v in
+                                                 sorted(function.keywords.items())]
+    return f"{_describe(function.func)}({', '.join(bound)})"
+  name = getattr(function, "__qualname__", type(function).__qualname__)
+  return f"{getattr(function, '__module__', '?')}.{name}"
+
+
+def _targets_vocabulary(task: Any):
+  try:
+    return task.output_features["targets"].vocabulary
+  except (AttributeError, KeyError, TypeError):
+    raise UsageError(f"task={getattr(task, 'name', task)!r}: has no 'targets' feature with a "
+                     "vocabulary; a token store holds a language-model task's targets") from None
+
+
+def input_files(task: Any, split: str) -> list[str]:
+  """The Task source's input shards of `split` (file paths for file sources)."""
+  return list(task.source.list_shards(split))
+
+
+def store_key(task: Any, split: str) -> dict[str, Any]:
+  """What a store built from `task`'s `split` now would be keyed by (see `KEY_FIELDS`)."""
+  vocab = _targets_vocabulary(task)
+  sources = []
+  for name in input_files(task, split):
+    entry: dict[str, Any] = {"path": name}
+    if "://" not in name and os.path.isfile(name):
+      stat = os.stat(name)
+      entry.update(size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+    sources.append(entry)
+  return {
+      "schema": token_store.SCHEMA,
+      "task": task.name,
+      "split": split,
+      "vocabulary": {"fingerprint": vocabulary.fingerprint(vocab),
+                     "size": int(vocab.vocab_size)},
+      "preprocessors": [_describe(p) for p in task.preprocessors],
+      "sources": sources,
+  }
+
+
+def _group_documents(task: Any, split: str, group: int, num_groups: int, vocab_size: int,
+                     files: Sequence[str]) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+  """Every document of one group of input files, tokenized, in the source's order."""
+  import_tensorflow()
+  import seqio  # pylint: disable=g-import-not-at-top
+  dataset = task.source.get_dataset(split=split, shuffle=False,
+                                    shard_info=seqio.ShardInfo(group, num_groups))
+  dataset = task.preprocess_precache(dataset)
+  dataset = task.preprocess_postcache(dataset, sequence_length=None)
+  documents, weights = [], []
+  for number, example in enumerate(dataset.as_numpy_iterator()):
+    targets = np.asarray(example["targets"])
+    if targets.ndim != 1:
+      raise DataError(f"{_files_shown(files)}: document {number}: 'targets' has shape "
+                      f"{targets.shape}; a token store holds one 1-D token list per document")
+    if not targets.size:
+      continue
+    if targets.min() < 0 or targets.max() >= vocab_size:
+      raise DataError(f"{_files_shown(files)}: document {number}: token id "
+                      f"{int(targets.max() if targets.max() >= vocab_size else targets.min())} "
+                      f"outside the vocabulary [0, {vocab_size})")
+    documents.append(targets)
+    if "weights" in example:
+      weights.append(np.asarray(example["weights"]))
+  if weights and len(weights) != len(documents):
+    raise DataError(f"{_files_shown(files)}: some documents have 'weights' and some do not")
+  return documents, (weights or None)
+
+
+def _files_shown(files: Sequence[str]) -> str:
+  return files[0] if len(files) == 1 else f"{files[0]} (or one of {len(files) - 1} more files)"
+
+
+def _data_error_message(error: BaseException, files: Sequence[str]) -> str:
+  if isinstance(error, DataError):
+    return str(error)
+  # A file-reading task raises its bad-record message inside TensorFlow, which wraps it.
+  try:
+    from tasks import local_files  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    local_files = None
+  found = local_files.data_error_from(error) if local_files else None
+  if found is not None:
+    return str(found)
+  first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+  return f"{_files_shown(files)}: {type(error).__name__}: {first_line[:300]}"
+
+
+def build_group(task: Any, split: str, partial: str, group: int, num_groups: int,
+                vocab_size: int, dtype: str, files: Sequence[str]) -> dict[str, Any]:
+  """One pipeline element: reads, tokenizes and writes one group's shard (in a worker)."""
+  store = epath.Path(partial)
+  try:
+    documents, weights = _group_documents(task, split, group, num_groups, vocab_size, files)
+    return token_store.write_shard(store, group, documents, weights, np.dtype(dtype),
+                                   {"files": len(files)})
+  except Exception as e:  # pylint: disable=broad-except
+    message = _data_error_message(e, files)
+    errors = store / "errors"
+    errors.mkdir(parents=True, exist_ok=True)
+    (errors / f"{token_store.shard_name(group)}.txt").write_text(message)
+    raise DataError(message) from None
+
+
+def _pipeline_options(workers: int, pipeline_args: Sequence[str]):
+  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  args = list(pipeline_args)
+  if not any(a.startswith("--runner") for a in args):
+    args += ["--runner=DirectRunner", f"--direct_num_workers={workers}",
+             "--direct_running_mode=" + ("multi_processing" if workers > 1 else "in_memory")]
+  args.append("--default_sdk_harness_log_level=WARNING")
+  return PipelineOptions(args)
+
+
+def _run_pipeline(task: Any, split: str, partial: epath.Path, groups: list[list[str]],
+                  vocab_size: int, dtype: str, workers: int,
+                  pipeline_args: Sequence[str]) -> None:
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  import logging  # pylint: disable=g-import-not-at-top
+  logging.getLogger("apache_beam").setLevel(logging.WARNING)
+  # Worker processes import this project and TensorFlow: find the one and quiet the other.
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  os.environ["PYTHONPATH"] = os.pathsep.join(
+      [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  num_groups = len(groups)
+  with beam.Pipeline(options=_pipeline_options(workers, pipeline_args)) as pipeline:
+    _ = (pipeline
+         | "groups" >> beam.Create(list(range(num_groups)))
+         | "spread" >> beam.Reshuffle()
+         | "build" >> beam.Map(lambda g: build_group(task, split, str(partial), g, num_groups,
+                                                     vocab_size, dtype, groups[g])))
+
+
+class _Progress:
+  """A progress bar over finished shards (ledger entries), polled while the pipeline runs."""
+
+  def __init__(self, partial: epath.Path, total: int, label: str, enabled: bool):
+    self._partial, self._total, self._label = partial, total, label
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._poll, daemon=True) if enabled else None
+
+  def __enter__(self):
+    if self._thread:
+      self._thread.start()
+    return self
+
+  def __exit__(self, *unused):
+    self._stop.set()
+    if self._thread:
+      self._thread.join()
+
+  def _poll(self):
+    import tqdm  # pylint: disable=g-import-not-at-top
+    with tqdm.tqdm(total=self._total, desc=self._label, unit="shard", file=sys.stderr,
+                   leave=False, dynamic_ncols=True) as bar:
+      while True:
+        done = len(list((self._partial / "ledger").glob("*.json"))) if (
+            self._partial / "ledger").exists() else 0
+        bar.update(done - bar.n)
+        if self._stop.wait(0.5):
+          return
+
+
+def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None = None,
+                pipeline_args: Sequence[str] = (), progress: bool = True,
+                key: dict[str, Any] | None = None) -> dict[str, Any]:
+  """Builds `task`'s `split` into a store at `path` and publishes it; returns its manifest.
+
+  Raises:
+    UsageError: the split has no input files.
+    DataError: bad data met in a worker (its one line), or the pipeline failed.
+  """
+  key = key or store_key(task, split)
+  files = input_files(task, split)
+  if not files:
+    raise UsageError(f"task={task.name!r}: split {split!r} has no input files")
+  num_groups = min(len(files), MAX_SHARDS)
+  groups = [files[g::num_groups] for g in range(num_groups)]  # seqio's ShardInfo(g, G).
+  workers = max(1, min(workers or os.cpu_count() or 1, num_groups))
+  vocab_size = key["vocabulary"]["size"]
+  dtype = token_store.token_dtype(vocab_size).name
+  path.parent.mkdir(parents=True, exist_ok=True)
+  partial = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
+  partial.mkdir()
+  started = time.perf_counter()
+  try:
+    with _Progress(partial, num_groups, f"building {task.name}/{split}", progress):
+      try:
+        _run_pipeline(task, split, partial, groups, vocab_size, dtype, workers, pipeline_args)
+      except Exception as e:  # pylint: disable=broad-except
+        errors = sorted((partial / "errors").glob("*.txt")) if (partial / "errors").exists() else []
+        if errors:
+          raise DataError(errors[0].read_text().strip()) from None
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DataError(f"building the token store of {task.name}/{split} failed: "
+                        f"{first_line[:300]}") from None
+    ledger = token_store.read_ledger(partial)
+    missing = sorted(set(range(num_groups)) - set(ledger))
+    if missing:
+      raise DataError(f"building the token store of {task.name}/{split}: shards {missing[:5]} "
+                      "never finished")
+    shards = [ledger[g] for g in range(num_groups)]
+    tokens = sum(s["tokens"] for s in shards)
+    if not tokens:
+      raise UsageError(f"task={task.name!r}: split {split!r} holds no tokens (every document "
+                       "is empty)")
+    has_weights = any((partial / "shards" / token_store.shard_name(g) / "weights").exists()
+                      for g in range(num_groups))
+    manifest = {**key, "dtype": dtype, "tokens": tokens,
+                "documents": sum(s["documents"] for s in shards),
+                "has_weights": has_weights, "block_tokens": token_store.BLOCK_TOKENS,
+                "shards": [{"tokens": s["tokens"], "documents": s["documents"],
+                            "files": s["files"]} for s in shards],
+                "build": {"seconds": round(time.perf_counter() - started, 2),
+                          "workers": workers, "pipeline_args": list(pipeline_args),
+                          "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    token_store.publish(partial, path, manifest)
+  finally:
+    if partial.exists():
+      partial.rmtree()
+  return manifest

@@ -1,0 +1,324 @@
+"""Batches of packed examples from token stores: one task's, or a mixture of several.
+
+A source's examples are windows of its store's token stream (`packing`), visited epoch after
+epoch, each epoch in the order of a keyed permutation seeded by (seed, epoch). Global row r of
+step s is stream position s * B + r whatever the number of processes, and each process reads
+only its own rows' windows, so resume is exact and independent of the process count. The
+store is built on first use (or refused, with `build=False`) and checked against its task
+every time it is opened: a store whose files or vocabulary changed is never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import functools
+import os
+import threading
+from typing import Annotated, Any, Sequence
+
+import numpy as np
+from etils import epath
+
+from lingvo_lite.data import locations, token_store, vocabulary
+from lingvo_lite.data.packing import packed_batch
+from lingvo_lite.data.permutation import KeyedPermutation
+from lingvo_lite.data.source import Batch, local_rows, resolve_global_batch_size, under
+from lingvo_lite.errors import DataError, UsageError, config_error, shown
+from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveInt
+
+MIXTURE_BLOCK = 1000  # Rows per block of a mixture: each block holds each source's exact share.
+_LOCK = threading.Lock()
+
+
+def packed_batch_spec(global_batch_size: int, sequence_length: int
+                      ) -> dict[str, tuple[tuple[int, ...], str]]:
+  shape = (global_batch_size, sequence_length)
+  return {"inputs": (shape, "int32"), "targets": (shape, "int32"), "weights": (shape, "float32"),
+          "segment_ids": (shape, "int32"), "positions": (shape, "int32")}
+
+
+def _check_task(task: Any, split: str) -> None:
+  if not callable(getattr(task, "get_dataset", None)) or not hasattr(task, "name"):
+    raise config_error("task", task, f"is a {type(task).__name__}, not a seqio Task",
+                       "give a seqio.Task or a tasks.deferred.DeferredTask, e.g. "
+                       "fdl.Config(pycode_task) of tasks.pycode")
+  splits = tuple(getattr(task, "splits", None) or ())
+  if splits and split not in splits:
+    raise config_error("split", split, "the task has no such split; valid choices: "
+                       f"{', '.join(repr(s) for s in splits)}")
+
+
+def _store_path(store_dir: str | None, task: Any, split: str) -> epath.Path:
+  if store_dir is None:
+    return locations.data_root() / "stores" / task.name / split
+  if "://" in store_dir:
+    return epath.Path(store_dir)
+  return epath.Path(os.path.abspath(os.path.expanduser(store_dir)))  # Resolved at the edge.
+
+
+@contextlib.contextmanager
+def _build_lock(path: epath.Path):
+  """One builder per local store at a time (concurrent runs, the processes of one job): the
+  others wait, then find it built. On object stores, publish() settles a race instead."""
+  if "://" in os.fspath(path):
+    yield
+    return
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with open(path.parent / f".{path.name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@functools.lru_cache(maxsize=32)
+def _ready_store(task: Any, split: str, path: epath.Path, build: bool, workers: int | None
+                 ) -> token_store.TokenStore:
+  """The store of `task`'s `split` at `path`, built first if missing or stale (`build`)."""
+  from lingvo_lite.data import store_build  # pylint: disable=g-import-not-at-top
+  try:
+    key = store_build.store_key(task, split)
+  except UsageError as e:  # The task's own (a split with no files): one of `task`'s fields.
+    raise under("task", e) from None
+  manifest = token_store.read_manifest(path)
+  if manifest is not None and token_store.manifest_difference(key, manifest) is None:
+    return token_store.TokenStore(path, manifest)
+  if not build:
+    return _checked_store(task, split, path, build, workers, key, store_build)
+  with _build_lock(path):
+    return _checked_store(task, split, path, build, workers, key, store_build)
+
+
+def _checked_store(task, split, path, build, workers, key, store_build):
+  manifest = token_store.read_manifest(path)
+  if manifest is not None:
+    difference = token_store.manifest_difference(key, manifest)
+    if difference is None:
+      return token_store.TokenStore(path, manifest)
+    if not build:
+      raise config_error("store_dir", str(path), f"the store is stale: {difference}",
+                         "set build=True to rebuild it, or point store_dir elsewhere")
+    print(f"rebuilding the token store at {path}: {difference}", file=_stderr(), flush=True)
+  elif not build:
+    raise config_error("store_dir", str(path), "holds no token store",
+                       "set build=True to build it on first use, or build it with "
+                       "bin/build_store.py")
+  if "://" not in os.fspath(path):  # Under the build lock: any partial store is a dead build's.
+    for dead in path.parent.glob(f".{path.name}.partial-*"):
+      dead.rmtree()
+  manifest = store_build.build_store(task, split, path, workers=workers, key=key)
+  _print_summary(path, manifest)
+  return token_store.TokenStore(path, manifest)
+
+
+def _stderr():
+  import sys  # pylint: disable=g-import-not-at-top
+  return sys.stderr
+
+
+def _print_summary(path: epath.Path, manifest: dict[str, Any]) -> None:
+  print(f"built the token store at {path}: {manifest['documents']:,} documents, "
+        f"{manifest['tokens']:,} tokens ({manifest['dtype']}), {len(manifest['shards'])} "
+        f"shards in {manifest['build']['seconds']:.1f} s", file=_stderr(), flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreStream:
+  """One task's examples as an endless stream: position -> (epoch, example) -> window.
+
+  Attributes:
+    task: A seqio Task (or tasks.deferred.DeferredTask) yielding one document per example.
+    split: The task's split.
+    store_dir: Where its store lives; None: `locations.data_root()/stores/<task>/<split>`.
+    build: Build the store on first use when it is missing or stale; False refuses.
+    shuffle: Visit each epoch in a fresh permutation seeded by (seed, epoch).
+    seed: Root of the shuffle.
+    build_workers: Beam worker processes for a build (None: one per core).
+  """
+
+  task: Any
+  split: str
+  store_dir: str | None = None
+  build: bool = True
+  shuffle: bool = True
+  seed: NonNegativeInt = 0
+  build_workers: PositiveInt | None = None
+
+  def __post_init__(self):
+    _check_task(self.task, self.split)
+
+  @property
+  def path(self) -> epath.Path:
+    return _store_path(self.store_dir, self.task, self.split)
+
+  @property
+  def vocab_size(self) -> int | None:
+    declared = getattr(self.task, "vocab_size", None)
+    return declared if isinstance(declared, int) else None
+
+  def store(self) -> token_store.TokenStore:
+    with _LOCK:  # One build per process, whichever thread asks first.
+      return _ready_store(self.task, self.split, self.path, self.build, self.build_workers)
+
+  def num_examples(self, sequence_length: int) -> int:
+    return -(-self.store().num_tokens // sequence_length)
+
+  def windows(self, positions: np.ndarray, sequence_length: int) -> Batch:
+    """The packed examples at stream positions `positions`."""
+    store = self.store()
+    count = self.num_examples(sequence_length)
+    epochs, offsets = np.divmod(np.asarray(positions, dtype=np.int64), count)
+    examples = offsets.copy()
+    if self.shuffle:
+      for epoch in np.unique(epochs):
+        chosen = epochs == epoch
+        examples[chosen] = KeyedPermutation(count, self.seed, int(epoch))(offsets[chosen])
+    try:
+      return packed_batch(*store.read(examples * sequence_length, sequence_length))
+    except DataError as e:
+      raise DataError(f"{e} (examples {shown(sorted(set(examples.tolist()))[:4])} of "
+                      f"{self.task.name}/{self.split})") from None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenStoreData(StoreStream):
+  """Packed LM examples of one task's token store.
+
+  Attributes (beyond StoreStream's):
+    sequence_length: Tokens per example.
+    global_batch_size: Examples per step over all processes.
+    per_device_batch_size: Alternatively, examples per device (global = this x devices).
+    num_batches: Batches in one eval pass; None for an endless stream.
+  """
+
+  sequence_length: Annotated[int, Int32Size]
+  global_batch_size: PositiveInt | None = None
+  per_device_batch_size: PositiveInt | None = None
+  num_batches: PositiveInt | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "global_batch_size", resolve_global_batch_size(
+        self.global_batch_size, self.per_device_batch_size))
+
+  def check(self) -> None:
+    """Builds (or checks) the store before a program writes anything."""
+    self.store()
+
+  def batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    return packed_batch_spec(self.global_batch_size, self.sequence_length)
+
+  @property
+  def token_bytes(self) -> np.ndarray:
+    """UTF-8 bytes of text each token id stands for (eval's bits per byte)."""
+    return _token_bytes(self.task)
+
+  def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
+    rows = local_rows(self.global_batch_size, process_index, process_count)
+    return self.windows(step * self.global_batch_size + rows, self.sequence_length)
+
+
+def _token_bytes(task: Any) -> np.ndarray:
+  return vocabulary.token_byte_lengths(task.output_features["targets"].vocabulary)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenStoreMixture:
+  """Packed examples drawn from several token stores at fixed rates.
+
+  Rows come in blocks of MIXTURE_BLOCK; each block holds each source's share of rows exactly
+  (largest remainder), at slots given by a keyed permutation of the block, seeded by
+  (seed, block). Which source global row g reads, and which of that source's positions, is
+  therefore a pure function of g: a mixture resumes exactly and splits over processes as a
+  single source does. Each source walks its own stream (its own epochs and shuffle).
+
+  Attributes:
+    sources: The StoreStreams to mix (one vocabulary).
+    rates: Their relative rates (positive; normalized).
+    sequence_length, global_batch_size, per_device_batch_size, num_batches: as
+      TokenStoreData's.
+    seed: Root of the slot permutations.
+  """
+
+  sources: Sequence[StoreStream]
+  rates: Sequence[float]
+  sequence_length: Annotated[int, Int32Size] = 128
+  global_batch_size: PositiveInt | None = None
+  per_device_batch_size: PositiveInt | None = None
+  num_batches: PositiveInt | None = None
+  seed: NonNegativeInt = 0
+
+  def __post_init__(self):
+    object.__setattr__(self, "global_batch_size", resolve_global_batch_size(
+        self.global_batch_size, self.per_device_batch_size))
+    if not self.sources or len(self.sources) != len(self.rates):
+      raise config_error("rates", list(self.rates), f"needs one rate per source "
+                         f"({len(self.sources)} sources)")
+    for i, rate in enumerate(self.rates):
+      if not isinstance(rate, (int, float)) or not rate > 0 or rate == float("inf"):
+        raise config_error(f"rates[{i}]", rate, "must be a positive number")
+    sizes = {s.vocab_size for s in self.sources}
+    if len(sizes) > 1:
+      raise config_error("sources", [s.task.name for s in self.sources],
+                         f"their vocabularies differ in size ({sorted(map(str, sizes))}); a "
+                         "mixture's sources share one vocabulary")
+    object.__setattr__(self, "_shares", _shares(self.rates, MIXTURE_BLOCK))
+
+  @property
+  def vocab_size(self) -> int | None:
+    return self.sources[0].vocab_size
+
+  @property
+  def token_bytes(self) -> np.ndarray:
+    return _token_bytes(self.sources[0].task)
+
+  def check(self) -> None:
+    for source in self.sources:
+      source.store()
+
+  def batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    return packed_batch_spec(self.global_batch_size, self.sequence_length)
+
+  def assign(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(source index, position in that source's stream) of each global position."""
+    positions = np.asarray(positions, dtype=np.int64)
+    blocks, slots = np.divmod(positions, MIXTURE_BLOCK)
+    shares = self._shares  # pytype: disable=attribute-error
+    bounds = np.concatenate([[0], np.cumsum(shares)])
+    permuted = np.empty_like(slots)
+    for block in np.unique(blocks):
+      chosen = blocks == block
+      permuted[chosen] = KeyedPermutation(MIXTURE_BLOCK, self.seed, int(block))(slots[chosen])
+    source = np.searchsorted(bounds, permuted, side="right") - 1
+    return source, blocks * np.asarray(shares)[source] + permuted - bounds[source]
+
+  def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
+    rows = local_rows(self.global_batch_size, process_index, process_count)
+    source, position = self.assign(step * self.global_batch_size + rows)
+    out: Batch = {}
+    for index in np.unique(source):
+      chosen = np.flatnonzero(source == index)
+      part = self.sources[index].windows(position[chosen], self.sequence_length)
+      for key, value in part.items():
+        if key not in out:
+          out[key] = np.zeros((len(rows),) + value.shape[1:], value.dtype)
+        out[key][chosen] = value
+    return out
+
+
+def _shares(rates: Sequence[float], block: int) -> list[int]:
+  """Rows of a block per source: `block` split by `rates` with the largest remainders."""
+  total = float(sum(rates))
+  exact = [block * r / total for r in rates]
+  shares = [int(x) for x in exact]
+  for i in sorted(range(len(rates)), key=lambda i: exact[i] - shares[i], reverse=True):
+    if sum(shares) == block:
+      break
+    shares[i] += 1
+  if min(shares) == 0:
+    raise config_error("rates", list(rates), f"a rate below 1/{block} of the total gives its "
+                       "source no rows", "raise it, or drop that source")
+  return shares
