@@ -8,7 +8,7 @@
 Each split becomes one store, `OUT/<split>`, which a config reads with
 `TokenStoreData(task=<the same task>, split=..., store_dir='OUT/<split>')`. A store that is
 already there and matches the task is kept; one that does not is rebuilt. `--runner` and
-`--pipeline_arg` run the same pipeline on Dataflow, Flink or Spark (docs/DATA.md).
+`--pipeline_arg` run the same pipeline on Dataflow, Flink or Spark (the README's "Data: token stores").
 Bad input: one line on stderr, exit 2; bad data met during the build: one line, exit 1.
 """
 

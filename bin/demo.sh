@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's main job: trains and evaluates PyCodeTiny (a small byte-level transformer on
+# The README's main job: trains and evaluates PyCodeSpTiny (a small transformer on
 # this Python's standard library source); prints where the logs, config and checkpoints are and
 # the final train/eval loss.
 #
@@ -10,7 +10,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 venv="$(bash bin/setup.sh)"
-job_log_dir="${1:-runs/pycode_tiny}"
+job_log_dir="${1:-runs/pycode_sp_tiny}"
 [ $# -gt 0 ] && shift
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec "$venv/bin/python" -m lingvo_lite --exp=PyCodeTiny --job_log_dir="$job_log_dir" "$@"
+exec "$venv/bin/python" -m lingvo_lite --exp=PyCodeSpTiny --job_log_dir="$job_log_dir" "$@"

@@ -1,7 +1,9 @@
 """The README's main job, `bash bin/demo.sh`, run as written in a working copy of the
-repository: it sets up (reusing the built venv), trains the default experiment into the
-relative job directory runs/pycode_tiny, and learns more than byte frequencies: its final eval
-bits per byte is below the validation split's byte-unigram entropy.
+repository: it sets up (reusing the built venv), trains the default experiment (SentencePiece
+tokens of the stdlib; the vocabulary and stores are made on first use) into the relative job
+directory runs/pycode_sp_tiny, and learns more than byte frequencies: its final eval bits per
+byte (of the evaluated text's UTF-8 bytes) is below the validation split's byte-unigram
+entropy.
 
 The suite trains the 800-step default experiment only here (tests/test_readme.py runs the
 README's other commands with a few steps)."""
@@ -51,17 +53,22 @@ def test_demo_as_written_beats_the_unigram_entropy(tmp_path):
   out = completed.stdout
   assert re.search(r"^done: step 800$", out, re.MULTILINE), out[-3000:]
   train_loss = re.search(r"^  final train loss: (\d+\.\d+)$", out, re.MULTILINE)
-  eval_loss = re.search(r"^  final eval loss: +(\d+\.\d+) \((\d+\.\d+) bits/token\)$", out,
-                        re.MULTILINE)
+  eval_loss = re.search(r"^  final eval loss: +(\d+\.\d+) \((\d+\.\d+) bits/token, "
+                        r"(\d+\.\d+) bits/byte\)$", out, re.MULTILINE)
   assert train_loss and eval_loss, out[-3000:]
   # The default job directory is relative: it is under the working directory.
-  with open(copy / "runs" / "pycode_tiny" / "eval_metrics.jsonl") as f:
+  with open(copy / "runs" / "pycode_sp_tiny" / "eval_metrics.jsonl") as f:
     final = [json.loads(line) for line in f][-1]
   assert final["step"] == 800
   assert float(eval_loss.group(2)) == pytest.approx(final["bits_per_token"], abs=1e-4)
+  assert float(eval_loss.group(3)) == pytest.approx(final["bits_per_byte"], abs=1e-4)
+  # Bits per byte is the same nats over the text's bytes: more bytes than tokens.
+  assert final["bytes"] > 2 * final["tokens"]
+  assert final["bits_per_byte"] == pytest.approx(
+      final["loss"] * final["tokens"] / math.log(2) / final["bytes"], rel=1e-6)
 
   entropy = unigram_entropy_bits(pycode.stdlib_dir())
-  print(f"final train loss {train_loss.group(1)}; final eval: {final['bits_per_token']:.3f} "
+  print(f"final train loss {train_loss.group(1)}; final eval: {final['bits_per_byte']:.3f} "
         f"bits/byte; unigram entropy {entropy:.3f} bits/byte")
   assert 3.0 < entropy < 6.0  # Sanity of the reference: source code is not random bytes.
-  assert final["bits_per_token"] < entropy
+  assert final["bits_per_byte"] < entropy

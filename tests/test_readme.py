@@ -37,6 +37,7 @@ TIMEOUT_S = 300
 # Code blocks that hold no commands, known by their first line.
 NOT_COMMANDS = {
     r"^train step \d+/\d+: loss": "bin/demo.sh's sample output",
+    r"^training SentencePiece \(": "bin/demo.sh's first-run output (vocabulary, stores)",
     r"^bin/\s+demo\.sh": "the Layout section's list of folders",
 }
 
@@ -239,6 +240,16 @@ def _check_eval(command: Command, results: Results, session: Session) -> None:
   assert (session.copy / job / "eval").is_dir(), f"no {job}/eval in the working copy"
 
 
+def _check_built(command: Command, results: Results, session: Session, flag: str,
+                 inside: str) -> None:
+  """A bin/ tool wrote what its --out/--output names (relative to the working copy) and said
+  so on one summary line."""
+  path = session.copy / command.flag(flag) / inside if inside else session.copy / command.flag(
+      flag)
+  assert path.is_file(), f"no {path} in the copy: {results[0].stdout[-1000:]}"
+  assert results[0].stdout.strip(), "no summary printed"
+
+
 def _check_train(command: Command, results: Results, session: Session) -> None:
   out = results[0].stdout
   steps = _flag(results[0].args, "fdl.train.steps")
@@ -357,6 +368,10 @@ RULES = (
          ("--fdl.train.steps=4",) + NO_CACHE,
          why="PyCodeTiny's 800 steps take ~1.5 minutes; 4 steps still train, checkpoint, "
              "evaluate and write the job directory that later commands read"),
+    Rule("build_store", lambda c: c.argv[:2] == ("python", "bin/build_store.py"),
+         lambda c, r, s: _check_built(c, r, s, "out", "validation/manifest.json")),
+    Rule("train_vocab", lambda c: c.argv[:2] == ("python", "bin/train_vocab.py"),
+         lambda c, r, s: _check_built(c, r, s, "output", "")),
     Rule("bench BenchLarge",
          lambda c: c.argv[:2] == BENCH and c.flag("experiment") == "BenchLarge", _check_bench,
          BENCH_SMOKE + ("--set", "train_data.global_batch_size=2"),

@@ -28,6 +28,7 @@ from lingvo_lite.models.transformer import TransformerLM
 from tasks import pycode
 
 LENGTH = 64
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # Of the imports below.
 
 
 def write_corpus(folder, count=12, seed=0):
@@ -171,7 +172,7 @@ def test_a_failed_build_leaves_no_store_that_looks_complete(tmp_path, monkeypatc
 def test_a_killed_build_is_not_mistaken_for_a_store(tmp_path):
   root = write_corpus(tmp_path / "corpus", count=40)
   store = tmp_path / "stores" / "train"
-  script = (f"import sys; sys.path.insert(0, {os.getcwd()!r})\n"
+  script = (f"import sys; sys.path.insert(0, {ROOT!r})\n"
             "from lingvo_lite.data import store_build, token_store\n"
             "from tasks import pycode\n"
             "import time\n"
@@ -272,7 +273,7 @@ def test_loader_memory_does_not_grow_with_the_store(tmp_path):
   for name, tokens in (("small", 4_000_000), ("large", 40_000_000)):
     path = tmp_path / name
     write_synthetic_store(path, tokens, shards=8)
-    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(path), os.getcwd()],
+    out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, str(path), ROOT],
                          capture_output=True, text=True, check=True)
     growth[name] = float(out.stdout.strip().splitlines()[-1])
   print(f"loader RSS growth over 300 batches: {growth} MB")

@@ -8,16 +8,19 @@ checks the ledger, writes the manifest and publishes the store (`token_store.pub
 
 On this machine and in CI the pipeline runs on Beam's DirectRunner with one worker process
 per core; the same pipeline runs on Dataflow, Flink or Spark by passing their pipeline
-options (`pipeline_args`, see docs/DATA.md). A worker that meets bad data writes the one-line
+options (`pipeline_args`, see the README's "Data: token stores"). The pipeline's own log lines go to
+`.<store>.build.log` beside the store. A worker that meets bad data writes the one-line
 message into the partial store's `errors/` folder before failing, so the message reaches the
 user whatever the runner does with the exception; the partial store is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -126,9 +129,16 @@ def _data_error_message(error: BaseException, files: Sequence[str]) -> str:
 
 
 def build_group(task: Any, split: str, partial: str, group: int, num_groups: int,
-                vocab_size: int, dtype: str, files: Sequence[str]) -> dict[str, Any]:
+                vocab_size: int, dtype: str, files: Sequence[str],
+                main_pid: int) -> dict[str, Any]:
   """One pipeline element: reads, tokenizes and writes one group's shard (in a worker)."""
   store = epath.Path(partial)
+  if os.getpid() != main_pid:
+    # A worker process of its own: its TensorFlow needs no GPU (probing for one prints
+    # "failed call to cuInit" on a CPU machine), and SentencePiece's loads need no log lines.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    import sentencepiece  # pylint: disable=g-import-not-at-top
+    sentencepiece.set_min_log_level(2)
   try:
     documents, weights = _group_documents(task, split, group, num_groups, vocab_size, files)
     return token_store.write_shard(store, group, documents, weights, np.dtype(dtype),
@@ -154,28 +164,59 @@ def _pipeline_options(workers: int, pipeline_args: Sequence[str]):
 def _run_pipeline(task: Any, split: str, partial: epath.Path, groups: list[list[str]],
                   vocab_size: int, dtype: str, workers: int,
                   pipeline_args: Sequence[str]) -> None:
-  import apache_beam as beam  # pylint: disable=g-import-not-at-top
   import logging  # pylint: disable=g-import-not-at-top
-  logging.getLogger("apache_beam").setLevel(logging.WARNING)
+  root_level = logging.getLogger().level
+  logging.getLogger().setLevel(logging.ERROR)  # "apitools not found" at Beam's import.
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  logging.getLogger().setLevel(root_level)
   # Worker processes import this project and TensorFlow: find the one and quiet the other.
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   os.environ["PYTHONPATH"] = os.pathsep.join(
       [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  num_groups = len(groups)
-  with beam.Pipeline(options=_pipeline_options(workers, pipeline_args)) as pipeline:
-    _ = (pipeline
-         | "groups" >> beam.Create(list(range(num_groups)))
-         | "spread" >> beam.Reshuffle()
-         | "build" >> beam.Map(lambda g: build_group(task, split, str(partial), g, num_groups,
-                                                     vocab_size, dtype, groups[g])))
+  num_groups, main_pid = len(groups), os.getpid()
+  root_logger = logging.getLogger()
+  level = root_logger.level
+  # Beam logs a failed element's traceback, and warns about optional cloud clients; the
+  # failure reaches the user as one line from the errors/ folder instead.
+  root_logger.setLevel(logging.CRITICAL)
+  try:
+    with beam.Pipeline(options=_pipeline_options(workers, pipeline_args)) as pipeline:
+      _ = (pipeline
+           | "groups" >> beam.Create(list(range(num_groups)))
+           | "spread" >> beam.Reshuffle()
+           | "build" >> beam.Map(lambda g: build_group(task, split, str(partial), g,
+                                                       num_groups, vocab_size, dtype,
+                                                       groups[g], main_pid)))
+  finally:
+    root_logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _worker_logs_to(log_file: str):
+  """Points file descriptor 2 at `log_file` while the pipeline runs, and yields a stream on
+  the real stderr. Beam's worker processes inherit descriptor 2 and log their start-up, their
+  options and TensorFlow's CUDA probe there: pages of lines that are not the user's business.
+  What is (progress, the one-line error, the summary) goes to the yielded stream."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  stream = os.fdopen(os.dup(saved), "w", buffering=1)
+  try:
+    with open(log_file, "w") as log:
+      os.dup2(log.fileno(), 2)
+      yield stream
+  finally:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
+    stream.close()
 
 
 class _Progress:
   """A progress bar over finished shards (ledger entries), polled while the pipeline runs."""
 
-  def __init__(self, partial: epath.Path, total: int, label: str, enabled: bool):
-    self._partial, self._total, self._label = partial, total, label
+  def __init__(self, partial: epath.Path, total: int, label: str, enabled: bool, stream):
+    self._partial, self._total, self._label, self._stream = partial, total, label, stream
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._poll, daemon=True) if enabled else None
 
@@ -191,7 +232,7 @@ class _Progress:
 
   def _poll(self):
     import tqdm  # pylint: disable=g-import-not-at-top
-    with tqdm.tqdm(total=self._total, desc=self._label, unit="shard", file=sys.stderr,
+    with tqdm.tqdm(total=self._total, desc=self._label, unit="shard", file=self._stream,
                    leave=False, dynamic_ncols=True) as bar:
       while True:
         done = len(list((self._partial / "ledger").glob("*.json"))) if (
@@ -199,6 +240,13 @@ class _Progress:
         bar.update(done - bar.n)
         if self._stop.wait(0.5):
           return
+
+
+def _build_log(path: epath.Path) -> str:
+  """A local file for the pipeline's own log lines, beside the store (or in /tmp)."""
+  if "://" in os.fspath(path):
+    return os.path.join(tempfile.gettempdir(), f"lingvo_lite-build-{uuid.uuid4().hex[:8]}.log")
+  return os.fspath(path.parent / f".{path.name}.build.log")
 
 
 def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None = None,
@@ -224,7 +272,9 @@ def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None 
   partial.mkdir()
   started = time.perf_counter()
   try:
-    with _Progress(partial, num_groups, f"building {task.name}/{split}", progress):
+    log = _build_log(path)
+    with _worker_logs_to(log) as stream, _Progress(
+        partial, num_groups, f"building {task.name}/{split}", progress, stream):
       try:
         _run_pipeline(task, split, partial, groups, vocab_size, dtype, workers, pipeline_args)
       except Exception as e:  # pylint: disable=broad-except

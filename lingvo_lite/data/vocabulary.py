@@ -34,22 +34,20 @@ from lingvo_lite.errors import DataError, UsageError, config_error
 # seqio's convention (pad 0, EOS 1, UNK 2), then byte_fallback's 256 byte pieces.
 BYTE_VOCAB_SIZE = 259
 MODEL_TYPES = ("unigram", "bpe")
-# Documents are cut into pieces of at most this many bytes: SentencePiece skips a sentence
-# longer than max_sentence_length (whole source files, silently), and cutting at newlines
-# loses nothing a code tokenizer should learn.
+# Documents are cut into pieces of at most this many bytes: SentencePiece silently skips a
+# sentence over max_sentence_length (4192 by default: most source files).
 _CHUNK_BYTES = 4096
-# The trainer sees a deterministic sample of this many bytes. Measured on the stdlib split
-# (2 cores, 1024 pieces): 1 MB -> 2.49 bytes/token on validation, 2 MB -> 2.53, 4 MB -> 2.55,
-# while unigram's time grows linearly (3 s, 8 s, 16 s).
+# The trainer sees a seeded sample of this many bytes. Unigram, 1024 pieces, stdlib split,
+# 2 cores: 1 MB -> 2.49 validation bytes/token, 2 MB -> 2.53, 4 MB -> 2.53; 3 s, 7 s, 16 s.
 _SAMPLE_BYTES = 2_000_000
-# Trainer settings for byte-exact code (SentencePiece's defaults collapse "  " to " " and
-# drop newlines). Measured as bytes/token on the stdlib validation split, 1024 pieces,
-# unigram / bpe: defaults plus identity normalization 1.71 / -; allow_whitespace_only_pieces
-# (indentation runs such as 8 spaces become one piece) 2.44 / 2.50; and
-# split_by_unicode_script=False (pieces like "(self):\n") 2.53 / 2.58. user_defined_symbols
-# for indentation measured worse (2.40) and would take the ids right after UNK, where the
-# byte pieces belong. split_by_whitespace=False (pieces like "    return") is worth 4% for
-# BPE at 2x its time (4 s), but 1% for unigram at 3x its time (26 s), so BPE only.
+# Byte-exact code: SentencePiece's defaults turn newlines into spaces and collapse runs of
+# spaces. Validation bytes/token at 1024 pieces, unigram / bpe: identity normalization alone
+# 1.71 / 1.81; + allow_whitespace_only_pieces (a run of indentation is one piece) 2.44 /
+# 2.50; + split_by_unicode_script=False (pieces like "(self):\n") 2.53 / 2.58.
+# user_defined_symbols for indentation measured worse (2.40) and would take the ids after
+# UNK, where the byte pieces belong. split_by_whitespace=False (pieces like "    return")
+# gives BPE 4% more (2.69) for 2x its time (4 s) but unigram 1% for 3x (26 s): BPE only.
+# max_sentence_length leaves room for a piece whose bad UTF-8 became 3-byte U+FFFDs.
 _SETTINGS = dict(
     normalization_rule_name="identity", remove_extra_whitespaces=False,
     add_dummy_prefix=False, byte_fallback=True, allow_whitespace_only_pieces=True,
@@ -74,9 +72,11 @@ class SentencePieceModel:
 
 
 def _check_settings(vocab_size: Any, model_type: Any, prefix: str = "") -> None:
-  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= BYTE_VOCAB_SIZE:
-    raise config_error(f"{prefix}vocab_size", vocab_size, f"must be an int above {BYTE_VOCAB_SIZE} "
-                       "(pad, EOS, UNK and 256 byte pieces come first)", "e.g. 1024")
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or (
+      vocab_size <= BYTE_VOCAB_SIZE):
+    raise config_error(f"{prefix}vocab_size", vocab_size, f"must be an int above "
+                       f"{BYTE_VOCAB_SIZE} (pad, EOS, UNK and 256 byte pieces come first)",
+                       "e.g. 1024")
   if model_type not in MODEL_TYPES:
     raise config_error(f"{prefix}model_type", model_type, "unknown SentencePiece model type",
                        f"choose from {', '.join(MODEL_TYPES)}")
@@ -185,8 +185,8 @@ def train_sentencepiece(texts: Iterable[bytes], output_path: str, vocab_size: in
 
   Documents are cut into pieces of at most 4 KiB (after a newline where possible), so whole
   files train, and the trainer sees a seeded sample of about 2 MB of them, which bounds its
-  time (about 8 s for 1024 unigram pieces on 2 cores). `<output_path>.json` records the
-  settings and the summary.
+  time (7 s for 1024 unigram pieces on 2 cores, 4 s for BPE); the same texts give the same
+  model. `<output_path>.json` records the settings and the summary.
 
   Args:
     texts: The documents, UTF-8 bytes (str is encoded).
@@ -358,7 +358,7 @@ def token_byte_lengths(vocabulary) -> np.ndarray:
   pad, EOS and UNK), so eval reports bits per byte of the text.
 
   Exact for the models trained here; a model with add_dummy_prefix (T5's) drops one space
-  per text on decoding, which these lengths count. seqio's extra ids (sentinels) are 0.
+  per text on decoding, which these lengths still count. seqio's extra ids (sentinels) are 0.
   """
   seqio = _seqio()
   lengths = np.zeros(vocabulary.vocab_size, np.int32)

@@ -1,0 +1,112 @@
+"""Trains a SentencePiece vocabulary on a task's split and writes it where a config names it.
+
+    python bin/train_vocab.py --task=tasks.pycode.pycode_task --split=train \
+        --vocab_size=1024 --model_type=unigram --output=vocab/pycode-unigram-1024.model
+
+`--task` is an import path `module.function`, called with no arguments, that returns a seqio
+Task or a tasks.deferred.DeferredTask; the texts are its source's "text" field. The model is
+byte-exact for code (lingvo_lite/data/vocabulary.py) and written atomically, with a
+`<output>.json` sidecar. A bad flag or value is one line on stderr and exit code 2.
+"""
+
+import argparse
+import importlib
+import os
+import sys
+from typing import Any, Iterator, NoReturn
+
+# Running the file directly puts bin/ first on sys.path; the repository root is what's needed.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# TensorFlow only reads the texts here. Its C++ error lines (a failed cuInit on a machine
+# without a GPU, at the first op) would break the one-line error contract; whatever goes
+# wrong that matters reaches Python as an exception.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from lingvo_lite.data import vocabulary
+from lingvo_lite.errors import DataError, UsageError, config_error, shown
+
+
+# The library names its arguments; the user typed these flags.
+_FLAGS = {"output_path": "--output", "vocab_size": "--vocab_size", "model_type": "--model_type",
+          "split": "--split", "task": "--task"}
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+  # As the executor does: control characters escaped, so the message stays on one line.
+  message = "".join(ch if ch.isprintable() or ch == " " else
+                    ch.encode("unicode_escape").decode("ascii") for ch in message)
+  print(f"train_vocab: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(code)
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse whose errors are the house's one line and exit code 2 (not usage + message)."""
+
+  def error(self, message: str) -> NoReturn:
+    _fail(f"{message}; see --help")
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = _Parser(prog="train_vocab.py", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--task", required=True,
+                      help="module.function returning a seqio Task, e.g. tasks.pycode.pycode_task")
+  parser.add_argument("--split", default="train", help="the split to train on")
+  parser.add_argument("--vocab_size", type=int, default=1024,
+                      help=f"pieces in the model, above {vocabulary.BYTE_VOCAB_SIZE}")
+  parser.add_argument("--model_type", default="unigram", help=" or ".join(vocabulary.MODEL_TYPES))
+  parser.add_argument("--output", required=True, help="the .model file to write")
+  return parser
+
+
+def load_task(import_path: str) -> Any:
+  """Calls the function at `module.function` and returns its task."""
+  module_name, _, function_name = import_path.rpartition(".")
+  fix = "give module.function, e.g. tasks.pycode.pycode_task"
+  if not module_name or not function_name:
+    raise config_error("--task", import_path, "not an import path", fix)
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    raise config_error("--task", import_path, f"no module named {e.name!r}", fix) from None
+  except ImportError as e:
+    raise config_error("--task", import_path, f"module {module_name} failed to import ({e})",
+                       fix) from None
+  function = getattr(module, function_name, None)
+  if not callable(function):
+    raise config_error("--task", import_path, f"module {module_name} has no function "
+                       f"{function_name!r}", fix)
+  try:
+    return function()
+  except TypeError as e:  # It needs arguments: the command line has none to give it.
+    raise config_error("--task", import_path, f"cannot be called with no arguments ({e})",
+                       "give a function that returns a task by itself") from None
+
+
+def main(argv: list[str]) -> None:
+  args = _parser().parse_args(argv)
+  try:
+    task = load_task(args.task)
+
+    def texts() -> Iterator[bytes]:
+      # Read only once train_sentencepiece has checked the settings and the output path,
+      # so a bad --vocab_size fails before TensorFlow loads.
+      yield from vocabulary.task_texts(task, args.split)
+
+    summary = vocabulary.train_sentencepiece(texts(), args.output, args.vocab_size,
+                                             args.model_type)
+  except UsageError as e:
+    message = str(e)
+    field = message.split("=", 1)[0]
+    _fail(_FLAGS[field] + message[len(field):] if field in _FLAGS else message)
+  except DataError as e:
+    _fail(str(e), code=1)
+  print(f"trained SentencePiece {args.model_type} on {shown(args.task)} {args.split}: "
+        f"{summary['documents']} documents, {summary['bytes']} bytes "
+        f"({summary['sampled_bytes']} sampled), {summary['pieces']} pieces, "
+        f"{summary['seconds']:.1f} s -> {summary['path']}", flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])
