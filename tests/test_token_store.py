@@ -279,3 +279,35 @@ def test_loader_memory_does_not_grow_with_the_store(tmp_path):
   print(f"loader RSS growth over 300 batches: {growth} MB")
   assert growth["large"] < 50  # The bound the README states.
   assert growth["large"] < growth["small"] + 20
+
+
+def test_pretokenized_tfrecords_and_prompt_completion_weights_go_through_the_store(tmp_path):
+  from lingvo_lite.data.tensorflow_import import import_tensorflow
+  from tasks import local_files
+  tf = import_tensorflow()
+  documents = [[5, 6, 7, 9], [8, 9], list(range(3, 100))]
+  with tf.io.TFRecordWriter(str(tmp_path / "tokens.tfrecords")) as writer:
+    for ids in documents:
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          "text": tf.train.Feature(int64_list=tf.train.Int64List(value=ids))})
+                                    ).SerializeToString())
+  tokens = TokenStoreData(task=local_files.pretokenized_tfrecord_task(
+      {"train": str(tmp_path / "*.tfrecords")}, vocab_size=128), split="train",
+                          sequence_length=LENGTH, global_batch_size=1, shuffle=False,
+                          store_dir=str(tmp_path / "stores" / "tokens"), build_workers=1)
+  windows = tokens.windows(np.arange(tokens.num_examples(LENGTH)), LENGTH)
+  assert windows["targets"][windows["weights"] > 0].tolist() == sum(documents, [])
+  assert tokens.token_bytes is None  # Ids without text: eval reports bits per token only.
+
+  (tmp_path / "pairs.jsonl").write_text(
+      json.dumps({"prompt": "Q: 2+2?", "completion": " 4"}) + "\n"
+      + json.dumps({"prompt": "Q: hi", "completion": " hello"}) + "\n")
+  pairs = TokenStoreData(task=local_files.prompt_completion_task(
+      {"train": str(tmp_path / "pairs.jsonl")}), split="train", sequence_length=LENGTH,
+                         global_batch_size=1, shuffle=False,
+                         store_dir=str(tmp_path / "stores" / "pairs"), build_workers=1)
+  batch = pairs.windows(np.arange(1), LENGTH)
+  scored = batch["targets"][0][batch["weights"][0] > 0]
+  assert scored.tolist() == [b + 3 for b in b" 4"] + [1] + [b + 3 for b in b" hello"] + [1]
+  assert batch["segment_ids"][0].max() == 2
+  assert token_store.read_manifest(pairs.path)["has_weights"]

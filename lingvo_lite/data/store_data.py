@@ -212,7 +212,7 @@ class TokenStoreData(StoreStream):
     return packed_batch_spec(self.global_batch_size, self.sequence_length)
 
   @property
-  def token_bytes(self) -> np.ndarray:
+  def token_bytes(self) -> np.ndarray | None:
     """UTF-8 bytes of text each token id stands for (eval's bits per byte)."""
     return _token_bytes(self.task)
 
@@ -221,8 +221,13 @@ class TokenStoreData(StoreStream):
     return self.windows(step * self.global_batch_size + rows, self.sequence_length)
 
 
-def _token_bytes(task: Any) -> np.ndarray:
-  return vocabulary.token_byte_lengths(task.output_features["targets"].vocabulary)
+def _token_bytes(task: Any) -> np.ndarray | None:
+  """The text bytes of each id; None for ids with no text (pre-tokenized data): eval then
+  reports bits per token only."""
+  try:
+    return vocabulary.token_byte_lengths(task.output_features["targets"].vocabulary)
+  except TypeError:
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +277,7 @@ class TokenStoreMixture:
     return self.sources[0].vocab_size
 
   @property
-  def token_bytes(self) -> np.ndarray:
+  def token_bytes(self) -> np.ndarray | None:
     return _token_bytes(self.sources[0].task)
 
   def check(self) -> None:

@@ -391,8 +391,10 @@ def fingerprint(vocabulary) -> str:
     digest = hashlib.sha256(vocabulary.sp_model).hexdigest()
     extra = f"+extra_ids:{vocabulary.extra_ids}" if vocabulary.extra_ids else ""
     return f"sentencepiece:{digest}{extra}"
+  if isinstance(vocabulary, seqio.PassThroughVocabulary):  # Pre-tokenized ids, kept as they are.
+    return f"passthrough:{vocabulary.vocab_size}"
   raise TypeError(f"fingerprint: a {type(vocabulary).__name__} is neither a seqio "
-                  "ByteVocabulary nor a SentencePieceVocabulary")
+                  "ByteVocabulary, SentencePieceVocabulary nor PassThroughVocabulary")
 
 
 def task_texts(task: Any, split: str) -> Iterator[bytes]:
