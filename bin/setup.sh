@@ -85,6 +85,9 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 
 # --- 3. .bazelrc.local ----------------------------------------------------------------------
+data_dir="${LINGVO_LITE_DATA_DIR:-$venv_root/data}"
+mkdir -p "$data_dir"
+data_dir="$(cd "$data_dir" && pwd)"
 bazelrc_local="# Written by bin/setup.sh for this machine; git-ignored. Rewritten on every run.
 # py_* targets run with the shared venv's python (third-party packages come from it).
 build --python_path=$venv/bin/python
@@ -96,8 +99,10 @@ test --test_env=PYTHONPATH=
 # tests/test_default_experiment.py runs bin/demo.sh, which runs this script: whatever HOME a
 # test gets, it finds this venv instead of building another.
 test --test_env=LINGVO_LITE_VENV_ROOT=$venv_root
-# Token stores and trained vocabularies are built once per machine, not once per test target.
-test --test_env=LINGVO_LITE_DATA_DIR=${LINGVO_LITE_DATA_DIR:-$venv_root/data}"
+# Token stores and trained vocabularies are built once per machine, not once per test target:
+# the folder is passed to tests and writable inside Bazel's sandbox (read-only elsewhere).
+test --test_env=LINGVO_LITE_DATA_DIR=$data_dir
+test --sandbox_writable_path=$data_dir"
 if [ "$(cat .bazelrc.local 2>/dev/null)" != "$bazelrc_local" ]; then
   printf '%s\n' "$bazelrc_local" > .bazelrc.local
   note "wrote $root/.bazelrc.local"
