@@ -46,7 +46,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--vocab_size", type=int, help="ids of pre-tokenized TFRecords")
   parser.add_argument("--out", required=True, help="folder of the stores, one per split")
   parser.add_argument("--workers", type=int, default=None, help="DirectRunner workers "
-                      "(default: one per core)")
+                      "(default: this process below 64 MB of input, else one per core)")
   parser.add_argument("--pipeline_arg", action="append", default=[],
                       help="a Beam pipeline option, e.g. --pipeline_arg=--runner=DataflowRunner")
   parser.add_argument("--no_progress", action="store_true")

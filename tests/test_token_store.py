@@ -162,6 +162,7 @@ def test_a_failed_build_leaves_no_store_that_looks_complete(tmp_path, monkeypatc
     return real(store, index, *args, **kwargs)
 
   monkeypatch.setattr(token_store, "write_shard", fail_on_third)
+  monkeypatch.setattr(store_build, "GROUP_BYTES", 1)  # A shard per file: several shards.
   source = data(root, tmp_path / "stores")
   with pytest.raises(DataError, match=r"m02\.py: record 0: injected failure"):
     source.check()
@@ -179,6 +180,7 @@ def test_a_killed_build_is_not_mistaken_for_a_store(tmp_path):
             "real = token_store.write_shard\n"
             "def slow(*a, **k):\n  time.sleep(0.3); return real(*a, **k)\n"
             "token_store.write_shard = slow\n"
+            "store_build.GROUP_BYTES = 1\n"  # A shard per file: a build long enough to kill.
             "from etils import epath\n"
             f"store_build.build_store(pycode.pycode_task({str(root)!r}), 'train', "
             f"epath.Path({str(store)!r}), workers=1, progress=False)\n")

@@ -9,7 +9,9 @@ import fiddle as fdl
 
 from experiments.lm import architectures
 from lingvo_lite.checkpoints import CheckpointSettings
-from lingvo_lite.data.store_data import TokenStoreData
+import os
+
+from lingvo_lite.data.store_data import StoreStream, TokenStoreData, TokenStoreMixture
 from lingvo_lite.data.vocabulary import SentencePieceModel, padded_vocab_size
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.optimizers import AdamW
@@ -70,6 +72,29 @@ class PyCodeSpTiny(PyCodeTiny):
     cfg.train_data.task = task
     cfg.eval_data.task = task
     cfg.model.vocab_size = padded_vocab_size(SP_VOCAB_SIZE)
+    return cfg
+
+
+@register
+class PyCodeMixtureTiny(PyCodeTiny):
+  """PyCodeTiny trained on a mixture of two tasks: 80% of rows from the stdlib's library code,
+  20% from CPython's own test suite (`<stdlib>/test`, which PyCode leaves out); evaluated on
+  the library's validation split. Needs CPython's test package (Debian: libpython3-testsuite).
+
+  python -m lingvo_lite --exp=PyCodeMixtureTiny --job_log_dir=runs/pycode_mixture
+  """
+
+  @classmethod
+  def config(cls) -> fdl.Config[Setup]:
+    cfg = super().config()
+    train = cfg.train_data
+    sources = [fdl.Config(StoreStream, task=train.task, split="train", seed=0),
+               fdl.Config(StoreStream, task=fdl.Config(
+                   pycode.pycode_task, source_dir=os.path.join(pycode.stdlib_dir(), "test")),
+                          split="train", seed=0)]
+    cfg.train_data = fdl.Config(TokenStoreMixture, sources=sources, rates=[0.8, 0.2],
+                                sequence_length=train.sequence_length,
+                                global_batch_size=train.global_batch_size, seed=0)
     return cfg
 
 

@@ -33,7 +33,15 @@ from lingvo_lite.data import token_store, vocabulary
 from lingvo_lite.data.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import DataError, UsageError
 
-MAX_SHARDS = 256  # Enough groups to balance any worker count here; each is one store shard.
+# A group of input files is one pipeline element and one store shard. Each costs ~0.1 s to set
+# up (a tf.data pipeline over the Task's source and preprocessors), so groups are large: about
+# GROUP_BYTES of input each, and at least two per worker so a slow one does not stall the end.
+GROUP_BYTES = 32 << 20
+MAX_SHARDS = 4096
+# Below this much input, one worker in this process is fastest: a worker process spends ~5 s
+# importing TensorFlow before its first document, while this process tokenizes ~2M tokens/s
+# (measured on 2 cores: the stdlib's 11 MB train split in 2.5 s here vs 9 s on 2 workers).
+IN_PROCESS_BYTES = 64 << 20
 
 
 def _describe(function: Any) -> str:
@@ -262,9 +270,13 @@ def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None 
   files = input_files(task, split)
   if not files:
     raise UsageError(f"task={task.name!r}: split {split!r} has no input files")
-  num_groups = min(len(files), MAX_SHARDS)
+  input_bytes = sum(s.get("size", 0) for s in key["sources"])
+  if workers is None:
+    workers = 1 if input_bytes < IN_PROCESS_BYTES else (os.cpu_count() or 1)
+  num_groups = max(1, min(len(files), MAX_SHARDS,
+                          max(2 * workers if workers > 1 else 1, -(-input_bytes // GROUP_BYTES))))
   groups = [files[g::num_groups] for g in range(num_groups)]  # seqio's ShardInfo(g, G).
-  workers = max(1, min(workers or os.cpu_count() or 1, num_groups))
+  workers = max(1, min(workers, num_groups))
   vocab_size = key["vocabulary"]["size"]
   dtype = token_store.token_dtype(vocab_size).name
   path.parent.mkdir(parents=True, exist_ok=True)

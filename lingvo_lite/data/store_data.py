@@ -122,7 +122,7 @@ def _stderr():
 def _print_summary(path: epath.Path, manifest: dict[str, Any]) -> None:
   print(f"built the token store at {path}: {manifest['documents']:,} documents, "
         f"{manifest['tokens']:,} tokens ({manifest['dtype']}), {len(manifest['shards'])} "
-        f"shards in {manifest['build']['seconds']:.1f} s", file=_stderr(), flush=True)
+        f"shard{'s' if len(manifest['shards']) != 1 else ''} in {manifest['build']['seconds']:.1f} s", file=_stderr(), flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +136,8 @@ class StoreStream:
     build: Build the store on first use when it is missing or stale; False refuses.
     shuffle: Visit each epoch in a fresh permutation seeded by (seed, epoch).
     seed: Root of the shuffle.
-    build_workers: Beam worker processes for a build (None: one per core).
+    build_workers: Beam worker processes for a build (None: this process alone below
+      store_build.IN_PROCESS_BYTES of input, else one per core).
   """
 
   task: Any
