@@ -86,17 +86,18 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None) -> Deferr
       names no file; when the data is read: seqio and TensorFlow are missing, or a split has
       no `.py` file.
   """
-  root = os.path.abspath(source_dir or stdlib_dir())
-  if not os.path.isdir(root):
-    raise config_error("source_dir", root, "no such folder",
+  given = source_dir or stdlib_dir()  # As the user wrote it, for messages.
+  if not os.path.isdir(given):
+    raise config_error("source_dir", given, "no such folder",
                        "give a folder of .py files, or None for this Python's stdlib")
   # No documents at all would fail deep inside TensorFlow once training reads them. A folder
   # with files in one split only is refused when that split is read (below): a small folder
   # may well have no 'validation' file, and need none.
-  if not _has_source_files(root):
-    raise config_error("source_dir", root, "has no .py files (outside "
+  if not _has_source_files(given):
+    raise config_error("source_dir", given, "has no .py files (outside "
                        f"{', '.join(sorted(EXCLUDED_DIRECTORIES))})",
                        "give a folder of .py files, or None for this Python's stdlib")
+  root = os.path.abspath(given)  # Resolved once, at the edge: the name and the files use it.
   vocab_size = vocabulary_lib.vocabulary_size(vocabulary)
   # The name carries the root and the vocabulary, so tasks over different folders or
   # vocabularies never share a store.

@@ -461,6 +461,23 @@ VALUES_CASES = [
     Case("empty data folder", ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir=new",
                                "--fdl.train_data.task.source_dir='empty'"],
      "train_data.task.source_dir='empty': has no .py files", _write("empty/notes.txt", "x")),
+    Case("missing vocabulary file", ["--exp=PyCodeSpTiny", "--fiddler=tiny", "--job_log_dir=new",
+                                     "--fdl.train_data.task.vocabulary='no/sp.model'"],
+     "train_data.task.vocabulary='no/sp.model': "),
+    Case("vocabulary smaller than bytes", ["--exp=PyCodeSpTiny", "--fiddler=tiny",
+                                           "--job_log_dir=new",
+                                           "--fdl.train_data.task.vocabulary.vocab_size=100"],
+     "train_data.task.vocabulary.vocab_size=100: must be an int above 259"),
+    Case("model vocabulary smaller than the tokenizer's",
+     ["--exp=PyCodeSpTiny", "--fiddler=tiny", "--job_log_dir=new", "--fdl.model.vocab_size=1000"],
+     "model.vocab_size=1000"),
+    Case("store that must exist", ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir=new",
+                                   "--fdl.train_data.store_dir='nowhere'",
+                                   "--fdl.train_data.build=False"],
+     "train_data.store_dir="),
+    Case("mixture rate not positive", ["--exp=PyCodeMixtureTiny", "--fiddler=tiny",
+                                       "--job_log_dir=new", "--fdl.train_data.rates=[1.0, 0.0]"],
+     "train_data.rates[1]=0.0: must be a positive number"),
 ]  # End of VALUES_CASES.
 
 # Job dirs, config files and checkpoints.
