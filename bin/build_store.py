@@ -21,6 +21,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A data tool: its TensorFlow needs no GPU, and probing for one prints an error line here.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from lingvo_lite.errors import DataError, UsageError, config_error
@@ -28,8 +31,20 @@ from lingvo_lite.errors import DataError, UsageError, config_error
 FORMATS = ("text", "lines", "jsonl", "prompt_completion", "parquet", "tfrecord")
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse whose mistakes are one line and exit 2, as every lingvo_lite command's are."""
+
+  def error(self, message: str):
+    raise UsageError(f"{message} (see --help)")
+
+
+# Flags that shape a task built from --format/--files; with --task they would be ignored.
+_FORMAT_FLAGS = ("format", "vocabulary", "text_field", "prompt_field", "completion_field",
+                 "text_column", "vocab_size")
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = _Parser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--format", choices=FORMATS, help="the files' format (with --files)")
   parser.add_argument("--files", action="append", default=[], metavar="SPLIT=GLOB",
                       help="a split's files; repeat for each split")
@@ -37,20 +52,35 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                       "a seqio Task (called with no arguments)")
   parser.add_argument("--splits", default=None, help="comma-separated splits of --task to "
                       "build (default: all)")
-  parser.add_argument("--vocabulary", default="bytes", help="bytes, a SentencePiece .model "
+  parser.add_argument("--vocabulary", default=None, help="bytes, a SentencePiece .model "
                       "path, or sp:SIZE:unigram|bpe (trained on the train split first)")
-  parser.add_argument("--text_field", default="text")
-  parser.add_argument("--prompt_field", default="prompt")
-  parser.add_argument("--completion_field", default="completion")
-  parser.add_argument("--text_column", default="text")
+  parser.add_argument("--text_field", default=None)
+  parser.add_argument("--prompt_field", default=None)
+  parser.add_argument("--completion_field", default=None)
+  parser.add_argument("--text_column", default=None)
   parser.add_argument("--vocab_size", type=int, help="ids of pre-tokenized TFRecords")
   parser.add_argument("--out", required=True, help="folder of the stores, one per split")
   parser.add_argument("--workers", type=int, default=None, help="DirectRunner workers "
                       "(default: this process below 64 MB of input, else one per core)")
   parser.add_argument("--pipeline_arg", action="append", default=[],
                       help="a Beam pipeline option, e.g. --pipeline_arg=--runner=DataflowRunner")
+  parser.add_argument("--shard_bytes", type=int, default=None,
+                      help="input bytes per store shard (default 32 MiB); part of the store's "
+                      "key, since it orders the token stream")
   parser.add_argument("--no_progress", action="store_true")
-  return parser.parse_args(argv)
+  args = parser.parse_args(argv)
+  if args.task:
+    given = [f"--{name}" for name in _FORMAT_FLAGS if getattr(args, name) is not None]
+    if given or args.files:
+      raise UsageError(f"--task: {', '.join(given + ['--files'] * bool(args.files))} would be "
+                       "ignored (the task has its own files and vocabulary); give either --task "
+                       "or --format with --files")
+  for name, default in (("vocabulary", "bytes"), ("text_field", "text"),
+                        ("prompt_field", "prompt"), ("completion_field", "completion"),
+                        ("text_column", "text")):
+    if getattr(args, name) is None:
+      setattr(args, name, default)
+  return args
 
 
 def _vocabulary(text: str):
@@ -66,16 +96,17 @@ def _vocabulary(text: str):
   return text
 
 
-def _files(pairs: list[str]) -> dict[str, str]:
-  files = {}
+def _files(pairs: list[str]) -> dict[str, str | list[str]]:
+  files: dict[str, list[str]] = {}
   for pair in pairs:
     split, _, pattern = pair.partition("=")
     if not split or not pattern:
       raise config_error("--files", pair, "is not SPLIT=GLOB", "e.g. --files=train='d/*.txt'")
-    files[split] = pattern
+    files.setdefault(split, []).append(pattern)  # Repeated: every pattern counts.
   if not files:
     raise UsageError("--files: give at least one SPLIT=GLOB with --format, or use --task")
-  return files
+  return {split: patterns[0] if len(patterns) == 1 else patterns
+          for split, patterns in files.items()}
 
 
 def _task(args: argparse.Namespace):
@@ -89,7 +120,15 @@ def _task(args: argparse.Namespace):
     except (ImportError, AttributeError, ValueError) as e:
       raise config_error("--task", args.task, f"cannot be imported ({e})",
                          "give module.function, e.g. tasks.pycode.pycode_task") from None
-    return factory()
+    try:
+      task = factory()
+    except TypeError as e:
+      raise config_error("--task", args.task, f"cannot be called with no arguments ({e})",
+                         "give a function that returns a task by itself") from None
+    if not (hasattr(task, "source") and hasattr(task, "name") and hasattr(task, "splits")):
+      raise config_error("--task", args.task, f"returned a {type(task).__name__}, not a seqio "
+                         "Task", "give a function that returns a seqio Task or DeferredTask")
+    return task
   if not args.format:
     raise UsageError("--format: required with --files; valid choices: " + ", ".join(FORMATS))
   files, vocabulary = _files(args.files), _vocabulary(args.vocabulary)
@@ -114,17 +153,21 @@ def main(argv: list[str]) -> int:
   from lingvo_lite.data import store_build, token_store
   if args.workers is not None and args.workers < 1:
     raise config_error("--workers", args.workers, "must be at least 1")
+  if args.shard_bytes is not None and args.shard_bytes < 1:
+    raise config_error("--shard_bytes", args.shard_bytes, "must be at least 1")
   task = _task(args)
   splits = args.splits.split(",") if args.splits else list(task.splits)
   unknown = [s for s in splits if s not in task.splits]
   if unknown:
     raise config_error("--splits", args.splits, f"the task has no split {unknown[0]!r}; valid "
                        f"choices: {', '.join(task.splits)}")
+  if not args.out:
+    raise config_error("--out", args.out, "is empty", "give the folder of the stores")
   out = epath.Path(args.out if "://" in args.out else os.path.abspath(args.out))
   for split in splits:
     path = out / split
     started = time.perf_counter()
-    key = store_build.store_key(task, split)
+    key = store_build.store_key(task, split, args.shard_bytes)
     manifest = token_store.read_manifest(path)
     kept = manifest is not None and token_store.manifest_difference(key, manifest) is None
     if not kept:

@@ -102,6 +102,13 @@ def main(argv: list[str]) -> None:
     _fail(_FLAGS[field] + message[len(field):] if field in _FLAGS else message)
   except DataError as e:
     _fail(str(e), code=1)
+  except Exception as e:  # pylint: disable=broad-except
+    # A task's reader met bad data inside tf.data, which wraps its one-line message.
+    from tasks import local_files  # pylint: disable=g-import-not-at-top
+    found = local_files.data_error_from(e)
+    if found is None:
+      raise
+    _fail(str(found), code=1)
   print(f"trained SentencePiece {args.model_type} on {shown(args.task)} {args.split}: "
         f"{summary['documents']} documents, {summary['bytes']} bytes "
         f"({summary['sampled_bytes']} sampled), {summary['pieces']} pieces, "

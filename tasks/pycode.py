@@ -101,7 +101,10 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None) -> Deferr
   vocab_size = vocabulary_lib.vocabulary_size(vocabulary)
   # The name carries the root and the vocabulary, so tasks over different folders or
   # vocabularies never share a store.
-  digest = hashlib.sha1(root.encode()).hexdigest()[:8]
+  # A model file is named by its absolute path; a model to train, by its settings.
+  described = (os.path.abspath(vocabulary) if isinstance(vocabulary, (str, os.PathLike))
+               else repr(vocabulary))
+  digest = hashlib.sha1(f"{root}|{described}".encode()).hexdigest()[:8]
   kind = "bytes" if vocabulary is None else f"sp{vocab_size}"
   name = f"pycode_{kind}_{digest}"
   return DeferredTask(name, SPLITS, vocab_size, lambda: _make_task(root, name, vocabulary))

@@ -30,7 +30,7 @@ def test_builds_json_lines_with_two_workers_then_keeps_it_and_refuses_bad_input(
         "".join(json.dumps(r) + "\n" for r in records))
   (tmp_path / "val.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
   args = ["--format=jsonl", "--files=train=data/*.jsonl", "--files=validation=val.jsonl",
-          "--out=stores/mine", "--workers=2", "--no_progress"]
+          "--out=stores/mine", "--workers=2", "--shard_bytes=2000", "--no_progress"]
   built = run_tool(tmp_path, *args)
   assert built.returncode == 0, built.stderr[-2000:]
   assert "train: built" in built.stdout and "120 documents" in built.stdout, built.stdout
@@ -57,3 +57,28 @@ def test_builds_json_lines_with_two_workers_then_keeps_it_and_refuses_bad_input(
   assert "a.jsonl: line 3: not valid JSON" in bad.stderr
   assert not (tmp_path / "stores" / "bad" / "train").exists()
   assert not [p for p in (tmp_path / "stores" / "bad").iterdir() if "partial" in p.name]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--format=text", "--files=data=data/*.txt", "--out=."],
+     "store_dir='{tmp}/data': exists and is not a token store"),
+    (["--task=tasks.pycode.pycode_task", "--vocabulary=sp:512:bpe", "--out=x"],
+     "--task: --vocabulary would be ignored"),
+    (["--format=text", "--files=train=data/*.txt", "--out=x", "--workers=0"],
+     "--workers=0: must be at least 1"),
+    (["--format=nope", "--out=x"], "argument --format: invalid choice: 'nope'"),
+    (["--format=text", "--files=train=", "--out=x"], "--files='train=': is not SPLIT=GLOB"),
+    (["--task=tasks.pycode.stdlib_dir", "--out=x"],
+     "--task='tasks.pycode.stdlib_dir': returned a str, not a seqio Task"),
+    (["--format=text", "--files=train=data/*.txt", "--out=data/a.txt"],
+     "store_dir='{tmp}/data/a.txt/train': its folder cannot be made"),
+])
+def test_bad_command_lines_are_one_line_exit_2_and_touch_nothing(tmp_path, args, expected):
+  (tmp_path / "data").mkdir()
+  (tmp_path / "data" / "a.txt").write_text("the user's own data\n")
+  result = run_tool(tmp_path, *args)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr.count("\n") == 1, result.stderr
+  assert expected.format(tmp=tmp_path) in result.stderr, result.stderr
+  assert (tmp_path / "data" / "a.txt").read_text() == "the user's own data\n"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]

@@ -17,8 +17,10 @@ user whatever the runner does with the exception; the partial store is removed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -31,7 +33,7 @@ from etils import epath
 
 from lingvo_lite.data import token_store, vocabulary
 from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import DataError, UsageError
+from lingvo_lite.errors import DataError, UsageError, config_error
 
 # A group of input files is one pipeline element and one store shard. Each costs ~0.1 s to set
 # up (a tf.data pipeline over the Task's source and preprocessors), so groups are large: about
@@ -54,6 +56,11 @@ def _describe(function: Any) -> str:
   return f"{getattr(function, '__module__', '?')}.{name}"
 
 
+def _stable(text: str) -> str:
+  """A description without the memory addresses of default reprs, which differ every run."""
+  return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
+
+
 def _targets_vocabulary(task: Any):
   try:
     return task.output_features["targets"].vocabulary
@@ -67,8 +74,9 @@ def input_files(task: Any, split: str) -> list[str]:
   return list(task.source.list_shards(split))
 
 
-def store_key(task: Any, split: str) -> dict[str, Any]:
+def store_key(task: Any, split: str, shard_bytes: int | None = None) -> dict[str, Any]:
   """What a store built from `task`'s `split` now would be keyed by (see `KEY_FIELDS`)."""
+  shard_bytes = shard_bytes or GROUP_BYTES
   vocab = _targets_vocabulary(task)
   sources = []
   for name in input_files(task, split):
@@ -83,8 +91,11 @@ def store_key(task: Any, split: str) -> dict[str, Any]:
       "split": split,
       "vocabulary": {"fingerprint": vocabulary.fingerprint(vocab),
                      "size": int(vocab.vocab_size)},
-      "preprocessors": [_describe(p) for p in task.preprocessors],
+      "preprocessors": [_stable(_describe(p)) for p in task.preprocessors],
       "sources": sources,
+      # How input files map to shards fixes the order of the token stream, so it is part of
+      # what a store holds: it depends on the input alone, never on the workers of a build.
+      "layout": {"shard_bytes": shard_bytes, "files": "strided"},
   }
 
 
@@ -111,7 +122,11 @@ def _group_documents(task: Any, split: str, group: int, num_groups: int, vocab_s
                       f"outside the vocabulary [0, {vocab_size})")
     documents.append(targets)
     if "weights" in example:
-      weights.append(np.asarray(example["weights"]))
+      weight = np.asarray(example["weights"], dtype=np.float32)
+      if weight.shape != targets.shape:
+        raise DataError(f"{_files_shown(files)}: document {number}: {weight.size} loss weights "
+                        f"for {targets.size} tokens")
+      weights.append(weight)
   if weights and len(weights) != len(documents):
     raise DataError(f"{_files_shown(files)}: some documents have 'weights' and some do not")
   return documents, (weights or None)
@@ -270,16 +285,62 @@ def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None 
   files = input_files(task, split)
   if not files:
     raise UsageError(f"task={task.name!r}: split {split!r} has no input files")
+  _refuse_foreign_folder(path)
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise config_error("store_dir", os.fspath(path), f"its folder cannot be made ({e})",
+                       "give a writable place for the store") from None
+  with build_lock(path):
+    existing = token_store.read_manifest(path)
+    if existing is not None and token_store.manifest_difference(key, existing) is None:
+      return existing  # Another process built it while this one waited.
+    if "://" not in os.fspath(path):  # Under the lock, any partial store is a dead build's.
+      for dead in path.parent.glob(f".{path.name}.partial-*"):
+        dead.rmtree()
+    return _build(task, split, path, files, key, workers, pipeline_args, progress)
+
+
+def _refuse_foreign_folder(path: epath.Path) -> None:
+  """A store replaces only a store: never a folder of something else (the user's data)."""
+  try:
+    foreign = (path.exists() and token_store.read_manifest(path) is None and
+               (not path.is_dir() or any(path.iterdir())))
+  except OSError as e:
+    raise config_error("store_dir", os.fspath(path), f"cannot be read ({e})") from None
+  if foreign:
+    raise config_error("store_dir", os.fspath(path), "exists and is not a token store (it "
+                       "has no manifest.json); a build would replace it",
+                       "point the store at a new or empty folder")
+
+
+@contextlib.contextmanager
+def build_lock(path: epath.Path):
+  """One builder per local store at a time (concurrent runs, the processes of one job, the
+  bin/ tool): the others wait, then find it built. On object stores `publish` settles a race
+  (there is no lock there)."""
+  if "://" in os.fspath(path):
+    yield
+    return
+  with open(path.parent / f".{path.name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[str, Any],
+           workers: int | None, pipeline_args: Sequence[str], progress: bool) -> dict[str, Any]:
   input_bytes = sum(s.get("size", 0) for s in key["sources"])
   if workers is None:
     workers = 1 if input_bytes < IN_PROCESS_BYTES else (os.cpu_count() or 1)
-  num_groups = max(1, min(len(files), MAX_SHARDS,
-                          max(2 * workers if workers > 1 else 1, -(-input_bytes // GROUP_BYTES))))
+  shard_bytes = key["layout"]["shard_bytes"]
+  num_groups = max(1, min(len(files), MAX_SHARDS, -(-input_bytes // shard_bytes)))
   groups = [files[g::num_groups] for g in range(num_groups)]  # seqio's ShardInfo(g, G).
   workers = max(1, min(workers, num_groups))
   vocab_size = key["vocabulary"]["size"]
   dtype = token_store.token_dtype(vocab_size).name
-  path.parent.mkdir(parents=True, exist_ok=True)
   partial = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
   partial.mkdir()
   started = time.perf_counter()

@@ -10,10 +10,9 @@ every time it is opened: a store whose files or vocabulary changed is never read
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import functools
+import math
 import os
 import threading
 from typing import Annotated, Any, Sequence
@@ -58,22 +57,6 @@ def _store_path(store_dir: str | None, task: Any, split: str) -> epath.Path:
   return epath.Path(os.path.abspath(os.path.expanduser(store_dir)))  # Resolved at the edge.
 
 
-@contextlib.contextmanager
-def _build_lock(path: epath.Path):
-  """One builder per local store at a time (concurrent runs, the processes of one job): the
-  others wait, then find it built. On object stores, publish() settles a race instead."""
-  if "://" in os.fspath(path):
-    yield
-    return
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with open(path.parent / f".{path.name}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 @functools.lru_cache(maxsize=32)
 def _ready_store(task: Any, split: str, path: epath.Path, build: bool, workers: int | None
                  ) -> token_store.TokenStore:
@@ -83,16 +66,6 @@ def _ready_store(task: Any, split: str, path: epath.Path, build: bool, workers: 
     key = store_build.store_key(task, split)
   except UsageError as e:  # The task's own (a split with no files): one of `task`'s fields.
     raise under("task", e) from None
-  manifest = token_store.read_manifest(path)
-  if manifest is not None and token_store.manifest_difference(key, manifest) is None:
-    return token_store.TokenStore(path, manifest)
-  if not build:
-    return _checked_store(task, split, path, build, workers, key, store_build)
-  with _build_lock(path):
-    return _checked_store(task, split, path, build, workers, key, store_build)
-
-
-def _checked_store(task, split, path, build, workers, key, store_build):
   manifest = token_store.read_manifest(path)
   if manifest is not None:
     difference = token_store.manifest_difference(key, manifest)
@@ -106,9 +79,7 @@ def _checked_store(task, split, path, build, workers, key, store_build):
     raise config_error("store_dir", str(path), "holds no token store",
                        "set build=True to build it on first use, or build it with "
                        "bin/build_store.py")
-  if "://" not in os.fspath(path):  # Under the build lock: any partial store is a dead build's.
-    for dead in path.parent.glob(f".{path.name}.partial-*"):
-      dead.rmtree()
+  # build_store waits for a concurrent builder of the same store and may return its work.
   manifest = store_build.build_store(task, split, path, workers=workers, key=key)
   _print_summary(path, manifest)
   return token_store.TokenStore(path, manifest)
@@ -120,9 +91,11 @@ def _stderr():
 
 
 def _print_summary(path: epath.Path, manifest: dict[str, Any]) -> None:
+  shards = len(manifest["shards"])
   print(f"built the token store at {path}: {manifest['documents']:,} documents, "
-        f"{manifest['tokens']:,} tokens ({manifest['dtype']}), {len(manifest['shards'])} "
-        f"shard{'s' if len(manifest['shards']) != 1 else ''} in {manifest['build']['seconds']:.1f} s", file=_stderr(), flush=True)
+        f"{manifest['tokens']:,} tokens ({manifest['dtype']}), {shards} "
+        f"shard{'s' if shards != 1 else ''} in {manifest['build']['seconds']:.1f} s",
+        file=_stderr(), flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,8 +179,14 @@ class TokenStoreData(StoreStream):
         self.global_batch_size, self.per_device_batch_size))
 
   def check(self) -> None:
-    """Builds (or checks) the store before a program writes anything."""
-    self.store()
+    """Builds (or checks) the store before a program writes anything; an eval pass
+    (`num_batches`) must not be longer than the split, which would count examples twice."""
+    examples = self.num_examples(self.sequence_length)
+    if self.num_batches and self.num_batches * self.global_batch_size > examples:
+      raise config_error("num_batches", self.num_batches, f"x global_batch_size "
+                         f"{self.global_batch_size} is more than the split's {examples:,} "
+                         f"examples of {self.sequence_length} tokens (some would count twice)",
+                         f"use num_batches <= {max(examples // self.global_batch_size, 1)}")
 
   def batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
     return packed_batch_spec(self.global_batch_size, self.sequence_length)
@@ -264,8 +243,12 @@ class TokenStoreMixture:
       raise config_error("rates", list(self.rates), f"needs one rate per source "
                          f"({len(self.sources)} sources)")
     for i, rate in enumerate(self.rates):
-      if not isinstance(rate, (int, float)) or not rate > 0 or rate == float("inf"):
+      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0 or (
+          not math.isfinite(rate)):
         raise config_error(f"rates[{i}]", rate, "must be a positive number")
+    if not math.isfinite(float(sum(self.rates))):
+      raise config_error("rates", list(self.rates), "their sum is not finite",
+                         "give relative rates such as [0.8, 0.2]")
     sizes = {s.vocab_size for s in self.sources}
     if len(sizes) > 1:
       raise config_error("sources", [s.task.name for s in self.sources],
@@ -282,8 +265,15 @@ class TokenStoreMixture:
     return _token_bytes(self.sources[0].task)
 
   def check(self) -> None:
+    """Builds (or checks) every source's store; their vocabularies must be one."""
+    fingerprints = {}
     for source in self.sources:
-      source.store()
+      fingerprints.setdefault(source.store().manifest["vocabulary"]["fingerprint"],
+                              source.task.name)
+    if len(fingerprints) > 1:
+      raise config_error("sources", list(fingerprints.values()), "tokenize with different "
+                         "vocabularies (of one size); a mixture's sources share one vocabulary",
+                         "give every task the same vocabulary")
 
   def batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
     return packed_batch_spec(self.global_batch_size, self.sequence_length)

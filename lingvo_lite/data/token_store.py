@@ -7,7 +7,7 @@ Layout of a store folder (a local path or a `gs://` URL; tensorstore reads both 
   shards/00042/doc_starts  zarr int64: where each document starts in `tokens`
   shards/00042/block_docs  zarr int64: the document holding token k * BLOCK_TOKENS (an index
                            that keeps a window's lookup to one small read of doc_starts)
-  shards/00042/weights     zarr uint8, only for tasks with loss weights (prompt/completion)
+  shards/00042/weights     zarr float32, only for tasks with loss weights (prompt/completion)
   ledger/00042.json        a finished shard's counts, written by the worker that built it
 
 The split's token stream is the shards' tokens in shard order. A reader maps a global token
@@ -39,7 +39,7 @@ BLOCK_TOKENS = 4096
 CHUNK_ELEMENTS = 1 << 15  # 64 KiB of uint16 tokens per zarr chunk: one disk read per window.
 CACHE_BYTES = 8 << 20  # Random windows rarely share a chunk; the OS page cache keeps hot files.
 # What identifies the data a store holds; the rest of the manifest describes the build.
-KEY_FIELDS = ("schema", "task", "split", "vocabulary", "preprocessors", "sources")
+KEY_FIELDS = ("schema", "task", "split", "vocabulary", "preprocessors", "layout", "sources")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -99,7 +99,7 @@ def write_shard(store: epath.Path, index: int, documents: Sequence[np.ndarray],
     block_docs = np.searchsorted(doc_starts, block_starts, side="right") - 1
     arrays = {"tokens": tokens, "doc_starts": doc_starts, "block_docs": block_docs}
     if weights is not None:
-      arrays["weights"] = np.concatenate(weights).astype(np.uint8)
+      arrays["weights"] = np.concatenate(weights).astype(np.float32)
     for name, values in arrays.items():
       array = _open(folder / name, context, create=True, delete_existing=True,
                     metadata={"shape": [values.size], "dtype": values.dtype.str,
@@ -177,6 +177,10 @@ def publish(partial: epath.Path, final: epath.Path, manifest: dict[str, Any]) ->
   if existing is not None and manifest_difference(manifest, existing) is None:
     partial.rmtree()
     return
+  if existing is None and final.exists() and (not final.is_dir() or any(final.iterdir())):
+    partial.rmtree()  # Checked before the build too: only a store is ever replaced.
+    raise DataError(f"{final}: exists and is not a token store; the new store was not "
+                    "published")
   stale = None
   if final.exists():
     stale = final.parent / f".{final.name}.stale-{uuid.uuid4().hex[:8]}"

@@ -34,6 +34,8 @@ from lingvo_lite.errors import DataError, UsageError, config_error
 # seqio's convention (pad 0, EOS 1, UNK 2), then byte_fallback's 256 byte pieces.
 BYTE_VOCAB_SIZE = 259
 MODEL_TYPES = ("unigram", "bpe")
+# SentencePiece parses vocab_size as an int32; past a million pieces nothing here is sensible.
+MAX_VOCAB_SIZE = 1 << 20
 # Documents are cut into pieces of at most this many bytes: SentencePiece silently skips a
 # sentence over max_sentence_length (4192 by default: most source files).
 _CHUNK_BYTES = 4096
@@ -72,11 +74,11 @@ class SentencePieceModel:
 
 
 def _check_settings(vocab_size: Any, model_type: Any, prefix: str = "") -> None:
-  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or (
-      vocab_size <= BYTE_VOCAB_SIZE):
+  if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not (
+      BYTE_VOCAB_SIZE < vocab_size <= MAX_VOCAB_SIZE):
     raise config_error(f"{prefix}vocab_size", vocab_size, f"must be an int above "
-                       f"{BYTE_VOCAB_SIZE} (pad, EOS, UNK and 256 byte pieces come first)",
-                       "e.g. 1024")
+                       f"{BYTE_VOCAB_SIZE} (pad, EOS, UNK and 256 byte pieces come first) and "
+                       f"at most {MAX_VOCAB_SIZE:,}", "e.g. 1024")
   if model_type not in MODEL_TYPES:
     raise config_error(f"{prefix}model_type", model_type, "unknown SentencePiece model type",
                        f"choose from {', '.join(MODEL_TYPES)}")
