@@ -313,3 +313,23 @@ def test_pretokenized_tfrecords_and_prompt_completion_weights_go_through_the_sto
   assert scored.tolist() == [b + 3 for b in b" 4"] + [1] + [b + 3 for b in b" hello"] + [1]
   assert batch["segment_ids"][0].max() == 2
   assert token_store.read_manifest(pairs.path)["has_weights"]
+
+
+@pytest.mark.slow
+def test_two_concurrent_builds_of_one_store_build_it_once(tmp_path):
+  root = write_corpus(tmp_path / "corpus", count=8)
+  store = tmp_path / "stores" / "train"
+  script = (f"import sys; sys.path.insert(0, {ROOT!r})\n"
+            "from etils import epath\n"
+            "from lingvo_lite.data import store_build\n"
+            "from tasks import pycode\n"
+            f"manifest = store_build.build_store(pycode.pycode_task({str(root)!r}), 'train', "
+            f"epath.Path({str(store)!r}), workers=1, progress=False)\n"
+            "print(manifest['build']['at'], manifest['build']['seconds'])\n")
+  children = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True) for _ in range(2)]
+  outputs = [child.communicate(timeout=240)[0] for child in children]
+  assert [child.returncode for child in children] == [0, 0]
+  assert outputs[0] == outputs[1]  # The second waited on the lock and took the first's store.
+  assert token_store.read_manifest(store)["documents"] == len(corpus_tokens(root, "train"))
+  assert not list(store.parent.glob(".train.partial-*"))

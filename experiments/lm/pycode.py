@@ -5,12 +5,12 @@ with a SentencePiece model trained on the train split at first run; PyCodeTiny r
   python -m lingvo_lite --exp=PyCodeSpTiny --job_log_dir=runs/pycode_sp_tiny
 """
 
+import os
+
 import fiddle as fdl
 
 from experiments.lm import architectures
 from lingvo_lite.checkpoints import CheckpointSettings
-import os
-
 from lingvo_lite.data.store_data import StoreStream, TokenStoreData, TokenStoreMixture
 from lingvo_lite.data.vocabulary import SentencePieceModel, padded_vocab_size
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
