@@ -8,14 +8,14 @@
 Each split becomes one store, `OUT/<split>`, which a config reads with
 `TokenStoreData(task=<the same task>, split=..., store_dir='OUT/<split>')`. A store that is
 already there and matches the task is kept; one that does not is rebuilt. `--runner` and
-`--pipeline_arg` run the same pipeline on Dataflow, Flink or Spark (the README's "Data: token stores").
+`--pipeline_arg` run the same pipeline on Dataflow, Flink or Spark (the README's "Data: token
+stores").
 Bad input: one line on stderr, exit 2; bad data met during the build: one line, exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -110,21 +110,11 @@ def _files(pairs: list[str]) -> dict[str, str | list[str]]:
 
 
 def _task(args: argparse.Namespace):
-  from tasks import local_files
+  from tasks import deferred, local_files
   if args.task:
     if args.format or args.files:
       raise UsageError("--task: give either --task or --format with --files, not both")
-    module_name, _, function = args.task.rpartition(".")
-    try:
-      factory = getattr(importlib.import_module(module_name), function)
-    except (ImportError, AttributeError, ValueError) as e:
-      raise config_error("--task", args.task, f"cannot be imported ({e})",
-                         "give module.function, e.g. tasks.pycode.pycode_task") from None
-    try:
-      task = factory()
-    except TypeError as e:
-      raise config_error("--task", args.task, f"cannot be called with no arguments ({e})",
-                         "give a function that returns a task by itself") from None
+    task = deferred.load_task(args.task)
     if not (hasattr(task, "source") and hasattr(task, "name") and hasattr(task, "splits")):
       raise config_error("--task", args.task, f"returned a {type(task).__name__}, not a seqio "
                          "Task", "give a function that returns a seqio Task or DeferredTask")
@@ -149,7 +139,7 @@ def _task(args: argparse.Namespace):
 
 def main(argv: list[str]) -> int:
   args = _parse(argv)
-  from etils import epath
+  from lingvo_lite import paths
   from lingvo_lite.data import store_build, token_store
   if args.workers is not None and args.workers < 1:
     raise config_error("--workers", args.workers, "must be at least 1")
@@ -163,7 +153,7 @@ def main(argv: list[str]) -> int:
                        f"choices: {', '.join(task.splits)}")
   if not args.out:
     raise config_error("--out", args.out, "is empty", "give the folder of the stores")
-  out = epath.Path(args.out if "://" in args.out else os.path.abspath(args.out))
+  out = paths.resolve(args.out, "--out")
   for split in splits:
     path = out / split
     started = time.perf_counter()

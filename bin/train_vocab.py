@@ -10,10 +10,9 @@ byte-exact for code (lingvo_lite/data/vocabulary.py) and written atomically, wit
 """
 
 import argparse
-import importlib
 import os
 import sys
-from typing import Any, Iterator, NoReturn
+from typing import Iterator, NoReturn
 
 # Running the file directly puts bin/ first on sys.path; the repository root is what's needed.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -25,7 +24,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from lingvo_lite.data import vocabulary
-from lingvo_lite.errors import DataError, UsageError, config_error, shown
+from lingvo_lite.errors import DataError, UsageError, data_error_from, shown
+from tasks import deferred
 
 
 # The library names its arguments; the user typed these flags.
@@ -60,34 +60,10 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def load_task(import_path: str) -> Any:
-  """Calls the function at `module.function` and returns its task."""
-  module_name, _, function_name = import_path.rpartition(".")
-  fix = "give module.function, e.g. tasks.pycode.pycode_task"
-  if not module_name or not function_name:
-    raise config_error("--task", import_path, "not an import path", fix)
-  try:
-    module = importlib.import_module(module_name)
-  except ModuleNotFoundError as e:
-    raise config_error("--task", import_path, f"no module named {e.name!r}", fix) from None
-  except ImportError as e:
-    raise config_error("--task", import_path, f"module {module_name} failed to import ({e})",
-                       fix) from None
-  function = getattr(module, function_name, None)
-  if not callable(function):
-    raise config_error("--task", import_path, f"module {module_name} has no function "
-                       f"{function_name!r}", fix)
-  try:
-    return function()
-  except TypeError as e:  # It needs arguments: the command line has none to give it.
-    raise config_error("--task", import_path, f"cannot be called with no arguments ({e})",
-                       "give a function that returns a task by itself") from None
-
-
 def main(argv: list[str]) -> None:
   args = _parser().parse_args(argv)
   try:
-    task = load_task(args.task)
+    task = deferred.load_task(args.task)
 
     def texts() -> Iterator[bytes]:
       # Read only once train_sentencepiece has checked the settings and the output path,
@@ -104,8 +80,7 @@ def main(argv: list[str]) -> None:
     _fail(str(e), code=1)
   except Exception as e:  # pylint: disable=broad-except
     # A task's reader met bad data inside tf.data, which wraps its one-line message.
-    from tasks import local_files  # pylint: disable=g-import-not-at-top
-    found = local_files.data_error_from(e)
+    found = data_error_from(e)
     if found is None:
       raise
     _fail(str(found), code=1)

@@ -20,6 +20,34 @@ class DataError(Exception):
   and the record. Nothing it interrupted is left looking complete."""
 
 
+# Put before a DataError's message raised inside tf.data, which re-raises it as a TensorFlow
+# error whose message holds the original's text among node names and a traceback.
+DATA_ERROR_MARKER = "lingvo_lite.DataError: "
+
+
+def data_error_from(exception: BaseException) -> DataError | None:
+  """The DataError that a data reader raised, from the exception that reached the caller.
+
+  Args:
+    exception: What iterating a dataset raised: the DataError itself, or the TensorFlow
+      error (InvalidArgumentError, UnknownError) that tf.data wrapped it in.
+
+  Returns:
+    A DataError with the reader's one-line message, or None when `exception` (and its causes)
+    came from no reader.
+  """
+  seen = exception
+  while seen is not None:
+    text = str(seen)
+    start = text.find(DATA_ERROR_MARKER)
+    if start >= 0:
+      return DataError(text[start + len(DATA_ERROR_MARKER):].split("\n", 1)[0].strip())
+    if isinstance(seen, DataError):
+      return seen
+    seen = seen.__cause__ or seen.__context__
+  return None
+
+
 def _sized(value: object) -> str:
   """`<int of 66439 bits>`, `<str of 100002 characters>`, `<list of 3 items>`, `<Foo>`."""
   kind = type(value).__name__

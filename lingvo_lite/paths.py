@@ -10,8 +10,12 @@ no `file://` scheme).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import sys
 import urllib.parse
+from typing import Iterator
 
 from etils import epath
 from etils.epath import register
@@ -103,3 +107,22 @@ def write_atomically(path: epath.Path, content: str | bytes) -> None:
   finally:
     if temporary.exists():
       temporary.unlink()
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_file: str | os.PathLike, waiting: str | None = None) -> Iterator[None]:
+  """Holds an exclusive lock on a local `lock_file` (made if absent, left in place), so that
+  of several processes making the same thing (a token store, a vocabulary) one makes it and
+  the others wait, then find it made. `waiting`, if given, is printed when this one waits.
+  The kernel drops the lock with the process, so a killed holder never blocks the rest."""
+  with open(lock_file, "a") as lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      if waiting:
+        print(waiting, file=sys.stderr, flush=True)
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,6 +1,12 @@
-"""A seqio Task made on first use, so configs validate without importing TensorFlow."""
+"""A seqio Task made on first use, so configs validate without importing TensorFlow; and a
+task named by an import path, as the bin/ tools take one."""
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from lingvo_lite.errors import config_error
 
 
 class DeferredTask:
@@ -47,3 +53,31 @@ class DeferredTask:
 
   def __repr__(self) -> str:
     return f"DeferredTask({self.name!r})"
+
+
+def load_task(import_path: str) -> Any:
+  """Calls the function at `module.function` (the bin/ tools' `--task`) and returns its task.
+
+  Raises:
+    UsageError: naming `--task` when the path does not import or the function needs arguments.
+  """
+  module_name, _, function_name = import_path.rpartition(".")
+  fix = "give module.function, e.g. tasks.pycode.pycode_task"
+  if not module_name or not function_name:
+    raise config_error("--task", import_path, "not an import path", fix)
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    raise config_error("--task", import_path, f"no module named {e.name!r}", fix) from None
+  except ImportError as e:
+    raise config_error("--task", import_path, f"module {module_name} failed to import ({e})",
+                       fix) from None
+  function = getattr(module, function_name, None)
+  if not callable(function):
+    raise config_error("--task", import_path, f"module {module_name} has no function "
+                       f"{function_name!r}", fix)
+  try:
+    return function()
+  except TypeError as e:  # It needs arguments: the command line has none to give it.
+    raise config_error("--task", import_path, f"cannot be called with no arguments ({e})",
+                       "give a function that returns a task by itself") from None

@@ -15,8 +15,8 @@ first record lacks) are UsageErrors. Bad data met while reading (bytes that are 
 a line that is not JSON, a corrupt TFRecord) is a DataError naming the file and the record:
 `line N` (1-based) in line files, `row N` (0-based) in Parquet, `record N` (0-based) in
 TFRecords. Inside tf.data such an error reaches the caller wrapped in a TensorFlow error;
-`data_error_from` recovers it. Records whose text is empty or only whitespace are skipped:
-they hold no document.
+`data_error_from` (lingvo_lite.errors) recovers it. Records whose text is empty or only
+whitespace are skipped: they hold no document.
 
 seqio and TensorFlow are imported only when the task is made (first read).
 """
@@ -25,47 +25,24 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import glob
 import json
 import os
-import glob
 import re
 from typing import Callable, Iterator, Literal
 
-import numpy as np
-
 from lingvo_lite.data import vocabulary as vocab_lib
-from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import DataError, UsageError, config_error, shown
+from lingvo_lite.data.tensorflow_import import import_seqio, import_tensorflow
+from lingvo_lite.errors import config_error, shown
+# Re-exported: whoever reads a task's dataset recovers its readers' one-line errors with it.
+from lingvo_lite.errors import data_error_from  # pylint: disable=unused-import
 from tasks import local_readers as readers
 from tasks.deferred import DeferredTask
-from tasks.local_readers import MARKER, Reader
+from tasks.local_readers import Reader
 
 _GLOB_CHARACTERS = re.compile(r"[*?[]")
 _MAX_TOKEN_ID = 2**31 - 1  # Token ids are int32 in the store.
 
-
-
-def data_error_from(exception: BaseException) -> DataError | None:
-  """The DataError that a reader raised, from the exception that reached the caller.
-
-  Args:
-    exception: What iterating a task's dataset raised: the DataError itself, or the
-      TensorFlow error (InvalidArgumentError, UnknownError) that tf.data wrapped it in.
-
-  Returns:
-    A DataError with the reader's one-line message, or None when `exception` (and its causes)
-    came from no reader.
-  """
-  seen = exception
-  while seen is not None:
-    text = str(seen)
-    start = text.find(MARKER)
-    if start >= 0:
-      return DataError(text[start + len(MARKER):].split("\n", 1)[0].strip())
-    if isinstance(seen, DataError):
-      return seen
-    seen = seen.__cause__ or seen.__context__
-  return None
 
 
 def text_files_task(files: dict[str, str | list[str]],
@@ -187,7 +164,7 @@ def pretokenized_tfrecord_task(files: dict[str, str | list[str]], vocab_size: in
   reader = lambda path: readers.read_token_records(path, feature, vocab_size)
 
   def make():
-    tf, seqio = _import_seqio()
+    tf, seqio = import_seqio()
     for path in _all_paths(matched):
       readers.check_token_feature(path, feature)
     vocabulary = seqio.PassThroughVocabulary(size=vocab_size)
@@ -221,7 +198,7 @@ def _text_task(kind: str, files: dict, vocabulary, settings: dict, reader: Reade
         yield example["text"]
 
   def make():
-    tf, seqio = _import_seqio()
+    tf, seqio = import_seqio()
     seqio_vocabulary = vocab_lib.resolve_vocabulary(vocabulary, name, train_texts)
     fields = ("prompt", "completion", "text") if weighted else ("text",)
     signature = {field: tf.TensorSpec([], tf.string) for field in fields}
@@ -239,19 +216,9 @@ def _text_task(kind: str, files: dict, vocabulary, settings: dict, reader: Reade
   return DeferredTask(name, tuple(matched), size, make)
 
 
-def _import_seqio():
-  try:
-    tf = import_tensorflow()
-    import seqio  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise UsageError(f"needs seqio and TensorFlow, which this Python lacks ({e}); install "
-                     "them, or train on --fiddler=synthetic_data") from None
-  return tf, seqio
-
-
 def _source(matched: dict[str, list[str]], reader: Reader, signature: dict):
   """A seqio.FileDataSource with one shard per file, read by `reader` in file order."""
-  tf, seqio = _import_seqio()
+  tf, seqio = import_seqio()
 
   class LocalFileSource(seqio.FileDataSource):
     """The files matched at construction: a file named `a[1].txt` is not globbed again."""

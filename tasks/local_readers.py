@@ -3,7 +3,7 @@
 Each reader is a Python generator (tf.data runs it through `Dataset.from_generator`), so bad
 data is reported exactly: a DataError naming the file and the record (`line N`, 1-based, in
 line files; `row N`, 0-based, in Parquet; `record N`, 0-based, in TFRecords). Inside tf.data
-its message follows MARKER, from which `local_files.data_error_from` recovers it.
+its message follows `errors.DATA_ERROR_MARKER`, from which `errors.data_error_from` recovers it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,8 @@ from typing import Callable, Iterator
 import numpy as np
 
 from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import DataError, config_error, shown
+from lingvo_lite.errors import DATA_ERROR_MARKER, DataError, config_error, shown
 
-# Put before a DataError's message inside tf.data, which re-raises it as a TensorFlow error
-# whose message holds the original's text among node names and a traceback.
-MARKER = "lingvo_lite.DataError: "
 
 Reader = Callable[[str], Iterator[dict]]  # a path -> its raw examples, in file order
 
@@ -72,11 +69,11 @@ def guarded(reader: Reader, path: str) -> Iterator[dict]:
 
 
 def in_pipeline(reader: Reader, path: str) -> Iterator[dict]:
-  """`guarded(reader, path)` for tf.data: a DataError's message follows MARKER."""
+  """`guarded(reader, path)` for tf.data: a DataError's message follows the marker."""
   try:
     yield from guarded(reader, path)
   except DataError as e:
-    raise DataError(MARKER + str(e)) from None
+    raise DataError(DATA_ERROR_MARKER + str(e)) from None
 
 
 def _utf8(data: bytes, path: str, where: str) -> str:

@@ -21,8 +21,8 @@ import zlib
 from typing import Any
 
 from lingvo_lite.data import vocabulary as vocabulary_lib
-from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.data.tensorflow_import import import_seqio
+from lingvo_lite.errors import config_error
 from tasks.deferred import DeferredTask
 
 # ByteVocabulary: 256 byte values + pad, EOS, UNK.
@@ -111,13 +111,7 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None) -> Deferr
 
 
 def _make_task(root: str, name: str, vocabulary: Any):
-  try:
-    tf = import_tensorflow()
-    import seqio  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    # A machine with only the JAX stack (no TensorFlow) can still train on synthetic data.
-    raise UsageError(f"needs seqio and TensorFlow, which this Python lacks ({e}); install "
-                     "them, or train on --fiddler=synthetic_data") from None
+  tf, seqio = import_seqio()
   vocab = vocabulary_lib.resolve_vocabulary(
       vocabulary, name, lambda: read_documents(root, "train"))
 
@@ -128,9 +122,14 @@ def _make_task(root: str, name: str, vocabulary: Any):
       super().__init__(
           read_file_fn=lambda path: tf.data.Dataset.from_tensors({"text": tf.io.read_file(path)}),
           split_to_filepattern={split: split for split in SPLITS})
+      self._files: dict[str, list[str]] = {}
 
     def list_shards(self, split: str) -> list[str]:
-      files = [os.path.join(root, relative) for relative in source_files(root, split)]
+      # Walked once per split: a store build asks for every group of files it reads.
+      if split not in self._files:
+        self._files[split] = [os.path.join(root, relative)
+                              for relative in source_files(root, split)]
+      files = self._files[split]
       if not files:
         raise config_error("source_dir", root, f"has no .py file in the {split!r} split (a "
                            "file's split is fixed by a hash of its path; about 1 in 10 files "

@@ -170,20 +170,26 @@ def test_a_failed_build_leaves_no_store_that_looks_complete(tmp_path, monkeypatc
   assert not [p for p in source.path.parent.iterdir() if "partial" in p.name]
 
 
+def build_script(root, store, before="", after=""):
+  """A child process's program: build the corpus at `root` into `store` (`manifest`), with
+  `before` and `after` run around the build."""
+  return (f"import sys; sys.path.insert(0, {ROOT!r})\n"
+          "from etils import epath\n"
+          "from lingvo_lite.data import store_build, token_store\n"
+          "from tasks import pycode\n" + before +
+          f"manifest = store_build.build_store(pycode.pycode_task({str(root)!r}), 'train', "
+          f"epath.Path({str(store)!r}), workers=1, progress=False)\n" + after)
+
+
 def test_a_killed_build_is_not_mistaken_for_a_store(tmp_path):
   root = write_corpus(tmp_path / "corpus", count=40)
   store = tmp_path / "stores" / "train"
-  script = (f"import sys; sys.path.insert(0, {ROOT!r})\n"
-            "from lingvo_lite.data import store_build, token_store\n"
-            "from tasks import pycode\n"
-            "import time\n"
-            "real = token_store.write_shard\n"
-            "def slow(*a, **k):\n  time.sleep(0.3); return real(*a, **k)\n"
-            "token_store.write_shard = slow\n"
-            "store_build.GROUP_BYTES = 1\n"  # A shard per file: a build long enough to kill.
-            "from etils import epath\n"
-            f"store_build.build_store(pycode.pycode_task({str(root)!r}), 'train', "
-            f"epath.Path({str(store)!r}), workers=1, progress=False)\n")
+  script = build_script(root, store, before=(
+      "import time\n"
+      "real = token_store.write_shard\n"
+      "def slow(*a, **k):\n  time.sleep(0.3); return real(*a, **k)\n"
+      "token_store.write_shard = slow\n"
+      "store_build.GROUP_BYTES = 1\n"))  # A shard per file: a build long enough to kill.
   child = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.DEVNULL)
   deadline = time.time() + 120
   while time.time() < deadline and not list(store.parent.glob(".train.partial-*/ledger/*")):
@@ -319,13 +325,8 @@ def test_pretokenized_tfrecords_and_prompt_completion_weights_go_through_the_sto
 def test_two_concurrent_builds_of_one_store_build_it_once(tmp_path):
   root = write_corpus(tmp_path / "corpus", count=8)
   store = tmp_path / "stores" / "train"
-  script = (f"import sys; sys.path.insert(0, {ROOT!r})\n"
-            "from etils import epath\n"
-            "from lingvo_lite.data import store_build\n"
-            "from tasks import pycode\n"
-            f"manifest = store_build.build_store(pycode.pycode_task({str(root)!r}), 'train', "
-            f"epath.Path({str(store)!r}), workers=1, progress=False)\n"
-            "print(manifest['build']['at'], manifest['build']['seconds'])\n")
+  script = build_script(root, store, after="print(manifest['build']['at'], "
+                                            "manifest['build']['seconds'])\n")
   children = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True) for _ in range(2)]
   outputs = [child.communicate(timeout=240)[0] for child in children]

@@ -6,11 +6,11 @@ import os
 
 from etils import epath
 
+from lingvo_lite import paths
+
 
 def data_root() -> epath.Path:
   """`$LINGVO_LITE_DATA_DIR`, else `~/.cache/lingvo_lite/data`: shared by every checkout and
   run on the machine, as the venv is, so a store or vocabulary is built once."""
-  configured = os.environ.get("LINGVO_LITE_DATA_DIR")
-  if configured:
-    return epath.Path(configured).expanduser().resolve() if "://" not in configured else epath.Path(configured)
-  return epath.Path("~/.cache/lingvo_lite/data").expanduser()
+  return paths.resolve(os.environ.get("LINGVO_LITE_DATA_DIR") or "~/.cache/lingvo_lite/data",
+                       "LINGVO_LITE_DATA_DIR")

@@ -9,15 +9,15 @@ checks the ledger, writes the manifest and publishes the store (`token_store.pub
 On this machine and in CI the pipeline runs on Beam's DirectRunner: in this process for a
 small input, else with one worker process per core; the same pipeline runs on Dataflow, Flink
 or Spark by passing their pipeline options (`pipeline_args`, see the README's "Data: token
-stores"). The pipeline's own log lines go to `.<store>.build.log` beside the store. A worker that meets bad data writes the one-line
-message into the partial store's `errors/` folder before failing, so the message reaches the
-user whatever the runner does with the exception; the partial store is removed.
+stores"). The pipeline's own log lines go to `.<store>.build.log` beside the store. A worker
+that meets bad data writes the one-line message into the partial store's `errors/` folder
+before failing, so the message reaches the user whatever the runner does with the exception;
+the partial store is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import os
 import re
@@ -31,9 +31,10 @@ from typing import Any, Sequence
 import numpy as np
 from etils import epath
 
+from lingvo_lite import paths
 from lingvo_lite.data import token_store, vocabulary
 from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import DataError, UsageError, config_error
+from lingvo_lite.errors import DataError, UsageError, config_error, data_error_from
 
 # A group of input files is one pipeline element and one store shard. Each costs ~0.1 s to set
 # up (a tf.data pipeline over the Task's source and preprocessors), so groups are large: about
@@ -83,7 +84,7 @@ def store_key(task: Any, split: str, shard_bytes: int | None = None) -> dict[str
   sources = []
   for name in input_files(task, split):
     entry: dict[str, Any] = {"path": name}
-    if "://" not in name and os.path.isfile(name):
+    if not paths.is_remote(name) and os.path.isfile(name):
       stat = os.stat(name)
       entry.update(size=stat.st_size, mtime_ns=stat.st_mtime_ns)
     sources.append(entry)
@@ -139,14 +140,8 @@ def _files_shown(files: Sequence[str]) -> str:
 
 
 def _data_error_message(error: BaseException, files: Sequence[str]) -> str:
-  if isinstance(error, DataError):
-    return str(error)
-  # A file-reading task raises its bad-record message inside TensorFlow, which wraps it.
-  try:
-    from tasks import local_files  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    local_files = None
-  found = local_files.data_error_from(error) if local_files else None
+  # A DataError, or a file-reading task's bad-record message inside TensorFlow's wrapping.
+  found = data_error_from(error)
   if found is not None:
     return str(found)
   first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
@@ -269,7 +264,7 @@ class _Progress:
 
 def _build_log(path: epath.Path) -> str:
   """A local file for the pipeline's own log lines, beside the store (or in /tmp)."""
-  if "://" in os.fspath(path):
+  if paths.is_remote(os.fspath(path)):
     return os.path.join(tempfile.gettempdir(), f"lingvo_lite-build-{uuid.uuid4().hex[:8]}.log")
   return os.fspath(path.parent / f".{path.name}.build.log")
 
@@ -284,7 +279,7 @@ def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None 
     DataError: bad data met in a worker (its one line), or the pipeline failed.
   """
   key = key or store_key(task, split)
-  files = input_files(task, split)
+  files = [source["path"] for source in key["sources"]]  # The key listed them: no second walk.
   if not files:
     raise UsageError(f"task={task.name!r}: split {split!r} has no input files")
   _refuse_foreign_folder(path)
@@ -297,7 +292,7 @@ def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None 
     existing = token_store.read_manifest(path)
     if existing is not None and token_store.manifest_difference(key, existing) is None:
       return existing  # Another process built it while this one waited.
-    if "://" not in os.fspath(path):  # Under the lock, any partial store is a dead build's.
+    if not paths.is_remote(os.fspath(path)):  # Under the lock, any partial is a dead build's.
       for dead in path.parent.glob(f".{path.name}.partial-*"):
         dead.rmtree()
     return _build(task, split, path, files, key, workers, pipeline_args, progress)
@@ -321,15 +316,11 @@ def build_lock(path: epath.Path):
   """One builder per local store at a time (concurrent runs, the processes of one job, the
   bin/ tool): the others wait, then find it built. On object stores `publish` settles a race
   (there is no lock there)."""
-  if "://" in os.fspath(path):
+  if paths.is_remote(os.fspath(path)):
     yield
     return
-  with open(path.parent / f".{path.name}.lock", "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(lock, fcntl.LOCK_UN)
+  with paths.exclusive_lock(path.parent / f".{path.name}.lock"):
+    yield
 
 
 def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[str, Any],

@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
+import sys
 import threading
 from typing import Annotated, Any, Sequence
 
 import numpy as np
 from etils import epath
 
+from lingvo_lite import paths
 from lingvo_lite.data import locations, token_store, vocabulary
 from lingvo_lite.data.packing import packed_batch
 from lingvo_lite.data.permutation import KeyedPermutation
@@ -52,9 +53,7 @@ def _check_task(task: Any, split: str) -> None:
 def _store_path(store_dir: str | None, task: Any, split: str) -> epath.Path:
   if store_dir is None:
     return locations.data_root() / "stores" / task.name / split
-  if "://" in store_dir:
-    return epath.Path(store_dir)
-  return epath.Path(os.path.abspath(os.path.expanduser(store_dir)))  # Resolved at the edge.
+  return paths.resolve(store_dir, "store_dir")  # Local paths made absolute, at the edge.
 
 
 @functools.lru_cache(maxsize=32)
@@ -74,7 +73,7 @@ def _ready_store(task: Any, split: str, path: epath.Path, build: bool, workers: 
     if not build:
       raise config_error("store_dir", str(path), f"the store is stale: {difference}",
                          "set build=True to rebuild it, or point store_dir elsewhere")
-    print(f"rebuilding the token store at {path}: {difference}", file=_stderr(), flush=True)
+    print(f"rebuilding the token store at {path}: {difference}", file=sys.stderr, flush=True)
   elif not build:
     raise config_error("store_dir", str(path), "holds no token store",
                        "set build=True to build it on first use, or build it with "
@@ -85,17 +84,12 @@ def _ready_store(task: Any, split: str, path: epath.Path, build: bool, workers: 
   return token_store.TokenStore(path, manifest)
 
 
-def _stderr():
-  import sys  # pylint: disable=g-import-not-at-top
-  return sys.stderr
-
-
 def _print_summary(path: epath.Path, manifest: dict[str, Any]) -> None:
   shards = len(manifest["shards"])
   print(f"built the token store at {path}: {manifest['documents']:,} documents, "
         f"{manifest['tokens']:,} tokens ({manifest['dtype']}), {shards} "
         f"shard{'s' if shards != 1 else ''} in {manifest['build']['seconds']:.1f} s",
-        file=_stderr(), flush=True)
+        file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,6 +195,7 @@ class TokenStoreData(StoreStream):
     return self.windows(step * self.global_batch_size + rows, self.sequence_length)
 
 
+@functools.lru_cache(maxsize=8)  # Asked at every eval; a 50k-piece table takes a while.
 def _token_bytes(task: Any) -> np.ndarray | None:
   """The text bytes of each id; None for ids with no text (pre-tokenized data): eval then
   reports bits per token only."""

@@ -12,6 +12,8 @@ import os
 import sys
 import types
 
+from lingvo_lite.errors import UsageError
+
 
 def import_tensorflow() -> types.ModuleType:
   if "tensorflow" in sys.modules:
@@ -29,3 +31,19 @@ def import_tensorflow() -> types.ModuleType:
   # The data pipeline runs on the CPU; leave every accelerator to JAX.
   tf.config.set_visible_devices([], "GPU")
   return tf
+
+
+def import_seqio() -> tuple[types.ModuleType, types.ModuleType]:
+  """(tensorflow, seqio), TensorFlow imported quietly first.
+
+  Raises:
+    UsageError: this Python lacks them (a machine with only the JAX stack can still train on
+      synthetic data).
+  """
+  try:
+    tf = import_tensorflow()
+    import seqio  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise UsageError(f"needs seqio and TensorFlow, which this Python lacks ({e}); install "
+                     "them, or train on --fiddler=synthetic_data") from None
+  return tf, seqio

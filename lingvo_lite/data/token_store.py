@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 from etils import epath
 
+from lingvo_lite import paths
 from lingvo_lite.errors import DataError
 
 SCHEMA = "lingvo_lite.token_store/1"
@@ -49,7 +50,7 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def _url(path: epath.Path | str) -> str:
   text = os.fspath(path)
-  return text if "://" in text else "file://" + os.path.abspath(text)
+  return text if paths.is_remote(text) else "file://" + os.path.abspath(text)
 
 
 def _context():
@@ -88,8 +89,7 @@ def write_shard(store: epath.Path, index: int, documents: Sequence[np.ndarray],
   """
   tokens = np.concatenate(documents).astype(dtype) if documents else np.zeros(0, dtype)
   lengths = np.array([len(d) for d in documents], dtype=np.int64)
-  doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) if len(
-      documents) else np.zeros(0, np.int64)
+  doc_starts = np.cumsum(lengths) - lengths
   entry = {"shard": index, "tokens": int(tokens.size), "documents": len(documents), **ledger}
   folder = store / "shards" / shard_name(index)
   if tokens.size:
@@ -108,15 +108,8 @@ def write_shard(store: epath.Path, index: int, documents: Sequence[np.ndarray],
       array.write(values).result()
   ledger_file = store / "ledger" / f"{shard_name(index)}.json"
   ledger_file.parent.mkdir(parents=True, exist_ok=True)
-  _write_text(ledger_file, json.dumps(entry))
+  paths.write_atomically(ledger_file, json.dumps(entry))
   return entry
-
-
-def _write_text(path: epath.Path, text: str) -> None:
-  """Writes through a temporary name, so a reader never sees half a file."""
-  temporary = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
-  temporary.write_text(text)
-  temporary.rename(path)
 
 
 def read_ledger(store: epath.Path) -> dict[int, dict[str, Any]]:
@@ -172,7 +165,7 @@ def publish(partial: epath.Path, final: epath.Path, manifest: dict[str, Any]) ->
   A store already at `final` with the same key (a concurrent build won the race) is kept and
   the partial one dropped; a stale one is moved aside first and removed after.
   """
-  _write_text(partial / "manifest.json", json.dumps(manifest, indent=1))
+  paths.write_atomically(partial / "manifest.json", json.dumps(manifest, indent=1))
   existing = read_manifest(final) if final.exists() else None
   if existing is not None and manifest_difference(manifest, existing) is None:
     partial.rmtree()

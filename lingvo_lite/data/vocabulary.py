@@ -11,7 +11,6 @@ without U+2581 (the character SentencePiece writes a space as). Only `resolve_vo
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import heapq
 import io
@@ -27,8 +26,9 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import numpy as np
 from etils import epath
 
+from lingvo_lite import paths
 from lingvo_lite.data import locations
-from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.data.tensorflow_import import import_seqio, import_tensorflow
 from lingvo_lite.errors import DataError, UsageError, config_error
 
 # seqio's convention (pad 0, EOS 1, UNK 2), then byte_fallback's 256 byte pieces.
@@ -123,14 +123,7 @@ def _sample(texts: Iterable[bytes], budget: int) -> tuple[list[str], int, int]:
 
 
 def _is_local(path: str | os.PathLike) -> bool:
-  return "://" not in os.fspath(path)
-
-
-def _absolute(path: str | os.PathLike) -> epath.Path:
-  """Local paths made absolute once, here at the edge; others (gs://) as given."""
-  if _is_local(path):
-    return epath.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
-  return epath.Path(path)
+  return not paths.is_remote(os.fspath(path))
 
 
 def _writable(path: epath.Path, field: str, value: Any) -> None:
@@ -148,28 +141,12 @@ def _writable(path: epath.Path, field: str, value: Any) -> None:
                        "give a path in a writable folder") from None
 
 
-def _write_atomically(path: epath.Path, data: bytes) -> None:
-  """Writes a temporary file beside `path` and renames it over `path`: a reader sees the
-  old file or the whole new one, and a killed writer leaves only a dot-file."""
-  temporary = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+def _write_atomically(path: epath.Path, content: str | bytes) -> None:
+  """`paths.write_atomically`, a failed write reported as the DataError of this file."""
   try:
-    if _is_local(path):
-      with open(temporary, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-      os.replace(temporary, path)
-    else:
-      temporary.write_bytes(data)
-      temporary.replace(path)
-  except BaseException as e:
-    try:
-      temporary.unlink(missing_ok=True)
-    except OSError:
-      pass
-    if isinstance(e, OSError):
-      raise DataError(f"{path}: could not write it ({e.strerror or e})") from None
-    raise
+    paths.write_atomically(path, content)
+  except OSError as e:
+    raise DataError(f"{path}: could not write it ({e.strerror or e})") from None
 
 
 def _training_error(error: RuntimeError, vocab_size: int) -> Exception:
@@ -205,7 +182,7 @@ def train_sentencepiece(texts: Iterable[bytes], output_path: str, vocab_size: in
     DataError: The model could not be written, or SentencePiece failed otherwise.
   """
   _check_settings(vocab_size, model_type)
-  path = _absolute(output_path)
+  path = paths.resolve(output_path)
   _writable(path, "output_path", output_path)
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   start = time.time()
@@ -235,7 +212,7 @@ def train_sentencepiece(texts: Iterable[bytes], output_path: str, vocab_size: in
                  sha256=hashlib.sha256(data).hexdigest())
   # The sidecar first: whoever sees the model file also finds its description.
   _write_atomically(epath.Path(f"{path}.json"),
-                    json.dumps(sidecar, indent=2, sort_keys=True).encode() + b"\n")
+                    json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
   _write_atomically(path, data)
   return summary
 
@@ -276,7 +253,7 @@ def _load(path: epath.Path, field: str, value: Any, wanted: SentencePieceModel |
 
 def _model_path(vocabulary: SentencePieceModel, task_name: str) -> epath.Path:
   if vocabulary.path is not None:
-    return _absolute(vocabulary.path)
+    return paths.resolve(vocabulary.path)
   name = f"{task_name}-{vocabulary.model_type}-{vocabulary.vocab_size}.model"
   return locations.data_root() / "vocab" / name
 
@@ -301,20 +278,13 @@ def _train_once(path: epath.Path, vocabulary: SentencePieceModel, task_name: str
     train()
     return
   _writable(path, "vocabulary.path", os.fspath(path))
-  with open(f"{path}.lock", "a") as lock:
-    try:
-      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      print(f"waiting for another process to train {path} ...", file=sys.stderr, flush=True)
-      fcntl.flock(lock, fcntl.LOCK_EX)
+  with paths.exclusive_lock(f"{path}.lock", f"waiting for another process to train {path} ..."):
     if not path.exists():
       train()
 
 
 def _seqio():
-  import_tensorflow()  # Quietly, before seqio imports it.
-  import seqio  # pylint: disable=g-import-not-at-top
-  return seqio
+  return import_seqio()[1]
 
 
 def _not_a_vocabulary(vocabulary: Any) -> UsageError:
@@ -331,7 +301,7 @@ def resolve_vocabulary(vocabulary: "SentencePieceModel | str | None", task_name:
   if vocabulary is None:
     return _seqio().ByteVocabulary()
   if isinstance(vocabulary, (str, os.PathLike)):
-    path = _absolute(vocabulary)
+    path = paths.resolve(vocabulary)
     _load(path, "vocabulary", vocabulary)
     return _seqio().SentencePieceVocabulary(os.fspath(path))
   if not isinstance(vocabulary, SentencePieceModel):
@@ -351,7 +321,7 @@ def vocabulary_size(vocabulary: "SentencePieceModel | str | None") -> int:
     _check_settings(vocabulary.vocab_size, vocabulary.model_type, "vocabulary.")
     return vocabulary.vocab_size
   if isinstance(vocabulary, (str, os.PathLike)):
-    return _load(_absolute(vocabulary), "vocabulary", vocabulary).GetPieceSize()
+    return _load(paths.resolve(vocabulary), "vocabulary", vocabulary).GetPieceSize()
   raise _not_a_vocabulary(vocabulary)
 
 
