@@ -1,7 +1,10 @@
 """Checkpoint saving and restoring with orbax, keyed by step, under JOB/checkpoints/.
 
 Restores into the abstract, sharded state the program already computed, so a checkpoint
-lands directly in the current run's shardings (orbax reshards if the mesh changed).
+lands directly in the current run's shardings (orbax reshards if the mesh changed). A program
+that needs only the parameters (eval, decode) restores just that subtree of the saved
+TrainState: the optimizer state (Adam's moments, twice the parameters) is neither read into
+memory nor allocated.
 
 What can go wrong on disk is handled here, not left to orbax's background threads:
 - A save that fails (disk full, permissions, an I/O error) is noticed at the next step
@@ -37,6 +40,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveInt
 
 _ITEM = "default"  # The folder orbax writes a single-item step's state to.
+_PARAMS = "params"  # The TrainState field a params-only restore reads; orbax keys it so.
 _STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
 # Folder-name markers of steps being written (orbax's) or being deleted (ours).
 _TEMPORARY_MARKERS = (".orbax-checkpoint-tmp", ".lingvo_lite-deleting")
@@ -103,6 +107,18 @@ def _one_line(error: BaseException) -> str:
   return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+# What orbax and tensorstore raise reading a damaged step, alone or as some wrapper's cause.
+_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError)
+
+
+def _caused_by(error: BaseException, types: tuple[type[BaseException], ...]) -> bool:
+  while error is not None:
+    if isinstance(error, types):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
 def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
   """'params/layers_0/attention/query/kernel' -> shape, for any pytree of arrays or metadata
   (a TrainState's attributes and a restored dict's keys name a leaf alike)."""
@@ -156,6 +172,11 @@ class Checkpointer:
     """Complete steps on disk, oldest first (see `skipped_steps` for the others)."""
     return [step for step in sorted(self._manager.all_steps())
             if step not in self._pending and self._is_complete(step)]
+
+  def refresh(self) -> None:
+    """Looks at the folder again: for a reader (the eval program) of a job that a trainer
+    beside it keeps saving to; orbax otherwise lists the steps it saw when it started."""
+    self._manager.reload()
 
   def skipped_steps(self) -> dict[int, str]:
     """Step folders a restore will not use, each with the reason (for messages)."""
@@ -334,24 +355,56 @@ class Checkpointer:
     with self._reading(step):
       return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
 
+  def restore_params(self, step: int, abstract_params: Any) -> Any:
+    """Restores only the parameters of the TrainState saved at `step`, into the shapes,
+    dtypes and shardings of `abstract_params`; returns the plain parameter tree.
+
+    The optimizer state is skipped on disk: no array of it is read or allocated. The same
+    checks as `restore` come first: the step's checksums (over all its files: orbax packs
+    parameters and moments into shared data files), then the saved parameters' tree against
+    `abstract_params`.
+    """
+    self._verify(step)
+    wanted = {_PARAMS: abstract_params}
+    self._check_tree(step, wanted, subtree=_PARAMS)
+    # The manager's StandardCheckpointHandler has no partial restore (orbax 0.12 refuses
+    # PLACEHOLDER leaves in it), so the PyTree handler it wraps reads the same item folder
+    # directly; `partial_restore` trims the saved tree to `wanted` before anything is read.
+    reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
+    with self._reading(step), contextlib.closing(reader):
+      restored = reader.restore(
+          self._directory / str(step) / _ITEM,
+          args=ocp.args.PyTreeRestore(
+              item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
+              partial_restore=True))
+    return restored[_PARAMS]
+
   @contextlib.contextmanager
   def _reading(self, step: int) -> Iterator[None]:
     """orbax's errors reading a damaged step (checksums off, or damage they cannot see:
     a file edited before they were written) as one line naming the step and the way out."""
     try:
       yield
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+    except Exception as e:  # pylint: disable=broad-except
+      # orbax wraps tensorstore's read errors (a truncated data file) in a bare Exception
+      # ("Encountered error while reading array index"), so the chain's causes decide.
+      if not _caused_by(e, _READ_ERRORS):
+        raise
       earlier = [s for s in self.all_steps() if s < step]
       fix = (f"resume from step {max(earlier)}" if earlier else "start from scratch")
       raise UsageError(f"checkpoint step {step} in {self._directory} is unreadable "
                        f"({_one_line(e)}); move {self._directory / str(step)} out of the way "
                        f"to {fix}") from None
 
-  def _check_tree(self, step: int, abstract_state: Any) -> None:
-    """The saved arrays' paths and shapes must be the state's: orbax would otherwise fail
-    deep inside tensorstore, or silently broadcast or truncate."""
+  def _check_tree(self, step: int, abstract_state: Any, subtree: str | None = None) -> None:
+    """The saved arrays' paths and shapes must be the state's (with `subtree`, only the saved
+    arrays under that top-level key are compared): orbax would otherwise fail deep inside
+    tensorstore, or silently broadcast or truncate."""
     with self._reading(step):
       saved = _shapes_by_path(self._manager.item_metadata(step))
+    if subtree is not None:
+      saved = {path: shape for path, shape in saved.items()
+               if path == subtree or path.startswith(f"{subtree}/")}
     wanted = _shapes_by_path(abstract_state)
     problem = None
     for path, shape in wanted.items():
@@ -366,8 +419,9 @@ class Checkpointer:
       if extra:
         problem = f"it holds {extra[0]}, which this config's state has no place for"
     if problem:
+      differs = "model" if subtree else "model or optimizer"  # A params read skips the rest.
       raise UsageError(f"checkpoint step {step} in {self._directory} does not fit this config: "
-                       f"{problem}; the model or optimizer differs from the one that wrote it: "
+                       f"{problem}; the {differs} differs from the one that wrote it: "
                        "use the job's own config (its config.json), or a new --job_log_dir")
 
   def _verify(self, step: int) -> None:

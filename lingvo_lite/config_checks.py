@@ -5,7 +5,9 @@ expected (`--fdl.model=3`), None in a field that is not Optional, nothing for a 
 argument. Each of those fails deep in a constructor, or later still, with a traceback. This
 module walks the tree first, whatever produced it (the experiment, fiddlers, `--fdl.` sets, a
 config.json), and checks every argument of every Buildable against its callable's annotation
-and the constraints declared with it (`lingvo_lite.fields`), naming the dotted config path.
+and the constraints declared with it (`lingvo_lite.fields`), naming the config path the way
+`--fdl.` spells it: `model.num_layers`, `eval_data.held_out.num_batches` for an entry of a
+dict (`eval_data['held out']` for a key that is not an identifier), `train_data.sources[0]`.
 """
 
 from __future__ import annotations
@@ -37,18 +39,10 @@ def _type_of(value: Any) -> type | None:
   return type(value)
 
 
-def _join(path: str, name: str) -> str:
-  return f"{path}.{name}" if path else name
-
-
 def _check(value: Any, path: str, seen: set[int]) -> None:
-  if isinstance(value, (list, tuple)):
-    for index, item in enumerate(value):
-      _check(item, f"{path}[{index}]", seen)
-    return
-  if isinstance(value, dict):
-    for key, item in value.items():
-      _check(item, f"{path}[{key!r}]", seen)
+  if isinstance(value, (dict, list, tuple)):
+    for key, item in fields.entries(value):
+      _check(item, fields.path_join(path, key), seen)
     return
   if not isinstance(value, fdl.Buildable) or id(value) in seen:
     return
@@ -63,7 +57,7 @@ def _check(value: Any, path: str, seen: set[int]) -> None:
   for name, parameter in parameters.items():
     if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
       continue
-    field_path = _join(path, name)
+    field_path = fields.path_join(path, name)
     if name not in arguments:
       if parameter.default is parameter.empty and isinstance(value, fdl.Config):
         raise UsageError(f"{field_path}: required by {getattr(fn, '__name__', fn)} and not "
@@ -75,12 +69,18 @@ def _check(value: Any, path: str, seen: set[int]) -> None:
     _check(argument, field_path, seen)
   for name, argument in arguments.items():
     if name not in parameters:  # Taken by **kwargs: no annotation, but it may hold configs.
-      _check(argument, _join(path, str(name)), seen)
+      _check(argument, fields.path_join(path, str(name)), seen)
 
 
 def _check_argument(path: str, argument: Any, annotation: Any) -> None:
+  if isinstance(argument, dict) and fields.matches(argument, annotation, _type_of) is False:
+    # A config in a dict entry is named by the entry's path; `fields.check` names the rest.
+    for key, entry in argument.items():
+      inner = fields.entry_annotation(annotation, argument, key)
+      if isinstance(entry, fdl.Buildable) and inner is not None:
+        _check_argument(fields.path_join(path, key), entry, inner)
   if not isinstance(argument, fdl.Buildable):
-    fields.check(path, argument, annotation)
+    fields.check(path, argument, annotation, _type_of)
   elif fields.matches(argument, annotation, _type_of) is False:
     built = getattr(fdl.get_callable(argument), "__name__", "?")
     raise UsageError(f"{path}=<config of {built}>: must be {fields.describe(annotation)}; "

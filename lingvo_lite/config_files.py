@@ -1,7 +1,10 @@
 """A run's config on disk: `config.json` to rebuild it, `config.txt` to read it.
 
 `config.txt` lists every field, flattened (`model.num_layers = 2`), with where its value
-came from: the experiment's source line, a command-line flag, or `default`. `config.json`
+came from: the experiment's source line, a command-line flag, or `default`. Configs held in
+a dict, list or tuple are listed under the path a `--fdl.` flag reaches them by
+(`eval_data.held_out.num_batches = 8`, `train_data.sources[0].split = 'train'`), below one
+line for the container (`eval_data = {held_out, validation}`). `config.json`
 is Fiddle's serialization plus a `lingvo_lite` entry (which Fiddle's loader ignores) holding
 each field's origin and the experiment's name: `--fdl_config_file=JOB/config.json` rebuilds
 an equal config whose `config.txt` still says where every value came from, and whose
@@ -10,6 +13,7 @@ experiment's own fiddlers still apply.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any, Iterator
@@ -21,6 +25,7 @@ from fiddle import history
 from fiddle.experimental import serialization
 
 from lingvo_lite.errors import UsageError
+from lingvo_lite.fields import entries, key_text, path_join
 
 CONFIG_JSON = "config.json"
 CONFIG_TXT = "config.txt"
@@ -74,22 +79,74 @@ def _arguments(buildable: fdl.Buildable) -> dict[str, Any]:
   return arguments
 
 
-def fields(cfg: Any, prefix: str = "") -> Iterator[tuple[str, fdl.Buildable, str, Any]]:
-  """(dotted path, owning Buildable, field name, value) for every field, depth first."""
-  if not isinstance(cfg, fdl.Buildable):
-    return
-  for name, value in _arguments(cfg).items():
-    path = f"{prefix}{name}"
-    yield path, cfg, name, value
-    if isinstance(value, fdl.Buildable):
-      yield from fields(value, path + ".")
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One line of the listing: a config's field, or an entry of a container of configs.
+
+  Attributes:
+    path: As a `--fdl.` flag writes it: `model.dim`, `eval_data.held_out`, `sources[0]`.
+    owner: The config the field belongs to, or the dict, list or tuple holding the entry.
+    key: The field's name, or the entry's key or index.
+    value: What the field or entry holds.
+    text: The value as config.txt shows it.
+    origin: Where it was set: of the field, or of the field holding the container.
+  """
+
+  path: str
+  owner: Any
+  key: Any
+  value: Any
+  text: str
+  origin: str
 
 
-def flatten(cfg: Any, prefix: str = "") -> Iterator[tuple[str, str, str]]:
-  """(path, value repr, origin) for every field, defaults included, depth first."""
-  for path, owner, name, value in fields(cfg, prefix):
-    shown = f"<{_callable_name(value)}>" if isinstance(value, fdl.Buildable) else repr(value)
-    yield path, shown, _origin(owner, name)
+def _holds_configs(value: Any) -> bool:
+  """Whether a dict, list or tuple holds a config at any depth (a plain one is a literal)."""
+  return any(isinstance(entry, fdl.Buildable) or _holds_configs(entry)
+             for _, entry in entries(value))
+
+
+def _text(value: Any) -> str:
+  if isinstance(value, fdl.Buildable):
+    return f"<{_callable_name(value)}>"
+  if _holds_configs(value):
+    # Its entries get lines of their own; this one says where to find them.
+    if isinstance(value, dict):
+      return "{" + ", ".join(key_text(key) for key in value) + "}"
+    return f"<{type(value).__name__} of {len(value)} items>"
+  return repr(value)
+
+
+def _rows(value: Any, path: str, origin: str) -> Iterator[Row]:
+  """The rows below `value` (a config, or a container of configs) at `path`."""
+  if isinstance(value, fdl.Buildable):
+    for name, child in _arguments(value).items():
+      child_path, child_origin = path_join(path, name), _origin(value, name)
+      yield Row(child_path, value, name, child, _text(child), child_origin)
+      yield from _rows(child, child_path, child_origin)
+  elif _holds_configs(value):
+    for key, child in entries(value):
+      child_path = path_join(path, key)
+      yield Row(child_path, value, key, child, _text(child), origin)
+      yield from _rows(child, child_path, origin)
+
+
+def rows(cfg: Any) -> Iterator[Row]:
+  """Every field of the config tree, defaults included, depth first."""
+  if isinstance(cfg, fdl.Buildable):
+    yield from _rows(cfg, "", "")
+
+
+def fields(cfg: Any) -> Iterator[tuple[str, Any, Any, Any]]:
+  """(path, owner, field name or key, value) for every row, depth first."""
+  for row in rows(cfg):
+    yield row.path, row.owner, row.key, row.value
+
+
+def flatten(cfg: Any) -> Iterator[tuple[str, str, str]]:
+  """(path, value as shown, origin) for every row, defaults included, depth first."""
+  for row in rows(cfg):
+    yield row.path, row.text, row.origin
 
 
 def to_text(cfg: fdl.Buildable) -> str:
@@ -108,6 +165,8 @@ def to_json(cfg: fdl.Buildable, experiment: type | None = None) -> str:
   data = json.loads(serialization.dump_json(cfg))
   origins = {}
   for path, owner, name, _ in fields(cfg):
+    if not isinstance(owner, fdl.Buildable):
+      continue  # An entry of a container: its origin is the field holding the container.
     location = _last_location(owner, name)
     if location is not None:
       origins[path] = [location.filename, location.line_number, location.function_name]
@@ -122,7 +181,8 @@ def _restore_origins(cfg: fdl.Buildable, origins: dict[str, Any]) -> None:
   """Re-records each field's origin in the reloaded config's history."""
   for path, owner, name, value in list(fields(cfg)):
     recorded = origins.get(path)
-    if not recorded or name not in owner.__arguments__:
+    # Only a config's own fields have a history; an entry of a container has none.
+    if not recorded or not isinstance(owner, fdl.Buildable) or name not in owner.__arguments__:
       continue
     try:
       filename, line_number, function_name = recorded

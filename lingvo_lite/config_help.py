@@ -2,7 +2,8 @@
 
 The docs come from where the fields are declared: the `Attributes:` (or `Args:`) section of
 the configured class's or function's Google-style docstring, so there is no second copy of
-them to keep up to date.
+them to keep up to date. A config held in a dict, list or tuple is listed under the path that
+reaches it (`eval_data.held_out: DataSource = <...>`), its fields below it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 import fiddle as fdl
 
-from lingvo_lite import config_files
+from lingvo_lite import config_files, fields
 
 _SECTION = re.compile(r"^(\s*)(Attributes|Args|Arguments):\s*$")
 _ENTRY = re.compile(r"^(\s*)([A-Za-z_][\w, ]*?)(?:\s*\([^)]*\))?:\s*(.*)$")
@@ -57,7 +58,8 @@ def field_docs(fn: Callable[..., Any]) -> dict[str, str]:
   return docs
 
 
-def _type_name(fn: Callable[..., Any], name: str) -> str:
+def _annotation(fn: Callable[..., Any], name: str) -> Any:
+  """The annotation of a field of `fn`, without `Annotated` extras; None when there is none."""
   target = fn.__init__ if inspect.isclass(fn) and not hasattr(fn, "__dataclass_fields__") \
       else fn
   try:
@@ -68,30 +70,36 @@ def _type_name(fn: Callable[..., Any], name: str) -> str:
     parameter = inspect.signature(fn).parameters.get(name)
     annotation = parameter.annotation if parameter is not None else inspect.Parameter.empty
     if annotation is inspect.Parameter.empty:
-      return "?"
+      return None
+  return annotation
+
+
+def _type_name(annotation: Any) -> str:
+  if annotation is None:
+    return "?"
   if isinstance(annotation, type):
     return annotation.__name__
   return str(annotation).replace("typing.", "")
 
 
-def _buildables(cfg: fdl.Buildable, prefix: str = "") -> dict[str, fdl.Buildable]:
-  """Dotted path ('' for the root) -> every Buildable in the config tree."""
-  found = {prefix.rstrip("."): cfg}
-  for name, value in fdl.ordered_arguments(cfg, include_defaults=True).items():
-    if isinstance(value, fdl.Buildable):
-      found.update(_buildables(value, f"{prefix}{name}."))
-  return found
-
-
 def describe(cfg: fdl.Buildable, fiddlers: Mapping[str, Callable[..., Any]]) -> str:
   """The text `--fdl_help` prints."""
-  parts = _buildables(cfg)
   lines = ["Fields (set with --fdl.PATH=VALUE; VALUE is a Python literal):", ""]
-  for path, value_text, origin in config_files.flatten(cfg):
-    parent_path, _, name = path.rpartition(".")
-    fn = fdl.get_callable(parts[parent_path])
-    doc = field_docs(fn).get(name, "")
-    lines.append(f"  {path}: {_type_name(fn, name)} = {value_text}    # {origin}")
+  # The annotation of the field holding each container, for the type of its entries.
+  containers: dict[int, Any] = {}
+  for row in config_files.rows(cfg):
+    doc = ""
+    if isinstance(row.owner, fdl.Buildable):
+      fn = fdl.get_callable(row.owner)
+      annotation = _annotation(fn, row.key)
+      doc = field_docs(fn).get(row.key, "")
+    else:
+      holder = containers.get(id(row.owner))
+      annotation = (None if holder is None
+                    else fields.entry_annotation(holder, row.owner, row.key))
+    if isinstance(row.value, (dict, list, tuple)) and annotation is not None:
+      containers[id(row.value)] = annotation
+    lines.append(f"  {row.path}: {_type_name(annotation)} = {row.text}    # {row.origin}")
     if doc:
       lines.append(f"      {doc}")
   lines += ["", "Fiddlers (apply with --fiddler=NAME, in command-line order with the sets):", ""]

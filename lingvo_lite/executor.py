@@ -89,6 +89,19 @@ flags.DEFINE_string("compiled_step_in", None, "--mode=train: run the compiled st
                     "this folder instead of compiling; refused (one line) if anything it was "
                     "compiled for differs. A saved step is code: load only your own.")
 
+# --mode=eval.
+flags.DEFINE_integer("checkpoint_step", None, "--mode=eval: evaluate this checkpoint step "
+                     "(default: the latest).")
+flags.DEFINE_bool("eval_continuous", False, "--mode=eval: evaluate each checkpoint of a "
+                  "training run beside this one once, as it lands; exits after the run's final "
+                  "step (train.steps), or after --eval_timeout_seconds without a new write.")
+flags.DEFINE_float("eval_timeout_seconds", 3600.0, "--eval_continuous: stop when the trainer "
+                   "has written nothing (no checkpoint, no metrics row) for this long.")
+flags.DEFINE_float("eval_poll_seconds", 10.0, "--eval_continuous: seconds between looks for "
+                   "a new checkpoint.")
+flags.DEFINE_list("eval_sets", [], "--mode=eval: the eval sets to evaluate, by name "
+                  "(comma-separated; default: every set of eval_data).")
+
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ("auto", "on", "off"),
     "Multi-process runs through jax.distributed: auto = when --coordinator_address is given "
@@ -322,9 +335,12 @@ def _run_mode() -> int | None:
   target = _compile_target(cfg, options) if program.name == "compile" else targets.host()
   with targets.active(target):  # Batch sizes per device and validation count its devices.
     setup = build(cfg)
-    if program.name == "train" and setup.train.profile_start_step >= 0:
-      # Only the built config says whether the run writes JOB/profile; still nothing is written.
-      job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value, profile=True)
+    if program.name in ("train", "eval"):
+      # Only the built config says whether the run writes JOB/profile, and the names of the
+      # eval sets' files; still nothing is written.
+      job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value,
+                     profile=setup.train.profile_start_step >= 0,
+                     eval_sets=tuple(setup.eval_sets))
     if program.name != "print":
       _configure_compilation_cache()
     invocation = programs.Invocation(

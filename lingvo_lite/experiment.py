@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Annotated, Any
+import re
+from typing import Annotated, Any, Mapping
 
 import fiddle as fdl
 
 from lingvo_lite import fields, target as targets
 from lingvo_lite.checkpoints import CheckpointSettings
-from lingvo_lite.data.source import DataSource, check_ready
+from lingvo_lite.data.source import DataSource, check_ready, vocabulary_fingerprint
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
 from lingvo_lite.models.transformer import ParameterShape, TransformerLM
@@ -55,14 +56,25 @@ class TrainLoop:
   peak_tflops_per_device: PositiveFloat | None = None
 
 
+# The name a single eval source (not a mapping) is reported under.
+DEFAULT_EVAL_SET = "validation"
+_EVAL_SET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 @dataclasses.dataclass(frozen=True)
 class Setup:
-  """Everything a program needs, built from an experiment's config."""
+  """Everything a program needs, built from an experiment's config.
+
+  Attributes:
+    eval_data: The eval sets: a mapping name -> source (`{"validation": ..., "held_out":
+      ...}`), or one source, named "validation"; None evaluates nothing. A set's fields are
+      reached by name on the command line: `--fdl.eval_data.held_out.num_batches=8`.
+  """
 
   model: TransformerLM
   optimizer: AdamW
   train_data: DataSource
-  eval_data: DataSource | None
+  eval_data: DataSource | Mapping[str, DataSource] | None
   partitioner: Partitioner = Partitioner()
   train: TrainLoop = TrainLoop()
   checkpoint: CheckpointSettings = CheckpointSettings()
@@ -96,10 +108,8 @@ class Setup:
     if rotary_dim % 2 or rotary_dim > model.resolved_head_dim:
       raise config_error("model.rotary_dim", model.rotary_dim,
                          f"must be even and at most head_dim={model.resolved_head_dim}")
-    for name in ("train_data", "eval_data"):
-      data = getattr(self, name)
-      if data is None:
-        continue
+    _check_eval_set_names(self.eval_data)
+    for name, data in self.data_sources():
       if data.global_batch_size % self.train.grad_accum_steps and name == "train_data":
         raise config_error("train.grad_accum_steps", self.train.grad_accum_steps,
                            f"does not divide train_data.global_batch_size="
@@ -108,13 +118,34 @@ class Setup:
         raise config_error(f"{name}.sequence_length", data.sequence_length,
                            f"exceeds model.max_length={model.max_length} of learned positions")
       _check_vocabulary(name, data, model)
-    if self.eval_data is not None and not self.eval_data.num_batches:
-      raise config_error("eval_data.num_batches", self.eval_data.num_batches,
-                         "an eval set needs a positive number of batches per pass")
+      if name != "train_data" and not data.num_batches and not callable(
+          getattr(data, "examples_per_pass", None)):
+        raise config_error(f"{name}.num_batches", data.num_batches,
+                           f"a {type(data).__name__} has no end to evaluate up to",
+                           "give the number of batches of one eval pass")
     _check_partitioning(self, target)
 
-  def check_data(self, names: tuple[str, ...] = ("train_data", "eval_data")) -> None:
-    """Reads what each named data source must read to know it is usable.
+  @property
+  def eval_sets(self) -> dict[str, DataSource]:
+    """The eval sets by name, in the config's order (a single source is "validation")."""
+    if self.eval_data is None:
+      return {}
+    if isinstance(self.eval_data, Mapping):
+      return dict(self.eval_data)
+    return {DEFAULT_EVAL_SET: self.eval_data}
+
+  def eval_set_path(self, name: str) -> str:
+    """The config path of eval set `name`, as `--fdl.` reaches it."""
+    return f"eval_data.{name}" if isinstance(self.eval_data, Mapping) else "eval_data"
+
+  def data_sources(self, train: bool = True) -> list[tuple[str, DataSource]]:
+    """(config path, source) of the train data (unless `train=False`) and every eval set."""
+    sources = [("train_data", self.train_data)] if train else []
+    return sources + [(self.eval_set_path(name), data) for name, data in self.eval_sets.items()]
+
+  def check_data(self, train: bool = True) -> None:
+    """Reads what each data source must read to know it is usable (the train data's only
+    with `train`), and checks that every eval set has the train data's vocabulary.
 
     Not part of `validate()`: materializing a corpus takes seconds that `--mode=print` need
     not spend. A program calls it after `validate()` and before it writes into the job dir
@@ -125,8 +156,28 @@ class Setup:
     Raises:
       UsageError: naming the field, e.g. `train_data.sequence_length=4096: ...`.
     """
-    for name in names:
-      check_ready(name, getattr(self, name))
+    for name, data in self.data_sources(train):
+      check_ready(name, data)
+    trained_on = vocabulary_fingerprint(self.train_data)
+    for name, data in self.data_sources(train=False):
+      fingerprint = vocabulary_fingerprint(data)
+      if trained_on is not None and fingerprint is not None and fingerprint != trained_on:
+        raise config_error(f"{name}.task", getattr(getattr(data, "task", None), "name", data),
+                           f"tokenizes with another vocabulary ({fingerprint}) than the "
+                           f"model's train data ({trained_on})",
+                           "give the eval set the train data's vocabulary")
+
+
+def _check_eval_set_names(eval_data: Any) -> None:
+  if not isinstance(eval_data, Mapping):
+    return
+  if not eval_data:
+    raise config_error("eval_data", {}, "names no eval set", "give sets, or None for none")
+  for name in eval_data:
+    if not isinstance(name, str) or not _EVAL_SET_NAME.fullmatch(name):
+      raise config_error("eval_data", list(eval_data), f"the set name {name!r} is not a "
+                         "Python identifier (it names folders and --fdl. paths)",
+                         "use letters, digits and underscores, e.g. 'held_out'")
 
 
 # No machine holds the training state of more parameters: 1e14 float32 parameters with
@@ -212,10 +263,7 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
             "change the size or the partitioner's axis sizes or rules")
   data_parallel = partitioner.data_parallel_size(axis_sizes)
   batch_axes = " x ".join(partitioner.mesh_axes_of(("batch",))[0]) or "none"
-  for name in ("train_data", "eval_data"):
-    data = getattr(setup, name)
-    if data is None:
-      continue
+  for name, data in setup.data_sources():
     rows = data.global_batch_size // (setup.train.grad_accum_steps if name == "train_data" else 1)
     if rows % data_parallel or data.global_batch_size % target.num_processes:
       raise config_error(

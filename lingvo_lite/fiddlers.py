@@ -25,6 +25,21 @@ def _set_if_accepted(buildable: fdl.Buildable | None, **values) -> None:
       setattr(buildable, name, value)
 
 
+def _eval_configs(cfg: fdl.Config) -> dict[str | None, fdl.Buildable]:
+  """The eval sets' configs by name (None for a single source), for fiddlers that change them
+  all whether eval_data is one source or a mapping of them."""
+  if isinstance(cfg.eval_data, dict):
+    return dict(cfg.eval_data)
+  return {} if cfg.eval_data is None else {None: cfg.eval_data}
+
+
+def _replace_eval_config(cfg: fdl.Config, name: str | None, new: fdl.Buildable) -> None:
+  if name is None:
+    cfg.eval_data = new
+  else:
+    cfg.eval_data = {**cfg.eval_data, name: new}
+
+
 def tiny(cfg: fdl.Config) -> None:
   """Shrinks any experiment to run in seconds on one CPU: 2 layers, width 64, 10 steps."""
   model = cfg.model
@@ -48,28 +63,29 @@ def tiny(cfg: fdl.Config) -> None:
   cfg.checkpoint.every_steps = 10
   sequence_length = min(cfg.train_data.sequence_length, 64)
   model.max_length = max(sequence_length, 64)
-  for data in (cfg.train_data, cfg.eval_data):
-    if data is None:
-      continue
+  eval_configs = list(_eval_configs(cfg).values())
+  for data in [cfg.train_data, *eval_configs]:
     data.sequence_length = sequence_length
     data.global_batch_size = 4
     _set_if_accepted(data, per_device_batch_size=None)
     _set_if_accepted(data, max_examples=256)
-  if cfg.eval_data is not None:
-    cfg.eval_data.num_batches = 2
+  for data in eval_configs:
+    data.num_batches = 2
 
 
 def synthetic_data(cfg: fdl.Config) -> None:
   """Replaces the train and eval data with synthetic tokens of the same shapes."""
-  for name, seed in (("train_data", 0), ("eval_data", 1)):
-    data = getattr(cfg, name)
-    if data is None:
-      continue
-    setattr(cfg, name, fdl.Config(
+  def synthetic(data: fdl.Buildable, seed: int) -> fdl.Config:
+    return fdl.Config(
         SyntheticData, vocab_size=cfg.model.vocab_size, sequence_length=data.sequence_length,
         global_batch_size=data.global_batch_size,
         per_device_batch_size=getattr(data, "per_device_batch_size", None), seed=seed,
-        num_batches=getattr(data, "num_batches", None)))
+        # A synthetic stream has no end: a whole-split eval set gets 10 batches.
+        num_batches=getattr(data, "num_batches", None) or (None if seed == 0 else 10))
+
+  cfg.train_data = synthetic(cfg.train_data, 0)
+  for seed, (name, data) in enumerate(_eval_configs(cfg).items(), start=1):
+    _replace_eval_config(cfg, name, synthetic(data, seed))
 
 
 def no_eval(cfg: fdl.Config) -> None:

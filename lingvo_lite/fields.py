@@ -18,9 +18,11 @@ declare their fields.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import math
 import numbers
+import re
 import types
 import typing
 from typing import Annotated, Any, Callable
@@ -99,6 +101,39 @@ PositiveFloat = Annotated[float, Positive]
 NonNegativeFloat = Annotated[float, NonNegative]
 
 
+# ----------------------------------------------------------------------------- paths
+
+# A key spelled with a dot in a path; Setup.validate() holds eval set names to the same rule.
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def path_join(path: str, step: Any) -> str:
+  """`path` extended by a field name, a mapping's key or a sequence's index.
+
+  Spelled the way `--fdl.` paths are written, so a message names what the user types: a
+  field or an identifier key joins with a dot (`eval_data.held_out`), an index or any other
+  key goes in brackets (`sources[0]`, `eval_data['held out']`).
+  """
+  if isinstance(step, str) and _NAME.fullmatch(step):
+    return f"{path}.{step}" if path else step
+  return f"{path}[{step!r}]"
+
+
+def key_text(key: Any) -> str:
+  """A key as a path step writes it, without the brackets: `held_out`, `'held out'`, `0`."""
+  text = path_join("", key)
+  return text[1:-1] if text.startswith("[") else text
+
+
+def entries(container: Any) -> list[tuple[Any, Any]]:
+  """(key or index, value) of a dict, list or tuple; [] for anything else."""
+  if isinstance(container, dict):
+    return list(container.items())
+  if isinstance(container, (list, tuple)):
+    return list(enumerate(container))
+  return []
+
+
 # ----------------------------------------------------------------------------- annotations
 
 
@@ -130,8 +165,33 @@ def _union_args(annotation: Any) -> tuple[Any, ...] | None:
   return None
 
 
+# `Mapping[str, X]`, `dict[str, X]` and their bare forms; typing.get_origin gives these.
+_MAPPINGS = (dict, collections.abc.Mapping, collections.abc.MutableMapping)
+
+
+def entry_annotation(annotation: Any, container: Any, key: Any) -> Any:
+  """The annotation of `container[key]`, from the annotation of the field holding `container`.
+
+  `Mapping[str, DataSource]` gives DataSource for a dict, `tuple[int, str]` gives str for [1];
+  in a union, the member that is that kind of container decides. None when the annotation
+  declares no such container (then nothing is known of the entries).
+  """
+  annotation, _ = _strip(annotation)
+  for member in _union_args(annotation) or (annotation,):
+    member = _strip(member)[0]
+    origin, args = typing.get_origin(member), typing.get_args(member)
+    if isinstance(container, dict) and origin in _MAPPINGS:
+      return args[1] if len(args) == 2 else None
+    if isinstance(container, (list, tuple)) and origin in (list, tuple):
+      if origin is tuple and args and not (len(args) == 2 and args[1] is Ellipsis):
+        return args[key] if isinstance(key, int) and 0 <= key < len(args) else None
+      return args[0] if args else None
+  return None
+
+
 def describe(annotation: Any) -> str:
-  """An annotation in words: 'int', "one of 'a', 'b'", 'TransformerLM or None'."""
+  """An annotation in words: 'int', "one of 'a', 'b'", 'TransformerLM or None',
+  'mapping of str to DataSource'."""
   annotation, _ = _strip(annotation)
   if annotation is type(None) or annotation is None:
     return "None"
@@ -140,6 +200,14 @@ def describe(annotation: Any) -> str:
   union = _union_args(annotation)
   if union is not None:
     return " or ".join(describe(arg) for arg in union)
+  if typing.get_origin(annotation) in _MAPPINGS:
+    kind = "dict" if typing.get_origin(annotation) is dict else "mapping"
+    args = typing.get_args(annotation)
+    if len(args) != 2:
+      return kind
+    key, value = (describe(a) if _union_args(_strip(a)[0]) is None else f"({describe(a)})"
+                  for a in args)
+    return f"{kind} of {key} to {value}"
   if isinstance(annotation, type):
     return annotation.__name__
   return str(annotation).replace("typing.", "")
@@ -196,7 +264,7 @@ def _items_match(value: Any, origin: Any, args: tuple[Any, ...],
   """Whether the elements of a tuple, list or dict fit `tuple[int, ...]`, `dict[str, X]`..."""
   if not args or not isinstance(value, (tuple, list, dict)):
     return True if not args else None
-  if origin is dict:
+  if origin in _MAPPINGS:
     return _all([matches(k, args[0], type_of) for k in value]
                 + [matches(v, args[-1], type_of) for v in value.values()])
   if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
@@ -232,9 +300,13 @@ def matches(value: Any, annotation: Any,
   value_type = type_of(value)
   if value_type is None:
     return None
-  if origin in (tuple, list, dict):
+  if origin in _MAPPINGS:
+    if not issubclass(value_type, collections.abc.Mapping):
+      return False
+    return _items_match(value, origin, typing.get_args(annotation), type_of)
+  if origin in (tuple, list):
     # A tuple and a list are interchangeable: a config.json gives back lists.
-    if not issubclass(value_type, dict if origin is dict else (tuple, list)):
+    if not issubclass(value_type, (tuple, list)):
       return False
     return _items_match(value, origin, typing.get_args(annotation), type_of)
   if annotation is float:
@@ -285,10 +357,24 @@ def value_problem(value: Any, annotation: Any) -> str | None:
   return None
 
 
-def check(path: str, value: Any, annotation: Any) -> None:
-  """Raises the one-line error for a value that does not fit its field's annotation."""
+def check(path: str, value: Any, annotation: Any,
+          type_of: Callable[[Any], type | None] = type) -> None:
+  """Raises the one-line error for a value that does not fit its field's annotation.
+
+  An entry of a dict that does not fit is named by its own path (`eval_data.held_out=3:
+  must be DataSource, ...`), the path a user types to change it; a list or tuple is named
+  whole, as its elements are set together. `type_of` is as for `matches` (a container of
+  Fiddle configs is checked before building).
+  """
   bare = _strip(annotation)[0]
-  if matches(value, annotation) is False:
+  fits = matches(value, annotation, type_of)
+  if fits is not None and isinstance(value, dict):
+    for key, entry in value.items():
+      inner = entry_annotation(annotation, value, key)
+      if inner is not None and (matches(entry, inner, type_of) is False
+                                or value_problem(entry, inner)):
+        check(path_join(path, key), entry, inner, type_of)
+  if fits is False:
     if typing.get_origin(bare) is typing.Literal:
       problem = "valid choices: " + ", ".join(repr(c) for c in typing.get_args(bare))
     else:
@@ -316,12 +402,17 @@ def _is_framework_field(part: Any, name: str) -> bool:
 
 
 def check_part(path: str, part: Any) -> None:
-  """Checks every field of a dataclass part, and of the dataclass parts inside it.
+  """Checks every field of a dataclass part, and of the dataclass parts inside it, also those
+  held in a dict, list or tuple (`eval_data.held_out.num_batches`, `train_data.sources[0]`).
 
   Raises:
     UsageError: naming `path.field`, the value and what it must be, for the first field
       that does not fit its annotation.
   """
+  if isinstance(part, (dict, list, tuple)):
+    for key, entry in entries(part):
+      check_part(path_join(path, key), entry)
+    return
   if not dataclasses.is_dataclass(part) or isinstance(part, type):
     return
   hints = type_hints(type(part))
@@ -329,7 +420,7 @@ def check_part(path: str, part: Any) -> None:
     if _is_framework_field(part, field.name) or not hasattr(part, field.name):
       continue
     value = getattr(part, field.name)
-    field_path = f"{path}.{field.name}" if path else field.name
+    field_path = path_join(path, field.name)
     if field.name in hints:
       check(field_path, value, hints[field.name])
     check_part(field_path, value)

@@ -41,10 +41,10 @@ _READ = (("config.json", FILE), ("checkpoints", FOLDER))
 # present and for being writable, and where missing, its nearest existing folder is tested.
 _WRITTEN = {
     "train": (("checkpoints", FOLDER), ("summaries", FOLDER), ("summaries/train", FOLDER),
-              ("summaries/eval", FOLDER), ("config.json", FILE), ("config.txt", FILE),
-              ("metrics.jsonl", FILE), ("eval_metrics.jsonl", FILE),
+              ("config.json", FILE), ("config.txt", FILE), ("metrics.jsonl", FILE),
               (job_lock.LOCK_NAME, FILE)),
-    "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/metrics.jsonl", FILE)),
+    "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/evaluated.json", FILE),
+             (f"eval/{job_lock.LOCK_NAME}", FILE)),
     "compile": (("compile", FOLDER), ("compile/report.txt", FILE),
                 ("compile/report.json", FILE)),
 }
@@ -57,7 +57,8 @@ _DEEPEST_WRITE = 160
 _MISSING, _DANGLING, _LOOP = "missing", "a symlink whose target does not exist", "a symlink loop"
 
 
-def check(job_dir: epath.Path, mode: str, as_written: str, profile: bool = False) -> None:
+def check(job_dir: epath.Path, mode: str, as_written: str, profile: bool = False,
+          eval_sets: tuple[str, ...] = ()) -> None:
   """Raises UsageError when `job_dir` cannot serve as the job dir of `mode`.
 
   Args:
@@ -66,11 +67,16 @@ def check(job_dir: epath.Path, mode: str, as_written: str, profile: bool = False
     as_written: The flag's value as the user gave it, for the message.
     profile: The run writes a profiler trace to `JOB/profile` (train only); known once the
       config is built, so the executor checks again then.
+    eval_sets: The names of the eval sets, whose files train and eval write (known once the
+      config is built, as `profile`).
   """
   flag = f"--job_log_dir={as_written}"
   written = list(_WRITTEN.get(mode, ()))
   if profile and mode in WRITING_MODES:
     written.append(_PROFILE)
+  root = {"train": "", "eval": "eval/"}.get(mode)
+  for name in eval_sets if root is not None else ():
+    written += [(f"{root}summaries/eval_{name}", FOLDER), (f"{root}eval_{name}.jsonl", FILE)]
   members = list(dict.fromkeys([*_READ, *written]))  # Each once, in order.
   if paths.is_remote(str(job_dir)):
     _check_remote(job_dir, mode, flag, members)

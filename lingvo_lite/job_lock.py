@@ -53,10 +53,14 @@ class JobLock:
     job_dir: The resolved job dir (absolute local path, or a URL).
     enabled: False makes this a no-op: processes other than 0, and remote job dirs.
     shown: The job dir as the user wrote it, for messages (default: `job_dir`).
+    run_kind: What holds the lock, for messages: "training" (JOB itself), or "eval" (the
+      eval program's lock on JOB/eval, which leaves the trainer's alone).
   """
 
-  def __init__(self, job_dir: epath.Path, enabled: bool, shown: str | None = None):
+  def __init__(self, job_dir: epath.Path, enabled: bool, shown: str | None = None,
+               run_kind: str = "training"):
     self._job_dir = job_dir
+    self._run_kind = run_kind
     self._enabled = enabled and not paths.is_remote(str(job_dir))
     self._flag = f"--job_log_dir={shown if shown is not None else job_dir}"
     self._path = os.path.join(os.fspath(job_dir), LOCK_NAME)
@@ -101,7 +105,8 @@ class JobLock:
       except BlockingIOError:
         holder = _read_holder(fd, wait=True)
         os.close(fd)
-        raise UsageError(f"{self._flag}: in use by another training run ({_describe(holder)}); "
+        raise UsageError(f"{self._flag}: in use by another {self._run_kind} run "
+                         f"({_describe(holder)}); "
                          "wait for it to finish or stop it, or use another --job_log_dir")
       except OSError as e:
         if e.errno not in _UNSUPPORTED:
@@ -123,8 +128,8 @@ class JobLock:
                        "other runs; let them finish, or use another --job_log_dir")
     previous = _read_holder(fd, wait=False)
     if previous:
-      logging.warning("%s: taking over the lock file of a training run that is gone (%s)",
-                      self._flag, _describe(previous))
+      logging.warning("%s: taking over the lock file of a %s run that is gone (%s)",
+                      self._flag, self._run_kind, _describe(previous))
     info = {"host": socket.gethostname(), "pid": os.getpid(),
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"),

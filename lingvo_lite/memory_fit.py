@@ -111,23 +111,25 @@ def per_device_need(setup: Setup, num_devices: int) -> Need:
                                  setup.train.grad_accum_steps, shard)
   need = Need(parameters=parameters, gradients=parameters, moments=moments, batch=batch,
               attention=attention)
-  if setup.eval_data is not None:
+  for name, data in setup.data_sources(train=False):
     # The gradients are gone between steps, when the run evaluates; the state is not.
-    batch, attention = _step_bytes(setup, setup.eval_data, setup.eval_data.global_batch_size,
-                                   shard)
+    batch, attention = _step_bytes(setup, data, data.global_batch_size, shard)
     evaluation = Need(parameters=parameters, gradients=0, moments=moments, batch=batch,
-                      attention=attention, step="eval step", data="eval_data")
+                      attention=attention, step="eval step", data=name)
     need = max(need, evaluation, key=lambda n: n.total)
   return need
 
 
 def eval_need(setup: Setup, num_devices: int) -> Need:
-  """The eval program's lower bound: the parameters and one eval step's activations."""
+  """The eval program's lower bound: the parameters and the largest eval step's activations
+  (one set is evaluated at a time)."""
   shard = _sharder(setup, num_devices)
-  data = setup.eval_data
-  batch, attention = _step_bytes(setup, data, data.global_batch_size, shard)
-  return Need(parameters=_parameter_bytes(setup, shard), gradients=0, moments=0, batch=batch,
-              attention=attention, step="eval step", data="eval_data")
+  needs = []
+  for name, data in setup.data_sources(train=False):
+    batch, attention = _step_bytes(setup, data, data.global_batch_size, shard)
+    needs.append(Need(parameters=_parameter_bytes(setup, shard), gradients=0, moments=0,
+                      batch=batch, attention=attention, step="eval step", data=name))
+  return max(needs, key=lambda n: n.total)
 
 
 def _parameter_bytes(setup: Setup, shard) -> int:
@@ -195,7 +197,8 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
            ("optimizer moments", need.moments), ("batch and logits", need.batch),
            ("attention scores", need.attention)]
   breakdown = " + ".join(f"{name} {_gib(size)}" for name, size in parts if size)
-  model, data, activations = setup.model, getattr(setup, need.data), need.batch + need.attention
+  model, activations = setup.model, need.batch + need.attention
+  data = dict(setup.data_sources())[need.data]
   # The fixes for each part that is too large alone, else for the larger part.
   state_too_large = need.state * copies > available
   activations_too_large = activations * copies > available
@@ -206,8 +209,8 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
                  "--fdl.partitioner.ici_data=1)")
   if activations_too_large or (not state_too_large and activations > need.state):
     fix = f"use a smaller {need.data}.global_batch_size or {need.data}.sequence_length"
-    if need.data == "eval_data":
-      fix += " (more eval_data.num_batches keep the tokens evaluated)"
+    if need.data != "train_data":
+      fix += f" (more {need.data}.num_batches keep the tokens evaluated)"
     elif setup.train.grad_accum_steps * 2 <= data.global_batch_size:
       fix += ", more train.grad_accum_steps"
     fix += ", or more devices"

@@ -6,6 +6,19 @@ A VALUE is a Python literal (`ast.literal_eval`, never evaluated as code) and is
 against the field's type annotation before it is set, so a typo or a wrong type fails
 with one line naming the flag, the value and the fix. Each change is recorded in the
 config's history with the flag that made it, which `config.txt` shows.
+
+A PATH walks from the root config: `.name` is a field of a config (`model.num_layers`),
+`[index]` an element of a list or tuple (`train_data.sources[0].split`), and a dict entry is
+reached by its key, in any of three equivalent spellings:
+
+  --fdl.eval_data.held_out.num_batches=8        # A key that is a Python identifier.
+  --fdl.eval_data['held_out'].num_batches=8     # Any string key, in quotes.
+  --fdl.eval_data["held out"].num_batches=8
+
+Messages and config.txt write a path the first way where they can, the second otherwise. A
+key must already be in the dict (a typo is refused with the keys there are); a whole entry
+(`--fdl.eval_data.held_out=3`) is checked against the dict's annotation (`Mapping[str,
+DataSource]`: a DataSource), so a part inside a dict is changed field by field, like any other.
 """
 
 from __future__ import annotations
@@ -34,16 +47,35 @@ class Directive:
   kind: str  # "fiddler" or "set"
   flag: str  # The argument as the user wrote it, for messages and history.
   name: str = ""  # Fiddler name.
-  path: str = ""  # Dotted field path for a set.
+  path: str = ""  # The field path of a set, as written (see the module doc).
   value_text: str = ""
 
 
 _MULTI_FLAGS = {"--fiddler": "fiddler", "--fdl_set": "set"}
 
 
+def _partition(assignment: str) -> tuple[str, str, str]:
+  """`PATH=VALUE` split at the first `=` outside a quoted key (`eval_data['a=b'].x=1`)."""
+  quote, position = "", 0
+  while position < len(assignment):
+    char = assignment[position]
+    if quote:
+      if char == "\\":
+        position += 1  # An escaped character, maybe the quote itself.
+      elif char == quote:
+        quote = ""
+    elif char in "'\"" and assignment[position - 1:position] == "[":
+      quote = char
+    elif char == "=":
+      return assignment[:position], "=", assignment[position + 1:]
+    position += 1
+  # An unclosed quote: the first `=` is the best guess, and the path's parse names the problem.
+  return assignment.partition("=")
+
+
 def set_directive(flag: str, assignment: str) -> Directive:
   """A `set` directive from `PATH=VALUE`; `flag` is how the user wrote it, for messages."""
-  path, equals, value_text = assignment.partition("=")
+  path, equals, value_text = _partition(assignment)
   if not equals or not path:
     raise UsageError(f"{flag}: expected PATH=VALUE, e.g. --fdl.model.num_layers=2 or "
                      "--fdl_set=model.num_layers=2")
@@ -135,9 +167,11 @@ def _matches(value: Any, annotation: Any) -> bool | None:
   return fields.matches(value, annotation)
 
 
-def _check_value(directive: Directive, value: Any, annotation: Any) -> None:
-  """The type, then the declared constraints (a positive size, a finite float, ...)."""
-  path = directive.path
+def _check_value(directive: Directive, path: str, value: Any, annotation: Any) -> None:
+  """The type, then the declared constraints (a positive size, a finite float, ...).
+
+  `path` is the field's, spelled as messages spell it (the flag shows how the user did).
+  """
   if _matches(value, annotation) is False:
     fix = ""
     if fields.is_part(annotation):
@@ -153,39 +187,82 @@ def _check_value(directive: Directive, value: Any, annotation: Any) -> None:
 
 # ----------------------------------------------------------------------------- paths
 
-_STEP = re.compile(r"([A-Za-z_]\w*)|\[(\d+)\]")
+_NAME = re.compile(r"[A-Za-z_]\w*")
+# `[3]`, or a quoted key with Python's escapes: `['held out']`, `["it's"]`.
+_BRACKET = re.compile(r"""\[(?:(\d+)|('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"))\]""")
 
 
 def _split_path(directive: Directive) -> list[str | int]:
-  steps, position = [], 0
-  path = directive.path
+  """The steps of a path: field names and string keys as str, indices as int."""
+  steps: list[str | int] = []
+  path, position = directive.path, 0
   while position < len(path):
-    if path[position] == "." and steps:
-      position += 1
-    match = _STEP.match(path, position)
-    if not match:
+    if steps and path.startswith(".", position):
+      match = _NAME.match(path, position + 1)
+    else:
+      match = (None if steps else _NAME.match(path, position)) or _BRACKET.match(path, position)
+    step = _step(match)
+    if step is None:
       raise UsageError(f"{directive.flag}: cannot parse the field path {shown(path)}; use "
-                       "dotted names with optional [index], e.g. model.num_layers")
-    steps.append(match.group(1) if match.group(1) else int(match.group(2)))
+                       "dotted names, [index] or ['key'], e.g. model.num_layers or "
+                       "eval_data['held_out'].num_batches")
+    steps.append(step)
     position = match.end()
   return steps
+
+
+def _step(match: re.Match[str] | None) -> str | int | None:
+  if match is None:
+    return None
+  if match.re is _NAME:
+    return match.group(0)
+  if match.group(1):
+    return int(match.group(1))
+  try:
+    return ast.literal_eval(match.group(2))
+  except (ValueError, SyntaxError):
+    return None  # A bad escape (`['\\x']`).
 
 
 def _parameter_names(buildable: fdl.Buildable) -> list[str]:
   return list(inspect.signature(fdl.get_callable(buildable)).parameters)
 
 
-def _child(parent: Any, step: str | int, walked: str, directive: Directive) -> Any:
+def _entry_annotation(annotation: Any, container: Any, key: Any) -> Any:
+  return None if annotation is None else fields.entry_annotation(annotation, container, key)
+
+
+def _child(parent: Any, step: str | int, walked: str, annotation: Any,
+           directive: Directive) -> tuple[Any, Any]:
+  """(parent's field or entry `step`, its annotation or None); `annotation` is parent's."""
+  if isinstance(parent, dict):
+    _check_key(parent, step, walked, directive)
+    return parent[step], _entry_annotation(annotation, parent, step)
   if isinstance(step, int):
     if not isinstance(parent, (list, tuple)) or step >= len(parent):
       raise UsageError(f"{directive.flag}: {walked or 'the root'} has no element [{step}]")
-    return parent[step]
+    return parent[step], _entry_annotation(annotation, parent, step)
   if isinstance(parent, fdl.Buildable):
     _check_parameter(parent, step, walked, directive)
-    return getattr(parent, step)
+    return getattr(parent, step), _type_hints(fdl.get_callable(parent)).get(step)
   kind = "None" if parent is None else f"a {type(parent).__name__}"
   raise UsageError(f"{directive.flag}: {walked} is {kind}, not a config with fields; "
                    f"it has no field {step!r}")
+
+
+def _check_key(entries: dict[Any, Any], key: str | int, walked: str,
+               directive: Directive) -> None:
+  if key in entries:
+    return
+  names = [k for k in entries if isinstance(k, str)]
+  close = difflib.get_close_matches(key, names, n=1) if isinstance(key, str) else []
+  if close:
+    fix = f"did you mean {close[0]!r}?"
+  elif entries:
+    fix = f"its entries: {', '.join(sorted(fields.key_text(k) for k in entries))}"
+  else:
+    fix = "it has none"
+  raise UsageError(f"{directive.flag}: {walked} has no entry {key!r}; {fix}")
 
 
 def _check_parameter(buildable: fdl.Buildable, name: str, walked: str,
@@ -205,20 +282,34 @@ def set_field(cfg: fdl.Buildable, directive: Directive) -> None:
   """Applies one `path=value` directive, checking the field exists and the type fits."""
   steps = _split_path(directive)
   value = parse_value(directive)
-  parent, walked = cfg, ""
+  parent, walked, annotation = cfg, "", None
+  holder = None  # (config, field) of the field that holds `parent` when it is a container.
   for step in steps[:-1]:
-    parent = _child(parent, step, walked, directive)
-    walked = f"{walked}[{step}]" if isinstance(step, int) else (
-        f"{walked}.{step}" if walked else step)
+    child, annotation = _child(parent, step, walked, annotation, directive)
+    if isinstance(parent, fdl.Buildable):
+      holder = (parent, step)
+    parent, walked = child, fields.path_join(walked, step)
   last = steps[-1]
+  path = fields.path_join(walked, last)
+  if isinstance(parent, dict):
+    _check_key(parent, last, walked, directive)
+    annotation = _entry_annotation(annotation, parent, last)
+    if annotation is not None:
+      _check_value(directive, path, value, annotation)
+    parent[last] = value
+    # Fiddle records history per field of a config, not per entry of a dict: setting the
+    # field that holds the dict again labels it with this flag in config.txt.
+    owner, name = holder
+    setattr(owner, name, getattr(owner, name))
+    return
   if isinstance(last, int):
     raise UsageError(f"{directive.flag}: set a whole field, not one element of it")
   if not isinstance(parent, fdl.Buildable):
-    _child(parent, last, walked, directive)  # Raises with the right message.
+    _child(parent, last, walked, annotation, directive)  # Raises with the right message.
   _check_parameter(parent, last, walked, directive)
   annotation = _type_hints(fdl.get_callable(parent)).get(last)
   if annotation is not None:
-    _check_value(directive, value, annotation)
+    _check_value(directive, path, value, annotation)
   setattr(parent, last, value)
 
 

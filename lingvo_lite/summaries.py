@@ -156,6 +156,11 @@ class MetricsWriter:
       except OSError:
         pass  # Not ours to insist on: an object store has no real folders, for one.
 
+  def flush(self) -> None:
+    """Makes what was written durable in TensorBoard's files too (rows are at once)."""
+    if self._tensorboard is not None:
+      self._tensorboard.flush()
+
   def close(self) -> None:
     self._closed = True
     if self._tensorboard is not None:
@@ -173,6 +178,27 @@ class MetricsWriter:
       except ImportError as e:
         log(f"TensorBoard summaries disabled ({e}); metrics still go to {self._jsonl_path}")
     return self._tensorboard
+
+
+def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
+              keep: Callable[[int], bool]) -> None:
+  """Rewrites a metrics file (and its TensorBoard events) with only the steps `keep` says,
+  one row per step (the last written): for a writer whose own record says which rows count
+  (the eval program's, after a kill between a row and its record)."""
+  if jsonl_path.exists():
+    data = jsonl_path.read_bytes()
+    latest: dict[int, str] = {}
+    for line in _lines(data):
+      step = _row_step(line)
+      if step is not None and keep(step):
+        latest[step] = line + "\n"
+    new = "".join(latest[step] for step in sorted(latest)).encode()
+    if new != data:
+      _replace(jsonl_path, new)
+  if tensorboard_dir is not None and tensorboard_dir.is_dir():
+    for path in sorted(tensorboard_dir.iterdir()):
+      if _is_events(path):
+        _drop_events(path, lambda step: not keep(step))
 
 
 def _missing_folders(folder: epath.Path) -> list[epath.Path]:
@@ -243,7 +269,7 @@ def _drop_events(path: epath.Path, drop: Callable[[int], bool]) -> None:
 
 class Throughput:
   """Steps/s, tokens/s, model TFLOP per step, TFLOP/s per device, MFU, data wait and ETA,
-  over the steps since the last report."""
+  over the steps since the last report, not counting the time `exclude`d (evaluations)."""
 
   def __init__(self, start_step: int, total_steps: int, tokens_per_step: int,
                flops_per_step: float, num_devices: int, peak_flops_per_device: float):
@@ -255,14 +281,19 @@ class Throughput:
     self._last_step = start_step
     self._last_time = time.perf_counter()
     self._data_wait = 0.0
+    self._excluded = 0.0
 
   def add_data_wait(self, seconds: float) -> None:
     self._data_wait += seconds
 
+  def exclude(self, seconds: float) -> None:
+    """Time spent on something other than steps (an evaluation), kept out of the figures."""
+    self._excluded += seconds
+
   def report(self, step: int) -> dict[str, float]:
     now = time.perf_counter()
     steps = max(step - self._last_step, 1)
-    elapsed = max(now - self._last_time, 1e-9)
+    elapsed = max(now - self._last_time - self._excluded, 1e-9)
     step_time = elapsed / steps
     report = {
         "step_time_s": step_time,
@@ -274,5 +305,5 @@ class Throughput:
         "data_wait_s": self._data_wait / steps,
         "eta_s": (self._total_steps - step) * step_time,
     }
-    self._last_step, self._last_time, self._data_wait = step, now, 0.0
+    self._last_step, self._last_time, self._data_wait, self._excluded = step, now, 0.0, 0.0
     return report

@@ -126,6 +126,10 @@ class SeqioData:
   def examples(self) -> dict[str, np.ndarray]:
     return _materialize(self.task, self.split, self.sequence_length, self.max_examples)
 
+  def examples_per_pass(self) -> int:
+    """Examples in the split (an eval set with num_batches=None reads them all)."""
+    return len(self.examples["inputs"])
+
   def check(self) -> None:
     """Materializes the examples (once per process: they are cached), so that a split with
     no example of `sequence_length` tokens is refused before a program starts.

@@ -39,6 +39,12 @@ class DataSource(Protocol):
     what the AOT compile shapes the step with (`lm_batch_spec` for plain LM examples)."""
     ...
 
+  # An eval source that knows how many examples one pass over its split holds also has
+  # `examples_per_pass()`: an eval set with `num_batches=None` then evaluates the whole split
+  # (the last batch's rows past the end weigh 0). A source whose tokens come from a known
+  # vocabulary has `vocabulary_fingerprint` (`vocabulary.fingerprint`'s string): eval sets
+  # must share the train data's.
+
   # A source whose data can turn out unusable only once it is read (a seqio split with no
   # example of the sequence length) also has `check()`, which reads it (or what it needs of
   # it) and raises a UsageError naming its own field; `check_ready` calls it.
@@ -65,6 +71,12 @@ def check_ready(name: str, source: DataSource | None) -> None:
     check()
   except UsageError as e:
     raise under(name, e) from None
+
+
+def vocabulary_fingerprint(source: DataSource | None) -> str | None:
+  """The source's `vocabulary_fingerprint`, or None where it does not say."""
+  fingerprint = getattr(source, "vocabulary_fingerprint", None)
+  return fingerprint if isinstance(fingerprint, str) else None
 
 
 def under(path: str, error: UsageError) -> UsageError:

@@ -127,6 +127,10 @@ class StoreStream:
     declared = getattr(self.task, "vocab_size", None)
     return declared if isinstance(declared, int) else None
 
+  @property
+  def vocabulary_fingerprint(self) -> str | None:
+    return _vocabulary_fingerprint(self.task)
+
   def store(self) -> token_store.TokenStore:
     with _LOCK:  # One build per process, whichever thread asks first.
       return _ready_store(self.task, self.split, self.path, self.build, self.build_workers)
@@ -185,6 +189,10 @@ class TokenStoreData(StoreStream):
   def batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
     return packed_batch_spec(self.global_batch_size, self.sequence_length)
 
+  def examples_per_pass(self) -> int:
+    """Examples in one pass over the split (an eval set with num_batches=None reads all)."""
+    return self.num_examples(self.sequence_length)
+
   @property
   def token_bytes(self) -> np.ndarray | None:
     """UTF-8 bytes of text each token id stands for (eval's bits per byte)."""
@@ -193,6 +201,14 @@ class TokenStoreData(StoreStream):
   def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
     rows = local_rows(self.global_batch_size, process_index, process_count)
     return self.windows(step * self.global_batch_size + rows, self.sequence_length)
+
+
+@functools.lru_cache(maxsize=8)
+def _vocabulary_fingerprint(task: Any) -> str | None:
+  try:
+    return vocabulary.fingerprint(task.output_features["targets"].vocabulary)
+  except TypeError:  # A vocabulary of another kind: not compared.
+    return None
 
 
 @functools.lru_cache(maxsize=8)  # Asked at every eval; a 50k-piece table takes a while.
@@ -258,6 +274,10 @@ class TokenStoreMixture:
   @property
   def token_bytes(self) -> np.ndarray | None:
     return _token_bytes(self.sources[0].task)
+
+  @property
+  def vocabulary_fingerprint(self) -> str | None:
+    return self.sources[0].vocabulary_fingerprint
 
   def check(self) -> None:
     """Builds (or checks) every source's store; their vocabularies must be one."""

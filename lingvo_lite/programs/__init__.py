@@ -82,8 +82,11 @@ def summarize_changes(changes: list[str]) -> str:
 PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("train", "train the experiment, resuming from the job's latest checkpoint",
             "train", needs_job_dir=True, joins_distributed=True, flags=("compiled_step_in",)),
-    Program("eval", "evaluate the job's latest checkpoint on its eval data", "eval",
-            needs_job_dir=True, joins_distributed=True),
+    Program("eval", "evaluate the job's latest checkpoint (or --checkpoint_step, or each as "
+            "it lands: --eval_continuous) on its eval sets", "eval",
+            needs_job_dir=True, joins_distributed=True,
+            flags=("checkpoint_step", "eval_continuous", "eval_timeout_seconds",
+                   "eval_poll_seconds", "eval_sets")),
     Program("compile", "compile the train (or eval) step ahead of time for a target "
             "topology: memory verdict, step time, maximum batch, a saved executable",
             "compile", flags=("compile_topology", "compile_num_slices", "compile_program",

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from lingvo_lite import target as targets
+from lingvo_lite import evaluation, target as targets
 from lingvo_lite.experiment import Setup
 from lingvo_lite.programs.jitted import JittedSteps
 
@@ -98,7 +98,8 @@ def lower(jitted: JittedSteps, program: str) -> Any:
     return jitted.lower_train_step()
   with jitted.activated():
     eval_batch = {key: jax.ShapeDtypeStruct(shape, dtype, sharding=jitted.batch_sharding)
-                  for key, (shape, dtype) in jitted.setup.eval_data.batch_spec().items()}
+                  for key, (shape, dtype) in
+                  evaluation.largest_set(jitted.setup)[1].batch_spec().items()}
     return jitted.eval_step.lower(jitted.sharded_state.abstract.params, eval_batch)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from lingvo_lite import mfu
+from lingvo_lite import evaluation, mfu
 from lingvo_lite.programs.aot import CompileResult
 
 SCHEMA = "lingvo_lite.compile_report/1"
@@ -66,7 +66,7 @@ def analytic_bytes(result: CompileResult) -> dict[str, Any]:
     spec = jitted.setup.train_data.batch_spec()
   else:
     state = jitted.sharded_state.abstract.params
-    spec = jitted.setup.eval_data.batch_spec()
+    spec = evaluation.largest_set(jitted.setup)[1].batch_spec()
   groups: dict[str, int] = {"parameters": 0}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
     group = _state_group(path) if result.program == "train" else "parameters"
@@ -103,7 +103,7 @@ def _deciding(result: CompileResult) -> tuple[int | None, str, str]:
 def build(result: CompileResult) -> dict[str, Any]:
   """The report of one compile, as the JSON schema above."""
   jitted, target, setup = result.jitted, result.jitted.target, result.jitted.setup
-  data = setup.train_data if result.program == "train" else setup.eval_data
+  data = setup.train_data if result.program == "train" else evaluation.largest_set(setup)[1]
   deciding, rule, source = _deciding(result)
   available = target.memory_per_device
   if result.out_of_memory is not None:

@@ -1,66 +1,300 @@
-"""The eval program: evaluate the latest checkpoint of a job on its eval data.
+"""The eval program: a job's checkpoints on its eval sets, one checkpoint or each as it lands.
 
-Writes to JOB/eval/ (metrics.jsonl and TensorBoard summaries), never to the training files.
+  --mode=eval --job_log_dir=JOB                       the latest checkpoint
+  --mode=eval --job_log_dir=JOB --checkpoint_step=N   step N
+  --mode=eval --job_log_dir=JOB --eval_continuous     each checkpoint of a training run beside
+                                                      it (this machine or another), as it lands
+
+Only the parameters are restored, into their eval shardings: no optimizer state is read or
+allocated. A checkpoint is evaluated only once it is complete and verified (its checksums
+match): one still being written, or one that fails verification, is skipped and tried again
+at the next poll. Results go under JOB/eval/, never into the training files:
+`eval_<set>.jsonl`, `summaries/eval_<set>/`, and `evaluated.json`, the record of which sets
+each step was evaluated on. A set's row of a step is written before the record names it, so
+a restarted eval evaluates what the record lacks, and first drops rows the record does not
+name (a killed run's), leaving one row per step. One eval program per job at a time: it
+holds JOB/eval's lock, and leaves the trainer's lock on JOB alone.
 """
 
 from __future__ import annotations
 
+import json
+import time
+from typing import Any
+
 import jax
+import numpy as np
+from absl import logging
 from etils import epath
 
-from lingvo_lite import memory_fit, summaries
+from lingvo_lite import evaluation, job_lock, memory_fit, paths, summaries
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.programs import Invocation, summarize_changes
 from lingvo_lite.programs.jitted import JittedSteps
 
+RECORD = "evaluated.json"
+_STOP, _WAIT = -2, -1  # What process 0 tells the others instead of a step to evaluate.
+
 
 def main(invocation: Invocation) -> None:
   """Refuses a model config other than the job's: its checkpoints would score another model,
   even where the shapes agree (another norm, activation or rotary setting)."""
+  options = invocation.options
   changes = [c for c in invocation.config_changes() if c.startswith("model.")]
   if changes:
     raise UsageError(f"--job_log_dir={invocation.shown_job_dir}: the model config differs "
                      f"from the one its checkpoints were trained with "
                      f"({summarize_changes(changes)}); evaluate "
                      "with the job's own config (drop the --exp and model overrides)")
-  invocation.setup.check_data(("eval_data",))
-  run(invocation.setup, invocation.job_dir)
-
-
-def run(setup: Setup, job_dir: epath.Path) -> dict[str, float]:
-  if setup.eval_data is None:
-    raise UsageError("eval_data=None: this config has no eval data; set eval_data or use "
-                     "an experiment that defines it")
+  setup = invocation.setup
+  sets = selected_sets(setup, options.get("eval_sets") or [])
+  _check_options(options)
+  setup.check_data(train=False)  # Every eval set reads; each has the model's vocabulary.
   # Before anything is restored or allocated: one line instead of an out-of-memory abort.
   memory_fit.check_eval_fits(setup)
+  run(setup, invocation.job_dir, sets=list(sets), shown_job_dir=invocation.shown_job_dir,
+      checkpoint_step=options.get("checkpoint_step"),
+      continuous=bool(options.get("eval_continuous")),
+      timeout_seconds=options.get("eval_timeout_seconds") or 3600,
+      poll_seconds=options.get("eval_poll_seconds") or 10.0)
+
+
+def selected_sets(setup: Setup, names: list[str]) -> dict[str, Any]:
+  """The eval sets `--eval_sets` names (all of them when it names none)."""
+  if not setup.eval_sets:
+    raise UsageError("eval_data=None: this config has no eval data; set eval_data or use "
+                     "an experiment that defines it")
+  unknown = [name for name in names if name not in setup.eval_sets]
+  if unknown:
+    raise UsageError(f"--eval_sets={','.join(names)}: no eval set named {unknown[0]!r}; valid "
+                     f"choices: {', '.join(setup.eval_sets)}")
+  return {name: source for name, source in setup.eval_sets.items()
+          if not names or name in names}
+
+
+def _check_options(options: dict[str, Any]) -> None:
+  step = options.get("checkpoint_step")
+  if step is not None and step < 0:
+    raise UsageError(f"--checkpoint_step={step}: must be a step number >= 0")
+  if step is not None and options.get("eval_continuous"):
+    raise UsageError(f"--checkpoint_step={step} and --eval_continuous: conflicting flags; "
+                     "give one step, or evaluate each checkpoint as it lands")
+  for flag in ("eval_timeout_seconds", "eval_poll_seconds"):
+    value = options.get(flag)
+    if value is not None and not value > 0:
+      raise UsageError(f"--{flag}={value}: must be a positive number of seconds")
+
+
+class _Record:
+  """JOB/eval/evaluated.json: the sets each step was evaluated on (process 0 writes it)."""
+
+  def __init__(self, path: epath.Path):
+    self._path = path
+    self.sets: dict[int, list[str]] = {}
+    if path.exists():
+      try:
+        data = json.loads(path.read_text())
+        self.sets = {int(step): list(names) for step, names in data["evaluated"].items()}
+      except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UsageError(f"{path}: not an eval record written by lingvo_lite ({e}); move it "
+                         "away to evaluate every checkpoint again") from None
+
+  def missing(self, step: int, names: list[str]) -> list[str]:
+    return [name for name in names if name not in self.sets.get(step, [])]
+
+  def add(self, step: int, names: list[str]) -> None:
+    self.sets[step] = sorted(set(self.sets.get(step, [])) | set(names))
+    text = json.dumps({"evaluated": {str(s): self.sets[s] for s in sorted(self.sets)}},
+                      indent=1)
+    paths.write_atomically(self._path, text + "\n")
+
+
+def run(setup: Setup, job_dir: epath.Path, sets: list[str] | None = None,
+        shown_job_dir: str | None = None, checkpoint_step: int | None = None,
+        continuous: bool = False, timeout_seconds: float = 3600.0,
+        poll_seconds: float = 10.0) -> dict[int, dict[str, dict[str, float]]]:
+  """Evaluates `sets` (default: all) of `setup` on the job's checkpoints.
+
+  Returns:
+    {step: {set name: metrics}} of the checkpoints this call evaluated.
+  """
+  sets = sets if sets is not None else list(setup.eval_sets)
+  shown = epath.Path(shown_job_dir) if shown_job_dir else job_dir
+  is_chief = jax.process_index() == 0
   checkpoint_dir = job_dir / "checkpoints"
-  checkpointer = Checkpointer(checkpoint_dir, setup.checkpoint, create=False) \
+  if not continuous:
+    checkpointer = _checkpointer(setup, checkpoint_dir)
+    step = _chosen_step(checkpointer, checkpoint_dir, checkpoint_step, shown)
+  eval_dir = job_dir / "eval"
+  with job_lock.JobLock(eval_dir, enabled=is_chief, shown=str(shown / "eval"),
+                        run_kind="eval"):
+    record = _Record(eval_dir / RECORD)
+    if is_chief:  # Rows a killed run wrote and did not record.
+      for name in setup.eval_sets:
+        summaries.keep_rows(evaluation.jsonl_path(eval_dir, name),
+                            evaluation.summaries_dir(eval_dir, name),
+                            lambda s, name=name: name in record.sets.get(s, []))
+    writers = evaluation.SetWriters(eval_dir, sets, enabled=is_chief, resumed_from=None)
+    jitted = JittedSteps(setup)
+    evaluated: dict[int, dict[str, dict[str, float]]] = {}
+
+    def evaluate(checkpointer: Checkpointer, step: int, names: list[str]) -> None:
+      with jitted.activated():
+        params = jitted.restore_params(checkpointer, step)
+        results = evaluation.evaluate_sets(jitted, params, {
+            name: setup.eval_sets[name] for name in names})
+      del params
+      writers.write(step, results)
+      writers.flush()
+      if is_chief:
+        record.add(step, names)
+      evaluated[step] = results
+      summaries.log(f"eval of checkpoint step {step} (written to {shown / 'eval'}):\n"
+                    + evaluation.table(results), is_chief)
+
+    try:
+      if not continuous:
+        evaluate(checkpointer, step, sets)
+        checkpointer.close()
+      else:
+        _follow(setup, checkpoint_dir, record, sets, evaluate, timeout_seconds, poll_seconds,
+                is_chief)
+    finally:
+      writers.close()
+  return evaluated
+
+
+def _checkpointer(setup: Setup, checkpoint_dir: epath.Path) -> Checkpointer | None:
+  return Checkpointer(checkpoint_dir, setup.checkpoint, create=False) \
       if checkpoint_dir.exists() else None
-  step = checkpointer.latest_step() if checkpointer else None
+
+
+def _chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
+                 wanted: int | None, shown: epath.Path) -> int:
+  """`wanted` if it is a usable step, else the latest one; one line when there is none."""
+  if checkpointer is None:
+    raise UsageError(f"--job_log_dir={shown}: no checkpoint in {checkpoint_dir}; "
+                     "train first (--mode=train)")
+  skipped = checkpointer.skipped_steps()
+  if wanted is not None:
+    usable = [s for s in checkpointer.all_steps() if s not in skipped]
+    if wanted in skipped:
+      raise UsageError(f"--checkpoint_step={wanted}: checkpoint {skipped[wanted]}")
+    if wanted not in usable:
+      choices = ", ".join(map(str, usable)) if usable else "none"
+      raise UsageError(f"--checkpoint_step={wanted}: no such checkpoint in {checkpoint_dir}; "
+                       f"its steps: {choices}")
+    return wanted
+  step = checkpointer.latest_step()
   if step is None:
-    skipped = checkpointer.skipped_steps() if checkpointer else {}
     if skipped:
       # "No checkpoint; train first" would mislead: there are steps, and none is usable.
-      raise UsageError(f"--job_log_dir={job_dir}: no usable checkpoint in {checkpoint_dir}: "
+      raise UsageError(f"--job_log_dir={shown}: no usable checkpoint in {checkpoint_dir}: "
                        f"{'; '.join(skipped.values())}; fix the step folder or move it away, "
                        "or train again (--mode=train deletes unusable steps and starts over)")
-    raise UsageError(f"--job_log_dir={job_dir}: no checkpoint in {checkpoint_dir}; "
+    raise UsageError(f"--job_log_dir={shown}: no checkpoint in {checkpoint_dir}; "
                      "train first (--mode=train)")
-  is_chief = jax.process_index() == 0
-  jitted = JittedSteps(setup)
-  with jitted.activated():
-    state = jitted.restore_state(checkpointer, step)
-    metrics = jitted.evaluate(state.params, setup.eval_data)
-  writer = summaries.MetricsWriter(job_dir / "eval" / "metrics.jsonl",
-                                   job_dir / "eval" / "summaries", enabled=is_chief)
-  writer.write(step, metrics)
-  writer.close()
-  checkpointer.close()
-  summaries.log(f"eval of checkpoint step {step}: loss {metrics['loss']:.4f}  bits/token "
-                f"{metrics['bits_per_token']:.4f}  "
-                + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics
-                   else "") + f"accuracy {metrics['accuracy']:.4f}  "
-                f"(written to {job_dir / 'eval'})", is_chief)
-  return {"step": step, **metrics}
+  return step
+
+
+def _last_write(job_dir: epath.Path) -> float:
+  """When the trainer last wrote anything eval waits for: a checkpoint folder (orbax's
+  temporary ones included) or a metrics row."""
+  times = [0.0]
+  for path in (job_dir / "checkpoints", job_dir / "metrics.jsonl"):
+    try:
+      times.append(path.stat().mtime)
+      if path.is_dir():
+        times += [child.stat().mtime for child in path.iterdir()]
+    except OSError:
+      continue  # Not there (yet), or deleted between the listing and the stat.
+  return max(times)
+
+
+def _follow(setup: Setup, checkpoint_dir: epath.Path, record: _Record, sets: list[str],
+            evaluate, timeout_seconds: float, poll_seconds: float, is_chief: bool) -> None:
+  """Evaluates each new checkpoint once, oldest first, until the run's final step is done or
+  the trainer has written nothing for `timeout_seconds`. Process 0 decides and every process
+  follows (a multi-process eval restores and evaluates together)."""
+  final_step = setup.train.steps
+  job_dir = checkpoint_dir.parent
+  retry_seconds = max(10 * poll_seconds, 30.0)
+  checkpointer = None
+  warned: set[tuple[int, str]] = set()
+  seen: set[int] = set()
+  failed: dict[int, float] = {}  # Step -> when its restore last failed.
+  started = time.time()
+  last_evaluation = started
+  summaries.log(f"waiting for checkpoints in {checkpoint_dir} (until step {final_step}, or "
+                f"{timeout_seconds:g} s without a new one)", is_chief)
+  try:
+    while True:
+      if checkpointer is None:
+        checkpointer = _checkpointer(setup, checkpoint_dir)
+      choice = _WAIT
+      if checkpointer is not None and is_chief:
+        checkpointer.refresh()
+        now = time.time()
+        retry = {step for step, when in failed.items() if now - when < retry_seconds}
+        choice = _next_step(checkpointer, record, sets, seen, warned, final_step, retry)
+      choice = _agree(choice)
+      if choice == _STOP:
+        summaries.log(f"evaluated the final step {final_step}; done", is_chief)
+        return
+      if choice >= 0:
+        try:
+          evaluate(checkpointer, choice, record.missing(choice, sets) or sets)
+          failed.pop(choice, None)
+          last_evaluation = time.time()
+        except UsageError as e:
+          # Damaged, or deleted by the trainer's retention mid-restore: newer steps go first,
+          # this one is tried again after `retry_seconds`.
+          failed[choice] = time.time()
+          if (choice, str(e)) not in warned:
+            warned.add((choice, str(e)))
+            logging.warning("skipping checkpoint step %d for now: %s", choice, e)
+        continue
+      quiet = time.time() - max(_last_write(job_dir), last_evaluation, started)
+      if _agree(int(quiet > timeout_seconds)):
+        done = [s for s in record.sets if not record.missing(s, sets)]
+        summaries.log(f"stopping: the trainer wrote nothing in {job_dir} for "
+                      f"{timeout_seconds:g} s (--eval_timeout_seconds) and its final step "
+                      f"{final_step} was not evaluated; last evaluated step: "
+                      f"{max(done) if done else 'none'}", is_chief)
+        return
+      time.sleep(poll_seconds)
+  finally:
+    if checkpointer is not None:
+      checkpointer.close()
+
+
+def _next_step(checkpointer: Checkpointer, record: _Record, sets: list[str], seen: set[int],
+               warned: set[tuple[int, str]], final_step: int, retry_later: set[int]) -> int:
+  """The oldest usable step not yet evaluated on every set (and not in `retry_later`); _STOP
+  once the final step is, _WAIT when nothing is due. Steps still being written or not yet
+  verified are not usable (orbax keeps a step out of sight until it is whole; its checksums
+  follow at the trainer's next step)."""
+  skipped = checkpointer.skipped_steps()
+  usable = [s for s in checkpointer.all_steps() if s not in skipped]
+  for step in sorted(seen - set(usable)):
+    if record.missing(step, sets) and (step, "gone") not in warned:
+      warned.add((step, "gone"))
+      logging.warning("checkpoint step %d was deleted before it was evaluated (the trainer's "
+                      "checkpoint.max_to_keep); evaluating the ones that remain", step)
+  seen.update(usable)
+  for step in usable:
+    if record.missing(step, sets) and step not in retry_later:
+      return step
+  if any(step >= final_step and not record.missing(step, sets) for step in record.sets):
+    return _STOP
+  return _WAIT
+
+
+def _agree(value: int) -> int:
+  """Process 0's `value`, on every process."""
+  if jax.process_count() == 1:
+    return value
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))

@@ -105,20 +105,43 @@ class JittedSteps:
     return {"scan_layers": bool(self.setup.model.scan_layers),
             "num_layers": int(self.setup.model.num_layers)}
 
+  def _saved_layout(self, checkpointer: Checkpointer,
+                    step: int) -> train_state.ShardedState | None:
+    """The abstract state in the layer layout `step` was written with, where that is not this
+    setup's (None where it is, or the checkpoint does not say)."""
+    saved_scan = checkpointer.metadata(step).get("scan_layers")
+    if saved_scan is None or saved_scan == self.setup.model.scan_layers:
+      return None
+    return train_state.sharded_abstract_state(
+        self.setup.model.clone(scan_layers=saved_scan), self.optimizer,
+        self.setup.train_data.sequence_length, self.setup.partitioner, self.mesh)
+
+  def _to_this_layout(self, tree: Any) -> Any:
+    """A restored state or params tree in the other layer layout -> host arrays in this
+    setup's layout (the conversion stacks or slices on host, once, at restore)."""
+    convert = layer_layout.stack_layers if self.setup.model.scan_layers else \
+        layer_layout.unstack_layers
+    return convert(jax.device_get(tree))
+
   def restore_state(self, checkpointer: Checkpointer, step: int) -> train_state.TrainState:
     """Restores `step` into this setup's shardings, converting the layer layout (scanned or
     unrolled) when the checkpoint was written with the other one."""
-    saved_scan = checkpointer.metadata(step).get("scan_layers")
-    if saved_scan is None or saved_scan == self.setup.model.scan_layers:
+    saved_layout = self._saved_layout(checkpointer, step)
+    if saved_layout is None:
       return checkpointer.restore(step, self.sharded_state.abstract)
-    saved_model = self.setup.model.clone(scan_layers=saved_scan)
-    saved_layout = train_state.sharded_abstract_state(
-        saved_model, self.optimizer, self.setup.train_data.sequence_length,
-        self.setup.partitioner, self.mesh)
-    state = jax.device_get(checkpointer.restore(step, saved_layout.abstract))
-    convert = layer_layout.stack_layers if self.setup.model.scan_layers else \
-        layer_layout.unstack_layers
-    return jax.device_put(convert(state), self.sharded_state.shardings)
+    state = self._to_this_layout(checkpointer.restore(step, saved_layout.abstract))
+    return jax.device_put(state, self.sharded_state.shardings)
+
+  def restore_params(self, checkpointer: Checkpointer, step: int) -> Any:
+    """Restores only the parameters of `step`, into this setup's parameter shardings, with
+    the layer layout converted as `restore_state` does. For programs that never update the
+    parameters (eval, decode): the optimizer state is neither read nor allocated."""
+    saved_layout = self._saved_layout(checkpointer, step)
+    if saved_layout is None:
+      return checkpointer.restore_params(step, self.sharded_state.abstract.params)
+    params = self._to_this_layout(
+        checkpointer.restore_params(step, saved_layout.abstract.params))
+    return jax.device_put(params, self.sharded_state.shardings.params)
 
   def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
     """Assembles this process's rows into global arrays sharded over the batch axes."""
@@ -126,34 +149,3 @@ class JittedSteps:
         key: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(value))
         for key, value in local_batch.items()
     }
-
-  def evaluate(self, params: Any, eval_data: Any) -> dict[str, float]:
-    """Mean loss, accuracy and bits per token over one pass of `eval_data`; with a source
-    that knows each token's text (`token_bytes`), also bits per byte of the evaluated text:
-    total nats / ln 2 / its UTF-8 bytes, comparable across vocabularies."""
-    totals: dict[str, float] = {}
-    token_bytes = getattr(eval_data, "token_bytes", None)
-    text_bytes = 0.0
-    for step in range(eval_data.num_batches):
-      local = eval_data.batch(step, jax.process_index(), jax.process_count())
-      if token_bytes is not None:
-        text_bytes += float(np.sum(token_bytes[local["targets"]] * (local["weights"] > 0)))
-      sums = self.eval_step(params, self.global_batch(local))
-      for key, value in jax.device_get(sums).items():
-        totals[key] = totals.get(key, 0.0) + float(value)
-    weight = max(totals["weight_sum"], 1.0)
-    loss = totals["cross_entropy_sum"] / weight
-    metrics = {
-        "loss": loss,
-        "accuracy": totals["correct_sum"] / weight,
-        "bits_per_token": loss / float(np.log(2.0)),
-        "tokens": totals["weight_sum"],
-    }
-    if token_bytes is not None:
-      if jax.process_count() > 1:  # Each process counted its own rows' text.
-        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-        text_bytes = float(np.sum(multihost_utils.process_allgather(np.float64(text_bytes))))
-      metrics["bytes"] = text_bytes
-      metrics["bits_per_byte"] = totals["cross_entropy_sum"] / float(np.log(2.0)) / max(
-          text_bytes, 1.0)
-    return metrics

@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import Any
 
-from lingvo_lite import target as targets
+from lingvo_lite import evaluation, target as targets
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.transformer import REMAT_POLICIES
@@ -37,10 +37,13 @@ def check_policies(names: list[str]) -> list[str]:
 
 
 def _with_batch(setup: Setup, program: str, per_device: int, num_devices: int) -> Setup:
-  name = "train_data" if program == "train" else "eval_data"
-  data = dataclasses.replace(getattr(setup, name), global_batch_size=per_device * num_devices,
-                             per_device_batch_size=None)
-  return dataclasses.replace(setup, **{name: data})
+  if program == "train":
+    return dataclasses.replace(setup, train_data=dataclasses.replace(
+        setup.train_data, global_batch_size=per_device * num_devices,
+        per_device_batch_size=None))
+  name, data = evaluation.largest_set(setup)
+  return evaluation.replace_set(setup, name, dataclasses.replace(
+      data, global_batch_size=per_device * num_devices, per_device_batch_size=None))
 
 
 def search(setup: Setup, target: targets.Target, program: str, policies: list[str],
@@ -69,7 +72,7 @@ def _unit(setup: Setup, program: str, target: targets.Target) -> int:
 def _search(setup: Setup, target: targets.Target, program: str,
             first: aot.CompileResult | None) -> dict[str, Any]:
   """Searches k, the per-device batch in units of `_unit` (1 for plain data parallelism)."""
-  data = setup.train_data if program == "train" else setup.eval_data
+  data = setup.train_data if program == "train" else evaluation.largest_set(setup)[1]
   num_devices, unit = target.num_devices, _unit(setup, program, target)
   compiles: dict[int, dict[str, Any]] = {}  # By k.
 

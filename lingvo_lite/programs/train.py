@@ -15,7 +15,7 @@ from typing import Callable
 import jax
 from etils import epath
 
-from lingvo_lite import job_lock, memory_fit, mfu, summaries
+from lingvo_lite import evaluation, job_lock, memory_fit, mfu, summaries
 from lingvo_lite.checkpoints import Checkpointer, CheckpointWriteError
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.errors import UsageError
@@ -33,7 +33,7 @@ class TrainingFailure(ProgramFailure):
 class TrainResult:
   step: int
   train_loss: float | None
-  eval_metrics: dict[str, float] | None
+  eval_results: dict[str, dict[str, float]] | None  # By eval set name.
   interrupted: bool
 
 
@@ -48,14 +48,14 @@ class _RunOutputs:
   """
 
   def __init__(self, job_dir: epath.Path, start: int, job_is_new: bool,
-               record_config: Callable[[], None], enabled: bool):
+               record_config: Callable[[], None], enabled: bool, eval_sets: list[str]):
     self._record_config = record_config
     self._committed = False
     resumed_from = None if job_is_new else start
     self.train = summaries.MetricsWriter(job_dir / "metrics.jsonl", job_dir / "summaries" /
                                          "train", enabled=enabled, resumed_from=resumed_from)
-    self.eval = summaries.MetricsWriter(job_dir / "eval_metrics.jsonl", job_dir / "summaries" /
-                                        "eval", enabled=enabled, resumed_from=resumed_from)
+    self.eval = evaluation.SetWriters(job_dir, eval_sets, enabled=enabled,
+                                      resumed_from=resumed_from)
     if job_is_new:
       record_config()
 
@@ -100,15 +100,17 @@ def main(invocation: Invocation) -> None:
   lines = [f"done: step {result.step}" + (" (stopped by signal)" if result.interrupted else "")]
   if result.train_loss is not None:
     lines.append(f"  final train loss: {result.train_loss:.4f}")
-  if result.eval_metrics:
-    lines.append(f"  final eval loss:  {result.eval_metrics['loss']:.4f} "
-                 f"({result.eval_metrics['bits_per_token']:.4f} bits/token"
-                 + (f", {result.eval_metrics['bits_per_byte']:.4f} bits/byte)"
-                    if "bits_per_byte" in result.eval_metrics else ")"))
+  for name, metrics in (result.eval_results or {}).items():
+    lines.append(f"  final eval loss:  {metrics['loss']:.4f} ({name}; "
+                 f"{metrics['bits_per_token']:.4f} bits/token"
+                 + (f", {metrics['bits_per_byte']:.4f} bits/byte)"
+                    if "bits_per_byte" in metrics else ")"))
+  eval_files = ", ".join(str(evaluation.jsonl_path(shown, name)) for name in setup.eval_sets)
   lines += [f"  config:      {shown / 'config.txt'} (reload: "
             f"--fdl_config_file={shown / 'config.json'})",
             f"  checkpoints: {shown / 'checkpoints'}",
-            f"  metrics:     {shown / 'metrics.jsonl'}, {shown / 'eval_metrics.jsonl'}",
+            f"  metrics:     {shown / 'metrics.jsonl'}" + (f", {eval_files}" if eval_files
+                                                         else ""),
             f"  TensorBoard: tensorboard --logdir={shown / 'summaries'}"]
   print("\n".join(lines), flush=True)
 
@@ -162,7 +164,8 @@ def run(setup: Setup, job_dir: epath.Path,
       state = jitted.restore_state(checkpointer, start)
       say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
     checkpointer.clean_up_for_training(start)
-    outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief)
+    outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
+                          eval_sets=list(setup.eval_sets))
     try:
       result = _train(setup, jitted, checkpointer, outputs, state, start,
                       stopped_before_first_step, stop, job_dir, say)
@@ -197,16 +200,22 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
   loop = setup.train
   tokens_per_step = setup.train_data.global_batch_size * setup.train_data.sequence_length
 
-  def evaluate(params, step: int) -> dict[str, float] | None:
-    if setup.eval_data is None:
+  def evaluate(params, step: int) -> dict[str, dict[str, float]] | None:
+    """Every eval set; its time is kept out of the step time and MFU figures."""
+    if not setup.eval_sets:
       return None
-    metrics = jitted.evaluate(params, setup.eval_data)
-    outputs.eval.write(step, metrics)
-    say(f"eval  step {step}: loss {metrics['loss']:.4f}  "
-        f"bits/token {metrics['bits_per_token']:.4f}  "
-        + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics else "")
-        + f"accuracy {metrics['accuracy']:.4f}")
-    return metrics
+    results = evaluation.evaluate_sets(jitted, params, setup.eval_sets)
+    seconds = sum(metrics["seconds"] for metrics in results.values())
+    throughput.exclude(seconds)
+    outputs.eval.write(step, results)
+    for name, metrics in results.items():
+      say(f"eval  step {step} {name}: loss {metrics['loss']:.4f}  "
+          f"bits/token {metrics['bits_per_token']:.4f}  "
+          + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics
+             else "")
+          + f"accuracy {metrics['accuracy']:.4f}  ({metrics['seconds']:.1f} s, "
+          f"{metrics['tokens_per_s']:,.0f} tokens/s)")
+    return results
 
   def save(step: int, force: bool = False) -> None:
     """Saves `step` if it is due, and only a finite state (one reduction on device)."""
@@ -284,14 +293,14 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     save(step, force=True)
   if checkpointer.close():
     outputs.commit()
-  eval_metrics = None
+  eval_results = None
   if stop.signal_name:
     say(f"{stop.signal_name}: saved step {step} and stopped; rerun the same command to "
         "resume")
   else:
-    eval_metrics = evaluate(state.params, step)
+    eval_results = evaluate(state.params, step)
     outputs.commit()  # A finished run's evaluation supersedes the one it resumed after.
-  return TrainResult(step=step, train_loss=train_loss, eval_metrics=eval_metrics,
+  return TrainResult(step=step, train_loss=train_loss, eval_results=eval_results,
                      interrupted=stop.signal_name is not None)
 
 
