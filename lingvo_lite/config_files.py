@@ -151,10 +151,10 @@ def flatten(cfg: Any) -> Iterator[tuple[str, str, str]]:
 
 def to_text(cfg: fdl.Buildable) -> str:
   """The flattened listing written to config.txt and printed by --mode=print."""
-  rows = [("<root>", f"<{_callable_name(cfg)}>", "")] + list(flatten(cfg))
-  width = min(max(len(f"{path} = {value}") for path, value, _ in rows), 64)
+  listing = [("<root>", f"<{_callable_name(cfg)}>", "")] + list(flatten(cfg))
+  width = min(max(len(f"{path} = {value}") for path, value, _ in listing), 64)
   lines = []
-  for path, value, origin in rows:
+  for path, value, origin in listing:
     assignment = f"{path} = {value}"
     lines.append(f"{assignment:<{width}}  # {origin}" if origin else assignment)
   return "\n".join(lines) + "\n"

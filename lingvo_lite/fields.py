@@ -262,7 +262,7 @@ def _all(results: list[bool | None]) -> bool | None:
 def _items_match(value: Any, origin: Any, args: tuple[Any, ...],
                  type_of: Callable[[Any], type | None]) -> bool | None:
   """Whether the elements of a tuple, list or dict fit `tuple[int, ...]`, `dict[str, X]`..."""
-  if not args or not isinstance(value, (tuple, list, dict)):
+  if not args or not isinstance(value, (tuple, list, collections.abc.Mapping)):
     return True if not args else None
   if origin in _MAPPINGS:
     return _all([matches(k, args[0], type_of) for k in value]

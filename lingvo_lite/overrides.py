@@ -15,10 +15,12 @@ reached by its key, in any of three equivalent spellings:
   --fdl.eval_data['held_out'].num_batches=8     # Any string key, in quotes.
   --fdl.eval_data["held out"].num_batches=8
 
-Messages and config.txt write a path the first way where they can, the second otherwise. A
-key must already be in the dict (a typo is refused with the keys there are); a whole entry
-(`--fdl.eval_data.held_out=3`) is checked against the dict's annotation (`Mapping[str,
-DataSource]`: a DataSource), so a part inside a dict is changed field by field, like any other.
+A shell takes the quotes off an unquoted `['held_out']`; the `[held_out]` it passes on reads
+the same (a key with other characters needs the whole flag in quotes). Messages and config.txt
+write a path the first way where they can, the second otherwise. A key must already be in the
+dict (a typo is refused with the keys there are); a whole entry (`--fdl.eval_data.held_out=3`)
+is checked against the dict's annotation (`Mapping[str, DataSource]`: a DataSource), so a part
+inside a dict is changed field by field, like any other.
 """
 
 from __future__ import annotations
@@ -188,8 +190,10 @@ def _check_value(directive: Directive, path: str, value: Any, annotation: Any) -
 # ----------------------------------------------------------------------------- paths
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
-# `[3]`, or a quoted key with Python's escapes: `['held out']`, `["it's"]`.
-_BRACKET = re.compile(r"""\[(?:(\d+)|('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"))\]""")
+# `[3]`, a quoted key with Python's escapes (`['held out']`, `["it's"]`), or a name: a shell
+# takes the quotes off an unquoted `--fdl.eval_data['held_out'].x=1`.
+_BRACKET = re.compile(
+    r"""\[(?:(\d+)|([A-Za-z_]\w*)|('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"))\]""")
 
 
 def _split_path(directive: Directive) -> list[str | int]:
@@ -212,14 +216,17 @@ def _split_path(directive: Directive) -> list[str | int]:
 
 
 def _step(match: re.Match[str] | None) -> str | int | None:
+  """The step a `_NAME` or `_BRACKET` match denotes; None for no match or a bad literal."""
   if match is None:
     return None
   if match.re is _NAME:
     return match.group(0)
   if match.group(1):
     return int(match.group(1))
+  if match.group(2):
+    return match.group(2)
   try:
-    return ast.literal_eval(match.group(2))
+    return ast.literal_eval(match.group(3))
   except (ValueError, SyntaxError):
     return None  # A bad escape (`['\\x']`).
 
@@ -250,16 +257,16 @@ def _child(parent: Any, step: str | int, walked: str, annotation: Any,
                    f"it has no field {step!r}")
 
 
-def _check_key(entries: dict[Any, Any], key: str | int, walked: str,
+def _check_key(container: dict[Any, Any], key: str | int, walked: str,
                directive: Directive) -> None:
-  if key in entries:
+  if key in container:
     return
-  names = [k for k in entries if isinstance(k, str)]
+  names = [k for k in container if isinstance(k, str)]
   close = difflib.get_close_matches(key, names, n=1) if isinstance(key, str) else []
   if close:
     fix = f"did you mean {close[0]!r}?"
-  elif entries:
-    fix = f"its entries: {', '.join(sorted(fields.key_text(k) for k in entries))}"
+  elif container:
+    fix = f"its entries: {', '.join(sorted(fields.key_text(k) for k in container))}"
   else:
     fix = "it has none"
   raise UsageError(f"{directive.flag}: {walked} has no entry {key!r}; {fix}")
@@ -279,7 +286,8 @@ def _check_parameter(buildable: fdl.Buildable, name: str, walked: str,
 
 
 def set_field(cfg: fdl.Buildable, directive: Directive) -> None:
-  """Applies one `path=value` directive, checking the field exists and the type fits."""
+  """Applies one `path=value` directive, checking the field (or dict entry) exists and the
+  type fits."""
   steps = _split_path(directive)
   value = parse_value(directive)
   parent, walked, annotation = cfg, "", None

@@ -3,15 +3,21 @@ before it is built (`config_checks`), the constraints declared with the fields (
 checked again by `Setup.validate()` on the built parts), and the split between a constructor
 refusing a user's value (one line, exit 2) and an internal bug (a traceback)."""
 
+import collections.abc
+import copy
 import dataclasses
 import math
 import time
+from typing import Mapping
 
 import fiddle as fdl
 import pytest
 
 from lingvo_lite import building, config_checks, config_files, fields
+from lingvo_lite.data.source import DataSource
+from lingvo_lite.data.synthetic import SyntheticData
 from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.experiment import Setup
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup, tiny_config
 
@@ -265,3 +271,118 @@ def test_range_requirements_read_as_words():
       "a positive integer or -1 (the rest)")
   assert fields.Range(1, also=(-1,)).problem(-1) is None
   assert fields.value_problem(float("nan"), fields.PositiveFloat) == "must be a finite number"
+
+
+# ----------------------------------------------------------------------------- containers
+
+
+def _two_sets(*keys):
+  """The synthetic tiny config with eval_data a dict of sets named `keys`."""
+  cfg = _config()
+  cfg.eval_data = {key: copy.deepcopy(cfg.eval_data) for key in keys or ("validation",
+                                                                          "held_out")}
+  return cfg
+
+
+def test_a_dict_of_sources_is_checked_entry_by_entry_under_the_path_a_flag_types():
+  config_checks.check(_two_sets())  # Valid as it is.
+  cfg = _two_sets()
+  cfg.eval_data["held_out"].num_batches = 0
+  assert _refused(cfg) == "eval_data.held_out.num_batches=0: must be a positive integer or None"
+  cfg = _two_sets("validation", "held out")
+  cfg.eval_data["held out"].num_batches = 0
+  assert _refused(cfg) == ("eval_data['held out'].num_batches=0: must be a positive integer or "
+                           "None")
+  cfg = _two_sets()
+  del cfg.eval_data["held_out"].sequence_length
+  assert _refused(cfg) == (
+      "eval_data.held_out.sequence_length: required by SyntheticData and not set; give it in "
+      "the experiment or with --fdl.eval_data.held_out.sequence_length=VALUE")
+
+
+def test_a_dict_entry_of_the_wrong_kind_is_named_by_its_key():
+  cfg = _two_sets()
+  cfg.eval_data["held_out"] = 3
+  assert _refused(cfg) == (
+      "eval_data.held_out=3: must be DataSource, got int; a part is changed field by field "
+      "(eval_data.held_out.FIELD=VALUE), or replaced by a config in a fiddler")
+  cfg = _two_sets()
+  cfg.eval_data["held_out"] = fdl.Config(Partitioner)
+  assert _refused(cfg) == ("eval_data.held_out=<config of Partitioner>: must be DataSource; "
+                           "give a config of DataSource instead")
+  cfg = _two_sets()
+  cfg.eval_data = [cfg.eval_data["validation"]]  # Neither a source nor a mapping of them.
+  assert _refused(cfg) == (
+      "eval_data=<list of 1 items>: must be DataSource or mapping of str to DataSource or None, "
+      "got list; a part is changed field by field (eval_data.FIELD=VALUE), or replaced by a "
+      "config in a fiddler")
+
+
+def test_validate_checks_the_parts_inside_a_dict():
+  setup = synthetic_tiny_setup()
+  source = setup.eval_data
+  with pytest.raises(UsageError) as error:
+    dataclasses.replace(setup, eval_data={
+        "validation": source, "held_out": dataclasses.replace(source, num_batches=0)}).validate()
+  assert str(error.value) == "eval_data.held_out.num_batches=0: must be a positive integer or None"
+  with pytest.raises(UsageError) as error:
+    fields.check_part("", dataclasses.replace(setup, eval_data={"validation": source,
+                                                                "held out": 3}))
+  assert str(error.value).startswith("eval_data['held out']=3: must be DataSource, got int; ")
+  fields.check_part("", dataclasses.replace(setup, eval_data={"validation": source}))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+  size: fields.PositiveInt = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class _Holder:
+  leaves: tuple[_Leaf, ...] = ()
+  named: Mapping[str, _Leaf] = dataclasses.field(default_factory=dict)
+  weights: dict[str, fields.PositiveFloat] = dataclasses.field(default_factory=dict)
+
+
+@pytest.mark.parametrize("holder, message", [
+    (_Holder(leaves=(_Leaf(), _Leaf(0))), "part.leaves[1].size=0: must be a positive integer"),
+    (_Holder(named={"a": _Leaf(), "b c": _Leaf(-1)}),
+     "part.named['b c'].size=-1: must be a positive integer"),
+    (_Holder(named={"a": 3}), "part.named.a=3: must be _Leaf, got int; a part is changed field by "
+                              "field (part.named.a.FIELD=VALUE)"),
+    (_Holder(weights={"x": 1.0, "y": -2.0}), "part.weights.y=-2.0: must be a positive number"),
+    (_Holder(weights={"x": "a"}), "part.weights.x='a': must be float, got str"),
+])
+def test_check_part_walks_into_lists_and_dicts(holder, message):
+  with pytest.raises(UsageError) as error:
+    fields.check_part("part", holder)
+  assert str(error.value).startswith(message), str(error.value)
+
+
+def test_mapping_annotations_are_matched_and_worded():
+  source = fdl.Config(SyntheticData, vocab_size=8, sequence_length=4)
+  eval_data = fields.type_hints(Setup)["eval_data"]
+  type_of = config_checks._type_of  # pylint: disable=protected-access
+  for annotation in (Mapping[str, DataSource], collections.abc.Mapping[str, DataSource],
+                     dict[str, DataSource], eval_data):
+    assert fields.matches({"a": source}, annotation, type_of) is True, annotation
+    assert fields.matches({"a": fdl.Config(Partitioner)}, annotation, type_of) is False
+    assert fields.matches({"a": source}, annotation) is False  # A config is not a source yet.
+  assert fields.matches({"a": 1}, Mapping[str, int]) is True
+  assert fields.matches({1: 1}, Mapping[str, int]) is False
+  assert fields.matches([1], Mapping[str, int]) is False
+  assert fields.matches({"a": 1}, collections.abc.Mapping) is True
+  assert fields.describe(eval_data) == "DataSource or mapping of str to DataSource or None"
+  assert fields.describe(dict[str, int]) == "dict of str to int"
+  assert fields.describe(Mapping[str, int | None]) == "mapping of str to (int or None)"
+  assert fields.entry_annotation(eval_data, {}, "x") is DataSource
+  assert fields.entry_annotation(eval_data, [], 0) is None
+  assert fields.entry_annotation(tuple[int, str], (1, "a"), 1) is str
+
+
+def test_paths_are_spelled_as_flags_write_them():
+  assert fields.path_join("", "model") == "model"
+  assert fields.path_join("eval_data", "held_out") == "eval_data.held_out"
+  assert fields.path_join("eval_data", "held out") == "eval_data['held out']"
+  assert fields.path_join("eval_data", "2nd") == "eval_data['2nd']"
+  assert fields.path_join("train_data.sources", 0) == "train_data.sources[0]"

@@ -1,10 +1,16 @@
-"""Command-line overrides: order, literal parsing, type checks, history labels."""
+"""Command-line overrides: order, literal parsing, type checks, history labels, paths into
+dict entries and list elements."""
 
+import copy
+import dataclasses
+
+import fiddle as fdl
 import pytest
 
 from lingvo_lite import config_files, overrides, registry
 from lingvo_lite.errors import UsageError
-from lingvo_lite.testing import override_directives, run_cli
+from lingvo_lite.fields import PositiveInt
+from lingvo_lite.testing import override_directives, run_cli, tiny_config
 
 
 def _apply(*args, experiment="PyCodeTiny"):
@@ -168,3 +174,161 @@ def test_fiddlers_defined_on_the_experiment_win(monkeypatch):
   monkeypatch.setattr(cls, "tiny", staticmethod(lambda cfg: setattr(cfg.train, "steps", 3)),
                       raising=False)
   assert _apply("--fiddler=tiny").train.steps == 3
+
+
+# ----------------------------------------------------------------------------- dict entries
+
+
+def _two_sets(*keys):
+  """The synthetic tiny config with eval_data a dict of two sets (or of `keys`)."""
+  cfg = tiny_config("PyCodeTiny", synthetic=True)
+  keys = keys or ("validation", "held_out")
+  cfg.eval_data = {key: copy.deepcopy(cfg.eval_data) for key in keys}
+  return cfg
+
+
+def _set(cfg, *args):
+  overrides.apply(cfg, override_directives(args), None)
+  return cfg
+
+
+@pytest.mark.parametrize("arg", [
+    "--fdl.eval_data.held_out.num_batches=8",
+    "--fdl.eval_data['held_out'].num_batches=8",
+    '--fdl.eval_data["held_out"].num_batches=8',
+    "--fdl_set=eval_data.held_out.num_batches=8",
+    "--fdl_set=eval_data['held_out'].num_batches=8",
+    "--fdl.eval_data[held_out].num_batches=8",  # What a shell passes on for ['held_out'].
+])
+def test_every_spelling_of_a_dict_entry_reaches_it(arg):
+  cfg = _set(_two_sets(), arg)
+  assert cfg.eval_data["held_out"].num_batches == 8
+  assert cfg.eval_data["validation"].num_batches == 2
+  line = next(l for l in config_files.to_text(cfg).splitlines()
+              if l.startswith("eval_data.held_out.num_batches ="))
+  assert line.startswith("eval_data.held_out.num_batches = 8 ")
+  assert line.endswith(f"# command line: {arg}")
+
+
+def llt_two_sets(cfg):
+  """Makes eval_data a dict of two sets, as an experiment with several eval sets has it."""
+  cfg.eval_data = {"validation": cfg.eval_data, "held_out": copy.deepcopy(cfg.eval_data)}
+
+
+_TWO_SETS = ["--mode=print", "--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+             "--fiddler=tests.test_overrides.llt_two_sets"]
+
+
+def test_a_dict_entry_is_set_from_the_command_line_and_printed_under_its_path():
+  result = run_cli([*_TWO_SETS, "--fdl.eval_data['held_out'].num_batches=8"])
+  assert result.code == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert any(l.startswith("eval_data.held_out.num_batches = 8 ") and l.endswith(
+      "# command line: --fdl.eval_data['held_out'].num_batches=8") for l in lines)
+  result = run_cli([*_TWO_SETS, "--fdl.eval_data.held_ot.num_batches=8"])
+  assert result.code == 2 and result.stderr.count("\n") == 1, result
+  assert ("--fdl.eval_data.held_ot.num_batches=8: eval_data has no entry 'held_ot'; did you "
+          "mean 'held_out'?") in result.stderr
+
+
+def test_a_key_that_is_not_an_identifier_is_reached_in_brackets():
+  cfg = _set(_two_sets("held out", "a=b", "it's"),
+             "--fdl.eval_data['held out'].num_batches=5",
+             "--fdl.eval_data['a=b'].num_batches=6",  # The `=` of the key is not the flag's.
+             """--fdl.eval_data["it's"].num_batches=7""")
+  assert [d.num_batches for d in cfg.eval_data.values()] == [5, 6, 7]
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("--fdl.eval_data.typo.num_batches=8",
+     "--fdl.eval_data.typo.num_batches=8: eval_data has no entry 'typo'; its entries: held_out, "
+     "validation"),
+    ("--fdl.eval_data['typo'].num_batches=8",
+     "--fdl.eval_data['typo'].num_batches=8: eval_data has no entry 'typo'; its entries: "
+     "held_out, validation"),
+    ("--fdl.eval_data.held_ot.num_batches=8",
+     "--fdl.eval_data.held_ot.num_batches=8: eval_data has no entry 'held_ot'; did you mean "
+     "'held_out'?"),
+    ("--fdl.eval_data[0].num_batches=8",
+     "--fdl.eval_data[0].num_batches=8: eval_data has no entry 0; its entries: held_out, "
+     "validation"),
+    ("--fdl.eval_data.typo=8",
+     "--fdl.eval_data.typo=8: eval_data has no entry 'typo'; its entries: held_out, validation"),
+    ("--fdl.eval_data.held_out=3",
+     "--fdl.eval_data.held_out=3: eval_data.held_out must be DataSource, got int 3; a part is "
+     "changed field by field (--fdl.eval_data.held_out.FIELD=VALUE), or replaced by a config in "
+     "a fiddler"),
+    ("--fdl.eval_data['held_out']=None",
+     "--fdl.eval_data['held_out']=None: eval_data.held_out must be DataSource, got NoneType "
+     "None; a part is changed field by field"),
+    ("--fdl.eval_data.held_out.num_batche=8",
+     "--fdl.eval_data.held_out.num_batche=8: SyntheticData (eval_data.held_out) has no field "
+     "eval_data.held_out.num_batche; did you mean 'num_batches'?"),
+    ("--fdl.eval_data.held_out.num_batches=0",
+     "--fdl.eval_data.held_out.num_batches=0: must be a positive integer or None"),
+    ("--fdl.eval_data.held_out.num_batches='8'",
+     "--fdl.eval_data.held_out.num_batches='8': eval_data.held_out.num_batches must be int or "
+     "None, got str '8'"),
+    ("--fdl.eval_data.['held_out'].num_batches=8",
+     """--fdl.eval_data.['held_out'].num_batches=8: cannot parse the field path "eval_data."""
+     """['held_out'].num_batches"; use dotted names, [index] or ['key'], e.g. model.num_layers """
+     "or eval_data['held_out'].num_batches"),
+    # An unclosed quote, a bad escape, a key with a space that the shell unquoted.
+    ("--fdl.eval_data['held_out.num_batches=8",
+     """--fdl.eval_data['held_out.num_batches=8: cannot parse the field path "eval_data"""
+     """['held_out.num_batches"; use dotted names"""),
+    (r"--fdl.eval_data['\x'].num_batches=8",
+     r"""--fdl.eval_data['\x'].num_batches=8: cannot parse the field path "eval_data['\\x']"""),
+    ("--fdl.eval_data[held out].num_batches=8",
+     "--fdl.eval_data[held out].num_batches=8: cannot parse the field path 'eval_data[held "
+     "out].num_batches'; use dotted names"),
+])
+def test_a_bad_dict_entry_is_one_line_naming_the_flag(arg, message):
+  with pytest.raises(UsageError) as error:
+    _set(_two_sets(), arg)
+  assert str(error.value).startswith(message), str(error.value)
+  assert "\n" not in str(error.value)
+
+
+def test_entries_are_listed_with_their_path_spelling():
+  with pytest.raises(UsageError, match=r"no entry 'x'; its entries: 'held out', validation$"):
+    _set(_two_sets("validation", "held out"), "--fdl.eval_data.x.num_batches=1")
+
+
+def test_list_elements_are_still_reached_by_index():
+  cfg = registry.lookup("PyCodeMixtureTiny").config()
+  overrides.apply(cfg, override_directives(["--fdl.train_data.sources[1].seed=3"]), None)
+  assert [s.seed for s in cfg.train_data.sources] == [0, 3]
+  for arg, message in (
+      ("--fdl.train_data.sources[0]=3", "--fdl.train_data.sources[0]=3: set a whole field, not "
+                                        "one element of it"),
+      ("--fdl.train_data.sources[5].seed=1", "--fdl.train_data.sources[5].seed=1: "
+                                             "train_data.sources has no element [5]")):
+    with pytest.raises(UsageError) as error:
+      overrides.apply(cfg, override_directives([arg]), None)
+    assert str(error.value) == message
+
+
+@dataclasses.dataclass(frozen=True)
+class _Weights:
+  weights: dict[str, PositiveInt]
+
+
+def test_an_entry_of_a_dict_of_literals_is_set_checked_and_labelled():
+  cfg = fdl.Config(_Weights, weights={"code": 1, "prose": 2})
+  _set(cfg, "--fdl.weights.prose=5")
+  assert cfg.weights == {"code": 1, "prose": 5}
+  # Fiddle keeps history per field: the field holding the dict is labelled with the flag.
+  assignment, origin = config_files.to_text(cfg).splitlines()[1].split("  # ")
+  assert (assignment.rstrip(), origin) == ("weights = {'code': 1, 'prose': 5}",
+                                           "command line: --fdl.weights.prose=5")
+  for arg, message in (
+      ("--fdl.weights.prose=0", "--fdl.weights.prose=0: must be a positive integer"),
+      ("--fdl.weights.prose=1.5", "--fdl.weights.prose=1.5: weights.prose must be int, got "
+                                  "float 1.5"),
+      ("--fdl.weights.poetry=1", "--fdl.weights.poetry=1: weights has no entry 'poetry'; its "
+                                 "entries: code, prose")):
+    with pytest.raises(UsageError) as error:
+      _set(cfg, arg)
+    assert str(error.value) == message
+  assert cfg.weights == {"code": 1, "prose": 5}
