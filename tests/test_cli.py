@@ -35,7 +35,7 @@ def test_train_resume_reload_and_eval(tmp_path):
   out = _cli(*TINY, f"--job_log_dir={job}", "--fdl.train.steps=6",
              "--fdl.train.log_every_steps=2")
   assert "final eval loss" in out and f"checkpoints: {job}/checkpoints" in out
-  for name in ("config.txt", "config.json", "metrics.jsonl", "eval_metrics.jsonl"):
+  for name in ("config.txt", "config.json", "metrics.jsonl", "eval_validation.jsonl"):
     assert (job / name).is_file(), name
   assert os.listdir(job / "checkpoints") == ["6"]
   assert any(f.startswith("events.out.tfevents")
@@ -63,7 +63,8 @@ def test_train_resume_reload_and_eval(tmp_path):
                     (job / name).read_bytes() for name in os.listdir(job)}
   out = _cli(f"--job_log_dir={job}", "--mode=eval", "--compilation_cache_dir=")
   assert "eval of checkpoint step 8" in out
-  eval_rows = [json.loads(l) for l in (job / "eval" / "metrics.jsonl").read_text().splitlines()]
+  eval_rows = [json.loads(l) for l in
+               (job / "eval" / "eval_validation.jsonl").read_text().splitlines()]
   assert eval_rows[0]["step"] == 8 and eval_rows[0]["loss"] > 0
   for name, before in training_files.items():
     after = tree_digest(job / name) if (job / name).is_dir() else (job / name).read_bytes()

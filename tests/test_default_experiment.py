@@ -57,7 +57,7 @@ def test_demo_as_written_beats_the_unigram_entropy(tmp_path):
                         r"(\d+\.\d+) bits/byte\)$", out, re.MULTILINE)
   assert train_loss and eval_loss, out[-3000:]
   # The default job directory is relative: it is under the working directory.
-  with open(copy / "runs" / "pycode_sp_tiny" / "eval_metrics.jsonl") as f:
+  with open(copy / "runs" / "pycode_sp_tiny" / "eval_validation.jsonl") as f:
     final = [json.loads(line) for line in f][-1]
   assert final["step"] == 800
   assert float(eval_loss.group(2)) == pytest.approx(final["bits_per_token"], abs=1e-4)

@@ -13,7 +13,8 @@ from lingvo_lite.testing import tree_digest
 
 def _refused(job_dir, mode="train", profile=False, message=""):
   with pytest.raises(UsageError) as error:
-    job_dirs.check(epath.Path(job_dir), mode, str(job_dir), profile=profile)
+    job_dirs.check(epath.Path(job_dir), mode, str(job_dir), profile=profile,
+                   eval_sets=("validation", "held_out"))
   text = str(error.value)
   assert text.startswith(f"--job_log_dir={job_dir}: ") and "\n" not in text, text
   assert message in text, text
@@ -64,9 +65,11 @@ def test_remote_urls_are_kept():
 def fixture_job(tmp_path):
   """A job dir as training leaves it."""
   job = tmp_path / "job"
-  for folder in ("checkpoints/2", "summaries/train", "summaries/eval"):
+  for folder in ("checkpoints/2", "summaries/train", "summaries/eval_validation",
+                 "summaries/eval_held_out"):
     (job / folder).mkdir(parents=True)
-  for name in ("config.json", "config.txt", "metrics.jsonl", "eval_metrics.jsonl"):
+  for name in ("config.json", "config.txt", "metrics.jsonl", "eval_validation.jsonl",
+               "eval_held_out.jsonl"):
     (job / name).write_text("{}")
   return job
 
@@ -74,7 +77,8 @@ def fixture_job(tmp_path):
 @pytest.mark.parametrize("mode", ["train", "eval", "print"])
 def test_a_trained_job_serves_every_mode_and_stays_as_it_was(job, mode):
   before = tree_digest(job.parent)
-  job_dirs.check(epath.Path(job), mode, str(job), profile=mode == "train")
+  job_dirs.check(epath.Path(job), mode, str(job), profile=mode == "train",
+                 eval_sets=("validation", "held_out"))
   assert tree_digest(job.parent) == before  # The creatability probe is gone again.
 
 
@@ -87,10 +91,13 @@ def test_a_new_job_dir_is_checked_where_it_would_be_created(tmp_path):
 
 @pytest.mark.parametrize("mode, relative, profile, message", [
     ("train", "summaries/train", False, "summaries/train is a file, not a folder"),
-    ("train", "summaries/eval", False, "summaries/eval is a file, not a folder"),
+    ("train", "summaries/eval_held_out", False, "summaries/eval_held_out is a file, not a "
+     "folder"),
     ("train", "profile", True, "profile is a file, not a folder"),
     ("eval", "eval", False, "eval is a file, not a folder"),
     ("eval", "eval/summaries", False, "eval/summaries is a file, not a folder"),
+    ("eval", "eval/summaries/eval_held_out", False, "eval/summaries/eval_held_out is a file, "
+     "not a folder"),
     ("eval", "checkpoints", False, "checkpoints is a file, not a folder"),
 ])
 def test_every_folder_a_mode_creates_must_not_be_a_file(job, mode, relative, profile, message):
@@ -109,10 +116,13 @@ def test_profile_is_checked_only_when_the_run_profiles(job):
   job_dirs.check(epath.Path(job), "train", str(job))
 
 
-@pytest.mark.parametrize("relative", ["eval/metrics.jsonl", ".lingvo_lite.lock"])
+@pytest.mark.parametrize("relative", ["eval/eval_held_out.jsonl", "eval/evaluated.json",
+                                      "eval_validation.jsonl", ".lingvo_lite.lock"])
 def test_every_file_a_mode_writes_must_not_be_a_folder(job, relative):
+  if (job / relative).exists():
+    (job / relative).unlink()
   (job / relative).mkdir(parents=True)
-  _refused(job, "eval" if relative.startswith("eval") else "train",
+  _refused(job, "eval" if relative.startswith("eval/") else "train",
            message=f"{relative} is a folder, not a file")
 
 

@@ -101,8 +101,8 @@ def main(invocation: Invocation) -> None:
   if result.train_loss is not None:
     lines.append(f"  final train loss: {result.train_loss:.4f}")
   for name, metrics in (result.eval_results or {}).items():
-    lines.append(f"  final eval loss:  {metrics['loss']:.4f} ({name}; "
-                 f"{metrics['bits_per_token']:.4f} bits/token"
+    label = "final eval loss: " if len(result.eval_results) == 1 else f"final eval loss ({name}):"
+    lines.append(f"  {label} {metrics['loss']:.4f} ({metrics['bits_per_token']:.4f} bits/token"
                  + (f", {metrics['bits_per_byte']:.4f} bits/byte)"
                     if "bits_per_byte" in metrics else ")"))
   eval_files = ", ".join(str(evaluation.jsonl_path(shown, name)) for name in setup.eval_sets)
