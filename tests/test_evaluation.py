@@ -2,11 +2,13 @@
 packing code with lingvo_lite: NumPy cross-entropy over `model.apply`'s logits, each document
 run alone (unpacked) against the packed pass, and the documents read from the files."""
 
+import copy
 import dataclasses
 import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +29,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import eval as eval_program
 from lingvo_lite.programs import train as train_program
 from lingvo_lite.programs.jitted import JittedSteps
-from lingvo_lite.testing import tiny_config
+from lingvo_lite.testing import run_cli, tiny_config
 from tasks import pycode
 
 LENGTH = 64
@@ -353,3 +355,54 @@ def test_continuous_eval_beside_training_evaluates_each_checkpoint_once_across_a
   train_rows = [json.loads(line) for line in open(job / "eval_validation.jsonl")]
   assert [row["step"] for row in train_rows] == [1200]
   assert train_rows[0]["loss"] == pytest.approx(rows[-1]["loss"], rel=1e-6)
+
+
+def held_out_set(cfg):
+  """A fiddler, named by import path on the command lines below: a second eval set, another
+  sample (seed) of the validation split."""
+  held_out = copy.deepcopy(cfg.eval_data)
+  held_out.seed = 2
+  cfg.eval_data = {"validation": cfg.eval_data, "held_out": held_out}
+
+
+def test_named_eval_sets_from_the_command_line(tmp_path):
+  job = tmp_path / "job"
+  common = ["--compilation_cache_dir=", f"--job_log_dir={job}"]
+  train = ["--exp=PyCodeTiny", "--fiddler=tiny", f"--fiddler={__name__}.held_out_set",
+           "--fdl.eval_data.held_out.num_batches=1", "--fdl.eval_data['validation'].seed=5",
+           "--fdl.train.steps=4", "--fdl.checkpoint.every_steps=2",
+           "--fdl.checkpoint.max_to_keep=None", *common]
+  result = run_cli(train)
+  assert result.code == 0, result.stderr
+  assert re.search(r"final eval loss \(validation\): \d", result.stdout)
+  assert re.search(r"final eval loss \(held_out\): \d", result.stdout)
+  for name in ("validation", "held_out"):
+    assert (job / f"eval_{name}.jsonl").is_file() and (job / "summaries" / f"eval_{name}").is_dir()
+  config = (job / "config.txt").read_text()
+  assert re.search(r"^eval_data\.held_out\.num_batches = 1 .*--fdl\.eval_data\.held_out", config,
+                   re.MULTILINE)
+  assert re.search(r"^eval_data\.validation\.seed = 5 ", config, re.MULTILINE)
+  # A set's fields are resumable: a longer run with a bigger held-out pass resumes.
+  result = run_cli([*train[:-4], "--fdl.eval_data.held_out.num_batches=2",
+                    "--fdl.train.steps=6", *train[-3:]])
+  assert result.code == 0 and "resumed from step 4" in result.stdout, result.stderr
+  # One set, with a command-line change, from the job's own config.
+  result = run_cli(["--mode=eval", "--eval_sets=held_out", "--fdl.eval_data.held_out.num_batches=3",
+                    *common])
+  assert result.code == 0, result.stderr
+  assert re.search(r"^  held_out +\d", result.stdout, re.MULTILINE)
+  rows = [json.loads(line) for line in open(job / "eval" / "eval_held_out.jsonl")]
+  assert [row["step"] for row in rows] == [6] and rows[0]["tokens"] == 3 * 4 * 64
+  assert not (job / "eval" / "eval_validation.jsonl").exists()
+  for args, message in (
+      (["--eval_sets=typo"], "--eval_sets=typo: no eval set named 'typo'; valid choices: "
+       "validation, held_out"),
+      (["--checkpoint_step=3"], "--checkpoint_step=3: no such checkpoint in "),
+      (["--fdl.eval_data.typo.num_batches=1"], "--fdl.eval_data.typo.num_batches=1: "
+       "eval_data has no entry 'typo'"),
+      (["--checkpoint_step=4", "--eval_continuous"], "conflicting flags")):
+    result = run_cli(["--mode=eval", *args, *common])
+    assert result.code == 2, (args, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], (args, lines)
+  assert "its steps: 2, 4, 6" in run_cli(["--mode=eval", "--checkpoint_step=3", *common]).stderr

@@ -39,6 +39,7 @@ NOT_COMMANDS = {
     r"^train step \d+/\d+: loss": "bin/demo.sh's sample output",
     r"^training SentencePiece \(": "bin/demo.sh's first-run output (vocabulary, stores)",
     r"^bin/\s+demo\.sh": "the Layout section's list of folders",
+    r"^eval_data=\{": "the Evaluation section's config example",
 }
 
 
@@ -235,7 +236,11 @@ def _check_help(command: Command, results: Results, session: Session) -> None:
 
 
 def _check_eval(command: Command, results: Results, session: Session) -> None:
-  _search(r"^eval of checkpoint step \d+: loss \d", results[0].stdout, "eval")
+  out = results[0].stdout
+  _search(r"^eval of checkpoint step \d+ \(written to .*\):\n  set +loss +perplexity .*\n"
+          r"  validation +\d", out, "eval")
+  if "--eval_continuous" in command.argv:
+    _search(r"^evaluated the final step \d+; done$", out, "eval --eval_continuous")
   job = command.flag("job_log_dir")
   assert (session.copy / job / "eval").is_dir(), f"no {job}/eval in the working copy"
 

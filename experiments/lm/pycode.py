@@ -79,7 +79,8 @@ class PyCodeSpTiny(PyCodeTiny):
 class PyCodeMixtureTiny(PyCodeTiny):
   """PyCodeTiny trained on a mixture of two tasks: 80% of rows from the stdlib's library code,
   20% from CPython's own test suite (`<stdlib>/test`, which PyCode leaves out); evaluated on
-  the library's validation split. Needs CPython's test package (Debian: libpython3-testsuite).
+  both validation splits, as the sets `validation` and `test_suite`. Needs CPython's test
+  package (Debian: libpython3-testsuite).
 
   python -m lingvo_lite --exp=PyCodeMixtureTiny --job_log_dir=runs/pycode_mixture
   """
@@ -88,13 +89,16 @@ class PyCodeMixtureTiny(PyCodeTiny):
   def config(cls) -> fdl.Config[Setup]:
     cfg = super().config()
     train = cfg.train_data
+    test_task = fdl.Config(pycode.pycode_task,
+                           source_dir=os.path.join(pycode.stdlib_dir(), "test"))
     sources = [fdl.Config(StoreStream, task=train.task, split="train", seed=0),
-               fdl.Config(StoreStream, task=fdl.Config(
-                   pycode.pycode_task, source_dir=os.path.join(pycode.stdlib_dir(), "test")),
-                          split="train", seed=0)]
+               fdl.Config(StoreStream, task=test_task, split="train", seed=0)]
     cfg.train_data = fdl.Config(TokenStoreMixture, sources=sources, rates=[0.8, 0.2],
                                 sequence_length=train.sequence_length,
                                 global_batch_size=train.global_batch_size, seed=0)
+    cfg.eval_data = {"validation": cfg.eval_data,
+                     "test_suite": pycode_data(test_task, "validation", train.sequence_length,
+                                               global_batch_size=16, num_batches=64)}
     return cfg
 
 
