@@ -46,7 +46,8 @@ def _with_config_path(error: UsageError) -> str:
   """The constructor's own message, led by the config path of the failing constructor."""
   message = str(getattr(error, "proxy_base_exception", error)).strip()
   context = _FIDDLE_CONTEXT.search(str(error))
-  path = context.group(1).lstrip(".") if context else ""
+  # Fiddle writes a mapping's entry as ['key']: the dotted spelling is the one users type.
+  path = re.sub(r"\['([A-Za-z_]\w*)'\]", r".\1", context.group(1)).lstrip(".") if context else ""
   if not path:
     return message
   return f"{path}.{message}" if _FIELD_FIRST.match(message) else f"{path}: {message}"

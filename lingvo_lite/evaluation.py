@@ -4,8 +4,8 @@ A set's pass sums the eval step's per-token statistics over its batches, on the 
 divides once at the end, so every token weighs the same whatever batch it fell in:
 
   loss            mean next-token cross-entropy in nats over the weighted (non-padding) tokens
-  perplexity      exp(loss)
-  accuracy        fraction of weighted tokens whose target is the argmax
+  perplexity      exp(loss) (inf past float64's range)
+  accuracy        fraction of weighted tokens whose target's logit is the largest (ties count)
   bits_per_token  loss / ln 2
   tokens          weighted tokens evaluated
   bytes           UTF-8 bytes of text those tokens stand for (sources with `token_bytes`)
@@ -14,8 +14,15 @@ divides once at the end, so every token weighs the same whatever batch it fell i
   seconds         wall time of the pass, which the train program keeps out of its step time
   tokens_per_s    tokens / seconds
 
+A pass with no weighted token (or no text byte) reports NaN for the means it cannot take.
+
 A set with `num_batches=None` is its whole split: ceil(examples / batch) batches, the rows of
-the last one past the split's end weighing 0, so no example counts twice.
+the last one past the split's end weighing 0, so no example counts twice. Such a pass visits
+every document, so it also runs the seqio score metric functions its task defines (`(targets,
+scores)`), as seqio's evaluator would: `targets` each document's text (decoded, through the
+task's postprocessor), `scores` its log-likelihood (the sum over its weighted tokens, in
+nats). Their results join the set's metrics. Prediction metrics need generated text, which an
+eval pass does not make; they are left out with a note, as score metrics are on a sampled pass.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Any, Mapping
 
 import jax
 import numpy as np
+from absl import logging
 from etils import epath
 
 from lingvo_lite import summaries
@@ -60,10 +68,76 @@ def pass_length(source: DataSource) -> tuple[int, int | None]:
   return max(math.ceil(examples / source.global_batch_size), 1), examples
 
 
-def evaluate_set(jitted: Any, params: Any, source: DataSource) -> dict[str, float]:
+class _DocumentScores:
+  """Each document's summed token nats over a whole-split pass, for score metrics."""
+
+  def __init__(self, source: Any):
+    self._source = source
+    self._starts = source.document_starts()
+    self._nats = np.zeros(len(self._starts), np.float64)
+
+  def add(self, step: int, token_nats: np.ndarray) -> None:
+    """`token_nats` [B, T] of every global row of batch `step` (0 past the split's end)."""
+    source = self._source
+    positions = (source.batch_examples(step)[:, None] * source.sequence_length
+                 + np.arange(source.sequence_length))
+    documents = np.searchsorted(self._starts, positions, side="right") - 1
+    np.add.at(self._nats, documents.ravel(), token_nats.ravel().astype(np.float64))
+
+  def metrics(self, functions: tuple[Any, ...], set_name: str) -> dict[str, float]:
+    targets = self._source.document_targets()
+    scores = -self._nats
+    found: dict[str, float] = {}
+    for function in functions:
+      name = getattr(function, "__name__", repr(function))
+      try:
+        values = function(targets, scores)
+      except Exception as e:  # pylint: disable=broad-except
+        # The user's code, mid-run: a warning, not the end of a training run.
+        _note(set_name, f"its task's metric function {name} raised {type(e).__name__}: "
+              f"{str(e)[:200]}; left out")
+        continue
+      for key, value in (values or {}).items():
+        value = getattr(value, "value", value)  # seqio.metrics.Scalar holds its number.
+        if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+          found[key] = float(value)
+    return found
+
+
+_NOTED: set[str] = set()
+
+
+def _note(set_name: str, message: str) -> None:
+  """A line about eval set `set_name`, once per process (not at every evaluation)."""
+  line = f"eval set {set_name}: {message}"
+  if line not in _NOTED:
+    _NOTED.add(line)
+    logging.warning("%s", line)
+
+
+def _document_scores(source: DataSource, set_name: str, whole_split: bool
+                     ) -> tuple[_DocumentScores | None, tuple[Any, ...]]:
+  """The per-document accumulator and the score metrics to run, when the pass can run them."""
+  score_fns, predict_fns = getattr(source, "metric_fns", ((), ()))
+  if predict_fns:
+    _note(set_name, "its task's prediction metrics (" + ", ".join(
+        getattr(f, "__name__", repr(f)) for f in predict_fns) + ") need generated text, "
+          "which an eval pass does not make; left out")
+  if not score_fns:
+    return None, ()
+  if not whole_split:
+    _note(set_name, "its task's score metrics need every document whole: they run on a pass "
+          "over the whole split (num_batches=None); left out")
+    return None, ()
+  return _DocumentScores(source), score_fns
+
+
+def evaluate_set(jitted: Any, params: Any, source: DataSource,
+                 set_name: str = "") -> dict[str, float]:
   """One pass of `source` with `jitted`'s eval step (a programs.jitted.JittedSteps)."""
   started = time.perf_counter()
   num_batches, examples = pass_length(source)
+  scores, score_fns = _document_scores(source, set_name, examples is not None)
   token_bytes = getattr(source, "token_bytes", None)
   process, processes = jax.process_index(), jax.process_count()
   rows = local_rows(source.global_batch_size, process, processes)
@@ -77,34 +151,54 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource) -> dict[str, floa
           np.float32)}
     if token_bytes is not None:
       text_bytes += float(np.sum(token_bytes[local["targets"]] * (local["weights"] > 0)))
-    sums = jitted.eval_step(params, jitted.global_batch(local))
+    if scores is None:
+      sums = jitted.eval_step(params, jitted.global_batch(local))
+    else:
+      sums = dict(jitted.eval_token_step(params, jitted.global_batch(local)))
+      token_nats = sums.pop("token_nats")
+      if processes > 1:  # Every process scores every row: the documents need them all.
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        token_nats = multihost_utils.process_allgather(token_nats, tiled=True)
+      scores.add(step, np.asarray(token_nats))
     for key, value in jax.device_get(sums).items():
       totals[key] = totals.get(key, 0.0) + float(value)
-  weight = max(totals["weight_sum"], 1.0)
-  loss = totals["cross_entropy_sum"] / weight
+  weight = totals["weight_sum"]
+  # A pass without a weighted token (or text byte) has no mean: NaN, not a perfect score.
+  loss = totals["cross_entropy_sum"] / weight if weight else math.nan
   metrics = {
       "loss": loss,
-      "perplexity": math.exp(min(loss, 700.0)),  # exp overflows float64 past ~709.
-      "accuracy": totals["correct_sum"] / weight,
+      "perplexity": math.exp(loss) if loss < 709.0 else math.inf,  # float64's largest exp.
+      "accuracy": totals["correct_sum"] / weight if weight else math.nan,
       "bits_per_token": loss / math.log(2.0),
-      "tokens": totals["weight_sum"],
+      "tokens": weight,
   }
   if token_bytes is not None:
-    if processes > 1:  # Each process counted its own rows' text.
-      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-      text_bytes = float(np.sum(multihost_utils.process_allgather(np.float64(text_bytes))))
+    if processes > 1:
+      text_bytes = _sum_over_processes(int(text_bytes))
     metrics["bytes"] = text_bytes
-    metrics["bits_per_byte"] = totals["cross_entropy_sum"] / math.log(2.0) / max(text_bytes, 1.0)
+    metrics["bits_per_byte"] = (totals["cross_entropy_sum"] / math.log(2.0) / text_bytes
+                                if text_bytes else math.nan)
+  if scores is not None:
+    for key, value in scores.metrics(score_fns, set_name).items():
+      metrics[key if key not in metrics else f"task_{key}"] = value
   seconds = time.perf_counter() - started
   metrics["seconds"] = seconds
   metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
   return metrics
 
 
+def _sum_over_processes(count: int) -> float:
+  """Each process's own rows' count, summed exactly: JAX gathers 32-bit values (x64 off), so
+  the count travels as two 30-bit halves."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  halves = multihost_utils.process_allgather(np.asarray(divmod(count, 1 << 30), np.int32))
+  return float(sum(int(high) * (1 << 30) + int(low) for high, low in np.reshape(halves, (-1, 2))))
+
+
 def evaluate_sets(jitted: Any, params: Any, sets: Mapping[str, DataSource]
                   ) -> dict[str, dict[str, float]]:
   """Each set's metrics, by name, in the sets' order."""
-  return {name: evaluate_set(jitted, params, source) for name, source in sets.items()}
+  return {name: evaluate_set(jitted, params, source, name) for name, source in sets.items()}
 
 
 def table(results: Mapping[str, Mapping[str, float]]) -> str:

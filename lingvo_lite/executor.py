@@ -99,7 +99,7 @@ flags.DEFINE_float("eval_timeout_seconds", 3600.0, "--eval_continuous: stop when
                    "has written nothing (no checkpoint, no metrics row) for this long.")
 flags.DEFINE_float("eval_poll_seconds", 10.0, "--eval_continuous: seconds between looks for "
                    "a new checkpoint.")
-flags.DEFINE_list("eval_sets", [], "--mode=eval: the eval sets to evaluate, by name "
+flags.DEFINE_list("eval_sets", None, "--mode=eval: the eval sets to evaluate, by name "
                   "(comma-separated; default: every set of eval_data).")
 
 _DISTRIBUTED = flags.DEFINE_enum(

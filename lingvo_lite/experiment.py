@@ -18,7 +18,7 @@ import fiddle as fdl
 from lingvo_lite import fields, target as targets
 from lingvo_lite.checkpoints import CheckpointSettings
 from lingvo_lite.data.source import DataSource, check_ready, vocabulary_fingerprint
-from lingvo_lite.errors import config_error
+from lingvo_lite.errors import config_error, shown
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
 from lingvo_lite.models.transformer import ParameterShape, TransformerLM
 from lingvo_lite.optimizers import AdamW
@@ -58,7 +58,8 @@ class TrainLoop:
 
 # The name a single eval source (not a mapping) is reported under.
 DEFAULT_EVAL_SET = "validation"
-_EVAL_SET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A set's name names its files (`eval_<name>.jsonl`), well inside a file name's 255 bytes.
+_EVAL_SET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,9 +176,9 @@ def _check_eval_set_names(eval_data: Any) -> None:
     raise config_error("eval_data", {}, "names no eval set", "give sets, or None for none")
   for name in eval_data:
     if not isinstance(name, str) or not _EVAL_SET_NAME.fullmatch(name):
-      raise config_error("eval_data", list(eval_data), f"the set name {name!r} is not a "
-                         "Python identifier (it names folders and --fdl. paths)",
-                         "use letters, digits and underscores, e.g. 'held_out'")
+      raise config_error("eval_data", list(eval_data), f"the set name {shown(name)} is not "
+                         "a Python identifier of at most 100 characters (it names files and "
+                         "--fdl. paths)", "use letters, digits and underscores, e.g. 'held_out'")
 
 
 # No machine holds the training state of more parameters: 1e14 float32 parameters with

@@ -36,10 +36,12 @@ def token_losses(logits: jax.Array, targets: jax.Array
 
 
 def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
-               normalizer: jax.Array | float = 1.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+               normalizer: jax.Array | float = 1.0, per_token: bool = False
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(cross-entropy + z_loss * log(Z)^2) summed over weighted tokens / normalizer, and the
-  metric sums. Dividing inside the objective, by a constant, gives gradients already
-  normalized (no extra pass over them)."""
+  metric sums (with `per_token`, also each token's weighted cross-entropy, `token_nats`).
+  Dividing inside the objective, by a constant, gives gradients already normalized (no extra
+  pass over them)."""
   logits = model.apply({"params": params}, batch["inputs"], batch.get("segment_ids"),
                        batch.get("positions"))
   cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
@@ -47,8 +49,10 @@ def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
   ce_sum, z_sum, correct_sum = jnp.sum(
       jnp.stack([cross_entropy, jnp.square(log_z), correct]) * batch["weights"], axis=(1, 2))
   objective = (ce_sum + z_loss * z_sum if z_loss else ce_sum) / normalizer
-  return objective, {"cross_entropy_sum": ce_sum, "z_sum": z_sum,
-                     "correct_sum": correct_sum}
+  sums = {"cross_entropy_sum": ce_sum, "z_sum": z_sum, "correct_sum": correct_sum}
+  if per_token:
+    sums["token_nats"] = cross_entropy * batch["weights"]
+  return objective, sums
 
 
 def _global_norm(tree: Any, one_device: bool) -> jax.Array:
@@ -112,9 +116,12 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params: Any, batch: Batch, *, model: nn.Module) -> dict[str, jax.Array]:
-  """Metric sums over one eval batch; the caller adds them up and divides by `weight_sum`."""
-  _, sums = _loss_sums(params, model, batch, 0.0)
+def eval_step(params: Any, batch: Batch, *, model: nn.Module, per_token: bool = False
+              ) -> dict[str, jax.Array]:
+  """Metric sums over one eval batch; the caller adds them up and divides by `weight_sum`.
+  With `per_token`, also each token's weighted cross-entropy [B, T] (`token_nats`), for
+  per-document scores."""
+  _, sums = _loss_sums(params, model, batch, 0.0, per_token=per_token)
   return {**sums, "weight_sum": jnp.sum(batch["weights"])}
 
 

@@ -110,7 +110,7 @@ class MetricsWriter:
       self._steps.add(int(step))
     tensorboard = self._tensorboard_writer()
     if tensorboard is not None:
-      tensorboard.write_scalars(int(step), {k: v for k, v in metrics.items()})
+      tensorboard.write_scalars(int(step), {k: _float32(v) for k, v in metrics.items()})
 
   def commit(self) -> None:
     """This run's rows are for keeping: drops the rows it supersedes (see the class doc)."""
@@ -180,6 +180,12 @@ class MetricsWriter:
     return self._tensorboard
 
 
+def logged_steps(jsonl_path: epath.Path) -> list[int]:
+  """The steps of a metrics file's rows (none when it does not exist)."""
+  data = jsonl_path.read_bytes() if jsonl_path.exists() else None
+  return sorted({step for step in map(_row_step, _lines(data)) if step is not None})
+
+
 def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
               keep: Callable[[int], bool]) -> None:
   """Rewrites a metrics file (and its TensorBoard events) with only the steps `keep` says,
@@ -199,6 +205,17 @@ def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
     for path in sorted(tensorboard_dir.iterdir()):
       if _is_events(path):
         _drop_events(path, lambda step: not keep(step))
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _float32(value: float) -> float:
+  """A scalar TensorBoard can store: its summaries are float32, and TensorFlow refuses a
+  larger number (a diverged model's perplexity of 1e300) rather than round it to inf. The JSON
+  lines keep the value itself."""
+  value = float(value)
+  return math.copysign(math.inf, value) if abs(value) > _FLOAT32_MAX else value
 
 
 def _missing_folders(folder: epath.Path) -> list[epath.Path]:

@@ -46,6 +46,17 @@ class DeferredTask:
   def preprocessors(self):
     return self.task.preprocessors
 
+  @property
+  def score_metric_fns(self):
+    return self.task.score_metric_fns
+
+  @property
+  def predict_metric_fns(self):
+    return self.task.predict_metric_fns
+
+  def postprocess_fn(self, *args, **kwargs):
+    return self.task.postprocess_fn(*args, **kwargs)
+
   def __getstate__(self):
     # Beam sends the task to its workers: the recipe travels, the made Task (TensorFlow
     # objects) is made again there.

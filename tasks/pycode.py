@@ -18,7 +18,7 @@ import hashlib
 import os
 import sysconfig
 import zlib
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from lingvo_lite.data import vocabulary as vocabulary_lib
 from lingvo_lite.data.tensorflow_import import import_seqio
@@ -72,7 +72,8 @@ def read_documents(root: str, split: str) -> list[bytes]:
   return documents
 
 
-def pycode_task(source_dir: str | None = None, vocabulary: Any = None) -> DeferredTask:
+def pycode_task(source_dir: str | None = None, vocabulary: Any = None,
+                metric_fns: Sequence[Callable[..., Any]] = ()) -> DeferredTask:
   """The seqio Task over the `.py` files under `source_dir` (default: this Python's stdlib),
   one document per file, made when its data is first read.
 
@@ -80,6 +81,8 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None) -> Deferr
     source_dir: A folder of `.py` files; None for this Python's standard library.
     vocabulary: None for bytes; a SentencePiece `.model` path; or a
       `vocabulary.SentencePieceModel`, trained from this task's train split on first use.
+    metric_fns: seqio metric functions: `(targets, scores)` ones run on every whole-split
+      eval pass, with each file's text and log-likelihood (lingvo_lite.evaluation).
 
   Raises:
     UsageError: when `source_dir` is not a folder or holds no `.py` file, or `vocabulary`
@@ -107,10 +110,12 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None) -> Deferr
   digest = hashlib.sha1(f"{root}|{described}".encode()).hexdigest()[:8]
   kind = "bytes" if vocabulary is None else f"sp{vocab_size}"
   name = f"pycode_{kind}_{digest}"
-  return DeferredTask(name, SPLITS, vocab_size, lambda: _make_task(root, name, vocabulary))
+  # Metrics are left out of the name: they change no token, so the tasks share a store.
+  return DeferredTask(name, SPLITS, vocab_size,
+                      lambda: _make_task(root, name, vocabulary, list(metric_fns)))
 
 
-def _make_task(root: str, name: str, vocabulary: Any):
+def _make_task(root: str, name: str, vocabulary: Any, metric_fns: list[Callable[..., Any]]):
   tf, seqio = import_seqio()
   vocab = vocabulary_lib.resolve_vocabulary(
       vocabulary, name, lambda: read_documents(root, "train"))
@@ -145,6 +150,7 @@ def _make_task(root: str, name: str, vocabulary: Any):
           seqio.preprocessors.append_eos,
       ],
       output_features={"targets": seqio.Feature(vocab, add_eos=True, dtype=tf.int32)},
+      metric_fns=metric_fns,
   )
 
 

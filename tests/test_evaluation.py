@@ -76,7 +76,11 @@ def trained(corpus, tmp_path_factory):
     data.task = task
     data.sequence_length = LENGTH
     data.store_dir = str(stores / data.split)
-  whole = fdl.Config(TokenStoreData, task=task, split="validation", sequence_length=LENGTH,
+  # The same files (and store), with a seqio score metric function, and a prediction one
+  # an eval pass cannot run.
+  scored = fdl.Config(pycode.pycode_task, source_dir=str(corpus),
+                      metric_fns=[document_log_likelihoods, exact_match])
+  whole = fdl.Config(TokenStoreData, task=scored, split="validation", sequence_length=LENGTH,
                      global_batch_size=8, num_batches=None, shuffle=False,
                      store_dir=str(stores / "validation"))
   cfg.eval_data = {"validation": cfg.eval_data, "whole": whole}
@@ -84,6 +88,19 @@ def trained(corpus, tmp_path_factory):
   setup.check_data()
   train_program.run(setup, job)
   return setup, job
+
+
+_SCORED = {}
+
+
+def document_log_likelihoods(targets, scores):
+  """A seqio score metric function; keeps what it was given, for the test to compare."""
+  _SCORED["targets"], _SCORED["scores"] = list(targets), np.asarray(scores)
+  return {"mean_document_log_likelihood": float(np.mean(scores))}
+
+
+def exact_match(targets, predictions):
+  raise AssertionError("a prediction metric needs generated text; eval makes none")
 
 
 def _params(setup, job, step):
@@ -106,7 +123,7 @@ def _token_nats(setup, params, inputs, segment_ids=None, positions=None):
 
 def test_eval_of_a_checkpoint_equals_a_numpy_computation(trained):
   setup, job = trained
-  results = eval_program.run(setup, job, sets=["validation"], checkpoint_step=30)[30]
+  results = eval_program.run(eval_program.selected_sets(setup, ["validation"]), job, checkpoint_step=30)[30]
   got = results["validation"]
   source = setup.eval_sets["validation"]
   params = _params(setup, job, 30)
@@ -145,7 +162,7 @@ def _target_nats(log_probs, targets):
 
 def test_the_packed_whole_split_equals_each_document_chunk_run_alone(trained, corpus):
   setup, job = trained
-  got = eval_program.run(setup, job, sets=["whole"], checkpoint_step=30)[30]["whole"]
+  got = eval_program.run(eval_program.selected_sets(setup, ["whole"]), job, checkpoint_step=30)[30]["whole"]
   source = setup.eval_sets["whole"]
   params = _params(setup, job, 30)
   # Every row's pieces by segment, in stream order (unshuffled), with each token's nats as
@@ -169,8 +186,10 @@ def test_the_packed_whole_split_equals_each_document_chunk_run_alone(trained, co
         packed.append(with_segments[row][where])
         leaky.append(without[row][where])
   # The pieces, joined where no document ends, are exactly the files' documents.
-  joined, current = [], []
-  for piece in pieces:
+  joined, current, starts = [], [], []
+  for index, piece in enumerate(pieces):
+    if not current:
+      starts.append(index)
     current += piece
     if current[-1] == 1:
       joined.append(tuple(current))
@@ -187,6 +206,16 @@ def test_the_packed_whole_split_equals_each_document_chunk_run_alone(trained, co
       inputs[i, 1:len(piece)] = piece[:-1]
     nats = _target_nats(_token_nats(setup, params, inputs), targets)
     alone += [nats[i, :len(piece)] for i, piece in enumerate(group)]
+  # The task's score metric got each document's text and the log-likelihood of its chunks.
+  text_of = lambda ids: bytes(i - 3 for i in ids[:-1]).decode()
+  expected = {text_of(doc): -float(sum(np.sum(alone[i]) for i in range(first, last)))
+              for doc, first, last in zip(joined, starts, starts[1:] + [len(pieces)])}
+  got_scores = dict(zip(_SCORED["targets"], _SCORED["scores"]))
+  assert sorted(got_scores) == sorted(expected)
+  for text, score in expected.items():
+    assert got_scores[text] == pytest.approx(score, rel=1e-5)
+  assert got["mean_document_log_likelihood"] == pytest.approx(np.mean(list(expected.values())),
+                                                              rel=1e-5)
   alone, packed, leaky = map(np.concatenate, (alone, packed, leaky))
   assert got["tokens"] == len(alone) == sum(len(d) for d in _documents(corpus))
   np.testing.assert_allclose(packed, alone, atol=2e-4, rtol=0)
@@ -196,29 +225,37 @@ def test_the_packed_whole_split_equals_each_document_chunk_run_alone(trained, co
   assert np.max(np.abs(leaky - alone)) > 0.05
 
 
-def test_whole_split_pass_counts_each_example_once(trained):
+def test_whole_split_pass_counts_each_example_once(trained, corpus):
   setup, _ = trained
   source = setup.eval_sets["whole"]
   num_batches, examples = evaluation.pass_length(source)
-  assert examples == source.num_examples(LENGTH)
-  assert (num_batches - 1) * source.global_batch_size < examples <= (
-      num_batches * source.global_batch_size)
+  tokens = sum(len(d) for d in _documents(corpus))  # From the files, not the store.
+  assert examples == math.ceil(tokens / LENGTH)
+  assert num_batches == math.ceil(examples / source.global_batch_size)
 
 
 def test_a_killed_runs_unrecorded_row_is_replaced_and_results_go_under_eval(trained):
   setup, job = trained
   rows_file = job / "eval" / "eval_validation.jsonl"
-  eval_program.run(setup, job, sets=["validation"], checkpoint_step=15)
+  eval_program.run(eval_program.selected_sets(setup, ["validation"]), job, checkpoint_step=15)
   with open(rows_file, "a") as f:  # A killed run wrote its row of step 30, not its record.
     f.write(json.dumps({"step": 30, "loss": -1.0}) + "\n" + '{"step": 30, "lo')
   record = json.loads((job / "eval" / eval_program.RECORD).read_text())["evaluated"]
   record.pop("30", None)
   (job / "eval" / eval_program.RECORD).write_text(json.dumps({"evaluated": record}))
-  eval_program.run(setup, job, sets=["validation"], checkpoint_step=30)
+  eval_program.run(eval_program.selected_sets(setup, ["validation"]), job, checkpoint_step=30)
   rows = [json.loads(line) for line in open(rows_file)]
   assert sorted(row["step"] for row in rows) == [15, 30]
   assert all(row["loss"] > 0 for row in rows)
   assert (job / "eval" / "summaries" / "eval_validation").is_dir()
+  # Evaluated again on purpose: its row is replaced, not added to.
+  eval_program.run(eval_program.selected_sets(setup, ["validation"]), job, checkpoint_step=30)
+  assert sorted(json.loads(line)["step"] for line in open(rows_file)) == [15, 30]
+  # A lost record is rebuilt from the rows, which are all kept.
+  (job / "eval" / eval_program.RECORD).unlink()
+  eval_program.run(eval_program.selected_sets(setup, ["validation"]), job, checkpoint_step=15)
+  assert sorted(json.loads(line)["step"] for line in open(rows_file)) == [15, 30]
+  assert _record(job) == {"15": ["validation"], "30": ["validation"]}
   # Training's own eval files are the trainer's alone.
   train_rows = [json.loads(line) for line in open(job / "eval_validation.jsonl")]
   assert [row["step"] for row in train_rows] == [30]
@@ -304,7 +341,7 @@ def test_continuous_eval_stops_when_the_trainer_goes_quiet(trained, tmp_path, ca
   setup, job = trained
   job = _copy_job(job, tmp_path / "job")
   shutil.rmtree(job / "checkpoints" / "30")
-  evaluated = eval_program.run(setup, job, sets=["validation"], continuous=True,
+  evaluated = eval_program.run(eval_program.selected_sets(setup, ["validation"]), job, continuous=True,
                                poll_seconds=0.05, timeout_seconds=1)
   assert sorted(evaluated) == [15]
   assert ("stopping: the trainer wrote nothing in" in capsys.readouterr().out)

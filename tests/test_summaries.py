@@ -138,3 +138,14 @@ def test_a_disabled_writer_writes_nothing(tmp_path):
   writer.commit()
   writer.rollback()
   assert not list(job.iterdir())
+
+
+def test_values_past_float32_reach_tensorboard_as_inf_and_the_rows_as_they_are(tmp_path):
+  # A diverged model's eval perplexity (exp of a loss of 700) is past float32's range, which
+  # TensorFlow refuses to round: the run once died writing it.
+  job = epath.Path(tmp_path)
+  writer = _writer(job)
+  writer.write(3, {"loss": 1e304})
+  writer.close()
+  assert _rows(job / "metrics.jsonl") == [{"step": 3, "loss": 1e304}]
+  assert _scalars(job / "summaries" / "train") == [(3, float("inf"))]

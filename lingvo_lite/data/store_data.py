@@ -138,9 +138,8 @@ class StoreStream:
   def num_examples(self, sequence_length: int) -> int:
     return -(-self.store().num_tokens // sequence_length)
 
-  def windows(self, positions: np.ndarray, sequence_length: int) -> Batch:
-    """The packed examples at stream positions `positions`."""
-    store = self.store()
+  def examples_at(self, positions: np.ndarray, sequence_length: int) -> np.ndarray:
+    """The example (window number) at each stream position."""
     count = self.num_examples(sequence_length)
     epochs, offsets = np.divmod(np.asarray(positions, dtype=np.int64), count)
     examples = offsets.copy()
@@ -148,6 +147,12 @@ class StoreStream:
       for epoch in np.unique(epochs):
         chosen = epochs == epoch
         examples[chosen] = KeyedPermutation(count, self.seed, int(epoch))(offsets[chosen])
+    return examples
+
+  def windows(self, positions: np.ndarray, sequence_length: int) -> Batch:
+    """The packed examples at stream positions `positions`."""
+    store = self.store()
+    examples = self.examples_at(positions, sequence_length)
     try:
       return packed_batch(*store.read(examples * sequence_length, sequence_length))
     except DataError as e:
@@ -178,7 +183,9 @@ class TokenStoreData(StoreStream):
 
   def check(self) -> None:
     """Builds (or checks) the store before a program writes anything; an eval pass
-    (`num_batches`) must not be longer than the split, which would count examples twice."""
+    (`num_batches`) must not be longer than the split, which would count examples twice;
+    the task's metric functions must be ones seqio can call."""
+    metric_functions(self.task)
     examples = self.num_examples(self.sequence_length)
     if self.num_batches and self.num_batches * self.global_batch_size > examples:
       raise config_error("num_batches", self.num_batches, f"x global_batch_size "
@@ -201,6 +208,48 @@ class TokenStoreData(StoreStream):
   def batch(self, step: int, process_index: int = 0, process_count: int = 1) -> Batch:
     rows = local_rows(self.global_batch_size, process_index, process_count)
     return self.windows(step * self.global_batch_size + rows, self.sequence_length)
+
+  # Per-document scores (lingvo_lite.evaluation runs a task's seqio score metrics with them).
+
+  @property
+  def metric_fns(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """(score metric functions, prediction metric functions) of the task."""
+    return metric_functions(self.task)
+
+  def batch_examples(self, step: int) -> np.ndarray:
+    """The example (window) of every global row of batch `step`, all processes'."""
+    return self.examples_at(step * self.global_batch_size + np.arange(self.global_batch_size),
+                            self.sequence_length)
+
+  def document_starts(self) -> np.ndarray:
+    return self.store().document_starts()
+
+  def document_targets(self) -> list[Any]:
+    """Each document's text, decoded and put through the task's postprocessor, as seqio
+    hands a metric function its `targets`."""
+    store, starts = self.store(), self.document_starts()
+    window = 1 << 16
+    tokens, weights, _, lengths = store.read(np.arange(0, store.num_tokens, window), window)
+    del weights
+    stream = np.concatenate([row[:length] for row, length in zip(tokens, lengths)] or [[]])
+    vocab = self.task.output_features["targets"].vocabulary
+    postprocess = getattr(self.task, "postprocess_fn", None)
+    targets = []
+    for ids in np.split(stream, starts[1:]):
+      text = vocab.decode(ids.tolist())
+      targets.append(postprocess(text, example=None, is_target=True) if postprocess else text)
+    return targets
+
+
+def metric_functions(task: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+  """(score, prediction) metric functions a seqio task defines; seqio's complaint about a
+  function of another signature as one line naming the task."""
+  try:
+    return (tuple(getattr(task, "score_metric_fns", None) or ()),
+            tuple(getattr(task, "predict_metric_fns", None) or ()))
+  except ValueError as e:
+    raise config_error("task", task.name, f"has a metric function seqio cannot call ({e})",
+                       "give functions of (targets, scores) or (targets, predictions)") from None
 
 
 @functools.lru_cache(maxsize=8)

@@ -205,6 +205,7 @@ class TokenStore:
     self._ends = np.cumsum([s.tokens for s in self._shards], dtype=np.int64)
     self.num_tokens = int(self._ends[-1]) if len(self._ends) else 0
     self._context = _context()
+    self._document_starts: np.ndarray | None = None
 
   def _arrays(self, index: int) -> _Shard:
     """Opens a shard's arrays on first use (a store of 10,000 shards opens only those read)."""
@@ -220,6 +221,23 @@ class TokenStore:
         raise DataError(f"{shard.folder}: unreadable token-store shard ({e}); delete the store "
                         f"at {self.path} to rebuild it") from None
     return shard
+
+  def document_starts(self) -> np.ndarray:
+    """Where each document starts in the token stream (int64 [documents]), read whole once:
+    for per-document scores of an eval split, which visit every document."""
+    if self._document_starts is None:
+      parts = [np.zeros(0, np.int64)]
+      for index, shard in enumerate(self._shards):
+        if not shard.tokens:
+          continue  # An empty shard has no arrays.
+        try:
+          local = self._arrays(index).arrays["doc_starts"].read().result()
+        except (ValueError, OSError) as e:
+          raise DataError(f"{shard.folder}: unreadable document starts ({e}); delete the "
+                          f"store at {self.path} to rebuild it") from None
+        parts.append(np.asarray(local, np.int64) + int(self._ends[index]) - shard.tokens)
+      self._document_starts = np.concatenate(parts)
+    return self._document_starts
 
   def read(self, starts: np.ndarray, length: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

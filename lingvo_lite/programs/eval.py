@@ -18,9 +18,11 @@ holds JOB/eval's lock, and leaves the trainer's lock on JOB alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import numpy as np
@@ -48,30 +50,40 @@ def main(invocation: Invocation) -> None:
                      f"from the one its checkpoints were trained with "
                      f"({summarize_changes(changes)}); evaluate "
                      "with the job's own config (drop the --exp and model overrides)")
-  setup = invocation.setup
-  sets = selected_sets(setup, options.get("eval_sets") or [])
   _check_options(options)
+  setup = selected_sets(invocation.setup, options.get("eval_sets"))
   setup.check_data(train=False)  # Every eval set reads; each has the model's vocabulary.
   # Before anything is restored or allocated: one line instead of an out-of-memory abort.
   memory_fit.check_eval_fits(setup)
-  run(setup, invocation.job_dir, sets=list(sets), shown_job_dir=invocation.shown_job_dir,
+  run(setup, invocation.job_dir, shown_job_dir=invocation.shown_job_dir,
       checkpoint_step=options.get("checkpoint_step"),
       continuous=bool(options.get("eval_continuous")),
       timeout_seconds=options.get("eval_timeout_seconds") or 3600,
       poll_seconds=options.get("eval_poll_seconds") or 10.0)
 
 
-def selected_sets(setup: Setup, names: list[str]) -> dict[str, Any]:
-  """The eval sets `--eval_sets` names (all of them when it names none)."""
+def selected_sets(setup: Setup, names: list[str] | None) -> Setup:
+  """`setup` with only the eval sets `--eval_sets` names (all of them when it is not given),
+  so that only those are read, checked and sized."""
   if not setup.eval_sets:
     raise UsageError("eval_data=None: this config has no eval data; set eval_data or use "
                      "an experiment that defines it")
+  if names is None:
+    return setup
+  valid = f"valid choices: {', '.join(setup.eval_sets)}"
+  if not names:
+    raise UsageError(f"--eval_sets=: names no eval set; {valid} (or drop the flag for all)")
   unknown = [name for name in names if name not in setup.eval_sets]
   if unknown:
-    raise UsageError(f"--eval_sets={','.join(names)}: no eval set named {unknown[0]!r}; valid "
-                     f"choices: {', '.join(setup.eval_sets)}")
-  return {name: source for name, source in setup.eval_sets.items()
-          if not names or name in names}
+    raise UsageError(f"--eval_sets={','.join(names)}: no eval set named {unknown[0]!r}; {valid}")
+  if not isinstance(setup.eval_data, Mapping):
+    return setup  # The one set, named "validation".
+  return dataclasses.replace(setup, eval_data={
+      name: source for name, source in setup.eval_data.items() if name in names})
+
+
+# Longer than any wait between checkpoints worth polling for (time.sleep refuses inf).
+_MAX_POLL_SECONDS = 24 * 3600
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -81,68 +93,98 @@ def _check_options(options: dict[str, Any]) -> None:
   if step is not None and options.get("eval_continuous"):
     raise UsageError(f"--checkpoint_step={step} and --eval_continuous: conflicting flags; "
                      "give one step, or evaluate each checkpoint as it lands")
-  for flag in ("eval_timeout_seconds", "eval_poll_seconds"):
+  for flag, most in (("eval_timeout_seconds", math.inf), ("eval_poll_seconds",
+                                                           _MAX_POLL_SECONDS)):
     value = options.get(flag)
-    if value is not None and not value > 0:
-      raise UsageError(f"--{flag}={value}: must be a positive number of seconds")
+    if value is not None and not 0 < value <= most:
+      raise UsageError(f"--{flag}={value}: must be a positive number of seconds"
+                       + (f", at most {most:g}" if most < math.inf else ""))
 
 
 class _Record:
-  """JOB/eval/evaluated.json: the sets each step was evaluated on (process 0 writes it)."""
+  """JOB/eval/evaluated.json: the sets each step was evaluated on (process 0 keeps it).
 
-  def __init__(self, path: epath.Path):
-    self._path = path
+  Where there is none (a first eval, or one moved away), it is rebuilt from the rows there are:
+  a row is written only once its set's pass is complete, so a row is a result to keep.
+  """
+
+  def __init__(self, eval_dir: epath.Path, names: list[str]):
+    self._path = eval_dir / RECORD
     self.sets: dict[int, list[str]] = {}
-    if path.exists():
-      try:
-        data = json.loads(path.read_text())
-        self.sets = {int(step): list(names) for step, names in data["evaluated"].items()}
-      except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise UsageError(f"{path}: not an eval record written by lingvo_lite ({e}); move it "
-                         "away to evaluate every checkpoint again") from None
+    if not self._path.exists():
+      for name in names:
+        for step in summaries.logged_steps(evaluation.jsonl_path(eval_dir, name)):
+          self.sets.setdefault(step, []).append(name)
+      self.rebuilt = True
+      return
+    self.rebuilt = False
+    try:
+      data = json.loads(self._path.read_text())
+      self.sets = {int(step): list(names) for step, names in data["evaluated"].items()}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      raise UsageError(f"{self._path}: not an eval record written by lingvo_lite ({e}); move "
+                       "it away, and the next eval rebuilds it from the rows there") from None
 
   def missing(self, step: int, names: list[str]) -> list[str]:
     return [name for name in names if name not in self.sets.get(step, [])]
 
+  def has(self, step: int, name: str) -> bool:
+    return name in self.sets.get(step, [])
+
+  def forget(self, step: int, names: list[str]) -> None:
+    """Before `names` are evaluated again at `step`: their rows are to be replaced."""
+    kept = [name for name in self.sets.get(step, []) if name not in names]
+    if kept:
+      self.sets[step] = kept
+    else:
+      self.sets.pop(step, None)
+    self._write()
+
   def add(self, step: int, names: list[str]) -> None:
     self.sets[step] = sorted(set(self.sets.get(step, [])) | set(names))
+    self._write()
+
+  def _write(self) -> None:
     text = json.dumps({"evaluated": {str(s): self.sets[s] for s in sorted(self.sets)}},
                       indent=1)
     paths.write_atomically(self._path, text + "\n")
 
 
-def run(setup: Setup, job_dir: epath.Path, sets: list[str] | None = None,
-        shown_job_dir: str | None = None, checkpoint_step: int | None = None,
-        continuous: bool = False, timeout_seconds: float = 3600.0,
-        poll_seconds: float = 10.0) -> dict[int, dict[str, dict[str, float]]]:
-  """Evaluates `sets` (default: all) of `setup` on the job's checkpoints.
+def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
+        checkpoint_step: int | None = None, continuous: bool = False,
+        timeout_seconds: float = 3600.0, poll_seconds: float = 10.0
+        ) -> dict[int, dict[str, dict[str, float]]]:
+  """Evaluates the eval sets of `setup` on the job's checkpoints (see the module doc).
 
   Returns:
     {step: {set name: metrics}} of the checkpoints this call evaluated.
   """
-  sets = sets if sets is not None else list(setup.eval_sets)
+  sets = list(setup.eval_sets)
   shown = epath.Path(shown_job_dir) if shown_job_dir else job_dir
   is_chief = jax.process_index() == 0
   checkpoint_dir = job_dir / "checkpoints"
+  checkpointer, step = None, None
   if not continuous:
     checkpointer = _checkpointer(setup, checkpoint_dir)
-    step = _chosen_step(checkpointer, checkpoint_dir, checkpoint_step, shown)
+    step = _agreed_step(checkpointer, checkpoint_dir, checkpoint_step, shown)
   eval_dir = job_dir / "eval"
   with job_lock.JobLock(eval_dir, enabled=is_chief, shown=str(shown / "eval"),
                         run_kind="eval"):
-    record = _Record(eval_dir / RECORD)
-    if is_chief:  # Rows a killed run wrote and did not record.
-      for name in setup.eval_sets:
-        summaries.keep_rows(evaluation.jsonl_path(eval_dir, name),
-                            evaluation.summaries_dir(eval_dir, name),
-                            lambda s, name=name: name in record.sets.get(s, []))
+    record = _Record(eval_dir, sets)
+    if is_chief:
+      if not record.rebuilt:  # Rows a killed run wrote and did not record.
+        _keep_recorded_rows(eval_dir, sets, record)
+      again = [name for name in sets if step is not None and record.has(step, name)]
+      if again:  # Evaluated again on purpose: its rows are replaced, not added to.
+        record.forget(step, again)
+        _keep_recorded_rows(eval_dir, again, record)
     writers = evaluation.SetWriters(eval_dir, sets, enabled=is_chief, resumed_from=None)
     jitted = JittedSteps(setup)
     evaluated: dict[int, dict[str, dict[str, float]]] = {}
 
     def evaluate(checkpointer: Checkpointer, step: int, names: list[str]) -> None:
       with jitted.activated():
-        params = jitted.restore_params(checkpointer, step)
+        params = _agreed_restore(jitted, checkpointer, step)
         results = evaluation.evaluate_sets(jitted, params, {
             name: setup.eval_sets[name] for name in names})
       del params
@@ -156,19 +198,72 @@ def run(setup: Setup, job_dir: epath.Path, sets: list[str] | None = None,
 
     try:
       if not continuous:
-        evaluate(checkpointer, step, sets)
-        checkpointer.close()
+        try:
+          evaluate(checkpointer, step, sets)
+        except _RestoreFailed as e:
+          raise UsageError(f"--job_log_dir={shown}: {e}") from None
       else:
         _follow(setup, checkpoint_dir, record, sets, evaluate, timeout_seconds, poll_seconds,
                 is_chief)
     finally:
       writers.close()
+      if checkpointer is not None:
+        checkpointer.close()
   return evaluated
+
+
+def _keep_recorded_rows(eval_dir: epath.Path, names: list[str], record: _Record) -> None:
+  for name in names:
+    summaries.keep_rows(evaluation.jsonl_path(eval_dir, name),
+                        evaluation.summaries_dir(eval_dir, name),
+                        lambda step, name=name: record.has(step, name))
+
+
+class _RestoreFailed(Exception):
+  """The checkpoint could not be restored (on this process or another): tried again later."""
+
+
+def _agreed_restore(jitted: JittedSteps, checkpointer: Checkpointer, step: int) -> Any:
+  """The step's parameters, or _RestoreFailed on every process when any process failed (a
+  damaged step, or one the trainer's retention deleted mid-restore), so that all go on, or
+  none, into the evaluation's collectives."""
+  params, problem = None, None
+  try:
+    params = jitted.restore_params(checkpointer, step)
+  except (UsageError, OSError) as e:
+    problem = str(e)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    failed = multihost_utils.process_allgather(np.int32(problem is not None))
+    if np.any(failed) and problem is None:
+      problem = "another process could not restore it"
+  if problem is not None:
+    raise _RestoreFailed(problem)
+  return params
 
 
 def _checkpointer(setup: Setup, checkpoint_dir: epath.Path) -> Checkpointer | None:
   return Checkpointer(checkpoint_dir, setup.checkpoint, create=False) \
       if checkpoint_dir.exists() else None
+
+
+def _agreed_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
+                 wanted: int | None, shown: epath.Path) -> int:
+  """Process 0's choice (`_chosen_step`), on every process: beside a running trainer, two
+  processes listing the folder can see different steps."""
+  step, problem = _WAIT, None
+  if jax.process_index() == 0:
+    try:
+      step = _chosen_step(checkpointer, checkpoint_dir, wanted, shown)
+    except UsageError as e:
+      problem = e
+  step = _agree([step])[0]
+  if problem is not None:
+    raise problem
+  if step < 0:
+    raise UsageError(f"--job_log_dir={shown}: process 0 found no checkpoint to evaluate in "
+                     f"{checkpoint_dir} (its own message says why)")
+  return step
 
 
 def _chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
@@ -216,8 +311,9 @@ def _last_write(job_dir: epath.Path) -> float:
 def _follow(setup: Setup, checkpoint_dir: epath.Path, record: _Record, sets: list[str],
             evaluate, timeout_seconds: float, poll_seconds: float, is_chief: bool) -> None:
   """Evaluates each new checkpoint once, oldest first, until the run's final step is done or
-  the trainer has written nothing for `timeout_seconds`. Process 0 decides and every process
-  follows (a multi-process eval restores and evaluates together)."""
+  the trainer has written nothing for `timeout_seconds`. Process 0 decides (the step, and
+  which sets it lacks) and every process follows: a multi-process eval restores and
+  evaluates together."""
   final_step = setup.train.steps
   job_dir = checkpoint_dir.parent
   retry_seconds = max(10 * poll_seconds, 30.0)
@@ -231,24 +327,32 @@ def _follow(setup: Setup, checkpoint_dir: epath.Path, record: _Record, sets: lis
                 f"{timeout_seconds:g} s without a new one)", is_chief)
   try:
     while True:
-      if checkpointer is None:
-        checkpointer = _checkpointer(setup, checkpoint_dir)
-      choice = _WAIT
-      if checkpointer is not None and is_chief:
-        checkpointer.refresh()
-        now = time.time()
-        retry = {step for step, when in failed.items() if now - when < retry_seconds}
-        choice = _next_step(checkpointer, record, sets, seen, warned, final_step, retry)
-      choice = _agree(choice)
+      choice, wanted = _WAIT, [0] * len(sets)
+      if is_chief:
+        if checkpointer is None:
+          checkpointer = _checkpointer(setup, checkpoint_dir)
+        if checkpointer is not None:
+          now = time.time()
+          retry = {step for step, when in failed.items() if now - when < retry_seconds}
+          try:
+            checkpointer.refresh()
+            choice = _next_step(checkpointer, record, sets, seen, warned, final_step, retry)
+          except OSError as e:  # The trainer deleted a step while it was listed.
+            logging.warning("listing %s failed (%s); looking again", checkpoint_dir, e)
+          if choice >= 0:  # The sets this step lacks.
+            wanted = [int(not record.has(choice, name)) for name in sets]
+      choice, *wanted = _agree([choice, *wanted])
       if choice == _STOP:
         summaries.log(f"evaluated the final step {final_step}; done", is_chief)
         return
       if choice >= 0:
+        if checkpointer is None:  # Processes other than 0 open it once there is a step.
+          checkpointer = _checkpointer(setup, checkpoint_dir)
         try:
-          evaluate(checkpointer, choice, record.missing(choice, sets) or sets)
+          evaluate(checkpointer, choice, [name for name, want in zip(sets, wanted) if want])
           failed.pop(choice, None)
           last_evaluation = time.time()
-        except UsageError as e:
+        except _RestoreFailed as e:
           # Damaged, or deleted by the trainer's retention mid-restore: newer steps go first,
           # this one is tried again after `retry_seconds`.
           failed[choice] = time.time()
@@ -257,7 +361,7 @@ def _follow(setup: Setup, checkpoint_dir: epath.Path, record: _Record, sets: lis
             logging.warning("skipping checkpoint step %d for now: %s", choice, e)
         continue
       quiet = time.time() - max(_last_write(job_dir), last_evaluation, started)
-      if _agree(int(quiet > timeout_seconds)):
+      if _agree([int(quiet > timeout_seconds)])[0]:
         done = [s for s in record.sets if not record.missing(s, sets)]
         summaries.log(f"stopping: the trainer wrote nothing in {job_dir} for "
                       f"{timeout_seconds:g} s (--eval_timeout_seconds) and its final step "
@@ -292,9 +396,9 @@ def _next_step(checkpointer: Checkpointer, record: _Record, sets: list[str], see
   return _WAIT
 
 
-def _agree(value: int) -> int:
-  """Process 0's `value`, on every process."""
+def _agree(values: list[int]) -> list[int]:
+  """Process 0's `values` (steps, flags), on every process."""
   if jax.process_count() == 1:
-    return value
+    return list(values)
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  return int(multihost_utils.broadcast_one_to_all(np.int64(value)))
+  return [int(v) for v in multihost_utils.broadcast_one_to_all(np.asarray(values, np.int32))]

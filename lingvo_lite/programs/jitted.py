@@ -73,6 +73,10 @@ class JittedSteps:
     self.eval_step = jax.jit(
         functools.partial(steps.eval_step, model=setup.model),
         in_shardings=(state_shardings.params, self.batch_sharding))
+    # The same step, also returning each token's loss: for eval sets scored per document.
+    self.eval_token_step = jax.jit(
+        functools.partial(steps.eval_step, model=setup.model, per_token=True),
+        in_shardings=(state_shardings.params, self.batch_sharding))
     # Checked before every save, so only finite states are ever written.
     self.state_is_finite = jax.jit(steps.is_finite, in_shardings=(state_shardings,))
 

@@ -204,6 +204,8 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     """Every eval set; its time is kept out of the step time and MFU figures."""
     if not setup.eval_sets:
       return None
+    # The steps dispatched so far finish first: their time is the steps', not the eval's.
+    jax.block_until_ready(params)
     results = evaluation.evaluate_sets(jitted, params, setup.eval_sets)
     seconds = sum(metrics["seconds"] for metrics in results.values())
     throughput.exclude(seconds)
