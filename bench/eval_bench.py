@@ -100,7 +100,7 @@ class _Case:
             f"train_data.global_batch_size={batch}", *args.set]
     self.setup = executor.build_experiment("PyCodeTiny", sets)
     self.jitted = JittedSteps(self.setup)
-    self.source = self.setup.eval_sets[evaluation.largest_set(self.setup)[0]]
+    self.set_name, self.source = evaluation.largest_set(self.setup)
     model = self.setup.model
     self.kinds = [kind for kind in KINDS if kind != "train" or not args.no_train]
     with self.jitted.activated():
@@ -135,7 +135,8 @@ class _Case:
       self.measure("pass", num_batches)
 
   def measure(self, kind: str, count: int) -> float:
-    """Wall seconds per batch of `count` batches of `kind`, inside `jitted.activated()`."""
+    """Wall seconds per batch (per step for train) of `count` of `kind`; call it inside
+    `jitted.activated()`."""
     jitted = self.jitted
     if kind == "pass":
       source = dataclasses.replace(self.source, num_batches=count)
@@ -143,7 +144,7 @@ class _Case:
       local = self.source.batch(0)
     started = time.perf_counter()
     if kind == "pass":
-      evaluation.evaluate_set(jitted, self.params, source)
+      evaluation.evaluate_set(jitted, self.params, source, self.set_name)
     elif kind == "step":
       for _ in range(count):
         sums = jitted.eval_step(self.params, self.batch)
@@ -169,16 +170,26 @@ class _Case:
 def _row(size: str, case: _Case, runs: dict[str, list[float]]) -> list[str]:
   ms = {kind: 1e3 * statistics.median(times) for kind, times in runs.items()}
   rate = {kind: case.tokens_per_batch / (seconds / 1e3) for kind, seconds in ms.items()}
-  rest = ms["pass"] - ms["step"] - ms["read"] - ms["put"]
+
+  def median(value) -> float:
+    """The median over repeats of `value(kind -> ms of that repeat)`: the kinds of one repeat
+    ran seconds apart, under the same load, so their ratios and differences are steadier
+    than those of the medians."""
+    return statistics.median(value({kind: 1e3 * times[r] for kind, times in runs.items()})
+                             for r in range(len(runs["pass"])))
+
+  train = "train" in runs
   source = case.source
   return [size, f"{case.num_params / 1e6:.2f}M",
           f"{source.global_batch_size}x{source.sequence_length}", str(case.counts["pass"]),
           f"{rate['pass']:,.0f}", f"{rate['step']:,.0f}", f"{rate['forward']:,.0f}",
-          f"{rate['train']:,.0f}" if "train" in rate else "-",
-          f"{rate['pass'] / rate['forward']:.2f}", f"{rate['step'] / rate['forward']:.2f}",
-          f"{rate['train'] / rate['forward']:.2f}" if "train" in rate else "-",
+          f"{rate['train']:,.0f}" if train else "-",
+          f"{median(lambda t: t['forward'] / t['pass']):.2f}",
+          f"{median(lambda t: t['forward'] / t['step']):.2f}",
+          f"{median(lambda t: t['forward'] / t['train']):.2f}" if train else "-",
           f"{ms['pass']:.1f}", f"{ms['step']:.1f}", f"{ms['read']:.2f}", f"{ms['put']:.2f}",
-          f"{rest:.1f}", f"{1 - ms['step'] / ms['pass']:.1%}"]
+          f"{median(lambda t: t['pass'] - t['step'] - t['read'] - t['put']):.1f}",
+          f"{median(lambda t: 1 - t['step'] / t['pass']):.1%}"]
 
 
 def main() -> None:
@@ -211,8 +222,9 @@ def main() -> None:
         f"{args.repeats} rotating repeats, jax {jax.__version__} on {device}, "
         f"{os.cpu_count()} cores (load average {load:.2f} at start, "
         f"{os.getloadavg()[0]:.2f} at the end). Rates in tokens/s, all B x T positions; "
-        "times in ms per batch; rest = pass - step - read - put (the per-batch host sync); "
-        "host share = 1 - step / pass; train = forward, backward and AdamW update.\n")
+        "times in ms per batch; the ratios (of rates), rest = pass - step - read - put (the "
+        "per-batch host sync) and host share = 1 - step / pass are medians over repeats of "
+        "each repeat's own; train = forward, backward and AdamW update.\n")
   print("| model | params | batch | N | (a) pass tok/s | (b) step tok/s | (c) forward tok/s | "
         "(d) train tok/s | a/c | b/c | d/c | pass ms | step ms | read ms | put ms | "
         "rest ms | host share |")

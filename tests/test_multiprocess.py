@@ -100,6 +100,28 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
                              rtol=1e-5)
   assert len(_losses(tmp_path / "multi")) == 7
 
+  # The eval program in two processes: process 0 picks the step and the sets, both restore
+  # and evaluate; the metrics are one process's of the same checkpoint.
+  rows_file = tmp_path / "multi" / "eval" / "eval_validation.jsonl"
+  outputs = _run_two_processes(tmp_path / "multi", ["--mode=eval"])
+  assert "eval of checkpoint step 7" in outputs[0]
+  two = [json.loads(line) for line in rows_file.read_text().splitlines()]
+  one = _start(tmp_path / "multi", 8, ["--mode=eval"])
+  _, err = one.communicate(timeout=300)
+  assert one.returncode == 0, err[-2000:]
+  again = [json.loads(line) for line in rows_file.read_text().splitlines()]
+  assert [row["step"] for row in two] == [row["step"] for row in again] == [7]  # Replaced.
+  for key in ("loss", "accuracy", "tokens"):
+    assert two[0][key] == pytest.approx(again[0][key], rel=1e-5), key
+  # Continuous: the step not yet evaluated (5), then the final one is done.
+  # The trainer's final step (7) comes from the job's config.json, not this command's --exp.
+  outputs = _run_two_processes(tmp_path / "multi", ["--mode=eval", "--eval_continuous",
+                                                    "--eval_poll_seconds=0.2",
+                                                    "--eval_timeout_seconds=120"])
+  assert "eval of checkpoint step 5" in outputs[0] and "evaluated the final step 7" in outputs[0]
+  record = json.loads((tmp_path / "multi" / "eval" / "evaluated.json").read_text())
+  assert record["evaluated"] == {"5": ["validation"], "7": ["validation"]}
+
 
 @pytest.mark.slow
 def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):

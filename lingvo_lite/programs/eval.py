@@ -29,7 +29,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from lingvo_lite import evaluation, job_lock, memory_fit, paths, summaries
+from lingvo_lite import config_files, evaluation, job_lock, memory_fit, paths, summaries
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
@@ -294,6 +294,24 @@ def _chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
   return step
 
 
+_TRAINER_CONFIG: dict[str, Any] = {}
+
+
+def _trainer_steps(job_dir: epath.Path, default: int) -> int:
+  """`train.steps` of the job's own config.json: the trainer's final step, which a resumed run
+  may have raised, and which an eval command's `--exp` need not repeat. `default` where the
+  file cannot be read. Read again only when the file changes."""
+  path = job_dir / config_files.CONFIG_JSON
+  try:
+    stat = path.stat()
+    key = (str(path), stat.mtime, stat.length)
+    if _TRAINER_CONFIG.get("key") != key:
+      _TRAINER_CONFIG.update(key=key, steps=int(config_files.load(path).train.steps))
+    return _TRAINER_CONFIG["steps"]
+  except (OSError, UsageError, AttributeError, TypeError, ValueError):
+    return default
+
+
 def _last_write(job_dir: epath.Path) -> float:
   """When the trainer last wrote anything eval waits for: a checkpoint folder (orbax's
   temporary ones included) or a metrics row."""
@@ -314,8 +332,8 @@ def _follow(setup: Setup, checkpoint_dir: epath.Path, record: _Record, sets: lis
   the trainer has written nothing for `timeout_seconds`. Process 0 decides (the step, and
   which sets it lacks) and every process follows: a multi-process eval restores and
   evaluates together."""
-  final_step = setup.train.steps
   job_dir = checkpoint_dir.parent
+  final_step = _trainer_steps(job_dir, setup.train.steps)
   retry_seconds = max(10 * poll_seconds, 30.0)
   checkpointer = None
   warned: set[tuple[int, str]] = set()
@@ -327,27 +345,28 @@ def _follow(setup: Setup, checkpoint_dir: epath.Path, record: _Record, sets: lis
                 f"{timeout_seconds:g} s without a new one)", is_chief)
   try:
     while True:
+      # Every process opens and re-reads the checkpoint manager at the same point: orbax
+      # synchronizes the processes in those calls.
+      if checkpointer is None and _agree([int(checkpoint_dir.exists())])[0]:
+        checkpointer = _checkpointer(setup, checkpoint_dir)
       choice, wanted = _WAIT, [0] * len(sets)
-      if is_chief:
-        if checkpointer is None:
-          checkpointer = _checkpointer(setup, checkpoint_dir)
-        if checkpointer is not None:
-          now = time.time()
-          retry = {step for step, when in failed.items() if now - when < retry_seconds}
-          try:
-            checkpointer.refresh()
+      if checkpointer is not None:
+        try:
+          checkpointer.refresh()
+          if is_chief:
+            final_step = _trainer_steps(job_dir, final_step)
+            now = time.time()
+            retry = {step for step, when in failed.items() if now - when < retry_seconds}
             choice = _next_step(checkpointer, record, sets, seen, warned, final_step, retry)
-          except OSError as e:  # The trainer deleted a step while it was listed.
-            logging.warning("listing %s failed (%s); looking again", checkpoint_dir, e)
-          if choice >= 0:  # The sets this step lacks.
-            wanted = [int(not record.has(choice, name)) for name in sets]
+        except OSError as e:  # The trainer deleted a step while it was listed.
+          logging.warning("listing %s failed (%s); looking again", checkpoint_dir, e)
+        if choice >= 0:  # The sets this step lacks.
+          wanted = [int(not record.has(choice, name)) for name in sets]
       choice, *wanted = _agree([choice, *wanted])
       if choice == _STOP:
         summaries.log(f"evaluated the final step {final_step}; done", is_chief)
         return
       if choice >= 0:
-        if checkpointer is None:  # Processes other than 0 open it once there is a step.
-          checkpointer = _checkpointer(setup, checkpoint_dir)
         try:
           evaluate(checkpointer, choice, [name for name, want in zip(sets, wanted) if want])
           failed.pop(choice, None)
