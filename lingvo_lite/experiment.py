@@ -157,8 +157,8 @@ class Setup:
     Raises:
       UsageError: naming the field, e.g. `train_data.sequence_length=4096: ...`.
     """
-    for name, data in self.data_sources(train):
-      check_ready(name, data)
+    # The vocabularies first: comparing them reads no data, and refuses before a store of the
+    # wrong tokens is built.
     trained_on = vocabulary_fingerprint(self.train_data)
     for name, data in self.data_sources(train=False):
       fingerprint = vocabulary_fingerprint(data)
@@ -167,6 +167,8 @@ class Setup:
                            f"tokenizes with another vocabulary ({fingerprint}) than the "
                            f"model's train data ({trained_on})",
                            "give the eval set the train data's vocabulary")
+    for name, data in self.data_sources(train):
+      check_ready(name, data)
 
 
 def _check_eval_set_names(eval_data: Any) -> None:

@@ -24,6 +24,7 @@ from etils import epath
 
 from lingvo_lite import building, checkpoint_integrity, evaluation, summaries
 from lingvo_lite.checkpoints import Checkpointer
+from lingvo_lite.data import vocabulary
 from lingvo_lite.data.store_data import TokenStoreData
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import eval as eval_program
@@ -443,3 +444,28 @@ def test_named_eval_sets_from_the_command_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], (args, lines)
   assert "its steps: 2, 4, 6" in run_cli(["--mode=eval", "--checkpoint_step=3", *common]).stderr
+
+
+_OTHER_VOCABULARY = {}
+
+
+def sentencepiece_eval_set(cfg):
+  """A fiddler (by import path): the eval set tokenized by another vocabulary, a SentencePiece
+  model the test trained; the train data keeps the model's bytes."""
+  cfg.eval_data.task = fdl.Config(pycode.pycode_task, source_dir=_OTHER_VOCABULARY["corpus"],
+                                  vocabulary=_OTHER_VOCABULARY["model"])
+
+
+def test_an_eval_set_tokenized_by_another_vocabulary_is_one_line(corpus, tmp_path):
+  model = tmp_path / "other.model"
+  vocabulary.train_sentencepiece(
+      [open(corpus / name, "rb").read() for name in _names("train", 6)], str(model), 400)
+  _OTHER_VOCABULARY.update(corpus=str(corpus), model=str(model))
+  result = run_cli(["--mode=eval", f"--job_log_dir={tmp_path}", "--exp=PyCodeTiny",
+                    "--fiddler=tiny", "--fdl.model.vocab_size=512",
+                    f"--fiddler={__name__}.sentencepiece_eval_set", "--compilation_cache_dir="])
+  assert result.code == 2, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and re.search(
+      r"eval_data\.task='pycode_sp400_\w+': tokenizes with another vocabulary "
+      r"\(sentencepiece:[0-9a-f]+\) than the model's train data \(bytes:259\)", lines[0]), lines

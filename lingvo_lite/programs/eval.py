@@ -201,7 +201,7 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
         try:
           evaluate(checkpointer, step, sets)
         except _RestoreFailed as e:
-          raise UsageError(f"--job_log_dir={shown}: {e}") from None
+          raise UsageError(str(e)) from None  # The restore's own line names the step.
       else:
         _follow(setup, checkpoint_dir, record, sets, evaluate, timeout_seconds, poll_seconds,
                 is_chief)
