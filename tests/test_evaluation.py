@@ -30,7 +30,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import eval as eval_program
 from lingvo_lite.programs import train as train_program
 from lingvo_lite.programs.jitted import JittedSteps
-from lingvo_lite.testing import run_cli, tiny_config
+from lingvo_lite.testing import run_cli, tiny_config, tree_digest
 from tasks import pycode
 
 LENGTH = 64
@@ -469,3 +469,18 @@ def test_an_eval_set_tokenized_by_another_vocabulary_is_one_line(corpus, tmp_pat
   assert len(lines) == 1 and re.search(
       r"eval_data\.task='pycode_sp400_\w+': tokenizes with another vocabulary "
       r"\(sentencepiece:[0-9a-f]+\) than the model's train data \(bytes:259\)", lines[0]), lines
+
+
+def test_a_failed_re_evaluation_leaves_the_eval_results_as_they_were(trained, tmp_path):
+  setup, job = trained
+  job = _copy_job(job, tmp_path / "job")
+  eval_program.run(eval_program.selected_sets(setup, ["validation"]), job, checkpoint_step=30)
+  before = tree_digest(job)
+  step_dir = pathlib.Path(job / "checkpoints" / "30")
+  data_file = max((p for p in step_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  data_file.write_bytes(b"\0" * data_file.stat().st_size)
+  after_damage = tree_digest(job)
+  with pytest.raises(UsageError, match=r"^checkpoint step 30 is corrupt: "):
+    eval_program.run(eval_program.selected_sets(setup, ["validation"]), job, checkpoint_step=30)
+  assert tree_digest(job) == after_damage != before  # Nothing under JOB/eval changed.
+  assert _record(job) == {"30": ["validation"]}

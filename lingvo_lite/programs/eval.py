@@ -171,13 +171,8 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
   with job_lock.JobLock(eval_dir, enabled=is_chief, shown=str(shown / "eval"),
                         run_kind="eval"):
     record = _Record(eval_dir, sets)
-    if is_chief:
-      if not record.rebuilt:  # Rows a killed run wrote and did not record.
-        _keep_recorded_rows(eval_dir, sets, record)
-      again = [name for name in sets if step is not None and record.has(step, name)]
-      if again:  # Evaluated again on purpose: its rows are replaced, not added to.
-        record.forget(step, again)
-        _keep_recorded_rows(eval_dir, again, record)
+    if is_chief and not record.rebuilt:  # Rows a killed run wrote and did not record.
+      _keep_recorded_rows(eval_dir, sets, record)
     writers = evaluation.SetWriters(eval_dir, sets, enabled=is_chief, resumed_from=None)
     jitted = JittedSteps(setup)
     evaluated: dict[int, dict[str, dict[str, float]]] = {}
@@ -188,6 +183,12 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
         results = evaluation.evaluate_sets(jitted, params, {
             name: setup.eval_sets[name] for name in names})
       del params
+      again = [name for name in names if record.has(step, name)]
+      if is_chief and again:
+        # Evaluated again on purpose (--checkpoint_step): its rows are replaced, not added
+        # to, once the new ones are in hand; a kill in between leaves the step unrecorded.
+        record.forget(step, again)
+        _keep_recorded_rows(eval_dir, again, record)
       writers.write(step, results)
       writers.flush()
       if is_chief:
