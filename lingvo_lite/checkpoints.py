@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import os
 import re
 import sys
 import time
+import traceback
 from typing import Any, Iterator
 
 import jax
@@ -78,32 +81,52 @@ class CheckpointWriteError(RuntimeError):
 def _silence_closed_loop_errors() -> None:
   """After a failed save, each of tensorstore's callbacks into orbax's already closed asyncio
   loop reports 'Event loop is closed' as an unraisable exception, a traceback apiece: tens of
-  lines of noise around the one line that says what failed. Every other unraisable
-  exception still reaches the original hook."""
+  lines of noise around the one line that says what failed. So does any other unraisable
+  exception raised in orbax's code; every other one still reaches the original hook."""
   original = sys.unraisablehook
   if getattr(original, "lingvo_lite_filter", False):
     return
 
   def hook(unraisable):
     value = unraisable.exc_value
-    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+      return
+    # Anything else raised inside orbax's background work after a failed save (a coroutine
+    # or future collected unfinished) is that failure again, already the run's one line.
+    frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
+    if not any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in frames):
       original(unraisable)
   hook.lingvo_lite_filter = True
   sys.unraisablehook = hook
 
 
+# The operating system's failures a save meets, by the words tensorstore quotes them in.
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EIO)
+
+
 def _one_line(error: BaseException) -> str:
-  """The innermost cause of an exception chain, in one line."""
-  while error.__cause__ is not None or error.__context__ is not None:
-    error = error.__cause__ or error.__context__
+  """The innermost cause of an exception chain, in one line, led by the operating system's
+  word for what went wrong where any exception of the chain quotes one."""
+  chain = [error]
+  while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  error = chain[-1]
   text = " ".join(str(error).split())
+  everything = " ".join(" ".join(str(e).split()) for e in chain)
   # tensorstore's messages name every path and spec; the operating system's word for what
-  # went wrong ("No space left on device") sits before its `[os_error_code=N]`.
-  os_error = re.search(r":\s*([^:\[\]\"]+?)\s*\[os_error_code='?(\d+)", text)
+  # went wrong ("No space left on device") sits before its `[os_error_code=N]`, in most of
+  # them: a metadata write's message quotes the words alone.
+  cause = None
+  os_error = re.search(r":\s*([^:\[\]\"]+?)\s*\[os_error_code='?(\d+)", everything)
+  if os_error:
+    cause = f"{os_error.group(1)} (errno {os_error.group(2)})"
+  else:
+    cause = next((f"{os.strerror(n)} (errno {n})" for n in _WRITE_ERRNOS
+                  if os.strerror(n) in everything), None)
   if len(text) > 300:
     text = f"{text[:240]} ..."
-  if os_error:
-    text = f"{os_error.group(1)} (errno {os_error.group(2)}); {text}"
+  if cause:
+    text = f"{cause}; {text}"
   return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

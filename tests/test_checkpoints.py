@@ -42,3 +42,20 @@ def test_the_newest_verified_step_survives_a_newer_unverified_one(tmp_path):
   assert _steps(tmp_path) == [3, 5]  # max_to_keep=1, but 3 is the newest verified step.
   assert checkpointer.latest_step() == 3
   checkpointer.close()
+
+
+def test_a_failed_save_is_named_by_the_operating_systems_words_in_any_form():
+  # tensorstore quotes the OS error with its code in data writes, and without it in some
+  # metadata writes (`.zarray`), past the 240 characters a message keeps: seen in 1 of ~10
+  # runs of test_faults' file-size-limit case.
+  from lingvo_lite.checkpoints import _one_line  # pylint: disable=g-import-not-at-top
+  long_path = "/job/checkpoints/3.orbax-checkpoint-tmp/" + "d" * 300
+  with_code = ValueError(f"Error writing {long_path}: File too large [os_error_code='27']")
+  try:
+    try:
+      raise OSError(f"Failed writing {long_path}.zarray: File too large")
+    except OSError as inner:
+      raise ValueError("OUT_OF_RANGE: Error opening \"zarr\" driver") from inner
+  except ValueError as without_code:
+    for error in (with_code, without_code):
+      assert "File too large (errno 27); " in _one_line(error), _one_line(error)
