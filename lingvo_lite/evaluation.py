@@ -28,6 +28,7 @@ eval pass does not make; they are left out with a note, as score metrics are on 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any, Mapping
@@ -85,7 +86,7 @@ class _DocumentScores:
     np.add.at(self._nats, documents.ravel(), token_nats.ravel().astype(np.float64))
 
   def metrics(self, functions: tuple[Any, ...], set_name: str) -> dict[str, float]:
-    targets = self._source.document_targets()
+    targets = list(_document_targets(self._source))  # A copy: the function may change it.
     scores = -self._nats
     found: dict[str, float] = {}
     for function in functions:
@@ -102,6 +103,13 @@ class _DocumentScores:
         if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
           found[key] = float(value)
     return found
+
+
+@functools.lru_cache(maxsize=8)
+def _document_targets(source: Any) -> list[Any]:
+  """The split's documents as text, decoded once per process: training evaluates the same
+  set again and again, and the text does not change."""
+  return source.document_targets()
 
 
 _NOTED: set[str] = set()
@@ -252,18 +260,18 @@ class SetWriters:
     for name, metrics in results.items():
       self._writers[name].write(step, metrics)
 
-  def flush(self) -> None:
+  def _each(self, method: str) -> None:
     for writer in self._writers.values():
-      writer.flush()
+      getattr(writer, method)()
+
+  def flush(self) -> None:
+    self._each("flush")
 
   def commit(self) -> None:
-    for writer in self._writers.values():
-      writer.commit()
+    self._each("commit")
 
   def rollback(self) -> None:
-    for writer in self._writers.values():
-      writer.rollback()
+    self._each("rollback")
 
   def close(self) -> None:
-    for writer in self._writers.values():
-      writer.close()
+    self._each("close")

@@ -120,13 +120,9 @@ class MetricsWriter:
     if self._resumed_from is not None:
       # Rows of one step from several earlier runs (killed ones redo steps they had logged
       # past their restored step): the last written is the one on the resumed-from path.
-      latest: dict[int, str] = {}
-      for line in _lines(self._original):
-        step = _row_step(line)
-        if step is not None and step <= self._resumed_from and step not in self._steps:
-          latest[step] = line + "\n"
-      kept = [latest[step] for step in sorted(latest)]
-      new = "".join(kept + self._lines).encode()
+      kept = _last_rows(self._original,
+                        lambda step: step <= self._resumed_from and step not in self._steps)
+      new = (kept + "".join(self._lines)).encode()
       exists = self._jsonl_path.exists()
       if (new or exists) and not (exists and self._jsonl_path.read_bytes() == new):
         _replace(self._jsonl_path, new)
@@ -193,12 +189,7 @@ def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
   (the eval program's, after a kill between a row and its record)."""
   if jsonl_path.exists():
     data = jsonl_path.read_bytes()
-    latest: dict[int, str] = {}
-    for line in _lines(data):
-      step = _row_step(line)
-      if step is not None and keep(step):
-        latest[step] = line + "\n"
-    new = "".join(latest[step] for step in sorted(latest)).encode()
+    new = _last_rows(data, keep).encode()
     if new != data:
       _replace(jsonl_path, new)
   if tensorboard_dir is not None and tensorboard_dir.is_dir():
@@ -233,6 +224,17 @@ def _is_events(path: epath.Path) -> bool:
 
 def _lines(data: bytes | None) -> list[str]:
   return data.decode(errors="replace").splitlines() if data else []
+
+
+def _last_rows(data: bytes | None, keep: Callable[[int], bool]) -> str:
+  """The rows of the steps `keep` says, the last written of each, in step order (a killed run
+  leaves half a row, which has no step and goes)."""
+  latest: dict[int, str] = {}
+  for line in _lines(data):
+    step = _row_step(line)
+    if step is not None and keep(step):
+      latest[step] = line + "\n"
+  return "".join(latest[step] for step in sorted(latest))
 
 
 def _row_step(line: str) -> int | None:

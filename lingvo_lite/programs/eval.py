@@ -19,6 +19,7 @@ holds JOB/eval's lock, and leaves the trainer's lock on JOB alone.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -295,9 +296,6 @@ def _chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
   return step
 
 
-_TRAINER_CONFIG: dict[str, Any] = {}
-
-
 def _trainer_steps(job_dir: epath.Path, default: int) -> int:
   """`train.steps` of the job's own config.json: the trainer's final step, which a resumed run
   may have raised, and which an eval command's `--exp` need not repeat. `default` where the
@@ -305,12 +303,15 @@ def _trainer_steps(job_dir: epath.Path, default: int) -> int:
   path = job_dir / config_files.CONFIG_JSON
   try:
     stat = path.stat()
-    key = (str(path), stat.mtime, stat.length)
-    if _TRAINER_CONFIG.get("key") != key:
-      _TRAINER_CONFIG.update(key=key, steps=int(config_files.load(path).train.steps))
-    return _TRAINER_CONFIG["steps"]
+    return _config_steps(str(path), stat.mtime, stat.length)
   except (OSError, UsageError, AttributeError, TypeError, ValueError):
     return default
+
+
+@functools.lru_cache(maxsize=4)
+def _config_steps(path: str, mtime: float, length: int) -> int:
+  del mtime, length  # The cache key: a rewritten file is read again.
+  return int(config_files.load(epath.Path(path)).train.steps)
 
 
 def _last_write(job_dir: epath.Path) -> float:
