@@ -17,6 +17,7 @@ import fiddle as fdl
 
 from lingvo_lite import fields, target as targets
 from lingvo_lite.checkpoints import CheckpointSettings
+from lingvo_lite.decode_settings import DecodeSettings
 from lingvo_lite.data.source import DataSource, check_ready, vocabulary_fingerprint
 from lingvo_lite.errors import config_error, shown
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
@@ -79,6 +80,7 @@ class Setup:
   partitioner: Partitioner = Partitioner()
   train: TrainLoop = TrainLoop()
   checkpoint: CheckpointSettings = CheckpointSettings()
+  decode: DecodeSettings = DecodeSettings()
 
   def validate(self, target: targets.Target | None = None) -> None:
     """Raises UsageError naming the field, the value and the fix for the first problem.
@@ -109,6 +111,7 @@ class Setup:
     if rotary_dim % 2 or rotary_dim > model.resolved_head_dim:
       raise config_error("model.rotary_dim", model.rotary_dim,
                          f"must be even and at most head_dim={model.resolved_head_dim}")
+    self.decode.validate(model.max_length)
     _check_eval_set_names(self.eval_data)
     for name, data in self.data_sources():
       if data.global_batch_size % self.train.grad_accum_steps and name == "train_data":
@@ -305,7 +308,8 @@ def setup_config(**parts: Any) -> fdl.Config[Setup]:
   Defaults must be Configs, not instances, so `--fdl.partitioner.ici_fsdp=2` and fiddlers
   can change a field of a part the experiment did not mention.
   """
-  defaults = {"partitioner": Partitioner, "train": TrainLoop, "checkpoint": CheckpointSettings}
+  defaults = {"partitioner": Partitioner, "train": TrainLoop, "checkpoint": CheckpointSettings,
+              "decode": DecodeSettings}
   for name, part in defaults.items():
     parts.setdefault(name, fdl.Config(part))
   parts.setdefault("eval_data", None)

@@ -123,6 +123,11 @@ class SeqioData:
       return None
 
   @property
+  def text_vocabulary(self) -> Any:
+    """The `targets` feature's seqio vocabulary."""
+    return self.task.output_features["targets"].vocabulary
+
+  @property
   def examples(self) -> dict[str, np.ndarray]:
     return _materialize(self.task, self.split, self.sequence_length, self.max_examples)
 

@@ -8,7 +8,7 @@ number of processes, which makes resume exact and multi-host runs equal to singl
 from __future__ import annotations
 
 import re
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -77,6 +77,15 @@ def vocabulary_fingerprint(source: DataSource | None) -> str | None:
   """The source's `vocabulary_fingerprint`, or None where it does not say."""
   fingerprint = getattr(source, "vocabulary_fingerprint", None)
   return fingerprint if isinstance(fingerprint, str) else None
+
+
+def text_vocabulary(source: DataSource | None) -> Any:
+  """The seqio vocabulary that turns the source's ids into text and back, or None for a
+  source without text (synthetic ids, pre-tokenized data with a pass-through vocabulary)."""
+  vocabulary = getattr(source, "text_vocabulary", None)
+  if vocabulary is None or type(vocabulary).__name__ == "PassThroughVocabulary":
+    return None
+  return vocabulary
 
 
 def under(path: str, error: UsageError) -> UsageError:

@@ -131,6 +131,11 @@ class StoreStream:
   def vocabulary_fingerprint(self) -> str | None:
     return _vocabulary_fingerprint(self.task)
 
+  @property
+  def text_vocabulary(self) -> Any:
+    """The seqio vocabulary that turns text into this store's ids and back."""
+    return self.task.output_features["targets"].vocabulary
+
   def store(self) -> token_store.TokenStore:
     with _LOCK:  # One build per process, whichever thread asks first.
       return _ready_store(self.task, self.split, self.path, self.build, self.build_workers)
@@ -327,6 +332,10 @@ class TokenStoreMixture:
   @property
   def vocabulary_fingerprint(self) -> str | None:
     return self.sources[0].vocabulary_fingerprint
+
+  @property
+  def text_vocabulary(self) -> Any:
+    return self.sources[0].text_vocabulary
 
   def check(self) -> None:
     """Builds (or checks) every source's store; their vocabularies must be one."""

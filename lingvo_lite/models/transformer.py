@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import flax.linen as nn
 import jax
@@ -75,7 +75,8 @@ class Block(nn.Module):
   """One transformer layer, parallel (GPT-J) or sequential (pre-norm GPT-2 / Llama).
 
   Takes its own sizes as plain fields so `nn.scan` and `nn.remat` can lift it as a class.
-  With `scan_carry` it returns `(x, None)`, the (carry, output) pair `nn.scan` expects.
+  With `scan_carry` it returns `(x, None)`, the (carry, output) pair `nn.scan` expects; with
+  `return_kv`, `(x, kv)`: also the layer's new keys and values (for a decoder's cache).
   """
 
   kind: BlockKind
@@ -95,13 +96,22 @@ class Block(nn.Module):
   dtype: jnp.dtype
   param_dtype: jnp.dtype
   scan_carry: bool = False
+  return_kv: bool = False
 
   def _norm(self, name: str) -> layers.Norm:
     return layers.Norm(kind=self.norm_kind, eps=self.norm_eps, dtype=self.dtype,
                        param_dtype=self.param_dtype, name=name)
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None):
+  def __call__(self, x: Any, positions: jax.Array, mask: jax.Array | None, layer: Any = None):
+    """`x` [batch, length, dim]; when decoding, the pair (x, cache): the decode cache
+    (keys, values) of every layer, and `layer` is this one's index in it. Returns x, or
+    (x, kv) with `return_kv`, or (x, cache) when decoding; as the carry of a pair with
+    `scan_carry`."""
+    cache = None
+    if isinstance(x, tuple):
+      x, cache = x
+    context = None if cache is None else layers.Context(*cache, layer)
     attention = layers.Attention(
         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
         use_bias=self.attention_bias, rotary_dim=self.rotary_dim,
@@ -111,14 +121,28 @@ class Block(nn.Module):
     mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
                      use_bias=self.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype,
                      name="mlp")
+    extra = None  # What attention returns besides its output: new kv, or the cache.
+    wants_extra = self.return_kv or context is not None
     if self.kind == "parallel":
       h = self._norm("norm")(x)
-      x = x + attention(h, positions, mask) + mlp(h)
+      attended = attention(h, positions, mask, context, self.return_kv)
+      if wants_extra:
+        attended, extra = attended
+      x = x + attended + mlp(h)
     else:
-      x = x + attention(self._norm("attention_norm")(x), positions, mask)
+      attended = attention(self._norm("attention_norm")(x), positions, mask, context,
+                           self.return_kv)
+      if wants_extra:
+        attended, extra = attended
+      x = x + attended
       x = x + mlp(self._norm("mlp_norm")(x))
     x = layers.constrain(x, "batch", "length", "embed")
-    return (x, None) if self.scan_carry else x
+    if context is not None:
+      out = (x, (extra.keys, extra.values))
+      return (out, None) if self.scan_carry else out
+    if self.scan_carry:
+      return x, extra
+    return (x, extra) if self.return_kv else x
 
 
 class TransformerLM(nn.Module):
@@ -261,27 +285,62 @@ class TransformerLM(nn.Module):
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
         dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype))
 
-  def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None
-              ) -> jax.Array:
+  def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None,
+              cache: Any = None, return_kv: bool = False) -> tuple[jax.Array, Any]:
     """The stack of blocks: unrolled (`layer_0`, ...) or one scanned `layers` module whose
-    parameters carry a leading axis of num_layers (logical axis `layers`)."""
+    parameters carry a leading axis of num_layers (logical axis `layers`).
+
+    Returns the output and: with a decode `cache` (keys, values), the cache with the new
+    tokens written; with `return_kv`, every layer's new (keys, values) stacked on a leading
+    layer axis; else None.
+    """
     block_class = Block
     if self.remat_policy != "none":
       block_class = nn.remat(block_class, policy=REMAT_POLICIES[self.remat_policy],
                              prevent_cse=not self.scan_layers)
+    fields = dict(self._block_fields(), return_kv=return_kv and cache is None)
     if not self.scan_layers:
+      new_kv = []
       for index in range(self.num_layers):
-        x = block_class(**self._block_fields(), name=f"layer_{index}")(x, positions, mask)
-      return x
+        block = block_class(**fields, name=f"layer_{index}")
+        if cache is not None:
+          x, cache = block((x, cache), positions, mask, index)
+          continue
+        out = block(x, positions, mask)
+        x, kv = out if return_kv else (out, None)
+        new_kv.append(kv)
+      if cache is not None:
+        return x, cache
+      return x, (jax.tree.map(lambda *kvs: jnp.stack(kvs), *new_kv) if return_kv else None)
     stack = nn.scan(block_class, variable_axes={"params": 0}, split_rngs={"params": True},
-                    in_axes=(nn.broadcast, nn.broadcast), length=self.num_layers,
+                    in_axes=(nn.broadcast, nn.broadcast, 0), length=self.num_layers,
                     metadata_params={nn.PARTITION_NAME: "layers"})
-    x, _ = stack(**self._block_fields(), scan_carry=True, name="layers")(x, positions, mask)
-    return x
+    scanned = stack(**fields, scan_carry=True, name="layers")
+    layer_index = jnp.arange(self.num_layers, dtype=jnp.int32)
+    if cache is not None:
+      (x, cache), _ = scanned((x, cache), positions, mask, layer_index)
+      return x, cache
+    return scanned(x, positions, mask, layer_index)
 
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
-               positions: jax.Array | None = None) -> jax.Array:
+               positions: jax.Array | None = None, cache: Any = None,
+               output_index: jax.Array | None = None, return_kv: bool = False) -> Any:
+    """Logits of `tokens` [batch, length]; see the class doc.
+
+    Decoding uses the last three arguments (lingvo_lite/decoding.py):
+
+    Args:
+      cache: A decode cache (keys, values) of every layer, [layers, batch, kv_heads,
+        cache_length, head_dim] (models/kv_cache.py). The tokens' keys and values are
+        written at their `positions` (required), and each token attends to the row's
+        entries up to its own position; returns `(logits, cache)`.
+      output_index: int32 [batch]: only the logits at this index of each row, [batch, 1,
+        vocab] (a prefill needs the last prompt token's alone, not the whole vocabulary
+        projection of every position).
+      return_kv: Also return the tokens' keys and values (a prefill's, for the cache),
+        [layers, batch, length, kv_heads, head_dim] each: `(logits, (keys, values))`.
+    """
     dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
     batch, length = tokens.shape
     if positions is None:
@@ -309,7 +368,9 @@ class TransformerLM(nn.Module):
 
     # Without segments the mask is causal only, which fused attention kernels take as a flag.
     mask = layers.attention_mask(segment_ids, length) if segment_ids is not None else None
-    x = self._layers(x, positions, mask)
+    x, extra = self._layers(x, positions, mask, cache, return_kv)
+    if output_index is not None:
+      x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
 
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
     if self.tie_embeddings:
@@ -322,5 +383,5 @@ class TransformerLM(nn.Module):
           self.vocab_size, use_bias=self.output_bias, name="output", dtype=dtype,
           param_dtype=param_dtype, kernel_init=layers.dense_init(("embed", "vocab"), self.dim),
           bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)))(x)
-    logits = layers.constrain(logits, "batch", "length", "vocab")
-    return logits.astype(jnp.float32)
+    logits = layers.constrain(logits, "batch", "length", "vocab").astype(jnp.float32)
+    return (logits, extra) if (return_kv or cache is not None) else logits

@@ -1,0 +1,303 @@
+"""The generator: requests in, completions out, over a fixed set of slots that refill.
+
+Host side of decoding (lingvo_lite/decoding.py holds the jitted steps). A request is
+resolved first (its settings from the config's `decode.*` defaults, its prompt tokenized,
+its length checked against the cache), so every bad request is one line before any device
+time. Then, while requests remain:
+
+  1. free slots take the next requests: one prefill call writes their prompts (padded to
+     the smallest prefill bucket that holds the longest) and samples their first tokens;
+  2. one generate call runs every slot for up to `decode.steps_per_call` tokens;
+  3. the host reads the slots' tokens back, matches stop strings on the detokenized text,
+     and turns each finished slot into a Completion, freeing the slot.
+
+The functions are compiled once per (slots, cache length) and once per prefill bucket:
+settings, prompt lengths within a bucket and the number of requests change no shape.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import time
+from typing import Any, Iterator, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from lingvo_lite import decoding, sampling
+from lingvo_lite.decode_requests import Completion, Request
+from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.experiment import Setup
+from lingvo_lite.train_state import strip_boxes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resolved:
+  """A request with every setting decided and its prompt as ids."""
+
+  index: int
+  request: Request
+  prompt_ids: tuple[int, ...]
+  prompt_text: str | None
+  max_new_tokens: int
+  temperature: float
+  top_k: int
+  top_p: float
+  seed: int
+  stop: tuple[str, ...]
+
+  @property
+  def settings(self) -> dict[str, Any]:
+    return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+            "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
+
+
+@dataclasses.dataclass
+class _Slot:
+  """A request being decoded in one slot."""
+
+  job: _Resolved
+  started: float
+  first_token: float
+  checked: int = 0  # Completion tokens already searched for stop strings.
+
+
+def check_decode_partitioning(setup: Setup, mesh: Mesh) -> None:
+  """The slots split evenly over the data-parallel mesh axes (the cache's heads over
+  `tensor` are checked with the key/value parameters, which have the same axis)."""
+  sizes = dict(mesh.shape)
+  ways = setup.partitioner.data_parallel_size(sizes)
+  if setup.decode.slots % ways:
+    batch_axes = " x ".join(setup.partitioner.mesh_axes_of(("batch",))[0]) or "none"
+    raise config_error("decode.slots", setup.decode.slots,
+                       f"must split evenly over the data-parallel size {ways} (mesh axes "
+                       f"{batch_axes})", f"use a multiple of {ways}")
+
+
+def parameter_shardings(setup: Setup, mesh: Mesh) -> Any:
+  """The parameters' shardings under the partitioner's rules (as training places them)."""
+  boxed = jax.eval_shape(setup.model.init, jax.random.key(0),
+                         jax.ShapeDtypeStruct((1, 1), jnp.int32))["params"]
+  return setup.partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
+
+
+class Generator:
+  """Decodes requests with one Setup's model and parameters (see the module doc).
+
+  Attributes:
+    compiled_prefill_buckets: The prefill buckets compiled so far (for tests and logs).
+  """
+
+  def __init__(self, setup: Setup, params: Any, mesh: Mesh | None = None,
+               vocabulary: Any = None, checkpoint_step: int | None = None):
+    """
+    Args:
+      setup: The validated Setup (its model and `decode` settings are used).
+      params: The model's parameters (placed into their shardings on `mesh`).
+      mesh: The device mesh; None makes the partitioner's over this host's devices.
+      vocabulary: The seqio vocabulary for text prompts and completions; None decodes ids.
+      checkpoint_step: Recorded in each completion.
+    """
+    self.setup = setup
+    self.model = setup.model
+    self.settings = setup.decode
+    self.vocabulary = vocabulary
+    self.checkpoint_step = checkpoint_step
+    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh()
+    check_decode_partitioning(setup, self.mesh)
+    self.cache_length = self.settings.resolved_cache_length(self.model.max_length)
+    self.slots = self.settings.slots
+    eos = getattr(vocabulary, "eos_id", None)
+    self.eos_id = eos if (eos is not None and self.settings.stop_at_eos) else decoding.NO_EOS
+    partitioner = setup.partitioner
+    state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(), self.mesh)
+    self._state_shardings = state_shardings
+    param_shardings = parameter_shardings(setup, self.mesh)
+    self.params = jax.device_put(strip_boxes(params), param_shardings)
+    per_slot = state_shardings.lengths
+    by_position = state_shardings.tokens
+    steps = functools.partial(decoding.prefill, model=self.model, eos_id=self.eos_id)
+    self._prefill = jax.jit(
+        steps, in_shardings=(param_shardings, state_shardings, by_position, per_slot,
+                             per_slot, per_slot, state_shardings.sampling,
+                             state_shardings.seeds),
+        out_shardings=state_shardings, donate_argnums=(1,))
+    self._generate = jax.jit(
+        functools.partial(decoding.generate, model=self.model, eos_id=self.eos_id),
+        in_shardings=(param_shardings, state_shardings, None, per_slot),
+        out_shardings=state_shardings, donate_argnums=(1,))
+    with self.activated():
+      self.state = jax.jit(functools.partial(
+          decoding.empty_state, self.model, self.slots, self.cache_length),
+          out_shardings=state_shardings)()
+    self.compiled_prefill_buckets: set[int] = set()
+
+  @contextlib.contextmanager
+  def activated(self) -> Iterator[None]:
+    """The mesh and the logical-axis rules, so the model's activation constraints apply."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.setup.partitioner.rules)):
+      yield
+
+  # --------------------------------------------------------------------------- requests
+
+  def resolve(self, index: int, request: Request) -> _Resolved:
+    """The request with the config's defaults filled in and its prompt as ids.
+
+    Raises:
+      UsageError: one line naming the request (its source) and the problem.
+    """
+    settings = self.settings
+    given = request.overrides()
+    where = f"{request.source}: "
+    if request.prompt is not None:
+      if self.vocabulary is None:
+        raise UsageError(f"{where}prompt: this experiment's data has no text vocabulary "
+                         "(its ids are not text); give prompt_ids (in a --prompts_file line)")
+      ids = tuple(int(i) for i in self.vocabulary.encode(request.prompt))
+      if not ids:
+        raise UsageError(f"{where}prompt={request.prompt!r}: tokenizes to no token; give "
+                         "some text")
+      text = request.prompt
+    else:
+      ids = tuple(request.prompt_ids)
+      text = self._text(ids)
+    bad = [i for i in ids if not 0 <= i < self.model.vocab_size]
+    if bad:
+      raise UsageError(f"{where}prompt_ids: token id {bad[0]} is outside the model's "
+                       f"vocabulary [0, {self.model.vocab_size}); give ids below "
+                       f"model.vocab_size={self.model.vocab_size}")
+    max_new = given.get("max_new_tokens", settings.max_new_tokens)
+    largest_bucket = settings.resolved_buckets(self.model.max_length)[-1]
+    if len(ids) > largest_bucket or len(ids) + max_new > self.cache_length:
+      fits = min(largest_bucket, self.cache_length - max_new)
+      raise UsageError(
+          f"{where}the prompt's {len(ids)} tokens and max_new_tokens={max_new} do not fit "
+          f"the decode cache (decode.cache_length={self.cache_length}, longest prefill "
+          f"bucket {largest_bucket}; the model's context is model.max_length="
+          f"{self.model.max_length}); shorten the prompt"
+          + (f" to at most {fits} tokens" if fits > 0 else "")
+          + ", lower max_new_tokens, or raise --fdl.decode.cache_length")
+    return _Resolved(
+        index=index, request=request, prompt_ids=ids, prompt_text=text,
+        max_new_tokens=max_new,
+        temperature=float(given.get("temperature", settings.temperature)),
+        top_k=int(given.get("top_k", settings.top_k)),
+        top_p=float(given.get("top_p", settings.top_p)),
+        seed=int(given.get("seed", settings.seed)),
+        stop=tuple(given.get("stop", settings.stop)))
+
+  def _text(self, ids: Sequence[int]) -> str | None:
+    if self.vocabulary is None:
+      return None
+    return self.vocabulary.decode([int(i) for i in ids])
+
+  # --------------------------------------------------------------------------- decoding
+
+  def generate(self, requests: Sequence[Request]) -> list[Completion]:
+    """Completions of `requests`, in their order (all resolved before any is decoded)."""
+    jobs = [self.resolve(index, request) for index, request in enumerate(requests)]
+    pending = collections.deque(jobs)
+    slots: list[_Slot | None] = [None] * self.slots
+    ended = np.zeros(self.slots, bool)  # Slots the host finished since the last call.
+    results: list[Completion | None] = [None] * len(jobs)
+    limit = np.int32(self.settings.steps_per_call)
+    with self.activated():
+      while pending or any(slots):
+        free = [index for index, slot in enumerate(slots) if slot is None]
+        if free and pending:
+          chosen = [(slot, pending.popleft()) for slot in free[:len(pending)]]
+          self._prefill_slots(chosen, slots)
+          ended[[slot for slot, _ in chosen]] = False
+        self.state = self._generate(self.params, self.state, limit, ended)
+        ended[:] = False
+        tokens, logprobs, lengths, done = jax.device_get(
+            (self.state.tokens, self.state.logprobs, self.state.lengths, self.state.done))
+        now = time.perf_counter()
+        for index, slot in enumerate(slots):
+          if slot is None:
+            continue
+          completion = self._finished(slot, tokens[index], logprobs[index],
+                                      int(lengths[index]), bool(done[index]), now)
+          if completion is not None:
+            results[slot.job.index] = completion
+            slots[index] = None
+            ended[index] = True
+    return results  # type: ignore[return-value]
+
+  def _prefill_slots(self, chosen: list[tuple[int, _Resolved]],
+                     slots: list[_Slot | None]) -> None:
+    """One prefill call for the jobs of `chosen` (slot, job); times it to the first token."""
+    bucket = self.settings.bucket_for(max(len(job.prompt_ids) for _, job in chosen),
+                                      self.model.max_length)
+    prompts = np.zeros((self.slots, bucket), np.int32)
+    prompt_lengths = np.ones(self.slots, np.int32)
+    insert = np.zeros(self.slots, bool)
+    end = np.zeros(self.slots, np.int32)
+    temperature = np.zeros(self.slots, np.float32)
+    top_k = np.zeros(self.slots, np.int32)
+    top_p = np.ones(self.slots, np.float32)
+    seeds = np.zeros((self.slots, 2), np.uint32)
+    for slot, job in chosen:
+      prompts[slot, :len(job.prompt_ids)] = job.prompt_ids
+      prompt_lengths[slot] = len(job.prompt_ids)
+      insert[slot] = True
+      end[slot] = len(job.prompt_ids) + job.max_new_tokens
+      temperature[slot], top_k[slot], top_p[slot] = job.temperature, job.top_k, job.top_p
+      seeds[slot] = decoding.key_data(job.seed)
+    started = time.perf_counter()
+    self.state = self._prefill(
+        self.params, self.state, prompts, prompt_lengths, insert, end,
+        sampling.SamplingParams(temperature, top_k, top_p), seeds)
+    jax.block_until_ready(self.state.lengths)
+    first_token = time.perf_counter()
+    self.compiled_prefill_buckets.add(bucket)
+    for slot, job in chosen:
+      slots[slot] = _Slot(job=job, started=started, first_token=first_token)
+
+  def _finished(self, slot: _Slot, tokens: np.ndarray, logprobs: np.ndarray, length: int,
+                done: bool, now: float) -> Completion | None:
+    """The slot's Completion if it has ended (EOS, max_new_tokens or a stop string)."""
+    job = slot.job
+    start = len(job.prompt_ids)
+    ids = [int(t) for t in tokens[start:length + 1]]
+    reason, stop_string, text = None, None, None
+    if job.stop and self.vocabulary is not None:
+      stop_at = self._stop_match(slot, ids)
+      if stop_at is not None:
+        count, stop_string, text = stop_at
+        ids, reason = ids[:count], "stop"
+    if reason is None and not done:
+      return None
+    if reason is None:
+      reason = "eos" if ids[-1] == self.eos_id else "max_new_tokens"
+      text = self._text(ids[:-1] if reason == "eos" else ids)
+    return Completion(
+        request=job.request, prompt_ids=job.prompt_ids, prompt_text=job.prompt_text,
+        completion_ids=tuple(ids), completion_text=text,
+        logprobs=tuple(float(p) for p in logprobs[start:start + len(ids)]),
+        stop_reason=reason, stop_string=stop_string, settings=job.settings,
+        checkpoint_step=self.checkpoint_step,
+        prefill_seconds=slot.first_token - slot.started,
+        decode_seconds=max(0.0, now - slot.first_token))
+
+  def _stop_match(self, slot: _Slot, ids: list[int]) -> tuple[int, str, str] | None:
+    """(tokens up to the one that completed a stop string, the string, the text cut before
+    it) for the first stop string the completion contains, or None. Tokens after an EOS are
+    not searched (the slot ended there)."""
+    if self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    # Only prefixes ending in a new token can hold a match that earlier checks missed.
+    for count in range(max(slot.checked, 1), len(ids) + 1):
+      text = self._text(ids[:count])
+      found = [(text.find(stop), stop) for stop in slot.job.stop if stop in text]
+      if found:
+        position, stop = min(found)
+        return count, stop, text[:position]
+    slot.checked = len(ids) + 1
+    return None
