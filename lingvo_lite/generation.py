@@ -87,11 +87,93 @@ def parameter_shardings(setup: Setup, mesh: Mesh) -> Any:
   return setup.partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
 
 
+class DecodeSteps:
+  """The jitted decode functions of one Setup on a mesh, with their shardings: what the
+  generator runs and what `--mode=compile --compile_program=decode` compiles (the same
+  functions, the same shardings).
+
+  Attributes:
+    mesh: The device mesh.
+    slots, cache_length, buckets: The shapes they are compiled for.
+    eos_id: The end-of-sequence id generation stops at (decoding.NO_EOS for none).
+    param_shardings, state_shardings: Where the parameters and the decode state live.
+    prefill, generate: `decoding.prefill` and `decoding.generate`, jitted, the state donated.
+  """
+
+  def __init__(self, setup: Setup, mesh: Mesh | None = None, eos_id: int = decoding.NO_EOS):
+    self.setup = setup
+    model, settings = setup.model, setup.decode
+    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh()
+    check_decode_partitioning(setup, self.mesh)
+    self.slots = settings.slots
+    self.cache_length = settings.resolved_cache_length(model.max_length)
+    self.buckets = settings.resolved_buckets(model.max_length)
+    self.eos_id = eos_id
+    partitioner = setup.partitioner
+    self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(), self.mesh)
+    self.param_shardings = parameter_shardings(setup, self.mesh)
+    state = self.state_shardings
+    self.prefill = jax.jit(
+        functools.partial(decoding.prefill, model=model, eos_id=eos_id),
+        in_shardings=(self.param_shardings, state, state.tokens, state.lengths, state.lengths,
+                      state.lengths, state.sampling, state.seeds),
+        out_shardings=state, donate_argnums=(1,))
+    self.generate = jax.jit(
+        functools.partial(decoding.generate, model=model, eos_id=eos_id),
+        in_shardings=(self.param_shardings, state, None, state.lengths),
+        out_shardings=state, donate_argnums=(1,))
+
+  @contextlib.contextmanager
+  def activated(self) -> Iterator[None]:
+    """The mesh and the logical-axis rules, so the model's activation constraints apply."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.setup.partitioner.rules)):
+      yield
+
+  def empty_state(self) -> decoding.DecodeState:
+    with self.activated():
+      return jax.jit(functools.partial(decoding.empty_state, self.setup.model, self.slots,
+                                       self.cache_length),
+                     out_shardings=self.state_shardings)()
+
+  def abstract_state(self) -> decoding.DecodeState:
+    """The decode state as shapes with their shardings (nothing allocated)."""
+    shapes = jax.eval_shape(functools.partial(
+        decoding.empty_state, self.setup.model, self.slots, self.cache_length))
+    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
+        leaf.shape, leaf.dtype, sharding=sharding), shapes, self.state_shardings)
+
+  def abstract_params(self) -> Any:
+    shapes = strip_boxes(jax.eval_shape(self.setup.model.init, jax.random.key(0),
+                                        jax.ShapeDtypeStruct((1, 1), jnp.int32))["params"])
+    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
+        leaf.shape, leaf.dtype, sharding=sharding), shapes, self.param_shardings)
+
+  def lower_prefill(self, bucket: int) -> Any:
+    """The prefill of prompts padded to `bucket`, lowered from shapes only."""
+    state = self.abstract_state()
+    per_slot = lambda dtype: jax.ShapeDtypeStruct((self.slots,), dtype,
+                                                  sharding=self.state_shardings.lengths)
+    with self.activated():
+      return self.prefill.lower(
+          self.abstract_params(), state,
+          jax.ShapeDtypeStruct((self.slots, bucket), jnp.int32,
+                               sharding=self.state_shardings.tokens),
+          per_slot(jnp.int32), per_slot(jnp.bool_), per_slot(jnp.int32), state.sampling,
+          state.seeds)
+
+  def lower_generate(self) -> Any:
+    """The generate loop, lowered from shapes only."""
+    with self.activated():
+      return self.generate.lower(
+          self.abstract_params(), self.abstract_state(), jax.ShapeDtypeStruct((), jnp.int32),
+          jax.ShapeDtypeStruct((self.slots,), jnp.bool_, sharding=self.state_shardings.done))
+
+
 class Generator:
   """Decodes requests with one Setup's model and parameters (see the module doc).
 
   Attributes:
-    compiled_prefill_buckets: The prefill buckets compiled so far (for tests and logs).
+    compiled_prefill_buckets: The prefill buckets used so far (each compiled once).
   """
 
   def __init__(self, setup: Setup, params: Any, mesh: Mesh | None = None,
@@ -109,40 +191,18 @@ class Generator:
     self.settings = setup.decode
     self.vocabulary = vocabulary
     self.checkpoint_step = checkpoint_step
-    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh()
-    check_decode_partitioning(setup, self.mesh)
-    self.cache_length = self.settings.resolved_cache_length(self.model.max_length)
-    self.slots = self.settings.slots
     eos = getattr(vocabulary, "eos_id", None)
-    self.eos_id = eos if (eos is not None and self.settings.stop_at_eos) else decoding.NO_EOS
-    partitioner = setup.partitioner
-    state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(), self.mesh)
-    self._state_shardings = state_shardings
-    param_shardings = parameter_shardings(setup, self.mesh)
-    self.params = jax.device_put(strip_boxes(params), param_shardings)
-    per_slot = state_shardings.lengths
-    by_position = state_shardings.tokens
-    steps = functools.partial(decoding.prefill, model=self.model, eos_id=self.eos_id)
-    self._prefill = jax.jit(
-        steps, in_shardings=(param_shardings, state_shardings, by_position, per_slot,
-                             per_slot, per_slot, state_shardings.sampling,
-                             state_shardings.seeds),
-        out_shardings=state_shardings, donate_argnums=(1,))
-    self._generate = jax.jit(
-        functools.partial(decoding.generate, model=self.model, eos_id=self.eos_id),
-        in_shardings=(param_shardings, state_shardings, None, per_slot),
-        out_shardings=state_shardings, donate_argnums=(1,))
-    with self.activated():
-      self.state = jax.jit(functools.partial(
-          decoding.empty_state, self.model, self.slots, self.cache_length),
-          out_shardings=state_shardings)()
+    eos_id = eos if (eos is not None and self.settings.stop_at_eos) else decoding.NO_EOS
+    self.steps = DecodeSteps(setup, mesh, eos_id)
+    self.eos_id = eos_id
+    self.slots = self.steps.slots
+    self.cache_length = self.steps.cache_length
+    self.params = jax.device_put(strip_boxes(params), self.steps.param_shardings)
+    self.state = self.steps.empty_state()
     self.compiled_prefill_buckets: set[int] = set()
 
-  @contextlib.contextmanager
-  def activated(self) -> Iterator[None]:
-    """The mesh and the logical-axis rules, so the model's activation constraints apply."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.setup.partitioner.rules)):
-      yield
+  def activated(self):
+    return self.steps.activated()
 
   # --------------------------------------------------------------------------- requests
 
@@ -214,7 +274,7 @@ class Generator:
           chosen = [(slot, pending.popleft()) for slot in free[:len(pending)]]
           self._prefill_slots(chosen, slots)
           ended[[slot for slot, _ in chosen]] = False
-        self.state = self._generate(self.params, self.state, limit, ended)
+        self.state = self.steps.generate(self.params, self.state, limit, ended)
         ended[:] = False
         tokens, logprobs, lengths, done = jax.device_get(
             (self.state.tokens, self.state.logprobs, self.state.lengths, self.state.done))
@@ -251,7 +311,7 @@ class Generator:
       temperature[slot], top_k[slot], top_p[slot] = job.temperature, job.top_k, job.top_p
       seeds[slot] = decoding.key_data(job.seed)
     started = time.perf_counter()
-    self.state = self._prefill(
+    self.state = self.steps.prefill(
         self.params, self.state, prompts, prompt_lengths, insert, end,
         sampling.SamplingParams(temperature, top_k, top_p), seeds)
     jax.block_until_ready(self.state.lengths)
