@@ -91,8 +91,8 @@ flags.DEFINE_string("compiled_step_in", None, "--mode=train: run the compiled st
                     "compiled for differs. A saved step is code: load only your own.")
 
 # --mode=eval.
-flags.DEFINE_integer("checkpoint_step", None, "--mode=eval: evaluate this checkpoint step "
-                     "(default: the latest).")
+flags.DEFINE_integer("checkpoint_step", None, "--mode=eval / --mode=decode: use this "
+                     "checkpoint step (default: the latest).")
 flags.DEFINE_bool("eval_continuous", False, "--mode=eval: evaluate each checkpoint of a "
                   "training run beside this one once, as it lands; exits after the run's final "
                   "step (train.steps), or after --eval_timeout_seconds without a new write.")
@@ -102,6 +102,14 @@ flags.DEFINE_float("eval_poll_seconds", 10.0, "--eval_continuous: seconds betwee
                    "a new checkpoint.")
 flags.DEFINE_list("eval_sets", None, "--mode=eval: the eval sets to evaluate, by name "
                   "(comma-separated; default: every set of eval_data).")
+
+# --mode=decode.
+flags.DEFINE_multi_string("prompt", None, "--mode=decode: a prompt to continue (repeatable).")
+flags.DEFINE_string("prompts_file", None, "--mode=decode: a JSON-lines file of requests, one "
+                    "object per line: prompt (text) or prompt_ids, and optional max_new_tokens, "
+                    "temperature, top_k, top_p, seed, stop.")
+flags.DEFINE_string("decode_out", None, "--mode=decode: where the completions go as JSON "
+                    "lines: a file, or - for stdout (default: JOB/decode/<UTC time>.jsonl).")
 
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ("auto", "on", "off"),

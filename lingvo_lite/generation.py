@@ -80,6 +80,12 @@ def check_decode_partitioning(setup: Setup, mesh: Mesh) -> None:
                        f"{batch_axes})", f"use a multiple of {ways}")
 
 
+def end_token(setup: Setup, vocabulary: Any) -> int:
+  """The id generation ends at: the vocabulary's EOS unless `decode.stop_at_eos` is off."""
+  eos = getattr(vocabulary, "eos_id", None)
+  return int(eos) if eos is not None and setup.decode.stop_at_eos else decoding.NO_EOS
+
+
 def parameter_shardings(setup: Setup, mesh: Mesh) -> Any:
   """The parameters' shardings under the partitioner's rules (as training places them)."""
   boxed = jax.eval_shape(setup.model.init, jax.random.key(0),
@@ -169,42 +175,15 @@ class DecodeSteps:
           jax.ShapeDtypeStruct((self.slots,), jnp.bool_, sharding=self.state_shardings.done))
 
 
-class Generator:
-  """Decodes requests with one Setup's model and parameters (see the module doc).
+class RequestResolver:
+  """Turns requests into jobs for the slots: settings from the config's `decode.*` defaults,
+  the prompt as ids, and the lengths checked against the cache. Needs no device."""
 
-  Attributes:
-    compiled_prefill_buckets: The prefill buckets used so far (each compiled once).
-  """
-
-  def __init__(self, setup: Setup, params: Any, mesh: Mesh | None = None,
-               vocabulary: Any = None, checkpoint_step: int | None = None):
-    """
-    Args:
-      setup: The validated Setup (its model and `decode` settings are used).
-      params: The model's parameters (placed into their shardings on `mesh`).
-      mesh: The device mesh; None makes the partitioner's over this host's devices.
-      vocabulary: The seqio vocabulary for text prompts and completions; None decodes ids.
-      checkpoint_step: Recorded in each completion.
-    """
-    self.setup = setup
+  def __init__(self, setup: Setup, vocabulary: Any = None):
     self.model = setup.model
     self.settings = setup.decode
     self.vocabulary = vocabulary
-    self.checkpoint_step = checkpoint_step
-    eos = getattr(vocabulary, "eos_id", None)
-    eos_id = eos if (eos is not None and self.settings.stop_at_eos) else decoding.NO_EOS
-    self.steps = DecodeSteps(setup, mesh, eos_id)
-    self.eos_id = eos_id
-    self.slots = self.steps.slots
-    self.cache_length = self.steps.cache_length
-    self.params = jax.device_put(strip_boxes(params), self.steps.param_shardings)
-    self.state = self.steps.empty_state()
-    self.compiled_prefill_buckets: set[int] = set()
-
-  def activated(self):
-    return self.steps.activated()
-
-  # --------------------------------------------------------------------------- requests
+    self.cache_length = self.settings.resolved_cache_length(self.model.max_length)
 
   def resolve(self, index: int, request: Request) -> _Resolved:
     """The request with the config's defaults filled in and its prompt as ids.
@@ -226,7 +205,7 @@ class Generator:
       text = request.prompt
     else:
       ids = tuple(request.prompt_ids)
-      text = self._text(ids)
+      text = self.text(ids)
     bad = [i for i in ids if not 0 <= i < self.model.vocab_size]
     if bad:
       raise UsageError(f"{where}prompt_ids: token id {bad[0]} is outside the model's "
@@ -252,16 +231,54 @@ class Generator:
         seed=int(given.get("seed", settings.seed)),
         stop=tuple(given.get("stop", settings.stop)))
 
-  def _text(self, ids: Sequence[int]) -> str | None:
+  def text(self, ids: Sequence[int]) -> str | None:
     if self.vocabulary is None:
       return None
     return self.vocabulary.decode([int(i) for i in ids])
+
+
+class Generator:
+  """Decodes requests with one Setup's model and parameters (see the module doc).
+
+  Attributes:
+    compiled_prefill_buckets: The prefill buckets used so far (each compiled once).
+  """
+
+  def __init__(self, setup: Setup, params: Any, mesh: Mesh | None = None,
+               vocabulary: Any = None, checkpoint_step: int | None = None,
+               steps: DecodeSteps | None = None):
+    """
+    Args:
+      setup: The validated Setup (its model and `decode` settings are used).
+      params: The model's parameters (placed into their shardings on `mesh`).
+      mesh: The device mesh; None makes the partitioner's over this host's devices.
+      vocabulary: The seqio vocabulary for text prompts and completions; None decodes ids.
+      checkpoint_step: Recorded in each completion.
+      steps: The jitted functions, if already made for this setup, mesh and vocabulary.
+    """
+    self.setup = setup
+    self.model = setup.model
+    self.settings = setup.decode
+    self.vocabulary = vocabulary
+    self.checkpoint_step = checkpoint_step
+    eos_id = end_token(setup, vocabulary)
+    self.steps = steps or DecodeSteps(setup, mesh, eos_id)
+    self.resolver = RequestResolver(setup, vocabulary)
+    self.eos_id = eos_id
+    self.slots = self.steps.slots
+    self.cache_length = self.steps.cache_length
+    self.params = jax.device_put(strip_boxes(params), self.steps.param_shardings)
+    self.state = self.steps.empty_state()
+    self.compiled_prefill_buckets: set[int] = set()
+
+  def activated(self):
+    return self.steps.activated()
 
   # --------------------------------------------------------------------------- decoding
 
   def generate(self, requests: Sequence[Request]) -> list[Completion]:
     """Completions of `requests`, in their order (all resolved before any is decoded)."""
-    jobs = [self.resolve(index, request) for index, request in enumerate(requests)]
+    jobs = [self.resolver.resolve(index, request) for index, request in enumerate(requests)]
     pending = collections.deque(jobs)
     slots: list[_Slot | None] = [None] * self.slots
     ended = np.zeros(self.slots, bool)  # Slots the host finished since the last call.
@@ -336,7 +353,7 @@ class Generator:
       return None
     if reason is None:
       reason = "eos" if ids[-1] == self.eos_id else "max_new_tokens"
-      text = self._text(ids[:-1] if reason == "eos" else ids)
+      text = self.resolver.text(ids[:-1] if reason == "eos" else ids)
     return Completion(
         request=job.request, prompt_ids=job.prompt_ids, prompt_text=job.prompt_text,
         completion_ids=tuple(ids), completion_text=text,
@@ -354,7 +371,7 @@ class Generator:
       ids = ids[:ids.index(self.eos_id)]
     # Only prefixes ending in a new token can hold a match that earlier checks missed.
     for count in range(max(slot.checked, 1), len(ids) + 1):
-      text = self._text(ids[:count])
+      text = self.resolver.text(ids[:count])
       found = [(text.find(stop), stop) for stop in slot.job.stop if stop in text]
       if found:
         position, stop = min(found)

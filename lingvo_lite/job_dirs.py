@@ -45,6 +45,7 @@ _WRITTEN = {
               (job_lock.LOCK_NAME, FILE)),
     "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/evaluated.json", FILE),
              (f"eval/{job_lock.LOCK_NAME}", FILE)),
+    "decode": (("decode", FOLDER),),
     "compile": (("compile", FOLDER), ("compile/report.txt", FILE),
                 ("compile/report.json", FILE)),
 }

@@ -87,6 +87,10 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
             needs_job_dir=True, joins_distributed=True,
             flags=("checkpoint_step", "eval_continuous", "eval_timeout_seconds",
                    "eval_poll_seconds", "eval_sets")),
+    Program("decode", "generate completions of --prompt / --prompts_file prompts with the "
+            "job's latest checkpoint (or --checkpoint_step), KV-cached, sampled per request",
+            "decode", needs_job_dir=True,
+            flags=("checkpoint_step", "prompt", "prompts_file", "decode_out")),
     Program("compile", "compile the train (or eval) step ahead of time for a target "
             "topology: memory verdict, step time, maximum batch, a saved executable",
             "compile", flags=("compile_topology", "compile_num_slices", "compile_program",

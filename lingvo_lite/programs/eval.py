@@ -251,12 +251,12 @@ def _checkpointer(setup: Setup, checkpoint_dir: epath.Path) -> Checkpointer | No
 
 def _agreed_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
                  wanted: int | None, shown: epath.Path) -> int:
-  """Process 0's choice (`_chosen_step`), on every process: beside a running trainer, two
+  """Process 0's choice (`chosen_step`), on every process: beside a running trainer, two
   processes listing the folder can see different steps."""
   step, problem = _WAIT, None
   if jax.process_index() == 0:
     try:
-      step = _chosen_step(checkpointer, checkpoint_dir, wanted, shown)
+      step = chosen_step(checkpointer, checkpoint_dir, wanted, shown)
     except UsageError as e:
       problem = e
   step = _agree([step])[0]
@@ -268,9 +268,10 @@ def _agreed_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
   return step
 
 
-def _chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
-                 wanted: int | None, shown: epath.Path) -> int:
-  """`wanted` if it is a usable step, else the latest one; one line when there is none."""
+def chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
+                wanted: int | None, shown: epath.Path) -> int:
+  """`wanted` if it is a usable step, else the latest one; one line when there is none (the
+  decode program's choice too)."""
   if checkpointer is None:
     raise UsageError(f"--job_log_dir={shown}: no checkpoint in {checkpoint_dir}; "
                      "train first (--mode=train)")
