@@ -5,14 +5,17 @@ bad partitioning commands. The parent (tests/test_partitioning.py) asserts on it
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.multidevice_worker
 """
 
+import functools
 import json
 import sys
 import tempfile
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lingvo_lite import decoding, generation
 from lingvo_lite.programs.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
 
@@ -54,9 +57,48 @@ def _losses_and_specs(mesh_shape):
           "finite": bool(np.isfinite(losses).all())}
 
 
+# Decode: 8 slots of mixed prompt lengths, 10 steps after the prefill, greedy and sampled.
+DECODE_SETS = SETS + ("decode.cache_length=32", "decode.slots=8")
+DECODE_MESHES = {"single": None, "data4_tensor2": (4, 1, 2)}
+
+
+def _decode_logits(mesh_shape):
+  """Each step's logits [slots, vocab] and tokens of a decode on one device or a mesh, the
+  cache and slots sharded (slots over data, key/value heads over tensor)."""
+  sets = DECODE_SETS
+  if mesh_shape is not None:
+    sets += tuple(f"partitioner.ici_{axis}={size}"
+                  for axis, size in zip(("data", "fsdp", "tensor"), mesh_shape))
+  setup = synthetic_tiny_setup("PyCodeLlamaTiny", *sets)
+  devices = jax.devices()[:1] if mesh_shape is None else jax.devices()
+  steps = generation.DecodeSteps(setup, setup.partitioner.make_mesh(devices))
+  params = jax.jit(setup.model.init)(jax.random.key(2), jnp.zeros((1, 8), jnp.int32))
+  params = jax.device_put(generation.strip_boxes(params["params"]), steps.param_shardings)
+  lengths = np.array([1, 3, 5, 7, 9, 11, 13, 15], np.int32)
+  prompts = np.zeros((8, 16), np.int32)
+  for slot, length in enumerate(lengths):
+    prompts[slot, :length] = np.random.default_rng(slot).integers(3, 250, size=length)
+  sampled = decoding.sampling.sampling_params(8, temperature=[0.0, 1.0] * 4, top_k=5)
+  seeds = np.stack([decoding.key_data(seed) for seed in range(8)])
+  step = jax.jit(functools.partial(decoding.step, model=setup.model),
+                 in_shardings=(steps.param_shardings, steps.state_shardings),
+                 out_shardings=(steps.state_shardings, None))
+  with steps.activated():
+    state = steps.prefill(params, steps.empty_state(), prompts, lengths, np.ones(8, bool),
+                          lengths + 16, sampled, seeds)
+    logits = []
+    for _ in range(10):
+      state, step_logits = step(params, state)
+      logits.append(np.asarray(step_logits).tolist())
+  cache_spec = str(state.cache.keys.sharding.spec)
+  return {"logits": logits, "tokens": np.asarray(state.tokens).tolist(),
+          "cache_spec": cache_spec}
+
+
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
+  result["decode"] = {name: _decode_logits(shape) for name, shape in DECODE_MESHES.items()}
   result["bad"] = {}
   with tempfile.TemporaryDirectory() as job:
     for name, args in BAD_PARTITIONING.items():
