@@ -7,6 +7,9 @@ completion, no cache) for log-probabilities and logits.
 """
 
 import functools
+import inspect
+import json
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -149,3 +152,44 @@ def test_new_settings_lengths_and_request_counts_never_recompile():
   finally:
     jax.monitoring.unregister_event_duration_listener(listen)
     jax.config.update("jax_enable_compilation_cache", cache_was_enabled)
+
+
+@pytest.fixture(name="sentencepiece", scope="module")
+def fixture_sentencepiece(tmp_path_factory):
+  """A real SentencePiece vocabulary of 500 pieces (BPE: multi-byte pieces), trained on the
+  standard library's source, as the data issue's stores tokenize."""
+  # Here, not at the top: seqio brings TensorFlow, which the other tests do not need.
+  from lingvo_lite.data import vocabulary  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.data.tensorflow_import import import_seqio  # pylint: disable=g-import-not-at-top
+  path = tmp_path_factory.mktemp("sp") / "code.model"
+  texts = [inspect.getsource(module).encode() for module in (json, textwrap)]
+  vocabulary.train_sentencepiece(texts, str(path), 500, "bpe")
+  return import_seqio()[1].SentencePieceVocabulary(str(path))
+
+
+def test_text_through_a_sentencepiece_vocabulary_and_stop_strings(sentencepiece):
+  setup = testing.synthetic_tiny_setup("PyCodeTiny", *DECODE_SETS, "model.vocab_size=512",
+                                       "train_data.vocab_size=512",
+                                       "decode.max_new_tokens=16")
+  params = jax.jit(setup.model.init)(jax.random.key(3), jnp.zeros((1, 8), jnp.int32))
+  generator = generation.Generator(setup, strip_boxes(params["params"]),
+                                   vocabulary=sentencepiece)
+  prompt = "def main(args):\n    return"
+  free = generator.generate([Request(source="free", prompt=prompt, temperature=1.0, seed=1)])[0]
+  assert free.prompt_ids == tuple(sentencepiece.encode(prompt))
+  assert free.prompt_text == prompt
+  ids = list(free.completion_ids)
+  text = sentencepiece.decode([i for i in ids if i != sentencepiece.eos_id])
+  assert free.completion_text == text and len(text) > 8, (ids, text)
+  # A stop string from the middle of that text: the same draw (same seed) is cut before it,
+  # its ids end with the token that completed it.
+  stop = text[4:7]
+  cut = generator.generate([Request(source="cut", prompt=prompt, temperature=1.0, seed=1,
+                                    stop=(stop, "never seen \x00"))])[0]
+  assert cut.stop_reason == "stop" and cut.stop_string == stop
+  assert cut.completion_text == text[:text.index(stop)]
+  count = len(cut.completion_ids)
+  assert list(cut.completion_ids) == ids[:count]
+  assert stop in sentencepiece.decode(ids[:count])
+  assert stop not in sentencepiece.decode(ids[:count - 1])
+  assert len(cut.logprobs) == count
