@@ -29,7 +29,7 @@ from lingvo_lite import (building, command_line, config_files, config_help,
                          distributed, job_dirs, overrides, paths, programs, registry, supervisor,
                          target as targets, topologies)
 from lingvo_lite.errors import DataError, UsageError
-from lingvo_lite.experiment import Setup
+from lingvo_lite.experiment import Setup, with_default_parts
 
 MODES = tuple(programs.PROGRAMS)
 _DEFAULT_CACHE = os.path.join(
@@ -350,6 +350,7 @@ def _run_mode() -> int | None:
       print(f"jax.distributed: {joined}; {jax.process_count()} processes, "
             f"{jax.device_count()} devices", flush=True)
   cfg, experiment = base_config(job_dir)
+  with_default_parts(cfg)
   overrides.apply(cfg, _OVERRIDES.directives, experiment)
   if _FDL_HELP.value:
     print(config_help.describe(cfg, overrides.fiddlers_for(experiment)), end="")

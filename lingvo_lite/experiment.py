@@ -302,18 +302,30 @@ def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ParameterShap
             f"map {name!r} or {first!r} to another mesh axis or to None")
 
 
+# The parts a Setup has defaults for, as the Configs an experiment that leaves them out gets.
+_DEFAULT_PARTS = {"partitioner": Partitioner, "train": TrainLoop,
+                  "checkpoint": CheckpointSettings, "decode": DecodeSettings}
+
+
 def setup_config(**parts: Any) -> fdl.Config[Setup]:
   """`fdl.Config(Setup, **parts)` with every part the caller leaves out as a default Config.
 
   Defaults must be Configs, not instances, so `--fdl.partitioner.ici_fsdp=2` and fiddlers
   can change a field of a part the experiment did not mention.
   """
-  defaults = {"partitioner": Partitioner, "train": TrainLoop, "checkpoint": CheckpointSettings,
-              "decode": DecodeSettings}
-  for name, part in defaults.items():
-    parts.setdefault(name, fdl.Config(part))
   parts.setdefault("eval_data", None)
-  return fdl.Config(Setup, **parts)
+  return with_default_parts(fdl.Config(Setup, **parts))
+
+
+def with_default_parts(cfg: Any) -> Any:
+  """A Setup config with each default part it does not set made a default Config (in place):
+  a config written before the part existed (an older job's config.json) or built with
+  `fdl.Config(Setup, ...)` directly still takes `--fdl.decode.slots=4`. Other configs pass."""
+  if isinstance(cfg, fdl.Config) and fdl.get_callable(cfg) is Setup:
+    for name, part in _DEFAULT_PARTS.items():
+      if name not in cfg.__arguments__:
+        setattr(cfg, name, fdl.Config(part))
+  return cfg
 
 
 class Experiment:

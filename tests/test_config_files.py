@@ -8,7 +8,7 @@ import pytest
 from etils import epath
 
 from lingvo_lite import config_files, config_help, overrides, registry
-from lingvo_lite.testing import override_directives, tiny_config
+from lingvo_lite.testing import override_directives, run_cli, tiny_config
 
 
 @pytest.mark.parametrize("name", sorted(registry.all_experiments()))
@@ -150,3 +150,15 @@ def test_fdl_help_lists_the_fields_of_each_entry_under_its_path():
   assert lines[doc].startswith("      Length of the repeated motif")  # SyntheticData's docstring.
   assert any(line.startswith("  eval_data: ") and line.split(" = ", 1)[1].startswith(
       "{validation, 'held out'}    # ") for line in lines)
+
+
+def test_a_config_written_before_a_part_existed_takes_overrides_of_that_part(tmp_path):
+  """An older job's config.json has no `decode` part: the executor gives it the default
+  Config, so `--fdl.decode.*` reaches a field instead of failing on a frozen instance."""
+  cfg = tiny_config("PyCodeTiny", synthetic=True)
+  del cfg.decode
+  config_files.write(epath.Path(tmp_path), cfg)
+  result = run_cli(["--mode=print", f"--fdl_config_file={tmp_path}/config.json",
+                    "--fdl.decode.slots=2", "--fdl.decode.top_p=0.5"])
+  assert result.code == 0, result.stderr
+  assert "decode.slots = 2" in result.stdout and "decode.top_p = 0.5" in result.stdout
