@@ -89,7 +89,14 @@ def sampling_params(batch: int, temperature: float | Sequence[float] = 0.0,
   return SamplingParams(jnp.asarray(temperature), jnp.asarray(top_k), jnp.asarray(top_p))
 
 
-def _thresholds(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+# Logits a filtering step sorts first: the cut of nearly every top-k or top-p setting lies
+# among a row's most probable few hundred tokens, and a partial sort of those costs a small
+# part of sorting the whole vocabulary (64 x 50257 on 2 CPU cores: 6 ms for 64, 30 ms for
+# 1024, 520 ms for all).
+CANDIDATES = 256
+
+
+def _sorted_thresholds(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
   """The smallest logit each row keeps, float32 [B], from one descending sort.
 
   A threshold rather than a mask in sorted order: comparing every logit with it keeps all
@@ -112,6 +119,33 @@ def _thresholds(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Ar
   # round up to 1 and would cut it. The max keeps the top-k cut whatever those sums do (the
   # mass before a top-k-removed token can fall short of a top_p near 1).
   return jnp.maximum(kth, jnp.where(top_p[:, None] >= 1, -jnp.inf, pth))[:, 0]
+
+
+def _thresholds(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+  """`_sorted_thresholds`' result from the CANDIDATES largest logits of each row, when that
+  decides it; else (some row's k is larger, or its top-p mass is not reached among them) from
+  the full sort. Exact either way: the top of a full sort is the candidates, so every cut
+  inside them is the same cut, and top-p's probabilities are normalized over the whole row
+  (a logsumexp over the top-k survivors, no sort)."""
+  vocab = scaled.shape[-1]
+  if vocab <= CANDIDATES:
+    return _sorted_thresholds(scaled, top_k, top_p)
+  candidates = jax.lax.top_k(scaled, CANDIDATES)[0]
+  k_off = (top_k <= 0) | (top_k >= vocab)
+  k_inside = ~k_off & (top_k <= CANDIDATES)
+  kth = jnp.where(k_inside[:, None], jnp.take_along_axis(
+      candidates, (jnp.clip(top_k, 1, CANDIDATES) - 1)[:, None], axis=-1), -jnp.inf)
+  log_z = jax.nn.logsumexp(jnp.where(scaled >= kth, scaled, -jnp.inf), axis=-1, keepdims=True)
+  probs = jnp.where(candidates >= kth, jnp.exp(candidates - log_z), 0.0)
+  mass_before = jnp.pad(jnp.cumsum(probs, axis=-1)[:, :-1], ((0, 0), (1, 0)))
+  num_kept = jnp.maximum(jnp.sum(mass_before < top_p[:, None], axis=-1), 1)
+  pth = jnp.take_along_axis(candidates, (num_kept - 1)[:, None], axis=-1)
+  threshold = jnp.maximum(kth, jnp.where(top_p[:, None] >= 1, -jnp.inf, pth))[:, 0]
+  # Undecided: a k past the candidates, or a top-p cut that may lie past them (every
+  # candidate kept).
+  undecided = (~k_off & ~k_inside) | ((top_p < 1) & (num_kept >= CANDIDATES))
+  return jax.lax.cond(jnp.any(undecided),
+                      lambda: _sorted_thresholds(scaled, top_k, top_p), lambda: threshold)
 
 
 def filtered_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:

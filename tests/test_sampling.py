@@ -282,3 +282,28 @@ def test_sampling_params_dtypes_and_broadcast():
   assert [x.dtype for x in params] == [jnp.float32, jnp.int32, jnp.float32]
   assert [x.shape for x in params] == [(3,)] * 3
   np.testing.assert_array_equal(params.top_p, [1.0, 1.0, 1.0])
+
+
+def test_a_large_vocabulary_filters_from_its_candidates_as_from_the_full_sort():
+  """Past sampling.CANDIDATES tokens, each row's cut is found among its largest logits (or
+  the full sort when it may lie past them): the same support as the reference, for cuts
+  inside the candidates, past them (a large k; a flat row whose top-p mass needs more), and
+  with ties at the k-th value."""
+  vocab = 4 * sampling.CANDIDATES
+  rng = np.random.default_rng(7)
+  peaked = rng.normal(size=vocab) * 3.0
+  flat = rng.normal(size=vocab) * 0.01
+  tied = np.round(rng.normal(size=vocab), 1)
+  rows = [(peaked, 1.0, 40, 1.0), (peaked, 0.8, 0, 0.9), (peaked, 1.0, 100, 0.95),
+          (flat, 1.0, 0, 0.9), (flat, 1.0, 3 * sampling.CANDIDATES, 1.0),
+          (tied, 1.0, 37, 1.0), (tied, 1.2, 0, 0.5), (peaked, 0.0, 5, 0.5)]
+  for batch in (rows[:3] + rows[5:], rows):  # Without and with a row past the candidates.
+    logits = jnp.asarray(np.stack([row[0] for row in batch]), jnp.float32)
+    params = sampling.sampling_params(len(batch), [r[1] for r in batch],
+                                      [r[2] for r in batch], [r[3] for r in batch])
+    filtered = np.asarray(jax.jit(sampling.filtered_logits)(logits, params))
+    for row, (values, temperature, top_k, top_p) in zip(filtered, batch):
+      expected, margin = reference_probs(values.astype(np.float32), temperature, top_k, top_p)
+      assert margin > 1e-5
+      kept = np.isfinite(row) if temperature else row == np.max(row)
+      np.testing.assert_array_equal(kept, expected > 0)
