@@ -79,7 +79,9 @@ flags.DEFINE_string(
     "v5e/v6e.")
 flags.DEFINE_integer("compile_num_slices", 1, "TPU slices joined over the data-center "
                      "network (multi-slice; the mesh's dcn axes span them).")
-flags.DEFINE_enum("compile_program", "train", ("train", "eval"), "Which step to compile.")
+flags.DEFINE_enum("compile_program", "train", ("train", "eval", "decode"), "What to compile: "
+                  "the train step, the eval step, or the decode functions (the generate loop "
+                  "and the largest prefill bucket, with decode.slots and decode.cache_length).")
 flags.DEFINE_bool("compile_find_max_batch", False, "Also find the largest per-device batch "
                   "that fits (two compiles fit a line, then the prediction is confirmed).")
 flags.DEFINE_list("compile_remat_policies", [], "With --compile_find_max_batch: the remat "

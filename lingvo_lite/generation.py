@@ -88,8 +88,8 @@ def end_token(setup: Setup, vocabulary: Any) -> int:
 
 def parameter_shardings(setup: Setup, mesh: Mesh) -> Any:
   """The parameters' shardings under the partitioner's rules (as training places them)."""
-  boxed = jax.eval_shape(setup.model.init, jax.random.key(0),
-                         jax.ShapeDtypeStruct((1, 1), jnp.int32))["params"]
+  boxed = jax.eval_shape(lambda: setup.model.init(
+      jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
   return setup.partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
 
 
@@ -149,8 +149,10 @@ class DecodeSteps:
         leaf.shape, leaf.dtype, sharding=sharding), shapes, self.state_shardings)
 
   def abstract_params(self) -> Any:
-    shapes = strip_boxes(jax.eval_shape(self.setup.model.init, jax.random.key(0),
-                                        jax.ShapeDtypeStruct((1, 1), jnp.int32))["params"])
+    # The key is made inside eval_shape: made eagerly under a topology's mesh (a TPU compile
+    # on a CPU host) it would be placed on devices that hold no arrays.
+    shapes = strip_boxes(jax.eval_shape(lambda: self.setup.model.init(
+        jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"])
     return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
         leaf.shape, leaf.dtype, sharding=sharding), shapes, self.param_shardings)
 

@@ -91,8 +91,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
             "job's latest checkpoint (or --checkpoint_step), KV-cached, sampled per request",
             "decode", needs_job_dir=True,
             flags=("checkpoint_step", "prompt", "prompts_file", "decode_out")),
-    Program("compile", "compile the train (or eval) step ahead of time for a target "
-            "topology: memory verdict, step time, maximum batch, a saved executable",
+    Program("compile", "compile the train step (or the eval step, or the decode functions) "
+            "ahead of time for a target topology: memory verdict, step time, maximum batch, a "
+            "saved executable",
             "compile", flags=("compile_topology", "compile_num_slices", "compile_program",
                               "compile_find_max_batch", "compile_remat_policies",
                               "compiled_step_out")),

@@ -79,6 +79,19 @@ class Buffer:
 
 
 @dataclasses.dataclass
+class Compiled:
+  """One lowered function compiled: the executable (None when XLA refused it for memory)
+  and its analyses."""
+
+  executable: Any
+  seconds: float
+  memory: MemoryBytes | None
+  out_of_memory: OutOfMemory | None
+  xla_flops_per_device: float | None
+  largest_buffers: list[Buffer]
+
+
+@dataclasses.dataclass
 class CompileResult:
   """One compile: the executable (None when XLA refused it for memory) and its analyses."""
 
@@ -109,18 +122,24 @@ def compile_step(setup: Setup, target: targets.Target, program: str = "train"
   started = time.perf_counter()
   with targets.active(target):
     jitted = JittedSteps(setup, target=target)
-    lowered = lower(jitted, program)
-    try:
-      executable = lowered.compile()
-    except Exception as e:  # pylint: disable=broad-except
-      out_of_memory = parse_out_of_memory(str(e))
-      if out_of_memory is None:
-        raise
-      return CompileResult(jitted, program, None, time.perf_counter() - started, None,
-                           out_of_memory, None, [])
+    compiled = compile_lowered(lower(jitted, program), started)
+  return CompileResult(jitted, program, compiled.executable, compiled.seconds, compiled.memory,
+                       compiled.out_of_memory, compiled.xla_flops_per_device,
+                       compiled.largest_buffers)
+
+
+def compile_lowered(lowered: Any, started: float) -> Compiled:
+  """Compiles `lowered` (timed from `started`); an out-of-memory refusal becomes its bytes."""
+  try:
+    executable = lowered.compile()
+  except Exception as e:  # pylint: disable=broad-except
+    out_of_memory = parse_out_of_memory(str(e))
+    if out_of_memory is None:
+      raise
+    return Compiled(None, time.perf_counter() - started, None, out_of_memory, None, [])
   seconds = time.perf_counter() - started
-  return CompileResult(jitted, program, executable, seconds, _memory(executable), None,
-                       _flops(executable), largest_buffers(executable.as_text()))
+  return Compiled(executable, seconds, _memory(executable), None, _flops(executable),
+                  largest_buffers(executable.as_text()))
 
 
 def parse_out_of_memory(message: str) -> OutOfMemory | None:

@@ -6,8 +6,10 @@
 Prints the report (programs/compile_report.py) and writes it to JOB/compile/report.{txt,json}
 when a job dir is given; `--compile_find_max_batch` adds the largest per-device batch that
 fits, `--compiled_step_out` saves the executable (of a step that fits) for `--mode=train
---compiled_step_in`.
-Exit code 3 when the step does not fit the target's memory.
+--compiled_step_in`. `--compile_program=eval` compiles the eval step; `=decode` the decode
+functions (programs/decode_compile.py: the generate loop and the largest prefill, with the
+KV cache per device; `--compile_find_max_batch` then finds the largest decode.slots).
+Exit code 3 when the step (or a decode function) does not fit the target's memory.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from etils import epath
 from lingvo_lite import paths, summaries
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import (Invocation, ProgramFailure, aot, compile_report,
-                                  compiled_steps, max_batch, summarize_changes)
+                                  compiled_steps, decode_compile, max_batch,
+                                  summarize_changes)
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -36,19 +39,29 @@ def main(invocation: Invocation) -> int | None:
   if program == "eval" and setup.eval_data is None:
     raise UsageError("--compile_program=eval: this config has no eval_data; compile the "
                      "train step or set eval_data")
+  if options["compile_remat_policies"] and program == "decode":
+    raise UsageError("--compile_remat_policies: the decode functions take no gradients, so "
+                     "remat changes nothing there; drop it (or compile the train step)")
   if options["compile_remat_policies"] and not options["compile_find_max_batch"]:
     raise UsageError("--compile_remat_policies: only searched with --compile_find_max_batch; "
                      "add it, or set one policy with --fdl.model.remat_policy=NAME")
   policies = max_batch.check_policies(options["compile_remat_policies"])
   if options["compiled_step_out"] and program != "train":
     raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
-                     "drop --compile_program=eval")
+                     f"drop --compile_program={program}")
   step_out = compiled_steps.check_out_path(options["compiled_step_out"])
-  result = aot.compile_step(setup, target, program)
-  report = compile_report.build(result)
-  if options["compile_find_max_batch"]:
-    report["max_batch"] = max_batch.search(setup, target, program, policies, result)
-  text = compile_report.to_text(report)
+  if program == "decode":
+    result = decode_compile.compile_decode(setup, target)
+    report = decode_compile.build(result)
+    if options["compile_find_max_batch"]:
+      report["max_slots"] = decode_compile.search_slots(setup, target, result)
+    text = decode_compile.to_text(report)
+  else:
+    result = aot.compile_step(setup, target, program)
+    report = compile_report.build(result)
+    if options["compile_find_max_batch"]:
+      report["max_batch"] = max_batch.search(setup, target, program, policies, result)
+    text = compile_report.to_text(report)
   print(text, end="", flush=True)
   fits = report["verdict"] != compile_report.DOES_NOT_FIT
   try:

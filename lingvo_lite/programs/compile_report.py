@@ -7,6 +7,7 @@ report.json, schema "lingvo_lite.compile_report/1":
   target:     name, platform, device_kind, num_devices, num_processes, num_slices,
               memory_per_device (bytes or null), memory_source
   program:    "train" or "eval";  mesh: {axis: size};  parameters: count
+              (the decode program's report: programs/decode_compile.py)
   batch:      global_batch_size, per_device_batch_size, sequence_length
   memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
               outputs - aliased + temporaries + generated code), peak (XLA's peak of live
@@ -34,14 +35,14 @@ import jax
 import numpy as np
 
 from lingvo_lite import evaluation, mfu
-from lingvo_lite.programs.aot import CompileResult
+from lingvo_lite.programs.aot import CompileResult, MemoryBytes, OutOfMemory
 
 SCHEMA = "lingvo_lite.compile_report/1"
 FITS, DOES_NOT_FIT, UNKNOWN = "FITS", "DOES NOT FIT", "UNKNOWN"
 _GIB = 2**30
 
 
-def _shard_bytes(leaf: Any) -> int:
+def shard_bytes(leaf: Any) -> int:
   """Bytes of one device's shard of an abstract array with a NamedSharding."""
   shape = leaf.sharding.shard_shape(leaf.shape)
   return math.prod(shape) * np.dtype(leaf.dtype).itemsize
@@ -70,7 +71,7 @@ def analytic_bytes(result: CompileResult) -> dict[str, Any]:
   groups: dict[str, int] = {"parameters": 0}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
     group = _state_group(path) if result.program == "train" else "parameters"
-    groups[group] = groups.get(group, 0) + _shard_bytes(leaf)
+    groups[group] = groups.get(group, 0) + shard_bytes(leaf)
   batch = sum(math.prod(jitted.batch_sharding.shard_shape(shape)) * np.dtype(dtype).itemsize
               for shape, dtype in spec.values())
   other = groups.pop("other_state", None)
@@ -81,15 +82,16 @@ def analytic_bytes(result: CompileResult) -> dict[str, Any]:
           "xla_arguments": result.memory.arguments if result.memory else None}
 
 
-def _deciding(result: CompileResult) -> tuple[int | None, str, str]:
-  """(bytes the verdict compares, which number that is and why, source)."""
-  if result.out_of_memory is not None:
-    return (result.out_of_memory.required, "the bytes XLA's RESOURCE_EXHAUSTED error states "
+def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
+             platform: str) -> tuple[int | None, str, str]:
+  """(bytes the verdict compares, which number that is and why, source) of one compile:
+  the rule every program's verdict uses (train, eval, and each decode function)."""
+  if out_of_memory is not None:
+    return (out_of_memory.required, "the bytes XLA's RESOURCE_EXHAUSTED error states "
             "(a TPU compile that does not fit gives no memory analysis)", "resource_exhausted")
-  memory = result.memory
   if memory is None:
     return None, "XLA reported no memory analysis (0 or -1) on this backend", "none"
-  if result.jitted.target.platform == "tpu" and memory.peak:
+  if platform == "tpu" and memory.peak:
     return (max(memory.peak, memory.total),
             "the larger of XLA:TPU's peak of live buffers (its heap simulation) and "
             "arguments + outputs - aliased + temporaries + generated code; XLA:TPU itself "
@@ -100,19 +102,32 @@ def _deciding(result: CompileResult) -> tuple[int | None, str, str]:
           "memory_analysis")
 
 
+def judge(needed: int | None, available: int | None) -> tuple[str, dict[str, float] | None]:
+  """(verdict, margin) of `needed` bytes per device against `available`."""
+  if needed is None or available is None:
+    return UNKNOWN, None
+  verdict = FITS if needed <= available else DOES_NOT_FIT
+  return verdict, {"bytes": available - needed, "fraction": (available - needed) / available}
+
+
+def target_fields(target: Any) -> dict[str, Any]:
+  """The report's `target` (a lingvo_lite.target.Target)."""
+  return {"name": target.name, "platform": target.platform,
+          "device_kind": target.device_kind, "num_devices": target.num_devices,
+          "num_processes": target.num_processes, "num_slices": target.num_slices,
+          "memory_per_device": target.memory_per_device, "memory_source": target.memory_source}
+
+
 def build(result: CompileResult) -> dict[str, Any]:
   """The report of one compile, as the JSON schema above."""
   jitted, target, setup = result.jitted, result.jitted.target, result.jitted.setup
   data = setup.train_data if result.program == "train" else evaluation.largest_set(setup)[1]
-  deciding, rule, source = _deciding(result)
+  deciding_bytes, rule, source = deciding(result.memory, result.out_of_memory,
+                                          target.platform)
   available = target.memory_per_device
   if result.out_of_memory is not None:
     available = result.out_of_memory.available
-  if deciding is None or available is None:
-    verdict, margin = UNKNOWN, None
-  else:
-    verdict = FITS if deciding <= available else DOES_NOT_FIT
-    margin = {"bytes": available - deciding, "fraction": (available - deciding) / available}
+  verdict, margin = judge(deciding_bytes, available)
   memory = result.memory
   model_flops = mfu.model_flops_per_step(setup.model, data.global_batch_size,
                                          data.sequence_length)
@@ -123,11 +138,7 @@ def build(result: CompileResult) -> dict[str, Any]:
   tokens = data.global_batch_size * data.sequence_length
   return {
       "schema": SCHEMA,
-      "target": {"name": target.name, "platform": target.platform,
-                 "device_kind": target.device_kind, "num_devices": target.num_devices,
-                 "num_processes": target.num_processes, "num_slices": target.num_slices,
-                 "memory_per_device": target.memory_per_device,
-                 "memory_source": target.memory_source},
+      "target": target_fields(target),
       "program": result.program,
       "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
       "parameters": setup.model.num_parameters(),
@@ -139,7 +150,7 @@ def build(result: CompileResult) -> dict[str, Any]:
               "aliased": memory.aliased, "temporaries": memory.temporaries,
               "generated_code": memory.generated_code, "total": memory.total,
               "peak": memory.peak} if memory else {}),
-          "deciding": deciding, "deciding_rule": rule, "source": source,
+          "deciding": deciding_bytes, "deciding_rule": rule, "source": source,
           "available": available,
           **({"xla_error": result.out_of_memory.message} if result.out_of_memory else {})},
       "verdict": verdict,
@@ -178,6 +189,38 @@ def gib(n: float | None) -> str:
   return f"{n:.0f} B"
 
 
+def verdict_lines(report: dict[str, Any]) -> list[str]:
+  """The verdict, what it needs of what is available, and the rule that decided."""
+  m, verdict = report["memory"], report["verdict"]
+  if verdict == UNKNOWN:
+    return [f"verdict: UNKNOWN: {m['deciding_rule']}; no claim that it fits"]
+  margin = report["margin"]
+  source = ("as XLA states it" if m["source"] == "resource_exhausted"
+            else report["target"]["memory_source"])
+  return [f"verdict: {verdict}: needs {gib(m['deciding'])} per device of "
+          f"{gib(m['available'])} ({source}); "
+          f"margin {margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})",
+          f"  decided by: {m['deciding_rule']}"]
+
+
+def memory_text(m: dict[str, Any]) -> str:
+  """XLA's memory analysis of one compile (a report's `memory`), in words."""
+  return (f"arguments {gib(m['arguments'])}, outputs {gib(m['outputs'])}, aliased (donated) "
+          f"{gib(m['aliased'])}, temporaries {gib(m['temporaries'])}, generated code "
+          f"{gib(m['generated_code'])}; total {gib(m['total'])}"
+          + (f"; XLA peak {gib(m['peak'])}" if m.get("peak") else ""))
+
+
+def buffer_lines(buffers: list[dict[str, Any]], where: str = "") -> list[str]:
+  if not buffers:
+    return []
+  lines = [f"  largest buffers (optimized HLO{where}):"]
+  for b in buffers:
+    lines.append(f"    {gib(b['bytes']):>12}  {b['shape']:<28} {b['instruction']}  "
+                 f"{b['op_name'][-90:]}")
+  return lines
+
+
 def to_text(report: dict[str, Any]) -> str:
   """The report for people: the verdict first, then what it rests on."""
   t, m, a, f, s = (report["target"], report["memory"], report["analytic"], report["flops"],
@@ -188,32 +231,16 @@ def to_text(report: dict[str, Any]) -> str:
            f"slice(s)); mesh {' '.join(f'{k}={v}' for k, v in report['mesh'].items())}",
            f"  parameters: {report['parameters']:,}; batch {batch['global_batch_size']} x "
            f"{batch['sequence_length']} ({batch['per_device_batch_size']:g} per device)"]
-  verdict = report["verdict"]
-  if verdict == UNKNOWN:
-    lines.append(f"verdict: UNKNOWN: {m['deciding_rule']}; no claim that it fits")
-  else:
-    margin = report["margin"]
-    source = "as XLA states it" if m["source"] == "resource_exhausted" else t["memory_source"]
-    lines.append(f"verdict: {verdict}: needs {gib(m['deciding'])} per device of "
-                 f"{gib(m['available'])} ({source}); "
-                 f"margin {margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})")
-    lines.append(f"  decided by: {m['deciding_rule']}")
+  lines += verdict_lines(report)
   if "arguments" in m:
-    lines.append(f"  XLA memory analysis per device: arguments {gib(m['arguments'])}, outputs "
-                 f"{gib(m['outputs'])}, aliased (donated) {gib(m['aliased'])}, temporaries "
-                 f"{gib(m['temporaries'])}, generated code {gib(m['generated_code'])}; total "
-                 f"{gib(m['total'])}" + (f"; XLA peak {gib(m['peak'])}" if m.get("peak") else ""))
+    lines.append(f"  XLA memory analysis per device: {memory_text(m)}")
   if m.get("xla_error"):
     lines.append(f"  XLA: {m['xla_error']}")
   parts = ", ".join(f"{name} {gib(size)}" for name, size in a["by_part"].items())
   padding = "; XLA:TPU pads arrays to its tiles" if t["platform"] == "tpu" else ""
   lines.append(f"  analytic argument bytes per device: {parts}; total {gib(a['total'])} "
                f"(XLA arguments: {gib(a['xla_arguments'])}{padding})")
-  if report["largest_buffers"]:
-    lines.append("  largest buffers (optimized HLO):")
-    for b in report["largest_buffers"]:
-      lines.append(f"    {gib(b['bytes']):>12}  {b['shape']:<28} {b['instruction']}  "
-                   f"{b['op_name'][-90:]}")
+  lines += buffer_lines(report["largest_buffers"])
   xla_flops = f["xla_per_device"]
   lines.append(f"  FLOPs per step: model {f['model_per_step']:.4g} ({f['model_per_device']:.4g} "
                f"per device); XLA cost analysis "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 from lingvo_lite import evaluation, target as targets
 from lingvo_lite.errors import UsageError
@@ -94,15 +94,38 @@ def _search(setup: Setup, target: targets.Target, program: str,
   per_device, remainder = divmod(data.global_batch_size, num_devices)
   if first is not None and not remainder and per_device % unit == 0:
     record(per_device // unit, first)  # The report's own compile is one of the points.
+  best, line, note = find_largest(
+      measure, compiles, f"even a per-device batch of {unit} (the smallest valid) does not fit")
+  if line is not None:
+    line = {"bytes_at_zero": line["bytes_at_zero"],
+            "bytes_per_row": line["bytes_per_unit"] / unit}
+  return _finish(setup, unit, compiles, best, line, note)
+
+
+def find_largest(measure: Callable[[int], dict[str, Any]], compiles: dict[int, dict[str, Any]],
+                 smallest_does_not_fit: str
+                 ) -> tuple[int | None, dict[str, float] | None, str]:
+  """The search of the module doc over k = 1, 2, ... units (of batch rows, or decode slots).
+
+  Args:
+    measure: Compiles at k units (once; it records into `compiles`) and returns the record:
+      `bytes` (the verdict's per-device number, None without an analysis), `available`,
+      `fits`.
+    compiles: The records made so far, by k (the report's own compile may be one).
+    smallest_does_not_fit: The note where even k = 1 does not fit.
+
+  Returns:
+    (the largest k that fits, 0 where none does, None without an analysis; the fitted line,
+    bytes per device at zero units and per unit; a note where the search fell short).
+  """
   for k in (1, 2):
     if len(compiles) >= 2:
       break
     measure(k)
   if any(c["bytes"] is None for c in compiles.values()):
-    return _finish(setup, unit, compiles, None, None, "XLA reported no memory analysis")
+    return None, None, "XLA reported no memory analysis"
   if not measure(1)["fits"]:
-    return _finish(setup, unit, compiles, 0, None,
-                   f"even a per-device batch of {unit} (the smallest valid) does not fit")
+    return 0, None, smallest_does_not_fit
 
   def bounds() -> tuple[int, int | None]:
     fitting = max(k for k, c in compiles.items() if c["fits"])
@@ -120,7 +143,7 @@ def _search(setup: Setup, target: targets.Target, program: str,
     y1, y2 = compiles[k1]["bytes"], compiles[k2]["bytes"]
     slope = (y2 - y1) / (k2 - k1)
     if slope > 0:
-      line = {"bytes_at_zero": y1 - slope * k1, "bytes_per_row": slope / unit}
+      line = {"bytes_at_zero": y1 - slope * k1, "bytes_per_unit": slope}
       # The least memory any compile was given: XLA:TPU's own limit (15.75 of a v5e's
       # 16 GiB) comes with the first compile it refuses.
       available = min(c["available"] for c in compiles.values())
@@ -141,7 +164,7 @@ def _search(setup: Setup, target: targets.Target, program: str,
     crept = not bisect and fits and failing is not None
     fitting, failing = bounds()
   note = "" if failing == fitting + 1 else f"boundary not closed after {len(compiles)} compiles"
-  return _finish(setup, unit, compiles, fitting, line, note)
+  return fitting, line, note
 
 
 def _finish(setup: Setup, unit: int, compiles: dict[int, dict[str, Any]], best: int | None,
