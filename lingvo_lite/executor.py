@@ -83,7 +83,8 @@ flags.DEFINE_enum("compile_program", "train", ("train", "eval", "decode"), "What
                   "the train step, the eval step, or the decode functions (the generate loop "
                   "and the largest prefill bucket, with decode.slots and decode.cache_length).")
 flags.DEFINE_bool("compile_find_max_batch", False, "Also find the largest per-device batch "
-                  "that fits (two compiles fit a line, then the prediction is confirmed).")
+                  "that fits (with --compile_program=decode: the largest decode.slots); two "
+                  "compiles fit a line, then the prediction is confirmed.")
 flags.DEFINE_list("compile_remat_policies", [], "With --compile_find_max_batch: the remat "
                   "policies to search, as a table (e.g. none,full).")
 flags.DEFINE_string("compiled_step_out", None, "--mode=compile: write the compiled train step "
