@@ -58,6 +58,9 @@ def tiny(cfg: fdl.Config) -> None:
     model.rotary_dim = min(16, max(2, 16 * model.rotary_dim // old_head_dim // 2 * 2))
   cfg.train.steps = 10
   cfg.train.log_every_steps = 5
+  if isinstance(getattr(cfg, "decode", None), fdl.Config):
+    # Room for a prompt in the tiny context (max_length below).
+    cfg.decode.max_new_tokens = 32
   cfg.train.eval_every_steps = 0
   cfg.train.grad_accum_steps = 1
   cfg.checkpoint.every_steps = 10

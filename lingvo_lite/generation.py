@@ -216,14 +216,10 @@ class RequestResolver:
     max_new = given.get("max_new_tokens", settings.max_new_tokens)
     largest_bucket = settings.resolved_buckets(self.model.max_length)[-1]
     if len(ids) > largest_bucket or len(ids) + max_new > self.cache_length:
-      fits = min(largest_bucket, self.cache_length - max_new)
-      raise UsageError(
-          f"{where}the prompt's {len(ids)} tokens and max_new_tokens={max_new} do not fit "
-          f"the decode cache (decode.cache_length={self.cache_length}, longest prefill "
-          f"bucket {largest_bucket}; the model's context is model.max_length="
-          f"{self.model.max_length}); shorten the prompt"
-          + (f" to at most {fits} tokens" if fits > 0 else "")
-          + ", lower max_new_tokens, or raise --fdl.decode.cache_length")
+      raise UsageError(f"{where}the prompt's {len(ids)} tokens and max_new_tokens={max_new} "
+                       f"do not fit the decode cache (decode.cache_length={self.cache_length}"
+                       f", longest prefill bucket {largest_bucket}); "
+                       + self._fit_fixes(len(ids), max_new, largest_bucket))
     return _Resolved(
         index=index, request=request, prompt_ids=ids, prompt_text=text,
         max_new_tokens=max_new,
@@ -232,6 +228,25 @@ class RequestResolver:
         top_p=float(given.get("top_p", settings.top_p)),
         seed=int(given.get("seed", settings.seed)),
         stop=tuple(given.get("stop", settings.stop)))
+
+  def _fit_fixes(self, prompt_length: int, max_new: int, largest_bucket: int) -> str:
+    """The changes that would make a request fit, only those that can."""
+    fixes = []
+    longest_prompt = min(largest_bucket, self.cache_length - max_new)
+    if longest_prompt > 0:
+      fixes.append(f"shorten the prompt to at most {longest_prompt} tokens")
+    if prompt_length <= largest_bucket and self.cache_length - prompt_length > 0:
+      fixes.append(f"lower max_new_tokens to at most {self.cache_length - prompt_length}")
+    context = self.model.max_length
+    if self.cache_length < context:
+      fixes.append(f"raise --fdl.decode.cache_length (up to model.max_length={context}, the "
+                   "model's context)")
+    if prompt_length > largest_bucket and largest_bucket < self.cache_length:
+      fixes.append(f"add a prefill bucket of at least {prompt_length} "
+                   "(--fdl.decode.prefill_buckets)")
+    if not fixes:
+      fixes.append(f"shorten the prompt: the model's context is model.max_length={context}")
+    return ", or ".join(fixes)
 
   def text(self, ids: Sequence[int]) -> str | None:
     if self.vocabulary is None:

@@ -15,6 +15,7 @@ cannot run inside a test are in the table too, with the reason.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
@@ -40,6 +41,7 @@ NOT_COMMANDS = {
     r"^training SentencePiece \(": "bin/demo.sh's first-run output (vocabulary, stores)",
     r"^bin/\s+demo\.sh": "the Layout section's list of folders",
     r"^eval_data=\{": "the Evaluation section's config example",
+    r'^\{"prompt': "the Decode section's prompts file (the decode rule writes it)",
 }
 
 
@@ -247,6 +249,40 @@ def _check_eval(command: Command, results: Results, session: Session) -> None:
   assert (session.copy / job / "eval").is_dir(), f"no {job}/eval in the working copy"
 
 
+def _check_decode(command: Command, results: Results, session: Session) -> None:
+  """One JSON record per request, on stdout for --decode_out=-, else in the file the summary
+  line names (relative to the working copy, as the user gave the job dir)."""
+  out, err = results[0].stdout, results[0].stderr
+  requests = sum(1 for t in command.argv if t.startswith("--prompt="))
+  prompts_file = command.flag("prompts_file")
+  if prompts_file:
+    requests += sum(1 for line in (session.copy / prompts_file).read_text().splitlines()
+                    if line.strip())
+  summary = rf"^decoded {requests} prompt\(s\) with checkpoint step \d+: .*; written to "
+  if command.flag("decode_out") == "-":
+    _search(summary + "stdout$", err, "decode: the summary on stderr")
+    lines = out.splitlines()
+  else:
+    path = _search(summary + r"(\S+\.jsonl)$", out, "decode").group(1)
+    assert path.startswith(command.flag("job_log_dir") + "/decode/"), path
+    lines = (session.copy / path).read_text().splitlines()
+  rows = [json.loads(line) for line in lines]  # stdout holds JSON lines only.
+  assert len(rows) == requests, f"{len(rows)} records for {requests} requests"
+  assert all(row["completion_ids"] and row["stop_reason"] for row in rows), rows
+
+
+def _run_decode(argv: Sequence[str], env: dict[str, str],
+                copy: pathlib.Path) -> list[subprocess.CompletedProcess]:
+  """Writes the README's example prompts file where the command names it (as a user copies
+  it from the README), then runs the command."""
+  prompts_file = _flag(argv, "prompts_file")
+  if prompts_file and not (copy / prompts_file).exists():
+    block = next(b for b in _code_blocks((copy / "README.md").read_text())
+                 if b and b[0].startswith('{"prompt'))
+    (copy / prompts_file).write_text("\n".join(block) + "\n")
+  return _run_one(argv, env, copy)
+
+
 def _check_built(command: Command, results: Results, session: Session, flag: str,
                  inside: str) -> None:
   """A bin/ tool wrote what its --out/--output names (relative to the working copy) and said
@@ -352,6 +388,10 @@ RULES = (
          _check_fdl_help),
     Rule("--help", lambda c: c.argv[:3] == LINGVO and "--help" in c.argv, _check_help),
     Rule("eval", lambda c: _lingvo(c, "eval"), _check_eval, NO_CACHE),
+    Rule("decode", lambda c: _lingvo(c, "decode"), _check_decode,
+         ("--fdl.decode.max_new_tokens=16",) + NO_CACHE, run=_run_decode,
+         why="16 new tokens, not 128, per --prompt request: the 4-step model's tokens are noise "
+             "either way, and 16 still run the prefill and the generate loop"),
     Rule("compile GPT-J-6B", lambda c: _lingvo(c, "compile") and c.flag("exp") == "GptJ6B",
          None, why="tests/test_compile_experiments.py compiles GptJ6B for v5e-256 and asserts "
                    "FITS (about a minute on 2 cores); the suite does it once"),
