@@ -77,8 +77,7 @@ def empty_state(model: nn.Module, slots: int, cache_length: int) -> DecodeState:
   """Every slot empty (done, length 0). Every leaf is its own array, so the state can be
   donated (one buffer given for two donated arguments is refused)."""
   return DecodeState(
-      cache=kv_cache.KVCache(*(jnp.zeros(kv_cache.shape(model, slots, cache_length),
-                                         jnp.dtype(model.dtype)) for _ in range(2))),
+      cache=kv_cache.empty(model, slots, cache_length),
       tokens=jnp.zeros((slots, cache_length), jnp.int32),
       logprobs=jnp.zeros((slots, cache_length), jnp.float32),
       lengths=jnp.zeros((slots,), jnp.int32), end=jnp.zeros((slots,), jnp.int32),
@@ -87,13 +86,13 @@ def empty_state(model: nn.Module, slots: int, cache_length: int) -> DecodeState:
       seeds=jnp.zeros((slots, 2), jnp.uint32))
 
 
-def logical_specs() -> DecodeState:
+def logical_specs(model: nn.Module) -> DecodeState:
   """Logical axes of the state: slots over `batch` (so over the data-parallel mesh axes),
   the cache's key/value heads over `heads`."""
   per_slot = PartitionSpec("batch")
   by_position = PartitionSpec("batch", None)
   return DecodeState(
-      cache=kv_cache.logical_specs(), tokens=by_position, logprobs=by_position,
+      cache=kv_cache.logical_specs(model), tokens=by_position, logprobs=by_position,
       lengths=per_slot, end=per_slot, done=per_slot,
       sampling=sampling.SamplingParams(per_slot, per_slot, per_slot),
       seeds=PartitionSpec("batch", None))

@@ -116,7 +116,8 @@ class DecodeSteps:
     self.buckets = settings.resolved_buckets(model.max_length)
     self.eos_id = eos_id
     partitioner = setup.partitioner
-    self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(), self.mesh)
+    self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(model),
+                                                         self.mesh)
     self.param_shardings = parameter_shardings(setup, self.mesh)
     state = self.state_shardings
     self.prefill = jax.jit(

@@ -90,7 +90,7 @@ def _decode_logits(mesh_shape):
     for _ in range(10):
       state, step_logits = step(params, state)
       logits.append(np.asarray(step_logits).tolist())
-  cache_spec = str(state.cache.keys.sharding.spec)
+  cache_spec = str(state.cache.keys[0].sharding.spec)  # Layer 0's (unrolled layers).
   return {"logits": logits, "tokens": np.asarray(state.tokens).tolist(),
           "cache_spec": cache_spec}
 

@@ -58,7 +58,9 @@ def test_cpu8_data_by_tensor_reports_both_functions_and_the_cache_per_device(tmp
   cache = report["kv_cache"]
   assert cache["bytes_total"] == _cache_bytes(8, 64)
   assert cache["bytes_per_device"] == _cache_bytes(8, 64) // (4 * 2) == 64 * 2**10
-  assert cache["shard_shape"] == [2, 2, 2, 64, 16]
+  # One layer's keys [slots, kv_heads, cache_length, head_dim] (the tiny model's layers are
+  # unrolled, an array each), this device's shard.
+  assert cache["shape"] == [8, 4, 64, 16] and cache["shard_shape"] == [2, 2, 64, 16]
   functions = report["functions"]
   for name in ("generate", "prefill"):
     f = functions[name]

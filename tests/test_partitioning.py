@@ -97,8 +97,8 @@ def test_sharded_decode_gives_the_logits_of_one_device(worker):
   step's logits as on one device, compared while a slot's tokens agree (a near-tie of random
   weights may pick another token; then the rest of that slot differs by design)."""
   single, sharded = worker["decode"]["single"], worker["decode"]["data4_tensor2"]
-  # [layers, slots, kv_heads, length, head_dim]: slots over data, heads over tensor.
-  assert sharded["cache_spec"] == str(PartitionSpec(None, "data", "tensor"))
+  # A layer's [slots, kv_heads, length, head_dim]: slots over data, heads over tensor.
+  assert sharded["cache_spec"] == str(PartitionSpec("data", "tensor"))
   compared = 0
   for slot in range(8):
     for step, (one, many) in enumerate(zip(single["logits"], sharded["logits"])):

@@ -32,16 +32,18 @@ class Context(NamedTuple):
   """The decode cache as one layer's attention sees it (lingvo_lite/models/kv_cache.py).
 
   Attributes:
-    keys, values: Every layer's cached keys and values, [layers, batch, kv_heads,
-      cache_length, head_dim] (rotated keys; heads before positions: the layout the
-      attention's matmuls read without a transpose, 3x faster per decode step on CPU than
-      positions first). Entry p of a row holds its token at position p.
-    layer: Which layer this is (an int, or a traced scalar inside a scan over layers).
+    keys, values: This layer's cached keys and values, [batch, kv_heads, cache_length,
+      head_dim] (rotated keys; heads before positions: the layout the attention's matmuls
+      read without a transpose, 3x faster per decode step on CPU than positions first); or,
+      with `layer`, every layer's, stacked on a leading axis. Entry p of a row holds its token
+      at position p.
+    layer: None, or this layer's index in the stacked arrays (a traced scalar inside a scan
+      over layers).
   """
 
   keys: jax.Array
   values: jax.Array
-  layer: Any
+  layer: Any = None
 
 
 def constrain(x: jax.Array, *axes: str | None) -> jax.Array:
@@ -209,16 +211,19 @@ class Attention(nn.Module):
     batch, length = q.shape[:2]
     group = self.num_heads // self.num_kv_heads
     rows = jnp.arange(batch)[:, None]
-    # [layer, rows, :, positions] indexes a [batch, t, kv_heads, head_dim] block, k's shape.
-    keys = context.keys.at[context.layer, rows, :, positions].set(k.astype(context.keys.dtype))
-    values = context.values.at[context.layer, rows, :, positions].set(
-        v.astype(context.values.dtype))
-    layer_keys, layer_values = keys[context.layer], values[context.layer]
+    # [rows, :, positions] indexes a [batch, t, kv_heads, head_dim] block, k's shape.
+    where = (rows, slice(None), positions)
+    if context.layer is not None:
+      where = (context.layer, *where)
+    keys = context.keys.at[where].set(k.astype(context.keys.dtype))
+    values = context.values.at[where].set(v.astype(context.values.dtype))
+    layer_keys, layer_values = (keys, values) if context.layer is None else (
+        keys[context.layer], values[context.layer])
     q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
     logits = jnp.einsum("btkgd,bksd->bkgts", q, layer_keys.astype(self.dtype)
                         ).astype(jnp.float32)
-    cache_index = jnp.arange(keys.shape[3], dtype=jnp.int32)
+    cache_index = jnp.arange(layer_keys.shape[2], dtype=jnp.int32)
     mask = (cache_index[None, None, :] <= positions[:, :, None])[:, None, None]
     weights, denominator = _unnormalized_softmax(logits, mask)
     out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(self.dtype),

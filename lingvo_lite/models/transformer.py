@@ -104,10 +104,10 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x: Any, positions: jax.Array, mask: jax.Array | None, layer: Any = None):
-    """`x` [batch, length, dim]; when decoding, the pair (x, cache): the decode cache
-    (keys, values) of every layer, and `layer` is this one's index in it. Returns x, or
-    (x, kv) with `return_kv`, or (x, cache) when decoding; as the carry of a pair with
-    `scan_carry`."""
+    """`x` [batch, length, dim]; when decoding, the pair (x, cache): this layer's decode
+    cache (keys, values), or with `layer` (inside a scan) every layer's stacked, this one at
+    index `layer`. Returns x, or (x, kv) with `return_kv`, or (x, cache) when decoding; as
+    the carry of a pair with `scan_carry`."""
     cache = None
     if isinstance(x, tuple):
       x, cache = x
@@ -301,16 +301,17 @@ class TransformerLM(nn.Module):
     fields = dict(self._block_fields(), return_kv=return_kv and cache is None)
     if not self.scan_layers:
       new_kv = []
+      layer_caches = [] if cache is None else list(zip(*cache))
       for index in range(self.num_layers):
         block = block_class(**fields, name=f"layer_{index}")
         if cache is not None:
-          x, cache = block((x, cache), positions, mask, index)
+          x, layer_caches[index] = block((x, layer_caches[index]), positions, mask)
           continue
         out = block(x, positions, mask)
         x, kv = out if return_kv else (out, None)
         new_kv.append(kv)
       if cache is not None:
-        return x, cache
+        return x, tuple(tuple(layer) for layer in zip(*layer_caches))
       return x, (jax.tree.map(lambda *kvs: jnp.stack(kvs), *new_kv) if return_kv else None)
     stack = nn.scan(block_class, variable_axes={"params": 0}, split_rngs={"params": True},
                     in_axes=(nn.broadcast, nn.broadcast, 0), length=self.num_layers,
@@ -331,8 +332,8 @@ class TransformerLM(nn.Module):
     Decoding uses the last three arguments (lingvo_lite/decoding.py):
 
     Args:
-      cache: A decode cache (keys, values) of every layer, [layers, batch, kv_heads,
-        cache_length, head_dim] (models/kv_cache.py). The tokens' keys and values are
+      cache: A decode cache (keys, values) of every layer (models/kv_cache.py): tuples of
+        [batch, kv_heads, cache_length, head_dim] arrays, or stacked arrays with scanned layers. The tokens' keys and values are
         written at their `positions` (required), and each token attends to the row's
         entries up to its own position; returns `(logits, cache)`.
       output_index: int32 [batch]: only the logits at this index of each row, [batch, 1,

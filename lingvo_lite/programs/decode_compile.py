@@ -23,7 +23,9 @@ parameters, verdict, margin and largest_buffers, and):
   memory:     deciding (the larger function's: the peak per device), deciding_function,
               deciding_rule, source, available
   kv_cache:   bytes_per_device (this device's shard of the keys and values), bytes_total
-              (models/kv_cache.num_bytes), shape, shard_shape, dtype
+              (models/kv_cache.num_bytes), shape and shard_shape of one layer's keys
+              ([slots, kv_heads, cache_length, head_dim]; with scanned layers, all layers'
+              stacked), dtype
   analytic:   by_part (the generate loop's arguments per device: parameters, kv_cache,
               other_state (tokens, log-probabilities, per-slot lengths, sampling, seeds),
               inputs), total, xla_arguments (generate's)
@@ -112,8 +114,9 @@ def _deciding_function(functions: dict[str, dict[str, Any]]) -> str:
 
 def kv_cache_bytes(state: Any, model: Any, slots: int, cache_length: int) -> dict[str, Any]:
   """The KV cache of an abstract, sharded decode state: one device's shard and the whole."""
-  keys = state.cache.keys
-  return {"bytes_per_device": sum(map(compile_report.shard_bytes, state.cache)),
+  leaves = jax.tree.leaves(state.cache)
+  keys = leaves[0]  # One layer's keys (unrolled), or every layer's (scanned).
+  return {"bytes_per_device": sum(map(compile_report.shard_bytes, leaves)),
           "bytes_total": kv_cache.num_bytes(model, slots, cache_length),
           "shape": list(keys.shape), "shard_shape": list(keys.sharding.shard_shape(keys.shape)),
           "dtype": np.dtype(keys.dtype).name}
