@@ -31,7 +31,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from lingvo_lite import decoding, sampling
-from lingvo_lite.decode_requests import Completion, Request
+from lingvo_lite.decode_records import Completion
+from lingvo_lite.decode_requests import Request
 from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.experiment import Setup
 from lingvo_lite.train_state import strip_boxes

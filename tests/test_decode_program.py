@@ -16,7 +16,7 @@ import shutil
 
 import pytest
 
-from lingvo_lite.decode_requests import STOP_REASONS
+from lingvo_lite.decode_records import STOP_REASONS
 from lingvo_lite.testing import run_cli, tree_digest
 
 JOB = "runs/tiny"  # Relative: every test runs in the module's working directory.

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from etils import epath
 
-from lingvo_lite import decode_requests
-from lingvo_lite.decode_requests import Completion, CompletionWriter, Request
+from lingvo_lite import decode_records, decode_requests
+from lingvo_lite.decode_records import Completion, CompletionWriter
+from lingvo_lite.decode_requests import Request
 from lingvo_lite.errors import UsageError
 
 RECORD_KEYS = {"schema_version", "index", "source", "prompt", "prompt_ids", "completion",
@@ -217,7 +218,7 @@ def _completion(**changes) -> Completion:
 
 
 def test_a_record_is_strict_json_of_the_documented_keys():
-  row = decode_requests.record(_completion(), 4)
+  row = decode_records.record(_completion(), 4)
   assert set(row) == RECORD_KEYS
   text = json.dumps(row, allow_nan=False)
   assert json.loads(text) == row
@@ -228,23 +229,23 @@ def test_a_record_is_strict_json_of_the_documented_keys():
   assert row["checkpoint_step"] == 100
   assert row["timing"] == {"prefill_seconds": 0.25, "decode_seconds": 0.5,
                            "tokens_per_second": 4.0}
-  one = decode_requests.record(_completion(completion_ids=(7,), logprobs=(-1.0,),
+  one = decode_records.record(_completion(completion_ids=(7,), logprobs=(-1.0,),
                                            decode_seconds=0.0, prompt_text=None,
                                            completion_text=None), 0)
   assert one["timing"]["tokens_per_second"] is None and one["prompt"] is None
   with pytest.raises(ValueError):
-    decode_requests.record(_completion(stop_reason="length"), 0)
+    decode_records.record(_completion(stop_reason="length"), 0)
   with pytest.raises(ValueError):
-    decode_requests.record(_completion(logprobs=(0.0,)), 0)
+    decode_records.record(_completion(logprobs=(0.0,)), 0)
 
 
 def test_the_human_form_escapes_control_characters():
-  text = decode_requests.format_human(_completion())
+  text = decode_records.format_human(_completion())
   assert text.splitlines()[0] == ("p.jsonl:3: 3 tokens, stopped at stop string '\\n\\n', "
                                   "4.0 tokens/s")
   assert "\x1b" not in text and "\\x1b[31m" in text
   assert "completion:  there\\x1b[31m\n              end" in text
-  ids = decode_requests.format_human(_completion(prompt_text=None, completion_text=None,
+  ids = decode_records.format_human(_completion(prompt_text=None, completion_text=None,
                                                  stop_reason="eos"))
   assert "prompt:     [5, 6]" in ids and "completion: [7, 8, 9]" in ids and "at eos" in ids
 

@@ -8,7 +8,7 @@ Only the parameters are restored, into the partitioner's shardings (no optimizer
 read or allocated); the decode state (KV cache and slots) is sharded with the slots over the
 data-parallel axes and the key/value heads over `tensor`. Every request is checked (its
 fields, its tokens against the model's vocabulary and the cache) before the checkpoint is
-read. Completions go to JOB/decode/<UTC time>.jsonl (schema: lingvo_lite/decode_requests.py),
+read. Completions go to JOB/decode/<UTC time>.jsonl (schema: lingvo_lite/decode_records.py),
 never into the training files; printed as text as well when stdout is a terminal.
 """
 
@@ -20,7 +20,7 @@ import time
 from absl import logging
 from etils import epath
 
-from lingvo_lite import decode_requests, generation
+from lingvo_lite import decode_records, decode_requests, generation
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.errors import UsageError
@@ -60,7 +60,7 @@ def main(invocation: Invocation) -> None:
   checker = generation.RequestResolver(setup, vocabulary)
   for index, request in enumerate(requests):
     checker.resolve(index, request)
-  with decode_requests.CompletionWriter(options.get("decode_out"), invocation.job_dir,
+  with decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
                                         invocation.shown_job_dir) as writer:
     with jitted.activated():
       params = jitted.restore_params(checkpointer, step)
