@@ -22,7 +22,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import flax.linen as nn
 import jax
@@ -295,8 +295,16 @@ class Generator:
 
   # --------------------------------------------------------------------------- decoding
 
-  def generate(self, requests: Sequence[Request]) -> list[Completion]:
-    """Completions of `requests`, in their order (all resolved before any is decoded)."""
+  def generate(self, requests: Sequence[Request],
+               on_completion: Callable[[int, Completion], None] | None = None
+               ) -> list[Completion]:
+    """Completions of `requests`, in their order (all resolved before any is decoded).
+
+    Args:
+      requests: What to decode.
+      on_completion: Called with (request index, completion) as each one finishes (in the
+        order they finish), so a caller can write results before the last is done.
+    """
     jobs = [self.resolver.resolve(index, request) for index, request in enumerate(requests)]
     pending = collections.deque(jobs)
     slots: list[_Slot | None] = [None] * self.slots
@@ -324,6 +332,8 @@ class Generator:
             results[slot.job.index] = completion
             slots[index] = None
             ended[index] = True
+            if on_completion is not None:
+              on_completion(slot.job.index, completion)
     return results  # type: ignore[return-value]
 
   def _prefill_slots(self, chosen: list[tuple[int, _Resolved]],

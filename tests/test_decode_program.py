@@ -8,6 +8,7 @@ a second run with a stop string (or the same seed) must reproduce and cut; and t
 log-probabilities, which bound how likely two seeds are to draw the same tokens.
 """
 
+import glob
 import json
 import math
 import os
@@ -399,3 +400,35 @@ def test_the_design_contract_command_decodes_a_tiny_job():
   result = run_cli(DECODE + ["--prompt=def main(", "--decode_out=-"])
   assert result.code == 0, result.stderr
   assert json.loads(result.stdout)["stop_reason"] in STOP_REASONS
+
+
+def test_an_interrupted_decode_keeps_what_it_finished_as_partial(workdir, monkeypatch):
+  """Ctrl-C (or SIGTERM, which the program turns into the same) after two completions: one
+  line, exit 1, and the two finished completions in order in a `.partial` file, which does
+  not look like a finished run's output."""
+  from lingvo_lite import generation  # pylint: disable=g-import-not-at-top
+  real_generate = generation.Generator.generate
+
+  def interrupted(self, requests, on_completion=None):
+    finished = []
+
+    def count(index, completion):
+      on_completion(index, completion)
+      finished.append(index)
+      if len(finished) == 2:
+        raise KeyboardInterrupt
+    return real_generate(self, requests, on_completion=count)
+
+  monkeypatch.setattr(generation.Generator, "generate", interrupted)
+  monkeypatch.chdir(workdir)
+  before = set(glob.glob(f"{JOB}/decode/*"))
+  result = run_cli(DECODE + SMALL + [f"--prompt=p{i}" for i in range(5)]
+                   + ["--fdl.decode.slots=1"])
+  assert result.code == 1, result.stderr
+  lines = result.stderr.strip().splitlines()
+  assert len(lines) == 1 and "decode interrupted after 2 of 5 completions" in lines[0], lines
+  new = sorted(set(glob.glob(f"{JOB}/decode/*")) - before)
+  assert len(new) == 1 and new[0].endswith(".jsonl.partial"), new
+  assert new[0] in lines[0]  # Named as the user wrote the job dir.
+  records = [json.loads(line) for line in open(new[0])]
+  assert [r["source"] for r in records] == ["--prompt #1", "--prompt #2"]

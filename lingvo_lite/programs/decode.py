@@ -14,8 +14,12 @@ never into the training files; printed as text as well when stdout is a terminal
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import time
+from typing import Any, Iterator
 
 from absl import logging
 from etils import epath
@@ -24,9 +28,41 @@ from lingvo_lite import decode_records, decode_requests, generation
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.errors import UsageError
-from lingvo_lite.programs import Invocation, summarize_changes
+from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
 from lingvo_lite.programs.eval import chosen_step
 from lingvo_lite.programs.jitted import JittedSteps
+
+
+class _InOrder:
+  """Writes completions in request order as soon as every earlier one is in: a long decode
+  leaves what it finished on disk, and the file reads in the order the requests were given."""
+
+  def __init__(self, writer: decode_records.CompletionWriter):
+    self._writer = writer
+    self.done: dict[int, Any] = {}
+    self._next = 0
+
+  def add(self, index: int, completion: Any) -> None:
+    self.done[index] = completion
+    while self._next in self.done:
+      self._writer.write(self.done[self._next], self._next)
+      self._next += 1
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+  """SIGTERM stops a decode as Ctrl-C does (one line, what was finished kept), not silently."""
+  def interrupt(signum, frame):
+    del signum, frame
+    raise KeyboardInterrupt
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = signal.signal(signal.SIGTERM, interrupt)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def main(invocation: Invocation) -> None:
@@ -61,17 +97,26 @@ def main(invocation: Invocation) -> None:
   for index, request in enumerate(requests):
     checker.resolve(index, request)
   with decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
-                                        invocation.shown_job_dir) as writer:
+                                       invocation.shown_job_dir) as writer:
     with jitted.activated():
       params = jitted.restore_params(checkpointer, step)
     generator = generation.Generator(setup, params, mesh=jitted.mesh, vocabulary=vocabulary,
                                      checkpoint_step=step, steps=steps)
     del params
+    in_order = _InOrder(writer)
     started = time.perf_counter()
-    completions = generator.generate(requests)
+    try:
+      with _sigterm_interrupts():
+        completions = generator.generate(requests, on_completion=in_order.add)
+    except KeyboardInterrupt:
+      writer.close(succeeded=False)
+      shown_path = options.get("decode_out") or (
+          None if writer.path is None else shown / "decode" / writer.path.name)
+      where = "on stdout" if to_stdout else f"in {shown_path}.partial"
+      kept = f"; the {writer.count} written are {where}" if writer.count else ""
+      raise ProgramFailure(f"decode interrupted after {len(in_order.done)} of {len(requests)} "
+                           f"completions{kept}") from None
     seconds = time.perf_counter() - started
-    for index, completion in enumerate(completions):
-      writer.write(completion, index)
   tokens = sum(len(c.completion_ids) for c in completions)
   where = "stdout" if to_stdout else (
       options.get("decode_out") or shown / "decode" / writer.path.name)
