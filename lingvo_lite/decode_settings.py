@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated
 
+from lingvo_lite.decode_requests import check_sampling
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import Int32Size, NonNegativeFloat, NonNegativeInt, PositiveInt, Range
 
@@ -94,6 +95,7 @@ class DecodeSettings:
         raise config_error("decode.prefill_buckets", buckets,
                            f"a bucket exceeds decode.cache_length={cache_length}",
                            f"use lengths of at most {cache_length}")
-    if any(not s for s in self.stop):
-      raise config_error("decode.stop", self.stop, "holds an empty stop string, which "
-                         "every text contains", "drop it")
+    # The bounds a request's own settings meet (float32 and int32 ranges of the decode arrays).
+    check_sampling("decode.", temperature=self.temperature, top_k=self.top_k,
+                   top_p=self.top_p, max_new_tokens=self.max_new_tokens, seed=self.seed,
+                   stop=self.stop)
