@@ -46,7 +46,7 @@ class DecodeSettings:
       looks for stop strings and refills finished slots.
   """
 
-  slots: PositiveInt = 8
+  slots: Annotated[int, Int32Size] = 8
   cache_length: Annotated[int, Int32Size] | None = None
   prefill_buckets: tuple[PositiveInt, ...] | None = None
   max_new_tokens: PositiveInt = 128
@@ -56,7 +56,7 @@ class DecodeSettings:
   seed: Annotated[int, Range(0, 2**63 - 1)] = 0
   stop: tuple[str, ...] = ()
   stop_at_eos: bool = True
-  steps_per_call: PositiveInt = 32
+  steps_per_call: Annotated[int, Int32Size] = 32
 
   def resolved_cache_length(self, max_length: int) -> int:
     return self.cache_length or max_length
@@ -87,6 +87,9 @@ class DecodeSettings:
                          "holds no prompt token and a new one", "use at least 2")
     buckets = self.prefill_buckets
     if buckets is not None:
+      if not all(isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in buckets):
+        raise config_error("decode.prefill_buckets", buckets,
+                           "must be prompt lengths: ints >= 1", "e.g. (16, 64, 256)")
       if not buckets or list(buckets) != sorted(set(buckets)):
         raise config_error("decode.prefill_buckets", buckets,
                            "must be distinct lengths in ascending order",

@@ -67,8 +67,10 @@ class DecodeState(NamedTuple):
 
 
 def key_data(seed: int) -> np.ndarray:
-  """The threefry key data of `jax.random.key(seed)`, computed on the host (a request's
-  seed becomes state data without a device call): the seed's high and low 32 bits."""
+  """Threefry key data of a seed of up to 64 bits, computed on the host (a request's seed
+  becomes state data without a device call): its high and low 32 bits, as
+  `jax.random.key(seed)` with 64-bit ints enabled makes it (without them, jax.random.key
+  keeps only the low 32 bits, so seeds 0 and 2**32 would draw alike)."""
   seed = int(seed)
   return np.array([(seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF], np.uint32)
 

@@ -18,22 +18,19 @@ settings, prompt lengths within a bucket and the number of requests change no sh
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
-import functools
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
 from lingvo_lite import decoding, sampling
+from lingvo_lite.decode_steps import DecodeSteps, end_token
 from lingvo_lite.decode_records import Completion
 from lingvo_lite.decode_requests import Request
-from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.train_state import strip_boxes
 
@@ -67,116 +64,6 @@ class _Slot:
   started: float
   first_token: float
   checked: int = 0  # Completion tokens already searched for stop strings.
-
-
-def check_decode_partitioning(setup: Setup, mesh: Mesh) -> None:
-  """The slots split evenly over the data-parallel mesh axes (the cache's heads over
-  `tensor` are checked with the key/value parameters, which have the same axis)."""
-  sizes = dict(mesh.shape)
-  ways = setup.partitioner.data_parallel_size(sizes)
-  if setup.decode.slots % ways:
-    batch_axes = " x ".join(setup.partitioner.mesh_axes_of(("batch",))[0]) or "none"
-    raise config_error("decode.slots", setup.decode.slots,
-                       f"must split evenly over the data-parallel size {ways} (mesh axes "
-                       f"{batch_axes})", f"use a multiple of {ways}")
-
-
-def end_token(setup: Setup, vocabulary: Any) -> int:
-  """The id generation ends at: the vocabulary's EOS unless `decode.stop_at_eos` is off."""
-  eos = getattr(vocabulary, "eos_id", None)
-  return int(eos) if eos is not None and setup.decode.stop_at_eos else decoding.NO_EOS
-
-
-def parameter_shardings(setup: Setup, mesh: Mesh) -> Any:
-  """The parameters' shardings under the partitioner's rules (as training places them)."""
-  boxed = jax.eval_shape(lambda: setup.model.init(
-      jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
-  return setup.partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
-
-
-class DecodeSteps:
-  """The jitted decode functions of one Setup on a mesh, with their shardings: what the
-  generator runs and what `--mode=compile --compile_program=decode` compiles (the same
-  functions, the same shardings).
-
-  Attributes:
-    mesh: The device mesh.
-    slots, cache_length, buckets: The shapes they are compiled for.
-    eos_id: The end-of-sequence id generation stops at (decoding.NO_EOS for none).
-    param_shardings, state_shardings: Where the parameters and the decode state live.
-    prefill, generate: `decoding.prefill` and `decoding.generate`, jitted, the state donated.
-  """
-
-  def __init__(self, setup: Setup, mesh: Mesh | None = None, eos_id: int = decoding.NO_EOS):
-    self.setup = setup
-    model, settings = setup.model, setup.decode
-    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh()
-    check_decode_partitioning(setup, self.mesh)
-    self.slots = settings.slots
-    self.cache_length = settings.resolved_cache_length(model.max_length)
-    self.buckets = settings.resolved_buckets(model.max_length)
-    self.eos_id = eos_id
-    partitioner = setup.partitioner
-    self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(model),
-                                                         self.mesh)
-    self.param_shardings = parameter_shardings(setup, self.mesh)
-    state = self.state_shardings
-    self.prefill = jax.jit(
-        functools.partial(decoding.prefill, model=model, eos_id=eos_id),
-        in_shardings=(self.param_shardings, state, state.tokens, state.lengths, state.lengths,
-                      state.lengths, state.sampling, state.seeds),
-        out_shardings=state, donate_argnums=(1,))
-    self.generate = jax.jit(
-        functools.partial(decoding.generate, model=model, eos_id=eos_id),
-        in_shardings=(self.param_shardings, state, None, state.lengths),
-        out_shardings=state, donate_argnums=(1,))
-
-  @contextlib.contextmanager
-  def activated(self) -> Iterator[None]:
-    """The mesh and the logical-axis rules, so the model's activation constraints apply."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.setup.partitioner.rules)):
-      yield
-
-  def empty_state(self) -> decoding.DecodeState:
-    with self.activated():
-      return jax.jit(functools.partial(decoding.empty_state, self.setup.model, self.slots,
-                                       self.cache_length),
-                     out_shardings=self.state_shardings)()
-
-  def abstract_state(self) -> decoding.DecodeState:
-    """The decode state as shapes with their shardings (nothing allocated)."""
-    shapes = jax.eval_shape(functools.partial(
-        decoding.empty_state, self.setup.model, self.slots, self.cache_length))
-    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
-        leaf.shape, leaf.dtype, sharding=sharding), shapes, self.state_shardings)
-
-  def abstract_params(self) -> Any:
-    # The key is made inside eval_shape: made eagerly under a topology's mesh (a TPU compile
-    # on a CPU host) it would be placed on devices that hold no arrays.
-    shapes = strip_boxes(jax.eval_shape(lambda: self.setup.model.init(
-        jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"])
-    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
-        leaf.shape, leaf.dtype, sharding=sharding), shapes, self.param_shardings)
-
-  def lower_prefill(self, bucket: int) -> Any:
-    """The prefill of prompts padded to `bucket`, lowered from shapes only."""
-    state = self.abstract_state()
-    per_slot = lambda dtype: jax.ShapeDtypeStruct((self.slots,), dtype,
-                                                  sharding=self.state_shardings.lengths)
-    with self.activated():
-      return self.prefill.lower(
-          self.abstract_params(), state,
-          jax.ShapeDtypeStruct((self.slots, bucket), jnp.int32,
-                               sharding=self.state_shardings.tokens),
-          per_slot(jnp.int32), per_slot(jnp.bool_), per_slot(jnp.int32), state.sampling,
-          state.seeds)
-
-  def lower_generate(self) -> Any:
-    """The generate loop, lowered from shapes only."""
-    with self.activated():
-      return self.generate.lower(
-          self.abstract_params(), self.abstract_state(), jax.ShapeDtypeStruct((), jnp.int32),
-          jax.ShapeDtypeStruct((self.slots,), jnp.bool_, sharding=self.state_shardings.done))
 
 
 class RequestResolver:
@@ -222,14 +109,19 @@ class RequestResolver:
                        f"do not fit the decode cache (decode.cache_length={self.cache_length}"
                        f", longest prefill bucket {largest_bucket}); "
                        + self._fit_fixes(len(ids), max_new, largest_bucket))
+    stop = tuple(given.get("stop", settings.stop))
+    if stop and self.vocabulary is None:
+      named = "stop" if "stop" in given else "decode.stop"
+      raise UsageError(f"{where}{named}={list(stop)!r}: stop strings are matched in the "
+                       "text, and this experiment's data has no text vocabulary; drop them "
+                       "(stop: [] in a --prompts_file line) or use max_new_tokens")
     return _Resolved(
         index=index, request=request, prompt_ids=ids, prompt_text=text,
         max_new_tokens=max_new,
         temperature=float(given.get("temperature", settings.temperature)),
         top_k=int(given.get("top_k", settings.top_k)),
         top_p=float(given.get("top_p", settings.top_p)),
-        seed=int(given.get("seed", settings.seed)),
-        stop=tuple(given.get("stop", settings.stop)))
+        seed=int(given.get("seed", settings.seed)), stop=stop)
 
   def _fit_fixes(self, prompt_length: int, max_new: int, largest_bucket: int) -> str:
     """The changes that would make a request fit, only those that can."""
@@ -251,9 +143,30 @@ class RequestResolver:
     return ", or ".join(fixes)
 
   def text(self, ids: Sequence[int]) -> str | None:
+    """The text of `ids` (None without a text vocabulary). EOS ids are dropped, not ends:
+    seqio's decode stops at the first, which would lose what follows when
+    `decode.stop_at_eos` is off."""
     if self.vocabulary is None:
       return None
-    return self.vocabulary.decode([int(i) for i in ids])
+    eos = getattr(self.vocabulary, "eos_id", None)
+    pieces, current = [], []
+    for token in ids:
+      if token == eos:
+        pieces.append(current)
+        current = []
+      else:
+        current.append(int(token))
+    pieces.append(current)
+    return "".join(self.vocabulary.decode(piece) for piece in pieces if piece)
+
+  def completion_text(self, prompt_ids: Sequence[int], ids: Sequence[int]) -> str | None:
+    """The text `ids` add after the prompt: the text of prompt + ids past the prompt's own,
+    so a character whose bytes straddle the two, or a tokenizer's leading-space rule, comes
+    out as in the whole; the completion's own text where the prompt's is not a prefix."""
+    if self.vocabulary is None:
+      return None
+    whole, prompt = self.text(list(prompt_ids) + list(ids)), self.text(prompt_ids)
+    return whole[len(prompt):] if whole.startswith(prompt) else self.text(ids)
 
 
 class Generator:
@@ -289,30 +202,47 @@ class Generator:
     self.params = jax.device_put(strip_boxes(params), self.steps.param_shardings)
     self.state = self.steps.empty_state()
     self.compiled_prefill_buckets: set[int] = set()
+    self._warm_buckets: set[int] = set()
+    self._generate_warm = False
 
   def activated(self):
     return self.steps.activated()
 
   # --------------------------------------------------------------------------- decoding
 
+  def warm(self, prompt_lengths: Sequence[int]) -> None:
+    """Compiles the generate loop and the prefill of every bucket these prompt lengths use,
+    so no request's timing counts a compile (a compiled function is reused by its calls)."""
+    buckets = {self.settings.bucket_for(n, self.model.max_length) for n in prompt_lengths}
+    for bucket in sorted(buckets - self._warm_buckets):
+      self.steps.lower_prefill(bucket).compile()
+      self._warm_buckets.add(bucket)
+    if not self._generate_warm:
+      self.steps.lower_generate().compile()
+      self._generate_warm = True
+
   def generate(self, requests: Sequence[Request],
-               on_completion: Callable[[int, Completion], None] | None = None
-               ) -> list[Completion]:
-    """Completions of `requests`, in their order (all resolved before any is decoded).
+               on_completion: Callable[[int, Completion], None] | None = None,
+               should_stop: Callable[[], bool] | None = None) -> list[Completion | None]:
+    """Completions of `requests`, in their order (all resolved, and the functions they need
+    compiled, before any is decoded).
 
     Args:
       requests: What to decode.
       on_completion: Called with (request index, completion) as each one finishes (in the
         order they finish), so a caller can write results before the last is done.
+      should_stop: Asked between device calls; True ends the decode early, the unfinished
+        requests' entries None.
     """
     jobs = [self.resolver.resolve(index, request) for index, request in enumerate(requests)]
+    self.warm([len(job.prompt_ids) for job in jobs])
     pending = collections.deque(jobs)
     slots: list[_Slot | None] = [None] * self.slots
     ended = np.zeros(self.slots, bool)  # Slots the host finished since the last call.
     results: list[Completion | None] = [None] * len(jobs)
     limit = np.int32(self.settings.steps_per_call)
     with self.activated():
-      while pending or any(slots):
+      while (pending or any(slots)) and not (should_stop and should_stop()):
         free = [index for index, slot in enumerate(slots) if slot is None]
         if free and pending:
           chosen = [(slot, pending.popleft()) for slot in free[:len(pending)]]
@@ -334,7 +264,12 @@ class Generator:
             ended[index] = True
             if on_completion is not None:
               on_completion(slot.job.index, completion)
-    return results  # type: ignore[return-value]
+      # Slots the host ended (a stop string, or a stop asked for) must not run on in the
+      # next call: a zero-step call marks them done on the device.
+      ended |= np.array([slot is not None for slot in slots])
+      if ended.any():
+        self.state = self.steps.generate(self.params, self.state, np.int32(0), ended)
+    return results
 
   def _prefill_slots(self, chosen: list[tuple[int, _Resolved]],
                      slots: list[_Slot | None]) -> None:
@@ -382,7 +317,8 @@ class Generator:
       return None
     if reason is None:
       reason = "eos" if ids[-1] == self.eos_id else "max_new_tokens"
-      text = self.resolver.text(ids[:-1] if reason == "eos" else ids)
+      text = self.resolver.completion_text(job.prompt_ids,
+                                           ids[:-1] if reason == "eos" else ids)
     return Completion(
         request=job.request, prompt_ids=job.prompt_ids, prompt_text=job.prompt_text,
         completion_ids=tuple(ids), completion_text=text,
@@ -393,17 +329,31 @@ class Generator:
         decode_seconds=max(0.0, now - slot.first_token))
 
   def _stop_match(self, slot: _Slot, ids: list[int]) -> tuple[int, str, str] | None:
-    """(tokens up to the one that completed a stop string, the string, the text cut before
-    it) for the first stop string the completion contains, or None. Tokens after an EOS are
-    not searched (the slot ended there)."""
+    """(tokens up to the one that completed a stop string, the string, the completion's text
+    cut before it) for the first stop string the completion's text contains, or None.
+
+    The text is decoded once per call; only when it holds a stop string is the shortest
+    prefix that does found, by bisection over the tokens since the last check (a longer
+    prefix's text extends a shorter one's), so a long completion costs a few decodes per
+    call, not one per token. Tokens after an EOS are not searched (the slot ended there).
+    """
     if self.eos_id in ids:
       ids = ids[:ids.index(self.eos_id)]
-    # Only prefixes ending in a new token can hold a match that earlier checks missed.
-    for count in range(max(slot.checked, 1), len(ids) + 1):
-      text = self.resolver.text(ids[:count])
-      found = [(text.find(stop), stop) for stop in slot.job.stop if stop in text]
-      if found:
-        position, stop = min(found)
-        return count, stop, text[:position]
-    slot.checked = len(ids) + 1
-    return None
+    job = slot.job
+
+    def first_stop(count: int) -> tuple[int, str, str] | None:
+      text = self.resolver.completion_text(job.prompt_ids, ids[:count])
+      found = [(text.find(stop), stop) for stop in job.stop if stop in text]
+      return (count, min(found)[1], text[:min(found)[0]]) if found else None
+
+    if first_stop(len(ids)) is None:
+      slot.checked = len(ids)
+      return None
+    low, high = slot.checked, len(ids)  # first_stop(low) is None, first_stop(high) is not.
+    while high - low > 1:
+      middle = (low + high) // 2
+      if first_stop(middle) is None:
+        low = middle
+      else:
+        high = middle
+    return first_stop(high)

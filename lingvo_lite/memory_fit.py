@@ -31,6 +31,7 @@ import os
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from lingvo_lite import target as targets
 from lingvo_lite.errors import UsageError
@@ -224,3 +225,48 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
       f"{data.sequence_length} tokens do not fit: {program} needs at least {_gib(needed)} of "
       f"{where[0]} (per device, in one {need.step}: {breakdown}) and {where[1]}; "
       f"{'; '.join(fixes)}")
+
+
+def decode_need(setup: Setup, num_devices: int) -> dict[str, int]:
+  """The decode program's lower bound per device, by part: the parameters, the KV cache
+  (decode.slots x decode.cache_length), the slots' tokens and log-probabilities, and the
+  largest prefill's float32 attention scores and last logits."""
+  shard = _sharder(setup, num_devices)
+  model, settings = setup.model, setup.decode
+  length = settings.resolved_cache_length(model.max_length)
+  bucket = settings.resolved_buckets(model.max_length)[-1]
+  slots = settings.slots
+  return {
+      "parameters": _parameter_bytes(setup, shard),
+      "KV cache": 2 * model.num_layers * np.dtype(model.dtype).itemsize * shard(
+          (slots, model.resolved_num_kv_heads, length, model.resolved_head_dim),
+          ("batch", "heads", "length", "kv")),
+      "tokens and log-probabilities": 8 * shard((slots, length), ("batch", "length")),
+      "prefill scores and logits": 4 * (
+          shard((slots, model.num_heads, bucket, bucket), ("batch", "heads", "length", None))
+          + shard((slots, model.vocab_size), ("batch", "vocab"))),
+  }
+
+
+def check_decode_fits(setup: Setup) -> None:
+  """Raises UsageError when the decode program's state cannot fit this process's devices,
+  before any of it is allocated."""
+  devices = jax.local_devices()
+  need = decode_need(setup, targets.current().num_devices)
+  if devices[0].platform == "cpu":
+    copies, available = len(devices), host_available_bytes()
+    where = f"this host's RAM for {len(devices)} CPU device(s) ({_gib(available or 0)} available)"
+  else:
+    limits = [limit for limit in map(targets.device_limit_bytes, devices) if limit]
+    copies, available = 1, min(limits) if limits else None
+    where = f"each {devices[0].device_kind} ({_gib(available or 0)})"
+  needed = sum(need.values()) * copies
+  if available is None or needed <= available:
+    return
+  settings = setup.decode
+  breakdown = " + ".join(f"{name} {_gib(size)}" for name, size in need.items() if size)
+  raise UsageError(
+      f"decode.slots={settings.slots}, decode.cache_length="
+      f"{settings.resolved_cache_length(setup.model.max_length)}: decoding needs at least "
+      f"{_gib(needed)} of {where} (per device: {breakdown}); use fewer decode.slots or a "
+      "shorter decode.cache_length (or decode.prefill_buckets), or more devices")

@@ -168,7 +168,9 @@ def filtered_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
   greedy = params.temperature <= 0
   # Greedy rows divide by 1, not 0: an inf or nan there could leak into the row sums below.
   temperature = jnp.where(greedy, 1.0, params.temperature)
-  scaled = logits / temperature[:, None]
+  # Shifted by the row's max first (the softmax does not change): a tiny temperature then
+  # sends the others to -inf, instead of every logit to +-inf (and the draw to token 0).
+  scaled = (logits - jnp.max(logits, axis=-1, keepdims=True)) / temperature[:, None]
   filters = ~greedy & (((params.top_k > 0) & (params.top_k < vocab)) | (params.top_p < 1))
 
   def filter_rows(scaled: jax.Array) -> jax.Array:

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lingvo_lite import decoding, generation
+from lingvo_lite import decode_steps, decoding
+from lingvo_lite.train_state import strip_boxes
 from lingvo_lite.programs.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
 
@@ -71,9 +72,9 @@ def _decode_logits(mesh_shape):
                   for axis, size in zip(("data", "fsdp", "tensor"), mesh_shape))
   setup = synthetic_tiny_setup("PyCodeLlamaTiny", *sets)
   devices = jax.devices()[:1] if mesh_shape is None else jax.devices()
-  steps = generation.DecodeSteps(setup, setup.partitioner.make_mesh(devices))
+  steps = decode_steps.DecodeSteps(setup, setup.partitioner.make_mesh(devices))
   params = jax.jit(setup.model.init)(jax.random.key(2), jnp.zeros((1, 8), jnp.int32))
-  params = jax.device_put(generation.strip_boxes(params["params"]), steps.param_shardings)
+  params = jax.device_put(strip_boxes(params["params"]), steps.param_shardings)
   lengths = np.array([1, 3, 5, 7, 9, 11, 13, 15], np.int32)
   prompts = np.zeros((8, 16), np.int32)
   for slot, length in enumerate(lengths):

@@ -18,6 +18,7 @@ import pytest
 
 from lingvo_lite import decoding, generation, testing
 from lingvo_lite.decode_requests import Request
+from lingvo_lite.errors import UsageError
 from lingvo_lite.train_state import strip_boxes
 
 # Small shapes: prompts up to 20 tokens pad to bucket 16 or 32; 12 new tokens fit in 48.
@@ -193,3 +194,55 @@ def test_text_through_a_sentencepiece_vocabulary_and_stop_strings(sentencepiece)
   assert stop in sentencepiece.decode(ids[:count])
   assert stop not in sentencepiece.decode(ids[:count - 1])
   assert len(cut.logprobs) == count
+  # The slot the stop string ended is done on the device too: a later call does not run it.
+  assert np.asarray(generator.state.done).all()
+
+
+class _Bytes:
+  """A byte vocabulary as seqio's decodes: ids are bytes + 3, EOS is 1, decoding stops at the
+  first EOS and drops an incomplete UTF-8 character."""
+
+  eos_id = 1
+
+  def encode(self, text):
+    return [b + 3 for b in text.encode()]
+
+  def decode(self, ids):
+    ids = list(ids)
+    ids = ids[:ids.index(1)] if 1 in ids else ids
+    return bytes(i - 3 for i in ids if i >= 3).decode("utf-8", errors="ignore")
+
+
+def test_completion_text_keeps_what_follows_an_eos_and_characters_across_the_prompt():
+  setup = testing.synthetic_tiny_setup("PyCodeTiny", *DECODE_SETS)
+  resolver = generation.RequestResolver(setup, _Bytes())
+  vocab = _Bytes()
+  # decode.stop_at_eos=False lets a completion run past EOS: its text keeps what follows.
+  assert resolver.text(vocab.encode("ab") + [1] + vocab.encode("cd")) == "abcd"
+  # "é" is two bytes: the prompt ends with the first, the completion starts with the second.
+  e_acute = vocab.encode("é")
+  prompt = vocab.encode("x") + e_acute[:1]
+  assert resolver.completion_text(prompt, e_acute[1:] + vocab.encode("!")) == "é!"
+
+
+def test_stop_strings_without_a_text_vocabulary_are_one_line():
+  setup = testing.synthetic_tiny_setup("PyCodeTiny", *DECODE_SETS)
+  resolver = generation.RequestResolver(setup, None)
+  with pytest.raises(UsageError, match=r"r: stop=\['x'\]: stop strings are matched in the "
+                     r"text, and this experiment's data has no text vocabulary"):
+    resolver.resolve(0, Request(source="r", prompt_ids=(5, 6), stop=("x",)))
+
+
+def test_a_bfloat16_grouped_query_model_decodes_on_cpu():
+  """bfloat16 Llama (grouped-query attention): XLA:CPU has no bfloat16 dot of the cached
+  attention's shape with float32 results, so the layer reads the cache as float32 there.
+  The log-probabilities follow a full bfloat16 forward within bfloat16's precision."""
+  setup = testing.synthetic_tiny_setup("PyCodeLlamaTiny", *DECODE_SETS,
+                                       "model.dtype='bfloat16'")
+  params = jax.jit(setup.model.init)(jax.random.key(1), jnp.zeros((1, 8), jnp.int32))
+  generator = generation.Generator(setup, strip_boxes(params["params"]))
+  completion = generator.generate([Request(source="b", prompt_ids=_prompt(0, 6),
+                                           max_new_tokens=6)])[0]
+  full = _full_log_probs(generator, completion.prompt_ids + completion.completion_ids)
+  expected = [full[5 + i, t] for i, t in enumerate(completion.completion_ids)]
+  np.testing.assert_allclose(completion.logprobs, expected, atol=0.1)

@@ -14,6 +14,7 @@ import math
 import os
 import pathlib
 import shutil
+import signal
 
 import pytest
 
@@ -357,6 +358,13 @@ BAD = {
          "--prompt=a"] + SMALL, None, "--job_log_dir=runs/config_only: no checkpoint in"),
     "empty_job_dir": (["--mode=decode", "--job_log_dir=runs/empty", "--compilation_cache_dir=",
                        "--prompt=a"] + SMALL, None, "holds no config.json; pass --exp=NAME"),
+    # Refused before anything is allocated (the cache alone would be ~700 GiB).
+    "slots_past_memory": (DECODE + SMALL + ["--fdl.decode.slots=20000000", "--prompt=a"], None,
+                          "decode.slots=20000000, decode.cache_length=64: decoding needs at "
+                          "least"),
+    "negative_bucket": (DECODE + SMALL + ["--fdl.decode.prefill_buckets=(-16, 32)",
+                                          "--prompt=a"], None,
+                        "decode.prefill_buckets=(-16, 32): must be prompt lengths"),
 }
 
 
@@ -402,33 +410,35 @@ def test_the_design_contract_command_decodes_a_tiny_job():
   assert json.loads(result.stdout)["stop_reason"] in STOP_REASONS
 
 
-def test_an_interrupted_decode_keeps_what_it_finished_as_partial(workdir, monkeypatch):
-  """Ctrl-C (or SIGTERM, which the program turns into the same) after two completions: one
-  line, exit 1, and the two finished completions in order in a `.partial` file, which does
-  not look like a finished run's output."""
+def test_a_stopped_decode_keeps_what_it_finished_as_partial(workdir, monkeypatch):
+  """SIGTERM (as Ctrl-C) after two completions: the decode stops at the next device call,
+  one line, exit 1, and the two finished completions in order in a `.partial` file, which
+  does not look like a finished run's output."""
   from lingvo_lite import generation  # pylint: disable=g-import-not-at-top
   real_generate = generation.Generator.generate
 
-  def interrupted(self, requests, on_completion=None):
+  def signalled(self, requests, on_completion=None, should_stop=None):
     finished = []
 
     def count(index, completion):
       on_completion(index, completion)
       finished.append(index)
       if len(finished) == 2:
-        raise KeyboardInterrupt
-    return real_generate(self, requests, on_completion=count)
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real_generate(self, requests, on_completion=count, should_stop=should_stop)
 
-  monkeypatch.setattr(generation.Generator, "generate", interrupted)
+  monkeypatch.setattr(generation.Generator, "generate", signalled)
   monkeypatch.chdir(workdir)
   before = set(glob.glob(f"{JOB}/decode/*"))
   result = run_cli(DECODE + SMALL + [f"--prompt=p{i}" for i in range(5)]
                    + ["--fdl.decode.slots=1"])
   assert result.code == 1, result.stderr
   lines = result.stderr.strip().splitlines()
-  assert len(lines) == 1 and "decode interrupted after 2 of 5 completions" in lines[0], lines
+  assert len(lines) == 1 and "decode stopped by SIGTERM after 2 of 5 completions" in lines[0], \
+      lines
   new = sorted(set(glob.glob(f"{JOB}/decode/*")) - before)
   assert len(new) == 1 and new[0].endswith(".jsonl.partial"), new
   assert new[0] in lines[0]  # Named as the user wrote the job dir.
   records = [json.loads(line) for line in open(new[0])]
   assert [r["source"] for r in records] == ["--prompt #1", "--prompt #2"]
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # The handler is put back.

@@ -307,3 +307,11 @@ def test_a_large_vocabulary_filters_from_its_candidates_as_from_the_full_sort():
       assert margin > 1e-5
       kept = np.isfinite(row) if temperature else row == np.max(row)
       np.testing.assert_array_equal(kept, expected > 0)
+
+
+def test_a_tiny_temperature_samples_the_argmax():
+  """2e-38 is a valid temperature: the logits are shifted by their max before dividing, so
+  the others go to -inf rather than every logit to +-inf (which drew token 0)."""
+  logits = jnp.asarray([[25.0, 30.0, -10.0, 5.0]], jnp.float32)  # / 2e-38: past float32.
+  params = sampling.sampling_params(1, temperature=2e-38)  # Normal: 1e-38 would flush to 0.
+  assert int(SAMPLE(logits, params, jax.random.split(jax.random.key(0), 1))[0]) == 1

@@ -53,13 +53,6 @@ def _per_layout(model: TransformerLM, make_stacked, make_layer) -> KVCache:
                  tuple(make_layer() for _ in range(model.num_layers)))
 
 
-def abstract(model: TransformerLM, slots: int, cache_length: int) -> KVCache:
-  """The cache as shapes (for AOT compiles and shardings)."""
-  dtype, shape = jnp.dtype(model.dtype), layer_shape(model, slots, cache_length)
-  return _per_layout(model, lambda: jax.ShapeDtypeStruct((model.num_layers, *shape), dtype),
-                     lambda: jax.ShapeDtypeStruct(shape, dtype))
-
-
 def empty(model: TransformerLM, slots: int, cache_length: int) -> KVCache:
   dtype, shape = jnp.dtype(model.dtype), layer_shape(model, slots, cache_length)
   return _per_layout(model, lambda: jnp.zeros((model.num_layers, *shape), dtype),

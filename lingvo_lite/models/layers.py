@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.models.weight_matmul import dense_dot_general, weight_matmul
+from lingvo_lite.target import current_platform
 
 DType = Literal["float32", "bfloat16", "float16"]
 NormKind = Literal["layernorm", "rmsnorm"]
@@ -226,8 +227,11 @@ class Attention(nn.Module):
     cache_index = jnp.arange(layer_keys.shape[2], dtype=jnp.int32)
     mask = (cache_index[None, None, :] <= positions[:, :, None])[:, None, None]
     weights, denominator = _unnormalized_softmax(logits, mask)
-    out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(self.dtype),
-                     layer_values.astype(self.dtype), preferred_element_type=jnp.float32)
+    # XLA:CPU has no bfloat16 x bfloat16 -> float32 dot of this shape for a few query
+    # positions: there, float32 operands (the cache of one layer, converted as it is read).
+    operands = jnp.float32 if current_platform() == "cpu" else self.dtype
+    out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(operands),
+                     layer_values.astype(operands), preferred_element_type=jnp.float32)
     out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
     return out.reshape(batch, length, self.num_heads, self.head_dim), context._replace(
         keys=keys, values=values)

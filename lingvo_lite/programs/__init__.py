@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 from etils import epath
 
+from lingvo_lite.errors import UsageError
+
 
 class ProgramFailure(RuntimeError):
   """A program started and cannot go on (exit code 1): a non-finite loss, a failed save."""
@@ -77,6 +79,17 @@ def summarize_changes(changes: list[str]) -> str:
   """The first three of `Invocation.config_changes()`, for a one-line message."""
   return "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3
                                    else "")
+
+
+def refuse_model_changes(invocation: Invocation, verb: str) -> None:
+  """A model config other than the job's would read its checkpoints as another model's, even
+  where the shapes agree (another norm, activation or rotary setting): one line instead."""
+  changes = [c for c in invocation.config_changes() if c.startswith("model.")]
+  if changes:
+    raise UsageError(f"--job_log_dir={invocation.shown_job_dir}: the model config differs "
+                     f"from the one its checkpoints were trained with "
+                     f"({summarize_changes(changes)}); {verb} with the job's own config "
+                     "(drop the --exp and model overrides)")
 
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (

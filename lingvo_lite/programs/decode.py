@@ -14,23 +14,21 @@ never into the training files; printed as text as well when stdout is a terminal
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import sys
-import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from absl import logging
 from etils import epath
 
-from lingvo_lite import decode_records, decode_requests, generation
+from lingvo_lite import decode_records, decode_requests, decode_steps, generation, memory_fit
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.errors import UsageError
-from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
+from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
 from lingvo_lite.programs.eval import chosen_step
 from lingvo_lite.programs.jitted import JittedSteps
+from lingvo_lite.programs.stop_request import StopRequest
 
 
 class _InOrder:
@@ -49,30 +47,17 @@ class _InOrder:
       self._next += 1
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-  """SIGTERM stops a decode as Ctrl-C does (one line, what was finished kept), not silently."""
-  def interrupt(signum, frame):
-    del signum, frame
-    raise KeyboardInterrupt
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  previous = signal.signal(signal.SIGTERM, interrupt)
-  try:
-    yield
-  finally:
-    signal.signal(signal.SIGTERM, previous)
-
-
 def main(invocation: Invocation) -> None:
+  """SIGTERM or Ctrl-C, from here on, stops the decode between device calls: one line, the
+  completions finished so far kept in a `.partial` file, exit code 1 (the answers are not
+  all there)."""
+  with StopRequest() as stop:
+    _decode(invocation, stop)
+
+
+def _decode(invocation: Invocation, stop: StopRequest) -> None:
   options, setup = invocation.options, invocation.setup
-  changes = [c for c in invocation.config_changes() if c.startswith("model.")]
-  if changes:
-    raise UsageError(f"--job_log_dir={invocation.shown_job_dir}: the model config differs "
-                     f"from the one its checkpoints were trained with "
-                     f"({summarize_changes(changes)}); decode with the job's own config "
-                     "(drop the --exp and model overrides)")
+  refuse_model_changes(invocation, "decode")
   step = options.get("checkpoint_step")
   if step is not None and step < 0:
     raise UsageError(f"--checkpoint_step={step}: must be a step number >= 0")
@@ -89,15 +74,18 @@ def main(invocation: Invocation) -> None:
   step = chosen_step(checkpointer, checkpoint_dir, step, shown)
   vocabulary = text_vocabulary(setup.train_data)
   jitted = JittedSteps(setup)
-  # A generator without parameters first: it checks the decode shapes against the mesh and
-  # resolves every request, so a bad one is one line before the checkpoint is read.
-  steps = generation.DecodeSteps(setup, jitted.mesh,
-                                 generation.end_token(setup, vocabulary))
+  # The decode shapes against the mesh and the memory, and every request, before the
+  # checkpoint is read: a bad one is one line, and nothing is allocated.
+  steps = decode_steps.DecodeSteps(setup, jitted.mesh,
+                                   decode_steps.end_token(setup, vocabulary))
+  memory_fit.check_decode_fits(setup)
   checker = generation.RequestResolver(setup, vocabulary)
   for index, request in enumerate(requests):
     checker.resolve(index, request)
   with decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
                                        invocation.shown_job_dir) as writer:
+    shown_path = "stdout" if to_stdout else (
+        options.get("decode_out") or shown / "decode" / writer.path.name)
     with jitted.activated():
       params = jitted.restore_params(checkpointer, step)
     generator = generation.Generator(setup, params, mesh=jitted.mesh, vocabulary=vocabulary,
@@ -106,21 +94,27 @@ def main(invocation: Invocation) -> None:
     in_order = _InOrder(writer)
     started = time.perf_counter()
     try:
-      with _sigterm_interrupts():
-        completions = generator.generate(requests, on_completion=in_order.add)
-    except KeyboardInterrupt:
+      completions = generator.generate(requests, on_completion=in_order.add,
+                                       should_stop=lambda: stop.should_stop(0))
+    except OSError as e:  # The output's disk is full, or its folder went away.
       writer.close(succeeded=False)
-      shown_path = options.get("decode_out") or (
-          None if writer.path is None else shown / "decode" / writer.path.name)
-      where = "on stdout" if to_stdout else f"in {shown_path}.partial"
-      kept = f"; the {writer.count} written are {where}" if writer.count else ""
-      raise ProgramFailure(f"decode interrupted after {len(in_order.done)} of {len(requests)} "
-                           f"completions{kept}") from None
+      raise ProgramFailure(f"cannot write the completions to {shown_path}: "
+                           f"{type(e).__name__}: {e.strerror or e}; free space or fix the "
+                           "folder, then decode again") from None
     seconds = time.perf_counter() - started
+    if stop.signal_name is not None:
+      writer.close(succeeded=False)
+      kept = (f"; the {writer.count} written are "
+              + ("on stdout" if to_stdout else f"in {shown_path}.partial")) if writer.count else ""
+      raise ProgramFailure(f"decode stopped by {stop.signal_name} after {len(in_order.done)} "
+                           f"of {len(requests)} completions{kept}")
+    try:
+      writer.close()
+    except OSError as e:  # The final name was taken meanwhile, or the rename failed.
+      raise ProgramFailure(f"cannot name the completions {shown_path}: {type(e).__name__}: "
+                           f"{e.strerror or e}; they are in {shown_path}.partial") from None
   tokens = sum(len(c.completion_ids) for c in completions)
-  where = "stdout" if to_stdout else (
-      options.get("decode_out") or shown / "decode" / writer.path.name)
   say(f"decoded {len(completions)} prompt(s) with checkpoint step {step}: {tokens} tokens in "
-      f"{seconds:.2f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s, compiles included); "
-      f"written to {where}")
+      f"{seconds:.2f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s); written to "
+      f"{shown_path}")
   logging.info("decode: prefill buckets used %s", sorted(generator.compiled_prefill_buckets))

@@ -1,13 +1,13 @@
 """Ahead-of-time compilation of the decode functions for a target, and their report.
 
 `--mode=compile --compile_program=decode` compiles what the generator runs (the jitted
-functions of generation.DecodeSteps, with its shardings), lowered from shapes: the generate
+functions of decode_steps.DecodeSteps, with its shardings), lowered from shapes: the generate
 loop, and the prefill at the largest prompt bucket (the one that holds the most memory:
 its activations grow with the bucket, the state does not change). Each function's need per
 device is counted by the rule of the train step's verdict (compile_report.deciding); the
 larger of the two is the peak, and it is compared with the target's memory per device.
 The state both functions hold is the decode state (decoding.DecodeState), mostly the KV
-cache [layers, slots, kv_heads, cache_length, head_dim], sharded with the slots over the
+cache ([slots, kv_heads, cache_length, head_dim] per layer), sharded with the slots over the
 data-parallel axes and the heads over `tensor`: its bytes per device are counted from that
 sharding, beside the parameters'.
 
@@ -47,7 +47,7 @@ import numpy as np
 
 from lingvo_lite import target as targets
 from lingvo_lite.experiment import Setup
-from lingvo_lite.generation import DecodeSteps
+from lingvo_lite.decode_steps import DecodeSteps
 from lingvo_lite.models import kv_cache
 from lingvo_lite.programs import aot, compile_report, max_batch
 from lingvo_lite.programs.compile_report import DOES_NOT_FIT, FITS, UNKNOWN, gib
@@ -215,11 +215,12 @@ def to_text(report: dict[str, Any]) -> str:
            f"prefill buckets {', '.join(map(str, d['prefill_buckets']))}"]
   lines += compile_report.verdict_lines(report)
   shape = ", ".join(map(str, cache["shape"]))
+  axes = ("[layers, slots, kv_heads, cache_length, head_dim]" if len(cache["shape"]) == 5
+          else "[slots, kv_heads, cache_length, head_dim] per layer")
   lines.append(f"  KV cache per device: {gib(cache['bytes_per_device'])} of "
                f"{gib(cache['bytes_total'])} (keys and values {cache['dtype']}[{shape}] "
-               "[layers, slots, kv_heads, cache_length, head_dim], per device "
-               f"[{', '.join(map(str, cache['shard_shape']))}]); parameters per device "
-               f"{gib(a['by_part']['parameters'])}")
+               f"{axes}, per device [{', '.join(map(str, cache['shard_shape']))}]); "
+               f"parameters per device {gib(a['by_part']['parameters'])}")
   for name, f in report["functions"].items():
     where = f" (bucket {d['prefill_bucket']})" if name == "prefill" else ""
     analysis = (compile_report.memory_text(f) if "arguments" in f

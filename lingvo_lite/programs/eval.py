@@ -34,7 +34,7 @@ from lingvo_lite import config_files, evaluation, job_lock, memory_fit, paths, s
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.programs import Invocation, summarize_changes
+from lingvo_lite.programs import Invocation, refuse_model_changes
 from lingvo_lite.programs.jitted import JittedSteps
 
 RECORD = "evaluated.json"
@@ -45,12 +45,7 @@ def main(invocation: Invocation) -> None:
   """Refuses a model config other than the job's: its checkpoints would score another model,
   even where the shapes agree (another norm, activation or rotary setting)."""
   options = invocation.options
-  changes = [c for c in invocation.config_changes() if c.startswith("model.")]
-  if changes:
-    raise UsageError(f"--job_log_dir={invocation.shown_job_dir}: the model config differs "
-                     f"from the one its checkpoints were trained with "
-                     f"({summarize_changes(changes)}); evaluate "
-                     "with the job's own config (drop the --exp and model overrides)")
+  refuse_model_changes(invocation, "evaluate")
   _check_options(options)
   setup = selected_sets(invocation.setup, options.get("eval_sets"))
   setup.check_data(train=False)  # Every eval set reads; each has the model's vocabulary.
