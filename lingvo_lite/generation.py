@@ -202,8 +202,8 @@ class Generator:
     self.params = jax.device_put(strip_boxes(params), self.steps.param_shardings)
     self.state = self.steps.empty_state()
     self.compiled_prefill_buckets: set[int] = set()
-    self._warm_buckets: set[int] = set()
-    self._generate_warm = False
+    self._prefill: dict[int, Any] = {}  # Bucket -> compiled prefill.
+    self._generate: Any = None  # The compiled generate loop.
 
   def activated(self):
     return self.steps.activated()
@@ -211,15 +211,14 @@ class Generator:
   # --------------------------------------------------------------------------- decoding
 
   def warm(self, prompt_lengths: Sequence[int]) -> None:
-    """Compiles the generate loop and the prefill of every bucket these prompt lengths use,
-    so no request's timing counts a compile (a compiled function is reused by its calls)."""
+    """Compiles the generate loop and the prefill of every bucket these prompt lengths use
+    (ahead of time, from shapes), so no request's timing counts a compile; the generator
+    then calls these executables."""
     buckets = {self.settings.bucket_for(n, self.model.max_length) for n in prompt_lengths}
-    for bucket in sorted(buckets - self._warm_buckets):
-      self.steps.lower_prefill(bucket).compile()
-      self._warm_buckets.add(bucket)
-    if not self._generate_warm:
-      self.steps.lower_generate().compile()
-      self._generate_warm = True
+    for bucket in sorted(buckets - set(self._prefill)):
+      self._prefill[bucket] = self.steps.lower_prefill(bucket).compile()
+    if self._generate is None:
+      self._generate = self.steps.lower_generate().compile()
 
   def generate(self, requests: Sequence[Request],
                on_completion: Callable[[int, Completion], None] | None = None,
@@ -248,7 +247,7 @@ class Generator:
           chosen = [(slot, pending.popleft()) for slot in free[:len(pending)]]
           self._prefill_slots(chosen, slots)
           ended[[slot for slot, _ in chosen]] = False
-        self.state = self.steps.generate(self.params, self.state, limit, ended)
+        self.state = self._generate(self.params, self.state, limit, ended)
         ended[:] = False
         tokens, logprobs, lengths, done = jax.device_get(
             (self.state.tokens, self.state.logprobs, self.state.lengths, self.state.done))
@@ -268,7 +267,7 @@ class Generator:
       # next call: a zero-step call marks them done on the device.
       ended |= np.array([slot is not None for slot in slots])
       if ended.any():
-        self.state = self.steps.generate(self.params, self.state, np.int32(0), ended)
+        self.state = self._generate(self.params, self.state, np.int32(0), ended)
     return results
 
   def _prefill_slots(self, chosen: list[tuple[int, _Resolved]],
@@ -292,7 +291,7 @@ class Generator:
       temperature[slot], top_k[slot], top_p[slot] = job.temperature, job.top_k, job.top_p
       seeds[slot] = decoding.key_data(job.seed)
     started = time.perf_counter()
-    self.state = self.steps.prefill(
+    self.state = self._prefill[bucket](
         self.params, self.state, prompts, prompt_lengths, insert, end,
         sampling.SamplingParams(temperature, top_k, top_p), seeds)
     jax.block_until_ready(self.state.lengths)

@@ -80,8 +80,8 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
                                    decode_steps.end_token(setup, vocabulary))
   memory_fit.check_decode_fits(setup)
   checker = generation.RequestResolver(setup, vocabulary)
-  for index, request in enumerate(requests):
-    checker.resolve(index, request)
+  prompt_lengths = [len(checker.resolve(index, request).prompt_ids)
+                    for index, request in enumerate(requests)]
   with decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
                                        invocation.shown_job_dir) as writer:
     shown_path = "stdout" if to_stdout else (
@@ -92,6 +92,8 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
                                      checkpoint_step=step, steps=steps)
     del params
     in_order = _InOrder(writer)
+    with jitted.activated():
+      generator.warm(prompt_lengths)  # Compiles now: the time below is decoding's.
     started = time.perf_counter()
     try:
       completions = generator.generate(requests, on_completion=in_order.add,
