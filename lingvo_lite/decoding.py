@@ -84,7 +84,7 @@ def empty_state(model: nn.Module, slots: int, cache_length: int) -> DecodeState:
       logprobs=jnp.zeros((slots, cache_length), jnp.float32),
       lengths=jnp.zeros((slots,), jnp.int32), end=jnp.zeros((slots,), jnp.int32),
       done=jnp.ones((slots,), jnp.bool_),
-      sampling=sampling.SamplingParams(*(jnp.asarray(x) for x in sampling.sampling_params(slots))),
+      sampling=sampling.sampling_params(slots),
       seeds=jnp.zeros((slots, 2), jnp.uint32))
 
 

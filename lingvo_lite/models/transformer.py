@@ -333,9 +333,10 @@ class TransformerLM(nn.Module):
 
     Args:
       cache: A decode cache (keys, values) of every layer (models/kv_cache.py): tuples of
-        [batch, kv_heads, cache_length, head_dim] arrays, or stacked arrays with scanned layers. The tokens' keys and values are
-        written at their `positions` (required), and each token attends to the row's
-        entries up to its own position; returns `(logits, cache)`.
+        [batch, kv_heads, cache_length, head_dim] arrays, or stacked arrays with scanned
+        layers. The tokens' keys and values are written at their `positions` (required),
+        and each token attends to the row's entries up to its own position; returns
+        `(logits, cache)`.
       output_index: int32 [batch]: only the logits at this index of each row, [batch, 1,
         vocab] (a prefill needs the last prompt token's alone, not the whole vocabulary
         projection of every position).
