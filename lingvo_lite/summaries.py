@@ -1,8 +1,11 @@
-"""Where metrics go: JSON lines, TensorBoard (through clu), and a progress line on stdout.
+"""Where metrics go: JSON lines, TensorBoard scalars, and a progress line on stdout.
 
-Only process 0 writes. TensorBoard summaries need clu's TensorFlow writer; where TensorFlow
-is missing (the synthetic-data path on an accelerator host) they are skipped with a note and
-the JSON lines remain.
+Only process 0 writes. TensorBoard gets each metric as a plain scalar (`simple_value`), the
+kind its standard readers list (`EventAccumulator.Scalars`); TensorFlow's summary ops, which
+clu's writer uses, store scalars as tensors that those readers do not see. The events are
+written with TensorBoard's own event-file writer; where TensorBoard is not installed (the
+synthetic-data path on an accelerator host) they are skipped with a note and the JSON lines
+remain.
 """
 
 from __future__ import annotations
@@ -16,7 +19,29 @@ from typing import Callable, Mapping
 
 from etils import epath
 
-from lingvo_lite.data.tensorflow_import import import_tensorflow
+
+
+class ScalarEvents:
+  """A TensorBoard event file of scalars, one event per step (TensorBoard's own writer)."""
+
+  def __init__(self, logdir: str):
+    # pylint: disable=g-import-not-at-top
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer import event_file_writer
+    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
+    self._writer = event_file_writer.EventFileWriter(logdir)
+
+  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+    values = [self._summary_pb2.Summary.Value(tag=tag, simple_value=value)
+              for tag, value in scalars.items()]
+    self._writer.add_event(self._event_pb2.Event(
+        wall_time=time.time(), step=int(step), summary=self._summary_pb2.Summary(value=values)))
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
 
 
 def log(message: str, enabled: bool = True) -> None:
@@ -168,9 +193,7 @@ class MetricsWriter:
     if not self._tensorboard_opened and self._tensorboard_dir is not None:
       self._tensorboard_opened = True
       try:
-        import_tensorflow()
-        from clu import metric_writers  # pylint: disable=g-import-not-at-top
-        self._tensorboard = metric_writers.SummaryWriter(str(self._tensorboard_dir))
+        self._tensorboard = ScalarEvents(str(self._tensorboard_dir))
       except ImportError as e:
         log(f"TensorBoard summaries disabled ({e}); metrics still go to {self._jsonl_path}")
     return self._tensorboard

@@ -28,14 +28,13 @@ def _killed_run(job, steps, tensorboard=True):
 
 
 def _scalars(folder):
-  """(step, value) of the `loss` series, as TensorBoard's Python loader reads the folder."""
+  """(step, value) of the `loss` series, as TensorBoard's standard scalar reader reads the
+  folder (scalars stored as tensors, as TensorFlow's summary ops write them, are not seen)."""
   # pylint: disable=g-import-not-at-top
-  import tensorflow as tf
-  from tensorboard.backend.event_processing import plugin_event_accumulator as loader
-  accumulator = loader.EventAccumulator(str(folder), {"tensors": 0})
+  from tensorboard.backend.event_processing import event_accumulator
+  accumulator = event_accumulator.EventAccumulator(str(folder), {"scalars": 0})
   accumulator.Reload()
-  return [(e.step, float(tf.make_ndarray(e.tensor_proto)))
-          for e in accumulator.Tensors("loss")]
+  return [(e.step, e.value) for e in accumulator.Scalars("loss")]
 
 
 def test_the_tensorboard_writer_opens_at_the_first_write(tmp_path):
@@ -149,3 +148,21 @@ def test_values_past_float32_reach_tensorboard_as_inf_and_the_rows_as_they_are(t
   writer.close()
   assert _rows(job / "metrics.jsonl") == [{"step": 3, "loss": 1e304}]
   assert _scalars(job / "summaries" / "train") == [(3, float("inf"))]
+
+
+def test_train_and_every_eval_set_are_scalars_tensorboard_lists(tmp_path):
+  """TensorBoard's standard scalar reader (`EventAccumulator.Scalars`, what its scalar
+  dashboard reads) lists every metric of the train writer and of each eval set's."""
+  from lingvo_lite import evaluation  # pylint: disable=g-import-not-at-top
+  job = epath.Path(tmp_path)
+  train = _writer(job)
+  train.write(10, {"loss": 2.5, "learning_rate": 1e-3})
+  train.close()
+  sets = evaluation.SetWriters(job, ["validation", "held_out"], enabled=True,
+                               resumed_from=None)
+  sets.write(10, {"validation": {"loss": 3.0, "bits_per_byte": 1.5},
+                  "held_out": {"loss": 4.0, "bits_per_byte": 2.0}})
+  sets.close()
+  assert _scalars(job / "summaries" / "train") == [(10, 2.5)]
+  for name, loss in (("validation", 3.0), ("held_out", 4.0)):
+    assert _scalars(job / "summaries" / f"eval_{name}") == [(10, loss)]
