@@ -362,7 +362,7 @@ def _run_mode() -> int | None:
   with targets.active(target):  # Batch sizes per device and validation count its devices.
     setup = build(cfg)
     if program.name in ("train", "eval"):
-      # Only the built config says whether the run writes JOB/profile, and the names of the
+      # Only the built config says whether the run writes a profiler trace, and the names of the
       # eval sets' files; still nothing is written.
       job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value,
                      profile=setup.train.profile_start_step >= 0,

@@ -38,7 +38,8 @@ class TrainLoop:
     grad_accum_steps: Micro-batches per step (each global_batch / k rows).
     z_loss: Weight of the auxiliary loss z_loss * log(Z)^2 (GPT-J used 1e-4).
     profile_start_step: First step of a profiler trace window; -1 disables tracing.
-    profile_steps: Steps in the trace window (written to JOB/profile/).
+    profile_steps: Steps in the trace window (written under JOB/summaries/train/, where
+      TensorBoard's Profile tab finds it).
     log_grad_norm: Compute and log the global gradient norm (one more pass over the
       gradients each step).
     peak_tflops_per_device: Peak for the MFU figure; None looks the device up in a

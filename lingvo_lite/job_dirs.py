@@ -49,7 +49,9 @@ _WRITTEN = {
     "compile": (("compile", FOLDER), ("compile/report.txt", FILE),
                 ("compile/report.json", FILE)),
 }
-_PROFILE = ("profile", FOLDER)  # Written by train when train.profile_start_step >= 0.
+# Written by train when train.profile_start_step >= 0: jax's trace, under the run's
+# TensorBoard folder (programs/train.py).
+_PROFILE = (("summaries/train/plugins", FOLDER), ("summaries/train/plugins/profile", FOLDER))
 # Bytes below the job dir of the deepest file a writing mode creates: orbax's temporary step
 # folder and data files (`checkpoints/12.orbax-checkpoint-tmp-1700000000123/default/
 # ocdbt.process_0/d/<32 hex>`, about 110) or a TensorBoard event file, whose name holds the
@@ -66,15 +68,15 @@ def check(job_dir: epath.Path, mode: str, as_written: str, profile: bool = False
     job_dir: The resolved path.
     mode: The program about to run.
     as_written: The flag's value as the user gave it, for the message.
-    profile: The run writes a profiler trace to `JOB/profile` (train only); known once the
-      config is built, so the executor checks again then.
+    profile: The run writes a profiler trace under `JOB/summaries/train` (train only); known
+      once the config is built, so the executor checks again then.
     eval_sets: The names of the eval sets, whose files train and eval write (known once the
       config is built, as `profile`).
   """
   flag = f"--job_log_dir={as_written}"
   written = list(_WRITTEN.get(mode, ()))
   if profile and mode in WRITING_MODES:
-    written.append(_PROFILE)
+    written.extend(_PROFILE)
   root = {"train": "", "eval": "eval/"}.get(mode)
   for name in eval_sets if root is not None else ():
     written += [(f"{root}summaries/eval_{name}", FOLDER), (f"{root}eval_{name}.jsonl", FILE)]

@@ -569,7 +569,8 @@ JOBDIR_CASES = [
                                 _make_file("eval/summaries")(job)))),
     Case("profile is a file", ["--job_log_dir=job", "--fdl.train.steps=4",
                                "--fdl.train.profile_start_step=2", "--fdl.train.profile_steps=1"],
-         "profile is a file, not a folder", _copy_job(_make_file("profile"))),
+         "summaries/train/plugins is a file, not a folder",
+         _copy_job(_make_file("summaries/train/plugins"))),
     # URLs: file:// is a local path; an unreachable store is one line.
     Case("file URL of a missing job", ["--mode=eval", "--job_log_dir=file://{tmp}/nope"],
          "/nope: no such folder; give the --job_log_dir of a training run"),

@@ -93,7 +93,8 @@ def test_a_new_job_dir_is_checked_where_it_would_be_created(tmp_path):
     ("train", "summaries/train", False, "summaries/train is a file, not a folder"),
     ("train", "summaries/eval_held_out", False, "summaries/eval_held_out is a file, not a "
      "folder"),
-    ("train", "profile", True, "profile is a file, not a folder"),
+    ("train", "summaries/train/plugins", True, "summaries/train/plugins is a file, not a "
+     "folder"),
     ("eval", "eval", False, "eval is a file, not a folder"),
     ("eval", "eval/summaries", False, "eval/summaries is a file, not a folder"),
     ("eval", "eval/summaries/eval_held_out", False, "eval/summaries/eval_held_out is a file, "
@@ -112,7 +113,8 @@ def test_every_folder_a_mode_creates_must_not_be_a_file(job, mode, relative, pro
 
 
 def test_profile_is_checked_only_when_the_run_profiles(job):
-  (job / "profile").write_text("x")
+  (job / "summaries" / "train").mkdir(parents=True, exist_ok=True)
+  (job / "summaries" / "train" / "plugins").write_text("x")
   job_dirs.check(epath.Path(job), "train", str(job))
 
 

@@ -61,8 +61,15 @@ def test_a_non_finite_loss_stops_with_exit_code_1_and_saves_nothing(tmp_path):
 def test_profiler_trace_of_a_step_window(tmp_path):
   _train(tmp_path, "--fdl.train.steps=4", "--fdl.train.profile_start_step=1",
          "--fdl.train.profile_steps=2")
-  traces = [name for _, _, files in os.walk(tmp_path / "profile") for name in files]
-  assert any(name.endswith(".xplane.pb") for name in traces), traces
+  # Under the train run's TensorBoard folder, where `tensorboard --logdir=JOB/summaries` (the
+  # command the run prints) shows it in the Profile tab.
+  folder = tmp_path / "summaries" / "train" / "plugins" / "profile"
+  traces = [os.path.join(root, name) for root, _, files in os.walk(folder) for name in files
+            if name.endswith(".xplane.pb")]
+  assert traces, list(os.walk(folder))
+  # Each traced step is a StepTraceAnnotation ("train", step_num): the profile splits by step.
+  data = b"".join(open(path, "rb").read() for path in traces)
+  assert b"step_num" in data and b"train" in data
 
 
 def test_rerun_hits_the_persistent_compilation_cache(tmp_path):

@@ -8,6 +8,7 @@ cleanly (exit code 0); rerunning the same command continues.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Callable
@@ -23,6 +24,10 @@ from lingvo_lite.experiment import Setup
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
 from lingvo_lite.programs.jitted import JittedSteps
 from lingvo_lite.programs.stop_request import StopRequest
+
+# Where a profiler trace goes: the train run's TensorBoard folder, so the printed
+# `tensorboard --logdir=JOB/summaries` shows it (jax writes it under plugins/profile/).
+PROFILE_DIR = "summaries/train"
 
 
 class TrainingFailure(ProgramFailure):
@@ -250,9 +255,12 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
   try:
     for step_index, local_batch in () if stopped_before_first_step else prefetcher:
       if step_index == loop.profile_start_step:
-        jax.profiler.start_trace(str(job_dir / "profile"))
+        jax.profiler.start_trace(str(job_dir / PROFILE_DIR))
         profiling = True
-      state, metrics = jitted.train_step(state, jitted.global_batch(local_batch))
+      # Each traced step is marked, so the profile splits into steps.
+      with (jax.profiler.StepTraceAnnotation("train", step_num=step_index) if profiling
+            else contextlib.nullcontext()):
+        state, metrics = jitted.train_step(state, jitted.global_batch(local_batch))
       step = step_index + 1
       if checkpointer.poll():  # A save this run started is verified (or raises).
         outputs.commit()
@@ -261,7 +269,8 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
         jax.profiler.stop_trace()
         profiling = False
         say(f"profiler trace of steps {loop.profile_start_step}..{step - 1} written to "
-            f"{job_dir / 'profile'}")
+            f"{job_dir / PROFILE_DIR}/plugins/profile (TensorBoard's Profile tab, with "
+            "the optional tensorboard-plugin-profile)")
 
       if step % loop.log_every_steps == 0 or step == loop.steps:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
