@@ -4,6 +4,8 @@
 #
 #  1. Bazel: Debian's offline bazel-bootstrap 4.2.3 (+ -source, whose mock repositories
 #     .bazelrc points at), installed with apt-get if `bazel` is not on PATH.
+#  1b. Debian's graphviz (`dot`, for the report's config graph) and chromium (the report's
+#     browser test), installed with apt-get when missing.
 #  2. A virtualenv with requirements.lock, shared by every checkout on this machine:
 #     ${LINGVO_LITE_VENV_ROOT:-~/.cache/lingvo_lite}/venv-<first 16 hex of sha256 over
 #     requirements.lock and python3's sys.version>. It is built in a temporary folder and moved
@@ -44,6 +46,12 @@ elif [ ! -d /usr/src/bazel-bootstrap/mock_repos ]; then
   apt_install bazel-bootstrap-source
 fi
 
+# --- 1b. graphviz and chromium -------------------------------------------------------------
+missing=()
+command -v dot >/dev/null 2>&1 || missing+=(graphviz)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+
 # --- 2. The shared venv ---------------------------------------------------------------------
 command -v python3 >/dev/null 2>&1 || die "python3 not found"
 python3 -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] < (3, 13))' \
@@ -71,7 +79,7 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$tmp"
     "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.lock >&2 \
       || die "pip install -r requirements.lock failed; nothing was kept"
-    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu, apache_beam, sentencepiece, tensorstore, pyarrow' \
+    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu, apache_beam, sentencepiece, tensorstore, pyarrow, matplotlib, graphviz' \
       || die "the new venv cannot import the project's dependencies; nothing was kept"
     # Scripts (pytest, pip, activate) name the venv's absolute path: point them at the final one.
     { grep -lIF "$tmp" "$tmp"/bin/* "$tmp/pyvenv.cfg" 2>/dev/null || true; } | while read -r f; do

@@ -292,6 +292,11 @@ class Checkpointer:
       self._pending.append(step)
     return saved
 
+  def save_finished(self) -> bool:
+    """Whether a save this checkpointer started is written and awaits verification: what
+    `poll` would do work for (checksums, on this thread)."""
+    return bool(self._pending) and not self._manager.is_saving_in_progress()
+
   def poll(self) -> list[int]:
     """At a step boundary: verifies the pending save if orbax has finished it.
 
@@ -301,7 +306,7 @@ class Checkpointer:
     Raises:
       CheckpointWriteError: the background save failed.
     """
-    if not self._pending or self._manager.is_saving_in_progress():
+    if not self.save_finished():
       return []
     return self.wait()
 

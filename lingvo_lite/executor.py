@@ -26,8 +26,8 @@ import jax
 from etils import epath
 
 from lingvo_lite import (building, command_line, config_files, config_help,
-                         distributed, job_dirs, overrides, paths, programs, registry, supervisor,
-                         target as targets, topologies)
+                         distributed, job_dirs, overrides, paths, programs, registry, run_info,
+                         supervisor, target as targets, topologies)
 from lingvo_lite.errors import DataError, UsageError
 from lingvo_lite.experiment import Setup, with_default_parts
 
@@ -143,6 +143,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
   """absl flags_parser: expands flag files, answers --help, parses; one-line errors."""
+  run_info.set_command_line(list(argv))
   try:
     args = command_line.expand(argv, flags.FLAGS)
     wanted_help = command_line.help_requested(args)

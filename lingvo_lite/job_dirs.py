@@ -42,7 +42,7 @@ _READ = (("config.json", FILE), ("checkpoints", FOLDER))
 _WRITTEN = {
     "train": (("checkpoints", FOLDER), ("summaries", FOLDER), ("summaries/train", FOLDER),
               ("config.json", FILE), ("config.txt", FILE), ("metrics.jsonl", FILE),
-              (job_lock.LOCK_NAME, FILE)),
+              ("run_info.jsonl", FILE), (job_lock.LOCK_NAME, FILE)),
     "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/evaluated.json", FILE),
              (f"eval/{job_lock.LOCK_NAME}", FILE)),
     "decode": (("decode", FOLDER),),

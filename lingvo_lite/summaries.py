@@ -10,12 +10,13 @@ remain.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import struct
 import time
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 from etils import epath
 
@@ -30,6 +31,15 @@ class ScalarEvents:
     from tensorboard.summary.writer import event_file_writer
     self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
     self._writer = event_file_writer.EventFileWriter(logdir)
+
+  @staticmethod
+  def prepare() -> None:
+    """Loads what the first event file needs, without making one: TensorBoard's file layer is
+    TensorFlow's where TensorFlow is installed, whose import takes seconds. Done before a run
+    times its steps, so the first metric row does not slow the steps after it. Raises
+    ImportError where TensorBoard is not installed."""
+    from tensorboard.compat import tf  # pylint: disable=g-import-not-at-top
+    tf.io.gfile.exists  # pylint: disable=pointless-statement  (the lazy import happens here)
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     values = [self._summary_pb2.Summary.Value(tag=tag, simple_value=value)
@@ -115,6 +125,11 @@ class MetricsWriter:
         self._earlier_events = sorted(p for p in tensorboard_dir.iterdir() if _is_events(p))
     # Deepest first, so a folder is tried after the ones inside it.
     self._created_folders = sorted(set(folders), key=lambda p: len(p.parts), reverse=True)
+    if tensorboard_dir is not None:
+      try:
+        ScalarEvents.prepare()
+      except ImportError:
+        pass  # The first write says so.
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
     if not self._enabled:
@@ -311,7 +326,11 @@ def _drop_events(path: epath.Path, drop: Callable[[int], bool]) -> None:
 
 class Throughput:
   """Steps/s, tokens/s, model TFLOP per step, TFLOP/s per device, MFU, data wait and ETA,
-  over the steps since the last report, not counting the time `exclude`d (evaluations)."""
+  over the steps since the last report, not counting the time spent off the steps
+  (`excluded`: compiling, checkpointing, evaluating), which each report gives by kind."""
+
+  # What the train loop does besides steps; each report row has `<kind>_s` for each.
+  OFF_STEP_KINDS = ("compile", "checkpoint", "eval")
 
   def __init__(self, start_step: int, total_steps: int, tokens_per_step: int,
                flops_per_step: float, num_devices: int, peak_flops_per_device: float):
@@ -323,19 +342,29 @@ class Throughput:
     self._last_step = start_step
     self._last_time = time.perf_counter()
     self._data_wait = 0.0
-    self._excluded = 0.0
+    self._excluded = dict.fromkeys(self.OFF_STEP_KINDS, 0.0)
 
   def add_data_wait(self, seconds: float) -> None:
     self._data_wait += seconds
 
-  def exclude(self, seconds: float) -> None:
-    """Time spent on something other than steps (an evaluation), kept out of the figures."""
-    self._excluded += seconds
+  def exclude(self, seconds: float, kind: str = "eval") -> None:
+    """Time spent on something other than steps, kept out of the figures."""
+    self._excluded[kind] += seconds
+
+  @contextlib.contextmanager
+  def excluded(self, kind: str) -> Iterator[None]:
+    """Times the block and `exclude`s it. The caller first waits for the steps already
+    dispatched (their time is theirs, not the block's)."""
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.exclude(time.perf_counter() - start, kind)
 
   def report(self, step: int) -> dict[str, float]:
     now = time.perf_counter()
     steps = max(step - self._last_step, 1)
-    elapsed = max(now - self._last_time - self._excluded, 1e-9)
+    elapsed = max(now - self._last_time - sum(self._excluded.values()), 1e-9)
     step_time = elapsed / steps
     report = {
         "step_time_s": step_time,
@@ -346,6 +375,8 @@ class Throughput:
         "mfu": self._flops_per_device_step / step_time / self._peak,
         "data_wait_s": self._data_wait / steps,
         "eta_s": (self._total_steps - step) * step_time,
+        **{f"{kind}_s": seconds for kind, seconds in self._excluded.items()},
     }
-    self._last_step, self._last_time, self._data_wait, self._excluded = step, now, 0.0, 0.0
+    self._last_step, self._last_time, self._data_wait = step, now, 0.0
+    self._excluded = dict.fromkeys(self.OFF_STEP_KINDS, 0.0)
     return report

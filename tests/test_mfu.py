@@ -74,7 +74,8 @@ def test_throughput_report_over_the_steps_since_the_last_one(monkeypatch):
   report = throughput.report(15)
   expected = {"step_time_s": 2.0, "steps_per_s": 0.5, "tokens_per_s": 2048.0,
               "model_tflop_per_step": 6.4, "tflops_per_device": 0.4, "mfu": 0.4,
-              "data_wait_s": 0.05, "eta_s": 20.0}
+              "data_wait_s": 0.05, "eta_s": 20.0,
+              "compile_s": 0.0, "checkpoint_s": 0.0, "eval_s": 0.0}
   assert report.keys() == expected.keys()
   for key, value in expected.items():
     assert report[key] == pytest.approx(value), key

@@ -4,9 +4,13 @@ profiling, and the persistent compilation cache."""
 import json
 import os
 import re
+import time
 
+import jax
 import pytest
+from etils import epath
 
+from lingvo_lite import run_info
 from lingvo_lite.testing import run_cli
 
 TINY_SYNTHETIC = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
@@ -79,3 +83,45 @@ def test_rerun_hits_the_persistent_compilation_cache(tmp_path):
   assert entries, "the first run should fill the cache"
   _train(tmp_path / "b", "--fdl.train.steps=2", cache=cache)
   assert sorted(os.listdir(cache)) == entries  # Same programs: nothing new compiled.
+
+
+def test_compile_checkpoint_and_eval_time_stay_out_of_the_step_time(tmp_path, monkeypatch):
+  """Saves and evaluations made to take 0.6 s each: counted as such in each row, not in the
+  step time, tokens/s or MFU (with them, a 5-step window would be >= 0.12 s a step)."""
+  from lingvo_lite import evaluation  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.checkpoints import Checkpointer  # pylint: disable=g-import-not-at-top
+  slow = 0.6
+
+  def slowly(function):
+    def wrapper(*args, **kwargs):
+      time.sleep(slow)
+      return function(*args, **kwargs)
+    return wrapper
+  monkeypatch.setattr(Checkpointer, "save", slowly(Checkpointer.save))
+  monkeypatch.setattr(evaluation, "evaluate_sets", slowly(evaluation.evaluate_sets))
+  log = _train(tmp_path, "--fdl.train.steps=10", "--fdl.train.log_every_steps=5",
+               "--fdl.checkpoint.every_steps=5", "--fdl.train.eval_every_steps=5").stdout
+  with open(tmp_path / "metrics.jsonl") as f:
+    first, second = [json.loads(line) for line in f]
+  for row in (first, second):
+    assert row["step_time_s"] < 0.1, row
+    # tokens/s and TFLOP/s come from that step time (one device here).
+    assert row["tokens_per_s"] == pytest.approx(256 / row["step_time_s"])
+    assert row["tflops_per_device"] == pytest.approx(
+        row["model_tflop_per_step"] / row["step_time_s"])
+  # The compile (no cache) is timed before the first step and outweighs five tiny steps.
+  assert first["compile_s"] > 5 * first["step_time_s"]
+  assert first["checkpoint_s"] == first["eval_s"] == 0.0
+  # The save and the evaluation after step 5 fall in the second window.
+  assert second["checkpoint_s"] >= slow and second["eval_s"] >= slow
+  assert second["compile_s"] == 0.0
+  assert re.search(r"train step 10/10: .*\(not counted: checkpoint \d+\.\d\d s, eval "
+                   r"\d+\.\d\d s\)$", log, re.M), log
+  assert re.search(r"^compiled the train step in \d+\.\d s$", log, re.M), log
+  # The run's identity, for the report: one row for this start.
+  (identity,) = run_info.read(epath.Path(tmp_path))
+  assert identity["experiment"] == "experiments.lm.pycode.PyCodeTiny"
+  assert identity["start_step"] == 0 and identity["mesh"] == {"data": 1, "fsdp": 1, "tensor": 1}
+  assert identity["device_count"] == 1 and identity["process_count"] == 1
+  assert identity["versions"]["jax"] == jax.__version__
+  assert "--fdl.train.eval_every_steps=5" in identity["argv"]

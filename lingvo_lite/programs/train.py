@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Callable
+import time
+from typing import Any, Callable
 
 import jax
 from etils import epath
 
-from lingvo_lite import evaluation, job_lock, memory_fit, mfu, summaries
+from lingvo_lite import config_files, evaluation, job_lock, memory_fit, mfu, run_info, summaries
 from lingvo_lite.checkpoints import Checkpointer, CheckpointWriteError
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.errors import UsageError
@@ -43,7 +44,8 @@ class TrainResult:
 
 
 class _RunOutputs:
-  """What a run writes into its job dir besides checkpoints: the config and the metrics.
+  """What a run writes into its job dir besides checkpoints: the config, the metrics and the
+  run's identity (a row of `run_info.jsonl`).
 
   Nothing a run writes may outlast a failure unless the run saved a checkpoint: an existing
   job's config is rewritten, and metric rows past the restored step (a killed run's) are
@@ -53,7 +55,8 @@ class _RunOutputs:
   """
 
   def __init__(self, job_dir: epath.Path, start: int, job_is_new: bool,
-               record_config: Callable[[], None], enabled: bool, eval_sets: list[str]):
+               record_config: Callable[[], None], enabled: bool, eval_sets: list[str],
+               jitted: JittedSteps):
     self._record_config = record_config
     self._committed = False
     resumed_from = None if job_is_new else start
@@ -63,6 +66,12 @@ class _RunOutputs:
                                       resumed_from=resumed_from)
     if job_is_new:
       record_config()
+    self.run_info = run_info.RunInfoWriter(job_dir, enabled=enabled)
+    if enabled:
+      config = job_dir / config_files.CONFIG_JSON
+      self.run_info.append(run_info.collect(
+          start, jitted.target.devices, dict(jitted.mesh.shape), jax.process_count(),
+          config_files.recorded_experiment(config) if config.exists() else None))
 
   def commit(self) -> None:
     if not self._committed:
@@ -70,11 +79,13 @@ class _RunOutputs:
       self._record_config()
       self.train.commit()
       self.eval.commit()
+      self.run_info.commit()
 
   def rollback(self) -> None:
     if not self._committed:
       self.train.rollback()
       self.eval.rollback()
+      self.run_info.rollback()
 
   def close(self) -> None:
     self.train.close()
@@ -170,7 +181,7 @@ def run(setup: Setup, job_dir: epath.Path,
       say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
     checkpointer.clean_up_for_training(start)
     outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
-                          eval_sets=list(setup.eval_sets))
+                          eval_sets=list(setup.eval_sets), jitted=jitted)
     try:
       result = _train(setup, jitted, checkpointer, outputs, state, start,
                       stopped_before_first_step, stop, job_dir, say)
@@ -205,16 +216,21 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
   loop = setup.train
   tokens_per_step = setup.train_data.global_batch_size * setup.train_data.sequence_length
 
+  @contextlib.contextmanager
+  def off_step(kind: str):
+    """Work besides steps (compile, checkpoint, eval): timed and kept out of the step time,
+    tokens/s and MFU. The steps dispatched so far finish first: their time is theirs."""
+    jax.block_until_ready(state)
+    with throughput.excluded(kind):
+      yield
+
   def evaluate(params, step: int) -> dict[str, dict[str, float]] | None:
-    """Every eval set; its time is kept out of the step time and MFU figures."""
+    """Every eval set (off the steps)."""
     if not setup.eval_sets:
       return None
-    # The steps dispatched so far finish first: their time is the steps', not the eval's.
-    jax.block_until_ready(params)
-    results = evaluation.evaluate_sets(jitted, params, setup.eval_sets)
-    seconds = sum(metrics["seconds"] for metrics in results.values())
-    throughput.exclude(seconds)
-    outputs.eval.write(step, results)
+    with off_step("eval"):
+      results = evaluation.evaluate_sets(jitted, params, setup.eval_sets)
+      outputs.eval.write(step, results)
     for name, metrics in results.items():
       say(f"eval  step {step} {name}: loss {metrics['loss']:.4f}  "
           f"bits/token {metrics['bits_per_token']:.4f}  "
@@ -225,13 +241,24 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     return results
 
   def save(step: int, force: bool = False) -> None:
-    """Saves `step` if it is due, and only a finite state (one reduction on device)."""
+    """Saves `step` if it is due, and only a finite state (one reduction on device). The time
+    the loop waits (the check, the copy to host, a previous save still writing) is logged
+    and kept out of the step figures; orbax writes the files in the background."""
     if not force and step % setup.checkpoint.every_steps:
       return
-    if not bool(jitted.state_is_finite(state)):
-      raise _NonFinite(f"the training state (parameters or optimizer moments) is not finite "
-                       f"at step {step}; stopped without saving it")
-    checkpointer.save(step, state, force=force, metadata=jitted.checkpoint_metadata)
+    with off_step("checkpoint"):
+      if not bool(jitted.state_is_finite(state)):
+        raise _NonFinite(f"the training state (parameters or optimizer moments) is not "
+                         f"finite at step {step}; stopped without saving it")
+      checkpointer.save(step, state, force=force, metadata=jitted.checkpoint_metadata)
+
+  def verify_finished_saves() -> None:
+    """Checksums a save orbax has finished (off the steps); its config and metrics are then
+    the job's (`commit`)."""
+    if checkpointer.save_finished():
+      with off_step("checkpoint"):
+        if checkpointer.poll():
+          outputs.commit()
 
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   data, num_devices = setup.train_data, jitted.target.num_devices
@@ -247,6 +274,11 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
 
   throughput = summaries.Throughput(start, loop.steps, tokens_per_step, flops, num_devices,
                                     peak)
+  # Compiled before the first step, so its time is the compile's, not the step's.
+  with off_step("compile"):
+    started = time.perf_counter()
+    train_step = _compiled(jitted)
+  say(f"compiled the train step in {time.perf_counter() - started:.1f} s")
   prefetcher = Prefetcher(setup.train_data, start, loop.steps, jax.process_index(),
                           jax.process_count())
   profiling = False
@@ -260,10 +292,9 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
       # Each traced step is marked, so the profile splits into steps.
       with (jax.profiler.StepTraceAnnotation("train", step_num=step_index) if profiling
             else contextlib.nullcontext()):
-        state, metrics = jitted.train_step(state, jitted.global_batch(local_batch))
+        state, metrics = train_step(state, jitted.global_batch(local_batch))
       step = step_index + 1
-      if checkpointer.poll():  # A save this run started is verified (or raises).
-        outputs.commit()
+      verify_finished_saves()  # A save this run started is verified (or raises).
       if profiling and step >= loop.profile_start_step + loop.profile_steps:
         jax.block_until_ready(state)
         jax.profiler.stop_trace()
@@ -281,13 +312,17 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
         outputs.train.write(step, values)
         train_loss = values["loss"]
         grad_norm = f"grad_norm {values['grad_norm']:.3f}  " if "grad_norm" in values else ""
+        off_steps = ", ".join(f"{kind} {values[f'{kind}_s']:.2f} s"
+                              for kind in summaries.Throughput.OFF_STEP_KINDS
+                              if values[f"{kind}_s"] > 0)
         say(f"train step {step}/{loop.steps}: loss {values['loss']:.4f}  "
             f"lr {values['learning_rate']:.2e}  {grad_norm}"
             f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
             f"{values['model_tflop_per_step']:.3g} TFLOP/step  "
             f"{values['tflops_per_device']:.3g} TFLOP/s/device  MFU {values['mfu']:.1%}  "
             f"data wait {values['data_wait_s'] * 1e3:.0f} ms/step  "
-            f"ETA {summaries.format_duration(values['eta_s'])}")
+            f"ETA {summaries.format_duration(values['eta_s'])}"
+            + (f"  (not counted: {off_steps})" if off_steps else ""))
 
       if loop.eval_every_steps and step % loop.eval_every_steps == 0 and step < loop.steps:
         evaluate(state.params, step)
@@ -302,8 +337,9 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
 
   if step > start:
     save(step, force=True)
-  if checkpointer.close():
-    outputs.commit()
+  with off_step("checkpoint"):
+    if checkpointer.close():
+      outputs.commit()
   eval_results = None
   if stop.signal_name:
     say(f"{stop.signal_name}: saved step {step} and stopped; rerun the same command to "
@@ -313,6 +349,15 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     outputs.commit()  # A finished run's evaluation supersedes the one it resumed after.
   return TrainResult(step=step, train_loss=train_loss, eval_results=eval_results,
                      interrupted=stop.signal_name is not None)
+
+
+def _compiled(jitted: JittedSteps) -> Callable[..., Any]:
+  """The train step compiled ahead of time from the state's and the batch's shapes (what the
+  first call would compile); a step loaded with --compiled_step_in is compiled already."""
+  step = jitted.train_step
+  if not hasattr(step, "lower"):
+    return step
+  return step.lower(jitted.sharded_state.abstract, jitted.abstract_batch()).compile()
 
 
 _NON_FINITE_ADVICE = ("rerun with a lower optimizer.peak_learning_rate (or a clip_grad_norm, "
