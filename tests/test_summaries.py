@@ -166,3 +166,13 @@ def test_train_and_every_eval_set_are_scalars_tensorboard_lists(tmp_path):
   assert _scalars(job / "summaries" / "train") == [(10, 2.5)]
   for name, loss in (("validation", 3.0), ("held_out", 4.0)):
     assert _scalars(job / "summaries" / f"eval_{name}") == [(10, loss)]
+
+
+def test_event_records_carry_tensorboards_checksums():
+  """The TFRecord framing against TensorBoard's own CRC-32C (its TensorFlow stub's)."""
+  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # pylint: disable=g-import-not-at-top
+  for data in (b"", b"123456789", bytes(range(256)) * 5):
+    record = summaries.tfrecord(data)
+    assert record[12:-4] == data and int.from_bytes(record[:8], "little") == len(data)
+    assert int.from_bytes(record[8:12], "little") == masked_crc32c(record[:8])
+    assert int.from_bytes(record[-4:], "little") == masked_crc32c(data)
