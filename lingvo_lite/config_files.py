@@ -38,7 +38,7 @@ _EXTRA_KEY = "lingvo_lite"  # Our entry in config.json, beside Fiddle's own keys
 # a lower learning rate or clipping). Everything else (the model, the optimizer's kind, the
 # training data) shapes the state or the data a step sees.
 RESUMABLE_SECTIONS = (
-    "train.", "checkpoint.", "partitioner.", "eval_data.", "decode.",
+    "train.", "checkpoint.", "partitioner.", "eval_data.", "decode.", "watchdog.",
     "model.scan_layers", "model.remat_policy", "model.attention_implementation",
     "optimizer.peak_learning_rate", "optimizer.warmup_steps", "optimizer.decay_steps",
     "optimizer.final_learning_rate_ratio", "optimizer.b1", "optimizer.b2", "optimizer.eps",

@@ -38,7 +38,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from lingvo_lite import summaries
+from lingvo_lite import progress, summaries
 from lingvo_lite.data.source import DataSource, local_rows
 
 # The metrics a results table shows, with their headings (others stay in the files).
@@ -151,25 +151,28 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
   rows = local_rows(source.global_batch_size, process, processes)
   totals: dict[str, float] = {}
   text_bytes = 0.0
-  for step in range(num_batches):
-    local = source.batch(step, process, processes)
-    if examples is not None and (step + 1) * source.global_batch_size > examples:
-      past_end = step * source.global_batch_size + rows >= examples
-      local = {**local, "weights": np.where(past_end[:, None], 0.0, local["weights"]).astype(
-          np.float32)}
-    if token_bytes is not None:
-      text_bytes += float(np.sum(token_bytes[local["targets"]] * (local["weights"] > 0)))
-    if scores is None:
-      sums = jitted.eval_step(params, jitted.global_batch(local))
-    else:
-      sums = dict(jitted.eval_token_step(params, jitted.global_batch(local)))
-      token_nats = sums.pop("token_nats")
-      if processes > 1:  # Every process scores every row: the documents need them all.
-        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-        token_nats = multihost_utils.process_allgather(token_nats, tiled=True)
-      scores.add(step, np.asarray(token_nats))
-    for key, value in jax.device_get(sums).items():
-      totals[key] = totals.get(key, 0.0) + float(value)
+  with progress.Progress(f"eval {set_name}" if set_name else "eval", total=num_batches,
+                         unit="batches") as bar:
+    for step in range(num_batches):
+      local = source.batch(step, process, processes)
+      if examples is not None and (step + 1) * source.global_batch_size > examples:
+        past_end = step * source.global_batch_size + rows >= examples
+        local = {**local, "weights": np.where(past_end[:, None], 0.0, local["weights"]).astype(
+            np.float32)}
+      if token_bytes is not None:
+        text_bytes += float(np.sum(token_bytes[local["targets"]] * (local["weights"] > 0)))
+      if scores is None:
+        sums = jitted.eval_step(params, jitted.global_batch(local))
+      else:
+        sums = dict(jitted.eval_token_step(params, jitted.global_batch(local)))
+        token_nats = sums.pop("token_nats")
+        if processes > 1:  # Every process scores every row: the documents need them all.
+          from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+          token_nats = multihost_utils.process_allgather(token_nats, tiled=True)
+        scores.add(step, np.asarray(token_nats))
+      for key, value in jax.device_get(sums).items():
+        totals[key] = totals.get(key, 0.0) + float(value)
+      bar.update()
   weight = totals["weight_sum"]
   # A pass without a weighted token (or text byte) has no mean: NaN, not a perfect score.
   loss = totals["cross_entropy_sum"] / weight if weight else math.nan

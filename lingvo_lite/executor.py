@@ -25,9 +25,9 @@ import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import (building, command_line, config_files, config_help,
-                         distributed, job_dirs, overrides, paths, programs, registry, run_info,
-                         supervisor, target as targets, topologies)
+from lingvo_lite import (building, command_line, config_files, config_graph, config_help,
+                         distributed, job_dirs, overrides, paths, programs, registry,
+                         run_info, stack_dumps, supervisor, target as targets, topologies)
 from lingvo_lite.errors import DataError, UsageError
 from lingvo_lite.experiment import Setup, with_default_parts
 
@@ -113,6 +113,17 @@ flags.DEFINE_string("prompts_file", None, "--mode=decode: a JSON-lines file of r
                     "temperature, top_k, top_p, seed, stop.")
 flags.DEFINE_string("decode_out", None, "--mode=decode: where the completions go as JSON "
                     "lines: a file, or - for stdout (default: JOB/decode/<UTC time>.jsonl).")
+
+# --mode=report.
+flags.DEFINE_list("compare", None, "--mode=report: other job dirs (comma-separated) to "
+                  "compare with --job_log_dir's: their config differences (Fiddle's diff) and "
+                  "curves overlaid, in JOB/report/compare.html.")
+
+# --mode=print.
+flags.DEFINE_enum("format", "text", ("text", "json", "svg"), "--mode=print: what to print: "
+                  "text (config.txt: every field, flattened, with its origin), json "
+                  "(config.json: reloadable by --fdl_config_file) or svg (a picture of the "
+                  "config's parts and the fields set; needs Graphviz's dot).")
 
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ("auto", "on", "off"),
@@ -231,7 +242,9 @@ _CONFIG_FLAGS = ("exp", "fdl_config", "fdl_config_file", "fiddler", "fdl_set",
 
 def _refuse_flags(program: programs.Program) -> None:
   """A flag the program does not read is refused, never silently ignored."""
-  foreign = [] if program.needs_config else list(_CONFIG_FLAGS)
+  # Without a config (list, report), the config flags are refused; report reads a job dir.
+  foreign = [] if program.needs_config else [
+      name for name in _CONFIG_FLAGS if not (name == "job_log_dir" and program.needs_job_dir)]
   for other in programs.PROGRAMS.values():
     if other is not program:
       foreign += [name for name in other.flags if name not in program.flags]
@@ -240,8 +253,9 @@ def _refuse_flags(program: programs.Program) -> None:
       shown = "--fdl.PATH=VALUE" if name == command_line.DOTTED_FLAG else f"--{name}"
       readers = [p.name for p in programs.PROGRAMS.values() if name in p.flags]
       if not readers:
-        raise UsageError(f"{shown}: --mode={program.name} takes no config or job dir (it "
-                         f"{program.summary}); drop the flag, or pick another --mode")
+        takes = "takes no config" + ("" if program.needs_job_dir else " or job dir")
+        raise UsageError(f"{shown}: --mode={program.name} {takes} (it {program.summary}); "
+                         "drop the flag, or pick another --mode")
       raise UsageError(f"{shown}: --mode={program.name} does not use this flag (only "
                        f"--mode={' / --mode='.join(readers)} reads it); drop the flag, or "
                        "pick another --mode")
@@ -321,6 +335,10 @@ def main(argv: Sequence[str]) -> None:
                        _PROCESS_ID.value)  # Flags that cannot work fail before a child starts.
       if supervisor.wanted(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value):
         sys.exit(supervisor.supervise(sys.argv[1:]))
+    # `kill -USR1 PID` dumps every thread's stack, in every mode (the supervising parent above
+    # forwards it instead); onto stderr until the job dir is known.
+    stack_dumps.set_folder(None)
+    stack_dumps.install_signal_handler()
     if _MODE.value == "compile":
       _arrange_cpu_devices()
     code = _run_mode()
@@ -338,7 +356,7 @@ def _run_mode() -> int | None:
     registry.import_modules(_EXPERIMENTS_MODULE.value)
   _refuse_flags(program)
   options = {name: flags.FLAGS[name].value for name in program.flags}
-  if not program.needs_config:
+  if not program.needs_config and not program.needs_job_dir:
     return program.main(programs.Invocation(None, None, None, None, options))
   job_dir = paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value else None
   if job_dir is None and program.needs_job_dir and not _FDL_HELP.value:
@@ -346,6 +364,11 @@ def _run_mode() -> int | None:
                      "--job_log_dir=runs/my_run")
   if job_dir is not None and not _FDL_HELP.value:
     job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value)
+    stack_dumps.set_folder(job_dir / "stacks")
+  if not program.needs_config:
+    # It reads the job's files only (report): nothing is built and no device is touched, so
+    # it runs on any machine, beside a trainer that holds the accelerators.
+    return program.main(programs.Invocation(None, job_dir, _JOB_LOG_DIR.value, None, options))
   if program.joins_distributed and not _FDL_HELP.value:
     joined = distributed.initialize(
         _DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
@@ -373,6 +396,8 @@ def _run_mode() -> int | None:
     invocation = programs.Invocation(
         setup=setup, job_dir=job_dir, shown_job_dir=_JOB_LOG_DIR.value, target=target,
         options=options, config_text=lambda: config_files.to_text(cfg),
+        config_json=lambda: config_files.to_json(cfg, experiment),
+        config_svg=lambda: config_graph.svg(cfg),
         write_config=lambda: config_files.write(job_dir, cfg, experiment),
         config_changes=lambda: _config_changes(job_dir, cfg))
     if program.name != "compile":

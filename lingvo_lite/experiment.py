@@ -24,6 +24,7 @@ from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Ran
 from lingvo_lite.models.transformer import ParameterShape, TransformerLM
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
+from lingvo_lite.watchdog import WatchdogSettings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,7 @@ class Setup:
   train: TrainLoop = TrainLoop()
   checkpoint: CheckpointSettings = CheckpointSettings()
   decode: DecodeSettings = DecodeSettings()
+  watchdog: WatchdogSettings = WatchdogSettings()
 
   def validate(self, target: targets.Target | None = None) -> None:
     """Raises UsageError naming the field, the value and the fix for the first problem.
@@ -305,7 +307,8 @@ def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ParameterShap
 
 # The parts a Setup has defaults for, as the Configs an experiment that leaves them out gets.
 _DEFAULT_PARTS = {"partitioner": Partitioner, "train": TrainLoop,
-                  "checkpoint": CheckpointSettings, "decode": DecodeSettings}
+                  "checkpoint": CheckpointSettings, "decode": DecodeSettings,
+                  "watchdog": WatchdogSettings}
 
 
 def setup_config(**parts: Any) -> fdl.Config[Setup]:

@@ -36,16 +36,19 @@ from lingvo_lite.errors import UsageError
 WRITING_MODES = ("train", "compile")
 FOLDER, FILE = "folder", "file"
 # What every mode may read, relative to the job dir: checked for its kind where present.
-_READ = (("config.json", FILE), ("checkpoints", FOLDER))
+# `stacks/` too: any mode writes its stack dumps there on SIGUSR1 (stack_dumps.py).
+_READ = (("config.json", FILE), ("checkpoints", FOLDER), ("stacks", FOLDER))
 # What each mode creates or writes, parents before children: checked for its kind where
 # present and for being writable, and where missing, its nearest existing folder is tested.
 _WRITTEN = {
     "train": (("checkpoints", FOLDER), ("summaries", FOLDER), ("summaries/train", FOLDER),
               ("config.json", FILE), ("config.txt", FILE), ("metrics.jsonl", FILE),
-              ("run_info.jsonl", FILE), (job_lock.LOCK_NAME, FILE)),
+              ("run_info.jsonl", FILE), ("stacks", FOLDER), (job_lock.LOCK_NAME, FILE)),
     "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/evaluated.json", FILE),
              (f"eval/{job_lock.LOCK_NAME}", FILE)),
     "decode": (("decode", FOLDER),),
+    "report": (("report", FOLDER), ("report/index.html", FILE), ("report/compare.html", FILE),
+               ("report/config.svg", FILE), ("report/.verified.json", FILE)),
     "compile": (("compile", FOLDER), ("compile/report.txt", FILE),
                 ("compile/report.json", FILE)),
 }

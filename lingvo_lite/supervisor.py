@@ -7,6 +7,11 @@ copies stderr line by line while watching for that verdict, forwards SIGTERM and
 exits with the child's code, ending with one line that names the missing process. The child
 dies with the parent (PR_SET_PDEATHSIG, set by the child itself), so killing the parent never
 leaves it behind.
+
+SIGUSR1 (a request for stack dumps, `stack_dumps.py`) is forwarded too, and the parent lives
+on: left at its default action it would kill the parent, and the child with it. The child
+starts with SIGUSR1 blocked, so one forwarded before it installs its handler waits for it
+instead of killing the child.
 """
 
 from __future__ import annotations
@@ -100,12 +105,18 @@ def supervise(args: Sequence[str]) -> int:
       received.append(signum)
     else:
       child.send_signal(signum)
-  for signum in (signal.SIGTERM, signal.SIGINT):
+  for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
     signal.signal(signum, forward)
   # Its own process group: a Ctrl-C at the terminal reaches the child once, forwarded from
-  # here, not twice (a second SIGINT stops a training run at once, without saving).
-  child = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *args], env=env,
-                           stderr=subprocess.PIPE, process_group=0)
+  # here, not twice (a second SIGINT stops a training run at once, without saving). The
+  # child inherits the blocked SIGUSR1 (a signal mask survives exec); a SIGUSR1 to this
+  # process meanwhile waits, and is forwarded once the mask is restored.
+  mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+  try:
+    child = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *args], env=env,
+                             stderr=subprocess.PIPE, process_group=0)
+  finally:
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
   for signum in received:
     child.send_signal(signum)
   watch = LogWatch()

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import paths, progress
 from lingvo_lite.data import token_store, vocabulary
 from lingvo_lite.data.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import DataError, UsageError, config_error, data_error_from
@@ -233,7 +233,8 @@ def _worker_logs_to(log_file: str):
 
 
 class _Progress:
-  """A progress bar over finished shards (ledger entries), polled while the pipeline runs."""
+  """Progress over finished shards (ledger entries), polled while the pipeline runs: a bar on
+  a terminal, a line now and then in a log (lingvo_lite.progress)."""
 
   def __init__(self, partial: epath.Path, total: int, label: str, enabled: bool, stream):
     self._partial, self._total, self._label, self._stream = partial, total, label, stream
@@ -251,15 +252,18 @@ class _Progress:
       self._thread.join()
 
   def _poll(self):
-    import tqdm  # pylint: disable=g-import-not-at-top
-    with tqdm.tqdm(total=self._total, desc=self._label, unit="shard", file=self._stream,
-                   leave=False, dynamic_ncols=True) as bar:
+    with progress.Progress(self._label, total=self._total, unit="shards",
+                           stream=self._stream) as bar:
+      shown = 0
       while True:
+        stopped = self._stop.is_set()  # Then this count is the last, and complete.
         done = len(list((self._partial / "ledger").glob("*.json"))) if (
             self._partial / "ledger").exists() else 0
-        bar.update(done - bar.n)
-        if self._stop.wait(0.5):
+        bar.update(done - shown)  # 0 still redraws: the seconds go on.
+        shown = done
+        if stopped:
           return
+        self._stop.wait(0.5)
 
 
 def _build_log(path: epath.Path) -> str:

@@ -28,7 +28,8 @@ class Program:
     name: The `--mode` value.
     summary: One line for --help.
     module: The module (under lingvo_lite.programs) whose `main(invocation)` runs it.
-    needs_config: Builds a Setup from an experiment or a config.json (list does not).
+    needs_config: Builds a Setup from an experiment or a config.json (list does not; nor
+      does report, which reads a job dir's files only: no Setup, no device).
     needs_job_dir: `--job_log_dir` is required.
     joins_distributed: Runs in every process of a multi-process run (jax.distributed).
     flags: The executor's flags only this program reads; other modes refuse them.
@@ -60,6 +61,9 @@ class Invocation:
     options: This program's flag values, by flag name.
     config_text: Makes the flattened config (config.txt's text), for the programs that
       show it.
+    config_json: Makes config.json's text (reloadable by --fdl_config_file).
+    config_svg: Draws the config as an SVG picture (lingvo_lite.config_graph); raises
+      UsageError where Graphviz is missing.
     write_config: Writes config.json and config.txt into the job dir.
     config_changes: Given a job dir's recorded config path, the fields that differ from this
       config as `path: old -> new` (none when the job has no config yet).
@@ -71,6 +75,8 @@ class Invocation:
   target: Any
   options: dict[str, Any]
   config_text: Callable[[], str] = lambda: ""
+  config_json: Callable[[], str] = lambda: ""
+  config_svg: Callable[[], str] = lambda: ""
   write_config: Callable[[], None] = lambda: None
   config_changes: Callable[[], list[str]] = lambda: []
 
@@ -110,8 +116,12 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
             "compile", flags=("compile_topology", "compile_num_slices", "compile_program",
                               "compile_find_max_batch", "compile_remat_policies",
                               "compiled_step_out")),
-    Program("print", "print the flattened config (after overrides) and validate it",
-            "print_config"),
+    Program("print", "print the flattened config (after overrides) and validate it; "
+            "--format=json prints config.json, --format=svg a picture of it", "print_config",
+            flags=("format",)),
     Program("list", "list the registered experiments", "list_experiments",
             needs_config=False),
+    Program("report", "write JOB/report/index.html, one offline page of the job's run, "
+            "plots, evals, checkpoints and config (--compare=B,C: A/report/compare.html)",
+            "report", needs_config=False, needs_job_dir=True, flags=("compare",)),
 )}

@@ -17,7 +17,7 @@ import dataclasses
 import math
 from typing import Any, Callable
 
-from lingvo_lite import evaluation, target as targets
+from lingvo_lite import evaluation, progress, target as targets
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.transformer import REMAT_POLICIES
@@ -75,6 +75,9 @@ def _search(setup: Setup, target: targets.Target, program: str,
   data = setup.train_data if program == "train" else evaluation.largest_set(setup)[1]
   num_devices, unit = target.num_devices, _unit(setup, program, target)
   compiles: dict[int, dict[str, Any]] = {}  # By k.
+  # A compile can take a minute: after the first seconds, a line per compile made.
+  searching = progress.Progress(f"max batch search ({setup.model.remat_policy})",
+                                unit="compiles", interval=0)
 
   def record(k: int, result: aot.CompileResult) -> dict[str, Any]:
     report = compile_report.build(result)
@@ -88,14 +91,18 @@ def _search(setup: Setup, target: targets.Target, program: str,
       candidate = _with_batch(setup, program, k * unit, num_devices)
       with targets.active(target):
         candidate.validate(target)
-      record(k, aot.compile_step(candidate, target, program))
+      made = record(k, aot.compile_step(candidate, target, program))
+      needs = "" if made["bytes"] is None else f"{made['bytes'] / 2**30:.2f} GiB, "
+      searching.update(1, f"per-device batch {k * unit}: {needs}"
+                       f"{'fits' if made['fits'] else 'does not fit'}")
     return compiles[k]
 
   per_device, remainder = divmod(data.global_batch_size, num_devices)
   if first is not None and not remainder and per_device % unit == 0:
     record(per_device // unit, first)  # The report's own compile is one of the points.
-  best, line, note = find_largest(
-      measure, compiles, f"even a per-device batch of {unit} (the smallest valid) does not fit")
+  with searching:
+    best, line, note = find_largest(
+        measure, compiles, f"even a per-device batch of {unit} (the smallest valid) does not fit")
   if line is not None:
     line = {"bytes_at_zero": line["bytes_at_zero"],
             "bytes_per_row": line["bytes_per_unit"] / unit}

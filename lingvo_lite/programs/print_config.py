@@ -1,4 +1,9 @@
-"""The print program: the flattened config after overrides, once it has validated."""
+"""The print program: the config after overrides, once it has validated, in `--format`'s form.
+
+  text  config.txt's listing: every field, flattened, with where its value came from
+  json  config.json's text, which `--fdl_config_file` reloads
+  svg   a picture of the config's parts and the fields they set (lingvo_lite.config_graph)
+"""
 
 from __future__ import annotations
 
@@ -6,4 +11,7 @@ from lingvo_lite.programs import Invocation
 
 
 def main(invocation: Invocation) -> None:
-  print(invocation.config_text(), end="")
+  form = invocation.options.get("format") or "text"
+  shown = {"text": invocation.config_text, "json": invocation.config_json,
+           "svg": invocation.config_svg}[form]()
+  print(shown, end="" if shown.endswith("\n") else "\n")

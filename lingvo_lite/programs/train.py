@@ -25,6 +25,7 @@ from lingvo_lite.experiment import Setup
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
 from lingvo_lite.programs.jitted import JittedSteps
 from lingvo_lite.programs.stop_request import StopRequest
+from lingvo_lite.watchdog import Watchdog
 
 # Where a profiler trace goes: the train run's TensorBoard folder, so the printed
 # `tensorboard --logdir=JOB/summaries` shows it (jax writes it under plugins/profile/).
@@ -167,24 +168,27 @@ def run(setup: Setup, job_dir: epath.Path,
   checkpointer = Checkpointer(job_dir / "checkpoints", setup.checkpoint)
   say = lambda message: summaries.log(message, is_chief)
 
-  with jitted.activated(), StopRequest() as stop:
+  # Each process watches its own steps: stack dumps into JOB/stacks when they stop coming.
+  watchdog = Watchdog(setup.watchdog, job_dir / "stacks", jax.process_count())
+  with jitted.activated(), StopRequest() as stop, watchdog:
     start = checkpointer.latest_step(warn=False)  # clean_up_for_training says what it skips.
     # Before the restore and the compile, which can take minutes: a stop asked for meanwhile
     # must name a step after `start` (see StopRequest.should_stop).
     stopped_before_first_step = stop.should_stop(start or 0)
-    if start is None:
-      start = 0
-      state = jitted.init_state()
-      say(f"initialized a new state in {job_dir}")
-    else:
-      state = jitted.restore_state(checkpointer, start)
-      say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
-    checkpointer.clean_up_for_training(start)
-    outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
-                          eval_sets=list(setup.eval_sets), jitted=jitted)
+    with watchdog.excused("restore"):  # With the start-up: the writers import TensorBoard.
+      if start is None:
+        start = 0
+        state = jitted.init_state()
+        say(f"initialized a new state in {job_dir}")
+      else:
+        state = jitted.restore_state(checkpointer, start)
+        say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
+      checkpointer.clean_up_for_training(start)
+      outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
+                            eval_sets=list(setup.eval_sets), jitted=jitted)
     try:
       result = _train(setup, jitted, checkpointer, outputs, state, start,
-                      stopped_before_first_step, stop, job_dir, say)
+                      stopped_before_first_step, stop, job_dir, say, watchdog)
     except BaseException as e:  # pylint: disable=broad-except
       if not isinstance(e, (TrainingFailure, CheckpointWriteError)):
         outputs.rollback()  # An internal error or an interrupt: it goes on as it is.
@@ -211,7 +215,8 @@ def run(setup: Setup, job_dir: epath.Path,
 
 def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
            outputs: _RunOutputs, state, start: int, stopped_before_first_step: bool,
-           stop: StopRequest, job_dir: epath.Path, say: Callable[[str], None]) -> TrainResult:
+           stop: StopRequest, job_dir: epath.Path, say: Callable[[str], None],
+           watchdog: Watchdog) -> TrainResult:
   """The loop of `run`, from the starting state to the last save and evaluation."""
   loop = setup.train
   tokens_per_step = setup.train_data.global_batch_size * setup.train_data.sequence_length
@@ -219,9 +224,10 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
   @contextlib.contextmanager
   def off_step(kind: str):
     """Work besides steps (compile, checkpoint, eval): timed and kept out of the step time,
-    tokens/s and MFU. The steps dispatched so far finish first: their time is theirs."""
+    tokens/s and MFU, and no stall to the watchdog. The steps dispatched so far finish
+    first: their time is theirs."""
     jax.block_until_ready(state)
-    with throughput.excluded(kind):
+    with throughput.excluded(kind), watchdog.excused(kind):
       yield
 
   def evaluate(params, step: int) -> dict[str, dict[str, float]] | None:
@@ -274,11 +280,14 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
 
   throughput = summaries.Throughput(start, loop.steps, tokens_per_step, flops, num_devices,
                                     peak)
-  # Compiled before the first step, so its time is the compile's, not the step's.
-  with off_step("compile"):
-    started = time.perf_counter()
-    train_step = _compiled(jitted)
-  say(f"compiled the train step in {time.perf_counter() - started:.1f} s")
+  # Compiled before the first step, so its time is the compile's, not the step's (and not at
+  # all when no step will run: a finished job rerun, a stop asked for during the restore).
+  train_step = jitted.train_step
+  if start < loop.steps and not stopped_before_first_step:
+    with off_step("compile"):
+      started = time.perf_counter()
+      train_step = _compiled(jitted)
+    say(f"compiled the train step in {time.perf_counter() - started:.1f} s")
   prefetcher = Prefetcher(setup.train_data, start, loop.steps, jax.process_index(),
                           jax.process_count())
   profiling = False
@@ -293,6 +302,7 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
       with (jax.profiler.StepTraceAnnotation("train", step_num=step_index) if profiling
             else contextlib.nullcontext()):
         state, metrics = train_step(state, jitted.global_batch(local_batch))
+      watchdog.step_done()  # Dispatched (see Watchdog on what that measures).
       step = step_index + 1
       verify_finished_saves()  # A save this run started is verified (or raises).
       if profiling and step >= loop.profile_start_step + loop.profile_steps:
