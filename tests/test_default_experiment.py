@@ -67,6 +67,11 @@ def test_demo_as_written_beats_the_unigram_entropy(tmp_path):
   assert final["bits_per_byte"] == pytest.approx(
       final["loss"] * final["tokens"] / math.log(2) / final["bytes"], rel=1e-6)
 
+  # The demo ends with the job's report, which shows the loss training printed last.
+  assert re.search(r"^report: runs/pycode_sp_tiny/report/index\.html$", out, re.M), out[-3000:]
+  page = (copy / "runs" / "pycode_sp_tiny" / "report" / "index.html").read_text()
+  assert re.search(rf'id="final-train-loss"[^>]*>{re.escape(train_loss.group(1))}<', page)
+
   entropy = unigram_entropy_bits(pycode.stdlib_dir())
   print(f"final train loss {train_loss.group(1)}; final eval: {final['bits_per_byte']:.3f} "
         f"bits/byte; unigram entropy {entropy:.3f} bits/byte")

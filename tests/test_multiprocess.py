@@ -4,6 +4,7 @@ the same devices, and a dead peer stops the survivor (non-zero exit) in bounded 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -144,34 +145,45 @@ def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):
           or "a peer process closed its connection" in last_line), last_line
 
 
-@pytest.mark.slow
-def test_sigterm_to_one_process_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
-  """Through process 0's supervising parent; JAX's preemption service tells process 1."""
-  job = tmp_path / "job"
+@pytest.fixture(name="sigtermed", scope="module")
+def fixture_sigtermed(tmp_path_factory):
+  """A two-process run stopped by SIGTERM to process 0's supervising parent after step 3:
+  (its job dir, each process's (exit code, stdout, stderr), its checkpoint folders then)."""
+  job = tmp_path_factory.mktemp("sigtermed") / "job"
   with _two_processes(job, ["--fdl.train.steps=100000"]) as processes:
     _wait_for_three_steps(job)
     processes[0].send_signal(signal.SIGTERM)
     outputs = [process.communicate(timeout=120) for process in processes]
-  for process, (_, err) in zip(processes, outputs):
-    assert process.returncode == 0, err[-2000:]
-  assert "SIGTERM: saved step" in outputs[0][0]
-  saved = os.listdir(job / "checkpoints")
+  results = [(process.returncode, out, err) for process, (out, err) in zip(processes, outputs)]
+  return job, results, sorted(os.listdir(job / "checkpoints"))
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_both_at_the_same_step_with_a_checkpoint(sigtermed):
+  """Through process 0's supervising parent; JAX's preemption service tells process 1."""
+  _, results, saved = sigtermed
+  for code, _, err in results:
+    assert code == 0, err[-2000:]
+  assert "SIGTERM: saved step" in results[0][1]
   assert len(saved) == 1 and int(saved[0]) >= 3
 
 
 @pytest.mark.slow
-def test_sigterm_while_a_resumed_run_starts_stops_it_after_its_first_step(tmp_path):
-  """Resumed at step 3 and signalled before step 4 is done (JAX's preemption service counts
-  from 0, so the run must tell it where it starts)."""
+def test_sigterm_while_a_resumed_run_starts_stops_it_after_its_first_step(sigtermed, tmp_path):
+  """Resumed at the step the run above saved (3 or later) and signalled before the next step
+  is done (JAX's preemption service counts from 0, so the run must tell it where it starts)."""
+  trained, _, saved = sigtermed
+  assert len(saved) == 1, saved
+  start = int(saved[0])
   job = tmp_path / "job"
-  _run_two_processes(job, ["--fdl.train.steps=3"])
+  shutil.copytree(trained, job, symlinks=True)  # A copy: the fixture's job stays as it was.
   with _two_processes(job, ["--fdl.train.steps=100000"]) as processes:
     for line in processes[0].stdout:  # Restored; the first step is not compiled yet.
-      if line.startswith("resumed from step 3"):
+      if line.startswith(f"resumed from step {start}"):
         break
     processes[0].send_signal(signal.SIGTERM)
     outputs = [process.communicate(timeout=120) for process in processes]
   for process, (_, err) in zip(processes, outputs):
     assert process.returncode == 0, err[-2000:]
-  assert "SIGTERM: saved step 4 and stopped" in outputs[0][0]
-  assert sorted(os.listdir(job / "checkpoints")) == ["3", "4"]
+  assert f"SIGTERM: saved step {start + 1} and stopped" in outputs[0][0]
+  assert sorted(int(name) for name in os.listdir(job / "checkpoints")) == [start, start + 1]

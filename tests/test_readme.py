@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ElementTree
 from typing import Callable, Sequence
 
 import pytest
@@ -220,6 +221,25 @@ def _check_print(command: Command, results: Results, session: Session) -> None:
       _search(rf"^{re.escape(path)} = .*# command line: {re.escape(token)}", out, token)
 
 
+def _run_to_file(argv: Sequence[str], env: dict[str, str],
+                 copy: pathlib.Path) -> list[subprocess.CompletedProcess]:
+  """A command whose output the README redirects (`... > config.svg`): run without the
+  redirection, its stdout written where the README points it."""
+  where = list(argv).index(">")
+  results = _run_one([*argv[:where], *argv[where + 2:]], env, copy)
+  (copy / argv[where + 1]).write_text(results[0].stdout)
+  return results
+
+
+def _check_print_svg(command: Command, results: Results, session: Session) -> None:
+  del results
+  svg = "{http://www.w3.org/2000/svg}"
+  root = ElementTree.parse(session.copy / command.argv[command.argv.index(">") + 1]).getroot()
+  assert root.tag == f"{svg}svg", root.tag
+  texts = {(t.text or "").strip("\xa0 ") for t in root.iter(f"{svg}text")}
+  assert {"Setup", "TransformerLM", "model", "num_layers"} <= texts, sorted(texts)[:40]
+
+
 def _check_fdl_help(command: Command, results: Results, session: Session) -> None:
   del command, session
   out = results[0].stdout
@@ -333,6 +353,20 @@ def _check_processes(command: Command, results: Results, session: Session) -> No
   assert (session.copy / job / "config.json").is_file(), f"no {job}/config.json in the copy"
 
 
+def _check_report(command: Command, results: Results, session: Session) -> None:
+  """The page named on the summary line (relative, as the user gave the job dir) exists; the
+  report of a job shows the final train loss its training printed."""
+  job = command.flag("job_log_dir")
+  page = "compare.html" if command.flag("compare") else "index.html"
+  printed = "comparison" if command.flag("compare") else "report"
+  _search(rf"^{printed}: {re.escape(job)}/report/{page}$", results[0].stdout, "report")
+  text = (session.copy / job / "report" / page).read_text()
+  finals = session.final_losses.get(os.path.normpath(job), [])
+  if page == "index.html" and finals:
+    loss = _search(r"final train loss: (\S+)", finals[0], "train").group(1)
+    _search(rf'id="final-train-loss"[^>]*>{re.escape(loss)}<', text, "the report's final loss")
+
+
 def _check_bench(command: Command, results: Results, session: Session) -> None:
   del session
   out = results[0].stdout
@@ -349,7 +383,10 @@ BENCH = ("python", "bench/step_bench.py")
 # No shared persistent compilation cache: each run compiles, as on a fresh machine, and does
 # not depend on what other tests (or the user) compiled before.
 NO_CACHE = ("--compilation_cache_dir=",)
-BENCH_SMOKE = ("--pairs", "1", "--steps", "1", "--warmup", "1")
+# Rows of 32 tokens: the smoke run times steps, it does not measure them, and a step of the
+# experiments' own 256 or 512 tokens takes seconds a side on 2 cores (compiles are the same).
+BENCH_SMOKE = ("--pairs", "1", "--steps", "1", "--warmup", "1",
+               "--set", "train_data.sequence_length=32")
 
 
 def _lingvo(command: Command, mode: str) -> bool:
@@ -383,11 +420,14 @@ RULES = (
          why="tests/test_default_experiment.py runs it as written; its 800 steps take ~1.5 "
              "minutes, so the suite runs them once"),
     Rule("list", lambda c: _lingvo(c, "list"), _check_list),
+    Rule("print as SVG", lambda c: _lingvo(c, "print") and c.flag("format") == "svg",
+         _check_print_svg, run=_run_to_file),
     Rule("print", lambda c: _lingvo(c, "print"), _check_print),
     Rule("--fdl_help", lambda c: c.argv[:3] == LINGVO and "--fdl_help" in c.argv,
          _check_fdl_help),
     Rule("--help", lambda c: c.argv[:3] == LINGVO and "--help" in c.argv, _check_help),
     Rule("eval", lambda c: _lingvo(c, "eval"), _check_eval, NO_CACHE),
+    Rule("report", lambda c: _lingvo(c, "report"), _check_report),
     Rule("decode", lambda c: _lingvo(c, "decode"), _check_decode,
          ("--fdl.decode.max_new_tokens=16",) + NO_CACHE, run=_run_decode,
          why="16 new tokens, not 128, per --prompt request: the 4-step model's tokens are noise "
@@ -398,9 +438,14 @@ RULES = (
     Rule("compile, max-batch search",
          lambda c: _lingvo(c, "compile") and c.flag("compile_find_max_batch") is not None,
          _check_compile, ("--fiddler=tiny", "--fdl.train_data.global_batch_size=8",
-                          "--fdl.eval_data.global_batch_size=8", "--compile_remat_policies=full"),
+                          "--fdl.eval_data.global_batch_size=8", "--compile_remat_policies=full",
+                          "--fdl.train_data.sequence_length=8192",
+                          "--fdl.eval_data.sequence_length=8192"),
          why="Llama1B's ~30 s compiles, about seven per policy, would take many minutes; the "
-             "tiny model searches the same way, for one policy, in under a minute"),
+             "tiny model searches the same way, for one policy, in under a minute. Rows of "
+             "8192 tokens (6 GiB a row, for the 128256-token logits) put its boundary at 2 rows "
+             "a chip, three compiles; at 64 tokens it lies at 341 rows, and the compiles "
+             "there, next to the 16 GiB limit, take minutes"),
     Rule("compile", lambda c: _lingvo(c, "compile"), _check_compile, ("--fdl.train.steps=4",),
          why="the train command that loads the saved step runs 4 steps (the train rule), and "
              "train.steps is compiled into the step (its learning-rate schedule)"),
@@ -422,11 +467,11 @@ RULES = (
     Rule("bench BenchLarge",
          lambda c: c.argv[:2] == BENCH and c.flag("experiment") == "BenchLarge", _check_bench,
          BENCH_SMOKE + ("--set", "train_data.global_batch_size=2"),
-         why="one pair of single steps; BenchLarge's batch of 8 takes ~5 s a step per side on "
-             "2 cores"),
+         why="one pair of single steps of 32-token rows; BenchLarge's batch of 8 takes ~5 s a "
+             "step per side on 2 cores"),
     Rule("bench", lambda c: c.argv[:2] == BENCH, _check_bench, BENCH_SMOKE,
-         why="one pair of single steps: builds, compiles and times both steps and prints the "
-             "ratio line (the README's figures come from 9-31 pairs)"),
+         why="one pair of single steps of 32-token rows: builds, compiles and times both steps "
+             "and prints the ratio line (the README's figures come from 9-31 pairs)"),
 )
 
 
