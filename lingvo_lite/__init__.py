@@ -1,6 +1,14 @@
 """lingvo_lite: declarative language-model experiments on JAX, configured with Fiddle."""
 
 import os
+import signal
+import sys
+
+if sys.argv[:1] == ["-m"]:  # `python -m lingvo_lite` is starting (argv[0] while it is found).
+  # SIGUSR1 asks for stack dumps (stack_dumps.py); until the executor installs their handler,
+  # after the imports, the signal's default action would kill the process. Blocked, it waits,
+  # and the handler (or the multi-process supervisor, which forwards it) takes it then.
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
 # TensorFlow is only the data pipeline's engine here: keep its C++ start-up chatter quiet.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -1,4 +1,4 @@
-"""`python -m lingvo_lite ...` runs the executor."""
+"""`python -m lingvo_lite ...` runs the executor (SIGUSR1 waits from the start: __init__.py)."""
 
 from lingvo_lite.executor import run_main
 

@@ -101,6 +101,8 @@ def _silence_closed_loop_errors() -> None:
 
 
 # The operating system's failures a save meets, by the words tensorstore quotes them in.
+# How long processes other than 0 wait for process 0 to record a step's checksums.
+CHECKSUM_WAIT_SECONDS = 3600.0
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EIO)
 
 
@@ -338,9 +340,21 @@ class Checkpointer:
         except OSError as e:
           raise CheckpointWriteError(f"recording the checksums of checkpoint step {step} "
                                      f"failed: {_one_line(e)}") from e
+      elif self._settings.checksums:
+        self._await_checksums(step)
       self._verified_steps.add(step)
     self._delete_old_steps()
     return pending
+
+  def _await_checksums(self, step: int) -> None:
+    """On processes other than 0: waits while process 0 reads the step's every byte for its
+    checksums, so that they spend that time here, in the checkpoint's (timed as such, no
+    stall to the watchdog), rather than blocked in the next step's collective. Gives up
+    after CHECKSUM_WAIT_SECONDS (process 0 failed: its own error stops the run)."""
+    step_dir = self._directory / str(step)
+    deadline = time.monotonic() + CHECKSUM_WAIT_SECONDS
+    while not checkpoint_integrity.has_checksums(step_dir) and time.monotonic() < deadline:
+      time.sleep(0.2)
 
   def _delete_old_steps(self) -> None:
     """Keeps the newest `max_to_keep` complete steps; never the newest verified one."""

@@ -254,8 +254,9 @@ def _refuse_flags(program: programs.Program) -> None:
       readers = [p.name for p in programs.PROGRAMS.values() if name in p.flags]
       if not readers:
         takes = "takes no config" + ("" if program.needs_job_dir else " or job dir")
-        raise UsageError(f"{shown}: --mode={program.name} {takes} (it {program.summary}); "
-                         "drop the flag, or pick another --mode")
+        # The summary is an imperative phrase ("list the registered experiments").
+        raise UsageError(f"{shown}: --mode={program.name} {takes} (it is the mode to "
+                         f"{program.summary}); drop the flag, or pick another --mode")
       raise UsageError(f"{shown}: --mode={program.name} does not use this flag (only "
                        f"--mode={' / --mode='.join(readers)} reads it); drop the flag, or "
                        "pick another --mode")
@@ -341,7 +342,10 @@ def main(argv: Sequence[str]) -> None:
     stack_dumps.install_signal_handler()
     if _MODE.value == "compile":
       _arrange_cpu_devices()
-    code = _run_mode()
+    try:
+      code = _run_mode()
+    finally:
+      stack_dumps.set_folder(None)  # A process that runs on (tests) has no job dir now.
   except UsageError as e:
     _fail(str(e))
   except (programs.ProgramFailure, DataError) as e:
@@ -364,7 +368,8 @@ def _run_mode() -> int | None:
                      "--job_log_dir=runs/my_run")
   if job_dir is not None and not _FDL_HELP.value:
     job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value)
-    stack_dumps.set_folder(job_dir / "stacks")
+    if program.needs_config:  # A program that only reads the job (report) writes no dumps there.
+      stack_dumps.set_folder(job_dir / "stacks")
   if not program.needs_config:
     # It reads the job's files only (report): nothing is built and no device is touched, so
     # it runs on any machine, beside a trainer that holds the accelerators.

@@ -36,7 +36,8 @@ from lingvo_lite.errors import UsageError
 WRITING_MODES = ("train", "compile")
 FOLDER, FILE = "folder", "file"
 # What every mode may read, relative to the job dir: checked for its kind where present.
-# `stacks/` too: any mode writes its stack dumps there on SIGUSR1 (stack_dumps.py).
+# `stacks/` too: every mode with a config writes its stack dumps there on SIGUSR1
+# (stack_dumps.py).
 _READ = (("config.json", FILE), ("checkpoints", FOLDER), ("stacks", FOLDER))
 # What each mode creates or writes, parents before children: checked for its kind where
 # present and for being writable, and where missing, its nearest existing folder is tested.

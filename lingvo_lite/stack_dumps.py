@@ -17,6 +17,7 @@ dir is not resolved yet, or the mode has none), a dump goes to stderr instead of
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import faulthandler
 import fcntl
@@ -29,6 +30,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
 from etils import epath
@@ -46,6 +48,7 @@ _last_base: str | None = None
 _same_base_count = 0
 _folder: epath.Path | None = None
 _installed_in_pid: int | None = None
+_dumping = threading.Event()  # The reader thread is writing a signal's dump.
 
 
 def set_folder(folder: epath.Path | str | None) -> None:
@@ -112,24 +115,35 @@ def _py_spy() -> str | None:
 
 
 def native_stacks(timeout: float = PY_SPY_TIMEOUT_SECONDS) -> str:
-  """`py-spy dump --native` of this process, or why there is none."""
+  """`py-spy dump --native` of this process, or why there is none.
+
+  py-spy's native unwinder fails on some busy processes ("Failed to merge native and python
+  frames", libunwind errors) where its Python-only view works: that view is taken then."""
   executable = _py_spy()
   if executable is None:
     return ("py-spy is not installed (pip install py-spy), so no native frames; the Python "
             "stacks above are complete for Python code\n")
-  command = [executable, "dump", "--native", "--pid", str(os.getpid())]
-  try:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, check=False)
-  except subprocess.TimeoutExpired:
-    return f"{' '.join(command)} did not finish in {timeout:g} s\n"
-  except OSError as e:
-    return f"{' '.join(command)} could not start: {e}\n"
-  if done.returncode:
-    return (f"{' '.join(command)} failed (exit code {done.returncode}); ptrace may not be "
-            "permitted here (a container without CAP_SYS_PTRACE, or kernel.yama.ptrace_scope "
-            f"above 0 for a non-root user):\n{done.stderr.strip()}\n")
-  return done.stdout
+  failures = []
+  for native in (True, False):
+    command = [executable, "dump", *(["--native"] if native else []), "--pid", str(os.getpid())]
+    shown = " ".join(command)
+    try:
+      done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                            stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+      failures.append(f"{shown} did not finish in {timeout:g} s")
+      break  # A stuck ptrace: a second try would wait as long.
+    except OSError as e:
+      failures.append(f"{shown} could not start: {e}")
+      break
+    if done.returncode == 0:
+      return "".join(f"{failure}\n" for failure in failures) + done.stdout
+    failures.append(f"{shown} failed (exit code {done.returncode}): {done.stderr.strip()}")
+  said = "\n".join(failures)
+  if "ptrace" in said.lower() or "permission" in said.lower():
+    said += ("\n(ptrace is not permitted here: a container without CAP_SYS_PTRACE, or "
+             "kernel.yama.ptrace_scope above 0 for a non-root user)")
+  return said + "\n"
 
 
 def text(reason: str, faulthandler_text: str | None = None,
@@ -240,6 +254,16 @@ def install_signal_handler() -> None:
   faulthandler.register(signal.SIGUSR1, file=write_end, all_threads=True, chain=False)
   signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
   _installed_in_pid = os.getpid()
+  atexit.register(_finish_pending_dump, read_end)
+
+
+def _finish_pending_dump(read_end: int, timeout: float = 2 * PY_SPY_TIMEOUT_SECONDS) -> None:
+  """At exit: a signal's dump still unread or being written is finished first (a short
+  command, or a signal held back during the imports, would otherwise end before it)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline and (
+      _dumping.is_set() or select.select([read_end], [], [], 0)[0]):
+    time.sleep(0.05)
 
 
 def _drain(read_end: int) -> None:
@@ -248,6 +272,7 @@ def _drain(read_end: int) -> None:
     chunk = os.read(read_end, 1 << 16)
     if not chunk:
       return
+    _dumping.set()
     chunks = [chunk]
     while select.select([read_end], [], [], _SETTLE_SECONDS)[0]:
       chunks.append(os.read(read_end, 1 << 16))
@@ -258,3 +283,5 @@ def _drain(read_end: int) -> None:
     except Exception as e:  # pylint: disable=broad-except
       # A dump must never end the process it is meant to explain.
       warn(f"SIGUSR1: the stack dump failed ({type(e).__name__}: {e})")
+    finally:
+      _dumping.clear()

@@ -111,12 +111,14 @@ def supervise(args: Sequence[str]) -> int:
   # here, not twice (a second SIGINT stops a training run at once, without saving). The
   # child inherits the blocked SIGUSR1 (a signal mask survives exec); a SIGUSR1 to this
   # process meanwhile waits, and is forwarded once the mask is restored.
-  mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+  # (`python -m lingvo_lite` blocks it from its first line already: see __main__.py.) Then
+  # unblocked here, where `forward` handles it.
+  signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
   try:
     child = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *args], env=env,
                              stderr=subprocess.PIPE, process_group=0)
   finally:
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
   for signum in received:
     child.send_signal(signum)
   watch = LogWatch()

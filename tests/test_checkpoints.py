@@ -1,6 +1,8 @@
 """Retention: old steps go only once a newer one is verified, never the newest verified one."""
 
 import shutil
+import threading
+import time
 
 import jax.numpy as jnp
 from etils import epath
@@ -59,3 +61,23 @@ def test_a_failed_save_is_named_by_the_operating_systems_words_in_any_form():
   except ValueError as without_code:
     for error in (with_code, without_code):
       assert "File too large (errno 27); " in _one_line(error), _one_line(error)
+
+
+def test_other_processes_wait_in_the_checkpoint_for_process_0s_checksums(tmp_path,
+                                                                         monkeypatch):
+  """Process 1 spends process 0's checksum pass in `wait` (timed as checkpointing, no stall),
+  not in the next step's collective; process 0 here is a thread that records them late."""
+  from lingvo_lite import checkpoints  # pylint: disable=g-import-not-at-top
+  checkpointer = Checkpointer(epath.Path(tmp_path), CheckpointSettings(
+      every_steps=1, max_to_keep=None, async_save=True))
+  checkpointer.save(1, {"w": jnp.arange(4.0)})
+  checkpointer._manager.wait_until_finished()  # pylint: disable=protected-access
+  monkeypatch.setattr(checkpoints.jax, "process_index", lambda: 1)
+  late = threading.Timer(1.0, checkpoint_integrity.write_checksums,
+                         (epath.Path(tmp_path) / "1",))
+  started = time.monotonic()
+  late.start()
+  assert checkpointer.wait() == [1]
+  assert time.monotonic() - started >= 0.9
+  assert checkpoint_integrity.has_checksums(epath.Path(tmp_path) / "1")
+  checkpointer.close()

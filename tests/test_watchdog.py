@@ -362,3 +362,18 @@ def test_sigusr1_to_a_supervised_two_process_run_dumps_and_the_run_goes_on(tmp_p
   assert "\nprocess: 0 of 2 (jax.distributed)\n" in text
   assert f"lingvo_lite{os.sep}programs{os.sep}train.py" in _main_thread(
       _section(text, "Python stacks of every thread"))
+
+
+def test_sigusr1_during_the_start_up_imports_waits_for_its_handler():
+  """`python -m lingvo_lite` blocks SIGUSR1 from its package's first line: one sent during the
+  imports (seconds before the executor installs the handler) is dumped, not fatal."""
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  child = subprocess.Popen([sys.executable, "-m", "lingvo_lite", "--mode=list"], cwd=ROOT,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  time.sleep(0.3)  # Inside the imports of jax and the executor.
+  child.send_signal(signal.SIGUSR1)
+  stdout, stderr = child.communicate(timeout=120)
+  assert child.returncode == 0, stderr[-2000:]
+  assert "PyCodeTiny" in stdout
+  # No job dir in --mode=list: the dump goes to stderr, with the main thread's stack.
+  assert "lingvo_lite stack dump: SIGUSR1" in stderr, stderr[-2000:]

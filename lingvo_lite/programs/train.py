@@ -270,8 +270,9 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
   data, num_devices = setup.train_data, jitted.target.num_devices
   mesh_shape = " ".join(f"{axis}={size}" for axis, size in jitted.mesh.shape.items())
   flops = mfu.model_flops_per_step(setup.model, data.global_batch_size, data.sequence_length)
-  peak, peak_source = mfu.peak_flops_per_device(jitted.target.devices[0],
-                                                loop.peak_tflops_per_device)
+  with watchdog.excused("measuring the peak"):  # On a CPU: a compile and 11 big matmuls.
+    peak, peak_source = mfu.peak_flops_per_device(jitted.target.devices[0],
+                                                  loop.peak_tflops_per_device)
   say(f"model: {num_params / 1e6:.2f}M parameters, {flops / 1e12:.3g} TFLOP per step; "
       f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
   say(f"batch: global {data.global_batch_size} x {data.sequence_length} tokens = "
@@ -283,7 +284,11 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
   # Compiled before the first step, so its time is the compile's, not the step's (and not at
   # all when no step will run: a finished job rerun, a stop asked for during the restore).
   train_step = jitted.train_step
-  if start < loop.steps and not stopped_before_first_step:
+  # Asked again: a restore takes minutes, and a stop that came meanwhile must not wait for a
+  # compile as long (every process gets here at the same point).
+  stopped_before_first_step = stopped_before_first_step or stop.should_stop(start)
+  # A step loaded with --compiled_step_in is compiled already.
+  if start < loop.steps and not stopped_before_first_step and hasattr(train_step, "lower"):
     with off_step("compile"):
       started = time.perf_counter()
       train_step = _compiled(jitted)
@@ -352,8 +357,9 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
       outputs.commit()
   eval_results = None
   if stop.signal_name:
-    say(f"{stop.signal_name}: saved step {step} and stopped; rerun the same command to "
-        "resume")
+    done = (f"saved step {step} and stopped" if step > start else
+            "stopped before its first step, with nothing new to save")
+    say(f"{stop.signal_name}: {done}; rerun the same command to resume")
   else:
     eval_results = evaluate(state.params, step)
     outputs.commit()  # A finished run's evaluation supersedes the one it resumed after.
@@ -362,12 +368,10 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
 
 
 def _compiled(jitted: JittedSteps) -> Callable[..., Any]:
-  """The train step compiled ahead of time from the state's and the batch's shapes (what the
-  first call would compile); a step loaded with --compiled_step_in is compiled already."""
-  step = jitted.train_step
-  if not hasattr(step, "lower"):
-    return step
-  return step.lower(jitted.sharded_state.abstract, jitted.abstract_batch()).compile()
+  """The jitted train step compiled ahead of time from the state's and the batch's shapes:
+  what its first call would compile."""
+  return jitted.train_step.lower(jitted.sharded_state.abstract,
+                                 jitted.abstract_batch()).compile()
 
 
 _NON_FINITE_ADVICE = ("rerun with a lower optimizer.peak_learning_rate (or a clip_grad_norm, "
