@@ -49,7 +49,7 @@ def first_mismatch(step_dir: epath.Path) -> str | None:
   try:
     recorded = {name: (int(entry["bytes"]), str(entry["crc32"])) for name, entry in
                 json.loads((step_dir / CHECKSUMS_FILE).read_text()).items()}
-  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+  except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
     return f"{CHECKSUMS_FILE} is unreadable ({type(e).__name__}: {e})"
   for name, (size, crc32) in sorted(recorded.items()):
     path = step_dir / name

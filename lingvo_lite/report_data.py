@@ -11,6 +11,12 @@ job's lock and everything expects files in motion: a last JSON line still being 
 yet) or deleted between the listing and the reading (left out). Older jobs lack some files;
 what is missing or unreadable becomes a note on the page, not an error. Nothing is written:
 the program keeps the verification cache (`checked`) under JOB/report/.
+
+The files may also be damaged or crafted, so every value is taken through one coercion:
+`number` for numbers (a JSON integer too large for a float is an infinity, a string is no
+number), `step_of` for steps, `text` for names that come from the file system (a name that is
+not UTF-8 keeps its bytes as `\\xff` escapes), and a local file that is not a regular file (a
+FIFO would block the read for ever) is left out with a note.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import math
 import os
 import re
+import stat
 from typing import Any
 
 from etils import epath
@@ -35,9 +42,12 @@ DECODE_SAMPLES = 6  # Answers shown from the newest decode file.
 # Step folder names, as checkpoints.py makes them: final (`30`), being written by orbax
 # (`30.orbax-checkpoint-tmp-<ns>`), set aside unverified (`30.unverified-<ns>`); the ones being
 # deleted (`30.lingvo_lite-deleting-<ns>`) are left out.
-_FINAL = re.compile(r"^(\d+)$")
-_BEING_WRITTEN = re.compile(r"^(\d+)\.orbax-checkpoint-tmp")
-_SET_ASIDE = re.compile(r"^(\d+)\.unverified-")
+_FINAL = re.compile(r"^([0-9]+)$")
+_BEING_WRITTEN = re.compile(r"^([0-9]+)\.orbax-checkpoint-tmp")
+_SET_ASIDE = re.compile(r"^([0-9]+)\.unverified-")
+# The largest step taken as one (an int64, as orbax and TensorBoard store steps): larger
+# integers in a row are damage, and would overflow the float a plot's axis needs.
+MAX_STEP = 2**63 - 1
 _STEP_METADATA = "_CHECKPOINT_METADATA"
 
 VERIFIED, BEING_WRITTEN, INCOMPLETE, FAILED, SET_ASIDE = (
@@ -101,6 +111,62 @@ class Job:
   checked: dict[str, Any]
 
 
+# ----------------------------------------------------------------------------- values
+
+
+def text(name: str) -> str:
+  """A file or folder name as text that can be written as UTF-8 and drawn: the bytes of a
+  name that is not UTF-8 (os.fsdecode's surrogates) become `\\xff` escapes."""
+  return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
+def printable(value: Any) -> str:
+  """`value` as text that can be written as UTF-8 and drawn: a lone surrogate (from a JSON
+  `\\udcff` escape, or a name os.fsdecode made) becomes its `\\udcff` escape."""
+  return str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def number(row: Any, key: str) -> float | None:
+  """`row[key]` as a float if `row` is a JSON object and the value a number (NaN and
+  infinities included; an integer too large for a float is an infinity of its sign), else
+  None: the one way the report reads a number from a job's files."""
+  value = row.get(key) if isinstance(row, dict) else None
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return None
+  try:
+    return float(value)
+  except OverflowError:
+    return math.inf if value > 0 else -math.inf
+
+
+def finite(value: float | None) -> bool:
+  return value is not None and math.isfinite(value)
+
+
+def step_of(row: Any) -> int | None:
+  """`row["step"]` if it is an integer from 0 to MAX_STEP, else None (the row is no step's)."""
+  value = row.get("step") if isinstance(row, dict) else None
+  if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP:
+    return value
+  return None
+
+
+def is_special_file(path: epath.Path) -> bool:
+  """Whether `path` is a local FIFO, socket or device: reading one could block for ever, so
+  the report leaves it out (a missing path or a folder is for the reader to say)."""
+  if paths.is_remote(str(path)):
+    return False
+  try:
+    mode = os.stat(os.fspath(path)).st_mode
+  except OSError:
+    return False
+  return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def _special_note(shown: str) -> str:
+  return f"{shown}: not a regular file (a FIFO, socket or device; left out)"
+
+
 # ----------------------------------------------------------------------------- JSON lines
 
 
@@ -111,6 +177,9 @@ def read_jsonl(path: epath.Path, notes: list[str], shown: str) -> list[dict[str,
   append whole lines, so it is the only line that can be partial); any other unreadable line
   is left out with a note.
   """
+  if is_special_file(path):
+    notes.append(_special_note(shown))
+    return []
   try:
     data = path.read_bytes()
   except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -140,21 +209,16 @@ def read_jsonl(path: epath.Path, notes: list[str], shown: str) -> list[dict[str,
   return rows
 
 
-def _step(row: dict[str, Any]) -> int | None:
-  step = row.get("step")
-  return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
 def one_row_per_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   """Train rows as the run's history: a row whose step is not after the last one kept starts
   a resumed run, whose rows replace those from that step on (a killed run's rows stay in
   metrics.jsonl until the resumed run's first checkpoint)."""
   kept: list[dict[str, Any]] = []
   for row in rows:
-    step = _step(row)
-    if step is None:
+    at = step_of(row)
+    if at is None:
       continue
-    while kept and _step(kept[-1]) >= step:
+    while kept and step_of(kept[-1]) >= at:
       kept.pop()
     kept.append(row)
   return kept
@@ -162,20 +226,8 @@ def one_row_per_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def latest_per_step(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   """Eval rows, one per step (the last written wins: a step evaluated again), by step."""
-  by_step = {step: row for row in rows if (step := _step(row)) is not None}
-  return [by_step[step] for step in sorted(by_step)]
-
-
-def number(row: dict[str, Any], key: str) -> float | None:
-  """`row[key]` as a float if it is a number (NaN and infinities included), else None."""
-  value = row.get(key)
-  if isinstance(value, bool) or not isinstance(value, (int, float)):
-    return None
-  return float(value)
-
-
-def finite(value: float | None) -> bool:
-  return value is not None and math.isfinite(value)
+  by_step = {at: row for row in rows if (at := step_of(row)) is not None}
+  return [by_step[at] for at in sorted(by_step)]
 
 
 def _eval_sets(folder: epath.Path, prefix: str, notes: list[str]) -> dict[str, list[dict]]:
@@ -186,9 +238,10 @@ def _eval_sets(folder: epath.Path, prefix: str, notes: list[str]) -> dict[str, l
     return {}
   sets = {}
   for file in files:
-    rows = latest_per_step(read_jsonl(file, notes, prefix + file.name))
+    name = text(file.name)
+    rows = latest_per_step(read_jsonl(file, notes, prefix + name))
     if rows:
-      sets[file.name[len("eval_"):-len(".jsonl")]] = rows
+      sets[name[len("eval_"):-len(".jsonl")]] = rows
   return sets
 
 
@@ -213,11 +266,16 @@ def _signature(step_dir: epath.Path) -> list[list[Any]] | None:
 
 
 def _committed(step_dir: epath.Path) -> float | None:
-  try:
-    metadata = json.loads((step_dir / _STEP_METADATA).read_text())
-    return int(metadata["commit_timestamp_nsecs"]) / 1e9
-  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+  """When orbax committed the step (POSIX seconds), if its metadata says so."""
+  path = step_dir / _STEP_METADATA
+  if is_special_file(path):
     return None
+  try:
+    metadata = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+  nanoseconds = number(metadata, "commit_timestamp_nsecs")
+  return nanoseconds / 1e9 if finite(nanoseconds) else None  # The page shows "-" past 9999.
 
 
 def _size(step_dir: epath.Path) -> int | None:
@@ -225,6 +283,10 @@ def _size(step_dir: epath.Path) -> int | None:
     return sum(path.stat().length for path in _files(step_dir))
   except OSError:
     return None
+
+
+class _ChangedWhileChecked(Exception):
+  """A step folder was deleted or rewritten while its files were compared."""
 
 
 def _final_step(step: int, step_dir: epath.Path, cached: dict[str, Any], now: float,
@@ -242,10 +304,15 @@ def _final_step(step: int, step_dir: epath.Path, cached: dict[str, Any], now: fl
   signature = _signature(step_dir)
   entry = cached.get(str(step))
   if (signature is not None and isinstance(entry, dict) and entry.get("signature") == signature
-      and isinstance(entry.get("checked"), (int, float))):
-    mismatch, when = entry.get("mismatch"), float(entry["checked"])
+      and finite(number(entry, "checked"))
+      and isinstance(entry.get("mismatch"), (str, type(None)))):
+    mismatch, when = entry.get("mismatch"), number(entry, "checked")
   else:
     mismatch, when = checkpoint_integrity.first_mismatch(step_dir), now
+    # Retention (or a resumed run saving the step again) may have deleted or replaced the
+    # step while it was read: its files differ then because they are gone, not damaged.
+    if mismatch and (not step_dir.exists() or _signature(step_dir) != signature):
+      raise _ChangedWhileChecked()
   if signature is not None:
     checked[str(step)] = {"signature": signature, "mismatch": mismatch, "checked": when}
   if mismatch:
@@ -264,7 +331,7 @@ def read_checkpoints(folder: epath.Path, cached: dict[str, Any], now: float,
     return [], checked
   found = []
   for path in entries:
-    name = path.name
+    name = text(path.name)
     try:
       if match := _FINAL.match(name):
         found.append(_final_step(int(match[1]), path, cached, now, checked))
@@ -277,6 +344,9 @@ def read_checkpoints(folder: epath.Path, cached: dict[str, Any], now: float,
                                 _size(path)))
     except (FileNotFoundError, NotADirectoryError):
       continue  # Deleted (retention) or renamed into place since the listing.
+    except _ChangedWhileChecked:
+      if path.exists():  # Rewritten: the next report checks the new files (none cached).
+        notes.append(f"{folder.name}/{name}: changed while it was checked (left out)")
     except OSError as e:
       notes.append(f"{folder.name}/{name}: cannot be read ({e.strerror or e})")
   return sorted(found, key=lambda c: (c.step, c.status != VERIFIED)), checked
@@ -286,6 +356,9 @@ def read_checkpoints(folder: epath.Path, cached: dict[str, Any], now: float,
 
 
 def _json_file(path: epath.Path, shown: str, notes: list[str]) -> dict[str, Any] | None:
+  if is_special_file(path):
+    notes.append(_special_note(shown))
+    return None
   try:
     data = json.loads(path.read_text())
   except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -307,10 +380,11 @@ def _decode_samples(folder: epath.Path, shown: str,
   except OSError:
     return None, []
   for file in reversed(files):
-    rows = [row for row in read_jsonl(file, notes, f"{shown}/{file.name}")
+    name = text(file.name)
+    rows = [row for row in read_jsonl(file, notes, f"{shown}/{name}")
             if row.get("schema_version") == 1]
     if rows:
-      return file.name, rows[:DECODE_SAMPLES]
+      return name, rows[:DECODE_SAMPLES]
   return None, []
 
 
@@ -333,11 +407,14 @@ def read(job_dir: epath.Path, shown: str, cached: dict[str, Any] | None = None,
     with_checkpoints: List and verify the checkpoints (False: `checkpoints` is []).
   """
   notes: list[str] = []
-  try:
-    starts = run_info.read(job_dir)
-  except (OSError, ValueError) as e:
-    notes.append(f"{run_info.FILE_NAME}: cannot be read ({type(e).__name__})")
-    starts = []
+  starts = []
+  if is_special_file(job_dir / run_info.FILE_NAME):
+    notes.append(_special_note(run_info.FILE_NAME))
+  else:
+    try:
+      starts = run_info.read(job_dir)
+    except (OSError, ValueError) as e:
+      notes.append(f"{run_info.FILE_NAME}: cannot be read ({type(e).__name__})")
   train = one_row_per_step(read_jsonl(job_dir / METRICS_FILE, notes, METRICS_FILE))
   checkpoints, checked = (read_checkpoints(job_dir / CHECKPOINTS_FOLDER, cached or {}, now,
                                            notes) if with_checkpoints else ([], {}))

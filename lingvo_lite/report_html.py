@@ -5,7 +5,8 @@ Everything shown is escaped: config values, prompts and completions are users' t
 page marks what a reader or a test looks for: the final train loss (`id="final-train-loss"`,
 its exact value in `data-value`), config rows that differ from the experiment's defaults
 (`class="changed"`), checkpoint statuses (`class="status-verified"`, `-failed`, ...) and each
-section's `id`.
+section's `id`. Numbers are read through report_data.number, so a crafted or damaged value
+(a string, an integer no float holds) is shown as `-` or an infinity, never a crash.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ from typing import Any, Sequence
 
 from lingvo_lite.config_diffs import JobConfig
 from lingvo_lite.report_data import (BEING_WRITTEN, FAILED, INCOMPLETE, SET_ASIDE, VERIFIED,
-                                     Checkpoint, Job, finite, number)
-from lingvo_lite.report_plots import Plot
+                                     Checkpoint, Job, finite, number, printable)
+from lingvo_lite.report_plots import Plot, color
 
 EVAL_ROWS_SHOWN = 200  # The newest rows of an eval table; older ones are counted.
 _STATUS_CLASS = {VERIFIED: "status-verified", FAILED: "status-failed",
                  BEING_WRITTEN: "status-writing", INCOMPLETE: "status-incomplete",
                  SET_ASIDE: "status-aside"}
-_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf")  # matplotlib's cycle, as the plots use it.
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;
  max-width:1200px;padding:16px 24px;color:#1d1d1f;font-size:14px;line-height:1.4}
@@ -58,7 +57,7 @@ pre{white-space:pre-wrap;word-break:break-word;background:#f7f7f9;padding:6px;ma
 
 
 def _e(value: Any) -> str:
-  return html.escape(str(value), quote=True)
+  return html.escape(printable(value), quote=True)
 
 
 def number_text(value: float | None, digits: int = 4) -> str:
@@ -78,19 +77,22 @@ def number_text(value: float | None, digits: int = 4) -> str:
 
 
 def _time(seconds: float | None) -> str:
-  if seconds is None:
+  try:
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+  except (TypeError, ValueError, OverflowError, OSError):  # None, NaN, or out of range.
     return "-"
-  moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
   return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _bytes(size: int | None) -> str:
+def _bytes(size: float | None) -> str:
   if size is None:
     return "-"
+  if not math.isfinite(size):
+    return str(size)
   for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
     if size >= scale:
       return f"{size / scale:.1f} {unit}"
-  return f"{size} B"
+  return f"{size:.0f} B"
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], classes: str = "",
@@ -290,23 +292,26 @@ def _compile(report: dict[str, Any]) -> str:
       value = value.get(key) if isinstance(value, dict) else None
     return value
 
-  available = get("target", "memory_per_device")
+  def num(*keys: str) -> float | None:  # A number where the file has one, of any type.
+    return number(get(*keys[:-1]), keys[-1])
+
+  mesh = get("mesh") if isinstance(get("mesh"), dict) else {}
+  fraction, seconds, at_50 = (num("margin", "fraction"), num("compile_seconds"),
+                              num("step_time", "seconds_at_50_mfu"))
   pairs = [("target", f"{get('target', 'name')} ({get('target', 'num_devices')} x "
                       f"{get('target', 'device_kind')})"),
            ("program", get("program")),
-           ("mesh", " ".join(f"{k}={v}" for k, v in (get("mesh") or {}).items())),
+           ("mesh", " ".join(f"{k}={v}" for k, v in mesh.items()) or None),
            ("verdict", get("verdict")),
-           ("memory per device", f"{_bytes(get('memory', 'deciding'))} of "
-                                 f"{_bytes(available)}"),
-           ("margin", f"{_bytes(get('margin', 'bytes'))} "
-                      f"({100 * (get('margin', 'fraction') or 0):.1f}%)"
-            if get("margin") else "-"),
-           ("compile time", f"{get('compile_seconds'):.1f} s"
-            if isinstance(get("compile_seconds"), (int, float)) else "-")]
-  at_50 = get("step_time", "seconds_at_50_mfu")
-  if isinstance(at_50, (int, float)):
+           ("memory per device", f"{_bytes(num('memory', 'deciding'))} of "
+                                 f"{_bytes(num('target', 'memory_per_device'))}"),
+           ("margin", f"{_bytes(num('margin', 'bytes'))} "
+                      f"({100 * (fraction or 0):.1f}%)"
+            if isinstance(get("margin"), dict) else "-"),
+           ("compile time", f"{seconds:.1f} s" if finite(seconds) else "-")]
+  if finite(at_50):
     pairs.append(("step time at 50% MFU", f"{at_50 * 1000:.3g} ms "
-                  f"({number_text(get('step_time', 'tokens_per_s_per_device_at_50_mfu'))} "
+                  f"({number_text(num('step_time', 'tokens_per_s_per_device_at_50_mfu'))} "
                   "tokens/s per device)"))
   return _kv([(k, "-" if v is None else str(v)) for k, v in pairs]) + (
       '<p class="meta">From compile/report.json (compile/report.txt has the rest).</p>')
@@ -326,8 +331,7 @@ def _decode(job: Job) -> str:
            f"{len(job.decode_samples)} answers): each prompt, then its completion, "
            "highlighted.</p>"]
   for row in job.decode_samples:
-    timing = row.get("timing") if isinstance(row.get("timing"), dict) else {}
-    speed = timing.get("tokens_per_second")
+    speed = number(row.get("timing"), "tokens_per_second")
     parts.append(
         f"<h3>{_e(row.get('source', '-'))} <span class=\"meta\">(checkpoint step "
         f"{_e(row.get('checkpoint_step', '-'))}, stop: {_e(row.get('stop_reason', '-'))}"
@@ -403,7 +407,7 @@ def compare_page(jobs: Sequence[Job], configs: Sequence[JobConfig],
   for index, (job, config, link) in enumerate(zip(jobs, configs, reports)):
     last = job.train[-1] if job.train else {}
     evals = _final_eval_rows(job)
-    swatch = f'<span class="swatch" style="background:{_COLORS[index % len(_COLORS)]}"></span>'
+    swatch = f'<span class="swatch" style="background:{color(index)}"></span>'
     name = f'<a href="{_e(link)}">{_e(job.shown)}</a>' if link else _e(job.shown)
     rows.append([f"<td>{swatch}{name}</td>", _td(config.experiment or "-"),
                  _td(f"{last.get('step', 0):,}", True),

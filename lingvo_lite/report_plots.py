@@ -6,11 +6,16 @@ settings apply through `rc_context` for the drawing only. SVG keeps the curves s
 zoom and its text as text (a reader can search the legend); a curve longer than
 MAX_POINTS is thinned to each bucket's lowest and highest point, so spikes stay visible and
 the page stays light.
+
+Every label is drawn as the text it is: math text is off (a job dir named `$x$` is not
+typeset) and the legend is given its labels explicitly (matplotlib would leave out a label
+that starts with `_`, as a compared job dir `_b` does).
 """
 
 from __future__ import annotations
 
 import base64
+import colorsys
 import dataclasses
 import io
 import math
@@ -18,18 +23,35 @@ from typing import Sequence
 
 import numpy as np
 
-from lingvo_lite.report_data import Job, number
+from lingvo_lite.report_data import Job, number, printable
 
 MAX_POINTS = 2000
 _WIDTH_IN, _HEIGHT_IN = 6.0, 3.2
-_COLORS = ("C0", "C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8", "C9")  # matplotlib's cycle.
+# matplotlib's default cycle (tab10), for the first jobs compared.
+_CYCLE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+          "#7f7f7f", "#bcbd22", "#17becf")
+_GOLDEN = (5 ** 0.5 - 1) / 2
 _STYLE = {
+    "text.parse_math": False,  # Labels are job dirs and file names, never math.
     "svg.fonttype": "none",  # Text as <text>, in the browser's font, not glyph outlines.
     "svg.hashsalt": "lingvo_lite",  # The same plot gives the same SVG.
     "font.size": 9.0,
     "axes.spines.top": False,
     "axes.spines.right": False,
 }
+
+
+def color(index: int) -> str:
+  """The colour of the `index`th job of a comparison, as `#rrggbb`: tab10's, then hues spaced
+  by the golden ratio (each one away from all before it) at three lightnesses, so that no two
+  jobs of any count share a colour."""
+  if index < len(_CYCLE):
+    return _CYCLE[index]
+  extra = index - len(_CYCLE)
+  hue = (extra * _GOLDEN) % 1.0
+  lightness = (0.45, 0.3, 0.6)[extra % 3]
+  red, green, blue = colorsys.hls_to_rgb(hue, lightness, 0.75)
+  return "#" + "".join(f"{round(channel * 255):02x}" for channel in (red, green, blue))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,19 +101,21 @@ def svg(title: str, ylabel: str, curves: Sequence[Curve]) -> str:
     figure.subplots_adjust(left=0.13, right=0.98, top=0.9, bottom=0.15)
     FigureCanvasSVG(figure)
     axes = figure.add_subplot()
+    lines = []
     for curve in curves:
       x, y = thin(curve.steps, curve.values)
       if curve.dashed:
-        axes.plot(x, y, label=curve.label, color=curve.color, linestyle="--", marker="o",
-                  markersize=3, linewidth=1.2)
+        (line,) = axes.plot(x, y, color=curve.color, linestyle="--", marker="o", markersize=3,
+                            linewidth=1.2)
       else:
-        axes.plot(x, y, label=curve.label, color=curve.color, linewidth=1.2)
+        (line,) = axes.plot(x, y, color=curve.color, linewidth=1.2)
+      lines.append(line)
     axes.set_title(title)
     axes.set_xlabel("step")
     axes.set_ylabel(ylabel)
     axes.grid(True, alpha=0.3)
     if len(curves) > 1:
-      axes.legend(fontsize=8)
+      axes.legend(lines, [printable(curve.label) for curve in curves], fontsize=8)
     buffer = io.StringIO()
     figure.savefig(buffer, format="svg", metadata={"Date": None})
   return buffer.getvalue()
@@ -184,17 +208,18 @@ def curves(quantity: Quantity, jobs: Sequence[Job]) -> list[Curve]:
   each (train solid, evals dashed), labelled by the job dir."""
   found = []
   for index, job in enumerate(jobs):
-    color = _COLORS[index % len(_COLORS)] if len(jobs) > 1 else None
+    job_color = color(index) if len(jobs) > 1 else None
     prefix = f"{job.shown} " if len(jobs) > 1 else ""
     if quantity.train:
       steps, values = _points(job.train, quantity.key, quantity.scale)
       if steps:
         found.append(Curve(f"{prefix}train".strip() if prefix else "train", steps, values,
-                           color))
+                           job_color))
     for suffix, rows in _eval_sets(job) if quantity.evals else ():
       steps, values = _points(rows, quantity.key, quantity.scale)
       if steps:
-        found.append(Curve(f"{prefix}eval {suffix}", steps, values, color, dashed=True))
+        found.append(Curve(f"{prefix}eval {suffix}", steps, values, job_color,
+                           dashed=True))
   return found
 
 

@@ -86,3 +86,11 @@ def test_training_records_checksums_and_refuses_a_corrupt_step(tmp_path):
   result = run_cli([*TINY, "--fdl.train.steps=6", f"--job_log_dir={job}"])
   assert result.code == 0, result.stderr
   assert "resumed from step 2" in result.stdout
+
+
+def test_a_crafted_checksums_file_is_a_mismatch_not_a_crash(tmp_path):
+  step = epath.Path(tmp_path)
+  (step / "data").write_bytes(b"x")
+  for record in ({"data": {"bytes": 1e400, "crc32": "0"}}, {"data": {"bytes": "many"}}, [1]):
+    (step / checkpoint_integrity.CHECKSUMS_FILE).write_text(json.dumps(record))
+    assert "is unreadable" in checkpoint_integrity.first_mismatch(step), record

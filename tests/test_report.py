@@ -13,6 +13,7 @@ import html.parser
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,8 @@ from etils import epath
 
 import fiddle as fdl
 
-from lingvo_lite import config_diffs, fiddlers, registry, report_data, testing
+from lingvo_lite import (checkpoint_integrity, config_diffs, fiddlers, registry, report_data,
+                         report_plots, testing)
 from lingvo_lite.programs import report as report_program
 from lingvo_lite.testing import run_cli
 
@@ -118,6 +120,12 @@ def job_files(job) -> dict[str, bytes]:
   job = pathlib.Path(job)
   return {str(p.relative_to(job)): p.read_bytes() for p in sorted(job.rglob("*"))
           if p.is_file() and p.relative_to(job).parts[0] != "report"}
+
+
+def plot_svg(document: Node, quantity: str) -> str:
+  """The SVG text of the page's plot of `quantity`."""
+  figure = document.one("figure", **{"data-quantity": quantity})
+  return base64.b64decode(figure.one("img").attrs["src"].partition(",")[2]).decode()
 
 
 def report(*args) -> "run_cli":
@@ -360,6 +368,133 @@ def test_a_job_being_written_still_reports(page, tmp_path):
   assert "not recorded" in document.one(id="identity").text
 
 
+def _huge_integer_loss(job):
+  with open(job / "metrics.jsonl", "a") as f:  # Valid JSON; no float holds it.
+    f.write('{"step": 21, "loss": 1' + "0" * 400 + "}\n")
+  def check(document):
+    assert document.one(id="final-train-loss").attrs["data-value"] == "inf"
+  return check
+
+
+def _text_tokens_per_second(job):
+  (job / "decode").mkdir(exist_ok=True)  # The newest file by name: answers, x\udcff.
+  (job / "decode" / "answers.jsonl").write_text(json.dumps(
+      {"schema_version": 1, "prompt": "p\ud800", "completion": "c", "source": "s",
+       "timing": {"tokens_per_second": "fast"}}) + "\n")  # A lone surrogate in the prompt too.
+  def check(document):
+    section = document.one(id="decode")
+    assert section.one("span", klass="prompt").text == "p\\ud800"
+    assert section.one("h3").text == "s (checkpoint step -, stop: -)"  # No speed shown.
+  return check
+
+
+def _math_and_non_utf8_names(job):
+  eval_rows = (job / "eval_validation.jsonl").read_bytes()
+  (job / "eval_$\\foo{$.jsonl").write_bytes(eval_rows)  # mathtext: "Unknown symbol: \foo".
+  (job / "eval_x\udcff.jsonl").write_bytes(eval_rows)  # The file name's byte 0xff.
+  (job / "decode").mkdir(exist_ok=True)  # The newest file by name: answers, x\udcff.
+  (job / "decode" / "x\udcff.jsonl").write_text('{"schema_version": 1, "prompt": "p"}\n')
+  def check(document):
+    loss = plot_svg(document, "loss")
+    assert ">eval $\\foo{$</text>" in loss and ">eval x\\xff</text>" in loss  # Verbatim.
+    assert document.one("table", **{"data-file": "eval_x\\xff.jsonl"})
+    assert "From decode/x\\xff.jsonl" in document.one(id="decode").text
+  return check
+
+
+def _huge_commit_time(job):
+  metadata_file = job / "checkpoints" / "10" / "_CHECKPOINT_METADATA"
+  metadata = json.loads(metadata_file.read_text())
+  metadata_file.write_text(json.dumps(dict(metadata, commit_timestamp_nsecs=1e30)))
+  def check(document):
+    rows = table_rows(document.one(id="checkpoints").one("table"))
+    assert rows[0][:2] == ["10", "-"] and rows[1][1].endswith(" UTC"), rows
+  return check
+
+
+def _compile_report_of_wrong_types(job):
+  (job / "compile" / "report.json").write_text(json.dumps(
+      {"target": 5, "mesh": ["data"], "verdict": "fits", "memory": {"deciding": "x"},
+       "margin": {"fraction": "x", "bytes": 10**400}, "compile_seconds": "x",
+       "step_time": {"seconds_at_50_mfu": "x"}}))
+  def check(document):
+    rows = dict([cell.text for cell in tr.all()] for tr in document.one(id="compile").all("tr"))
+    assert rows == {"target": "None (None x None)", "program": "-", "mesh": "-",
+                    "verdict": "fits", "memory per device": "- of -", "margin": "inf (0.0%)",
+                    "compile time": "-"}
+  return check
+
+
+def _fifos(job):
+  os.mkfifo(job / "eval_fifo.jsonl")  # Reading one would wait for a writer for ever.
+  (job / "run_info.jsonl").unlink()
+  os.mkfifo(job / "run_info.jsonl")
+  (job / "metrics.jsonl").unlink()
+  os.mkfifo(job / "metrics.jsonl")
+  def check(document):
+    notes = document.one(id="notes").text
+    for name in ("eval_fifo.jsonl", "run_info.jsonl", "metrics.jsonl"):
+      assert f"{name}: not a regular file" in notes, notes
+  return check
+
+
+@pytest.mark.parametrize("craft", [
+    _huge_integer_loss, _text_tokens_per_second, _math_and_non_utf8_names, _huge_commit_time,
+    _compile_report_of_wrong_types, _fifos])
+def test_damaged_or_crafted_files_still_report(page, tmp_path, craft):
+  """A job dir's damaged or crafted file, or one named oddly, is shown as it is or left out
+  with a note: never a traceback."""
+  copy = tmp_path / "copy"
+  ignored = None if craft is _huge_commit_time else shutil.ignore_patterns("checkpoints")
+  shutil.copytree(JOB, copy, ignore=ignored)
+  check = craft(copy)
+  report("--mode=report", f"--job_log_dir={copy}")
+  check(parse(copy / "report" / "index.html"))
+
+
+def _changing_after_the_first_crc(monkeypatch, step_dir, change):
+  """Makes the report's verification of `step_dir` meet `change` after its first file's CRC-32,
+  as a trainer's retention (or a rewrite) would meet a long verification."""
+  crc32, done = checkpoint_integrity._crc32, []  # pylint: disable=protected-access
+
+  def racing(path):
+    value = crc32(path)
+    if not done and str(path).startswith(f"{step_dir}/"):
+      done.append(path)
+      change(step_dir)
+    return value
+
+  monkeypatch.setattr(checkpoint_integrity, "_crc32", racing)
+  return done
+
+
+def _delete_step(step_dir):  # As Checkpointer._delete_step does: rename aside, then remove.
+  doomed = step_dir.with_name(f"{step_dir.name}.lingvo_lite-deleting-1")
+  step_dir.rename(doomed)
+  shutil.rmtree(doomed)
+
+
+def _rewrite_step(step_dir):  # Saved again by a resumed run: other bytes, other times.
+  for path in sorted(p for p in step_dir.rglob("*") if p.is_file()):
+    if path.name != checkpoint_integrity.CHECKSUMS_FILE:
+      path.write_bytes(path.read_bytes() + b"x")
+
+
+@pytest.mark.parametrize("change, note", [
+    (_delete_step, None), (_rewrite_step, "checkpoints/10: changed while it was checked")])
+def test_a_checkpoint_deleted_while_checked_is_left_out(page, tmp_path, monkeypatch, change,
+                                                        note):
+  folder = tmp_path / "checkpoints"
+  shutil.copytree(pathlib.Path(JOB) / "checkpoints", folder)
+  met = _changing_after_the_first_crc(monkeypatch, folder / "10", change)
+  notes = []
+  found, checked = report_data.read_checkpoints(epath.Path(folder), {}, 1.0, notes)
+  assert met, "the verification of step 10 never read a file"
+  assert [(c.step, c.status) for c in found] == [(20, report_data.VERIFIED)]
+  assert set(checked) == {"20"}  # Nothing cached for the step that changed.
+  assert notes == ([note + " (left out)"] if note else [])
+
+
 def test_reports_while_the_run_trains(workdir):
   """Reports made in a loop while a run trains (this thread) appends metrics, saves a
   checkpoint every 5 steps (deleting all but the newest two: files vanish) and evaluates: each
@@ -454,8 +589,15 @@ def test_compare_shows_the_changed_field_and_both_runs_curves(page, workdir):
     ([f"--job_log_dir={JOB}", "--compare=empty"], "--compare=empty: holds no config.json"),
     ([f"--job_log_dir={JOB}", f"--compare={JOB}"], f"--compare={JOB}: is --job_log_dir"),
     ([f"--job_log_dir={JOB}", "--compare="], "--compare=: names no job dir"),
+    ([f"--job_log_dir={JOB}", "--compare=runs/b,,"], "--compare=runs/b,,: item 2 is empty"),
+    ([f"--job_log_dir={JOB}", "--compare=,runs/b"], "--compare=,runs/b: item 1 is empty"),
+    ([f"--job_log_dir={JOB}", "--compare=runs/alink"], "--compare=runs/alink: is --job_log_dir"),
+    ([f"--job_log_dir={JOB}", "--compare=runs/b,runs/alink/../b"],
+     "--compare=runs/alink/../b: names the same job dir twice"),
+    (["--job_log_dir=fifo_config"], "fifo_config: its config.json is not a regular file"),
     ([f"--job_log_dir={JOB}", "--exp=PyCodeTiny"], "--exp: --mode=report takes no config"),
-    ([f"--job_log_dir={JOB}", "--fdl.model.dim=8"], "--mode=report takes no config"),
+    ([f"--job_log_dir={JOB}", "--fdl.model.dim=8"], "--mode=report takes no config (it is the "
+     "mode to write JOB/report/index.html, "),
     (["--compare=runs/b"], "--job_log_dir: required"),
     (["--job_log_dir=report_is_a_file"], "report_is_a_file/report is a file, not a folder"),
 ])
@@ -465,8 +607,38 @@ def test_what_cannot_be_reported_is_one_line(workdir, args, named):
   (workdir / "report_is_a_file").mkdir(exist_ok=True)
   shutil.copy(workdir / JOB / "config.json", workdir / "report_is_a_file")
   (workdir / "report_is_a_file" / "report").write_text("x")
+  if not (workdir / "runs" / "alink").is_symlink():
+    (workdir / "runs" / "alink").symlink_to("a")  # A second name for runs/a.
+  if not (workdir / "fifo_config").exists():
+    (workdir / "fifo_config").mkdir()
+    os.mkfifo(workdir / "fifo_config" / "config.json")
   before = job_files(JOB)
   line = one_line_error(run_cli(["--mode=report", *args]))
   assert named in line, line
   assert job_files(JOB) == before
   assert not (workdir / "empty" / "report").exists()
+
+
+def test_legend_labels_are_the_job_dirs_as_written(page, workdir, tmp_path):
+  """matplotlib leaves a `_`-prefixed label out of a legend and typesets `$...$` as math
+  unless told otherwise: the page's legends still show each compared job dir verbatim."""
+  others = ["_b", "runs/$x$"]  # "_b train": a label matplotlib's legend would leave out.
+  for other in others:
+    if not (workdir / other).exists():
+      shutil.copytree(OTHER, workdir / other, ignore=shutil.ignore_patterns("checkpoints"))
+  report(*REPORT, f"--compare={','.join(others)}")
+  svg = plot_svg(parse(workdir / JOB / "report" / "compare.html"), "loss")
+  for job, color in zip([JOB, *others], ("#1f77b4", "#ff7f0e", "#2ca02c")):
+    assert f">{job} train</text>" in svg, job
+    assert f"stroke: {color}" in svg, (job, color)
+
+
+def test_any_number_of_jobs_has_distinct_colours():
+  colours = [report_plots.color(index) for index in range(100)]
+  assert len(set(colours)) == len(colours), colours
+  assert all(re.fullmatch("#[0-9a-f]{6}", c) for c in colours), colours
+  assert colours[:3] == ["#1f77b4", "#ff7f0e", "#2ca02c"]  # matplotlib's first ones.
+  jobs = [report_data.Job(epath.Path(f"/j{index}"), f"j{index}", [], [{"step": 1, "loss": 1.0}],
+                          {}, {}, [], None, None, [], None, [], {}) for index in range(12)]
+  curves = report_plots.curves(report_plots.QUANTITIES[0], jobs)
+  assert [c.color for c in curves] == colours[:12]

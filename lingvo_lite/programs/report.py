@@ -63,6 +63,9 @@ def _check_job(job_dir: epath.Path, flag: str) -> None:
   if not config.exists() or config.is_dir():
     raise UsageError(f"{flag}: holds no {config_files.CONFIG_JSON}, so it is not the job dir "
                      "of a training run; give the --job_log_dir a run trained in")
+  if report_data.is_special_file(config):  # Reading a FIFO would wait for ever.
+    raise UsageError(f"{flag}: its {config_files.CONFIG_JSON} is not a regular file (a FIFO, "
+                     "socket or device); give the --job_log_dir a run trained in")
 
 
 def _compared_jobs(job_dir: epath.Path, values: list[str]) -> list[tuple[epath.Path, str]]:
@@ -71,16 +74,28 @@ def _compared_jobs(job_dir: epath.Path, values: list[str]) -> list[tuple[epath.P
     raise UsageError("--compare=: names no job dir; give the job dirs to compare with, "
                      "comma-separated: --compare=runs/b,runs/c")
   found: list[tuple[epath.Path, str]] = []
-  for value in values:
+  for index, value in enumerate(values, 1):
+    if not value:  # paths.resolve would make it the working directory.
+      raise UsageError(f"--compare={','.join(values)}: item {index} is empty; give each job "
+                       "dir once, comma-separated, without empty items: --compare=runs/b,runs/c")
     flag = f"--compare={value}"
     path = paths.resolve(value, "--compare")
-    if path == job_dir:
+    if _same(path, job_dir):
       raise UsageError(f"{flag}: is --job_log_dir itself; give other runs' job dirs")
-    if any(path == other for other, _ in found):
+    if any(_same(path, other) for other, _ in found):
       raise UsageError(f"{flag}: names the same job dir twice; give each once")
     _check_job(path, flag)
     found.append((path, value.rstrip("/") or value))
   return found
+
+
+def _same(path: epath.Path, other: epath.Path) -> bool:
+  """Whether two job dirs are one: equal, or (local ones) the same folder through a link."""
+  if path == other:
+    return True
+  if paths.is_remote(str(path)) or paths.is_remote(str(other)):
+    return False
+  return os.path.realpath(os.fspath(path)) == os.path.realpath(os.fspath(other))
 
 
 def _shown(shown: str, name: str) -> str:
@@ -100,6 +115,8 @@ def _total_steps(config: config_diffs.JobConfig) -> int | None:
 
 
 def _read_cache(folder: epath.Path) -> dict[str, Any]:
+  if report_data.is_special_file(folder / VERIFIED_CACHE):
+    return {}  # A FIFO: reading it would block; every step is verified again.
   try:
     cached = json.loads((folder / VERIFIED_CACHE).read_text())
   except (OSError, ValueError):
