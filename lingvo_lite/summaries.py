@@ -80,7 +80,8 @@ class ScalarEvents:
   def prepare() -> None:
     """Imports what the first event file needs, so the first metric row costs no import.
     Raises ImportError where TensorBoard is not installed."""
-    from tensorboard.compat.proto import event_pb2, summary_pb2  # pylint: disable=g-import-not-at-top,unused-import
+    # pylint: disable-next=g-import-not-at-top,unused-import
+    from tensorboard.compat.proto import event_pb2, summary_pb2
 
   def _write(self, event) -> None:
     self._file.write(tfrecord(event.SerializeToString()))

@@ -170,7 +170,8 @@ def test_train_and_every_eval_set_are_scalars_tensorboard_lists(tmp_path):
 
 def test_event_records_carry_tensorboards_checksums():
   """The TFRecord framing against TensorBoard's own CRC-32C (its TensorFlow stub's)."""
-  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
   for data in (b"", b"123456789", bytes(range(256)) * 5):
     record = summaries.tfrecord(data)
     assert record[12:-4] == data and int.from_bytes(record[:8], "little") == len(data)
