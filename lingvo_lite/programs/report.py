@@ -136,7 +136,8 @@ def write_index(job_dir: epath.Path, shown: str) -> None:
   """Writes JOB/report/index.html (and config.svg, which it links) and prints their paths."""
   folder = job_dir / FOLDER
   now = time.time()
-  job = report_data.read(job_dir, shown, _read_cache(folder), now)
+  cached = _read_cache(folder)
+  job = report_data.read(job_dir, shown, cached, now)
   config = config_diffs.job_config(job_dir, "--job_log_dir")
   graph, graph_note = _graph(config.cfg)
   page = report_html.index_page(job, config, report_plots.plots([job]), _total_steps(config),
@@ -144,7 +145,7 @@ def write_index(job_dir: epath.Path, shown: str) -> None:
   folder.mkdir(exist_ok=True)
   if graph:  # Before the page that links it.
     paths.write_atomically(folder / GRAPH, graph)
-  if job.checked != _read_cache(folder):
+  if job.checked != cached:
     paths.write_atomically(folder / VERIFIED_CACHE, json.dumps(job.checked))
   paths.write_atomically(folder / INDEX, page)
   print(f"report: {_shown(shown, INDEX)}", flush=True)

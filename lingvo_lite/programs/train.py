@@ -368,10 +368,9 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
 
 
 def _compiled(jitted: JittedSteps) -> Callable[..., Any]:
-  """The jitted train step compiled ahead of time from the state's and the batch's shapes:
-  what its first call would compile."""
-  return jitted.train_step.lower(jitted.sharded_state.abstract,
-                                 jitted.abstract_batch()).compile()
+  """The jitted train step compiled ahead of time from the state's and the batch's shapes
+  (the lowering --mode=compile compiles): what its first call would compile."""
+  return jitted.lower_train_step().compile()
 
 
 _NON_FINITE_ADVICE = ("rerun with a lower optimizer.peak_learning_rate (or a clip_grad_norm, "
