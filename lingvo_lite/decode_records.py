@@ -29,18 +29,20 @@ Each answer is one JSON line (strict JSON: no NaN or Infinity), `record()`'s sch
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
 import math
 import numbers
 import os
 import sys
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import outputs, paths
 from lingvo_lite.decode_requests import Request, one_line
 from lingvo_lite.errors import UsageError, shown
 
@@ -168,18 +170,24 @@ class CompletionWriter:
 
   `destination`:
     "-"         JSON lines on stdout (always JSON, terminal or not: stdout is then the
-                machine-readable output, and the program's own messages must go to stderr).
+                machine-readable output, and the program's own messages must go to stderr);
+                refused when stdout is closed.
     "" or None  JOB/decode/<UTC time>.jsonl, e.g. JOB/decode/20261201T201913Z.jsonl, with a
                 -2, -3, ... suffix where that name is taken.
     a path      that file (relative to the working directory); its folder must exist, and
-                the file must not: nothing is ever overwritten.
+                the file must not: nothing is ever overwritten (lingvo_lite/outputs.py), nor
+                written inside the job's checkpoints/.
 
-  A file is written as `<name>.partial`, a line per completion, flushed, so a user can watch
-  it; it gets its name on a clean exit of the `with` block. A killed or failed run so leaves
-  a `.partial` file (or none, if it had written nothing) that no reader takes for a whole
-  answer set, as a file written in place would look after a kill between two lines. The
-  `.partial` name is created exclusively, so two runs can never write one file. When stdout
-  is a terminal, each completion written to a file is also printed in `format_human`'s form.
+  Whether the destination can be written is checked when the writer is made, before the
+  checkpoint is read; the file (and JOB/decode/) is created only with the first completion,
+  so a run that fails before it leaves the job dir as it was. A file is written as
+  `<name>.partial`, a line per completion, flushed, so a user can watch it; it gets its name
+  on a clean exit of the `with` block, never over a file that appeared there meanwhile. A
+  killed or failed run so leaves a `.partial` file (or nothing, if it had written nothing)
+  that no reader takes for a whole answer set, as a file written in place would look after a
+  kill between two lines. The `.partial` name is created exclusively, so two runs can never
+  write one file. When stdout is a terminal, each completion written to a file is also
+  printed in `format_human`'s form.
   """
 
   def __init__(self, destination: str | None, job_dir: epath.Path | None,
@@ -188,69 +196,119 @@ class CompletionWriter:
     self._file = None
     self._partial: epath.Path | None = None
     self._path: epath.Path | None = None
-    if destination == "-":
+    self._to_stdout = destination == "-"
+    self._folder: epath.Path | None = None  # JOB/decode/, when the name is chosen there.
+    self._stamp = ""
+    self._flag = ""
+    self._created: list[str] = []  # Folders the first write created (removed if it fails).
+    if self._to_stdout:
+      outputs.check_stdout("--decode_out=-", "run it with stdout open (a file, a pipe or a "
+                           "terminal), or give --decode_out=FILE")
       self._echo = False
       return
     if destination:
-      flag = f"--decode_out={one_line(destination)}"
+      self._flag = f"--decode_out={one_line(destination)}"
       path = paths.resolve(destination, "--decode_out")
-      if destination.endswith("/") or path.is_dir():
-        raise UsageError(f"{flag}: is a directory; give a file name, e.g. "
-                         f"{one_line(destination.rstrip('/'))}/answers.jsonl")
-      if not path.parent.is_dir():
-        raise UsageError(f"{flag}: its folder {one_line(str(path.parent))} does not exist; "
-                         "create it, or give a path in an existing folder")
-      if path.exists():
-        raise UsageError(f"{flag}: already exists, and is never overwritten; give a new "
-                         "path, or move the file away")
-      self._open(flag, path, exclusive_fix="another decode is writing it, or a killed one "
-                 "left it; move it away, or give another path")
+      self._check_file(path, destination, job_dir)
+      self._path = path
     else:
       if job_dir is None:
         raise UsageError("--decode_out=: no job dir to write completions into; pass "
                          "--job_log_dir=JOB, or --decode_out=FILE (or - for stdout)")
-      folder = job_dir / "decode"
-      shown_folder = f"{one_line(shown_job_dir or str(job_dir))}/decode"
-      try:
-        folder.mkdir(parents=True, exist_ok=True)
-      except OSError as e:
-        raise UsageError(f"--job_log_dir={one_line(shown_job_dir or str(job_dir))}: cannot "
-                         f"create {shown_folder} ({e.strerror or type(e).__name__}); make "
-                         "the job dir writable, or pass --decode_out=FILE") from None
-      stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now()))
-      for suffix in range(1, 10_000):
-        path = folder / (f"{stamp}.jsonl" if suffix == 1 else f"{stamp}-{suffix}.jsonl")
-        if not path.exists() and self._open(f"--job_log_dir={shown_folder}", path):
-          break
-      else:
-        raise UsageError(f"--job_log_dir={shown_folder}: every name for {stamp} is taken; "
-                         "pass --decode_out=FILE")
+      shown = one_line(shown_job_dir or str(job_dir))
+      self._flag = f"--job_log_dir={shown}/decode"
+      self._folder = job_dir / "decode"
+      self._check_folder(self._folder, shown)
+      self._stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now()))
+      self._path = next(self._free_names(), None)
+      if self._path is None:
+        raise UsageError(f"{self._flag}: every name for {self._stamp} is taken; pass "
+                         "--decode_out=FILE")
     self._echo = _is_terminal(sys.stdout)
 
-  def _open(self, flag: str, path: epath.Path, exclusive_fix: str | None = None) -> bool:
-    """Creates `path`.partial to write; False if it exists and `exclusive_fix` is None."""
+  def _check_file(self, path: epath.Path, destination: str, job_dir: epath.Path | None) -> None:
+    flag = self._flag
+    if destination.endswith("/") or path.is_dir():
+      raise UsageError(f"{flag}: is a directory; give a file name, e.g. "
+                       f"{one_line(destination.rstrip('/'))}/answers.jsonl")
+    outputs.refuse_inside_checkpoints(path, flag, job_dir)
+    if not path.parent.is_dir():
+      raise UsageError(f"{flag}: its folder {one_line(str(path.parent))} does not exist; "
+                       "create it, or give a path in an existing folder")
+    if path.exists() or os.path.lexists(os.fspath(path)):
+      raise UsageError(f"{flag}: already exists, and is never overwritten; give a new "
+                       "path, or move the file away")
+    if (path.parent / f"{path.name}.partial").exists():
+      raise UsageError(f"{flag}: {one_line(path.name)}.partial exists: another decode is "
+                       "writing it, or a killed one left it; move it away, or give another path")
+    if not paths.is_remote(str(path)):
+      problem = paths.creation_problem(path.parent)
+      if problem is not None:
+        raise outputs.refusal(flag, problem, f"create files in {one_line(str(path.parent))}",
+                              "give a path in a writable folder")
+
+  @staticmethod
+  def _check_folder(folder: epath.Path, shown_job_dir: str) -> None:
+    """JOB/decode/ can take the file: it exists and takes files, or it can be created."""
+    flag = f"--job_log_dir={shown_job_dir}"
+    if paths.is_remote(str(folder)):
+      return
+    fix = "pass --decode_out=FILE (or - for stdout)"
+    if os.path.isdir(os.fspath(folder)):
+      problem = paths.creation_problem(folder)
+      if problem is not None:
+        raise outputs.refusal(flag, problem, f"create files in {shown_job_dir}/decode", fix)
+    else:
+      outputs.check_creatable(folder, flag, fix)
+
+  def _open(self) -> None:
+    """Creates the `.partial` file (and JOB/decode/ where missing) to write: a name of its own
+    in JOB/decode/, the --decode_out file's otherwise.
+
+    Raises:
+      OSError: it cannot be created (FileExistsError: the name was taken meanwhile).
+    """
+    if self._folder is None:
+      self._file = self._create(self._path)
+      self._partial = self._path.parent / f"{self._path.name}.partial"
+      return
+    if paths.is_remote(str(self._folder)):
+      self._folder.mkdir(parents=True, exist_ok=True)
+    elif not os.path.lexists(os.fspath(self._folder)):
+      os.mkdir(os.fspath(self._folder))
+      self._created.append(os.fspath(self._folder))
+    for path in self._free_names():
+      try:
+        self._file = self._create(path)
+      except FileExistsError:
+        continue  # Another decode of the same second took it meanwhile: the next suffix.
+      self._partial, self._path = path.parent / f"{path.name}.partial", path
+      return
+    raise FileExistsError(errno.EEXIST, f"every name for {self._stamp} is taken",
+                          os.fspath(self._folder))
+
+  def _free_names(self) -> Iterator[epath.Path]:
+    """JOB/decode/<stamp>.jsonl, then -2, -3, ...: those neither written nor being written."""
+    for suffix in range(1, 10_000):
+      path = self._folder / (f"{self._stamp}.jsonl" if suffix == 1 else
+                             f"{self._stamp}-{suffix}.jsonl")
+      if not (path.exists() or (path.parent / f"{path.name}.partial").exists()):
+        yield path
+
+  @staticmethod
+  def _create(path: epath.Path) -> Any:
+    """Opens `path`.partial for writing, created exclusively where the file system can."""
     partial = path.parent / f"{path.name}.partial"
-    try:
-      if paths.is_remote(str(partial)):
-        if partial.exists():
-          raise FileExistsError(partial)
-        self._file = partial.open("w")  # No exclusive create there; a check is what remains.
-      else:
-        self._file = open(os.fspath(partial), "x", encoding="utf-8")
-    except FileExistsError:
-      if exclusive_fix is None:
-        return False
-      raise UsageError(f"{flag}: {one_line(partial.name)} exists: {exclusive_fix}") from None
-    except OSError as e:
-      raise UsageError(f"{flag}: cannot be written ({e.strerror or type(e).__name__}); give "
-                       "a path in a writable folder") from None
-    self._partial, self._path = partial, path
-    return True
+    if paths.is_remote(str(partial)):
+      if path.exists() or partial.exists():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(partial))
+      return partial.open("w")  # No exclusive create there; a check is what remains.
+    return open(os.fspath(partial), "x", encoding="utf-8")
 
   @property
   def path(self) -> epath.Path | None:
     """The file's final name (it is `<name>.partial` until the close); None for stdout."""
-    return self._path
+    return None if self._to_stdout else self._path
 
   @property
   def count(self) -> int:
@@ -258,12 +316,18 @@ class CompletionWriter:
     return self._count
 
   def write(self, completion: Completion, index: int) -> None:
-    """Writes `completion`'s record as one line, flushed; at a terminal, a human form too."""
+    """Writes `completion`'s record as one line, flushed; at a terminal, a human form too.
+
+    Raises:
+      OSError: the line cannot be written (a full disk, a closed pipe, ...).
+    """
     row = record(completion, index)
-    if self._file is None:
+    if self._to_stdout:
       # ASCII escapes on stdout: its encoding may not be UTF-8 (LANG=C), and JSON needs none.
       print(json.dumps(row, allow_nan=False), flush=True)
     else:
+      if self._file is None:
+        self._open()
       # UTF-8 in the file; a lone surrogate (no decoder should make one) becomes its JSON
       # escape (\udcff) rather than an error after the decode is done.
       line = json.dumps(row, allow_nan=False, ensure_ascii=False)
@@ -276,16 +340,27 @@ class CompletionWriter:
     self._count += 1
 
   def close(self, succeeded: bool = True) -> None:
-    """Gives the file its name if `succeeded`; else leaves the `.partial` (if it has lines)."""
-    if self._file is None:
+    """Gives the file its name if `succeeded`; else leaves the `.partial` if it has lines, and
+    removes what the writer created if it has none.
+
+    Raises:
+      OSError: the file cannot be finished or named (FileExistsError: a file appeared at its
+        name meanwhile; it is left as the `.partial`).
+    """
+    file, self._file = self._file, None
+    if succeeded:
+      if file is not None:
+        file.close()
+        outputs.publish(self._partial, self._path)
       return
-    self._file.close()
-    self._file = None
-    if not succeeded:
-      if self._count == 0:
+    if file is not None:
+      with contextlib.suppress(OSError):  # The failure being reported is the one that counts.
+        file.close()
+    if self._count == 0:
+      if self._partial is not None and os.path.lexists(os.fspath(self._partial)):
         self._partial.unlink()  # Nothing in it to keep.
-      return
-    self._partial.rename(self._path)
+      outputs.remove_empty_folders(self._created)
+      self._created = []
 
   def __enter__(self) -> CompletionWriter:
     return self

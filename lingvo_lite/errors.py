@@ -6,6 +6,8 @@ names the field, the value and the fix or the valid choices; `shown(value)` is h
 echoes a value, so that no value can make it long, multi-line, or fail to print.
 """
 
+import errno
+
 # Longest repr a message echoes; a longer value is described by its type and size instead.
 SHOWN_LIMIT = 200
 
@@ -85,3 +87,41 @@ def config_error(path: str, value: object, problem: str, fix: str = "") -> Usage
   if fix:
     message += f"; {fix}"
   return UsageError(message)
+
+
+
+# What an OSError met writing an output means and the remedy of its own, by errno. A full disk
+# and a read-only mount, a reader that closed its end of a pipe and a folder with the wrong
+# permissions want different fixes; one table, so that every program names them alike.
+_OS_ERROR_TEXTS = {
+    "EPIPE": ("the reader closed the pipe", "keep the reader open until the output ends"),
+    "ENOSPC": ("the disk is full", "free space"),
+    "EDQUOT": ("the disk quota is used up", "free space or raise the quota"),
+    "EFBIG": ("the file is larger than this file system allows", ""),
+    "EROFS": ("the file system is read-only", "remount it read-write"),
+    "EACCES": ("permission denied", "fix the folder's permissions"),
+    "EPERM": ("the operation is not permitted", "fix the folder's permissions"),
+    "ENOENT": ("the folder is gone", "create it again"),
+    "ENOTDIR": ("a file stands where a folder should be", "move it away"),
+    "EISDIR": ("a folder stands where the file should be", "move it away"),
+    "EEXIST": ("something else was written there meanwhile", "move it away"),
+    "ENAMETOOLONG": ("the name is longer than this file system allows", "use a shorter path"),
+    "EIO": ("the device reported an I/O error", "check the disk"),
+    "EBADF": ("the output is not open for writing", ""),
+}
+
+
+def os_error_text(error: OSError, alternative: str = "write elsewhere") -> tuple[str, str]:
+  """(what went wrong, how to fix it) for an OSError met writing an output.
+
+  `os_error_text(e, "use another --job_log_dir")` of a read-only mount gives `("the file
+  system is read-only (EROFS)", "remount it read-write, or use another --job_log_dir")`. The
+  errno's name stays in the problem, so a user can search for it; an errno the table does not
+  know gives the system's own text and `alternative` alone.
+  """
+  name = errno.errorcode.get(error.errno or 0, "")
+  if name in _OS_ERROR_TEXTS:
+    problem, remedy = _OS_ERROR_TEXTS[name]
+    return f"{problem} ({name})", f"{remedy}, or {alternative}" if remedy else alternative
+  detail = " ".join((error.strerror or str(error) or type(error).__name__).split())
+  return (f"{detail} ({name})" if name else f"{type(error).__name__}: {detail}"), alternative

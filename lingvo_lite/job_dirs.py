@@ -24,11 +24,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import tempfile
 
 from etils import epath
 
-from lingvo_lite import job_lock, paths
+from lingvo_lite import job_lock, outputs, paths
 from lingvo_lite.data import tensorflow_import
 from lingvo_lite.errors import UsageError
 
@@ -47,12 +46,15 @@ _WRITTEN = {
               ("run_info.jsonl", FILE), ("stacks", FOLDER), (job_lock.LOCK_NAME, FILE)),
     "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/evaluated.json", FILE),
              (f"eval/{job_lock.LOCK_NAME}", FILE)),
-    "decode": (("decode", FOLDER),),
     "report": (("report", FOLDER), ("report/index.html", FILE), ("report/compare.html", FILE),
                ("report/config.svg", FILE), ("report/.verified.json", FILE)),
     "compile": (("compile", FOLDER), ("compile/report.txt", FILE),
                 ("compile/report.json", FILE)),
 }
+# Checked for their kind only: decode writes JOB/decode/ only when its completions go there
+# (not with --decode_out), so the decode program checks that it can write there itself
+# (lingvo_lite/decode_records.py); a read-only job dir serves a decode to stdout.
+_KIND_ONLY = {"decode": (("decode", FOLDER),)}
 # Written by train when train.profile_start_step >= 0: jax's trace, under the run's
 # TensorBoard folder (programs/train.py).
 _PROFILE = (("summaries/train/plugins", FOLDER), ("summaries/train/plugins/profile", FOLDER))
@@ -84,7 +86,7 @@ def check(job_dir: epath.Path, mode: str, as_written: str, profile: bool = False
   root = {"train": "", "eval": "eval/"}.get(mode)
   for name in eval_sets if root is not None else ():
     written += [(f"{root}summaries/eval_{name}", FOLDER), (f"{root}eval_{name}.jsonl", FILE)]
-  members = list(dict.fromkeys([*_READ, *written]))  # Each once, in order.
+  members = list(dict.fromkeys([*_READ, *_KIND_ONLY.get(mode, ()), *written]))  # Each once.
   if paths.is_remote(str(job_dir)):
     _check_remote(job_dir, mode, flag, members)
   else:
@@ -110,8 +112,7 @@ def _check_local(job_dir: str, mode: str, flag: str, members: list[tuple[str, st
     _check_creatable(ancestor, flag)
     return
   if mode in WRITING_MODES and not os.access(job_dir, os.W_OK | os.X_OK):
-    raise UsageError(f"{flag}: this user may not write in {job_dir}; fix its permissions or "
-                     "use another --job_log_dir")
+    raise _not_writable(job_dir, flag, "write in")
   to_create = []  # The nearest existing folder of each missing path that will be written.
   for name, wanted in members:
     member = os.path.join(job_dir, name)
@@ -126,8 +127,7 @@ def _check_local(job_dir: str, mode: str, flag: str, members: list[tuple[str, st
       raise UsageError(f"{flag}: {member} is a {kind}, not a {wanted}; move it away, or use "
                        "another --job_log_dir")
     if name in written and not os.access(member, os.W_OK | (os.X_OK if kind == FOLDER else 0)):
-      raise UsageError(f"{flag}: this user may not write {member}; fix its permissions or "
-                       "use another --job_log_dir")
+      raise _not_writable(member, flag, "write")
   for folder in dict.fromkeys(to_create):
     _check_creatable(folder, flag)
 
@@ -195,14 +195,20 @@ def _check_creatable(folder: str, flag: str) -> None:
     raise UsageError(f"{flag}: {folder} is a file, so the job folder cannot be created "
                      "under it; choose another --job_log_dir")
   if not os.access(folder, os.W_OK | os.X_OK):
-    raise UsageError(f"{flag}: this user may not create folders in {folder}; choose "
-                     "another --job_log_dir")
-  try:
-    probe = tempfile.mkdtemp(prefix=".lingvo_lite-probe-", dir=folder)
-  except OSError as e:  # /proc, a read-only mount, a full disk, or an ACL.
-    raise UsageError(f"{flag}: cannot create folders in {folder} ({e.strerror or e}); "
-                     "choose another --job_log_dir") from None
-  os.rmdir(probe)
+    raise _not_writable(folder, flag, "create folders in")
+  problem = paths.creation_problem(folder)  # /proc, a full disk, an ACL: what access() passes.
+  if problem is not None:
+    raise outputs.refusal(flag, problem, f"create folders in {folder}",
+                          "choose another --job_log_dir")
+
+
+def _not_writable(path: str, flag: str, action: str) -> UsageError:
+  """What access() refused, by its cause: a read-only mount (no chmod helps), or permissions."""
+  if paths.is_read_only_mount(path):
+    return UsageError(f"{flag}: {path} is on a read-only file system (EROFS); remount it "
+                      "read-write, or use another --job_log_dir")
+  return UsageError(f"{flag}: this user may not {action} {path}; fix its permissions or use "
+                    "another --job_log_dir")
 
 
 # ----------------------------------------------------------------------------- remote

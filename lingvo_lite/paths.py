@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import os
 import sys
+import tempfile
 import urllib.parse
 from typing import Iterator
 
@@ -126,3 +127,25 @@ def exclusive_lock(lock_file: str | os.PathLike, waiting: str | None = None) -> 
       yield
     finally:
       fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def is_read_only_mount(path: str | os.PathLike) -> bool:
+  """Whether the local `path` is on a file system mounted read-only (where "permission
+  denied" would be the wrong name for the refusal: no chmod helps)."""
+  try:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+  except OSError:
+    return False
+
+
+def creation_problem(folder: str | os.PathLike) -> OSError | None:
+  """Why nothing can be created in the local `folder`, found by trying: an empty temporary
+  folder is made there and removed at once (the one change, undone). `access()` answers yes
+  to root everywhere, /proc refuses what it allows, and only the attempt says whether the
+  disk is full; None when a file or folder can be created there."""
+  try:
+    probe = tempfile.mkdtemp(prefix=".lingvo_lite-probe-", dir=os.fspath(folder))
+  except OSError as e:
+    return e
+  os.rmdir(probe)
+  return None

@@ -618,10 +618,11 @@ COMPILE_CASES = [
          "the config differs from the one this job was trained with (model.num_layers: 2 -> 3;"),
     Case("compiled step folder under a file", [*COMPILE_TINY, "--compile_topology=v5e-8",
                                                "--compiled_step_out=afile/step"],
-         "is a file, not a folder; name a folder path", _write("afile", "x")),
+         "afile is a file, not a folder; name a folder you can write", _write("afile", "x")),
     Case("compiled step folder where none can be made",
          [*COMPILE_TINY, "--compile_topology=v5e-8", "--compiled_step_out=/proc/step"],
-         "--compiled_step_out='/proc/step': cannot create a folder in /proc ("),
+         "--compiled_step_out='/proc/step': cannot create a folder in /proc: that file system "
+         "takes no new files (ENOENT)"),
     Case("saved step manifest nested too deep", [*TRAIN_TINY, "--job_log_dir={tmp}/new",
                                                  "--compiled_step_in=step"],
          "--compiled_step_in='step': cannot read the saved step (RecursionError",

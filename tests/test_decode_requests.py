@@ -276,10 +276,19 @@ def test_the_default_is_a_new_file_in_job_decode_never_an_existing_one(tmp_path,
       "20261201T201913Z-2.jsonl.partial", "20261201T201913Z-3.jsonl", "20261201T201913Z.jsonl"]
 
 
-def test_the_job_decode_folder_is_made(tmp_path):
-  with CompletionWriter(None, epath.Path(tmp_path / "job"), "job", now=lambda: _NOW) as writer:
+def test_the_job_decode_folder_is_made_with_the_first_completion_only(tmp_path):
+  job = epath.Path(tmp_path / "job")
+  job.mkdir()
+  with CompletionWriter(None, job, "job", now=lambda: _NOW):
     pass
-  assert writer.path.read_text() == "" and writer.path.parent.name == "decode"
+  assert not list(job.iterdir())  # Nothing to write: no folder, no empty file.
+  with pytest.raises(RuntimeError):
+    with CompletionWriter(None, job, "job", now=lambda: _NOW):
+      raise RuntimeError("a corrupt checkpoint, before any completion")
+  assert not list(job.iterdir())
+  with CompletionWriter(None, job, "job", now=lambda: _NOW) as writer:
+    writer.write(_completion(), 0)
+  assert len(writer.path.read_text().splitlines()) == 1 and writer.path.parent.name == "decode"
   text = _refused(CompletionWriter, None, None, None)
   assert text.startswith("--decode_out=: no job dir"), text
 

@@ -156,7 +156,8 @@ def test_names_and_paths_longer_than_the_file_system_takes_are_refused(tmp_path)
 def test_a_folder_that_only_looks_writable_is_refused():
   # access() tells root that /proc is writable; creating a folder there fails.
   if os.access("/proc", os.W_OK):
-    _refused("/proc/lingvo_lite_job", message="cannot create folders in /proc (")
+    _refused("/proc/lingvo_lite_job", message="cannot create folders in /proc: that file "
+             "system takes no new files (ENOENT); choose another --job_log_dir")
   else:
     _refused("/proc/lingvo_lite_job", message="this user may not create folders in /proc")
 

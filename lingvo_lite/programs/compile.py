@@ -14,11 +14,12 @@ Exit code 3 when the step (or a decode function) does not fit the target's memor
 
 from __future__ import annotations
 
+import errno
 import json
 
 from etils import epath
 
-from lingvo_lite import paths, summaries
+from lingvo_lite import outputs, paths, summaries
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import (Invocation, ProgramFailure, aot, compile_report,
                                   compiled_steps, decode_compile, max_batch,
@@ -49,7 +50,7 @@ def main(invocation: Invocation) -> int | None:
   if options["compiled_step_out"] and program != "train":
     raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
                      f"drop --compile_program={program}")
-  step_out = compiled_steps.check_out_path(options["compiled_step_out"])
+  step_out = compiled_steps.check_out_path(options["compiled_step_out"], invocation.job_dir)
   if program == "decode":
     result = decode_compile.compile_decode(setup, target)
     report = decode_compile.build(result)
@@ -62,26 +63,58 @@ def main(invocation: Invocation) -> int | None:
     if options["compile_find_max_batch"]:
       report["max_batch"] = max_batch.search(setup, target, program, policies, result)
     text = compile_report.to_text(report)
-  print(text, end="", flush=True)
+  printed = _print_report(text)
   fits = report["verdict"] != compile_report.DOES_NOT_FIT
+  _write_outputs(invocation, step_out, result, report, text, fits)
+  if printed is not None:  # The report is in the files, if a job dir was given.
+    where = (f"; it is in {epath.Path(invocation.shown_job_dir) / 'compile' / 'report.txt'}"
+             if invocation.job_dir is not None else "")
+    raise ProgramFailure(outputs.failed_write("the report to stdout", printed,
+                                              "compile again", to_stdout=True) + where)
+  return None if fits else EXIT_DOES_NOT_FIT
+
+
+def _print_report(text: str) -> OSError | None:
+  """Prints the report; the error if stdout cannot take it (then silenced: the files are
+  still written, and the failure is reported after them)."""
   try:
-    # The step first: a step folder that fails leaves the job's report as it was.
+    print(text, end="", flush=True)
+  except OSError as e:
+    if e.errno == errno.EPIPE:
+      outputs.silence_stdout()
+    return e
+  return None
+
+
+def _write_outputs(invocation: Invocation, step_out: outputs.FolderOutput | None,
+                   result: aot.CompileResult, report: dict, text: str, fits: bool) -> None:
+  """The saved step (of a step that fits), then JOB/compile/report.{json,txt}: a step folder
+  that fails leaves the job's report as it was, and a failed report removes the folder it
+  created."""
+  options = invocation.options
+  what = "the compiled step to " + str(options["compiled_step_out"])
+  try:
     if step_out is not None and result.executable is not None and fits:
-      compiled_steps.save(step_out, result)
-      summaries.log(f"compiled step saved to {options['compiled_step_out']} (load with "
-                    f"--mode=train --compiled_step_in={options['compiled_step_out']})", True)
+      replaced = compiled_steps.save(step_out, result)
+      done = (f"replaced the compiled step lingvo_lite wrote earlier in "
+              f"{options['compiled_step_out']}" if replaced else
+              f"compiled step saved to {options['compiled_step_out']}")
+      summaries.log(f"{done} (load with --mode=train --compiled_step_in="
+                    f"{options['compiled_step_out']})", True)
     elif step_out is not None:
       summaries.log("no compiled step saved: the step does not fit the target", True)
     if invocation.job_dir is not None:
+      shown = epath.Path(invocation.shown_job_dir) / "compile"
+      what = f"the compile report to {shown}"
       folder = invocation.job_dir / "compile"
-      folder.mkdir(parents=True, exist_ok=True)
-      paths.write_atomically(folder / "report.json", json.dumps(report, indent=2) + "\n")
-      paths.write_atomically(folder / "report.txt", text)
-      summaries.log(f"report written to {epath.Path(invocation.shown_job_dir) / 'compile'}",
-                    True)
+      with outputs.created_folders(folder) as new:
+        try:
+          paths.write_atomically(folder / "report.json", json.dumps(report, indent=2) + "\n")
+          paths.write_atomically(folder / "report.txt", text)
+        except OSError:
+          if new:  # Not half a report in a folder of this run's own.
+            (folder / "report.json").unlink(missing_ok=True)
+          raise
+      summaries.log(f"report written to {shown}", True)
   except OSError as e:
-    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
-    raise ProgramFailure(f"cannot write the compile's output{where}: {type(e).__name__}: "
-                         f"{e.strerror or e}; free space or fix the folder's permissions, "
-                         "then run the compile again") from None
-  return None if fits else EXIT_DOES_NOT_FIT
+    raise ProgramFailure(outputs.failed_write(what, e, "compile again")) from None

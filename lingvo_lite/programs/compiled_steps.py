@@ -25,20 +25,20 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import tempfile
 from typing import Any
 
 import jax
 from etils import epath
 from jax.experimental import serialize_executable
 
-from lingvo_lite import paths, target as targets
+from lingvo_lite import outputs, paths, target as targets
 from lingvo_lite.errors import UsageError, shown
 from lingvo_lite.programs.aot import CompileResult
 from lingvo_lite.programs.jitted import JittedSteps
 
-SCHEMA = "lingvo_lite.compiled_step/1"
-MANIFEST, EXECUTABLE = "manifest.json", "executable.bin"
+KIND = "compiled_step"
+SCHEMA = outputs.schema(KIND, 1)  # "lingvo_lite.compiled_step/1"
+MANIFEST, EXECUTABLE = outputs.MANIFEST, "executable.bin"
 # Train-loop fields compiled into the step (the others never reach it).
 _STEP_TRAIN_FIELDS = ("steps", "grad_accum_steps", "z_loss", "log_grad_norm")
 # XLA flags that say how many devices exist, which the device list already compares.
@@ -138,10 +138,12 @@ def manifest(jitted: JittedSteps, trees: _StepTrees | None = None) -> dict[str, 
   }
 
 
-def check_out_path(value: str | None) -> epath.Path | None:
-  """The resolved --compiled_step_out, refused before compiling if it cannot be written: its
-  nearest existing folder must be a folder in which one can create a folder (tried, for
-  root passes every permission check and /proc refuses what os.access allows)."""
+def check_out_path(value: str | None,
+                   job_dir: epath.Path | None = None) -> outputs.FolderOutput | None:
+  """The --compiled_step_out folder, refused before compiling where the step cannot go there:
+  a file, a place where no folder can be created, a folder with anything but a compiled step
+  lingvo_lite wrote (that one is replaced), or inside a job's checkpoints (lingvo_lite/
+  outputs.py)."""
   if value is None:
     return None
   flag = f"--compiled_step_out={shown(value)}"
@@ -149,36 +151,32 @@ def check_out_path(value: str | None) -> epath.Path | None:
     raise UsageError(f"{flag}: empty; give a folder for the compiled step, e.g. "
                      "--compiled_step_out=runs/step")
   path = paths.resolve(value, "--compiled_step_out")
-  if path.exists() and not path.is_dir():
-    raise UsageError(f"{flag}: exists and is not a folder; name a new or existing folder")
-  if paths.is_remote(str(path)):
-    return path
-  parent = path
-  while not os.path.lexists(os.fspath(parent)):
-    parent = parent.parent
-  if not parent.is_dir():
-    raise UsageError(f"{flag}: {parent} is a file, not a folder; name a folder path")
-  try:
-    os.rmdir(tempfile.mkdtemp(prefix=".lingvo_lite_probe.", dir=os.fspath(parent)))
-  except OSError as e:
-    raise UsageError(f"{flag}: cannot create a folder in {parent} ({e.strerror or e}); "
-                     "choose a folder you can write") from None
-  return path
+  return outputs.check_folder(path, flag, KIND, (MANIFEST, EXECUTABLE), "the compiled step",
+                              job_dir)
 
 
-def save(path: epath.Path, result: CompileResult) -> None:
-  """Writes the executable and its manifest, each whole (paths.write_atomically); the
-  manifest last, so a folder with a manifest has the executable it describes.
+def save(output: outputs.FolderOutput, result: CompileResult) -> bool:
+  """Writes the executable and its manifest into a new folder, renamed into place whole
+  (outputs.write_folder): over an earlier compiled step lingvo_lite wrote there, never over
+  anything else. The manifest names the executable's checksum, so a copy that lost a file is
+  refused on load.
+
+  Returns:
+    Whether it replaced an earlier compiled step.
 
   Raises:
     OSError: the folder or a file cannot be written (a full disk, say).
+    UsageError: something else was put in the folder meanwhile.
   """
   serialized, _, _ = serialize_executable.serialize(result.executable)
-  path.mkdir(parents=True, exist_ok=True)
   data = manifest(result.jitted)
   data = {"schema": SCHEMA, "executable sha256": hashlib.sha256(serialized).hexdigest(), **data}
-  paths.write_atomically(path / EXECUTABLE, serialized)
-  paths.write_atomically(path / MANIFEST, json.dumps(data, indent=2) + "\n")
+
+  def write(folder: epath.Path) -> None:
+    (folder / EXECUTABLE).write_bytes(serialized)
+    (folder / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
+
+  return outputs.write_folder(output, write)
 
 
 def _differences(saved: Any, current: Any, where: str) -> list[tuple[str, Any, Any]]:

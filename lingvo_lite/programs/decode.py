@@ -21,10 +21,11 @@ from typing import Any
 from absl import logging
 from etils import epath
 
-from lingvo_lite import decode_records, decode_requests, decode_steps, generation, memory_fit
+from lingvo_lite import (decode_records, decode_requests, decode_steps, generation, memory_fit,
+                         outputs)
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.source import text_vocabulary
-from lingvo_lite.errors import UsageError
+from lingvo_lite.errors import UsageError, os_error_text
 from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
 from lingvo_lite.programs.eval import chosen_step
 from lingvo_lite.programs.jitted import JittedSteps
@@ -84,8 +85,11 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
                     for index, request in enumerate(requests)]
   with decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
                                        invocation.shown_job_dir) as writer:
-    shown_path = "stdout" if to_stdout else (
-        options.get("decode_out") or shown / "decode" / writer.path.name)
+
+    def shown_path() -> str:  # The name is chosen at the first completion (a -2 suffix, ...).
+      return "stdout" if to_stdout else str(options.get("decode_out")
+                                            or shown / "decode" / writer.path.name)
+
     with jitted.activated():
       params = jitted.restore_params(checkpointer, step)
     generator = generation.Generator(setup, params, mesh=jitted.mesh, vocabulary=vocabulary,
@@ -98,25 +102,30 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
     try:
       completions = generator.generate(requests, on_completion=in_order.add,
                                        should_stop=lambda: stop.should_stop(0))
-    except OSError as e:  # The output's disk is full, or its folder went away.
+    except OSError as e:  # A full disk, a read-only remount, a reader that closed the pipe.
       writer.close(succeeded=False)
-      raise ProgramFailure(f"cannot write the completions to {shown_path}: "
-                           f"{type(e).__name__}: {e.strerror or e}; free space or fix the "
-                           "folder, then decode again") from None
+      kept = f"; the {writer.count} finished are in {shown_path()}.partial" if (
+          writer.count and not to_stdout) else ""
+      raise ProgramFailure(outputs.failed_write(f"the completions to {shown_path()}", e,
+                                                "decode again", to_stdout) + kept) from None
     seconds = time.perf_counter() - started
     if stop.signal_name is not None:
       writer.close(succeeded=False)
-      kept = (f"; the {writer.count} written are "
-              + ("on stdout" if to_stdout else f"in {shown_path}.partial")) if writer.count else ""
+      where = "on stdout" if to_stdout else f"in {shown_path()}.partial"
+      kept = f"; the {writer.count} written are {where}" if writer.count else ""
       raise ProgramFailure(f"decode stopped by {stop.signal_name} after {len(in_order.done)} "
                            f"of {len(requests)} completions{kept}")
     try:
       writer.close()
-    except OSError as e:  # The final name was taken meanwhile, or the rename failed.
-      raise ProgramFailure(f"cannot name the completions {shown_path}: {type(e).__name__}: "
-                           f"{e.strerror or e}; they are in {shown_path}.partial") from None
+    except OSError as e:  # The final name was taken meanwhile, or the last write failed.
+      problem, fix = os_error_text(e, "rename the .partial yourself")
+      raise ProgramFailure(f"cannot name the completions {shown_path()}: {problem}; they are "
+                           f"in {shown_path()}.partial: {fix}") from None
   tokens = sum(len(c.completion_ids) for c in completions)
-  say(f"decoded {len(completions)} prompt(s) with checkpoint step {step}: {tokens} tokens in "
-      f"{seconds:.2f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s); written to "
-      f"{shown_path}")
+  try:
+    say(f"decoded {len(completions)} prompt(s) with checkpoint step {step}: {tokens} tokens "
+        f"in {seconds:.2f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s); written to "
+        f"{shown_path()}")
+  except BrokenPipeError:  # Stdout carried only this message: the completions are written.
+    outputs.silence_stdout()
   logging.info("decode: prefill buckets used %s", sorted(generator.compiled_prefill_buckets))

@@ -29,10 +29,10 @@ from typing import Any
 
 from etils import epath
 
-from lingvo_lite import (config_diffs, config_files, config_graph, paths, report_data,
+from lingvo_lite import (config_diffs, config_files, config_graph, outputs, paths, report_data,
                          report_html, report_plots)
 from lingvo_lite.errors import UsageError
-from lingvo_lite.programs import Invocation
+from lingvo_lite.programs import Invocation, ProgramFailure
 
 FOLDER = "report"
 INDEX, COMPARE, GRAPH = "index.html", "compare.html", "config.svg"
@@ -142,15 +142,13 @@ def write_index(job_dir: epath.Path, shown: str) -> None:
   graph, graph_note = _graph(config.cfg)
   page = report_html.index_page(job, config, report_plots.plots([job]), _total_steps(config),
                                 GRAPH if graph else None, graph_note, now)
-  folder.mkdir(exist_ok=True)
-  if graph:  # Before the page that links it.
-    paths.write_atomically(folder / GRAPH, graph)
+  files = [(GRAPH, graph)] if graph else []  # Before the page that links it.
   if job.checked != cached:
-    paths.write_atomically(folder / VERIFIED_CACHE, json.dumps(job.checked))
-  paths.write_atomically(folder / INDEX, page)
-  print(f"report: {_shown(shown, INDEX)}", flush=True)
+    files.append((VERIFIED_CACHE, json.dumps(job.checked)))
+  _write(folder, shown, files + [(INDEX, page)])
+  _say(f"report: {_shown(shown, INDEX)}")
   if graph:
-    print(f"config graph: {_shown(shown, GRAPH)}", flush=True)
+    _say(f"config graph: {_shown(shown, GRAPH)}")
 
 
 def _report_link(page_folder: epath.Path, other: epath.Path) -> str | None:
@@ -175,6 +173,33 @@ def write_compare(job_dir: epath.Path, shown: str,
   links = [_report_link(folder, path) for path, _, _ in listed]
   page = report_html.compare_page(jobs, configs, differences, report_plots.plots(jobs), links,
                                   now)
-  folder.mkdir(exist_ok=True)
-  paths.write_atomically(folder / COMPARE, page)
-  print(f"comparison: {_shown(shown, COMPARE)}", flush=True)
+  _write(folder, shown, [(COMPARE, page)])
+  _say(f"comparison: {_shown(shown, COMPARE)}")
+
+
+def _write(folder: epath.Path, shown: str, files: list[tuple[str, str]]) -> None:
+  """Writes each (name, text) whole; a failure is one line naming its cause (a full disk, a
+  read-only file system), and takes back the files of a report folder this run created."""
+  written = []
+  try:
+    with outputs.created_folders(folder) as new:
+      try:
+        for name, text in files:
+          paths.write_atomically(folder / name, text)
+          written.append(name)
+      except OSError:
+        for name in written if new else ():
+          (folder / name).unlink(missing_ok=True)
+        raise
+  except OSError as e:
+    raise ProgramFailure(outputs.failed_write(f"the report to {posixpath.join(shown, FOLDER)}",
+                                              e, "make the report again")) from None
+
+
+def _say(line: str) -> None:
+  """Prints where a page is; the pages are written, so a reader that closed stdout loses only
+  this line (silenced, no traceback)."""
+  try:
+    print(line, flush=True)
+  except BrokenPipeError:
+    outputs.silence_stdout()
