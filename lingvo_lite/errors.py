@@ -7,6 +7,7 @@ echoes a value, so that no value can make it long, multi-line, or fail to print.
 """
 
 import errno
+import re
 
 # Longest repr a message echoes; a longer value is described by its type and size instead.
 SHOWN_LIMIT = 200
@@ -48,6 +49,33 @@ def data_error_from(exception: BaseException) -> DataError | None:
       return seen
     seen = seen.__cause__ or seen.__context__
   return None
+
+
+# tf.data's re-raised errors start with the graph node that failed, before the original text.
+_TF_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
+# `ValueError: boom`: the text of an exception raised inside tf.data (by a reader, a generator).
+_RAISED_INSIDE = re.compile(r"^([A-Z]\w*(?:Error|Exception|Exit|Interrupt|Iteration)):\s*(.*)$")
+
+
+def error_cause(exception: BaseException) -> str:
+  """What went wrong, in one line, for an exception from reading a dataset (or any other).
+
+  Returns:
+    A data reader's DataError message (see `data_error_from`); else the error that TensorFlow
+    wrapped (`ValueError: boom`, not `InvalidArgumentError: {{function_node ...}} ValueError:
+    boom`); else `Type: first line of the message`; the type's name alone when the message is
+    empty (`EOFError`), so that a cause is never blank.
+  """
+  found = data_error_from(exception)
+  if found is not None and str(found).strip():
+    return str(found).strip()
+  exception = found or exception
+  lines = str(exception).strip().splitlines()
+  first = _TF_NODE.sub("", lines[0]).strip()[:300] if lines else ""
+  inside = _RAISED_INSIDE.match(first)
+  if inside and inside.group(1) != type(exception).__name__:
+    return f"{inside.group(1)}: {inside.group(2)}" if inside.group(2) else inside.group(1)
+  return f"{type(exception).__name__}: {first}" if first else type(exception).__name__
 
 
 def _sized(value: object) -> str:
