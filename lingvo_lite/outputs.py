@@ -251,8 +251,7 @@ class FolderOutput:
         raise UsageError(f"{flag}: the folder holds another kind of lingvo_lite output "
                          f"({shown(recorded)}), which is not replaced; name a new or empty "
                          "folder")
-      theirs = foreign or entries
-      listed = ", ".join(theirs[:3]) + (", ..." if len(theirs) > 3 else "")
+      listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
       raise UsageError(f"{flag}: the folder holds files lingvo_lite did not write ({listed}), "
                        "and it never replaces them; name a new or empty folder, or move them "
                        "away")

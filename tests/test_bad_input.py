@@ -2,6 +2,7 @@
 directory it pointed at is byte-for-byte unchanged."""
 
 import dataclasses
+import glob
 import os
 import shutil
 import subprocess
@@ -685,7 +686,117 @@ COMPILE_CASES = [
                       _write("step/executable.bin", "x")(tmp))),
 ]
 
-CASES = CLI_CASES + LOOKUP_CASES + VALUES_CASES + JOBDIR_CASES + COMPILE_CASES
+
+# Outputs (lingvo_lite/outputs.py): never over what the user made, never inside a job's
+# checkpoints/ (retention deletes a step with whatever is in it), nothing created by a refused
+# or failed run. The job is trained on synthetic ids, so the decode requests are ids.
+DECODE_IDS = ["--mode=decode", "--prompts_file=ids.jsonl", "--fdl.decode.max_new_tokens=2"]
+
+
+def _with_ids(*prepares: Callable[[str], None]) -> Callable[[str], None]:
+  """A `prepare` that writes the decode requests, then runs `prepares`."""
+  def prepare(tmp: str) -> None:
+    _write("ids.jsonl", '{"prompt_ids": [5, 6, 7]}\n')(tmp)
+    for other in prepares:
+      other(tmp)
+  return prepare
+
+
+def _link_into_job(name: str, relative: str) -> Callable[[str], None]:
+  """A `prepare` that makes `{tmp}/name` a symlink to the shared job's `relative`."""
+  return lambda tmp: os.symlink(os.path.join(_JOB[0], relative), os.path.join(tmp, name))
+
+
+def _step_folder(**files: str) -> Callable[[str], None]:
+  """A `prepare` that makes `{tmp}/step` holding `files` (name: text)."""
+  def prepare(tmp: str) -> None:
+    os.makedirs(os.path.join(tmp, "step"), exist_ok=True)
+    for name, text in files.items():
+      _write(f"step/{name.replace('_dot_', '.')}", text)(tmp)
+  return prepare
+
+
+INSIDE_CHECKPOINTS = "is inside the job's checkpoints folder"
+OWN_MANIFEST = '{"schema": "lingvo_lite.compiled_step/1"}'
+COMPILE_CPU = ["--mode=compile", "--compile_topology=cpu:1"]  # The job's own config.
+OUTPUT_CASES = [
+    Case("decode into a checkpoint step", [*DECODE_IDS, "--job_log_dir={job}",
+                                           "--decode_out={job}/checkpoints/2/answers.jsonl"],
+         INSIDE_CHECKPOINTS, _with_ids()),
+    Case("decode into checkpoints through ..", [
+        *DECODE_IDS, "--job_log_dir={job}",
+        "--decode_out={job}/summaries/../checkpoints/answers.jsonl"],
+         INSIDE_CHECKPOINTS, _with_ids()),
+    Case("decode into checkpoints through a symlink", [
+        *DECODE_IDS, "--job_log_dir={job}", "--decode_out=ck/answers.jsonl"],
+         INSIDE_CHECKPOINTS, _with_ids(_link_into_job("ck", "checkpoints/2"))),
+    Case("decode into another job's checkpoints", [
+        *DECODE_IDS, "--job_log_dir={job}", "--decode_out=job/checkpoints/answers.jsonl"],
+         INSIDE_CHECKPOINTS, _with_ids(_copy_job())),
+    Case("decode onto a dangling symlink", [*DECODE_IDS, "--job_log_dir={job}",
+                                            "--decode_out=link"],
+         "--decode_out=link: already exists, and is never overwritten",
+         _with_ids(lambda tmp: os.symlink("nowhere", os.path.join(tmp, "link")))),
+    Case("decode over the user's file", [*DECODE_IDS, "--job_log_dir={job}",
+                                         "--decode_out=taken.jsonl"],
+         "--decode_out=taken.jsonl: already exists, and is never overwritten",
+         _with_ids(_write("taken.jsonl", "mine\n"))),
+    Case("decode into a folder that takes no files", [*DECODE_IDS, "--job_log_dir={job}",
+                                                      "--decode_out=/proc/answers.jsonl"],
+         "--decode_out=/proc/answers.jsonl: cannot create files in /proc: that file system "
+         "takes no new files (ENOENT)", _with_ids()),
+    Case("decode where JOB/decode is a file", [*DECODE_IDS, "--job_log_dir=job"],
+         "decode is a file, not a folder", _with_ids(_copy_job(_make_file("decode")))),
+    # Refused at the restore, after the writer was made: no empty JOB/decode/ is left.
+    Case("decode of a corrupt checkpoint", [*DECODE_IDS, "--job_log_dir=job"],
+         "checkpoint step 2 is corrupt: ",
+         _with_ids(_copy_job(lambda job: _flip_a_byte(
+             sorted(glob.glob(f"{job}/checkpoints/2/default/ocdbt.process_0/d/*"))[0])))),
+    Case("compiled step over the user's folder", [*COMPILE_CPU, "--job_log_dir={job}",
+                                                  "--compiled_step_out=step"],
+         "--compiled_step_out='step': the folder holds files lingvo_lite did not write "
+         "(notes.txt), and it never replaces them", _step_folder(notes_dot_txt="mine")),
+    Case("compiled step over the user's manifest", [*COMPILE_CPU, "--job_log_dir={job}",
+                                                    "--compiled_step_out=step"],
+         "the folder holds files lingvo_lite did not write (executable.bin, manifest.json)",
+         _step_folder(manifest_dot_json='{"schema": "mine"}', executable_dot_bin="x")),
+    Case("compiled step beside the user's file", [*COMPILE_CPU, "--job_log_dir={job}",
+                                                  "--compiled_step_out=step"],
+         "the folder holds notes.txt besides the compiled step lingvo_lite wrote",
+         _step_folder(manifest_dot_json=OWN_MANIFEST, notes_dot_txt="mine")),
+    Case("compiled step over another kind of output", [*COMPILE_CPU, "--job_log_dir={job}",
+                                                       "--compiled_step_out=step"],
+         "holds another kind of lingvo_lite output ('lingvo_lite.export/1'), which is not "
+         "replaced", _step_folder(manifest_dot_json='{"schema": "lingvo_lite.export/1"}')),
+    Case("compiled step over the job dir", [*COMPILE_CPU, "--job_log_dir={job}",
+                                            "--compiled_step_out={job}"],
+         "the folder holds files lingvo_lite did not write (checkpoints, config.json, "
+         "config.txt, ...)"),
+    Case("compiled step inside the job's checkpoints", [
+        *COMPILE_CPU, "--job_log_dir={job}", "--compiled_step_out={job}/checkpoints/step"],
+         INSIDE_CHECKPOINTS),
+    Case("compiled step through a symlink into checkpoints", [
+        *COMPILE_CPU, "--job_log_dir={job}", "--compiled_step_out=ck/step"],
+         INSIDE_CHECKPOINTS, _link_into_job("ck", "checkpoints")),
+    Case("compiled step into another job's checkpoints", [
+        *COMPILE_TINY, "--compile_topology=v5e-8", "--compiled_step_out=job/checkpoints/2/s"],
+         INSIDE_CHECKPOINTS, _copy_job()),
+    Case("compiled step onto a dangling symlink", [*COMPILE_CPU, "--job_log_dir={job}",
+                                                   "--compiled_step_out=link"],
+         "--compiled_step_out='link': is a symlink whose target does not exist (-> nowhere)",
+         lambda tmp: os.symlink("nowhere", os.path.join(tmp, "link"))),
+]  # End of OUTPUT_CASES.
+
+
+def _flip_a_byte(path: str) -> None:
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0xFF]))
+
+
+CASES = CLI_CASES + LOOKUP_CASES + VALUES_CASES + JOBDIR_CASES + COMPILE_CASES + OUTPUT_CASES
 
 
 @pytest.fixture(scope="module", name="job")

@@ -64,6 +64,9 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
     raise UsageError(f"--checkpoint_step={step}: must be a step number >= 0")
   requests = decode_requests.from_flags(options.get("prompt"), options.get("prompts_file"))
   to_stdout = options.get("decode_out") == "-"
+  # Where the completions go is checked first (nothing is created until the first one).
+  writer = decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
+                                           invocation.shown_job_dir)
   # Messages go to stderr when stdout carries the JSON lines.
   say = (lambda text: print(text, file=sys.stderr, flush=True)) if to_stdout else (
       lambda text: print(text, flush=True))
@@ -83,8 +86,7 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   checker = generation.RequestResolver(setup, vocabulary)
   prompt_lengths = [len(checker.resolve(index, request).prompt_ids)
                     for index, request in enumerate(requests)]
-  with decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
-                                       invocation.shown_job_dir) as writer:
+  with writer:
 
     def shown_path() -> str:  # The name is chosen at the first completion (a -2 suffix, ...).
       return "stdout" if to_stdout else str(options.get("decode_out")
