@@ -2,6 +2,7 @@
 directory it pointed at is byte-for-byte unchanged."""
 
 import dataclasses
+import errno
 import glob
 import os
 import shutil
@@ -14,7 +15,7 @@ import fiddle as fdl
 import pytest
 
 from experiments.lm import architectures
-from lingvo_lite import experiment, target
+from lingvo_lite import experiment, paths, target
 from lingvo_lite.errors import UsageError
 from lingvo_lite.testing import run_cli, tree_digest
 
@@ -832,6 +833,25 @@ def test_bad_input_is_one_line_exit_2_and_leaves_the_job_untouched(job, tmp_path
   assert case.expected in lines[0], lines[0]
   assert "Traceback" not in result.stderr + result.stdout
   assert (tree_digest(job), tree_digest(tmp_path)) == before
+
+
+def test_a_report_that_cannot_be_written_is_one_line_exit_1_and_leaves_nothing(job, tmp_path,
+                                                                             monkeypatch):
+  """A full disk under --mode=report's pages: the cause by its errno (not a traceback, not
+  "fix the permissions"), exit 1, and no report/ folder left in the job."""
+  shutil.copytree(job, tmp_path / "job")
+  before = tree_digest(tmp_path / "job")
+
+  def full(path, content):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+  monkeypatch.setattr(paths, "write_atomically", full)
+  monkeypatch.chdir(tmp_path)
+  result = run_cli(["--mode=report", "--job_log_dir=job"])
+  assert result.code == 1, result
+  assert result.stderr.splitlines() == [
+      "lingvo_lite: error: cannot write the report to job/report: the disk is full (ENOSPC); "
+      "free space, or write elsewhere, then make the report again"]
+  assert tree_digest(tmp_path / "job") == before
 
 
 @pytest.fixture(autouse=True)

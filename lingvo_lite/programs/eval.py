@@ -30,11 +30,12 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from lingvo_lite import config_files, evaluation, job_lock, memory_fit, paths, summaries
+from lingvo_lite import (config_files, evaluation, job_lock, memory_fit, outputs, paths,
+                         summaries)
 from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.programs import Invocation, refuse_model_changes
+from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
 from lingvo_lite.programs.jitted import JittedSteps
 
 RECORD = "evaluated.json"
@@ -51,11 +52,17 @@ def main(invocation: Invocation) -> None:
   setup.check_data(train=False)  # Every eval set reads; each has the model's vocabulary.
   # Before anything is restored or allocated: one line instead of an out-of-memory abort.
   memory_fit.check_eval_fits(setup)
-  run(setup, invocation.job_dir, shown_job_dir=invocation.shown_job_dir,
-      checkpoint_step=options.get("checkpoint_step"),
-      continuous=bool(options.get("eval_continuous")),
-      timeout_seconds=options.get("eval_timeout_seconds") or 3600,
-      poll_seconds=options.get("eval_poll_seconds") or 10.0)
+  try:
+    run(setup, invocation.job_dir, shown_job_dir=invocation.shown_job_dir,
+        checkpoint_step=options.get("checkpoint_step"),
+        continuous=bool(options.get("eval_continuous")),
+        timeout_seconds=options.get("eval_timeout_seconds") or 3600,
+        poll_seconds=options.get("eval_poll_seconds") or 10.0)
+  except OSError as e:  # Writing its rows, summaries or evaluated.json (a full disk, say).
+    shown = epath.Path(invocation.shown_job_dir or invocation.job_dir) / "eval"
+    where = f" ({e.filename})" if e.filename else ""
+    raise ProgramFailure(outputs.failed_write(f"the eval results to {shown}{where}", e,
+                                              "evaluate again")) from None
 
 
 def selected_sets(setup: Setup, names: list[str] | None) -> Setup:
