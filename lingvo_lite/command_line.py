@@ -9,12 +9,17 @@ takes effect in order, and whatever it refuses is its one-line error: nothing is
 argv behind absl's back, so no spelling can be silently dropped.
 
 `--fdl.PATH=VALUE` is Fiddle's spelling, and no flag name absl could know in advance. After
-absl has expanded the flag files, each such argument is rewritten to the flag `--fdl_dot=PATH=VALUE`
+the flag files are expanded, each such argument is rewritten to the flag `--fdl_dot=PATH=VALUE`
 (messages and config.txt still show `--fdl.PATH=VALUE`).
+
+What absl lets vanish in silence is refused here in one line: flag files are expanded as absl
+would, but an empty `--flagfile=` and a flag file that includes itself are errors; a flag whose
+empty value could only mean "not given" (a name, a path) parses with `NonEmptyParser`.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 from absl import flags
@@ -69,6 +74,35 @@ class OverrideFlag(flags.MultiFlag):
     self._log.clear()
 
 
+# absl gives `--flag=` (what `--flag=$UNSET` is) the value '', which a program reading the flag
+# cannot tell from the flag left out: a name or a path given empty would be silently ignored.
+EMPTY_VALUE = ("empty (an unset shell variable gives an empty value); give a value, or leave "
+               "the flag out")
+
+
+class NonEmptyParser(flags.ArgumentParser):
+  """A string flag's parser that refuses an empty (or blank) value, in absl's one line."""
+
+  def parse(self, argument):
+    if isinstance(argument, str) and not argument.strip():
+      raise ValueError(EMPTY_VALUE)
+    return argument
+
+
+class NonEmptyListParser(flags.ListParser):
+  """A comma-separated list flag's parser that refuses an empty value or an empty item."""
+
+  def parse(self, argument):
+    if isinstance(argument, str) and not argument.strip():
+      raise ValueError(EMPTY_VALUE)
+    values = super().parse(argument)
+    for index, value in enumerate(values, 1):
+      if not value:
+        raise ValueError(f"item {index} is empty; give the items comma-separated, without "
+                         "empty ones")
+    return values
+
+
 def _split(arg: str) -> tuple[int, str, bool, str]:
   """(dashes, name, has '=', value) of one argument, as absl splits it."""
   dashes = 2 if arg.startswith("--") else 1 if arg.startswith("-") else 0
@@ -77,25 +111,16 @@ def _split(arg: str) -> tuple[int, str, bool, str]:
 
 
 def expand(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str]:
-  """argv with flag files expanded (as absl would) and `--fdl.PATH=V` as `--fdl_dot=PATH=V`.
+  """argv with flag files expanded and `--fdl.PATH=V` as `--fdl_dot=PATH=V`.
 
   `--fdl.PATH VALUE` (absl's space-separated form) is rewritten too. Arguments after `--` and
   the value of a preceding `--flag VALUE` are left as they are.
 
   Raises:
-    UsageError: a flag file that cannot be read or is not UTF-8, or `--fdl.PATH` with no
-      value.
+    UsageError: a flag file that cannot be used (see `expand_flagfiles`), or `--fdl.PATH` with
+      no value.
   """
-  try:
-    args = flag_values.read_flags_from_files(list(argv), force_gnu=False)
-  except flags.Error as e:
-    raise UsageError(str(e).splitlines()[0]) from None
-  except UnicodeDecodeError as e:
-    # absl reads flag files as text and its error names no file: find the one that is not.
-    name = _undecodable_flagfile(argv[1:], set()) or "FILE"
-    raise UsageError(f"--flagfile={name}: not UTF-8 text ({e.reason}: byte "
-                     f"{e.object[e.start:e.start + 1]!r} at position {e.start}); save it "
-                     "as UTF-8") from None
+  args = [*argv[:1], *expand_flagfiles(argv[1:])]
   expanded, i = args[:1], 1
   while i < len(args):
     arg = args[i]
@@ -121,38 +146,101 @@ def expand(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str]:
   return expanded
 
 
-def _flagfile_names(args: Sequence[str]) -> list[str]:
-  """The files `--flagfile=F` / `--flagfile F` (any number of dashes) name, in order."""
-  names = []
-  for i, arg in enumerate(args):
+# Far more than any list of flags; a larger "flag file" is some other file (or /dev/zero).
+MAX_FLAGFILE_BYTES = 1 << 20
+_FLAGFILE_FIX = "name a text file of flags, one per line"
+
+
+def expand_flagfiles(args: Sequence[str]) -> list[str]:
+  """`args` (argv without the program) with each `--flagfile=FILE` replaced by FILE's flags.
+
+  absl's own expansion, with its spellings and its file format (`--flagfile=F`, `-flagfile=F`,
+  `--flagfile F`; in a file, one flag per line, blank lines and lines starting with `#` or `//`
+  skipped, `--flagfile=F` lines expanded in place), except that what absl passes over in
+  silence is refused: an empty name (`--flagfile=$UNSET`), which absl ignores, and a file that
+  includes itself, which absl skips with a warning. Nothing after `--` is expanded.
+
+  Raises:
+    UsageError: one line naming the `--flagfile` (and the file and line that gave it, for a
+      nested one): no value, an empty name, a file that cannot be read (missing, a folder, no
+      permission), is not UTF-8 or is too large, a loop of includes.
+  """
+  expanded: list[str] = []
+  i = 0
+  while i < len(args):
+    arg = args[i]
     if arg == "--":
+      expanded.extend(args[i:])
       break
-    dashes, name, has_value, value = _split(arg)
-    if dashes and name == "flagfile":
-      if has_value:
-        names.append(value)
-      elif i + 1 < len(args):
-        names.append(args[i + 1])
-  return names
-
-
-def _undecodable_flagfile(args: Sequence[str], seen: set[str]) -> str | None:
-  """The first flag file named in `args`, or in a flag file they name, that is not UTF-8."""
-  for name in _flagfile_names(args):
-    if name in seen:
-      continue  # absl skips a circular include too.
-    seen.add(name)
-    try:
-      with open(name, "rb") as f:
-        text = f.read().decode("utf-8")
-    except UnicodeDecodeError:
-      return name
-    except OSError:
+    if arg in ("--flagfile", "-flagfile"):
+      if i + 1 >= len(args):
+        raise UsageError(f"{arg}: missing value; write {arg}=FILE ({_FLAGFILE_FIX})")
+      expanded.extend(_flagfile_lines(args[i + 1], f"{arg}={args[i + 1]}", []))
+      i += 2
       continue
-    found = _undecodable_flagfile([line.strip() for line in text.splitlines()], seen)
-    if found:
-      return found
-  return None
+    if arg.startswith(("--flagfile=", "-flagfile=")):
+      expanded.extend(_flagfile_lines(arg.partition("=")[2], arg, []))
+    else:
+      expanded.append(arg)
+    i += 1
+  return expanded
+
+
+def _flagfile_lines(name: str, written: str, including: list[str]) -> list[str]:
+  """The flags of the flag file `name`, its own `--flagfile=` lines expanded.
+
+  Args:
+    name: The file as written (absl strips the spaces around it and expands `~`).
+    written: The directive as the user wrote it, for messages (`--flagfile=f.txt`; for a
+      nested one, where it is: `--flagfile=outer.txt line 3: --flagfile=f.txt`).
+    including: The real paths of the files that include this one, outermost first.
+  """
+  name = name.strip()
+  if not name:
+    raise UsageError(f"{written}: empty file name (an unset shell variable gives one); "
+                     f"{_FLAGFILE_FIX}, or drop the flag")
+  path = os.path.expanduser(name)
+  # A loop is found by real paths (`./a.txt` including `a.txt` is one), but the file is opened
+  # by its name: /dev/fd/N (`--flagfile=<(...)` in bash) resolves to no path that opens.
+  real = os.path.realpath(path)
+  if real in including:
+    loop = " -> ".join([*including[including.index(real):], real])
+    raise UsageError(f"{written}: the flag file includes itself ({loop}); remove the "
+                     "--flagfile line that closes the loop")
+  try:
+    with open(path, "rb") as f:
+      data = f.read(MAX_FLAGFILE_BYTES + 1)
+  except OSError as e:
+    raise UsageError(f"{written}: cannot read the flag file ({e.strerror or e}); "
+                     f"{_FLAGFILE_FIX}") from None
+  if len(data) > MAX_FLAGFILE_BYTES:
+    raise UsageError(f"{written}: more than {MAX_FLAGFILE_BYTES >> 20} MiB, not a flag file; "
+                     f"{_FLAGFILE_FIX}")
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise UsageError(f"{written}: not UTF-8 text ({e.reason}: byte "
+                     f"{e.object[e.start:e.start + 1]!r} at position {e.start}); save it "
+                     "as UTF-8") from None
+  found: list[str] = []
+  # Lines as a file read in text mode has them (absl's), not str.splitlines()'s, which would
+  # also split a value at a form feed or U+2028.
+  lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+  for number, line in enumerate(lines, 1):
+    if not line.strip() or line.startswith(("#", "//")):
+      continue
+    if line.startswith(("--flagfile=", "-flagfile=")):
+      nested = line.partition("=")[2]
+      found.extend(_flagfile_lines(nested, f"{written} line {number}: {line.strip()}",
+                                   [*including, real]))
+    elif line.strip() in ("--flagfile", "-flagfile") or line.startswith(("--flagfile ",
+                                                                          "-flagfile ")):
+      # absl would pass it on as an unknown flag, or take the next argument as the file.
+      raise UsageError(f"{written} line {number}: {line.strip()}: write --flagfile=FILE on "
+                       "one line, without a space")
+    else:
+      found.append(line.strip())
+  return found
 
 
 def help_requested(args: Sequence[str]) -> str | None:

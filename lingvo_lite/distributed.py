@@ -4,11 +4,20 @@ Every process runs the same command; process 0 also hosts the coordinator. On CP
 collectives go through gloo. A process that stops sending heartbeats for
 `heartbeat_timeout_seconds` is declared dead and the coordination service stops every other
 process (JAX aborts them: exit code non-zero, never a silent hang).
+
+At start-up every process waits until all have joined. JAX would wait in silence and then
+abort with a C++ stack trace; here a waiting process says every few seconds what it waits for,
+and after `init_timeout_seconds` gives up with one line and exit code 1 (`_StartupWait`).
 """
 
 from __future__ import annotations
 
 import os
+import select
+import signal
+import sys
+import threading
+import time
 
 import jax
 
@@ -25,6 +34,13 @@ _CLUSTERS = (
      "mpirun"),
 )
 _MAX_SECONDS = 2**31 - 1  # About 68 years; JAX's C++ runtime takes a C int of seconds.
+DEFAULT_INIT_TIMEOUT_SECONDS = 300  # JAX's own.
+# A process that waits longer than this for the others to join says so, then again this often.
+FIRST_WAIT_REPORT_SECONDS = 3.0
+WAIT_REPORT_SECONDS = 10.0
+# JAX's own start-up deadline, past ours: its expiry is an abort with a C++ stack trace, ours
+# is one line.
+_JAX_DEADLINE_MARGIN_SECONDS = 60
 
 
 def _env_int(name: str) -> int | None:
@@ -116,29 +132,49 @@ def plan(mode: str, coordinator_address: str | None, num_processes: int | None,
   return f"auto-detected {cluster} environment"
 
 
+def check_timeouts(heartbeat_timeout_seconds: int, init_timeout_seconds: int) -> None:
+  """Refuses timeouts JAX's C++ runtime cannot take: it aborts the process on a negative one
+  instead of raising, and takes a C int of seconds (with our margin added, for the start-up).
+
+  Raises:
+    UsageError: a timeout out of range.
+  """
+  if not 1 <= heartbeat_timeout_seconds <= _MAX_SECONDS:
+    raise UsageError(f"--heartbeat_timeout_seconds={heartbeat_timeout_seconds}: must be in "
+                     f"[1, {_MAX_SECONDS}] seconds (JAX's default is 100)")
+  longest = _MAX_SECONDS - _JAX_DEADLINE_MARGIN_SECONDS
+  if not 1 <= init_timeout_seconds <= longest:
+    raise UsageError(f"--distributed_init_timeout_seconds={init_timeout_seconds}: must be in "
+                     f"[1, {longest}] seconds (the default is {DEFAULT_INIT_TIMEOUT_SECONDS})")
+
+
 def initialize(mode: str, coordinator_address: str | None, num_processes: int | None,
-               process_id: int | None, heartbeat_timeout_seconds: int) -> str | None:
+               process_id: int | None, heartbeat_timeout_seconds: int,
+               init_timeout_seconds: int = DEFAULT_INIT_TIMEOUT_SECONDS) -> str | None:
   """Calls jax.distributed.initialize when asked or detected (see `plan`); returns how, or
   None.
 
+  While the other processes have not all joined, a line on stderr every few seconds says what
+  this one waits for; after `init_timeout_seconds` it prints one line and exits with code 1
+  (from a watching thread: JAX waits inside C++, where Python cannot interrupt it).
+
   Raises:
     UsageError: the flags or the launcher's environment cannot start a run (checked here, or
-      refused by JAX before it connects). A coordinator that never answers is not one: JAX's
-      runtime error propagates.
+      refused by JAX before it connects).
   """
-  if not 1 <= heartbeat_timeout_seconds <= _MAX_SECONDS:
-    # JAX's C++ runtime aborts the process on a negative timeout instead of raising.
-    raise UsageError(f"--heartbeat_timeout_seconds={heartbeat_timeout_seconds}: must be in "
-                     f"[1, {_MAX_SECONDS}] seconds (JAX's default is 100)")
+  check_timeouts(heartbeat_timeout_seconds, init_timeout_seconds)
   how = plan(mode, coordinator_address, num_processes, process_id)
   if how is None:
     return None
   # CPU processes exchange collectives through gloo (no effect on accelerators).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   try:
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id,
-                               heartbeat_timeout_seconds=heartbeat_timeout_seconds)
+    with _StartupWait(how, coordinator_address, num_processes, process_id,
+                      init_timeout_seconds):
+      jax.distributed.initialize(
+          coordinator_address=coordinator_address, num_processes=num_processes,
+          process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
+          initialization_timeout=init_timeout_seconds + _JAX_DEADLINE_MARGIN_SECONDS)
   except jax.errors.JaxRuntimeError:
     raise  # The runtime's own failures (connecting, timing out) are not the command's.
   except (ValueError, IndexError, TypeError, RuntimeError) as e:
@@ -150,3 +186,107 @@ def initialize(mode: str, coordinator_address: str | None, num_processes: int | 
                      "--num_processes and --process_id, or the launcher's environment "
                      "variables") from None
   return how
+
+
+class _StartupWait:
+  """Watches a process waiting for the others to join, from a thread of its own.
+
+  The main thread waits inside JAX's C++ code, where no Python signal handler runs: Ctrl-C
+  would do nothing until the wait ends. Python's C-level handler still writes the signal's
+  number to the wakeup file descriptor (`signal.set_wakeup_fd`), which the watching thread
+  reads, so SIGINT stops the wait at once (exit code 130, the shell's for SIGINT).
+
+  Args:
+    how: How the process joins (`plan`), for a run whose launcher JAX reads.
+    coordinator_address, num_processes, process_id: As given; None when JAX detects them (it
+      records what it found before it starts waiting, which is read then).
+    timeout_seconds: When to give up.
+  """
+
+  def __init__(self, how: str, coordinator_address: str | None, num_processes: int | None,
+               process_id: int | None, timeout_seconds: int):
+    self._how = how
+    self._given = (coordinator_address, num_processes, process_id)
+    self._timeout = timeout_seconds
+    self._joined = threading.Event()
+    self._thread = threading.Thread(target=self._watch, name="distributed-startup-wait",
+                                    daemon=True)
+    self._start = 0.0
+    self._wakeup, self._wake = os.pipe()  # Signal numbers, or a byte from __exit__.
+    os.set_blocking(self._wake, False)
+    self._previous_wakeup: int | None = None
+
+  def __enter__(self) -> "_StartupWait":
+    try:
+      self._previous_wakeup = signal.set_wakeup_fd(self._wake)
+    except ValueError:
+      pass  # Not the main thread: it gets no signals to watch for.
+    self._start = time.monotonic()
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    if self._previous_wakeup is not None:
+      signal.set_wakeup_fd(self._previous_wakeup)
+    self._joined.set()
+    os.write(self._wake, b"\0")
+    self._thread.join()
+    os.close(self._wakeup)
+    os.close(self._wake)
+
+  def _watch(self) -> None:
+    deadline = self._start + self._timeout
+    report_at = self._start + FIRST_WAIT_REPORT_SECONDS
+    while True:
+      timeout = max(0.0, min(report_at, deadline) - time.monotonic())
+      if select.select([self._wakeup], [], [], timeout)[0]:
+        received = os.read(self._wakeup, 64)
+        if self._joined.is_set():
+          return
+        if signal.SIGINT in received:
+          subject, awaited = self._waiting_for()
+          self._exit(f"lingvo_lite: {subject} stopped by SIGINT while waiting for {awaited}",
+                     128 + signal.SIGINT)
+          return
+        continue  # Another signal: its handler runs once the wait ends.
+      now = time.monotonic()
+      subject, awaited = self._waiting_for()
+      if now >= deadline:
+        self._exit(f"lingvo_lite: error: jax.distributed: {subject} gave up after "
+                   f"{self._timeout} s waiting for {awaited}; check that every process started "
+                   "(the same --coordinator_address and --num_processes, each its own "
+                   "--process_id) and can reach the coordinator, or wait longer with "
+                   "--distributed_init_timeout_seconds", 1)
+        return
+      print(f"jax.distributed: {subject} waiting for {awaited} ({now - self._start:.0f} s so "
+            f"far; gives up after {self._timeout} s, --distributed_init_timeout_seconds)",
+            file=sys.stderr, flush=True)
+      report_at = now + WAIT_REPORT_SECONDS
+
+  @staticmethod
+  def _exit(line: str, code: int) -> None:
+    """Prints `line` and ends the process: the main thread is inside JAX's C++ wait, which no
+    exception reaches. (Returns where a test replaced os._exit.)"""
+    print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)  # pylint: disable=protected-access
+
+  def _waiting_for(self) -> tuple[str, str]:
+    """(this process, what it waits for), e.g. ("process 1 of 2", "the coordinator at ...")."""
+    address, count, index = self._given
+    try:  # What JAX detected (a launcher's run), recorded before it waits.
+      from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+      state = jax_distributed.global_state
+    except (ImportError, AttributeError):
+      state = None
+    found = vars(state) if state is not None else {}  # Set ones only: not the class defaults.
+    address = address or found.get("coordinator_address")
+    count = count if count is not None else found.get("num_processes")
+    index = index if index is not None else found.get("process_id")
+    if None in (address, count, index):
+      return "this process", f"the others to join the run ({self._how})"
+    if index == 0:
+      return (f"process 0 of {count}",
+              f"the other processes to join its coordinator at {address}")
+    return (f"process {index} of {count}",
+            f"the coordinator at {address} (process 0) and the other processes to join")

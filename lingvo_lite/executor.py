@@ -16,6 +16,7 @@ import inspect
 import logging as std_logging
 import os
 import sys
+import tempfile
 import traceback
 from typing import Any, Sequence
 
@@ -35,13 +36,28 @@ MODES = tuple(programs.PROGRAMS)
 _DEFAULT_CACHE = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lingvo_lite", "jax")
 
-_EXP = flags.DEFINE_string(
+
+def _define_name(name: str, default: str | None, help_string: str) -> flags.FlagHolder[str]:
+  """A string flag naming something (an experiment, a path, an address): given empty, it is
+  refused rather than read as left out (command_line.NonEmptyParser)."""
+  return flags.DEFINE(command_line.NonEmptyParser(), name, default, help_string,
+                      serializer=flags.ArgumentSerializer())
+
+
+def _define_names(name: str, default: list[str], help_string: str
+                  ) -> flags.FlagHolder[list[str]]:
+  """A comma-separated list flag refused empty, or with an empty item."""
+  return flags.DEFINE(command_line.NonEmptyListParser(), name, default, help_string,
+                      serializer=flags.CsvListSerializer(","))
+
+
+_EXP = _define_name(
     "exp", None, "Registered experiment: full name (lm.pycode.PyCodeTiny), a unique dotted "
     "suffix (PyCodeTiny) or an import path.")
-_FDL_CONFIG = flags.DEFINE_string(
+_FDL_CONFIG = _define_name(
     "fdl_config", None, "Like --exp; also a function returning a config, with literal "
     "arguments: 'module.fn(layers=4)'.")
-_FDL_CONFIG_FILE = flags.DEFINE_string(
+_FDL_CONFIG_FILE = _define_name(
     "fdl_config_file", None, "A config.json written by a previous run.")
 # --fiddler, --fdl_set and --fdl.PATH=VALUE share one log, so they apply in command-line order
 # whatever spelling absl accepted (see command_line.py).
@@ -56,7 +72,7 @@ flags.DEFINE_flag(command_line.OverrideFlag(
 flags.DEFINE_flag(command_line.OverrideFlag(
     command_line.DOTTED_FLAG, "set", "--fdl.{}", _OVERRIDES,
     "Internal: --fdl.PATH=VALUE arrives here (write --fdl.PATH=VALUE)."))
-_EXPERIMENTS_MODULE = flags.DEFINE_list(
+_EXPERIMENTS_MODULE = _define_names(
     "experiments_module", [], "Modules to import before looking experiments up, e.g. "
     "my_project.experiments (comma-separated); their @register classes join --mode=list.")
 _FDL_HELP = flags.DEFINE_bool(
@@ -64,7 +80,7 @@ _FDL_HELP = flags.DEFINE_bool(
     "and the fiddlers that apply, then exits.")
 _MODE = flags.DEFINE_enum("mode", "train", MODES, "Program to run: " + "; ".join(
     f"{p.name}: {p.summary}" for p in programs.PROGRAMS.values()) + ".")
-_JOB_LOG_DIR = flags.DEFINE_string(
+_JOB_LOG_DIR = _define_name(
     "job_log_dir", None, "Job folder: config, checkpoints, metrics, summaries (local or "
     "remote path).")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
@@ -72,7 +88,7 @@ _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "Persistent JAX compilation cache, so a restarted run skips compiling; '' disables it.")
 
 # --mode=compile (and the saved step train loads); lingvo_lite/programs lists who reads what.
-flags.DEFINE_string(
+_define_name(
     "compile_topology", None, "What --mode=compile compiles for: cpu:N (N virtual CPU "
     "devices), local (this host's devices), or a TPU slice (v4-8, v5e-8, v5e-256, v5p-128, "
     "v6e-8, ...; needs lingvo_lite[tpu]). The number counts TensorCores on v4/v5p, chips on "
@@ -85,7 +101,7 @@ flags.DEFINE_enum("compile_program", "train", ("train", "eval", "decode"), "What
 flags.DEFINE_bool("compile_find_max_batch", False, "Also find the largest per-device batch "
                   "that fits (with --compile_program=decode: the largest decode.slots); two "
                   "compiles fit a line, then the prediction is confirmed.")
-flags.DEFINE_list("compile_remat_policies", [], "With --compile_find_max_batch: the remat "
+_define_names("compile_remat_policies", [], "With --compile_find_max_batch: the remat "
                   "policies to search, as a table (e.g. none,full).")
 flags.DEFINE_string("compiled_step_out", None, "--mode=compile: write the compiled train step "
                     "and its manifest to this folder.")
@@ -108,10 +124,10 @@ flags.DEFINE_list("eval_sets", None, "--mode=eval: the eval sets to evaluate, by
 
 # --mode=decode.
 flags.DEFINE_multi_string("prompt", None, "--mode=decode: a prompt to continue (repeatable).")
-flags.DEFINE_string("prompts_file", None, "--mode=decode: a JSON-lines file of requests, one "
+_define_name("prompts_file", None, "--mode=decode: a JSON-lines file of requests, one "
                     "object per line: prompt (text) or prompt_ids, and optional max_new_tokens, "
                     "temperature, top_k, top_p, seed, stop.")
-flags.DEFINE_string("decode_out", None, "--mode=decode: where the completions go as JSON "
+_define_name("decode_out", None, "--mode=decode: where the completions go as JSON "
                     "lines: a file, or - for stdout (default: JOB/decode/<UTC time>.jsonl).")
 
 # --mode=report.
@@ -129,13 +145,17 @@ _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ("auto", "on", "off"),
     "Multi-process runs through jax.distributed: auto = when --coordinator_address is given "
     "or a SLURM / Open MPI / TPU pod environment is detected.")
-_COORDINATOR_ADDRESS = flags.DEFINE_string(
+_COORDINATOR_ADDRESS = _define_name(
     "coordinator_address", None, "host:port of process 0, which hosts the coordinator.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index, from 0.")
 _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
     "heartbeat_timeout_seconds", 100,
     "A process silent for this long counts as dead and every process stops (JAX's default).")
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    "distributed_init_timeout_seconds", distributed.DEFAULT_INIT_TIMEOUT_SECONDS,
+    "How long a process waits at start-up for the coordinator and every other process to "
+    "join; it says what it waits for every few seconds, and gives up after this (exit 1).")
 
 def override_log() -> command_line.OverrideLog:
   """The overrides of the parsed command line, in order (for tests and tools)."""
@@ -298,9 +318,58 @@ def _arrange_cpu_devices() -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
-def _configure_compilation_cache() -> None:
-  if _COMPILATION_CACHE_DIR.value:
-    jax.config.update("jax_compilation_cache_dir", _COMPILATION_CACHE_DIR.value)
+def _compilation_cache_dir(program: programs.Program) -> str | None:
+  """The folder of JAX's persistent compilation cache for this run, or None for no cache.
+
+  Checked before anything runs: JAX would find out at its first compile and go on with a
+  warning per compile. A folder the user gave that cannot be used is their mistake to fix; the
+  default one (a read-only home, say) only costs the cache, with a one-line warning, and only
+  in the modes that compile (print only shows the config; compile measures its compile time,
+  uncached).
+
+  Raises:
+    UsageError: --compilation_cache_dir names a file, a folder under a file, or a folder in
+      which nothing can be created.
+  """
+  value = _COMPILATION_CACHE_DIR.value
+  given = _COMPILATION_CACHE_DIR.present
+  used = (program.needs_config and program.name not in ("print", "compile")
+          and not _FDL_HELP.value)
+  if not value or not (given or used):
+    return None
+  path = paths.resolve(value, "--compilation_cache_dir")
+  problem = None if paths.is_remote(str(path)) else _unwritable_folder(path)
+  if problem is None:
+    return os.fspath(path)
+  if given:
+    raise UsageError(f"--compilation_cache_dir={value}: {problem}; give a folder for JAX's "
+                     "compiled programs, or --compilation_cache_dir= to run without the cache")
+  print(f"lingvo_lite: warning: running without the compilation cache: {path} {problem}; pass "
+        "--compilation_cache_dir=FOLDER, or --compilation_cache_dir= to silence this",
+        file=sys.stderr, flush=True)
+  return None
+
+
+def _unwritable_folder(path: epath.Path) -> str | None:
+  """Why files cannot be made in the local folder `path` (created if absent), or None. Tried
+  rather than asked: root passes every permission check, and a read-only file system or /proc
+  refuses what os.access allows."""
+  existing = path
+  while not os.path.lexists(os.fspath(existing)):
+    existing = existing.parent
+  if not existing.is_dir():
+    return "is not a folder" if existing == path else f"is under {existing}, which is no folder"
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".lingvo_lite_probe.", dir=os.fspath(existing)))
+  except OSError as e:
+    where = "in it" if existing == path else f"in {existing}"
+    return f"cannot be written (creating a folder {where} fails: {e.strerror or e})"
+  return None
+
+
+def _configure_compilation_cache(folder: str | None) -> None:
+  if folder:
+    jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
@@ -331,11 +400,17 @@ def main(argv: Sequence[str]) -> None:
     # is gone, reaches logging's last-resort handler, which no handler filter sees.
     std_logging.getLogger("asyncio").addFilter(_quiet_orbax)
   try:
-    if programs.PROGRAMS[_MODE.value].joins_distributed:
+    program = programs.PROGRAMS[_MODE.value]
+    # Flags that cannot work fail before anything runs (before a supervised child starts).
+    cache_dir = _compilation_cache_dir(program)
+    if program.joins_distributed:
+      distributed.check_timeouts(_HEARTBEAT_TIMEOUT.value, _INIT_TIMEOUT.value)
       distributed.plan(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
-                       _PROCESS_ID.value)  # Flags that cannot work fail before a child starts.
+                       _PROCESS_ID.value)
       if supervisor.wanted(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value):
-        sys.exit(supervisor.supervise(sys.argv[1:]))
+        # The runtime's raw C++ log is held back unless the user asked for logs (-v).
+        sys.exit(supervisor.supervise(sys.argv[1:],
+                                      quiet_runtime_log=not flags.FLAGS["verbosity"].present))
     # `kill -USR1 PID` dumps every thread's stack, in every mode (the supervising parent above
     # forwards it instead); onto stderr until the job dir is known.
     stack_dumps.set_folder(None)
@@ -343,7 +418,7 @@ def main(argv: Sequence[str]) -> None:
     if _MODE.value == "compile":
       _arrange_cpu_devices()
     try:
-      code = _run_mode()
+      code = _run_mode(program, cache_dir)
     finally:
       stack_dumps.set_folder(None)  # A process that runs on (tests) has no job dir now.
   except UsageError as e:
@@ -354,8 +429,7 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(code)
 
 
-def _run_mode() -> int | None:
-  program = programs.PROGRAMS[_MODE.value]
+def _run_mode(program: programs.Program, cache_dir: str | None) -> int | None:
   if _EXPERIMENTS_MODULE.value:
     registry.import_modules(_EXPERIMENTS_MODULE.value)
   _refuse_flags(program)
@@ -377,7 +451,7 @@ def _run_mode() -> int | None:
   if program.joins_distributed and not _FDL_HELP.value:
     joined = distributed.initialize(
         _DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
-        _PROCESS_ID.value, _HEARTBEAT_TIMEOUT.value)
+        _PROCESS_ID.value, _HEARTBEAT_TIMEOUT.value, _INIT_TIMEOUT.value)
     if joined and jax.process_index() == 0:
       print(f"jax.distributed: {joined}; {jax.process_count()} processes, "
             f"{jax.device_count()} devices", flush=True)
@@ -396,8 +470,7 @@ def _run_mode() -> int | None:
       job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value,
                      profile=setup.train.profile_start_step >= 0,
                      eval_sets=tuple(setup.eval_sets))
-    if program.name != "print":
-      _configure_compilation_cache()
+    _configure_compilation_cache(cache_dir)
     invocation = programs.Invocation(
         setup=setup, job_dir=job_dir, shown_job_dir=_JOB_LOG_DIR.value, target=target,
         options=options, config_text=lambda: config_files.to_text(cfg),

@@ -1,7 +1,8 @@
 """Command-line config overrides: `--fiddler=NAME`, `--fdl.a.b=VALUE`, `--fdl_set=a.b=VALUE`.
 
 Fiddle's legacy flags apply every fiddler before every set, whatever the command line
-says. Here argv is scanned once, in order, and the directives are applied in that order.
+says. Here the directives are applied in command-line order (command_line.py collects them
+as absl parses the flags).
 A VALUE is a Python literal (`ast.literal_eval`, never evaluated as code) and is checked
 against the field's type annotation before it is set, so a typo or a wrong type fails
 with one line naming the flag, the value and the fix. Each change is recorded in the
@@ -53,9 +54,6 @@ class Directive:
   value_text: str = ""
 
 
-_MULTI_FLAGS = {"--fiddler": "fiddler", "--fdl_set": "set"}
-
-
 def _partition(assignment: str) -> tuple[str, str, str]:
   """`PATH=VALUE` split at the first `=` outside a quoted key (`eval_data['a=b'].x=1`)."""
   quote, position = "", 0
@@ -82,46 +80,6 @@ def set_directive(flag: str, assignment: str) -> Directive:
     raise UsageError(f"{flag}: expected PATH=VALUE, e.g. --fdl.model.num_layers=2 or "
                      "--fdl_set=model.num_layers=2")
   return Directive("set", flag, path=path.strip(), value_text=value_text)
-
-
-def extract(argv: Sequence[str]) -> tuple[list[str], list[Directive]]:
-  """Splits argv into what absl parses and the ordered override directives.
-
-  `--fdl.PATH=VALUE` is removed (absl does not know those names); `--fiddler` and
-  `--fdl_set` stay in argv too, so `--help` documents them, but their order comes from here.
-  """
-  remaining, directives = [argv[0]], []
-  args = list(argv[1:])
-  i = 0
-  while i < len(args):
-    arg = args[i]
-    if arg == "--":
-      remaining.extend(args[i:])
-      break
-    if arg.startswith("--fdl."):
-      directives.append(set_directive(arg, arg[len("--fdl."):]))
-      i += 1
-      continue
-    name, equals, value = arg.partition("=")
-    if name in _MULTI_FLAGS:
-      if not equals:
-        if i + 1 >= len(args):
-          raise UsageError(f"{name}: missing value")
-        value = args[i + 1]
-        remaining.extend([arg, value])
-        i += 2
-      else:
-        remaining.append(arg)
-        i += 1
-      flag = f"{name}={value}"
-      if _MULTI_FLAGS[name] == "fiddler":
-        directives.append(Directive("fiddler", flag, name=value))
-      else:
-        directives.append(set_directive(flag, value))
-      continue
-    remaining.append(arg)
-    i += 1
-  return remaining, directives
 
 
 # Far longer than any literal a config holds (the whole default rules table is 300

@@ -12,16 +12,25 @@ SIGUSR1 (a request for stack dumps, `stack_dumps.py`) is forwarded too, and the 
 on: left at its default action it would kill the parent, and the child with it. The child
 starts with SIGUSR1 blocked, so one forwarded before it installs its handler waits for it
 instead of killing the child.
+
+The C++ runtime's own log records in the child's stderr (absl's `E1202 12:00:00.000000 42
+file.cc:80] ...`, with their continuation lines and a fatal one's stack trace) are held back
+(`RuntimeLog`): when the run ends with a one-line cause (the verdict on a dead peer, or the
+child's own `lingvo_lite: error:` line) they are dropped, otherwise printed at the end, so
+nothing unexplained is hidden. Python's own output (tracebacks, warnings, logs) passes at once.
+`-v`/`--verbosity` passes everything through as it comes.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from typing import Sequence
 
 from lingvo_lite import distributed
@@ -34,6 +43,25 @@ _MISSING_TASK = re.compile(r"Task (\d+) heartbeat timeout")
 _MISSING_TASKS_FOLLOW = re.compile(r"stopped sending heartbeats\):\s*$")
 _TASK_IDS_LINE = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
 _PEER_CLOSED = re.compile(r"Gloo.*(Connection closed by peer|Connection reset by peer)")
+# The first line of a record of the C++ runtime's log: absl's (`E1202 05:55:27.314021  8637
+# coordination_service.cc:1549] ...`) or TensorFlow's older form (`2025-12-02 05:55:27.314021:
+# E external/xla/.../client.cc:80] ...`). A Python module's absl log has the same form, but
+# names a .py file.
+_RUNTIME_RECORD = re.compile(
+    r"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+|"
+    r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )\S+\.(?:cc|h|cpp|hpp|c):\d+\] ")
+# A fatal record's stack trace: `*** Check failure stack trace: ***`, `    @     0x7fb3...`,
+# absl's failure signal handler's `*** SIGABRT received at time=... ***` and `PC: @ ...`.
+_RUNTIME_TRACE = re.compile(r"^(?:\*\*\* .* \*\*\*\s*$|\s*@\s+0x[0-9a-fA-F]+|PC: @)")
+# Lines that begin Python's own output, never a runtime record's continuation.
+_PYTHON_OUTPUT = re.compile(
+    r"^(?:Traceback \(most recent call last\)|lingvo_lite: |jax\.distributed: |"
+    r"(?:Current thread|Thread|Stack) (?:0x|\(most recent)|Fatal Python error|"
+    r"[IWEF]\d{4} .*\.py:\d+\] |\S+\.py:\d+: \w*Warning)")
+# A record's continuation lines come in the same write as its first line; a line later than
+# this after the record's last one starts something else.
+_CONTINUATION_SECONDS = 0.5
+_HELD_LINES = 500  # Of a long run's runtime log, the last lines are kept.
 _PR_SET_PDEATHSIG = 1
 
 
@@ -91,8 +119,48 @@ class LogWatch:
     return None
 
 
-def supervise(args: Sequence[str]) -> int:
-  """Runs `python -m lingvo_lite ARGS` as a child; returns the exit code to leave with."""
+class RuntimeLog:
+  """The C++ runtime's log records in a child's stderr, held back, fed one line at a time."""
+
+  def __init__(self, limit: int = _HELD_LINES):
+    self._held: collections.deque[bytes] = collections.deque(maxlen=limit)
+    self.left_out = 0
+    self._record_at: float | None = None  # When the open record's last line came.
+
+  def holds(self, raw_line: bytes, now: float) -> bool:
+    """Whether `raw_line` (arrived at `now`, in seconds) belongs to a runtime record, and is
+    held; else it is Python's output, to pass on."""
+    line = raw_line.decode(errors="replace")
+    continues = (self._record_at is not None and now - self._record_at <= _CONTINUATION_SECONDS
+                 and not _PYTHON_OUTPUT.match(line))
+    if not (continues or _RUNTIME_RECORD.match(line) or _RUNTIME_TRACE.match(line)):
+      self._record_at = None
+      return False
+    if len(self._held) == self._held.maxlen:
+      self.left_out += 1
+    self._held.append(raw_line)
+    self._record_at = now
+    return True
+
+  def release(self) -> bytes:
+    """What was held, as text to print, with a header line; empty when nothing was."""
+    if not self._held:
+      return b""
+    skipped = f", its first {self.left_out} lines left out" if self.left_out else ""
+    lines = b"".join(self._held)
+    self._held.clear()
+    header = f"lingvo_lite: the JAX runtime's log (held back while the run went on{skipped}):\n"
+    return header.encode() + lines + (b"" if lines.endswith(b"\n") else b"\n")
+
+
+def supervise(args: Sequence[str], quiet_runtime_log: bool = True) -> int:
+  """Runs `python -m lingvo_lite ARGS` as a child; returns the exit code to leave with.
+
+  Args:
+    args: The command line, without the program.
+    quiet_runtime_log: Hold back the C++ runtime's log (see the module doc); False passes
+      every line through as it comes.
+  """
   env = dict(os.environ, **{CHILD_ENV: str(os.getpid())})
   package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
@@ -122,13 +190,22 @@ def supervise(args: Sequence[str]) -> int:
   for signum in received:
     child.send_signal(signum)
   watch = LogWatch()
+  runtime_log = RuntimeLog() if quiet_runtime_log else None
+  last_line = b""
   for raw_line in child.stderr:
+    watch.feed(raw_line.decode(errors="replace"))
+    if runtime_log is not None and runtime_log.holds(raw_line, time.monotonic()):
+      continue
     sys.stderr.buffer.write(raw_line)
     sys.stderr.flush()
-    watch.feed(raw_line.decode(errors="replace"))
+    last_line = raw_line if raw_line.strip() else last_line
   code = child.wait()
   # Only an abort is JAX stopping a survivor; an exit code is the child's own answer.
   message = watch.verdict() if code < 0 else None
+  # A run that ended with its cause in one line needs no runtime log; any other shows it.
+  if runtime_log is not None and not (message or last_line.startswith(b"lingvo_lite: error:")):
+    sys.stderr.buffer.write(runtime_log.release())
+    sys.stderr.flush()
   if message:
     print(message, file=sys.stderr, flush=True)
     return 1

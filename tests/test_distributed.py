@@ -5,6 +5,11 @@ jax.distributed.initialize is replaced by a recorder: what matters here is wheth
 and with what (the real multi-process path, dead peer included, is tests/test_multiprocess.py).
 """
 
+import os
+import signal
+import threading
+import time
+
 import jax
 import pytest
 from absl import flags
@@ -42,7 +47,8 @@ def test_explicit_flags_are_passed_through(calls):
   how = distributed.initialize("auto", "10.0.0.1:1234", 4, 3, 15)
   assert how == "process 3 of 4 via 10.0.0.1:1234"
   assert calls == [{"coordinator_address": "10.0.0.1:1234", "num_processes": 4,
-                    "process_id": 3, "heartbeat_timeout_seconds": 15}]
+                    "process_id": 3, "heartbeat_timeout_seconds": 15,
+                    "initialization_timeout": 300 + 60}]  # JAX's abort comes after our line.
 
 
 @pytest.mark.parametrize("environment, cluster", [
@@ -56,7 +62,7 @@ def test_detected_cluster_lets_jax_fill_in_the_rest(calls, monkeypatch, environm
   assert distributed.initialize("auto", None, None, None, 30) == (
       f"auto-detected {cluster} environment")
   assert calls == [{"coordinator_address": None, "num_processes": None, "process_id": None,
-                    "heartbeat_timeout_seconds": 30}]
+                    "heartbeat_timeout_seconds": 30, "initialization_timeout": 360}]
 
 
 @pytest.mark.parametrize("value", ["1", "", " "])
@@ -216,3 +222,107 @@ def test_supervisor_wraps_only_processes_of_a_multi_process_run(monkeypatch, tmp
         expected
   finally:
     flags.FLAGS.unparse_flags()
+
+
+def test_a_process_that_joins_at_once_says_nothing(calls, capsys):
+  assert distributed.initialize("auto", "10.0.0.1:1234", 4, 3, 15, 1)
+  assert capsys.readouterr().err == ""
+
+
+def test_a_process_waiting_to_join_says_so_then_gives_up_in_one_line(calls, monkeypatch, capsys):
+  """JAX waits inside C++ (and, at its own deadline, aborts with a stack trace): a watching
+  thread reports, then ends the process (os._exit here recorded, and the wait let go)."""
+  joined, exits = threading.Event(), []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **_: joined.wait(30))
+  monkeypatch.setattr(distributed.os, "_exit", lambda code: (exits.append(code), joined.set()))
+  monkeypatch.setattr(distributed, "FIRST_WAIT_REPORT_SECONDS", 0.2)
+  monkeypatch.setattr(distributed, "WAIT_REPORT_SECONDS", 0.3)
+  started = time.monotonic()
+  distributed.initialize("auto", "10.0.0.1:1234", 4, 3, 100, 1)
+  assert exits == [1] and 1 <= time.monotonic() - started < 5
+  lines = capsys.readouterr().err.splitlines()
+  assert len(lines) >= 3, lines  # At 0.2 s, 0.5 s, 0.8 s; then the last line at 1 s.
+  assert lines[0] == ("jax.distributed: process 3 of 4 waiting for the coordinator at "
+                      "10.0.0.1:1234 (process 0) and the other processes to join (0 s so far; "
+                      "gives up after 1 s, --distributed_init_timeout_seconds)")
+  assert lines[-1] == (
+      "lingvo_lite: error: jax.distributed: process 3 of 4 gave up after 1 s waiting for the "
+      "coordinator at 10.0.0.1:1234 (process 0) and the other processes to join; check that "
+      "every process started (the same --coordinator_address and --num_processes, each its own "
+      "--process_id) and can reach the coordinator, or wait longer with "
+      "--distributed_init_timeout_seconds")
+
+
+def test_ctrl_c_stops_the_wait_at_once(calls, monkeypatch, capsys):
+  """No Python handler runs while the main thread waits in C++; the watching thread sees the
+  signal through the wakeup fd. (This test's own handler keeps pytest running.)"""
+  joined, exits = threading.Event(), []
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **_: joined.wait(30))
+  monkeypatch.setattr(distributed.os, "_exit", lambda code: (exits.append(code), joined.set()))
+  previous = signal.signal(signal.SIGINT, lambda *_: None)
+  try:
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    distributed.initialize("auto", "10.0.0.1:1234", 4, 0, 100, 20)
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  assert exits == [130]
+  assert capsys.readouterr().err.splitlines() == [
+      "lingvo_lite: process 0 of 4 stopped by SIGINT while waiting for the other processes to "
+      "join its coordinator at 10.0.0.1:1234"]
+
+
+@pytest.mark.parametrize("seconds", [0, -5, 2**31 - 60])
+def test_a_start_up_timeout_out_of_range_is_one_usage_error(calls, seconds):
+  with pytest.raises(UsageError, match=rf"^--distributed_init_timeout_seconds={seconds}: must be "
+                                       r"in \[1, 2147483587\] seconds \(the default is 300\)$"):
+    distributed.initialize("auto", "h:1", 2, 0, 100, seconds)
+  assert not calls
+
+
+# A survivor's stderr when its peer was killed (jaxlib 0.10, abridged), with Python's own output
+# around it: (seconds since the start, line).
+SURVIVOR_STDERR = [
+    (0.0, "eval validation: 12/40 batches (30%), 1.2 s, ETA 2.8 s\n"),
+    (9.0, "E1202 05:55:27.314021    8637 coordination_service.cc:1549] Use error polling to "
+          "propagate the following error to all tasks: UNAVAILABLE: The following tasks are "
+          "unhealthy (stopped sending heartbeats):\n"),
+    (9.0, "1\n"),
+    (9.0, "The tasks have crashed. Check the task logs for an earlier error.\n"),
+    (9.0, "W1202 05:55:27.314100 140234 train.py:80] a Python module's absl log\n"),
+    (9.1, "E1202 05:55:27.314501    8648 coordination_service_agent.cc:289] Polled an error\n"),
+    (9.1, "F1202 05:55:27.314628    8648 client.h:80] Terminating process because the JAX "
+          "distributed service detected fatal errors. absl::Status: UNAVAILABLE: The following "
+          "tasks are unhealthy (stopped sending heartbeats):\n"),
+    (9.1, "1\n"),
+    (9.1, "\n"),
+    (9.1, "RPC: /xla.coordination.CoordinationService/PollForError\n"),
+    (9.1, "*** Check failure stack trace: ***\n"),
+    (9.1, "    @     0x7f843da40634  absl::log_internal::LogMessage::SendToLog()\n"),
+    (9.1, "Traceback (most recent call last):\n"),
+    (9.1, "    @     0x7f8444ea71f5  (unknown)"),
+]
+PASSED = {0, 4, 12}  # The indices of the lines that are Python's.
+
+
+def test_the_runtime_log_is_held_and_python_output_passes():
+  runtime_log = supervisor.RuntimeLog()
+  passed = [i for i, (when, line) in enumerate(SURVIVOR_STDERR)
+            if not runtime_log.holds(line.encode(), when)]
+  assert passed == sorted(PASSED)
+  held = [line for i, (_, line) in enumerate(SURVIVOR_STDERR) if i not in PASSED]
+  assert runtime_log.release().decode() == (
+      "lingvo_lite: the JAX runtime's log (held back while the run went on):\n"
+      + "".join(held) + "\n")
+  assert runtime_log.release() == b""
+  # A line long after a record is no continuation of it.
+  assert runtime_log.holds(b"E1202 05:55:27.314021 1 a.cc:1] x\n", 0.0)
+  assert not runtime_log.holds(b"loss 2.5\n", 5.0)
+
+
+def test_the_runtime_log_keeps_its_last_lines():
+  runtime_log = supervisor.RuntimeLog(limit=2)
+  for i in range(5):
+    assert runtime_log.holds(f"E1202 05:55:27.314021 1 a.cc:{i}] x\n".encode(), 10.0 * i)
+  assert runtime_log.release() == (
+      b"lingvo_lite: the JAX runtime's log (held back while the run went on, its first 3 lines "
+      b"left out):\nE1202 05:55:27.314021 1 a.cc:3] x\nE1202 05:55:27.314021 1 a.cc:4] x\n")

@@ -4,6 +4,7 @@ the same devices, and a dead peer stops the survivor (non-zero exit) in bounded 
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -79,6 +80,43 @@ def _wait_for_three_steps(job):
   pytest.fail("training did not start")
 
 
+def test_a_process_whose_coordinator_never_comes_gives_up_in_one_line(tmp_path):
+  """Process 1 started alone: a line every few seconds on what it waits for, then, at
+  --distributed_init_timeout_seconds, one line and exit code 1 (JAX would wait 300 s in
+  silence and abort with a C++ stack trace). Run as a user runs it, from the repository root."""
+  port, timeout = _free_port(), 5
+  job = os.path.relpath(tmp_path / "job", ROOT)
+  process = subprocess.Popen(
+      [sys.executable, "-m", "lingvo_lite", "--exp=PyCodeTiny", "--fiddler=tiny",
+       f"--job_log_dir={job}", f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+       "--process_id=1", f"--distributed_init_timeout_seconds={timeout}"],
+      env=_env(1), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    lines, first_report = [], None
+    for line in process.stderr:
+      first_report = first_report or time.monotonic()
+      lines.append(line.rstrip("\n"))
+    process.wait(timeout=60)
+    waited = time.monotonic() - first_report
+  finally:
+    process.kill()
+  assert process.returncode == 1, lines
+  # The first report comes 3 s into the wait, the last line at 5 s (start-ups on a busy machine
+  # are not in it).
+  assert 1 <= waited < timeout + 10, waited
+  address = f"127.0.0.1:{port}"
+  waiting = (f"jax.distributed: process 1 of 2 waiting for the coordinator at {address} "
+             "(process 0) and the other processes to join (3 s so far; gives up after 5 s, "
+             "--distributed_init_timeout_seconds)")
+  assert lines == [waiting, (
+      f"lingvo_lite: error: jax.distributed: process 1 of 2 gave up after 5 s waiting for the "
+      f"coordinator at {address} (process 0) and the other processes to join; check that every "
+      "process started (the same --coordinator_address and --num_processes, each its own "
+      "--process_id) and can reach the coordinator, or wait longer with "
+      "--distributed_init_timeout_seconds")]
+  assert process.stdout.read() == "" and not (tmp_path / "job").exists()
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
   single = _start(tmp_path / "single", 8, ["--fdl.train.steps=7"])
@@ -143,6 +181,10 @@ def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):
   assert last_line.startswith("lingvo_lite: error: "), err[-2000:]
   assert ("process 1 of this jax.distributed run stopped sending heartbeats" in last_line
           or "a peer process closed its connection" in last_line), last_line
+  # The C++ runtime's log (absl's `E1202 ... file.cc:80] ...`, a fatal one's stack trace) is
+  # held back by the supervising parent: the one line is the cause.
+  assert not re.search(r"^[IWEF]\d{4} .*\.(cc|h):\d+\]|Check failure stack trace", err,
+                       re.MULTILINE), err[-2000:]
 
 
 @pytest.fixture(name="sigtermed", scope="module")
