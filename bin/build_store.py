@@ -10,7 +10,10 @@ Each split becomes one store, `OUT/<split>`, which a config reads with
 already there and matches the task is kept; one that does not is rebuilt. `--runner` and
 `--pipeline_arg` run the same pipeline on Dataflow, Flink or Spark (the README's "Data: token
 stores").
-Bad input: one line on stderr, exit 2; bad data met during the build: one line, exit 1.
+Bad input (a bad flag or --pipeline_arg, a --task that fails to import, raises or returns no
+task): one line on stderr, exit 2, before anything runs. Bad data met during the build, or
+whatever a worker raises: one line, exit 1; a failed build leaves nothing behind in a folder it
+made (no partial store, lock file or log).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import os
 import sys
 import time
+from typing import NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A data tool: its TensorFlow needs no GPU, and probing for one prints an error line here.
@@ -34,8 +38,15 @@ FORMATS = ("text", "lines", "jsonl", "prompt_completion", "parquet", "tfrecord")
 class _Parser(argparse.ArgumentParser):
   """argparse whose mistakes are one line and exit 2, as every lingvo_lite command's are."""
 
-  def error(self, message: str):
+  def error(self, message: str) -> NoReturn:
     raise UsageError(f"{message} (see --help)")
+
+
+def _print_error(message: str) -> None:
+  # As the executor does: control characters escaped, so the message stays on one line.
+  message = "".join(ch if ch.isprintable() or ch == " " else
+                    ch.encode("unicode_escape").decode("ascii") for ch in message)
+  print(f"build_store: {message}", file=sys.stderr, flush=True)
 
 
 # Flags that shape a task built from --format/--files; with --task they would be ignored.
@@ -114,11 +125,7 @@ def _task(args: argparse.Namespace):
   if args.task:
     if args.format or args.files:
       raise UsageError("--task: give either --task or --format with --files, not both")
-    task = deferred.load_task(args.task)
-    if not (hasattr(task, "source") and hasattr(task, "name") and hasattr(task, "splits")):
-      raise config_error("--task", args.task, f"returned a {type(task).__name__}, not a seqio "
-                         "Task", "give a function that returns a seqio Task or DeferredTask")
-    return task
+    return deferred.load_task(args.task)
   if not args.format:
     raise UsageError("--format: required with --files; valid choices: " + ", ".join(FORMATS))
   files, vocabulary = _files(args.files), _vocabulary(args.vocabulary)
@@ -138,6 +145,18 @@ def _task(args: argparse.Namespace):
 
 
 def main(argv: list[str]) -> int:
+  """Builds the stores; returns the exit code, any error printed as one line on stderr."""
+  try:
+    return _build(argv)
+  except UsageError as e:
+    _print_error(str(e))
+    return 2
+  except DataError as e:
+    _print_error(str(e))
+    return 1
+
+
+def _build(argv: list[str]) -> int:
   args = _parse(argv)
   from lingvo_lite import paths
   from lingvo_lite.data import store_build, token_store
@@ -145,15 +164,17 @@ def main(argv: list[str]) -> int:
     raise config_error("--workers", args.workers, "must be at least 1")
   if args.shard_bytes is not None and args.shard_bytes < 1:
     raise config_error("--shard_bytes", args.shard_bytes, "must be at least 1")
+  if not args.out:
+    raise config_error("--out", args.out, "is empty", "give the folder of the stores")
+  out = paths.resolve(args.out, "--out")
+  store_build.check_outside_stores(out, "--out", args.out)
+  store_build.check_pipeline_args(args.pipeline_arg)
   task = _task(args)
   splits = args.splits.split(",") if args.splits else list(task.splits)
   unknown = [s for s in splits if s not in task.splits]
   if unknown:
     raise config_error("--splits", args.splits, f"the task has no split {unknown[0]!r}; valid "
                        f"choices: {', '.join(task.splits)}")
-  if not args.out:
-    raise config_error("--out", args.out, "is empty", "give the folder of the stores")
-  out = paths.resolve(args.out, "--out")
   for split in splits:
     path = out / split
     started = time.perf_counter()
@@ -173,11 +194,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  try:
-    sys.exit(main(sys.argv[1:]))
-  except UsageError as e:
-    print(f"build_store: {e}", file=sys.stderr)
-    sys.exit(2)
-  except DataError as e:
-    print(f"build_store: {e}", file=sys.stderr)
-    sys.exit(1)
+  sys.exit(main(sys.argv[1:]))

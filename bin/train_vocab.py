@@ -6,7 +6,9 @@
 `--task` is an import path `module.function`, called with no arguments, that returns a seqio
 Task or a tasks.deferred.DeferredTask; the texts are its source's "text" field. The model is
 byte-exact for code (lingvo_lite/data/vocabulary.py) and written atomically, with a
-`<output>.json` sidecar. A bad flag or value is one line on stderr and exit code 2.
+`<output>.json` sidecar. A bad flag or value, or a --task that fails to import, raises or
+returns no task, is one line on stderr and exit code 2; bad data, or whatever else reading the
+texts raises, is one line and exit code 1.
 """
 
 import argparse
@@ -24,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from lingvo_lite.data import vocabulary
-from lingvo_lite.errors import DataError, UsageError, data_error_from, shown
+from lingvo_lite.errors import DataError, UsageError, shown
 from tasks import deferred
 
 
@@ -38,7 +40,7 @@ def _fail(message: str, code: int = 2) -> NoReturn:
   message = "".join(ch if ch.isprintable() or ch == " " else
                     ch.encode("unicode_escape").decode("ascii") for ch in message)
   print(f"train_vocab: error: {message}", file=sys.stderr, flush=True)
-  sys.exit(code)
+  raise SystemExit(code)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -60,7 +62,16 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
+  """Trains and writes the model; returns the exit code, any error printed as one line."""
+  try:
+    _train(argv)
+  except SystemExit as e:  # _fail's, or argparse's --help.
+    return e.code if isinstance(e.code, int) else 1
+  return 0
+
+
+def _train(argv: list[str]) -> None:
   args = _parser().parse_args(argv)
   try:
     task = deferred.load_task(args.task)
@@ -76,14 +87,8 @@ def main(argv: list[str]) -> None:
     message = str(e)
     field = message.split("=", 1)[0]
     _fail(_FLAGS[field] + message[len(field):] if field in _FLAGS else message)
-  except DataError as e:
+  except DataError as e:  # Bad data, or whatever else reading the texts raised.
     _fail(str(e), code=1)
-  except Exception as e:  # pylint: disable=broad-except
-    # A task's reader met bad data inside tf.data, which wraps its one-line message.
-    found = data_error_from(e)
-    if found is None:
-      raise
-    _fail(str(found), code=1)
   print(f"trained SentencePiece {args.model_type} on {shown(args.task)} {args.split}: "
         f"{summary['documents']} documents, {summary['bytes']} bytes "
         f"({summary['sampled_bytes']} sampled), {summary['pieces']} pieces, "
@@ -91,4 +96,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  main(sys.argv[1:])
+  sys.exit(main(sys.argv[1:]))

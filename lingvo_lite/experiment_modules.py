@@ -4,7 +4,9 @@ Three kinds of module hold experiments: those under the built-in `experiments` p
 whole), those that installed distributions declare in the `lingvo_lite.experiments` entry-point
 group, and user modules named on the command line. A module that fails to import (a syntax
 error, an exception at import, a missing dependency) is the user's to fix, so the failure is
-described in one line, naming where it was raised, instead of a traceback.
+described in one line, naming where it was raised, instead of a traceback; so is the failure of a
+function of the user's that a flag names (`call_user_code`: an `--exp` config function, the
+bin/ tools' `--task`).
 
 A flag's import path (`--exp=pkg.mod.fn`, `--fiddler=pkg.mod.fn`) can name any function on
 sys.path, so `foreign_code` tells the user's own code (and the experiments shipped with
@@ -24,16 +26,25 @@ import sys
 import sysconfig
 import traceback
 import types
+from typing import Any, Callable, TypeVar
 
 from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.errors import DataError, UsageError
 
 ENTRY_POINT_GROUP = "lingvo_lite.experiments"
+T = TypeVar("T")
 # Packages that import TensorFlow, which prints to stderr while it loads.
 _IMPORT_TENSORFLOW = frozenset({"tensorflow", "seqio", "clu", "tensorflow_datasets"})
 
 # Frames of the code that imports or calls the user's code: never where an error was raised.
 _CALLERS = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
             for name in ("experiment_modules.py", "registry.py", "overrides.py")}
+
+
+# What importing or calling the user's code may raise that is that code's failure, told in one
+# line: SystemExit too (a `sys.exit()` in it must neither end the program silently, with exit 0,
+# nor print its message raw), and KeyboardInterrupt and GeneratorExit raised by it.
+USER_CODE_FAILURES = (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)
 
 
 class ImportFailed(Exception):
@@ -79,8 +90,31 @@ def import_module(name: str) -> types.ModuleType | None:
       return None  # The module (or a package above it) is missing, not one of its imports.
     raise ImportFailed(describe(e)) from None
   # SystemExit too: a module that calls sys.exit() on import must not end `--mode=list`.
-  except (Exception, SystemExit) as e:  # pylint: disable=broad-except
+  except USER_CODE_FAILURES as e:  # pylint: disable=broad-except
     raise ImportFailed(describe(e)) from None
+
+
+def call_user_code(function: Callable[..., T], where: str, *args: Any, **kwargs: Any) -> T:
+  """`function(*args, **kwargs)` for a function of the user's (an `--exp` config function, a
+  bin/ tool's `--task`), whose failure is the user's to fix: one line, not a traceback.
+
+  Args:
+    function: What to call.
+    where: What the message starts with: the flag, its value and the call, e.g.
+      `--task='my.task': my.task()`.
+    *args: Passed on.
+    **kwargs: Passed on.
+
+  Raises:
+    UsageError: `<where> raised <describe(error)>`, naming the line that raised; a UsageError
+      or DataError it raised itself (already one line) as it is.
+  """
+  try:
+    return function(*args, **kwargs)
+  except (UsageError, DataError):
+    raise
+  except USER_CODE_FAILURES as e:  # pylint: disable=broad-except
+    raise UsageError(f"{where} raised {describe(e)}") from None
 
 
 def import_tree(package_name: str) -> dict[str, str]:

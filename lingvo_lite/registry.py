@@ -316,20 +316,11 @@ def config_from_flag(flag: str, text: str) -> tuple[fdl.Buildable, type | None]:
     except TypeError as e:
       takes = ", ".join(signature.parameters) or "no arguments"
       raise UsageError(f"{flag}={text}: {e}; {label}() takes {takes}") from None
-  try:
-    cfg = factory(**kwargs)
-  except UsageError:
-    raise  # Already one line: the experiment checked its own arguments.
-  # SystemExit too: a config function that calls sys.exit() must not end the run silently
-  # (with exit 0) or print its message raw.
-  except (Exception, SystemExit) as e:  # pylint: disable=broad-except
-    # A bug in the user's experiment code, met before any device time: one line naming the
-    # experiment, the exception and the line that raised it, exit 2, as for other config
-    # mistakes (exit 1 is for runs that failed after they started). That line is what a
-    # traceback's last frame would say; a deeper bug can be chased by calling config() in
-    # Python.
-    raise UsageError(f"{flag}={text}: {label}() raised "
-                     f"{experiment_modules.describe(e)}") from None
+  # A bug in the user's experiment code, met before any device time: one line naming the
+  # experiment, the exception and the line that raised it, exit 2, as for other config
+  # mistakes (exit 1 is for runs that failed after they started). That line is what a
+  # traceback's last frame would say; a deeper bug can be chased by calling config() in Python.
+  cfg = experiment_modules.call_user_code(factory, f"{flag}={text}: {label}()", **kwargs)
   if not isinstance(cfg, fdl.Buildable):
     raise UsageError(f"{flag}={text}: {label}() returned a {type(cfg).__name__}, not a "
                      "fdl.Config")

@@ -1,12 +1,23 @@
 """A seqio Task made on first use, so configs validate without importing TensorFlow; and a
-task named by an import path, as the bin/ tools take one."""
+task named by an import path, as the bin/ tools take one.
+
+A task's functions are the user's code: whatever they raise (a module that fails to import, a
+task function or a recipe that raises, calls `sys.exit()`, or returns something else) is one
+line naming the flag, the call and the line that raised, as for the executor's `--exp`
+(`lingvo_lite.experiment_modules`), never a traceback.
+"""
 
 from __future__ import annotations
 
-import importlib
+import inspect
 from typing import Any
 
-from lingvo_lite.errors import config_error
+from lingvo_lite import experiment_modules
+from lingvo_lite.errors import UsageError, config_error, shown
+
+# What a task is used through: a seqio Task and a DeferredTask have all three.
+_TASK_ATTRIBUTES = ("name", "splits", "source")
+_MISSING = object()
 
 
 class DeferredTask:
@@ -22,7 +33,8 @@ class DeferredTask:
   @property
   def task(self):
     if self._task is None:
-      self._task = self._make()
+      self._task = experiment_modules.call_user_code(
+          self._make, f"task={self.name!r}: making the seqio Task")
     return self._task
 
   @property
@@ -66,29 +78,74 @@ class DeferredTask:
     return f"DeferredTask({self.name!r})"
 
 
-def load_task(import_path: str) -> Any:
+def load_task(import_path: str, flag: str = "--task") -> Any:
   """Calls the function at `module.function` (the bin/ tools' `--task`) and returns its task.
 
+  The module is imported, and the function called, as the executor imports an experiment
+  module and calls a config function (`experiment_modules`): a failure is one line.
+
   Raises:
-    UsageError: naming `--task` when the path does not import or the function needs arguments.
+    UsageError: naming `flag` when the path does not import, names no function of the user's
+      or of tasks/, needs arguments, raises, or returns something that is not a task with
+      splits.
   """
-  module_name, _, function_name = import_path.rpartition(".")
   fix = "give module.function, e.g. tasks.pycode.pycode_task"
-  if not module_name or not function_name:
-    raise config_error("--task", import_path, "not an import path", fix)
+  module_name, _, function_name = import_path.rpartition(".")
+  if not module_name or not all(part.isidentifier() for part in import_path.split(".")):
+    raise config_error(flag, import_path, "not an import path", fix)
+  where = f"{flag}={shown(import_path)}"
   try:
-    module = importlib.import_module(module_name)
-  except ModuleNotFoundError as e:
-    raise config_error("--task", import_path, f"no module named {e.name!r}", fix) from None
-  except ImportError as e:
-    raise config_error("--task", import_path, f"module {module_name} failed to import ({e})",
-                       fix) from None
-  function = getattr(module, function_name, None)
-  if not callable(function):
-    raise config_error("--task", import_path, f"module {module_name} has no function "
+    module = experiment_modules.import_module(module_name)
+  except experiment_modules.ImportFailed as e:
+    raise UsageError(f"{where}: importing module {module_name} failed: {e}") from None
+  if module is None:
+    raise config_error(flag, import_path, f"no module named {module_name!r}", fix)
+  function = inspect.getattr_static(module, function_name, None)
+  if function is None or not callable(function):
+    raise config_error(flag, import_path, f"module {module_name} has no function "
                        f"{function_name!r}", fix)
+  function = getattr(module, function_name)  # A staticmethod or the like, bound.
+  _check_owner(function, where, fix)
   try:
-    return function()
-  except TypeError as e:  # It needs arguments: the command line has none to give it.
-    raise config_error("--task", import_path, f"cannot be called with no arguments ({e})",
-                       "give a function that returns a task by itself") from None
+    signature = inspect.signature(function)
+  except (TypeError, ValueError):
+    signature = None  # No signature to check (a C function): the call itself will say.
+  if signature is not None:
+    try:
+      signature.bind()  # Before calling: a function that needs arguments runs none of its code.
+    except TypeError as e:
+      raise config_error(flag, import_path, f"cannot be called with no arguments ({e})",
+                         "give a function that returns a task by itself") from None
+  task = experiment_modules.call_user_code(function, f"{where}: {import_path}()")
+  _check_task(task, where)
+  return task
+
+
+def _check_owner(function: Any, where: str, fix: str) -> None:
+  """An import path could name anything (`os.abort`, `shutil.rmtree`, lingvo_lite's entry
+  points): a standard library function or lingvo_lite's own code outside tasks/ is not called,
+  so that a typo does no harm. (The command line is the user's own: this guards against
+  accidents, not attacks.)"""
+  owner = experiment_modules.code_owner(function)
+  if owner == "stdlib" or (owner == "lingvo_lite" and not getattr(
+      function, "__module__", "").startswith("tasks.")):
+    raise UsageError(f"{where}: {experiment_modules.foreign_code(function)}, not a task "
+                     f"function; {fix}")
+
+
+def _check_task(task: Any, where: str) -> None:
+  """A seqio Task or a DeferredTask, with a name and at least one split (read without making
+  a DeferredTask, whose recipe imports TensorFlow)."""
+  fix = "give a function that returns a seqio Task or DeferredTask"
+  missing = [name for name in _TASK_ATTRIBUTES
+             if inspect.getattr_static(task, name, _MISSING) is _MISSING]
+  if missing:
+    raise UsageError(f"{where}: returned a {type(task).__name__}, not a seqio Task (it has no "
+                     f"{missing[0]!r}); {fix}")
+  name, splits = experiment_modules.call_user_code(
+      lambda: (task.name, tuple(task.splits)), f"{where}: reading the task's name and splits")
+  if not isinstance(name, str) or not name:
+    raise UsageError(f"{where}: returned a task named {shown(name)}, not a name; {fix}")
+  if not splits or not all(isinstance(split, str) and split for split in splits):
+    raise UsageError(f"{where}: returned the task {name!r} with splits {shown(splits)}; "
+                     f"{fix} with named splits")

@@ -321,20 +321,39 @@ def _match_files(files: dict, is_empty: Callable[[str], bool]) -> dict[str, list
 
 
 def _match_pattern(where: str, pattern: str) -> list[str]:
+  """The regular files `pattern` names, each with a UTF-8 name (a FIFO would block the read,
+  and TensorFlow's readers take only UTF-8 names)."""
   absolute = os.path.abspath(os.path.expanduser(pattern))
   if _GLOB_CHARACTERS.search(absolute):
-    paths = [p for p in glob.glob(absolute, recursive=True) if os.path.isfile(p)]
+    found = glob.glob(absolute, recursive=True)
+    paths = [p for p in found if os.path.isfile(p)]
+    if not paths and found:
+      paths_found = f"{len(found)} path" + "s" * (len(found) != 1)
+      raise config_error(where, pattern, f"matches {paths_found} but no regular file (folders, "
+                         "FIFOs and devices are not read)",
+                         "give a pattern of the files themselves")
     if not paths:
       raise config_error(where, pattern, "matches no file",
                          f"check the pattern (relative ones start at {os.getcwd()})")
-    return paths
-  if os.path.isdir(absolute):
+  elif os.path.isdir(absolute):
     raise config_error(where, pattern, "is a folder, not a file",
                        f"give a pattern of its files, e.g. {os.path.join(pattern, '*')!r}")
-  if not os.path.isfile(absolute):
+  elif os.path.exists(absolute) and not os.path.isfile(absolute):
+    raise config_error(where, pattern, "is not a regular file (a FIFO, a device or a socket), "
+                       "which is not read", "give a file")
+  elif not os.path.isfile(absolute):
     raise config_error(where, pattern, "no such file",
                        f"check the path (relative ones start at {os.getcwd()})")
-  return [absolute]
+  else:
+    paths = [absolute]
+  for path in paths:
+    try:
+      path.encode("utf-8")
+    except UnicodeEncodeError:
+      shown_path = os.fsencode(path).decode("utf-8", "backslashreplace")
+      raise config_error(where, pattern, f"matches {shown_path}, whose name is not valid "
+                         "UTF-8, which TensorFlow's file readers need", "rename it") from None
+  return paths
 
 
 def _all_paths(matched: dict[str, list[str]]) -> list[str]:

@@ -107,6 +107,11 @@ def test_a_failed_training_leaves_no_file(tmp_path, validation):
   # More pieces than the text has: SentencePiece's own failure, as one UsageError line.
   with pytest.raises(UsageError, match=r"^vocab_size=5000: more pieces than SentencePiece"):
     vocabulary.train_sentencepiece([b"x = 1\n" * 100], str(path), 5000)
+  assert os.listdir(tmp_path) == []  # Nor the folder it made for the file.
+  # A folder that was there stays, empty.
+  path.parent.mkdir()
+  with pytest.raises(UsageError, match=r"^vocab_size=5000: more pieces than SentencePiece"):
+    vocabulary.train_sentencepiece([b"x = 1\n" * 100], str(path), 5000)
   assert os.listdir(path.parent) == []
 
 

@@ -10,15 +10,18 @@ On this machine and in CI the pipeline runs on Beam's DirectRunner: in this proc
 small input, else with one worker process per core; the same pipeline runs on Dataflow, Flink
 or Spark by passing their pipeline options (`pipeline_args`, see the README's "Data: token
 stores"). The pipeline's own log lines go to `.<store>.build.log` beside the store. A worker
-that meets bad data writes the one-line message into the partial store's `errors/` folder
-before failing, so the message reaches the user whatever the runner does with the exception;
-the partial store is removed.
+that fails (bad data, or whatever the task's code raises) writes the one-line message into the
+partial store's `errors/` folder before failing, so the message reaches the user whatever the
+runner does with the exception. A failed build removes what it made: the partial store, its
+lock file, the log (kept, and named in the message, only when the runner failed without a
+worker's message) and the folders it created, once empty.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import os
 import re
 import sys
@@ -31,10 +34,10 @@ from typing import Any, Sequence
 import numpy as np
 from etils import epath
 
-from lingvo_lite import paths, progress
+from lingvo_lite import experiment_modules, paths, progress
 from lingvo_lite.data import token_store, vocabulary
 from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import DataError, UsageError, config_error, data_error_from
+from lingvo_lite.errors import DataError, UsageError, config_error, data_error_from, error_cause
 
 # A group of input files is one pipeline element and one store shard. Each costs ~0.1 s to set
 # up (a tf.data pipeline over the Task's source and preprocessors), so groups are large: about
@@ -73,8 +76,14 @@ def _targets_vocabulary(task: Any):
 
 
 def input_files(task: Any, split: str) -> list[str]:
-  """The Task source's input shards of `split` (file paths for file sources)."""
-  return list(task.source.list_shards(split))
+  """The Task source's input shards of `split` (file paths for file sources).
+
+  Raises:
+    UsageError: the source (the task's own code) failed to list them.
+  """
+  return experiment_modules.call_user_code(
+      lambda: list(task.source.list_shards(split)),
+      f"task={task.name!r}: listing the input files of split {split!r}")
 
 
 def store_key(task: Any, split: str, shard_bytes: int | None = None) -> dict[str, Any]:
@@ -139,13 +148,23 @@ def _files_shown(files: Sequence[str]) -> str:
   return files[0] if len(files) == 1 else f"{files[0]} (or one of {len(files) - 1} more files)"
 
 
+def _printable(message: str) -> str:
+  """`message` as one line of valid UTF-8: a file name's undecodable bytes as `\\xff` (they
+  arrive as lone surrogates, which no file or terminal takes), control characters escaped."""
+  try:
+    message = message.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+  except UnicodeEncodeError:  # A surrogate that no byte decodes to.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+  return "".join(ch if ch.isprintable() or ch == " " else
+                 ch.encode("unicode_escape").decode("ascii") for ch in message)
+
+
 def _data_error_message(error: BaseException, files: Sequence[str]) -> str:
   # A DataError, or a file-reading task's bad-record message inside TensorFlow's wrapping.
   found = data_error_from(error)
-  if found is not None:
-    return str(found)
-  first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-  return f"{_files_shown(files)}: {type(error).__name__}: {first_line[:300]}"
+  if found is not None and str(found).strip():
+    return _printable(str(found).strip())
+  return _printable(f"{_files_shown(files)}: {error_cause(error)}")
 
 
 def build_group(task: Any, split: str, partial: str, group: int, num_groups: int,
@@ -163,12 +182,23 @@ def build_group(task: Any, split: str, partial: str, group: int, num_groups: int
     documents, weights = _group_documents(task, split, group, num_groups, vocab_size, files)
     return token_store.write_shard(store, group, documents, weights, np.dtype(dtype),
                                    {"files": len(files)})
-  except Exception as e:  # pylint: disable=broad-except
+  # The task's code runs here: a sys.exit() in it must fail the build, not end the process
+  # (the in-process runner's) as if all went well.
+  except experiment_modules.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
     message = _data_error_message(e, files)
     errors = store / "errors"
     errors.mkdir(parents=True, exist_ok=True)
-    (errors / f"{token_store.shard_name(group)}.txt").write_text(message)
+    (errors / f"{token_store.shard_name(group)}.txt").write_text(message, encoding="utf-8")
     raise DataError(message) from None
+
+
+def _import_beam():
+  import logging  # pylint: disable=g-import-not-at-top
+  root_level = logging.getLogger().level
+  logging.getLogger().setLevel(logging.ERROR)  # "apitools not found" at Beam's import.
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  logging.getLogger().setLevel(root_level)
+  return beam
 
 
 def _pipeline_options(workers: int, pipeline_args: Sequence[str]):
@@ -181,14 +211,67 @@ def _pipeline_options(workers: int, pipeline_args: Sequence[str]):
   return PipelineOptions(args)
 
 
+def check_pipeline_args(pipeline_args: Sequence[str], flag: str = "--pipeline_arg") -> None:
+  """Refuses Beam pipeline options that Beam would refuse or ignore, before anything runs.
+
+  Beam parses them only once the pipeline starts, where a bad value ends the process with
+  its usage text (on the build's log, not the terminal) and an unknown option is dropped with
+  a warning, so a typo such as `--runer=DataflowRunner` would build on this machine.
+
+  Raises:
+    UsageError: a value Beam's parser refuses, an option no Beam options class defines, an
+      argument that is not an option, or a runner that Beam cannot make here.
+  """
+  if not pipeline_args:
+    return
+  _import_beam()
+  given = pipeline_args[0] if len(pipeline_args) == 1 else " ".join(pipeline_args)
+
+  def refuse(value: str, problem: str, fix: str = "see Beam's pipeline options") -> UsageError:
+    return UsageError(_printable(str(config_error(flag, value, problem, fix))))
+
+  parsers = []
+
+  def capture(parser) -> None:
+    def error(message: str):
+      raise refuse(given, f"Beam refuses it ({message})")
+    parser.error = error  # Beam's own exits the process with its usage text.
+    parsers.append(parser)
+
+  import logging  # pylint: disable=g-import-not-at-top
+  beam_logger = logging.getLogger("apache_beam.options.pipeline_options")
+  level = beam_logger.level
+  beam_logger.setLevel(logging.ERROR)  # Its "Discarding unparseable args" becomes the error.
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):  # What `--help` would print.
+      options = _pipeline_options(1, pipeline_args)
+    options.get_all_options(add_extra_args_fn=capture)
+    _, unknown = parsers[0].parse_known_args(list(pipeline_args))
+    runner = options.get_all_options().get("runner")
+  except SystemExit:  # `--help`: argparse prints the help and exits.
+    raise refuse(given, "asks Beam's option parser to exit (its --help?)") from None
+  finally:
+    beam_logger.setLevel(level)
+  if unknown:
+    raise refuse(unknown[0], "not a Beam pipeline option (Beam would drop it)",
+                 "spell it as Beam does, e.g. --pipeline_arg=--runner=DataflowRunner")
+  if runner:
+    from apache_beam.runners import runner as runners  # pylint: disable=g-import-not-at-top
+    try:
+      runners.create_runner(runner)
+    except (ImportError, ValueError) as e:
+      # Beam's text goes on to list every runner it has.
+      raise refuse(f"--runner={runner}", f"Beam cannot use this runner here "
+                   f"({error_cause(e).split('. ')[0]})",
+                   "give a runner Beam knows, e.g. DirectRunner or DataflowRunner, and install "
+                   "what it needs") from None
+
+
 def _run_pipeline(task: Any, split: str, partial: epath.Path, groups: list[list[str]],
                   vocab_size: int, dtype: str, workers: int,
                   pipeline_args: Sequence[str]) -> None:
   import logging  # pylint: disable=g-import-not-at-top
-  root_level = logging.getLogger().level
-  logging.getLogger().setLevel(logging.ERROR)  # "apitools not found" at Beam's import.
-  import apache_beam as beam  # pylint: disable=g-import-not-at-top
-  logging.getLogger().setLevel(root_level)
+  beam = _import_beam()
   # Worker processes import this project and TensorFlow: find the one and quiet the other.
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -278,53 +361,155 @@ def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None 
                 key: dict[str, Any] | None = None) -> dict[str, Any]:
   """Builds `task`'s `split` into a store at `path` and publishes it; returns its manifest.
 
+  A failed build leaves nothing behind: no partial store, lock file or log, nor the folders
+  it made for them (a log the message names is kept when the runner failed without a
+  worker's message).
+
   Raises:
-    UsageError: the split has no input files.
-    DataError: bad data met in a worker (its one line), or the pipeline failed.
+    UsageError: the split has no input files, or `path` is a folder of something else or
+      inside another store.
+    DataError: bad data met in a worker, or anything else it raised (its one line), or the
+      pipeline failed.
   """
   key = key or store_key(task, split)
   files = [source["path"] for source in key["sources"]]  # The key listed them: no second walk.
   if not files:
     raise UsageError(f"task={task.name!r}: split {split!r} has no input files")
   _refuse_foreign_folder(path)
+  made = _make_folders(path)
+  try:
+    with build_lock(path) as lock_file:
+      try:
+        existing = token_store.read_manifest(path)
+        if existing is not None and token_store.manifest_difference(key, existing) is None:
+          return existing  # Another process built it while this one waited.
+        if not paths.is_remote(os.fspath(path)):  # Under the lock, any partial is a dead build's.
+          for dead in path.parent.glob(f".{path.name}.partial-*"):
+            dead.rmtree()
+        return _build(task, split, path, files, key, workers, pipeline_args, progress)
+      except BaseException:
+        if lock_file is not None:  # Removed while held: see build_lock.
+          _remove_file(lock_file)
+        raise
+  except BaseException:
+    for folder in reversed(made):  # A failed build into a new folder leaves no folder behind.
+      try:
+        folder.rmdir()  # Only once empty: a store of another split built in it stays.
+      except OSError:
+        break
+    raise
+
+
+def _make_folders(path: epath.Path) -> list[epath.Path]:
+  """Makes the store's folder's missing folders; returns those it made, outermost first."""
+  made = []
+  if not paths.is_remote(os.fspath(path)):
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+      made.insert(0, folder)
+      folder = folder.parent
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
   except OSError as e:
     raise config_error("store_dir", os.fspath(path), f"its folder cannot be made ({e})",
                        "give a writable place for the store") from None
-  with build_lock(path):
-    existing = token_store.read_manifest(path)
-    if existing is not None and token_store.manifest_difference(key, existing) is None:
-      return existing  # Another process built it while this one waited.
-    if not paths.is_remote(os.fspath(path)):  # Under the lock, any partial is a dead build's.
-      for dead in path.parent.glob(f".{path.name}.partial-*"):
-        dead.rmtree()
-    return _build(task, split, path, files, key, workers, pipeline_args, progress)
+  return made
+
+
+def _remove_file(path: str | os.PathLike) -> None:
+  try:
+    os.remove(path)
+  except OSError:
+    pass  # Already gone, or never made: nothing to leave behind either way.
+
+
+def _enclosing_store(folder: epath.Path) -> epath.Path | None:
+  """The published token store that a local `folder` is, or lies inside, if any."""
+  if paths.is_remote(os.fspath(folder)):
+    return None
+  for candidate in [folder, *folder.parents]:
+    try:
+      if (candidate / "manifest.json").is_file() and (
+          token_store.read_manifest(candidate) or {}).get("schema") == token_store.SCHEMA:
+        return candidate
+    except (OSError, DataError):
+      continue  # Some other program's manifest.json: not a store.
+  return None
+
+
+def check_outside_stores(folder: epath.Path, field: str, value: object) -> None:
+  """Refuses a folder for new stores that is a token store or lies inside one (a build there
+  would write into that store): before anything is read.
+
+  Raises:
+    UsageError: naming `field` and `value`.
+  """
+  enclosing = _enclosing_store(folder)
+  if enclosing == folder:
+    raise config_error(field, value, "is a token store itself, not the folder of the stores",
+                       f"give the folder that holds it, {folder.parent}")
+  if enclosing is not None:
+    raise _inside_store(field, value, enclosing)
+
+
+def _inside_store(field: str, value: object, store: epath.Path) -> UsageError:
+  return config_error(field, value, f"is inside the token store {store}, which a build there "
+                      "would change", "give a folder outside every token store")
 
 
 def _refuse_foreign_folder(path: epath.Path) -> None:
-  """A store replaces only a store: never a folder of something else (the user's data)."""
+  """A store replaces only a store: never a folder of something else (the user's data), nor
+  a folder inside another store."""
   try:
     foreign = (path.exists() and token_store.read_manifest(path) is None and
                (not path.is_dir() or any(path.iterdir())))
-  except OSError as e:
+  except (OSError, DataError) as e:
     raise config_error("store_dir", os.fspath(path), f"cannot be read ({e})") from None
   if foreign:
     raise config_error("store_dir", os.fspath(path), "exists and is not a token store (it "
                        "has no manifest.json); a build would replace it",
                        "point the store at a new or empty folder")
+  enclosing = _enclosing_store(path.parent)
+  if enclosing is not None:
+    raise _inside_store("store_dir", os.fspath(path), enclosing)
+
+
+def _inode(path: epath.Path) -> tuple[int, int] | None:
+  try:
+    stat = os.stat(path)
+  except OSError:
+    return None
+  return stat.st_dev, stat.st_ino
 
 
 @contextlib.contextmanager
 def build_lock(path: epath.Path):
   """One builder per local store at a time (concurrent runs, the processes of one job, the
   bin/ tool): the others wait, then find it built. On object stores `publish` settles a race
-  (there is no lock there)."""
+  (there is no lock there). Yields the lock file (None on object stores).
+
+  A failed build removes its lock file while it holds it (and the store's folder, if it made
+  it and nothing else is there), so a builder that was waiting may get the lock of a file no
+  longer there, while a later one makes and locks a new file. So a builder checks, once it
+  holds the lock, that the file it opened is still the lock file, and otherwise locks the
+  one that is.
+  """
   if paths.is_remote(os.fspath(path)):
-    yield
+    yield None
     return
-  with paths.exclusive_lock(path.parent / f".{path.name}.lock"):
-    yield
+  lock_file = path.parent / f".{path.name}.lock"
+  while True:
+    before = _inode(lock_file)
+    with contextlib.ExitStack() as held:
+      try:
+        held.enter_context(paths.exclusive_lock(lock_file))
+      except FileNotFoundError:  # A failed build removed the folder just now: make it again.
+        path.parent.mkdir(parents=True, exist_ok=True)
+        continue
+      if before is None or _inode(lock_file) != before:
+        continue  # Made by this open, or replaced meanwhile: make sure of the file now there.
+      yield lock_file
+      return
 
 
 def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[str, Any],
@@ -339,21 +524,28 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
   vocab_size = key["vocabulary"]["size"]
   dtype = token_store.token_dtype(vocab_size).name
   partial = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
-  partial.mkdir()
+  log = _build_log(path)
+  keep_log = False
   started = time.perf_counter()
   try:
-    log = _build_log(path)
+    try:
+      partial.mkdir()
+      open(log, "w").close()  # pylint: disable=consider-using-with
+    except OSError as e:
+      raise DataError(f"building the token store of {task.name}/{split}: cannot write beside "
+                      f"{path} ({e.strerror or e})") from None
     with _worker_logs_to(log) as stream, _Progress(
         partial, num_groups, f"building {task.name}/{split}", progress, stream):
       try:
         _run_pipeline(task, split, partial, groups, vocab_size, dtype, workers, pipeline_args)
-      except Exception as e:  # pylint: disable=broad-except
-        errors = sorted((partial / "errors").glob("*.txt")) if (partial / "errors").exists() else []
-        if errors:
-          raise DataError(errors[0].read_text().strip()) from None
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DataError(f"building the token store of {task.name}/{split} failed: "
-                        f"{first_line[:300]}") from None
+      # KeyboardInterrupt and SystemExit too: the in-process runner runs the task's code here.
+      except experiment_modules.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
+        message = _worker_message(partial)
+        if message:
+          raise DataError(message) from None
+        keep_log = True  # What the runner said of it is all there is to go on.
+        raise DataError(_printable(f"building the token store of {task.name}/{split} failed: "
+                                   f"{error_cause(e)}; the pipeline's log is {log}")) from None
     ledger = token_store.read_ledger(partial)
     missing = sorted(set(range(num_groups)) - set(ledger))
     if missing:
@@ -375,7 +567,24 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
                           "workers": workers, "pipeline_args": list(pipeline_args),
                           "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
     token_store.publish(partial, path, manifest)
+  except BaseException:
+    if not keep_log:
+      _remove_file(log)  # The one-line message says it all; the log holds only start-up lines.
+    raise
   finally:
     if partial.exists():
       partial.rmtree()
   return manifest
+
+
+def _worker_message(partial: epath.Path) -> str:
+  """The one line a failed worker wrote into the partial store's errors/ folder, or ''."""
+  try:
+    errors = sorted((partial / "errors").glob("*.txt")) if (partial / "errors").exists() else []
+    for file in errors:
+      text = file.read_bytes().decode("utf-8", "backslashreplace").strip()
+      if text:
+        return text
+  except OSError:
+    pass
+  return ""

@@ -26,10 +26,11 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import numpy as np
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import experiment_modules, paths
 from lingvo_lite.data import locations
 from lingvo_lite.data.tensorflow_import import import_seqio, import_tensorflow
-from lingvo_lite.errors import DataError, UsageError, config_error
+from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from,
+                                error_cause)
 
 # seqio's convention (pad 0, EOS 1, UNK 2), then byte_fallback's 256 byte pieces.
 BYTE_VOCAB_SIZE = 259
@@ -126,19 +127,37 @@ def _is_local(path: str | os.PathLike) -> bool:
   return not paths.is_remote(os.fspath(path))
 
 
-def _writable(path: epath.Path, field: str, value: Any) -> None:
-  """Makes `path`'s folder and proves it writable (a probe file: root passes os.access)."""
+def _writable(path: epath.Path, field: str, value: Any) -> list[epath.Path]:
+  """Makes `path`'s folder and proves it writable (a probe file: root passes os.access);
+  returns the folders it made, outermost first."""
+  made = []
   try:
     if path.is_dir():
       raise config_error(field, value, "is a folder", "give a file path, e.g. vocab/code.model")
+    if _is_local(path):
+      folder = path.parent
+      while not folder.exists() and folder != folder.parent:
+        made.insert(0, folder)
+        folder = folder.parent
     path.parent.mkdir(parents=True, exist_ok=True)
     if _is_local(path):
       probe = path.parent / f".{path.name}.probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
       os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
       os.remove(probe)
   except OSError as e:
+    _remove_empty(made)
     raise config_error(field, value, f"cannot be written ({e.strerror or e})",
                        "give a path in a writable folder") from None
+  return made
+
+
+def _remove_empty(folders: list[epath.Path]) -> None:
+  """Removes the folders a failed write made (innermost first), as long as they are empty."""
+  for folder in reversed(folders):
+    try:
+      folder.rmdir()
+    except OSError:
+      return
 
 
 def _write_atomically(path: epath.Path, content: str | bytes) -> None:
@@ -183,7 +202,15 @@ def train_sentencepiece(texts: Iterable[bytes], output_path: str, vocab_size: in
   """
   _check_settings(vocab_size, model_type)
   path = paths.resolve(output_path)
-  _writable(path, "output_path", output_path)
+  made = _writable(path, "output_path", output_path)
+  try:
+    return _train(texts, path, vocab_size, model_type)
+  except BaseException:
+    _remove_empty(made)  # A failed training into a new folder leaves no folder behind.
+    raise
+
+
+def _train(texts: Iterable[bytes], path: epath.Path, vocab_size: int, model_type: str) -> dict:
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   start = time.time()
   sentences, documents, total = _sample(texts, _SAMPLE_BYTES)
@@ -374,10 +401,17 @@ def task_texts(task: Any, split: str) -> Iterator[bytes]:
 
   The task and split are checked when called (imports TensorFlow); the texts are read as
   they are iterated.
+
+  Raises:
+    UsageError: when called: no source, no such split, no 'text' field, or the task's code
+      (making it, its source's get_dataset) raised.
+    DataError: while iterated: a reader's bad-data message, or whatever else reading raised,
+      in one line.
   """
   import_tensorflow()
   name = getattr(task, "name", task)
-  source = getattr(task, "source", None)
+  source = experiment_modules.call_user_code(lambda: getattr(task, "source", None),
+                                             f"task={name!r}: making its source")
   if not callable(getattr(source, "get_dataset", None)):
     raise config_error("task", name, "has no seqio data source",
                        "give a seqio Task or a tasks.deferred.DeferredTask")
@@ -385,15 +419,27 @@ def task_texts(task: Any, split: str) -> Iterator[bytes]:
   if splits and split not in splits:
     raise config_error("split", split, f"is not a split of {name}",
                        f"choose from {', '.join(splits)}")
-  dataset = source.get_dataset(split=split, shuffle=False)
-  spec = dataset.element_spec
+  dataset = experiment_modules.call_user_code(
+      source.get_dataset, f"task={name!r}: its source's get_dataset(split={split!r})",
+      split=split, shuffle=False)
+  spec = getattr(dataset, "element_spec", None)
   if not isinstance(spec, dict) or "text" not in spec:
     fields = ", ".join(sorted(spec)) if isinstance(spec, dict) else type(spec).__name__
     raise config_error("task", name, f"its source has no 'text' field (it has {fields})",
                        "give a task whose source yields raw text as 'text'")
 
   def texts() -> Iterator[bytes]:
-    yield from dataset.map(lambda example: example["text"]).as_numpy_iterator()
+    try:
+      yield from dataset.map(lambda example: example["text"]).as_numpy_iterator()
+    except GeneratorExit:
+      raise  # The reader of the texts stopped early: not a failure.
+    # The task's reader runs here (inside tf.data): a sys.exit() in it is a failed read too.
+    except experiment_modules.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
+      found = data_error_from(e)
+      if found is not None and str(found).strip():
+        raise found from None  # Names the file and the record already.
+      raise DataError(f"task {name!r}: reading split {split!r} failed: {error_cause(e)}"
+                      ) from None
 
   return texts()
 

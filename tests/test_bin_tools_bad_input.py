@@ -1,0 +1,273 @@
+"""bin/build_store.py and bin/train_vocab.py given hostile input: a --task whose code fails (at
+import, when called, when its recipe runs), Beam options Beam would refuse or drop, files that
+cannot be read, a worker that raises. Each is one line on stderr with its cause and the house's
+exit code (2 before anything runs, 1 for a failed build or read), and nothing is left behind: no
+new --out folder, lock file or log, and an existing store untouched.
+
+Two commands run as a user runs them (a subprocess from the repository root, relative paths);
+the table calls the tools' main(argv) in this process, which shares one import of TensorFlow
+and Beam among the cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from typing import Callable
+
+import pytest
+
+from lingvo_lite.data import token_store
+from lingvo_lite.testing import tree_digest
+from tasks import local_readers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The user's own task module: each function goes wrong in its own way.
+TASKS_MODULE = '''
+import sys
+from tasks import local_files
+from tasks.deferred import DeferredTask
+
+def raises(): raise ValueError("no corpus configured")
+def raises_type_error(): return len(3)
+def exits(): sys.exit(0)
+def interrupts(): raise KeyboardInterrupt
+def generator_exit(): raise GeneratorExit
+def returns_none(): return None
+def needs_argument(path): return path
+def no_splits(): return DeferredTask("lk_empty", (), 256, lambda: None)
+
+def recipe_raises():
+  def make(): raise EOFError
+  return DeferredTask("lk_recipe", ("train",), 256, make)
+
+def text_task(): return local_files.text_files_task({"train": "data/*.txt"})
+'''
+MODULES = {"lk_bt_tasks.py": TASKS_MODULE,
+           "lk_bt_import.py": "raise RuntimeError('broken at import')\n",
+           "lk_bt_syntax.py": "def task(:\n"}
+
+
+@pytest.fixture(scope="module")
+def user_modules(tmp_path_factory):
+  """The folder of the user's task modules, on sys.path while the module's tests run."""
+  folder = tmp_path_factory.mktemp("mods")
+  for name, text in MODULES.items():
+    (folder / name).write_text(text)
+  sys.path.insert(0, str(folder))
+  yield folder
+  sys.path.remove(str(folder))
+  for name in MODULES:
+    sys.modules.pop(name[:-3], None)
+
+
+def _tool(name: str):
+  """bin/<name>.py as a module, imported once, leaving this process's environment as it was
+  (the tools hide GPUs from their TensorFlow)."""
+  module_name = f"bin_{name}_under_test"
+  if module_name not in sys.modules:
+    saved = dict(os.environ)
+    spec = importlib.util.spec_from_file_location(module_name,
+                                                  os.path.join(ROOT, "bin", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[module_name] = module
+    os.environ.clear()
+    os.environ.update(saved)
+  return sys.modules[module_name]
+
+
+def _store(folder, task="another task"):
+  """A published store (its manifest; a shard file) of another task."""
+  (folder / "shards").mkdir(parents=True)
+  (folder / "shards" / "tokens").write_bytes(b"\x01\x02")
+  (folder / "manifest.json").write_text(json.dumps({"schema": token_store.SCHEMA,
+                                                    "task": task}))
+
+
+def _fails_to_read(monkeypatch, error: BaseException):
+  """Every text file's reader raises `error` (in the build's worker: this process's runner)."""
+  def reader(path):
+    raise error
+    yield  # pylint: disable=unreachable
+
+  monkeypatch.setattr(local_readers, "read_text_file", reader)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  tool: str
+  args: tuple[str, ...]
+  code: int
+  expected: str
+  setup: Callable | None = None  # (work folder, monkeypatch)
+
+
+def _case(name, tool, args, code, expected, setup=None):
+  return pytest.param(Case(name, tool, tuple(args), code, expected, setup), id=name)
+
+
+CASES = [
+    # Class 1: the user's code, called by the tools.
+    _case("task module raises at import", "build_store",
+          ["--task=lk_bt_import.task", "--out=new"], 2,
+          "--task='lk_bt_import.task': importing module lk_bt_import failed: RuntimeError: "
+          "broken at import (at "),
+    _case("task module has a syntax error", "build_store",
+          ["--task=lk_bt_syntax.task", "--out=new"], 2,
+          "importing module lk_bt_syntax failed: SyntaxError: "),
+    _case("task raises", "build_store", ["--task=lk_bt_tasks.raises", "--out=new"], 2,
+          "--task='lk_bt_tasks.raises': lk_bt_tasks.raises() raised ValueError: no corpus "
+          "configured (at "),
+    _case("task raises a TypeError", "build_store",
+          ["--task=lk_bt_tasks.raises_type_error", "--out=new"], 2,
+          "lk_bt_tasks.raises_type_error() raised TypeError: object of type 'int' has no len()"),
+    _case("task exits 0", "build_store", ["--task=lk_bt_tasks.exits", "--out=new"], 2,
+          "lk_bt_tasks.exits() raised SystemExit: 0 (at "),
+    _case("task raises KeyboardInterrupt", "build_store",
+          ["--task=lk_bt_tasks.interrupts", "--out=new"], 2,
+          "lk_bt_tasks.interrupts() raised KeyboardInterrupt (at "),
+    _case("task raises GeneratorExit", "build_store",
+          ["--task=lk_bt_tasks.generator_exit", "--out=new"], 2,
+          "lk_bt_tasks.generator_exit() raised GeneratorExit (at "),
+    _case("task returns None", "build_store", ["--task=lk_bt_tasks.returns_none", "--out=new"],
+          2, "--task='lk_bt_tasks.returns_none': returned a NoneType, not a seqio Task"),
+    _case("task needs an argument", "build_store",
+          ["--task=lk_bt_tasks.needs_argument", "--out=new"], 2,
+          "--task='lk_bt_tasks.needs_argument': cannot be called with no arguments"),
+    _case("task has no splits", "build_store", ["--task=lk_bt_tasks.no_splits", "--out=new"],
+          2, "returned the task 'lk_empty' with splits (); give a function that returns"),
+    _case("task's recipe raises", "build_store",
+          ["--task=lk_bt_tasks.recipe_raises", "--out=new"], 2,
+          "task='lk_recipe': making the seqio Task raised EOFError (at "),
+    _case("task is a standard library function", "build_store", ["--task=os.abort",
+                                                                  "--out=new"], 2,
+          "--task='os.abort': posix.abort is a Python standard library function, not a task "
+          "function"),
+    _case("vocab task raises", "train_vocab",
+          ["--task=lk_bt_tasks.raises", "--output=vocab/new.model"], 2,
+          "train_vocab: error: --task='lk_bt_tasks.raises': lk_bt_tasks.raises() raised "
+          "ValueError: no corpus configured (at "),
+    _case("vocab task exits", "train_vocab",
+          ["--task=lk_bt_tasks.exits", "--output=vocab/new.model"], 2,
+          "lk_bt_tasks.exits() raised SystemExit: 0 (at "),
+    _case("vocab task module raises at import", "train_vocab",
+          ["--task=lk_bt_import.task", "--output=vocab/new.model"], 2,
+          "importing module lk_bt_import failed: RuntimeError: broken at import"),
+    _case("vocab task's recipe raises", "train_vocab",
+          ["--task=lk_bt_tasks.recipe_raises", "--output=vocab/new.model"], 2,
+          "task='lk_recipe': making the seqio Task raised EOFError (at "),
+    # Class 2: Beam's options, the files, and what a worker raises.
+    _case("pipeline option Beam refuses", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=new",
+           "--pipeline_arg=--direct_num_workers=many"], 2,
+          "--pipeline_arg='--direct_num_workers=many': Beam refuses it (argument "
+          "--direct_num_workers: invalid int value: 'many')"),
+    _case("pipeline option Beam would drop", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=new",
+           "--pipeline_arg=--runer=DataflowRunner"], 2,
+          "--pipeline_arg='--runer=DataflowRunner': not a Beam pipeline option"),
+    _case("unknown runner", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=new",
+           "--pipeline_arg=--runner=NoSuchRunner"], 2,
+          "--pipeline_arg='--runner=NoSuchRunner': Beam cannot use this runner here"),
+    _case("a FIFO", "build_store",
+          ["--format=lines", "--files=train=pipe.txt", "--out=new"], 2,
+          "files['train']='pipe.txt': is not a regular file (a FIFO, a device or a socket)",
+          lambda work, _: os.mkfifo(work / "pipe.txt")),
+    _case("a glob of folders", "build_store", ["--format=text", "--files=train=*", "--out=new"],
+          2, "files['train']='*': matches 1 path but no regular file"),
+    _case("a file name that is not UTF-8", "build_store",
+          ["--format=text", "--files=train=../odd/*.txt", "--out=new"], 2,
+          "matches {tmp}/odd/\\xff.txt, whose name is not valid UTF-8",
+          lambda work, _: (work.parent / "odd" / os.fsdecode(b"\xff.txt")).write_text("x\n")),
+    _case("out at an existing store", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=stores/train"], 2,
+          "--out='stores/train': is a token store itself, not the folder of the stores; give "
+          "the folder that holds it, {tmp}/work/stores",
+          lambda work, _: _store(work / "stores" / "train")),
+    _case("out inside an existing store", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=stores/train/shards/x"], 2,
+          "--out='stores/train/shards/x': is inside the token store {tmp}/work/stores/train",
+          lambda work, _: _store(work / "stores" / "train")),
+    _case("worker raises an error without a message", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=new/deeper", "--no_progress"], 1,
+          "build_store: {tmp}/work/data/a.txt: ValueError\n",
+          lambda work, monkeypatch: _fails_to_read(monkeypatch, ValueError())),
+    _case("JSON lines that are not UTF-8", "build_store",
+          ["--format=jsonl", "--files=train=bad.jsonl", "--out=new", "--no_progress"], 1,
+          "build_store: {tmp}/work/bad.jsonl: line 2: not valid UTF-8 (byte 0xff at offset 4)",
+          lambda work, _: (work / "bad.jsonl").write_bytes(b'{"text": "fine"}\n{"te\xff": 1}\n')),
+    _case("failed rebuild of an existing store", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=stores", "--no_progress"], 1,
+          "build_store: {tmp}/work/data/a.txt: SystemExit: 3\n",
+          lambda work, monkeypatch: (_store(work / "stores" / "train"),
+                                     _fails_to_read(monkeypatch, SystemExit(3)))),
+    _case("vocab reader raises", "train_vocab",
+          ["--task=lk_bt_tasks.text_task", "--output=vocab/new/x.model"], 1,
+          "': reading split 'train' failed: ValueError\n",
+          lambda work, monkeypatch: _fails_to_read(monkeypatch, ValueError())),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_hostile_input_is_one_line_with_its_exit_code_and_leaves_nothing_behind(
+    case, user_modules, tmp_path, monkeypatch, capfd):
+  del user_modules  # On sys.path.
+  work = tmp_path / "work"
+  (work / "data").mkdir(parents=True)
+  (work / "data" / "a.txt").write_text("the user's own data\n")
+  (tmp_path / "odd").mkdir()
+  monkeypatch.chdir(work)
+  # What the tools set for themselves when run: their TensorFlow neither probes for a GPU nor
+  # logs (either would print a line of its own).
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+  if case.setup:
+    case.setup(work, monkeypatch)
+  before = tree_digest(work)
+  code = _tool(case.tool).main(list(case.args))
+  out, err = capfd.readouterr()
+  assert code == case.code, err
+  assert err.count("\n") == 1 and err.endswith("\n"), err
+  assert case.expected.format(tmp=tmp_path) in err, err
+  assert not out
+  assert tree_digest(work) == before, sorted(os.listdir(work))  # Nothing made, nothing changed.
+
+
+def _run_as_user(tool, *args, modules=None):
+  """`python bin/<tool>.py ARGS` from the repository root, as the README runs it."""
+  path = os.pathsep.join([".", str(modules)] if modules else ["."])
+  return subprocess.run([sys.executable, f"bin/{tool}.py", *args], cwd=ROOT,
+                        env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True,
+                        timeout=300, check=False)
+
+
+def test_a_task_that_exits_is_one_line_exit_2_not_a_silent_success(user_modules, tmp_path):
+  out = os.path.relpath(tmp_path / "stores", ROOT)  # Relative, as users write it.
+  done = _run_as_user("build_store", "--task=lk_bt_tasks.exits", f"--out={out}",
+                      modules=user_modules)
+  assert done.returncode == 2, (done.stdout, done.stderr)
+  line = TASKS_MODULE.splitlines().index("def exits(): sys.exit(0)") + 1
+  assert done.stderr == ("build_store: --task='lk_bt_tasks.exits': lk_bt_tasks.exits() raised "
+                         f"SystemExit: 0 (at {user_modules / 'lk_bt_tasks.py'}:{line})\n")
+  assert not done.stdout and not os.listdir(tmp_path)
+
+
+def test_a_pipeline_option_beam_refuses_is_one_line_exit_2_and_leaves_nothing(tmp_path):
+  (tmp_path / "a.txt").write_text("some text\n")
+  work = os.path.relpath(tmp_path, ROOT)
+  before = tree_digest(tmp_path)
+  done = _run_as_user("build_store", "--format=text", f"--files=train={work}/*.txt",
+                      f"--out={work}/stores", "--pipeline_arg=--direct_running_mode=threads")
+  assert done.returncode == 2, done.stderr
+  assert done.stderr.count("\n") == 1, done.stderr
+  assert ("build_store: --pipeline_arg='--direct_running_mode=threads': Beam refuses it "
+          "(argument --direct_running_mode: invalid choice: 'threads'" in done.stderr)
+  assert tree_digest(tmp_path) == before
