@@ -14,7 +14,8 @@ starts with SIGUSR1 blocked, so one forwarded before it installs its handler wai
 instead of killing the child.
 
 The C++ runtime's own log records in the child's stderr (absl's `E1202 12:00:00.000000 42
-file.cc:80] ...`, with their continuation lines and a fatal one's stack trace) are held back
+file.cc:80] ...`, with their continuation lines, a fatal one's stack trace and the Python
+stacks faulthandler prints at the abort) are held back
 (`RuntimeLog`): when the run ends with a one-line cause (the verdict on a dead peer, or the
 child's own `lingvo_lite: error:` line) they are dropped, otherwise printed at the end, so
 nothing unexplained is hidden. Python's own output (tracebacks, warnings, logs) passes at once.
@@ -51,12 +52,16 @@ _RUNTIME_RECORD = re.compile(
     r"^(?:[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+|"
     r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] )\S+\.(?:cc|h|cpp|hpp|c):\d+\] ")
 # A fatal record's stack trace: `*** Check failure stack trace: ***`, `    @     0x7fb3...`,
-# absl's failure signal handler's `*** SIGABRT received at time=... ***` and `PC: @ ...`.
-_RUNTIME_TRACE = re.compile(r"^(?:\*\*\* .* \*\*\*\s*$|\s*@\s+0x[0-9a-fA-F]+|PC: @)")
-# Lines that begin Python's own output, never a runtime record's continuation.
+# absl's failure signal handler's `*** SIGABRT received at time=... ***` and `PC: @ ...`; and
+# the abort that ends it, seen from Python: faulthandler's `Fatal Python error: Aborted`, with
+# every thread's stack as continuation lines.
+_RUNTIME_TRACE = re.compile(
+    r"^(?:\*\*\* .* \*\*\*\s*$|\s*@\s+0x[0-9a-fA-F]+|PC: @|Fatal Python error: Aborted\s*$)")
+# Lines that begin Python's own output, never a runtime record's continuation: a traceback,
+# lingvo_lite's lines (`lingvo_lite: error: ...`, a stack dump's `lingvo_lite stack dump:`), a
+# Python module's absl log, a warning.
 _PYTHON_OUTPUT = re.compile(
-    r"^(?:Traceback \(most recent call last\)|lingvo_lite: |jax\.distributed: |"
-    r"(?:Current thread|Thread|Stack) (?:0x|\(most recent)|Fatal Python error|"
+    r"^(?:Traceback \(most recent call last\)|lingvo_lite[: ]|jax\.distributed: |"
     r"[IWEF]\d{4} .*\.py:\d+\] |\S+\.py:\d+: \w*Warning)")
 # A record's continuation lines come in the same write as its first line; a line later than
 # this after the record's last one starts something else.

@@ -299,9 +299,19 @@ SURVIVOR_STDERR = [
     (9.1, "*** Check failure stack trace: ***\n"),
     (9.1, "    @     0x7f843da40634  absl::log_internal::LogMessage::SendToLog()\n"),
     (9.1, "Traceback (most recent call last):\n"),
-    (9.1, "    @     0x7f8444ea71f5  (unknown)"),
+    (9.1, "    @     0x7f8444ea71f5  PyObject_Vectorcall\n"),
+    # faulthandler at the abort: Python's view of the runtime's death, not Python's error.
+    (9.1, "Fatal Python error: Aborted\n"),
+    (9.1, "\n"),
+    (9.1, "Thread 0x00007f8dfe9846c0 (most recent call first):\n"),
+    (9.1, '  File "/work/main/lingvo_lite/data/prefetch.py", line 33 in produce\n'),
+    (9.1, "Extension modules: jaxlib.cpu_feature_guard, numpy.linalg (total: 2)\n"),
+    # A stack dump the user asked for (SIGUSR1), and its lines.
+    (9.2, "lingvo_lite stack dump: SIGUSR1 (kill -USR1 42)\n"),
+    (9.2, "Thread 0x00007f8dfe9846c0 (most recent call first):\n"),
+    (9.3, "    @     0x7f8444ea71f5  (unknown)"),
 ]
-PASSED = {0, 4, 12}  # The indices of the lines that are Python's.
+PASSED = {0, 4, 12, 19, 20}  # The indices of the lines that are Python's.
 
 
 def test_the_runtime_log_is_held_and_python_output_passes():
