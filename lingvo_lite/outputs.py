@@ -241,7 +241,8 @@ class FolderOutput:
     try:
       entries = sorted(os.listdir(path))
     except OSError as e:
-      raise refusal(flag, e, f"list {path}", "name another folder") from None
+      problem, fix = os_error_text(e, "name another folder")
+      raise UsageError(f"{flag}: cannot list {path}: {problem}; {fix}") from None
     if not entries:
       return _EMPTY
     foreign = [name for name in entries if name not in self.files]

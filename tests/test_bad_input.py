@@ -17,7 +17,7 @@ import pytest
 from experiments.lm import architectures
 from lingvo_lite import experiment, paths, target
 from lingvo_lite.errors import UsageError
-from lingvo_lite.testing import run_cli, tree_digest
+from lingvo_lite.testing import run_cli, source_root, tree_digest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -861,6 +861,60 @@ def _forget_user_modules(tmp_path):
   for name, module in list(sys.modules.items()):
     if str(getattr(module, "__file__", None) or "").startswith(str(tmp_path)):
       del sys.modules[name]
+
+
+# Runs "$@" with the folder $1 bind-mounted read-only, in a mount namespace of its own (chmod
+# does not stop root; the mount ends with the namespace). Exit 97: the mount was not read-only.
+_READ_ONLY = ('job="$1"; shift; mount --bind "$job" "$job" && mount -o remount,bind,ro "$job" '
+              '"$job" || exit 98; touch "$job/.rw_probe" 2>/dev/null && { rm "$job/.rw_probe"; '
+              'exit 97; }; exec "$@"')
+
+
+def _read_only_prefix(folder: str) -> tuple[list[str], str]:
+  """The command prefix that runs a command with `folder` mounted read-only, and how (unshare
+  as an unprivileged user's root, or as root); ([], why not) where neither works here."""
+  tries = [["unshare", "--user", "--map-root-user", "--mount"]]
+  if os.geteuid() == 0:
+    tries.append(["unshare", "--mount"])
+  for prefix in tries:
+    command = prefix + ["sh", "-c", _READ_ONLY, "sh", folder]
+    try:
+      if subprocess.run(command + ["true"], cwd=source_root(), capture_output=True, timeout=30,
+                        check=False).returncode == 0:
+        return command, " ".join(prefix)
+    except (OSError, subprocess.TimeoutExpired):
+      continue
+  return [], "this machine allows no user or mount namespace (unshare failed)"
+
+
+def test_completions_that_cannot_be_written_are_one_line_and_exit_1(job, tmp_path):
+  """As a user runs it, from the repository root with relative paths: `--decode_out=-` from a
+  job dir mounted read-only (a decode to stdout needs nothing on disk, so it is served) into a
+  pipe whose reader has gone (`... | head -c 10`). The closed pipe is named as what it is, in
+  one line, exit 1: no traceback, no "Exception ignored" at interpreter shutdown; the job is as
+  it was. (A closed stdout is refused before: tests/test_outputs.py.)"""
+  (tmp_path / "ids.jsonl").write_text('{"prompt_ids": [5, 6, 7]}\n')
+  relative = os.path.relpath(job, source_root())
+  before = tree_digest(job)
+  prefix, how = _read_only_prefix(relative)
+  process = subprocess.Popen(
+      prefix + [sys.executable, "-m", "lingvo_lite", "--mode=decode", f"--job_log_dir={relative}",
+                f"--prompts_file={os.path.relpath(tmp_path / 'ids.jsonl', source_root())}",
+                "--fdl.decode.max_new_tokens=2", "--decode_out=-", "--compilation_cache_dir="],
+      cwd=source_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  process.stdout.close()  # The reader is gone before the first line.
+  try:
+    stderr = process.stderr.read()
+  finally:
+    process.wait(timeout=300)
+  assert process.returncode == 1, (how, stderr)
+  assert stderr.splitlines() == [
+      "lingvo_lite: error: cannot write the completions to stdout: the reader closed the pipe "
+      "(EPIPE); keep the reader open until the output ends, or write to a file, then decode "
+      "again"], (how, stderr)
+  assert tree_digest(job) == before
+  if not prefix:
+    pytest.skip(f"the closed pipe was checked, but not from a read-only job dir: {how}")
 
 
 @pytest.mark.parametrize("args", [["--exp=NoSuchExp"], ["--mdoe=train"],

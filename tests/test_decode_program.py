@@ -15,13 +15,11 @@ import os
 import pathlib
 import shutil
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from lingvo_lite.decode_records import STOP_REASONS
-from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.testing import run_cli, tree_digest
 
 JOB = "runs/tiny"  # Relative: every test runs in the module's working directory.
 TRAIN = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=no_eval", f"--job_log_dir={JOB}",
@@ -444,66 +442,3 @@ def test_a_stopped_decode_keeps_what_it_finished_as_partial(workdir, monkeypatch
   records = [json.loads(line) for line in open(new[0])]
   assert [r["source"] for r in records] == ["--prompt #1", "--prompt #2"]
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # The handler is put back.
-
-
-# ----------------------------------------------------------------------------- outputs that fail
-
-# Runs "$@" with the folder $1 bind-mounted read-only, in a mount namespace of its own (chmod
-# does not stop root; the mount ends with the namespace). Exit 97: the mount was not read-only.
-_READ_ONLY = ('job="$1"; shift; mount --bind "$job" "$job" && mount -o remount,bind,ro "$job" '
-              '"$job" || exit 98; touch "$job/.rw_probe" 2>/dev/null && { rm "$job/.rw_probe"; '
-              'exit 97; }; exec "$@"')
-
-
-def _read_only_prefix(job: str) -> tuple[list[str], str]:
-  """The command prefix that runs a command with `job` mounted read-only, and a note of how
-  (unshare as an unprivileged user's root, or as root); ([], why) where neither works here."""
-  tries = [["unshare", "--user", "--map-root-user", "--mount"]]
-  if os.geteuid() == 0:
-    tries.append(["unshare", "--mount"])
-  for prefix in tries:
-    command = prefix + ["sh", "-c", _READ_ONLY, "sh", job]
-    try:
-      if subprocess.run(command + ["true"], cwd=source_root(), capture_output=True,
-                        timeout=30, check=False).returncode == 0:
-        return command, " ".join(prefix)
-    except (OSError, subprocess.TimeoutExpired):
-      continue
-  return [], "no user or mount namespaces here (unshare failed)"
-
-
-def test_completions_that_cannot_be_written_are_one_line_and_exit_1(workdir):
-  """As a user runs it, from the repository root with relative paths: `--decode_out=-` from a
-  job dir mounted read-only (a decode to stdout needs nothing on disk, so it is served) into a
-  pipe whose reader has gone. The closed pipe is named as what it is, in one line, exit 1:
-  no traceback, no "Exception ignored" at interpreter shutdown; the job is as it was. With
-  stdout closed (`>&-`) the decode is refused before the checkpoint is read (exit 2), never
-  "written to stdout" into nothing."""
-  job = os.path.relpath(workdir / JOB, source_root())
-  decode = [sys.executable, "-m", "lingvo_lite", "--mode=decode", f"--job_log_dir={job}",
-            "--prompt=def main(", "--fdl.decode.max_new_tokens=4", "--decode_out=-",
-            "--compilation_cache_dir="]
-  before = tree_digest(workdir / JOB)
-  prefix, how = _read_only_prefix(job)
-  process = subprocess.Popen(prefix + decode, cwd=source_root(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-  process.stdout.close()  # The reader is gone before the first line.
-  try:
-    stderr = process.stderr.read()
-  finally:
-    process.wait(timeout=300)
-  assert process.returncode == 1, (how, stderr)
-  assert stderr.splitlines() == [
-      "lingvo_lite: error: cannot write the completions to stdout: the reader closed the pipe "
-      "(EPIPE); keep the reader open until the output ends, or write to a file, then decode "
-      "again"], (how, stderr)
-  closed = subprocess.run(decode, cwd=source_root(), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, timeout=300, check=False,
-                          preexec_fn=lambda: os.close(1))
-  assert closed.returncode == 2, closed.stderr
-  assert closed.stderr.splitlines() == [
-      "lingvo_lite: error: --decode_out=-: stdout is closed, so the results would be lost; run "
-      "it with stdout open (a file, a pipe or a terminal), or give --decode_out=FILE"]
-  assert tree_digest(workdir / JOB) == before
-  if not prefix:
-    pytest.skip(f"the broken pipe was checked, but not from a read-only job dir: {how}")

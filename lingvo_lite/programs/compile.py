@@ -51,6 +51,9 @@ def main(invocation: Invocation) -> int | None:
     raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
                      f"drop --compile_program={program}")
   step_out = compiled_steps.check_out_path(options["compiled_step_out"], invocation.job_dir)
+  if invocation.job_dir is None:  # The report goes to stdout alone.
+    outputs.check_stdout("--mode=compile", "run it with stdout open, or pass --job_log_dir=JOB "
+                         "to write the report to JOB/compile/")
   if program == "decode":
     result = decode_compile.compile_decode(setup, target)
     report = decode_compile.build(result)
