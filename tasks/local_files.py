@@ -188,7 +188,7 @@ def _text_task(kind: str, files: dict, vocabulary, settings: dict, reader: Reade
   matched = _match_files(files, is_empty or _file_is_empty)
   vocabulary = _checked_vocabulary(vocabulary, matched)
   for path in _all_paths(matched) if check else ():
-    check(path)
+    _read_at_construction(check, path)
   name = _task_name(kind, matched, {**settings, "vocabulary": _vocabulary_key(vocabulary)})
   size = vocab_lib.vocabulary_size(vocabulary)
 
@@ -313,7 +313,7 @@ def _match_files(files: dict, is_empty: Callable[[str], bool]) -> dict[str, list
       where = path if isinstance(patterns, str) else f"{path}[{i}]"
       found.update(_match_pattern(where, pattern))
     paths = sorted(found)
-    if all(is_empty(p) for p in paths):
+    if all(_read_at_construction(is_empty, p) for p in paths):
       raise config_error(path, patterns, f"every matched file is empty ({len(paths)} files)",
                          "give files that hold documents")
     matched[split] = paths
@@ -354,6 +354,15 @@ def _match_pattern(where: str, pattern: str) -> list[str]:
       raise config_error(where, pattern, f"matches {shown_path}, whose name is not valid "
                          "UTF-8, which TensorFlow's file readers need", "rename it") from None
   return paths
+
+
+def _read_at_construction(check: Callable[[str], object], path: str) -> object:
+  """`check(path)`, a file that cannot be read reported before any reading starts."""
+  try:
+    return check(path)
+  except OSError as e:
+    raise config_error("files", path, f"cannot be read ({e.strerror or e})",
+                       "check the file's permissions") from None
 
 
 def _all_paths(matched: dict[str, list[str]]) -> list[str]:

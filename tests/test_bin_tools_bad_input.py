@@ -181,6 +181,13 @@ CASES = [
           ["--format=lines", "--files=train=pipe.txt", "--out=new"], 2,
           "files['train']='pipe.txt': is not a regular file (a FIFO, a device or a socket)",
           lambda work, _: os.mkfifo(work / "pipe.txt")),
+    pytest.param(Case("an unreadable file", "build_store",
+                      ("--format=jsonl", "--files=train=secret.jsonl", "--out=new"), 2,
+                      "files='{tmp}/work/secret.jsonl': cannot be read (Permission denied)",
+                      lambda work, _: (work / "secret.jsonl").write_text("{}\n")
+                      or os.chmod(work / "secret.jsonl", 0)),
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file"),
+                 id="an unreadable file"),
     _case("a glob of folders", "build_store", ["--format=text", "--files=train=*", "--out=new"],
           2, "files['train']='*': matches 1 path but no regular file"),
     _case("a file name that is not UTF-8", "build_store",
