@@ -32,12 +32,17 @@ def _files(step_dir: epath.Path) -> list[epath.Path]:
 
 
 def write_checksums(step_dir: epath.Path) -> None:
-  """Records size and CRC-32 of every file under `step_dir` (atomically: temp, then rename)."""
+  """Records size and CRC-32 of every file under `step_dir` (atomically: temp, then rename;
+  no temporary is left when the write fails)."""
   entries = {str(p.relative_to(step_dir)): {"bytes": p.stat().length, "crc32": _crc32(p)}
              for p in _files(step_dir)}
   temporary = step_dir / (CHECKSUMS_FILE + ".tmp")
-  temporary.write_text(json.dumps(entries, indent=1, sort_keys=True))
-  temporary.rename(step_dir / CHECKSUMS_FILE)
+  try:
+    temporary.write_text(json.dumps(entries, indent=1, sort_keys=True))
+    temporary.rename(step_dir / CHECKSUMS_FILE)
+  finally:
+    if temporary.exists():  # A failed write (a full disk) leaves no half file.
+      temporary.unlink()
 
 
 def has_checksums(step_dir: epath.Path) -> bool:

@@ -29,7 +29,7 @@ import re
 import sys
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -75,7 +75,16 @@ class CheckpointSettings:
 
 
 class CheckpointWriteError(RuntimeError):
-  """A save failed; the message is one line naming the step and the cause."""
+  """A save failed; the message is one line naming the step and the cause.
+
+  Attributes:
+    errno: The operating system's error number of the cause, where one is known (ENOSPC:
+      a full disk), for the fix a message names.
+  """
+
+  def __init__(self, message: str, cause: BaseException | None = None):
+    super().__init__(message)
+    self.errno = _errno_of(cause) if cause is not None else None
 
 
 def _silence_closed_loop_errors() -> None:
@@ -132,6 +141,22 @@ def _one_line(error: BaseException) -> str:
   return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def _errno_of(error: BaseException) -> int | None:
+  """The operating system's error number behind an exception chain: an OSError's, or the one
+  tensorstore quotes (`[os_error_code=28]`) or names in words."""
+  chain = [error]
+  while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+    chain.append(chain[-1].__cause__ or chain[-1].__context__)
+  for e in chain:
+    if isinstance(e, OSError) and e.errno:
+      return e.errno
+  everything = " ".join(str(e) for e in chain)
+  quoted = re.search(r"os_error_code='?(\d+)", everything)
+  if quoted:
+    return int(quoted.group(1))
+  return next((n for n in _WRITE_ERRNOS if os.strerror(n) in everything), None)
+
+
 # What orbax and tensorstore raise reading a damaged step, alone or as some wrapper's cause.
 _READ_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError)
 
@@ -156,13 +181,21 @@ def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
 
 
 class Checkpointer:
-  """orbax's CheckpointManager, with verified steps, failure detection and retention."""
+  """orbax's CheckpointManager, with verified steps, failure detection and retention.
+
+  Attributes:
+    on_verified: Called with the newest step each time saves are verified, on whichever path
+      verifies them (`poll`, the next `save`, `close`): what belongs to that step (the
+      metrics up to it) is kept from then on. What it raises is raised by that call.
+  """
 
   def __init__(self, directory: epath.Path, settings: CheckpointSettings,
                create: bool = True):
     self._directory = directory
     self._settings = settings
+    self.on_verified: Callable[[int], None] = lambda step: None
     self._pending: list[int] = []  # Saved, not yet committed and checksummed.
+    self._saved: set[int] = set()  # Every step this checkpointer started saving.
     self._verified_steps: set[int] = set()  # Checked against their checksums.
     self._reported: set[tuple[str, int]] = set()
     _silence_closed_loop_errors()
@@ -243,10 +276,9 @@ class Checkpointer:
     checksums): orbax would count those as saved, and refuse to save any step up to theirs.
     One warning line per folder."""
     if jax.process_index() == 0 and self._directory.exists():
-      for path in sorted(self._directory.iterdir()):
-        if any(marker in path.name for marker in _TEMPORARY_MARKERS):
-          logging.warning("removing %s, left by an interrupted save or delete", path)
-          path.rmtree()
+      for path in self._temporary_folders():
+        logging.warning("removing %s, left by an interrupted save or delete", path)
+        path.rmtree()
       skipped = self.skipped_steps()
       resumed = f"training resumes from step {start}" if start else "training starts over"
       for step in sorted(self._manager.all_steps()):
@@ -265,6 +297,26 @@ class Checkpointer:
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("lingvo_lite_checkpoint_clean_up")
     self._manager.reload()
+
+  def _temporary_folders(self) -> list[epath.Path]:
+    return sorted(path for path in self._directory.iterdir()
+                  if any(marker in path.name for marker in _TEMPORARY_MARKERS))
+
+  def discard_failed_saves(self) -> None:
+    """After a failed save and `close`: removes what this checkpointer's saves left that no
+    run will use (process 0): orbax's temporary folders (a full disk stopped the copy) and
+    steps it wrote but could not verify (their checksums could not be written). A failed run
+    leaves its earlier checkpoints, and nothing else, in the folder."""
+    if jax.process_index() != 0 or not self._directory.exists():
+      return
+    doomed = self._temporary_folders() + [
+        self._directory / str(step) for step in sorted(self._saved - self._verified_steps)
+        if (self._directory / str(step)).exists() and not self._has_checksums(step)]
+    for path in doomed:
+      try:
+        path.rmtree()
+      except OSError as e:  # The run's own failure is the one to report; the next run retries.
+        logging.warning("could not remove %s, left by a failed save: %s", path, e)
 
   def _delete_step(self, step: int, why: str) -> None:
     step_dir = self._directory / str(step)
@@ -285,11 +337,13 @@ class Checkpointer:
       CheckpointWriteError: this save or the previous one failed.
     """
     self.wait()  # orbax waits for the previous save anyway; this also verifies it.
+    self._saved.add(step)  # Whatever it left, should it fail, is this run's to remove.
     try:
       saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
                                  custom_metadata=metadata)
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {_one_line(e)}") from e
+      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {_one_line(e)}",
+                                 e) from e
     if saved:
       self._pending.append(step)
     return saved
@@ -329,7 +383,7 @@ class Checkpointer:
       self._manager.check_for_errors()
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointWriteError(
-          f"saving checkpoint step {pending[-1]} failed: {_one_line(e)}") from e
+          f"saving checkpoint step {pending[-1]} failed: {_one_line(e)}", e) from e
     for step in pending:
       if not self._is_complete(step):
         raise CheckpointWriteError(f"saving checkpoint step {step} failed: orbax reported no "
@@ -339,11 +393,12 @@ class Checkpointer:
           checkpoint_integrity.write_checksums(self._directory / str(step))
         except OSError as e:
           raise CheckpointWriteError(f"recording the checksums of checkpoint step {step} "
-                                     f"failed: {_one_line(e)}") from e
+                                     f"failed: {_one_line(e)}", e) from e
       elif self._settings.checksums:
         self._await_checksums(step)
       self._verified_steps.add(step)
-    self._delete_old_steps()
+    self._delete_old_steps()  # First: the space it frees may be what the outputs need.
+    self.on_verified(max(pending))
     return pending
 
   def _await_checksums(self, step: int) -> None:
@@ -376,9 +431,19 @@ class Checkpointer:
       CheckpointWriteError: a pending save failed (resources are released all the same).
     """
     try:
-      return self.wait()
-    finally:
+      verified = self.wait()
+    except BaseException:
+      with contextlib.suppress(Exception):  # The failure at hand is the one to report.
+        self._manager.close()
+      raise
+    try:
       self._manager.close()
+    except Exception as e:  # pylint: disable=broad-except
+      # orbax raises a failed background save again here (a full disk): one line, as in wait.
+      step = max(self._saved, default=None)
+      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {_one_line(e)}",
+                                 e) from e
+    return verified
 
   # --------------------------------------------------------------------------- restoring
 

@@ -24,6 +24,7 @@ from etils import epath
 from fiddle import history
 from fiddle.experimental import serialization
 
+from lingvo_lite import file_writes, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import entries, key_text, path_join
 
@@ -253,12 +254,17 @@ def recorded_experiment(path: epath.Path) -> str | None:
 
 
 def write(job_dir: epath.Path, cfg: fdl.Buildable, experiment: type | None = None) -> None:
-  """Writes config.json and config.txt, each through a temporary file and a rename."""
-  job_dir.mkdir(parents=True, exist_ok=True)
+  """Writes config.json and config.txt, each through a temporary file and a rename.
+
+  Raises:
+    OSError: naming the file that could not be written (a full disk); no temporary file is
+      left, and that file is as it was.
+  """
+  with file_writes.writing(job_dir):
+    job_dir.mkdir(parents=True, exist_ok=True)
   for name, text in ((CONFIG_JSON, to_json(cfg, experiment)), (CONFIG_TXT, to_text(cfg))):
-    temporary = job_dir / f".{name}.tmp"
-    temporary.write_text(text)
-    temporary.replace(job_dir / name)
+    with file_writes.writing(job_dir / name):
+      paths.write_atomically(job_dir / name, text)
 
 
 def incompatible_changes(previous: fdl.Buildable, current: fdl.Buildable) -> list[str]:

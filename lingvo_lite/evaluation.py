@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import numpy as np
@@ -263,18 +263,30 @@ class SetWriters:
     for name, metrics in results.items():
       self._writers[name].write(step, metrics)
 
-  def _each(self, method: str) -> None:
-    for writer in self._writers.values():
-      getattr(writer, method)()
-
   def flush(self) -> None:
-    self._each("flush")
+    for writer in self._writers.values():
+      writer.flush()
 
-  def commit(self) -> None:
-    self._each("commit")
+  def commit(self, step: int | None = None) -> None:
+    """Every set's rows up to `step` are kept (see MetricsWriter.commit): each set's, even
+    when one set's rewrite fails (that OSError is raised after)."""
+    _each_then_raise(lambda writer: writer.commit(step), self._writers.values())
 
   def rollback(self) -> None:
-    self._each("rollback")
+    _each_then_raise(lambda writer: writer.rollback(), self._writers.values())
 
   def close(self) -> None:
-    self._each("close")
+    _each_then_raise(lambda writer: writer.close(), self._writers.values())
+
+
+def _each_then_raise(call: Callable[[summaries.MetricsWriter], None],
+                     writers: Iterable[summaries.MetricsWriter]) -> None:
+  """`call(writer)` for every writer; the first OSError is raised once all were called."""
+  failure = None
+  for writer in writers:
+    try:
+      call(writer)
+    except OSError as e:
+      failure = failure or e
+  if failure is not None:
+    raise failure

@@ -22,7 +22,7 @@ from typing import Any
 
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import file_writes, paths
 
 FILE_NAME = "run_info.jsonl"
 # The distributions whose versions decide what a run computes, as pip names them.
@@ -96,21 +96,24 @@ class RunInfoWriter:
     old = self._original or b""
     if old and not old.endswith(b"\n"):  # A killed run's half row stays a line of its own.
       old += b"\n"
-    paths.write_atomically(self._path, old + (json.dumps(row, sort_keys=True) + "\n").encode())
+    with file_writes.writing(self._path):
+      paths.write_atomically(self._path,
+                             old + (json.dumps(row, sort_keys=True) + "\n").encode())
     self._appended = True
 
   def commit(self) -> None:
     self._appended = False
 
   def rollback(self) -> None:
-    """Puts the file back as it was before `append`, byte for byte (or not there)."""
+    """Puts the file back as it was before `append`, byte for byte (or not there), by cutting
+    the row off: no free space needed (a full disk is a reason to roll back)."""
     if not self._appended:
       return
     self._appended = False
     if self._original is None:
       self._path.unlink(missing_ok=True)
-    else:
-      paths.write_atomically(self._path, self._original)
+    elif self._path.exists():
+      file_writes.truncate(self._path, len(self._original))
 
 
 def read(job_dir: epath.Path) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ host) they are skipped with a note and the JSON lines remain.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -21,6 +22,7 @@ from typing import Callable, Iterator, Mapping
 
 from etils import epath
 
+from lingvo_lite import file_writes
 
 
 def _crc32c_table() -> list[int]:
@@ -73,8 +75,16 @@ class ScalarEvents:
     # TensorBoard's own naming: it reads the files whose names hold "tfevents".
     self.path = folder / (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
                           f".{os.getpid()}.{ScalarEvents._serial}.v2")
-    self._file = self.path.open("wb")
-    self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+    self.length = 0  # Bytes written and flushed: the end of the last whole event.
+    with file_writes.writing(self.path):
+      self._file = self.path.open("wb")
+    try:
+      self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+    except OSError:
+      with contextlib.suppress(OSError):  # Its flush fails again; the file goes all the same.
+        self._file.close()
+      self.path.unlink(missing_ok=True)  # A file without its header is nobody's.
+      raise
 
   @staticmethod
   def prepare() -> None:
@@ -84,8 +94,11 @@ class ScalarEvents:
     from tensorboard.compat.proto import event_pb2, summary_pb2
 
   def _write(self, event) -> None:
-    self._file.write(tfrecord(event.SerializeToString()))
-    self._file.flush()
+    record = tfrecord(event.SerializeToString())
+    with file_writes.writing(self.path):
+      self._file.write(record)
+      self._file.flush()
+    self.length += len(record)
 
   def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
     values = [self._summary_pb2.Summary.Value(tag=tag, simple_value=value)
@@ -94,10 +107,13 @@ class ScalarEvents:
         wall_time=time.time(), step=int(step), summary=self._summary_pb2.Summary(value=values)))
 
   def flush(self) -> None:
-    self._file.flush()
+    with file_writes.writing(self.path):
+      self._file.flush()
 
   def close(self) -> None:
-    self._file.close()
+    """Closes the file (also after a failed write, whose flush fails again: it is raised)."""
+    with file_writes.writing(self.path):
+      self._file.close()
 
 
 def log(message: str, enabled: bool = True) -> None:
@@ -121,28 +137,33 @@ def format_duration(seconds: float) -> str:
 class MetricsWriter:
   """Appends `{"step": ..., **metrics}` to a JSONL file and mirrors scalars to TensorBoard.
 
-  Rows are appended as they come, so a user can watch the file. A run that resumes from a
-  checkpoint (`resumed_from`) must end with one row per step, although the run it resumes
-  (killed after that checkpoint) may have written rows past it. So whatever a run writes is
-  provisional until `commit()`, which the train program calls once a checkpoint of this run
-  is safely written:
+  Rows are appended as they come, so a user can watch the file. What a run writes is
+  provisional until the checkpoint it belongs to is verified: the train program then calls
+  `commit(step)`, and the rows of steps up to `step` are the job's for good, whatever happens
+  after. `rollback()`, for a run that fails, takes back the rows written since the last commit
+  (every row, before the first) and nothing else:
 
-  - `commit()` rewrites the JSONL file (a new file renamed over the old one) as the rows it
-    held with `step <= resumed_from` that this run did not write again, then this run's rows.
-    It also drops the same rows from the TensorBoard event files already in
-    `tensorboard_dir` (those of the earlier runs), so every reader of them sees one value per
-    step. Later calls do nothing; rows written after it are appended as usual.
-  - `rollback()`, for a run that fails before its first commit, puts the JSONL file back as
-    it was (byte for byte, or not there), deletes the event files this writer created and
-    the folders it created, if empty: the job dir is as before the run.
+  - This writer appends in step order, so the rows up to a committed step are a prefix of what
+    it wrote: a rollback cuts the JSONL file and its own TensorBoard event file back to the end
+    of that prefix, which needs no free space (a full disk is a reason to roll back). Without a
+    commit, the JSONL file is as it was (byte for byte, or not there), the event file this
+    writer created is deleted, and so are the folders it created, if empty.
+  - A run that resumes from a checkpoint (`resumed_from`) must end with one row per step,
+    although the run it resumes (killed after that checkpoint) may have written rows past it.
+    So its first commit also rewrites the JSONL file (a new file renamed over the old one) as
+    the rows it held with `step <= resumed_from` that this run did not write again, then this
+    run's rows, and drops the same rows from the event files already in `tensorboard_dir`
+    (those of the earlier runs), so every reader of them sees one value per step. Should that
+    rewrite fail (a full disk), the committed rows stay all the same, after the rows they
+    supersede (readers take a step's last row), and the next resumed run's commit tidies up.
 
-  `resumed_from=None` keeps every existing row (plain appending); rollback works all the same.
-  The TensorBoard writer opens at the first write, so a run that fails before its first
-  metric creates no event file. (Between a resume and its first commit, TensorBoard's default
-  fast loader already hides a killed run's events past the new run's first step: its
-  reservoirs drop points whose step is not below a newly read one. The legacy loader,
-  `--load_fast=false`, does not: TF2 event files are version 2, for which it purges only on a
-  `SessionLog.START` event, which TF2 writers do not write.)
+  `resumed_from=None` keeps every existing row (plain appending); `commit()` without a step
+  keeps every row written so far. The TensorBoard writer opens at the first write, so a run
+  that fails before its first metric creates no event file. (Between a resume and its first
+  commit, TensorBoard's default fast loader already hides a killed run's events past the new
+  run's first step: its reservoirs drop points whose step is not below a newly read one. The
+  legacy loader, `--load_fast=false`, does not: TF2 event files are version 2, for which it
+  purges only on a `SessionLog.START` event, which TF2 writers do not write.)
   """
 
   def __init__(self, jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
@@ -151,17 +172,27 @@ class MetricsWriter:
     self._jsonl_path = jsonl_path
     self._tensorboard_dir = tensorboard_dir
     self._resumed_from = resumed_from
-    self._tensorboard = None
+    self._tensorboard: ScalarEvents | None = None
     self._tensorboard_opened = False
-    self._committed = False
+    self._events_path: epath.Path | None = None  # The event file this writer created.
     self._rolled_back = False
     self._closed = False
     self._folder_made = False
-    self._lines: list[str] = []  # This run's rows, until the commit.
-    self._steps: set[int] = set()
+    # What a rollback keeps: the JSONL file's first `_kept_length` bytes (None: no file) and
+    # the event file's first `_events_kept` (0: no event file).
+    self._kept_length: int | None = None
+    self._events_kept = 0
+    self._length = 0  # The JSONL file's length, as this writer left it.
+    # (step, JSONL end, event file end) of each row written since the last commit, in order.
+    self._pending: list[tuple[int, int, int]] = []
+    self._superseded = resumed_from is None  # Whether the first commit's rewrite is done.
+    self._own_rows: list[bytes] = []  # This run's rows, until that rewrite.
+    self._steps: set[int] = set()  # This run's steps.
     if not enabled:
       return
     self._original = jsonl_path.read_bytes() if jsonl_path.exists() else None
+    if self._original is not None:
+      self._kept_length = self._length = len(self._original)
     self._needs_newline = bool(self._original) and not self._original.endswith(b"\n")
     folders = _missing_folders(jsonl_path.parent)
     self._earlier_events: list[epath.Path] = []
@@ -178,65 +209,114 @@ class MetricsWriter:
         pass  # The first write says so.
 
   def write(self, step: int, metrics: Mapping[str, float]) -> None:
+    """Appends a row (and its TensorBoard event).
+
+    Raises:
+      OSError: the write failed (naming the file); a rollback takes the row back.
+    """
     if not self._enabled:
       return
     if self._closed:
       raise RuntimeError(f"MetricsWriter({self._jsonl_path}) is closed")
-    record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
-    line = json.dumps(record) + "\n"
-    if not self._folder_made:
-      self._jsonl_path.parent.mkdir(parents=True, exist_ok=True)
-      self._folder_made = True
-    with self._jsonl_path.open("a") as f:
-      # A run killed mid-row left half a line: this row starts a line of its own.
-      f.write(("\n" if self._needs_newline else "") + line)
+    step = int(step)
+    record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+    line = (json.dumps(record) + "\n").encode()
+    # A run killed mid-row left half a line: this row starts a line of its own.
+    data = (b"\n" if self._needs_newline else b"") + line
+    with file_writes.writing(self._jsonl_path):
+      if not self._folder_made:
+        self._jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+        self._folder_made = True
+      with self._jsonl_path.open("ab") as f:
+        f.write(data)
+    self._length += len(data)
     self._needs_newline = False
-    if not self._committed:
-      self._lines.append(line)
-      self._steps.add(int(step))
+    if not self._superseded:
+      self._own_rows.append(line)
+    self._steps.add(step)
+    events_end = self._tensorboard.length if self._tensorboard is not None else 0
+    self._pending.append((step, self._length, events_end))
     tensorboard = self._tensorboard_writer()
     if tensorboard is not None:
-      tensorboard.write_scalars(int(step), {k: _float32(v) for k, v in metrics.items()})
+      tensorboard.write_scalars(step, {k: _float32(v) for k, v in metrics.items()})
+      self._pending[-1] = (step, self._length, tensorboard.length)
 
-  def commit(self) -> None:
-    """This run's rows are for keeping: drops the rows it supersedes (see the class doc)."""
-    if not self._enabled or self._committed or self._rolled_back:
+  def commit(self, step: int | None = None) -> None:
+    """The rows of steps up to `step` (all rows, without one) are the job's: no rollback takes
+    them back. The first commit of a resumed run also drops the rows it supersedes (see the
+    class doc).
+
+    Raises:
+      OSError: that rewrite failed (naming the file); the rows are kept all the same.
+    """
+    if not self._enabled or self._rolled_back:
       return
-    self._committed = True
-    if self._resumed_from is not None:
-      # Rows of one step from several earlier runs (killed ones redo steps they had logged
-      # past their restored step): the last written is the one on the resumed-from path.
-      kept = _last_rows(self._original,
-                        lambda step: step <= self._resumed_from and step not in self._steps)
-      new = (kept + "".join(self._lines)).encode()
-      exists = self._jsonl_path.exists()
-      if (new or exists) and not (exists and self._jsonl_path.read_bytes() == new):
-        _replace(self._jsonl_path, new)
-      for path in self._earlier_events:
-        _drop_events(path, lambda step: step > self._resumed_from or step in self._steps)
-    self._lines, self._steps = [], set()
+    kept = 0  # Rows come in step order: those up to `step` are the first ones.
+    while kept < len(self._pending) and (step is None or self._pending[kept][0] <= step):
+      kept += 1
+    if kept:
+      _, self._kept_length, events_end = self._pending[kept - 1]
+      self._events_kept = events_end or self._events_kept
+      del self._pending[:kept]
+    if not self._superseded:
+      self._superseded = True  # Tried once: a failure stops the run.
+      self._supersede()
+
+  def _supersede(self) -> None:
+    """Rewrites the JSONL file without the rows this run supersedes (then the earlier runs'
+    event files), keeping track of where its rows now end."""
+    resumed_from = self._resumed_from
+    # Rows of one step from several earlier runs (killed ones redo steps they had logged
+    # past their restored step): the last written is the one on the resumed-from path.
+    earlier = _last_rows(self._original,
+                         lambda step: step <= resumed_from and step not in self._steps).encode()
+    own, self._own_rows = self._own_rows, []
+    new = earlier + b"".join(own)
+    exists = self._jsonl_path.exists()
+    if (new or exists) and not (exists and self._jsonl_path.read_bytes() == new):
+      file_writes.replace(self._jsonl_path, new)
+    if new or exists:
+      # The file is now the earlier rows, then this run's: committed ones, then pending ones.
+      ends = list(itertools.accumulate((len(row) for row in own), initial=len(earlier)))
+      committed = len(own) - len(self._pending)
+      self._kept_length = ends[committed]
+      self._pending = [(step, ends[committed + 1 + i], events_end)
+                       for i, (step, _, events_end) in enumerate(self._pending)]
+      self._length = ends[-1]
+    self._needs_newline = False
+    for path in self._earlier_events:
+      _drop_events(path, lambda step: step > resumed_from or step in self._steps)
 
   def rollback(self) -> None:
-    """Takes back everything this writer wrote, unless it committed; then closes it."""
-    self.close()
-    if not self._enabled or self._committed or self._rolled_back:
+    """Takes back the rows written since the last commit (see the class doc); closes the
+    writer.
+
+    Raises:
+      OSError: cutting a file back failed (naming it).
+    """
+    with contextlib.suppress(OSError):  # A failed write fails its flush again: cut off below.
+      self.close()
+    if not self._enabled or self._rolled_back:
       return
     self._rolled_back = True
-    if self._original is None:
+    self._pending = []
+    if self._kept_length is None:
       if self._jsonl_path.exists():
         self._jsonl_path.unlink()
-    elif self._jsonl_path.read_bytes() != self._original:
-      _replace(self._jsonl_path, self._original)
-    if self._tensorboard_dir is not None and self._tensorboard_dir.is_dir():
-      for path in self._tensorboard_dir.iterdir():
-        if _is_events(path) and path not in self._earlier_events:
-          path.unlink()
-    for folder in self._created_folders:
-      try:
-        if folder.is_dir() and not any(folder.iterdir()):
-          folder.rmdir()
-      except OSError:
-        pass  # Not ours to insist on: an object store has no real folders, for one.
+    elif self._jsonl_path.exists() and self._jsonl_path.stat().length != self._kept_length:
+      file_writes.truncate(self._jsonl_path, self._kept_length)
+    if self._events_path is not None and self._events_path.exists():
+      if self._events_kept:
+        file_writes.truncate(self._events_path, self._events_kept)
+      else:
+        self._events_path.unlink()
+    if self._kept_length is None and not self._events_kept:
+      for folder in self._created_folders:
+        try:
+          if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        except OSError:
+          pass  # Not ours to insist on: an object store has no real folders, for one.
 
   def flush(self) -> None:
     """Makes what was written durable in TensorBoard's files too (rows are at once)."""
@@ -245,18 +325,19 @@ class MetricsWriter:
 
   def close(self) -> None:
     self._closed = True
-    if self._tensorboard is not None:
-      self._tensorboard.flush()
-      self._tensorboard.close()
-      self._tensorboard = None
+    tensorboard, self._tensorboard = self._tensorboard, None
+    if tensorboard is not None:
+      tensorboard.close()
 
-  def _tensorboard_writer(self):
+  def _tensorboard_writer(self) -> ScalarEvents | None:
     if not self._tensorboard_opened and self._tensorboard_dir is not None:
       self._tensorboard_opened = True
       try:
         self._tensorboard = ScalarEvents(str(self._tensorboard_dir))
       except ImportError as e:
         log(f"TensorBoard summaries disabled ({e}); metrics still go to {self._jsonl_path}")
+      else:
+        self._events_path = self._tensorboard.path
     return self._tensorboard
 
 
@@ -275,7 +356,7 @@ def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
     data = jsonl_path.read_bytes()
     new = _last_rows(data, keep).encode()
     if new != data:
-      _replace(jsonl_path, new)
+      file_writes.replace(jsonl_path, new)
   if tensorboard_dir is not None and tensorboard_dir.is_dir():
     for path in sorted(tensorboard_dir.iterdir()):
       if _is_events(path):
@@ -330,14 +411,6 @@ def _row_step(line: str) -> int | None:
   return step if isinstance(step, int) else None
 
 
-def _replace(path: epath.Path, data: bytes) -> None:
-  """Writes `path` whole: a reader sees the old file or the new one, never a part."""
-  # Not named like the file: TensorBoard would read a `*tfevents*` one as another event file.
-  temporary = path.parent / f".lingvo_lite_rewrite.{os.getpid()}.tmp"
-  temporary.write_bytes(data)
-  temporary.replace(path)
-
-
 def _drop_events(path: epath.Path, drop: Callable[[int], bool]) -> None:
   """Rewrites an event file without its summaries whose step `drop`s (other events stay).
 
@@ -367,7 +440,7 @@ def _drop_events(path: epath.Path, drop: Callable[[int], bool]) -> None:
     offset = end
   new = b"".join(kept)
   if new != data:
-    _replace(path, new)
+    file_writes.replace(path, new)
 
 
 class Throughput:

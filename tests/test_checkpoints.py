@@ -1,14 +1,18 @@
-"""Retention: old steps go only once a newer one is verified, never the newest verified one."""
+"""Retention: old steps go only once a newer one is verified, never the newest verified one.
+Every path that verifies a step reports it; a failed save leaves only the verified steps."""
 
+import errno
+import os
 import shutil
 import threading
 import time
 
 import jax.numpy as jnp
+import pytest
 from etils import epath
 
 from lingvo_lite import checkpoint_integrity
-from lingvo_lite.checkpoints import Checkpointer, CheckpointSettings
+from lingvo_lite.checkpoints import Checkpointer, CheckpointSettings, CheckpointWriteError
 
 
 def _steps(directory):
@@ -81,3 +85,43 @@ def test_other_processes_wait_in_the_checkpoint_for_process_0s_checksums(tmp_pat
   assert time.monotonic() - started >= 0.9
   assert checkpoint_integrity.has_checksums(epath.Path(tmp_path) / "1")
   checkpointer.close()
+
+
+def test_every_path_that_verifies_a_step_reports_it(tmp_path):
+  # The train program keeps a step's metric rows when it hears of it: a step verified by the
+  # next save (not by poll) was once never reported, and a later failure took its rows back.
+  checkpointer = Checkpointer(epath.Path(tmp_path), CheckpointSettings(
+      every_steps=1, max_to_keep=None, async_save=True))
+  heard = []
+  checkpointer.on_verified = heard.append
+  state = {"w": jnp.arange(4.0)}
+  checkpointer.save(1, state)
+  checkpointer.save(2, state)  # Verifies step 1 first.
+  assert heard == [1]
+  checkpointer._manager.wait_until_finished()  # pylint: disable=protected-access
+  assert checkpointer.poll() == [2] and heard == [1, 2]
+  checkpointer.save(3, state)
+  assert checkpointer.close() == [3] and heard == [1, 2, 3]
+
+
+def test_a_failed_save_leaves_only_the_verified_steps(tmp_path, monkeypatch):
+  from lingvo_lite import checkpoints  # pylint: disable=g-import-not-at-top
+  directory = epath.Path(tmp_path)
+  checkpointer = Checkpointer(directory, CheckpointSettings(every_steps=1, max_to_keep=None))
+  state = {"w": jnp.arange(4.0)}
+  checkpointer.save(1, state)
+  checkpointer.wait()
+  # Step 2's checksums cannot be written (a full disk), and an interrupted write of step 3
+  # (orbax's temporary folder) is there too.
+  def no_room(step_dir):
+    (step_dir / (checkpoint_integrity.CHECKSUMS_FILE + ".tmp")).write_text("{")
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+  monkeypatch.setattr(checkpoints.checkpoint_integrity, "write_checksums", no_room)
+  checkpointer.save(2, state)
+  shutil.copytree(directory / "1", directory / "3.orbax-checkpoint-tmp")
+  with pytest.raises(CheckpointWriteError, match="checksums of checkpoint step 2 failed: .*No "
+                     "space left on device"):
+    checkpointer.close()
+  checkpointer.discard_failed_saves()
+  assert [p.name for p in directory.iterdir()] == ["1"]
+  assert checkpointer.latest_step() == 1

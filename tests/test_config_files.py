@@ -2,12 +2,13 @@
 --fdl_help's listing."""
 
 import copy
+import errno
 
 import fiddle as fdl
 import pytest
 from etils import epath
 
-from lingvo_lite import config_files, config_help, overrides, registry
+from lingvo_lite import config_files, config_help, overrides, registry, small_disk
 from lingvo_lite.testing import override_directives, run_cli, tiny_config
 
 
@@ -162,3 +163,23 @@ def test_a_config_written_before_a_part_existed_takes_overrides_of_that_part(tmp
                     "--fdl.decode.slots=2", "--fdl.decode.top_p=0.5"])
   assert result.code == 0, result.stderr
   assert "decode.slots = 2" in result.stdout and "decode.top_p = 0.5" in result.stdout
+
+
+def test_on_a_full_disk_a_failed_rewrite_names_the_file_and_leaves_it_and_no_temporary(
+    tmp_path):
+  try:
+    disk = small_disk.SmallDisk(tmp_path / "disk", "1m")
+  except small_disk.Unavailable as e:
+    pytest.skip(str(e))
+  with disk:
+    job = epath.Path(disk.path) / "job"
+    cfg = registry.lookup("PyCodeTiny").config()
+    config_files.write(job, cfg)
+    before = {p.name: p.read_bytes() for p in job.iterdir()}
+    cfg.train.steps = 7  # A resumed run's new config, rewritten at its first commit.
+    disk.fill()
+    with pytest.raises(OSError) as failure:
+      config_files.write(job, cfg)
+    assert failure.value.errno == errno.ENOSPC
+    assert failure.value.filename == str(job / config_files.CONFIG_JSON)  # Not a temporary.
+    assert {p.name: p.read_bytes() for p in job.iterdir()} == before

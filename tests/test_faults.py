@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from etils import epath
 
-from lingvo_lite import checkpoint_integrity
+from lingvo_lite import checkpoint_integrity, small_disk, summaries
 from lingvo_lite.testing import run_cli, source_root, tree_digest
 
 ROOT = str(source_root())
@@ -61,9 +61,11 @@ def _argv(job, cache, args, file_size_limit=None):
           f"--compilation_cache_dir={cache}", *args]
 
 
-def _run(cwd, job, cache, *args, timeout=240, file_size_limit=None):
-  """Runs the CLI to the end from `cwd` (`job` relative to it)."""
-  return subprocess.run(_argv(job, cache, args, file_size_limit), cwd=cwd, env=_env(),
+def _run(cwd, job, cache, *args, timeout=240, file_size_limit=None, disk=None):
+  """Runs the CLI to the end from `cwd` (`job` relative to it; where `disk`, a SmallDisk, is
+  mounted)."""
+  argv = _argv(job, cache, args, file_size_limit)
+  return subprocess.run(disk.command(argv) if disk else argv, cwd=cwd, env=_env(),
                         capture_output=True, text=True, timeout=timeout, check=False,
                         stdin=subprocess.DEVNULL)
 
@@ -242,7 +244,9 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   assert _temporary_folders(parts) == []
 
 
-# 2. A full disk, a file size limit: the failed background save stops the run.
+# 2. A full disk (a real one: a small tmpfs), a file size limit: the run stops with one line,
+# keeps every row of its verified checkpoints and no temporary file; a failed background save
+# stops it at once. (bench/disk_full_sweep.py fills the disk at many more moments.)
 
 def _assert_stopped_after_failed_save(result, job, failed_step, steps, cause):
   assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
@@ -260,37 +264,90 @@ def _assert_stopped_after_failed_save(result, job, failed_step, steps, cause):
   assert failed_step not in _complete_steps(job)
 
 
-def test_full_disk_stops_the_run_and_keeps_the_earlier_checkpoints(tmp_path, cache):
-  if os.geteuid() != 0:
-    pytest.skip("mounting a small tmpfs needs root")
-  disk = tmp_path / "disk"
-  disk.mkdir()
-  # Two checkpoints of the tiny state (1.6 MB each) and the job's small files fit; a third
-  # does not. max_to_keep=5 deletes nothing the run saves, so the third save must fail.
-  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4200k", "tmpfs", str(disk)],
-                           capture_output=True, text=True, check=False)
-  if mounted.returncode != 0:
-    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-  args = ["--fdl.train.steps=12", "--fdl.checkpoint.every_steps=3",
-          "--fdl.checkpoint.max_to_keep=5", *SLOW_STEPS]
-  job = disk / "job"
+def _small_disk(folder, size):
   try:
-    result = _run(tmp_path, "disk/job", cache, *args)
-    _assert_stopped_after_failed_save(result, job, 9, 12, "No space left on device")
-    assert _complete_steps(job) == [3, 6]
-    for step in (3, 6):  # Intact and verified.
+    return small_disk.SmallDisk(folder, size)
+  except small_disk.Unavailable as e:
+    pytest.skip(str(e))
+
+
+# Throughput's figures, measured on the wall clock: the rest of a metrics row is a function of
+# the step alone, whatever stopped and resumed the run.
+WALL_CLOCK = set(summaries.Throughput(0, 1, 1, 1.0, 1, 1.0).report(1)) - {
+    "model_tflop_per_step"}
+
+
+def _curve(job):
+  """metrics.jsonl's rows without their wall-clock figures."""
+  return [{k: v for k, v in row.items() if k not in WALL_CLOCK} for row in _rows(job)]
+
+
+def _tensorboard_losses(job):
+  """(step, loss) of the train run's events, as TensorBoard's scalar reader loads them."""
+  # pylint: disable-next=g-import-not-at-top
+  from tensorboard.backend.event_processing import event_accumulator
+  accumulator = event_accumulator.EventAccumulator(str(job / "summaries" / "train"),
+                                                   {"scalars": 0})
+  accumulator.Reload()
+  return [(event.step, event.value) for event in accumulator.Scalars("loss")]
+
+
+def _leftovers(job):
+  """Temporary files and folders anywhere in the job: a rewrite's, the checksums', orbax's,
+  a delete's, a step set aside."""
+  return sorted(os.path.relpath(os.path.join(folder, name), job)
+                for folder, folders, files in os.walk(job) for name in folders + files
+                if ".tmp" in name or "-tmp" in name or "-deleting" in name
+                or ".unverified" in name)
+
+
+def test_a_full_disk_loses_no_verified_row_and_leaves_no_temporary_file(tmp_path, cache,
+                                                                          trained_job):
+  args = [*TRAINED_ARGS, "--fdl.train.steps=6"]  # trained_job's: the uninterrupted run.
+  with _small_disk(tmp_path / "disk", "4200k") as disk:
+    job = disk.path / "job"
+    # 1. Room for two checkpoints and not a third: steps 2 and 4 are verified (here on the
+    # next save's path, with steps this fast), then saving step 6 fails.
+    result = _run(tmp_path, "disk/job", cache, *args, disk=disk)
+    assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+    line = _assert_one_error_line(result.stderr)
+    assert re.search(r"saving checkpoint step 6 failed: .*No space left on device.*; training "
+                     r"stopped, and the newest checkpoint is step 4: free space", line), line
+    assert _complete_steps(job) == [2, 4]
+    for step in (2, 4):  # Intact and verified.
       step_dir = epath.Path(job / "checkpoints" / str(step))
       assert checkpoint_integrity.has_checksums(step_dir), step
       assert checkpoint_integrity.first_mismatch(step_dir) is None, step
+    # The rows (and TensorBoard points) of the verified steps stay, the later ones go.
+    assert _curve(job) == _curve(trained_job)[:4]
+    assert _tensorboard_losses(job) == _tensorboard_losses(trained_job)[:4]
+    assert _leftovers(job) == []
 
-    # A bigger disk: the same command resumes from the newest intact checkpoint.
-    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
-    result = _ok(_run(tmp_path, "disk/job", cache, *args))
-    assert "resumed from step 6" in result.stdout
-    assert "done: step 12" in result.stdout
-    assert [row["step"] for row in _rows(job)] == list(range(1, 13))
-  finally:
-    subprocess.run(["umount", "-l", str(disk)], check=False)
+    # More room: the same command resumes from step 4, and ends as the uninterrupted run.
+    disk.resize("64m")
+    result = _ok(_run(tmp_path, "disk/job", cache, *args, disk=disk))
+    assert "resumed from step 4" in result.stdout
+    assert "done: step 6" in result.stdout
+
+    # 2. The disk full but for 4 pages: rerunning the finished job rewrites config.json (11
+    # pages) at its commit, which fails as one line and leaves the file as it was.
+    config = (job / "config.json").read_bytes()
+    disk.fill(free_pages=4)
+    result = _run(tmp_path, "disk/job", cache, *args, disk=disk)
+    disk.unfill()
+    assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+    line = _assert_one_error_line(result.stderr)
+    assert re.search(r"writing \S+/disk/job/config\.json failed: No space left on device.*the "
+                     r"newest checkpoint is step 6", line), line
+    assert (job / "config.json").read_bytes() == config
+    assert _leftovers(job) == []
+
+    assert _curve(job) == _curve(trained_job)
+    assert _tensorboard_losses(job) == _tensorboard_losses(trained_job)
+    expected = _leaves(_restore(trained_job / "checkpoints" / "6"))
+    got = _leaves(_restore(job / "checkpoints" / "6"))
+    assert sorted(got) == sorted(expected)
+    assert not [name for name in expected if not np.array_equal(got[name], expected[name])]
 
 
 def test_file_size_limit_fails_the_first_save_cleanly(tmp_path):

@@ -1,9 +1,12 @@
 """JOB/run_info.jsonl: a row per train start, taken back whole when the run fails."""
 
+import errno
+
 import jax
+import pytest
 from etils import epath
 
-from lingvo_lite import run_info
+from lingvo_lite import run_info, small_disk
 
 
 def _row(step):
@@ -46,3 +49,28 @@ def test_a_disabled_writer_writes_nothing(tmp_path):
   writer = run_info.RunInfoWriter(epath.Path(tmp_path), enabled=False)
   writer.append(_row(0))
   assert not list(tmp_path.iterdir())
+
+
+def test_on_a_full_disk_a_row_fails_whole_and_a_rollback_needs_no_room(tmp_path):
+  try:
+    disk = small_disk.SmallDisk(tmp_path / "disk", "1m")
+  except small_disk.Unavailable as e:
+    pytest.skip(str(e))
+  with disk:
+    job = epath.Path(disk.path) / "job"
+    job.mkdir()
+    kept = run_info.RunInfoWriter(job)
+    kept.append(_row(0))
+    kept.commit()
+    before = (job / run_info.FILE_NAME).read_bytes()
+    failed = run_info.RunInfoWriter(job)
+    failed.append(_row(5))
+    disk.fill()
+    failed.rollback()  # Cut back in place: writing the old rows again would need room.
+    assert (job / run_info.FILE_NAME).read_bytes() == before
+    with pytest.raises(OSError) as failure:
+      run_info.RunInfoWriter(job).append(_row(5))
+    assert failure.value.errno == errno.ENOSPC
+    assert failure.value.filename == str(job / run_info.FILE_NAME)
+    assert [p.name for p in job.iterdir()] == [run_info.FILE_NAME]  # No temporary.
+    assert (job / run_info.FILE_NAME).read_bytes() == before

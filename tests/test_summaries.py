@@ -1,11 +1,14 @@
 """Metric files across a resume and a failure: one JSONL row (and one TensorBoard value) per
 step after a commit, and a failed run's rollback leaves the job dir byte-for-byte as it was."""
 
+import errno
 import json
+import os
 
+import pytest
 from etils import epath
 
-from lingvo_lite import summaries
+from lingvo_lite import small_disk, summaries
 from lingvo_lite.testing import tree_digest
 
 
@@ -177,3 +180,61 @@ def test_event_records_carry_tensorboards_checksums():
     assert record[12:-4] == data and int.from_bytes(record[:8], "little") == len(data)
     assert int.from_bytes(record[8:12], "little") == masked_crc32c(record[:8])
     assert int.from_bytes(record[-4:], "little") == masked_crc32c(data)
+
+
+def test_rows_up_to_a_committed_step_outlast_a_failure_and_the_later_ones_go(tmp_path):
+  # The train program commits a step when its checkpoint is verified: rows written meanwhile
+  # (step 3) and after (step 4) go with a failure; a new job's rows of step 2 stay.
+  job = epath.Path(tmp_path) / "job"
+  writer = _writer(job)
+  for step in (1, 2, 3):
+    writer.write(step, {"loss": float(step)})
+  writer.commit(2)
+  writer.write(4, {"loss": 4.0})
+  writer.rollback()
+  assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [(1, 1.0), (2, 2.0)]
+  assert _scalars(job / "summaries" / "train") == [(1, 1.0), (2, 2.0)]
+
+
+def test_a_resumed_runs_rows_up_to_its_commit_stay_and_the_later_ones_go(tmp_path):
+  job = epath.Path(tmp_path)
+  _killed_run(job, [10, 20, 30, 40])
+  writer = _writer(job, resumed_from=20)
+  writer.write(30, {"loss": 2.0})
+  writer.write(40, {"loss": 2.0})
+  writer.commit(30)  # Also drops the killed run's rows past step 20.
+  writer.write(50, {"loss": 2.0})
+  writer.rollback()
+  assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [
+      (10, 1.0), (20, 1.0), (30, 2.0)]
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0), (30, 2.0)]
+  assert not [p.name for p in job.iterdir() if p.name.startswith(".")]
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+  try:
+    disk = small_disk.SmallDisk(tmp_path / "disk", "1m")
+  except small_disk.Unavailable as e:
+    pytest.skip(str(e))
+  with disk:
+    yield disk
+
+
+def test_on_a_full_disk_a_failed_rewrite_keeps_the_committed_rows_and_no_temporary(full_disk):
+  job = epath.Path(full_disk.path) / "job"
+  _killed_run(job, [10, 20, 30])
+  writer = _writer(job, resumed_from=20)
+  writer.write(30, {"loss": 2.0})
+  writer.write(40, {"loss": 2.0})
+  full_disk.fill()
+  with pytest.raises(OSError) as failure:
+    writer.commit(30)  # Its rewrite needs room for a new copy of the file.
+  assert failure.value.errno == errno.ENOSPC
+  assert failure.value.filename == str(job / "metrics.jsonl")  # Not its temporary's.
+  writer.rollback()  # Cutting back needs no room.
+  # Step 30's new row is kept, after the killed run's (a reader takes a step's last row).
+  assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [
+      (10, 1.0), (20, 1.0), (30, 1.0), (30, 2.0)]
+  assert [s for s, _ in _scalars(job / "summaries" / "train")] == [10, 20, 30, 30]
+  assert not [name for _, _, names in os.walk(job) for name in names if ".tmp" in name]

@@ -11,16 +11,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
+from absl import logging
 from etils import epath
 
 from lingvo_lite import config_files, evaluation, job_lock, memory_fit, mfu, run_info, summaries
 from lingvo_lite.checkpoints import Checkpointer, CheckpointWriteError
 from lingvo_lite.data.prefetch import Prefetcher
-from lingvo_lite.errors import UsageError
+from lingvo_lite.errors import UsageError, os_error_text
 from lingvo_lite.experiment import Setup
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
 from lingvo_lite.programs.jitted import JittedSteps
@@ -44,53 +46,108 @@ class TrainResult:
   interrupted: bool
 
 
+class OutputWriteError(TrainingFailure):
+  """A file of the job dir besides the checkpoints (config, metrics, run info) could not be
+  written: one line naming it and the operating system's reason (`errno`)."""
+
+  def __init__(self, message: str, error_number: int | None):
+    super().__init__(message)
+    self.errno = error_number
+
+
+@contextlib.contextmanager
+def _writing_outputs() -> Iterator[None]:
+  try:
+    yield
+  except OSError as e:
+    reason = " ".join((e.strerror or str(e) or type(e).__name__).split())
+    code = f" (errno {e.errno})" if e.errno else ""
+    raise OutputWriteError(f"writing {e.filename or 'the job dir'} failed: {reason}{code}",
+                           e.errno) from e
+
+
+def _write_advice(error_number: int | None) -> str:
+  """How to go on after a failed write, by its errno (the disk is full: free space)."""
+  if not error_number:
+    return "free space or fix the job folder's permissions, then rerun the same command"
+  _, fix = os_error_text(OSError(error_number, os.strerror(error_number)),
+                         "move the job folder where it can be written")
+  return f"{fix}, then rerun the same command"
+
+
 class _RunOutputs:
   """What a run writes into its job dir besides checkpoints: the config, the metrics and the
   run's identity (a row of `run_info.jsonl`).
 
-  Nothing a run writes may outlast a failure unless the run saved a checkpoint: an existing
-  job's config is rewritten, and metric rows past the restored step (a killed run's) are
-  dropped, only once a checkpoint of this run is verified (`commit`); a run that fails
-  before that takes its metric rows and event files back (`rollback`), leaving the job as it
-  was. A new job's config is written at once: there is nothing to protect.
+  What a run writes is the job's once the checkpoint it belongs to is verified, and only then:
+  `Checkpointer.on_verified` calls `commit(step)`, whichever path verifies the step, and the
+  metric rows up to that step are kept whatever happens next; the first commit also rewrites
+  an existing job's config and drops the metric rows past the restored step (a killed run's).
+  A run that fails calls `rollback`, which takes back the rows past its last commit (all of
+  them, and its run-info row, before the first), leaving the job as the last verified
+  checkpoint left it. A new job's config is written at once: there is nothing to protect.
+
+  Every write raises OutputWriteError (one line naming the file); `rollback` raises nothing.
   """
 
   def __init__(self, job_dir: epath.Path, start: int, job_is_new: bool,
                record_config: Callable[[], None], enabled: bool, eval_sets: list[str],
                jitted: JittedSteps):
     self._record_config = record_config
-    self._committed = False
+    # A new job's config is written below, an existing job's at the first commit.
+    self._config_recorded = job_is_new
     resumed_from = None if job_is_new else start
-    self.train = summaries.MetricsWriter(job_dir / "metrics.jsonl", job_dir / "summaries" /
-                                         "train", enabled=enabled, resumed_from=resumed_from)
-    self.eval = evaluation.SetWriters(job_dir, eval_sets, enabled=enabled,
-                                      resumed_from=resumed_from)
-    if job_is_new:
-      record_config()
-    self.run_info = run_info.RunInfoWriter(job_dir, enabled=enabled)
-    if enabled:
-      config = job_dir / config_files.CONFIG_JSON
-      self.run_info.append(run_info.collect(
-          start, jitted.target.devices, dict(jitted.mesh.shape), jax.process_count(),
-          config_files.recorded_experiment(config) if config.exists() else None))
+    with _writing_outputs():
+      self.train = summaries.MetricsWriter(job_dir / "metrics.jsonl", job_dir / "summaries" /
+                                           "train", enabled=enabled, resumed_from=resumed_from)
+      self.eval = evaluation.SetWriters(job_dir, eval_sets, enabled=enabled,
+                                        resumed_from=resumed_from)
+      if job_is_new:
+        record_config()
+      self.run_info = run_info.RunInfoWriter(job_dir, enabled=enabled)
+      if enabled:
+        config = job_dir / config_files.CONFIG_JSON
+        self.run_info.append(run_info.collect(
+            start, jitted.target.devices, dict(jitted.mesh.shape), jax.process_count(),
+            config_files.recorded_experiment(config) if config.exists() else None))
 
-  def commit(self) -> None:
-    if not self._committed:
-      self._committed = True
-      self._record_config()
-      self.train.commit()
-      self.eval.commit()
-      self.run_info.commit()
+  def write_train(self, step: int, values: dict[str, float]) -> None:
+    with _writing_outputs():
+      self.train.write(step, values)
+
+  def write_eval(self, step: int, results: dict[str, dict[str, float]]) -> None:
+    with _writing_outputs():
+      self.eval.write(step, results)
+
+  def commit(self, step: int) -> None:
+    """The rows up to `step` are kept from now on; then what the first commit rewrites."""
+    self.run_info.commit()
+    # Kept first, written after: a failed write below takes none of these rows back.
+    with _writing_outputs():
+      try:
+        self.train.commit(step)
+      finally:
+        self.eval.commit(step)
+      if not self._config_recorded:
+        self._config_recorded = True  # Tried once: a failure stops the run.
+        self._record_config()
 
   def rollback(self) -> None:
-    if not self._committed:
-      self.train.rollback()
-      self.eval.rollback()
-      self.run_info.rollback()
+    """Takes back what no verified checkpoint covers; a failure to is a warning (the run's own
+    failure is the one to report)."""
+    for part in (self.train, self.eval, self.run_info):
+      try:
+        part.rollback()
+      except OSError as e:
+        logging.warning("could not take back what this run wrote to %s: %s", e.filename,
+                        e.strerror or e)
 
   def close(self) -> None:
-    self.train.close()
-    self.eval.close()
+    with _writing_outputs():
+      try:
+        self.train.close()
+      finally:
+        self.eval.close()
 
 
 def main(invocation: Invocation) -> None:
@@ -184,32 +241,36 @@ def run(setup: Setup, job_dir: epath.Path,
         state = jitted.restore_state(checkpointer, start)
         say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
       checkpointer.clean_up_for_training(start)
-      outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
-                            eval_sets=list(setup.eval_sets), jitted=jitted)
+      try:
+        outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
+                              eval_sets=list(setup.eval_sets), jitted=jitted)
+      except OutputWriteError as e:
+        raise TrainingFailure(f"{e}; {_write_advice(e.errno)}") from e
+    # The outputs a checkpoint covers are kept the moment it is verified, on every path.
+    checkpointer.on_verified = outputs.commit
     try:
       result = _train(setup, jitted, checkpointer, outputs, state, start,
                       stopped_before_first_step, stop, job_dir, say, watchdog)
+      outputs.close()
     except BaseException as e:  # pylint: disable=broad-except
       if not isinstance(e, (TrainingFailure, CheckpointWriteError)):
         outputs.rollback()  # An internal error or an interrupt: it goes on as it is.
         raise
       try:
-        if checkpointer.close():  # A good save still pending counts: it has the new config.
-          outputs.commit()
-      except CheckpointWriteError:
+        checkpointer.close()  # A good save still pending is verified, and its outputs kept.
+      except (CheckpointWriteError, TrainingFailure):
         pass  # The first failure is the one to report.
       outputs.rollback()
-      outputs.close()
+      checkpointer.discard_failed_saves()
       # Said after close(): a save still pending when the run stopped is verified by now.
       message = str(e)
-      if isinstance(e, CheckpointWriteError):
-        message += (f"; training stopped, and {_newest_checkpoint(checkpointer)}: free "
-                    "space or fix the job folder's permissions, then rerun the same command")
+      if isinstance(e, (CheckpointWriteError, OutputWriteError)):
+        message += (f"; training stopped, and {_newest_checkpoint(checkpointer)}: "
+                    f"{_write_advice(e.errno)}")
       elif isinstance(e, _NonFinite):
         message += (f"; {_newest_checkpoint(checkpointer)} (every saved state is finite); "
                     f"{_NON_FINITE_ADVICE}")
       raise TrainingFailure(message) from e
-    outputs.close()
   return result
 
 
@@ -236,7 +297,7 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
       return None
     with off_step("eval"):
       results = evaluation.evaluate_sets(jitted, params, setup.eval_sets)
-      outputs.eval.write(step, results)
+      outputs.write_eval(step, results)
     for name, metrics in results.items():
       say(f"eval  step {step} {name}: loss {metrics['loss']:.4f}  "
           f"bits/token {metrics['bits_per_token']:.4f}  "
@@ -260,11 +321,10 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
 
   def verify_finished_saves() -> None:
     """Checksums a save orbax has finished (off the steps); its config and metrics are then
-    the job's (`commit`)."""
+    the job's (`Checkpointer.on_verified`)."""
     if checkpointer.save_finished():
       with off_step("checkpoint"):
-        if checkpointer.poll():
-          outputs.commit()
+        checkpointer.poll()
 
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   data, num_devices = setup.train_data, jitted.target.num_devices
@@ -324,7 +384,7 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
         throughput.add_data_wait(prefetcher.wait_seconds)
         prefetcher.wait_seconds = 0.0
         values.update(throughput.report(step))
-        outputs.train.write(step, values)
+        outputs.write_train(step, values)
         train_loss = values["loss"]
         grad_norm = f"grad_norm {values['grad_norm']:.3f}  " if "grad_norm" in values else ""
         off_steps = ", ".join(f"{kind} {values[f'{kind}_s']:.2f} s"
@@ -353,8 +413,7 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
   if step > start:
     save(step, force=True)
   with off_step("checkpoint"):
-    if checkpointer.close():
-      outputs.commit()
+    checkpointer.close()  # Verifies the last save: the outputs up to it are kept.
   eval_results = None
   if stop.signal_name:
     done = (f"saved step {step} and stopped" if step > start else
@@ -362,7 +421,7 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     say(f"{stop.signal_name}: {done}; rerun the same command to resume")
   else:
     eval_results = evaluate(state.params, step)
-    outputs.commit()  # A finished run's evaluation supersedes the one it resumed after.
+    outputs.commit(step)  # Of the saved state: it supersedes the one the run resumed after.
   return TrainResult(step=step, train_loss=train_loss, eval_results=eval_results,
                      interrupted=stop.signal_name is not None)
 

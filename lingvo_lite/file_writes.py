@@ -1,0 +1,61 @@
+"""Writing a job's small files so that a full disk loses nothing and leaves nothing behind.
+
+A training run appends to its metric files and rewrites them and its config when a checkpoint
+is verified; on a full disk any of those writes can fail. Three rules, kept here:
+
+  - A file rewritten whole goes through a temporary file and a rename (`replace`), and the
+    temporary is removed whatever happens: a failed rewrite leaves the old file as it was and
+    no `.tmp` beside it.
+  - Taking back what was appended cuts the file back (`truncate`): that needs no free space,
+    where writing the old contents again would.
+  - An OSError raised while writing names the file being written (`writing`), not the
+    temporary, so that the run's one line says which file could not be written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+from etils import epath
+
+from lingvo_lite import paths
+
+
+@contextlib.contextmanager
+def writing(path: epath.Path) -> Iterator[None]:
+  """OSErrors raised in the block come out naming `path` (its `filename`), with their errno."""
+  try:
+    yield
+  except OSError as e:
+    if e.filename == str(path):
+      raise
+    # OSError(errno, ...) picks the subclass of the errno (FileNotFoundError, ...) itself.
+    raise OSError(e.errno, e.strerror or str(e) or type(e).__name__, str(path)) from e
+
+
+def replace(path: epath.Path, data: bytes) -> None:
+  """Writes `path` whole: a reader sees the old file or the new one, never a part.
+
+  The temporary's name never holds the file's own: TensorBoard reads every file whose name
+  holds `tfevents`, a half-written copy included.
+  """
+  temporary = path.parent / f".lingvo_lite_rewrite.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+  with writing(path):
+    try:
+      temporary.write_bytes(data)
+      temporary.replace(path)
+    finally:
+      if temporary.exists():
+        temporary.unlink()
+
+
+def truncate(path: epath.Path, length: int) -> None:
+  """Cuts `path` back to its first `length` bytes: in place on a local disk (no free space
+  needed), else by `replace` (an object store has no truncation)."""
+  with writing(path):
+    if paths.is_remote(str(path)):
+      replace(path, path.read_bytes()[:length])
+    else:
+      os.truncate(os.fspath(path), length)
