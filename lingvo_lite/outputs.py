@@ -90,9 +90,10 @@ def check_stdout(flag: str, fix: str) -> None:
 
 
 def silence_stdout() -> None:
-  """After stdout's reader closed the pipe: what is still buffered, later prints and the
-  flush at exit go to /dev/null, so that the one error line is all the user sees (no
-  "Exception ignored ... BrokenPipeError" at interpreter shutdown)."""
+  """After a write to stdout failed (its reader closed the pipe, its disk is full): what is
+  still buffered, later prints and the flush at exit go to /dev/null, so that the one error
+  line is all the user sees (no "Exception ignored ... BrokenPipeError" at interpreter
+  shutdown, no second failure of a later message)."""
   try:
     descriptor = sys.stdout.fileno()
   except (AttributeError, ValueError, OSError):  # Replaced by a buffer in memory (tests).
@@ -106,8 +107,8 @@ def silence_stdout() -> None:
 
 def failed_write(what: str, error: OSError, then: str, to_stdout: bool = False) -> str:
   """The one line of a write of results that failed: `cannot write WHAT: PROBLEM (ERRNO);
-  FIX, then THEN`. For stdout whose reader went away, stdout is silenced as well."""
-  if to_stdout and error.errno == errno.EPIPE:
+  FIX, then THEN`. A stdout that failed is silenced as well (see silence_stdout)."""
+  if to_stdout:
     silence_stdout()
   problem, fix = os_error_text(error, "write to a file" if to_stdout else "write elsewhere")
   return f"cannot write {what}: {problem}; {fix}, then {then}"

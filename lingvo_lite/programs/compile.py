@@ -14,7 +14,6 @@ Exit code 3 when the step (or a decode function) does not fit the target's memor
 
 from __future__ import annotations
 
-import errno
 import json
 
 from etils import epath
@@ -83,8 +82,7 @@ def _print_report(text: str) -> OSError | None:
   try:
     print(text, end="", flush=True)
   except OSError as e:
-    if e.errno == errno.EPIPE:
-      outputs.silence_stdout()
+    outputs.silence_stdout()
     return e
   return None
 

@@ -128,6 +128,6 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
     say(f"decoded {len(completions)} prompt(s) with checkpoint step {step}: {tokens} tokens "
         f"in {seconds:.2f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s); written to "
         f"{shown_path()}")
-  except BrokenPipeError:  # Stdout carried only this message: the completions are written.
+  except OSError:  # Stdout carried only this message: the completions are written.
     outputs.silence_stdout()
   logging.info("decode: prefill buckets used %s", sorted(generator.compiled_prefill_buckets))
