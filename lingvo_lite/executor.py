@@ -27,8 +27,8 @@ import jax
 from etils import epath
 
 from lingvo_lite import (building, command_line, config_files, config_graph, config_help,
-                         distributed, job_dirs, overrides, paths, programs, registry,
-                         run_info, stack_dumps, supervisor, target as targets, topologies)
+                         distributed, job_dirs, outputs, overrides, paths, programs,
+                         registry, run_info, stack_dumps, supervisor, target as targets, topologies)
 from lingvo_lite.errors import DataError, UsageError
 from lingvo_lite.experiment import Setup, with_default_parts
 
@@ -180,15 +180,26 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     wanted_help = command_line.help_requested(args)
     if wanted_help:
       _print_help(wanted_help)
+      _flush_stdout()
       sys.exit(0)
     positional = flags.FLAGS(args)
   except (flags.Error, ValueError) as e:
     _fail(str(e).splitlines()[0])
   except UsageError as e:
     _fail(str(e))
+  except BrokenPipeError as e:
+    _fail(outputs.failed_write("the help to stdout", e, "run it again", to_stdout=True),
+          code=1)
   if len(positional) > 1:
     _fail(f"unexpected argument {positional[1]!r}; flags take the form --name=value")
   return positional
+
+
+def _flush_stdout() -> None:
+  """Flushes stdout inside the program, so that a reader that closed the pipe is met here,
+  where it is one line, and not at interpreter exit (a traceback and exit code 120)."""
+  if sys.stdout is not None and not sys.stdout.closed:
+    sys.stdout.flush()
 
 
 def _print_help(kind: str) -> None:
@@ -401,6 +412,9 @@ def main(argv: Sequence[str]) -> None:
     std_logging.getLogger("asyncio").addFilter(_quiet_orbax)
   try:
     program = programs.PROGRAMS[_MODE.value]
+    if program.prints_results:
+      outputs.check_stdout(f"--mode={program.name}", "give it a stdout (or redirect it to a "
+                           "file: > FILE)")
     # Flags that cannot work fail before anything runs (before a supervised child starts).
     cache_dir = _compilation_cache_dir(program)
     if program.joins_distributed:
@@ -419,12 +433,18 @@ def main(argv: Sequence[str]) -> None:
       _arrange_cpu_devices()
     try:
       code = _run_mode(program, cache_dir)
+      _flush_stdout()
     finally:
       stack_dumps.set_folder(None)  # A process that runs on (tests) has no job dir now.
   except UsageError as e:
     _fail(str(e))
   except (programs.ProgramFailure, DataError) as e:
     _fail(str(e), code=1)
+  except BrokenPipeError as e:
+    # Whatever a program prints (a config, a list, a summary) may meet a reader that went away
+    # (`| head`): one line and exit 1, in every mode, not a traceback.
+    _fail(outputs.failed_write(f"the output of --mode={_MODE.value} to stdout", e,
+                               "run it again", to_stdout=True), code=1)
   if code:
     sys.exit(code)
 

@@ -106,3 +106,29 @@ def test_list_and_print_need_no_job_dir():
   assert "lm.pycode.PyCodeTiny" in out and "lm.gptj.GptJ6B" in out
   out = _cli("--mode=print", "--exp=GptJ6B", "--fiddler=tiny", "--fdl.model.num_layers=3")
   assert "model.num_layers = 3" in out and "# command line: --fdl.model.num_layers=3" in out
+
+
+def test_results_printed_to_stdout_are_never_lost_in_silence(tmp_path):
+  """--mode=list/print's results are their stdout: a closed stdout is refused before they run
+  (exit 2), and a reader that closed the pipe is one line and exit 1 (not a traceback or a
+  success) in any mode, --helpfull included."""
+  closed = subprocess.run(f"{sys.executable} -m lingvo_lite --mode=list >&-", shell=True,
+                          capture_output=False, stderr=subprocess.PIPE, text=True,
+                          cwd=tmp_path, check=False)
+  assert closed.returncode == 2, closed.stderr
+  assert closed.stderr.splitlines() == [
+      "lingvo_lite: error: --mode=list: stdout is closed, so the results would be lost; give "
+      "it a stdout (or redirect it to a file: > FILE)"]
+  for args in (["--mode=list"], ["--helpfull"]):
+    reader, writer = os.pipe()
+    os.close(reader)  # The reader is gone before the first line: every write meets EPIPE.
+    try:
+      completed = subprocess.run([sys.executable, "-m", "lingvo_lite", *args], stdout=writer,
+                                 stderr=subprocess.PIPE, text=True, cwd=tmp_path, check=False)
+    finally:
+      os.close(writer)
+    assert completed.returncode == 1, (args, completed.stderr)
+    lines = completed.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lingvo_lite: error: cannot write "), lines
+    assert "the reader closed the pipe (EPIPE)" in lines[0], lines
+  assert os.listdir(tmp_path) == []

@@ -33,6 +33,8 @@ class Program:
     needs_job_dir: `--job_log_dir` is required.
     joins_distributed: Runs in every process of a multi-process run (jax.distributed).
     flags: The executor's flags only this program reads; other modes refuse them.
+    prints_results: Its results are what it prints on stdout (print, list), so a closed
+      stdout is refused before it runs: Python would drop every line without a word.
   """
 
   name: str
@@ -42,6 +44,7 @@ class Program:
   needs_job_dir: bool = False
   joins_distributed: bool = False
   flags: tuple[str, ...] = ()
+  prints_results: bool = False
 
   def main(self, invocation: "Invocation") -> int | None:
     """Runs the program; returns its exit code (None is 0)."""
@@ -118,9 +121,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
                               "compiled_step_out")),
     Program("print", "print the flattened config (after overrides) and validate it; "
             "--format=json prints config.json, --format=svg a picture of it", "print_config",
-            flags=("format",)),
+            flags=("format",), prints_results=True),
     Program("list", "list the registered experiments", "list_experiments",
-            needs_config=False),
+            needs_config=False, prints_results=True),
     Program("report", "write JOB/report/index.html, one offline page of the job's run, "
             "plots, evals, checkpoints and config (--compare=B,C: A/report/compare.html)",
             "report", needs_config=False, needs_job_dir=True, flags=("compare",)),
