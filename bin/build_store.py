@@ -30,7 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from lingvo_lite.errors import DataError, UsageError, config_error
+from lingvo_lite.errors import DataError, UsageError, config_error, one_line
 
 FORMATS = ("text", "lines", "jsonl", "prompt_completion", "parquet", "tfrecord")
 
@@ -43,10 +43,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _print_error(message: str) -> None:
-  # As the executor does: control characters escaped, so the message stays on one line.
-  message = "".join(ch if ch.isprintable() or ch == " " else
-                    ch.encode("unicode_escape").decode("ascii") for ch in message)
-  print(f"build_store: {message}", file=sys.stderr, flush=True)
+  print(f"build_store: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 # Flags that shape a task built from --format/--files; with --task they would be ignored.

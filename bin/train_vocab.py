@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from lingvo_lite.data import vocabulary
-from lingvo_lite.errors import DataError, UsageError, shown
+from lingvo_lite.errors import DataError, UsageError, one_line, shown
 from tasks import deferred
 
 
@@ -36,10 +36,7 @@ _FLAGS = {"output_path": "--output", "vocab_size": "--vocab_size", "model_type":
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-  # As the executor does: control characters escaped, so the message stays on one line.
-  message = "".join(ch if ch.isprintable() or ch == " " else
-                    ch.encode("unicode_escape").decode("ascii") for ch in message)
-  print(f"train_vocab: error: {message}", file=sys.stderr, flush=True)
+  print(f"train_vocab: error: {one_line(message)}", file=sys.stderr, flush=True)
   raise SystemExit(code)
 
 

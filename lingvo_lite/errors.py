@@ -13,6 +13,19 @@ import re
 SHOWN_LIMIT = 200
 
 
+def one_line(message: str) -> str:
+  """`message` as the one line of valid UTF-8 the contract promises, whatever it quotes: a
+  value the user typed with a newline or another control character (`--exp=$'a\\nb'`) comes
+  escaped as Python would write it, and a file name's undecodable bytes (which arrive as lone
+  surrogates, that no file or terminal takes) as `\\xff`."""
+  try:
+    message = message.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+  except UnicodeEncodeError:  # A surrogate that no byte decodes to.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
+  return "".join(ch if ch.isprintable() or ch == " " else
+                 ch.encode("unicode_escape").decode("ascii") for ch in message)
+
+
 class UsageError(Exception):
   """A command-line or config mistake, detected before any device time is spent."""
 

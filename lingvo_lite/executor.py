@@ -29,7 +29,7 @@ from etils import epath
 from lingvo_lite import (building, command_line, config_files, config_graph, config_help,
                          distributed, job_dirs, outputs, overrides, paths, programs,
                          registry, run_info, stack_dumps, supervisor, target as targets, topologies)
-from lingvo_lite.errors import DataError, UsageError
+from lingvo_lite.errors import DataError, UsageError, one_line
 from lingvo_lite.experiment import Setup, with_default_parts
 
 MODES = tuple(programs.PROGRAMS)
@@ -163,12 +163,9 @@ def override_log() -> command_line.OverrideLog:
 
 
 def _fail(message: str, code: int = 2) -> None:
-  """Prints the one error line and exits. Messages quote what the user typed, which can hold
-  a newline or another control character (`--exp=$'a\\nb'`); escaped as Python would write
-  them, they keep the message on the one line the contract promises."""
-  message = "".join(ch if ch.isprintable() or ch == " " else
-                    ch.encode("unicode_escape").decode("ascii") for ch in message)
-  print(f"lingvo_lite: error: {message}", file=sys.stderr, flush=True)
+  """Prints the one error line (errors.one_line: what the user typed may hold a newline or
+  undecodable bytes) and exits."""
+  print(f"lingvo_lite: error: {one_line(message)}", file=sys.stderr, flush=True)
   sys.exit(code)
 
 

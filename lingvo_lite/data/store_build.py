@@ -37,7 +37,8 @@ from etils import epath
 from lingvo_lite import experiment_modules, paths, progress
 from lingvo_lite.data import token_store, vocabulary
 from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import DataError, UsageError, config_error, data_error_from, error_cause
+from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from, error_cause,
+                                one_line)
 
 # A group of input files is one pipeline element and one store shard. Each costs ~0.1 s to set
 # up (a tf.data pipeline over the Task's source and preprocessors), so groups are large: about
@@ -148,23 +149,12 @@ def _files_shown(files: Sequence[str]) -> str:
   return files[0] if len(files) == 1 else f"{files[0]} (or one of {len(files) - 1} more files)"
 
 
-def _printable(message: str) -> str:
-  """`message` as one line of valid UTF-8: a file name's undecodable bytes as `\\xff` (they
-  arrive as lone surrogates, which no file or terminal takes), control characters escaped."""
-  try:
-    message = message.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-  except UnicodeEncodeError:  # A surrogate that no byte decodes to.
-    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-  return "".join(ch if ch.isprintable() or ch == " " else
-                 ch.encode("unicode_escape").decode("ascii") for ch in message)
-
-
 def _data_error_message(error: BaseException, files: Sequence[str]) -> str:
   # A DataError, or a file-reading task's bad-record message inside TensorFlow's wrapping.
   found = data_error_from(error)
   if found is not None and str(found).strip():
-    return _printable(str(found).strip())
-  return _printable(f"{_files_shown(files)}: {error_cause(error)}")
+    return one_line(str(found).strip())
+  return one_line(f"{_files_shown(files)}: {error_cause(error)}")
 
 
 def build_group(task: Any, split: str, partial: str, group: int, num_groups: int,
@@ -228,7 +218,7 @@ def check_pipeline_args(pipeline_args: Sequence[str], flag: str = "--pipeline_ar
   given = pipeline_args[0] if len(pipeline_args) == 1 else " ".join(pipeline_args)
 
   def refuse(value: str, problem: str, fix: str = "see Beam's pipeline options") -> UsageError:
-    return UsageError(_printable(str(config_error(flag, value, problem, fix))))
+    return UsageError(one_line(str(config_error(flag, value, problem, fix))))
 
   parsers = []
 
@@ -544,7 +534,7 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
         if message:
           raise DataError(message) from None
         keep_log = True  # What the runner said of it is all there is to go on.
-        raise DataError(_printable(f"building the token store of {task.name}/{split} failed: "
+        raise DataError(one_line(f"building the token store of {task.name}/{split} failed: "
                                    f"{error_cause(e)}; the pipeline's log is {log}")) from None
     ledger = token_store.read_ledger(partial)
     missing = sorted(set(range(num_groups)) - set(ledger))
