@@ -16,7 +16,6 @@ import inspect
 import logging as std_logging
 import os
 import sys
-import tempfile
 import traceback
 from typing import Any, Sequence
 
@@ -29,7 +28,7 @@ from etils import epath
 from lingvo_lite import (building, command_line, config_files, config_graph, config_help,
                          distributed, job_dirs, outputs, overrides, paths, programs,
                          registry, run_info, stack_dumps, supervisor, target as targets, topologies)
-from lingvo_lite.errors import DataError, UsageError, one_line
+from lingvo_lite.errors import DataError, UsageError, one_line, os_error_text
 from lingvo_lite.experiment import Setup, with_default_parts
 
 MODES = tuple(programs.PROGRAMS)
@@ -346,12 +345,17 @@ def _compilation_cache_dir(program: programs.Program) -> str | None:
   if not value or not (given or used):
     return None
   path = paths.resolve(value, "--compilation_cache_dir")
+  if given:  # Retention deletes a checkpoint step's folder with whatever was put into it.
+    job_dir = (paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value
+               else None)
+    outputs.refuse_inside_checkpoints(path, f"--compilation_cache_dir={value}", job_dir)
   problem = None if paths.is_remote(str(path)) else _unwritable_folder(path)
   if problem is None:
     return os.fspath(path)
   if given:
-    raise UsageError(f"--compilation_cache_dir={value}: {problem}; give a folder for JAX's "
-                     "compiled programs, or --compilation_cache_dir= to run without the cache")
+    raise UsageError(f"--compilation_cache_dir={value}: {problem}; give a folder for "
+                     "JAX's compiled programs, or --compilation_cache_dir= to run without the "
+                     "cache")
   print(f"lingvo_lite: warning: running without the compilation cache: {path} {problem}; pass "
         "--compilation_cache_dir=FOLDER, or --compilation_cache_dir= to silence this",
         file=sys.stderr, flush=True)
@@ -359,20 +363,20 @@ def _compilation_cache_dir(program: programs.Program) -> str | None:
 
 
 def _unwritable_folder(path: epath.Path) -> str | None:
-  """Why files cannot be made in the local folder `path` (created if absent), or None. Tried
-  rather than asked: root passes every permission check, and a read-only file system or /proc
-  refuses what os.access allows."""
+  """Why files cannot be made in the local folder `path` (created if absent), or None
+  (paths.creation_problem tries it: root passes every permission check, and a read-only file
+  system or /proc refuses what os.access allows)."""
   existing = path
   while not os.path.lexists(os.fspath(existing)):
     existing = existing.parent
   if not existing.is_dir():
     return "is not a folder" if existing == path else f"is under {existing}, which is no folder"
-  try:
-    os.rmdir(tempfile.mkdtemp(prefix=".lingvo_lite_probe.", dir=os.fspath(existing)))
-  except OSError as e:
-    where = "in it" if existing == path else f"in {existing}"
-    return f"cannot be written (creating a folder {where} fails: {e.strerror or e})"
-  return None
+  error = paths.creation_problem(existing)
+  if error is None:
+    return None
+  where = "in it" if existing == path else f"in {existing}"
+  problem, _ = os_error_text(error)
+  return f"cannot be written (creating a folder {where} fails: {problem})"
 
 
 def _configure_compilation_cache(folder: str | None) -> None:

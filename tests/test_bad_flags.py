@@ -112,6 +112,10 @@ CASES = {
     "cache dir not writable": ([*TRAIN, "--compilation_cache_dir=/sys/lingvo_lite_cache"],
                                "--compilation_cache_dir=/sys/lingvo_lite_cache: cannot be "
                                "written (creating a folder in /sys fails: ", None),
+    "cache dir in a job's checkpoints": (
+        [*TRAIN, "--compilation_cache_dir=job/checkpoints/jax"],
+        "--compilation_cache_dir=job/checkpoints/jax: is inside the job's checkpoints folder "
+        "{tmp}/job/checkpoints", _write("job/config.json", "{}")),
     # Distributed flags, refused before a supervised child starts.
     "zero start-up timeout": ([*TRAIN, *MULTI, "--distributed_init_timeout_seconds=0"],
                               "--distributed_init_timeout_seconds=0: must be in [1, ", None),
