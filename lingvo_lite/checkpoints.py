@@ -57,7 +57,8 @@ class CheckpointSettings:
   Attributes:
     every_steps: Save every this many steps (and always at the end of training).
     max_to_keep: Newest checkpoints kept on disk; older ones are deleted once a newer one
-      is verified. None keeps all (0 is refused: it would keep none).
+      is verified, except the newest healthy one (checkpoint_health), which a diverged run
+      resumes from. None keeps all (0 is refused: it would keep none).
     async_save: Write in a background thread while training continues.
     checksums: Record each file's size and CRC-32 once a step is committed and verify them
       before a restore. Process 0 reads the step back on the training thread, at the first
@@ -187,6 +188,9 @@ class Checkpointer:
     on_verified: Called with the newest step each time saves are verified, on whichever path
       verifies them (`poll`, the next `save`, `close`): what belongs to that step (the
       metrics up to it) is kept from then on. What it raises is raised by that call.
+    also_keep: Given the verified steps on disk, the one `max_to_keep` must keep besides the
+      newest ones, if any: the train program's newest healthy step (checkpoint_health), the
+      one a diverged run is told to resume from.
   """
 
   def __init__(self, directory: epath.Path, settings: CheckpointSettings,
@@ -194,6 +198,7 @@ class Checkpointer:
     self._directory = directory
     self._settings = settings
     self.on_verified: Callable[[int], None] = lambda step: None
+    self.also_keep: Callable[[list[int]], int | None] = lambda steps: None
     self._pending: list[int] = []  # Saved, not yet committed and checksummed.
     self._saved: set[int] = set()  # Every step this checkpointer started saving.
     self._verified_steps: set[int] = set()  # Checked against their checksums.
@@ -411,14 +416,20 @@ class Checkpointer:
     while not checkpoint_integrity.has_checksums(step_dir) and time.monotonic() < deadline:
       time.sleep(0.2)
 
+  def verified_steps(self) -> list[int]:
+    """Complete steps on disk with their checksums (or verified by this checkpointer)."""
+    return [step for step in self.all_steps()
+            if step in self._verified_steps or self._has_checksums(step)]
+
   def _delete_old_steps(self) -> None:
-    """Keeps the newest `max_to_keep` complete steps; never the newest verified one."""
+    """Keeps the newest `max_to_keep` complete steps; never the newest verified one, nor the
+    one `also_keep` names."""
     keep = self._settings.max_to_keep
     if keep is None or jax.process_index() != 0:
       return
     steps = self.all_steps()
-    verified = [s for s in steps if s in self._verified_steps or self._has_checksums(s)]
-    protected = {verified[-1]} if verified else set()
+    verified = self.verified_steps()
+    protected = {verified[-1], self.also_keep(verified)} if verified else set()
     for step in steps[:-keep] if len(steps) > keep else []:
       if step not in protected:
         self._delete_step(step, f"checkpoint.max_to_keep={keep}")

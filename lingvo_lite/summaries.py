@@ -347,6 +347,14 @@ def logged_steps(jsonl_path: epath.Path) -> list[int]:
   return sorted({step for step in map(_row_step, _lines(data)) if step is not None})
 
 
+def read_rows(jsonl_path: epath.Path, keep: Callable[[int], bool] = lambda step: True
+              ) -> list[dict]:
+  """The rows of the steps `keep` says, the last written of each, in step order (none when
+  the file does not exist)."""
+  data = jsonl_path.read_bytes() if jsonl_path.exists() else None
+  return [json.loads(line) for line in _last_rows(data, keep).splitlines()]
+
+
 def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
               keep: Callable[[int], bool]) -> None:
   """Rewrites a metrics file (and its TensorBoard events) with only the steps `keep` says,

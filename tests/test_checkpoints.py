@@ -1,5 +1,6 @@
 """Retention: old steps go only once a newer one is verified, never the newest verified one.
-Every path that verifies a step reports it; a failed save leaves only the verified steps."""
+Every path that verifies a step reports it; a failed save leaves only the verified steps; the
+newest healthy step (checkpoint_health's rule) is kept too."""
 
 import errno
 import os
@@ -12,6 +13,7 @@ import pytest
 from etils import epath
 
 from lingvo_lite import checkpoint_integrity
+from lingvo_lite.checkpoint_health import TrainingHealth
 from lingvo_lite.checkpoints import Checkpointer, CheckpointSettings, CheckpointWriteError
 
 
@@ -125,3 +127,34 @@ def test_a_failed_save_leaves_only_the_verified_steps(tmp_path, monkeypatch):
   checkpointer.discard_failed_saves()
   assert [p.name for p in directory.iterdir()] == ["1"]
   assert checkpointer.latest_step() == 1
+
+
+def test_a_step_is_healthy_by_the_first_row_after_it_against_the_lowest_so_far():
+  rows = [{"step": 1, "loss": 6.0, "grad_norm": 2.0}, {"step": 2, "loss": 5.0, "grad_norm": 1.0},
+          {"step": 4, "loss": 9.0, "grad_norm": 1.5}, {"step": 5, "loss": 11.0, "grad_norm": 1.0},
+          {"step": 6, "loss": 7.0, "grad_norm": 101.0}, {"step": 8, "loss": 6.0}]
+  health = TrainingHealth(rows)
+  # Step 1: row 2. Step 3: row 4 (9 <= 2 x 5). Step 4: row 5 (11 > 10). Step 5: row 6's
+  # gradient norm (101 > 100 x 1). Step 6: row 8 (no gradient norm logged). Step 8: no row yet.
+  assert [health.healthy(step) for step in (1, 3, 4, 5, 6, 8)] == [
+      True, True, False, False, True, None]
+  assert health.newest_healthy([3, 4, 5]) == 3
+  health.add_failure(9)  # A non-finite state at step 9: step 8 diverged.
+  assert health.healthy(8) is False and health.newest_healthy([3, 8]) == 3
+  # A resumed run judges by the whole run's lowest loss (the rows it read), not its own.
+  resumed = TrainingHealth(rows[:2])
+  resumed.add(3, 40.0)
+  resumed.add(4, 41.0)
+  assert resumed.healthy(2) is False and TrainingHealth([{"step": 3, "loss": 40.0}, {
+      "step": 4, "loss": 41.0}]).healthy(3) is True
+
+
+def test_retention_keeps_the_newest_healthy_step(tmp_path):
+  checkpointer = Checkpointer(epath.Path(tmp_path), CheckpointSettings(
+      every_steps=1, max_to_keep=1))
+  checkpointer.also_keep = lambda steps: 2 if 2 in steps else None
+  for step in (1, 2, 3, 4):
+    checkpointer.save(step, {"w": jnp.arange(4.0)})
+    checkpointer.wait()
+  assert _steps(tmp_path) == [2, 4]
+  checkpointer.close()

@@ -361,7 +361,7 @@ def test_file_size_limit_fails_the_first_save_cleanly(tmp_path):
   assert _complete_steps(job) == []
 
 
-# 3. A non-finite loss: stop with the newest finite checkpoint named; its advice works.
+# 3. A non-finite loss: stop with the newest healthy checkpoint named (kept); its advice works.
 
 def test_asyncio_reports_of_orbax_write_tasks_are_kept_off_stderr():
   # After a failed save, asyncio logs "Task exception was never retrieved" (with orbax's
@@ -391,27 +391,51 @@ def test_asyncio_reports_of_orbax_write_tasks_are_kept_off_stderr():
   assert executor._quiet_orbax(other_task)  # pylint: disable=protected-access
 
 
-def test_nan_stops_with_finite_checkpoints_and_a_lower_learning_rate_resumes(tmp_path, cache):
-  # Without clipping, a peak learning rate of 100 (reached over the 100 warmup steps) blows
-  # the tiny model up to a NaN loss after ~25 steps, with checkpoints saved on the way.
-  common = ["--fdl.train.steps=60", "--fdl.checkpoint.every_steps=5",
+def test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume(tmp_path,
+                                                                                  cache):
+  # Without clipping, a peak learning rate of 5 (reached over the 100 warmup steps) takes the
+  # loss from 5.7 to 30 by step 12 (healthy until step 8: the rows after 2, 4 and 6 stay
+  # within 2x the lowest); resumed at 100, the state goes non-finite by step ~25, with
+  # finite but diverged checkpoints on the way (losses of 1e6 and more).
+  common = ["--fdl.checkpoint.every_steps=2", "--fdl.checkpoint.max_to_keep=2",
             "--fdl.optimizer.clip_grad_norm=None"]
-  result = _run(tmp_path, "job", cache, *common, "--fdl.optimizer.peak_learning_rate=1e2")
   job = tmp_path / "job"
+  _ok(_run(tmp_path, "job", cache, *common, "--fdl.train.steps=12",
+           "--fdl.optimizer.peak_learning_rate=5"))
+  # max_to_keep=2 keeps 10 and 12, and also 6, the newest healthy step.
+  assert _complete_steps(job) == [6, 10, 12]
+
+  result = _run(tmp_path, "job", cache, *common, "--fdl.train.steps=60",
+                "--fdl.optimizer.peak_learning_rate=1e2")
   assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+  assert "resumed from step 12" in result.stdout
   line = _assert_one_error_line(result.stderr)
   saved = _complete_steps(job)
-  assert saved, "no checkpoint was saved before the loss went non-finite"
   for step in saved:
     leaves = _leaves(_restore(job / "checkpoints" / str(step)))
     not_finite = [name for name, leaf in leaves.items()
                   if np.issubdtype(leaf.dtype, np.floating) and not np.isfinite(leaf).all()]
     assert not not_finite, (step, not_finite[:5])
-  assert re.search(rf"\bstep {saved[-1]}\b", line), (saved, line)
+  # Step 6 is healthy by the rows of the first run (metrics.jsonl), the later ones are not:
+  # 12 is judged against the lowest loss of the whole run, not of the resumed one.
+  assert saved[0] == 6 and len(saved) == 3, saved
+  diverged = [str(step) for step in saved[1:]]
+  assert re.search(r"not finite at step \d+; stopped without saving it; the newest healthy "
+                   r"checkpoint is step 6 \(healthy: the first loss logged after it is finite "
+                   r"and at most 2x the lowest logged loss, its gradient norm finite and at "
+                   rf"most 100x the lowest\); steps {diverged[0]} and {diverged[1]} after it "
+                   rf"had diverged already: move them out of \S+/job/checkpoints to resume "
+                   r"from step 6, then rerun with a lower optimizer\.peak_learning_rate", line), line
 
-  result = _ok(_run(tmp_path, "job", cache, *common, "--fdl.optimizer.peak_learning_rate=1e-3"))
-  assert f"resumed from step {saved[-1]}" in result.stdout
-  assert "done: step 60" in result.stdout
+  # The advice works: moved away, a lower learning rate resumes from step 6 and trains on.
+  for step in diverged:
+    shutil.move(job / "checkpoints" / step, tmp_path / step)
+  result = _ok(_run(tmp_path, "job", cache, *common, "--fdl.train.steps=12",
+                    "--fdl.optimizer.peak_learning_rate=1e-3"))
+  assert "resumed from step 6" in result.stdout
+  assert [row["step"] for row in _rows(job)] == list(range(1, 13))
+  lowest = min(row["loss"] for row in _rows(job))
+  assert all(row["loss"] < 2 * lowest for row in _rows(job) if row["step"] > 6), _rows(job)
   config_lines = [l for l in (job / "config.txt").read_text().splitlines()
                   if l.startswith("optimizer.peak_learning_rate ")]
   assert len(config_lines) == 1, config_lines

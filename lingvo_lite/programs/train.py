@@ -19,7 +19,8 @@ import jax
 from absl import logging
 from etils import epath
 
-from lingvo_lite import config_files, evaluation, job_lock, memory_fit, mfu, run_info, summaries
+from lingvo_lite import (checkpoint_health, config_files, evaluation, job_lock, memory_fit,
+                         mfu, run_info, summaries)
 from lingvo_lite.checkpoints import Checkpointer, CheckpointWriteError
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.errors import UsageError, os_error_text
@@ -246,10 +247,16 @@ def run(setup: Setup, job_dir: epath.Path,
                               eval_sets=list(setup.eval_sets), jitted=jitted)
       except OutputWriteError as e:
         raise TrainingFailure(f"{e}; {_write_advice(e.errno)}") from e
-    # The outputs a checkpoint covers are kept the moment it is verified, on every path.
+      # The health of the steps saved so far: from the rows of the verified checkpoints.
+      health = checkpoint_health.TrainingHealth(
+          summaries.read_rows(job_dir / "metrics.jsonl", lambda step: step <= start)
+          if is_chief and not job_is_new else ())
+    # The outputs a checkpoint covers are kept the moment it is verified, on every path; and
+    # retention keeps the step a diverged run would be told to resume from.
     checkpointer.on_verified = outputs.commit
+    checkpointer.also_keep = health.newest_healthy
     try:
-      result = _train(setup, jitted, checkpointer, outputs, state, start,
+      result = _train(setup, jitted, checkpointer, outputs, health, state, start,
                       stopped_before_first_step, stop, job_dir, say, watchdog)
       outputs.close()
     except BaseException as e:  # pylint: disable=broad-except
@@ -268,14 +275,14 @@ def run(setup: Setup, job_dir: epath.Path,
         message += (f"; training stopped, and {_newest_checkpoint(checkpointer)}: "
                     f"{_write_advice(e.errno)}")
       elif isinstance(e, _NonFinite):
-        message += (f"; {_newest_checkpoint(checkpointer)} (every saved state is finite); "
-                    f"{_NON_FINITE_ADVICE}")
+        health.add_failure(e.step)
+        message += f"; {_resume_advice(checkpointer, health, job_dir / 'checkpoints')}"
       raise TrainingFailure(message) from e
   return result
 
 
 def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
-           outputs: _RunOutputs, state, start: int, stopped_before_first_step: bool,
+           outputs: _RunOutputs, health: checkpoint_health.TrainingHealth, state, start: int, stopped_before_first_step: bool,
            stop: StopRequest, job_dir: epath.Path, say: Callable[[str], None],
            watchdog: Watchdog) -> TrainResult:
   """The loop of `run`, from the starting state to the last save and evaluation."""
@@ -316,7 +323,7 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
     with off_step("checkpoint"):
       if not bool(jitted.state_is_finite(state)):
         raise _NonFinite(f"the training state (parameters or optimizer moments) is not "
-                         f"finite at step {step}; stopped without saving it")
+                         f"finite at step {step}; stopped without saving it", step)
       checkpointer.save(step, state, force=force, metadata=jitted.checkpoint_metadata)
 
   def verify_finished_saves() -> None:
@@ -380,6 +387,7 @@ def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
 
       if step % loop.log_every_steps == 0 or step == loop.steps:
         values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        health.add(step, values["loss"], values.get("grad_norm"))
         _check_finite(values["loss"], step)
         throughput.add_data_wait(prefetcher.wait_seconds)
         prefetcher.wait_seconds = 0.0
@@ -432,14 +440,43 @@ def _compiled(jitted: JittedSteps) -> Callable[..., Any]:
   return jitted.lower_train_step().compile()
 
 
-_NON_FINITE_ADVICE = ("rerun with a lower optimizer.peak_learning_rate (or a clip_grad_norm, "
-                      "longer warmup_steps): a resumed run may change the optimizer's settings")
+_NON_FINITE_FIX = ("rerun with a lower optimizer.peak_learning_rate (or a clip_grad_norm, "
+                   "longer warmup_steps): a resumed run may change the optimizer's settings")
+
+
+def _resume_advice(checkpointer: Checkpointer, health: checkpoint_health.TrainingHealth,
+                   folder: epath.Path) -> str:
+  """Where a diverged run should resume: the newest healthy checkpoint (retention keeps it),
+  with the rule that says so and the diverged steps after it to move away."""
+  steps = checkpointer.verified_steps()
+  if not steps:
+    return f"no checkpoint was saved yet; {_NON_FINITE_FIX}"
+  healthy = health.newest_healthy(steps)
+  rule = f"healthy: {checkpoint_health.RULE}"
+  if healthy == steps[-1]:
+    return f"the newest checkpoint, step {healthy}, is healthy ({rule}); {_NON_FINITE_FIX}"
+  diverged = [step for step in steps if step > (healthy or 0)]
+  listed = (f"step {diverged[0]}" if len(diverged) == 1 else
+            f"steps {', '.join(map(str, diverged[:-1]))} and {diverged[-1]}"
+            if len(diverged) <= 4 else f"the {len(diverged)} steps {diverged[0]} to "
+            f"{diverged[-1]}")
+  if healthy is None:
+    return (f"no checkpoint is healthy ({rule}): {listed} had diverged already; move "
+            f"{'it' if len(diverged) == 1 else 'them'} out of {folder} to start over, then "
+            f"{_NON_FINITE_FIX}")
+  return (f"the newest healthy checkpoint is step {healthy} ({rule}); {listed} after it had "
+          f"diverged already: move {'it' if len(diverged) == 1 else 'them'} out of {folder} "
+          f"to resume from step {healthy}, then {_NON_FINITE_FIX}")
 
 
 class _NonFinite(TrainingFailure):
-  """A non-finite loss or state; `run` adds where a rerun resumes and what to change."""
+  """A non-finite loss or state at `step`; `run` adds where to resume and what to change."""
+
+  def __init__(self, message: str, step: int):
+    super().__init__(message)
+    self.step = step
 
 
 def _check_finite(loss: float, step: int) -> None:
   if not math.isfinite(loss):
-    raise _NonFinite(f"loss is {loss} at step {step}; stopped without saving it")
+    raise _NonFinite(f"loss is {loss} at step {step}; stopped without saving it", step)
