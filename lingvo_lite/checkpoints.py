@@ -8,14 +8,17 @@ memory nor allocated.
 
 What can go wrong on disk is handled here, not left to orbax's background threads:
 - A save that fails (disk full, permissions, an I/O error) is noticed at the next step
-  boundary (`poll`), not one save interval later, and becomes one `CheckpointWriteError`.
+  boundary (`poll`), not one save interval later, and becomes one `CheckpointWriteError`
+  (`checkpoint_errors`); what it left (orbax's temporary folders, a step whose checksums
+  could not be written) goes with `discard_failed_saves`.
 - A step counts as saved only once it is *verified*: orbax has committed it and process 0
   has recorded every file's checksum (`checkpoint_integrity`), at the first step boundary
   after the commit. A restore checks those checksums first, and never picks a step without
   them unless `restore_unverified` says so: a run killed between the commit and the checksums
   leaves such a step, and it is skipped with a warning.
 - Old steps are deleted by this class, not by orbax, and only once a newer step is verified,
-  so the newest verified step is never deleted. Deleting renames a step out of orbax's sight
+  so the newest verified step is never deleted, nor the one `also_keep` names (the newest
+  healthy step, which a diverged run resumes from). Deleting renames a step out of orbax's sight
   first, so a kill mid-delete leaves an orphan that the next run removes, not a half step.
 """
 
@@ -23,12 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import os
-import re
-import sys
 import time
-import traceback
 from typing import Any, Callable, Iterator
 
 import jax
@@ -39,6 +37,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from lingvo_lite import checkpoint_integrity
+from lingvo_lite.checkpoint_errors import (READ_ERRORS, CheckpointWriteError, caused_by, one_line,
+                                           silence_closed_loop_errors)
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveInt
 
@@ -75,99 +75,8 @@ class CheckpointSettings:
   restore_unverified: bool = False
 
 
-class CheckpointWriteError(RuntimeError):
-  """A save failed; the message is one line naming the step and the cause.
-
-  Attributes:
-    errno: The operating system's error number of the cause, where one is known (ENOSPC:
-      a full disk), for the fix a message names.
-  """
-
-  def __init__(self, message: str, cause: BaseException | None = None):
-    super().__init__(message)
-    self.errno = _errno_of(cause) if cause is not None else None
-
-
-def _silence_closed_loop_errors() -> None:
-  """After a failed save, each of tensorstore's callbacks into orbax's already closed asyncio
-  loop reports 'Event loop is closed' as an unraisable exception, a traceback apiece: tens of
-  lines of noise around the one line that says what failed. So does any other unraisable
-  exception raised in orbax's code; every other one still reaches the original hook."""
-  original = sys.unraisablehook
-  if getattr(original, "lingvo_lite_filter", False):
-    return
-
-  def hook(unraisable):
-    value = unraisable.exc_value
-    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
-      return
-    # Anything else raised inside orbax's background work after a failed save (a coroutine
-    # or future collected unfinished) is that failure again, already the run's one line.
-    frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
-    if not any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in frames):
-      original(unraisable)
-  hook.lingvo_lite_filter = True
-  sys.unraisablehook = hook
-
-
-# The operating system's failures a save meets, by the words tensorstore quotes them in.
 # How long processes other than 0 wait for process 0 to record a step's checksums.
 CHECKSUM_WAIT_SECONDS = 3600.0
-_WRITE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EACCES, errno.EROFS, errno.EIO)
-
-
-def _one_line(error: BaseException) -> str:
-  """The innermost cause of an exception chain, in one line, led by the operating system's
-  word for what went wrong where any exception of the chain quotes one."""
-  chain = [error]
-  while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
-    chain.append(chain[-1].__cause__ or chain[-1].__context__)
-  error = chain[-1]
-  text = " ".join(str(error).split())
-  everything = " ".join(" ".join(str(e).split()) for e in chain)
-  # tensorstore's messages name every path and spec; the operating system's word for what
-  # went wrong ("No space left on device") sits before its `[os_error_code=N]`, in most of
-  # them: a metadata write's message quotes the words alone.
-  cause = None
-  os_error = re.search(r":\s*([^:\[\]\"]+?)\s*\[os_error_code='?(\d+)", everything)
-  if os_error:
-    cause = f"{os_error.group(1)} (errno {os_error.group(2)})"
-  else:
-    cause = next((f"{os.strerror(n)} (errno {n})" for n in _WRITE_ERRNOS
-                  if os.strerror(n) in everything), None)
-  if len(text) > 300:
-    text = f"{text[:240]} ..."
-  if cause:
-    text = f"{cause}; {text}"
-  return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _errno_of(error: BaseException) -> int | None:
-  """The operating system's error number behind an exception chain: an OSError's, or the one
-  tensorstore quotes (`[os_error_code=28]`) or names in words."""
-  chain = [error]
-  while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
-    chain.append(chain[-1].__cause__ or chain[-1].__context__)
-  for e in chain:
-    if isinstance(e, OSError) and e.errno:
-      return e.errno
-  everything = " ".join(str(e) for e in chain)
-  quoted = re.search(r"os_error_code='?(\d+)", everything)
-  if quoted:
-    return int(quoted.group(1))
-  return next((n for n in _WRITE_ERRNOS if os.strerror(n) in everything), None)
-
-
-# What orbax and tensorstore raise reading a damaged step, alone or as some wrapper's cause.
-_READ_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError)
-
-
-def _caused_by(error: BaseException, types: tuple[type[BaseException], ...]) -> bool:
-  while error is not None:
-    if isinstance(error, types):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
 
 
 def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
@@ -203,7 +112,7 @@ class Checkpointer:
     self._saved: set[int] = set()  # Every step this checkpointer started saving.
     self._verified_steps: set[int] = set()  # Checked against their checksums.
     self._reported: set[tuple[str, int]] = set()
-    _silence_closed_loop_errors()
+    silence_closed_loop_errors()
     self._manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(
@@ -347,7 +256,7 @@ class Checkpointer:
       saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
                                  custom_metadata=metadata)
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {_one_line(e)}",
+      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {one_line(e)}",
                                  e) from e
     if saved:
       self._pending.append(step)
@@ -388,7 +297,7 @@ class Checkpointer:
       self._manager.check_for_errors()
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointWriteError(
-          f"saving checkpoint step {pending[-1]} failed: {_one_line(e)}", e) from e
+          f"saving checkpoint step {pending[-1]} failed: {one_line(e)}", e) from e
     for step in pending:
       if not self._is_complete(step):
         raise CheckpointWriteError(f"saving checkpoint step {step} failed: orbax reported no "
@@ -398,7 +307,7 @@ class Checkpointer:
           checkpoint_integrity.write_checksums(self._directory / str(step))
         except OSError as e:
           raise CheckpointWriteError(f"recording the checksums of checkpoint step {step} "
-                                     f"failed: {_one_line(e)}", e) from e
+                                     f"failed: {one_line(e)}", e) from e
       elif self._settings.checksums:
         self._await_checksums(step)
       self._verified_steps.add(step)
@@ -452,7 +361,7 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except
       # orbax raises a failed background save again here (a full disk): one line, as in wait.
       step = max(self._saved, default=None)
-      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {_one_line(e)}",
+      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {one_line(e)}",
                                  e) from e
     return verified
 
@@ -506,12 +415,12 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except
       # orbax wraps tensorstore's read errors (a truncated data file) in a bare Exception
       # ("Encountered error while reading array index"), so the chain's causes decide.
-      if not _caused_by(e, _READ_ERRORS):
+      if not caused_by(e, READ_ERRORS):
         raise
       earlier = [s for s in self.all_steps() if s < step]
       fix = (f"resume from step {max(earlier)}" if earlier else "start from scratch")
       raise UsageError(f"checkpoint step {step} in {self._directory} is unreadable "
-                       f"({_one_line(e)}); move {self._directory / str(step)} out of the way "
+                       f"({one_line(e)}); move {self._directory / str(step)} out of the way "
                        f"to {fix}") from None
 
   def _check_tree(self, step: int, abstract_state: Any, subtree: str | None = None) -> None:

@@ -1,11 +1,8 @@
 """Where metrics go: JSON lines, TensorBoard scalars, and a progress line on stdout.
 
-Only process 0 writes. TensorBoard gets each metric as a plain scalar (`simple_value`), the
-kind its standard readers list (`EventAccumulator.Scalars`); TensorFlow's summary ops, which
-clu's writer uses, store scalars as tensors that those readers do not see. The event files
-are written here (TFRecords of TensorBoard's Event protos: `ScalarEvents`), without
-TensorFlow; where TensorBoard is not installed (the synthetic-data path on an accelerator
-host) they are skipped with a note and the JSON lines remain.
+Only process 0 writes. TensorBoard gets each metric as a plain scalar in event files written
+without TensorFlow (`event_files`); where TensorBoard is not installed (the synthetic-data path
+on an accelerator host) they are skipped with a note and the JSON lines remain.
 """
 
 from __future__ import annotations
@@ -14,106 +11,12 @@ import contextlib
 import itertools
 import json
 import math
-import os
-import socket
-import struct
 import time
 from typing import Callable, Iterator, Mapping
 
 from etils import epath
 
-from lingvo_lite import file_writes
-
-
-def _crc32c_table() -> list[int]:
-  table = []
-  for byte in range(256):
-    crc = byte
-    for _ in range(8):
-      crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-    table.append(crc)
-  return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
-def _masked_crc32c(data: bytes) -> int:
-  """TFRecord's checksum: CRC-32C (Castagnoli), rotated and offset ("masked")."""
-  crc = 0xFFFFFFFF
-  for byte in data:
-    crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-  crc ^= 0xFFFFFFFF
-  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tfrecord(data: bytes) -> bytes:
-  """One TFRecord: length, its masked CRC, the data, the data's masked CRC."""
-  length = struct.pack("<Q", len(data))
-  return (length + struct.pack("<I", _masked_crc32c(length)) + data
-          + struct.pack("<I", _masked_crc32c(data)))
-
-
-class ScalarEvents:
-  """A TensorBoard event file of scalars, one event per step.
-
-  The file is TFRecords of TensorBoard's Event protos, written here rather than through
-  TensorBoard's writer: that one's file layer is TensorFlow's wherever TensorFlow is installed,
-  and importing TensorFlow takes 5 to 15 s, longer than a small run's training. Each event is
-  flushed as it is written, so TensorBoard (and a killed run's job dir) sees every step logged.
-  """
-
-  _serial = 0  # Two writers of one process in one second still get two files.
-
-  def __init__(self, logdir: str):
-    # pylint: disable=g-import-not-at-top
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-    self._event_pb2, self._summary_pb2 = event_pb2, summary_pb2
-    ScalarEvents._serial += 1
-    folder = epath.Path(logdir)
-    folder.mkdir(parents=True, exist_ok=True)
-    # TensorBoard's own naming: it reads the files whose names hold "tfevents".
-    self.path = folder / (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
-                          f".{os.getpid()}.{ScalarEvents._serial}.v2")
-    self.length = 0  # Bytes written and flushed: the end of the last whole event.
-    with file_writes.writing(self.path):
-      self._file = self.path.open("wb")
-    try:
-      self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
-    except OSError:
-      with contextlib.suppress(OSError):  # Its flush fails again; the file goes all the same.
-        self._file.close()
-      self.path.unlink(missing_ok=True)  # A file without its header is nobody's.
-      raise
-
-  @staticmethod
-  def prepare() -> None:
-    """Imports what the first event file needs, so the first metric row costs no import.
-    Raises ImportError where TensorBoard is not installed."""
-    # pylint: disable-next=g-import-not-at-top,unused-import
-    from tensorboard.compat.proto import event_pb2, summary_pb2
-
-  def _write(self, event) -> None:
-    record = tfrecord(event.SerializeToString())
-    with file_writes.writing(self.path):
-      self._file.write(record)
-      self._file.flush()
-    self.length += len(record)
-
-  def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
-    values = [self._summary_pb2.Summary.Value(tag=tag, simple_value=value)
-              for tag, value in scalars.items()]
-    self._write(self._event_pb2.Event(
-        wall_time=time.time(), step=int(step), summary=self._summary_pb2.Summary(value=values)))
-
-  def flush(self) -> None:
-    with file_writes.writing(self.path):
-      self._file.flush()
-
-  def close(self) -> None:
-    """Closes the file (also after a failed write, whose flush fails again: it is raised)."""
-    with file_writes.writing(self.path):
-      self._file.close()
+from lingvo_lite import event_files, file_writes
 
 
 def log(message: str, enabled: bool = True) -> None:
@@ -172,7 +75,7 @@ class MetricsWriter:
     self._jsonl_path = jsonl_path
     self._tensorboard_dir = tensorboard_dir
     self._resumed_from = resumed_from
-    self._tensorboard: ScalarEvents | None = None
+    self._tensorboard: event_files.ScalarEvents | None = None
     self._tensorboard_opened = False
     self._events_path: epath.Path | None = None  # The event file this writer created.
     self._rolled_back = False
@@ -199,12 +102,13 @@ class MetricsWriter:
     if tensorboard_dir is not None:
       folders += _missing_folders(tensorboard_dir)
       if tensorboard_dir.is_dir():
-        self._earlier_events = sorted(p for p in tensorboard_dir.iterdir() if _is_events(p))
+        self._earlier_events = sorted(p for p in tensorboard_dir.iterdir()
+                                      if event_files.is_events(p))
     # Deepest first, so a folder is tried after the ones inside it.
     self._created_folders = sorted(set(folders), key=lambda p: len(p.parts), reverse=True)
     if tensorboard_dir is not None:
       try:
-        ScalarEvents.prepare()
+        event_files.ScalarEvents.prepare()
       except ImportError:
         pass  # The first write says so.
 
@@ -238,7 +142,7 @@ class MetricsWriter:
     self._pending.append((step, self._length, events_end))
     tensorboard = self._tensorboard_writer()
     if tensorboard is not None:
-      tensorboard.write_scalars(step, {k: _float32(v) for k, v in metrics.items()})
+      tensorboard.write_scalars(step, {k: event_files.float32(v) for k, v in metrics.items()})
       self._pending[-1] = (step, self._length, tensorboard.length)
 
   def commit(self, step: int | None = None) -> None:
@@ -285,7 +189,7 @@ class MetricsWriter:
       self._length = ends[-1]
     self._needs_newline = False
     for path in self._earlier_events:
-      _drop_events(path, lambda step: step > resumed_from or step in self._steps)
+      event_files.drop_events(path, lambda step: step > resumed_from or step in self._steps)
 
   def rollback(self) -> None:
     """Takes back the rows written since the last commit (see the class doc); closes the
@@ -329,11 +233,11 @@ class MetricsWriter:
     if tensorboard is not None:
       tensorboard.close()
 
-  def _tensorboard_writer(self) -> ScalarEvents | None:
+  def _tensorboard_writer(self) -> event_files.ScalarEvents | None:
     if not self._tensorboard_opened and self._tensorboard_dir is not None:
       self._tensorboard_opened = True
       try:
-        self._tensorboard = ScalarEvents(str(self._tensorboard_dir))
+        self._tensorboard = event_files.ScalarEvents(str(self._tensorboard_dir))
       except ImportError as e:
         log(f"TensorBoard summaries disabled ({e}); metrics still go to {self._jsonl_path}")
       else:
@@ -367,19 +271,8 @@ def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
       file_writes.replace(jsonl_path, new)
   if tensorboard_dir is not None and tensorboard_dir.is_dir():
     for path in sorted(tensorboard_dir.iterdir()):
-      if _is_events(path):
-        _drop_events(path, lambda step: not keep(step))
-
-
-_FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _float32(value: float) -> float:
-  """A scalar TensorBoard can store: its summaries are float32, and TensorFlow refuses a
-  larger number (a diverged model's perplexity of 1e300) rather than round it to inf. The JSON
-  lines keep the value itself."""
-  value = float(value)
-  return math.copysign(math.inf, value) if abs(value) > _FLOAT32_MAX else value
+      if event_files.is_events(path):
+        event_files.drop_events(path, lambda step: not keep(step))
 
 
 def _missing_folders(folder: epath.Path) -> list[epath.Path]:
@@ -389,10 +282,6 @@ def _missing_folders(folder: epath.Path) -> list[epath.Path]:
     missing.append(folder)
     folder = folder.parent
   return missing
-
-
-def _is_events(path: epath.Path) -> bool:
-  return "tfevents" in path.name and not path.name.startswith(".")
 
 
 def _lines(data: bytes | None) -> list[str]:
@@ -417,38 +306,6 @@ def _row_step(line: str) -> int | None:
   except (ValueError, AttributeError):
     return None
   return step if isinstance(step, int) else None
-
-
-def _drop_events(path: epath.Path, drop: Callable[[int], bool]) -> None:
-  """Rewrites an event file without its summaries whose step `drop`s (other events stay).
-
-  An event file is TFRecords: length (8 bytes), its masked CRC (4), the Event proto, the
-  proto's masked CRC (4). Kept records are copied whole, CRCs and all; a torn last record
-  (a killed writer's) is dropped.
-  """
-  try:
-    from tensorboard.compat.proto import event_pb2  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return  # No TensorBoard here (nor TensorFlow): this run wrote no events to supersede.
-  from google.protobuf.message import DecodeError  # pylint: disable=g-import-not-at-top
-  data = path.read_bytes()
-  kept, offset = [], 0
-  while offset + 12 <= len(data):
-    (length,) = struct.unpack_from("<Q", data, offset)
-    end = offset + 12 + length + 4
-    if end > len(data):
-      break
-    try:
-      event = event_pb2.Event.FromString(data[offset + 12:offset + 12 + length])
-      dropped = event.HasField("summary") and drop(event.step)
-    except DecodeError:
-      dropped = False  # Not ours to judge: TensorBoard reports a damaged record itself.
-    if not dropped:
-      kept.append(data[offset:end])
-    offset = end
-  new = b"".join(kept)
-  if new != data:
-    file_writes.replace(path, new)
 
 
 class Throughput:

@@ -420,12 +420,13 @@ def test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume
   # 12 is judged against the lowest loss of the whole run, not of the resumed one.
   assert saved[0] == 6 and len(saved) == 3, saved
   diverged = [str(step) for step in saved[1:]]
-  assert re.search(r"not finite at step \d+; stopped without saving it; the newest healthy "
+  assert re.search(r" at step \d+; stopped without saving it; the newest healthy "
                    r"checkpoint is step 6 \(healthy: the first loss logged after it is finite "
                    r"and at most 2x the lowest logged loss, its gradient norm finite and at "
                    rf"most 100x the lowest\); steps {diverged[0]} and {diverged[1]} after it "
                    rf"had diverged already: move them out of \S+/job/checkpoints to resume "
-                   r"from step 6, then rerun with a lower optimizer\.peak_learning_rate", line), line
+                   r"from step 6, then rerun with a lower optimizer\.peak_learning_rate",
+                   line), line
 
   # The advice works: moved away, a lower learning rate resumes from step 6 and trains on.
   for step in diverged:

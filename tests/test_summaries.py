@@ -8,7 +8,7 @@ import os
 import pytest
 from etils import epath
 
-from lingvo_lite import small_disk, summaries
+from lingvo_lite import event_files, small_disk, summaries
 from lingvo_lite.testing import tree_digest
 
 
@@ -176,7 +176,7 @@ def test_event_records_carry_tensorboards_checksums():
   # pylint: disable-next=g-import-not-at-top
   from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
   for data in (b"", b"123456789", bytes(range(256)) * 5):
-    record = summaries.tfrecord(data)
+    record = event_files.tfrecord(data)
     assert record[12:-4] == data and int.from_bytes(record[:8], "little") == len(data)
     assert int.from_bytes(record[8:12], "little") == masked_crc32c(record[:8])
     assert int.from_bytes(record[-4:], "little") == masked_crc32c(data)

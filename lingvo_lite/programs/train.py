@@ -21,7 +21,8 @@ from etils import epath
 
 from lingvo_lite import (checkpoint_health, config_files, evaluation, job_lock, memory_fit,
                          mfu, run_info, summaries)
-from lingvo_lite.checkpoints import Checkpointer, CheckpointWriteError
+from lingvo_lite.checkpoint_errors import CheckpointWriteError
+from lingvo_lite.checkpoints import Checkpointer
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.errors import UsageError, os_error_text
 from lingvo_lite.experiment import Setup
@@ -282,9 +283,9 @@ def run(setup: Setup, job_dir: epath.Path,
 
 
 def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
-           outputs: _RunOutputs, health: checkpoint_health.TrainingHealth, state, start: int, stopped_before_first_step: bool,
-           stop: StopRequest, job_dir: epath.Path, say: Callable[[str], None],
-           watchdog: Watchdog) -> TrainResult:
+           outputs: _RunOutputs, health: checkpoint_health.TrainingHealth, state, start: int,
+           stopped_before_first_step: bool, stop: StopRequest, job_dir: epath.Path,
+           say: Callable[[str], None], watchdog: Watchdog) -> TrainResult:
   """The loop of `run`, from the starting state to the last save and evaluation."""
   loop = setup.train
   tokens_per_step = setup.train_data.global_batch_size * setup.train_data.sequence_length
