@@ -325,8 +325,9 @@ def _arrange_cpu_devices() -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
-def _compilation_cache_dir(program: programs.Program) -> str | None:
-  """The folder of JAX's persistent compilation cache for this run, or None for no cache.
+def _compilation_cache_dir(program: programs.Program) -> tuple[str | None, str | None]:
+  """The folder of JAX's persistent compilation cache for this run (None for no cache), and
+  the warning to print when the run gets as far as compiling (None when there is none).
 
   Checked before anything runs: JAX would find out at its first compile and go on with a
   warning per compile. A folder the user gave that cannot be used is their mistake to fix; the
@@ -343,7 +344,7 @@ def _compilation_cache_dir(program: programs.Program) -> str | None:
   used = (program.needs_config and program.name not in ("print", "compile")
           and not _FDL_HELP.value)
   if not value or not (given or used):
-    return None
+    return None, None
   path = paths.resolve(value, "--compilation_cache_dir")
   if given:  # Retention deletes a checkpoint step's folder with whatever was put into it.
     job_dir = (paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value
@@ -351,15 +352,14 @@ def _compilation_cache_dir(program: programs.Program) -> str | None:
     outputs.refuse_inside_checkpoints(path, f"--compilation_cache_dir={value}", job_dir)
   problem = None if paths.is_remote(str(path)) else _unwritable_folder(path)
   if problem is None:
-    return os.fspath(path)
+    return os.fspath(path), None
   if given:
     raise UsageError(f"--compilation_cache_dir={value}: {problem}; give a folder for "
                      "JAX's compiled programs, or --compilation_cache_dir= to run without the "
                      "cache")
-  print(f"lingvo_lite: warning: running without the compilation cache: {path} {problem}; pass "
-        "--compilation_cache_dir=FOLDER, or --compilation_cache_dir= to silence this",
-        file=sys.stderr, flush=True)
-  return None
+  # Printed only once the run compiles: a run refused later says its one line alone.
+  return None, (f"running without the compilation cache: {path} {problem}; pass "
+                "--compilation_cache_dir=FOLDER, or --compilation_cache_dir= to silence this")
 
 
 def _unwritable_folder(path: epath.Path) -> str | None:
@@ -379,7 +379,10 @@ def _unwritable_folder(path: epath.Path) -> str | None:
   return f"cannot be written (creating a folder {where} fails: {problem})"
 
 
-def _configure_compilation_cache(folder: str | None) -> None:
+def _configure_compilation_cache(cache: tuple[str | None, str | None]) -> None:
+  folder, warning = cache
+  if warning:
+    print(f"lingvo_lite: warning: {warning}", file=sys.stderr, flush=True)
   if folder:
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -417,7 +420,7 @@ def main(argv: Sequence[str]) -> None:
       outputs.check_stdout(f"--mode={program.name}", "give it a stdout (or redirect it to a "
                            "file: > FILE)")
     # Flags that cannot work fail before anything runs (before a supervised child starts).
-    cache_dir = _compilation_cache_dir(program)
+    cache = _compilation_cache_dir(program)
     if program.joins_distributed:
       distributed.check_timeouts(_HEARTBEAT_TIMEOUT.value, _INIT_TIMEOUT.value)
       distributed.plan(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
@@ -433,7 +436,7 @@ def main(argv: Sequence[str]) -> None:
     if _MODE.value == "compile":
       _arrange_cpu_devices()
     try:
-      code = _run_mode(program, cache_dir)
+      code = _run_mode(program, cache)
       _flush_stdout()
     finally:
       stack_dumps.set_folder(None)  # A process that runs on (tests) has no job dir now.
@@ -450,7 +453,7 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(code)
 
 
-def _run_mode(program: programs.Program, cache_dir: str | None) -> int | None:
+def _run_mode(program: programs.Program, cache: tuple[str | None, str | None]) -> int | None:
   if _EXPERIMENTS_MODULE.value:
     registry.import_modules(_EXPERIMENTS_MODULE.value)
   _refuse_flags(program)
@@ -491,7 +494,7 @@ def _run_mode(program: programs.Program, cache_dir: str | None) -> int | None:
       job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value,
                      profile=setup.train.profile_start_step >= 0,
                      eval_sets=tuple(setup.eval_sets))
-    _configure_compilation_cache(cache_dir)
+    _configure_compilation_cache(cache)
     invocation = programs.Invocation(
         setup=setup, job_dir=job_dir, shown_job_dir=_JOB_LOG_DIR.value, target=target,
         options=options, config_text=lambda: config_files.to_text(cfg),

@@ -180,17 +180,29 @@ def test_a_flagfile_given_twice_or_through_dev_fd_still_works(tmp_path, monkeypa
 
 def test_a_default_compilation_cache_that_cannot_be_written_only_costs_the_cache(
     tmp_path, monkeypatch):
-  """Not the user's mistake (a read-only home, say): one warning, and the run goes on (here to
-  the next check, which stops it)."""
+  """Not the user's mistake (a read-only home, say): one warning once the run gets as far as
+  compiling, and the run goes on (here to the next check, which stops it); a run refused
+  before that says its one line alone."""
   monkeypatch.chdir(tmp_path)
   (tmp_path / "home").write_text("x")
   monkeypatch.setattr(flags.FLAGS["compilation_cache_dir"], "default", "home/.cache/jax")
   result = run_cli(["--mode=eval", "--job_log_dir=job"])
+  assert result.code == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+  assert "--job_log_dir=job: no such folder" in result.stderr
+  # A job whose recorded config differs is refused inside the program, after the cache is set.
+  tiny = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data"]
+  printed = run_cli(["--mode=print", "--format=json", *tiny])
+  assert printed.code == 0, printed.stderr
+  (tmp_path / "job").mkdir()
+  (tmp_path / "job" / "config.json").write_text(printed.stdout)
+  result = run_cli(["--mode=train", "--job_log_dir=job", *tiny, "--fdl.model.num_layers=3"])
+  assert result.code == 2, result.stderr
   assert result.stderr.splitlines()[0] == (
       f"lingvo_lite: warning: running without the compilation cache: {tmp_path}/home/.cache/jax "
       f"is under {tmp_path}/home, which is no folder; pass --compilation_cache_dir=FOLDER, or "
       "--compilation_cache_dir= to silence this")
-  assert "--job_log_dir=job: no such folder" in result.stderr.splitlines()[1]
+  assert "the config differs from the one this job was trained with" in (
+      result.stderr.splitlines()[1])
   # Where the cache is not used, the default is not looked at.
   result = run_cli(["--mode=print", "--exp=PyCodeTiny"])
   assert result.code == 0 and result.stderr == ""
