@@ -41,6 +41,15 @@ class DataError(Exception):
 DATA_ERROR_MARKER = "lingvo_lite.DataError: "
 
 
+def message_of(exception: BaseException) -> str:
+  """`str(exception)`, or '' where its `__str__` raises: an exception of the user's code may
+  be one whose message cannot be made, and telling it must not raise a second time."""
+  try:
+    return str(exception)
+  except Exception:  # pylint: disable=broad-except
+    return ""
+
+
 def data_error_from(exception: BaseException) -> DataError | None:
   """The DataError that a data reader raised, from the exception that reached the caller.
 
@@ -54,7 +63,7 @@ def data_error_from(exception: BaseException) -> DataError | None:
   """
   seen = exception
   while seen is not None:
-    text = str(seen)
+    text = message_of(seen)
     start = text.find(DATA_ERROR_MARKER)
     if start >= 0:
       return DataError(text[start + len(DATA_ERROR_MARKER):].split("\n", 1)[0].strip())
@@ -80,10 +89,10 @@ def error_cause(exception: BaseException) -> str:
     empty (`EOFError`), so that a cause is never blank.
   """
   found = data_error_from(exception)
-  if found is not None and str(found).strip():
-    return str(found).strip()
+  if found is not None and message_of(found).strip():
+    return message_of(found).strip()
   exception = found or exception
-  lines = str(exception).strip().splitlines()
+  lines = message_of(exception).strip().splitlines()
   first = _TF_NODE.sub("", lines[0]).strip()[:300] if lines else ""
   inside = _RAISED_INSIDE.match(first)
   if inside and inside.group(1) != type(exception).__name__:

@@ -29,7 +29,7 @@ import types
 from typing import Any, Callable, TypeVar
 
 from lingvo_lite.data.tensorflow_import import import_tensorflow
-from lingvo_lite.errors import DataError, UsageError
+from lingvo_lite.errors import DataError, UsageError, message_of
 
 ENTRY_POINT_GROUP = "lingvo_lite.experiments"
 T = TypeVar("T")
@@ -58,7 +58,7 @@ def describe(error: BaseException) -> str:
   innermost line of the user's own code on the way there follows it: `(at
   fiddle/_src/config.py:530, called from lkf.py:2)`.
   """
-  lines = str(error).strip().splitlines()
+  lines = message_of(error).strip().splitlines()
   text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
   if isinstance(error, SyntaxError):
     return text  # Its message already names the file and the line.

@@ -38,6 +38,10 @@ def raises_type_error(): return len(3)
 def exits(): sys.exit(0)
 def interrupts(): raise KeyboardInterrupt
 def generator_exit(): raise GeneratorExit
+
+class Unprintable(Exception):
+  def __str__(self): raise RuntimeError("no message")
+def raises_unprintable(): raise Unprintable()
 def returns_none(): return None
 def needs_argument(path): return path
 def no_splits(): return DeferredTask("lk_empty", (), 256, lambda: None)
@@ -136,6 +140,10 @@ CASES = [
     _case("task raises GeneratorExit", "build_store",
           ["--task=lk_bt_tasks.generator_exit", "--out=new"], 2,
           "lk_bt_tasks.generator_exit() raised GeneratorExit (at "),
+    _case("task raises an error whose message itself raises", "build_store",
+          ["--task=lk_bt_tasks.raises_unprintable", "--out=new"], 2,
+          "--task='lk_bt_tasks.raises_unprintable': lk_bt_tasks.raises_unprintable() raised "
+          "Unprintable (at "),
     _case("task returns None", "build_store", ["--task=lk_bt_tasks.returns_none", "--out=new"],
           2, "--task='lk_bt_tasks.returns_none': returned a NoneType, not a seqio Task"),
     _case("task needs an argument", "build_store",
