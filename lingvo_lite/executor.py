@@ -175,15 +175,16 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     args = command_line.expand(argv, flags.FLAGS)
     wanted_help = command_line.help_requested(args)
     if wanted_help:
-      _print_help(wanted_help)
-      _flush_stdout()
+      with outputs.stdout_failures():
+        _print_help(wanted_help)
+        _flush_stdout()
       sys.exit(0)
     positional = flags.FLAGS(args)
   except (flags.Error, ValueError) as e:
     _fail(str(e).splitlines()[0])
   except UsageError as e:
     _fail(str(e))
-  except BrokenPipeError as e:
+  except outputs.StdoutWriteError as e:  # A reader that closed the pipe, a full disk.
     _fail(outputs.failed_write("the help to stdout", e, "run it again", to_stdout=True),
           code=1)
   if len(positional) > 1:
@@ -436,19 +437,27 @@ def main(argv: Sequence[str]) -> None:
     if _MODE.value == "compile":
       _arrange_cpu_devices()
     try:
-      code = _run_mode(program, cache)
-      _flush_stdout()
+      with outputs.stdout_failures():
+        code = _run_mode(program, cache)
+        _flush_stdout()
     finally:
       stack_dumps.set_folder(None)  # A process that runs on (tests) has no job dir now.
   except UsageError as e:
     _fail(str(e))
   except (programs.ProgramFailure, DataError) as e:
     _fail(str(e), code=1)
-  except BrokenPipeError as e:
+  except outputs.StdoutWriteError as e:
     # Whatever a program prints (a config, a list, a summary) may meet a reader that went away
-    # (`| head`): one line and exit 1, in every mode, not a traceback.
+    # (`| head`) or a full disk (`> /dev/full`): one line and exit 1, in every mode, not a
+    # traceback.
     _fail(outputs.failed_write(f"the output of --mode={_MODE.value} to stdout", e,
                                "run it again", to_stdout=True), code=1)
+  except Exception as e:  # pylint: disable=broad-except
+    # A peer of a multi-process run that died mid-collective: the cause in one line, not the
+    # traceback of where this process waited for it.
+    if jax.process_count() > 1 and distributed.lost_peer(e):
+      _fail(distributed.lost_peer(e), code=1)
+    raise
   if code:
     sys.exit(code)
 

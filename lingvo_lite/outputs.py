@@ -89,6 +89,58 @@ def check_stdout(flag: str, fix: str) -> None:
     raise UsageError(f"{flag}: stdout is closed, so the results would be lost; {fix}")
 
 
+class StdoutWriteError(OSError):
+  """A write or flush of stdout failed (its reader closed the pipe, its disk is full); raised
+  by `stdout_failures` in place of the OSError, with its errno."""
+
+
+class _WatchedStdout:
+  """sys.stdout, passed through, recording each OSError its writes and flushes raise."""
+
+  def __init__(self, stream):
+    self.stream = stream
+    self.failures: list[OSError] = []
+
+  def write(self, text):
+    try:
+      return self.stream.write(text)
+    except OSError as e:
+      self.failures.append(e)
+      raise
+
+  def flush(self):
+    try:
+      return self.stream.flush()
+    except OSError as e:
+      self.failures.append(e)
+      raise
+
+  def __getattr__(self, name):
+    return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def stdout_failures() -> Iterator[None]:
+  """Within: an OSError that a print to stdout raised, and that nothing inside handled, comes
+  out as a StdoutWriteError, told apart from the same errno met writing a file (a full disk
+  is ENOSPC either way, and only stdout's is the output's failure). A BrokenPipeError counts
+  as stdout's too, as its only pipe."""
+  watched = None
+  if sys.stdout is not None and not getattr(sys.stdout, "closed", False):
+    watched = sys.stdout = _WatchedStdout(sys.stdout)
+  try:
+    yield
+  except OSError as e:
+    if isinstance(e, StdoutWriteError) or not (
+        isinstance(e, BrokenPipeError) or any(e is failure for failure in
+                                              (watched.failures if watched else ()))):
+      raise
+    raise StdoutWriteError(e.errno, e.strerror) from e
+  finally:
+    if watched is not None and sys.stdout is watched:
+      sys.stdout = watched.stream
+
+
 def silence_stdout() -> None:
   """After a write to stdout failed (its reader closed the pipe, its disk is full): what is
   still buffered, later prints and the flush at exit go to /dev/null, so that the one error

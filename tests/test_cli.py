@@ -131,4 +131,13 @@ def test_results_printed_to_stdout_are_never_lost_in_silence(tmp_path):
     lines = completed.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("lingvo_lite: error: cannot write "), lines
     assert "the reader closed the pipe (EPIPE)" in lines[0], lines
+  # A full disk under stdout is stdout's failure too (`> /dev/full`), not a traceback.
+  with open("/dev/full", "w", encoding="utf-8") as full:
+    completed = subprocess.run([sys.executable, "-m", "lingvo_lite", "--mode=list"],
+                               stdout=full, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                               check=False)
+  assert completed.returncode == 1, completed.stderr
+  assert completed.stderr.splitlines() == [
+      "lingvo_lite: error: cannot write the output of --mode=list to stdout: the disk is full "
+      "(ENOSPC); free space, or write to a file, then run it again"]
   assert os.listdir(tmp_path) == []

@@ -4,6 +4,7 @@ replaced, even when it appears after the check. The programs' own cases (decode,
 in test_bad_input.py, test_decode_program.py and test_compile.py."""
 
 import errno
+import io
 import os
 import sys
 
@@ -111,3 +112,24 @@ def test_a_closed_stdout_is_refused_before_anything_runs(monkeypatch):
   with pytest.raises(UsageError, match="^--decode_out=-: stdout is closed, so the results "
                      "would be lost"):
     CompletionWriter("-", None, None)
+
+
+class _FullStream(io.StringIO):
+  def write(self, text):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_only_a_failed_print_to_stdout_is_stdouts_failure(monkeypatch):
+  """An OSError a print to stdout raised is a StdoutWriteError with its errno; the same errno
+  met writing a file is not stdout's, and passes as it was."""
+  monkeypatch.setattr(sys, "stdout", _FullStream())
+  with pytest.raises(outputs.StdoutWriteError) as raised:
+    with outputs.stdout_failures():
+      print("results")
+  assert raised.value.errno == errno.ENOSPC
+  file_error = OSError(errno.ENOSPC, "No space left on device", "results.txt")
+  with pytest.raises(OSError) as raised:
+    with outputs.stdout_failures():
+      raise file_error
+  assert raised.value is file_error
+  assert isinstance(sys.stdout, _FullStream)  # Given back as it was.
