@@ -13,6 +13,7 @@ and after `init_timeout_seconds` gives up with one line and exit code 1 (`_Start
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import sys
@@ -33,6 +34,20 @@ _CLUSTERS = (
      ("OMPI_MCA_orte_hnp_uri", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
      "mpirun"),
 )
+# What gloo (the CPU collectives) says in a survivor when a peer process died in the middle of a
+# collective: in the runtime's log, and in the JaxRuntimeError the collective raises.
+PEER_CLOSED = re.compile(r"Gloo.*(Connection closed by peer|Connection reset by peer)")
+PEER_CLOSED_MESSAGE = ("a peer process closed its connection in the middle of a collective (it "
+                       "crashed or was killed), so this one stopped; restart every process to "
+                       "resume from the last checkpoint")
+
+
+def lost_peer(error: BaseException) -> str | None:
+  """The one line for an error a collective raised because a peer process died (the cause,
+  not a traceback of where this process was waiting for it), or None for any other error."""
+  return PEER_CLOSED_MESSAGE if PEER_CLOSED.search(str(error)) else None
+
+
 _MAX_SECONDS = 2**31 - 1  # About 68 years; JAX's C++ runtime takes a C int of seconds.
 DEFAULT_INIT_TIMEOUT_SECONDS = 300  # JAX's own.
 # A process that waits longer than this for the others to join says so, then again this often.
@@ -148,6 +163,28 @@ def check_timeouts(heartbeat_timeout_seconds: int, init_timeout_seconds: int) ->
                      f"[1, {longest}] seconds (the default is {DEFAULT_INIT_TIMEOUT_SECONDS})")
 
 
+class StartupFailure(RuntimeError):
+  """JAX's runtime could not start or join the run (exit code 1); the message is one line."""
+
+
+def _startup_failure(error: Exception, coordinator_address: str | None,
+                     num_processes: int | None, process_id: int | None, how: str) -> str:
+  """The one line for a runtime error of jax.distributed.initialize: who failed at what, the
+  runtime's first line, and the fix."""
+  lines = str(error).strip().splitlines()
+  cause = " ".join(lines[0].split()) if lines else type(error).__name__
+  if process_id == 0:
+    return (f"jax.distributed: process 0 of {num_processes} could not start its coordinator "
+            f"at {coordinator_address} ({cause}); check that its port is free on this machine "
+            "(another run may hold it) and the address is this machine's, or give "
+            "--coordinator_address another port")
+  who = (f"process {process_id} of {num_processes}" if process_id is not None
+         else f"this process ({how})")
+  return (f"jax.distributed: {who} could not join the run ({cause}); check that every process "
+          "started (the same --coordinator_address and --num_processes, each its own "
+          "--process_id) and can reach the coordinator")
+
+
 def initialize(mode: str, coordinator_address: str | None, num_processes: int | None,
                process_id: int | None, heartbeat_timeout_seconds: int,
                init_timeout_seconds: int = DEFAULT_INIT_TIMEOUT_SECONDS) -> str | None:
@@ -161,6 +198,7 @@ def initialize(mode: str, coordinator_address: str | None, num_processes: int | 
   Raises:
     UsageError: the flags or the launcher's environment cannot start a run (checked here, or
       refused by JAX before it connects).
+    StartupFailure: JAX's runtime failed to start or join the run.
   """
   check_timeouts(heartbeat_timeout_seconds, init_timeout_seconds)
   how = plan(mode, coordinator_address, num_processes, process_id)
@@ -175,8 +213,11 @@ def initialize(mode: str, coordinator_address: str | None, num_processes: int | 
           coordinator_address=coordinator_address, num_processes=num_processes,
           process_id=process_id, heartbeat_timeout_seconds=heartbeat_timeout_seconds,
           initialization_timeout=init_timeout_seconds + _JAX_DEADLINE_MARGIN_SECONDS)
-  except jax.errors.JaxRuntimeError:
-    raise  # The runtime's own failures (connecting, timing out) are not the command's.
+  except jax.errors.JaxRuntimeError as e:
+    # The runtime's own failures (a coordinator port another process holds, a connection
+    # refused) are the run's, not the command's: exit 1.
+    raise StartupFailure(_startup_failure(e, coordinator_address, num_processes, process_id,
+                                          how)) from None
   except (ValueError, IndexError, TypeError, RuntimeError) as e:
     # What JAX checks before it connects: its arguments, or what it read from the
     # environment (for example an SLURM_JOB_ID that is not a number).

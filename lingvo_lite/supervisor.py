@@ -43,7 +43,6 @@ CHILD_ENV = "LINGVO_LITE_SUPERVISOR_PID"
 _MISSING_TASK = re.compile(r"Task (\d+) heartbeat timeout")
 _MISSING_TASKS_FOLLOW = re.compile(r"stopped sending heartbeats\):\s*$")
 _TASK_IDS_LINE = re.compile(r"^\s*\d+(\s*,\s*\d+)*\s*$")
-_PEER_CLOSED = re.compile(r"Gloo.*(Connection closed by peer|Connection reset by peer)")
 # The first line of a record of the C++ runtime's log: absl's (`E1202 05:55:27.314021  8637
 # coordination_service.cc:1549] ...`) or TensorFlow's older form (`2025-12-02 05:55:27.314021:
 # E external/xla/.../client.cc:80] ...`). A Python module's absl log has the same form, but
@@ -107,7 +106,7 @@ class LogWatch:
     if self._ids_expected and _TASK_IDS_LINE.match(line):
       self.missing_processes.update(re.findall(r"\d+", line))
     self._ids_expected = bool(_MISSING_TASKS_FOLLOW.search(line))
-    self.peer_closed = self.peer_closed or bool(_PEER_CLOSED.search(line))
+    self.peer_closed = self.peer_closed or bool(distributed.PEER_CLOSED.search(line))
 
   def verdict(self) -> str | None:
     """The one line for a child stopped because a peer died, or None if that is not what
@@ -119,8 +118,7 @@ class LogWatch:
               "sending heartbeats (it crashed, was killed or was preempted), so JAX stopped "
               f"this one; {fix}")
     if self.peer_closed:
-      return ("lingvo_lite: error: a peer process closed its connection in the middle of a "
-              f"collective (it crashed or was killed), so this one stopped; {fix}")
+      return f"lingvo_lite: error: {distributed.PEER_CLOSED_MESSAGE}"
     return None
 
 

@@ -16,6 +16,7 @@ from absl import flags
 
 from lingvo_lite import distributed, executor, supervisor
 from lingvo_lite.errors import UsageError
+from lingvo_lite.testing import run_cli
 
 CLUSTER_VARIABLES = ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_PROCID",
                      "SLURM_LOCALID", "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri",
@@ -111,9 +112,32 @@ def test_what_jax_refuses_before_connecting_is_one_usage_error(monkeypatch, call
   def time_out(**kwargs):
     raise jax.errors.JaxRuntimeError("DEADLINE_EXCEEDED: Barrier timed out")
   monkeypatch.setattr(jax.distributed, "initialize", time_out)
-  # A coordinator that never answers is a failure of the run, not of the command.
-  with pytest.raises(jax.errors.JaxRuntimeError):
-    distributed.initialize("auto", "h:1", 2, 0, 100)
+  # A coordinator that never answers is a failure of the run, not of the command: one line.
+  with pytest.raises(distributed.StartupFailure, match="^jax.distributed: process 1 of 2 "
+                     r"could not join the run \(DEADLINE_EXCEEDED: Barrier timed out\); "):
+    distributed.initialize("auto", "h:1", 2, 1, 100)
+
+
+def test_a_coordinator_port_another_process_holds_is_one_line(tmp_path):
+  """Process 0 cannot start its coordinator where another program listens: one line, exit
+  1, and not JAX's traceback with the runtime's C++ log (run as a user runs it)."""
+  with socket.socket() as held:
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    address = f"127.0.0.1:{held.getsockname()[1]}"
+    completed = subprocess.run(
+        [sys.executable, "-m", "lingvo_lite", "--exp=PyCodeTiny", "--fiddler=tiny",
+         "--fiddler=synthetic_data", f"--job_log_dir={tmp_path}/job", "--distributed=on",
+         f"--coordinator_address={address}", "--num_processes=2", "--process_id=0",
+         "--distributed_init_timeout_seconds=20", "--compilation_cache_dir="],
+        cwd=source_root(), capture_output=True, text=True, timeout=120, check=False)
+  assert completed.returncode == 1, completed.stderr
+  assert completed.stderr.splitlines() == [
+      f"lingvo_lite: error: jax.distributed: process 0 of 2 could not start its coordinator "
+      f"at {address} (UNKNOWN: Failed to start RPC server); check that its port is free on "
+      "this machine (another run may hold it) and the address is this machine's, or give "
+      "--coordinator_address another port"]
+  assert not os.path.exists(tmp_path / "job")
 
 
 def test_off_never_initializes(calls, monkeypatch):
@@ -336,3 +360,19 @@ def test_the_runtime_log_keeps_its_last_lines():
   assert runtime_log.release() == (
       b"lingvo_lite: the JAX runtime's log (held back while the run went on, its first 3 lines "
       b"left out):\nE1202 05:55:27.314021 1 a.cc:3] x\nE1202 05:55:27.314021 1 a.cc:4] x\n")
+
+
+def test_a_peer_lost_in_the_middle_of_a_collective_is_one_line_not_a_traceback(monkeypatch):
+  """gloo raises a JaxRuntimeError in the survivor whose peer died mid-collective; the run
+  ends with the cause in one line, exit 1. Other errors are not taken for it."""
+  from lingvo_lite.programs import list_experiments  # pylint: disable=import-outside-toplevel
+  lost = jax.errors.JaxRuntimeError(
+      "INTERNAL: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/pair.cc:534] Read "
+      "error [127.0.0.1]:41000: Connection reset by peer")
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(list_experiments, "main", lambda invocation: (_ for _ in ()).throw(lost))
+  result = run_cli(["--mode=list"])
+  assert result.code == 1, result
+  assert result.stderr.splitlines() == [
+      f"lingvo_lite: error: {distributed.PEER_CLOSED_MESSAGE}"], result.stderr
+  assert distributed.lost_peer(jax.errors.JaxRuntimeError("INTERNAL: out of memory")) is None

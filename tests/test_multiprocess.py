@@ -185,6 +185,8 @@ def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):
   # abort's Python stacks) is held back by the supervising parent: the one line is the cause.
   assert not re.search(r"^[IWEF]\d{4} .*\.(cc|h):\d+\]|Check failure stack trace|"
                        r"Fatal Python error", err, re.MULTILINE), err[-2000:]
+  # Nor a traceback of the collective that met the closed connection: the cause is the line.
+  assert "Traceback" not in err, err[-3000:]
 
 
 @pytest.fixture(name="sigtermed", scope="module")
