@@ -12,10 +12,12 @@ and after `init_timeout_seconds` gives up with one line and exit code 1 (`_Start
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import select
 import signal
+import socket
 import sys
 import threading
 import time
@@ -167,6 +169,30 @@ class StartupFailure(RuntimeError):
   """JAX's runtime could not start or join the run (exit code 1); the message is one line."""
 
 
+def _check_coordinator_port(address: str, num_processes: int | None) -> None:
+  """Process 0 binds the coordinator's port on every interface; a port another program
+  listens on is refused here, in one line: JAX would fail there with its C++ log, and at times
+  crash (a segmentation fault inside its runtime).
+
+  Raises:
+    StartupFailure: the port is in use (other errors are left for JAX to meet).
+  """
+  port = int(address.rpartition(":")[2])
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    # Not over a listening socket, but over the TIME_WAIT leftovers of a finished run, as JAX.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind(("", port))
+    except OSError as e:
+      if e.errno != errno.EADDRINUSE:
+        return
+      raise StartupFailure(
+          f"jax.distributed: process 0 of {num_processes} could not start its coordinator at "
+          f"{address}: port {port} is in use by another program (EADDRINUSE), maybe another "
+          "run; stop it, or give --coordinator_address another port (the same to every "
+          "process)") from None
+
+
 def _startup_failure(error: Exception, coordinator_address: str | None,
                      num_processes: int | None, process_id: int | None, how: str) -> str:
   """The one line for a runtime error of jax.distributed.initialize: who failed at what, the
@@ -204,6 +230,8 @@ def initialize(mode: str, coordinator_address: str | None, num_processes: int | 
   how = plan(mode, coordinator_address, num_processes, process_id)
   if how is None:
     return None
+  if process_id == 0 and coordinator_address is not None:
+    _check_coordinator_port(coordinator_address, num_processes)
   # CPU processes exchange collectives through gloo (no effect on accelerators).
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   try:

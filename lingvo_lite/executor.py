@@ -444,7 +444,7 @@ def main(argv: Sequence[str]) -> None:
       stack_dumps.set_folder(None)  # A process that runs on (tests) has no job dir now.
   except UsageError as e:
     _fail(str(e))
-  except (programs.ProgramFailure, DataError) as e:
+  except (programs.ProgramFailure, DataError, distributed.StartupFailure) as e:
     _fail(str(e), code=1)
   except outputs.StdoutWriteError as e:
     # Whatever a program prints (a config, a list, a summary) may meet a reader that went away

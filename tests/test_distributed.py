@@ -7,6 +7,9 @@ and with what (the real multi-process path, dead peer included, is tests/test_mu
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,7 +19,7 @@ from absl import flags
 
 from lingvo_lite import distributed, executor, supervisor
 from lingvo_lite.errors import UsageError
-from lingvo_lite.testing import run_cli
+from lingvo_lite.testing import run_cli, source_root
 
 CLUSTER_VARIABLES = ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_PROCID",
                      "SLURM_LOCALID", "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri",
@@ -120,7 +123,8 @@ def test_what_jax_refuses_before_connecting_is_one_usage_error(monkeypatch, call
 
 def test_a_coordinator_port_another_process_holds_is_one_line(tmp_path):
   """Process 0 cannot start its coordinator where another program listens: one line, exit
-  1, and not JAX's traceback with the runtime's C++ log (run as a user runs it)."""
+  1, and not JAX's traceback with the runtime's C++ log, or its crash (run as a user runs
+  it)."""
   with socket.socket() as held:
     held.bind(("127.0.0.1", 0))
     held.listen()
@@ -134,9 +138,9 @@ def test_a_coordinator_port_another_process_holds_is_one_line(tmp_path):
   assert completed.returncode == 1, completed.stderr
   assert completed.stderr.splitlines() == [
       f"lingvo_lite: error: jax.distributed: process 0 of 2 could not start its coordinator "
-      f"at {address} (UNKNOWN: Failed to start RPC server); check that its port is free on "
-      "this machine (another run may hold it) and the address is this machine's, or give "
-      "--coordinator_address another port"]
+      f"at {address}: port {address.rpartition(':')[2]} is in use by another program "
+      "(EADDRINUSE), maybe another run; stop it, or give --coordinator_address another port "
+      "(the same to every process)"]
   assert not os.path.exists(tmp_path / "job")
 
 
