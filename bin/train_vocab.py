@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from lingvo_lite.data import vocabulary
-from lingvo_lite.errors import DataError, UsageError, one_line, shown
+from lingvo_lite.errors import EMPTY_VALUE, DataError, UsageError, one_line, shown
 from tasks import deferred
 
 
@@ -45,6 +45,16 @@ class _Parser(argparse.ArgumentParser):
 
   def error(self, message: str) -> NoReturn:
     _fail(f"{message}; see --help")
+
+  def parse_args(self, args=None, namespace=None):
+    """Parses, and refuses a flag given empty (`--task=$UNSET`): argparse takes '' as a value,
+    which the tool would then read as the flag left out."""
+    parsed = super().parse_args(args, namespace)
+    for name, value in vars(parsed).items():
+      for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, str) and not item.strip():
+          self.error(f"--{name}={item}: {EMPTY_VALUE}")
+    return parsed
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ from typing import Sequence
 from absl import flags
 
 from lingvo_lite import overrides
-from lingvo_lite.errors import UsageError
+from lingvo_lite.errors import EMPTY_VALUE, UsageError
 
 DOTTED_FLAG = "fdl_dot"
 HELP_FLAGS = {"help": "short", "helpshort": "short", "?": "short", "h": "short",
@@ -75,9 +75,7 @@ class OverrideFlag(flags.MultiFlag):
 
 
 # absl gives `--flag=` (what `--flag=$UNSET` is) the value '', which a program reading the flag
-# cannot tell from the flag left out: a name or a path given empty would be silently ignored.
-EMPTY_VALUE = ("empty (an unset shell variable gives an empty value); give a value, or leave "
-               "the flag out")
+# cannot tell from the flag left out: errors.EMPTY_VALUE says so.
 
 
 class NonEmptyParser(flags.ArgumentParser):

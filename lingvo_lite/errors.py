@@ -9,6 +9,11 @@ echoes a value, so that no value can make it long, multi-line, or fail to print.
 import errno
 import re
 
+# What `--flag=` (`--flag=$UNSET`) is told, by every command: a flag given empty must not be
+# mistaken for one left out, and a name or path given empty would be silently ignored.
+EMPTY_VALUE = ("empty (an unset shell variable gives an empty value); give a value, or leave "
+               "the flag out")
+
 # Longest repr a message echoes; a longer value is described by its type and size instead.
 SHOWN_LIMIT = 200
 

@@ -171,6 +171,16 @@ CASES = [
     _case("vocab task's recipe raises", "train_vocab",
           ["--task=lk_bt_tasks.recipe_raises", "--output=vocab/new.model"], 2,
           "task='lk_recipe': making the seqio Task raised EOFError (at "),
+    # Flags given empty (`--task=$UNSET`): never read as left out.
+    _case("empty --task", "build_store", ["--task=", "--out=new"], 2,
+          "build_store: --task=: empty (an unset shell variable gives an empty value); give a "
+          "value, or leave the flag out"),
+    _case("empty --splits", "build_store",
+          ["--task=lk_bt_tasks.text_task", "--splits=", "--out=new"], 2,
+          "--splits=: empty (an unset shell variable gives an empty value)"),
+    _case("vocab empty --split", "train_vocab",
+          ["--task=lk_bt_tasks.text_task", "--split=", "--output=vocab/new.model"], 2,
+          "train_vocab: error: --split=: empty (an unset shell variable gives an empty value)"),
     # Class 2: Beam's options, the files, and what a worker raises.
     _case("pipeline option Beam refuses", "build_store",
           ["--format=text", "--files=train=data/*.txt", "--out=new",
