@@ -342,6 +342,9 @@ def _compilation_cache_dir(program: programs.Program) -> tuple[str | None, str |
   """
   value = _COMPILATION_CACHE_DIR.value
   given = _COMPILATION_CACHE_DIR.present
+  if value and not value.strip():  # A quoting slip, not a folder named ' ' in the cwd.
+    raise UsageError(f"--compilation_cache_dir={value!r}: blank; give a folder for JAX's "
+                     "compiled programs, or --compilation_cache_dir= to run without the cache")
   used = (program.needs_config and program.name not in ("print", "compile")
           and not _FDL_HELP.value)
   if not value or not (given or used):

@@ -102,6 +102,9 @@ CASES = {
     "empty module in a list": (["--mode=list", "--experiments_module=a,,b"],
                                "flag --experiments_module=a,,b: item 2 is empty", None),
     # The compilation cache: JAX would warn at each compile and train on.
+    "cache dir blank": ([*TRAIN, "--compilation_cache_dir= "],
+                        "--compilation_cache_dir=' ': blank; give a folder for JAX's compiled "
+                        "programs, or --compilation_cache_dir= to run without the cache", None),
     "cache dir is a file": ([*TRAIN, "--compilation_cache_dir=cache"],
                             "--compilation_cache_dir=cache: is not a folder; give a folder for "
                             "JAX's compiled programs, or --compilation_cache_dir= to run "
