@@ -140,6 +140,8 @@ def _check_task(task: Any, where: str) -> None:
   missing = [name for name in _TASK_ATTRIBUTES
              if inspect.getattr_static(task, name, _MISSING) is _MISSING]
   if missing:
+    if inspect.iscoroutine(task) or inspect.isgenerator(task):
+      task.close()  # Never run: else Python warns at exit that it was never awaited.
     raise UsageError(f"{where}: returned a {type(task).__name__}, not a seqio Task (it has no "
                      f"{missing[0]!r}); {fix}")
   name, splits = experiment_modules.call_user_code(

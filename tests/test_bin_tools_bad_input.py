@@ -43,6 +43,7 @@ class Unprintable(Exception):
   def __str__(self): raise RuntimeError("no message")
 def raises_unprintable(): raise Unprintable()
 def returns_none(): return None
+async def a_coroutine(): return None
 def needs_argument(path): return path
 def no_splits(): return DeferredTask("lk_empty", (), 256, lambda: None)
 
@@ -146,6 +147,14 @@ CASES = [
           "Unprintable (at "),
     _case("task returns None", "build_store", ["--task=lk_bt_tasks.returns_none", "--out=new"],
           2, "--task='lk_bt_tasks.returns_none': returned a NoneType, not a seqio Task"),
+    # A coroutine left unrun would add Python's "never awaited" warning to the one line.
+    pytest.param(Case("task is a coroutine function", "build_store",
+                      ("--task=lk_bt_tasks.a_coroutine", "--out=new"), 2,
+                      "--task='lk_bt_tasks.a_coroutine': returned a coroutine, not a seqio Task",
+                      None),
+                 marks=pytest.mark.filterwarnings(
+                     "error::RuntimeWarning", "error::pytest.PytestUnraisableExceptionWarning"),
+                 id="task is a coroutine function"),
     _case("task needs an argument", "build_store",
           ["--task=lk_bt_tasks.needs_argument", "--out=new"], 2,
           "--task='lk_bt_tasks.needs_argument': cannot be called with no arguments"),
