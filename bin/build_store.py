@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
 
 def _build(argv: list[str]) -> int:
   args = _parse(argv)
-  from lingvo_lite import paths
+  from lingvo_lite import outputs, paths
   from lingvo_lite.data import store_build, token_store
   if args.workers is not None and args.workers < 1:
     raise config_error("--workers", args.workers, "must be at least 1")
@@ -174,6 +174,11 @@ def _build(argv: list[str]) -> int:
   if not args.out:
     raise config_error("--out", args.out, "is empty", "give the folder of the stores")
   out = paths.resolve(args.out, "--out")
+  # Before the task loads (TensorFlow, the user's code): a place no store can be made in.
+  fix = "give a folder of the stores (new or existing) where files can be written"
+  if not paths.is_remote(str(out)) and os.path.lexists(out) and not os.path.isdir(out):
+    raise config_error("--out", args.out, "is a file, not a folder", fix)
+  outputs.check_creatable(out / "store", f"--out={args.out!r}", fix)
   store_build.check_outside_stores(out, "--out", args.out)
   store_build.check_pipeline_args(args.pipeline_arg)
   task = _task(args)

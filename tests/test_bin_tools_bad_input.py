@@ -221,6 +221,17 @@ CASES = [
           ["--format=text", "--files=train=../odd/*.txt", "--out=new"], 2,
           "matches {tmp}/odd/\\xff.txt, whose name is not valid UTF-8",
           lambda work, _: (work.parent / "odd" / os.fsdecode(b"\xff.txt")).write_text("x\n")),
+    _case("out is a file", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=data/a.txt"], 2,
+          "--out='data/a.txt': is a file, not a folder; give a folder of the stores"),
+    _case("out under a file", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=data/a.txt/stores"], 2,
+          "--out='data/a.txt/stores': {tmp}/work/data/a.txt is a file, not a folder; give a "
+          "folder of the stores"),
+    _case("out where no file can be made", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=/proc/stores"], 2,
+          "--out='/proc/stores': cannot create a folder in /proc: that file system takes no "
+          "new files (ENOENT)"),
     _case("out at an existing store", "build_store",
           ["--format=text", "--files=train=data/*.txt", "--out=stores/train"], 2,
           "--out='stores/train': is a token store itself, not the folder of the stores; give "
