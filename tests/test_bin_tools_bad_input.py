@@ -180,6 +180,15 @@ CASES = [
     _case("vocab task's recipe raises", "train_vocab",
           ["--task=lk_bt_tasks.recipe_raises", "--output=vocab/new.model"], 2,
           "task='lk_recipe': making the seqio Task raised EOFError (at "),
+    # The one overwrite rule: never over what lingvo_lite did not write.
+    _case("vocab output over the user's file", "train_vocab",
+          ["--task=lk_bt_tasks.text_task", "--output=data/a.txt"], 2,
+          "train_vocab: error: --output='data/a.txt': already exists, and lingvo_lite did not "
+          "write it (no a.txt.json beside it names this model), so it is never overwritten"),
+    _case("vocab output onto a FIFO", "train_vocab",
+          ["--task=lk_bt_tasks.text_task", "--output=pipe.model"], 2,
+          "--output='pipe.model': already exists and is not a regular file, and it is never "
+          "replaced", lambda work, _: os.mkfifo(work / "pipe.model")),
     # Flags given empty (`--task=$UNSET`): never read as left out.
     _case("empty --task", "build_store", ["--task=", "--out=new"], 2,
           "build_store: --task=: empty (an unset shell variable gives an empty value); give a "

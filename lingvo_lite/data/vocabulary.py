@@ -134,6 +134,7 @@ def _writable(path: epath.Path, field: str, value: Any) -> list[epath.Path]:
   try:
     if path.is_dir():
       raise config_error(field, value, "is a folder", "give a file path, e.g. vocab/code.model")
+    _check_replaceable(path, field, value)
     if _is_local(path):
       folder = path.parent
       while not folder.exists() and folder != folder.parent:
@@ -149,6 +150,36 @@ def _writable(path: epath.Path, field: str, value: Any) -> list[epath.Path]:
     raise config_error(field, value, f"cannot be written ({e.strerror or e})",
                        "give a path in a writable folder") from None
   return made
+
+
+def _check_replaceable(path: epath.Path, field: str, value: Any) -> None:
+  """Refuses a model path (or its `.json` sidecar's) that holds what this module did not
+  write: the one overwrite rule. Its own earlier model, recognized by the sidecar's sha256 of
+  it, is replaced (atomically); a file of the user's, a device (`/dev/full`, which the rename
+  would replace with a file), a FIFO or a symlink is not.
+
+  Raises:
+    UsageError: the path or its sidecar exists, and is not this module's earlier output.
+  """
+  sidecar = epath.Path(f"{path}.json")
+  if not (path.exists() or sidecar.exists()
+          or (_is_local(path) and (os.path.lexists(path) or os.path.lexists(sidecar)))):
+    return
+  fix = "give a new path, or move the file away"
+  if _is_local(path) and any(os.path.lexists(p) and not (os.path.isfile(p)
+                                                          and not os.path.islink(p))
+                             for p in (path, sidecar)):
+    raise config_error(field, value, "already exists and is not a regular file, and it is "
+                       "never replaced", fix)
+  try:
+    written = json.loads(sidecar.read_text())["sha256"]
+    own = written == hashlib.sha256(path.read_bytes()).hexdigest()
+  except (OSError, ValueError, KeyError, TypeError):
+    own = False
+  if not own:
+    raise config_error(field, value, f"already exists, and lingvo_lite did not write it (no "
+                       f"{sidecar.name} beside it names this model), so it is never "
+                       "overwritten", fix)
 
 
 def _remove_empty(folders: list[epath.Path]) -> None:
