@@ -198,10 +198,11 @@ def _build(argv: list[str]) -> int:
                                          pipeline_args=args.pipeline_arg,
                                          progress=not args.no_progress, key=key)
     source_bytes = sum(s.get("size", 0) for s in manifest["sources"])
-    print(f"{split}: {'kept (up to date)' if kept else 'built'} {path}: "
-          f"{manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
-          f"({manifest['dtype']}), {source_bytes:,} source bytes, "
-          f"{len(manifest['shards'])} shards, {time.perf_counter() - started:.1f} s")
+    outputs.print_summary(
+        f"{split}: {'kept (up to date)' if kept else 'built'} {path}: "
+        f"{manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
+        f"({manifest['dtype']}), {source_bytes:,} source bytes, "
+        f"{len(manifest['shards'])} shards, {time.perf_counter() - started:.1f} s")
   return 0
 
 

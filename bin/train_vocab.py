@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
+from lingvo_lite import outputs
 from lingvo_lite.data import vocabulary
 from lingvo_lite.errors import EMPTY_VALUE, DataError, UsageError, one_line, shown
 from tasks import deferred
@@ -96,10 +97,11 @@ def _train(argv: list[str]) -> None:
     _fail(_FLAGS[field] + message[len(field):] if field in _FLAGS else message)
   except DataError as e:  # Bad data, or whatever else reading the texts raised.
     _fail(str(e), code=1)
-  print(f"trained SentencePiece {args.model_type} on {shown(args.task)} {args.split}: "
-        f"{summary['documents']} documents, {summary['bytes']} bytes "
-        f"({summary['sampled_bytes']} sampled), {summary['pieces']} pieces, "
-        f"{summary['seconds']:.1f} s -> {summary['path']}", flush=True)
+  outputs.print_summary(
+      f"trained SentencePiece {args.model_type} on {shown(args.task)} {args.split}: "
+      f"{summary['documents']} documents, {summary['bytes']} bytes "
+      f"({summary['sampled_bytes']} sampled), {summary['pieces']} pieces, "
+      f"{summary['seconds']:.1f} s -> {summary['path']}")
 
 
 if __name__ == "__main__":

@@ -141,6 +141,16 @@ def stdout_failures() -> Iterator[None]:
       sys.stdout = watched.stream
 
 
+def print_summary(line: str) -> None:
+  """Prints the closing summary of a run whose results are files (a store, a model): a
+  stdout that fails (a full disk, a reader that closed the pipe) costs the summary alone, as
+  decode's closing message, so it is silenced, not a traceback or a run stopped halfway."""
+  try:
+    print(line, flush=True)
+  except OSError:
+    silence_stdout()
+
+
 def silence_stdout() -> None:
   """After a write to stdout failed (its reader closed the pipe, its disk is full): what is
   still buffered, later prints and the flush at exit go to /dev/null, so that the one error
