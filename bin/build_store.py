@@ -161,6 +161,10 @@ def main(argv: list[str]) -> int:
   except DataError as e:
     _print_error(str(e))
     return 1
+  except KeyboardInterrupt:
+    # Ctrl-C: the unfinished store, its lock and log and the folders made for it are gone.
+    _print_error("interrupted (Ctrl-C); nothing of the unfinished store is left")
+    return 130
 
 
 def _build(argv: list[str]) -> int:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import pytest
 
-from lingvo_lite.data import token_store
+from lingvo_lite.data import store_build, token_store
 from lingvo_lite.testing import tree_digest
 from tasks import local_readers
 
@@ -102,6 +102,15 @@ def _fails_to_read(monkeypatch, error: BaseException):
     yield  # pylint: disable=unreachable
 
   monkeypatch.setattr(local_readers, "read_text_file", reader)
+
+
+def _interrupted_mid_write(monkeypatch):
+  """Ctrl-C reaches the runner (not a worker) while the partial store holds files."""
+  def run_pipeline(task, split, partial, *args):
+    (partial / "shards" / "00000").mkdir(parents=True)
+    (partial / "shards" / "00000" / "7.__lock").write_bytes(b"")
+    raise KeyboardInterrupt
+  monkeypatch.setattr(store_build, "_run_pipeline", run_pipeline)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +263,10 @@ CASES = [
           ["--format=text", "--files=train=data/*.txt", "--out=new/deeper", "--no_progress"], 1,
           "build_store: {tmp}/work/data/a.txt: ValueError\n",
           lambda work, monkeypatch: _fails_to_read(monkeypatch, ValueError())),
+    _case("Ctrl-C during a build into a new folder", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=new/deeper", "--no_progress"],
+          130, "build_store: interrupted (Ctrl-C); nothing of the unfinished store is left\n",
+          lambda work, monkeypatch: _interrupted_mid_write(monkeypatch)),
     _case("JSON lines that are not UTF-8", "build_store",
           ["--format=jsonl", "--files=train=bad.jsonl", "--out=new", "--no_progress"], 1,
           "build_store: {tmp}/work/bad.jsonl: line 2: not valid UTF-8 (byte 0xff at offset 4)",

@@ -24,6 +24,7 @@ import functools
 import io
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -385,7 +386,7 @@ def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None 
     for folder in reversed(made):  # A failed build into a new folder leaves no folder behind.
       try:
         folder.rmdir()  # Only once empty: a store of another split built in it stays.
-      except OSError:
+      except (OSError, ValueError):  # etils raises ValueError for a folder not empty.
         break
     raise
 
@@ -533,6 +534,8 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
         message = _worker_message(partial)
         if message:
           raise DataError(message) from None
+        if isinstance(e, KeyboardInterrupt):
+          raise  # Ctrl-C, met by the runner, not a worker's: nothing of the build is kept.
         keep_log = True  # What the runner said of it is all there is to go on.
         raise DataError(one_line(f"building the token store of {task.name}/{split} failed: "
                                    f"{error_cause(e)}; the pipeline's log is {log}")) from None
@@ -562,9 +565,33 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
       _remove_file(log)  # The one-line message says it all; the log holds only start-up lines.
     raise
   finally:
-    if partial.exists():
-      partial.rmtree()
+    _remove_partial(partial)
   return manifest
+
+
+def _remove_partial(partial: epath.Path, tries: int = 5) -> None:
+  """Removes a partial store, also while the writers a failure interrupted (Ctrl-C) still
+  finish: their files (tensorstore's `*.__lock`) come and go, so a file gone meanwhile is no
+  error, and a folder that filled again is tried again. One that outlasts every try is left to
+  the next build, which removes dead partials under the lock; the cleanup never hides the
+  failure that led here behind an error of its own."""
+  for attempt in range(tries):
+    if not partial.exists():
+      return
+    try:
+      if paths.is_remote(os.fspath(partial)):
+        partial.rmtree()
+      else:
+        shutil.rmtree(partial, onerror=_ignore_vanished)
+    except OSError:
+      time.sleep(0.1 * (attempt + 1))
+
+
+def _ignore_vanished(function, path, exc_info) -> None:
+  """shutil.rmtree's onerror: a file or folder that is gone already is what was wanted."""
+  del function, path
+  if not isinstance(exc_info[1], FileNotFoundError):
+    raise exc_info[1]
 
 
 def _worker_message(partial: epath.Path) -> str:
