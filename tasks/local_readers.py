@@ -9,6 +9,7 @@ its message follows `errors.DATA_ERROR_MARKER`, from which `errors.data_error_fr
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Callable, Iterator
 
@@ -193,19 +194,36 @@ def _token_examples(path: str):
   from google.protobuf.message import DecodeError  # pylint: disable=g-import-not-at-top
   records = iter(tf.data.TFRecordDataset(path))
   index = 0
+  read = 0  # Bytes of the complete records so far: each is framed by 16 bytes.
   while True:
     try:
       record = next(records)
     except StopIteration:
+      _check_no_tail(path, read, index)
       return
     except tf.errors.OpError as e:
       raise DataError(f"{path}: record {index}: corrupt TFRecord ({_one_line(e)})") from None
+    read += len(record.numpy()) + 16
     try:
       yield tf.train.Example.FromString(record.numpy())
     except DecodeError as e:
       raise DataError(f"{path}: record {index}: not a tf.train.Example ({_one_line(e)})"
                       ) from None
     index += 1
+
+
+def _check_no_tail(path: str, read: int, records: int) -> None:
+  """TensorFlow ends a TFRecord file quietly at bytes too few for a record's 12-byte header (a
+  file cut short, or no TFRecord at all): a file longer than its complete records is refused,
+  not read as fewer (or no) documents."""
+  try:
+    size = os.path.getsize(path)
+  except OSError:  # A remote path: TensorFlow read it; nothing more to check here.
+    return
+  if size > read:
+    raise DataError(f"{path}: record {records}: truncated TFRecord ({size - read} bytes after "
+                    f"the last complete record, too few for a record's header); rewrite the "
+                    "file, or leave it out")
 
 
 def read_token_records(path: str, feature: str, vocab_size: int) -> Iterator[dict]:

@@ -267,6 +267,12 @@ CASES = [
           ["--format=text", "--files=train=data/*.txt", "--out=new/deeper", "--no_progress"],
           130, "build_store: interrupted (Ctrl-C); nothing of the unfinished store is left\n",
           lambda work, monkeypatch: _interrupted_mid_write(monkeypatch)),
+    _case("a TFRecord file too short for a record", "build_store",
+          ["--format=tfrecord", "--vocab_size=300", "--files=train=cut.tfrecord", "--out=new",
+           "--no_progress"], 1,
+          "build_store: {tmp}/work/cut.tfrecord: record 0: truncated TFRecord (7 bytes after "
+          "the last complete record",
+          lambda work, _: (work / "cut.tfrecord").write_bytes(b"garbage")),
     _case("JSON lines that are not UTF-8", "build_store",
           ["--format=jsonl", "--files=train=bad.jsonl", "--out=new", "--no_progress"], 1,
           "build_store: {tmp}/work/bad.jsonl: line 2: not valid UTF-8 (byte 0xff at offset 4)",
