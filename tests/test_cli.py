@@ -110,8 +110,8 @@ def test_list_and_print_need_no_job_dir():
 
 def test_results_printed_to_stdout_are_never_lost_in_silence(tmp_path):
   """--mode=list/print's results are their stdout: a closed stdout is refused before they run
-  (exit 2), and a reader that closed the pipe is one line and exit 1 (not a traceback or a
-  success) in any mode, --helpfull included."""
+  (exit 2), and a reader that closed the pipe or a full disk is one line and exit 1 (not a
+  traceback or a success) in any mode, --helpfull included."""
   closed = subprocess.run(f"{sys.executable} -m lingvo_lite --mode=list >&-", shell=True,
                           capture_output=False, stderr=subprocess.PIPE, text=True,
                           cwd=tmp_path, check=False)
@@ -119,25 +119,18 @@ def test_results_printed_to_stdout_are_never_lost_in_silence(tmp_path):
   assert closed.stderr.splitlines() == [
       "lingvo_lite: error: --mode=list: stdout is closed, so the results would be lost; give "
       "it a stdout (or redirect it to a file: > FILE)"]
-  for args in (["--mode=list"], ["--helpfull"]):
-    reader, writer = os.pipe()
-    os.close(reader)  # The reader is gone before the first line: every write meets EPIPE.
-    try:
-      completed = subprocess.run([sys.executable, "-m", "lingvo_lite", *args], stdout=writer,
-                                 stderr=subprocess.PIPE, text=True, cwd=tmp_path, check=False)
-    finally:
-      os.close(writer)
-    assert completed.returncode == 1, (args, completed.stderr)
-    lines = completed.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lingvo_lite: error: cannot write "), lines
-    assert "the reader closed the pipe (EPIPE)" in lines[0], lines
-  # A full disk under stdout is stdout's failure too (`> /dev/full`), not a traceback.
+  # A reader that closed the pipe (EPIPE) under --mode=list; a full disk (`> /dev/full`,
+  # ENOSPC) under --helpfull: each one line and exit 1, in the program and in the help alike.
+  reader, writer = os.pipe()
+  os.close(reader)  # The reader is gone before the first line: every write meets EPIPE.
   with open("/dev/full", "w", encoding="utf-8") as full:
-    completed = subprocess.run([sys.executable, "-m", "lingvo_lite", "--mode=list"],
-                               stdout=full, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                               check=False)
-  assert completed.returncode == 1, completed.stderr
-  assert completed.stderr.splitlines() == [
-      "lingvo_lite: error: cannot write the output of --mode=list to stdout: the disk is full "
-      "(ENOSPC); free space, or write to a file, then run it again"]
+    for args, stdout, problem in ((["--mode=list"], writer, "the reader closed the pipe (EPIPE)"),
+                                  (["--helpfull"], full, "the disk is full (ENOSPC)")):
+      completed = subprocess.run([sys.executable, "-m", "lingvo_lite", *args], stdout=stdout,
+                                 stderr=subprocess.PIPE, text=True, cwd=tmp_path, check=False)
+      assert completed.returncode == 1, (args, completed.stderr)
+      lines = completed.stderr.splitlines()
+      assert len(lines) == 1 and lines[0].startswith("lingvo_lite: error: cannot write "), lines
+      assert problem in lines[0], lines
+  os.close(writer)
   assert os.listdir(tmp_path) == []
