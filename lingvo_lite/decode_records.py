@@ -165,13 +165,24 @@ def format_human(completion: Completion) -> str:
 # ----------------------------------------------------------------------------- writing answers
 
 
+# Names of this process's stdout that users write out of habit (`--decode_out=/dev/stdout`):
+# the stream, not a file that exists and must not be overwritten.
+STDOUT_NAMES = ("-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+
+
+def is_stdout(destination: str | None) -> bool:
+  """Whether `--decode_out=destination` means stdout."""
+  return destination in STDOUT_NAMES
+
+
 class CompletionWriter:
   """Writes each completion's record as a JSON line, as it comes; a context manager.
 
   `destination`:
     "-"         JSON lines on stdout (always JSON, terminal or not: stdout is then the
                 machine-readable output, and the program's own messages must go to stderr);
-                refused when stdout is closed.
+                /dev/stdout and its other names (STDOUT_NAMES) mean the same; refused when
+                stdout is closed.
     "" or None  JOB/decode/<UTC time>.jsonl, e.g. JOB/decode/20261201T201913Z.jsonl, with a
                 -2, -3, ... suffix where that name is taken.
     a path      that file (relative to the working directory); its folder must exist, and
@@ -196,7 +207,7 @@ class CompletionWriter:
     self._file = None
     self._partial: epath.Path | None = None
     self._path: epath.Path | None = None
-    self._to_stdout = destination == "-"
+    self._to_stdout = is_stdout(destination)
     self._folder: epath.Path | None = None  # JOB/decode/, when the name is chosen there.
     self._stamp = ""
     self._flag = ""

@@ -41,6 +41,12 @@ class DataError(Exception):
   and the record. Nothing it interrupted is left looking complete."""
 
 
+class OutputFailure(Exception):
+  """Results cannot be written where they must go (stdout is closed, say): exit code 1, one
+  line, as for a write that failed on the way; found before anything runs where it can be, so
+  that nothing is computed only to be lost."""
+
+
 # Put before a DataError's message raised inside tf.data, which re-raises it as a TensorFlow
 # error whose message holds the original's text among node names and a traceback.
 DATA_ERROR_MARKER = "lingvo_lite.DataError: "

@@ -28,7 +28,7 @@ from etils import epath
 from lingvo_lite import (building, command_line, config_files, config_graph, config_help,
                          distributed, job_dirs, outputs, overrides, paths, programs,
                          registry, run_info, stack_dumps, supervisor, target as targets, topologies)
-from lingvo_lite.errors import DataError, UsageError, one_line, os_error_text
+from lingvo_lite.errors import DataError, OutputFailure, UsageError, one_line, os_error_text
 from lingvo_lite.experiment import Setup, with_default_parts
 
 MODES = tuple(programs.PROGRAMS)
@@ -447,7 +447,7 @@ def main(argv: Sequence[str]) -> None:
       stack_dumps.set_folder(None)  # A process that runs on (tests) has no job dir now.
   except UsageError as e:
     _fail(str(e))
-  except (programs.ProgramFailure, DataError, distributed.StartupFailure) as e:
+  except (programs.ProgramFailure, DataError, OutputFailure, distributed.StartupFailure) as e:
     _fail(str(e), code=1)
   except outputs.StdoutWriteError as e:
     # Whatever a program prints (a config, a list, a summary) may meet a reader that went away

@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 from etils import epath
 
 from lingvo_lite import paths
-from lingvo_lite.errors import UsageError, os_error_text, shown
+from lingvo_lite.errors import OutputFailure, UsageError, os_error_text, shown
 
 MANIFEST = "manifest.json"
 CHECKPOINTS = "checkpoints"
@@ -84,9 +84,14 @@ def refuse_inside_checkpoints(path: epath.Path, flag: str, job_dir: epath.Path |
 
 def check_stdout(flag: str, fix: str) -> None:
   """Refuses stdout as the destination of results when it is closed (`>&-`): Python then
-  drops every print silently, and the results would be lost under a success message."""
+  drops every print silently, and the results would be lost under a success message.
+
+  Raises:
+    OutputFailure: exit 1, as any write of results that fails (the command is right; where
+      its results must go is not there).
+  """
   if sys.stdout is None or getattr(sys.stdout, "closed", False):
-    raise UsageError(f"{flag}: stdout is closed, so the results would be lost; {fix}")
+    raise OutputFailure(f"{flag}: stdout is closed, so the results would be lost; {fix}")
 
 
 class StdoutWriteError(OSError):

@@ -892,7 +892,7 @@ def test_completions_that_cannot_be_written_are_one_line_and_exit_1(job, tmp_pat
   job dir mounted read-only (a decode to stdout needs nothing on disk, so it is served) into a
   pipe whose reader has gone (`... | head -c 10`). The closed pipe is named as what it is, in
   one line, exit 1: no traceback, no "Exception ignored" at interpreter shutdown; the job is as
-  it was. (A closed stdout is refused before: tests/test_outputs.py.)"""
+  it was. (A closed stdout is refused before: the next test.)"""
   (tmp_path / "ids.jsonl").write_text('{"prompt_ids": [5, 6, 7]}\n')
   relative = os.path.relpath(job, source_root())
   before = tree_digest(job)
@@ -915,6 +915,24 @@ def test_completions_that_cannot_be_written_are_one_line_and_exit_1(job, tmp_pat
   assert tree_digest(job) == before
   if not prefix:
     pytest.skip(f"the closed pipe was checked, but not from a read-only job dir: {how}")
+
+
+def test_completions_to_a_closed_stdout_are_refused_exit_1(job):
+  """`--decode_out=- >&-` used to decode, print nothing and say "written to stdout" with exit
+  0: the completions were lost. It is a failed write of results (exit 1), found before the
+  checkpoint is read, and the job is as it was."""
+  relative = os.path.relpath(job, source_root())
+  before = tree_digest(job)
+  completed = subprocess.run(
+      f"{sys.executable} -m lingvo_lite --mode=decode --job_log_dir={relative} "
+      "--prompt=x --decode_out=- --compilation_cache_dir= >&-", shell=True,
+      cwd=source_root(), stderr=subprocess.PIPE, text=True, timeout=300, check=False)
+  assert completed.returncode == 1, completed.stderr
+  assert completed.stderr.splitlines() == [
+      "lingvo_lite: error: --decode_out=-: stdout is closed, so the results would be lost; run "
+      "it with stdout open (a file, a pipe or a terminal), or give --decode_out=FILE"], (
+          completed.stderr)
+  assert tree_digest(job) == before
 
 
 @pytest.mark.parametrize("args", [["--exp=NoSuchExp"], ["--mdoe=train"],

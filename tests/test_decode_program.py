@@ -269,8 +269,9 @@ def older_ids_only(workdir):
     lines = [{"prompt_ids": [5, 6, 7], "max_new_tokens": 4},
              {"prompt_ids": byte_ids(PROMPTS[0]), "max_new_tokens": 2}]
     (workdir / "ids.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    # /dev/stdout is stdout, as "-" is (the other stdout runs use "-"): not a file that exists.
     result = run_cli(DECODE + ["--fiddler=synthetic_data", "--checkpoint_step=10",
-                               "--prompts_file=ids.jsonl", "--decode_out=-"])
+                               "--prompts_file=ids.jsonl", "--decode_out=/dev/stdout"])
   assert result.code == 0, result.stderr[-3000:]
   return result, [json.loads(line) for line in result.stdout.splitlines()]
 

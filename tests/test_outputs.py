@@ -13,7 +13,7 @@ from etils import epath
 
 from lingvo_lite import outputs
 from lingvo_lite.decode_records import CompletionWriter
-from lingvo_lite.errors import UsageError, os_error_text
+from lingvo_lite.errors import OutputFailure, UsageError, os_error_text
 from lingvo_lite.testing import tree_digest
 
 FILES = ("manifest.json", "executable.bin")
@@ -109,7 +109,7 @@ def test_a_job_without_a_config_still_keeps_outputs_out_of_its_checkpoints(tmp_p
 
 def test_a_closed_stdout_is_refused_before_anything_runs(monkeypatch):
   monkeypatch.setattr(sys, "stdout", None)  # What Python makes of a closed descriptor 1.
-  with pytest.raises(UsageError, match="^--decode_out=-: stdout is closed, so the results "
+  with pytest.raises(OutputFailure, match="^--decode_out=-: stdout is closed, so the results "
                      "would be lost"):
     CompletionWriter("-", None, None)
 

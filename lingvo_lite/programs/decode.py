@@ -63,7 +63,7 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   if step is not None and step < 0:
     raise UsageError(f"--checkpoint_step={step}: must be a step number >= 0")
   requests = decode_requests.from_flags(options.get("prompt"), options.get("prompts_file"))
-  to_stdout = options.get("decode_out") == "-"
+  to_stdout = decode_records.is_stdout(options.get("decode_out"))
   # Where the completions go is checked first (nothing is created until the first one).
   writer = decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
                                            invocation.shown_job_dir)
