@@ -22,7 +22,6 @@ import argparse
 import os
 import sys
 import time
-from typing import NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A data tool: its TensorFlow needs no GPU, and probing for one prints an error line here.
@@ -30,26 +29,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from lingvo_lite.errors import EMPTY_VALUE, DataError, UsageError, config_error, one_line
+from lingvo_lite.errors import DataError, UsageError, config_error, one_line
+from lingvo_lite.tool_arguments import ToolArgumentParser
 
 FORMATS = ("text", "lines", "jsonl", "prompt_completion", "parquet", "tfrecord")
-
-
-class _Parser(argparse.ArgumentParser):
-  """argparse whose mistakes are one line and exit 2, as every lingvo_lite command's are."""
-
-  def error(self, message: str) -> NoReturn:
-    raise UsageError(f"{message} (see --help)")
-
-  def parse_args(self, args=None, namespace=None):
-    """Parses, and refuses a flag given empty (`--task=$UNSET`): argparse takes '' as a value,
-    which the tool would then read as the flag left out."""
-    parsed = super().parse_args(args, namespace)
-    for name, value in vars(parsed).items():
-      for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, str) and not item.strip():
-          self.error(f"--{name}={item}: {EMPTY_VALUE}")
-    return parsed
 
 
 def _print_error(message: str) -> None:
@@ -62,7 +45,7 @@ _FORMAT_FLAGS = ("format", "vocabulary", "text_field", "prompt_field", "completi
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-  parser = _Parser(description=__doc__.split("\n\n")[0])
+  parser = ToolArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--format", choices=FORMATS, help="the files' format (with --files)")
   parser.add_argument("--files", action="append", default=[], metavar="SPLIT=GLOB",
                       help="a split's files; repeat for each split")

@@ -27,7 +27,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from lingvo_lite import outputs
 from lingvo_lite.data import vocabulary
-from lingvo_lite.errors import EMPTY_VALUE, DataError, UsageError, one_line, shown
+from lingvo_lite.errors import DataError, UsageError, one_line, shown
+from lingvo_lite.tool_arguments import ToolArgumentParser
 from tasks import deferred
 
 
@@ -41,25 +42,8 @@ def _fail(message: str, code: int = 2) -> NoReturn:
   raise SystemExit(code)
 
 
-class _Parser(argparse.ArgumentParser):
-  """argparse whose errors are the house's one line and exit code 2 (not usage + message)."""
-
-  def error(self, message: str) -> NoReturn:
-    _fail(f"{message}; see --help")
-
-  def parse_args(self, args=None, namespace=None):
-    """Parses, and refuses a flag given empty (`--task=$UNSET`): argparse takes '' as a value,
-    which the tool would then read as the flag left out."""
-    parsed = super().parse_args(args, namespace)
-    for name, value in vars(parsed).items():
-      for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, str) and not item.strip():
-          self.error(f"--{name}={item}: {EMPTY_VALUE}")
-    return parsed
-
-
 def _parser() -> argparse.ArgumentParser:
-  parser = _Parser(prog="train_vocab.py", description=__doc__.split("\n\n")[0])
+  parser = ToolArgumentParser(prog="train_vocab.py", description=__doc__.split("\n\n")[0])
   parser.add_argument("--task", required=True,
                       help="module.function returning a seqio Task, e.g. tasks.pycode.pycode_task")
   parser.add_argument("--split", default="train", help="the split to train on")
@@ -80,8 +64,8 @@ def main(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> None:
-  args = _parser().parse_args(argv)
   try:
+    args = _parser().parse_args(argv)
     task = deferred.load_task(args.task)
 
     def texts() -> Iterator[bytes]:

@@ -71,7 +71,7 @@ def test_builds_json_lines_with_two_workers_then_keeps_it_and_refuses_bad_input(
     (["--task=tasks.pycode.stdlib_dir", "--out=x"],
      "--task='tasks.pycode.stdlib_dir': returned a str, not a seqio Task"),
     (["--format=text", "--files=train=data/*.txt", "--out=data/a.txt"],
-     "store_dir='{tmp}/data/a.txt/train': its folder cannot be made"),
+     "--out='data/a.txt': is a file, not a folder"),
 ])
 def test_bad_command_lines_are_one_line_exit_2_and_touch_nothing(tmp_path, args, expected):
   (tmp_path / "data").mkdir()
