@@ -24,7 +24,7 @@ import time
 
 import jax
 
-from lingvo_lite.errors import UsageError
+from lingvo_lite.errors import UsageError, message_of
 
 
 # Launchers JAX configures a process from: the variable with the number of processes, every
@@ -47,7 +47,7 @@ PEER_CLOSED_MESSAGE = ("a peer process closed its connection in the middle of a 
 def lost_peer(error: BaseException) -> str | None:
   """The one line for an error a collective raised because a peer process died (the cause,
   not a traceback of where this process was waiting for it), or None for any other error."""
-  return PEER_CLOSED_MESSAGE if PEER_CLOSED.search(str(error)) else None
+  return PEER_CLOSED_MESSAGE if PEER_CLOSED.search(message_of(error)) else None
 
 
 _MAX_SECONDS = 2**31 - 1  # About 68 years; JAX's C++ runtime takes a C int of seconds.

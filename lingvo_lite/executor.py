@@ -457,9 +457,11 @@ def main(argv: Sequence[str]) -> None:
                                "run it again", to_stdout=True), code=1)
   except Exception as e:  # pylint: disable=broad-except
     # A peer of a multi-process run that died mid-collective: the cause in one line, not the
-    # traceback of where this process waited for it.
-    if jax.process_count() > 1 and distributed.lost_peer(e):
-      _fail(distributed.lost_peer(e), code=1)
+    # traceback of where this process waited for it. The message is matched first: asking
+    # JAX for the process count would start its backend after an error that came before it.
+    peer_lost = distributed.lost_peer(e)
+    if peer_lost and jax.process_count() > 1:
+      _fail(peer_lost, code=1)
     raise
   if code:
     sys.exit(code)
