@@ -150,7 +150,6 @@ def config_error(path: str, value: object, problem: str, fix: str = "") -> Usage
   return UsageError(message)
 
 
-
 # What an OSError met writing an output means and the remedy of its own, by errno. A full disk
 # and a read-only mount, a reader that closed its end of a pipe and a folder with the wrong
 # permissions want different fixes; one table, so that every program names them alike.

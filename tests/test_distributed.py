@@ -8,8 +8,6 @@ and with what (the real multi-process path, dead peer included, is tests/test_mu
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
@@ -19,7 +17,7 @@ from absl import flags
 
 from lingvo_lite import distributed, executor, supervisor
 from lingvo_lite.errors import UsageError
-from lingvo_lite.testing import run_cli, source_root
+from lingvo_lite.testing import run_cli
 
 CLUSTER_VARIABLES = ("SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_PROCID",
                      "SLURM_LOCALID", "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri",
