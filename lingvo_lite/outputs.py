@@ -147,7 +147,7 @@ def stdout_failures() -> Iterator[None]:
 
 
 def print_summary(line: str) -> None:
-  """Prints the closing summary of a run whose results are files (a store, a model): a
+  """Prints the closing summary of a run whose results are files (a store, a model, a report): a
   stdout that fails (a full disk, a reader that closed the pipe) costs the summary alone, as
   decode's closing message, so it is silenced, not a traceback or a run stopped halfway."""
   try:

@@ -146,9 +146,9 @@ def write_index(job_dir: epath.Path, shown: str) -> None:
   if job.checked != cached:
     files.append((VERIFIED_CACHE, json.dumps(job.checked)))
   _write(folder, shown, files + [(INDEX, page)])
-  _say(f"report: {_shown(shown, INDEX)}")
+  outputs.print_summary(f"report: {_shown(shown, INDEX)}")
   if graph:
-    _say(f"config graph: {_shown(shown, GRAPH)}")
+    outputs.print_summary(f"config graph: {_shown(shown, GRAPH)}")
 
 
 def _report_link(page_folder: epath.Path, other: epath.Path) -> str | None:
@@ -174,7 +174,7 @@ def write_compare(job_dir: epath.Path, shown: str,
   page = report_html.compare_page(jobs, configs, differences, report_plots.plots(jobs), links,
                                   now)
   _write(folder, shown, [(COMPARE, page)])
-  _say(f"comparison: {_shown(shown, COMPARE)}")
+  outputs.print_summary(f"comparison: {_shown(shown, COMPARE)}")
 
 
 def _write(folder: epath.Path, shown: str, files: list[tuple[str, str]]) -> None:
@@ -194,12 +194,3 @@ def _write(folder: epath.Path, shown: str, files: list[tuple[str, str]]) -> None
   except OSError as e:
     raise ProgramFailure(outputs.failed_write(f"the report to {posixpath.join(shown, FOLDER)}",
                                               e, "make the report again")) from None
-
-
-def _say(line: str) -> None:
-  """Prints where a page is; the pages are written, so a reader that closed stdout loses only
-  this line (silenced, no traceback)."""
-  try:
-    print(line, flush=True)
-  except BrokenPipeError:
-    outputs.silence_stdout()
