@@ -402,6 +402,11 @@ def _make_folders(path: epath.Path) -> list[epath.Path]:
   try:
     path.parent.mkdir(parents=True, exist_ok=True)
   except OSError as e:
+    for folder in reversed(made):  # Those made before the failure (a full disk) go too.
+      try:
+        os.rmdir(folder)
+      except OSError:
+        pass  # Not made after all, or not empty: left as it is.
     raise config_error("store_dir", os.fspath(path), f"its folder cannot be made ({e})",
                        "give a writable place for the store") from None
   return made
