@@ -60,6 +60,8 @@ class SmallDisk:
       self._holder.wait(timeout=30)
       problems.append(f"unshare --user --map-root-user --mount: "
                       f"{self._holder.stderr.read().strip() or 'failed'}")
+      self._holder.stdout.close()
+      self._holder.stderr.close()
       self._holder = None
     else:
       problems.append("no unshare/nsenter to mount one in a user namespace")
@@ -112,6 +114,8 @@ class SmallDisk:
     if self._holder is not None:
       self._holder.send_signal(signal.SIGKILL)
       self._holder.wait(timeout=30)
+      self._holder.stdout.close()  # Its pipes: else each is an unclosed file at collection.
+      self._holder.stderr.close()
       self._holder = None
     else:
       subprocess.run(["umount", "-l", self._folder], check=False, capture_output=True)
