@@ -10,7 +10,8 @@ report's pages, an export) follows the same rules, kept here:
   - No output goes inside a job's `checkpoints/` folder, with symlinks and `..` resolved:
     checkpoint retention deletes a step's folder with whatever was put into it.
   - Both are refused in one line naming the flag, the path and the fix (UsageError, exit 2),
-    before any device time is spent, and so is stdout when it is closed.
+    before any device time is spent. A closed stdout that must carry results is refused
+    then too, as a write of results that cannot succeed (OutputFailure, exit 1).
   - Folders are created only when there is something to write, and a failed write removes
     what it created: a failed run leaves the disk as it found it.
   - A failed write is one line (`failed_write`, exit 1) that names the failure by its errno
