@@ -198,7 +198,8 @@ def check_creatable(path: epath.Path, flag: str, fix: str) -> None:
   new entries (tried: see paths.creation_problem)."""
   if paths.is_remote(str(path)):
     return
-  parent = os.path.dirname(os.fspath(path))
+  # Absolute: the walk up a relative path would end at '', which never exists.
+  parent = os.path.dirname(os.path.abspath(os.fspath(path)))
   while not os.path.lexists(parent):
     parent = os.path.dirname(parent)
   if not os.path.isdir(parent):
@@ -217,7 +218,7 @@ def created_folders(folder: epath.Path) -> Iterator[bool]:
     folder.mkdir(parents=True, exist_ok=True)
     yield False
     return
-  missing, path = [], os.fspath(folder)
+  missing, path = [], os.path.abspath(os.fspath(folder))  # See check_creatable.
   while not os.path.lexists(path):
     missing.append(path)
     path = os.path.dirname(path)
