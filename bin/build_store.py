@@ -11,9 +11,9 @@ already there and matches the task is kept; one that does not is rebuilt. `--run
 `--pipeline_arg` run the same pipeline on Dataflow, Flink or Spark (the README's "Data: token
 stores").
 Bad input (a bad flag or --pipeline_arg, a --task that fails to import, raises or returns no
-task): one line on stderr, exit 2, before anything runs. Bad data met during the build, or
-whatever a worker raises: one line, exit 1; a failed build leaves nothing behind in a folder it
-made (no partial store, lock file or log).
+task): one line on stderr, exit 2, before anything runs. Bad data met during the build,
+whatever a worker raises, or a write that fails (a full disk): one line, exit 1; a failed build
+leaves nothing behind in a folder it made (no partial store, lock file or log).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from lingvo_lite.errors import DataError, UsageError, config_error, one_line
+from lingvo_lite.errors import DataError, UsageError, config_error, one_line, os_error_text
 from lingvo_lite.tool_arguments import ToolArgumentParser
 
 FORMATS = ("text", "lines", "jsonl", "prompt_completion", "parquet", "tfrecord")
@@ -143,6 +143,11 @@ def main(argv: list[str]) -> int:
     return 2
   except DataError as e:
     _print_error(str(e))
+    return 1
+  except OSError as e:  # Publishing the store failed (its manifest on a full disk, say).
+    problem, fix = os_error_text(e, "give --out on another disk")
+    where = f" {e.filename}" if e.filename else ""
+    _print_error(f"cannot write{where}: {problem}; {fix}, then build again")
     return 1
   except KeyboardInterrupt:
     # Ctrl-C: the unfinished store, its lock and log and the folders made for it are gone.

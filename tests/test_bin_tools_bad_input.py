@@ -12,6 +12,7 @@ and Beam among the cases.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib.util
 import json
 import os
@@ -102,6 +103,14 @@ def _fails_to_read(monkeypatch, error: BaseException):
     yield  # pylint: disable=unreachable
 
   monkeypatch.setattr(local_readers, "read_text_file", reader)
+
+
+def _full_disk_at_publish(monkeypatch):
+  """The manifest of a finished store meets a full disk."""
+  def publish(partial, final, manifest):
+    del final, manifest
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial / "manifest.json"))
+  monkeypatch.setattr(token_store, "publish", publish)
 
 
 def _interrupted_mid_write(monkeypatch):
@@ -267,6 +276,10 @@ CASES = [
           ["--format=text", "--files=train=data/*.txt", "--out=new/deeper", "--no_progress"],
           130, "build_store: interrupted (Ctrl-C); nothing of the unfinished store is left\n",
           lambda work, monkeypatch: _interrupted_mid_write(monkeypatch)),
+    _case("full disk publishing the store", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--out=new/deeper", "--no_progress"],
+          1, "the disk is full (ENOSPC); free space, or give --out on another disk, then build "
+          "again\n", lambda work, monkeypatch: _full_disk_at_publish(monkeypatch)),
     _case("a TFRecord file too short for a record", "build_store",
           ["--format=tfrecord", "--vocab_size=300", "--files=train=cut.tfrecord", "--out=new",
            "--no_progress"], 1,
