@@ -8,7 +8,7 @@ Task or a tasks.deferred.DeferredTask; the texts are its source's "text" field. 
 byte-exact for code (lingvo_lite/data/vocabulary.py) and written atomically, with a
 `<output>.json` sidecar. A bad flag or value, or a --task that fails to import, raises or
 returns no task, is one line on stderr and exit code 2; bad data, or whatever else reading the
-texts raises, is one line and exit code 1.
+texts raises, is one line and exit code 1; Ctrl-C is one line and exit code 130.
 """
 
 import argparse
@@ -60,6 +60,9 @@ def main(argv: list[str]) -> int:
     _train(argv)
   except SystemExit as e:  # _fail's, or argparse's --help.
     return e.code if isinstance(e.code, int) else 1
+  except KeyboardInterrupt:  # Ctrl-C: the folders made for the model are gone (vocabulary).
+    print("train_vocab: error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+    return 130
   return 0
 
 

@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 
-from lingvo_lite.data import store_build, token_store
+from lingvo_lite.data import store_build, token_store, vocabulary
 from lingvo_lite.testing import tree_digest
 from tasks import local_readers
 
@@ -111,6 +111,14 @@ def _full_disk_at_publish(monkeypatch):
     del final, manifest
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(partial / "manifest.json"))
   monkeypatch.setattr(token_store, "publish", publish)
+
+
+def _interrupted_training(monkeypatch):
+  """Ctrl-C reaches SentencePiece's training, once the model's folders are made."""
+  def train(texts, path, vocab_size, model_type):
+    del texts, path, vocab_size, model_type
+    raise KeyboardInterrupt
+  monkeypatch.setattr(vocabulary, "_train", train)
 
 
 def _interrupted_mid_write(monkeypatch):
@@ -295,6 +303,10 @@ CASES = [
           "build_store: {tmp}/work/data/a.txt: SystemExit: 3\n",
           lambda work, monkeypatch: (_store(work / "stores" / "train"),
                                      _fails_to_read(monkeypatch, SystemExit(3)))),
+    _case("Ctrl-C while a vocabulary trains", "train_vocab",
+          ["--task=lk_bt_tasks.text_task", "--output=vocab/new/x.model"], 130,
+          "train_vocab: error: interrupted (Ctrl-C)\n",
+          lambda work, monkeypatch: _interrupted_training(monkeypatch)),
     _case("vocab reader raises", "train_vocab",
           ["--task=lk_bt_tasks.text_task", "--output=vocab/new/x.model"], 1,
           "': reading split 'train' failed: ValueError\n",

@@ -464,6 +464,8 @@ def task_texts(task: Any, split: str) -> Iterator[bytes]:
       yield from dataset.map(lambda example: example["text"]).as_numpy_iterator()
     except GeneratorExit:
       raise  # The reader of the texts stopped early: not a failure.
+    except KeyboardInterrupt:
+      raise  # Ctrl-C, in this thread (a reader's own exceptions come wrapped by tf.data).
     # The task's reader runs here (inside tf.data): a sys.exit() in it is a failed read too.
     except experiment_modules.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
       found = data_error_from(e)
