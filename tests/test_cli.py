@@ -110,8 +110,8 @@ def test_list_and_print_need_no_job_dir():
 
 def test_results_printed_to_stdout_are_never_lost_in_silence(tmp_path):
   """--mode=list/print's results are their stdout: a closed stdout is refused before they run
-  (exit 1, a write of results that cannot succeed), and a reader that closed the pipe or a full disk is one line and exit 1 (not a
-  traceback or a success) in any mode, --helpfull included."""
+  (exit 1, a write of results that cannot succeed), and a reader that closed the pipe or a full
+  disk is one line and exit 1 (not a traceback or a success) in any mode, --helpfull included."""
   closed = subprocess.run(f"{sys.executable} -m lingvo_lite --mode=list >&-", shell=True,
                           capture_output=False, stderr=subprocess.PIPE, text=True,
                           cwd=tmp_path, check=False)
