@@ -163,8 +163,6 @@ def _build(argv: list[str]) -> int:
     raise config_error("--workers", args.workers, "must be at least 1")
   if args.shard_bytes is not None and args.shard_bytes < 1:
     raise config_error("--shard_bytes", args.shard_bytes, "must be at least 1")
-  if not args.out:
-    raise config_error("--out", args.out, "is empty", "give the folder of the stores")
   out = paths.resolve(args.out, "--out")
   # Before the task loads (TensorFlow, the user's code): a place no store can be made in.
   fix = "give a folder of the stores (new or existing) where files can be written"
