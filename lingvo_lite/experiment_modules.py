@@ -94,7 +94,7 @@ def import_module(name: str) -> types.ModuleType | None:
     raise ImportFailed(describe(e)) from None
 
 
-def call_user_code(function: Callable[..., T], where: str, *args: Any, **kwargs: Any) -> T:
+def call_user_code(function: Callable[..., T], where: str, /, *args: Any, **kwargs: Any) -> T:
   """`function(*args, **kwargs)` for a function of the user's (an `--exp` config function, a
   bin/ tool's `--task`), whose failure is the user's to fix: one line, not a traceback.
 
@@ -103,7 +103,7 @@ def call_user_code(function: Callable[..., T], where: str, *args: Any, **kwargs:
     where: What the message starts with: the flag, its value and the call, e.g.
       `--task='my.task': my.task()`.
     *args: Passed on.
-    **kwargs: Passed on.
+    **kwargs: Passed on, whatever their names (`function` and `where` are positional-only).
 
   Raises:
     UsageError: `<where> raised <describe(error)>`, naming the line that raised; a UsageError
