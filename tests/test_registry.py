@@ -324,3 +324,9 @@ def test_the_builtin_packages_are_the_ones_beside_lingvo_lite():
   for name in builtin_packages.NAMES:
     assert builtin_packages.builtin_dir(name) == os.path.join(root, name)
     assert os.path.samefile(importlib.import_module(name).__path__[0], os.path.join(root, name))
+
+
+def test_user_code_gets_keyword_arguments_of_any_name():
+  # `--exp='X(where=...)'`: the caller's own parameters must not take the experiment's.
+  assert experiment_modules.call_user_code(lambda where, function: (where, function),
+                                           "--exp=X: X()", where=1, function=2) == (1, 2)
