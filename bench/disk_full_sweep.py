@@ -271,7 +271,20 @@ def main() -> None:
   parser.add_argument("--dir", default=None, help="where the jobs go (default: a temp folder)")
   parser.add_argument("--only", default="", help="comma-separated fill point names")
   args = parser.parse_args()
+  wanted = {name.strip() for name in args.only.split(",") if name.strip()}
+  unknown = sorted(wanted - {name for name, _, _ in _points()})
+  if unknown:  # Else nothing runs, and the table of no rows fails.
+    parser.error(f"--only: no fill point named {', '.join(unknown)}; the names are: "
+                 f"{', '.join(name for name, _, _ in _points())}")
   parent = args.dir or tempfile.mkdtemp(prefix="disk_full_sweep.")
+  try:
+    _sweep(args, parent, wanted)
+  finally:
+    if not args.dir:  # A temporary folder goes, whatever ended the sweep.
+      shutil.rmtree(parent, ignore_errors=True)
+
+
+def _sweep(args: argparse.Namespace, parent: str, wanted: set[str]) -> None:
   os.makedirs(parent, exist_ok=True)
   cache = os.path.join(parent, "jax_cache")
   runner = _Runner(os.path.abspath(args.code), parent, cache)
@@ -286,7 +299,6 @@ def main() -> None:
   print(f"uninterrupted run: {len(reference['curves']['metrics.jsonl'])} metric rows, "
         f"{len(reference['curves'][EVAL_FILE])} eval rows ({time.time() - started:.0f} s); "
         f"code: {runner.code}", flush=True)
-  wanted = {name.strip() for name in args.only.split(",") if name.strip()}
   rows = []
   columns = ("fill point", "exit", "one line", "kept", "resumed", "metrics", "params", "temps")
   for name, size, prepare in _points():
@@ -302,8 +314,6 @@ def main() -> None:
   print(f"\n{len(rows)} fill points in {time.time() - started:.0f} s:")
   for row in [dict(zip(columns, columns))] + rows:
     print("  ".join(row[c].ljust(w) for c, w in zip(columns, widths)).rstrip())
-  if not args.dir:
-    shutil.rmtree(parent, ignore_errors=True)
 
 
 if __name__ == "__main__":
