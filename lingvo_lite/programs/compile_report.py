@@ -253,6 +253,18 @@ def to_text(report: dict[str, Any]) -> str:
                f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
                f"({s['peak_source']})")
   if "max_batch" in report:
-    from lingvo_lite.programs import max_batch  # pylint: disable=g-import-not-at-top
-    lines += max_batch.to_text(report["max_batch"])
+    lines += _max_batch_lines(report["max_batch"])
   return "\n".join(lines) + "\n"
+
+
+def _max_batch_lines(data: dict[str, Any]) -> list[str]:
+  """The report's max_batch section (programs/max_batch.py searches; the report shows)."""
+  lines = ["  largest per-device batch that fits:",
+           "    remat policy                        max per device  compiles (batch: GiB, fits)"]
+  for row in data["policies"]:
+    made = ", ".join(f"{c['per_device_batch_size']}: {c['bytes'] / 2**30:.2f} "
+                     f"{'yes' if c['fits'] else 'no'}" for c in row["compiles"])
+    best = row["max_per_device_batch_size"]
+    lines.append(f"    {row['remat_policy']:<35} {'n/a' if best is None else best:>14}  {made}"
+                 + (f"  ({row['note']})" if row["note"] else ""))
+  return lines

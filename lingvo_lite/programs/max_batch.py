@@ -183,14 +183,3 @@ def _finish(setup: Setup, unit: int, compiles: dict[int, dict[str, Any]], best: 
           "per_device_unit": unit, "line": line, "note": note,
           "compiles": [compiles[k] for k in sorted(compiles)]}
 
-
-def to_text(data: dict[str, Any]) -> list[str]:
-  lines = ["  largest per-device batch that fits:",
-           "    remat policy                        max per device  compiles (batch: GiB, fits)"]
-  for row in data["policies"]:
-    made = ", ".join(f"{c['per_device_batch_size']}: {c['bytes'] / 2**30:.2f} "
-                     f"{'yes' if c['fits'] else 'no'}" for c in row["compiles"])
-    best = row["max_per_device_batch_size"]
-    lines.append(f"    {row['remat_policy']:<35} {'n/a' if best is None else best:>14}  {made}"
-                 + (f"  ({row['note']})" if row["note"] else ""))
-  return lines
