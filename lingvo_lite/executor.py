@@ -25,15 +25,13 @@ import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import (building, command_line, config_files, config_graph, config_help,
-                         distributed, job_dirs, outputs, overrides, paths, programs,
+from lingvo_lite import (building, command_line, compilation_cache, config_files, config_graph,
+                         config_help, distributed, job_dirs, outputs, overrides, paths, programs,
                          registry, run_info, stack_dumps, supervisor, target as targets, topologies)
-from lingvo_lite.errors import DataError, OutputFailure, UsageError, one_line, os_error_text
+from lingvo_lite.errors import DataError, OutputFailure, UsageError, one_line
 from lingvo_lite.experiment import Setup, with_default_parts
 
 MODES = tuple(programs.PROGRAMS)
-_DEFAULT_CACHE = os.path.join(
-    os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lingvo_lite", "jax")
 
 
 def _define_name(name: str, default: str | None, help_string: str) -> flags.FlagHolder[str]:
@@ -83,7 +81,7 @@ _JOB_LOG_DIR = _define_name(
     "job_log_dir", None, "Job folder: config, checkpoints, metrics, summaries (local or "
     "remote path).")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
-    "compilation_cache_dir", _DEFAULT_CACHE,
+    "compilation_cache_dir", compilation_cache.DEFAULT_FOLDER,
     "Persistent JAX compilation cache, so a restarted run skips compiling; '' disables it.")
 
 # --mode=compile (and the saved step train loads); lingvo_lite/programs lists who reads what.
@@ -326,70 +324,15 @@ def _arrange_cpu_devices() -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
-def _compilation_cache_dir(program: programs.Program) -> tuple[str | None, str | None]:
-  """The folder of JAX's persistent compilation cache for this run (None for no cache), and
-  the warning to print when the run gets as far as compiling (None when there is none).
-
-  Checked before anything runs: JAX would find out at its first compile and go on with a
-  warning per compile. A folder the user gave that cannot be used is their mistake to fix; the
-  default one (a read-only home, say) only costs the cache, with a one-line warning, and only
-  in the modes that compile (print only shows the config; compile measures its compile time,
-  uncached).
-
-  Raises:
-    UsageError: --compilation_cache_dir names a file, a folder under a file, or a folder in
-      which nothing can be created.
-  """
-  value = _COMPILATION_CACHE_DIR.value
-  given = _COMPILATION_CACHE_DIR.present
-  if value and not value.strip():  # A quoting slip, not a folder named ' ' in the cwd.
-    raise UsageError(f"--compilation_cache_dir={value!r}: blank; give a folder for JAX's "
-                     "compiled programs, or --compilation_cache_dir= to run without the cache")
+def _compilation_cache(program: programs.Program) -> compilation_cache.CompilationCache:
+  """The run's compilation cache, checked before anything runs: used by the modes that compile
+  (print only shows the config; compile measures its compile time, uncached)."""
   used = (program.needs_config and program.name not in ("print", "compile")
           and not _FDL_HELP.value)
-  if not value or not (given or used):
-    return None, None
-  path = paths.resolve(value, "--compilation_cache_dir")
-  if given:  # Retention deletes a checkpoint step's folder with whatever was put into it.
-    job_dir = (paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value
-               else None)
-    outputs.refuse_inside_checkpoints(path, f"--compilation_cache_dir={value}", job_dir)
-  problem = None if paths.is_remote(str(path)) else _unwritable_folder(path)
-  if problem is None:
-    return os.fspath(path), None
-  if given:
-    raise UsageError(f"--compilation_cache_dir={value}: {problem}; give a folder for "
-                     "JAX's compiled programs, or --compilation_cache_dir= to run without the "
-                     "cache")
-  # Printed only once the run compiles: a run refused later says its one line alone.
-  return None, (f"running without the compilation cache: {path} {problem}; pass "
-                "--compilation_cache_dir=FOLDER, or --compilation_cache_dir= to silence this")
-
-
-def _unwritable_folder(path: epath.Path) -> str | None:
-  """Why files cannot be made in the local folder `path` (created if absent), or None
-  (paths.creation_problem tries it: root passes every permission check, and a read-only file
-  system or /proc refuses what os.access allows)."""
-  existing = path
-  while not os.path.lexists(os.fspath(existing)):
-    existing = existing.parent
-  if not existing.is_dir():
-    return "is not a folder" if existing == path else f"is under {existing}, which is no folder"
-  error = paths.creation_problem(existing)
-  if error is None:
-    return None
-  where = "in it" if existing == path else f"in {existing}"
-  problem, _ = os_error_text(error)
-  return f"cannot be written (creating a folder {where} fails: {problem})"
-
-
-def _configure_compilation_cache(cache: tuple[str | None, str | None]) -> None:
-  folder, warning = cache
-  if warning:
-    print(f"lingvo_lite: warning: {warning}", file=sys.stderr, flush=True)
-  if folder:
-    jax.config.update("jax_compilation_cache_dir", folder)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  job_dir = (paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value
+             and _COMPILATION_CACHE_DIR.present else None)
+  return compilation_cache.choose(_COMPILATION_CACHE_DIR.value,
+                                  _COMPILATION_CACHE_DIR.present, used, job_dir)
 
 
 def _quiet_orbax(record: std_logging.LogRecord) -> bool:
@@ -424,7 +367,7 @@ def main(argv: Sequence[str]) -> None:
       outputs.check_stdout(f"--mode={program.name}", "give it a stdout (or redirect it to a "
                            "file: > FILE)")
     # Flags that cannot work fail before anything runs (before a supervised child starts).
-    cache = _compilation_cache_dir(program)
+    cache = _compilation_cache(program)
     if program.joins_distributed:
       distributed.check_timeouts(_HEARTBEAT_TIMEOUT.value, _INIT_TIMEOUT.value)
       distributed.plan(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
@@ -467,7 +410,7 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(code)
 
 
-def _run_mode(program: programs.Program, cache: tuple[str | None, str | None]) -> int | None:
+def _run_mode(program: programs.Program, cache: compilation_cache.CompilationCache) -> int | None:
   if _EXPERIMENTS_MODULE.value:
     registry.import_modules(_EXPERIMENTS_MODULE.value)
   _refuse_flags(program)
@@ -508,7 +451,7 @@ def _run_mode(program: programs.Program, cache: tuple[str | None, str | None]) -
       job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value,
                      profile=setup.train.profile_start_step >= 0,
                      eval_sets=tuple(setup.eval_sets))
-    _configure_compilation_cache(cache)
+    cache.configure()
     invocation = programs.Invocation(
         setup=setup, job_dir=job_dir, shown_job_dir=_JOB_LOG_DIR.value, target=target,
         options=options, config_text=lambda: config_files.to_text(cfg),
