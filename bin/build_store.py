@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
 def _build(argv: list[str]) -> int:
   args = _parse(argv)
   from lingvo_lite import outputs, paths
-  from lingvo_lite.data import store_build, token_store
+  from lingvo_lite.data import store_build, store_folders, token_store
   if args.workers is not None and args.workers < 1:
     raise config_error("--workers", args.workers, "must be at least 1")
   if args.shard_bytes is not None and args.shard_bytes < 1:
@@ -169,7 +169,7 @@ def _build(argv: list[str]) -> int:
   if not paths.is_remote(str(out)) and os.path.lexists(out) and not os.path.isdir(out):
     raise config_error("--out", args.out, "is a file, not a folder", fix)
   outputs.check_creatable(out / "store", f"--out={args.out!r}", fix)
-  store_build.check_outside_stores(out, "--out", args.out)
+  store_folders.check_outside_stores(out, "--out", args.out)
   store_build.check_pipeline_args(args.pipeline_arg)
   task = _task(args)
   splits = args.splits.split(",") if args.splits else list(task.splits)
