@@ -125,3 +125,13 @@ class SmallDisk:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def for_test(folder: str | os.PathLike, size: str) -> SmallDisk:
+  """A SmallDisk for a pytest test, or the test skipped with the reason where this machine
+  can mount none (neither root nor user namespaces)."""
+  import pytest  # pylint: disable=g-import-not-at-top  # Tests only; the bench does without.
+  try:
+    return SmallDisk(folder, size)
+  except Unavailable as e:
+    pytest.skip(str(e))

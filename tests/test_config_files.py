@@ -167,10 +167,7 @@ def test_a_config_written_before_a_part_existed_takes_overrides_of_that_part(tmp
 
 def test_on_a_full_disk_a_failed_rewrite_names_the_file_and_leaves_it_and_no_temporary(
     tmp_path):
-  try:
-    disk = small_disk.SmallDisk(tmp_path / "disk", "1m")
-  except small_disk.Unavailable as e:
-    pytest.skip(str(e))
+  disk = small_disk.for_test(tmp_path / "disk", "1m")
   with disk:
     job = epath.Path(disk.path) / "job"
     cfg = registry.lookup("PyCodeTiny").config()

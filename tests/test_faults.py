@@ -264,13 +264,6 @@ def _assert_stopped_after_failed_save(result, job, failed_step, steps, cause):
   assert failed_step not in _complete_steps(job)
 
 
-def _small_disk(folder, size):
-  try:
-    return small_disk.SmallDisk(folder, size)
-  except small_disk.Unavailable as e:
-    pytest.skip(str(e))
-
-
 # Throughput's figures, measured on the wall clock: the rest of a metrics row is a function of
 # the step alone, whatever stopped and resumed the run.
 WALL_CLOCK = set(summaries.Throughput(0, 1, 1, 1.0, 1, 1.0).report(1)) - {
@@ -304,7 +297,7 @@ def _leftovers(job):
 def test_a_full_disk_loses_no_verified_row_and_leaves_no_temporary_file(tmp_path, cache,
                                                                           trained_job):
   args = [*TRAINED_ARGS, "--fdl.train.steps=6"]  # trained_job's: the uninterrupted run.
-  with _small_disk(tmp_path / "disk", "4200k") as disk:
+  with small_disk.for_test(tmp_path / "disk", "4200k") as disk:
     job = disk.path / "job"
     # 1. Room for two checkpoints and not a third: steps 2 and 4 are verified (here on the
     # next save's path, with steps this fast), then saving step 6 fails.

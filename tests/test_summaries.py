@@ -213,10 +213,7 @@ def test_a_resumed_runs_rows_up_to_its_commit_stay_and_the_later_ones_go(tmp_pat
 
 @pytest.fixture
 def full_disk(tmp_path):
-  try:
-    disk = small_disk.SmallDisk(tmp_path / "disk", "1m")
-  except small_disk.Unavailable as e:
-    pytest.skip(str(e))
+  disk = small_disk.for_test(tmp_path / "disk", "1m")
   with disk:
     yield disk
 
