@@ -36,19 +36,10 @@ def writing(path: epath.Path) -> Iterator[None]:
 
 
 def replace(path: epath.Path, data: bytes) -> None:
-  """Writes `path` whole: a reader sees the old file or the new one, never a part.
-
-  The temporary's name never holds the file's own: TensorBoard reads every file whose name
-  holds `tfevents`, a half-written copy included.
-  """
-  temporary = path.parent / f".lingvo_lite_rewrite.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+  """Writes `path` whole (paths.write_atomically): a reader sees the old file or the new one,
+  never a part; a failure names the file."""
   with writing(path):
-    try:
-      temporary.write_bytes(data)
-      temporary.replace(path)
-    finally:
-      if temporary.exists():
-        temporary.unlink()
+    paths.write_atomically(path, data)
 
 
 def truncate(path: epath.Path, length: int) -> None:

@@ -97,8 +97,12 @@ def _local_path_of_file_url(url: str, shown: str) -> str:
 def write_atomically(path: epath.Path, content: str | bytes) -> None:
   """Writes `path` through a temporary file of this process's own and a rename: a reader,
   a kill mid-write or another process writing the same file at the same time (two compiles
-  into one job) only ever sees a whole version of it."""
-  temporary = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+  into one job) only ever sees a whole version of it.
+
+  The temporary's name never holds the file's own: TensorBoard reads every file whose name
+  holds `tfevents`, a half-written copy included.
+  """
+  temporary = path.parent / f".lingvo_lite_rewrite.{os.getpid()}.{os.urandom(4).hex()}.tmp"
   try:
     if isinstance(content, bytes):
       temporary.write_bytes(content)
