@@ -3,7 +3,7 @@
 orbax and tensorstore report a failed save or a damaged step as long chains of wrapped
 exceptions (tensorstore's messages name every path and spec) and, after a failed save, as
 tracebacks from background threads and callbacks into a closed event loop. This module turns
-the chain into one line led by the operating system's words (`one_line`), finds its errno
+the chain into one line led by the operating system's words (`innermost_cause`), finds its errno
 (`errno_of`: the fix a message names depends on it), and keeps orbax's after-the-fact noise
 off stderr (`silence_closed_loop_errors`).
 """
@@ -64,7 +64,7 @@ def _chain(error: BaseException) -> list[BaseException]:
   return chain
 
 
-def one_line(error: BaseException) -> str:
+def innermost_cause(error: BaseException) -> str:
   """The innermost cause of an exception chain, in one line, led by the operating system's
   word for what went wrong where any exception of the chain quotes one."""
   chain = _chain(error)

@@ -37,8 +37,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from lingvo_lite import checkpoint_integrity
-from lingvo_lite.checkpoint_errors import (READ_ERRORS, CheckpointWriteError, caused_by, one_line,
-                                           silence_closed_loop_errors)
+from lingvo_lite.checkpoint_errors import (READ_ERRORS, CheckpointWriteError, caused_by,
+                                           innermost_cause, silence_closed_loop_errors)
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveInt
 
@@ -256,7 +256,7 @@ class Checkpointer:
       saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
                                  custom_metadata=metadata)
     except Exception as e:  # pylint: disable=broad-except
-      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {one_line(e)}",
+      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {innermost_cause(e)}",
                                  e) from e
     if saved:
       self._pending.append(step)
@@ -297,7 +297,7 @@ class Checkpointer:
       self._manager.check_for_errors()
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointWriteError(
-          f"saving checkpoint step {pending[-1]} failed: {one_line(e)}", e) from e
+          f"saving checkpoint step {pending[-1]} failed: {innermost_cause(e)}", e) from e
     for step in pending:
       if not self._is_complete(step):
         raise CheckpointWriteError(f"saving checkpoint step {step} failed: orbax reported no "
@@ -307,7 +307,7 @@ class Checkpointer:
           checkpoint_integrity.write_checksums(self._directory / str(step))
         except OSError as e:
           raise CheckpointWriteError(f"recording the checksums of checkpoint step {step} "
-                                     f"failed: {one_line(e)}", e) from e
+                                     f"failed: {innermost_cause(e)}", e) from e
       elif self._settings.checksums:
         self._await_checksums(step)
       self._verified_steps.add(step)
@@ -361,7 +361,7 @@ class Checkpointer:
     except Exception as e:  # pylint: disable=broad-except
       # orbax raises a failed background save again here (a full disk): one line, as in wait.
       step = max(self._saved, default=None)
-      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {one_line(e)}",
+      raise CheckpointWriteError(f"saving checkpoint step {step} failed: {innermost_cause(e)}",
                                  e) from e
     return verified
 
@@ -420,7 +420,7 @@ class Checkpointer:
       earlier = [s for s in self.all_steps() if s < step]
       fix = (f"resume from step {max(earlier)}" if earlier else "start from scratch")
       raise UsageError(f"checkpoint step {step} in {self._directory} is unreadable "
-                       f"({one_line(e)}); move {self._directory / str(step)} out of the way "
+                       f"({innermost_cause(e)}); move {self._directory / str(step)} out of the way "
                        f"to {fix}") from None
 
   def _check_tree(self, step: int, abstract_state: Any, subtree: str | None = None) -> None:

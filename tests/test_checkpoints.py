@@ -57,7 +57,7 @@ def test_a_failed_save_is_named_by_the_operating_systems_words_in_any_form():
   # tensorstore quotes the OS error with its code in data writes, and without it in some
   # metadata writes (`.zarray`), past the 240 characters a message keeps: seen in 1 of ~10
   # runs of test_faults' file-size-limit case.
-  from lingvo_lite.checkpoint_errors import one_line  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.checkpoint_errors import innermost_cause  # pylint: disable=g-import-not-at-top
   long_path = "/job/checkpoints/3.orbax-checkpoint-tmp/" + "d" * 300
   with_code = ValueError(f"Error writing {long_path}: File too large [os_error_code='27']")
   try:
@@ -67,7 +67,7 @@ def test_a_failed_save_is_named_by_the_operating_systems_words_in_any_form():
       raise ValueError("OUT_OF_RANGE: Error opening \"zarr\" driver") from inner
   except ValueError as without_code:
     for error in (with_code, without_code):
-      assert "File too large (errno 27); " in one_line(error), one_line(error)
+      assert "File too large (errno 27); " in innermost_cause(error), innermost_cause(error)
 
 
 def test_other_processes_wait_in_the_checkpoint_for_process_0s_checksums(tmp_path,
