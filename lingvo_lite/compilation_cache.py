@@ -21,7 +21,8 @@ from lingvo_lite.errors import UsageError, os_error_text
 
 DEFAULT_FOLDER = os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lingvo_lite", "jax")
-_FIX = "give a folder for JAX's compiled programs, or --compilation_cache_dir= to run without the cache"
+_FIX = ("give a folder for JAX's compiled programs, or --compilation_cache_dir= to run without "
+        "the cache")
 
 
 @dataclasses.dataclass(frozen=True)

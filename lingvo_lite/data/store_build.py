@@ -192,7 +192,8 @@ def _import_beam():
 
 
 def _pipeline_options(workers: int, pipeline_args: Sequence[str]):
-  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from apache_beam.options.pipeline_options import PipelineOptions
   args = list(pipeline_args)
   if not any(a.startswith("--runner") for a in args):
     args += ["--runner=DirectRunner", f"--direct_num_workers={workers}",
@@ -449,7 +450,8 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
     token_store.publish(partial, path, manifest)
   except BaseException:
     if not keep_log:
-      store_folders.remove_file(log)  # The one-line message says it all; the log holds only start-up lines.
+      # The one-line message says it all; the log holds only start-up lines.
+      store_folders.remove_file(log)
     raise
   finally:
     store_folders.remove_partial(partial)
