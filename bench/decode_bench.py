@@ -14,7 +14,7 @@ batch 1 and 8; EOS never ends a row early on either side.
           virtual environment (bench/hf_generate.py --serve, a child process that builds the
           model once and warms each batch size up once; its docstring has the install
           commands and says what it measures).
-  lingvo: `lingvo_lite.generation.Generator` (what `--mode=decode` runs) on experiment
+  lingvo: `lingvo_lite.decode.generator.Generator` (what `--mode=decode` runs) on experiment
           lm.gptj.GptJ6B with its sizes overridden to the ones above (embedding_bias=False,
           which HF's GPT-J lacks), `decode.slots` = the batch, `decode.cache_length` = prompt
           + new tokens, `decode.max_new_tokens` = new tokens, `decode.stop_at_eos=False`
@@ -156,8 +156,8 @@ class _LingvoCase:
     import jax
     import jax.numpy as jnp
     from lingvo_lite import executor
-    from lingvo_lite.decode_requests import Request
-    from lingvo_lite.generation import Generator
+    from lingvo_lite.decode.requests import Request
+    from lingvo_lite.decode.generator import Generator
     from lingvo_lite.train_state import strip_boxes
 
     sets = [*GPTJ_SHAPES, f"decode.slots={batch}",

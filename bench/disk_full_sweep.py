@@ -5,7 +5,7 @@ stays, and the same command resumes to the uninterrupted run's result.
 
 The run is tiny (`PyCodeTiny --fiddler=tiny --fiddler=synthetic_data`, 12 steps, a checkpoint
 every 3 steps, `max_to_keep=2`, an evaluation every 6 steps and at the end), in a job dir on a
-small tmpfs (lingvo_lite.small_disk: root mounts it; elsewhere a user namespace). Each fill
+small tmpfs (lingvo_lite.runtime.small_disk: root mounts it; elsewhere a user namespace). Each fill
 point makes the disk full at one moment, in one of three ways:
   size N      the tmpfs holds N KiB: the first write past it fails (the config at the start,
               a metric row, the first, second or third checkpoint, its checksums, a commit)
@@ -53,7 +53,7 @@ sys.path.insert(0, _REPO)
 # pylint: disable=wrong-import-position
 import numpy as np
 
-from lingvo_lite import small_disk
+from lingvo_lite.runtime import small_disk
 # pylint: enable=wrong-import-position
 
 ARGS = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",

@@ -40,9 +40,10 @@ import jax
 from absl import logging
 from etils import epath
 
-from lingvo_lite import checkpoint_integrity, executor
-from lingvo_lite.checkpoints import Checkpointer
-from lingvo_lite.programs.jitted import JittedSteps
+from lingvo_lite import executor
+from lingvo_lite.checkpoints import integrity as checkpoint_integrity
+from lingvo_lite.checkpoints.manager import Checkpointer
+from lingvo_lite.jitted import JittedSteps
 # pylint: enable=wrong-import-position
 
 _EVERY_STEPS = 10

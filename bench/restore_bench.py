@@ -49,7 +49,7 @@ def _status_kb(field: str) -> int:
 
 
 def _jitted(sets: list[str]):
-  from lingvo_lite.programs.jitted import JittedSteps
+  from lingvo_lite.jitted import JittedSteps
   from lingvo_lite.testing import synthetic_tiny_setup
   return JittedSteps(synthetic_tiny_setup("PyCodeTiny", *sets))
 
@@ -59,7 +59,7 @@ def _write(directory: str, sets: list[str]) -> dict[str, int]:
   import jax
   import numpy as np
   from etils import epath
-  from lingvo_lite.checkpoints import Checkpointer, CheckpointSettings
+  from lingvo_lite.checkpoints.manager import Checkpointer, CheckpointSettings
   jitted = _jitted(sets)
   rng = np.random.default_rng(0)
 
@@ -82,7 +82,7 @@ def _write(directory: str, sets: list[str]) -> dict[str, int]:
 def _restore(directory: str, kind: str, sets: list[str]) -> dict[str, float]:
   import jax
   from etils import epath
-  from lingvo_lite.checkpoints import Checkpointer
+  from lingvo_lite.checkpoints.manager import Checkpointer
   jitted = _jitted(sets)
   checkpointer = Checkpointer(epath.Path(directory), jitted.setup.checkpoint, create=False)
   step = checkpointer.latest_step()

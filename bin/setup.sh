@@ -104,7 +104,7 @@ test --test_env=PATH=$venv/bin:/usr/local/bin:/usr/bin:/bin
 # Tests import this project only from their runfiles (the launcher sets PYTHONPATH to them),
 # never from the source tree: a missing dep in a BUILD file fails the test.
 test --test_env=PYTHONPATH=
-# tests/test_default_experiment.py runs bin/demo.sh, which runs this script: whatever HOME a
+# tests/programs/test_default_experiment.py runs bin/demo.sh, which runs this script: whatever HOME a
 # test gets, it finds this venv instead of building another.
 test --test_env=LINGVO_LITE_VENV_ROOT=$venv_root
 # Token stores and trained vocabularies are built once per machine, not once per test target:

@@ -23,16 +23,16 @@ if [ "${1:-}" = "--pytest" ]; then
   exec "$venv/bin/python" -m pytest tests "$@"
 fi
 
-# Every tests/test_*.py needs its own py_test in tests/BUILD.bazel, or Bazel would skip it.
+# Every tests/**/test_*.py needs its own py_test in the BUILD.bazel beside it, or Bazel would skip it.
 test_files=()
-for f in tests/test_*.py; do [ -e "$f" ] && test_files+=("$f"); done
+while IFS= read -r f; do test_files+=("$f"); done < <(find tests -name 'test_*.py' | sort)
 missing=()
 for f in "${test_files[@]}"; do
   name="$(basename "$f" .py)"
-  grep -qE "^[[:space:]]*name = \"$name\"," tests/BUILD.bazel || missing+=("$name")
+  grep -qsE "^[[:space:]]*name = \"$name\"," "$(dirname "$f")/BUILD.bazel" || missing+=("$f")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "test.sh: tests/BUILD.bazel has no py_pytest_test for: ${missing[*]} (add one target per tests/test_*.py)" >&2
+  echo "test.sh: no py_pytest_test in the BUILD.bazel beside: ${missing[*]} (add one target per tests/**/test_*.py)" >&2
   exit 1
 fi
 
@@ -58,7 +58,7 @@ import json, os, sys
 import xml.etree.ElementTree as ET
 
 bep, testlogs, files = sys.argv[1], sys.argv[2], sys.argv[3:]
-targets = set()   # Every test target in the request (configured), plus one per tests/test_*.py.
+targets = set()   # Every test target in the request (configured), plus one per tests/**/test_*.py.
 status = {}       # label -> overall status (testSummary)
 ran = set()       # labels with a testResult event: their test.xml is from this invocation.
 requested_all = True
@@ -79,7 +79,7 @@ if os.path.exists(bep):
       elif "pattern" in id_:
         requested_all = requested_all and all(p in ("//...", "...") for p in id_["pattern"].get("pattern", []))
 if requested_all:
-  targets.update("//tests:" + os.path.basename(f)[:-3] for f in files)
+  targets.update(f"//{os.path.dirname(f)}:{os.path.basename(f)[:-3]}" for f in files)
 
 passed = failed = skipped = 0
 for label in sorted(targets):

@@ -10,6 +10,12 @@ if sys.argv[:1] == ["-m"]:  # `python -m lingvo_lite` is starting (argv[0] while
   # and the handler (or the multi-process supervisor, which forwards it) takes it then.
   signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
 
+# Old import paths (`lingvo_lite.registry`, from before the modules moved into packages) still
+# resolve, for experiment modules written against them.
+from lingvo_lite.config import moved_modules as _moved_modules  # pylint: disable=g-import-not-at-top
+
+_moved_modules.install()
+
 # TensorFlow is only the data pipeline's engine here: keep its C++ start-up chatter quiet.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

@@ -24,7 +24,7 @@ from typing import Sequence
 
 from absl import flags
 
-from lingvo_lite import overrides
+from lingvo_lite.config import overrides
 from lingvo_lite.errors import EMPTY_VALUE, UsageError
 
 DOTTED_FLAG = "fdl_dot"

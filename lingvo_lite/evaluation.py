@@ -38,8 +38,8 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from lingvo_lite import progress, summaries
 from lingvo_lite.data.source import DataSource, local_rows
+from lingvo_lite.runtime import progress, summaries
 
 # The metrics a results table shows, with their headings (others stay in the files).
 _SHOWN = (("loss", "loss"), ("perplexity", "perplexity"), ("accuracy", "accuracy"),

@@ -25,11 +25,13 @@ import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import (building, command_line, compilation_cache, config_files, config_graph,
-                         config_help, distributed, job_dirs, outputs, overrides, paths, programs,
-                         registry, run_info, stack_dumps, supervisor, target as targets, topologies)
+from lingvo_lite import command_line, outputs, paths, programs, target as targets, topologies
+from lingvo_lite.config import (building, files as config_files, graph as config_graph,
+                                help as config_help, overrides, registry)
 from lingvo_lite.errors import DataError, OutputFailure, UsageError, one_line
 from lingvo_lite.experiment import Setup, with_default_parts
+from lingvo_lite.runtime import (compilation_cache, distributed, job_dirs, run_info, stack_dumps,
+                                 supervisor)
 
 MODES = tuple(programs.PROGRAMS)
 

@@ -16,15 +16,15 @@ from typing import Annotated, Any, Mapping
 import fiddle as fdl
 
 from lingvo_lite import fields, target as targets
-from lingvo_lite.checkpoints import CheckpointSettings
-from lingvo_lite.decode_settings import DecodeSettings
+from lingvo_lite.checkpoints.manager import CheckpointSettings
 from lingvo_lite.data.source import DataSource, check_ready, vocabulary_fingerprint
+from lingvo_lite.decode.settings import DecodeSettings
 from lingvo_lite.errors import config_error, shown
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
 from lingvo_lite.models.transformer import ParameterShape, TransformerLM
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.watchdog import WatchdogSettings
+from lingvo_lite.runtime.watchdog import WatchdogSettings
 
 
 @dataclasses.dataclass(frozen=True)

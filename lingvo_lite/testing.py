@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
-from lingvo_lite import executor, fiddlers, overrides, registry
+from lingvo_lite import executor
+from lingvo_lite.config import fiddlers, overrides, registry
 from lingvo_lite.experiment import Setup
-from lingvo_lite.programs.jitted import JittedSteps
+from lingvo_lite.jitted import JittedSteps
 
 
 def tiny_config(experiment: str, *sets: str, synthetic: bool = False) -> fdl.Config:

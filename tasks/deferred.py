@@ -4,7 +4,7 @@ task named by an import path, as the bin/ tools take one.
 A task's functions are the user's code: whatever they raise (a module that fails to import, a
 task function or a recipe that raises, calls `sys.exit()`, or returns something else) is one
 line naming the flag, the call and the line that raised, as for the executor's `--exp`
-(`lingvo_lite.experiment_modules`), never a traceback.
+(`lingvo_lite.config.experiment_modules`), never a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from lingvo_lite import experiment_modules
+from lingvo_lite.config import experiment_modules
 from lingvo_lite.errors import UsageError, config_error, shown
 
 # What a task is used through: a seqio Task and a DeferredTask have all three.

@@ -1,7 +1,7 @@
 """Runs executor command lines in one child process and prints, as one JSON line, each one's
 exit code, stderr and the functions XLA compiled meanwhile (from jax.monitoring's backend
 compile event, which fires on every compile, a persistent-cache hit included). The parent
-(tests/test_compile.py) sets XLA_FLAGS for 8 CPU devices and asserts on the result.
+(tests/programs/test_compile.py) sets XLA_FLAGS for 8 CPU devices and asserts on the result.
 
   python -m tests.compiled_step_worker '[["--exp=...", ...], ...]'
 """

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lingvo_lite import decode_steps, decoding
-from lingvo_lite.train_state import strip_boxes
-from lingvo_lite.programs.jitted import JittedSteps
+from lingvo_lite.decode import jitted as decode_steps, steps as decoding
+from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
+from lingvo_lite.train_state import strip_boxes
 
 SETS = ("model.vocab_size=256", "train_data.vocab_size=256", "eval_data.vocab_size=256",
         "train_data.global_batch_size=8", "eval_data.global_batch_size=8",

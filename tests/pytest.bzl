@@ -18,7 +18,7 @@ def py_pytest_test(name, src = None, deps = [], args = [], data = [], **kwargs):
             "//tests:pytest_runner.py",
             "//tests:__init__.py",
             src,
-        ],
+        ] + ([] if native.package_name() == "tests" else ["__init__.py"]),
         main = "//tests:pytest_runner.py",
         args = ["$(rootpath %s)" % src] + args,
         # pyproject.toml: pytest's rootdir and [tool.pytest.ini_options] (markers).

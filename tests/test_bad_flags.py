@@ -9,7 +9,7 @@ import sys
 import pytest
 from absl import flags
 
-from lingvo_lite import supervisor
+from lingvo_lite.runtime import supervisor
 from lingvo_lite.testing import run_cli, source_root
 
 PRINT = ["--mode=print", "--exp=PyCodeTiny"]

@@ -267,7 +267,7 @@ LOOKUP_CASES = [
          ("lk_twins-0.1.dist-info/entry_points.txt",
           "[lingvo_lite.experiments]\na = lk_twin_a\nb = lk_twin_b\n")] + [
          (f"lk_twin_{x}.py", "from lingvo_lite.experiment import Experiment\n"
-          "from lingvo_lite.registry import register\n"
+          "from lingvo_lite.config.registry import register\n"
           "@register\nclass LkTwinExp(Experiment):\n  pass\n") for x in "ab"]]),
     # Fiddlers named by import path: imported like experiment modules, their failures one line.
     Case("fiddler raises", ["--job_log_dir={job}", "--fiddler=lk_fidraise.fid"],

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from lingvo_lite import config_files, overrides, registry
+from lingvo_lite.config import files as config_files, overrides, registry
 from lingvo_lite.testing import override_directives, tree_digest
 from etils import epath
 

@@ -4,8 +4,9 @@ validates, shapes its state and lowers its train step on CPU."""
 import jax
 import pytest
 
-from lingvo_lite import executor, registry
-from lingvo_lite.programs.jitted import JittedSteps
+from lingvo_lite import executor
+from lingvo_lite.config import registry
+from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.testing import assert_experiment_lowers, tiny_config
 
 

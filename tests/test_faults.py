@@ -7,7 +7,7 @@ with a relative `--job_log_dir`, as a user would, on the tiny synthetic-data set
 share one compilation cache (content-addressed, so sharing is safe), and the optimizer's
 `decay_steps` is fixed so that runs of different lengths compile the same train step: only
 the first run of each model, batch and optimizer setting compiles.
-(Concurrent trainers on one job dir: tests/test_job_lock.py.)
+(Concurrent trainers on one job dir: tests/runtime/test_job_lock.py.)
 """
 
 import json
@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 from etils import epath
 
-from lingvo_lite import checkpoint_integrity, small_disk, summaries
+from lingvo_lite.checkpoints import integrity as checkpoint_integrity
+from lingvo_lite.runtime import small_disk, summaries
 from lingvo_lite.testing import run_cli, source_root, tree_digest
 
 ROOT = str(source_root())

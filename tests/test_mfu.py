@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from experiments.lm import architectures
-from lingvo_lite import mfu, summaries
+from lingvo_lite import mfu
+from lingvo_lite.runtime import summaries
 
 FAMILIES = {
     "gptj": architectures.gptj(vocab_size=300, num_layers=3, dim=64, num_heads=4, rotary_dim=8),

@@ -12,7 +12,7 @@ import pytest
 from etils import epath
 
 from lingvo_lite import outputs
-from lingvo_lite.decode_records import CompletionWriter
+from lingvo_lite.decode.records import CompletionWriter
 from lingvo_lite.errors import OutputFailure, UsageError, os_error_text
 from lingvo_lite.testing import tree_digest
 

@@ -417,7 +417,7 @@ RULES = (
     Rule("bin/test.sh", lambda c: c.argv[:2] == ("bash", "bin/test.sh"), None,
          why="runs the whole suite, this test included (it is what CI runs)"),
     Rule("bin/demo.sh", lambda c: c.argv[:2] == ("bash", "bin/demo.sh"), None,
-         why="tests/test_default_experiment.py runs it as written; its 800 steps take ~1.5 "
+         why="tests/programs/test_default_experiment.py runs it as written; its 800 steps take ~1.5 "
              "minutes, so the suite runs them once"),
     Rule("list", lambda c: _lingvo(c, "list"), _check_list),
     Rule("print as SVG", lambda c: _lingvo(c, "print") and c.flag("format") == "svg",
@@ -433,7 +433,7 @@ RULES = (
          why="16 new tokens, not 128, per --prompt request: the 4-step model's tokens are noise "
              "either way, and 16 still run the prefill and the generate loop"),
     Rule("compile GPT-J-6B", lambda c: _lingvo(c, "compile") and c.flag("exp") == "GptJ6B",
-         None, why="tests/test_compile_experiments.py compiles GptJ6B for v5e-256 and asserts "
+         None, why="tests/programs/test_compile_experiments.py compiles GptJ6B for v5e-256 and asserts "
                    "FITS (about a minute on 2 cores); the suite does it once"),
     Rule("compile, max-batch search",
          lambda c: _lingvo(c, "compile") and c.flag("compile_find_max_batch") is not None,

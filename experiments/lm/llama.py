@@ -7,10 +7,10 @@ import fiddle as fdl
 
 from experiments.lm import architectures
 from experiments.lm.synthetic import synthetic_lm_data
+from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.registry import register
 
 
 @register

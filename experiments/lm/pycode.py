@@ -10,12 +10,12 @@ import os
 import fiddle as fdl
 
 from experiments.lm import architectures
-from lingvo_lite.checkpoints import CheckpointSettings
+from lingvo_lite.checkpoints.manager import CheckpointSettings
+from lingvo_lite.config.registry import register
 from lingvo_lite.data.store_data import StoreStream, TokenStoreData, TokenStoreMixture
 from lingvo_lite.data.vocabulary import SentencePieceModel, padded_vocab_size
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.optimizers import AdamW
-from lingvo_lite.registry import register
 from tasks import pycode
 
 

@@ -34,9 +34,11 @@ from typing import Any, Sequence
 import numpy as np
 from etils import epath
 
-from lingvo_lite import experiment_modules, paths, progress
+from lingvo_lite import paths
+from lingvo_lite.config import experiment_modules
 from lingvo_lite.data import store_folders, token_store, vocabulary
 from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.runtime import progress
 from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from, error_cause,
                                 one_line)
 
@@ -308,7 +310,7 @@ def _worker_logs_to(log_file: str):
 
 class _Progress:
   """Progress over finished shards (ledger entries), polled while the pipeline runs: a bar on
-  a terminal, a line now and then in a log (lingvo_lite.progress)."""
+  a terminal, a line now and then in a log (lingvo_lite.runtime.progress)."""
 
   def __init__(self, partial: epath.Path, total: int, label: str, enabled: bool, stream):
     self._partial, self._total, self._label, self._stream = partial, total, label, stream

@@ -26,7 +26,8 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import numpy as np
 from etils import epath
 
-from lingvo_lite import experiment_modules, paths
+from lingvo_lite import paths
+from lingvo_lite.config import experiment_modules
 from lingvo_lite.data import locations
 from lingvo_lite.data.tensorflow_import import import_seqio, import_tensorflow
 from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from,

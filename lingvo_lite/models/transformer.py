@@ -329,7 +329,7 @@ class TransformerLM(nn.Module):
                output_index: jax.Array | None = None, return_kv: bool = False) -> Any:
     """Logits of `tokens` [batch, length]; see the class doc.
 
-    Decoding uses the last three arguments (lingvo_lite/decoding.py):
+    Decoding uses the last three arguments (lingvo_lite/decode/steps.py):
 
     Args:
       cache: A decode cache (keys, values) of every layer (models/kv_cache.py): tuples of

@@ -65,7 +65,7 @@ class Invocation:
     config_text: Makes the flattened config (config.txt's text), for the programs that
       show it.
     config_json: Makes config.json's text (reloadable by --fdl_config_file).
-    config_svg: Draws the config as an SVG picture (lingvo_lite.config_graph); raises
+    config_svg: Draws the config as an SVG picture (lingvo_lite.config.graph); raises
       UsageError where Graphviz is missing.
     write_config: Writes config.json and config.txt into the job dir.
     config_changes: Given a job dir's recorded config path, the fields that differ from this
@@ -116,7 +116,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("compile", "compile the train step (or the eval step, or the decode functions) "
             "ahead of time for a target topology: memory verdict, step time, maximum batch, a "
             "saved executable",
-            "compile", flags=("compile_topology", "compile_num_slices", "compile_program",
+            "compile.program", flags=("compile_topology", "compile_num_slices", "compile_program",
                               "compile_find_max_batch", "compile_remat_policies",
                               "compiled_step_out")),
     Program("print", "print the flattened config (after overrides) and validate it; "

@@ -8,7 +8,7 @@ Only the parameters are restored, into the partitioner's shardings (no optimizer
 read or allocated); the decode state (KV cache and slots) is sharded with the slots over the
 data-parallel axes and the key/value heads over `tensor`. Every request is checked (its
 fields, its tokens against the model's vocabulary and the cache) before the checkpoint is
-read. Completions go to JOB/decode/<UTC time>.jsonl (schema: lingvo_lite/decode_records.py),
+read. Completions go to JOB/decode/<UTC time>.jsonl (schema: lingvo_lite/decode/records.py),
 never into the training files; printed as text as well when stdout is a terminal.
 """
 
@@ -21,15 +21,16 @@ from typing import Any
 from absl import logging
 from etils import epath
 
-from lingvo_lite import (decode_records, decode_requests, decode_steps, generation, memory_fit,
-                         outputs)
-from lingvo_lite.checkpoints import Checkpointer
+from lingvo_lite import memory_fit, outputs
+from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.data.source import text_vocabulary
+from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
+                                records as decode_records, requests as decode_requests)
 from lingvo_lite.errors import UsageError, os_error_text
+from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
 from lingvo_lite.programs.eval import chosen_step
-from lingvo_lite.programs.jitted import JittedSteps
-from lingvo_lite.programs.stop_request import StopRequest
+from lingvo_lite.runtime.stop_request import StopRequest
 
 
 class _InOrder:

@@ -30,13 +30,14 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from lingvo_lite import (config_files, evaluation, job_lock, memory_fit, outputs, paths,
-                         summaries)
-from lingvo_lite.checkpoints import Checkpointer
+from lingvo_lite import evaluation, memory_fit, outputs, paths
+from lingvo_lite.checkpoints.manager import Checkpointer
+from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
+from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
-from lingvo_lite.programs.jitted import JittedSteps
+from lingvo_lite.runtime import lock as job_lock, summaries
 
 RECORD = "evaluated.json"
 _STOP, _WAIT = -2, -1  # What process 0 tells the others instead of a step to evaluate.

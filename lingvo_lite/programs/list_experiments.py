@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import sys
 
-from lingvo_lite import registry
+from lingvo_lite.config import registry
 from lingvo_lite.programs import Invocation
 
 

@@ -2,7 +2,7 @@
 
   text  config.txt's listing: every field, flattened, with where its value came from
   json  config.json's text, which `--fdl_config_file` reloads
-  svg   a picture of the config's parts and the fields they set (lingvo_lite.config_graph)
+  svg   a picture of the config's parts and the fields they set (lingvo_lite.config.graph)
 """
 
 from __future__ import annotations

@@ -29,10 +29,11 @@ from typing import Any
 
 from etils import epath
 
-from lingvo_lite import (config_diffs, config_files, config_graph, outputs, paths, report_data,
-                         report_html, report_plots)
+from lingvo_lite import outputs, paths
+from lingvo_lite.config import diffs as config_diffs, files as config_files, graph as config_graph
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure
+from lingvo_lite.report import data as report_data, html as report_html, plots as report_plots
 
 FOLDER = "report"
 INDEX, COMPARE, GRAPH = "index.html", "compare.html", "config.svg"

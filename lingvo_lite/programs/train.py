@@ -19,17 +19,19 @@ import jax
 from absl import logging
 from etils import epath
 
-from lingvo_lite import (checkpoint_health, config_files, evaluation, job_lock, memory_fit,
-                         mfu, run_info, summaries)
-from lingvo_lite.checkpoint_errors import CheckpointWriteError
-from lingvo_lite.checkpoints import Checkpointer
+from lingvo_lite import evaluation, memory_fit, mfu
+from lingvo_lite.checkpoints import health as checkpoint_health
+from lingvo_lite.checkpoints.errors import CheckpointWriteError
+from lingvo_lite.checkpoints.manager import Checkpointer
+from lingvo_lite.config import files as config_files
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.errors import UsageError, os_error_text
 from lingvo_lite.experiment import Setup
+from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
-from lingvo_lite.programs.jitted import JittedSteps
-from lingvo_lite.programs.stop_request import StopRequest
-from lingvo_lite.watchdog import Watchdog
+from lingvo_lite.runtime import lock as job_lock, run_info, summaries
+from lingvo_lite.runtime.stop_request import StopRequest
+from lingvo_lite.runtime.watchdog import Watchdog
 
 # Where a profiler trace goes: the train run's TensorBoard folder, so the printed
 # `tensorboard --logdir=JOB/summaries` shows it (jax writes it under plugins/profile/).
@@ -222,7 +224,7 @@ def run(setup: Setup, job_dir: epath.Path,
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)
   if compiled_step_in is not None:
-    from lingvo_lite.programs import compiled_steps  # pylint: disable=g-import-not-at-top
+    from lingvo_lite.programs.compile import compiled_steps  # pylint: disable=g-import-not-at-top
     jitted.train_step = compiled_steps.load(compiled_step_in, jitted)
   checkpointer = Checkpointer(job_dir / "checkpoints", setup.checkpoint)
   say = lambda message: summaries.log(message, is_chief)

@@ -1,0 +1,3 @@
+"""Checkpoints: saving and restoring with orbax, their checksums, their health, and their
+errors in one line each.
+"""

@@ -1,0 +1,358 @@
+"""The generator: requests in, completions out, over a fixed set of slots that refill.
+
+Host side of decoding (lingvo_lite/decode/steps.py holds the jitted steps). A request is
+resolved first (its settings from the config's `decode.*` defaults, its prompt tokenized,
+its length checked against the cache), so every bad request is one line before any device
+time. Then, while requests remain:
+
+  1. free slots take the next requests: one prefill call writes their prompts (padded to
+     the smallest prefill bucket that holds the longest) and samples their first tokens;
+  2. one generate call runs every slot for up to `decode.steps_per_call` tokens;
+  3. the host reads the slots' tokens back, matches stop strings on the detokenized text,
+     and turns each finished slot into a Completion, freeing the slot.
+
+The functions are compiled once per (slots, cache length) and once per prefill bucket:
+settings, prompt lengths within a bucket and the number of requests change no shape.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from lingvo_lite.decode import sampling, steps as decoding
+from lingvo_lite.decode.jitted import DecodeSteps, end_token
+from lingvo_lite.decode.records import Completion
+from lingvo_lite.decode.requests import Request
+from lingvo_lite.errors import UsageError
+from lingvo_lite.experiment import Setup
+from lingvo_lite.train_state import strip_boxes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resolved:
+  """A request with every setting decided and its prompt as ids."""
+
+  index: int
+  request: Request
+  prompt_ids: tuple[int, ...]
+  prompt_text: str | None
+  max_new_tokens: int
+  temperature: float
+  top_k: int
+  top_p: float
+  seed: int
+  stop: tuple[str, ...]
+
+  @property
+  def settings(self) -> dict[str, Any]:
+    return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
+            "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
+
+
+@dataclasses.dataclass
+class _Slot:
+  """A request being decoded in one slot."""
+
+  job: _Resolved
+  started: float
+  first_token: float
+  checked: int = 0  # Completion tokens already searched for stop strings.
+
+
+class RequestResolver:
+  """Turns requests into jobs for the slots: settings from the config's `decode.*` defaults,
+  the prompt as ids, and the lengths checked against the cache. Needs no device."""
+
+  def __init__(self, setup: Setup, vocabulary: Any = None):
+    self.model = setup.model
+    self.settings = setup.decode
+    self.vocabulary = vocabulary
+    self.cache_length = self.settings.resolved_cache_length(self.model.max_length)
+
+  def resolve(self, index: int, request: Request) -> _Resolved:
+    """The request with the config's defaults filled in and its prompt as ids.
+
+    Raises:
+      UsageError: one line naming the request (its source) and the problem.
+    """
+    settings = self.settings
+    given = request.overrides()
+    where = f"{request.source}: "
+    if request.prompt is not None:
+      if self.vocabulary is None:
+        raise UsageError(f"{where}prompt: this experiment's data has no text vocabulary "
+                         "(its ids are not text); give prompt_ids (in a --prompts_file line)")
+      ids = tuple(int(i) for i in self.vocabulary.encode(request.prompt))
+      if not ids:
+        raise UsageError(f"{where}prompt={request.prompt!r}: tokenizes to no token; give "
+                         "some text")
+      text = request.prompt
+    else:
+      ids = tuple(request.prompt_ids)
+      text = self.text(ids)
+    bad = [i for i in ids if not 0 <= i < self.model.vocab_size]
+    if bad:
+      raise UsageError(f"{where}prompt_ids: token id {bad[0]} is outside the model's "
+                       f"vocabulary [0, {self.model.vocab_size}); give ids below "
+                       f"model.vocab_size={self.model.vocab_size}")
+    max_new = given.get("max_new_tokens", settings.max_new_tokens)
+    largest_bucket = settings.resolved_buckets(self.model.max_length)[-1]
+    if len(ids) > largest_bucket or len(ids) + max_new > self.cache_length:
+      raise UsageError(f"{where}the prompt's {len(ids)} tokens and max_new_tokens={max_new} "
+                       f"do not fit the decode cache (decode.cache_length={self.cache_length}"
+                       f", longest prefill bucket {largest_bucket}); "
+                       + self._fit_fixes(len(ids), max_new, largest_bucket))
+    stop = tuple(given.get("stop", settings.stop))
+    if stop and self.vocabulary is None:
+      named = "stop" if "stop" in given else "decode.stop"
+      raise UsageError(f"{where}{named}={list(stop)!r}: stop strings are matched in the "
+                       "text, and this experiment's data has no text vocabulary; drop them "
+                       "(stop: [] in a --prompts_file line) or use max_new_tokens")
+    return _Resolved(
+        index=index, request=request, prompt_ids=ids, prompt_text=text,
+        max_new_tokens=max_new,
+        temperature=float(given.get("temperature", settings.temperature)),
+        top_k=int(given.get("top_k", settings.top_k)),
+        top_p=float(given.get("top_p", settings.top_p)),
+        seed=int(given.get("seed", settings.seed)), stop=stop)
+
+  def _fit_fixes(self, prompt_length: int, max_new: int, largest_bucket: int) -> str:
+    """The changes that would make a request fit, only those that can."""
+    fixes = []
+    longest_prompt = min(largest_bucket, self.cache_length - max_new)
+    if longest_prompt > 0:
+      fixes.append(f"shorten the prompt to at most {longest_prompt} tokens")
+    if prompt_length <= largest_bucket and self.cache_length - prompt_length > 0:
+      fixes.append(f"lower max_new_tokens to at most {self.cache_length - prompt_length}")
+    context = self.model.max_length
+    if self.cache_length < context:
+      fixes.append(f"raise --fdl.decode.cache_length (up to model.max_length={context}, the "
+                   "model's context)")
+    if prompt_length > largest_bucket and largest_bucket < self.cache_length:
+      fixes.append(f"add a prefill bucket of at least {prompt_length} "
+                   "(--fdl.decode.prefill_buckets)")
+    if not fixes:
+      fixes.append(f"shorten the prompt: the model's context is model.max_length={context}")
+    return ", or ".join(fixes)
+
+  def text(self, ids: Sequence[int]) -> str | None:
+    """The text of `ids` (None without a text vocabulary). EOS ids are dropped, not ends:
+    seqio's decode stops at the first, which would lose what follows when
+    `decode.stop_at_eos` is off."""
+    if self.vocabulary is None:
+      return None
+    eos = getattr(self.vocabulary, "eos_id", None)
+    pieces, current = [], []
+    for token in ids:
+      if token == eos:
+        pieces.append(current)
+        current = []
+      else:
+        current.append(int(token))
+    pieces.append(current)
+    return "".join(self.vocabulary.decode(piece) for piece in pieces if piece)
+
+  def completion_text(self, prompt_ids: Sequence[int], ids: Sequence[int]) -> str | None:
+    """The text `ids` add after the prompt: the text of prompt + ids past the prompt's own,
+    so a character whose bytes straddle the two, or a tokenizer's leading-space rule, comes
+    out as in the whole; the completion's own text where the prompt's is not a prefix."""
+    if self.vocabulary is None:
+      return None
+    whole, prompt = self.text(list(prompt_ids) + list(ids)), self.text(prompt_ids)
+    return whole[len(prompt):] if whole.startswith(prompt) else self.text(ids)
+
+
+class Generator:
+  """Decodes requests with one Setup's model and parameters (see the module doc).
+
+  Attributes:
+    compiled_prefill_buckets: The prefill buckets used so far (each compiled once).
+  """
+
+  def __init__(self, setup: Setup, params: Any, mesh: Mesh | None = None,
+               vocabulary: Any = None, checkpoint_step: int | None = None,
+               steps: DecodeSteps | None = None):
+    """
+    Args:
+      setup: The validated Setup (its model and `decode` settings are used).
+      params: The model's parameters (placed into their shardings on `mesh`).
+      mesh: The device mesh; None makes the partitioner's over this host's devices.
+      vocabulary: The seqio vocabulary for text prompts and completions; None decodes ids.
+      checkpoint_step: Recorded in each completion.
+      steps: The jitted functions, if already made for this setup, mesh and vocabulary.
+    """
+    self.setup = setup
+    self.model = setup.model
+    self.settings = setup.decode
+    self.vocabulary = vocabulary
+    self.checkpoint_step = checkpoint_step
+    eos_id = end_token(setup, vocabulary)
+    self.steps = steps or DecodeSteps(setup, mesh, eos_id)
+    self.resolver = RequestResolver(setup, vocabulary)
+    self.eos_id = eos_id
+    self.slots = self.steps.slots
+    self.cache_length = self.steps.cache_length
+    self.params = jax.device_put(strip_boxes(params), self.steps.param_shardings)
+    self.state = self.steps.empty_state()
+    self.compiled_prefill_buckets: set[int] = set()
+    self._prefill: dict[int, Any] = {}  # Bucket -> compiled prefill.
+    self._generate: Any = None  # The compiled generate loop.
+
+  def activated(self):
+    return self.steps.activated()
+
+  # --------------------------------------------------------------------------- decoding
+
+  def warm(self, prompt_lengths: Sequence[int]) -> None:
+    """Compiles the generate loop and the prefill of every bucket these prompt lengths use
+    (ahead of time, from shapes), so no request's timing counts a compile; the generator
+    then calls these executables."""
+    buckets = {self.settings.bucket_for(n, self.model.max_length) for n in prompt_lengths}
+    for bucket in sorted(buckets - set(self._prefill)):
+      self._prefill[bucket] = self.steps.lower_prefill(bucket).compile()
+    if self._generate is None:
+      self._generate = self.steps.lower_generate().compile()
+
+  def generate(self, requests: Sequence[Request],
+               on_completion: Callable[[int, Completion], None] | None = None,
+               should_stop: Callable[[], bool] | None = None) -> list[Completion | None]:
+    """Completions of `requests`, in their order (all resolved, and the functions they need
+    compiled, before any is decoded).
+
+    Args:
+      requests: What to decode.
+      on_completion: Called with (request index, completion) as each one finishes (in the
+        order they finish), so a caller can write results before the last is done.
+      should_stop: Asked between device calls; True ends the decode early, the unfinished
+        requests' entries None.
+    """
+    jobs = [self.resolver.resolve(index, request) for index, request in enumerate(requests)]
+    self.warm([len(job.prompt_ids) for job in jobs])
+    pending = collections.deque(jobs)
+    slots: list[_Slot | None] = [None] * self.slots
+    ended = np.zeros(self.slots, bool)  # Slots the host finished since the last call.
+    results: list[Completion | None] = [None] * len(jobs)
+    limit = np.int32(self.settings.steps_per_call)
+    with self.activated():
+      while (pending or any(slots)) and not (should_stop and should_stop()):
+        free = [index for index, slot in enumerate(slots) if slot is None]
+        if free and pending:
+          chosen = [(slot, pending.popleft()) for slot in free[:len(pending)]]
+          self._prefill_slots(chosen, slots)
+          ended[[slot for slot, _ in chosen]] = False
+        self.state = self._generate(self.params, self.state, limit, ended)
+        ended[:] = False
+        tokens, logprobs, lengths, done = jax.device_get(
+            (self.state.tokens, self.state.logprobs, self.state.lengths, self.state.done))
+        now = time.perf_counter()
+        for index, slot in enumerate(slots):
+          if slot is None:
+            continue
+          completion = self._finished(slot, tokens[index], logprobs[index],
+                                      int(lengths[index]), bool(done[index]), now)
+          if completion is not None:
+            results[slot.job.index] = completion
+            slots[index] = None
+            ended[index] = True
+            if on_completion is not None:
+              on_completion(slot.job.index, completion)
+      # Slots the host ended (a stop string, or a stop asked for) must not run on in the
+      # next call: a zero-step call marks them done on the device.
+      ended |= np.array([slot is not None for slot in slots])
+      if ended.any():
+        self.state = self._generate(self.params, self.state, np.int32(0), ended)
+    return results
+
+  def _prefill_slots(self, chosen: list[tuple[int, _Resolved]],
+                     slots: list[_Slot | None]) -> None:
+    """One prefill call for the jobs of `chosen` (slot, job); times it to the first token."""
+    bucket = self.settings.bucket_for(max(len(job.prompt_ids) for _, job in chosen),
+                                      self.model.max_length)
+    prompts = np.zeros((self.slots, bucket), np.int32)
+    prompt_lengths = np.ones(self.slots, np.int32)
+    insert = np.zeros(self.slots, bool)
+    end = np.zeros(self.slots, np.int32)
+    temperature = np.zeros(self.slots, np.float32)
+    top_k = np.zeros(self.slots, np.int32)
+    top_p = np.ones(self.slots, np.float32)
+    seeds = np.zeros((self.slots, 2), np.uint32)
+    for slot, job in chosen:
+      prompts[slot, :len(job.prompt_ids)] = job.prompt_ids
+      prompt_lengths[slot] = len(job.prompt_ids)
+      insert[slot] = True
+      end[slot] = len(job.prompt_ids) + job.max_new_tokens
+      temperature[slot], top_k[slot], top_p[slot] = job.temperature, job.top_k, job.top_p
+      seeds[slot] = decoding.key_data(job.seed)
+    started = time.perf_counter()
+    self.state = self._prefill[bucket](
+        self.params, self.state, prompts, prompt_lengths, insert, end,
+        sampling.SamplingParams(temperature, top_k, top_p), seeds)
+    jax.block_until_ready(self.state.lengths)
+    first_token = time.perf_counter()
+    self.compiled_prefill_buckets.add(bucket)
+    for slot, job in chosen:
+      slots[slot] = _Slot(job=job, started=started, first_token=first_token)
+
+  def _finished(self, slot: _Slot, tokens: np.ndarray, logprobs: np.ndarray, length: int,
+                done: bool, now: float) -> Completion | None:
+    """The slot's Completion if it has ended (EOS, max_new_tokens or a stop string)."""
+    job = slot.job
+    start = len(job.prompt_ids)
+    ids = [int(t) for t in tokens[start:length + 1]]
+    reason, stop_string, text = None, None, None
+    if job.stop and self.vocabulary is not None:
+      stop_at = self._stop_match(slot, ids)
+      if stop_at is not None:
+        count, stop_string, text = stop_at
+        ids, reason = ids[:count], "stop"
+    if reason is None and not done:
+      return None
+    if reason is None:
+      reason = "eos" if ids[-1] == self.eos_id else "max_new_tokens"
+      text = self.resolver.completion_text(job.prompt_ids,
+                                           ids[:-1] if reason == "eos" else ids)
+    return Completion(
+        request=job.request, prompt_ids=job.prompt_ids, prompt_text=job.prompt_text,
+        completion_ids=tuple(ids), completion_text=text,
+        logprobs=tuple(float(p) for p in logprobs[start:start + len(ids)]),
+        stop_reason=reason, stop_string=stop_string, settings=job.settings,
+        checkpoint_step=self.checkpoint_step,
+        prefill_seconds=slot.first_token - slot.started,
+        decode_seconds=max(0.0, now - slot.first_token))
+
+  def _stop_match(self, slot: _Slot, ids: list[int]) -> tuple[int, str, str] | None:
+    """(tokens up to the one that completed a stop string, the string, the completion's text
+    cut before it) for the first stop string the completion's text contains, or None.
+
+    The text is decoded once per call; only when it holds a stop string is the shortest
+    prefix that does found, by bisection over the tokens since the last check (a longer
+    prefix's text extends a shorter one's), so a long completion costs a few decodes per
+    call, not one per token. Tokens after an EOS are not searched (the slot ended there).
+    """
+    if self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    job = slot.job
+
+    def first_stop(count: int) -> tuple[int, str, str] | None:
+      text = self.resolver.completion_text(job.prompt_ids, ids[:count])
+      found = [(text.find(stop), stop) for stop in job.stop if stop in text]
+      return (count, min(found)[1], text[:min(found)[0]]) if found else None
+
+    if first_stop(len(ids)) is None:
+      slot.checked = len(ids)
+      return None
+    low, high = slot.checked, len(ids)  # first_stop(low) is None, first_stop(high) is not.
+    while high - low > 1:
+      middle = (low + high) // 2
+      if first_stop(middle) is None:
+        low = middle
+      else:
+        high = middle
+    return first_stop(high)

@@ -1,0 +1,132 @@
+"""The jitted decode functions of one Setup on a mesh, with their shardings.
+
+What the generator (lingvo_lite/decode/generator.py) runs and what `--mode=compile
+--compile_program=decode` (programs/decode_compile.py) compiles: the same functions with the
+same shardings, as programs/jitted.py is for training (DESIGN rule 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Iterator
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from lingvo_lite.decode import steps as decoding
+from lingvo_lite.errors import config_error
+from lingvo_lite.experiment import Setup
+from lingvo_lite.train_state import strip_boxes
+
+
+def check_decode_partitioning(setup: Setup, mesh: Mesh) -> None:
+  """The slots split evenly over the data-parallel mesh axes (the cache's heads over
+  `tensor` are checked with the key/value parameters, which have the same axis)."""
+  sizes = dict(mesh.shape)
+  ways = setup.partitioner.data_parallel_size(sizes)
+  if setup.decode.slots % ways:
+    batch_axes = " x ".join(setup.partitioner.mesh_axes_of(("batch",))[0]) or "none"
+    raise config_error("decode.slots", setup.decode.slots,
+                       f"must split evenly over the data-parallel size {ways} (mesh axes "
+                       f"{batch_axes})", f"use a multiple of {ways}")
+
+
+def end_token(setup: Setup, vocabulary: Any) -> int:
+  """The id generation ends at: the vocabulary's EOS unless `decode.stop_at_eos` is off."""
+  eos = getattr(vocabulary, "eos_id", None)
+  return int(eos) if eos is not None and setup.decode.stop_at_eos else decoding.NO_EOS
+
+
+def parameter_shardings(setup: Setup, mesh: Mesh) -> Any:
+  """The parameters' shardings under the partitioner's rules (as training places them)."""
+  boxed = jax.eval_shape(lambda: setup.model.init(
+      jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
+  return setup.partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
+
+
+class DecodeSteps:
+  """The jitted decode functions of one Setup on a mesh, with their shardings: what the
+  generator runs and what `--mode=compile --compile_program=decode` compiles (the same
+  functions, the same shardings).
+
+  Attributes:
+    mesh: The device mesh.
+    slots, cache_length, buckets: The shapes they are compiled for.
+    eos_id: The end-of-sequence id generation stops at (decoding.NO_EOS for none).
+    param_shardings, state_shardings: Where the parameters and the decode state live.
+    prefill, generate: `decoding.prefill` and `decoding.generate`, jitted, the state donated.
+  """
+
+  def __init__(self, setup: Setup, mesh: Mesh | None = None, eos_id: int = decoding.NO_EOS):
+    self.setup = setup
+    model, settings = setup.model, setup.decode
+    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh()
+    check_decode_partitioning(setup, self.mesh)
+    self.slots = settings.slots
+    self.cache_length = settings.resolved_cache_length(model.max_length)
+    self.buckets = settings.resolved_buckets(model.max_length)
+    self.eos_id = eos_id
+    partitioner = setup.partitioner
+    self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(model),
+                                                         self.mesh)
+    self.param_shardings = parameter_shardings(setup, self.mesh)
+    state = self.state_shardings
+    self.prefill = jax.jit(
+        functools.partial(decoding.prefill, model=model, eos_id=eos_id),
+        in_shardings=(self.param_shardings, state, state.tokens, state.lengths, state.lengths,
+                      state.lengths, state.sampling, state.seeds),
+        out_shardings=state, donate_argnums=(1,))
+    self.generate = jax.jit(
+        functools.partial(decoding.generate, model=model, eos_id=eos_id),
+        in_shardings=(self.param_shardings, state, None, state.lengths),
+        out_shardings=state, donate_argnums=(1,))
+
+  @contextlib.contextmanager
+  def activated(self) -> Iterator[None]:
+    """The mesh and the logical-axis rules, so the model's activation constraints apply."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.setup.partitioner.rules)):
+      yield
+
+  def empty_state(self) -> decoding.DecodeState:
+    with self.activated():
+      return jax.jit(functools.partial(decoding.empty_state, self.setup.model, self.slots,
+                                       self.cache_length),
+                     out_shardings=self.state_shardings)()
+
+  def abstract_state(self) -> decoding.DecodeState:
+    """The decode state as shapes with their shardings (nothing allocated)."""
+    shapes = jax.eval_shape(functools.partial(
+        decoding.empty_state, self.setup.model, self.slots, self.cache_length))
+    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
+        leaf.shape, leaf.dtype, sharding=sharding), shapes, self.state_shardings)
+
+  def abstract_params(self) -> Any:
+    # The key is made inside eval_shape: made eagerly under a topology's mesh (a TPU compile
+    # on a CPU host) it would be placed on devices that hold no arrays.
+    shapes = strip_boxes(jax.eval_shape(lambda: self.setup.model.init(
+        jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"])
+    return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
+        leaf.shape, leaf.dtype, sharding=sharding), shapes, self.param_shardings)
+
+  def lower_prefill(self, bucket: int) -> Any:
+    """The prefill of prompts padded to `bucket`, lowered from shapes only."""
+    state = self.abstract_state()
+    per_slot = lambda dtype: jax.ShapeDtypeStruct((self.slots,), dtype,
+                                                  sharding=self.state_shardings.lengths)
+    with self.activated():
+      return self.prefill.lower(
+          self.abstract_params(), state,
+          jax.ShapeDtypeStruct((self.slots, bucket), jnp.int32,
+                               sharding=self.state_shardings.tokens),
+          per_slot(jnp.int32), per_slot(jnp.bool_), per_slot(jnp.int32), state.sampling,
+          state.seeds)
+
+  def lower_generate(self) -> Any:
+    """The generate loop, lowered from shapes only."""
+    with self.activated():
+      return self.generate.lower(
+          self.abstract_params(), self.abstract_state(), jax.ShapeDtypeStruct((), jnp.int32),
+          jax.ShapeDtypeStruct((self.slots,), jnp.bool_, sharding=self.state_shardings.done))

@@ -1,0 +1,155 @@
+"""The jitted step functions of a Setup on a mesh, shared by every program.
+
+Train, eval and AOT compile all get their steps from here, with the same shardings, so a
+compiled program is exactly the one that trains (DESIGN rule 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Iterator
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from lingvo_lite import steps, target as targets, train_state
+from lingvo_lite.checkpoints.manager import Checkpointer
+from lingvo_lite.data.source import Batch, local_rows
+from lingvo_lite.errors import UsageError
+from lingvo_lite.experiment import Setup
+from lingvo_lite.models import layer_layout
+
+
+def _check_process_rows(batch_sharding: jax.sharding.Sharding, global_batch_size: int) -> None:
+  """Each process's devices must hold the block of rows its data source reads.
+
+  Sources hand process p the rows [p * B/P, (p + 1) * B/P); a mesh whose batch axes put
+  other rows on p's devices would silently train on the wrong examples. Checked for every
+  process of the target (a compile for a 64-host pod checks all 64), from the sharding alone.
+  """
+  rows_of: dict[int, set[int]] = {}
+  for device, index in batch_sharding.devices_indices_map((global_batch_size, 1)).items():
+    rows_of.setdefault(device.process_index, set()).update(
+        range(*index[0].indices(global_batch_size)))
+  for rank, process in enumerate(sorted(rows_of)):
+    rows = sorted(rows_of[process])
+    expected = list(local_rows(global_batch_size, rank, len(rows_of)))
+    if rows != expected:
+      raise UsageError(
+          f"partitioner: the mesh puts batch rows {rows[0]}..{rows[-1]} on process "
+          f"{process}, which reads rows {expected[0]}..{expected[-1]}; order the mesh so "
+          "each process's devices hold one contiguous block of the batch axes")
+
+
+class JittedSteps:
+  """Mesh, abstract state, shardings and the jitted train/eval steps of one Setup."""
+
+  def __init__(self, setup: Setup, mesh: Mesh | None = None,
+               target: targets.Target | None = None):
+    self.setup = setup
+    self.target = target or targets.current()
+    self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh(self.target.devices)
+    total_steps = setup.train.steps
+    self.optimizer = setup.optimizer.make(total_steps)
+    self.schedule = setup.optimizer.schedule(total_steps)
+    self.sharded_state = train_state.sharded_abstract_state(
+        setup.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
+        self.mesh)
+    self.batch_sharding = setup.partitioner.batch_sharding(self.mesh)
+    _check_process_rows(self.batch_sharding, setup.train_data.global_batch_size)
+    state_shardings = self.sharded_state.shardings
+    self.train_step = jax.jit(
+        functools.partial(
+            steps.train_step, model=setup.model, optimizer=self.optimizer,
+            schedule=self.schedule, z_loss=setup.train.z_loss,
+            grad_accum_steps=setup.train.grad_accum_steps,
+            log_grad_norm=setup.train.log_grad_norm, one_device=self.mesh.size == 1),
+        in_shardings=(state_shardings, self.batch_sharding),
+        out_shardings=(state_shardings, None),
+        donate_argnums=(0,))
+    self.eval_step = jax.jit(
+        functools.partial(steps.eval_step, model=setup.model),
+        in_shardings=(state_shardings.params, self.batch_sharding))
+    # The same step, also returning each token's loss: for eval sets scored per document.
+    self.eval_token_step = jax.jit(
+        functools.partial(steps.eval_step, model=setup.model, per_token=True),
+        in_shardings=(state_shardings.params, self.batch_sharding))
+    # Checked before every save, so only finite states are ever written.
+    self.state_is_finite = jax.jit(steps.is_finite, in_shardings=(state_shardings,))
+
+  @contextlib.contextmanager
+  def activated(self) -> Iterator[None]:
+    """Target, mesh and logical-axis rules in scope, so the model traces for the target's
+    platform and its activation constraints apply."""
+    with targets.active(self.target), jax.set_mesh(self.mesh), \
+        nn.logical_axis_rules(list(self.setup.partitioner.rules)):
+      yield
+
+  def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """The train data's global batch as shapes with the batch sharding (no data read)."""
+    return {key: jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=self.batch_sharding)
+            for key, (shape, dtype) in self.setup.train_data.batch_spec().items()}
+
+  def lower_train_step(self) -> Any:
+    """The train step lowered from shapes only: what `--mode=compile` compiles and saves."""
+    with self.activated():
+      return self.train_step.lower(self.sharded_state.abstract, self.abstract_batch())
+
+  def init_state(self) -> train_state.TrainState:
+    return train_state.create_state(
+        self.setup.model, self.optimizer, self.setup.train.seed,
+        self.setup.train_data.sequence_length, self.sharded_state.shardings)
+
+  @property
+  def checkpoint_metadata(self) -> dict[str, Any]:
+    """What a checkpoint records about the state's layout."""
+    return {"scan_layers": bool(self.setup.model.scan_layers),
+            "num_layers": int(self.setup.model.num_layers)}
+
+  def _saved_layout(self, checkpointer: Checkpointer,
+                    step: int) -> train_state.ShardedState | None:
+    """The abstract state in the layer layout `step` was written with, where that is not this
+    setup's (None where it is, or the checkpoint does not say)."""
+    saved_scan = checkpointer.metadata(step).get("scan_layers")
+    if saved_scan is None or saved_scan == self.setup.model.scan_layers:
+      return None
+    return train_state.sharded_abstract_state(
+        self.setup.model.clone(scan_layers=saved_scan), self.optimizer,
+        self.setup.train_data.sequence_length, self.setup.partitioner, self.mesh)
+
+  def _to_this_layout(self, tree: Any) -> Any:
+    """A restored state or params tree in the other layer layout -> host arrays in this
+    setup's layout (the conversion stacks or slices on host, once, at restore)."""
+    convert = layer_layout.stack_layers if self.setup.model.scan_layers else \
+        layer_layout.unstack_layers
+    return convert(jax.device_get(tree))
+
+  def restore_state(self, checkpointer: Checkpointer, step: int) -> train_state.TrainState:
+    """Restores `step` into this setup's shardings, converting the layer layout (scanned or
+    unrolled) when the checkpoint was written with the other one."""
+    saved_layout = self._saved_layout(checkpointer, step)
+    if saved_layout is None:
+      return checkpointer.restore(step, self.sharded_state.abstract)
+    state = self._to_this_layout(checkpointer.restore(step, saved_layout.abstract))
+    return jax.device_put(state, self.sharded_state.shardings)
+
+  def restore_params(self, checkpointer: Checkpointer, step: int) -> Any:
+    """Restores only the parameters of `step`, into this setup's parameter shardings, with
+    the layer layout converted as `restore_state` does. For programs that never update the
+    parameters (eval, decode): the optimizer state is neither read nor allocated."""
+    saved_layout = self._saved_layout(checkpointer, step)
+    if saved_layout is None:
+      return checkpointer.restore_params(step, self.sharded_state.abstract.params)
+    params = self._to_this_layout(
+        checkpointer.restore_params(step, saved_layout.abstract.params))
+    return jax.device_put(params, self.sharded_state.shardings.params)
+
+  def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
+    """Assembles this process's rows into global arrays sharded over the batch axes."""
+    return {
+        key: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(value))
+        for key, value in local_batch.items()
+    }

@@ -1,0 +1,122 @@
+"""The compile program: compile a step ahead of time for a target and say whether it fits.
+
+  python -m lingvo_lite --exp=GptJ6B --mode=compile --compile_topology=v5e-256 \\
+      --job_log_dir=runs/gptj_v5e
+
+Prints the report (programs/compile_report.py) and writes it to JOB/compile/report.{txt,json}
+when a job dir is given; `--compile_find_max_batch` adds the largest per-device batch that
+fits, `--compiled_step_out` saves the executable (of a step that fits) for `--mode=train
+--compiled_step_in`. `--compile_program=eval` compiles the eval step; `=decode` the decode
+functions (programs/decode_compile.py: the generate loop and the largest prefill, with the
+KV cache per device; `--compile_find_max_batch` then finds the largest decode.slots).
+Exit code 3 when the step (or a decode function) does not fit the target's memory.
+"""
+
+from __future__ import annotations
+
+import json
+
+from etils import epath
+
+from lingvo_lite import outputs, paths
+from lingvo_lite.errors import UsageError
+from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
+from lingvo_lite.programs.compile import (aot, compiled_steps, decode as decode_compile, max_batch,
+                                          report as compile_report)
+from lingvo_lite.runtime import summaries
+
+EXIT_DOES_NOT_FIT = 3
+
+
+def main(invocation: Invocation) -> int | None:
+  options, setup, target = invocation.options, invocation.setup, invocation.target
+  program = options["compile_program"]
+  changes = invocation.config_changes()
+  if changes:  # JOB/compile/ would describe another model than the job's.
+    raise UsageError(
+        f"--job_log_dir={invocation.shown_job_dir}: the config differs from the one this job "
+        f"was trained with ({summarize_changes(changes)}); compile the job's own config (drop the "
+        "overrides), or give another --job_log_dir (or none) for this one")
+  if program == "eval" and setup.eval_data is None:
+    raise UsageError("--compile_program=eval: this config has no eval_data; compile the "
+                     "train step or set eval_data")
+  if options["compile_remat_policies"] and program == "decode":
+    raise UsageError("--compile_remat_policies: the decode functions take no gradients, so "
+                     "remat changes nothing there; drop it (or compile the train step)")
+  if options["compile_remat_policies"] and not options["compile_find_max_batch"]:
+    raise UsageError("--compile_remat_policies: only searched with --compile_find_max_batch; "
+                     "add it, or set one policy with --fdl.model.remat_policy=NAME")
+  policies = max_batch.check_policies(options["compile_remat_policies"])
+  if options["compiled_step_out"] and program != "train":
+    raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
+                     f"drop --compile_program={program}")
+  step_out = compiled_steps.check_out_path(options["compiled_step_out"], invocation.job_dir)
+  if invocation.job_dir is None:  # The report goes to stdout alone.
+    outputs.check_stdout("--mode=compile", "run it with stdout open, or pass --job_log_dir=JOB "
+                         "to write the report to JOB/compile/")
+  if program == "decode":
+    result = decode_compile.compile_decode(setup, target)
+    report = decode_compile.build(result)
+    if options["compile_find_max_batch"]:
+      report["max_slots"] = decode_compile.search_slots(setup, target, result)
+    text = decode_compile.to_text(report)
+  else:
+    result = aot.compile_step(setup, target, program)
+    report = compile_report.build(result)
+    if options["compile_find_max_batch"]:
+      report["max_batch"] = max_batch.search(setup, target, program, policies, result)
+    text = compile_report.to_text(report)
+  printed = _print_report(text)
+  fits = report["verdict"] != compile_report.DOES_NOT_FIT
+  _write_outputs(invocation, step_out, result, report, text, fits)
+  if printed is not None:  # The report is in the files, if a job dir was given.
+    where = (f"; it is in {epath.Path(invocation.shown_job_dir) / 'compile' / 'report.txt'}"
+             if invocation.job_dir is not None else "")
+    raise ProgramFailure(outputs.failed_write("the report to stdout", printed,
+                                              "compile again", to_stdout=True) + where)
+  return None if fits else EXIT_DOES_NOT_FIT
+
+
+def _print_report(text: str) -> OSError | None:
+  """Prints the report; the error if stdout cannot take it (then silenced: the files are
+  still written, and the failure is reported after them)."""
+  try:
+    print(text, end="", flush=True)
+  except OSError as e:
+    outputs.silence_stdout()
+    return e
+  return None
+
+
+def _write_outputs(invocation: Invocation, step_out: outputs.FolderOutput | None,
+                   result: aot.CompileResult, report: dict, text: str, fits: bool) -> None:
+  """The saved step (of a step that fits), then JOB/compile/report.{json,txt}: a step folder
+  that fails leaves the job's report as it was, and a failed report removes the folder it
+  created."""
+  options = invocation.options
+  what = "the compiled step to " + str(options["compiled_step_out"])
+  try:
+    if step_out is not None and result.executable is not None and fits:
+      replaced = compiled_steps.save(step_out, result)
+      done = (f"replaced the compiled step lingvo_lite wrote earlier in "
+              f"{options['compiled_step_out']}" if replaced else
+              f"compiled step saved to {options['compiled_step_out']}")
+      summaries.log(f"{done} (load with --mode=train --compiled_step_in="
+                    f"{options['compiled_step_out']})", True)
+    elif step_out is not None:
+      summaries.log("no compiled step saved: the step does not fit the target", True)
+    if invocation.job_dir is not None:
+      shown = epath.Path(invocation.shown_job_dir) / "compile"
+      what = f"the compile report to {shown}"
+      folder = invocation.job_dir / "compile"
+      with outputs.created_folders(folder) as new:
+        try:
+          paths.write_atomically(folder / "report.json", json.dumps(report, indent=2) + "\n")
+          paths.write_atomically(folder / "report.txt", text)
+        except OSError:
+          if new:  # Not half a report in a folder of this run's own.
+            (folder / "report.json").unlink(missing_ok=True)
+          raise
+      summaries.log(f"report written to {shown}", True)
+  except OSError as e:
+    raise ProgramFailure(outputs.failed_write(what, e, "compile again")) from None

@@ -1,0 +1,270 @@
+"""The compile report: a verdict, XLA's bytes beside the analytic ones, FLOPs and step time.
+
+Written as JOB/compile/report.json (schema below, read by later programs and the run report)
+and JOB/compile/report.txt (the same, for people). All byte counts are per device.
+
+report.json, schema "lingvo_lite.compile_report/1":
+  target:     name, platform, device_kind, num_devices, num_processes, num_slices,
+              memory_per_device (bytes or null), memory_source
+  program:    "train" or "eval";  mesh: {axis: size};  parameters: count
+              (the decode program's report: programs/decode_compile.py)
+  batch:      global_batch_size, per_device_batch_size, sequence_length
+  memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
+              outputs - aliased + temporaries + generated code), peak (XLA's peak of live
+              buffers where it reports one; it decides only on TPU),
+              deciding (the number the verdict compares), deciding_rule (which and why),
+              source: "memory_analysis" | "resource_exhausted" | "none"
+  verdict:    "FITS" | "DOES NOT FIT" | "UNKNOWN" (XLA reported no memory analysis)
+  margin:     bytes (available - deciding, negative when it does not fit), fraction
+  largest_buffers: [{bytes, shape, instruction, op_name}], ten at most
+  analytic:   parameters, optimizer (by moment name), other_state, batch, total, and
+              xla_arguments beside it
+  flops:      xla_per_device, model_per_step, model_per_device
+  compile_seconds
+  step_time:  peak_flops_per_device, peak_source, seconds_at_100_mfu, seconds_at_50_mfu,
+              tokens_per_s_per_device_at_50_mfu
+  max_batch:  (with --compile_find_max_batch) see programs/max_batch.py
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from lingvo_lite import evaluation, mfu
+from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
+
+SCHEMA = "lingvo_lite.compile_report/1"
+FITS, DOES_NOT_FIT, UNKNOWN = "FITS", "DOES NOT FIT", "UNKNOWN"
+_GIB = 2**30
+
+
+def shard_bytes(leaf: Any) -> int:
+  """Bytes of one device's shard of an abstract array with a NamedSharding."""
+  shape = leaf.sharding.shard_shape(leaf.shape)
+  return math.prod(shape) * np.dtype(leaf.dtype).itemsize
+
+
+def _state_group(path: tuple) -> str:
+  """`parameters`, the optimizer moment's name (`mu`, `nu`), or `other_state`."""
+  keys = [getattr(k, "name", getattr(k, "key", getattr(k, "idx", None))) for k in path]
+  if keys and keys[0] == "params":
+    return "parameters"
+  for key in keys:
+    if key in ("mu", "nu"):
+      return f"optimizer {'first' if key == 'mu' else 'second'} moment ({key})"
+  return "other_state"
+
+
+def analytic_bytes(result: CompileResult) -> dict[str, Any]:
+  """The argument bytes per device counted from the state's shapes and shardings."""
+  jitted = result.jitted
+  if result.program == "train":
+    state = jitted.sharded_state.abstract
+    spec = jitted.setup.train_data.batch_spec()
+  else:
+    state = jitted.sharded_state.abstract.params
+    spec = evaluation.largest_set(jitted.setup)[1].batch_spec()
+  groups: dict[str, int] = {"parameters": 0}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    group = _state_group(path) if result.program == "train" else "parameters"
+    groups[group] = groups.get(group, 0) + shard_bytes(leaf)
+  batch = sum(math.prod(jitted.batch_sharding.shard_shape(shape)) * np.dtype(dtype).itemsize
+              for shape, dtype in spec.values())
+  other = groups.pop("other_state", None)
+  if other is not None:
+    groups["other_state"] = other  # Step counters, after the parameters and moments.
+  groups["batch"] = batch
+  return {"by_part": groups, "total": sum(groups.values()),
+          "xla_arguments": result.memory.arguments if result.memory else None}
+
+
+def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
+             platform: str) -> tuple[int | None, str, str]:
+  """(bytes the verdict compares, which number that is and why, source) of one compile:
+  the rule every program's verdict uses (train, eval, and each decode function)."""
+  if out_of_memory is not None:
+    return (out_of_memory.required, "the bytes XLA's RESOURCE_EXHAUSTED error states "
+            "(a TPU compile that does not fit gives no memory analysis)", "resource_exhausted")
+  if memory is None:
+    return None, "XLA reported no memory analysis (0 or -1) on this backend", "none"
+  if platform == "tpu" and memory.peak:
+    return (max(memory.peak, memory.total),
+            "the larger of XLA:TPU's peak of live buffers (its heap simulation) and "
+            "arguments + outputs - aliased + temporaries + generated code; XLA:TPU itself "
+            "refuses a step above its own limit, a little under the datasheet's (15.75 of "
+            "a v5e's 16 GiB)", "memory_analysis")
+  return (memory.total, "arguments + outputs - aliased + temporaries + generated code "
+          "(on CPU and GPU jaxlib's peak_memory_in_bytes leaves temporaries out)",
+          "memory_analysis")
+
+
+def judge(needed: int | None, available: int | None) -> tuple[str, dict[str, float] | None]:
+  """(verdict, margin) of `needed` bytes per device against `available`."""
+  if needed is None or available is None:
+    return UNKNOWN, None
+  verdict = FITS if needed <= available else DOES_NOT_FIT
+  return verdict, {"bytes": available - needed, "fraction": (available - needed) / available}
+
+
+def target_fields(target: Any) -> dict[str, Any]:
+  """The report's `target` (a lingvo_lite.target.Target)."""
+  return {"name": target.name, "platform": target.platform,
+          "device_kind": target.device_kind, "num_devices": target.num_devices,
+          "num_processes": target.num_processes, "num_slices": target.num_slices,
+          "memory_per_device": target.memory_per_device, "memory_source": target.memory_source}
+
+
+def build(result: CompileResult) -> dict[str, Any]:
+  """The report of one compile, as the JSON schema above."""
+  jitted, target, setup = result.jitted, result.jitted.target, result.jitted.setup
+  data = setup.train_data if result.program == "train" else evaluation.largest_set(setup)[1]
+  deciding_bytes, rule, source = deciding(result.memory, result.out_of_memory,
+                                          target.platform)
+  available = target.memory_per_device
+  if result.out_of_memory is not None:
+    available = result.out_of_memory.available
+  verdict, margin = judge(deciding_bytes, available)
+  memory = result.memory
+  model_flops = mfu.model_flops_per_step(setup.model, data.global_batch_size,
+                                         data.sequence_length)
+  if result.program == "eval":
+    model_flops /= 3  # Forward only: the 6N of training counts forward and backward.
+  peak, peak_source = _peak(target, setup)
+  at_full = model_flops / (target.num_devices * peak)
+  tokens = data.global_batch_size * data.sequence_length
+  return {
+      "schema": SCHEMA,
+      "target": target_fields(target),
+      "program": result.program,
+      "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
+      "parameters": setup.model.num_parameters(),
+      "batch": {"global_batch_size": data.global_batch_size,
+                "per_device_batch_size": data.global_batch_size / target.num_devices,
+                "sequence_length": data.sequence_length},
+      "memory": {
+          **({"arguments": memory.arguments, "outputs": memory.outputs,
+              "aliased": memory.aliased, "temporaries": memory.temporaries,
+              "generated_code": memory.generated_code, "total": memory.total,
+              "peak": memory.peak} if memory else {}),
+          "deciding": deciding_bytes, "deciding_rule": rule, "source": source,
+          "available": available,
+          **({"xla_error": result.out_of_memory.message} if result.out_of_memory else {})},
+      "verdict": verdict,
+      "margin": margin,
+      "largest_buffers": [vars(b) for b in result.largest_buffers],
+      "analytic": analytic_bytes(result),
+      "flops": {"xla_per_device": result.xla_flops_per_device, "model_per_step": model_flops,
+                "model_per_device": model_flops / target.num_devices},
+      "compile_seconds": result.seconds,
+      "step_time": {"peak_flops_per_device": peak, "peak_source": peak_source,
+                    "seconds_at_100_mfu": at_full, "seconds_at_50_mfu": 2 * at_full,
+                    "tokens_per_s_per_device_at_50_mfu":
+                        tokens / (2 * at_full) / target.num_devices},
+  }
+
+
+def _peak(target, setup) -> tuple[float, str]:
+  """Datasheet peak per device; virtual CPU devices share this host's measured peak."""
+  if setup.train.peak_tflops_per_device:
+    return setup.train.peak_tflops_per_device * 1e12, "configured"
+  if target.peak_bf16_tflops:
+    return target.peak_bf16_tflops * 1e12, f"{target.device_kind} bf16 datasheet"
+  if target.platform == "cpu":
+    return (mfu.measured_matmul_peak() / target.num_devices,
+            f"this host's best float32 2048^3 matmul shared by {target.num_devices} devices")
+  return mfu.peak_flops_per_device(target.devices[0])
+
+
+def gib(n: float | None) -> str:
+  """Bytes in the unit that keeps three significant digits readable."""
+  if n is None:
+    return "n/a"
+  for unit, size in (("GiB", _GIB), ("MiB", 2**20), ("KiB", 2**10)):
+    if abs(n) >= size:
+      return f"{n / size:.3f} {unit}"
+  return f"{n:.0f} B"
+
+
+def verdict_lines(report: dict[str, Any]) -> list[str]:
+  """The verdict, what it needs of what is available, and the rule that decided."""
+  m, verdict = report["memory"], report["verdict"]
+  if verdict == UNKNOWN:
+    return [f"verdict: UNKNOWN: {m['deciding_rule']}; no claim that it fits"]
+  margin = report["margin"]
+  source = ("as XLA states it" if m["source"] == "resource_exhausted"
+            else report["target"]["memory_source"])
+  return [f"verdict: {verdict}: needs {gib(m['deciding'])} per device of "
+          f"{gib(m['available'])} ({source}); "
+          f"margin {margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})",
+          f"  decided by: {m['deciding_rule']}"]
+
+
+def memory_text(m: dict[str, Any]) -> str:
+  """XLA's memory analysis of one compile (a report's `memory`), in words."""
+  return (f"arguments {gib(m['arguments'])}, outputs {gib(m['outputs'])}, aliased (donated) "
+          f"{gib(m['aliased'])}, temporaries {gib(m['temporaries'])}, generated code "
+          f"{gib(m['generated_code'])}; total {gib(m['total'])}"
+          + (f"; XLA peak {gib(m['peak'])}" if m.get("peak") else ""))
+
+
+def buffer_lines(buffers: list[dict[str, Any]], where: str = "") -> list[str]:
+  if not buffers:
+    return []
+  lines = [f"  largest buffers (optimized HLO{where}):"]
+  for b in buffers:
+    lines.append(f"    {gib(b['bytes']):>12}  {b['shape']:<28} {b['instruction']}  "
+                 f"{b['op_name'][-90:]}")
+  return lines
+
+
+def to_text(report: dict[str, Any]) -> str:
+  """The report for people: the verdict first, then what it rests on."""
+  t, m, a, f, s = (report["target"], report["memory"], report["analytic"], report["flops"],
+                   report["step_time"])
+  batch = report["batch"]
+  lines = [f"compile of the {report['program']} step for {t['name']} ({t['num_devices']} x "
+           f"{t['device_kind']}, {t['num_processes']} process(es), {t['num_slices']} "
+           f"slice(s)); mesh {' '.join(f'{k}={v}' for k, v in report['mesh'].items())}",
+           f"  parameters: {report['parameters']:,}; batch {batch['global_batch_size']} x "
+           f"{batch['sequence_length']} ({batch['per_device_batch_size']:g} per device)"]
+  lines += verdict_lines(report)
+  if "arguments" in m:
+    lines.append(f"  XLA memory analysis per device: {memory_text(m)}")
+  if m.get("xla_error"):
+    lines.append(f"  XLA: {m['xla_error']}")
+  parts = ", ".join(f"{name} {gib(size)}" for name, size in a["by_part"].items())
+  padding = "; XLA:TPU pads arrays to its tiles" if t["platform"] == "tpu" else ""
+  lines.append(f"  analytic argument bytes per device: {parts}; total {gib(a['total'])} "
+               f"(XLA arguments: {gib(a['xla_arguments'])}{padding})")
+  lines += buffer_lines(report["largest_buffers"])
+  xla_flops = f["xla_per_device"]
+  lines.append(f"  FLOPs per step: model {f['model_per_step']:.4g} ({f['model_per_device']:.4g} "
+               f"per device); XLA cost analysis "
+               f"{'n/a' if xla_flops is None else f'{xla_flops:.4g}'} per device (it counts "
+               "a loop body once: a scan over layers or micro-batches counts one iteration)")
+  lines.append(f"  compile time: {report['compile_seconds']:.1f} s")
+  tokens = s["tokens_per_s_per_device_at_50_mfu"]
+  lines.append(f"  step time at 100% MFU {s['seconds_at_100_mfu'] * 1e3:.4g} ms, at 50% "
+               f"{s['seconds_at_50_mfu'] * 1e3:.4g} ms ({tokens:,.0f} tokens/s per device); "
+               f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
+               f"({s['peak_source']})")
+  if "max_batch" in report:
+    lines += _max_batch_lines(report["max_batch"])
+  return "\n".join(lines) + "\n"
+
+
+def _max_batch_lines(data: dict[str, Any]) -> list[str]:
+  """The report's max_batch section (programs/max_batch.py searches; the report shows)."""
+  lines = ["  largest per-device batch that fits:",
+           "    remat policy                        max per device  compiles (batch: GiB, fits)"]
+  for row in data["policies"]:
+    made = ", ".join(f"{c['per_device_batch_size']}: {c['bytes'] / 2**30:.2f} "
+                     f"{'yes' if c['fits'] else 'no'}" for c in row["compiles"])
+    best = row["max_per_device_batch_size"]
+    lines.append(f"    {row['remat_policy']:<35} {'n/a' if best is None else best:>14}  {made}"
+                 + (f"  ({row['note']})" if row["note"] else ""))
+  return lines

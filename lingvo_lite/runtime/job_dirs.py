@@ -1,0 +1,260 @@
+"""What a job directory must look like before a program reads or writes it.
+
+A training run creates its job dir and writes `config.*`, `checkpoints/`, metrics and
+summaries there; eval writes under `JOB/eval/`; other modes only read. A path that cannot
+serve would otherwise fail late: after compiling, after the evaluation, inside orbax's
+background save thread, in TensorBoard's writer, or after minutes of orbax time-outs. These
+checks run first, so the user gets one line before any device time, and nothing on disk
+changes.
+
+Every path the mode will create or write is checked, not only the job dir's top level (a
+`summaries/train` or `eval/summaries` that is a file fails only once the work is done), and
+so are: symlinks that lead nowhere (a missing target or a loop), names and paths longer than
+the file system takes, and folders that look writable but are not. `access()` answers yes to
+root in `/proc`, so where a folder will be created, an empty temporary folder is created and
+removed there first: the one change a check makes, undone at once.
+
+Local checks use `os` directly (lstat, pathconf, access, mkdir), which etils.epath does not
+offer. A remote job dir (`gs://...`) gets the kind checks through epath, and an error on the
+way to it (no network, no credentials, an unsupported file system) is one line.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from etils import epath
+
+from lingvo_lite import outputs, paths
+from lingvo_lite.data import tensorflow_import
+from lingvo_lite.errors import UsageError
+from lingvo_lite.runtime import lock as job_lock
+
+# Modes that write a job dir (and create it if missing); the others need an existing one.
+WRITING_MODES = ("train", "compile")
+FOLDER, FILE = "folder", "file"
+# What every mode may read, relative to the job dir: checked for its kind where present.
+# `stacks/` too: every mode with a config writes its stack dumps there on SIGUSR1
+# (stack_dumps.py).
+_READ = (("config.json", FILE), ("checkpoints", FOLDER), ("stacks", FOLDER))
+# What each mode creates or writes, parents before children: checked for its kind where
+# present and for being writable, and where missing, its nearest existing folder is tested.
+_WRITTEN = {
+    "train": (("checkpoints", FOLDER), ("summaries", FOLDER), ("summaries/train", FOLDER),
+              ("config.json", FILE), ("config.txt", FILE), ("metrics.jsonl", FILE),
+              ("run_info.jsonl", FILE), ("stacks", FOLDER), (job_lock.LOCK_NAME, FILE)),
+    "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/evaluated.json", FILE),
+             (f"eval/{job_lock.LOCK_NAME}", FILE)),
+    "report": (("report", FOLDER), ("report/index.html", FILE), ("report/compare.html", FILE),
+               ("report/config.svg", FILE), ("report/.verified.json", FILE)),
+    "compile": (("compile", FOLDER), ("compile/report.txt", FILE),
+                ("compile/report.json", FILE)),
+}
+# Checked for their kind only: decode writes JOB/decode/ only when its completions go there
+# (not with --decode_out), so the decode program checks that it can write there itself
+# (lingvo_lite/decode/records.py); a read-only job dir serves a decode to stdout.
+_KIND_ONLY = {"decode": (("decode", FOLDER),)}
+# Written by train when train.profile_start_step >= 0: jax's trace, under the run's
+# TensorBoard folder (programs/train.py).
+_PROFILE = (("summaries/train/plugins", FOLDER), ("summaries/train/plugins/profile", FOLDER))
+# Bytes below the job dir of the deepest file a writing mode creates: orbax's temporary step
+# folder and data files (`checkpoints/12.orbax-checkpoint-tmp-1700000000123/default/
+# ocdbt.process_0/d/<32 hex>`, about 110) or a TensorBoard event file, whose name holds the
+# host name (up to 64 bytes, about 150 in all).
+_DEEPEST_WRITE = 160
+_MISSING, _DANGLING, _LOOP = "missing", "a symlink whose target does not exist", "a symlink loop"
+
+
+def check(job_dir: epath.Path, mode: str, as_written: str, profile: bool = False,
+          eval_sets: tuple[str, ...] = ()) -> None:
+  """Raises UsageError when `job_dir` cannot serve as the job dir of `mode`.
+
+  Args:
+    job_dir: The resolved path.
+    mode: The program about to run.
+    as_written: The flag's value as the user gave it, for the message.
+    profile: The run writes a profiler trace under `JOB/summaries/train` (train only); known
+      once the config is built, so the executor checks again then.
+    eval_sets: The names of the eval sets, whose files train and eval write (known once the
+      config is built, as `profile`).
+  """
+  flag = f"--job_log_dir={as_written}"
+  written = list(_WRITTEN.get(mode, ()))
+  if profile and mode in WRITING_MODES:
+    written.extend(_PROFILE)
+  root = {"train": "", "eval": "eval/"}.get(mode)
+  for name in eval_sets if root is not None else ():
+    written += [(f"{root}summaries/eval_{name}", FOLDER), (f"{root}eval_{name}.jsonl", FILE)]
+  members = list(dict.fromkeys([*_READ, *_KIND_ONLY.get(mode, ()), *written]))  # Each once.
+  if paths.is_remote(str(job_dir)):
+    _check_remote(job_dir, mode, flag, members)
+  else:
+    _check_local(os.fspath(job_dir), mode, flag, members, {name for name, _ in written})
+
+
+# ----------------------------------------------------------------------------- local
+
+
+def _check_local(job_dir: str, mode: str, flag: str, members: list[tuple[str, str]],
+                 written: set[str]) -> None:
+  ancestor = _nearest_existing(job_dir)
+  _check_lengths(job_dir, ancestor, flag, _DEEPEST_WRITE if written else 0)
+  kind = _kind(job_dir, flag)
+  if kind in (_DANGLING, _LOOP):
+    raise _bad_link(job_dir, kind, flag)
+  if kind == FILE:
+    raise UsageError(f"{flag}: is a file, not a folder; give the job's folder (training "
+                     "creates it if missing)")
+  if kind == _MISSING:
+    if mode not in WRITING_MODES:
+      raise UsageError(f"{flag}: no such folder; give the --job_log_dir of a training run")
+    _check_creatable(ancestor, flag)
+    return
+  if mode in WRITING_MODES and not os.access(job_dir, os.W_OK | os.X_OK):
+    raise _not_writable(job_dir, flag, "write in")
+  to_create = []  # The nearest existing folder of each missing path that will be written.
+  for name, wanted in members:
+    member = os.path.join(job_dir, name)
+    kind = _kind(member, flag)
+    if kind in (_DANGLING, _LOOP):
+      raise _bad_link(member, kind, flag)
+    if kind == _MISSING:
+      if name in written:
+        to_create.append(_nearest_existing(member))
+      continue
+    if kind != wanted:
+      raise UsageError(f"{flag}: {member} is a {kind}, not a {wanted}; move it away, or use "
+                       "another --job_log_dir")
+    if name in written and not os.access(member, os.W_OK | (os.X_OK if kind == FOLDER else 0)):
+      raise _not_writable(member, flag, "write")
+  for folder in dict.fromkeys(to_create):
+    _check_creatable(folder, flag)
+
+
+def _kind(path: str, flag: str) -> str:
+  """FOLDER, FILE (anything else that is not a folder), _MISSING, _DANGLING or _LOOP."""
+  try:
+    mode = os.stat(path).st_mode
+  except (FileNotFoundError, NotADirectoryError):
+    # NotADirectoryError: a file on the way, which the check of that file reports.
+    return _DANGLING if os.path.islink(path) else _MISSING
+  except OSError as e:
+    if e.errno == errno.ELOOP:
+      return _LOOP
+    raise UsageError(f"{flag}: cannot look at {path} ({e.strerror or e}); fix its "
+                     "permissions or use another --job_log_dir") from None
+  return FOLDER if stat.S_ISDIR(mode) else FILE
+
+
+def _bad_link(path: str, kind: str, flag: str) -> UsageError:
+  target = os.readlink(path)
+  return UsageError(f"{flag}: {path} is {kind} (-> {target}); create what it should point "
+                    "to, remove the link, or use another --job_log_dir")
+
+
+def _nearest_existing(path: str) -> str:
+  """`path` or its nearest ancestor that is there at all (a broken symlink counts)."""
+  while not os.path.lexists(path) and os.path.dirname(path) != path:
+    path = os.path.dirname(path)
+  return path
+
+
+def _check_lengths(job_dir: str, ancestor: str, flag: str, deepest: int) -> None:
+  """Each name and the whole path (with what the mode writes below it) within the limits of
+  the file system they are on, which would fail with ENAMETOOLONG only at the first write."""
+  name_max = _pathconf(ancestor, "PC_NAME_MAX")
+  path_max = _pathconf(ancestor, "PC_PATH_MAX")
+  if name_max:
+    for name in os.fsencode(job_dir).split(b"/"):
+      if len(name) > name_max:
+        shown = name[:24].decode("utf-8", "backslashreplace")
+        raise UsageError(f"{flag}: the name {shown}... is {len(name)} bytes long, and this "
+                         f"file system allows {name_max}; use a shorter name")
+  length = len(os.fsencode(job_dir)) + deepest
+  if path_max and length >= path_max:  # PATH_MAX counts the terminating NUL.
+    below = f" with the {deepest} bytes a run writes below it" if deepest else ""
+    raise UsageError(f"{flag}: the path is {len(os.fsencode(job_dir))} bytes long{below}, and "
+                     f"this system allows paths of {path_max - 1}; use a shorter path")
+
+
+def _pathconf(path: str, name: str) -> int | None:
+  try:
+    value = os.pathconf(path, name)
+  except (OSError, ValueError):
+    return None  # The limit is unknown here (or there is none): nothing to check.
+  return value if value and value > 0 else None
+
+
+def _check_creatable(folder: str, flag: str) -> None:
+  """Folders can be created in `folder`, the nearest existing ancestor of what will be."""
+  kind = _kind(folder, flag)
+  if kind in (_DANGLING, _LOOP):
+    raise _bad_link(folder, kind, flag)
+  if kind != FOLDER:
+    raise UsageError(f"{flag}: {folder} is a file, so the job folder cannot be created "
+                     "under it; choose another --job_log_dir")
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise _not_writable(folder, flag, "create folders in")
+  problem = paths.creation_problem(folder)  # /proc, a full disk, an ACL: what access() passes.
+  if problem is not None:
+    raise outputs.refusal(flag, problem, f"create folders in {folder}",
+                          "choose another --job_log_dir")
+
+
+def _not_writable(path: str, flag: str, action: str) -> UsageError:
+  """What access() refused, by its cause: a read-only mount (no chmod helps), or permissions."""
+  if paths.is_read_only_mount(path):
+    return UsageError(f"{flag}: {path} is on a read-only file system (EROFS); remount it "
+                      "read-write, or use another --job_log_dir")
+  return UsageError(f"{flag}: this user may not {action} {path}; fix its permissions or use "
+                    "another --job_log_dir")
+
+
+# ----------------------------------------------------------------------------- remote
+
+
+def _check_remote(job_dir: epath.Path, mode: str, flag: str,
+                  members: list[tuple[str, str]]) -> None:
+  """The kind checks through epath; a failure to reach the store is one line."""
+  try:
+    # Where TensorFlow is installed, epath reaches gs:// and s3:// through tf.io.gfile:
+    # imported here first, its start-up lines on stderr stay out of the one-line contract.
+    tensorflow_import.import_tensorflow()
+  except ImportError:
+    pass  # epath uses fsspec instead.
+  try:
+    exists = job_dir.exists()
+    is_dir = exists and job_dir.is_dir()
+  except Exception as e:  # pylint: disable=broad-except
+    # Each file system backend raises its own types (gfile, fsspec, HTTP clients).
+    raise UsageError(f"{flag}: cannot be reached ({_one_line(e)}); check the URL, and this "
+                     "machine's network and credentials for it") from None
+  if exists and not is_dir:
+    raise UsageError(f"{flag}: is a file, not a folder; give the job's folder (training "
+                     "creates it if missing)")
+  if not exists:
+    if mode not in WRITING_MODES:
+      raise UsageError(f"{flag}: no such folder; give the --job_log_dir of a training run")
+    return
+  for name, wanted in members:
+    member = job_dir / name
+    try:
+      if not member.exists():
+        continue
+      kind = FOLDER if member.is_dir() else FILE
+    except Exception as e:  # pylint: disable=broad-except
+      raise UsageError(f"{flag}: cannot read {member} ({_one_line(e)}); check this "
+                       "machine's credentials for it") from None
+    if kind != wanted:
+      raise UsageError(f"{flag}: {member} is a {kind}, not a {wanted}; move it away, or use "
+                       "another --job_log_dir")
+
+
+def _one_line(error: BaseException) -> str:
+  """An exception as one short line: storage clients' messages span lines and name URLs."""
+  text = " ".join(str(error).split())
+  if len(text) > 300:
+    text = f"{text[:150]} ... {text[-140:]}"
+  return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -1,0 +1,367 @@
+"""Where metrics go: JSON lines, TensorBoard scalars, and a progress line on stdout.
+
+Only process 0 writes. TensorBoard gets each metric as a plain scalar in event files written
+without TensorFlow (`event_files`); where TensorBoard is not installed (the synthetic-data path
+on an accelerator host) they are skipped with a note and the JSON lines remain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import time
+from typing import Callable, Iterator, Mapping
+
+from etils import epath
+
+from lingvo_lite import file_writes
+from lingvo_lite.runtime import event_files
+
+
+def log(message: str, enabled: bool = True) -> None:
+  if enabled:
+    print(message, flush=True)
+
+
+def format_duration(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(round(seconds))
+  hours, rest = divmod(seconds, 3600)
+  minutes, seconds = divmod(rest, 60)
+  if hours:
+    return f"{hours}h{minutes:02d}m"
+  if minutes:
+    return f"{minutes}m{seconds:02d}s"
+  return f"{seconds}s"
+
+
+class MetricsWriter:
+  """Appends `{"step": ..., **metrics}` to a JSONL file and mirrors scalars to TensorBoard.
+
+  Rows are appended as they come, so a user can watch the file. What a run writes is
+  provisional until the checkpoint it belongs to is verified: the train program then calls
+  `commit(step)`, and the rows of steps up to `step` are the job's for good, whatever happens
+  after. `rollback()`, for a run that fails, takes back the rows written since the last commit
+  (every row, before the first) and nothing else:
+
+  - This writer appends in step order, so the rows up to a committed step are a prefix of what
+    it wrote: a rollback cuts the JSONL file and its own TensorBoard event file back to the end
+    of that prefix, which needs no free space (a full disk is a reason to roll back). Without a
+    commit, the JSONL file is as it was (byte for byte, or not there), the event file this
+    writer created is deleted, and so are the folders it created, if empty.
+  - A run that resumes from a checkpoint (`resumed_from`) must end with one row per step,
+    although the run it resumes (killed after that checkpoint) may have written rows past it.
+    So its first commit also rewrites the JSONL file (a new file renamed over the old one) as
+    the rows it held with `step <= resumed_from` that this run did not write again, then this
+    run's rows, and drops the same rows from the event files already in `tensorboard_dir`
+    (those of the earlier runs), so every reader of them sees one value per step. Should that
+    rewrite fail (a full disk), the committed rows stay all the same, after the rows they
+    supersede (readers take a step's last row), and the next resumed run's commit tidies up.
+
+  `resumed_from=None` keeps every existing row (plain appending); `commit()` without a step
+  keeps every row written so far. The TensorBoard writer opens at the first write, so a run
+  that fails before its first metric creates no event file. (Between a resume and its first
+  commit, TensorBoard's default fast loader already hides a killed run's events past the new
+  run's first step: its reservoirs drop points whose step is not below a newly read one. The
+  legacy loader, `--load_fast=false`, does not: TF2 event files are version 2, for which it
+  purges only on a `SessionLog.START` event, which TF2 writers do not write.)
+  """
+
+  def __init__(self, jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
+               enabled: bool = True, resumed_from: int | None = None):
+    self._enabled = enabled
+    self._jsonl_path = jsonl_path
+    self._tensorboard_dir = tensorboard_dir
+    self._resumed_from = resumed_from
+    self._tensorboard: event_files.ScalarEvents | None = None
+    self._tensorboard_opened = False
+    self._events_path: epath.Path | None = None  # The event file this writer created.
+    self._rolled_back = False
+    self._closed = False
+    self._folder_made = False
+    # What a rollback keeps: the JSONL file's first `_kept_length` bytes (None: no file) and
+    # the event file's first `_events_kept` (0: no event file).
+    self._kept_length: int | None = None
+    self._events_kept = 0
+    self._length = 0  # The JSONL file's length, as this writer left it.
+    # (step, JSONL end, event file end) of each row written since the last commit, in order.
+    self._pending: list[tuple[int, int, int]] = []
+    self._superseded = resumed_from is None  # Whether the first commit's rewrite is done.
+    self._own_rows: list[bytes] = []  # This run's rows, until that rewrite.
+    self._steps: set[int] = set()  # This run's steps.
+    if not enabled:
+      return
+    self._original = jsonl_path.read_bytes() if jsonl_path.exists() else None
+    if self._original is not None:
+      self._kept_length = self._length = len(self._original)
+    self._needs_newline = bool(self._original) and not self._original.endswith(b"\n")
+    folders = _missing_folders(jsonl_path.parent)
+    self._earlier_events: list[epath.Path] = []
+    if tensorboard_dir is not None:
+      folders += _missing_folders(tensorboard_dir)
+      if tensorboard_dir.is_dir():
+        self._earlier_events = sorted(p for p in tensorboard_dir.iterdir()
+                                      if event_files.is_events(p))
+    # Deepest first, so a folder is tried after the ones inside it.
+    self._created_folders = sorted(set(folders), key=lambda p: len(p.parts), reverse=True)
+    if tensorboard_dir is not None:
+      try:
+        event_files.ScalarEvents.prepare()
+      except ImportError:
+        pass  # The first write says so.
+
+  def write(self, step: int, metrics: Mapping[str, float]) -> None:
+    """Appends a row (and its TensorBoard event).
+
+    Raises:
+      OSError: the write failed (naming the file); a rollback takes the row back.
+    """
+    if not self._enabled:
+      return
+    if self._closed:
+      raise RuntimeError(f"MetricsWriter({self._jsonl_path}) is closed")
+    step = int(step)
+    record = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+    line = (json.dumps(record) + "\n").encode()
+    # A run killed mid-row left half a line: this row starts a line of its own.
+    data = (b"\n" if self._needs_newline else b"") + line
+    with file_writes.writing(self._jsonl_path):
+      if not self._folder_made:
+        self._jsonl_path.parent.mkdir(parents=True, exist_ok=True)
+        self._folder_made = True
+      with self._jsonl_path.open("ab") as f:
+        f.write(data)
+    self._length += len(data)
+    self._needs_newline = False
+    if not self._superseded:
+      self._own_rows.append(line)
+    self._steps.add(step)
+    events_end = self._tensorboard.length if self._tensorboard is not None else 0
+    self._pending.append((step, self._length, events_end))
+    tensorboard = self._tensorboard_writer()
+    if tensorboard is not None:
+      tensorboard.write_scalars(step, {k: event_files.float32(v) for k, v in metrics.items()})
+      self._pending[-1] = (step, self._length, tensorboard.length)
+
+  def commit(self, step: int | None = None) -> None:
+    """The rows of steps up to `step` (all rows, without one) are the job's: no rollback takes
+    them back. The first commit of a resumed run also drops the rows it supersedes (see the
+    class doc).
+
+    Raises:
+      OSError: that rewrite failed (naming the file); the rows are kept all the same.
+    """
+    if not self._enabled or self._rolled_back:
+      return
+    kept = 0  # Rows come in step order: those up to `step` are the first ones.
+    while kept < len(self._pending) and (step is None or self._pending[kept][0] <= step):
+      kept += 1
+    if kept:
+      _, self._kept_length, events_end = self._pending[kept - 1]
+      self._events_kept = events_end or self._events_kept
+      del self._pending[:kept]
+    if not self._superseded:
+      self._superseded = True  # Tried once: a failure stops the run.
+      self._supersede()
+
+  def _supersede(self) -> None:
+    """Rewrites the JSONL file without the rows this run supersedes (then the earlier runs'
+    event files), keeping track of where its rows now end."""
+    resumed_from = self._resumed_from
+    # Rows of one step from several earlier runs (killed ones redo steps they had logged
+    # past their restored step): the last written is the one on the resumed-from path.
+    earlier = _last_rows(self._original,
+                         lambda step: step <= resumed_from and step not in self._steps).encode()
+    own, self._own_rows = self._own_rows, []
+    new = earlier + b"".join(own)
+    exists = self._jsonl_path.exists()
+    if (new or exists) and not (exists and self._jsonl_path.read_bytes() == new):
+      file_writes.replace(self._jsonl_path, new)
+    if new or exists:
+      # The file is now the earlier rows, then this run's: committed ones, then pending ones.
+      ends = list(itertools.accumulate((len(row) for row in own), initial=len(earlier)))
+      committed = len(own) - len(self._pending)
+      self._kept_length = ends[committed]
+      self._pending = [(step, ends[committed + 1 + i], events_end)
+                       for i, (step, _, events_end) in enumerate(self._pending)]
+      self._length = ends[-1]
+    self._needs_newline = False
+    for path in self._earlier_events:
+      event_files.drop_events(path, lambda step: step > resumed_from or step in self._steps)
+
+  def rollback(self) -> None:
+    """Takes back the rows written since the last commit (see the class doc); closes the
+    writer.
+
+    Raises:
+      OSError: cutting a file back failed (naming it).
+    """
+    with contextlib.suppress(OSError):  # A failed write fails its flush again: cut off below.
+      self.close()
+    if not self._enabled or self._rolled_back:
+      return
+    self._rolled_back = True
+    self._pending = []
+    if self._kept_length is None:
+      if self._jsonl_path.exists():
+        self._jsonl_path.unlink()
+    elif self._jsonl_path.exists() and self._jsonl_path.stat().length != self._kept_length:
+      file_writes.truncate(self._jsonl_path, self._kept_length)
+    if self._events_path is not None and self._events_path.exists():
+      if self._events_kept:
+        file_writes.truncate(self._events_path, self._events_kept)
+      else:
+        self._events_path.unlink()
+    if self._kept_length is None and not self._events_kept:
+      for folder in self._created_folders:
+        try:
+          if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+        except OSError:
+          pass  # Not ours to insist on: an object store has no real folders, for one.
+
+  def flush(self) -> None:
+    """Makes what was written durable in TensorBoard's files too (rows are at once)."""
+    if self._tensorboard is not None:
+      self._tensorboard.flush()
+
+  def close(self) -> None:
+    self._closed = True
+    tensorboard, self._tensorboard = self._tensorboard, None
+    if tensorboard is not None:
+      tensorboard.close()
+
+  def _tensorboard_writer(self) -> event_files.ScalarEvents | None:
+    if not self._tensorboard_opened and self._tensorboard_dir is not None:
+      self._tensorboard_opened = True
+      try:
+        self._tensorboard = event_files.ScalarEvents(str(self._tensorboard_dir))
+      except ImportError as e:
+        log(f"TensorBoard summaries disabled ({e}); metrics still go to {self._jsonl_path}")
+      else:
+        self._events_path = self._tensorboard.path
+    return self._tensorboard
+
+
+def logged_steps(jsonl_path: epath.Path) -> list[int]:
+  """The steps of a metrics file's rows (none when it does not exist)."""
+  data = jsonl_path.read_bytes() if jsonl_path.exists() else None
+  return sorted({step for step in map(_row_step, _lines(data)) if step is not None})
+
+
+def read_rows(jsonl_path: epath.Path, keep: Callable[[int], bool] = lambda step: True
+              ) -> list[dict]:
+  """The rows of the steps `keep` says, the last written of each, in step order (none when
+  the file does not exist)."""
+  data = jsonl_path.read_bytes() if jsonl_path.exists() else None
+  return [json.loads(line) for line in _last_rows(data, keep).splitlines()]
+
+
+def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
+              keep: Callable[[int], bool]) -> None:
+  """Rewrites a metrics file (and its TensorBoard events) with only the steps `keep` says,
+  one row per step (the last written): for a writer whose own record says which rows count
+  (the eval program's, after a kill between a row and its record)."""
+  if jsonl_path.exists():
+    data = jsonl_path.read_bytes()
+    new = _last_rows(data, keep).encode()
+    if new != data:
+      file_writes.replace(jsonl_path, new)
+  if tensorboard_dir is not None and tensorboard_dir.is_dir():
+    for path in sorted(tensorboard_dir.iterdir()):
+      if event_files.is_events(path):
+        event_files.drop_events(path, lambda step: not keep(step))
+
+
+def _missing_folders(folder: epath.Path) -> list[epath.Path]:
+  """`folder` and its ancestors that do not exist yet."""
+  missing = []
+  while not folder.exists() and folder.parent != folder:
+    missing.append(folder)
+    folder = folder.parent
+  return missing
+
+
+def _lines(data: bytes | None) -> list[str]:
+  return data.decode(errors="replace").splitlines() if data else []
+
+
+def _last_rows(data: bytes | None, keep: Callable[[int], bool]) -> str:
+  """The rows of the steps `keep` says, the last written of each, in step order (a killed run
+  leaves half a row, which has no step and goes)."""
+  latest: dict[int, str] = {}
+  for line in _lines(data):
+    step = _row_step(line)
+    if step is not None and keep(step):
+      latest[step] = line + "\n"
+  return "".join(latest[step] for step in sorted(latest))
+
+
+def _row_step(line: str) -> int | None:
+  """The step of a JSONL row; None for a line that is not one (half a row, left by a kill)."""
+  try:
+    step = json.loads(line).get("step")
+  except (ValueError, AttributeError):
+    return None
+  return step if isinstance(step, int) else None
+
+
+class Throughput:
+  """Steps/s, tokens/s, model TFLOP per step, TFLOP/s per device, MFU, data wait and ETA,
+  over the steps since the last report, not counting the time spent off the steps
+  (`excluded`: compiling, checkpointing, evaluating), which each report gives by kind."""
+
+  # What the train loop does besides steps; each report row has `<kind>_s` for each.
+  OFF_STEP_KINDS = ("compile", "checkpoint", "eval")
+
+  def __init__(self, start_step: int, total_steps: int, tokens_per_step: int,
+               flops_per_step: float, num_devices: int, peak_flops_per_device: float):
+    self._total_steps = total_steps
+    self._tokens_per_step = tokens_per_step
+    self._flops_per_step = flops_per_step
+    self._flops_per_device_step = flops_per_step / num_devices
+    self._peak = peak_flops_per_device
+    self._last_step = start_step
+    self._last_time = time.perf_counter()
+    self._data_wait = 0.0
+    self._excluded = dict.fromkeys(self.OFF_STEP_KINDS, 0.0)
+
+  def add_data_wait(self, seconds: float) -> None:
+    self._data_wait += seconds
+
+  def exclude(self, seconds: float, kind: str = "eval") -> None:
+    """Time spent on something other than steps, kept out of the figures."""
+    self._excluded[kind] += seconds
+
+  @contextlib.contextmanager
+  def excluded(self, kind: str) -> Iterator[None]:
+    """Times the block and `exclude`s it. The caller first waits for the steps already
+    dispatched (their time is theirs, not the block's)."""
+    start = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.exclude(time.perf_counter() - start, kind)
+
+  def report(self, step: int) -> dict[str, float]:
+    now = time.perf_counter()
+    steps = max(step - self._last_step, 1)
+    elapsed = max(now - self._last_time - sum(self._excluded.values()), 1e-9)
+    step_time = elapsed / steps
+    report = {
+        "step_time_s": step_time,
+        "steps_per_s": 1.0 / step_time,
+        "tokens_per_s": self._tokens_per_step / step_time,
+        "model_tflop_per_step": self._flops_per_step / 1e12,
+        "tflops_per_device": self._flops_per_device_step / step_time / 1e12,
+        "mfu": self._flops_per_device_step / step_time / self._peak,
+        "data_wait_s": self._data_wait / steps,
+        "eta_s": (self._total_steps - step) * step_time,
+        **{f"{kind}_s": seconds for kind, seconds in self._excluded.items()},
+    }
+    self._last_step, self._last_time, self._data_wait = step, now, 0.0
+    self._excluded = dict.fromkeys(self.OFF_STEP_KINDS, 0.0)
+    return report

@@ -1,0 +1,96 @@
+"""A damaged checkpoint is found before it is restored: one line naming the step, the file and
+the way out, exit 2, and the job directory left as it was."""
+
+import json
+import os
+import shutil
+
+from etils import epath
+
+from lingvo_lite.checkpoints import integrity as checkpoint_integrity
+from lingvo_lite.testing import run_cli, tree_digest
+
+TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+        "--fdl.checkpoint.every_steps=2", "--compilation_cache_dir="]
+
+
+def _largest_file(step_dir):
+  files = [os.path.join(d, f) for d, _, names in os.walk(step_dir) for f in names
+           if f != checkpoint_integrity.CHECKSUMS_FILE]
+  return max(files, key=os.path.getsize)
+
+
+def _flip_one_byte(path):
+  with open(path, "r+b") as f:
+    f.seek(os.path.getsize(path) // 2)
+    byte = f.read(1)
+    f.seek(-1, os.SEEK_CUR)
+    f.write(bytes([byte[0] ^ 0x01]))
+
+
+def test_checksums_catch_a_flipped_byte_a_truncation_and_a_missing_file(tmp_path):
+  step_dir = tmp_path / "7"
+  (step_dir / "d").mkdir(parents=True)
+  (step_dir / "d" / "data").write_bytes(bytes(range(256)) * 64)
+  (step_dir / "meta").write_text("{}")
+  checkpoint_integrity.write_checksums(epath.Path(step_dir))
+  recorded = json.loads((step_dir / checkpoint_integrity.CHECKSUMS_FILE).read_text())
+  assert sorted(recorded) == ["d/data", "meta"]
+  assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)) is None
+
+  _flip_one_byte(step_dir / "d" / "data")
+  assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)) == (
+      "d/data does not match the CRC-32 recorded when it was written")
+  _flip_one_byte(step_dir / "d" / "data")  # Flipped back: intact again.
+  assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)) is None
+
+  (step_dir / "meta").write_text("{")
+  assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)) == (
+      "meta has 1 bytes, 2 were written")
+  (step_dir / "meta").unlink()
+  assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)) == "meta is missing"
+
+  (step_dir / checkpoint_integrity.CHECKSUMS_FILE).write_text('{"meta": {"bytes": 2')
+  assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)).startswith(
+      "lingvo_lite_checksums.json is unreadable (JSONDecodeError: ")
+
+
+def test_training_records_checksums_and_refuses_a_corrupt_step(tmp_path):
+  job = tmp_path / "job"
+  result = run_cli([*TINY, "--fdl.train.steps=4", f"--job_log_dir={job}"])
+  assert result.code == 0, result.stderr
+  for step in ("2", "4"):
+    assert checkpoint_integrity.first_mismatch(epath.Path(job / "checkpoints" / step)) is None
+
+  _flip_one_byte(_largest_file(job / "checkpoints" / "4"))
+  before = tree_digest(job)
+  for mode_args in (["--fdl.train.steps=6"], ["--mode=eval"]):
+    result = run_cli([*TINY, *mode_args, f"--job_log_dir={job}"])
+    assert result.code == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("lingvo_lite: error: checkpoint step 4 is corrupt: ")
+    assert "does not match the CRC-32 recorded when it was written" in lines[0]
+    assert lines[0].endswith(f"move {job / 'checkpoints' / '4'} out of the way to resume from "
+                             "step 2")
+    assert tree_digest(job) == before
+
+  # With checksums off the damage goes unnoticed, as orbax alone would let it (the reason
+  # they are on by default).
+  result = run_cli([*TINY, "--mode=eval", "--fdl.checkpoint.checksums=False",
+                    f"--job_log_dir={job}"])
+  assert result.code == 0, result.stderr
+
+  # The way out the message gives works: the run resumes from the intact step.
+  shutil.move(job / "checkpoints" / "4", tmp_path / "corrupt_step_4")
+  result = run_cli([*TINY, "--fdl.train.steps=6", f"--job_log_dir={job}"])
+  assert result.code == 0, result.stderr
+  assert "resumed from step 2" in result.stdout
+
+
+def test_a_crafted_checksums_file_is_a_mismatch_not_a_crash(tmp_path):
+  step = epath.Path(tmp_path)
+  (step / "data").write_bytes(b"x")
+  for record in ({"data": {"bytes": 1e400, "crc32": "0"}}, {"data": {"bytes": "many"}}, [1]):
+    (step / checkpoint_integrity.CHECKSUMS_FILE).write_text(json.dumps(record))
+    assert "is unreadable" in checkpoint_integrity.first_mismatch(step), record

@@ -1,0 +1,303 @@
+"""The compile program: reports checked against independent counts, saved steps that train
+exactly like compiled ones (and refuse to load where they are not valid), TPU compiles from
+this CPU host, and the maximum-batch search against brute force."""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from lingvo_lite import target as targets
+from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.programs.compile import aot, report as compile_report
+from lingvo_lite.testing import source_root, synthetic_tiny_setup, tree_digest
+
+TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+        "--fdl.train_data.global_batch_size=8", "--fdl.eval_data.global_batch_size=8"]
+# A mesh with every kind of split: parameters over fsdp, the batch over data x fsdp.
+SHARDED = ["--fdl.partitioner.ici_data=2", "--fdl.partitioner.ici_fsdp=4"]
+
+
+def _lingvo(args, env=None, timeout=600):
+  return subprocess.run([sys.executable, "-m", "lingvo_lite", *args], cwd=source_root(),
+                        capture_output=True, text=True, timeout=timeout, check=False,
+                        env=env or dict(os.environ))
+
+
+def _eight_cpu_env():
+  return dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+
+
+def _report(job: pathlib.Path) -> dict:
+  return json.loads((job / "compile" / "report.json").read_text())
+
+
+def _need_libtpu():
+  try:
+    import libtpu  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError as e:
+    pytest.fail(f"libtpu is not installed ({e}): bin/setup.sh installs it (requirements.lock "
+                "pins the libtpu that matches jax); TPU compiles cannot be tested without it")
+
+
+def test_cpu8_argument_bytes_equal_an_independent_count(tmp_path):
+  job = tmp_path / "job"
+  completed = _lingvo([*TINY, *SHARDED, "--mode=compile", "--compile_topology=cpu:8",
+                       f"--job_log_dir={job}"])
+  assert completed.returncode == 0, completed.stderr
+  report = _report(job)
+  assert report["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+  assert report["verdict"] == "FITS" and report["target"]["num_devices"] == 8
+  # Independently: each parameter's shard from its logical axes and the rules' mesh axes,
+  # three copies (parameters, Adam's mu and nu), three int32 counters (the state's step,
+  # Adam's count, the learning-rate schedule's count), and this device's rows of the batch.
+  setup = synthetic_tiny_setup("PyCodeTiny", "train_data.global_batch_size=8",
+                               "eval_data.global_batch_size=8")
+  sizes = {"data": 2, "fsdp": 4, "tensor": 1}
+  rules = dict(setup.partitioner.rules)
+  parameters = 0
+  for p in setup.model.parameter_shapes():
+    shard = 1
+    for size, axis in zip(p.shape, p.axes):
+      mesh_axes = rules.get(axis) or ()
+      mesh_axes = (mesh_axes,) if isinstance(mesh_axes, str) else mesh_axes
+      shard *= -(-size // math.prod(sizes[a] for a in mesh_axes))
+    parameters += p.repeats * shard * np.dtype(p.dtype).itemsize
+  rows = 8 // (2 * 4)
+  batch = rows * 64 * (4 + 4 + 4)  # inputs, targets int32; weights float32
+  expected = 3 * parameters + 3 * 4 + batch
+  assert report["memory"]["arguments"] == expected
+  assert report["analytic"]["total"] == expected
+  assert report["analytic"]["by_part"]["parameters"] == parameters
+  assert report["parameters"] == setup.model.num_parameters()
+  text = (job / "compile" / "report.txt").read_text()
+  assert "verdict: FITS" in text and "largest buffers" in text
+  assert len(report["largest_buffers"]) == 10
+  assert report["flops"]["xla_per_device"] > 0
+  assert report["step_time"]["seconds_at_50_mfu"] == pytest.approx(
+      2 * report["step_time"]["seconds_at_100_mfu"])
+
+
+@pytest.mark.slow
+def test_saved_step_trains_exactly_and_refuses_what_differs(tmp_path):
+  step = tmp_path / "step"
+  completed = _lingvo([*TINY, *SHARDED, "--fdl.train.steps=4", "--mode=compile",
+                       "--compile_topology=cpu:8", f"--compiled_step_out={step}"],
+                      env=_eight_cpu_env())
+  assert completed.returncode == 0, completed.stderr
+  assert (step / "manifest.json").exists() and (step / "executable.bin").exists()
+
+  def edited(name: str, edit) -> pathlib.Path:
+    copy = tmp_path / name
+    copy.mkdir()
+    (copy / "executable.bin").write_bytes((step / "executable.bin").read_bytes())
+    manifest = json.loads((step / "manifest.json").read_text())
+    edit(manifest)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    return copy
+
+  variants = {
+      "batch": edited("batch", lambda m: m["step config"].update(
+          {"train_data batch inputs": "int32[16, 64]"})),
+      "topology": edited("topology", lambda m: m.update(topology="v5e-8")),
+      "device order": edited("order", lambda m: m.update(
+          {"device order": list(reversed(m["device order"]))})),
+      "xla flags": edited("flags", lambda m: m["xla flags"].update(
+          XLA_FLAGS="--xla_cpu_enable_fast_math=true")),
+      "versions": edited("versions", lambda m: m["versions"].update(jax="0.0.1")),
+  }
+  train = [*TINY, *SHARDED, "--fdl.train.steps=4", "--compilation_cache_dir="]
+  runs = [[*train, f"--job_log_dir={tmp_path / 'compiled'}"],
+          [*train, f"--job_log_dir={tmp_path / 'loaded'}", f"--compiled_step_in={step}"],
+          [*train, f"--job_log_dir={tmp_path / 'other_steps'}", "--fdl.train.steps=5",
+           f"--compiled_step_in={step}"]]
+  runs += [[*train, f"--job_log_dir={tmp_path / name}", f"--compiled_step_in={path}"]
+           for name, path in variants.items()]
+  worker = subprocess.run([sys.executable, "-m", "tests.compiled_step_worker", json.dumps(runs)],
+                          cwd=source_root(), capture_output=True, text=True, timeout=600,
+                          check=False, env=_eight_cpu_env())
+  assert worker.returncode == 0, worker.stderr
+  compiled, loaded, *refused = json.loads(worker.stdout.strip().splitlines()[-1])
+  assert compiled["code"] == 0 and loaded["code"] == 0, (compiled, loaded)
+  # The listener sees the train step compile in a normal run, and not with the saved step.
+  assert any("train_step" in name for name in compiled["compiled"]), compiled["compiled"]
+  assert not any("train_step" in name for name in loaded["compiled"]), loaded["compiled"]
+  losses = [[json.loads(line)["loss"] for line in (tmp_path / run / "metrics.jsonl").open()]
+            for run in ("compiled", "loaded")]
+  assert losses[0] == losses[1] and len(losses[0]) >= 1
+  expected = {"other_steps": "step config.train.steps was '4' when compiled, is '5' now",
+              "batch": "train_data batch inputs was 'int32[16, 64]' when compiled, is "
+                       "'int32[8, 64]' now",
+              "topology": "topology was 'v5e-8' when compiled, is 'cpu:8' now",
+              "device order": "compiled for a different device order: device order was [",
+              "xla flags": "xla flags.XLA_FLAGS was '--xla_cpu_enable_fast_math=true'",
+              "versions": "versions.jax was '0.0.1' when compiled"}
+  for (name, fragment), result in zip(expected.items(), refused):
+    lines = result["stderr"].strip().splitlines()
+    assert result["code"] == 2 and len(lines) == 1, (name, result)
+    assert fragment in lines[0], (name, lines[0])
+    assert not (tmp_path / name / "checkpoints").exists() or not any(
+        (tmp_path / name / "checkpoints").iterdir()), name
+
+
+def test_tpu_compile_lowers_the_tpu_form_of_the_model():
+  """The weight matmul's CPU variant (an optimization barrier around a transpose) is chosen
+  by the target's platform, not by this CPU host's backend."""
+  _need_libtpu()
+  setup = synthetic_tiny_setup("PyCodeTiny", "train_data.global_batch_size=8",
+                               "eval_data.global_batch_size=8")
+  tpu = targets.compile_target("v5e-8")
+  with targets.active(tpu):
+    tpu_text = JittedSteps(setup, target=tpu).lower_train_step().as_text()
+  host_setup = synthetic_tiny_setup("PyCodeTiny")
+  host_text = JittedSteps(host_setup).lower_train_step().as_text()
+  assert "optimization_barrier" in host_text
+  assert "optimization_barrier" not in tpu_text
+  assert tpu.num_devices == 8 and tpu.device_kind.startswith("TPU v5")
+  assert jax.default_backend() == "cpu"
+
+
+def test_tpu_compiles_one_and_two_slices(tmp_path):
+  _need_libtpu()
+  for name, args, devices, mesh in (
+      ("one", ["--compile_topology=v5e-8"], 8, {"data": 8, "fsdp": 1, "tensor": 1}),
+      ("two", ["--compile_topology=v5e-16", "--compile_num_slices=2",
+               "--fdl.train_data.global_batch_size=32", "--fdl.eval_data.global_batch_size=32"],
+       32, {"data": 32, "fsdp": 1, "tensor": 1})):
+    job = tmp_path / name
+    completed = _lingvo([*TINY, "--mode=compile", f"--job_log_dir={job}", *args])
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stderr.strip() == "", completed.stderr  # libtpu's warnings kept out
+    report = _report(job)
+    assert report["verdict"] == "FITS"
+    assert report["target"]["num_devices"] == devices
+    assert report["target"]["platform"] == "tpu"
+    assert report["mesh"] == mesh
+  assert _report(tmp_path / "two")["target"]["num_slices"] == 2
+
+
+def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tmp_path):
+  # Rows of 1024 tokens over a 65536-token vocabulary: float32 logits of 256 MiB per row.
+  heavy = [*TINY, "--fdl.model.vocab_size=65536", "--fdl.train_data.vocab_size=65536",
+           "--fdl.eval_data.vocab_size=65536", "--fdl.train_data.sequence_length=1024",
+           "--fdl.eval_data.sequence_length=1024", "--fiddler=no_eval", "--mode=compile",
+           "--compile_topology=cpu:8", "--fdl.partitioner.ici_data=8"]
+  job = tmp_path / "search"
+  completed = _lingvo([*heavy, f"--job_log_dir={job}", "--compile_find_max_batch"])
+  assert completed.returncode == 0, completed.stderr
+  search = _report(job)["max_batch"]["policies"][0]
+  best = search["max_per_device_batch_size"]
+  assert best and best >= 2, search
+  made = {c["per_device_batch_size"]: c for c in search["compiles"]}
+  assert made[best]["fits"] and not made[best + 1]["fits"]
+  # Brute force: compile each batch from 1 to best + 1 on its own.
+  for per_device in range(1, best + 2):
+    job = tmp_path / f"b{per_device}"
+    completed = _lingvo([*heavy, f"--job_log_dir={job}",
+                         f"--fdl.train_data.global_batch_size={8 * per_device}"])
+    assert completed.returncode == (0 if per_device <= best else 3), (per_device,
+                                                                       completed.stderr)
+    assert _report(job)["verdict"] == ("FITS" if per_device <= best else "DOES NOT FIT")
+
+
+def test_out_of_memory_messages_become_bytes():
+  # XLA:TPU's two phrasings (the first as MaxText quotes it).
+  first = aot.parse_out_of_memory(
+      "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent "
+      "error. Ran out of memory in memory space hbm. the total memory required for HLO "
+      "temporaries (94.65G) exceeds available HBM (15.75G).")
+  assert (first.required, first.available) == (int(94.65 * 2**30), int(15.75 * 2**30))
+  second = aot.parse_out_of_memory("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G hbm. Exceeded")
+  assert (second.required, second.available) == (int(20.5 * 2**30), int(15.48 * 2**30))
+  assert aot.parse_out_of_memory("INVALID_ARGUMENT: bad shape") is None
+
+
+def test_no_memory_analysis_is_unknown_never_fits():
+  class Stats:  # What some backends return (jax #18954): zeros, or -1.
+    argument_size_in_bytes = output_size_in_bytes = alias_size_in_bytes = 0
+    temp_size_in_bytes = generated_code_size_in_bytes = 0
+
+  class Executable:
+    def memory_analysis(self):
+      return Stats()
+
+  assert aot._memory(Executable()) is None  # pylint: disable=protected-access
+  Stats.temp_size_in_bytes = -1
+  assert aot._memory(Executable()) is None  # pylint: disable=protected-access
+  setup = synthetic_tiny_setup()
+  result = aot.CompileResult(JittedSteps(setup), "train", object(), 1.0, None, None, None, [])
+  report = compile_report.build(result)
+  assert report["verdict"] == "UNKNOWN" and report["margin"] is None
+  assert "verdict: UNKNOWN: XLA reported no memory analysis" in compile_report.to_text(report)
+
+
+def test_largest_buffers_skip_fused_and_aliasing_instructions():
+  hlo = "\n".join([
+      "%fused_computation (p: f32[1024,1024]) -> f32[1024,1024] {",
+      "  %p = f32[1024,1024]{1,0} parameter(0)",
+      "  ROOT %huge = f32[4096,4096]{1,0} add(%p, %p)",
+      "}",
+      "ENTRY %main (a: f32[8,8]) -> f32[64,64] {",
+      '  %a = f32[8,8]{1,0} parameter(0), metadata={op_name="state.params[\\\'w\\\']"}',
+      "  %b = bf16[64,64]{1,0} bitcast(%a)",
+      '  ROOT %c = f32[64,64]{1,0} dot(%a, %a), metadata={op_name="jit(step)/dot_general"}',
+      "}"])
+  buffers = aot.largest_buffers(hlo)
+  assert [(b.bytes, b.shape, b.op_name) for b in buffers] == [
+      (64 * 64 * 4, "f32[64,64]", "jit(step)/dot_general"),
+      (8 * 8 * 4, "f32[8,8]", "state.params['w']")]
+
+
+def test_reports_written_by_two_writers_at_once_stay_whole(tmp_path):
+  """Two compiles into one job write the same report files (paths.write_atomically)."""
+  import threading  # pylint: disable=import-outside-toplevel
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  from lingvo_lite import paths  # pylint: disable=import-outside-toplevel
+  target = epath.Path(tmp_path) / "report.json"
+  versions = [json.dumps({"writer": w, "pad": "x" * 100_000}) for w in range(2)]
+  errors = []
+
+  def write(version: str) -> None:
+    try:
+      for _ in range(200):
+        paths.write_atomically(target, version)
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  threads = [threading.Thread(target=write, args=(v,)) for v in versions]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  assert not errors
+  assert target.read_text() in versions
+  assert sorted(p.name for p in epath.Path(tmp_path).iterdir()) == ["report.json"]
+
+
+def test_a_saved_step_never_replaces_the_users_folder(tmp_path):
+  """--compiled_step_out onto a folder of the user's, which holds a manifest.json and an
+  executable.bin of their own: one line naming the flag, the folder's files and the fix, exit 2,
+  before anything compiles, and the folder as it was. (lingvo_lite's own earlier step is
+  replaced whole: tests/test_outputs.py.)"""
+  theirs = tmp_path / "theirs"
+  theirs.mkdir()
+  for name, text in {"manifest.json": '{"schema": "my_tool/3"}', "executable.bin": "mine",
+                     "notes.txt": "keep"}.items():
+    (theirs / name).write_text(text)
+  before = tree_digest(tmp_path)
+  relative = os.path.relpath(theirs, source_root())
+  completed = _lingvo([*TINY, "--mode=compile", "--compile_topology=cpu:1",
+                       "--compilation_cache_dir=", f"--compiled_step_out={relative}"])
+  assert completed.returncode == 2, completed.stderr
+  assert completed.stderr.splitlines() == [
+      f"lingvo_lite: error: --compiled_step_out='{relative}': the folder holds files "
+      "lingvo_lite did not write (executable.bin, manifest.json, notes.txt), and it never "
+      "replaces them; name a new or empty folder, or move them away"], completed.stderr
+  assert "verdict" not in completed.stdout  # Refused before the compile.
+  assert tree_digest(tmp_path) == before
