@@ -113,31 +113,17 @@ def parse_value(directive: Directive) -> Any:
 # ----------------------------------------------------------------------------- types
 
 
-def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
-  """Annotations of a config's callable, with the constraints declared in them."""
-  return fields.type_hints(fn)
-
-
-def _describe(annotation: Any) -> str:
-  return fields.describe(annotation)
-
-
-def _matches(value: Any, annotation: Any) -> bool | None:
-  """Whether a literal fits an annotation; None when the annotation is beyond checking."""
-  return fields.matches(value, annotation)
-
-
 def _check_value(directive: Directive, path: str, value: Any, annotation: Any) -> None:
   """The type, then the declared constraints (a positive size, a finite float, ...).
 
   `path` is the field's, spelled as messages spell it (the flag shows how the user did).
   """
-  if _matches(value, annotation) is False:
+  if fields.matches(value, annotation) is False:
     fix = ""
     if fields.is_part(annotation):
       fix = (f"; a part is changed field by field (--fdl.{path}.FIELD=VALUE), or replaced by "
              "a config in a fiddler")
-    raise UsageError(f"{directive.flag}: {path} must be {_describe(annotation)}, "
+    raise UsageError(f"{directive.flag}: {path} must be {fields.describe(annotation)}, "
                      f"got {type(value).__name__} {shown(value)}{fix}")
   problem = fields.value_problem(value, annotation)
   if problem:
@@ -193,23 +179,19 @@ def _parameter_names(buildable: fdl.Buildable) -> list[str]:
   return list(inspect.signature(fdl.get_callable(buildable)).parameters)
 
 
-def _entry_annotation(annotation: Any, container: Any, key: Any) -> Any:
-  return None if annotation is None else fields.entry_annotation(annotation, container, key)
-
-
 def _child(parent: Any, step: str | int, walked: str, annotation: Any,
            directive: Directive) -> tuple[Any, Any]:
   """(parent's field or entry `step`, its annotation or None); `annotation` is parent's."""
   if isinstance(parent, dict):
     _check_key(parent, step, walked, directive)
-    return parent[step], _entry_annotation(annotation, parent, step)
+    return parent[step], fields.entry_annotation(annotation, parent, step)
   if isinstance(step, int):
     if not isinstance(parent, (list, tuple)) or step >= len(parent):
       raise UsageError(f"{directive.flag}: {walked or 'the root'} has no element [{step}]")
-    return parent[step], _entry_annotation(annotation, parent, step)
+    return parent[step], fields.entry_annotation(annotation, parent, step)
   if isinstance(parent, fdl.Buildable):
     _check_parameter(parent, step, walked, directive)
-    return getattr(parent, step), _type_hints(fdl.get_callable(parent)).get(step)
+    return getattr(parent, step), fields.type_hints(fdl.get_callable(parent)).get(step)
   kind = "None" if parent is None else f"a {type(parent).__name__}"
   raise UsageError(f"{directive.flag}: {walked} is {kind}, not a config with fields; "
                    f"it has no field {step!r}")
@@ -259,7 +241,7 @@ def set_field(cfg: fdl.Buildable, directive: Directive) -> None:
   path = fields.path_join(walked, last)
   if isinstance(parent, dict):
     _check_key(parent, last, walked, directive)
-    annotation = _entry_annotation(annotation, parent, last)
+    annotation = fields.entry_annotation(annotation, parent, last)
     if annotation is not None:
       _check_value(directive, path, value, annotation)
     parent[last] = value
@@ -273,7 +255,7 @@ def set_field(cfg: fdl.Buildable, directive: Directive) -> None:
   if not isinstance(parent, fdl.Buildable):
     _child(parent, last, walked, annotation, directive)  # Raises with the right message.
   _check_parameter(parent, last, walked, directive)
-  annotation = _type_hints(fdl.get_callable(parent)).get(last)
+  annotation = fields.type_hints(fdl.get_callable(parent)).get(last)
   if annotation is not None:
     _check_value(directive, path, value, annotation)
   setattr(parent, last, value)
