@@ -6,9 +6,9 @@ Each case runs `python -m lingvo_lite --mode=compile ...` as its own process, th
 runs it (process start to exit, imports included), and reads the child's peak RSS from
 `os.wait4`. Cases: GPT-J-6B for v5e-256 and the 4-layer BenchSmall shapes for v5e-8 (MaxText's
 train_compile.py took 75.7 s / 2.09 GB for llama2-7b on v5e-256 and 18.6 s / 1.24 GB for those
-small shapes on v5e-8 on this kind of machine: ../shared/REFERENCE.md). With
---print_experiments it also times `--mode=print` of every registered experiment. Prints one
-line per run and the median per case last.
+small shapes on v5e-8, measured on this kind of machine). With --print_experiments it also
+times `--mode=print` of every registered experiment. Prints one line per run and the median per
+case last.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def _document_scores(source: DataSource, set_name: str, whole_split: bool
 
 def evaluate_set(jitted: Any, params: Any, source: DataSource,
                  set_name: str = "") -> dict[str, float]:
-  """One pass of `source` with `jitted`'s eval step (a programs.jitted.JittedSteps)."""
+  """One pass of `source` with `jitted`'s eval step (a jitted.JittedSteps)."""
   started = time.perf_counter()
   num_batches, examples = pass_length(source)
   scores, score_fns = _document_scores(source, set_name, examples is not None)

@@ -1,6 +1,6 @@
 """The training state pytree and how it is shaped, sharded and initialized.
 
-Shapes come first (DESIGN rule 5): `abstract_state` runs the initializer under
+Shapes come first (docs/DESIGN.md, "Shapes first"): `abstract_state` runs the initializer under
 `jax.eval_shape`, keeping Flax's logical-axis boxes, so one abstract tree yields the
 shardings, the checkpoint restore target and the AOT compile inputs.
 """

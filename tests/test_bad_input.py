@@ -347,7 +347,7 @@ VALUES_CASES = [
      "the mesh has 3 devices but 1 are available"),
     Case("field of a non-config", ["--job_log_dir={job}", "--fdl.train.steps.every=1"],
      "train.steps is a int, not a config"),
-    # Whole parts replaced by a literal, or by the wrong part (type check, config_checks).
+    # Whole parts replaced by a literal, or by the wrong part (type check, config/checks.py).
     Case("model replaced by a number", ["--job_log_dir={job}", "--fdl.model=3"],
      "--fdl.model=3: model must be TransformerLM, got int 3"),
     Case("train data replaced by None", ["--job_log_dir={job}", "--fdl.train_data=None"],

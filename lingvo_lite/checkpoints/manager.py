@@ -9,7 +9,7 @@ memory nor allocated.
 What can go wrong on disk is handled here, not left to orbax's background threads:
 - A save that fails (disk full, permissions, an I/O error) is noticed at the next step
   boundary (`poll`), not one save interval later, and becomes one `CheckpointWriteError`
-  (`checkpoint_errors`); what it left (orbax's temporary folders, a step whose checksums
+  (checkpoints/errors.py); what it left (orbax's temporary folders, a step whose checksums
   could not be written) goes with `discard_failed_saves`.
 - A step counts as saved only once it is *verified*: orbax has committed it and process 0
   has recorded every file's checksum (`checkpoint_integrity`), at the first step boundary
@@ -57,7 +57,7 @@ class CheckpointSettings:
   Attributes:
     every_steps: Save every this many steps (and always at the end of training).
     max_to_keep: Newest checkpoints kept on disk; older ones are deleted once a newer one
-      is verified, except the newest healthy one (checkpoint_health), which a diverged run
+      is verified, except the newest healthy one (checkpoints/health.py), which a diverged run
       resumes from. None keeps all (0 is refused: it would keep none).
     async_save: Write in a background thread while training continues.
     checksums: Record each file's size and CRC-32 once a step is committed and verify them
@@ -98,7 +98,7 @@ class Checkpointer:
       verifies them (`poll`, the next `save`, `close`): what belongs to that step (the
       metrics up to it) is kept from then on. What it raises is raised by that call.
     also_keep: Given the verified steps on disk, the one `max_to_keep` must keep besides the
-      newest ones, if any: the train program's newest healthy step (checkpoint_health), the
+      newest ones, if any: the train program's newest healthy step (checkpoints/health.py), the
       one a diverged run is told to resume from.
   """
 

@@ -1,4 +1,4 @@
-"""Decode requests (what `--mode=decode` is asked to generate) and the records of its answers.
+"""Decode requests: what `--mode=decode` is asked to generate, read and checked before it runs.
 
 Requests come from the command line, in this order, and both sources may be given at once:
 
@@ -37,7 +37,7 @@ REQUEST_FIELDS = ("prompt", "prompt_ids", "max_new_tokens", "temperature", "top_
 
 _INT64_LIMIT = 2**63  # Token ids: JAX computes with at most int64.
 _INT32_LIMIT = 2**31  # max_new_tokens and top_k become int32 arrays in the decode loop.
-# As decode.seed's Range: decoding.key_data makes a key of both 32-bit halves on the host
+# As decode.seed's Range: decode/steps.py's key_data makes a key of both 32-bit halves on the host
 # (jax.random.key(seed) itself would keep only the low 32 bits without jax_enable_x64).
 _SEED_LIMIT = 2**63
 # Temperature and top_p become float32: a larger temperature would be inf there, a smaller

@@ -5,7 +5,7 @@ Everything shown is escaped: config values, prompts and completions are users' t
 page marks what a reader or a test looks for: the final train loss (`id="final-train-loss"`,
 its exact value in `data-value`), config rows that differ from the experiment's defaults
 (`class="changed"`), checkpoint statuses (`class="status-verified"`, `-failed`, ...) and each
-section's `id`. Numbers are read through report_data.number, so a crafted or damaged value
+section's `id`. Numbers are read through report.data.number, so a crafted or damaged value
 (a string, an integer no float holds) is shown as `-` or an infinity, never a crash.
 """
 
@@ -398,7 +398,7 @@ def compare_page(jobs: Sequence[Job], configs: Sequence[JobConfig],
   Args:
     jobs: The jobs, the first one the job dir the page is written in.
     configs: Their configs.
-    differences: config_diffs.differences of the configs.
+    differences: config.diffs.differences of the configs.
     plots: The overlaid plots.
     reports: Relative links to each job's own report page (None where it has none).
     generated: When (POSIX seconds).

@@ -1,6 +1,6 @@
 """Retention: old steps go only once a newer one is verified, never the newest verified one.
 Every path that verifies a step reports it; a failed save leaves only the verified steps; the
-newest healthy step (checkpoint_health's rule) is kept too."""
+newest healthy step (checkpoints/health.py's rule) is kept too."""
 
 import errno
 import os

@@ -404,8 +404,8 @@ def test_a_prompt_past_the_model_context_names_only_fixes_that_exist():
 
 
 def test_the_design_contract_command_decodes_a_tiny_job():
-  """DESIGN.md's `--mode=decode --job_log_dir=runs/tiny1 --prompt='def main('` (a job trained
-  with --fiddler=tiny), with no decode settings given."""
+  """The plainest decode command, `--mode=decode --job_log_dir=runs/tiny1 --prompt='def main('`
+  (a job trained with --fiddler=tiny), with no decode settings given."""
   result = run_cli(DECODE + ["--prompt=def main(", "--decode_out=-"])
   assert result.code == 0, result.stderr
   assert json.loads(result.stdout)["stop_reason"] in STOP_REASONS

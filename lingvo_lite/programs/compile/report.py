@@ -7,7 +7,7 @@ report.json, schema "lingvo_lite.compile_report/1":
   target:     name, platform, device_kind, num_devices, num_processes, num_slices,
               memory_per_device (bytes or null), memory_source
   program:    "train" or "eval";  mesh: {axis: size};  parameters: count
-              (the decode program's report: programs/decode_compile.py)
+              (the decode program's report: programs/compile/decode.py)
   batch:      global_batch_size, per_device_batch_size, sequence_length
   memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
               outputs - aliased + temporaries + generated code), peak (XLA's peak of live
@@ -23,7 +23,7 @@ report.json, schema "lingvo_lite.compile_report/1":
   compile_seconds
   step_time:  peak_flops_per_device, peak_source, seconds_at_100_mfu, seconds_at_50_mfu,
               tokens_per_s_per_device_at_50_mfu
-  max_batch:  (with --compile_find_max_batch) see programs/max_batch.py
+  max_batch:  (with --compile_find_max_batch) see programs/compile/max_batch.py
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def to_text(report: dict[str, Any]) -> str:
 
 
 def _max_batch_lines(data: dict[str, Any]) -> list[str]:
-  """The report's max_batch section (programs/max_batch.py searches; the report shows)."""
+  """The report's max_batch section: max_batch.py searches, this only shows."""
   lines = ["  largest per-device batch that fits:",
            "    remat policy                        max per device  compiles (batch: GiB, fits)"]
   for row in data["policies"]:
