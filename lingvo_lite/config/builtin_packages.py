@@ -28,6 +28,8 @@ import sys
 import types
 from typing import Sequence
 
+import lingvo_lite
+
 NAMES = ("experiments", "tasks")
 
 # Qualified module name -> why the user's module of that name cannot be imported.
@@ -38,7 +40,7 @@ def builtin_dir(name: str) -> str | None:
   """The folder of our package `name` (beside `lingvo_lite/`), or None if not installed."""
   # abspath, not realpath: under Bazel the runfiles tree links back to the source tree, and
   # resolving the links would step out of the runfiles.
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(lingvo_lite.__file__)))
   folder = os.path.join(root, name)
   return folder if os.path.isfile(os.path.join(folder, "__init__.py")) else None
 

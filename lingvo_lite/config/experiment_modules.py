@@ -28,6 +28,7 @@ import traceback
 import types
 from typing import Any, Callable, TypeVar
 
+import lingvo_lite
 from lingvo_lite.data.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import DataError, UsageError, message_of
 
@@ -171,7 +172,7 @@ def import_entry_points(group: str = ENTRY_POINT_GROUP) -> dict[str, str]:
 
 # ----------------------------------------------------------------------------- whose code
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.abspath(lingvo_lite.__file__))  # The package's folder.
 # lingvo_lite's own code, which a flag may call only where it builds a config or a fiddler.
 _OWN_DIRS = (_HERE, os.path.join(os.path.dirname(_HERE), "tasks"))
 # The experiments shipped beside lingvo_lite: config code, as the user's own is.

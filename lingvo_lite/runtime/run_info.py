@@ -22,13 +22,14 @@ from typing import Any
 
 from etils import epath
 
+import lingvo_lite
 from lingvo_lite import file_writes, paths
 
 FILE_NAME = "run_info.jsonl"
 # The distributions whose versions decide what a run computes, as pip names them.
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "fiddle", "orbax-checkpoint", "numpy",
              "tensorflow", "seqio", "tensorstore")
-_CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lingvo_lite.__file__)))
 # The command line as the executor parsed it (sys.argv, unless the executor ran in-process).
 _command_line: list[str] | None = None
 

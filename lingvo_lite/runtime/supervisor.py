@@ -34,6 +34,7 @@ import sys
 import time
 from typing import Sequence
 
+import lingvo_lite
 from lingvo_lite.runtime import distributed
 
 # Set in the child's environment to the supervising parent's pid.
@@ -165,7 +166,7 @@ def supervise(args: Sequence[str], quiet_runtime_log: bool = True) -> int:
       every line through as it comes.
   """
   env = dict(os.environ, **{CHILD_ENV: str(os.getpid())})
-  package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  package_root = os.path.dirname(os.path.dirname(os.path.abspath(lingvo_lite.__file__)))
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
   # Handlers first, so a signal that arrives while the child starts is not lost.
   received: list[int] = []

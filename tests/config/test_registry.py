@@ -9,6 +9,7 @@ import fiddle as fdl
 import pytest
 
 import experiments
+import lingvo_lite
 from lingvo_lite.config import builtin_packages, experiment_modules, registry
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Experiment
@@ -320,7 +321,7 @@ def test_a_shadowing_package_is_replaced_by_ours_and_stays_importable(tmp_path, 
 
 
 def test_the_builtin_packages_are_the_ones_beside_lingvo_lite():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(registry.__file__)))
+  root = os.path.dirname(os.path.dirname(os.path.abspath(lingvo_lite.__file__)))
   for name in builtin_packages.NAMES:
     assert builtin_packages.builtin_dir(name) == os.path.join(root, name)
     assert os.path.samefile(importlib.import_module(name).__path__[0], os.path.join(root, name))
