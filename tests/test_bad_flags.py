@@ -9,6 +9,7 @@ import sys
 import pytest
 from absl import flags
 
+from lingvo_lite import executor  # pylint: disable=unused-import  # Defines the flags used below.
 from lingvo_lite.runtime import supervisor
 from lingvo_lite.testing import run_cli, source_root
 
