@@ -5,11 +5,12 @@
       --vocabulary=sp:1024:unigram --out=stores/mydata
   python bin/build_store.py --task=tasks.pycode.pycode_task --out=stores/pycode_bytes
 
-Each split becomes one store, `OUT/<split>`, which a config reads with
-`TokenStoreData(task=<the same task>, split=..., store_dir='OUT/<split>')`. A store that is
-already there and matches the task is kept; one that does not is rebuilt. `--runner` and
-`--pipeline_arg` run the same pipeline on Dataflow, Flink or Spark (the README's "Data: token
-stores").
+`--format` names an entry of `FORMATS` (tasks/formats.py), which also gives the flags of that
+format's settings (`--text_field`, `--vocab_size`, ...). Each split becomes one store,
+`OUT/<split>`, which a config reads with `TokenStoreData(task=<the same task>, split=...,
+store_dir='OUT/<split>')`. A store that is already there and matches the task is kept; one
+that does not is rebuilt. `--runner` and `--pipeline_arg` run the same pipeline on Dataflow,
+Flink or Spark (the README's "Data: token stores").
 Bad input (a bad flag or --pipeline_arg, a --task that fails to import, raises or returns no
 task): one line on stderr, exit 2, before anything runs. Bad data met during the build,
 whatever a worker raises, or a write that fails (a full disk): one line, exit 1; a failed build
@@ -31,8 +32,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from lingvo_lite.errors import DataError, UsageError, config_error, one_line, os_error_text
 from lingvo_lite.tool_arguments import ToolArgumentParser
-
-FORMATS = ("text", "lines", "jsonl", "prompt_completion", "parquet", "tfrecord")
+from tasks.formats import FORMATS, all_settings
 
 
 def _print_error(message: str) -> None:
@@ -40,13 +40,12 @@ def _print_error(message: str) -> None:
 
 
 # Flags that shape a task built from --format/--files; with --task they would be ignored.
-_FORMAT_FLAGS = ("format", "vocabulary", "text_field", "prompt_field", "completion_field",
-                 "text_column", "vocab_size")
+_FORMAT_FLAGS = ("format", "vocabulary", *(setting.name for setting in all_settings()))
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
   parser = ToolArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--format", choices=FORMATS, help="the files' format (with --files)")
+  parser.add_argument("--format", choices=list(FORMATS), help="the files' format (with --files)")
   parser.add_argument("--files", action="append", default=[], metavar="SPLIT=GLOB",
                       help="a split's files; repeat for each split")
   parser.add_argument("--task", help="instead of --format/--files: module.function returning "
@@ -55,11 +54,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                       "build (default: all)")
   parser.add_argument("--vocabulary", default=None, help="bytes, a SentencePiece .model "
                       "path, or sp:SIZE:unigram|bpe (trained on the train split first)")
-  parser.add_argument("--text_field", default=None)
-  parser.add_argument("--prompt_field", default=None)
-  parser.add_argument("--completion_field", default=None)
-  parser.add_argument("--text_column", default=None)
-  parser.add_argument("--vocab_size", type=int, help="ids of pre-tokenized TFRecords")
+  for setting in all_settings():  # None: left out (a default would hide it from the --task check).
+    parser.add_argument(f"--{setting.name}", type=setting.type, default=None, help=setting.help)
   parser.add_argument("--out", required=True, help="folder of the stores, one per split")
   parser.add_argument("--workers", type=int, default=None, help="DirectRunner workers "
                       "(default: this process below 64 MB of input, else one per core)")
@@ -76,11 +72,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
       raise UsageError(f"--task: {', '.join(given + ['--files'] * bool(args.files))} would be "
                        "ignored (the task has its own files and vocabulary); give either --task "
                        "or --format with --files")
-  for name, default in (("vocabulary", "bytes"), ("text_field", "text"),
-                        ("prompt_field", "prompt"), ("completion_field", "completion"),
-                        ("text_column", "text")):
-    if getattr(args, name) is None:
-      setattr(args, name, default)
+  if args.vocabulary is None:
+    args.vocabulary = "bytes"
+  for setting in all_settings():
+    if getattr(args, setting.name) is None:
+      setattr(args, setting.name, setting.default)
   return args
 
 
@@ -111,7 +107,7 @@ def _files(pairs: list[str]) -> dict[str, str | list[str]]:
 
 
 def _task(args: argparse.Namespace):
-  from tasks import deferred, local_files
+  from tasks import deferred
   if args.task:
     if args.format or args.files:
       raise UsageError("--task: give either --task or --format with --files, not both")
@@ -119,19 +115,9 @@ def _task(args: argparse.Namespace):
   if not args.format:
     raise UsageError("--format: required with --files; valid choices: " + ", ".join(FORMATS))
   files, vocabulary = _files(args.files), _vocabulary(args.vocabulary)
-  if args.format in ("text", "lines"):
-    return local_files.text_files_task(files, vocabulary,
-                                       unit="file" if args.format == "text" else "line")
-  if args.format == "jsonl":
-    return local_files.json_lines_task(files, vocabulary, text_field=args.text_field)
-  if args.format == "prompt_completion":
-    return local_files.prompt_completion_task(files, vocabulary, args.prompt_field,
-                                              args.completion_field)
-  if args.format == "parquet":
-    return local_files.parquet_task(files, vocabulary, text_column=args.text_column)
-  if args.vocab_size is None:
-    raise UsageError("--vocab_size: required with --format=tfrecord (ids are kept as they are)")
-  return local_files.pretokenized_tfrecord_task(files, args.vocab_size)
+  format_ = FORMATS[args.format]
+  settings = {setting.name: getattr(args, setting.name) for setting in format_.settings}
+  return format_.read(files, vocabulary, settings)
 
 
 def main(argv: list[str]) -> int:
