@@ -1,5 +1,10 @@
 """Helpers for tests: tiny setups, the CLI run in-process, job-dir digests, shaped batches,
-working copies of the repository."""
+working copies of the repository.
+
+Importing this module defines no absl flags: the executor (the one module that defines them) is
+imported only by the helpers that run it, so a test of a library, or a tool with flags of its
+own, can use the tiny setups without the command line's flags in its `flags.FLAGS`.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +22,7 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
-from lingvo_lite import executor
-from lingvo_lite.config import fiddlers, overrides, registry
+from lingvo_lite.config import building, fiddlers, overrides, registry
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
 
@@ -36,7 +40,7 @@ def tiny_config(experiment: str, *sets: str, synthetic: bool = False) -> fdl.Con
 
 def synthetic_tiny_setup(experiment: str = "PyCodeTiny", *sets: str) -> Setup:
   """A tiny, validated Setup on synthetic data (no TensorFlow needed)."""
-  return executor.build(tiny_config(experiment, *sets, synthetic=True))
+  return building.build(tiny_config(experiment, *sets, synthetic=True))
 
 def assert_experiment_lowers(setup: Setup) -> Any:
   """Shapes the state and lowers the train step on the available devices; returns lowered."""
@@ -53,6 +57,7 @@ def run_cli(args: Sequence[str]) -> CliResult:
 
   Sharing the process saves the ~6 s import of the stack per case; flags are reset first.
   """
+  from lingvo_lite import executor  # pylint: disable=import-outside-toplevel  # Defines flags.
   flags.FLAGS.unparse_flags()
   stdout, stderr = io.StringIO(), io.StringIO()
   code = 0
@@ -67,6 +72,7 @@ def run_cli(args: Sequence[str]) -> CliResult:
 
 def override_directives(args: Sequence[str]) -> list[overrides.Directive]:
   """The override directives `python -m lingvo_lite ARGS` would apply, in their order."""
+  from lingvo_lite import executor  # pylint: disable=import-outside-toplevel  # Defines flags.
   flags.FLAGS.unparse_flags()
   try:
     executor.parse_flags(["lingvo_lite", *args])
