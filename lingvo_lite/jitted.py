@@ -17,6 +17,7 @@ from jax.sharding import Mesh
 
 from lingvo_lite import steps, target as targets, train_state
 from lingvo_lite.checkpoints.manager import Checkpointer
+from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import Batch, local_rows
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
@@ -137,15 +138,13 @@ class JittedSteps:
     return jax.device_put(state, self.sharded_state.shardings)
 
   def restore_params(self, checkpointer: Checkpointer, step: int) -> Any:
-    """Restores only the parameters of `step`, into this setup's parameter shardings, with
-    the layer layout converted as `restore_state` does. For programs that never update the
-    parameters (eval, decode): the optimizer state is neither read nor allocated."""
-    saved_layout = self._saved_layout(checkpointer, step)
-    if saved_layout is None:
-      return checkpointer.restore_params(step, self.sharded_state.abstract.params)
-    params = self._to_this_layout(
-        checkpointer.restore_params(step, saved_layout.abstract.params))
-    return jax.device_put(params, self.sharded_state.shardings.params)
+    """Restores only the parameters of `step`, into this setup's parameter shardings
+    (checkpoints/params.py, which converts the layer layout as `restore_state` does): for
+    eval, which has the whole state's shapes already. The optimizer state is neither read nor
+    allocated."""
+    return MeshParams(self.setup.model, self.setup.train_data.sequence_length,
+                      self.setup.partitioner, self.mesh,
+                      abstract=self.sharded_state.abstract.params).restore(checkpointer, step)
 
   def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
     """Assembles this process's rows into global arrays sharded over the batch axes."""

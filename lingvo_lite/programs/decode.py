@@ -4,12 +4,13 @@
   --mode=decode --job_log_dir=JOB --prompts_file=p.jsonl --checkpoint_step=N
   --mode=decode --job_log_dir=JOB --prompt=... --decode_out=-       JSON lines on stdout
 
-Only the parameters are restored, into the partitioner's shardings (no optimizer state is
-read or allocated); the decode state (KV cache and slots) is sharded with the slots over the
-data-parallel axes and the key/value heads over `tensor`. Every request is checked (its
-fields, its tokens against the model's vocabulary and the cache) before the checkpoint is
-read. Completions go to JOB/decode/<UTC time>.jsonl (schema: lingvo_lite/decode/records.py),
-never into the training files; printed as text as well when stdout is a terminal.
+Only the parameters are restored, into the partitioner's shardings (checkpoints/params.py: no
+optimizer is built, no optimizer state read or allocated); the decode state (KV cache and
+slots) is sharded with the slots over the data-parallel axes and the key/value heads over
+`tensor`. Every request is checked (its fields, its tokens against the model's vocabulary and
+the cache) before the checkpoint is read. Completions go to JOB/decode/<UTC time>.jsonl
+(schema: lingvo_lite/decode/records.py), never into the training files; printed as text as well
+when stdout is a terminal.
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ from absl import logging
 from etils import epath
 
 from lingvo_lite import memory_fit, outputs
-from lingvo_lite.checkpoints.manager import Checkpointer
+from lingvo_lite.checkpoints import selection as checkpoint_selection
+from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
                                 records as decode_records, requests as decode_requests)
-from lingvo_lite.errors import UsageError, os_error_text
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.errors import os_error_text
 from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
-from lingvo_lite.programs.eval import chosen_step
 from lingvo_lite.runtime.stop_request import StopRequest
 
 
@@ -61,8 +61,7 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   options, setup = invocation.options, invocation.setup
   refuse_model_changes(invocation, "decode")
   step = options.get("checkpoint_step")
-  if step is not None and step < 0:
-    raise UsageError(f"--checkpoint_step={step}: must be a step number >= 0")
+  checkpoint_selection.check_wanted(step)
   requests = decode_requests.from_flags(options.get("prompt"), options.get("prompts_file"))
   to_stdout = decode_records.is_stdout(options.get("decode_out"))
   # Where the completions go is checked first (nothing is created until the first one).
@@ -74,15 +73,13 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   shown = epath.Path(invocation.shown_job_dir) if invocation.shown_job_dir else \
       invocation.job_dir
   checkpoint_dir = invocation.job_dir / "checkpoints"
-  checkpointer = Checkpointer(checkpoint_dir, setup.checkpoint, create=False) \
-      if checkpoint_dir.exists() else None
-  step = chosen_step(checkpointer, checkpoint_dir, step, shown)
+  checkpointer = checkpoint_selection.open_existing(checkpoint_dir, setup.checkpoint)
+  step = checkpoint_selection.chosen_step(checkpointer, checkpoint_dir, step, shown)
   vocabulary = text_vocabulary(setup.train_data)
-  jitted = JittedSteps(setup)
+  mesh = setup.partitioner.make_mesh(invocation.target.devices)
   # The decode shapes against the mesh and the memory, and every request, before the
   # checkpoint is read: a bad one is one line, and nothing is allocated.
-  steps = decode_steps.DecodeSteps(setup, jitted.mesh,
-                                   decode_steps.end_token(setup, vocabulary))
+  steps = decode_steps.DecodeSteps(setup, mesh, decode_steps.end_token(setup, vocabulary))
   memory_fit.check_decode_fits(setup)
   checker = generation.RequestResolver(setup, vocabulary)
   prompt_lengths = [len(checker.resolve(index, request).prompt_ids)
@@ -93,13 +90,14 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
       return "stdout" if to_stdout else str(options.get("decode_out")
                                             or shown / "decode" / writer.path.name)
 
-    with jitted.activated():
-      params = jitted.restore_params(checkpointer, step)
-    generator = generation.Generator(setup, params, mesh=jitted.mesh, vocabulary=vocabulary,
+    with steps.activated():  # The target is active already (the executor's).
+      params = MeshParams(setup.model, setup.train_data.sequence_length, setup.partitioner,
+                          mesh).restore(checkpointer, step)
+    generator = generation.Generator(setup, params, mesh=mesh, vocabulary=vocabulary,
                                      checkpoint_step=step, steps=steps)
     del params
     in_order = _InOrder(writer)
-    with jitted.activated():
+    with steps.activated():
       generator.warm(prompt_lengths)  # Compiles now: the time below is decoding's.
     started = time.perf_counter()
     try:

@@ -31,6 +31,7 @@ from absl import logging
 from etils import epath
 
 from lingvo_lite import evaluation, memory_fit, outputs, paths
+from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
@@ -92,8 +93,7 @@ _MAX_POLL_SECONDS = 24 * 3600
 
 def _check_options(options: dict[str, Any]) -> None:
   step = options.get("checkpoint_step")
-  if step is not None and step < 0:
-    raise UsageError(f"--checkpoint_step={step}: must be a step number >= 0")
+  checkpoint_selection.check_wanted(step)
   if step is not None and options.get("eval_continuous"):
     raise UsageError(f"--checkpoint_step={step} and --eval_continuous: conflicting flags; "
                      "give one step, or evaluate each checkpoint as it lands")
@@ -169,7 +169,7 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
   checkpoint_dir = job_dir / "checkpoints"
   checkpointer, step = None, None
   if not continuous:
-    checkpointer = _checkpointer(setup, checkpoint_dir)
+    checkpointer = checkpoint_selection.open_existing(checkpoint_dir, setup.checkpoint)
     step = _agreed_step(checkpointer, checkpoint_dir, checkpoint_step, shown)
   eval_dir = job_dir / "eval"
   with job_lock.JobLock(eval_dir, enabled=is_chief, shown=str(shown / "eval"),
@@ -247,19 +247,14 @@ def _agreed_restore(jitted: JittedSteps, checkpointer: Checkpointer, step: int) 
   return params
 
 
-def _checkpointer(setup: Setup, checkpoint_dir: epath.Path) -> Checkpointer | None:
-  return Checkpointer(checkpoint_dir, setup.checkpoint, create=False) \
-      if checkpoint_dir.exists() else None
-
-
 def _agreed_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
                  wanted: int | None, shown: epath.Path) -> int:
-  """Process 0's choice (`chosen_step`), on every process: beside a running trainer, two
-  processes listing the folder can see different steps."""
+  """Process 0's choice (checkpoints/selection.py), on every process: beside a running
+  trainer, two processes listing the folder can see different steps."""
   step, problem = _WAIT, None
   if jax.process_index() == 0:
     try:
-      step = chosen_step(checkpointer, checkpoint_dir, wanted, shown)
+      step = checkpoint_selection.chosen_step(checkpointer, checkpoint_dir, wanted, shown)
     except UsageError as e:
       problem = e
   step = _agree([step])[0]
@@ -268,35 +263,6 @@ def _agreed_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
   if step < 0:
     raise UsageError(f"--job_log_dir={shown}: process 0 found no checkpoint to evaluate in "
                      f"{checkpoint_dir} (its own message says why)")
-  return step
-
-
-def chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
-                wanted: int | None, shown: epath.Path) -> int:
-  """`wanted` if it is a usable step, else the latest one; one line when there is none (the
-  decode program's choice too)."""
-  if checkpointer is None:
-    raise UsageError(f"--job_log_dir={shown}: no checkpoint in {checkpoint_dir}; "
-                     "train first (--mode=train)")
-  skipped = checkpointer.skipped_steps()
-  if wanted is not None:
-    usable = [s for s in checkpointer.all_steps() if s not in skipped]
-    if wanted in skipped:
-      raise UsageError(f"--checkpoint_step={wanted}: checkpoint {skipped[wanted]}")
-    if wanted not in usable:
-      choices = ", ".join(map(str, usable)) if usable else "none"
-      raise UsageError(f"--checkpoint_step={wanted}: no such checkpoint in {checkpoint_dir}; "
-                       f"its steps: {choices}")
-    return wanted
-  step = checkpointer.latest_step()
-  if step is None:
-    if skipped:
-      # "No checkpoint; train first" would mislead: there are steps, and none is usable.
-      raise UsageError(f"--job_log_dir={shown}: no usable checkpoint in {checkpoint_dir}: "
-                       f"{'; '.join(skipped.values())}; fix the step folder or move it away, "
-                       "or train again (--mode=train deletes unusable steps and starts over)")
-    raise UsageError(f"--job_log_dir={shown}: no checkpoint in {checkpoint_dir}; "
-                     "train first (--mode=train)")
   return step
 
 
@@ -354,7 +320,7 @@ def _follow(setup: Setup, checkpoint_dir: epath.Path, record: _Record, sets: lis
       # Every process opens and re-reads the checkpoint manager at the same point: orbax
       # synchronizes the processes in those calls.
       if checkpointer is None and _agree([int(checkpoint_dir.exists())])[0]:
-        checkpointer = _checkpointer(setup, checkpoint_dir)
+        checkpointer = checkpoint_selection.open_existing(checkpoint_dir, setup.checkpoint)
       choice, wanted = _WAIT, [0] * len(sets)
       if checkpointer is not None:
         try:

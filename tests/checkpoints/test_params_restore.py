@@ -1,7 +1,8 @@
 """A params-only restore (what eval and decode need) reads the parameters of a training
 checkpoint and nothing else: the same arrays as a full restore, bit for bit, in the params'
 shardings, in either layer layout, with the same one-line errors, and without the optimizer
-state's bytes in memory."""
+state's bytes in memory. Decode restores through checkpoints/params.py with no optimizer at
+all: the same parameters in the same shardings as the train state's."""
 
 import json
 import os
@@ -16,6 +17,7 @@ from etils import epath
 
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
+from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.errors import UsageError
 from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.models.layer_layout import stack_layers
@@ -123,6 +125,34 @@ def test_params_only_converts_between_unrolled_and_scanned_layers(tmp_path):
     params = unrolled.restore_params(_reader(tmp_path / "scanned"), 1)
   _assert_bitwise_equal(params, state.params)
   _assert_in_shardings(params, unrolled.sharded_state.shardings.params)
+
+
+def _mesh_params(setup, mesh):
+  """The parameters on `mesh` as decode shapes them: from the model alone, no optimizer."""
+  return MeshParams(setup.model, setup.train_data.sequence_length, setup.partitioner, mesh)
+
+
+def test_without_an_optimizer_the_shapes_shardings_and_arrays_are_the_train_states(tmp_path):
+  """What decode restores (no optimizer, no JittedSteps) equals what eval and a full restore
+  get, bit for bit and sharding for sharding, in the saved layout and converted from the other
+  one (test_decode_program checks that decode makes no optimizer)."""
+  unrolled_setup = synthetic_tiny_setup("PyCodeTiny", "model.num_layers=3")
+  scanned_setup = synthetic_tiny_setup("PyCodeTiny", "model.num_layers=3", *SCANNED)
+  unrolled, scanned = JittedSteps(unrolled_setup), JittedSteps(scanned_setup)
+  state = _random_state(unrolled)
+  _save(tmp_path, unrolled, state)
+  for setup, jitted in ((unrolled_setup, unrolled), (scanned_setup, scanned)):
+    placed = _mesh_params(setup, jitted.mesh)
+    want = jitted.sharded_state.abstract.params
+    assert jax.tree.structure(placed.abstract) == jax.tree.structure(want)
+    for got, expected in zip(jax.tree.leaves(placed.abstract), jax.tree.leaves(want)):
+      assert (got.shape, got.dtype) == (expected.shape, expected.dtype)
+      assert got.sharding == expected.sharding
+    with jitted.activated():
+      params = placed.restore(_reader(tmp_path), 1)
+      _assert_bitwise_equal(params, jitted.restore_params(_reader(tmp_path), 1))
+    _assert_in_shardings(params, jitted.sharded_state.shardings.params)
+  _assert_bitwise_equal(params, stack_layers(jax.device_get(state.params)))
 
 
 def _data_file(step_dir):

@@ -18,6 +18,7 @@ import signal
 
 import pytest
 
+from lingvo_lite import optimizers
 from lingvo_lite.decode.records import STOP_REASONS
 from lingvo_lite.testing import run_cli, tree_digest
 
@@ -258,14 +259,20 @@ def test_a_seed_reproduces_its_tokens_and_another_seed_draws_others(reference, w
 # ------------------------------------------------- an older checkpoint, an experiment without text
 
 
+def _no_optimizer(*_):
+  raise AssertionError("decode made an optimizer; it needs the parameters only")
+
+
 @pytest.fixture(scope="module")
 def older_ids_only(workdir):
   """One run for both (each decode run compiles for seconds): `--checkpoint_step=10` with
   --fiddler=synthetic_data, which gives the job's model synthetic ids and no text vocabulary
   (as a job trained on them has), so the requests are ids and the completions have no text.
-  The ids are those of PROMPTS[0], to compare with the step-20 reference."""
+  The ids are those of PROMPTS[0], to compare with the step-20 reference. Decode restores the
+  parameters alone (checkpoints/params.py): making the job's optimizer fails the run."""
   with pytest.MonkeyPatch.context() as patch:
     patch.chdir(workdir)
+    patch.setattr(optimizers.AdamW, "make", _no_optimizer)
     lines = [{"prompt_ids": [5, 6, 7], "max_new_tokens": 4},
              {"prompt_ids": byte_ids(PROMPTS[0]), "max_new_tokens": 2}]
     (workdir / "ids.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))

@@ -1,0 +1,75 @@
+"""Restoring only a checkpoint's parameters onto a mesh, for programs that never train.
+
+A training checkpoint holds the whole TrainState; eval and decode need its parameters alone.
+Their shapes and shardings come from the model's initializer traced under `jax.eval_shape`
+with a stateless optimizer (`optax.identity`: no moments), through the very function that
+shapes the train state (`train_state.sharded_abstract_state`), so the arrays land where
+training places them, and no optimizer, schedule or train step is built. Nothing is allocated
+but the parameters themselves (Checkpointer.restore_params skips the optimizer state on disk).
+
+A checkpoint written with the other layer layout (one scanned `layers` subtree, or unrolled
+`layer_N` subtrees; its metadata records which) is read in its own layout and converted on
+host, once, then placed into this model's shardings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import optax
+from jax.sharding import Mesh
+
+from lingvo_lite import train_state
+from lingvo_lite.checkpoints.manager import Checkpointer
+from lingvo_lite.models import layer_layout
+from lingvo_lite.partitioning import Partitioner
+
+
+class MeshParams:
+  """A model's parameters on a mesh, as shapes (nothing allocated), and the restore of a
+  checkpoint's parameters into them.
+
+  Attributes:
+    abstract: The parameter tree as ShapeDtypeStructs carrying their shardings.
+  """
+
+  def __init__(self, model: nn.Module, sequence_length: int, partitioner: Partitioner,
+               mesh: Mesh, abstract: Any = None):
+    """
+    Args:
+      model: The model whose parameters are restored (its `scan_layers` is the layout wanted).
+      sequence_length: The length the model is initialized with (training's: the shapes
+        must be the train state's).
+      partitioner: Maps the parameters' logical axes onto the mesh.
+      mesh: The devices they go to.
+      abstract: The parameters' abstract tree, where the caller has it already (a program
+        that also trains or evaluates shapes the whole state); None shapes it here.
+    """
+    self._model = model
+    self._sequence_length = sequence_length
+    self._partitioner = partitioner
+    self._mesh = mesh
+    self.abstract = abstract if abstract is not None else self._abstract_of(model)
+
+  def _abstract_of(self, model: nn.Module) -> Any:
+    return train_state.sharded_abstract_state(model, optax.identity(), self._sequence_length,
+                                              self._partitioner, self._mesh).abstract.params
+
+  def restore(self, checkpointer: Checkpointer, step: int) -> Any:
+    """The parameters of `step`, in this model's layer layout and shardings.
+
+    Raises:
+      UsageError: the step fails its checksums, cannot be read, or its parameters do not fit
+        this model (Checkpointer.restore_params's one line).
+    """
+    saved_scan = checkpointer.metadata(step).get("scan_layers")
+    if saved_scan is None or saved_scan == self._model.scan_layers:
+      return checkpointer.restore_params(step, self.abstract)
+    saved = checkpointer.restore_params(
+        step, self._abstract_of(self._model.clone(scan_layers=saved_scan)))
+    convert = layer_layout.stack_layers if self._model.scan_layers else \
+        layer_layout.unstack_layers
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, self.abstract)
+    return jax.device_put(convert(jax.device_get(saved)), shardings)
