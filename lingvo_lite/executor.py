@@ -11,8 +11,6 @@ with one line on stderr and exit code 2 before any device time is spent.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import logging as std_logging
 import os
 import sys
@@ -236,17 +234,7 @@ def base_config(job_dir: epath.Path | None) -> tuple[fdl.Buildable, type | None]
   cfg = config_files.load(path, flag)
   # The experiment's own fiddlers still apply to its reloaded config, if it still exists.
   recorded = config_files.recorded_experiment(path)
-  return cfg, _recorded_class(recorded) if recorded else None
-
-
-def _recorded_class(name: str) -> type | None:
-  """The class at import path `name`, or None if it is gone (the config still runs)."""
-  module_name, _, attribute = name.rpartition(".")
-  try:
-    found = getattr(importlib.import_module(module_name), attribute, None)
-  except Exception:  # pylint: disable=broad-except
-    return None
-  return found if inspect.isclass(found) else None
+  return cfg, registry.recorded_class(recorded)[0] if recorded else None
 
 
 build = building.build

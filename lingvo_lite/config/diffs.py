@@ -12,14 +12,12 @@ program does not.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import inspect
 from typing import Any, Sequence
 
 from etils import epath
 from fiddle import daglish, diffing
 
-from lingvo_lite.config import files as config_files
+from lingvo_lite.config import files as config_files, registry
 from lingvo_lite.experiment import with_default_parts
 from lingvo_lite.fields import path_join
 
@@ -82,17 +80,21 @@ def _defaults(experiment: str | None) -> tuple[dict[str, str] | None, str | None
   if not experiment:
     return None, ("config.json names no experiment class (a config function's run, or an "
                   "older job): nothing to compare with")
-  module_name, _, attribute = experiment.rpartition(".")
-  try:
-    found = getattr(importlib.import_module(module_name), attribute, None)
-    if not inspect.isclass(found) or not callable(getattr(found, "config", None)):
-      return None, f"{experiment} is no longer an experiment class here: no defaults shown"
-    cfg = with_default_parts(found.config())
-  # The experiment is user code, and may be gone or broken since the run.
-  except Exception as e:  # pylint: disable=broad-except
-    return None, (f"{experiment} cannot be imported or configured here ({type(e).__name__}: "
-                  f"{str(e).splitlines()[0][:200] if str(e) else ''}): no defaults shown")
-  return {path: value for path, value, _ in config_files.flatten(cfg)}, None
+  found, error = registry.recorded_class(experiment)
+  if found is not None and not callable(getattr(found, "config", None)):
+    found = None
+  if found is not None:
+    try:
+      cfg = with_default_parts(found.config())
+    # The experiment is user code, and may be broken since the run.
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    else:
+      return {path: value for path, value, _ in config_files.flatten(cfg)}, None
+  if error is None:
+    return None, f"{experiment} is no longer an experiment class here: no defaults shown"
+  return None, (f"{experiment} cannot be imported or configured here ({type(error).__name__}: "
+                f"{str(error).splitlines()[0][:200] if str(error) else ''}): no defaults shown")
 
 
 def job_config(job_dir: epath.Path, flag: str) -> JobConfig:

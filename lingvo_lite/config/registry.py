@@ -325,3 +325,19 @@ def config_from_flag(flag: str, text: str) -> tuple[fdl.Buildable, type | None]:
     raise UsageError(f"{flag}={text}: {label}() returned a {type(cfg).__name__}, not a "
                      "fdl.Config")
   return cfg, experiment
+
+
+def recorded_class(import_path: str) -> tuple[type | None, Exception | None]:
+  """The class at `import_path`, where a job's config.json recorded its experiment: the
+  reloaded config runs without it, so its absence is no error here.
+
+  Returns:
+    (the class, None); (None, None) where the module or the name is gone or is no longer a
+    class; (None, the exception) where importing the module raised (user code: anything).
+  """
+  module_name, _, attribute = import_path.rpartition(".")
+  try:
+    found = getattr(importlib.import_module(module_name), attribute, None)
+  except Exception as e:  # pylint: disable=broad-except
+    return None, e
+  return (found, None) if inspect.isclass(found) else (None, None)
