@@ -13,7 +13,8 @@
 #     is not installed there (the venv is keyed by dependencies only): scripts run it with
 #     PYTHONPATH=<repo root>.
 #  3. .bazelrc.local (git-ignored): the venv's python for py_* targets; PATH and the venv root
-#     for tests.
+#     for tests; the folders tests share across targets (data, and the test cache: JAX's
+#     compiled programs and trained jobs, tests/conftest.py), writable inside Bazel's sandbox.
 #  4. .venv (git-ignored): a symlink to the venv, for convenience.
 #
 # Progress goes to stderr; stdout is one line, the venv's path:  venv=$(bin/setup.sh)
@@ -96,6 +97,9 @@ fi
 data_dir="${LINGVO_LITE_DATA_DIR:-$venv_root/data}"
 mkdir -p "$data_dir"
 data_dir="$(cd "$data_dir" && pwd)"
+test_cache_dir="${LINGVO_LITE_TEST_CACHE_DIR:-$venv_root/test_cache}"
+mkdir -p "$test_cache_dir"
+test_cache_dir="$(cd "$test_cache_dir" && pwd)"
 bazelrc_local="# Written by bin/setup.sh for this machine; git-ignored. Rewritten on every run.
 # py_* targets run with the shared venv's python (third-party packages come from it).
 build --python_path=$venv/bin/python
@@ -110,7 +114,11 @@ test --test_env=LINGVO_LITE_VENV_ROOT=$venv_root
 # Token stores and trained vocabularies are built once per machine, not once per test target:
 # the folder is passed to tests and writable inside Bazel's sandbox (read-only elsewhere).
 test --test_env=LINGVO_LITE_DATA_DIR=$data_dir
-test --sandbox_writable_path=$data_dir"
+test --sandbox_writable_path=$data_dir
+# JAX's compiled programs and the trained jobs, shared by every test target (tests/conftest.py,
+# tests/trained_jobs.py: entries keyed by the code and command lines that made them).
+test --test_env=LINGVO_LITE_TEST_CACHE_DIR=$test_cache_dir
+test --sandbox_writable_path=$test_cache_dir"
 if [ "$(cat .bazelrc.local 2>/dev/null)" != "$bazelrc_local" ]; then
   printf '%s\n' "$bazelrc_local" > .bazelrc.local
   note "wrote $root/.bazelrc.local"

@@ -1,7 +1,8 @@
 """`py_pytest_test`: a py_test that runs pytest on one test file."""
 
 def py_pytest_test(name, src = None, deps = [], args = [], data = [], **kwargs):
-    """One test file, run by pytest (so fixtures, parametrize and markers work as usual).
+    """One test file, run by pytest (so fixtures, parametrize and markers work as usual), with
+    tests/conftest.py.
 
     Args:
       name: target name; the file is `<name>.py` unless `src` says otherwise.
@@ -23,6 +24,7 @@ def py_pytest_test(name, src = None, deps = [], args = [], data = [], **kwargs):
         args = ["$(rootpath %s)" % src] + args,
         # pyproject.toml: pytest's rootdir and [tool.pytest.ini_options] (markers).
         data = data + ["//:pyproject"],
-        deps = deps,
+        # tests/conftest.py: the caches every test process shares (standard library only).
+        deps = deps + ["//tests:conftest"],
         **kwargs
     )
