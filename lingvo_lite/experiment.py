@@ -21,7 +21,8 @@ from lingvo_lite.data.source import DataSource, check_ready, vocabulary_fingerpr
 from lingvo_lite.decode.settings import DecodeSettings
 from lingvo_lite.errors import config_error, shown
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
-from lingvo_lite.models.transformer import ParameterShape, TransformerLM
+from lingvo_lite.models.family import ArrayShape
+from lingvo_lite.models.transformer import TransformerLM
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.runtime.watchdog import WatchdogSettings
@@ -283,7 +284,7 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
           f"use a multiple of {math.lcm(data_parallel, target.num_processes)}")
 
 
-def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ParameterShape) -> None:
+def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ArrayShape) -> None:
   """No two dimensions of a parameter are mapped to one mesh axis.
 
   A mesh axis splits at most one dimension of an array; where the rules ask for more, Flax

@@ -360,7 +360,7 @@ VALUES_CASES = [
      "model.num_layers='4': must be int, got str",
      _write("mod.py", "def fiddle(cfg):\n  cfg.model.num_layers = '4'\n")),
     Case("fiddler leaves a required field unset", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
-     "model.num_layers: required by TransformerLM and not set",
+     "model.num_layers: required by GptJ and not set",
      _write("mod.py", "import fiddle as fdl\n"
             "def fiddle(cfg):\n"
             "  cfg.model = fdl.Config(fdl.get_callable(cfg.model), vocab_size=259, dim=64,\n"
@@ -515,7 +515,7 @@ JOBDIR_CASES = [
          _write("job/config.json", "[1, 2]")),
     Case("config.json names a missing class", ["--mode=eval", "--job_log_dir=job"],
          "names code that no longer exists",
-         _copy_job(_replace_in("config.json", '"TransformerLM"', '"TransformerLMv2"'))),
+         _copy_job(_replace_in("config.json", '"GptJ"', '"GptJv2"'))),
     Case("config.json names a missing module", ["--mode=eval", "--job_log_dir=job"],
          "names code that no longer exists",
          _copy_job(_replace_in("config.json", '"lingvo_lite.optimizers"',

@@ -237,7 +237,7 @@ def _check_print_svg(command: Command, results: Results, session: Session) -> No
   root = ElementTree.parse(session.copy / command.argv[command.argv.index(">") + 1]).getroot()
   assert root.tag == f"{svg}svg", root.tag
   texts = {(t.text or "").strip("\xa0 ") for t in root.iter(f"{svg}text")}
-  assert {"Setup", "TransformerLM", "model", "num_layers"} <= texts, sorted(texts)[:40]
+  assert {"Setup", "Llama", "model", "num_layers"} <= texts, sorted(texts)[:40]
 
 
 def _check_fdl_help(command: Command, results: Results, session: Session) -> None:

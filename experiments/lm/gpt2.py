@@ -5,10 +5,10 @@
 
 import fiddle as fdl
 
-from experiments.lm import architectures
 from experiments.lm.synthetic import synthetic_lm_data
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
+from lingvo_lite.models.gpt2 import Gpt2
 from lingvo_lite.optimizers import AdamW
 
 GPT2_BPE_TOKENS = 50257
@@ -23,8 +23,8 @@ class Gpt2Small(Experiment):
   def config(cls) -> fdl.Config[Setup]:
     sequence_length, batch = 1024, 512
     return setup_config(
-        model=architectures.gpt2(vocab_size=50304, num_layers=12, dim=768, num_heads=12,
-                                 max_length=sequence_length),
+        model=fdl.Config(Gpt2, vocab_size=50304, num_layers=12, dim=768, num_heads=12,
+                         max_length=sequence_length),
         optimizer=fdl.Config(AdamW, peak_learning_rate=6e-4, warmup_steps=700,
                              weight_decay=0.1, clip_grad_norm=1.0),
         train_data=synthetic_lm_data(GPT2_BPE_TOKENS, sequence_length, batch),

@@ -6,10 +6,10 @@
 
 import fiddle as fdl
 
-from experiments.lm import architectures
 from experiments.lm.synthetic import synthetic_lm_data
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
+from lingvo_lite.models.gptj import GptJ
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 
@@ -32,10 +32,9 @@ class GptJ6B(Experiment):
   def config(cls) -> fdl.Config[Setup]:
     sequence_length = 2048
     return setup_config(
-        model=architectures.gptj(vocab_size=50400, num_layers=28, dim=4096, num_heads=16,
-                                 head_dim=256, rotary_dim=64, mlp_dim=16384,
-                                 dtype="bfloat16", param_dtype="float32",
-                                 scan_layers=True, remat_policy="full"),
+        model=fdl.Config(GptJ, vocab_size=50400, num_layers=28, dim=4096, num_heads=16,
+                         head_dim=256, rotary_dim=64, mlp_dim=16384, dtype="bfloat16",
+                         param_dtype="float32", scan_layers=True, remat_policy="full"),
         optimizer=fdl.Config(AdamW, peak_learning_rate=1.2e-4, warmup_steps=3000,
                              final_learning_rate_ratio=0.1, b1=0.9, b2=0.95,
                              weight_decay=0.1, clip_grad_norm=1.0),

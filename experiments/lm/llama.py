@@ -5,10 +5,10 @@
 
 import fiddle as fdl
 
-from experiments.lm import architectures
 from experiments.lm.synthetic import synthetic_lm_data
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
+from lingvo_lite.models.llama import Llama
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 
@@ -26,11 +26,10 @@ class Llama1B(Experiment):
   def config(cls) -> fdl.Config[Setup]:
     vocab, sequence_length, batch = 128256, 2048, 256
     return setup_config(
-        model=architectures.llama(vocab_size=vocab, num_layers=16, dim=2048, num_heads=32,
-                                  num_kv_heads=8, head_dim=64, mlp_dim=8192,
-                                  rotary_base=500000.0, tie_embeddings=True,
-                                  dtype="bfloat16", param_dtype="float32",
-                                  scan_layers=True, remat_policy="full"),
+        model=fdl.Config(Llama, vocab_size=vocab, num_layers=16, dim=2048, num_heads=32,
+                         num_kv_heads=8, head_dim=64, mlp_dim=8192, rotary_base=500000.0,
+                         tie_embeddings=True, dtype="bfloat16", param_dtype="float32",
+                         scan_layers=True, remat_policy="full"),
         optimizer=fdl.Config(AdamW, peak_learning_rate=3e-4, warmup_steps=2000,
                              weight_decay=0.1, clip_grad_norm=1.0),
         train_data=synthetic_lm_data(vocab, sequence_length, batch),
@@ -52,9 +51,9 @@ class Llama7B(Llama1B):
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     cfg = super().config()
-    cfg.model = architectures.llama(vocab_size=32000, num_layers=32, dim=4096, num_heads=32,
-                                    mlp_dim=11008, dtype="bfloat16", param_dtype="float32",
-                                    scan_layers=True, remat_policy="full")
+    cfg.model = fdl.Config(Llama, vocab_size=32000, num_layers=32, dim=4096, num_heads=32,
+                           mlp_dim=11008, dtype="bfloat16", param_dtype="float32",
+                           scan_layers=True, remat_policy="full")
     for data in (cfg.train_data, cfg.eval_data):
       data.vocab_size = 32000
     return cfg

@@ -9,12 +9,14 @@ import os
 
 import fiddle as fdl
 
-from experiments.lm import architectures
 from lingvo_lite.checkpoints.manager import CheckpointSettings
 from lingvo_lite.config.registry import register
 from lingvo_lite.data.store_data import StoreStream, TokenStoreData, TokenStoreMixture
 from lingvo_lite.data.vocabulary import SentencePieceModel, padded_vocab_size
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
+from lingvo_lite.models.gpt2 import Gpt2
+from lingvo_lite.models.gptj import GptJ
+from lingvo_lite.models.llama import Llama
 from lingvo_lite.optimizers import AdamW
 from tasks import pycode
 
@@ -40,8 +42,8 @@ class PyCodeTiny(Experiment):
     task = fdl.Config(pycode.pycode_task)
     sequence_length = 128
     return setup_config(
-        model=architectures.gptj(vocab_size=pycode.BYTE_VOCAB_SIZE, num_layers=4, dim=128,
-                                 num_heads=4, rotary_dim=16),
+        model=fdl.Config(GptJ, vocab_size=pycode.BYTE_VOCAB_SIZE, num_layers=4, dim=128,
+                         num_heads=4, rotary_dim=16),
         optimizer=fdl.Config(AdamW, peak_learning_rate=3e-3, warmup_steps=50,
                              weight_decay=0.1, clip_grad_norm=1.0),
         train_data=pycode_data(task, "train", sequence_length, global_batch_size=16),
@@ -109,8 +111,8 @@ class PyCodeLlamaTiny(PyCodeTiny):
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     cfg = super().config()
-    cfg.model = architectures.llama(vocab_size=pycode.BYTE_VOCAB_SIZE, num_layers=4, dim=128,
-                                    num_heads=4, num_kv_heads=2, mlp_dim=344)
+    cfg.model = fdl.Config(Llama, vocab_size=pycode.BYTE_VOCAB_SIZE, num_layers=4, dim=128,
+                           num_heads=4, num_kv_heads=2, mlp_dim=344)
     return cfg
 
 
@@ -121,6 +123,6 @@ class PyCodeGpt2Tiny(PyCodeTiny):
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     cfg = super().config()
-    cfg.model = architectures.gpt2(vocab_size=pycode.BYTE_VOCAB_SIZE, num_layers=4, dim=128,
-                                   num_heads=4, max_length=cfg.train_data.sequence_length)
+    cfg.model = fdl.Config(Gpt2, vocab_size=pycode.BYTE_VOCAB_SIZE, num_layers=4, dim=128,
+                           num_heads=4, max_length=cfg.train_data.sequence_length)
     return cfg

@@ -37,15 +37,14 @@ _EXTRA_KEY = "lingvo_lite"  # Our entry in config.json, beside Fiddle's own keys
 # (a program reads its job's config more than once).
 _MIGRATION_SAID: set[str] = set()
 
-# What a resumed run may change: loop length and logging, checkpoint cadence, the mesh, how
-# layers and attention are executed (a checkpoint's layer layout is converted on restore;
-# the attention implementations compute the same function), and the optimizer's
+# What a resumed run may change: loop length and logging, checkpoint cadence, the mesh, the
+# model fields its family names resumable (`resumable_fields`: how layers and attention are
+# executed; a checkpoint's layer layout is converted on restore), and the optimizer's
 # hyperparameters, which leave its state's tree as it is (the way back from a divergence is
 # a lower learning rate or clipping). Everything else (the model, the optimizer's kind, the
 # training data) shapes the state or the data a step sees.
 RESUMABLE_SECTIONS = (
     "train.", "checkpoint.", "partitioner.", "eval_data.", "decode.", "watchdog.",
-    "model.scan_layers", "model.remat_policy", "model.attention_implementation",
     "optimizer.peak_learning_rate", "optimizer.warmup_steps", "optimizer.decay_steps",
     "optimizer.final_learning_rate_ratio", "optimizer.b1", "optimizer.b2", "optimizer.eps",
     "optimizer.weight_decay", "optimizer.clip_grad_norm")
@@ -277,14 +276,44 @@ def write(job_dir: epath.Path, cfg: fdl.Buildable, experiment: type | None = Non
       paths.write_atomically(job_dir / name, text)
 
 
+def _model_family(cfg: fdl.Buildable) -> Any:
+  """The class of the config's model (a family, models/family.py), or None."""
+  model = getattr(cfg, "model", None) if isinstance(cfg, fdl.Buildable) else None
+  return fdl.get_callable(model) if isinstance(model, fdl.Buildable) else None
+
+
+def _resumable_sections(cfg: fdl.Buildable) -> tuple[str, ...]:
+  """RESUMABLE_SECTIONS and the model fields the config's family lets a resumed run change."""
+  family = _model_family(cfg)
+  return RESUMABLE_SECTIONS + tuple(f"model.{name}" for name in
+                                    getattr(family, "resumable_fields", ()))
+
+
+def _same_model_class(previous: fdl.Buildable, current: fdl.Buildable) -> bool:
+  """Whether the two configs' model classes build one model from equal fields: equal, or one
+  names the other in `same_model_as` (a family class whose fields came from the one an older
+  job's config.json names). Their fields are compared one by one all the same."""
+  old, new = _model_family(previous), _model_family(current)
+  if old is None or new is None:
+    return False
+  old_name = f"{old.__module__}.{old.__qualname__}"
+  new_name = f"{new.__module__}.{new.__qualname__}"
+  return (old is new or old_name in getattr(new, "same_model_as", ())
+          or new_name in getattr(old, "same_model_as", ()))
+
+
 def incompatible_changes(previous: fdl.Buildable, current: fdl.Buildable) -> list[str]:
-  """Fields outside RESUMABLE_SECTIONS whose values differ, as `path: old -> new`."""
+  """Fields outside the resumable sections whose values differ, as `path: old -> new`."""
   old = {path: value for path, value, _ in flatten(previous)}
   new = {path: value for path, value, _ in flatten(current)}
+  sections = _resumable_sections(current)
+  same_model_class = _same_model_class(previous, current)
   changes = []
   for path in sorted(set(old) | set(new)):
     resumable = any(path == section.rstrip(".") or path.startswith(section)
-                    for section in RESUMABLE_SECTIONS)
+                    for section in sections)
+    if path == "model" and same_model_class:
+      continue
     if old.get(path) != new.get(path) and not resumable:
       changes.append(f"{path}: {old.get(path, '<absent>')} -> {new.get(path, '<absent>')}")
   return changes

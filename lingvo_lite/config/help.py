@@ -25,37 +25,49 @@ _ENTRY = re.compile(r"^(\s*)([A-Za-z_][\w, ]*?)(?:\s*\([^)]*\))?:\s*(.*)$")
 def field_docs(fn: Callable[..., Any]) -> dict[str, str]:
   """Field name -> its one-paragraph doc, from the docstring's Attributes/Args section.
 
-  One entry may document several fields at once (`b1, b2, eps: ...`).
+  One entry may document several fields at once (`b1, b2, eps: ...`). A class's fields are
+  documented where they are declared: a subclass that only changes defaults (a model family
+  built on a shared transformer) gets its base classes' docs of the fields it leaves out.
   """
   docs: dict[str, str] = {}
-  for source in (fn, getattr(fn, "__init__", None)):
-    text = inspect.getdoc(source) if source is not None else None
-    if not text:
+  classes = [c for c in inspect.getmro(fn) if c is not object] if inspect.isclass(fn) else [fn]
+  for source in (*classes, getattr(fn, "__init__", None)):
+    for name, doc in _documented(source).items():
+      docs.setdefault(name, doc)
+  return docs
+
+
+def _documented(source: Any) -> dict[str, str]:
+  """The Attributes/Args entries of one object's own docstring."""
+  docs: dict[str, str] = {}
+  text = (source.__doc__ if inspect.isclass(source) else inspect.getdoc(source)) \
+      if source is not None else None
+  if not text:
+    return docs
+  lines = inspect.cleandoc(text).splitlines()
+  section_indent = None
+  entry_indent = None
+  names: list[str] = []
+  for line in lines:
+    match = _SECTION.match(line)
+    if match:
+      section_indent, entry_indent, names = len(match.group(1)), None, []
       continue
-    lines = text.splitlines()
-    section_indent = None
-    entry_indent = None
-    names: list[str] = []
-    for line in lines:
-      match = _SECTION.match(line)
-      if match:
-        section_indent, entry_indent, names = len(match.group(1)), None, []
-        continue
-      if section_indent is None:
-        continue
-      if line.strip() and len(line) - len(line.lstrip()) <= section_indent:
-        section_indent = None  # The section ended.
-        continue
-      entry = _ENTRY.match(line)
-      indent = len(line) - len(line.lstrip())
-      if entry and (entry_indent is None or indent == entry_indent):
-        entry_indent = indent
-        names = [n.strip() for n in entry.group(2).split(",") if n.strip()]
-        for name in names:
-          docs.setdefault(name, entry.group(3).strip())
-      elif line.strip() and names:
-        for name in names:
-          docs[name] = f"{docs[name]} {line.strip()}".strip()
+    if section_indent is None:
+      continue
+    if line.strip() and len(line) - len(line.lstrip()) <= section_indent:
+      section_indent = None  # The section ended.
+      continue
+    entry = _ENTRY.match(line)
+    indent = len(line) - len(line.lstrip())
+    if entry and (entry_indent is None or indent == entry_indent):
+      entry_indent = indent
+      names = [n.strip() for n in entry.group(2).split(",") if n.strip()]
+      for name in names:
+        docs.setdefault(name, entry.group(3).strip())
+    elif line.strip() and names:
+      for name in names:
+        docs[name] = f"{docs[name]} {line.strip()}".strip()
   return docs
 
 

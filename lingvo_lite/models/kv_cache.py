@@ -1,6 +1,10 @@
 """The key/value cache of a decoding transformer: every layer's keys and values by position.
 
-Per layer, keys and values are [slots, kv_heads, cache_length, head_dim]: one array per layer
+`TransformerLM`'s decode-cache methods (the family interface, models/family.py) are built from
+these functions; a family with another cache (a ring of the last `window` positions) reuses
+them with its own entry count and writes.
+
+Per layer, keys and values are [slots, kv_heads, entries, head_dim]: one array per layer
 for unrolled layers, one stacked array [layers, ...] for scanned ones (the scan carries it
 and updates its layer's slice). Separate arrays let each layer's attention read and write its
 own in place: slices of one stacked array made XLA:CPU copy them every step (measured: 4.3
@@ -19,31 +23,43 @@ slots over the data-parallel axes (`batch`), key/value heads over `tensor` (`hea
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from lingvo_lite.models.transformer import TransformerLM
+from lingvo_lite.models.family import ArrayShape
 
 AXES = ("batch", "heads", "length", "kv")
 
 
 class KVCache(NamedTuple):
-  """Keys and values of every layer: tuples of [slots, kv_heads, cache_length, head_dim]
-  arrays (unrolled layers), or arrays [layers, slots, ...] (scanned)."""
+  """Keys and values of every layer: tuples of [slots, kv_heads, entries, head_dim] arrays
+  (unrolled layers), or arrays [layers, slots, ...] (scanned)."""
 
   keys: jax.Array | tuple[jax.Array, ...]
   values: jax.Array | tuple[jax.Array, ...]
 
 
-def layer_shape(model: TransformerLM, slots: int, cache_length: int) -> tuple[int, ...]:
-  return (slots, model.resolved_num_kv_heads, cache_length, model.resolved_head_dim)
+# `model` below is a TransformerLM (or a family built on it): its sizes and layer layout.
 
 
-def _per_layout(model: TransformerLM, make_stacked, make_layer) -> KVCache:
+def layer_shape(model: Any, slots: int, entries: int) -> tuple[int, ...]:
+  """One layer's keys (or values): [slots, kv_heads, entries, head_dim]."""
+  return (slots, model.resolved_num_kv_heads, entries, model.resolved_head_dim)
+
+
+def array_shapes(model: Any, slots: int, entries: int) -> list[ArrayShape]:
+  """Every layer's keys and values as shapes, one `ArrayShape` each with a repeat per layer
+  (the same bytes and logical axes whether the layers are scanned or unrolled)."""
+  shape, dtype = layer_shape(model, slots, entries), jnp.dtype(model.dtype)
+  return [ArrayShape(name, AXES, shape, dtype, repeats=model.num_layers)
+          for name in ("keys", "values")]
+
+
+def _per_layout(model: Any, make_stacked, make_layer) -> KVCache:
   """A KVCache whose leaves come from `make_stacked()` (scanned layers) or `make_layer()`,
   once per layer; a fresh leaf each call, so no two leaves share a buffer (the state is
   donated, and one buffer given for two donated arguments is refused)."""
@@ -53,18 +69,18 @@ def _per_layout(model: TransformerLM, make_stacked, make_layer) -> KVCache:
                  tuple(make_layer() for _ in range(model.num_layers)))
 
 
-def empty(model: TransformerLM, slots: int, cache_length: int) -> KVCache:
-  dtype, shape = jnp.dtype(model.dtype), layer_shape(model, slots, cache_length)
+def empty(model: Any, slots: int, entries: int) -> KVCache:
+  dtype, shape = jnp.dtype(model.dtype), layer_shape(model, slots, entries)
   return _per_layout(model, lambda: jnp.zeros((model.num_layers, *shape), dtype),
                      lambda: jnp.zeros(shape, dtype))
 
 
-def logical_specs(model: TransformerLM) -> KVCache:
+def logical_specs(model: Any) -> KVCache:
   return _per_layout(model, lambda: PartitionSpec("layers", *AXES),
                      lambda: PartitionSpec(*AXES))
 
 
-def num_bytes(model: TransformerLM, slots: int, cache_length: int) -> int:
+def num_bytes(model: Any, slots: int, cache_length: int) -> int:
   """Bytes of the whole cache (keys and values of every layer), before sharding."""
   return (2 * model.num_layers * math.prod(layer_shape(model, slots, cache_length))
           * np.dtype(model.dtype).itemsize)

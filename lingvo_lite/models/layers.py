@@ -33,11 +33,12 @@ class Context(NamedTuple):
   """The decode cache as one layer's attention sees it (lingvo_lite/models/kv_cache.py).
 
   Attributes:
-    keys, values: This layer's cached keys and values, [batch, kv_heads, cache_length,
-      head_dim] (rotated keys; heads before positions: the layout the attention's matmuls
-      read without a transpose, 3x faster per decode step on CPU than positions first); or,
-      with `layer`, every layer's, stacked on a leading axis. Entry p of a row holds its token
-      at position p.
+    keys, values: This layer's cached keys and values, [batch, kv_heads, entries, head_dim]
+      (rotated keys; heads before positions: the layout the attention's matmuls read without
+      a transpose, 3x faster per decode step on CPU than positions first); or, with `layer`,
+      every layer's, stacked on a leading axis. Which position an entry holds is the
+      attention's choice: `Attention._cached_attention` keeps position p at entry p (a
+      family's subclass may keep a ring of the last few).
     layer: None, or this layer's index in the stacked arrays (a traced scalar inside a scan
       over layers).
   """
@@ -144,7 +145,12 @@ def _unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array
 
 
 class Attention(nn.Module):
-  """Causal multi-head attention with grouped-query support and optional rotary embedding."""
+  """Causal multi-head attention with grouped-query support and optional rotary embedding.
+
+  A family whose attention differs (a sliding window) subclasses it with fields of its own and
+  overrides how the projected, rotated q, k and v meet: `_einsum_attention` and
+  `_fused_attention` (training and prefill) and `_cached_attention` (decoding).
+  """
 
   num_heads: int
   num_kv_heads: int
@@ -199,6 +205,13 @@ class Attention(nn.Module):
                      preferred_element_type=jnp.float32)
     out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
     return out.reshape(batch, length, self.num_heads, self.head_dim)
+
+  def _fused_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                       mask: jax.Array | None) -> jax.Array:
+    """jax.nn.dot_product_attention with `implementation` ("xla", or cuDNN's flash kernel)."""
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=None if mask is None else mask[:, :, 0], is_causal=mask is None,
+        scale=1.0 / math.sqrt(self.head_dim), implementation=self.implementation)
 
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                         context: Context) -> tuple[jax.Array, Context]:
@@ -267,9 +280,7 @@ class Attention(nn.Module):
     elif self.implementation == "einsum":
       out = self._einsum_attention(q, k, v, mask)
     else:
-      out = jax.nn.dot_product_attention(
-          q, k, v, mask=None if mask is None else mask[:, :, 0], is_causal=mask is None,
-          scale=1.0 / math.sqrt(self.head_dim), implementation=self.implementation)
+      out = self._fused_attention(q, k, v, mask)
     out = constrain(out, "batch", "length", "heads", "kv")
     kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
                           ("heads", "kv", "embed"), self.num_heads * self.head_dim)

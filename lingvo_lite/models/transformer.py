@@ -1,6 +1,9 @@
-"""A decoder-only transformer language model covering the GPT-J, Llama and GPT-2 families.
+"""The decoder-only transformer LM that the GPT-J, Llama and GPT-2 families share.
 
-The families differ in a handful of orthogonal choices, each a field here:
+`TransformerLM` is the transformer of every family built on it, and implements the family
+interface (models/family.py) for all of them. The families differ in a handful of orthogonal
+choices, each a field here; a family's module (models/gptj.py, llama.py, gpt2.py) is a subclass
+whose defaults are its choices:
 
 | choice            | GPT-J                    | Llama                  | GPT-2            |
 |-------------------|--------------------------|------------------------|------------------|
@@ -14,30 +17,33 @@ The families differ in a handful of orthogonal choices, each a field here:
 
 Derived sizes default to None and are computed where used (`head_dim = dim // num_heads`,
 `mlp_dim = 4 * dim`, ...), so overriding `dim` from the command line keeps them consistent.
+A config naming `TransformerLM` itself (an older job's config.json) builds the same model as
+the family class with the same fields.
+
+Longer than 300 lines with a reason: the interface's answers (sizes, FLOPs, checks, `tiny`,
+the decode cache) are short methods of the one class whose fields they read.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lingvo_lite import target as targets
+from lingvo_lite.errors import config_error
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
-from lingvo_lite.models import layers
+from lingvo_lite.models import kv_cache, layer_layout, layers
+from lingvo_lite.models.block import Block, BlockKind
+from lingvo_lite.models.family import (REMAT_POLICIES, ArrayShape, LanguageModel,
+                                       RematPolicy)
 
-BlockKind = Literal["parallel", "sequential"]
 PositionKind = Literal["rotary", "learned", "none"]
-RematPolicy = Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"]
-
-REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
+# Re-exported: the remat policies and their type belong to the family interface.
+__all__ = ["REMAT_POLICIES", "RematPolicy", "TransformerLM", "positions_from_segments"]
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
@@ -51,101 +57,12 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
   return index - segment_start
 
 
-@dataclasses.dataclass(frozen=True)
-class ParameterShape:
-  """One parameter of a model, as shapes only (see `TransformerLM.parameter_shapes`).
-
-  Attributes:
-    path: Where it lives in the parameter tree, as `jax.tree_util.keystr` writes it.
-    axes: Logical axis name of each dimension (None for unnamed).
-    shape: Its full shape.
-    dtype: Its dtype.
-    repeats: How many parameters of this path and shape the model has (one per layer for a
-      parameter of an unrolled layer).
-  """
-
-  path: str
-  axes: tuple[str | None, ...]
-  shape: tuple[int, ...]
-  dtype: jnp.dtype
-  repeats: int = 1
+# The fields that size a TransformerLM's parameters (max_length only with learned positions).
+_SIZE_FIELDS = ("num_layers", "dim", "mlp_dim", "vocab_size", "num_heads", "num_kv_heads",
+                "head_dim", "max_length")
 
 
-class Block(nn.Module):
-  """One transformer layer, parallel (GPT-J) or sequential (pre-norm GPT-2 / Llama).
-
-  Takes its own sizes as plain fields so `nn.scan` and `nn.remat` can lift it as a class.
-  With `scan_carry` it returns `(x, None)`, the (carry, output) pair `nn.scan` expects; with
-  `return_kv`, `(x, kv)`: also the layer's new keys and values (for a decoder's cache).
-  """
-
-  kind: BlockKind
-  norm_kind: layers.NormKind
-  norm_eps: float
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  attention_bias: bool
-  rotary_dim: int
-  rotary_style: layers.RotaryStyle
-  rotary_base: float
-  attention_implementation: layers.AttentionImplementation
-  mlp_dim: int
-  mlp_activation: layers.Activation
-  mlp_bias: bool
-  dtype: jnp.dtype
-  param_dtype: jnp.dtype
-  scan_carry: bool = False
-  return_kv: bool = False
-
-  def _norm(self, name: str) -> layers.Norm:
-    return layers.Norm(kind=self.norm_kind, eps=self.norm_eps, dtype=self.dtype,
-                       param_dtype=self.param_dtype, name=name)
-
-  @nn.compact
-  def __call__(self, x: Any, positions: jax.Array, mask: jax.Array | None, layer: Any = None):
-    """`x` [batch, length, dim]; when decoding, the pair (x, cache): this layer's decode
-    cache (keys, values), or with `layer` (inside a scan) every layer's stacked, this one at
-    index `layer`. Returns x, or (x, kv) with `return_kv`, or (x, cache) when decoding; as
-    the carry of a pair with `scan_carry`."""
-    cache = None
-    if isinstance(x, tuple):
-      x, cache = x
-    context = None if cache is None else layers.Context(*cache, layer)
-    attention = layers.Attention(
-        num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
-        use_bias=self.attention_bias, rotary_dim=self.rotary_dim,
-        rotary_style=self.rotary_style, rotary_base=self.rotary_base,
-        implementation=self.attention_implementation, dtype=self.dtype,
-        param_dtype=self.param_dtype, name="attention")
-    mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
-                     use_bias=self.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-                     name="mlp")
-    extra = None  # What attention returns besides its output: new kv, or the cache.
-    wants_extra = self.return_kv or context is not None
-    if self.kind == "parallel":
-      h = self._norm("norm")(x)
-      attended = attention(h, positions, mask, context, self.return_kv)
-      if wants_extra:
-        attended, extra = attended
-      x = x + attended + mlp(h)
-    else:
-      attended = attention(self._norm("attention_norm")(x), positions, mask, context,
-                           self.return_kv)
-      if wants_extra:
-        attended, extra = attended
-      x = x + attended
-      x = x + mlp(self._norm("mlp_norm")(x))
-    x = layers.constrain(x, "batch", "length", "embed")
-    if context is not None:
-      out = (x, (extra.keys, extra.values))
-      return (out, None) if self.scan_carry else out
-    if self.scan_carry:
-      return x, extra
-    return (x, extra) if self.return_kv else x
-
-
-class TransformerLM(nn.Module):
+class TransformerLM(LanguageModel):
   """Decoder-only transformer LM: tokens [batch, length] -> float32 logits [batch, length, vocab].
 
   Attributes:
@@ -164,7 +81,8 @@ class TransformerLM(nn.Module):
     rotary_dim: Dims of each head that rotate; None means all of head_dim.
     rotary_style: "interleaved" (GPT-J) or "half" (Llama, NeoX).
     rotary_base: Base of the rotary frequencies.
-    max_length: Rows of the learned position table.
+    max_length: The model's context: rows of the learned position table, and the positions
+      a decode request may reach (decode.cache_length's default).
     attention_bias: Bias on q, k, v and output projections.
     attention_implementation: "einsum" (written out, the default), or
       jax.nn.dot_product_attention's "xla" or "cudnn" (flash attention; NVIDIA GPUs only).
@@ -210,6 +128,10 @@ class TransformerLM(nn.Module):
   scan_layers: bool = False
   remat_policy: RematPolicy = "none"
 
+  # How layers are laid out, rematerialized, and attention executed: the parameters and the
+  # function they compute stay (a checkpoint's layer layout is converted on restore).
+  resumable_fields = ("scan_layers", "remat_policy", "attention_implementation")
+
   # Derived sizes, computed where used (DESIGN rule 3).
   @property
   def resolved_num_kv_heads(self) -> int:
@@ -229,6 +151,9 @@ class TransformerLM(nn.Module):
       return 0
     return self.rotary_dim if self.rotary_dim is not None else self.resolved_head_dim
 
+  # ---------------------------------------------------------------------------- sizes
+
+  @nn.nowrap
   def num_parameters(self) -> int:
     """The parameter count, from the sizes alone (nothing is traced), so that an absurd size
     is refused before JAX is asked to shape it. Exact: a test compares it with `init`."""
@@ -249,7 +174,8 @@ class TransformerLM(nn.Module):
       total += dim * vocab + (vocab if self.output_bias else 0)
     return total
 
-  def parameter_shapes(self) -> list[ParameterShape]:
+  @nn.nowrap
+  def parameter_shapes(self) -> list[ArrayShape]:
     """Every parameter's path, logical axes, full shape and dtype, without allocating any.
 
     Traces a copy with one layer: every layer has the same shapes, and tracing all of them
@@ -271,11 +197,179 @@ class TransformerLM(nn.Module):
         repeats = self.num_layers
       elif top == "layers" and axes and axes[0] == "layers":
         shape = (self.num_layers, *shape[1:])
-      found.append(ParameterShape(jax.tree_util.keystr(path), axes, shape,
-                                  jnp.dtype(value.dtype), repeats))
+      found.append(ArrayShape(jax.tree_util.keystr(path), axes, shape, jnp.dtype(value.dtype),
+                              repeats))
     return found
 
+  @nn.nowrap
+  def matmul_parameters(self) -> int:
+    """Weights that multiply activations once per token (biases, norms, embedding excluded;
+    the unembedding, tied or not, included)."""
+    dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
+    head_dim, mlp_dim = self.resolved_head_dim, self.resolved_mlp_dim
+    attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q, out; k, v
+    mlp_inputs = 2 if self.mlp_activation in layers.GATED_ACTIVATIONS else 1
+    mlp = (mlp_inputs + 1) * dim * mlp_dim
+    return self.num_layers * (attention + mlp) + dim * self.vocab_size
+
+  @nn.nowrap
+  def size_fields(self) -> dict[str, int]:
+    return {name: getattr(self, name) for name in _SIZE_FIELDS
+            if getattr(self, name) is not None
+            and (name != "max_length" or self.position == "learned")}
+
+  # ---------------------------------------------------------------------------- FLOPs
+
+  @nn.nowrap
+  def attention_flops_per_token(self, sequence_length: int) -> int:
+    """Scores and weighted values: 4 T H d per token and layer, halved for causality (a token
+    sees the positions up to its own, half of the sequence on average). An int, so that MFU's
+    count stays exact."""
+    return 2 * self.num_layers * sequence_length * self.num_heads * self.resolved_head_dim
+
+  @nn.nowrap
+  def decode_attention_flops(self, context_length: int) -> int:
+    """One new token's scores and weighted values against `context_length` positions."""
+    return 4 * self.num_layers * context_length * self.num_heads * self.resolved_head_dim
+
+  # ---------------------------------------------------------------------------- axes, checks
+
+  @classmethod
+  def logical_axes(cls) -> dict[str, str]:
+    return {"embed": "dim", "mlp": "mlp_dim", "heads": "num_heads", "kv": "head_dim",
+            "vocab": "vocab_size", "norm": "dim", "position": "max_length",
+            "layers": "num_layers"}
+
+  @nn.nowrap
+  def validate(self, target: targets.Target, path: str = "model") -> None:
+    self.check_size(path)
+    if self.head_dim is None and self.dim % self.num_heads:
+      raise config_error(f"{path}.num_heads", self.num_heads,
+                         f"does not divide {path}.dim={self.dim}",
+                         f"choose a divisor of dim or set {path}.head_dim")
+    if self.num_heads % self.resolved_num_kv_heads:
+      raise config_error(f"{path}.num_kv_heads", self.num_kv_heads,
+                         f"does not divide {path}.num_heads={self.num_heads}",
+                         "grouped-query attention needs num_heads % num_kv_heads == 0")
+    if self.attention_implementation == "cudnn":
+      self._check_cudnn_attention(target, path)
+    rotary_dim = self.resolved_rotary_dim
+    if rotary_dim % 2 or rotary_dim > self.resolved_head_dim:
+      raise config_error(f"{path}.rotary_dim", self.rotary_dim,
+                         f"must be even and at most head_dim={self.resolved_head_dim}")
+
+  @nn.nowrap
+  def _check_cudnn_attention(self, target: targets.Target, path: str) -> None:
+    """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device
+    time."""
+    problem = None
+    device = target.devices[0]
+    # Hopper (compute capability 9.0) and newer take heads up to 256 wide, older GPUs 128.
+    capability = getattr(device, "compute_capability", "0")
+    widest_head = 256 if float(capability) >= 9.0 else 128
+    if target.platform != "gpu" or "NVIDIA" not in device.device_kind.upper():
+      problem = f"needs an NVIDIA GPU (this device: {device.device_kind})"
+    elif self.dtype not in ("bfloat16", "float16"):
+      problem = f"needs {path}.dtype 'bfloat16' or 'float16' (got {self.dtype!r})"
+    elif self.resolved_head_dim % 8 or self.resolved_head_dim > widest_head:
+      problem = (f"needs a head_dim that is a multiple of 8 and at most {widest_head} on "
+                 f"{device.device_kind} (got {self.resolved_head_dim})")
+    if problem:
+      raise config_error(f"{path}.attention_implementation", "cudnn", problem,
+                         "or use 'einsum' or 'xla'")
+
+  @nn.nowrap
+  def check_sequence_length(self, path: str, sequence_length: int) -> None:
+    if self.position == "learned" and sequence_length > self.max_length:
+      raise config_error(path, sequence_length,
+                         f"exceeds model.max_length={self.max_length} of learned positions")
+
+  @classmethod
+  def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:
+    """2 layers, width 64, 4 heads of derived width, at most 2 key/value heads, the rotated
+    fraction of each head kept, float32, and a context of at least 64 positions."""
+    old_head_dim = fields.get("head_dim") or fields["dim"] // fields["num_heads"]
+    changes = {"num_layers": 2, "dim": 64, "num_heads": 4, "head_dim": None, "mlp_dim": None,
+               "dtype": "float32", "param_dtype": "float32",
+               "max_length": max(sequence_length, 64)}
+    if fields.get("num_kv_heads") is not None:
+      changes["num_kv_heads"] = min(fields["num_kv_heads"], 2)
+    if fields.get("rotary_dim") is not None:
+      # Keep the rotated fraction of each head (GPT-J rotates 64 of 256 dims).
+      changes["rotary_dim"] = min(16, max(2, 16 * fields["rotary_dim"] // old_head_dim // 2 * 2))
+    return changes
+
+  # ---------------------------------------------------------------------------- memory
+
+  @property
+  def holds_attention_scores(self) -> bool:
+    # jax.nn.dot_product_attention ("xla", "cudnn") may fuse the scores away.
+    return self.attention_implementation == "einsum"
+
+  @nn.nowrap
+  def attention_scores_shape(self, rows: int, length: int
+                             ) -> tuple[tuple[int, ...], tuple[str | None, ...]]:
+    # "bhts", as the einsum of models/layers.py writes them out.
+    return (rows, self.num_heads, length, length), ("batch", "heads", "length", None)
+
+  # ---------------------------------------------------------------------------- layout
+
+  @nn.nowrap
+  def layout_metadata(self) -> dict[str, Any]:
+    return {"scan_layers": bool(self.scan_layers), "num_layers": int(self.num_layers)}
+
+  @nn.nowrap
+  def in_saved_layout(self, metadata: Mapping[str, Any]) -> TransformerLM | None:
+    saved_scan = metadata.get("scan_layers")
+    if saved_scan is None or saved_scan == self.scan_layers:
+      return None
+    return self.clone(parent=None, scan_layers=saved_scan)
+
+  @nn.nowrap
+  def to_own_layout(self, tree: Any) -> Any:
+    """Stacks unrolled layers (`layer_0`, ...) or slices scanned ones, on host."""
+    return (layer_layout.stack_layers if self.scan_layers else layer_layout.unstack_layers)(tree)
+
+  # ---------------------------------------------------------------------------- decode cache
+
+  @nn.nowrap
+  def empty_cache(self, slots: int, cache_length: int) -> kv_cache.KVCache:
+    return kv_cache.empty(self, slots, cache_length)
+
+  @nn.nowrap
+  def cache_logical_specs(self) -> kv_cache.KVCache:
+    return kv_cache.logical_specs(self)
+
+  @nn.nowrap
+  def cache_shapes(self, slots: int, cache_length: int) -> list[ArrayShape]:
+    return kv_cache.array_shapes(self, slots, cache_length)
+
+  @nn.nowrap
+  def prefill(self, params: Any, tokens: jax.Array, lengths: jax.Array,
+              cache: kv_cache.KVCache, insert: jax.Array) -> tuple[jax.Array, kv_cache.KVCache]:
+    """The prompts' pass (no cache read: a prompt attends to itself), then their keys and
+    values written at indices [0, bucket) of the inserted slots."""
+    logits, new_kv = self.apply({"params": params}, tokens, output_index=lengths - 1,
+                                return_kv=True)
+    return logits, kv_cache.write_prefix(cache, new_kv, insert)
+
+  @nn.nowrap
+  def extend(self, params: Any, tokens: jax.Array, positions: jax.Array,
+             cache: kv_cache.KVCache) -> tuple[jax.Array, kv_cache.KVCache]:
+    logits, cache = self.apply({"params": params}, tokens, positions=positions,
+                               cache=tuple(cache))
+    return logits, kv_cache.KVCache(*cache)
+
+  # ---------------------------------------------------------------------------- the network
+
+  @nn.nowrap
+  def attention_module(self) -> tuple[type[layers.Attention], dict[str, Any]]:
+    """The attention layer of every block, and the values of its fields beyond the shared
+    sizes: a family with other attention returns its subclass and their values."""
+    return layers.Attention, {}
+
   def _block_fields(self) -> dict:
+    attention_type, options = self.attention_module()
     return dict(
         kind=self.block, norm_kind=self.norm, norm_eps=self.norm_eps, num_heads=self.num_heads,
         num_kv_heads=self.resolved_num_kv_heads, head_dim=self.resolved_head_dim,
@@ -283,7 +377,8 @@ class TransformerLM(nn.Module):
         rotary_style=self.rotary_style, rotary_base=self.rotary_base,
         attention_implementation=self.attention_implementation,
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
-        dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype))
+        dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype),
+        attention_type=attention_type, attention_options=tuple(sorted(options.items())))
 
   def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None,
               cache: Any = None, return_kv: bool = False) -> tuple[jax.Array, Any]:
@@ -333,10 +428,10 @@ class TransformerLM(nn.Module):
 
     Args:
       cache: A decode cache (keys, values) of every layer (models/kv_cache.py): tuples of
-        [batch, kv_heads, cache_length, head_dim] arrays, or stacked arrays with scanned
-        layers. The tokens' keys and values are written at their `positions` (required),
-        and each token attends to the row's entries up to its own position; returns
-        `(logits, cache)`.
+        [batch, kv_heads, entries, head_dim] arrays, or stacked arrays with scanned layers.
+        Each block's attention writes the tokens' keys and values for their `positions`
+        (required) and attends to what the row holds up to each token's own position
+        (`layers.Attention._cached_attention`, or a family's own); returns `(logits, cache)`.
       output_index: int32 [batch]: only the logits at this index of each row, [batch, 1,
         vocab] (a prefill needs the last prompt token's alone, not the whole vocabulary
         projection of every position).

@@ -57,7 +57,7 @@ def test_the_whole_tree_is_type_checked_before_building():
 def test_a_missing_required_argument_names_its_path():
   cfg = _config()
   del cfg.model.num_layers
-  assert _refused(cfg).startswith("model.num_layers: required by TransformerLM and not set; "
+  assert _refused(cfg).startswith("model.num_layers: required by GptJ and not set; "
                                   "give it in the experiment or with --fdl.model.num_layers=")
 
 

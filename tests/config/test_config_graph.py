@@ -36,7 +36,7 @@ def test_print_svg_draws_each_part_with_its_fields_and_where_it_is_used():
   result = run_cli(PRINT + ["--format=svg"])
   assert result.code == 0, result.stderr
   nodes, edges = _nodes_and_edges(result.stdout)
-  setup, model = _node(nodes, "Setup"), _node(nodes, "TransformerLM")
+  setup, model = _node(nodes, "Setup"), _node(nodes, "GptJ")
   texts = nodes[model]
   # A field's value is the cell after its name; the command line's value is the one drawn.
   assert texts[texts.index("num_layers") + 1] == "3"

@@ -189,7 +189,7 @@ def test_writes_a_self_contained_page_and_says_where(page, workdir):
   assert result.stdout.splitlines() == [f"report: {JOB}/report/index.html",
                                         f"config graph: {JOB}/report/config.svg"]
   svg = (workdir / JOB / "report" / "config.svg").read_text()
-  assert "<svg" in svg and "TransformerLM" in svg, svg[:300]
+  assert "<svg" in svg and "GptJ" in svg, svg[:300]
   assert document.one("a", href="config.svg")
   # No fetch of anything: images are data URIs, links stay in the page or its folder.
   for node in document.all():

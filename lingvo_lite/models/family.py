@@ -1,0 +1,324 @@
+"""The model-family interface: what the rest of lingvo_lite may ask of a model, and nothing more.
+
+A family (GPT-J, Llama, GPT-2, ...) is one module in `lingvo_lite/models/` holding one Flax
+module class that inherits `LanguageModel` (usually through `transformer.TransformerLM`, whose
+blocks it shares) and answers every question below about itself. Programs, the memory check,
+MFU, `--fiddler=tiny`, `Setup.validate()`, the partitioner, the config files, decode and the
+AOT compiler ask these methods and never name a family, so adding one touches no file outside
+its own module, its experiment and its tests.
+
+What a family provides (a `TransformerLM` subclass gets all of it; it overrides what differs):
+
+- Fields, as its dataclass fields: `vocab_size`, `num_layers`, `dim`, `max_length` (the context
+  a request may reach when decoding), `dtype`, `param_dtype`, `scan_layers`, `remat_policy`
+  (one of `REMAT_POLICIES` or "none") and `attention_implementation` ("einsum", "xla" or
+  "cudnn"). Programs read these by name; every other field is the family's own.
+- Sizes: `num_parameters()`, `parameter_shapes()` (every parameter's path, logical axes, shape,
+  dtype, from shapes alone), `matmul_parameters()` and `size_fields()` (`check_size()` is
+  shared).
+- FLOPs: `attention_flops_per_token(T)`, the forward attention FLOPs per token of a training
+  sequence of T tokens (a causal transformer counts half of the T x T scores; a sliding-window
+  family counts only the positions inside its window), and `decode_attention_flops(context)`,
+  one new token's; `train_flops_per_token(T)` and `decode_flops_per_token(context)` add them to
+  the weight matmuls (`matmul_parameters()`). MFU (mfu.py) and the compile report use these.
+- Axes: `logical_axes()`, each logical axis name of its parameters -> the field that sizes it
+  (a name the partitioner's default rules do not map needs a rule in `partitioner.rules`).
+- Checks: `validate(target)` raises `UsageError` with one line naming `model.<field>`, the value
+  and the fix; `check_sequence_length(path, length)` refuses data longer than the model takes.
+- `tiny(fields, sequence_length)`: a classmethod returning the field changes that shrink the
+  model to run in seconds on one CPU (models never import Fiddle; `config/fiddlers.py` applies
+  them). `resumable_fields`: the fields a resumed run may change.
+- Memory: `attention_scores_shape(rows, length)` and `holds_attention_scores`.
+- Checkpoint layout: `layout_metadata()`, `in_saved_layout(metadata)`, `to_own_layout(tree)`.
+- Names: `family_name` (registers the class in `FAMILIES` when its module is imported; each
+  family sets its own), `hf_model_type`, `gguf_architecture`, `checkpoint_names` (our
+  parameter path -> the name in a Hugging Face / GGUF checkpoint; filled by the weights issue),
+  `same_model_as` (the classes whose configs build this very model: the three families name
+  `TransformerLM`, which older jobs' config.json files name; a family with computation of its
+  own names none).
+
+`tests/models/test_family.py` imports every module of this package and runs each registered
+family through the interface, so a new family's module is covered there without an edit.
+
+The decode cache, and how to give a family another one
+-------------------------------------------------------
+Decode code (`lingvo_lite/decode/`) holds the cache as an opaque pytree in its state, shards it
+by `cache_logical_specs()` and changes it only through the family:
+
+  empty_cache(slots, cache_length)      a fresh cache for `slots` requests, each of which may
+                                        reach position cache_length - 1
+  cache_logical_specs()                 the same pytree of PartitionSpecs of logical axes
+  cache_shapes(slots, cache_length)     its arrays as `ArrayShape`s; `cache_bytes` counts
+                                        them (whole, or one device's shard: the decode memory
+                                        check and the decode compile report)
+  prefill(params, tokens, lengths, cache, insert)
+                                        tokens [slots, bucket] (prompts from index 0, padded),
+                                        lengths [slots]: the prompts' logits at lengths - 1
+                                        [slots, 1, vocab], and the cache with the prompts of
+                                        the slots `insert` (bool [slots]) names written; other
+                                        slots keep theirs
+  extend(params, tokens, positions, cache)
+                                        one step: each slot's token [slots, 1] at its position
+                                        [slots, 1]; returns (logits [slots, 1, vocab], the
+                                        cache with its keys and values written)
+
+`TransformerLM` implements them with `models/kv_cache.py` (position p of a slot at entry p)
+and attention that writes, then reads, the cache (`layers.Attention._cached_attention`, which
+gets a `layers.Context`: this layer's keys and values [slots, kv_heads, entries, head_dim], or
+every layer's stacked with the layer's index). A family with another cache overrides them in
+its own module. For example a Mistral-style sliding window whose decode cache holds only the
+last `window` positions, as a ring buffer:
+- a field `window` (its annotation gives its range); `attention_module()` returns its own
+  subclass of `layers.Attention` and `{"window": self.window}` (the blocks pass it on); the
+  subclass overrides `_einsum_attention(q, k, v, mask)` and `_fused_attention(q, k, v, mask)`
+  (training and prefill: `mask` is None for causal only, else causal and within segments; add
+  the band i - j < window), and `_cached_attention(q, k, v, positions, context)` (decoding:
+  write position p at entry p % entries, attend to the entries holding positions within the
+  window of each query; return the output and the context with the new keys and values);
+- `empty_cache` and `cache_shapes` pass min(window, cache_length) entries to `kv_cache.empty`
+  and `kv_cache.array_shapes` (both take the entry count; `kv_cache.logical_specs` serves
+  as it is), so the cache stays that size however long a request decodes;
+- `prefill` runs the model with `return_kv=True` (every prompt position's keys and values,
+  [layers, slots, bucket, kv_heads, head_dim]) and writes each inserted slot's last
+  min(window, length) positions at their ring entries (`extend` as TransformerLM's);
+- `attention_flops_per_token` and `decode_attention_flops` count only the window; `tiny`
+  shrinks the window too (after `super().tiny(...)`); `validate` checks it after
+  `super().validate(target, path)`; `family_name`, `hf_model_type`, `gguf_architecture` and
+  `same_model_as = ()` are its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from typing import Any, Callable, ClassVar, Literal, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lingvo_lite.errors import config_error
+
+RematPolicy = Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"]
+
+# What the backward pass may keep from each block's forward; "none" (keep everything) is the
+# absence of remat.
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+# No machine holds the training state of more parameters: 1e14 float32 parameters with their
+# Adam moments and gradients are 1.6 PB, twice the memory of the largest TPU pods.
+MAX_PARAMETERS = 1e14
+
+# Every family that has registered itself (by importing its module), by `family_name`.
+FAMILIES: dict[str, type[LanguageModel]] = {}
+
+# Elements of one device's shard of an array of `shape` with logical `axes` (memory_fit's
+# sharder); None counts the whole array.
+Sharder = Callable[[tuple[int, ...], tuple[str | None, ...]], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class ArrayShape:
+  """One array of a model (a parameter, or a decode cache's keys), as shapes only.
+
+  Attributes:
+    path: Where it lives in its tree, as `jax.tree_util.keystr` writes it.
+    axes: Logical axis name of each dimension (None for unnamed).
+    shape: Its full shape.
+    dtype: Its dtype.
+    repeats: How many arrays of this path and shape there are (one per layer for a parameter
+      of an unrolled layer).
+  """
+
+  path: str
+  axes: tuple[str | None, ...]
+  shape: tuple[int, ...]
+  dtype: jnp.dtype
+  repeats: int = 1
+
+  @property
+  def num_bytes(self) -> int:
+    return self.repeats * math.prod(self.shape) * jnp.dtype(self.dtype).itemsize
+
+
+class LanguageModel(nn.Module):
+  """Base class of every model family: tokens [batch, length] -> float32 logits.
+
+  The methods below raise NotImplementedError where a family must answer; see the module doc
+  for what each means and how `TransformerLM` answers it.
+  """
+
+  family_name: ClassVar[str | None] = None
+  hf_model_type: ClassVar[str | None] = None
+  gguf_architecture: ClassVar[str | None] = None
+  checkpoint_names: ClassVar[Mapping[str, str]] = types.MappingProxyType({})
+  # Import paths of config classes that, field for field, build this very model (the class a
+  # family's fields came from): a job written with one resumes and evaluates with the other.
+  same_model_as: ClassVar[tuple[str, ...]] = ()
+  # Fields a resumed run may change: they leave the parameters and what they compute as they
+  # are (how layers are laid out, rematerialized, or attention executed).
+  resumable_fields: ClassVar[tuple[str, ...]] = ()
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    if cls.__dict__.get("family_name"):
+      FAMILIES[cls.family_name] = cls
+
+  # ---------------------------------------------------------------------------- sizes
+
+  @nn.nowrap
+  def num_parameters(self) -> int:
+    """The parameter count, from the sizes alone (nothing traced)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def parameter_shapes(self) -> list[ArrayShape]:
+    """Every parameter's path, logical axes, full shape and dtype, without allocating any."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def matmul_parameters(self) -> int:
+    """Weights that multiply activations once per token (biases, norms and lookups excluded;
+    a tied unembedding included)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def size_fields(self) -> dict[str, int]:
+    """The fields that size the parameters, by name, for naming the one that makes a model
+    too large."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def check_size(self, path: str = "model") -> None:
+    """Refuses a model too large for any machine, counted from its sizes (nothing traced),
+    naming its largest size field."""
+    count = self.num_parameters()
+    if count <= MAX_PARAMETERS:
+      return
+    sizes = self.size_fields()
+    largest = max(sizes, key=sizes.get)
+    raise config_error(f"{path}.{largest}", sizes[largest],
+                       f"makes {count:.3g} parameters, more than any machine holds "
+                       f"({MAX_PARAMETERS:.0e})", "use smaller model sizes")
+
+  # ---------------------------------------------------------------------------- FLOPs
+
+  @nn.nowrap
+  def attention_flops_per_token(self, sequence_length: int) -> int | float:
+    """Forward FLOPs of attention scores and weighted values per token of a training sequence
+    (the matmuls against activations that `matmul_parameters` leaves out)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def decode_attention_flops(self, context_length: int) -> int | float:
+    """Forward FLOPs of attention for one new token that sees `context_length` positions
+    (itself included)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def train_flops_per_token(self, sequence_length: int) -> float:
+    """Model FLOPs per trained token: forward and backward of every weight matmul (6 per
+    weight) and of attention (3 times its forward)."""
+    return 6.0 * self.matmul_parameters() + 3 * self.attention_flops_per_token(sequence_length)
+
+  @nn.nowrap
+  def decode_flops_per_token(self, context_length: int) -> float:
+    """Model FLOPs of one decoded token at a context of `context_length` positions: the
+    forward of every weight matmul (2 per weight) and of its attention."""
+    return 2.0 * self.matmul_parameters() + self.decode_attention_flops(context_length)
+
+  # ---------------------------------------------------------------------------- axes, checks
+
+  @classmethod
+  def logical_axes(cls) -> dict[str, str]:
+    """Each logical axis name the parameters use -> the field that sizes it."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def validate(self, target: Any, path: str = "model") -> None:
+    """Raises UsageError (one line: `path.field=value: problem; fix`) for the first field or
+    combination of fields this family cannot run with on `target` (a `lingvo_lite.target.
+    Target`). Each field's own range is checked from its annotation before this."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def check_sequence_length(self, path: str, sequence_length: int) -> None:
+    """Raises UsageError naming `path` where data of `sequence_length` tokens is longer than
+    the model takes (positions it has no parameters for); by default any length goes."""
+    del path, sequence_length
+
+  @classmethod
+  def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:
+    """The field changes that shrink a model of these `fields` (its config's values, defaults
+    included) to run in seconds on one CPU with data of `sequence_length` tokens."""
+    raise NotImplementedError
+
+  # ---------------------------------------------------------------------------- memory
+
+  @property
+  def holds_attention_scores(self) -> bool:
+    """Whether training materializes `attention_scores_shape` (a fused kernel may never)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def attention_scores_shape(self, rows: int, length: int
+                             ) -> tuple[tuple[int, ...], tuple[str | None, ...]]:
+    """(shape, logical axes) of one layer's float32 attention scores for `rows` sequences of
+    `length` tokens, as the written-out attention holds them."""
+    raise NotImplementedError
+
+  # ---------------------------------------------------------------------------- layout
+
+  @nn.nowrap
+  def layout_metadata(self) -> dict[str, Any]:
+    """What a checkpoint records about how its parameter tree is laid out."""
+    return {}
+
+  @nn.nowrap
+  def in_saved_layout(self, metadata: Mapping[str, Any]) -> LanguageModel | None:
+    """This model as a checkpoint with `metadata` was written (its tree's shapes), or None
+    where that is this model's own layout (or the metadata does not say)."""
+    del metadata
+    return None
+
+  @nn.nowrap
+  def to_own_layout(self, tree: Any) -> Any:
+    """A host tree (parameters, or a whole train state) restored in the layout of
+    `in_saved_layout(...)`, converted to this model's."""
+    return tree
+
+  # ---------------------------------------------------------------------------- decode cache
+
+  @nn.nowrap
+  def empty_cache(self, slots: int, cache_length: int) -> Any:
+    raise NotImplementedError
+
+  @nn.nowrap
+  def cache_logical_specs(self) -> Any:
+    raise NotImplementedError
+
+  @nn.nowrap
+  def cache_shapes(self, slots: int, cache_length: int) -> list[ArrayShape]:
+    raise NotImplementedError
+
+  @nn.nowrap
+  def cache_bytes(self, slots: int, cache_length: int, shard: Sharder | None = None) -> int:
+    """Bytes of the decode cache: the whole, or with `shard`, one device's shard of it."""
+    shard = shard or (lambda shape, axes: math.prod(shape))
+    return sum(array.repeats * shard(array.shape, array.axes) * jnp.dtype(array.dtype).itemsize
+               for array in self.cache_shapes(slots, cache_length))
+
+  @nn.nowrap
+  def prefill(self, params: Any, tokens: jax.Array, lengths: jax.Array, cache: Any,
+              insert: jax.Array) -> tuple[jax.Array, Any]:
+    raise NotImplementedError
+
+  @nn.nowrap
+  def extend(self, params: Any, tokens: jax.Array, positions: jax.Array, cache: Any
+             ) -> tuple[jax.Array, Any]:
+    raise NotImplementedError
