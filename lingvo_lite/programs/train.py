@@ -13,7 +13,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import jax
 from absl import logging
@@ -172,9 +172,13 @@ def main(invocation: Invocation) -> None:
     record_config = invocation.write_config if is_chief else lambda: None
     result = run(setup, job_dir, record_config, job_is_new,
                  compiled_step_in=invocation.options.get("compiled_step_in"))
-  if not is_chief:
-    return
-  shown = epath.Path(invocation.shown_job_dir)  # As the user wrote it.
+  if is_chief:
+    print(_summary(result, setup.eval_sets, epath.Path(invocation.shown_job_dir)), flush=True)
+
+
+def _summary(result: TrainResult, eval_sets: Iterable[str], shown: epath.Path) -> str:
+  """The lines a finished run ends with: where it stopped, its final losses, and where its
+  files are (the eval sets' by name), under the job dir as the user wrote it (`shown`)."""
   lines = [f"done: step {result.step}" + (" (stopped by signal)" if result.interrupted else "")]
   if result.train_loss is not None:
     lines.append(f"  final train loss: {result.train_loss:.4f}")
@@ -183,14 +187,14 @@ def main(invocation: Invocation) -> None:
     lines.append(f"  {label} {metrics['loss']:.4f} ({metrics['bits_per_token']:.4f} bits/token"
                  + (f", {metrics['bits_per_byte']:.4f} bits/byte)"
                     if "bits_per_byte" in metrics else ")"))
-  eval_files = ", ".join(str(evaluation.jsonl_path(shown, name)) for name in setup.eval_sets)
+  eval_files = ", ".join(str(evaluation.jsonl_path(shown, name)) for name in eval_sets)
   lines += [f"  config:      {shown / 'config.txt'} (reload: "
             f"--fdl_config_file={shown / 'config.json'})",
             f"  checkpoints: {shown / 'checkpoints'}",
             f"  metrics:     {shown / 'metrics.jsonl'}" + (f", {eval_files}" if eval_files
                                                          else ""),
             f"  TensorBoard: tensorboard --logdir={shown / 'summaries'}"]
-  print("\n".join(lines), flush=True)
+  return "\n".join(lines)
 
 
 def _newest_checkpoint(checkpointer: Checkpointer) -> str:
@@ -237,13 +241,7 @@ def run(setup: Setup, job_dir: epath.Path,
     # must name a step after `start` (see StopRequest.should_stop).
     stopped_before_first_step = stop.should_stop(start or 0)
     with watchdog.excused("restore"):  # With the start-up: the writers import TensorBoard.
-      if start is None:
-        start = 0
-        state = jitted.init_state()
-        say(f"initialized a new state in {job_dir}")
-      else:
-        state = jitted.restore_state(checkpointer, start)
-        say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
+      state, start = _restore_or_init(jitted, checkpointer, start, job_dir, say)
       checkpointer.clean_up_for_training(start)
       try:
         outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
@@ -259,182 +257,273 @@ def run(setup: Setup, job_dir: epath.Path,
     checkpointer.on_verified = outputs.commit
     checkpointer.also_keep = health.newest_healthy
     try:
-      result = _train(setup, jitted, checkpointer, outputs, health, state, start,
-                      stopped_before_first_step, stop, job_dir, say, watchdog)
+      throughput = _start_meter(setup, jitted, state, start, watchdog, say)
+      loop = _TrainLoop(setup=setup, jitted=jitted, checkpointer=checkpointer, outputs=outputs,
+                        health=health, throughput=throughput, stop=stop, watchdog=watchdog,
+                        job_dir=job_dir, say=say, state=state, start=start)
+      result = loop.run(stopped_before_first_step)
       outputs.close()
-    except BaseException as e:  # pylint: disable=broad-except
-      if not isinstance(e, (TrainingFailure, CheckpointWriteError)):
-        outputs.rollback()  # An internal error or an interrupt: it goes on as it is.
-        raise
-      try:
-        checkpointer.close()  # A good save still pending is verified, and its outputs kept.
-      except (CheckpointWriteError, TrainingFailure):
-        pass  # The first failure is the one to report.
-      outputs.rollback()
-      checkpointer.discard_failed_saves()
-      # Said after close(): a save still pending when the run stopped is verified by now.
-      message = str(e)
-      if isinstance(e, (CheckpointWriteError, OutputWriteError)):
-        message += (f"; training stopped, and {_newest_checkpoint(checkpointer)}: "
-                    f"{_write_advice(e.errno)}")
-      elif isinstance(e, _NonFinite):
-        health.add_failure(e.step)
-        message += f"; {_resume_advice(checkpointer, health, job_dir / 'checkpoints')}"
-      raise TrainingFailure(message) from e
+    except (TrainingFailure, CheckpointWriteError) as e:
+      raise _failure_after_start(e, checkpointer, outputs, health, job_dir) from e
+    except BaseException:
+      outputs.rollback()  # An internal error or an interrupt: it goes on as it is.
+      raise
   return result
 
 
-def _train(setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
-           outputs: _RunOutputs, health: checkpoint_health.TrainingHealth, state, start: int,
-           stopped_before_first_step: bool, stop: StopRequest, job_dir: epath.Path,
-           say: Callable[[str], None], watchdog: Watchdog) -> TrainResult:
-  """The loop of `run`, from the starting state to the last save and evaluation."""
-  loop = setup.train
-  tokens_per_step = setup.train_data.global_batch_size * setup.train_data.sequence_length
+def _restore_or_init(jitted: JittedSteps, checkpointer: Checkpointer, start: int | None,
+                     job_dir: epath.Path, say: Callable[[str], None]) -> tuple[Any, int]:
+  """The state to start from and its step: checkpoint `start` restored (and verified), or a
+  new state at step 0 when the job has no checkpoint."""
+  if start is None:
+    state = jitted.init_state()
+    say(f"initialized a new state in {job_dir}")
+    return state, 0
+  state = jitted.restore_state(checkpointer, start)
+  say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
+  return state, start
 
-  @contextlib.contextmanager
-  def off_step(kind: str):
-    """Work besides steps (compile, checkpoint, eval): timed and kept out of the step time,
-    tokens/s and MFU, and no stall to the watchdog. The steps dispatched so far finish
-    first: their time is theirs."""
-    jax.block_until_ready(state)
-    with throughput.excluded(kind), watchdog.excused(kind):
-      yield
 
-  def evaluate(params, step: int) -> dict[str, dict[str, float]] | None:
-    """Every eval set (off the steps)."""
-    if not setup.eval_sets:
-      return None
-    with off_step("eval"):
-      results = evaluation.evaluate_sets(jitted, params, setup.eval_sets)
-      outputs.write_eval(step, results)
-    for name, metrics in results.items():
-      say(f"eval  step {step} {name}: loss {metrics['loss']:.4f}  "
-          f"bits/token {metrics['bits_per_token']:.4f}  "
-          + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics
-             else "")
-          + f"accuracy {metrics['accuracy']:.4f}  ({metrics['seconds']:.1f} s, "
-          f"{metrics['tokens_per_s']:,.0f} tokens/s)")
-    return results
+def _failure_after_start(error: TrainingFailure | CheckpointWriteError,
+                         checkpointer: Checkpointer, outputs: _RunOutputs,
+                         health: checkpoint_health.TrainingHealth,
+                         job_dir: epath.Path) -> TrainingFailure:
+  """Leaves the job as its last verified checkpoint left it, and says (in one line) what
+  stopped the run and how to go on: for a failed write where the run can resume, for a
+  divergence which checkpoint is healthy and what to change."""
+  try:
+    checkpointer.close()  # A good save still pending is verified, and its outputs kept.
+  except (CheckpointWriteError, TrainingFailure):
+    pass  # The first failure is the one to report.
+  outputs.rollback()
+  checkpointer.discard_failed_saves()
+  # Said after close(): a save still pending when the run stopped is verified by now.
+  message = str(error)
+  if isinstance(error, (CheckpointWriteError, OutputWriteError)):
+    message += (f"; training stopped, and {_newest_checkpoint(checkpointer)}: "
+                f"{_write_advice(error.errno)}")
+  elif isinstance(error, _NonFinite):
+    health.add_failure(error.step)
+    message += f"; {_resume_advice(checkpointer, health, job_dir / 'checkpoints')}"
+  return TrainingFailure(message)
 
-  def save(step: int, force: bool = False) -> None:
-    """Saves `step` if it is due, and only a finite state (one reduction on device). The time
-    the loop waits (the check, the copy to host, a previous save still writing) is logged
-    and kept out of the step figures; orbax writes the files in the background."""
-    if not force and step % setup.checkpoint.every_steps:
-      return
-    with off_step("checkpoint"):
-      if not bool(jitted.state_is_finite(state)):
-        raise _NonFinite(f"the training state (parameters or optimizer moments) is not "
-                         f"finite at step {step}; stopped without saving it", step)
-      checkpointer.save(step, state, force=force, metadata=jitted.checkpoint_metadata)
 
-  def verify_finished_saves() -> None:
-    """Checksums a save orbax has finished (off the steps); its config and metrics are then
-    the job's (`Checkpointer.on_verified`)."""
-    if checkpointer.save_finished():
-      with off_step("checkpoint"):
-        checkpointer.poll()
-
-  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog: Watchdog,
+                 say: Callable[[str], None]) -> summaries.Throughput:
+  """Says the model's size and the batch's layout, then starts the throughput meter: its
+  clock starts here, so the compile that follows is counted, off the steps."""
   data, num_devices = setup.train_data, jitted.target.num_devices
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
   mesh_shape = " ".join(f"{axis}={size}" for axis, size in jitted.mesh.shape.items())
   flops = mfu.model_flops_per_step(setup.model, data.global_batch_size, data.sequence_length)
   with watchdog.excused("measuring the peak"):  # On a CPU: a compile and 11 big matmuls.
     peak, peak_source = mfu.peak_flops_per_device(jitted.target.devices[0],
-                                                  loop.peak_tflops_per_device)
+                                                  setup.train.peak_tflops_per_device)
   say(f"model: {num_params / 1e6:.2f}M parameters, {flops / 1e12:.3g} TFLOP per step; "
       f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
   say(f"batch: global {data.global_batch_size} x {data.sequence_length} tokens = "
       f"{data.global_batch_size / num_devices:g} per device x {num_devices} devices; "
       f"mesh {mesh_shape}; {jax.process_count()} process(es)")
+  tokens_per_step = data.global_batch_size * data.sequence_length
+  return summaries.Throughput(start, setup.train.steps, tokens_per_step, flops, num_devices,
+                              peak)
 
-  throughput = summaries.Throughput(start, loop.steps, tokens_per_step, flops, num_devices,
-                                    peak)
-  # Compiled before the first step, so its time is the compile's, not the step's (and not at
-  # all when no step will run: a finished job rerun, a stop asked for during the restore).
-  train_step = jitted.train_step
-  # Asked again: a restore takes minutes, and a stop that came meanwhile must not wait for a
-  # compile as long (every process gets here at the same point).
-  stopped_before_first_step = stopped_before_first_step or stop.should_stop(start)
-  # A step loaded with --compiled_step_in is compiled already.
-  if start < loop.steps and not stopped_before_first_step and hasattr(train_step, "lower"):
-    with off_step("compile"):
+
+class _TrainLoop:
+  """The loop of `run`, from the starting state to the last save and evaluation.
+
+  One object holds what the loop changes as it goes (the state, the step reached, the last
+  train loss, whether a profile is being traced), so that each part of a step is a method
+  named for what it does and `run` reads as the loop's plan, top to bottom.
+  """
+
+  def __init__(self, *, setup: Setup, jitted: JittedSteps, checkpointer: Checkpointer,
+               outputs: _RunOutputs, health: checkpoint_health.TrainingHealth,
+               throughput: summaries.Throughput, stop: StopRequest, watchdog: Watchdog,
+               job_dir: epath.Path, say: Callable[[str], None], state, start: int):
+    self._setup = setup
+    self._settings = setup.train
+    self._jitted = jitted
+    self._checkpointer = checkpointer
+    self._outputs = outputs
+    self._health = health
+    self._throughput = throughput
+    self._stop = stop
+    self._watchdog = watchdog
+    self._job_dir = job_dir
+    self._say = say
+    self._state = state
+    self._start = start
+    self._step = start  # The steps done so far: the step the state is at.
+    self._train_loss: float | None = None  # Of the last logged step.
+    self._profiling = False
+
+  def run(self, stopped_before_first_step: bool) -> TrainResult:
+    """Compiles the step, runs the steps until done or asked to stop, then saves and
+    evaluates the last step."""
+    train_step = self._jitted.train_step
+    # Asked again: a restore takes minutes, and a stop that came meanwhile must not wait for a
+    # compile as long (every process gets here at the same point).
+    stopped = stopped_before_first_step or self._stop.should_stop(self._start)
+    if self._start < self._settings.steps and not stopped:
+      train_step = self._compile(train_step)
+    self._run_steps(train_step, stopped)
+    return self._finish()
+
+  def _compile(self, train_step: Callable[..., Any]) -> Callable[..., Any]:
+    """Compiles before the first step, so its time is the compile's, not the step's (and it
+    is not spent at all when no step will run: a finished job rerun, a stop asked for during
+    the restore). A step loaded with --compiled_step_in is compiled already."""
+    if not hasattr(train_step, "lower"):
+      return train_step
+    with self._off_step("compile"):
       started = time.perf_counter()
-      train_step = _compiled(jitted)
-    say(f"compiled the train step in {time.perf_counter() - started:.1f} s")
-  prefetcher = Prefetcher(setup.train_data, start, loop.steps, jax.process_index(),
-                          jax.process_count())
-  profiling = False
-  train_loss = None
-  step = start
-  try:
-    for step_index, local_batch in () if stopped_before_first_step else prefetcher:
-      if step_index == loop.profile_start_step:
-        jax.profiler.start_trace(str(job_dir / PROFILE_DIR))
-        profiling = True
-      # Each traced step is marked, so the profile splits into steps.
-      with (jax.profiler.StepTraceAnnotation("train", step_num=step_index) if profiling
-            else contextlib.nullcontext()):
-        state, metrics = train_step(state, jitted.global_batch(local_batch))
-      watchdog.step_done()  # Dispatched (see Watchdog on what that measures).
-      step = step_index + 1
-      verify_finished_saves()  # A save this run started is verified (or raises).
-      if profiling and step >= loop.profile_start_step + loop.profile_steps:
-        jax.block_until_ready(state)
+      train_step = _compiled(self._jitted)
+    self._say(f"compiled the train step in {time.perf_counter() - started:.1f} s")
+    return train_step
+
+  def _run_steps(self, train_step: Callable[..., Any], stopped: bool) -> None:
+    """The steps from the starting one to the last, each followed by what is due after it:
+    a log row, an evaluation, a stop, a save."""
+    settings = self._settings
+    prefetcher = Prefetcher(self._setup.train_data, self._start, settings.steps,
+                            jax.process_index(), jax.process_count())
+    try:
+      for step_index, local_batch in () if stopped else prefetcher:
+        metrics = self._take_step(train_step, step_index, local_batch)
+        self._verify_finished_saves()  # A save this run started is verified (or raises).
+        self._maybe_stop_profiling()
+        step = self._step
+        if step % settings.log_every_steps == 0 or step == settings.steps:
+          self._log(metrics, prefetcher)
+        if settings.eval_every_steps and step % settings.eval_every_steps == 0 and (
+            step < settings.steps):
+          self._evaluate()
+        if self._stop.should_stop(step):
+          break
+        if step < settings.steps:
+          self.save()
+    finally:
+      prefetcher.close()
+      if self._profiling:
         jax.profiler.stop_trace()
-        profiling = False
-        say(f"profiler trace of steps {loop.profile_start_step}..{step - 1} written to "
-            f"{job_dir / PROFILE_DIR}/plugins/profile (TensorBoard's Profile tab, with "
-            "the optional tensorboard-plugin-profile)")
 
-      if step % loop.log_every_steps == 0 or step == loop.steps:
-        values = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        health.add(step, values["loss"], values.get("grad_norm"))
-        _check_finite(values["loss"], step)
-        throughput.add_data_wait(prefetcher.wait_seconds)
-        prefetcher.wait_seconds = 0.0
-        values.update(throughput.report(step))
-        outputs.write_train(step, values)
-        train_loss = values["loss"]
-        grad_norm = f"grad_norm {values['grad_norm']:.3f}  " if "grad_norm" in values else ""
-        off_steps = ", ".join(f"{kind} {values[f'{kind}_s']:.2f} s"
-                              for kind in summaries.Throughput.OFF_STEP_KINDS
-                              if values[f"{kind}_s"] > 0)
-        say(f"train step {step}/{loop.steps}: loss {values['loss']:.4f}  "
-            f"lr {values['learning_rate']:.2e}  {grad_norm}"
-            f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
-            f"{values['model_tflop_per_step']:.3g} TFLOP/step  "
-            f"{values['tflops_per_device']:.3g} TFLOP/s/device  MFU {values['mfu']:.1%}  "
-            f"data wait {values['data_wait_s'] * 1e3:.0f} ms/step  "
-            f"ETA {summaries.format_duration(values['eta_s'])}"
-            + (f"  (not counted: {off_steps})" if off_steps else ""))
+  def _take_step(self, train_step: Callable[..., Any], step_index: int, local_batch
+                 ) -> dict[str, jax.Array]:
+    """One train step, dispatched; its metrics stay on the device until a log row asks."""
+    if step_index == self._settings.profile_start_step:
+      jax.profiler.start_trace(str(self._job_dir / PROFILE_DIR))
+      self._profiling = True
+    # Each traced step is marked, so the profile splits into steps.
+    with (jax.profiler.StepTraceAnnotation("train", step_num=step_index) if self._profiling
+          else contextlib.nullcontext()):
+      self._state, metrics = train_step(self._state, self._jitted.global_batch(local_batch))
+    self._watchdog.step_done()  # Dispatched (see Watchdog on what that measures).
+    self._step = step_index + 1
+    return metrics
 
-      if loop.eval_every_steps and step % loop.eval_every_steps == 0 and step < loop.steps:
-        evaluate(state.params, step)
-      if stop.should_stop(step):
-        break
-      if step < loop.steps:
-        save(step)
-  finally:
-    prefetcher.close()
-    if profiling:
+  def _maybe_stop_profiling(self) -> None:
+    """Ends the trace once its window of steps has run, and says where it went."""
+    settings, step = self._settings, self._step
+    if self._profiling and step >= settings.profile_start_step + settings.profile_steps:
+      jax.block_until_ready(self._state)
       jax.profiler.stop_trace()
+      self._profiling = False
+      self._say(f"profiler trace of steps {settings.profile_start_step}..{step - 1} written to "
+                f"{self._job_dir / PROFILE_DIR}/plugins/profile (TensorBoard's Profile tab, "
+                "with the optional tensorboard-plugin-profile)")
 
-  if step > start:
-    save(step, force=True)
-  with off_step("checkpoint"):
-    checkpointer.close()  # Verifies the last save: the outputs up to it are kept.
-  eval_results = None
-  if stop.signal_name:
-    done = (f"saved step {step} and stopped" if step > start else
-            "stopped before its first step, with nothing new to save")
-    say(f"{stop.signal_name}: {done}; rerun the same command to resume")
-  else:
-    eval_results = evaluate(state.params, step)
-    outputs.commit(step)  # Of the saved state: it supersedes the one the run resumed after.
-  return TrainResult(step=step, train_loss=train_loss, eval_results=eval_results,
-                     interrupted=stop.signal_name is not None)
+  def _log(self, metrics: dict[str, jax.Array], prefetcher: Prefetcher) -> None:
+    """A row of metrics and throughput, written and printed; a non-finite loss stops the run
+    here (after the health records it), before anything of this step is saved."""
+    step = self._step
+    values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    self._health.add(step, values["loss"], values.get("grad_norm"))
+    _check_finite(values["loss"], step)
+    self._throughput.add_data_wait(prefetcher.wait_seconds)
+    prefetcher.wait_seconds = 0.0
+    values.update(self._throughput.report(step))
+    self._outputs.write_train(step, values)
+    self._train_loss = values["loss"]
+    grad_norm = f"grad_norm {values['grad_norm']:.3f}  " if "grad_norm" in values else ""
+    off_steps = ", ".join(f"{kind} {values[f'{kind}_s']:.2f} s"
+                          for kind in summaries.Throughput.OFF_STEP_KINDS
+                          if values[f"{kind}_s"] > 0)
+    self._say(f"train step {step}/{self._settings.steps}: loss {values['loss']:.4f}  "
+              f"lr {values['learning_rate']:.2e}  {grad_norm}"
+              f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
+              f"{values['model_tflop_per_step']:.3g} TFLOP/step  "
+              f"{values['tflops_per_device']:.3g} TFLOP/s/device  MFU {values['mfu']:.1%}  "
+              f"data wait {values['data_wait_s'] * 1e3:.0f} ms/step  "
+              f"ETA {summaries.format_duration(values['eta_s'])}"
+              + (f"  (not counted: {off_steps})" if off_steps else ""))
+
+  @contextlib.contextmanager
+  def _off_step(self, kind: str) -> Iterator[None]:
+    """Work besides steps (compile, checkpoint, eval): timed and kept out of the step time,
+    tokens/s and MFU, and no stall to the watchdog. The steps dispatched so far finish
+    first: their time is theirs."""
+    jax.block_until_ready(self._state)
+    with self._throughput.excluded(kind), self._watchdog.excused(kind):
+      yield
+
+  def _evaluate(self) -> dict[str, dict[str, float]] | None:
+    """Every eval set on the current parameters (off the steps), written and printed."""
+    if not self._setup.eval_sets:
+      return None
+    step = self._step
+    with self._off_step("eval"):
+      results = evaluation.evaluate_sets(self._jitted, self._state.params, self._setup.eval_sets)
+      self._outputs.write_eval(step, results)
+    for name, metrics in results.items():
+      self._say(f"eval  step {step} {name}: loss {metrics['loss']:.4f}  "
+                f"bits/token {metrics['bits_per_token']:.4f}  "
+                + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics
+                   else "")
+                + f"accuracy {metrics['accuracy']:.4f}  ({metrics['seconds']:.1f} s, "
+                f"{metrics['tokens_per_s']:,.0f} tokens/s)")
+    return results
+
+  def save(self, force: bool = False) -> None:
+    """Saves the current step if it is due, and only a finite state (one reduction on
+    device). The time the loop waits (the check, the copy to host, a previous save still
+    writing) is logged and kept out of the step figures; orbax writes the files in the
+    background."""
+    step = self._step
+    if not force and step % self._setup.checkpoint.every_steps:
+      return
+    with self._off_step("checkpoint"):
+      if not bool(self._jitted.state_is_finite(self._state)):
+        raise _NonFinite(f"the training state (parameters or optimizer moments) is not "
+                         f"finite at step {step}; stopped without saving it", step)
+      self._checkpointer.save(step, self._state, force=force,
+                              metadata=self._jitted.checkpoint_metadata)
+
+  def _verify_finished_saves(self) -> None:
+    """Checksums a save orbax has finished (off the steps); its config and metrics are then
+    the job's (`Checkpointer.on_verified`)."""
+    if self._checkpointer.save_finished():
+      with self._off_step("checkpoint"):
+        self._checkpointer.poll()
+
+  def _finish(self) -> TrainResult:
+    """Saves the last step and waits for it to be verified; then, unless a signal stopped the
+    run, evaluates it and keeps the outputs up to it."""
+    step = self._step
+    if step > self._start:
+      self.save(force=True)
+    with self._off_step("checkpoint"):
+      self._checkpointer.close()  # Verifies the last save: the outputs up to it are kept.
+    eval_results = None
+    if self._stop.signal_name:
+      done = (f"saved step {step} and stopped" if step > self._start else
+              "stopped before its first step, with nothing new to save")
+      self._say(f"{self._stop.signal_name}: {done}; rerun the same command to resume")
+    else:
+      eval_results = self._evaluate()
+      self._outputs.commit(step)  # Of the saved state: it supersedes the one resumed after.
+    return TrainResult(step=step, train_loss=self._train_loss, eval_results=eval_results,
+                       interrupted=self._stop.signal_name is not None)
 
 
 def _compiled(jitted: JittedSteps) -> Callable[..., Any]:
