@@ -17,6 +17,10 @@ report's pages, an export) follows the same rules, kept here:
   - A failed write is one line (`failed_write`, exit 1) that names the failure by its errno
     (a full disk, a read-only file system, a reader that closed the pipe), never a generic
     "free space or fix the permissions".
+
+Longer than 300 lines with a reason: the rules above are one policy, and its parts (checking stdout,
+refusing a destination, writing a folder whole with `FolderOutput` and `write_folder`) share its
+refusal messages and the removal of the folders a failed write created.
 """
 
 from __future__ import annotations

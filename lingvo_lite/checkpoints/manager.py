@@ -20,6 +20,10 @@ What can go wrong on disk is handled here, not left to orbax's background thread
   so the newest verified step is never deleted, nor the one `also_keep` names (the newest
   healthy step, which a diverged run resumes from). Deleting renames a step out of orbax's sight
   first, so a kill mid-delete leaves an orphan that the next run removes, not a half step.
+
+Longer than 300 lines with a reason: saving, verifying, deleting old steps and restoring are methods
+of one `Checkpointer` that read and update one record of pending, saved and verified steps; split
+apart, each part would need that record passed to it.
 """
 
 from __future__ import annotations

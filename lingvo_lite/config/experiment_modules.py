@@ -13,6 +13,10 @@ sys.path, so `foreign_code` tells the user's own code (and the experiments shipp
 lingvo_lite) from the standard library's, an installed distribution's and lingvo_lite's own,
 which a flag must not call by accident (`tensorflow.io.gfile.rmtree(path=...)`, `sys.exit`, the
 executor's entry point); `kind` names what a path found when it is not a function at all.
+
+Longer than 300 lines with a reason: importing experiment modules and telling the user's code from
+foreign code both name where code lives (`_owner`, `_shown_file`): a failure's one line names the
+file that raised it, and a refusal names the code's owner.
 """
 
 from __future__ import annotations

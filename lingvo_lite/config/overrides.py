@@ -22,6 +22,10 @@ write a path the first way where they can, the second otherwise. A key must alre
 dict (a typo is refused with the keys there are); a whole entry (`--fdl.eval_data.held_out=3`)
 is checked against the dict's annotation (`Mapping[str, DataSource]`: a DataSource), so a part
 inside a dict is changed field by field, like any other.
+
+Longer than 300 lines with a reason: the directives are applied in command-line order by one
+function, `apply`, and what it needs (walking a path, parsing a value and checking it against the
+field's annotation, finding a fiddler) is a few short functions each.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ package; the module of every entry point in the `lingvo_lite.experiments` group 
 distribution (how a project outside this repository lists its experiments); and modules named by
 `--experiments_module` (`import_modules`). A module that fails to import is skipped and reported
 by `import_failures()`, so one broken file never hides the others.
+
+Longer than 300 lines with a reason: registering an experiment, finding one by name or dotted
+suffix, and reading an `--exp` flag or a config.json's record are the one name lookup above, and
+share the check of what a name found (`_check_kind`).
 """
 
 from __future__ import annotations

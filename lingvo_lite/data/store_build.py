@@ -15,6 +15,11 @@ partial store's `errors/` folder before failing, so the message reaches the user
 runner does with the exception. A failed build removes what it made: the partial store, its
 lock file, the log (kept, and named in the message, only when the runner failed without a
 worker's message) and the folders it created, once empty.
+
+Longer than 300 lines with a reason: it is one pipeline, read top to bottom: grouping the task's
+files into shards, the worker that writes a shard, the pipeline's options, its run with progress and
+log, and the cleanup of a failed build, which all share the partial store's folders and its
+`errors/` messages.
 """
 
 from __future__ import annotations

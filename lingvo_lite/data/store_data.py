@@ -6,6 +6,10 @@ step s is stream position s * B + r whatever the number of processes, and each p
 only its own rows' windows, so resume is exact and independent of the process count. The
 store is built on first use (or refused, with `build=False`) and checked against its task
 every time it is opened: a store whose files or vocabulary changed is never read.
+
+Longer than 300 lines with a reason: one task's batches (`TokenStoreData`) and a mixture's
+(`TokenStoreMixture`) are two readers of the same `StoreStream`, and share how a store is opened,
+built on first use and checked against its task.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ models trained here are byte-exact for code: no normalization, every space kept,
 characters spelled as byte pieces, so decode(encode(text)) == text for any UTF-8 text
 without U+2581 (the character SentencePiece writes a space as). Only `resolve_vocabulary`,
 `token_byte_lengths`, `fingerprint` and `task_texts` import seqio (and so TensorFlow).
+
+Longer than 300 lines with a reason: a `SentencePieceModel` is trained by the call that resolves it,
+so the trainer (sampling, atomic writes, the lock under which one of several first runs trains) and
+the resolving of each kind of vocabulary (its size, byte lengths and fingerprint) share one set of
+settings, model paths and checks (`_check_settings`, `_load`).
 """
 
 from __future__ import annotations

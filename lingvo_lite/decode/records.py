@@ -25,6 +25,10 @@ Each answer is one JSON line (strict JSON: no NaN or Infinity), `record()`'s sch
                     rate after the first token; null where decode_seconds is 0}.
 
 `CompletionWriter` writes them to a file (by default JOB/decode/<UTC time>.jsonl) or to stdout.
+
+Longer than 300 lines with a reason: the schema above and the writer of its lines live together so
+that the format has one home; most of the length is `CompletionWriter`'s careful writing
+(destination checks, `.partial` files, stdout).
 """
 
 from __future__ import annotations

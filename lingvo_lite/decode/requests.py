@@ -18,6 +18,10 @@ are checked against the vocabulary size, and prompt lengths against the model's 
 length, by the program, which knows them.
 
 What the generator answers, and how it is written: lingvo_lite/decode/records.py.
+
+Longer than 300 lines with a reason: requests from `--prompt` and from `--prompts_file` go through
+the same field checks (`_checked_fields`, `check_sampling`), which are most of the length, so both
+sources are checked alike.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ The files may also be damaged or crafted, so every value is taken through one co
 number), `step_of` for steps, `text` for names that come from the file system (a name that is
 not UTF-8 keeps its bytes as `\\xff` escapes), and a local file that is not a regular file (a
 FIFO would block the read for ever) is left out with a note.
+
+Longer than 300 lines with a reason: every file of the job dir (rows, checkpoints, compile report,
+decode answers, run starts) is read through the same coercions and notes (`number`, `step_of`,
+`text`, special files), and `read` gathers them into one `Job`.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ its exact value in `data-value`), config rows that differ from the experiment's 
 (`class="changed"`), checkpoint statuses (`class="status-verified"`, `-failed`, ...) and each
 section's `id`. Numbers are read through report.data.number, so a crafted or damaged value
 (a string, an integer no float holds) is shown as `-` or an infinity, never a crash.
+
+Longer than 300 lines with a reason: each section of a page is one short function over the same
+escaping, number and table helpers, which the index page and the compare page both use.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ process (JAX aborts them: exit code non-zero, never a silent hang).
 At start-up every process waits until all have joined. JAX would wait in silence and then
 abort with a C++ stack trace; here a waiting process says every few seconds what it waits for,
 and after `init_timeout_seconds` gives up with one line and exit code 1 (`_StartupWait`).
+
+Longer than 300 lines with a reason: planning how a process joins, checking the cluster's settings
+and waiting for the others (`_StartupWait`, with its watching thread and Ctrl-C handling) are the
+steps of one call, `initialize`, and share its one-line messages.
 """
 
 from __future__ import annotations

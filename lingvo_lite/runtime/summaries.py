@@ -3,6 +3,11 @@
 Only process 0 writes. TensorBoard gets each metric as a plain scalar in event files written
 without TensorFlow (`event_files`); where TensorBoard is not installed (the synthetic-data path
 on an accelerator host) they are skipped with a note and the JSON lines remain.
+
+Longer than 300 lines with a reason: `MetricsWriter` (its commit and rollback are most of the
+length) and the functions that read and trim its files (`logged_steps`, `read_rows`, `keep_rows`)
+share one row format and its parsing; `Throughput` computes the rates that the progress line and
+those rows report.
 """
 
 from __future__ import annotations
