@@ -13,7 +13,7 @@ from lingvo_lite.data import vocabulary
 from lingvo_lite.errors import UsageError
 from tasks.pycode import pycode_task, read_documents, stdlib_dir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODE = b"def f():\n    return  1\n"
 
 
