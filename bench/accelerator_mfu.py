@@ -67,7 +67,7 @@ def main() -> None:
   measured = mfu.measured_matmul_peak(args.matmul_size, 10, "bfloat16")
   print(f"jax {jax.__version__}, {devices} x {jax.devices()[0].device_kind}; "
         f"{args.experiment} with {args.set or 'no overrides'}")
-  print(f"{mfu.matmul_parameters(model) / 1e9:.3f}B matmul parameters, batch "
+  print(f"{model.matmul_parameters() / 1e9:.3f}B matmul parameters, batch "
         f"{data.global_batch_size} x {data.sequence_length}, {model.dtype} compute, "
         f"attention {model.attention_implementation}; warm-up (compile) {warmup:.1f} s; "
         f"loss {float(np.asarray(metrics['loss'])):.3f}")

@@ -21,8 +21,7 @@ from lingvo_lite.data.source import DataSource, check_ready, vocabulary_fingerpr
 from lingvo_lite.decode.settings import DecodeSettings
 from lingvo_lite.errors import config_error, shown
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
-from lingvo_lite.models.family import ArrayShape
-from lingvo_lite.models.transformer import TransformerLM
+from lingvo_lite.models.family import ArrayShape, LanguageModel
 from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.runtime.watchdog import WatchdogSettings
@@ -76,7 +75,7 @@ class Setup:
       reached by name on the command line: `--fdl.eval_data.held_out.num_batches=8`.
   """
 
-  model: TransformerLM
+  model: LanguageModel
   optimizer: AdamW
   train_data: DataSource
   eval_data: DataSource | Mapping[str, DataSource] | None
@@ -90,8 +89,9 @@ class Setup:
     """Raises UsageError naming the field, the value and the fix for the first problem.
 
     First every field of every part against its annotation and the constraints declared
-    with it (`lingvo_lite.fields`), then the model's size, then what no single field shows:
-    fields that must agree with each other, and the partitioning (from shapes only).
+    with it (`lingvo_lite.fields`), then the model (its family's `validate`: its size and
+    what its fields must agree on), then what no single part shows: parts that must agree
+    with each other, and the partitioning (from shapes only).
 
     Args:
       target: The devices the setup is for; None takes the active one (this host's, or the
@@ -100,21 +100,7 @@ class Setup:
     target = target or targets.current()
     fields.check_part("", self)
     model = self.model
-    _check_size(model)
-    if model.head_dim is None and model.dim % model.num_heads:
-      raise config_error("model.num_heads", model.num_heads,
-                         f"does not divide model.dim={model.dim}",
-                         "choose a divisor of dim or set model.head_dim")
-    if model.num_heads % model.resolved_num_kv_heads:
-      raise config_error("model.num_kv_heads", model.num_kv_heads,
-                         f"does not divide model.num_heads={model.num_heads}",
-                         "grouped-query attention needs num_heads % num_kv_heads == 0")
-    if model.attention_implementation == "cudnn":
-      _check_cudnn_attention(model, target)
-    rotary_dim = model.resolved_rotary_dim
-    if rotary_dim % 2 or rotary_dim > model.resolved_head_dim:
-      raise config_error("model.rotary_dim", model.rotary_dim,
-                         f"must be even and at most head_dim={model.resolved_head_dim}")
+    model.validate(target, "model")
     self.decode.validate(model.max_length)
     _check_eval_set_names(self.eval_data)
     for name, data in self.data_sources():
@@ -122,9 +108,7 @@ class Setup:
         raise config_error("train.grad_accum_steps", self.train.grad_accum_steps,
                            f"does not divide train_data.global_batch_size="
                            f"{data.global_batch_size}")
-      if model.position == "learned" and data.sequence_length > model.max_length:
-        raise config_error(f"{name}.sequence_length", data.sequence_length,
-                           f"exceeds model.max_length={model.max_length} of learned positions")
+      model.check_sequence_length(f"{name}.sequence_length", data.sequence_length)
       _check_vocabulary(name, data, model)
       if name != "train_data" and not data.num_batches and not callable(
           getattr(data, "examples_per_pass", None)):
@@ -190,29 +174,7 @@ def _check_eval_set_names(eval_data: Any) -> None:
                          "--fdl. paths)", "use letters, digits and underscores, e.g. 'held_out'")
 
 
-# No machine holds the training state of more parameters: 1e14 float32 parameters with
-# their Adam moments and gradients are 1.6 PB, twice the memory of the largest TPU pods.
-MAX_PARAMETERS = 1e14
-# The fields that size the model, for naming the one that makes it too large.
-_SIZE_FIELDS = ("num_layers", "dim", "mlp_dim", "vocab_size", "num_heads", "num_kv_heads",
-                "head_dim", "max_length")
-
-
-def _check_size(model: TransformerLM) -> None:
-  """Refuses a model too large for any machine, counted from its sizes (nothing traced)."""
-  count = model.num_parameters()
-  if count <= MAX_PARAMETERS:
-    return
-  sizes = {name: getattr(model, name) for name in _SIZE_FIELDS
-           if getattr(model, name) is not None
-           and (name != "max_length" or model.position == "learned")}
-  largest = max(sizes, key=sizes.get)
-  raise config_error(f"model.{largest}", sizes[largest],
-                     f"makes {count:.3g} parameters, more than any machine holds "
-                     f"({MAX_PARAMETERS:.0e})", "use smaller model sizes")
-
-
-def _check_vocabulary(name: str, data: DataSource, model: TransformerLM) -> None:
+def _check_vocabulary(name: str, data: DataSource, model: LanguageModel) -> None:
   """The model's vocabulary covers the data's token ids (when the source knows them)."""
   vocab = getattr(data, "vocab_size", None)
   if vocab is None or vocab <= model.vocab_size:
@@ -227,46 +189,23 @@ def _check_vocabulary(name: str, data: DataSource, model: TransformerLM) -> None
                      f"use at least {vocab}")
 
 
-def _check_cudnn_attention(model: TransformerLM, target: targets.Target) -> None:
-  """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device time."""
-  problem = None
-  device = target.devices[0]
-  # Hopper (compute capability 9.0) and newer take heads up to 256 wide, older GPUs 128.
-  capability = getattr(device, "compute_capability", "0")
-  widest_head = 256 if float(capability) >= 9.0 else 128
-  if target.platform != "gpu" or "NVIDIA" not in device.device_kind.upper():
-    problem = f"needs an NVIDIA GPU (this device: {device.device_kind})"
-  elif model.dtype not in ("bfloat16", "float16"):
-    problem = f"needs model.dtype 'bfloat16' or 'float16' (got {model.dtype!r})"
-  elif model.resolved_head_dim % 8 or model.resolved_head_dim > widest_head:
-    problem = (f"needs a head_dim that is a multiple of 8 and at most {widest_head} on "
-               f"{device.device_kind} (got {model.resolved_head_dim})")
-  if problem:
-    raise config_error("model.attention_implementation", "cudnn", problem,
-                       "or use 'einsum' or 'xla'")
-
-
-# The config field that sizes each logical axis, for messages about sharding.
-_AXIS_FIELDS = {"embed": "model.dim", "mlp": "model.mlp_dim", "heads": "model.num_heads",
-                "kv": "model.head_dim", "vocab": "model.vocab_size", "layers": "model.num_layers",
-                "norm": "model.dim", "position": "model.max_length"}
-
-
 def _check_partitioning(setup: Setup, target: targets.Target) -> None:
   """Mesh vs devices, rules, sharded dimensions and batch divisibility, from shapes only."""
   partitioner = setup.partitioner
   partitioner.check_slices(target.num_slices, target.name, target.platform)
   axis_sizes = partitioner.mesh_axis_sizes(target.num_devices)
-  parameters = setup.model.parameter_shapes()
+  model = setup.model
+  parameters = model.parameter_shapes()
   used = {"batch", "length"} | {name for p in parameters for name in p.axes if name}
-  partitioner.check_rules(used)
+  axis_fields = model.logical_axes()
+  partitioner.check_rules(used, model_axes=axis_fields)
   for parameter in parameters:
     _check_distinct_mesh_axes(partitioner, parameter)
     for size, name, mesh_axes in zip(parameter.shape, parameter.axes,
                                      partitioner.mesh_axes_of(parameter.axes)):
       ways = math.prod(axis_sizes[axis] for axis in mesh_axes)
       if size % ways:
-        field = _AXIS_FIELDS.get(name, "model")
+        field = f"model.{axis_fields[name]}" if name in axis_fields else "model"
         raise config_error(
             field, size, f"the {name!r} dimension of parameter {parameter.path} is not "
             f"divisible by mesh axes {' x '.join(mesh_axes)} = {ways}",

@@ -21,7 +21,6 @@ from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import Batch, local_rows
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.models import layer_layout
 
 
 def _check_process_rows(batch_sharding: jax.sharding.Sharding, global_batch_size: int) -> None:
@@ -106,27 +105,24 @@ class JittedSteps:
 
   @property
   def checkpoint_metadata(self) -> dict[str, Any]:
-    """What a checkpoint records about the state's layout."""
-    return {"scan_layers": bool(self.setup.model.scan_layers),
-            "num_layers": int(self.setup.model.num_layers)}
+    """What a checkpoint records about the state's layout (the model's family says)."""
+    return self.setup.model.layout_metadata()
 
   def _saved_layout(self, checkpointer: Checkpointer,
                     step: int) -> train_state.ShardedState | None:
     """The abstract state in the layer layout `step` was written with, where that is not this
     setup's (None where it is, or the checkpoint does not say)."""
-    saved_scan = checkpointer.metadata(step).get("scan_layers")
-    if saved_scan is None or saved_scan == self.setup.model.scan_layers:
+    saved_model = self.setup.model.in_saved_layout(checkpointer.metadata(step))
+    if saved_model is None:
       return None
     return train_state.sharded_abstract_state(
-        self.setup.model.clone(scan_layers=saved_scan), self.optimizer,
-        self.setup.train_data.sequence_length, self.setup.partitioner, self.mesh)
+        saved_model, self.optimizer, self.setup.train_data.sequence_length,
+        self.setup.partitioner, self.mesh)
 
   def _to_this_layout(self, tree: Any) -> Any:
     """A restored state or params tree in the other layer layout -> host arrays in this
     setup's layout (the conversion stacks or slices on host, once, at restore)."""
-    convert = layer_layout.stack_layers if self.setup.model.scan_layers else \
-        layer_layout.unstack_layers
-    return convert(jax.device_get(tree))
+    return self.setup.model.to_own_layout(jax.device_get(tree))
 
   def restore_state(self, checkpointer: Checkpointer, step: int) -> train_state.TrainState:
     """Restores `step` into this setup's shardings, converting the layer layout (scanned or

@@ -1,11 +1,11 @@
 """Model FLOPs utilization: analytic FLOPs per step, and each device's peak.
 
-FLOPs per step (stated so they can be checked):
+FLOPs per step, as the model's family counts them (models/family.py):
   6 x (matmul parameters) x tokens           forward + backward of every weight matmul,
                                              the unembedding included, the embedding lookup not;
-  + 6 x layers x length x heads x head_dim x tokens
-                                             attention scores and values (4 T H d per token
-                                             forward, halved for causality, x3 for backward).
+  + 3 x (attention FLOPs per token) x tokens forward + backward of attention scores and values
+                                             (for the transformer families 4 T H d per token
+                                             and layer forward, halved for causality).
 MaxText counts the same way but prints only TFLOP/s; this module turns it into MFU against
 the device's peak: a datasheet table for accelerators (bf16 dense), and for CPUs the best of
 10 float32 2048^3 matmuls measured once per run (or a configured value).
@@ -19,7 +19,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models.transformer import TransformerLM
+from lingvo_lite.models.family import LanguageModel
 
 # Datasheet dense bf16 peak, TFLOP/s per device (per chip on TPU), by device_kind prefix.
 PEAK_BF16_TFLOPS = {
@@ -36,22 +36,13 @@ PEAK_BF16_TFLOPS = {
 }
 
 
-def matmul_parameters(model: TransformerLM) -> int:
-  """Weights that multiply activations once per token (biases, norms, embedding excluded)."""
-  dim, heads, kv_heads = model.dim, model.num_heads, model.resolved_num_kv_heads
-  head_dim, mlp_dim = model.resolved_head_dim, model.resolved_mlp_dim
-  attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q, out; k, v
-  mlp_inputs = 2 if model.mlp_activation in ("swiglu", "geglu") else 1
-  mlp = (mlp_inputs + 1) * dim * mlp_dim
-  return model.num_layers * (attention + mlp) + dim * model.vocab_size
-
-
-def model_flops_per_step(model: TransformerLM, global_batch_size: int,
+def model_flops_per_step(model: LanguageModel, global_batch_size: int,
                          sequence_length: int) -> float:
+  """Training FLOPs of one step: tokens x `model.train_flops_per_token(sequence_length)`,
+  summed part by part (an integer attention count stays exact)."""
   tokens = global_batch_size * sequence_length
-  attention = 6 * model.num_layers * sequence_length * model.num_heads * \
-      model.resolved_head_dim * tokens
-  return 6.0 * matmul_parameters(model) * tokens + attention
+  attention = 3 * model.attention_flops_per_token(sequence_length) * tokens
+  return 6.0 * model.matmul_parameters() * tokens + attention
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, Iterable, Sequence
 
 import flax.linen as nn
 import jax
@@ -24,9 +24,12 @@ from lingvo_lite.fields import PositiveInt, Range
 IciSize = Annotated[int, Range(1, also=(-1,), note="-1 takes the devices left over")]
 
 MESH_AXES = ("data", "fsdp", "tensor")
-# Every logical axis name the model and the batch use.
-LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv", "vocab", "norm", "position",
-                "layers")
+# The logical axes of the batch and of activations along it, whatever the model.
+DATA_AXES = ("batch", "length")
+# The logical axis names the default rules map: the batch's, and those the transformer
+# families name their parameters' axes by. A model's own are its family's `logical_axes()`.
+LOGICAL_AXES = DATA_AXES + ("embed", "mlp", "heads", "kv", "vocab", "norm", "position",
+                            "layers")
 
 # Logical axis -> mesh axes. The batch is split over every data-parallel axis (FSDP is data
 # parallel for activations); weights are split over fsdp on `embed` and over tensor on the
@@ -148,17 +151,24 @@ class Partitioner:
     ici = self.resolved_ici_shape(num_devices)
     return {axis: i * d for axis, i, d in zip(MESH_AXES, ici, self.dcn_shape)}
 
-  def check_rules(self, used_logical_axes: set[str]) -> None:
+  def check_rules(self, used_logical_axes: set[str],
+                  model_axes: Iterable[str] | None = None) -> None:
     """Rules name known logical and mesh axes, and cover every logical axis in use.
 
     A rule's target is None (replicated), a mesh axis name, or a tuple of distinct mesh axis
     names: anything else fails inside Flax or JAX when the first array is sharded, with a
     traceback (an int is not iterable; `('fsdp', 'fsdp')` is a DuplicateSpecError).
+
+    Args:
+      used_logical_axes: The names the model's parameters and the batch use.
+      model_axes: Every logical axis name the model's family knows (its `logical_axes()`);
+        None: those of LOGICAL_AXES.
     """
+    known = LOGICAL_AXES if model_axes is None else DATA_AXES + tuple(model_axes)
     for name, target in self.rules:
-      if name not in LOGICAL_AXES:
+      if name not in known:
         raise config_error("partitioner.rules", name, "unknown logical axis name",
-                           f"valid names: {', '.join(LOGICAL_AXES)}")
+                           f"valid names: {', '.join(known)}")
       example = f"e.g. ({name!r}, 'data'), ({name!r}, ('data', 'fsdp')) or ({name!r}, None)"
       if target is not None and not isinstance(target, str) and not (
           isinstance(target, (tuple, list)) and all(isinstance(a, str) for a in target)):

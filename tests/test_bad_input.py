@@ -15,7 +15,7 @@ import fiddle as fdl
 import pytest
 
 from experiments.lm import architectures
-from lingvo_lite import experiment, paths, target
+from lingvo_lite import paths, target
 from lingvo_lite.errors import UsageError
 from lingvo_lite.testing import run_cli, source_root, tree_digest
 
@@ -349,7 +349,7 @@ VALUES_CASES = [
      "train.steps is a int, not a config"),
     # Whole parts replaced by a literal, or by the wrong part (type check, config/checks.py).
     Case("model replaced by a number", ["--job_log_dir={job}", "--fdl.model=3"],
-     "--fdl.model=3: model must be TransformerLM, got int 3"),
+     "--fdl.model=3: model must be LanguageModel, got int 3"),
     Case("train data replaced by None", ["--job_log_dir={job}", "--fdl.train_data=None"],
      "train_data must be DataSource, got NoneType None"),
     Case("optimizer replaced by a string", ["--job_log_dir={job}", "--fdl.optimizer=\"adam\""],
@@ -367,7 +367,7 @@ VALUES_CASES = [
             "                         num_heads=4)\n")),
     Case("fiddler puts an optimizer where the model goes",
      ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
-     "model=<config of AdamW>: must be TransformerLM",
+     "model=<config of AdamW>: must be LanguageModel",
      _write("mod.py", "import fiddle as fdl\nfrom lingvo_lite.optimizers import AdamW\n"
             "def fiddle(cfg):\n  cfg.model = fdl.Config(AdamW)\n")),
     # Values of the right type that make no sense (constraints declared with the fields).
@@ -967,12 +967,11 @@ def test_cudnn_attention_limits_are_checked_before_device_time(monkeypatch, capa
   model = fdl.build(architectures.llama(vocab_size=64, num_layers=1, dim=64, num_heads=4,
                                         attention_implementation="cudnn", **fields))
   with pytest.raises(UsageError) as error:
-    experiment._check_cudnn_attention(model, host_gpu)  # pylint: disable=protected-access
+    model.validate(host_gpu)
   assert str(error.value).startswith("model.attention_implementation='cudnn': ")
   assert message in str(error.value)
-  experiment._check_cudnn_attention(  # pylint: disable=protected-access
-      fdl.build(architectures.llama(vocab_size=64, num_layers=1, dim=64, num_heads=4,
-                                    attention_implementation="cudnn", dtype="bfloat16")),
-      host_gpu)
+  fdl.build(architectures.llama(vocab_size=64, num_layers=1, dim=64, num_heads=4,
+                                attention_implementation="cudnn", dtype="bfloat16")
+            ).validate(host_gpu)
   with pytest.raises(UsageError, match="needs an NVIDIA GPU"):
-    experiment._check_cudnn_attention(model, target.host())  # pylint: disable=protected-access
+    model.validate(target.host())

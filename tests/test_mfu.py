@@ -35,7 +35,7 @@ def test_matmul_parameters_match_the_parameter_tree(family):
       counted += int(np.prod(leaf.shape))
   if model.tie_embeddings:
     counted += model.dim * model.vocab_size  # The unembedding reuses the embedding.
-  assert mfu.matmul_parameters(model) == counted
+  assert model.matmul_parameters() == counted
 
 
 def test_flops_formula_for_gptj_6b():

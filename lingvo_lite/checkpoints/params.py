@@ -23,7 +23,6 @@ from jax.sharding import Mesh
 
 from lingvo_lite import train_state
 from lingvo_lite.checkpoints.manager import Checkpointer
-from lingvo_lite.models import layer_layout
 from lingvo_lite.partitioning import Partitioner
 
 
@@ -64,12 +63,9 @@ class MeshParams:
       UsageError: the step fails its checksums, cannot be read, or its parameters do not fit
         this model (Checkpointer.restore_params's one line).
     """
-    saved_scan = checkpointer.metadata(step).get("scan_layers")
-    if saved_scan is None or saved_scan == self._model.scan_layers:
+    saved_model = self._model.in_saved_layout(checkpointer.metadata(step))
+    if saved_model is None:
       return checkpointer.restore_params(step, self.abstract)
-    saved = checkpointer.restore_params(
-        step, self._abstract_of(self._model.clone(scan_layers=saved_scan)))
-    convert = layer_layout.stack_layers if self._model.scan_layers else \
-        layer_layout.unstack_layers
+    saved = checkpointer.restore_params(step, self._abstract_of(saved_model))
     shardings = jax.tree.map(lambda leaf: leaf.sharding, self.abstract)
-    return jax.device_put(convert(jax.device_get(saved)), shardings)
+    return jax.device_put(self._model.to_own_layout(jax.device_get(saved)), shardings)

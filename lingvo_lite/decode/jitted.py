@@ -1,8 +1,8 @@
 """The jitted decode functions of one Setup on a mesh, with their shardings.
 
 What the generator (lingvo_lite/decode/generator.py) runs and what `--mode=compile
---compile_program=decode` (programs/decode_compile.py) compiles: the same functions with the
-same shardings, as programs/jitted.py is for training (DESIGN rule 5).
+--compile_program=decode` (programs/compile/decode.py) compiles: the same functions with the
+same shardings, as lingvo_lite/jitted.py is for training (DESIGN rule 5).
 """
 
 from __future__ import annotations

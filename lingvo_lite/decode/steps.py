@@ -2,7 +2,9 @@
 
 Like lingvo_lite/steps.py: no I/O, no flags, no config; the decode program and the AOT
 compiler jit these functions with the same shardings. The state is a fixed number of slots
-(the decode batch), each holding one request from position 0 (see models/kv_cache.py):
+(the decode batch), each holding one request from position 0, and the model's decode cache,
+which only the model's family creates, writes and reads (`empty_cache`, `prefill`, `extend`:
+models/family.py), so a family with another cache needs no change here:
 
   prefill(params, state, prompts, ...)    writes the prompts of the slots `insert` names and
                                           samples each one's first token; other slots go on
@@ -26,14 +28,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
 from lingvo_lite.decode import sampling
-from lingvo_lite.models import kv_cache
+from lingvo_lite.models.family import LanguageModel
 
 # No token id is negative: "no end-of-sequence token" never matches.
 NO_EOS = -1
@@ -41,10 +42,11 @@ NO_EOS = -1
 
 class DecodeState(NamedTuple):
   """The slots of a decode batch (a pytree; every array leads with the slot axis but the
-  cache's, which leads with layers).
+  cache's, whose layout is the model family's).
 
   Attributes:
-    cache: Keys and values by position.
+    cache: The family's decode cache (for the transformer families, every layer's keys and
+      values by position: models/kv_cache.py).
     tokens: int32 [slots, cache_length]: prompt and generated tokens by position.
     logprobs: float32 [slots, cache_length]: log-probability of each generated token.
     lengths: int32 [slots]: positions in the cache; the token at `lengths` is the last one
@@ -56,7 +58,7 @@ class DecodeState(NamedTuple):
     seeds: uint32 [slots, 2]: each slot's PRNG key data (see `key_data`).
   """
 
-  cache: kv_cache.KVCache
+  cache: Any
   tokens: jax.Array
   logprobs: jax.Array
   lengths: jax.Array
@@ -75,11 +77,11 @@ def key_data(seed: int) -> np.ndarray:
   return np.array([(seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF], np.uint32)
 
 
-def empty_state(model: nn.Module, slots: int, cache_length: int) -> DecodeState:
+def empty_state(model: LanguageModel, slots: int, cache_length: int) -> DecodeState:
   """Every slot empty (done, length 0). Every leaf is its own array, so the state can be
   donated (one buffer given for two donated arguments is refused)."""
   return DecodeState(
-      cache=kv_cache.empty(model, slots, cache_length),
+      cache=model.empty_cache(slots, cache_length),
       tokens=jnp.zeros((slots, cache_length), jnp.int32),
       logprobs=jnp.zeros((slots, cache_length), jnp.float32),
       lengths=jnp.zeros((slots,), jnp.int32), end=jnp.zeros((slots,), jnp.int32),
@@ -88,13 +90,13 @@ def empty_state(model: nn.Module, slots: int, cache_length: int) -> DecodeState:
       seeds=jnp.zeros((slots, 2), jnp.uint32))
 
 
-def logical_specs(model: nn.Module) -> DecodeState:
+def logical_specs(model: LanguageModel) -> DecodeState:
   """Logical axes of the state: slots over `batch` (so over the data-parallel mesh axes),
-  the cache's key/value heads over `heads`."""
+  the cache's as its family names them (key/value heads over `heads`)."""
   per_slot = PartitionSpec("batch")
   by_position = PartitionSpec("batch", None)
   return DecodeState(
-      cache=kv_cache.logical_specs(model), tokens=by_position, logprobs=by_position,
+      cache=model.cache_logical_specs(), tokens=by_position, logprobs=by_position,
       lengths=per_slot, end=per_slot, done=per_slot,
       sampling=sampling.SamplingParams(per_slot, per_slot, per_slot),
       seeds=PartitionSpec("batch", None))
@@ -128,7 +130,7 @@ def _where(mask: jax.Array, new: Any, old: Any) -> Any:
 
 def prefill(params: Any, state: DecodeState, prompts: jax.Array, prompt_lengths: jax.Array,
             insert: jax.Array, end: jax.Array, slot_sampling: sampling.SamplingParams,
-            seeds: jax.Array, *, model: nn.Module, eos_id: int = NO_EOS) -> DecodeState:
+            seeds: jax.Array, *, model: LanguageModel, eos_id: int = NO_EOS) -> DecodeState:
   """Writes the prompts of the slots `insert` names and samples their first tokens.
 
   Args:
@@ -142,12 +144,11 @@ def prefill(params: Any, state: DecodeState, prompts: jax.Array, prompt_lengths:
     end: int32 [slots]: prompt length + max_new_tokens (at most the cache length).
     slot_sampling: Each inserted slot's sampling settings.
     seeds: uint32 [slots, 2]: each inserted slot's `key_data(seed)`.
-    model: The TransformerLM.
+    model: The model (its family writes the prompts into the cache).
     eos_id: The vocabulary's end-of-sequence id, or NO_EOS.
   """
   lengths = jnp.where(insert, prompt_lengths, 1).astype(jnp.int32)
-  logits, new_kv = model.apply({"params": params}, prompts, output_index=lengths - 1,
-                               return_kv=True)
+  logits, cache = model.prefill(params, prompts, lengths, state.cache, insert)
   first, first_logprob = _pick(logits[:, 0], slot_sampling, seeds, lengths)
   width = prompts.shape[1]
   tokens = _set_at(state.tokens.at[:, :width].set(prompts), lengths, first)
@@ -156,10 +157,10 @@ def prefill(params: Any, state: DecodeState, prompts: jax.Array, prompt_lengths:
       cache=state.cache, tokens=tokens, logprobs=logprobs, lengths=lengths, end=end,
       done=(first == eos_id) | (lengths + 1 >= end), sampling=slot_sampling, seeds=seeds)
   merged = _where(insert, inserted._replace(cache=None), state._replace(cache=None))
-  return merged._replace(cache=kv_cache.write_prefix(state.cache, new_kv, insert))
+  return merged._replace(cache=cache)
 
 
-def step(params: Any, state: DecodeState, *, model: nn.Module, eos_id: int = NO_EOS
+def step(params: Any, state: DecodeState, *, model: LanguageModel, eos_id: int = NO_EOS
          ) -> tuple[DecodeState, jax.Array]:
   """One token of every unfinished slot: feeds each slot's last sampled token (its keys and
   values go into the cache at the slot's length), and samples the next. Returns the new state and
@@ -168,10 +169,8 @@ def step(params: Any, state: DecodeState, *, model: nn.Module, eos_id: int = NO_
   fed = jnp.take_along_axis(state.tokens, state.lengths[:, None], axis=1)
   # A finished slot is fed too (its last token again, at its frozen length, past its valid
   # entries): harmless, and cheaper than a masked step.
-  logits, cache = model.apply({"params": params}, fed, positions=state.lengths[:, None],
-                              cache=tuple(state.cache))
+  logits, cache = model.extend(params, fed, state.lengths[:, None], state.cache)
   logits = logits[:, 0]
-  cache = kv_cache.KVCache(*cache)
   lengths = state.lengths + active.astype(jnp.int32)
   token, logprob = _pick(logits, state.sampling, state.seeds, lengths)
   # The new token goes at index `lengths`; a finished slot keeps what is there (its last).
@@ -185,7 +184,7 @@ def step(params: Any, state: DecodeState, *, model: nn.Module, eos_id: int = NO_
 
 
 def generate(params: Any, state: DecodeState, limit: jax.Array, finished: jax.Array, *,
-             model: nn.Module, eos_id: int = NO_EOS) -> DecodeState:
+             model: LanguageModel, eos_id: int = NO_EOS) -> DecodeState:
   """Up to `limit` (an int32 scalar, not static) steps; ends early when every slot is done.
 
   Args:

@@ -38,7 +38,7 @@ def _refused(cfg) -> str:
 def test_the_whole_tree_is_type_checked_before_building():
   cfg = _config()
   cfg.model = 3
-  assert _refused(cfg).startswith("model=3: must be TransformerLM, got int")
+  assert _refused(cfg).startswith("model=3: must be LanguageModel, got int")
   cfg = _config()
   cfg.train_data = None
   assert _refused(cfg).startswith("train_data=None: must be DataSource, got NoneType")
@@ -87,7 +87,7 @@ def test_set_time_checks_name_the_flag():
                          "positive integer"),
                         (["--fdl.optimizer.eps=1e999"], "--fdl.optimizer.eps=1e999: must be a "
                          "finite number"),
-                        (["--fdl.model=3"], "--fdl.model=3: model must be TransformerLM, got "
+                        (["--fdl.model=3"], "--fdl.model=3: model must be LanguageModel, got "
                          "int 3; a part is changed field by field")):
     result = run_cli(["--mode=print", "--exp=PyCodeTiny", *args])
     assert result.code == 2 and message in result.stderr, result.stderr

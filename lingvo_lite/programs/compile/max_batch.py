@@ -8,7 +8,7 @@ refits through the two measurements nearest the boundary, and bisects if a predi
 repeats, so it ends with a boundary checked by compiles on both sides: `fits(b)` and
 `not fits(b + u)`, the same answer a brute-force search gives for memory that grows with b.
 Batches step by u, the smallest per-device batch the mesh and micro-batching accept (1 for
-plain data parallelism; 16 for Llama1B's 16 micro-batches over 8 chips).
+plain data parallelism; 16 for 16 micro-batches over 8 chips).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable
 from lingvo_lite import evaluation, target as targets
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.models.transformer import REMAT_POLICIES
+from lingvo_lite.models.family import REMAT_POLICIES
 from lingvo_lite.programs.compile import aot, report as compile_report
 from lingvo_lite.runtime import progress
 
