@@ -28,7 +28,8 @@ from lingvo_lite.config import (building, files as config_files, graph as config
                                 help as config_help, overrides, registry)
 from lingvo_lite.errors import DataError, OutputFailure, UsageError, one_line
 from lingvo_lite.experiment import Setup, with_default_parts
-from lingvo_lite.runtime import (compilation_cache, distributed, job_dirs, run_info, stack_dumps,
+from lingvo_lite.programs import options as program_options
+from lingvo_lite.runtime import (compilation_cache, distributed, job_dirs, stack_dumps,
                                  supervisor)
 
 MODES = tuple(programs.PROGRAMS)
@@ -84,59 +85,41 @@ _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", compilation_cache.DEFAULT_FOLDER,
     "Persistent JAX compilation cache, so a restarted run skips compiling; '' disables it.")
 
-# --mode=compile (and the saved step train loads); lingvo_lite/programs lists who reads what.
-_define_name(
-    "compile_topology", None, "What --mode=compile compiles for: cpu:N (N virtual CPU "
-    "devices), local (this host's devices), or a TPU slice (v4-8, v5e-8, v5e-256, v5p-128, "
-    "v6e-8, ...; needs lingvo_lite[tpu]). The number counts TensorCores on v4/v5p, chips on "
-    "v5e/v6e.")
-flags.DEFINE_integer("compile_num_slices", 1, "TPU slices joined over the data-center "
-                     "network (multi-slice; the mesh's dcn axes span them).")
-flags.DEFINE_enum("compile_program", "train", ("train", "eval", "decode"), "What to compile: "
-                  "the train step, the eval step, or the decode functions (the generate loop "
-                  "and the largest prefill bucket, with decode.slots and decode.cache_length).")
-flags.DEFINE_bool("compile_find_max_batch", False, "Also find the largest per-device batch "
-                  "that fits (with --compile_program=decode: the largest decode.slots); two "
-                  "compiles fit a line, then the prediction is confirmed.")
-_define_names("compile_remat_policies", [], "With --compile_find_max_batch: the remat "
-                  "policies to search, as a table (e.g. none,full).")
-flags.DEFINE_string("compiled_step_out", None, "--mode=compile: write the compiled train step "
-                    "and its manifest to this folder.")
-flags.DEFINE_string("compiled_step_in", None, "--mode=train: run the compiled step saved at "
-                    "this folder instead of compiling; refused (one line) if anything it was "
-                    "compiled for differs. A saved step is code: load only your own.")
 
-# --mode=eval.
-flags.DEFINE_integer("checkpoint_step", None, "--mode=eval / --mode=decode: use this "
-                     "checkpoint step (default: the latest).")
-flags.DEFINE_bool("eval_continuous", False, "--mode=eval: evaluate each checkpoint of a "
-                  "training run beside this one once, as it lands; exits after the run's final "
-                  "step (train.steps), or after --eval_timeout_seconds without a new write.")
-flags.DEFINE_float("eval_timeout_seconds", 3600.0, "--eval_continuous: stop when the trainer "
-                   "has written nothing (no checkpoint, no metrics row) for this long.")
-flags.DEFINE_float("eval_poll_seconds", 10.0, "--eval_continuous: seconds between looks for "
-                   "a new checkpoint.")
-flags.DEFINE_list("eval_sets", None, "--mode=eval: the eval sets to evaluate, by name "
-                  "(comma-separated; default: every set of eval_data).")
+def _define_option(declared: program_options.DeclaredOption) -> None:
+  """The flag of one program option (programs/options.py), defined in this module so that
+  --help lists it with the others."""
+  name, default, doc = declared.name, declared.default, declared.help
+  kind = declared.kind
+  if kind == program_options.STRING:
+    if declared.non_empty:
+      _define_name(name, default, doc)
+    else:
+      flags.DEFINE_string(name, default, doc)
+  elif kind == program_options.LIST:
+    if declared.non_empty:
+      _define_names(name, default, doc)
+    else:
+      flags.DEFINE_list(name, default, doc)
+  elif kind == program_options.ENUM:
+    flags.DEFINE_enum(name, default, declared.choices, doc)
+  else:
+    define = {program_options.BOOL: flags.DEFINE_bool,
+              program_options.INTEGER: flags.DEFINE_integer,
+              program_options.FLOAT: flags.DEFINE_float,
+              program_options.MULTI_STRING: flags.DEFINE_multi_string}[kind]
+    define(name, default, doc)
 
-# --mode=decode.
-flags.DEFINE_multi_string("prompt", None, "--mode=decode: a prompt to continue (repeatable).")
-_define_name("prompts_file", None, "--mode=decode: a JSON-lines file of requests, one "
-                    "object per line: prompt (text) or prompt_ids, and optional max_new_tokens, "
-                    "temperature, top_k, top_p, seed, stop.")
-_define_name("decode_out", None, "--mode=decode: where the completions go as JSON "
-                    "lines: a file, or - for stdout (default: JOB/decode/<UTC time>.jsonl).")
 
-# --mode=report.
-flags.DEFINE_list("compare", None, "--mode=report: other job dirs (comma-separated) to "
-                  "compare with --job_log_dir's: their config differences (Fiddle's diff) and "
-                  "curves overlaid, in JOB/report/compare.html.")
+def _define_program_flags() -> None:
+  """Each program's own flags, from the options its module declares (one flag for an option
+  that two programs share); `_refuse_flags` refuses those the chosen program does not read."""
+  for declared in program_options.declared_options(
+      program.options_class for program in programs.PROGRAMS.values()):
+    _define_option(declared)
 
-# --mode=print.
-flags.DEFINE_enum("format", "text", ("text", "json", "svg"), "--mode=print: what to print: "
-                  "text (config.txt: every field, flattened, with its origin), json "
-                  "(config.json: reloadable by --fdl_config_file) or svg (a picture of the "
-                  "config's parts and the fields set; needs Graphviz's dot).")
+
+_define_program_flags()
 
 _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ("auto", "on", "off"),
@@ -167,8 +150,12 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def parse_flags(argv: Sequence[str]) -> list[str]:
-  """absl flags_parser: expands flag files, answers --help, parses; one-line errors."""
-  run_info.set_command_line(list(argv))
+  """absl flags_parser: expands flag files, answers --help, parses; one-line errors.
+
+  Returns:
+    `argv` itself, which absl's app.run hands to `main`: the command line as parsed (a
+    positional argument is refused here, so there is no other use for main's argument).
+  """
   try:
     args = command_line.expand(argv, flags.FLAGS)
     wanted_help = command_line.help_requested(args)
@@ -187,7 +174,7 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
           code=1)
   if len(positional) > 1:
     _fail(f"unexpected argument {positional[1]!r}; flags take the form --name=value")
-  return positional
+  return list(argv)
 
 
 def _flush_stdout() -> None:
@@ -286,25 +273,20 @@ def _config_changes(job_dir: epath.Path | None, cfg: fdl.Buildable) -> list[str]
   return config_files.incompatible_changes(config_files.load(existing, "--job_log_dir"), cfg)
 
 
-def _compile_target(cfg: fdl.Buildable, options: dict[str, Any]) -> targets.Target:
-  """The target of --compile_topology; on several TPU slices, a config that sets no axis
-  across slices gets `partitioner.dcn_data` = the slice count (data parallel over the
-  data-center network, as MaxText's default)."""
-  if not options["compile_topology"]:
-    raise UsageError("--compile_topology: required for --mode=compile; e.g. "
-                     f"--compile_topology=v5e-8 (known: {topologies.known_names()})")
-  target = targets.compile_target(options["compile_topology"], options["compile_num_slices"])
+def _spread_over_slices(cfg: fdl.Buildable, target: targets.Target) -> None:
+  """On several TPU slices, a config that sets no axis across slices gets
+  `partitioner.dcn_data` = the slice count (data parallel over the data-center network, as
+  MaxText's default)."""
   partitioner = getattr(cfg, "partitioner", None)
   if target.num_slices > 1 and isinstance(partitioner, fdl.Config) and all(
       getattr(partitioner, f"dcn_{axis}", 1) == 1 for axis in ("data", "fsdp", "tensor")):
     partitioner.dcn_data = target.num_slices
-  return target
 
 
-def _arrange_cpu_devices() -> None:
-  """`--compile_topology=cpu:N` needs N CPU devices, which JAX fixes when its backend starts:
-  asked for here, before anything touches a device."""
-  count = topologies.cpu_devices(flags.FLAGS["compile_topology"].value or "")
+def _arrange_cpu_devices(count: int | None) -> None:
+  """A target of `count` CPU devices (`--compile_topology=cpu:N`) needs them from JAX, which
+  fixes their number when its backend starts: asked for here, before anything touches a
+  device."""
   if not count or not 1 <= count <= topologies.MAX_CPU_DEVICES:
     return
   if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
@@ -315,10 +297,9 @@ def _arrange_cpu_devices() -> None:
 
 
 def _compilation_cache(program: programs.Program) -> compilation_cache.CompilationCache:
-  """The run's compilation cache, checked before anything runs: used by the modes that compile
-  (print only shows the config; compile measures its compile time, uncached)."""
-  used = (program.needs_config and program.name not in ("print", "compile")
-          and not _FDL_HELP.value)
+  """The run's compilation cache, checked before anything runs: used by the programs whose
+  compiles it serves (Program.compilation_cache)."""
+  used = program.compilation_cache and not _FDL_HELP.value
   job_dir = (paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value
              and _COMPILATION_CACHE_DIR.present else None)
   return compilation_cache.choose(_COMPILATION_CACHE_DIR.value,
@@ -343,7 +324,8 @@ def _quiet_orbax(record: std_logging.LogRecord) -> bool:
 
 
 def main(argv: Sequence[str]) -> None:
-  del argv
+  """Runs the program of --mode. `argv` is the command line as `parse_flags` parsed it, for
+  the programs that record it (train's run_info.jsonl)."""
   if not flags.FLAGS["verbosity"].present:
     # orbax and jax log every checkpoint step at INFO; -v 0 brings them back.
     logging.set_verbosity(logging.WARNING)
@@ -353,6 +335,7 @@ def main(argv: Sequence[str]) -> None:
     std_logging.getLogger("asyncio").addFilter(_quiet_orbax)
   try:
     program = programs.PROGRAMS[_MODE.value]
+    options = program.options_class(**{name: flags.FLAGS[name].value for name in program.flags})
     if program.prints_results:
       outputs.check_stdout(f"--mode={program.name}", "give it a stdout (or redirect it to a "
                            "file: > FILE)")
@@ -370,11 +353,11 @@ def main(argv: Sequence[str]) -> None:
     # forwards it instead); onto stderr until the job dir is known.
     stack_dumps.set_folder(None)
     stack_dumps.install_signal_handler()
-    if _MODE.value == "compile":
-      _arrange_cpu_devices()
+    if program.target_from_options:
+      _arrange_cpu_devices(options.cpu_devices())
     try:
       with outputs.stdout_failures():
-        code = _run_mode(program, cache)
+        code = _run_mode(program, options, cache, list(argv))
         _flush_stdout()
     finally:
       stack_dumps.set_folder(None)  # A process that runs on (tests) has no job dir now.
@@ -400,25 +383,26 @@ def main(argv: Sequence[str]) -> None:
     sys.exit(code)
 
 
-def _run_mode(program: programs.Program, cache: compilation_cache.CompilationCache) -> int | None:
+def _run_mode(program: programs.Program, options: Any,
+              cache: compilation_cache.CompilationCache, argv: list[str]) -> int | None:
   if _EXPERIMENTS_MODULE.value:
     registry.import_modules(_EXPERIMENTS_MODULE.value)
   _refuse_flags(program)
-  options = {name: flags.FLAGS[name].value for name in program.flags}
   if not program.needs_config and not program.needs_job_dir:
-    return program.main(programs.Invocation(None, None, None, None, options))
+    return program.main(programs.Invocation(None, None, None, None, options, argv))
   job_dir = paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value else None
   if job_dir is None and program.needs_job_dir and not _FDL_HELP.value:
     raise UsageError(f"--job_log_dir: required for --mode={program.name}; e.g. "
                      "--job_log_dir=runs/my_run")
   if job_dir is not None and not _FDL_HELP.value:
-    job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value)
+    job_dirs.check(job_dir, program.job_files, _JOB_LOG_DIR.value)
     if program.needs_config:  # A program that only reads the job (report) writes no dumps there.
       stack_dumps.set_folder(job_dir / "stacks")
   if not program.needs_config:
     # It reads the job's files only (report): nothing is built and no device is touched, so
     # it runs on any machine, beside a trainer that holds the accelerators.
-    return program.main(programs.Invocation(None, job_dir, _JOB_LOG_DIR.value, None, options))
+    return program.main(programs.Invocation(None, job_dir, _JOB_LOG_DIR.value, None, options,
+                                            argv))
   if program.joins_distributed and not _FDL_HELP.value:
     joined = distributed.initialize(
         _DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
@@ -432,34 +416,25 @@ def _run_mode(program: programs.Program, cache: compilation_cache.CompilationCac
   if _FDL_HELP.value:
     print(config_help.describe(cfg, overrides.fiddlers_for(experiment)), end="")
     return None
-  target = _compile_target(cfg, options) if program.name == "compile" else targets.host()
+  target = options.target() if program.target_from_options else targets.host()
+  _spread_over_slices(cfg, target)
   with targets.active(target):  # Batch sizes per device and validation count its devices.
     setup = build(cfg)
-    if program.name in ("train", "eval"):
+    if job_dir is not None and program.job_files.depend_on_config:
       # Only the built config says whether the run writes a profiler trace, and the names of the
       # eval sets' files; still nothing is written.
-      job_dirs.check(job_dir, program.name, _JOB_LOG_DIR.value,
+      job_dirs.check(job_dir, program.job_files, _JOB_LOG_DIR.value,
                      profile=setup.train.profile_start_step >= 0,
                      eval_sets=tuple(setup.eval_sets))
     cache.configure()
     invocation = programs.Invocation(
         setup=setup, job_dir=job_dir, shown_job_dir=_JOB_LOG_DIR.value, target=target,
-        options=options, config_text=lambda: config_files.to_text(cfg),
+        options=options, command_line=argv, config_text=lambda: config_files.to_text(cfg),
         config_json=lambda: config_files.to_json(cfg, experiment),
         config_svg=lambda: config_graph.svg(cfg),
         write_config=lambda: config_files.write(job_dir, cfg, experiment),
         config_changes=lambda: _config_changes(job_dir, cfg))
-    if program.name != "compile":
-      return program.main(invocation)
-    # Without the persistent cache: the compile time is a reported figure, and XLA:CPU cannot
-    # serialize an executable that came out of the cache (the saved step would lose its
-    # kernels: "Function ... not found" when it runs).
-    cache_was_enabled = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
-      return program.main(invocation)
-    finally:
-      jax.config.update("jax_enable_compilation_cache", cache_was_enabled)
+    return program.main(invocation)
 
 
 def run_main() -> None:

@@ -63,8 +63,8 @@ def run_cli(args: Sequence[str]) -> CliResult:
   code = 0
   with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
     try:
-      executor.parse_flags(["lingvo_lite", *args])
-      executor.main([])
+      # main gets the command line parse_flags parsed, as under absl's app.run.
+      executor.main(executor.parse_flags(["lingvo_lite", *args]))
     except SystemExit as e:
       code = e.code if isinstance(e.code, int) else 1
   flags.FLAGS.unparse_flags()

@@ -1,19 +1,25 @@
-"""The programs `--mode` runs, in one table: their names, what they need, their flags, docs.
+"""The programs `--mode` runs, in one table: their names, what they need, their docs.
 
-A program is a module with `main(invocation)`; the executor builds the `Invocation` (the
-validated Setup, the job dir, the target) and never branches on the mode itself. Adding a
-program is one entry here and one module.
+A program is a module with `main(invocation)`, which may also declare `Options` (a frozen
+dataclass, one field per flag: programs/options.py) and `JOB_FILES` (what it writes in the job
+dir: runtime/job_dirs.JobFiles). The executor builds the `Invocation` (the validated Setup, the
+job dir, the target, the options filled from the command line), defines every program's flags
+from their `Options`, and never branches on a program's name: what differs between programs is
+a field of its entry here. Adding a program is one module and one entry here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+import types
+from typing import Any, Callable, Sequence
 
 from etils import epath
 
 from lingvo_lite.errors import UsageError
+from lingvo_lite.programs.options import NoOptions
+from lingvo_lite.runtime.job_dirs import JobFiles
 
 
 class ProgramFailure(RuntimeError):
@@ -32,9 +38,15 @@ class Program:
       does report, which reads a job dir's files only: no Setup, no device).
     needs_job_dir: `--job_log_dir` is required.
     joins_distributed: Runs in every process of a multi-process run (jax.distributed).
-    flags: The executor's flags only this program reads; other modes refuse them.
     prints_results: Its results are what it prints on stdout (print, list), so a closed
       stdout is refused before it runs: Python would drop every line without a word.
+    compilation_cache: Its compiles go through JAX's persistent compilation cache, so a
+      restarted run skips them. Off for programs that compile nothing, and for compile, whose
+      compile time is a reported figure and whose saved executable must not come out of the
+      cache (XLA:CPU cannot serialize one that did): the cache is switched off around them.
+    target_from_options: It runs on (compiles for) the target its options name
+      (`Options.target()`, with `Options.cpu_devices()` asked before anything touches a
+      device), not on this host's devices.
   """
 
   name: str
@@ -43,13 +55,31 @@ class Program:
   needs_config: bool = True
   needs_job_dir: bool = False
   joins_distributed: bool = False
-  flags: tuple[str, ...] = ()
   prints_results: bool = False
+  compilation_cache: bool = True
+  target_from_options: bool = False
+
+  def _module(self) -> types.ModuleType:
+    return importlib.import_module(f"lingvo_lite.programs.{self.module}")
+
+  @property
+  def options_class(self) -> type:
+    """Its `Options` dataclass (programs/options.py); NoOptions where it declares none."""
+    return getattr(self._module(), "Options", NoOptions)
+
+  @property
+  def flags(self) -> tuple[str, ...]:
+    """The flags its options declare; other programs refuse them unless they declare them too."""
+    return tuple(field.name for field in dataclasses.fields(self.options_class))
+
+  @property
+  def job_files(self) -> JobFiles:
+    """What it does with a job dir (its module's JOB_FILES); by default it only reads one."""
+    return getattr(self._module(), "JOB_FILES", JobFiles())
 
   def main(self, invocation: "Invocation") -> int | None:
     """Runs the program; returns its exit code (None is 0)."""
-    module = importlib.import_module(f"lingvo_lite.programs.{self.module}")
-    return module.main(invocation)
+    return self._module().main(invocation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +91,9 @@ class Invocation:
     job_dir: The resolved job dir, or None when none was given.
     shown_job_dir: The job dir as the user wrote it (relative stays relative), for messages.
     target: The devices the program runs on or compiles for (lingvo_lite.target.Target).
-    options: This program's flag values, by flag name.
+    options: This program's `Options`, filled from the command line.
+    command_line: The command line as the executor parsed it (argv, the program's name
+      first), for the run's record (run_info.jsonl).
     config_text: Makes the flattened config (config.txt's text), for the programs that
       show it.
     config_json: Makes config.json's text (reloadable by --fdl_config_file).
@@ -76,7 +108,8 @@ class Invocation:
   job_dir: epath.Path | None
   shown_job_dir: str | None
   target: Any
-  options: dict[str, Any]
+  options: Any
+  command_line: Sequence[str] = ()
   config_text: Callable[[], str] = lambda: ""
   config_json: Callable[[], str] = lambda: ""
   config_svg: Callable[[], str] = lambda: ""
@@ -103,28 +136,23 @@ def refuse_model_changes(invocation: Invocation, verb: str) -> None:
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("train", "train the experiment, resuming from the job's latest checkpoint",
-            "train", needs_job_dir=True, joins_distributed=True, flags=("compiled_step_in",)),
+            "train", needs_job_dir=True, joins_distributed=True),
     Program("eval", "evaluate the job's latest checkpoint (or --checkpoint_step, or each as "
             "it lands: --eval_continuous) on its eval sets", "eval",
-            needs_job_dir=True, joins_distributed=True,
-            flags=("checkpoint_step", "eval_continuous", "eval_timeout_seconds",
-                   "eval_poll_seconds", "eval_sets")),
+            needs_job_dir=True, joins_distributed=True),
     Program("decode", "generate completions of --prompt / --prompts_file prompts with the "
             "job's latest checkpoint (or --checkpoint_step), KV-cached, sampled per request",
-            "decode", needs_job_dir=True,
-            flags=("checkpoint_step", "prompt", "prompts_file", "decode_out")),
+            "decode", needs_job_dir=True),
     Program("compile", "compile the train step (or the eval step, or the decode functions) "
             "ahead of time for a target topology: memory verdict, step time, maximum batch, a "
             "saved executable",
-            "compile.program", flags=("compile_topology", "compile_num_slices", "compile_program",
-                              "compile_find_max_batch", "compile_remat_policies",
-                              "compiled_step_out")),
+            "compile.program", compilation_cache=False, target_from_options=True),
     Program("print", "print the flattened config (after overrides) and validate it; "
             "--format=json prints config.json, --format=svg a picture of it", "print_config",
-            flags=("format",), prints_results=True),
+            prints_results=True, compilation_cache=False),
     Program("list", "list the registered experiments", "list_experiments",
-            needs_config=False, prints_results=True),
+            needs_config=False, prints_results=True, compilation_cache=False),
     Program("report", "write JOB/report/index.html, one offline page of the job's run, "
             "plots, evals, checkpoints and config (--compare=B,C: A/report/compare.html)",
-            "report", needs_config=False, needs_job_dir=True, flags=("compare",)),
+            "report", needs_config=False, needs_job_dir=True, compilation_cache=False),
 )}

@@ -15,6 +15,7 @@ when stdout is a terminal.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Any
@@ -30,7 +31,32 @@ from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
                                 records as decode_records, requests as decode_requests)
 from lingvo_lite.errors import os_error_text
 from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
+from lingvo_lite.programs.options import option
+from lingvo_lite.runtime.job_dirs import FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The flags of --mode=decode."""
+
+  checkpoint_step: int | None = option(
+      None, "--mode=eval / --mode=decode: use this checkpoint step (default: the latest).")
+  prompt: list[str] | None = option(
+      None, "--mode=decode: a prompt to continue (repeatable).", repeated=True)
+  prompts_file: str | None = option(
+      None, "--mode=decode: a JSON-lines file of requests, one object per line: prompt (text) "
+      "or prompt_ids, and optional max_new_tokens, temperature, top_k, top_p, seed, stop.",
+      non_empty=True)
+  decode_out: str | None = option(
+      None, "--mode=decode: where the completions go as JSON lines: a file, or - for stdout "
+      "(default: JOB/decode/<UTC time>.jsonl).", non_empty=True)
+
+
+# JOB/decode/ is written only when the completions go there (not with --decode_out), so the
+# program checks that it can write there itself (decode/records.py): a read-only job dir
+# serves a decode to stdout.
+JOB_FILES = JobFiles(kind_only=(("decode", FOLDER),))
 
 
 class _InOrder:
@@ -58,14 +84,15 @@ def main(invocation: Invocation) -> None:
 
 
 def _decode(invocation: Invocation, stop: StopRequest) -> None:
-  options, setup = invocation.options, invocation.setup
+  options: Options = invocation.options
+  setup = invocation.setup
   refuse_model_changes(invocation, "decode")
-  step = options.get("checkpoint_step")
+  step = options.checkpoint_step
   checkpoint_selection.check_wanted(step)
-  requests = decode_requests.from_flags(options.get("prompt"), options.get("prompts_file"))
-  to_stdout = decode_records.is_stdout(options.get("decode_out"))
+  requests = decode_requests.from_flags(options.prompt, options.prompts_file)
+  to_stdout = decode_records.is_stdout(options.decode_out)
   # Where the completions go is checked first (nothing is created until the first one).
-  writer = decode_records.CompletionWriter(options.get("decode_out"), invocation.job_dir,
+  writer = decode_records.CompletionWriter(options.decode_out, invocation.job_dir,
                                            invocation.shown_job_dir)
   # Messages go to stderr when stdout carries the JSON lines.
   say = (lambda text: print(text, file=sys.stderr, flush=True)) if to_stdout else (
@@ -87,7 +114,7 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   with writer:
 
     def shown_path() -> str:  # The name is chosen at the first completion (a -2 suffix, ...).
-      return "stdout" if to_stdout else str(options.get("decode_out")
+      return "stdout" if to_stdout else str(options.decode_out
                                             or shown / "decode" / writer.path.name)
 
     with steps.activated():  # The target is active already (the executor's).

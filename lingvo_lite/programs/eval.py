@@ -38,28 +38,55 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
+from lingvo_lite.programs.options import option
 from lingvo_lite.runtime import lock as job_lock, summaries
+from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 
 RECORD = "evaluated.json"
 _STOP, _WAIT = -2, -1  # What process 0 tells the others instead of a step to evaluate.
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The flags of --mode=eval."""
+
+  checkpoint_step: int | None = option(
+      None, "--mode=eval / --mode=decode: use this checkpoint step (default: the latest).")
+  eval_continuous: bool = option(
+      False, "--mode=eval: evaluate each checkpoint of a training run beside this one once, "
+      "as it lands; exits after the run's final step (train.steps), or after "
+      "--eval_timeout_seconds without a new write.")
+  eval_timeout_seconds: float = option(
+      3600.0, "--eval_continuous: stop when the trainer has written nothing (no checkpoint, "
+      "no metrics row) for this long.")
+  eval_poll_seconds: float = option(
+      10.0, "--eval_continuous: seconds between looks for a new checkpoint.")
+  eval_sets: list[str] | None = option(
+      None, "--mode=eval: the eval sets to evaluate, by name (comma-separated; default: every "
+      "set of eval_data).")
+
+
+# Everything under JOB/eval/ (the training files are only read), and each set's rows there.
+JOB_FILES = JobFiles(
+    written=(("eval", FOLDER), ("eval/summaries", FOLDER), (f"eval/{RECORD}", FILE),
+             (f"eval/{job_lock.LOCK_NAME}", FILE)),
+    eval_sets_under="eval/")
+
+
 def main(invocation: Invocation) -> None:
   """Refuses a model config other than the job's: its checkpoints would score another model,
   even where the shapes agree (another norm, activation or rotary setting)."""
-  options = invocation.options
+  options: Options = invocation.options
   refuse_model_changes(invocation, "evaluate")
   _check_options(options)
-  setup = selected_sets(invocation.setup, options.get("eval_sets"))
+  setup = selected_sets(invocation.setup, options.eval_sets)
   setup.check_data(train=False)  # Every eval set reads; each has the model's vocabulary.
   # Before anything is restored or allocated: one line instead of an out-of-memory abort.
   memory_fit.check_eval_fits(setup)
   try:
     run(setup, invocation.job_dir, shown_job_dir=invocation.shown_job_dir,
-        checkpoint_step=options.get("checkpoint_step"),
-        continuous=bool(options.get("eval_continuous")),
-        timeout_seconds=options.get("eval_timeout_seconds") or 3600,
-        poll_seconds=options.get("eval_poll_seconds") or 10.0)
+        checkpoint_step=options.checkpoint_step, continuous=options.eval_continuous,
+        timeout_seconds=options.eval_timeout_seconds, poll_seconds=options.eval_poll_seconds)
   except OSError as e:  # Writing its rows, summaries or evaluated.json (a full disk, say).
     shown = epath.Path(invocation.shown_job_dir or invocation.job_dir) / "eval"
     where = f" ({e.filename})" if e.filename else ""
@@ -91,16 +118,16 @@ def selected_sets(setup: Setup, names: list[str] | None) -> Setup:
 _MAX_POLL_SECONDS = 24 * 3600
 
 
-def _check_options(options: dict[str, Any]) -> None:
-  step = options.get("checkpoint_step")
+def _check_options(options: Options) -> None:
+  step = options.checkpoint_step
   checkpoint_selection.check_wanted(step)
-  if step is not None and options.get("eval_continuous"):
+  if step is not None and options.eval_continuous:
     raise UsageError(f"--checkpoint_step={step} and --eval_continuous: conflicting flags; "
                      "give one step, or evaluate each checkpoint as it lands")
-  for flag, most in (("eval_timeout_seconds", math.inf), ("eval_poll_seconds",
-                                                           _MAX_POLL_SECONDS)):
-    value = options.get(flag)
-    if value is not None and not 0 < value <= most:
+  for flag, value, most in (("eval_timeout_seconds", options.eval_timeout_seconds, math.inf),
+                            ("eval_poll_seconds", options.eval_poll_seconds,
+                             _MAX_POLL_SECONDS)):
+    if not 0 < value <= most:
       raise UsageError(f"--{flag}={value}: must be a positive number of seconds"
                        + (f", at most {most:g}" if most < math.inf else ""))
 

@@ -7,11 +7,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Literal
+
 from lingvo_lite.programs import Invocation
+from lingvo_lite.programs.options import option
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The flag of --mode=print."""
+
+  format: Literal["text", "json", "svg"] = option(
+      "text", "--mode=print: what to print: text (config.txt: every field, flattened, with its "
+      "origin), json (config.json: reloadable by --fdl_config_file) or svg (a picture of the "
+      "config's parts and the fields set; needs Graphviz's dot).")
 
 
 def main(invocation: Invocation) -> None:
-  form = invocation.options.get("format") or "text"
   shown = {"text": invocation.config_text, "json": invocation.config_json,
-           "svg": invocation.config_svg}[form]()
+           "svg": invocation.config_svg}[invocation.options.format]()
   print(shown, end="" if shown.endswith("\n") else "\n")

@@ -21,6 +21,7 @@ written outside `--job_log_dir`'s `report/` folder; a compared job is only read.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import posixpath
@@ -33,7 +34,10 @@ from lingvo_lite import outputs, paths
 from lingvo_lite.config import diffs as config_diffs, files as config_files, graph as config_graph
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure
+from lingvo_lite.programs.options import option
 from lingvo_lite.report import data as report_data, html as report_html, plots as report_plots
+from lingvo_lite.runtime import job_dirs
+from lingvo_lite.runtime.job_dirs import JobFiles
 
 FOLDER = "report"
 INDEX, COMPARE, GRAPH = "index.html", "compare.html", "config.svg"
@@ -42,10 +46,27 @@ INDEX, COMPARE, GRAPH = "index.html", "compare.html", "config.svg"
 VERIFIED_CACHE = ".verified.json"
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The flags of --mode=report."""
+
+  compare: list[str] | None = option(
+      None, "--mode=report: other job dirs (comma-separated) to compare with --job_log_dir's: "
+      "their config differences (Fiddle's diff) and curves overlaid, in "
+      "JOB/report/compare.html.")
+
+
+# Nothing outside JOB/report/; a compared job is only read.
+JOB_FILES = JobFiles(written=(
+    (FOLDER, job_dirs.FOLDER), (f"{FOLDER}/{INDEX}", job_dirs.FILE),
+    (f"{FOLDER}/{COMPARE}", job_dirs.FILE), (f"{FOLDER}/{GRAPH}", job_dirs.FILE),
+    (f"{FOLDER}/{VERIFIED_CACHE}", job_dirs.FILE)))
+
+
 def main(invocation: Invocation) -> None:
   job_dir, shown = invocation.job_dir, invocation.shown_job_dir
   _check_job(job_dir, f"--job_log_dir={shown}")
-  compare = invocation.options.get("compare")
+  compare = invocation.options.compare
   if compare is None:
     write_index(job_dir, shown)
   else:

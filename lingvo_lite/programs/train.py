@@ -13,7 +13,7 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
 from absl import logging
@@ -29,13 +29,38 @@ from lingvo_lite.errors import UsageError, os_error_text
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
+from lingvo_lite.programs.options import option
 from lingvo_lite.runtime import lock as job_lock, run_info, summaries
+from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
 from lingvo_lite.runtime.watchdog import Watchdog
 
 # Where a profiler trace goes: the train run's TensorBoard folder, so the printed
 # `tensorboard --logdir=JOB/summaries` shows it (jax writes it under plugins/profile/).
 PROFILE_DIR = "summaries/train"
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The flag of --mode=train."""
+
+  compiled_step_in: str | None = option(
+      None, "--mode=train: run the compiled step saved at this folder instead of compiling; "
+      "refused (one line) if anything it was compiled for differs. A saved step is code: load "
+      "only your own.")
+
+
+# The job dir, created where missing: config, checkpoints, metrics and run info, TensorBoard
+# summaries, stack dumps, the job's lock, each eval set's rows; a profiler trace if asked for.
+JOB_FILES = JobFiles(
+    creates=True,
+    written=(("checkpoints", FOLDER), ("summaries", FOLDER), (PROFILE_DIR, FOLDER),
+             (config_files.CONFIG_JSON, FILE), (config_files.CONFIG_TXT, FILE),
+             ("metrics.jsonl", FILE), (run_info.FILE_NAME, FILE), ("stacks", FOLDER),
+             (job_lock.LOCK_NAME, FILE)),
+    eval_sets_under="",
+    when_profiling=((f"{PROFILE_DIR}/plugins", FOLDER),
+                    (f"{PROFILE_DIR}/plugins/profile", FOLDER)))
 
 
 class TrainingFailure(ProgramFailure):
@@ -96,7 +121,7 @@ class _RunOutputs:
 
   def __init__(self, job_dir: epath.Path, start: int, job_is_new: bool,
                record_config: Callable[[], None], enabled: bool, eval_sets: list[str],
-               jitted: JittedSteps):
+               jitted: JittedSteps, command_line: Sequence[str] | None):
     self._record_config = record_config
     # A new job's config is written below, an existing job's at the first commit.
     self._config_recorded = job_is_new
@@ -113,7 +138,8 @@ class _RunOutputs:
         config = job_dir / config_files.CONFIG_JSON
         self.run_info.append(run_info.collect(
             start, jitted.target.devices, dict(jitted.mesh.shape), jax.process_count(),
-            config_files.recorded_experiment(config) if config.exists() else None))
+            config_files.recorded_experiment(config) if config.exists() else None,
+            command_line))
 
   def write_train(self, step: int, values: dict[str, float]) -> None:
     with _writing_outputs():
@@ -171,7 +197,8 @@ def main(invocation: Invocation) -> None:
     job_is_new = not (job_dir / "config.json").exists()
     record_config = invocation.write_config if is_chief else lambda: None
     result = run(setup, job_dir, record_config, job_is_new,
-                 compiled_step_in=invocation.options.get("compiled_step_in"))
+                 compiled_step_in=invocation.options.compiled_step_in,
+                 command_line=invocation.command_line)
   if is_chief:
     print(_summary(result, setup.eval_sets, epath.Path(invocation.shown_job_dir)), flush=True)
 
@@ -209,7 +236,8 @@ def _newest_checkpoint(checkpointer: Checkpointer) -> str:
 
 def run(setup: Setup, job_dir: epath.Path,
         record_config: Callable[[], None] = lambda: None,
-        job_is_new: bool = True, compiled_step_in: str | None = None) -> TrainResult:
+        job_is_new: bool = True, compiled_step_in: str | None = None,
+        command_line: Sequence[str] | None = None) -> TrainResult:
   """Trains `setup` in `job_dir`, resuming from its latest verified checkpoint if any.
 
   Nothing in an existing `job_dir` changes until the starting state is in hand (initialized,
@@ -219,6 +247,8 @@ def run(setup: Setup, job_dir: epath.Path,
   Args:
     compiled_step_in: A folder written by `--mode=compile --compiled_step_out`: its step
       replaces the jitted one once its manifest matches this setup and host.
+    command_line: The command line the run's row of run_info.jsonl records (the executor's
+      Invocation.command_line); None records sys.argv.
 
   Raises:
     TrainingFailure: a non-finite loss or state, or a failed save (one-line message).
@@ -245,7 +275,8 @@ def run(setup: Setup, job_dir: epath.Path,
       checkpointer.clean_up_for_training(start)
       try:
         outputs = _RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
-                              eval_sets=list(setup.eval_sets), jitted=jitted)
+                              eval_sets=list(setup.eval_sets), jitted=jitted,
+                              command_line=command_line)
       except OutputWriteError as e:
         raise TrainingFailure(f"{e}; {_write_advice(e.errno)}") from e
       # The health of the steps saved so far: from the rows of the verified checkpoints.

@@ -15,6 +15,7 @@ import sys
 
 import jax
 from etils import epath
+from jax.experimental.compilation_cache import compilation_cache as jax_compilation_cache
 
 from lingvo_lite import outputs, paths
 from lingvo_lite.errors import UsageError, os_error_text
@@ -34,12 +35,23 @@ class CompilationCache:
   warning: str | None = None
 
   def configure(self) -> None:
-    """Points JAX at the folder (every compile cached), or says why there is none."""
+    """Points JAX at the folder (every compile cached), or turns JAX's cache off, and says why
+    there is none where the user should know.
+
+    Off means off: JAX also reads a folder from $JAX_COMPILATION_CACHE_DIR, and a program that
+    must not use the cache (compile: XLA:CPU cannot serialize an executable that came out of
+    it; the saved step would lose its kernels, "Function ... not found" when it runs) or a run
+    given --compilation_cache_dir= must not get it from there.
+    """
     if self.warning:
       print(f"lingvo_lite: warning: {self.warning}", file=sys.stderr, flush=True)
     if self.folder:
       jax.config.update("jax_compilation_cache_dir", self.folder)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_enable_compilation_cache", bool(self.folder))
+    # JAX decides at a process's first compile whether it uses its cache, and keeps to that
+    # answer; whatever compiled before this (building the Setup) must not decide it.
+    jax_compilation_cache.reset_cache()
 
 
 def choose(value: str, given: bool, used: bool, job_dir: epath.Path | None) -> CompilationCache:
@@ -59,7 +71,8 @@ def choose(value: str, given: bool, used: bool, job_dir: epath.Path | None) -> C
     outputs.refuse_inside_checkpoints(path, f"--compilation_cache_dir={value}", job_dir)
   problem = None if paths.is_remote(str(path)) else _unwritable_folder(path)
   if problem is None:
-    return CompilationCache(folder=os.fspath(path))
+    # A program that does not use the cache still refuses a bad folder given to it, alike.
+    return CompilationCache(folder=os.fspath(path) if used else None)
   if given:
     raise UsageError(f"--compilation_cache_dir={value}: {problem}; {_FIX}")
   return CompilationCache(warning=(

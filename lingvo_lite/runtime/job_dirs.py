@@ -1,13 +1,14 @@
 """What a job directory must look like before a program reads or writes it.
 
 A training run creates its job dir and writes `config.*`, `checkpoints/`, metrics and
-summaries there; eval writes under `JOB/eval/`; other modes only read. A path that cannot
-serve would otherwise fail late: after compiling, after the evaluation, inside orbax's
-background save thread, in TensorBoard's writer, or after minutes of orbax time-outs. These
-checks run first, so the user gets one line before any device time, and nothing on disk
-changes.
+summaries there; eval writes under `JOB/eval/`; other programs only read, or write a folder
+of their own. Each program declares what it does with the job dir (`JobFiles`, its module's
+`JOB_FILES`), and `check` knows nothing else about it. A path that cannot serve would
+otherwise fail late: after compiling, after the evaluation, inside orbax's background save
+thread, in TensorBoard's writer, or after minutes of orbax time-outs. These checks run first,
+so the user gets one line before any device time, and nothing on disk changes.
 
-Every path the mode will create or write is checked, not only the job dir's top level (a
+Every path the program will create or write is checked, not only the job dir's top level (a
 `summaries/train` or `eval/summaries` that is a file fails only once the work is done), and
 so are: symlinks that lead nowhere (a missing target or a loop), names and paths longer than
 the file system takes, and folders that look writable but are not. `access()` answers yes to
@@ -21,6 +22,7 @@ way to it (no network, no credentials, an unsupported file system) is one line.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
@@ -30,36 +32,47 @@ from etils import epath
 from lingvo_lite import outputs, paths
 from lingvo_lite.data import tensorflow_import
 from lingvo_lite.errors import UsageError
-from lingvo_lite.runtime import lock as job_lock
 
-# Modes that write a job dir (and create it if missing); the others need an existing one.
-WRITING_MODES = ("train", "compile")
 FOLDER, FILE = "folder", "file"
-# What every mode may read, relative to the job dir: checked for its kind where present.
-# `stacks/` too: every mode with a config writes its stack dumps there on SIGUSR1
+# What every program may read, relative to the job dir: checked for its kind where present.
+# `stacks/` too: every program with a config writes its stack dumps there on SIGUSR1
 # (stack_dumps.py).
 _READ = (("config.json", FILE), ("checkpoints", FOLDER), ("stacks", FOLDER))
-# What each mode creates or writes, parents before children: checked for its kind where
-# present and for being writable, and where missing, its nearest existing folder is tested.
-_WRITTEN = {
-    "train": (("checkpoints", FOLDER), ("summaries", FOLDER), ("summaries/train", FOLDER),
-              ("config.json", FILE), ("config.txt", FILE), ("metrics.jsonl", FILE),
-              ("run_info.jsonl", FILE), ("stacks", FOLDER), (job_lock.LOCK_NAME, FILE)),
-    "eval": (("eval", FOLDER), ("eval/summaries", FOLDER), ("eval/evaluated.json", FILE),
-             (f"eval/{job_lock.LOCK_NAME}", FILE)),
-    "report": (("report", FOLDER), ("report/index.html", FILE), ("report/compare.html", FILE),
-               ("report/config.svg", FILE), ("report/.verified.json", FILE)),
-    "compile": (("compile", FOLDER), ("compile/report.txt", FILE),
-                ("compile/report.json", FILE)),
-}
-# Checked for their kind only: decode writes JOB/decode/ only when its completions go there
-# (not with --decode_out), so the decode program checks that it can write there itself
-# (lingvo_lite/decode/records.py); a read-only job dir serves a decode to stdout.
-_KIND_ONLY = {"decode": (("decode", FOLDER),)}
-# Written by train when train.profile_start_step >= 0: jax's trace, under the run's
-# TensorBoard folder (programs/train.py).
-_PROFILE = (("summaries/train/plugins", FOLDER), ("summaries/train/plugins/profile", FOLDER))
-# Bytes below the job dir of the deepest file a writing mode creates: orbax's temporary step
+Member = tuple[str, str]  # (path relative to the job dir, FOLDER or FILE)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFiles:
+  """What a program does with a job dir: what `check` makes sure it can do.
+
+  Attributes:
+    creates: It writes into the job dir itself and creates it where missing (train,
+      compile); a program that does not needs an existing job dir.
+    written: What it creates or writes, parents before children: checked for its kind where
+      present and for being writable, and where missing, its nearest existing folder is
+      tested.
+    kind_only: What it may write, but checks it can write itself, where it decides to (decode
+      writes JOB/decode/ only when its completions go there): checked for its kind only.
+    eval_sets_under: Where it writes each eval set's rows and summaries, relative to the job
+      dir ("" for the job dir itself, "eval/"); None where it writes none. The sets are named
+      by the built config, so the executor checks again once it has them.
+    when_profiling: What it writes when the config asks for a profiler trace
+      (train.profile_start_step >= 0; known once the config is built, as the eval sets).
+  """
+
+  creates: bool = False
+  written: tuple[Member, ...] = ()
+  kind_only: tuple[Member, ...] = ()
+  eval_sets_under: str | None = None
+  when_profiling: tuple[Member, ...] = ()
+
+  @property
+  def depend_on_config(self) -> bool:
+    """What it writes depends on the built config (its eval sets, its profiling)."""
+    return self.eval_sets_under is not None or bool(self.when_profiling)
+
+
+# Bytes below the job dir of the deepest file a writing program creates: orbax's temporary step
 # folder and data files (`checkpoints/12.orbax-checkpoint-tmp-1700000000123/default/
 # ocdbt.process_0/d/<32 hex>`, about 110) or a TensorBoard event file, whose name holds the
 # host name (up to 64 bytes, about 150 in all).
@@ -67,37 +80,37 @@ _DEEPEST_WRITE = 160
 _MISSING, _DANGLING, _LOOP = "missing", "a symlink whose target does not exist", "a symlink loop"
 
 
-def check(job_dir: epath.Path, mode: str, as_written: str, profile: bool = False,
+def check(job_dir: epath.Path, files: JobFiles, as_written: str, profile: bool = False,
           eval_sets: tuple[str, ...] = ()) -> None:
-  """Raises UsageError when `job_dir` cannot serve as the job dir of `mode`.
+  """Raises UsageError when `job_dir` cannot serve a program that does `files` with it.
 
   Args:
     job_dir: The resolved path.
-    mode: The program about to run.
+    files: What the program about to run does with it (its module's JOB_FILES).
     as_written: The flag's value as the user gave it, for the message.
-    profile: The run writes a profiler trace under `JOB/summaries/train` (train only); known
-      once the config is built, so the executor checks again then.
-    eval_sets: The names of the eval sets, whose files train and eval write (known once the
-      config is built, as `profile`).
+    profile: The run writes a profiler trace (`files.when_profiling`); known once the config
+      is built, so the executor checks again then.
+    eval_sets: The names of the eval sets, whose files the program writes under
+      `files.eval_sets_under` (known once the config is built, as `profile`).
   """
   flag = f"--job_log_dir={as_written}"
-  written = list(_WRITTEN.get(mode, ()))
-  if profile and mode in WRITING_MODES:
-    written.extend(_PROFILE)
-  root = {"train": "", "eval": "eval/"}.get(mode)
+  written = list(files.written)
+  if profile:
+    written.extend(files.when_profiling)
+  root = files.eval_sets_under
   for name in eval_sets if root is not None else ():
     written += [(f"{root}summaries/eval_{name}", FOLDER), (f"{root}eval_{name}.jsonl", FILE)]
-  members = list(dict.fromkeys([*_READ, *_KIND_ONLY.get(mode, ()), *written]))  # Each once.
+  members = list(dict.fromkeys([*_READ, *files.kind_only, *written]))  # Each once.
   if paths.is_remote(str(job_dir)):
-    _check_remote(job_dir, mode, flag, members)
+    _check_remote(job_dir, files.creates, flag, members)
   else:
-    _check_local(os.fspath(job_dir), mode, flag, members, {name for name, _ in written})
+    _check_local(os.fspath(job_dir), files.creates, flag, members, {name for name, _ in written})
 
 
 # ----------------------------------------------------------------------------- local
 
 
-def _check_local(job_dir: str, mode: str, flag: str, members: list[tuple[str, str]],
+def _check_local(job_dir: str, creates: bool, flag: str, members: list[Member],
                  written: set[str]) -> None:
   ancestor = _nearest_existing(job_dir)
   _check_lengths(job_dir, ancestor, flag, _DEEPEST_WRITE if written else 0)
@@ -108,11 +121,11 @@ def _check_local(job_dir: str, mode: str, flag: str, members: list[tuple[str, st
     raise UsageError(f"{flag}: is a file, not a folder; give the job's folder (training "
                      "creates it if missing)")
   if kind == _MISSING:
-    if mode not in WRITING_MODES:
+    if not creates:
       raise UsageError(f"{flag}: no such folder; give the --job_log_dir of a training run")
     _check_creatable(ancestor, flag)
     return
-  if mode in WRITING_MODES and not os.access(job_dir, os.W_OK | os.X_OK):
+  if creates and not os.access(job_dir, os.W_OK | os.X_OK):
     raise _not_writable(job_dir, flag, "write in")
   to_create = []  # The nearest existing folder of each missing path that will be written.
   for name, wanted in members:
@@ -162,7 +175,7 @@ def _nearest_existing(path: str) -> str:
 
 
 def _check_lengths(job_dir: str, ancestor: str, flag: str, deepest: int) -> None:
-  """Each name and the whole path (with what the mode writes below it) within the limits of
+  """Each name and the whole path (with what the program writes below it) within the limits of
   the file system they are on, which would fail with ENAMETOOLONG only at the first write."""
   name_max = _pathconf(ancestor, "PC_NAME_MAX")
   path_max = _pathconf(ancestor, "PC_PATH_MAX")
@@ -215,8 +228,8 @@ def _not_writable(path: str, flag: str, action: str) -> UsageError:
 # ----------------------------------------------------------------------------- remote
 
 
-def _check_remote(job_dir: epath.Path, mode: str, flag: str,
-                  members: list[tuple[str, str]]) -> None:
+def _check_remote(job_dir: epath.Path, creates: bool, flag: str,
+                  members: list[Member]) -> None:
   """The kind checks through epath; a failure to reach the store is one line."""
   try:
     # Where TensorFlow is installed, epath reaches gs:// and s3:// through tf.io.gfile:
@@ -235,7 +248,7 @@ def _check_remote(job_dir: epath.Path, mode: str, flag: str,
     raise UsageError(f"{flag}: is a file, not a folder; give the job's folder (training "
                      "creates it if missing)")
   if not exists:
-    if mode not in WRITING_MODES:
+    if not creates:
       raise UsageError(f"{flag}: no such folder; give the --job_log_dir of a training run")
     return
   for name, wanted in members:

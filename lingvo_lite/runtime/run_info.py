@@ -18,7 +18,7 @@ import platform
 import socket
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from etils import epath
 
@@ -30,13 +30,6 @@ FILE_NAME = "run_info.jsonl"
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "fiddle", "orbax-checkpoint", "numpy",
              "tensorflow", "seqio", "tensorstore")
 _CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lingvo_lite.__file__)))
-# The command line as the executor parsed it (sys.argv, unless the executor ran in-process).
-_command_line: list[str] | None = None
-
-
-def set_command_line(argv: list[str]) -> None:
-  global _command_line
-  _command_line = list(argv)
 
 
 def _version(package: str) -> str | None:
@@ -58,8 +51,13 @@ def _git(*args: str) -> str | None:
 
 
 def collect(start_step: int, devices: list[Any], mesh_shape: dict[str, int],
-            process_count: int, experiment: str | None) -> dict[str, Any]:
-  """The row of this start: time, command, versions, code, host, devices, mesh."""
+            process_count: int, experiment: str | None,
+            argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """The row of this start: time, command, versions, code, host, devices, mesh.
+
+  `argv` is the command line as the executor parsed it (the program's Invocation carries it:
+  in-process runs have no sys.argv of their own); None records this process's sys.argv.
+  """
   commit = _git("rev-parse", "HEAD")
   status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
   first = devices[0]
@@ -67,7 +65,7 @@ def collect(start_step: int, devices: list[Any], mesh_shape: dict[str, int],
       "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "start_step": int(start_step),
       "experiment": experiment,
-      "argv": list(_command_line if _command_line is not None else sys.argv),
+      "argv": list(argv if argv is not None else sys.argv),
       "versions": {"python": platform.python_version(), "lingvo_lite": _version("lingvo_lite"),
                    **{name: _version(name) for name in _PACKAGES}},
       "git_commit": commit,

@@ -6,15 +6,20 @@ import os
 import pytest
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import paths, programs
 from lingvo_lite.errors import UsageError
 from lingvo_lite.runtime import job_dirs
 from lingvo_lite.testing import tree_digest
 
 
+def _files(mode):
+  """What the program of `mode` does with a job dir, as its module declares it."""
+  return programs.PROGRAMS[mode].job_files
+
+
 def _refused(job_dir, mode="train", profile=False, message=""):
   with pytest.raises(UsageError) as error:
-    job_dirs.check(epath.Path(job_dir), mode, str(job_dir), profile=profile,
+    job_dirs.check(epath.Path(job_dir), _files(mode), str(job_dir), profile=profile,
                    eval_sets=("validation", "held_out"))
   text = str(error.value)
   assert text.startswith(f"--job_log_dir={job_dir}: ") and "\n" not in text, text
@@ -62,6 +67,33 @@ def test_remote_urls_are_kept():
 # ----------------------------------------------------------------------------- job_dirs.check
 
 
+# What each program creates or writes in a job dir (parents first), written out here as
+# job_dirs' own table held it before each program declared its own (JOB_FILES).
+_F, _D = job_dirs.FILE, job_dirs.FOLDER
+WRITTEN = {
+    "train": (("checkpoints", _D), ("summaries", _D), ("summaries/train", _D),
+              ("config.json", _F), ("config.txt", _F), ("metrics.jsonl", _F),
+              ("run_info.jsonl", _F), ("stacks", _D), (".lingvo_lite.lock", _F)),
+    "eval": (("eval", _D), ("eval/summaries", _D), ("eval/evaluated.json", _F),
+             ("eval/.lingvo_lite.lock", _F)),
+    "report": (("report", _D), ("report/index.html", _F), ("report/compare.html", _F),
+               ("report/config.svg", _F), ("report/.verified.json", _F)),
+    "compile": (("compile", _D), ("compile/report.txt", _F), ("compile/report.json", _F)),
+}
+
+
+def test_each_program_declares_what_it_writes_in_the_job_dir():
+  for name, program in programs.PROGRAMS.items():
+    files = program.job_files
+    assert files.written == WRITTEN.get(name, ()), name
+    assert files.creates == (name in ("train", "compile")), name
+    assert files.kind_only == ((("decode", _D),) if name == "decode" else ()), name
+    assert files.eval_sets_under == {"train": "", "eval": "eval/"}.get(name), name
+    assert files.when_profiling == ((
+        ("summaries/train/plugins", _D), ("summaries/train/plugins/profile", _D))
+        if name == "train" else ()), name
+
+
 @pytest.fixture(name="job")
 def fixture_job(tmp_path):
   """A job dir as training leaves it."""
@@ -78,14 +110,14 @@ def fixture_job(tmp_path):
 @pytest.mark.parametrize("mode", ["train", "eval", "print"])
 def test_a_trained_job_serves_every_mode_and_stays_as_it_was(job, mode):
   before = tree_digest(job.parent)
-  job_dirs.check(epath.Path(job), mode, str(job), profile=mode == "train",
+  job_dirs.check(epath.Path(job), _files(mode), str(job), profile=mode == "train",
                  eval_sets=("validation", "held_out"))
   assert tree_digest(job.parent) == before  # The creatability probe is gone again.
 
 
 def test_a_new_job_dir_is_checked_where_it_would_be_created(tmp_path):
   before = tree_digest(tmp_path)
-  job_dirs.check(epath.Path(tmp_path / "a" / "b"), "train", "a/b")
+  job_dirs.check(epath.Path(tmp_path / "a" / "b"), _files("train"), "a/b")
   assert tree_digest(tmp_path) == before and not os.listdir(tmp_path)
   _refused(tmp_path / "missing", mode="eval", message="no such folder")
 
@@ -116,7 +148,7 @@ def test_every_folder_a_mode_creates_must_not_be_a_file(job, mode, relative, pro
 def test_profile_is_checked_only_when_the_run_profiles(job):
   (job / "summaries" / "train").mkdir(parents=True, exist_ok=True)
   (job / "summaries" / "train" / "plugins").write_text("x")
-  job_dirs.check(epath.Path(job), "train", str(job))
+  job_dirs.check(epath.Path(job), _files("train"), str(job))
 
 
 @pytest.mark.parametrize("relative", ["eval/eval_held_out.jsonl", "eval/evaluated.json",
@@ -142,7 +174,7 @@ def test_symlinks_that_lead_nowhere_are_refused(tmp_path, job):
   _refused(job, mode="eval", message="checkpoints is a symlink whose target does not exist")
   (job / "checkpoints").unlink()
   (job / "checkpoints").symlink_to(tmp_path / "moved")  # A link to a folder is fine.
-  job_dirs.check(epath.Path(job), "train", str(job))
+  job_dirs.check(epath.Path(job), _files("train"), str(job))
 
 
 def test_names_and_paths_longer_than_the_file_system_takes_are_refused(tmp_path):

@@ -1,6 +1,7 @@
 """JOB/run_info.jsonl: a row per train start, taken back whole when the run fails."""
 
 import errno
+import sys
 
 import jax
 import pytest
@@ -21,6 +22,16 @@ def test_a_row_names_the_code_the_host_and_the_devices():
   # This checkout is a git repository (a clean clone in CI; Bazel's runfiles are not).
   if row["git_commit"] is not None:
     assert len(row["git_commit"]) == 40 and isinstance(row["git_dirty"], bool)
+
+
+def test_the_command_line_is_the_one_given_else_this_process_argv(monkeypatch):
+  """The executor passes the command line it parsed (Invocation.command_line), which an
+  in-process run (tests, tools) has apart from sys.argv; no module keeps it meanwhile."""
+  monkeypatch.setattr(sys, "argv", ["/bin/tool", "--own"])
+  given = ["lingvo_lite", "--mode=train", "--fdl.train.steps=3"]
+  assert run_info.collect(0, jax.devices(), {}, 1, None, given)["argv"] == given
+  assert _row(0)["argv"] == ["/bin/tool", "--own"]
+  assert not [name for name in vars(run_info) if "command" in name.lower()]
 
 
 def test_rollback_restores_the_file_byte_for_byte(tmp_path):

@@ -8,11 +8,12 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
-from lingvo_lite import testing
+from lingvo_lite import programs, testing
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import train as train_program
 from lingvo_lite.runtime import job_dirs, stack_dumps
@@ -139,10 +140,22 @@ def test_one_dump_per_stall_none_while_excused_and_periodic_dumps(tmp_path, caps
   assert capsys.readouterr().err.count("periodic stack dump (watchdog.interval_seconds=60)") == 2
 
 
-def _sleeping_train_step(folder, deadline):
-  """A train step that hangs: sleeps until the watchdog has written its dump."""
-  while not _dumps(folder) and time.time() < deadline:
-    time.sleep(0.05)
+def _sleeping_train_step(folder, seconds):
+  """A train step that hangs: blocked on one line until the watchdog has written its dump.
+
+  Another thread looks for the dump, so that whenever the watchdog takes its stacks, this
+  thread is on that line (a loop here would sometimes be caught listing the folder).
+  """
+  dumped = threading.Event()
+
+  def look_for_the_dump():
+    while not _dumps(folder) and not dumped.is_set():
+      time.sleep(0.05)
+    dumped.set()
+
+  threading.Thread(target=look_for_the_dump, daemon=True).start()
+  dumped.wait(seconds)  # The hung step.
+  dumped.set()
   time.sleep(1.0)  # Three more stall limits: still one dump.
 
 
@@ -152,13 +165,13 @@ def test_a_step_made_to_sleep_is_dumped_with_its_frame(tmp_path, capsys):
   with Watchdog(settings, folder, process_count=1, poll_seconds=0.05) as watchdog:
     for _ in range(3):
       watchdog.step_done()
-    _sleeping_train_step(folder, time.time() + 20)
+    _sleeping_train_step(folder, 20)
   [name] = _dumps(folder)
   text = (folder / name).read_text()
   main = _main_thread(_section(text, "Python stacks of every thread"))
   # Most recent call last: the sleep inside the step, called from this test.
   assert main.index("test_a_step_made_to_sleep_is_dumped_with_its_frame") < main.index(
-      "in _sleeping_train_step") < main.index("time.sleep(0.05)"), main
+      "in _sleeping_train_step") < main.index("dumped.wait(seconds)"), main
   assert "Thread 'lingvo_lite-watchdog'" in text and "this thread, writing the dump" in text
   assert f"pid: {os.getpid()}" in text and f"host: {socket.gethostname()}" in text
   assert "== Native stacks (py-spy dump --native" in text
@@ -225,7 +238,7 @@ def test_a_file_named_stacks_is_one_line_in_every_mode(tmp_path):
   (tmp_path / "stacks").write_text("")
   for mode in ("train", "eval", "decode"):
     with pytest.raises(UsageError) as error:
-      job_dirs.check(tmp_path, mode, "job")
+      job_dirs.check(tmp_path, programs.PROGRAMS[mode].job_files, "job")
     assert str(error.value) == (f"--job_log_dir=job: {tmp_path / 'stacks'} is a file, not a "
                                 "folder; move it away, or use another --job_log_dir")
 

@@ -1,15 +1,15 @@
 """Ahead-of-time compilation of the decode functions for a target, and their report.
 
 `--mode=compile --compile_program=decode` compiles what the generator runs (the jitted
-functions of decode_steps.DecodeSteps, with its shardings), lowered from shapes: the generate
+functions of decode/jitted.DecodeSteps, with its shardings), lowered from shapes: the generate
 loop, and the prefill at the largest prompt bucket (the one that holds the most memory:
 its activations grow with the bucket, the state does not change). Each function's need per
 device is counted by the rule of the train step's verdict (compile_report.deciding); the
 larger of the two is the peak, and it is compared with the target's memory per device.
-The state both functions hold is the decode state (decoding.DecodeState), mostly the KV
-cache ([slots, kv_heads, cache_length, head_dim] per layer), sharded with the slots over the
-data-parallel axes and the heads over `tensor`: its bytes per device are counted from that
-sharding, beside the parameters'.
+The state both functions hold is the decode state (decoding.DecodeState), mostly the model's
+KV cache (the transformer families': [slots, kv_heads, cache_length, head_dim] per layer),
+sharded with the slots over the data-parallel axes and the heads over `tensor`: its bytes per
+device are counted from that sharding, beside the parameters'.
 
 report.json, schema "lingvo_lite.compile_report/1" (the train report's target, mesh,
 parameters, verdict, margin and largest_buffers, and):
@@ -23,7 +23,7 @@ parameters, verdict, margin and largest_buffers, and):
   memory:     deciding (the larger function's: the peak per device), deciding_function,
               deciding_rule, source, available
   kv_cache:   bytes_per_device (this device's shard of the keys and values), bytes_total
-              (models/kv_cache.num_bytes), shape and shard_shape of one layer's keys
+              (the model family's cache_bytes), shape and shard_shape of one layer's keys
               ([slots, kv_heads, cache_length, head_dim]; with scanned layers, all layers'
               stacked), dtype
   analytic:   by_part (the generate loop's arguments per device: parameters, kv_cache,
@@ -48,7 +48,6 @@ import numpy as np
 from lingvo_lite import target as targets
 from lingvo_lite.decode.jitted import DecodeSteps
 from lingvo_lite.experiment import Setup
-from lingvo_lite.models import kv_cache
 from lingvo_lite.programs.compile import aot, max_batch, report as compile_report
 from lingvo_lite.programs.compile.report import DOES_NOT_FIT, FITS, UNKNOWN, gib
 
@@ -117,7 +116,7 @@ def kv_cache_bytes(state: Any, model: Any, slots: int, cache_length: int) -> dic
   leaves = jax.tree.leaves(state.cache)
   keys = leaves[0]  # One layer's keys (unrolled), or every layer's (scanned).
   return {"bytes_per_device": sum(map(compile_report.shard_bytes, leaves)),
-          "bytes_total": kv_cache.num_bytes(model, slots, cache_length),
+          "bytes_total": model.cache_bytes(slots, cache_length),
           "shape": list(keys.shape), "shard_shape": list(keys.sharding.shard_shape(keys.shape)),
           "dtype": np.dtype(keys.dtype).name}
 

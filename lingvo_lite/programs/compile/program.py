@@ -14,23 +14,72 @@ Exit code 3 when the step (or a decode function) does not fit the target's memor
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Literal
 
 from etils import epath
 
-from lingvo_lite import outputs, paths
+from lingvo_lite import outputs, paths, target as targets, topologies
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
+from lingvo_lite.programs.options import option
 from lingvo_lite.programs.compile import (aot, compiled_steps, decode as decode_compile, max_batch,
                                           report as compile_report)
 from lingvo_lite.runtime import summaries
+from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 
 EXIT_DOES_NOT_FIT = 3
 
 
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The flags of --mode=compile, and the target they name."""
+
+  compile_topology: str | None = option(
+      None, "What --mode=compile compiles for: cpu:N (N virtual CPU devices), local (this "
+      "host's devices), or a TPU slice (v4-8, v5e-8, v5e-256, v5p-128, v6e-8, ...; needs "
+      "lingvo_lite[tpu]). The number counts TensorCores on v4/v5p, chips on v5e/v6e.",
+      non_empty=True)
+  compile_num_slices: int = option(
+      1, "TPU slices joined over the data-center network (multi-slice; the mesh's dcn axes "
+      "span them).")
+  compile_program: Literal["train", "eval", "decode"] = option(
+      "train", "What to compile: the train step, the eval step, or the decode functions (the "
+      "generate loop and the largest prefill bucket, with decode.slots and "
+      "decode.cache_length).")
+  compile_find_max_batch: bool = option(
+      False, "Also find the largest per-device batch that fits (with "
+      "--compile_program=decode: the largest decode.slots); two compiles fit a line, then the "
+      "prediction is confirmed.")
+  compile_remat_policies: list[str] = option(
+      [], "With --compile_find_max_batch: the remat policies to search, as a table (e.g. "
+      "none,full).", non_empty=True)
+  compiled_step_out: str | None = option(
+      None, "--mode=compile: write the compiled train step and its manifest to this folder.")
+
+  def cpu_devices(self) -> int | None:
+    """The CPU devices `--compile_topology=cpu:N` needs (None for other topologies): JAX fixes
+    their number when its backend starts, so the executor asks before anything runs."""
+    return topologies.cpu_devices(self.compile_topology or "")
+
+  def target(self) -> targets.Target:
+    """What the program compiles for (the executor makes it the active target)."""
+    if not self.compile_topology:
+      raise UsageError("--compile_topology: required for --mode=compile; e.g. "
+                       f"--compile_topology=v5e-8 (known: {topologies.known_names()})")
+    return targets.compile_target(self.compile_topology, self.compile_num_slices)
+
+
+# The report under JOB/compile/; a job dir that is not there yet is created for it.
+JOB_FILES = JobFiles(creates=True, written=(
+    ("compile", FOLDER), ("compile/report.txt", FILE), ("compile/report.json", FILE)))
+
+
 def main(invocation: Invocation) -> int | None:
-  options, setup, target = invocation.options, invocation.setup, invocation.target
-  program = options["compile_program"]
+  options: Options = invocation.options
+  setup, target = invocation.setup, invocation.target
+  program = options.compile_program
   changes = invocation.config_changes()
   if changes:  # JOB/compile/ would describe another model than the job's.
     raise UsageError(
@@ -40,30 +89,30 @@ def main(invocation: Invocation) -> int | None:
   if program == "eval" and setup.eval_data is None:
     raise UsageError("--compile_program=eval: this config has no eval_data; compile the "
                      "train step or set eval_data")
-  if options["compile_remat_policies"] and program == "decode":
+  if options.compile_remat_policies and program == "decode":
     raise UsageError("--compile_remat_policies: the decode functions take no gradients, so "
                      "remat changes nothing there; drop it (or compile the train step)")
-  if options["compile_remat_policies"] and not options["compile_find_max_batch"]:
+  if options.compile_remat_policies and not options.compile_find_max_batch:
     raise UsageError("--compile_remat_policies: only searched with --compile_find_max_batch; "
                      "add it, or set one policy with --fdl.model.remat_policy=NAME")
-  policies = max_batch.check_policies(options["compile_remat_policies"])
-  if options["compiled_step_out"] and program != "train":
+  policies = max_batch.check_policies(options.compile_remat_policies)
+  if options.compiled_step_out and program != "train":
     raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
                      f"drop --compile_program={program}")
-  step_out = compiled_steps.check_out_path(options["compiled_step_out"], invocation.job_dir)
+  step_out = compiled_steps.check_out_path(options.compiled_step_out, invocation.job_dir)
   if invocation.job_dir is None:  # The report goes to stdout alone.
     outputs.check_stdout("--mode=compile", "run it with stdout open, or pass --job_log_dir=JOB "
                          "to write the report to JOB/compile/")
   if program == "decode":
     result = decode_compile.compile_decode(setup, target)
     report = decode_compile.build(result)
-    if options["compile_find_max_batch"]:
+    if options.compile_find_max_batch:
       report["max_slots"] = decode_compile.search_slots(setup, target, result)
     text = decode_compile.to_text(report)
   else:
     result = aot.compile_step(setup, target, program)
     report = compile_report.build(result)
-    if options["compile_find_max_batch"]:
+    if options.compile_find_max_batch:
       report["max_batch"] = max_batch.search(setup, target, program, policies, result)
     text = compile_report.to_text(report)
   printed = _print_report(text)
@@ -93,16 +142,16 @@ def _write_outputs(invocation: Invocation, step_out: outputs.FolderOutput | None
   """The saved step (of a step that fits), then JOB/compile/report.{json,txt}: a step folder
   that fails leaves the job's report as it was, and a failed report removes the folder it
   created."""
-  options = invocation.options
-  what = "the compiled step to " + str(options["compiled_step_out"])
+  options: Options = invocation.options
+  what = "the compiled step to " + str(options.compiled_step_out)
   try:
     if step_out is not None and result.executable is not None and fits:
       replaced = compiled_steps.save(step_out, result)
       done = (f"replaced the compiled step lingvo_lite wrote earlier in "
-              f"{options['compiled_step_out']}" if replaced else
-              f"compiled step saved to {options['compiled_step_out']}")
+              f"{options.compiled_step_out}" if replaced else
+              f"compiled step saved to {options.compiled_step_out}")
       summaries.log(f"{done} (load with --mode=train --compiled_step_in="
-                    f"{options['compiled_step_out']})", True)
+                    f"{options.compiled_step_out})", True)
     elif step_out is not None:
       summaries.log("no compiled step saved: the step does not fit the target", True)
     if invocation.job_dir is not None:
