@@ -1,11 +1,11 @@
 """Whether a program's arrays fit this host's devices, judged from shapes before allocating.
 
-A config can be valid and still far too large for the machine at hand: Llama-7B's float32
-parameters, gradients and Adam moments are 108 GB; the attention scores of one 30,000-token
-sequence are 3.6 GB per head. Allocating it anyway fails late, as an out-of-memory abort in
-C++ (or, on a CPU host, by swapping the machine to a halt), after compiling or after training.
-The train and eval programs ask here first and refuse with one line naming the sizes and the
-fixes.
+A config can be valid and still far too large for the machine at hand: the float32 parameters,
+gradients and Adam moments of a 6.7B-parameter model are 108 GB; the attention scores of one
+30,000-token sequence are 3.6 GB per head. Allocating it anyway fails late, as an
+out-of-memory abort in C++ (or, on a CPU host, by swapping the machine to a halt), after
+compiling or after training. The train, eval and decode programs ask here first and refuse
+with one line naming the sizes and the fixes.
 
 The count is a lower bound, per device, at the program's largest step:
 - training: each device's shard of the parameters, their gradients and the optimizer's
@@ -14,13 +14,14 @@ The count is a lower bound, per device, at the program's largest step:
 - an evaluation (the eval program's, or the one a training run does): the parameters (and,
   within training, the moments) plus the eval step's activations.
 The activations counted are the int32/float32 batch, the float32 logits of the rows one step
-computes (a micro-batch in training), and, for the written-out "einsum" attention, one layer's
-float32 attention scores (rows x heads x length x length): every layer materializes them,
-so at least one layer's worth is live. Other activations, which remat policies trade, are
-not counted, nor are the scores of jax.nn.dot_product_attention ("xla", "cudnn"), which XLA
-or the kernel may never hold whole. A CPU's devices share the host's RAM, so
-their needs add up; an accelerator is compared with its own memory
-(`memory_stats()["bytes_limit"]`).
+computes (a micro-batch in training), and, where the model's family holds them (the written-
+out "einsum" attention), one layer's float32 attention scores (rows x heads x length x length
+for the transformer families: `attention_scores_shape`): every layer materializes them, so at
+least one layer's worth is live. Other activations, which remat policies trade, are not
+counted, nor are the scores of jax.nn.dot_product_attention ("xla", "cudnn"), which XLA or the
+kernel may never hold whole. The decode program's bound counts the KV cache as the family
+sizes it (`cache_bytes`). A CPU's devices share the host's RAM, so their needs add up; an
+accelerator is compared with its own memory (`memory_stats()["bytes_limit"]`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import os
 from typing import Any, Callable
 
 import jax
-import numpy as np
 
 from lingvo_lite import target as targets
 from lingvo_lite.errors import UsageError
@@ -94,10 +94,8 @@ def _step_bytes(setup: Setup, data: Any, rows: int, shard) -> tuple[int, int]:
   batch = (12 * shard((data.global_batch_size, length), ("batch", "length"))
            + 4 * shard((rows, length, setup.model.vocab_size), ("batch", "length", "vocab")))
   attention = 0
-  if setup.model.attention_implementation == "einsum":
-    # float32 scores, "bhts" (see models/layers.py), as the einsum writes them out.
-    attention = 4 * shard((rows, setup.model.num_heads, length, length),
-                          ("batch", "heads", "length", None))
+  if setup.model.holds_attention_scores:
+    attention = 4 * shard(*setup.model.attention_scores_shape(rows, length))
   return batch, attention
 
 
@@ -169,6 +167,38 @@ def _gib(n: int) -> str:
   raise AssertionError("unreachable")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Memory:
+  """What this process's devices hold, as every check compares a need with it.
+
+  Attributes:
+    copies: How many devices' needs share `available` (a CPU's devices share the host's RAM;
+      an accelerator has its own).
+    available: Bytes the devices can hold, or None where the runtime does not say.
+    holder: Whose memory it is, for a message: "this host's RAM for 8 CPU device(s)" or
+      "each NVIDIA H200".
+    on_host: Whether it is the host's RAM.
+  """
+
+  copies: int
+  available: int | None
+  holder: str
+  on_host: bool
+
+  def fits(self, per_device: int) -> bool:
+    return self.available is None or per_device * self.copies <= self.available
+
+
+def _local_memory() -> _Memory:
+  devices = jax.local_devices()
+  if devices[0].platform == "cpu":
+    return _Memory(len(devices), host_available_bytes(),
+                   f"this host's RAM for {len(devices)} CPU device(s)", on_host=True)
+  limits = [limit for limit in map(targets.device_limit_bytes, devices) if limit]
+  return _Memory(1, min(limits) if limits else None, f"each {devices[0].device_kind}",
+                 on_host=False)
+
+
 def check_fits(setup: Setup) -> None:
   """Raises UsageError when training `setup` cannot fit this process's devices."""
   _check(setup, per_device_need, "training")
@@ -181,19 +211,14 @@ def check_eval_fits(setup: Setup) -> None:
 
 
 def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) -> None:
-  devices = jax.local_devices()
+  memory = _local_memory()
   need = need_of(setup, targets.current().num_devices)
-  if devices[0].platform == "cpu":
-    copies, available = len(devices), host_available_bytes()
-    where = (f"this host's RAM for {len(devices)} CPU device(s)", f"{_gib(available or 0)} "
-             "is available")
-  else:
-    limits = [limit for limit in map(targets.device_limit_bytes, devices) if limit]
-    copies, available = 1, min(limits) if limits else None
-    where = (f"each {devices[0].device_kind}", f"it has {_gib(available or 0)}")
-  needed = need.total * copies
-  if available is None or needed <= available:
+  if memory.fits(need.total):
     return
+  copies, available = memory.copies, memory.available
+  needed = need.total * copies
+  where = (memory.holder, f"{_gib(available)} is available" if memory.on_host
+           else f"it has {_gib(available)}")
   parts = [("parameters", need.parameters), ("gradients", need.gradients),
            ("optimizer moments", need.moments), ("batch and logits", need.batch),
            ("attention scores", need.attention)]
@@ -238,12 +263,10 @@ def decode_need(setup: Setup, num_devices: int) -> dict[str, int]:
   slots = settings.slots
   return {
       "parameters": _parameter_bytes(setup, shard),
-      "KV cache": 2 * model.num_layers * np.dtype(model.dtype).itemsize * shard(
-          (slots, model.resolved_num_kv_heads, length, model.resolved_head_dim),
-          ("batch", "heads", "length", "kv")),
+      "KV cache": model.cache_bytes(slots, length, shard),
       "tokens and log-probabilities": 8 * shard((slots, length), ("batch", "length")),
       "prefill scores and logits": 4 * (
-          shard((slots, model.num_heads, bucket, bucket), ("batch", "heads", "length", None))
+          shard(*model.attention_scores_shape(slots, bucket))
           + shard((slots, model.vocab_size), ("batch", "vocab"))),
   }
 
@@ -251,18 +274,14 @@ def decode_need(setup: Setup, num_devices: int) -> dict[str, int]:
 def check_decode_fits(setup: Setup) -> None:
   """Raises UsageError when the decode program's state cannot fit this process's devices,
   before any of it is allocated."""
-  devices = jax.local_devices()
+  memory = _local_memory()
   need = decode_need(setup, targets.current().num_devices)
-  if devices[0].platform == "cpu":
-    copies, available = len(devices), host_available_bytes()
-    where = f"this host's RAM for {len(devices)} CPU device(s) ({_gib(available or 0)} available)"
-  else:
-    limits = [limit for limit in map(targets.device_limit_bytes, devices) if limit]
-    copies, available = 1, min(limits) if limits else None
-    where = f"each {devices[0].device_kind} ({_gib(available or 0)})"
-  needed = sum(need.values()) * copies
-  if available is None or needed <= available:
+  if memory.fits(sum(need.values())):
     return
+  available = memory.available
+  needed = sum(need.values()) * memory.copies
+  where = (f"{memory.holder} ({_gib(available)} available)" if memory.on_host
+           else f"{memory.holder} ({_gib(available)})")
   settings = setup.decode
   breakdown = " + ".join(f"{name} {_gib(size)}" for name, size in need.items() if size)
   raise UsageError(

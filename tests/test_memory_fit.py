@@ -153,3 +153,18 @@ def test_activations_too_large_for_the_host_are_one_usage_error(monkeypatch, nam
   assert f"use a smaller {name}.global_batch_size or {name}.sequence_length" in text
   assert "use fewer layers" not in text  # The 0.13M parameters are not the problem.
   memory_fit.check_eval_fits(synthetic_tiny_setup())
+
+
+def test_the_decode_bound_counts_the_kv_cache_as_its_family_sizes_it():
+  """One count of the cache's bytes (the family's `cache_bytes`) for the decode program's
+  check and the compile report, here against keys and values counted by hand, whole and split
+  over 8 data-parallel devices (the slots) and over 2 tensor ones (the key/value heads)."""
+  setup = synthetic_tiny_setup("PyCodeLlamaTiny", "decode.slots=8", "decode.cache_length=48")
+  model = setup.model
+  layers, kv_heads, head_dim = model.num_layers, model.num_kv_heads, model.dim // model.num_heads
+  assert (layers, kv_heads, head_dim) == (2, 2, 16)
+  by_hand = 2 * layers * 8 * kv_heads * 48 * head_dim * 4  # keys and values, float32
+  assert memory_fit.decode_need(setup, 1)["KV cache"] == by_hand == model.cache_bytes(8, 48)
+  assert memory_fit.decode_need(setup, 8)["KV cache"] == by_hand // 8
+  tensor = dataclasses.replace(setup, partitioner=Partitioner(ici_data=4, ici_tensor=2))
+  assert memory_fit.decode_need(tensor, 8)["KV cache"] == by_hand // 8

@@ -29,8 +29,8 @@ class DecodeSettings:
     slots: Requests decoded at once (the decode batch); a finished slot takes the next
       request. Split over the data-parallel mesh axes.
     cache_length: Positions a request may reach: its prompt and new tokens together fit in
-      them (the model's family keeps their keys and values in its cache: every position, or
-      a sliding window's last few). None: model.max_length (the model's context).
+      them (the model's family keeps their keys and values in its cache: all of them, or only
+      the most recent ones it attends to). None: model.max_length (the model's context).
     prefill_buckets: Prompt lengths the prefill is compiled for, ascending; a prompt is padded
       to the smallest that holds it. None: powers of two from 16, and cache_length.
     max_new_tokens: Tokens to generate per request, unless the request says.

@@ -117,8 +117,8 @@ MAX_PARAMETERS = 1e14
 # Every family that has registered itself (by importing its module), by `family_name`.
 FAMILIES: dict[str, type[LanguageModel]] = {}
 
-# Elements of one device's shard of an array of `shape` with logical `axes` (memory_fit's
-# sharder); None counts the whole array.
+# Elements of one device's shard of an array of `shape` with logical `axes`, as memory_fit
+# counts them under the partitioner's rules.
 Sharder = Callable[[tuple[int, ...], tuple[str | None, ...]], int]
 
 
@@ -140,10 +140,6 @@ class ArrayShape:
   shape: tuple[int, ...]
   dtype: jnp.dtype
   repeats: int = 1
-
-  @property
-  def num_bytes(self) -> int:
-    return self.repeats * math.prod(self.shape) * jnp.dtype(self.dtype).itemsize
 
 
 class LanguageModel(nn.Module):

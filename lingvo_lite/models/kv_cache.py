@@ -22,12 +22,10 @@ slots over the data-parallel axes (`batch`), key/value heads over `tensor` (`hea
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec
 
 from lingvo_lite.models.family import ArrayShape
@@ -78,12 +76,6 @@ def empty(model: Any, slots: int, entries: int) -> KVCache:
 def logical_specs(model: Any) -> KVCache:
   return _per_layout(model, lambda: PartitionSpec("layers", *AXES),
                      lambda: PartitionSpec(*AXES))
-
-
-def num_bytes(model: Any, slots: int, cache_length: int) -> int:
-  """Bytes of the whole cache (keys and values of every layer), before sharding."""
-  return (2 * model.num_layers * math.prod(layer_shape(model, slots, cache_length))
-          * np.dtype(model.dtype).itemsize)
 
 
 def write_prefix(cache: KVCache, new: tuple[jax.Array, jax.Array], slots: jax.Array

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from lingvo_lite.models import kv_cache
 from lingvo_lite.testing import source_root, synthetic_tiny_setup
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
@@ -38,7 +37,7 @@ def _cache_bytes(slots: int, cache_length: int) -> int:
   layers, heads, head_dim = model.num_layers, model.resolved_num_kv_heads, model.resolved_head_dim
   assert (layers, heads, head_dim, model.dtype) == (2, 4, 16, "float32")
   total = 2 * layers * slots * heads * cache_length * head_dim * 4
-  assert total == kv_cache.num_bytes(model, slots, cache_length)
+  assert total == model.cache_bytes(slots, cache_length)
   return total
 
 
