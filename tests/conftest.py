@@ -7,10 +7,10 @@ keep that work once:
 
   - JAX's persistent compilation cache, `<cache>/jax`, for every test process and for the
     `python -m lingvo_lite` processes tests start (they inherit JAX_COMPILATION_CACHE_DIR). A
-    run given its own --compilation_cache_dir still uses that folder: JAX reads the variable as
-    its default, the executor sets the flag's folder before anything compiles, and in this
-    process a change of folder starts JAX's cache afresh (as a new process would), and the
-    shared folder comes back after the test.
+    run given its own --compilation_cache_dir uses that folder instead, and one given
+    --compilation_cache_dir= (or a program without the cache, compile) none: the executor
+    sets both before its program compiles, in this process as in a new one, and the shared
+    folder comes back after the test.
   - Trained jobs, `<cache>/jobs` (tests/trained_jobs.py): the `prepare_workdir` fixture.
 
 A test never depends on either being warm: a miss compiles or trains, as on a fresh machine.
@@ -118,12 +118,16 @@ def _fresh_jax_cache_on_each_folder_change():
     yield
     return
   state._update_global_hook = lambda value: compilation_cache.reset_cache()  # pylint: disable=protected-access
+  enabled = config.enable_compilation_cache.value  # A run without the cache turns it off.
   try:
     yield
   finally:
     if state.value != before:
       _jax_config().update("jax_compilation_cache_dir", before)
     state._update_global_hook = hook  # pylint: disable=protected-access
+    if config.enable_compilation_cache.value != enabled:
+      _jax_config().update("jax_enable_compilation_cache", enabled)
+      compilation_cache.reset_cache()
 
 
 # ----------------------------------------------------------------------------- trained jobs
@@ -145,3 +149,12 @@ def prepare_workdir():
     trained_jobs.copy_workdir(prepared, destination)
     return prepared.results
   return prepare
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory, prepare_workdir) -> pathlib.Path:
+  """A working directory of the module's own holding a copy of the shared tiny trained job at
+  `trained_jobs.TINY_JOB` (what `trained_jobs.TINY_TRAIN` trains)."""
+  workdir = tmp_path_factory.mktemp("tiny_job")
+  prepare_workdir([trained_jobs.TINY_TRAIN], workdir)
+  return workdir

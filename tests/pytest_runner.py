@@ -15,7 +15,9 @@ if __name__ == "__main__":
   # runfiles are symlinks; drop it so imports come only from the runfiles tree.
   if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
     del sys.path[0]
-  args = ["-p", "no:cacheprovider", "-q"] + sys.argv[1:]
+  # --durations: the slowest cases (fixtures included) at the end of test.log, where the time
+  # of a slow target is looked for first.
+  args = ["-p", "no:cacheprovider", "-q", "--durations=10"] + sys.argv[1:]
   xml = os.environ.get("XML_OUTPUT_FILE")
   if xml:
     args.append("--junitxml=" + xml)

@@ -1,6 +1,7 @@
 """The shared trained-job cache (tests/trained_jobs.py): an entry is made once and served after,
-a change to the code it ran or to its command lines makes a new one, an entry written into is
-made again, a failed command keeps nothing, and two processes asking at once make it once.
+longer command lists start from it, a change to the code it ran or to its command lines makes a
+new one, an entry written into is made again, a failed command keeps nothing, and two processes
+asking at once make it once.
 
 Each test runs the cache on a copy of the source tree, so it can change the code, and on a cache
 folder of its own. Training is the cheapest that leaves a job (one synthetic step); the tests of
@@ -52,12 +53,27 @@ def test_served_once_made_and_made_again_when_the_code_or_command_changes(root, 
   again = trained_jobs.prepare(COMMANDS, root, cache)
   assert again == first and _made(again) == _made(first)  # Served, not run again.
 
+  # Commands that extend these start from a copy of their entry: the training is not run
+  # again (a second run would print other timings), only the command after it.
+  longer = trained_jobs.prepare(COMMANDS + PRINT, root, cache)
+  assert longer.workdir != first.workdir and longer.results[0] == first.results[0]
+  assert "model.num_layers = 2" in longer.results[1].stdout
+  assert (trained_jobs.tree_digest(longer.workdir / "runs" / "one")
+          == trained_jobs.tree_digest(first.workdir / "runs" / "one"))
+  assert len(_entries(cache)) == 2
+  # And the first command of a list is kept on its own, for the lists that start with it.
+  other_cache = tmp_path / "other_cache"
+  two_prints = trained_jobs.prepare(PRINT + [["--mode=print", "--exp=PyCodeTiny"]], root,
+                                    other_cache)
+  assert len(_entries(other_cache)) == 2
+  assert trained_jobs.prepare(PRINT, root, other_cache).results == two_prints.results[:1]
+
   # A module the training imported changes: a new entry, the old one kept (another checkout
   # may still be at the old code).
   steps = root / "lingvo_lite" / "steps.py"
   steps.write_text(steps.read_text() + "\n# Changed.\n")
   changed = trained_jobs.prepare(COMMANDS, root, cache)
-  assert changed.workdir != first.workdir and len(_entries(cache)) == 2
+  assert changed.workdir != first.workdir and len(_entries(cache)) == 3
 
   # A module it did not import is not part of the key.
   (root / "lingvo_lite" / "never_imported.py").write_text("x = 1\n")
@@ -67,7 +83,7 @@ def test_served_once_made_and_made_again_when_the_code_or_command_changes(root, 
   other = [[*COMMANDS[0], "--fdl.train.log_every_steps=1"]]
   assert trained_jobs.prepare(other, root, cache).workdir not in (first.workdir,
                                                                   changed.workdir)
-  assert len(_entries(cache)) == 3
+  assert len(_entries(cache)) == 4
 
 
 def test_an_entry_written_into_is_made_again_and_copies_are_the_tests_own(root, tmp_path):

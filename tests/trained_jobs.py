@@ -13,7 +13,10 @@ order: train, then perhaps eval, decode, ...), kept in a cache folder under a ke
     child imported, each file's SHA-256 recorded in the entry when it was made.
 
 An entry whose recorded files no longer hash the same is stale: the next request makes a new
-entry (the old one is deleted once unused for a while). Entries are made in a temporary folder
+entry (the old one is deleted once unused for a while). A list of commands that extends another's
+starts from a copy of that entry and runs only the commands after it, and the first command of
+a list gets an entry of its own: the tiny job one file trains is the start of another file's
+longer list. Entries are made in a temporary folder
 under a lock (two targets may ask at once) and renamed into place, so they are complete or
 absent; after that they are read-only by contract: `copy_workdir` gives each test its own copy
 to write into, and every lookup checks the entry's digest, so an entry someone wrote into is
@@ -40,6 +43,17 @@ import sys
 import tempfile
 import time
 from typing import Iterator, Sequence
+
+# The tiny trained job that tests reading a job start from (alone, or as the first command of
+# a longer list): PyCodeTiny under the tiny fiddler at runs/tiny, 20 steps of a quick rise
+# (so its samples are not uniform noise), evaluated and checkpointed at steps 10 and 20 (both
+# kept). Every file that starts from it shares one training per machine and code version.
+TINY_JOB = "runs/tiny"
+TINY_TRAIN = ("--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.train.steps=20",
+              "--fdl.train.eval_every_steps=10", "--fdl.checkpoint.every_steps=10",
+              "--fdl.checkpoint.max_to_keep=None", "--fdl.optimizer.warmup_steps=2",
+              "--fdl.optimizer.peak_learning_rate=1e-2", "--compilation_cache_dir=",
+              f"--job_log_dir={TINY_JOB}")
 
 CACHE_ENV = "LINGVO_LITE_TEST_CACHE_DIR"
 # Entries unused for this long are deleted when another entry of the cache is made.
@@ -129,6 +143,10 @@ def prepare(commands: Sequence[Sequence[str]], root: pathlib.Path | None = None,
   found = _lookup(jobs, name, root)
   if found is not None:
     return found
+  if len(commands) > 1:
+    # The first command (a training, usually) gets an entry of its own, for the other lists
+    # that start with it; this list then starts from a copy of it (or of a longer prefix).
+    prepare(commands[:1], root, cache)
   with _locked(jobs / f"{name}.lock"):
     found = _lookup(jobs, name, root)  # Another process may have made it while we waited.
     if found is not None:
@@ -178,8 +196,19 @@ def _file_hash(path: pathlib.Path) -> str | None:
 
 
 def _lookup(jobs: pathlib.Path, name: str, root: pathlib.Path) -> Prepared | None:
-  """A complete entry for `name` whose recorded code matches `root`'s, or None. An entry
-  whose files changed since it was made is deleted (it was written into)."""
+  """A complete entry for `name` whose recorded code matches `root`'s, or None."""
+  found = _lookup_entry(jobs, name, root)
+  return None if found is None else _prepared(*found)
+
+
+def _prepared(entry: pathlib.Path, meta: dict) -> Prepared:
+  return Prepared(entry / "work", tuple(Result(**r) for r in meta["results"]))
+
+
+def _lookup_entry(jobs: pathlib.Path, name: str,
+                  root: pathlib.Path) -> tuple[pathlib.Path, dict] | None:
+  """(folder, record) of a complete entry for `name` whose recorded code matches `root`'s, or
+  None. An entry whose files changed since it was made is deleted (it was written into)."""
   for entry in sorted(jobs.glob(f"{name}-*")):
     try:
       meta = json.loads((entry / "entry.json").read_text())
@@ -193,8 +222,19 @@ def _lookup(jobs: pathlib.Path, name: str, root: pathlib.Path) -> Prepared | Non
       _remove(entry)
       continue
     (entry / "last_used").write_text(str(time.time()))
-    return Prepared(entry / "work", tuple(Result(**r) for r in meta["results"]))
+    return entry, meta
   return None
+
+
+def _longest_prefix(jobs: pathlib.Path, commands: list[list[str]], root: pathlib.Path
+                    ) -> tuple[int, pathlib.Path | None, dict]:
+  """(k, folder, record) of the entry of the longest proper prefix `commands[:k]` that is in
+  the cache, or (0, None, {}) if none is."""
+  for k in range(len(commands) - 1, 0, -1):
+    found = _lookup_entry(jobs, _command_key(commands[:k]), root)
+    if found is not None:
+      return (k, *found)
+  return 0, None, {}
 
 
 def _make(jobs: pathlib.Path, name: str, commands: list[list[str]],
@@ -202,18 +242,22 @@ def _make(jobs: pathlib.Path, name: str, commands: list[list[str]],
   making = pathlib.Path(tempfile.mkdtemp(prefix=f".making-{name}-", dir=jobs))
   try:
     work = making / "work"
-    work.mkdir()
+    start, prefix, prefix_meta = _longest_prefix(jobs, commands, root)
+    if prefix is None:
+      work.mkdir()
+    else:
+      shutil.copytree(prefix / "work", work, symlinks=True)
     out = making / "child.json"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     completed = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(root), str(out), json.dumps(commands)],
+        [sys.executable, "-c", _CHILD, str(root), str(out), json.dumps(commands[start:])],
         cwd=work, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     assert completed.returncode == 0 and out.is_file(), (
         f"the child that runs the commands failed (exit {completed.returncode}): "
         f"{completed.stderr[-3000:]}")
     child = json.loads(out.read_text())
-    for command, result in zip(commands, child["results"]):
+    for command, result in zip(commands[start:], child["results"]):
       assert result["code"] == 0, (
           f"{' '.join(command)}: exit {result['code']}\n{result['stderr'][-3000:]}")
     code = {relative: _file_hash(root / relative) for relative in child["modules"]
@@ -221,17 +265,21 @@ def _make(jobs: pathlib.Path, name: str, commands: list[list[str]],
     # An empty key would match any code: the child must have run this tree's executor.
     assert os.path.join("lingvo_lite", "executor.py") in code, (
         f"the commands imported no lingvo_lite module from {root}: {child['modules'][:10]}")
+    code.update(prefix_meta.get("code", {}))  # The prefix's commands ran that code.
     code_key = hashlib.sha256(json.dumps(code, sort_keys=True).encode()).hexdigest()[:16]
-    meta = {"commands": commands, "code": code, "results": child["results"],
+    meta = {"commands": commands, "code": code,
+            "results": prefix_meta.get("results", []) + child["results"],
+            "from_prefix": prefix.name if prefix else None,
             "digest": tree_digest(work), "made": time.time()}
     (making / "entry.json").write_text(json.dumps(meta, indent=1))
     (making / "last_used").write_text(str(time.time()))
     entry = jobs / f"{name}-{code_key}"
     if entry.exists():  # The same code under another source path made it first.
       _remove(making)
+      meta = json.loads((entry / "entry.json").read_text())
     else:
       os.rename(making, entry)
-    return Prepared(entry / "work", tuple(Result(**r) for r in child["results"]))
+    return _prepared(entry, meta)
   except BaseException:
     _remove(making)
     raise

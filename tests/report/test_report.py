@@ -1,9 +1,11 @@
 """`--mode=report`: the run report of a job and the comparison of jobs, end to end, in this
 process (lingvo_lite.testing.run_cli), with relative paths as a user writes them.
 
-One tiny PyCodeTiny job (checkpoints at steps 10 and 20, evals during training and by the
-eval program, a compile report and decode answers) and a second one that differs in one
-field serve every test. Expected values come from the job's own files (metrics.jsonl, the
+One tiny PyCodeTiny job (the suite's shared one, tests/trained_jobs.TINY_TRAIN: checkpoints at
+steps 10 and 20, evals during training; here also evaluated by the eval program, compiled and
+decoded) and a second one that differs in one field serve every test. Their working directory
+is made once per machine and code version for every test process (tests/conftest.py) and
+copied here. Expected values come from the job's own files (metrics.jsonl, the
 eval rows, compile/report.json, the decode records) and from the experiment's config, read
 here, never from the report's code; pages are parsed with the standard library's HTML parser.
 """
@@ -31,14 +33,16 @@ from lingvo_lite.config import diffs as config_diffs, fiddlers, registry
 from lingvo_lite.programs import report as report_program
 from lingvo_lite.report import data as report_data, plots as report_plots
 from lingvo_lite.testing import run_cli
+from tests import trained_jobs
 
-JOB, OTHER = "runs/a", "runs/b"
-CHANGED_LR = 1e-3  # The one field runs/b changes: optimizer.peak_learning_rate.
-TRAIN = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.train.steps=20",
-         "--fdl.train.eval_every_steps=10", "--fdl.checkpoint.every_steps=10",
-         "--fdl.checkpoint.max_to_keep=None", "--compilation_cache_dir="]
-# The fields TRAIN sets beyond the tiny fiddler, to values other than PyCodeTiny's.
-TRAIN_CHANGES = {"train.steps", "train.eval_every_steps", "checkpoint.max_to_keep"}
+JOB, OTHER = trained_jobs.TINY_JOB, "runs/b"
+# The one field runs/b changes, optimizer.peak_learning_rate: JOB's value, and runs/b's.
+JOB_LR = float(next(arg.partition("=")[2] for arg in trained_jobs.TINY_TRAIN
+                    if arg.startswith("--fdl.optimizer.peak_learning_rate=")))
+CHANGED_LR = 1e-3
+# The fields TINY_TRAIN sets beyond the tiny fiddler, to values other than PyCodeTiny's.
+TRAIN_CHANGES = {"train.steps", "train.eval_every_steps", "checkpoint.max_to_keep",
+                 "optimizer.warmup_steps", "optimizer.peak_learning_rate"}
 # A prompt that is HTML and a URL: the page must show it as text.
 PROMPT = '<b class="x">def</b> & https://example.com/'
 REPORT = ["--mode=report", f"--job_log_dir={JOB}"]
@@ -146,22 +150,24 @@ def one_line_error(result) -> str:
 # ----------------------------------------------------------------------------- fixtures
 
 
+# The working directory every test reads: JOB (trained, then evaluated, compiled, decoded) and
+# runs/b (trained as JOB with another peak learning rate).
+WORKDIR_COMMANDS = (
+    trained_jobs.TINY_TRAIN,
+    [*(arg for arg in trained_jobs.TINY_TRAIN if not arg.startswith("--job_log_dir=")),
+     f"--job_log_dir={OTHER}", f"--fdl.optimizer.peak_learning_rate={CHANGED_LR}"],
+    ["--mode=eval", f"--job_log_dir={JOB}", "--compilation_cache_dir="],
+    ["--mode=compile", "--compile_topology=cpu:1", f"--job_log_dir={JOB}"],
+    ["--mode=decode", f"--job_log_dir={JOB}", f"--prompt={PROMPT}", "--prompt=import os",
+     "--fdl.decode.max_new_tokens=8", "--compilation_cache_dir="],
+)
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-  """runs/a (evaluated, compiled, decoded) and runs/b (another peak learning rate)."""
+def workdir(tmp_path_factory, prepare_workdir):
+  """A copy of the working directory WORKDIR_COMMANDS leave (see the module doc)."""
   root = tmp_path_factory.mktemp("report")
-  with pytest.MonkeyPatch.context() as patch:
-    patch.chdir(root)
-    for args in ([*TRAIN, f"--job_log_dir={JOB}"],
-                 [*TRAIN, f"--job_log_dir={OTHER}",
-                  f"--fdl.optimizer.peak_learning_rate={CHANGED_LR}"],
-                 ["--mode=eval", f"--job_log_dir={JOB}", "--compilation_cache_dir="],
-                 ["--mode=compile", "--compile_topology=cpu:1", f"--job_log_dir={JOB}"],
-                 ["--mode=decode", f"--job_log_dir={JOB}", f"--prompt={PROMPT}",
-                  "--prompt=import os", "--fdl.decode.max_new_tokens=8",
-                  "--compilation_cache_dir="]):
-      result = run_cli(args)
-      assert result.code == 0, f"{args}: {result.stderr[-3000:]}"
+  prepare_workdir(WORKDIR_COMMANDS, root)
   assert sorted(os.listdir(root / JOB / "checkpoints"), key=int) == ["10", "20"]
   return root
 
@@ -173,7 +179,7 @@ def _in_workdir(workdir, monkeypatch):
 
 @pytest.fixture(scope="module")
 def page(workdir):
-  """runs/a's report, made once: (the run's output, the parsed page, the job's files before)."""
+  """JOB's report, made once: (the run's output, the parsed page, the job's files before)."""
   with pytest.MonkeyPatch.context() as patch:
     patch.chdir(workdir)
     before = job_files(JOB)
@@ -317,7 +323,7 @@ def test_no_device_is_touched(page, workdir):
   holds the accelerators, and on a machine with fewer devices than the job's mesh."""
   probe = ("import sys; from lingvo_lite.testing import run_cli; "
            "from jax._src import xla_bridge; "
-           "result = run_cli(['--mode=report', '--job_log_dir=runs/a']); "
+           f"result = run_cli(['--mode=report', '--job_log_dir={JOB}']); "
            "print(result.code, xla_bridge.backends_are_initialized())")
   done = subprocess.run([sys.executable, "-c", probe], cwd=workdir, capture_output=True,
                         text=True, timeout=120, check=False,
@@ -565,8 +571,7 @@ def test_compare_shows_the_changed_field_and_both_runs_curves(page, workdir):
   document = parse(workdir / JOB / "report" / "compare.html")
   table = document.one(id="differences").one("table")
   assert headers(table) == ["path", JOB, OTHER]
-  default = registry.lookup("PyCodeTiny").config().optimizer.peak_learning_rate
-  assert table_rows(table) == [["optimizer.peak_learning_rate", repr(default),
+  assert table_rows(table) == [["optimizer.peak_learning_rate", repr(JOB_LR),
                                 repr(CHANGED_LR)]]
   jobs = table_rows(document.one(id="jobs").one("table"))
   assert [row[0] for row in jobs] == [JOB, OTHER]
@@ -610,7 +615,7 @@ def test_what_cannot_be_reported_is_one_line(workdir, args, named):
   shutil.copy(workdir / JOB / "config.json", workdir / "report_is_a_file")
   (workdir / "report_is_a_file" / "report").write_text("x")
   if not (workdir / "runs" / "alink").is_symlink():
-    (workdir / "runs" / "alink").symlink_to("a")  # A second name for runs/a.
+    (workdir / "runs" / "alink").symlink_to(pathlib.Path(JOB).name)  # A second name for JOB.
   if not (workdir / "fifo_config").exists():
     (workdir / "fifo_config").mkdir()
     os.mkfifo(workdir / "fifo_config" / "config.json")
