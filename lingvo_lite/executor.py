@@ -7,6 +7,10 @@ Flow: flags -> base config (an experiment, a config function, or a config.json) 
 fiddlers and `--fdl.path=value` overrides in command-line order -> `fdl.build` ->
 `Setup.validate()` -> the program of `--mode`. Mistakes in the command or the config end
 with one line on stderr and exit code 2 before any device time is spent.
+
+Longer than 300 lines with a reason: it is the one module that defines flags (the command
+line's contract in one place: the shared flags, each program's options turned into flags, and
+their one-line errors), and the one that assembles a config from them.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ _JOB_LOG_DIR = _define_name(
     "remote path).")
 _COMPILATION_CACHE_DIR = flags.DEFINE_string(
     "compilation_cache_dir", compilation_cache.DEFAULT_FOLDER,
-    "Persistent JAX compilation cache, so a restarted run skips compiling; '' disables it.")
+    "Persistent JAX compilation cache, so a restarted run skips compiling (default: "
+    "$JAX_COMPILATION_CACHE_DIR where it is set); '' disables it, whatever JAX was told.")
 
 
 def _define_option(declared: program_options.DeclaredOption) -> None:

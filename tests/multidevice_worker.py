@@ -104,7 +104,7 @@ def main():
   with tempfile.TemporaryDirectory() as job:
     for name, args in BAD_PARTITIONING.items():
       outcome = run_cli(["--exp=PyCodeLlamaTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
-                         f"--job_log_dir={job}/{name}", "--compilation_cache_dir=", *args])
+                         f"--job_log_dir={job}/{name}", *args])
       result["bad"][name] = {"code": outcome.code, "stderr": outcome.stderr}
   json.dump(result, sys.stdout)
 

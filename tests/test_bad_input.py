@@ -803,7 +803,7 @@ CASES = CLI_CASES + LOOKUP_CASES + VALUES_CASES + JOBDIR_CASES + COMPILE_CASES +
 @pytest.fixture(scope="module", name="job")
 def fixture_job(tmp_path_factory):
   job = tmp_path_factory.mktemp("job")
-  result = run_cli([*TRAIN_TINY, f"--job_log_dir={job}", "--compilation_cache_dir="])
+  result = run_cli([*TRAIN_TINY, f"--job_log_dir={job}"])
   assert result.code == 0, result.stderr
   _JOB[:] = [str(job)]
   return job
@@ -900,7 +900,7 @@ def test_completions_that_cannot_be_written_are_one_line_and_exit_1(job, tmp_pat
   process = subprocess.Popen(
       prefix + [sys.executable, "-m", "lingvo_lite", "--mode=decode", f"--job_log_dir={relative}",
                 f"--prompts_file={os.path.relpath(tmp_path / 'ids.jsonl', source_root())}",
-                "--fdl.decode.max_new_tokens=2", "--decode_out=-", "--compilation_cache_dir="],
+                "--fdl.decode.max_new_tokens=2", "--decode_out=-"],
       cwd=source_root(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   process.stdout.close()  # The reader is gone before the first line.
   try:

@@ -14,7 +14,7 @@ from lingvo_lite.config import files as config_files, overrides, registry
 from lingvo_lite.testing import override_directives, tree_digest
 from etils import epath
 
-TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--compilation_cache_dir="]
+TINY = ["--exp=PyCodeTiny", "--fiddler=tiny"]
 
 
 def _cli(*args, timeout=300):
@@ -61,7 +61,7 @@ def test_train_resume_reload_and_eval(tmp_path):
   # Eval writes under JOB/eval/ and leaves the training files alone.
   training_files = {name: tree_digest(job / name) if (job / name).is_dir() else
                     (job / name).read_bytes() for name in os.listdir(job)}
-  out = _cli(f"--job_log_dir={job}", "--mode=eval", "--compilation_cache_dir=")
+  out = _cli(f"--job_log_dir={job}", "--mode=eval")
   assert "eval of checkpoint step 8" in out
   eval_rows = [json.loads(l) for l in
                (job / "eval" / "eval_validation.jsonl").read_text().splitlines()]
@@ -74,7 +74,7 @@ def test_train_resume_reload_and_eval(tmp_path):
 @pytest.mark.slow
 def test_sigterm_saves_and_the_rerun_continues_the_same_curve(tmp_path):
   args = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
-          "--compilation_cache_dir=", "--fdl.train.steps=400", "--fdl.train.log_every_steps=1",
+          "--fdl.train.steps=400", "--fdl.train.log_every_steps=1",
           "--fdl.checkpoint.every_steps=1000"]
   whole, parts = tmp_path / "whole", tmp_path / "parts"
   _cli(*args, f"--job_log_dir={whole}")

@@ -461,7 +461,7 @@ def test_a_step_without_checksums_is_skipped_unless_asked_for(tmp_path, cache, t
 # 6. max_to_keep=0 would keep nothing.
 
 def test_max_to_keep_zero_is_refused(tmp_path):
-  result = run_cli([*BASE, "--fdl.checkpoint.max_to_keep=0", "--compilation_cache_dir=",
+  result = run_cli([*BASE, "--fdl.checkpoint.max_to_keep=0",
                     f"--job_log_dir={tmp_path / 'job'}"])
   assert result.code == 2, result
   lines = result.stderr.strip().splitlines()

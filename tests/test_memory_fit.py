@@ -79,8 +79,7 @@ def test_training_a_7b_model_on_a_small_host_is_one_line_but_printing_it_works(t
   monkeypatch.setattr(memory_fit, "host_available_bytes", lambda: 16 * 2**30)
   monkeypatch.chdir(tmp_path)
   before = tree_digest(tmp_path)
-  result = run_cli(["--exp=Llama7B", f"--job_log_dir={tmp_path / 'llama'}",
-                    "--compilation_cache_dir="])
+  result = run_cli(["--exp=Llama7B", f"--job_log_dir={tmp_path / 'llama'}"])
   lines = result.stderr.strip().splitlines()
   assert result.code == 2 and len(lines) == 1, result.stderr
   # 75 GiB of parameters and moments and, for an eval batch of 256 x 2048 tokens (training

@@ -380,9 +380,8 @@ def _check_bench(command: Command, results: Results, session: Session) -> None:
 
 LINGVO = ("python", "-m", "lingvo_lite")
 BENCH = ("python", "bench/step_bench.py")
-# No shared persistent compilation cache: each run compiles, as on a fresh machine, and does
-# not depend on what other tests (or the user) compiled before.
-NO_CACHE = ("--compilation_cache_dir=",)
+# The commands use the compilation cache as written, that is its default folder: in tests,
+# $JAX_COMPILATION_CACHE_DIR, the suite's shared cache (tests/conftest.py). A miss compiles.
 # Rows of 32 tokens: the smoke run times steps, it does not measure them, and a step of the
 # experiments' own 256 or 512 tokens takes seconds a side on 2 cores (compiles are the same).
 BENCH_SMOKE = ("--pairs", "1", "--steps", "1", "--warmup", "1",
@@ -426,10 +425,10 @@ RULES = (
     Rule("--fdl_help", lambda c: c.argv[:3] == LINGVO and "--fdl_help" in c.argv,
          _check_fdl_help),
     Rule("--help", lambda c: c.argv[:3] == LINGVO and "--help" in c.argv, _check_help),
-    Rule("eval", lambda c: _lingvo(c, "eval"), _check_eval, NO_CACHE),
+    Rule("eval", lambda c: _lingvo(c, "eval"), _check_eval),
     Rule("report", lambda c: _lingvo(c, "report"), _check_report),
     Rule("decode", lambda c: _lingvo(c, "decode"), _check_decode,
-         ("--fdl.decode.max_new_tokens=16",) + NO_CACHE, run=_run_decode,
+         ("--fdl.decode.max_new_tokens=16",), run=_run_decode,
          why="16 new tokens, not 128, per --prompt request: the 4-step model's tokens are noise "
              "either way, and 16 still run the prefill and the generate loop"),
     Rule("compile GPT-J-6B", lambda c: _lingvo(c, "compile") and c.flag("exp") == "GptJ6B",
@@ -452,12 +451,12 @@ RULES = (
     Rule("train, several processes",
          lambda c: _lingvo(c, "train") and c.flag("job_log_dir") is not None
          and c.flag("num_processes") is not None,
-         _check_processes, NO_CACHE, run=_run_processes,
+         _check_processes, run=_run_processes,
          why="every process at once (README: 'the same with --process_id=1 in a second "
              "shell'), on a free port"),
     Rule("train", lambda c: _lingvo(c, "train") and c.flag("job_log_dir") is not None,
          _check_train,
-         ("--fdl.train.steps=4",) + NO_CACHE,
+         ("--fdl.train.steps=4",),
          why="PyCodeTiny's 800 steps take ~1.5 minutes; 4 steps still train, checkpoint, "
              "evaluate and write the job directory that later commands read"),
     Rule("build_store", lambda c: c.argv[:2] == ("python", "bin/build_store.py"),

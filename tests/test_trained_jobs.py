@@ -20,7 +20,7 @@ import pytest
 from tests import trained_jobs
 
 COMMANDS = [["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
-             "--fdl.train.steps=1", "--job_log_dir=runs/one", "--compilation_cache_dir="]]
+             "--fdl.train.steps=1", "--job_log_dir=runs/one"]]
 PRINT = [["--mode=print", "--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data"]]
 
 

@@ -52,7 +52,7 @@ TINY_JOB = "runs/tiny"
 TINY_TRAIN = ("--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.train.steps=20",
               "--fdl.train.eval_every_steps=10", "--fdl.checkpoint.every_steps=10",
               "--fdl.checkpoint.max_to_keep=None", "--fdl.optimizer.warmup_steps=2",
-              "--fdl.optimizer.peak_learning_rate=1e-2", "--compilation_cache_dir=",
+              "--fdl.optimizer.peak_learning_rate=1e-2",
               f"--job_log_dir={TINY_JOB}")
 
 CACHE_ENV = "LINGVO_LITE_TEST_CACHE_DIR"

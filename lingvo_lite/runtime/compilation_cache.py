@@ -20,7 +20,9 @@ from jax.experimental.compilation_cache import compilation_cache as jax_compilat
 from lingvo_lite import outputs, paths
 from lingvo_lite.errors import UsageError, os_error_text
 
-DEFAULT_FOLDER = os.path.join(
+# JAX's own variable, where it is set, names the folder the user keeps JAX's programs in.
+JAX_ENV = "JAX_COMPILATION_CACHE_DIR"
+DEFAULT_FOLDER = os.environ.get(JAX_ENV) or os.path.join(
     os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "lingvo_lite", "jax")
 _FIX = ("give a folder for JAX's compiled programs, or --compilation_cache_dir= to run without "
         "the cache")

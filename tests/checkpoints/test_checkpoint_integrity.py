@@ -11,7 +11,7 @@ from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.testing import run_cli, tree_digest
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
-        "--fdl.checkpoint.every_steps=2", "--compilation_cache_dir="]
+        "--fdl.checkpoint.every_steps=2"]
 
 
 def _largest_file(step_dir):

@@ -75,7 +75,7 @@ def test_a_config_file_with_a_bad_value_is_one_line(tmp_path):
   cfg.model.num_heads = 0  # As an edited config.json, or an older version's, would hold it.
   config_files.write(tmp_path / "old", cfg)
   result = run_cli([f"--fdl_config_file={tmp_path / 'old' / 'config.json'}",
-                    f"--job_log_dir={tmp_path / 'new'}", "--compilation_cache_dir="])
+                    f"--job_log_dir={tmp_path / 'new'}"])
   assert result.code == 2
   assert result.stderr.strip() == (
       "lingvo_lite: error: model.num_heads=0: must be a positive integer")
@@ -259,7 +259,7 @@ def test_an_internal_bug_keeps_its_traceback(tmp_path, monkeypatch):
   # its traceback and exits 1) instead of becoming a one-line usage error.
   with pytest.raises(RuntimeError, match="internal bug"):
     run_cli(["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=buggy.fiddle",
-             f"--job_log_dir={tmp_path / 'job'}", "--compilation_cache_dir="])
+             f"--job_log_dir={tmp_path / 'job'}"])
   assert not (tmp_path / "job").exists()
 
 

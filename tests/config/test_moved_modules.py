@@ -18,7 +18,6 @@ from lingvo_lite.testing import run_cli, source_root
 
 FIXTURE = source_root() / "tests" / "fixtures" / "job_before_house_move"
 OLD_MODULES = {"lingvo_lite.checkpoints", "lingvo_lite.decode_settings", "lingvo_lite.watchdog"}
-NO_CACHE = "--compilation_cache_dir="
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def test_migrate_rewrites_every_old_module_and_says_which():
 
 
 def test_eval_reads_the_old_job_and_says_it_migrated():
-  result = run_cli(["--mode=eval", "--job_log_dir=old", NO_CACHE])
+  result = run_cli(["--mode=eval", "--job_log_dir=old"])
   assert result.code == 0, result.stderr[-2000:]
   assert "written before its modules moved into packages" in result.stderr
   assert "lingvo_lite.decode_settings -> lingvo_lite.decode.settings" in result.stderr
@@ -62,7 +61,7 @@ def test_eval_reads_the_old_job_and_says_it_migrated():
 
 def test_decode_reads_the_old_job():
   result = run_cli(["--mode=decode", "--job_log_dir=old", "--prompt=def f(", "--decode_out=-",
-                    "--fdl.decode.max_new_tokens=4", NO_CACHE])
+                    "--fdl.decode.max_new_tokens=4"])
   assert result.code == 0, result.stderr[-2000:]
   record = json.loads(result.stdout.strip().splitlines()[-1])
   assert record["checkpoint_step"] == 10 and len(record["completion_ids"]) <= 4
@@ -70,7 +69,7 @@ def test_decode_reads_the_old_job():
 
 def test_train_resumes_the_old_job_from_its_checkpoint():
   shutil.copytree("old", "resumed")
-  result = run_cli(["--job_log_dir=resumed", "--fdl.train.steps=12", NO_CACHE])
+  result = run_cli(["--job_log_dir=resumed", "--fdl.train.steps=12"])
   assert result.code == 0, result.stderr[-2000:]
   assert "resum" in (result.stdout + result.stderr).lower()
   assert sorted(os.listdir("resumed/checkpoints"), key=int)[-1] == "12"
@@ -80,7 +79,7 @@ def test_train_resumes_the_old_job_from_its_checkpoint():
 
 def test_report_and_compare_read_the_old_job():
   new = ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir=new", "--fdl.train.steps=2",
-         "--fdl.model.dim=32", "--fdl.model.num_layers=1", NO_CACHE]
+         "--fdl.model.dim=32", "--fdl.model.num_layers=1"]
   assert run_cli(new).code == 0
   result = run_cli(["--mode=report", "--job_log_dir=old", "--compare=new"])
   assert result.code == 0, result.stderr[-2000:]

@@ -71,7 +71,7 @@ def test_remat_policies_give_the_same_gradients():
 
 def test_an_unrolled_checkpoint_resumes_with_scanned_layers(tmp_path):
   base = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
-          "--compilation_cache_dir=", "--fdl.train.log_every_steps=1",
+          "--fdl.train.log_every_steps=1",
           "--fdl.optimizer.decay_steps=20"]
   whole, parts = tmp_path / "whole", tmp_path / "parts"
   assert run_cli([*base, f"--job_log_dir={whole}", "--fdl.train.steps=6"]).code == 0

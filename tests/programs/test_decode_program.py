@@ -27,9 +27,8 @@ TRAIN = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=no_eval", f"--job_log_
          "--fdl.train.steps=20",
          "--fdl.checkpoint.every_steps=10", "--fdl.checkpoint.max_to_keep=None",
          # A quick rise, so that 20 steps leave a model whose samples are not uniform noise.
-         "--fdl.optimizer.warmup_steps=2", "--fdl.optimizer.peak_learning_rate=1e-2",
-         "--compilation_cache_dir="]
-DECODE = ["--mode=decode", f"--job_log_dir={JOB}", "--compilation_cache_dir="]
+         "--fdl.optimizer.warmup_steps=2", "--fdl.optimizer.peak_learning_rate=1e-2"]
+DECODE = ["--mode=decode", f"--job_log_dir={JOB}"]
 MAX_LENGTH = 64  # model.max_length under --fiddler=tiny.
 VOCAB_SIZE = 259  # Byte vocabulary: 3 special ids, then the 256 bytes.
 EOS = 1
@@ -362,9 +361,9 @@ BAD = {
     "prompt_given_to_train": (TRAIN + ["--prompt=a"], None,
                               "--prompt: --mode=train does not use this flag"),
     "job_without_checkpoints": (
-        ["--mode=decode", "--job_log_dir=runs/config_only", "--compilation_cache_dir=",
+        ["--mode=decode", "--job_log_dir=runs/config_only",
          "--prompt=a"] + SMALL, None, "--job_log_dir=runs/config_only: no checkpoint in"),
-    "empty_job_dir": (["--mode=decode", "--job_log_dir=runs/empty", "--compilation_cache_dir=",
+    "empty_job_dir": (["--mode=decode", "--job_log_dir=runs/empty",
                        "--prompt=a"] + SMALL, None, "holds no config.json; pass --exp=NAME"),
     # Refused before anything is allocated (the cache alone would be ~700 GiB).
     "slots_past_memory": (DECODE + SMALL + ["--fdl.decode.slots=20000000", "--prompt=a"], None,

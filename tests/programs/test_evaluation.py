@@ -362,7 +362,7 @@ def _wait_for(condition, seconds, what):
 def test_continuous_eval_beside_training_evaluates_each_checkpoint_once_across_a_restart(
     tmp_path):
   job = tmp_path / "job"
-  common = ["--compilation_cache_dir=", f"--job_log_dir={job}"]
+  common = [f"--job_log_dir={job}"]
   trainer = subprocess.Popen(
       [sys.executable, "-m", "lingvo_lite", "--exp=PyCodeTiny", "--fiddler=tiny", *common,
        "--fdl.train.steps=1200", "--fdl.train.log_every_steps=100",
@@ -407,7 +407,7 @@ def held_out_set(cfg):
 
 def test_named_eval_sets_from_the_command_line(tmp_path):
   job = tmp_path / "job"
-  common = ["--compilation_cache_dir=", f"--job_log_dir={job}"]
+  common = [f"--job_log_dir={job}"]
   train = ["--exp=PyCodeTiny", "--fiddler=tiny", f"--fiddler={__name__}.held_out_set",
            "--fdl.eval_data.held_out.num_batches=1", "--fdl.eval_data['validation'].seed=5",
            "--fdl.train.steps=4", "--fdl.checkpoint.every_steps=2",
@@ -465,7 +465,7 @@ def test_an_eval_set_tokenized_by_another_vocabulary_is_one_line(corpus, tmp_pat
   _OTHER_VOCABULARY.update(corpus=str(corpus), model=str(model))
   result = run_cli(["--mode=eval", f"--job_log_dir={tmp_path}", "--exp=PyCodeTiny",
                     "--fiddler=tiny", "--fdl.model.vocab_size=512",
-                    f"--fiddler={__name__}.sentencepiece_eval_set", "--compilation_cache_dir="])
+                    f"--fiddler={__name__}.sentencepiece_eval_set"])
   assert result.code == 2, result.stderr
   lines = result.stderr.strip().splitlines()
   assert len(lines) == 1 and re.search(

@@ -24,9 +24,11 @@ def _losses(job_dir):
     return {row["step"]: row["loss"] for row in map(json.loads, f)}
 
 
-def _train(job_dir, *extra, cache=""):
-  result = run_cli([*TINY_SYNTHETIC, f"--job_log_dir={job_dir}",
-                    f"--compilation_cache_dir={cache}", *extra])
+def _train(job_dir, *extra, cache=None):
+  """A tiny run; `cache`: its --compilation_cache_dir ('' for none; None: the default, in
+  tests the suite's shared cache)."""
+  cache_flag = [] if cache is None else [f"--compilation_cache_dir={cache}"]
+  result = run_cli([*TINY_SYNTHETIC, f"--job_log_dir={job_dir}", *cache_flag, *extra])
   assert result.code == 0, result.stderr
   return result
 
@@ -53,7 +55,7 @@ def test_stopped_and_resumed_run_reproduces_the_uninterrupted_losses(tmp_path):
 
 
 def test_a_non_finite_loss_stops_with_exit_code_1_and_saves_nothing(tmp_path):
-  result = run_cli([*TINY_SYNTHETIC, f"--job_log_dir={tmp_path}", "--compilation_cache_dir=",
+  result = run_cli([*TINY_SYNTHETIC, f"--job_log_dir={tmp_path}",
                     "--fdl.optimizer.peak_learning_rate=1e35", "--fdl.optimizer.clip_grad_norm=None",
                     "--fdl.train.steps=12"])
   assert result.code == 1, result.stderr
@@ -100,7 +102,8 @@ def test_compile_checkpoint_and_eval_time_stay_out_of_the_step_time(tmp_path, mo
   monkeypatch.setattr(Checkpointer, "save", slowly(Checkpointer.save))
   monkeypatch.setattr(evaluation, "evaluate_sets", slowly(evaluation.evaluate_sets))
   log = _train(tmp_path, "--fdl.train.steps=10", "--fdl.train.log_every_steps=5",
-               "--fdl.checkpoint.every_steps=5", "--fdl.train.eval_every_steps=5").stdout
+               "--fdl.checkpoint.every_steps=5", "--fdl.train.eval_every_steps=5",
+               cache="").stdout  # A compile, not a load from the cache: timed below.
   with open(tmp_path / "metrics.jsonl") as f:
     first, second = [json.loads(line) for line in f]
   for row in (first, second):

@@ -156,10 +156,10 @@ WORKDIR_COMMANDS = (
     trained_jobs.TINY_TRAIN,
     [*(arg for arg in trained_jobs.TINY_TRAIN if not arg.startswith("--job_log_dir=")),
      f"--job_log_dir={OTHER}", f"--fdl.optimizer.peak_learning_rate={CHANGED_LR}"],
-    ["--mode=eval", f"--job_log_dir={JOB}", "--compilation_cache_dir="],
+    ["--mode=eval", f"--job_log_dir={JOB}"],
     ["--mode=compile", "--compile_topology=cpu:1", f"--job_log_dir={JOB}"],
     ["--mode=decode", f"--job_log_dir={JOB}", f"--prompt={PROMPT}", "--prompt=import os",
-     "--fdl.decode.max_new_tokens=8", "--compilation_cache_dir="],
+     "--fdl.decode.max_new_tokens=8"],
 )
 
 
@@ -531,7 +531,7 @@ def test_reports_while_the_run_trains(workdir):
     result = run_cli(["--exp=PyCodeTiny", "--fiddler=tiny", f"--job_log_dir={job}",
                       "--fdl.train.steps=100", "--fdl.train.log_every_steps=1",
                       "--fdl.train.eval_every_steps=25", "--fdl.checkpoint.every_steps=5",
-                      "--fdl.checkpoint.max_to_keep=2", "--compilation_cache_dir="])
+                      "--fdl.checkpoint.max_to_keep=2"])
   finally:
     stop.set()
     reporter.join(timeout=60)

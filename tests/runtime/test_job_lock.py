@@ -113,8 +113,7 @@ def test_disabled_and_remote_locks_do_nothing(tmp_path):
 def test_two_concurrent_trainers_one_trains_the_other_is_refused(tmp_path):
   job = tmp_path / "job"
   args = [sys.executable, "-m", "lingvo_lite", "--exp=PyCodeTiny", "--fiddler=tiny",
-          "--fiddler=synthetic_data", "--fdl.train.steps=300", f"--job_log_dir={job}",
-          "--compilation_cache_dir="]
+          "--fiddler=synthetic_data", "--fdl.train.steps=300", f"--job_log_dir={job}"]
   processes = [subprocess.Popen(args, env=_env(), cwd=tmp_path, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
   try:

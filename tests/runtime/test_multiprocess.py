@@ -20,8 +20,7 @@ COMMON = ["--exp=PyCodeLlamaTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
           "--fdl.model.vocab_size=256", "--fdl.train_data.vocab_size=256",
           "--fdl.eval_data.vocab_size=256", "--fdl.train_data.global_batch_size=8",
           "--fdl.eval_data.global_batch_size=8", "--fdl.train.log_every_steps=1",
-          "--fdl.partitioner.ici_fsdp=2", "--fdl.partitioner.ici_tensor=2",
-          "--compilation_cache_dir="]
+          "--fdl.partitioner.ici_fsdp=2", "--fdl.partitioner.ici_tensor=2"]
 
 
 def _env(devices):
