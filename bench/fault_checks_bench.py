@@ -4,7 +4,7 @@ checksums written when a save is verified.
   python bench/fault_checks_bench.py [--experiment BenchSmall] [--pairs 7] [--steps 20]
                                      [--warmup 10] [--dir DIR] [--set PATH=VALUE ...]
 
-Each timed block trains `--steps` steps the way the train loop does (programs/train.py): a
+Each timed block trains `--steps` steps the way the train loop does (programs/train/loop.py): a
 train step, `poll()`, and every `checkpoint.every_steps` steps (10 here) the finiteness check
 `bool(jitted.state_is_finite(state))` and an async orbax save; the block ends by waiting for
 its last save (orbax's commit, the checksums, the deletion of old steps), so every block pays

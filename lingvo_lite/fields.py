@@ -194,7 +194,7 @@ def entry_annotation(annotation: Any, container: Any, key: Any) -> Any:
 
 
 def describe(annotation: Any) -> str:
-  """An annotation in words: 'int', "one of 'a', 'b'", 'TransformerLM or None',
+  """An annotation in words: 'int', "one of 'a', 'b'", 'LanguageModel or None',
   'mapping of str to DataSource'."""
   annotation, _ = _strip(annotation)
   if annotation is type(None) or annotation is None:

@@ -4,7 +4,7 @@ task named by an import path, as the bin/ tools take one.
 A task's functions are the user's code: whatever they raise (a module that fails to import, a
 task function or a recipe that raises, calls `sys.exit()`, or returns something else) is one
 line naming the flag, the call and the line that raised, as for the executor's `--exp`
-(`lingvo_lite.config.experiment_modules`), never a traceback.
+(`lingvo_lite.runtime.user_code`), never a traceback.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from lingvo_lite.config import experiment_modules
+from lingvo_lite.runtime import user_code
 from lingvo_lite.errors import UsageError, config_error, shown
 
 # What a task is used through: a seqio Task and a DeferredTask have all three.
@@ -33,7 +33,7 @@ class DeferredTask:
   @property
   def task(self):
     if self._task is None:
-      self._task = experiment_modules.call_user_code(
+      self._task = user_code.call_user_code(
           self._make, f"task={self.name!r}: making the seqio Task")
     return self._task
 
@@ -82,7 +82,7 @@ def load_task(import_path: str, flag: str = "--task") -> Any:
   """Calls the function at `module.function` (the bin/ tools' `--task`) and returns its task.
 
   The module is imported, and the function called, as the executor imports an experiment
-  module and calls a config function (`experiment_modules`): a failure is one line.
+  module and calls a config function (`runtime/user_code.py`): a failure is one line.
 
   Raises:
     UsageError: naming `flag` when the path does not import, names no function of the user's
@@ -95,8 +95,8 @@ def load_task(import_path: str, flag: str = "--task") -> Any:
     raise config_error(flag, import_path, "not an import path", fix)
   where = f"{flag}={shown(import_path)}"
   try:
-    module = experiment_modules.import_module(module_name)
-  except experiment_modules.ImportFailed as e:
+    module = user_code.import_module(module_name)
+  except user_code.ImportFailed as e:
     raise UsageError(f"{where}: importing module {module_name} failed: {e}") from None
   if module is None:
     raise config_error(flag, import_path, f"no module named {module_name!r}", fix)
@@ -116,7 +116,7 @@ def load_task(import_path: str, flag: str = "--task") -> Any:
     except TypeError as e:
       raise config_error(flag, import_path, f"cannot be called with no arguments ({e})",
                          "give a function that returns a task by itself") from None
-  task = experiment_modules.call_user_code(function, f"{where}: {import_path}()")
+  task = user_code.call_user_code(function, f"{where}: {import_path}()")
   _check_task(task, where)
   return task
 
@@ -126,10 +126,10 @@ def _check_owner(function: Any, where: str, fix: str) -> None:
   points): a standard library function or lingvo_lite's own code outside tasks/ is not called,
   so that a typo does no harm. (The command line is the user's own: this guards against
   accidents, not attacks.)"""
-  owner = experiment_modules.code_owner(function)
+  owner = user_code.code_owner(function)
   if owner == "stdlib" or (owner == "lingvo_lite" and not getattr(
       function, "__module__", "").startswith("tasks.")):
-    raise UsageError(f"{where}: {experiment_modules.foreign_code(function)}, not a task "
+    raise UsageError(f"{where}: {user_code.foreign_code(function)}, not a task "
                      f"function; {fix}")
 
 
@@ -144,7 +144,7 @@ def _check_task(task: Any, where: str) -> None:
       task.close()  # Never run: else Python warns at exit that it was never awaited.
     raise UsageError(f"{where}: returned a {type(task).__name__}, not a seqio Task (it has no "
                      f"{missing[0]!r}); {fix}")
-  name, splits = experiment_modules.call_user_code(
+  name, splits = user_code.call_user_code(
       lambda: (task.name, tuple(task.splits)), f"{where}: reading the task's name and splits")
   if not isinstance(name, str) or not name:
     raise UsageError(f"{where}: returned a task named {shown(name)}, not a name; {fix}")

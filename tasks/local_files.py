@@ -36,7 +36,7 @@ import re
 from typing import Callable, Iterator, Literal
 
 from lingvo_lite.data import vocabulary as vocab_lib
-from lingvo_lite.data.tensorflow_import import import_seqio, import_tensorflow
+from lingvo_lite.runtime.tensorflow_import import import_seqio, import_tensorflow
 from lingvo_lite.errors import config_error, shown
 # Re-exported: whoever reads a task's dataset recovers its readers' one-line errors with it.
 from lingvo_lite.errors import data_error_from  # pylint: disable=unused-import

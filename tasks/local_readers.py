@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.runtime.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import DATA_ERROR_MARKER, DataError, config_error, shown
 
 

@@ -21,7 +21,7 @@ import zlib
 from typing import Any, Callable, Sequence
 
 from lingvo_lite.data import vocabulary as vocabulary_lib
-from lingvo_lite.data.tensorflow_import import import_seqio
+from lingvo_lite.runtime.tensorflow_import import import_seqio
 from lingvo_lite.errors import config_error
 from tasks.deferred import DeferredTask
 

@@ -9,6 +9,10 @@ is Fiddle's serialization plus a `lingvo_lite` entry (which Fiddle's loader igno
 each field's origin and the experiment's name: `--fdl_config_file=JOB/config.json` rebuilds
 an equal config whose `config.txt` still says where every value came from, and whose
 experiment's own fiddlers still apply.
+
+Longer than 300 lines with a reason: writing a config (config.txt's rows with their origins,
+config.json with the lingvo_lite entry) and reading it back (origins restored, the resume
+check of what may change) are one format, kept in one place so that the two cannot drift.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ import fiddle as fdl
 from fiddle import history
 
 from lingvo_lite import fields
-from lingvo_lite.config import experiment_modules, fiddlers as generic_fiddlers
+from lingvo_lite.config import fiddlers as generic_fiddlers
+from lingvo_lite.runtime import user_code
 from lingvo_lite.errors import SHOWN_LIMIT, UsageError, shown
 
 
@@ -299,7 +300,7 @@ def _check_fiddler(fn: Any, flag: str) -> None:
   """A fiddler named by import path is a Python function of one argument, and not one that
   the standard library, an installed distribution or lingvo_lite wrote for another purpose.
 
-  The same guard as for `--exp` import paths (`experiment_modules.foreign_code`): calling
+  The same guard as for `--exp` import paths (`user_code.foreign_code`): calling
   `sys.exit`, `builtins.input` or `shutil.rmtree` with the config would end the run, wait for
   a terminal or delete files. A library's function shaped as a fiddler (one parameter named
   `cfg`) is one it wrote for `--fiddler`.
@@ -307,9 +308,9 @@ def _check_fiddler(fn: Any, flag: str) -> None:
   fix = "a fiddler is a Python function of one argument, the config: def my_fiddler(cfg): ..."
   function = fn.__func__ if inspect.ismethod(fn) else fn
   if not inspect.isfunction(function):
-    raise UsageError(f"{flag}: is {experiment_modules.kind(fn)}, not a fiddler; {fix}")
-  foreign = experiment_modules.foreign_code(function)
-  if foreign and (experiment_modules.code_owner(function) == "stdlib" or not _is_fiddler(fn)):
+    raise UsageError(f"{flag}: is {user_code.kind(fn)}, not a fiddler; {fix}")
+  foreign = user_code.foreign_code(function)
+  if foreign and (user_code.code_owner(function) == "stdlib" or not _is_fiddler(fn)):
     raise UsageError(f"{flag}: {foreign}, not a fiddler; {fix}")
   try:
     inspect.signature(fn).bind(None)
@@ -339,8 +340,8 @@ def find_fiddler(name: str, experiment: type | None, flag: str) -> Callable[...,
                        f"path; {valid}")
     module_name, _, attribute = name.rpartition(".")
     try:
-      module = experiment_modules.import_module(module_name)
-    except experiment_modules.ImportFailed as e:
+      module = user_code.import_module(module_name)
+    except user_code.ImportFailed as e:
       raise UsageError(f"{flag}: importing module {module_name} failed: {e}") from None
     fn = getattr(module, attribute, None) if module is not None else None
     if fn is not None:
@@ -373,6 +374,6 @@ def apply(cfg: fdl.Buildable, directives: Sequence[Directive], experiment: type 
         # config() (registry.config_from_flag), not a traceback or a silent exit.
         except (Exception, SystemExit) as e:  # pylint: disable=broad-except
           raise UsageError(f"{directive.flag}: the fiddler raised "
-                           f"{experiment_modules.describe(e)}") from None
+                           f"{user_code.describe(e)}") from None
       else:
         set_field(cfg, directive)

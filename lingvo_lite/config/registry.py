@@ -31,7 +31,8 @@ from typing import Any, Callable, Collection, Sequence, TypeVar
 import fiddle as fdl
 from fiddle.experimental import auto_config
 
-from lingvo_lite.config import builtin_packages, experiment_modules
+from lingvo_lite.config import builtin_packages
+from lingvo_lite.runtime import user_code
 from lingvo_lite.errors import UsageError
 
 _PACKAGE = "experiments"
@@ -78,8 +79,8 @@ def import_all() -> None:
 
   A module that fails is skipped (see `import_failures()`); the rest still register.
   """
-  failures = experiment_modules.import_tree(_PACKAGE)
-  failures.update(experiment_modules.import_entry_points())
+  failures = user_code.import_tree(_PACKAGE)
+  failures.update(user_code.import_entry_points())
   _forget(failures)
   _failures.clear()
   _failures.update(failures)
@@ -112,8 +113,8 @@ def _import(module_name: str, where: str) -> Any:
   """The module, or None if it does not exist; one UsageError if importing it fails (and
   whatever it registered before failing is forgotten, so a retry can register again)."""
   try:
-    return experiment_modules.import_module(module_name)
-  except experiment_modules.ImportFailed as e:
+    return user_code.import_module(module_name)
+  except user_code.ImportFailed as e:
     _forget([module_name])
     raise UsageError(f"{where}: importing module {module_name} failed: {e}") from None
 
@@ -177,7 +178,7 @@ def _check_kind(found: object, flag: str, name: str) -> type | Callable[..., obj
   """Only experiment classes and config functions may be called by a flag's import path.
 
   An import path could name anything (`os.remove`, `tensorflow.io.gfile.rmtree`, the CLI's
-  own entry point): only the user's own functions (see `experiment_modules.foreign_code`),
+  own entry point): only the user's own functions (see `user_code.foreign_code`),
   and any function annotated to return a Fiddle config, are called, and only classes with a
   `config` classmethod. That keeps a typo from doing harm, and gives a plain message instead
   of a confusing TypeError. (The command line is the user's own: this guards against
@@ -191,7 +192,7 @@ def _check_kind(found: object, flag: str, name: str) -> type | Callable[..., obj
       raise UsageError(f"{where}: the class {found.__module__}.{found.__qualname__} has no "
                        "config() classmethod; an experiment subclasses "
                        "lingvo_lite.experiment.Experiment and returns its config from config()")
-    foreign = experiment_modules.foreign_code(found)
+    foreign = user_code.foreign_code(found)
     if foreign and not _is_experiment_class(found) and not _returns_config(found.config):
       raise UsageError(f"{where}: {foreign}, not an experiment (it does not subclass "
                        f"lingvo_lite.experiment.Experiment); {fix}")
@@ -200,11 +201,11 @@ def _check_kind(found: object, flag: str, name: str) -> type | Callable[..., obj
     return found
   function = found.__func__ if inspect.ismethod(found) else found
   if inspect.isfunction(function):
-    foreign = experiment_modules.foreign_code(function)
+    foreign = user_code.foreign_code(function)
     if foreign and not _returns_config(function):
       raise UsageError(f"{where}: {foreign}, not a config function; {fix}")
     return found
-  raise UsageError(f"{where}: is {experiment_modules.kind(found)}, not an experiment class or "
+  raise UsageError(f"{where}: is {user_code.kind(found)}, not an experiment class or "
                    "a function returning a fdl.Config; see --mode=list")
 
 
@@ -324,7 +325,7 @@ def config_from_flag(flag: str, text: str) -> tuple[fdl.Buildable, type | None]:
   # experiment, the exception and the line that raised it, exit 2, as for other config
   # mistakes (exit 1 is for runs that failed after they started). That line is what a
   # traceback's last frame would say; a deeper bug can be chased by calling config() in Python.
-  cfg = experiment_modules.call_user_code(factory, f"{flag}={text}: {label}()", **kwargs)
+  cfg = user_code.call_user_code(factory, f"{flag}={text}: {label}()", **kwargs)
   if not isinstance(cfg, fdl.Buildable):
     raise UsageError(f"{flag}={text}: {label}() returned a {type(cfg).__name__}, not a "
                      "fdl.Config")

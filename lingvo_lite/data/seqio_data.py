@@ -17,7 +17,7 @@ import numpy as np
 
 from lingvo_lite.data.source import (Batch, example_indices, lm_batch_spec, local_rows,
                                      resolve_global_batch_size, under)
-from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.runtime.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveInt
 

@@ -40,9 +40,9 @@ import numpy as np
 from etils import epath
 
 from lingvo_lite import paths
-from lingvo_lite.config import experiment_modules
+from lingvo_lite.runtime import user_code
 from lingvo_lite.data import store_folders, token_store, vocabulary
-from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.runtime.tensorflow_import import import_tensorflow
 from lingvo_lite.runtime import progress
 from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from, error_cause,
                                 one_line)
@@ -89,7 +89,7 @@ def input_files(task: Any, split: str) -> list[str]:
   Raises:
     UsageError: the source (the task's own code) failed to list them.
   """
-  return experiment_modules.call_user_code(
+  return user_code.call_user_code(
       lambda: list(task.source.list_shards(split)),
       f"task={task.name!r}: listing the input files of split {split!r}")
 
@@ -181,7 +181,7 @@ def build_group(task: Any, split: str, partial: str, group: int, num_groups: int
                                    {"files": len(files)})
   # The task's code runs here: a sys.exit() in it must fail the build, not end the process
   # (the in-process runner's) as if all went well.
-  except experiment_modules.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
+  except user_code.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
     message = _data_error_message(e, files)
     errors = store / "errors"
     errors.mkdir(parents=True, exist_ok=True)
@@ -425,7 +425,7 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
       try:
         _run_pipeline(task, split, partial, groups, vocab_size, dtype, workers, pipeline_args)
       # KeyboardInterrupt and SystemExit too: the in-process runner runs the task's code here.
-      except experiment_modules.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
+      except user_code.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
         message = _worker_message(partial)
         if message:
           raise DataError(message) from None

@@ -32,9 +32,9 @@ import numpy as np
 from etils import epath
 
 from lingvo_lite import paths
-from lingvo_lite.config import experiment_modules
+from lingvo_lite.runtime import user_code
 from lingvo_lite.data import locations
-from lingvo_lite.data.tensorflow_import import import_seqio, import_tensorflow
+from lingvo_lite.runtime.tensorflow_import import import_seqio, import_tensorflow
 from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from,
                                 error_cause)
 
@@ -447,7 +447,7 @@ def task_texts(task: Any, split: str) -> Iterator[bytes]:
   """
   import_tensorflow()
   name = getattr(task, "name", task)
-  source = experiment_modules.call_user_code(lambda: getattr(task, "source", None),
+  source = user_code.call_user_code(lambda: getattr(task, "source", None),
                                              f"task={name!r}: making its source")
   if not callable(getattr(source, "get_dataset", None)):
     raise config_error("task", name, "has no seqio data source",
@@ -456,7 +456,7 @@ def task_texts(task: Any, split: str) -> Iterator[bytes]:
   if splits and split not in splits:
     raise config_error("split", split, f"is not a split of {name}",
                        f"choose from {', '.join(splits)}")
-  dataset = experiment_modules.call_user_code(
+  dataset = user_code.call_user_code(
       source.get_dataset, f"task={name!r}: its source's get_dataset(split={split!r})",
       split=split, shuffle=False)
   spec = getattr(dataset, "element_spec", None)
@@ -473,7 +473,7 @@ def task_texts(task: Any, split: str) -> Iterator[bytes]:
     except KeyboardInterrupt:
       raise  # Ctrl-C, in this thread (a reader's own exceptions come wrapped by tf.data).
     # The task's reader runs here (inside tf.data): a sys.exit() in it is a failed read too.
-    except experiment_modules.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
+    except user_code.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
       found = data_error_from(e)
       if found is not None and str(found).strip():
         raise found from None  # Names the file and the record already.

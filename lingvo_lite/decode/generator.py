@@ -13,6 +13,10 @@ time. Then, while requests remain:
 
 The functions are compiled once per (slots, cache length) and once per prefill bucket:
 settings, prompt lengths within a bucket and the number of requests change no shape.
+
+Longer than 300 lines with a reason: resolving a request (its settings, its prompt, whether it
+fits the cache) and running the slots that decode it share the slots' shapes and the cache
+length; split, each half would have to restate the other's limits.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Annotated
 
-from lingvo_lite.decode.requests import check_sampling
+from lingvo_lite.decode.sampling_checks import check_sampling
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import Int32Size, NonNegativeFloat, NonNegativeInt, PositiveInt, Range
 

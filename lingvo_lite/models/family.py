@@ -85,6 +85,9 @@ last `window` positions, as a ring buffer:
   shrinks the window too (after `super().tiny(...)`); `validate` checks it after
   `super().validate(target, path)`; `family_name`, `hf_model_type`, `gguf_architecture` and
   `same_model_as = ()` are its own.
+
+Longer than 300 lines with a reason: it is the whole interface a family implements, with the
+contract of each method beside it; the docstrings are most of its length.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 Every parameter is created with logical axis names (`embed`, `heads`, `kv`, `mlp`, `vocab`,
 `norm`) so the partitioner can map them to mesh axes; key activations carry logical
 constraints (`batch`, `length`, ...) that are no-ops unless a mesh and rules are active.
+
+Longer than 300 lines with a reason: attention is most of it (einsum, fused and cached paths
+over one set of projections), and the paths must stay beside each other to stay equal (the
+decode tests compare them).
 """
 
 from __future__ import annotations
@@ -128,7 +132,7 @@ def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
   return causal & same_segment[:, None, None]
 
 
-def _unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
   """exp(logits - max) over the keys where `mask` holds (0 elsewhere), and its sum.
 
   The caller divides the attention output by the sum instead of dividing the probabilities:
@@ -192,7 +196,7 @@ class Attention(nn.Module):
       # Plain multi-head attention: 4-D einsums are measurably faster on CPU than the
       # grouped 5-D form with a unit group axis.
       logits = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
-      weights, denominator = _unnormalized_softmax(logits, mask[:, :, 0])
+      weights, denominator = unnormalized_softmax(logits, mask[:, :, 0])
       out = jnp.einsum("bhts,bshd->bthd", weights.astype(self.dtype), v,
                        preferred_element_type=jnp.float32)
       return (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
@@ -200,7 +204,7 @@ class Attention(nn.Module):
     # never copied per query head: [b, t, kv_heads, group, d].
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
     logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
-    weights, denominator = _unnormalized_softmax(logits, mask)
+    weights, denominator = unnormalized_softmax(logits, mask)
     out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(self.dtype), v,
                      preferred_element_type=jnp.float32)
     out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
@@ -239,7 +243,7 @@ class Attention(nn.Module):
                         ).astype(jnp.float32)
     cache_index = jnp.arange(layer_keys.shape[2], dtype=jnp.int32)
     mask = (cache_index[None, None, :] <= positions[:, :, None])[:, None, None]
-    weights, denominator = _unnormalized_softmax(logits, mask)
+    weights, denominator = unnormalized_softmax(logits, mask)
     # XLA:CPU has no bfloat16 x bfloat16 -> float32 dot of this shape for a few query
     # positions: there, float32 operands (the cache of one layer, converted as it is read).
     operands = jnp.float32 if current_platform() == "cpu" else self.dtype

@@ -94,7 +94,7 @@ class SlidingWindowAttention(layers.Attention):
     held = ring_positions(positions, entries)  # [batch, length, entries]
     seen = (held >= 0) & (positions[..., None] - held < self.window)
     # The shared softmax of layers.py: this family's attention is its subclass.
-    weights, denominator = layers._unnormalized_softmax(  # pylint: disable=protected-access
+    weights, denominator = layers.unnormalized_softmax(
         logits, seen[:, None, None])
     # As layers.Attention: XLA:CPU lacks this bfloat16 dot with a float32 result.
     operands = jnp.float32 if targets.current_platform() == "cpu" else self.dtype

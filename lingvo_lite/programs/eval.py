@@ -14,6 +14,10 @@ each step was evaluated on. A set's row of a step is written before the record n
 a restarted eval evaluates what the record lacks, and first drops rows the record does not
 name (a killed run's), leaving one row per step. One eval program per job at a time: it
 holds JOB/eval's lock, and leaves the trainer's lock on JOB alone.
+
+Longer than 300 lines with a reason: one checkpoint and `--eval_continuous` share the record of
+what was evaluated and the agreement of every process on a step; following a live run (polls,
+the trainer's last write, its final step) is the rest.
 """
 
 from __future__ import annotations

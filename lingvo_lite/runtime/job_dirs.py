@@ -30,7 +30,7 @@ import stat
 from etils import epath
 
 from lingvo_lite import outputs, paths
-from lingvo_lite.data import tensorflow_import
+from lingvo_lite.runtime import tensorflow_import
 from lingvo_lite.errors import UsageError
 
 FOLDER, FILE = "folder", "file"

@@ -1,4 +1,8 @@
-"""Importing the modules that define experiments, with every failure as one line.
+"""Importing and calling the user's code (the modules that define experiments, the functions
+flags name), with every failure as one line.
+
+Below config/ and data/, which both call it: the registry and `--fiddler` import experiment
+modules, and bin/build_store.py's and bin/train_vocab.py's `--task` is a function of the user's.
 
 Three kinds of module hold experiments: those under the built-in `experiments` package (walked
 whole), those that installed distributions declare in the `lingvo_lite.experiments` entry-point
@@ -33,7 +37,7 @@ import types
 from typing import Any, Callable, TypeVar
 
 import lingvo_lite
-from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.runtime.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import DataError, UsageError, message_of
 
 ENTRY_POINT_GROUP = "lingvo_lite.experiments"
@@ -42,8 +46,9 @@ T = TypeVar("T")
 _IMPORT_TENSORFLOW = frozenset({"tensorflow", "seqio", "clu", "tensorflow_datasets"})
 
 # Frames of the code that imports or calls the user's code: never where an error was raised.
-_CALLERS = {os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-            for name in ("experiment_modules.py", "registry.py", "overrides.py")}
+_CALLERS = {os.path.abspath(__file__)} | {
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "config", name)
+    for name in ("registry.py", "overrides.py")}
 
 
 # What importing or calling the user's code may raise that is that code's failure, told in one

@@ -10,7 +10,8 @@ import pytest
 
 import experiments
 import lingvo_lite
-from lingvo_lite.config import builtin_packages, experiment_modules, registry
+from lingvo_lite.config import builtin_packages, registry
+from lingvo_lite.runtime import user_code
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Experiment
 
@@ -274,7 +275,7 @@ def test_library_functions_annotated_to_return_a_config_may_be_called():
 ])
 def test_whose_code_a_function_is(name, owner):
   module, _, attribute = name.rpartition(".")
-  found = experiment_modules.foreign_code(getattr(importlib.import_module(module), attribute))
+  found = user_code.foreign_code(getattr(importlib.import_module(module), attribute))
   assert found == owner if owner is None else owner in found
 
 
@@ -329,5 +330,5 @@ def test_the_builtin_packages_are_the_ones_beside_lingvo_lite():
 
 def test_user_code_gets_keyword_arguments_of_any_name():
   # `--exp='X(where=...)'`: the caller's own parameters must not take the experiment's.
-  assert experiment_modules.call_user_code(lambda where, function: (where, function),
+  assert user_code.call_user_code(lambda where, function: (where, function),
                                            "--exp=X: X()", where=1, function=2) == (1, 2)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite.data import vocabulary as vocab_lib
-from lingvo_lite.data.tensorflow_import import import_tensorflow
+from lingvo_lite.runtime.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import DataError, UsageError
 from tasks import local_files
 

@@ -301,7 +301,7 @@ def test_loader_memory_does_not_grow_with_the_store(tmp_path):
 
 
 def test_pretokenized_tfrecords_and_prompt_completion_weights_go_through_the_store(tmp_path):
-  from lingvo_lite.data.tensorflow_import import import_tensorflow
+  from lingvo_lite.runtime.tensorflow_import import import_tensorflow
   from tasks import local_files
   tf = import_tensorflow()
   documents = [[5, 6, 7, 9], [8, 9], list(range(3, 100))]

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from etils import epath
 
-from lingvo_lite.decode import records as decode_records, requests as decode_requests
+from lingvo_lite.decode import (records as decode_records, requests as decode_requests,
+                                sampling_checks)
 from lingvo_lite.decode.records import Completion, CompletionWriter
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
@@ -186,14 +187,14 @@ def test_a_bad_line_is_one_line_naming_the_line_and_field(tmp_path, line, messag
 
 
 def test_check_sampling_reads_well_for_the_config_too():
-  decode_requests.check_sampling("decode.", temperature=0, top_k=40, top_p=1, max_new_tokens=8,
+  sampling_checks.check_sampling("decode.", temperature=0, top_k=40, top_p=1, max_new_tokens=8,
                                  seed=0, stop=("\n",))
-  decode_requests.check_sampling("decode.")  # Nothing given, nothing to refuse.
-  text = _refused(decode_requests.check_sampling, "decode.", top_p=1.5)
+  sampling_checks.check_sampling("decode.")  # Nothing given, nothing to refuse.
+  text = _refused(sampling_checks.check_sampling, "decode.", top_p=1.5)
   assert text.startswith("decode.top_p=1.5: must be in (0, 1]; give 1"), text
-  text = _refused(decode_requests.check_sampling, "decode.", stop="\n")
+  text = _refused(sampling_checks.check_sampling, "decode.", stop="\n")
   assert text.startswith("decode.stop='\\n': must be a list of strings, not a string"), text
-  decode_requests.check_sampling("decode.", max_new_tokens=np.int64(3), temperature=np.float32(1))
+  sampling_checks.check_sampling("decode.", max_new_tokens=np.int64(3), temperature=np.float32(1))
 
 
 def test_a_request_is_valid_once_constructed():

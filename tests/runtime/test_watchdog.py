@@ -15,7 +15,7 @@ import pytest
 
 from lingvo_lite import programs, testing
 from lingvo_lite.errors import UsageError
-from lingvo_lite.programs import train as train_program
+from lingvo_lite.programs.train import loop as train_loop
 from lingvo_lite.runtime import job_dirs, stack_dumps
 from lingvo_lite.runtime.watchdog import Watchdog, WatchdogSettings
 
@@ -140,22 +140,29 @@ def test_one_dump_per_stall_none_while_excused_and_periodic_dumps(tmp_path, caps
   assert capsys.readouterr().err.count("periodic stack dump (watchdog.interval_seconds=60)") == 2
 
 
-def _sleeping_train_step(folder, seconds):
-  """A train step that hangs: blocked on one line until the watchdog has written its dump.
+def _wait_for_a_dump(folder, showing: str, seconds: float) -> None:
+  """Blocks on one line until a dump in `folder` contains `showing` (or `seconds` pass).
 
-  Another thread looks for the dump, so that whenever the watchdog takes its stacks, this
-  thread is on that line (a loop here would sometimes be caught listing the folder).
+  Another thread looks for the dump, so that whenever the watchdog takes its stacks, the
+  caller's thread is on the `dumped.wait` line (a polling loop here would sometimes be caught
+  listing the folder instead).
   """
   dumped = threading.Event()
 
   def look_for_the_dump():
-    while not _dumps(folder) and not dumped.is_set():
+    while not dumped.is_set() and not any(
+        showing in (folder / name).read_text() for name in _dumps(folder)):
       time.sleep(0.05)
     dumped.set()
 
   threading.Thread(target=look_for_the_dump, daemon=True).start()
-  dumped.wait(seconds)  # The hung step.
+  dumped.wait(seconds)
   dumped.set()
+
+
+def _sleeping_train_step(folder, seconds):
+  """A train step that hangs until the watchdog has written its dump."""
+  _wait_for_a_dump(folder, "", seconds)
   time.sleep(1.0)  # Three more stall limits: still one dump.
 
 
@@ -171,7 +178,7 @@ def test_a_step_made_to_sleep_is_dumped_with_its_frame(tmp_path, capsys):
   main = _main_thread(_section(text, "Python stacks of every thread"))
   # Most recent call last: the sleep inside the step, called from this test.
   assert main.index("test_a_step_made_to_sleep_is_dumped_with_its_frame") < main.index(
-      "in _sleeping_train_step") < main.index("dumped.wait(seconds)"), main
+      "in _sleeping_train_step") < main.index("_wait_for_a_dump(folder"), main
   assert "Thread 'lingvo_lite-watchdog'" in text and "this thread, writing the dump" in text
   assert f"pid: {os.getpid()}" in text and f"host: {socket.gethostname()}" in text
   assert "== Native stacks (py-spy dump --native" in text
@@ -181,7 +188,7 @@ def test_a_step_made_to_sleep_is_dumped_with_its_frame(tmp_path, capsys):
 def test_a_train_step_made_to_sleep_in_a_real_run_is_dumped_once(tmp_path, monkeypatch):
   """Through the train program: compile and checkpoints excused, the stalled step dumped."""
   job = tmp_path / "job"
-  compile_step = train_program._compiled
+  compile_step = train_loop.compiled
 
   def compiled_with_one_sleeping_step(jitted):
     step, calls = compile_step(jitted), []
@@ -189,19 +196,17 @@ def test_a_train_step_made_to_sleep_in_a_real_run_is_dumped_once(tmp_path, monke
     def _sleeping_train_step(state, batch):
       calls.append(None)
       if len(calls) == 4:
-        deadline = time.time() + 30
-        while not [n for n in _dumps(job / "stacks") if "_sleeping_train_step" in (
-            job / "stacks" / n).read_text()] and time.time() < deadline:
-          time.sleep(0.05)
+        # Blocked on one line until a dump shows this frame (another thread looks).
+        _wait_for_a_dump(job / "stacks", "_sleeping_train_step", 30)
         time.sleep(2.5)  # Two more polls, more than twice the limit: still one dump.
       return step(state, batch)
     return _sleeping_train_step
 
-  monkeypatch.setattr(train_program, "_compiled", compiled_with_one_sleeping_step)
+  monkeypatch.setattr(train_loop, "compiled", compiled_with_one_sleeping_step)
   result = testing.run_cli(["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
                             "--fiddler=no_eval", "--fdl.train.steps=6",
                             "--fdl.checkpoint.every_steps=2", f"--job_log_dir={job}",
-                            "--compilation_cache_dir=", "--fdl.watchdog.enabled=True",
+                            "--fdl.watchdog.enabled=True",
                             "--fdl.watchdog.min_stall_seconds=1",
                             # No peak measured: seconds before the compile, in no excused span.
                             "--fdl.train.peak_tflops_per_device=1"])
@@ -210,7 +215,7 @@ def test_a_train_step_made_to_sleep_in_a_real_run_is_dumped_once(tmp_path, monke
   mains = {name: _main_thread(_section(text, "Python stacks of every thread"))
            for name, text in texts.items()}
   [slept] = [name for name, main in mains.items() if "in _sleeping_train_step" in main]
-  assert "time.sleep(0.05)" in mains[slept] and "programs/train.py" in mains[slept]
+  assert "_wait_for_a_dump(" in mains[slept] and "programs/train/loop.py" in mains[slept]
   # Steps measured before it: the limit is the floor over 10 x their median.
   assert re.search(r"lingvo_lite: warning: no train step finished in [\d.]+ s \(10 x the median "
                    r"step time [\d.e-]+ s, at least 1 s\); stacks of every thread written to "
@@ -330,8 +335,7 @@ def test_sigusr1_to_a_supervised_two_process_run_dumps_and_the_run_goes_on(tmp_p
             "--fdl.model.vocab_size=256", "--fdl.train_data.vocab_size=256",
             "--fdl.eval_data.vocab_size=256", "--fdl.train_data.global_batch_size=2",
             "--fdl.eval_data.global_batch_size=2", "--fdl.eval_data.num_batches=1",
-            "--fdl.train.log_every_steps=1", "--fdl.train.steps=100000",
-            "--compilation_cache_dir=", f"--job_log_dir={job}",
+            "--fdl.train.log_every_steps=1", "--fdl.train.steps=100000", f"--job_log_dir={job}",
             f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
             "--heartbeat_timeout_seconds=10"]
   parents = [subprocess.Popen([sys.executable, "-m", "lingvo_lite", *common,
@@ -374,7 +378,7 @@ def test_sigusr1_to_a_supervised_two_process_run_dumps_and_the_run_goes_on(tmp_p
           f"{job / 'stacks' / name}\n") in outputs[0][1]
   text = (job / "stacks" / name).read_text()
   assert "\nprocess: 0 of 2 (jax.distributed)\n" in text
-  assert f"lingvo_lite{os.sep}programs{os.sep}train.py" in _main_thread(
+  assert f"lingvo_lite{os.sep}programs{os.sep}train{os.sep}" in _main_thread(
       _section(text, "Python stacks of every thread"))
 
 
