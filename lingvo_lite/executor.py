@@ -37,6 +37,8 @@ from lingvo_lite.runtime import (compilation_cache, distributed, job_dirs, stack
                                  supervisor)
 
 MODES = tuple(programs.PROGRAMS)
+# What --help prints first: the docstring's usage, without its note to readers of the code.
+_USAGE = __doc__.split("\n\nLonger than 300 lines")[0].strip()
 
 
 def _define_name(name: str, default: str | None, help_string: str) -> flags.FlagHolder[str]:
@@ -194,7 +196,7 @@ def _print_help(kind: str) -> None:
   if kind == "xml":
     flags.FLAGS.write_help_in_xml_format(sys.stdout)
     return
-  print(__doc__.strip() + "\n")
+  print(_USAGE + "\n")
   if kind == "full":
     print(flags.FLAGS.get_help())
   else:
