@@ -416,7 +416,7 @@ RULES = (
     Rule("bin/test.sh", lambda c: c.argv[:2] == ("bash", "bin/test.sh"), None,
          why="runs the whole suite, this test included (it is what CI runs)"),
     Rule("bin/demo.sh", lambda c: c.argv[:2] == ("bash", "bin/demo.sh"), None,
-         why="tests/programs/test_default_experiment.py runs it as written; its 800 steps take ~1.5 "
+         why="tests/programs/test_default_experiment.py runs it as written; its 800 steps take ~4 "
              "minutes, so the suite runs them once"),
     Rule("list", lambda c: _lingvo(c, "list"), _check_list),
     Rule("print as SVG", lambda c: _lingvo(c, "print") and c.flag("format") == "svg",
