@@ -129,9 +129,3 @@ def declared_options(options_classes: Iterable[type]) -> list[DeclaredOption]:
                         f"{options_class.__module__}.{options_class.__qualname__} ({declaration}) "
                         f"and before ({earlier}); one flag has one declaration")
   return list(found.values())
-
-
-def from_values(options_class: type, values: dict[str, Any]) -> Any:
-  """An `options_class` of the parsed flags' `values` (by flag name; others are ignored)."""
-  return options_class(**{field.name: values[field.name]
-                          for field in dataclasses.fields(options_class)})
