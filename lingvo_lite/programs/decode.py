@@ -31,7 +31,7 @@ from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
                                 records as decode_records, requests as decode_requests)
 from lingvo_lite.errors import os_error_text
 from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
-from lingvo_lite.programs.options import option
+from lingvo_lite.programs.options import checkpoint_step_option, option
 from lingvo_lite.runtime.job_dirs import FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
 
@@ -40,8 +40,7 @@ from lingvo_lite.runtime.stop_request import StopRequest
 class Options:
   """The flags of --mode=decode."""
 
-  checkpoint_step: int | None = option(
-      None, "--mode=eval / --mode=decode: use this checkpoint step (default: the latest).")
+  checkpoint_step: int | None = checkpoint_step_option()
   prompt: list[str] | None = option(
       None, "--mode=decode: a prompt to continue (repeatable).", repeated=True)
   prompts_file: str | None = option(

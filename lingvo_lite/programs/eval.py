@@ -42,7 +42,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
-from lingvo_lite.programs.options import option
+from lingvo_lite.programs.options import checkpoint_step_option, option
 from lingvo_lite.runtime import lock as job_lock, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 
@@ -54,8 +54,7 @@ _STOP, _WAIT = -2, -1  # What process 0 tells the others instead of a step to ev
 class Options:
   """The flags of --mode=eval."""
 
-  checkpoint_step: int | None = option(
-      None, "--mode=eval / --mode=decode: use this checkpoint step (default: the latest).")
+  checkpoint_step: int | None = checkpoint_step_option()
   eval_continuous: bool = option(
       False, "--mode=eval: evaluate each checkpoint of a training run beside this one once, "
       "as it lands; exits after the run's final step (train.steps), or after "

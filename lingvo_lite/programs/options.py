@@ -129,3 +129,10 @@ def declared_options(options_classes: Iterable[type]) -> list[DeclaredOption]:
                         f"{options_class.__module__}.{options_class.__qualname__} ({declaration}) "
                         f"and before ({earlier}); one flag has one declaration")
   return list(found.values())
+
+
+def checkpoint_step_option() -> Any:
+  """`--checkpoint_step`, one declaration for every program that reads one checkpoint (eval,
+  decode), which `declared_options` requires to be alike."""
+  return option(None, "--mode=eval / --mode=decode: use this checkpoint step (default: the "
+                "latest).")
