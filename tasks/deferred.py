@@ -10,8 +10,9 @@ line naming the flag, the call and the line that raised, as for the executor's `
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
 
+from lingvo_lite.data.task_facts import TaskFacts
 from lingvo_lite.runtime import user_code
 from lingvo_lite.errors import UsageError, config_error, shown
 
@@ -24,11 +25,26 @@ class DeferredTask:
   """A seqio Task made on first use: what a config needs to validate (its name, splits and
   vocabulary size) without TensorFlow, whose import alone takes 2.5 s, so `--mode=print`
   and `--mode=compile` of the PyCode experiments never load it. `get_dataset` and
-  `output_features` make the Task (and raise the UsageError of a missing seqio)."""
+  `output_features` make the Task (and raise the UsageError of a missing seqio).
 
-  def __init__(self, name: str, splits: tuple[str, ...], vocab_size: int, make):
+  `facts`, where the recipe gives it, says what a run asks of the Task whose token stores are
+  built (lingvo_lite.data.task_facts), so such a run never makes it: a callable returning the
+  made Task's TaskFacts, or None where it cannot know them unmade.
+  """
+
+  def __init__(self, name: str, splits: tuple[str, ...], vocab_size: int, make,
+               facts: Callable[[], TaskFacts | None] | None = None):
     self.name, self.splits, self.vocab_size, self._make = name, splits, vocab_size, make
     self._task = None
+    self._facts_recipe = facts
+    self._facts: tuple[TaskFacts | None] | None = None  # (facts,) once asked.
+
+  @property
+  def facts(self) -> TaskFacts | None:
+    if self._facts is None:
+      self._facts = (None if self._facts_recipe is None else user_code.call_user_code(
+          self._facts_recipe, f"task={self.name!r}: its facts"),)
+    return self._facts[0]
 
   @property
   def task(self):
@@ -72,7 +88,7 @@ class DeferredTask:
   def __getstate__(self):
     # Beam sends the task to its workers: the recipe travels, the made Task (TensorFlow
     # objects) is made again there.
-    return {**self.__dict__, "_task": None}
+    return {**self.__dict__, "_task": None, "_facts": None}
 
   def __repr__(self) -> str:
     return f"DeferredTask({self.name!r})"

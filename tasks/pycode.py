@@ -21,6 +21,8 @@ import zlib
 from typing import Any, Callable, Sequence
 
 from lingvo_lite.data import vocabulary as vocabulary_lib
+from lingvo_lite.data.store_build import describe_preprocessor
+from lingvo_lite.data.task_facts import TaskFacts
 from lingvo_lite.runtime.tensorflow_import import import_seqio
 from lingvo_lite.errors import config_error
 from tasks.deferred import DeferredTask
@@ -112,7 +114,31 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None,
   name = f"pycode_{kind}_{digest}"
   # Metrics are left out of the name: they change no token, so the tasks share a store.
   return DeferredTask(name, SPLITS, vocab_size,
-                      lambda: _make_task(root, name, vocabulary, list(metric_fns)))
+                      lambda: _make_task(root, name, vocabulary, list(metric_fns)),
+                      facts=lambda: _facts(root, name, vocabulary, list(metric_fns)))
+
+
+def _facts(root: str, name: str, vocabulary: Any,
+           metric_fns: list[Callable[..., Any]]) -> TaskFacts | None:
+  """What `_make_task(root, name, vocabulary, metric_fns)` will say, without seqio (None where
+  it cannot be known unmade: metric functions, an untrained SentencePieceModel)."""
+  vocab = vocabulary_lib.vocabulary_facts(vocabulary, name)
+  if vocab is None or metric_fns:
+    return None
+  return TaskFacts(vocabulary=vocab,
+                   preprocessors=(describe_preprocessor(_rekey_text_to_targets),
+                                  "seqio.preprocessors.tokenize", "seqio.preprocessors.append_eos"),
+                   input_files=lambda split: _split_files(root, split))
+
+
+def _split_files(root: str, split: str) -> list[str]:
+  """The files of `split`, as the Task's source lists them (its input shards)."""
+  files = [os.path.join(root, relative) for relative in source_files(root, split)]
+  if not files:
+    raise config_error("source_dir", root, f"has no .py file in the {split!r} split (a "
+                       "file's split is fixed by a hash of its path; about 1 in 10 files "
+                       "is 'validation')", "give a folder with more .py files")
+  return files
 
 
 def _make_task(root: str, name: str, vocabulary: Any, metric_fns: list[Callable[..., Any]]):
@@ -132,14 +158,8 @@ def _make_task(root: str, name: str, vocabulary: Any, metric_fns: list[Callable[
     def list_shards(self, split: str) -> list[str]:
       # Walked once per split: a store build asks for every group of files it reads.
       if split not in self._files:
-        self._files[split] = [os.path.join(root, relative)
-                              for relative in source_files(root, split)]
-      files = self._files[split]
-      if not files:
-        raise config_error("source_dir", root, f"has no .py file in the {split!r} split (a "
-                           "file's split is fixed by a hash of its path; about 1 in 10 files "
-                           "is 'validation')", "give a folder with more .py files")
-      return files
+        self._files[split] = _split_files(root, split)
+      return self._files[split]
 
   return seqio.Task(
       name=name,

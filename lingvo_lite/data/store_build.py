@@ -41,7 +41,7 @@ from etils import epath
 
 from lingvo_lite import paths
 from lingvo_lite.runtime import user_code
-from lingvo_lite.data import store_folders, token_store, vocabulary
+from lingvo_lite.data import store_folders, task_facts, token_store, vocabulary
 from lingvo_lite.runtime.tensorflow_import import import_tensorflow
 from lingvo_lite.runtime import progress
 from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from, error_cause,
@@ -60,8 +60,13 @@ MAX_SHARDS = 4096
 IN_PROCESS_BYTES = 64 << 20
 
 
+def describe_preprocessor(function: Any) -> str:
+  """A preprocessor as a store's key records it: its stable name, with a partial's bound
+  arguments, without the memory addresses of default reprs (which differ every run)."""
+  return _stable(_describe(function))
+
+
 def _describe(function: Any) -> str:
-  """A preprocessor's stable name, with a partial's bound arguments."""
   if isinstance(function, functools.partial):
     bound = [repr(a) for a in function.args] + [f"{k}={v!r}" for k, v in
                                                  sorted(function.keywords.items())]
@@ -71,7 +76,6 @@ def _describe(function: Any) -> str:
 
 
 def _stable(text: str) -> str:
-  """A description without the memory addresses of default reprs, which differ every run."""
   return re.sub(r" at 0x[0-9a-fA-F]+", "", text)
 
 
@@ -84,20 +88,30 @@ def _targets_vocabulary(task: Any):
 
 
 def input_files(task: Any, split: str) -> list[str]:
-  """The Task source's input shards of `split` (file paths for file sources).
+  """The Task source's input shards of `split` (file paths for file sources), from the task's
+  facts where it gives them.
 
   Raises:
     UsageError: the source (the task's own code) failed to list them.
   """
+  facts = task_facts.facts_of(task)
+  list_shards = facts.input_files if facts is not None else task.source.list_shards
   return user_code.call_user_code(
-      lambda: list(task.source.list_shards(split)),
+      lambda: list(list_shards(split)),
       f"task={task.name!r}: listing the input files of split {split!r}")
 
 
 def store_key(task: Any, split: str, shard_bytes: int | None = None) -> dict[str, Any]:
-  """What a store built from `task`'s `split` now would be keyed by (see `KEY_FIELDS`)."""
+  """What a store built from `task`'s `split` now would be keyed by (see `KEY_FIELDS`); from
+  the task's facts where it gives them (no TensorFlow), else from the made Task."""
   shard_bytes = shard_bytes or GROUP_BYTES
-  vocab = _targets_vocabulary(task)
+  facts = task_facts.facts_of(task)
+  if facts is not None:
+    vocab, preprocessors = facts.vocabulary, list(facts.preprocessors)
+  else:
+    made = _targets_vocabulary(task)
+    vocab = vocabulary.VocabularyFacts(vocabulary.fingerprint(made), int(made.vocab_size))
+    preprocessors = [describe_preprocessor(p) for p in task.preprocessors]
   sources = []
   for name in input_files(task, split):
     entry: dict[str, Any] = {"path": name}
@@ -109,9 +123,8 @@ def store_key(task: Any, split: str, shard_bytes: int | None = None) -> dict[str
       "schema": token_store.SCHEMA,
       "task": task.name,
       "split": split,
-      "vocabulary": {"fingerprint": vocabulary.fingerprint(vocab),
-                     "size": int(vocab.vocab_size)},
-      "preprocessors": [_stable(_describe(p)) for p in task.preprocessors],
+      "vocabulary": {"fingerprint": vocab.fingerprint, "size": vocab.vocab_size},
+      "preprocessors": preprocessors,
       "sources": sources,
       # How input files map to shards fixes the order of the token stream, so it is part of
       # what a store holds: it depends on the input alone, never on the workers of a build.

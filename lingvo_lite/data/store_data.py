@@ -25,7 +25,7 @@ import numpy as np
 from etils import epath
 
 from lingvo_lite import paths
-from lingvo_lite.data import locations, token_store, vocabulary
+from lingvo_lite.data import locations, task_facts, token_store, vocabulary
 from lingvo_lite.data.packing import packed_batch
 from lingvo_lite.data.permutation import KeyedPermutation
 from lingvo_lite.data.source import Batch, local_rows, resolve_global_batch_size, under
@@ -252,7 +252,10 @@ class TokenStoreData(StoreStream):
 
 def metric_functions(task: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
   """(score, prediction) metric functions a seqio task defines; seqio's complaint about a
-  function of another signature as one line naming the task."""
+  function of another signature as one line naming the task. A task that gives its facts
+  has none (task_facts.TaskFacts)."""
+  if task_facts.facts_of(task) is not None:
+    return (), ()
   try:
     return (tuple(getattr(task, "score_metric_fns", None) or ()),
             tuple(getattr(task, "predict_metric_fns", None) or ()))
@@ -263,6 +266,9 @@ def metric_functions(task: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
 
 @functools.lru_cache(maxsize=8)
 def _vocabulary_fingerprint(task: Any) -> str | None:
+  facts = task_facts.facts_of(task)
+  if facts is not None:
+    return facts.vocabulary.fingerprint
   try:
     return vocabulary.fingerprint(task.output_features["targets"].vocabulary)
   except TypeError:  # A vocabulary of another kind: not compared.
@@ -273,6 +279,9 @@ def _vocabulary_fingerprint(task: Any) -> str | None:
 def _token_bytes(task: Any) -> np.ndarray | None:
   """The text bytes of each id; None for ids with no text (pre-tokenized data): eval then
   reports bits per token only."""
+  facts = task_facts.facts_of(task)
+  if facts is not None:
+    return facts.vocabulary.token_byte_lengths()
   try:
     return vocabulary.token_byte_lengths(task.output_features["targets"].vocabulary)
   except TypeError:

@@ -5,7 +5,8 @@ a `SentencePieceModel`, which is trained from the task's training split on first
 models trained here are byte-exact for code: no normalization, every space kept, unknown
 characters spelled as byte pieces, so decode(encode(text)) == text for any UTF-8 text
 without U+2581 (the character SentencePiece writes a space as). Only `resolve_vocabulary`,
-`token_byte_lengths`, `fingerprint` and `task_texts` import seqio (and so TensorFlow).
+`token_byte_lengths`, `fingerprint` and `task_texts` import seqio (and so TensorFlow);
+`vocabulary_facts` says what the first two would, without it.
 
 Longer than 300 lines with a reason: a `SentencePieceModel` is trained by the call that resolves it,
 so the trainer (sampling, atomic writes, the lock under which one of several first runs trains) and
@@ -397,18 +398,28 @@ def token_byte_lengths(vocabulary) -> np.ndarray:
   per text on decoding, which these lengths still count. seqio's extra ids (sentinels) are 0.
   """
   seqio = _seqio()
-  lengths = np.zeros(vocabulary.vocab_size, np.int32)
   if isinstance(vocabulary, seqio.ByteVocabulary):
-    lengths[3:BYTE_VOCAB_SIZE] = 1
-    return lengths
+    return _byte_token_lengths(vocabulary.vocab_size)
   if not isinstance(vocabulary, seqio.SentencePieceVocabulary):
     raise TypeError(f"token_byte_lengths: a {type(vocabulary).__name__} is neither a seqio "
                     "ByteVocabulary nor a SentencePieceVocabulary")
+  return _sentencepiece_token_lengths(vocabulary.sp_model, vocabulary.tokenizer,
+                                      vocabulary.vocab_size, vocabulary.extra_ids)
+
+
+def _byte_token_lengths(vocab_size: int) -> np.ndarray:
+  lengths = np.zeros(vocab_size, np.int32)
+  lengths[3:BYTE_VOCAB_SIZE] = 1
+  return lengths
+
+
+def _sentencepiece_token_lengths(sp_model: bytes, processor: Any, vocab_size: int,
+                                 extra_ids: int) -> np.ndarray:
   from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
-  proto = sentencepiece_model_pb2.ModelProto.FromString(vocabulary.sp_model)
-  escaped = proto.normalizer_spec.escape_whitespaces
-  processor = vocabulary.tokenizer
-  for i in range(processor.GetPieceSize() - vocabulary.extra_ids):
+  lengths = np.zeros(vocab_size, np.int32)
+  escaped = sentencepiece_model_pb2.ModelProto.FromString(
+      sp_model).normalizer_spec.escape_whitespaces
+  for i in range(processor.GetPieceSize() - extra_ids):
     if processor.IsByte(i):
       lengths[i] = 1
     elif not (processor.IsControl(i) or processor.IsUnknown(i) or processor.IsUnused(i)):
@@ -421,16 +432,76 @@ def fingerprint(vocabulary) -> str:
   """A string that changes whenever the vocabulary's ids would (a store's manifest key)."""
   seqio = _seqio()
   if isinstance(vocabulary, seqio.ByteVocabulary):
-    return f"bytes:{vocabulary.vocab_size}"
+    return _byte_fingerprint(vocabulary.vocab_size)
   if isinstance(vocabulary, seqio.SentencePieceVocabulary):
-    # sp_model is the proto as loaded: with seqio's extra-id pieces and normalizer overrides.
-    digest = hashlib.sha256(vocabulary.sp_model).hexdigest()
-    extra = f"+extra_ids:{vocabulary.extra_ids}" if vocabulary.extra_ids else ""
-    return f"sentencepiece:{digest}{extra}"
+    return _sentencepiece_fingerprint(vocabulary.sp_model, vocabulary.extra_ids)
   if isinstance(vocabulary, seqio.PassThroughVocabulary):  # Pre-tokenized ids, kept as they are.
     return f"passthrough:{vocabulary.vocab_size}"
   raise TypeError(f"fingerprint: a {type(vocabulary).__name__} is neither a seqio "
                   "ByteVocabulary, SentencePieceVocabulary nor PassThroughVocabulary")
+
+
+def _byte_fingerprint(vocab_size: int) -> str:
+  return f"bytes:{vocab_size}"
+
+
+def _sentencepiece_fingerprint(sp_model: bytes, extra_ids: int) -> str:
+  # sp_model is the proto as seqio loads it: with its extra-id pieces and normalizer overrides.
+  digest = hashlib.sha256(sp_model).hexdigest()
+  extra = f"+extra_ids:{extra_ids}" if extra_ids else ""
+  return f"sentencepiece:{digest}{extra}"
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabularyFacts:
+  """What `fingerprint`, `token_byte_lengths` and `vocab_size` say of the seqio Vocabulary a
+  task tokenizes with, read without seqio (whose import is TensorFlow's, ~5 s of CPU), so a
+  run whose token stores are built need not import it (lingvo_lite/data/task_facts.py).
+
+  Attributes:
+    fingerprint: `fingerprint(vocabulary)`.
+    vocab_size: `vocabulary.vocab_size`.
+    sp_model: The SentencePiece model as seqio holds it (its proto parsed and serialized
+      again); None for raw bytes.
+  """
+  fingerprint: str
+  vocab_size: int
+  sp_model: bytes | None = None
+
+  def token_byte_lengths(self) -> np.ndarray:
+    """`token_byte_lengths(vocabulary)`."""
+    if self.sp_model is None:
+      return _byte_token_lengths(self.vocab_size)
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    processor = spm.SentencePieceProcessor(model_proto=self.sp_model)
+    return _sentencepiece_token_lengths(self.sp_model, processor, self.vocab_size, 0)
+
+
+def vocabulary_facts(vocabulary: "SentencePieceModel | str | None",
+                     task_name: str) -> VocabularyFacts | None:
+  """The facts of the seqio Vocabulary that `resolve_vocabulary(vocabulary, task_name, ...)`
+  returns, after the same checks (the same one-line errors), without seqio: for None (raw
+  bytes), seqio.ByteVocabulary()'s; for a `.model` path, or a SentencePieceModel whose file
+  exists, seqio.SentencePieceVocabulary(path)'s (no extra ids). None for a SentencePieceModel
+  not trained yet: only resolving it trains it."""
+  if vocabulary is None:
+    return VocabularyFacts(_byte_fingerprint(BYTE_VOCAB_SIZE), BYTE_VOCAB_SIZE)
+  if isinstance(vocabulary, (str, os.PathLike)):
+    path, field, value, wanted = paths.resolve(vocabulary), "vocabulary", vocabulary, None
+  elif isinstance(vocabulary, SentencePieceModel):
+    _check_settings(vocabulary.vocab_size, vocabulary.model_type, "vocabulary.")
+    path, wanted = _model_path(vocabulary, task_name), vocabulary
+    field, value = "vocabulary.path", vocabulary.path or os.fspath(path)
+    if not path.exists():
+      return None
+  else:
+    raise _not_a_vocabulary(vocabulary)
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
+  processor = _load(path, field, value, wanted=wanted)
+  # What seqio's loader does to a model file when it adds no extra ids and no overrides.
+  sp_model = sentencepiece_model_pb2.ModelProto.FromString(path.read_bytes()).SerializeToString()
+  return VocabularyFacts(_sentencepiece_fingerprint(sp_model, 0), processor.GetPieceSize(),
+                         sp_model)
 
 
 def task_texts(task: Any, split: str) -> Iterator[bytes]:
