@@ -305,12 +305,15 @@ def _arrange_cpu_devices(count: int | None) -> None:
 
 def _compilation_cache(program: programs.Program) -> compilation_cache.CompilationCache:
   """The run's compilation cache, checked before anything runs: used by the programs whose
-  compiles it serves (Program.compilation_cache)."""
-  used = program.compilation_cache and not _FDL_HELP.value
+  compiles it serves (Program.compilation_cache: JAX's; Program.keeps_compile_analyses: the
+  compile program's own)."""
+  used = ((program.compilation_cache or program.keeps_compile_analyses)
+          and not _FDL_HELP.value)
   job_dir = (paths.resolve(_JOB_LOG_DIR.value, "--job_log_dir") if _JOB_LOG_DIR.value
              and _COMPILATION_CACHE_DIR.present else None)
   return compilation_cache.choose(_COMPILATION_CACHE_DIR.value,
-                                  _COMPILATION_CACHE_DIR.present, used, job_dir)
+                                  _COMPILATION_CACHE_DIR.present, used, job_dir,
+                                  for_jax=program.compilation_cache)
 
 
 def _quiet_orbax(record: std_logging.LogRecord) -> bool:
@@ -440,7 +443,7 @@ def _run_mode(program: programs.Program, options: Any,
         config_json=lambda: config_files.to_json(cfg, experiment),
         config_svg=lambda: config_graph.svg(cfg),
         write_config=lambda: config_files.write(job_dir, cfg, experiment),
-        config_changes=lambda: _config_changes(job_dir, cfg))
+        config_changes=lambda: _config_changes(job_dir, cfg), cache_folder=cache.folder)
     return program.main(invocation)
 
 

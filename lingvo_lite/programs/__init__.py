@@ -44,6 +44,9 @@ class Program:
       restarted run skips them. Off for programs that compile nothing, and for compile, whose
       compile time is a reported figure and whose saved executable must not come out of the
       cache (XLA:CPU cannot serialize one that did): the cache is switched off around them.
+    keeps_compile_analyses: It keeps XLA's analyses of its compiles in the cache folder
+      (programs/compile/analyses.py) and reads them for the same compile again: the compile
+      program, whose TPU executables JAX's cache cannot load back.
     target_from_options: It runs on (compiles for) the target its options name
       (`Options.target()`, with `Options.cpu_devices()` asked before anything touches a
       device), not on this host's devices.
@@ -57,6 +60,7 @@ class Program:
   joins_distributed: bool = False
   prints_results: bool = False
   compilation_cache: bool = True
+  keeps_compile_analyses: bool = False
   target_from_options: bool = False
 
   def _module(self) -> types.ModuleType:
@@ -102,6 +106,8 @@ class Invocation:
     write_config: Writes config.json and config.txt into the job dir.
     config_changes: Given a job dir's recorded config path, the fields that differ from this
       config as `path: old -> new` (none when the job has no config yet).
+    cache_folder: The run's compilation cache folder (None: none), for a program that keeps
+      its own things there (Program.keeps_compile_analyses).
   """
 
   setup: Any
@@ -115,6 +121,7 @@ class Invocation:
   config_svg: Callable[[], str] = lambda: ""
   write_config: Callable[[], None] = lambda: None
   config_changes: Callable[[], list[str]] = lambda: []
+  cache_folder: str | None = None
 
 
 def summarize_changes(changes: list[str]) -> str:
@@ -146,7 +153,8 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("compile", "compile the train step (or the eval step, or the decode functions) "
             "ahead of time for a target topology: memory verdict, step time, maximum batch, a "
             "saved executable",
-            "compile.program", compilation_cache=False, target_from_options=True),
+            "compile.program", compilation_cache=False, keeps_compile_analyses=True,
+            target_from_options=True),
     Program("print", "print the flattened config (after overrides) and validate it; "
             "--format=json prints config.json, --format=svg a picture of it", "print_config",
             prints_results=True, compilation_cache=False),

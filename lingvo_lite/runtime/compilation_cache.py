@@ -31,10 +31,12 @@ _FIX = ("give a folder for JAX's compiled programs, or --compilation_cache_dir= 
 @dataclasses.dataclass(frozen=True)
 class CompilationCache:
   """The cache a run uses: `folder` (None: no cache), and the `warning` to print when the run
-  compiles (None: nothing to say)."""
+  compiles (None: nothing to say). `for_jax`: JAX's persistent cache uses the folder (the
+  compile program keeps only its own analyses there: programs/compile/analyses.py)."""
 
   folder: str | None = None
   warning: str | None = None
+  for_jax: bool = True
 
   def configure(self) -> None:
     """Points JAX at the folder (every compile cached), or turns JAX's cache off, and says why
@@ -47,18 +49,20 @@ class CompilationCache:
     """
     if self.warning:
       print(f"lingvo_lite: warning: {self.warning}", file=sys.stderr, flush=True)
-    if self.folder:
+    used = bool(self.folder) and self.for_jax
+    if used:
       jax.config.update("jax_compilation_cache_dir", self.folder)
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_enable_compilation_cache", bool(self.folder))
+    jax.config.update("jax_enable_compilation_cache", used)
     # JAX decides at a process's first compile whether it uses its cache, and keeps to that
     # answer; whatever compiled before this (building the Setup) must not decide it.
     jax_compilation_cache.reset_cache()
 
 
-def choose(value: str, given: bool, used: bool, job_dir: epath.Path | None) -> CompilationCache:
+def choose(value: str, given: bool, used: bool, job_dir: epath.Path | None,
+           for_jax: bool = True) -> CompilationCache:
   """The cache of `--compilation_cache_dir=value` (`given` on the command line, or the default),
-  for a mode that compiles (`used`) or not.
+  for a mode that compiles (`used`) or not, through JAX's cache (`for_jax`) or not.
 
   Raises:
     UsageError: a given value is blank, names a file, a folder under a file, a folder in which
@@ -74,10 +78,10 @@ def choose(value: str, given: bool, used: bool, job_dir: epath.Path | None) -> C
   problem = None if paths.is_remote(str(path)) else _unwritable_folder(path)
   if problem is None:
     # A program that does not use the cache still refuses a bad folder given to it, alike.
-    return CompilationCache(folder=os.fspath(path) if used else None)
+    return CompilationCache(folder=os.fspath(path) if used else None, for_jax=for_jax)
   if given:
     raise UsageError(f"--compilation_cache_dir={value}: {problem}; {_FIX}")
-  return CompilationCache(warning=(
+  return CompilationCache(for_jax=for_jax, warning=(
       f"running without the compilation cache: {path} {problem}; pass "
       "--compilation_cache_dir=FOLDER, or --compilation_cache_dir= to silence this"))
 

@@ -15,8 +15,8 @@ import pytest
 
 from lingvo_lite import target as targets
 from lingvo_lite.jitted import JittedSteps
-from lingvo_lite.programs.compile import aot, report as compile_report
-from lingvo_lite.testing import source_root, synthetic_tiny_setup, tree_digest
+from lingvo_lite.programs.compile import aot, analyses, report as compile_report
+from lingvo_lite.testing import run_cli, source_root, synthetic_tiny_setup, tree_digest
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
         "--fdl.train_data.global_batch_size=8", "--fdl.eval_data.global_batch_size=8"]
@@ -182,6 +182,52 @@ def test_tpu_compiles_one_and_two_slices(tmp_path):
   assert _report(tmp_path / "two")["target"]["num_slices"] == 2
 
 
+def test_the_same_compile_again_reads_xlas_analyses_from_the_cache(tmp_path):
+  _need_libtpu()
+  cache = tmp_path / "cache"
+  args = [*TINY, "--mode=compile", "--compile_topology=v5e-8", f"--compilation_cache_dir={cache}"]
+  reports = {}
+  for name in ("first", "again"):
+    completed = run_cli([*args, f"--job_log_dir={tmp_path / name}"])
+    assert completed.code == 0, completed.stderr
+    reports[name] = _report(tmp_path / name)
+  first, again = reports["first"], reports["again"]
+  assert not first["compile_cached"] and again["compile_cached"]
+  assert "read XLA's analyses of the same program from the compilation cache" in completed.stdout
+  # Everything XLA said, and the first compile's seconds, as the first compile reported them.
+  for field in ("verdict", "memory", "margin", "largest_buffers", "flops", "compile_seconds"):
+    assert again[field] == first[field], field
+  kept = list((cache / analyses.FOLDER_NAME).iterdir())
+  assert len(kept) == 1
+  # Another program (a larger batch) compiles; so does one whose kept file is damaged.
+  completed = run_cli([*args, f"--job_log_dir={tmp_path / 'other'}",
+                       "--fdl.train_data.global_batch_size=16"])
+  assert completed.code == 0 and not _report(tmp_path / "other")["compile_cached"]
+  kept[0].write_text('{"schema": 1, "seconds": "not a number"')
+  completed = run_cli([*args, f"--job_log_dir={tmp_path / 'damaged'}"])
+  assert completed.code == 0, completed.stderr
+  assert not _report(tmp_path / "damaged")["compile_cached"]
+  assert _report(tmp_path / "damaged")["memory"] == first["memory"]
+  # Without a cache, nothing is kept or read.
+  completed = run_cli([*TINY, "--mode=compile", "--compile_topology=v5e-8",
+                       "--compilation_cache_dir=", f"--job_log_dir={tmp_path / 'none'}"])
+  assert completed.code == 0 and not _report(tmp_path / "none")["compile_cached"]
+  assert len(list((cache / analyses.FOLDER_NAME).iterdir())) == 2
+
+
+def test_an_executable_that_is_needed_is_compiled_whatever_was_kept(tmp_path):
+  lowered = jax.jit(lambda x: x * 2 + 1).lower(jax.ShapeDtypeStruct((4, 8), np.float32))
+  with targets.active(targets.host()), analyses.kept_in(str(tmp_path)):
+    first = aot.compile_lowered(lowered, 0.0)
+    again = aot.compile_lowered(lowered, 0.0)
+    needed = aot.compile_lowered(lowered, 0.0, need_executable=True)
+  assert first.executable is not None and not first.cached
+  assert again.executable is None and again.cached and again.memory == first.memory
+  assert needed.executable is not None and not needed.cached
+  np.testing.assert_array_equal(needed.executable(np.ones((4, 8), np.float32)),
+                                np.full((4, 8), 3.0, np.float32))
+
+
 def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tmp_path):
   # Rows of 1024 tokens over a 65536-token vocabulary: float32 logits of 256 MiB per row.
   heavy = [*TINY, "--fdl.model.vocab_size=65536", "--fdl.train_data.vocab_size=65536",
@@ -196,10 +242,11 @@ def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tm
   assert best and best >= 2, search
   made = {c["per_device_batch_size"]: c for c in search["compiles"]}
   assert made[best]["fits"] and not made[best + 1]["fits"]
-  # Brute force: compile each batch from 1 to best + 1 on its own.
+  # Brute force: compile each batch from 1 to best + 1 on its own (each really compiled, not
+  # read from the analyses the search kept of the same programs).
   for per_device in range(1, best + 2):
     job = tmp_path / f"b{per_device}"
-    completed = _lingvo([*heavy, f"--job_log_dir={job}",
+    completed = _lingvo([*heavy, f"--job_log_dir={job}", "--compilation_cache_dir=",
                          f"--fdl.train_data.global_batch_size={8 * per_device}"])
     assert completed.returncode == (0 if per_device <= best else 3), (per_device,
                                                                        completed.stderr)

@@ -19,6 +19,7 @@ import jax
 from lingvo_lite import evaluation, target as targets
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.programs.compile import analyses
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # XLA:TPU's out-of-memory messages, e.g. "the total memory required for HLO temporaries
@@ -80,8 +81,13 @@ class Buffer:
 
 @dataclasses.dataclass
 class Compiled:
-  """One lowered function compiled: the executable (None when XLA refused it for memory)
-  and its analyses."""
+  """One lowered function compiled: the executable (None when XLA refused it for memory, or
+  when the analyses were `cached`) and its analyses.
+
+  Attributes:
+    cached: The analyses are an earlier compile's of the same program (analyses.py), and
+      `seconds` is how long that compile took.
+  """
 
   executable: Any
   seconds: float
@@ -89,6 +95,7 @@ class Compiled:
   out_of_memory: OutOfMemory | None
   xla_flops_per_device: float | None
   largest_buffers: list[Buffer]
+  cached: bool = False
 
 
 @dataclasses.dataclass
@@ -103,6 +110,7 @@ class CompileResult:
   out_of_memory: OutOfMemory | None
   xla_flops_per_device: float | None
   largest_buffers: list[Buffer]
+  cached: bool = False
 
 
 def lower(jitted: JittedSteps, program: str) -> Any:
@@ -116,30 +124,58 @@ def lower(jitted: JittedSteps, program: str) -> Any:
     return jitted.eval_step.lower(jitted.sharded_state.abstract.params, eval_batch)
 
 
-def compile_step(setup: Setup, target: targets.Target, program: str = "train"
-                 ) -> CompileResult:
-  """Lowers and compiles `program`'s step of `setup` for `target`, from shapes only."""
+def compile_step(setup: Setup, target: targets.Target, program: str = "train",
+                 need_executable: bool = False) -> CompileResult:
+  """Lowers and compiles `program`'s step of `setup` for `target`, from shapes only (or reads
+  an earlier compile's analyses of the same program, unless `need_executable`)."""
   started = time.perf_counter()
   with targets.active(target):
     jitted = JittedSteps(setup, target=target)
-    compiled = compile_lowered(lower(jitted, program), started)
+    compiled = compile_lowered(lower(jitted, program), started, need_executable)
   return CompileResult(jitted, program, compiled.executable, compiled.seconds, compiled.memory,
                        compiled.out_of_memory, compiled.xla_flops_per_device,
-                       compiled.largest_buffers)
+                       compiled.largest_buffers, compiled.cached)
 
 
-def compile_lowered(lowered: Any, started: float) -> Compiled:
-  """Compiles `lowered` (timed from `started`); an out-of-memory refusal becomes its bytes."""
+def compile_lowered(lowered: Any, started: float, need_executable: bool = False) -> Compiled:
+  """Compiles `lowered` for the active target (timed from `started`); an out-of-memory
+  refusal becomes its bytes. Where an earlier compile of the same program kept its analyses
+  (analyses.py) and no executable is needed, those are read instead."""
+  digest = analyses.key(lowered, targets.current().devices)
+  kept = None if need_executable else analyses.read(digest)
+  if kept is not None:
+    try:
+      return _from_kept(kept)
+    except (KeyError, TypeError, ValueError):
+      pass  # Not what this code writes: compiled again, and written anew.
   try:
     executable = lowered.compile()
   except Exception as e:  # pylint: disable=broad-except
     out_of_memory = parse_out_of_memory(str(e))
     if out_of_memory is None:
       raise
-    return Compiled(None, time.perf_counter() - started, None, out_of_memory, None, [])
-  seconds = time.perf_counter() - started
-  return Compiled(executable, seconds, _memory(executable), None, _flops(executable),
-                  largest_buffers(executable.as_text()))
+    compiled = Compiled(None, time.perf_counter() - started, None, out_of_memory, None, [])
+  else:
+    seconds = time.perf_counter() - started
+    compiled = Compiled(executable, seconds, _memory(executable), None, _flops(executable),
+                        largest_buffers(executable.as_text()))
+  analyses.write(digest, {
+      "seconds": compiled.seconds, "memory": analyses.as_dict(compiled.memory),
+      "out_of_memory": analyses.as_dict(compiled.out_of_memory),
+      "xla_flops_per_device": compiled.xla_flops_per_device,
+      "largest_buffers": [dataclasses.asdict(b) for b in compiled.largest_buffers]})
+  return compiled
+
+
+def _from_kept(kept: dict[str, Any]) -> Compiled:
+  memory, out_of_memory = kept["memory"], kept["out_of_memory"]
+  flops = kept["xla_flops_per_device"]
+  return Compiled(
+      executable=None, seconds=float(kept["seconds"]),
+      memory=None if memory is None else MemoryBytes(**memory),
+      out_of_memory=None if out_of_memory is None else OutOfMemory(**out_of_memory),
+      xla_flops_per_device=None if flops is None else float(flops),
+      largest_buffers=[Buffer(**b) for b in kept["largest_buffers"]], cached=True)
 
 
 def parse_out_of_memory(message: str) -> OutOfMemory | None:

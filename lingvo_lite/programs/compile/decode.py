@@ -30,7 +30,8 @@ parameters, verdict, margin and largest_buffers, and):
               other_state (tokens, log-probabilities, per-slot lengths, sampling, seeds),
               inputs), total, xla_arguments (generate's)
   largest_buffers: of the deciding function
-  compile_seconds: both compiles
+  compile_seconds: both compiles; compile_cached: both came from the compilation cache
+              (programs/compile/analyses.py)
   max_slots:  (with --compile_find_max_batch) max_slots, max_slots_per_device, unit (the
               data-parallel size: valid slot counts are its multiples), line
               (bytes_at_zero, bytes_per_slot: per device), note, compiles
@@ -164,6 +165,7 @@ def build(result: DecodeCompileResult) -> dict[str, Any]:
                    "xla_arguments": generate.arguments if generate else None},
       "largest_buffers": [vars(b) for b in result.compiled[decider].largest_buffers],
       "compile_seconds": result.seconds,
+      "compile_cached": all(c.cached for c in result.compiled.values()),
   }
 
 
@@ -241,7 +243,8 @@ def to_text(report: dict[str, Any]) -> str:
       for name, f in report["functions"].items())
   lines.append(f"  XLA cost analysis, FLOPs per device: {flops} (it counts a loop body once: "
                "the generate loop's one token)")
-  lines.append(f"  compile time: {report['compile_seconds']:.1f} s")
+  lines.append(f"  compile time: {report['compile_seconds']:.1f} s"
+               f"{compile_report.cached_note(report)}")
   if "max_slots" in report:
     lines += _max_slots_text(report["max_slots"])
   return "\n".join(lines) + "\n"

@@ -24,7 +24,8 @@ from lingvo_lite import outputs, paths, target as targets, topologies
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
 from lingvo_lite.programs.options import option
-from lingvo_lite.programs.compile import (aot, compiled_steps, decode as decode_compile, max_batch,
+from lingvo_lite.programs.compile import (aot, analyses, compiled_steps,
+                                          decode as decode_compile, max_batch,
                                           report as compile_report)
 from lingvo_lite.runtime import summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
@@ -103,18 +104,20 @@ def main(invocation: Invocation) -> int | None:
   if invocation.job_dir is None:  # The report goes to stdout alone.
     outputs.check_stdout("--mode=compile", "run it with stdout open, or pass --job_log_dir=JOB "
                          "to write the report to JOB/compile/")
-  if program == "decode":
-    result = decode_compile.compile_decode(setup, target)
-    report = decode_compile.build(result)
-    if options.compile_find_max_batch:
-      report["max_slots"] = decode_compile.search_slots(setup, target, result)
-    text = decode_compile.to_text(report)
-  else:
-    result = aot.compile_step(setup, target, program)
-    report = compile_report.build(result)
-    if options.compile_find_max_batch:
-      report["max_batch"] = max_batch.search(setup, target, program, policies, result)
-    text = compile_report.to_text(report)
+  with analyses.kept_in(invocation.cache_folder):
+    if program == "decode":
+      result = decode_compile.compile_decode(setup, target)
+      report = decode_compile.build(result)
+      if options.compile_find_max_batch:
+        report["max_slots"] = decode_compile.search_slots(setup, target, result)
+      text = decode_compile.to_text(report)
+    else:
+      # The saved step is the executable itself: compiled, never an earlier compile's analyses.
+      result = aot.compile_step(setup, target, program, need_executable=step_out is not None)
+      report = compile_report.build(result)
+      if options.compile_find_max_batch:
+        report["max_batch"] = max_batch.search(setup, target, program, policies, result)
+      text = compile_report.to_text(report)
   printed = _print_report(text)
   fits = report["verdict"] != compile_report.DOES_NOT_FIT
   _write_outputs(invocation, step_out, result, report, text, fits)

@@ -20,7 +20,9 @@ report.json, schema "lingvo_lite.compile_report/1":
   analytic:   parameters, optimizer (by moment name), other_state, batch, total, and
               xla_arguments beside it
   flops:      xla_per_device, model_per_step, model_per_device
-  compile_seconds
+  compile_seconds, compile_cached (the analyses are an earlier compile's of the same program,
+              read from the compilation cache: programs/compile/analyses.py; compile_seconds is
+              that compile's)
   step_time:  peak_flops_per_device, peak_source, seconds_at_100_mfu, seconds_at_50_mfu,
               tokens_per_s_per_device_at_50_mfu
   max_batch:  (with --compile_find_max_batch) see programs/compile/max_batch.py
@@ -160,11 +162,18 @@ def build(result: CompileResult) -> dict[str, Any]:
       "flops": {"xla_per_device": result.xla_flops_per_device, "model_per_step": model_flops,
                 "model_per_device": model_flops / target.num_devices},
       "compile_seconds": result.seconds,
+      "compile_cached": result.cached,
       "step_time": {"peak_flops_per_device": peak, "peak_source": peak_source,
                     "seconds_at_100_mfu": at_full, "seconds_at_50_mfu": 2 * at_full,
                     "tokens_per_s_per_device_at_50_mfu":
                         tokens / (2 * at_full) / target.num_devices},
   }
+
+
+def cached_note(report: dict) -> str:
+  """What the compile time line adds where XLA's analyses came from the cache."""
+  return (" (the first compile's; this run read XLA's analyses of the same program from the "
+          "compilation cache)" if report.get("compile_cached") else "")
 
 
 def _peak(target, setup) -> tuple[float, str]:
@@ -246,7 +255,7 @@ def to_text(report: dict[str, Any]) -> str:
                f"per device); XLA cost analysis "
                f"{'n/a' if xla_flops is None else f'{xla_flops:.4g}'} per device (it counts "
                "a loop body once: a scan over layers or micro-batches counts one iteration)")
-  lines.append(f"  compile time: {report['compile_seconds']:.1f} s")
+  lines.append(f"  compile time: {report['compile_seconds']:.1f} s{cached_note(report)}")
   tokens = s["tokens_per_s_per_device_at_50_mfu"]
   lines.append(f"  step time at 100% MFU {s['seconds_at_100_mfu'] * 1e3:.4g} ms, at 50% "
                f"{s['seconds_at_50_mfu'] * 1e3:.4g} ms ({tokens:,.0f} tokens/s per device); "
