@@ -54,9 +54,9 @@ def _shared_jax_cache() -> str | None:
 
 
 def _prune(folder: str) -> None:
-  """Deletes compiled programs written more than JAX_CACHE_DAYS ago, at most once a day (JAX
-  keeps every program it is given, and each change of the code makes new ones). A program
-  still in use is compiled again once."""
+  """Deletes compiled programs (and kept results) written more than JAX_CACHE_DAYS ago, at
+  most once a day (JAX keeps every program it is given, and each change of the code makes new
+  ones). A program still in use is compiled again once."""
   stamp = pathlib.Path(folder) / ".pruned"
   now = time.time()
   try:
@@ -65,7 +65,16 @@ def _prune(folder: str) -> None:
   except OSError:
     pass
   stamp.touch()
-  for entry in os.scandir(folder):
+  # JAX's programs, and one level down what lingvo_lite keeps beside them
+  # (runtime/kept_results.py: compile analyses, the matmul peak).
+  entries = list(os.scandir(folder))
+  for entry in list(entries):
+    if entry.is_dir(follow_symlinks=False):
+      try:
+        entries += os.scandir(entry.path)
+      except OSError:
+        pass
+  for entry in entries:
     try:
       if entry.is_file() and now - entry.stat().st_mtime > JAX_CACHE_DAYS * 86400:
         os.unlink(entry.path)

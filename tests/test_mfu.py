@@ -1,5 +1,6 @@
 """Model FLOPs per step against a count taken from the real parameter tree, and device peaks."""
 
+import time
 import types
 
 import fiddle as fdl
@@ -62,6 +63,40 @@ def test_cpu_peak_is_measured_unless_configured():
   peak, source = mfu.peak_flops_per_device(cpu)
   assert peak > 1e9 and "2048^3" in source
   assert mfu.peak_flops_per_device(cpu, configured_tflops=2.5) == (2.5e12, "configured")
+
+
+def test_a_measured_cpu_peak_is_kept_per_host_in_the_cache_folder(tmp_path, monkeypatch):
+  """Measured once per host and cache folder for a day; another XLA_FLAGS (another split of
+  the cores), no folder, a damaged file or a day later measures again."""
+  measured = []
+  def measure():
+    measured.append(1)
+    return 4.5e11 + len(measured)  # Each measurement is told apart by its value.
+  monkeypatch.setattr(mfu, "measured_matmul_peak", measure)
+  cpu = types.SimpleNamespace(device_kind="cpu")
+  folder = str(tmp_path / "cache")
+  first = mfu.peak_flops_per_device(cpu, cache_folder=folder)
+  assert first == (4.5e11 + 1, mfu.MEASURED)
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4.5e11 + 1, mfu.KEPT)
+  assert len(measured) == 1
+  # The configured value and the datasheet never measure.
+  assert mfu.peak_flops_per_device(cpu, 2.5, folder) == (2.5e12, "configured")
+  assert len(measured) == 1
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4.5e11 + 2, mfu.MEASURED)
+  monkeypatch.delenv("XLA_FLAGS")
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder)[0] == 4.5e11 + 1
+  assert mfu.peak_flops_per_device(cpu, cache_folder=None) == (4.5e11 + 3, mfu.MEASURED)
+  kept = list((tmp_path / "cache").glob("*/*.json"))
+  assert len(kept) == 2
+  for path in kept:
+    path.write_text('{"schema": 1, "flops_per_second": "fast"}')
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4.5e11 + 4, mfu.MEASURED)
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4.5e11 + 4, mfu.KEPT)
+  now = time.time()
+  monkeypatch.setattr(mfu.time, "time", lambda: now + mfu.KEPT_SECONDS + 1)
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4.5e11 + 5, mfu.MEASURED)
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4.5e11 + 5, mfu.KEPT)
 
 
 def test_throughput_report_over_the_steps_since_the_last_one(monkeypatch):

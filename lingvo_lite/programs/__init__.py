@@ -107,7 +107,8 @@ class Invocation:
     config_changes: Given a job dir's recorded config path, the fields that differ from this
       config as `path: old -> new` (none when the job has no config yet).
     cache_folder: The run's compilation cache folder (None: none), for a program that keeps
-      its own things there (Program.keeps_compile_analyses).
+      its own things there (runtime/kept_results.py: compile analyses, the host's matmul
+      peak).
   """
 
   setup: Any

@@ -197,7 +197,7 @@ def test_the_same_compile_again_reads_xlas_analyses_from_the_cache(tmp_path):
   # Everything XLA said, and the first compile's seconds, as the first compile reported them.
   for field in ("verdict", "memory", "margin", "largest_buffers", "flops", "compile_seconds"):
     assert again[field] == first[field], field
-  kept = list((cache / analyses.FOLDER_NAME).iterdir())
+  kept = list((cache / analyses.KIND).iterdir())
   assert len(kept) == 1
   # Another program (a larger batch) compiles; so does one whose kept file is damaged.
   completed = run_cli([*args, f"--job_log_dir={tmp_path / 'other'}",
@@ -212,7 +212,7 @@ def test_the_same_compile_again_reads_xlas_analyses_from_the_cache(tmp_path):
   completed = run_cli([*TINY, "--mode=compile", "--compile_topology=v5e-8",
                        "--compilation_cache_dir=", f"--job_log_dir={tmp_path / 'none'}"])
   assert completed.code == 0 and not _report(tmp_path / "none")["compile_cached"]
-  assert len(list((cache / analyses.FOLDER_NAME).iterdir())) == 2
+  assert len(list((cache / analyses.KIND).iterdir())) == 2
 
 
 def test_an_executable_that_is_needed_is_compiled_whatever_was_kept(tmp_path):

@@ -10,6 +10,7 @@ import jax
 import pytest
 from etils import epath
 
+from lingvo_lite import mfu
 from lingvo_lite.runtime import run_info
 from lingvo_lite.testing import run_cli
 
@@ -80,11 +81,13 @@ def test_profiler_trace_of_a_step_window(tmp_path):
 
 def test_rerun_hits_the_persistent_compilation_cache(tmp_path):
   cache = tmp_path / "cache"
-  _train(tmp_path / "a", "--fdl.train.steps=2", cache=cache)
+  first = _train(tmp_path / "a", "--fdl.train.steps=2", cache=cache)
   entries = sorted(os.listdir(cache))
   assert entries, "the first run should fill the cache"
-  _train(tmp_path / "b", "--fdl.train.steps=2", cache=cache)
+  second = _train(tmp_path / "b", "--fdl.train.steps=2", cache=cache)
   assert sorted(os.listdir(cache)) == entries  # Same programs: nothing new compiled.
+  # The host's matmul peak too was measured by the first run only, and the second says so.
+  assert f"({mfu.MEASURED})" in first.stdout and f"({mfu.KEPT})" in second.stdout
 
 
 def test_compile_checkpoint_and_eval_time_stay_out_of_the_step_time(tmp_path, monkeypatch):

@@ -6,8 +6,8 @@ load it back ("PjRtCompiler must be constructed with a Client to call
 DeserializeLoadedExecutable"), which is why the compile program runs without JAX's cache. What
 the program reports of a compile is small: XLA's memory analysis, its FLOPs, the largest
 buffers of the optimized HLO, or the out-of-memory refusal. Those are kept here, one JSON file
-per compile in `<compilation cache folder>/lingvo_lite_compile_analyses/`, named by a digest of
-everything the compile depends on:
+per compile in `<compilation cache folder>/lingvo_lite_compile_analyses/` (runtime/kept_results.py),
+named by a digest of everything the compile depends on:
 
   - the lowered program's text: the computation, its shapes, shardings and donations;
   - the target's devices (kind, id, process, coordinates): the device assignment;
@@ -18,8 +18,7 @@ The same compile again (a repeated command, a max-batch search that meets a size
 test of the same experiment) reads them instead of compiling, and says so in its report with the
 seconds the first compile took. A compile whose executable is needed (--compiled_step_out
 saves it) always compiles. `--compilation_cache_dir=` (no cache) keeps nothing and reads
-nothing. Files are written whole (a temporary file renamed into place); one that cannot be read
-as written is ignored and compiled again.
+nothing. A file that cannot be read as written is ignored and compiled again.
 """
 
 from __future__ import annotations
@@ -27,19 +26,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import hashlib
-import importlib.metadata
-import json
 import os
 from typing import Any, Iterator
 
 import jax
-from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite.runtime import kept_results
 
-SCHEMA = 1
-FOLDER_NAME = "lingvo_lite_compile_analyses"
+KIND = "lingvo_lite_compile_analyses"
 _ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 _FOLDER: contextvars.ContextVar[str | None] = contextvars.ContextVar("analyses", default=None)
 
@@ -47,18 +41,17 @@ _FOLDER: contextvars.ContextVar[str | None] = contextvars.ContextVar("analyses",
 @contextlib.contextmanager
 def kept_in(cache_folder: str | None) -> Iterator[None]:
   """Within it, compiles keep and read their analyses under `cache_folder` (None: neither)."""
-  token = _FOLDER.set(os.path.join(cache_folder, FOLDER_NAME) if cache_folder else None)
+  token = _FOLDER.set(cache_folder or None)
   try:
     yield
   finally:
     _FOLDER.reset(token)
 
 
-def _version(package: str) -> str | None:
-  try:
-    return importlib.metadata.version(package)
-  except importlib.metadata.PackageNotFoundError:
-    return None
+def cache_folder() -> str | None:
+  """The compilation cache folder compiles keep their analyses in now (None: none), which
+  also keeps the host's measured matmul peak that a CPU target's report divides by."""
+  return _FOLDER.get()
 
 
 def _device(device: Any) -> list[Any]:
@@ -73,46 +66,25 @@ def key(lowered: Any, devices: tuple[Any, ...]) -> str | None:
   folder keeps analyses (then nothing is read or written)."""
   if _FOLDER.get() is None:
     return None
-  described = {
-      "schema": SCHEMA,
+  return kept_results.digest({
       "program": lowered.as_text(),
       "devices": [_device(d) for d in devices],
-      "versions": {name: _version(name) for name in ("jax", "jaxlib", "libtpu")},
+      "versions": kept_results.versions("jax", "jaxlib", "libtpu"),
       "env": {name: os.environ.get(name) for name in _ENV},
       "platform": jax.default_backend() if not devices else devices[0].platform,
-  }
-  return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
-
-
-def _path(digest: str | None) -> str | None:
-  folder = _FOLDER.get()
-  return os.path.join(folder, f"{digest}.json") if folder and digest else None
+  })
 
 
 def read(digest: str | None) -> dict[str, Any] | None:
   """The analyses kept under `digest`, or None (none kept, no cache, or not readable whole)."""
-  path = _path(digest)
-  if path is None:
-    return None
-  try:
-    with open(path, encoding="utf-8") as f:
-      kept = json.load(f)
-  except (OSError, ValueError):
-    return None
-  return kept if isinstance(kept, dict) and kept.get("schema") == SCHEMA else None
+  return kept_results.read(_FOLDER.get(), KIND, digest) if digest else None
 
 
 def write(digest: str | None, analyses: dict[str, Any]) -> None:
   """Keeps `analyses` under `digest`; a cache that cannot be written costs only the next
   compile's time."""
-  path = _path(digest)
-  if path is None:
-    return
-  try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    paths.write_atomically(epath.Path(path), json.dumps({"schema": SCHEMA, **analyses}) + "\n")
-  except OSError:
-    pass
+  if digest:
+    kept_results.write(_FOLDER.get(), KIND, digest, analyses)
 
 
 def as_dict(value: Any) -> Any:

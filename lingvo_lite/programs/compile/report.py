@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from lingvo_lite import evaluation, mfu
+from lingvo_lite.programs.compile import analyses
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 
 SCHEMA = "lingvo_lite.compile_report/1"
@@ -183,7 +184,8 @@ def _peak(target, setup) -> tuple[float, str]:
   if target.peak_bf16_tflops:
     return target.peak_bf16_tflops * 1e12, f"{target.device_kind} bf16 datasheet"
   if target.platform == "cpu":
-    return (mfu.measured_matmul_peak() / target.num_devices,
+    flops, _ = mfu.host_matmul_peak(analyses.cache_folder())
+    return (flops / target.num_devices,
             f"this host's best float32 2048^3 matmul shared by {target.num_devices} devices")
   return mfu.peak_flops_per_device(target.devices[0])
 

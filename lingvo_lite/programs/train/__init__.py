@@ -82,7 +82,7 @@ def main(invocation: Invocation) -> None:
     record_config = invocation.write_config if is_chief else lambda: None
     result = run(setup, job_dir, record_config, job_is_new,
                  compiled_step_in=invocation.options.compiled_step_in,
-                 command_line=invocation.command_line)
+                 command_line=invocation.command_line, cache_folder=invocation.cache_folder)
   if is_chief:
     print(_summary(result, setup.eval_sets, epath.Path(invocation.shown_job_dir)), flush=True)
 
@@ -111,7 +111,8 @@ def _summary(result: TrainResult, eval_sets: Iterable[str], shown: epath.Path) -
 def run(setup: Setup, job_dir: epath.Path,
         record_config: Callable[[], None] = lambda: None,
         job_is_new: bool = True, compiled_step_in: str | None = None,
-        command_line: Sequence[str] | None = None) -> TrainResult:
+        command_line: Sequence[str] | None = None, cache_folder: str | None = None
+        ) -> TrainResult:
   """Trains `setup` in `job_dir`, resuming from its latest verified checkpoint if any.
 
   Nothing in an existing `job_dir` changes until the starting state is in hand (initialized,
@@ -123,6 +124,8 @@ def run(setup: Setup, job_dir: epath.Path,
       replaces the jitted one once its manifest matches this setup and host.
     command_line: The command line the run's row of run_info.jsonl records (the executor's
       Invocation.command_line); None records sys.argv.
+    cache_folder: The run's compilation cache folder, which also keeps a CPU host's
+      measured matmul peak (mfu.host_matmul_peak); None measures it.
 
   Raises:
     TrainingFailure: a non-finite loss or state, or a failed save (one-line message).
@@ -162,7 +165,7 @@ def run(setup: Setup, job_dir: epath.Path,
     checkpointer.on_verified = outputs.commit
     checkpointer.also_keep = health.newest_healthy
     try:
-      throughput = _start_meter(setup, jitted, state, start, watchdog, say)
+      throughput = _start_meter(setup, jitted, state, start, watchdog, say, cache_folder)
       loop = TrainLoop(setup=setup, jitted=jitted, checkpointer=checkpointer, outputs=outputs,
                         health=health, throughput=throughput, stop=stop, watchdog=watchdog,
                         job_dir=job_dir, say=say, state=state, start=start)
@@ -214,7 +217,8 @@ def _failure_after_start(error: TrainingFailure | CheckpointWriteError,
 
 
 def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog: Watchdog,
-                 say: Callable[[str], None]) -> summaries.Throughput:
+                 say: Callable[[str], None], cache_folder: str | None
+                 ) -> summaries.Throughput:
   """Says the model's size and the batch's layout, then starts the throughput meter: its
   clock starts here, so the compile that follows is counted, off the steps."""
   data, num_devices = setup.train_data, jitted.target.num_devices
@@ -223,7 +227,8 @@ def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog:
   flops = mfu.model_flops_per_step(setup.model, data.global_batch_size, data.sequence_length)
   with watchdog.excused("measuring the peak"):  # On a CPU: a compile and 11 big matmuls.
     peak, peak_source = mfu.peak_flops_per_device(jitted.target.devices[0],
-                                                  setup.train.peak_tflops_per_device)
+                                                  setup.train.peak_tflops_per_device,
+                                                  cache_folder)
   say(f"model: {num_params / 1e6:.2f}M parameters, {flops / 1e12:.3g} TFLOP per step; "
       f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
   say(f"batch: global {data.global_batch_size} x {data.sequence_length} tokens = "
