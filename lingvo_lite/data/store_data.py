@@ -29,6 +29,7 @@ from lingvo_lite.data import locations, task_facts, token_store, vocabulary
 from lingvo_lite.data.packing import packed_batch
 from lingvo_lite.data.permutation import KeyedPermutation
 from lingvo_lite.data.source import Batch, local_rows, resolve_global_batch_size, under
+from lingvo_lite.data.text_vocabulary import TextVocabulary
 from lingvo_lite.errors import DataError, UsageError, config_error, shown
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveInt
 
@@ -137,7 +138,11 @@ class StoreStream:
 
   @property
   def text_vocabulary(self) -> Any:
-    """The seqio vocabulary that turns text into this store's ids and back."""
+    """What turns text into this store's ids and back: from the task's facts where it gives
+    them (no seqio import: data/text_vocabulary.py), else the made Task's seqio vocabulary."""
+    facts = task_facts.facts_of(self.task)
+    if facts is not None:
+      return TextVocabulary(facts.vocabulary)
     return self.task.output_features["targets"].vocabulary
 
   def store(self) -> token_store.TokenStore:

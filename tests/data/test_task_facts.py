@@ -1,6 +1,7 @@
 """A task's facts (lingvo_lite/data/task_facts.py) are what its made seqio Task says: the store
-key, the vocabulary's fingerprint, size and byte lengths, the metric functions; and a run whose
-stores are built reads them without importing TensorFlow."""
+key, the vocabulary's fingerprint, size and byte lengths, the metric functions, the text of ids
+and the ids of text (data/text_vocabulary.py against seqio's vocabulary); and a run whose
+stores are built trains, evaluates and decodes without importing TensorFlow."""
 
 import os
 import subprocess
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite.data import store_build, store_data, task_facts, vocabulary
+from lingvo_lite.data.text_vocabulary import TextVocabulary
 from lingvo_lite.errors import UsageError
 from lingvo_lite.testing import source_root
 from tasks import pycode
@@ -43,6 +45,43 @@ def _assert_facts_are_the_made_tasks(deferred):
   np.testing.assert_array_equal(facts.vocabulary.token_byte_lengths(),
                                 vocabulary.token_byte_lengths(made_vocabulary))
   assert store_data.metric_functions(deferred) == store_data.metric_functions(made) == ((), ())
+  _assert_same_text(TextVocabulary(facts.vocabulary), made_vocabulary)
+
+
+# Code, other scripts, a character no vocabulary here has a piece for, spaces, nothing.
+TEXTS = ["def f1(x):\n    return x * 1  # module 1\n", "naïve café ß — 日本語 🙂\t\r\n",
+         "\u2581 leading and  double  spaces ", "", "\x00\x7f"]
+
+
+def _assert_same_text(ours, seqios):
+  """Id for id and character for character, on text and on ids a model may emit: any id
+  below the vocabulary size, PAD, EOS mid-sequence, UNK, ids past the vocabulary's size (a
+  padded embedding), byte ids that make no whole UTF-8 character."""
+  assert (ours.eos_id, ours.unk_id, ours.pad_id, ours.vocab_size) == (
+      seqios.eos_id, seqios.unk_id, seqios.pad_id, seqios.vocab_size)
+  for text in TEXTS:
+    ids = list(seqios.encode(text))
+    assert ours.encode(text) == ids, text
+    assert ours.decode(ids) == seqios.decode(ids), text
+  rng = np.random.default_rng(0)
+  size = seqios.vocab_size
+  cases = [list(range(size)), [0, 5, 1, 7, 8], [2, 3, 2], [size, size + 5, 3, 40],
+           [0xE6 + 3, 0x97 + 3, 40, 41], [1], []]
+  cases += [rng.integers(0, size + 64, n).tolist() for n in (1, 7, 50, 300)]
+  for ids in cases:
+    assert ours.decode(ids) == seqios.decode(ids), ids
+    assert ours.decode(np.asarray(ids, np.int32)) == seqios.decode(ids), ids
+
+
+def test_a_store_stream_gives_the_facts_vocabulary_else_the_made_tasks(tmp_path):
+  folder = str(_source_folder(tmp_path))
+  store = tmp_path / "stores"
+  with_facts = store_data.StoreStream(task=pycode.pycode_task(folder), split="train",
+                                      store_dir=str(store))
+  assert isinstance(with_facts.text_vocabulary, TextVocabulary)
+  without = store_data.StoreStream(task=_made(pycode.pycode_task(folder)), split="train",
+                                   store_dir=str(store))
+  assert type(without.text_vocabulary).__name__ == "ByteVocabulary"
 
 
 def test_byte_task_facts_are_the_made_tasks(tmp_path):
@@ -102,6 +141,7 @@ def test_a_task_beam_sends_to_its_workers_works_out_its_facts_there(tmp_path):
 def test_a_run_on_built_stores_never_imports_tensorflow(tmp_path):
   # The byte PyCode stores are built (once per machine) by this first run if need be.
   args = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.train.steps=2"]
+  decode = ["--mode=decode", "--prompt=def main(", f"--job_log_dir={tmp_path / 'second'}"]
   script = ("import runpy, sys\n"
             "sys.argv = ['lingvo_lite'] + sys.argv[1:]\n"
             "try:\n"
@@ -117,4 +157,10 @@ def test_a_run_on_built_stores_never_imports_tensorflow(tmp_path):
   # The second run trained, evaluated and checkpointed on the stores the first one found or
   # built, and never made the Task.
   assert "eval  step 2 validation" in completed.stdout
+  assert completed.stdout.strip().splitlines()[-1] == "imported: []", completed.stdout[-1000:]
+  # Decoding its text neither.
+  completed = subprocess.run([sys.executable, "-c", script, *decode], cwd=source_root(),
+                             env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert completed.returncode == 0, completed.stderr[-2000:]
+  assert "decoded 1 prompt(s)" in completed.stdout
   assert completed.stdout.strip().splitlines()[-1] == "imported: []", completed.stdout[-1000:]
