@@ -1,6 +1,7 @@
 """`python -m lingvo_lite --mode=decode` end to end, in this process (lingvo_lite.testing.run_cli)
-and from a working directory with relative paths, as a user runs it: one tiny PyCodeTiny job
-(byte vocabulary, checkpoints at steps 10 and 20) serves every test.
+and from a working directory with relative paths, as a user runs it: the suite's shared tiny
+PyCodeTiny job (tests/trained_jobs.py: byte vocabulary, checkpoints at steps 10 and 20), copied
+into the module's working directory, serves every test.
 
 Independent references: the byte vocabulary's own rule (id - 3 is the byte; ids 0-2 are pad,
 EOS and UNK), written out here rather than taken from seqio; a first run's completions, which
@@ -21,13 +22,13 @@ import pytest
 from lingvo_lite import optimizers
 from lingvo_lite.decode.records import STOP_REASONS
 from lingvo_lite.testing import run_cli, tree_digest
+from tests import trained_jobs
 
-JOB = "runs/tiny"  # Relative: every test runs in the module's working directory.
-TRAIN = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=no_eval", f"--job_log_dir={JOB}",
-         "--fdl.train.steps=20",
-         "--fdl.checkpoint.every_steps=10", "--fdl.checkpoint.max_to_keep=None",
-         # A quick rise, so that 20 steps leave a model whose samples are not uniform noise.
-         "--fdl.optimizer.warmup_steps=2", "--fdl.optimizer.peak_learning_rate=1e-2"]
+# The shared tiny trained job (tests/trained_jobs.py: 20 steps of a quick rise, so its samples
+# are not uniform noise; checkpoints 10 and 20), at a relative path: every test runs in the
+# module's working directory.
+JOB = trained_jobs.TINY_JOB
+TRAIN = list(trained_jobs.TINY_TRAIN)
 DECODE = ["--mode=decode", f"--job_log_dir={JOB}"]
 MAX_LENGTH = 64  # model.max_length under --fiddler=tiny.
 VOCAB_SIZE = 259  # Byte vocabulary: 3 special ids, then the 256 bytes.
@@ -88,15 +89,10 @@ def decode_files(job):
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-  """The working directory holding the trained job at runs/tiny."""
-  root = tmp_path_factory.mktemp("decode_program")
-  with pytest.MonkeyPatch.context() as patch:
-    patch.chdir(root)
-    result = run_cli(TRAIN)
-  assert result.code == 0, result.stderr[-3000:]
-  assert sorted(os.listdir(root / JOB / "checkpoints"), key=int) == ["10", "20"]
-  return root
+def workdir(tiny_job):
+  """The module's working directory, holding its copy of the tiny trained job at JOB."""
+  assert sorted(os.listdir(tiny_job / JOB / "checkpoints"), key=int) == ["10", "20"]
+  return tiny_job
 
 
 @pytest.fixture(autouse=True)

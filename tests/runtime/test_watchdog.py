@@ -32,7 +32,10 @@ class _Clock:
 
 
 def _dumps(folder):
-  return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+  """The finished dumps in `folder`: a dump is written as `.NAME.tmp` and renamed into place,
+  so a test polling the folder may list the temporary first."""
+  names = os.listdir(folder) if os.path.isdir(folder) else []
+  return sorted(name for name in names if not name.startswith("."))
 
 
 def _section(text, title):
