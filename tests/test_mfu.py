@@ -97,6 +97,13 @@ def test_a_measured_cpu_peak_is_kept_per_host_in_the_cache_folder(tmp_path, monk
   monkeypatch.setattr(mfu.time, "time", lambda: now + mfu.KEPT_SECONDS + 1)
   assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4.5e11 + 5, mfu.MEASURED)
   assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4.5e11 + 5, mfu.KEPT)
+  # A remote cache folder keeps JAX's programs only: measured each time, nothing made here.
+  (tmp_path / "cwd").mkdir()
+  monkeypatch.chdir(tmp_path / "cwd")
+  for expected in (4.5e11 + 6, 4.5e11 + 7):
+    assert mfu.peak_flops_per_device(cpu, cache_folder="gs://bucket/jax") == (expected,
+                                                                           mfu.MEASURED)
+  assert not list((tmp_path / "cwd").iterdir())
 
 
 def test_throughput_report_over_the_steps_since_the_last_one(monkeypatch):

@@ -6,7 +6,7 @@ analyses of a compile (programs/compile/analyses.py), this host's float32 matmul
 where the digest covers everything the result depends on, so a different machine, program or
 compiler finds nothing and measures again. Files are written whole (a temporary renamed into
 place); one that cannot be read back as written counts as absent. A folder that cannot be
-written costs only the next run's time.
+written, or a remote one, costs only the next run's time.
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ def versions(*packages: str) -> dict[str, str | None]:
 
 
 def _path(cache_folder: str | None, kind: str, key: str) -> str | None:
-  return os.path.join(cache_folder, kind, f"{key}.json") if cache_folder else None
+  # A remote cache folder (gs://...) keeps JAX's programs only: these few seconds are not
+  # worth a round trip, and os.makedirs would make a local folder named "gs:".
+  if not cache_folder or paths.is_remote(cache_folder):
+    return None
+  return os.path.join(cache_folder, kind, f"{key}.json")
 
 
 def read(cache_folder: str | None, kind: str, key: str) -> dict[str, Any] | None:
