@@ -423,6 +423,7 @@ def _run_mode(program: programs.Program, options: Any,
   cfg, experiment = base_config(job_dir)
   with_default_parts(cfg)
   overrides.apply(cfg, _OVERRIDES.directives, experiment)
+  _set_option_parts(cfg, options)
   if _FDL_HELP.value:
     print(config_help.describe(cfg, overrides.fiddlers_for(experiment)), end="")
     return None
@@ -445,6 +446,19 @@ def _run_mode(program: programs.Program, options: Any,
         write_config=lambda: config_files.write(job_dir, cfg, experiment),
         config_changes=lambda: _config_changes(job_dir, cfg), cache_folder=cache.folder)
     return program.main(invocation)
+
+
+def _set_option_parts(cfg: fdl.Buildable, options: Any) -> None:
+  """Sets the config parts a program's options stand for (`Options.config_parts`: train's
+  --init_from is `train.init_from`), after the --fdl overrides, so the flag wins; config.json
+  then records them like any other part."""
+  parts = getattr(options, "config_parts", None)
+  for path, (factory, arguments) in (parts() if parts else {}).items():
+    *owners, name = path.split(".")
+    owner = cfg
+    for step in owners:
+      owner = getattr(owner, step)
+    setattr(owner, name, fdl.Config(factory, **arguments))
 
 
 def run_main() -> None:

@@ -133,14 +133,16 @@ class JittedSteps:
     state = self._to_this_layout(checkpointer.restore(step, saved_layout.abstract))
     return jax.device_put(state, self.sharded_state.shardings)
 
-  def restore_params(self, checkpointer: Checkpointer, step: int) -> Any:
+  def restore_params(self, checkpointer: Checkpointer, step: int, fix: str | None = None
+                     ) -> Any:
     """Restores only the parameters of `step`, into this setup's parameter shardings
     (checkpoints/params.py, which converts the layer layout as `restore_state` does): for
     eval, which has the whole state's shapes already. The optimizer state is neither read nor
-    allocated."""
+    allocated. `fix`: the advice when they do not fit (Checkpointer.restore_params)."""
     return MeshParams(self.setup.model, self.setup.train_data.sequence_length,
                       self.setup.partitioner, self.mesh,
-                      abstract=self.sharded_state.abstract.params).restore(checkpointer, step)
+                      abstract=self.sharded_state.abstract.params).restore(checkpointer, step,
+                                                                           fix)
 
   def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
     """Assembles this process's rows into global arrays sharded over the batch axes."""

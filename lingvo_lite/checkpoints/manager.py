@@ -386,18 +386,19 @@ class Checkpointer:
     with self._reading(step):
       return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
 
-  def restore_params(self, step: int, abstract_params: Any) -> Any:
+  def restore_params(self, step: int, abstract_params: Any, fix: str | None = None) -> Any:
     """Restores only the parameters of the TrainState saved at `step`, into the shapes,
     dtypes and shardings of `abstract_params`; returns the plain parameter tree.
 
     The optimizer state is skipped on disk: no array of it is read or allocated. The same
     checks as `restore` come first: the step's checksums (over all its files: orbax packs
     parameters and moments into shared data files), then the saved parameters' tree against
-    `abstract_params`.
+    `abstract_params`. `fix` replaces the advice of a tree that does not fit (a warm start's
+    is not a resume's).
     """
     self._verify(step)
     wanted = {_PARAMS: abstract_params}
-    self._check_tree(step, wanted, subtree=_PARAMS)
+    self._check_tree(step, wanted, subtree=_PARAMS, fix=fix)
     # The manager's StandardCheckpointHandler has no partial restore (orbax 0.12 refuses
     # PLACEHOLDER leaves in it), so the PyTree handler it wraps reads the same item folder
     # directly; `partial_restore` trims the saved tree to `wanted` before anything is read.
@@ -427,7 +428,8 @@ class Checkpointer:
                        f"({innermost_cause(e)}); move {self._directory / str(step)} out of the way "
                        f"to {fix}") from None
 
-  def _check_tree(self, step: int, abstract_state: Any, subtree: str | None = None) -> None:
+  def _check_tree(self, step: int, abstract_state: Any, subtree: str | None = None,
+                  fix: str | None = None) -> None:
     """The saved arrays' paths and shapes must be the state's (with `subtree`, only the saved
     arrays under that top-level key are compared): orbax would otherwise fail deep inside
     tensorstore, or silently broadcast or truncate."""
@@ -451,9 +453,9 @@ class Checkpointer:
         problem = f"it holds {extra[0]}, which this config's state has no place for"
     if problem:
       differs = "model" if subtree else "model or optimizer"  # A params read skips the rest.
+      fix = fix or ("use the job's own config (its config.json), or a new --job_log_dir")
       raise UsageError(f"checkpoint step {step} in {self._directory} does not fit this config: "
-                       f"{problem}; the {differs} differs from the one that wrote it: "
-                       "use the job's own config (its config.json), or a new --job_log_dir")
+                       f"{problem}; the {differs} differs from the one that wrote it: {fix}")
 
   def _verify(self, step: int) -> None:
     """Process 0 checks the files; every process learns the verdict, so all stop together."""

@@ -56,8 +56,9 @@ class MeshParams:
     return train_state.sharded_abstract_state(model, optax.identity(), self._sequence_length,
                                               self._partitioner, self._mesh).abstract.params
 
-  def restore(self, checkpointer: Checkpointer, step: int) -> Any:
-    """The parameters of `step`, in this model's layer layout and shardings.
+  def restore(self, checkpointer: Checkpointer, step: int, fix: str | None = None) -> Any:
+    """The parameters of `step`, in this model's layer layout and shardings (`fix`: the
+    advice when they do not fit, Checkpointer.restore_params).
 
     Raises:
       UsageError: the step fails its checksums, cannot be read, or its parameters do not fit
@@ -65,7 +66,7 @@ class MeshParams:
     """
     saved_model = self._model.in_saved_layout(checkpointer.metadata(step))
     if saved_model is None:
-      return checkpointer.restore_params(step, self.abstract)
-    saved = checkpointer.restore_params(step, self._abstract_of(saved_model))
+      return checkpointer.restore_params(step, self.abstract, fix)
+    saved = checkpointer.restore_params(step, self._abstract_of(saved_model), fix)
     shardings = jax.tree.map(lambda leaf: leaf.sharding, self.abstract)
     return jax.device_put(self._model.to_own_layout(jax.device_get(saved)), shardings)

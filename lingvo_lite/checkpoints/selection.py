@@ -31,7 +31,8 @@ def open_existing(checkpoint_dir: epath.Path,
 
 
 def chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
-                wanted: int | None, shown: epath.Path) -> int:
+                wanted: int | None, shown: epath.Path, step_name: str = "--checkpoint_step",
+                job_name: str = "--job_log_dir") -> int:
   """`wanted` if it is a usable step, else the latest one; one line when there is none.
 
   Args:
@@ -39,30 +40,32 @@ def chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
     checkpoint_dir: Their folder, for messages.
     wanted: `--checkpoint_step`'s value (None: the latest usable step).
     shown: The job dir as the user wrote it, for messages.
+    step_name, job_name: What the user set the step and the job with (a flag, or a config
+      field such as train.init_from.step), for messages.
 
   Raises:
     UsageError: the step cannot be used, or there is none; the line says why and what to do.
   """
   if checkpointer is None:
-    raise UsageError(f"--job_log_dir={shown}: no checkpoint in {checkpoint_dir}; "
+    raise UsageError(f"{job_name}={shown}: no checkpoint in {checkpoint_dir}; "
                      "train first (--mode=train)")
   skipped = checkpointer.skipped_steps()
   if wanted is not None:
     usable = [s for s in checkpointer.all_steps() if s not in skipped]
     if wanted in skipped:
-      raise UsageError(f"--checkpoint_step={wanted}: checkpoint {skipped[wanted]}")
+      raise UsageError(f"{step_name}={wanted}: checkpoint {skipped[wanted]}")
     if wanted not in usable:
       choices = ", ".join(map(str, usable)) if usable else "none"
-      raise UsageError(f"--checkpoint_step={wanted}: no such checkpoint in {checkpoint_dir}; "
+      raise UsageError(f"{step_name}={wanted}: no such checkpoint in {checkpoint_dir}; "
                        f"its steps: {choices}")
     return wanted
   step = checkpointer.latest_step()
   if step is None:
     if skipped:
       # "No checkpoint; train first" would mislead: there are steps, and none is usable.
-      raise UsageError(f"--job_log_dir={shown}: no usable checkpoint in {checkpoint_dir}: "
+      raise UsageError(f"{job_name}={shown}: no usable checkpoint in {checkpoint_dir}: "
                        f"{'; '.join(skipped.values())}; fix the step folder or move it away, "
                        "or train again (--mode=train deletes unusable steps and starts over)")
-    raise UsageError(f"--job_log_dir={shown}: no checkpoint in {checkpoint_dir}; "
+    raise UsageError(f"{job_name}={shown}: no checkpoint in {checkpoint_dir}; "
                      "train first (--mode=train)")
   return step

@@ -20,6 +20,7 @@ from etils import epath
 
 from lingvo_lite import evaluation, memory_fit, mfu
 from lingvo_lite.checkpoints import health as checkpoint_health
+from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.errors import CheckpointWriteError
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.config import files as config_files
@@ -36,6 +37,8 @@ from lingvo_lite.runtime import lock as job_lock, run_info, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
 from lingvo_lite.runtime.watchdog import Watchdog
+from lingvo_lite.weights import job_checkpoint
+from lingvo_lite.weights.job_checkpoint import FIELD, JobCheckpoint
 
 # What callers of the program (tests, benchmarks) use besides main and run.
 __all__ = ["JOB_FILES", "Options", "PROFILE_DIR", "TrainResult", "TrainingFailure", "main", "run"]
@@ -43,12 +46,23 @@ __all__ = ["JOB_FILES", "Options", "PROFILE_DIR", "TrainResult", "TrainingFailur
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """The flag of --mode=train."""
+  """The flags of --mode=train."""
 
   compiled_step_in: str | None = option(
       None, "--mode=train: run the compiled step saved at this folder instead of compiling; "
       "refused (one line) if anything it was compiled for differs. A saved step is code: load "
       "only your own.")
+  init_from: str | None = option(
+      None, "--mode=train: JOB or JOB@STEP: start a job that has no checkpoint of its own from "
+      "another job's parameters (its newest usable step, or STEP) with a fresh optimizer; "
+      "sets train.init_from. A job with checkpoints resumes from its own.", non_empty=True)
+
+  def config_parts(self) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+    """The config parts these options set (the executor sets them after the --fdl
+    overrides): `train.init_from` from --init_from."""
+    if self.init_from is None:
+      return {}
+    return {FIELD: (JobCheckpoint, job_checkpoint.flag_arguments(self.init_from))}
 
 
 # The job dir, created where missing: config, checkpoints, metrics and run info, TensorBoard
@@ -137,6 +151,8 @@ def run(setup: Setup, job_dir: epath.Path,
   if compiled_step_in is not None:
     from lingvo_lite.programs.compile import compiled_steps  # pylint: disable=g-import-not-at-top
     jitted.train_step = compiled_steps.load(compiled_step_in, jitted)
+  # Before anything is made in the job dir: a source that cannot be read leaves it as it was.
+  warm_start = _warm_start(jitted, job_dir)
   checkpointer = Checkpointer(job_dir / "checkpoints", setup.checkpoint)
   say = lambda message: summaries.log(message, is_chief)
 
@@ -148,7 +164,7 @@ def run(setup: Setup, job_dir: epath.Path,
     # must name a step after `start` (see StopRequest.should_stop).
     stopped_before_first_step = stop.should_stop(start or 0)
     with watchdog.excused("restore"):  # With the start-up: the writers import TensorBoard.
-      state, start = _restore_or_init(jitted, checkpointer, start, job_dir, say)
+      state, start = _restore_or_init(jitted, checkpointer, start, job_dir, say, warm_start)
       checkpointer.clean_up_for_training(start)
       try:
         outputs = RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
@@ -179,11 +195,33 @@ def run(setup: Setup, job_dir: epath.Path,
   return result
 
 
+def _warm_start(jitted: JittedSteps, job_dir: epath.Path) -> tuple[Any, str] | None:
+  """(`train.init_from`'s parameters, what they are) where the job has no usable checkpoint
+  of its own to resume from; else None (no source, or the job resumes)."""
+  source = jitted.setup.train.init_from
+  if source is None:
+    return None
+  own = checkpoint_selection.open_existing(job_dir / "checkpoints", jitted.setup.checkpoint)
+  if own is not None and own.latest_step(warn=False) is not None:
+    return None
+  with jitted.activated():
+    return source.load(jitted)
+
+
 def _restore_or_init(jitted: JittedSteps, checkpointer: Checkpointer, start: int | None,
-                     job_dir: epath.Path, say: Callable[[str], None]) -> tuple[Any, int]:
-  """The state to start from and its step: checkpoint `start` restored (and verified), or a
-  new state at step 0 when the job has no checkpoint."""
+                     job_dir: epath.Path, say: Callable[[str], None],
+                     warm_start: tuple[Any, str] | None) -> tuple[Any, int]:
+  """The state to start from and its step, in the order weights/job_checkpoint.py documents:
+  the job's own checkpoint `start` restored (and verified); else a new state at step 0 with
+  the `warm_start` parameters (`train.init_from`'s, loaded already) and a fresh optimizer;
+  else a new state."""
   if start is None:
+    if warm_start is not None:
+      params, loaded = warm_start
+      state = jitted.init_state().replace(params=params)
+      say(f"initialized a new state in {job_dir} with the parameters of {loaded} "
+          f"({FIELD}); the optimizer starts fresh")
+      return state, 0
     state = jitted.init_state()
     say(f"initialized a new state in {job_dir}")
     return state, 0
