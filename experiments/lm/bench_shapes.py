@@ -28,7 +28,9 @@ class BenchSmall(Experiment):
         model=fdl.Config(
             TransformerLM, vocab_size=vocab, num_layers=4, dim=256, num_heads=4,
             mlp_dim=1024, block="sequential", norm="layernorm", mlp_activation="gelu_tanh",
-            position="none", attention_bias=False, mlp_bias=False, tie_embeddings=True),
+            position="none", attention_bias=False, mlp_bias=False, tie_embeddings=True,
+            # The reference step's PaLM-style tied output: unit-scale rows, logits / sqrt(dim).
+            embedding_init_stddev=1.0, tied_output_scale="rsqrt_dim"),
         optimizer=fdl.Config(AdamW, peak_learning_rate=3e-4, warmup_steps=10,
                              weight_decay=1e-4, clip_grad_norm=None),
         train_data=fdl.Config(SyntheticData, vocab_size=vocab,

@@ -37,6 +37,9 @@ from lingvo_lite.fields import entries, key_text, path_join
 CONFIG_JSON = "config.json"
 CONFIG_TXT = "config.txt"
 _EXTRA_KEY = "lingvo_lite"  # Our entry in config.json, beside Fiddle's own keys.
+# config.json's format, in our entry: 2 since model families' defaults may change (a family's
+# `former_defaults`); a file without it is older, and its model gets the defaults it had.
+CONFIG_FORMAT = 2
 # The config.json files whose migration to moved module paths was said, once per process
 # (a program reads its job's config more than once).
 _MIGRATION_SAID: set[str] = set()
@@ -180,6 +183,7 @@ def to_json(cfg: fdl.Buildable, experiment: type | None = None) -> str:
     if location is not None:
       origins[path] = [location.filename, location.line_number, location.function_name]
   data[_EXTRA_KEY] = {
+      "format": CONFIG_FORMAT,
       "experiment": f"{experiment.__module__}.{experiment.__qualname__}" if experiment else None,
       "origins": origins,
   }
@@ -240,6 +244,13 @@ def load(path: epath.Path, flag: str = "--fdl_config_file") -> fdl.Buildable:
   if not isinstance(cfg, fdl.Buildable):
     raise UsageError(f"{flag}={path}: holds a {type(cfg).__name__}, not a config")
   extra = data.get(_EXTRA_KEY)
+  if not (isinstance(extra, dict) and extra.get("format") == CONFIG_FORMAT):
+    kept = _keep_former_defaults(cfg)
+    if kept and f"defaults {path}" not in _MIGRATION_SAID:
+      _MIGRATION_SAID.add(f"defaults {path}")
+      print(f"lingvo_lite: note: {path} was written before some model defaults changed; read "
+            f"with the defaults it was written with ({', '.join(kept)})", file=sys.stderr,
+            flush=True)
   if isinstance(extra, dict) and isinstance(extra.get("origins"), dict):
     try:
       _restore_origins(cfg, extra["origins"])
@@ -248,6 +259,23 @@ def load(path: epath.Path, flag: str = "--fdl_config_file") -> fdl.Buildable:
     except Exception:  # pylint: disable=broad-except
       pass
   return cfg
+
+
+def _keep_former_defaults(cfg: fdl.Buildable) -> list[str]:
+  """Sets on the config's model each field its family's default has changed for since the file
+  was written (`former_defaults`) and the file does not set; returns them as `model.x=v`."""
+  family = _model_family(cfg)
+  if family is None or not hasattr(family, "former_defaults"):
+    return []
+  model = cfg.model
+  kept = []
+  for name, value in family.former_defaults(dict(model.__arguments__)).items():
+    if name not in model.__arguments__:
+      with history.custom_location(lambda: history.Location(
+          "config.json written before these defaults changed", 0, "former_defaults")):
+        setattr(model, name, value)
+      kept.append(f"model.{name}={value!r}")
+  return kept
 
 
 def _first_line(error: BaseException) -> str:

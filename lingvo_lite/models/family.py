@@ -163,6 +163,15 @@ class LanguageModel(nn.Module):
   # are (how layers are laid out, rematerialized, or attention executed).
   resumable_fields: ClassVar[tuple[str, ...]] = ()
 
+  @classmethod
+  def former_defaults(cls, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields whose default changed since a config.json was written, with the default
+    they had then, for a model config that sets `arguments`: config/files.py gives an older
+    file's model each one it does not set, so an older job keeps computing what it trained
+    to compute."""
+    del arguments
+    return {}
+
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
     if cls.__dict__.get("family_name"):

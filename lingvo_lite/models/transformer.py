@@ -15,6 +15,10 @@ whose defaults are its choices:
 | biases            | MLP, embedding, output   | none                   | all              |
 | tie_embeddings    | no                       | no                     | yes              |
 
+Every family's defaults for the token embedding's initialization (normal, stddev 0.02) and a
+tied output (logits = h @ E^T, unscaled) are the references'; the bench shapes keep their
+PaLM-style unit-scale rows and 1/sqrt(dim) through their experiment.
+
 Derived sizes default to None and are computed where used (`head_dim = dim // num_heads`,
 `mlp_dim = 4 * dim`, ...), so overriding `dim` from the command line keeps them consistent.
 A config naming `TransformerLM` itself (an older job's config.json) builds the same model as
@@ -42,6 +46,7 @@ from lingvo_lite.models.family import (REMAT_POLICIES, ArrayShape, LanguageModel
                                        RematPolicy)
 
 PositionKind = Literal["rotary", "learned", "none"]
+TiedOutputScale = Literal["one", "rsqrt_dim"]
 # Re-exported: the remat policies and their type belong to the family interface.
 __all__ = ["REMAT_POLICIES", "RematPolicy", "TransformerLM", "positions_from_segments"]
 
@@ -90,6 +95,12 @@ class TransformerLM(LanguageModel):
     embedding_bias: A learned bias added to every token embedding (mesh-transformer-jax
       implements the embedding as one-hot times a biased Linear).
     tie_embeddings: Reuse the token embedding as the output projection.
+    tied_output_scale: What the tied output projection multiplies the final norm's output by
+      before the embedding's transpose: "one" (logits = h @ E^T, as GPT-2 and Llama compute
+      them, and so what their pretrained weights expect), or "rsqrt_dim" (1/sqrt(dim): a
+      PaLM-style choice that keeps the logits of unit-scale embedding rows O(1)).
+    embedding_init_stddev: Standard deviation of the token embedding's normal initialization
+      (GPT-2, GPT-J and Llama use 0.02, their `initializer_range`; 1.0 suits "rsqrt_dim").
     output_bias: Bias on the untied output projection.
     dtype: Activation dtype name.
     param_dtype: Parameter dtype name.
@@ -122,6 +133,8 @@ class TransformerLM(LanguageModel):
   mlp_bias: bool = False
   embedding_bias: bool = False
   tie_embeddings: bool = False
+  tied_output_scale: TiedOutputScale = "one"
+  embedding_init_stddev: PositiveFloat = 0.02
   output_bias: bool = False
   dtype: layers.DType = "float32"
   param_dtype: layers.DType = "float32"
@@ -129,8 +142,20 @@ class TransformerLM(LanguageModel):
   remat_policy: RematPolicy = "none"
 
   # How layers are laid out, rematerialized, and attention executed: the parameters and the
-  # function they compute stay (a checkpoint's layer layout is converted on restore).
-  resumable_fields = ("scan_layers", "remat_policy", "attention_implementation")
+  # function they compute stay (a checkpoint's layer layout is converted on restore). The
+  # embedding's initialization is used only by a fresh start.
+  resumable_fields = ("scan_layers", "remat_policy", "attention_implementation",
+                      "embedding_init_stddev")
+
+  @classmethod
+  def former_defaults(cls, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Before `embedding_init_stddev` and `tied_output_scale` existed, embedding rows had unit
+    scale and a tied output was scaled by 1/sqrt(dim) (an untied model is left alone: its
+    config compares equal to today's)."""
+    former = {"embedding_init_stddev": 1.0}
+    if arguments.get("tie_embeddings", cls.tie_embeddings):
+      former["tied_output_scale"] = "rsqrt_dim"
+    return former
 
   # Derived sizes, computed where used (DESIGN rule 3).
   @property
@@ -446,7 +471,8 @@ class TransformerLM(LanguageModel):
 
     embedding = self.param(
         "embedding",
-        nn.with_logical_partitioning(nn.initializers.normal(stddev=1.0), ("vocab", "embed")),
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=self.embedding_init_stddev),
+                                     ("vocab", "embed")),
         (self.vocab_size, self.dim), param_dtype)
     # Gather from the whole table, as FSDP does with every weight before use: from a sharded
     # table XLA cannot turn the gathered rows into batch-sharded activations efficiently and
@@ -471,9 +497,9 @@ class TransformerLM(LanguageModel):
 
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
     if self.tie_embeddings:
-      # The embedding rows have unit scale; 1/sqrt(dim) keeps initial logits O(1). Scaling
-      # x rather than the logits touches dim, not vocab, values per token.
-      x = x * jnp.asarray(1.0 / math.sqrt(self.dim), dtype)
+      if self.tied_output_scale == "rsqrt_dim":
+        # Scaling x rather than the logits touches dim, not vocab, values per token.
+        x = x * jnp.asarray(1.0 / math.sqrt(self.dim), dtype)
       logits = jnp.einsum("btd,vd->btv", x, embedding.astype(dtype))
     else:
       logits = nn.Dense(

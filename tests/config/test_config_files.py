@@ -181,3 +181,40 @@ def test_on_a_full_disk_a_failed_rewrite_names_the_file_and_leaves_it_and_no_tem
     assert failure.value.errno == errno.ENOSPC
     assert failure.value.filename == str(job / config_files.CONFIG_JSON)  # Not a temporary.
     assert {p.name: p.read_bytes() for p in job.iterdir()} == before
+
+
+@pytest.mark.parametrize("experiment, tied", [("Gpt2Small", True), ("GptJ6B", False)])
+def test_a_config_json_from_before_the_model_defaults_changed_keeps_them(tmp_path, capsys,
+                                                                         experiment, tied):
+  """A file without today's format mark was written when embedding rows had unit scale and a
+  tied output was divided by sqrt(dim): its model gets those, explicitly (an untied model
+  only the first), and the run says so once; today's files keep today's defaults."""
+  import json  # pylint: disable=import-outside-toplevel
+  cfg = registry.lookup(experiment).config()
+  assert "tied_output_scale" not in cfg.model.__arguments__
+  path = epath.Path(tmp_path) / "config.json"
+  path.write_text(config_files.to_json(cfg))
+  today = config_files.load(path)
+  assert (today.model.__arguments__.get("tied_output_scale"),
+          today.model.__arguments__.get("embedding_init_stddev")) == (None, None)
+  assert capsys.readouterr().err == ""
+  data = json.loads(path.read_text())
+  del data["lingvo_lite"]["format"]
+  path.write_text(json.dumps(data))
+  older = config_files.load(path)
+  expected = {"embedding_init_stddev": 1.0}
+  if tied:
+    expected["tied_output_scale"] = "rsqrt_dim"
+  assert {name: older.model.__arguments__.get(name)
+          for name in ("embedding_init_stddev", "tied_output_scale")} == {
+              "embedding_init_stddev": 1.0,
+              "tied_output_scale": "rsqrt_dim" if tied else None}
+  note = capsys.readouterr().err
+  assert note.count("\n") == 1 and "written before some model defaults changed" in note
+  assert all(f"model.{name}={value!r}" in note for name, value in expected.items()), note
+  config_files.load(path)
+  assert capsys.readouterr().err == ""  # Said once per file.
+  # Today's config differs from the older file's where the function would (a tied output's
+  # scale), and not for the initialization, which only a fresh start uses.
+  changes = config_files.incompatible_changes(older, cfg)
+  assert changes == (["model.tied_output_scale: 'rsqrt_dim' -> 'one'"] if tied else [])

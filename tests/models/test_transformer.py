@@ -96,3 +96,37 @@ def test_bfloat16_activations_with_float32_parameters():
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(nn.meta.unbox(variables)))
   logits = model.apply(variables, tokens)
   assert logits.dtype == jnp.float32 and np.isfinite(np.asarray(logits)).all()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_tied_output_is_the_final_norms_output_times_the_embedding_as_the_reference(family):
+  """GPT-2's and Llama's tied head computes final_norm(h) @ E^T, unscaled (what their
+  pretrained weights expect); "rsqrt_dim" (the bench shapes') divides h by sqrt(dim)."""
+  cfg = FAMILIES[family]
+  cfg = fdl.copy_with(cfg, tie_embeddings=True)
+  model, params, tokens = _model_and_params_of(cfg)
+  assert model.tied_output_scale == "one"
+  logits, state = model.apply({"params": params}, tokens, capture_intermediates=True)
+  normed = np.asarray(state["intermediates"]["final_norm"]["__call__"][0])
+  embedding = np.asarray(params["embedding"])
+  np.testing.assert_allclose(np.asarray(logits), normed @ embedding.T, rtol=1e-5, atol=1e-5)
+  scaled = fdl.build(fdl.copy_with(cfg, tied_output_scale="rsqrt_dim"))
+  np.testing.assert_allclose(np.asarray(scaled.apply({"params": params}, tokens)),
+                             normed @ embedding.T / np.sqrt(model.dim), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_the_embedding_is_initialized_with_the_references_stddev_unless_told(family):
+  for stddev, expected in ((None, 0.02), (1.0, 1.0)):
+    cfg = fdl.copy_with(FAMILIES[family], vocab_size=512, dim=64)
+    if stddev is not None:
+      cfg.embedding_init_stddev = stddev
+    _, params, _ = _model_and_params_of(cfg)
+    assert np.std(np.asarray(params["embedding"])) == pytest.approx(expected, rel=0.05)
+
+
+def _model_and_params_of(cfg):
+  model = fdl.build(cfg)
+  tokens = jax.random.randint(jax.random.key(0), (2, 12), 1, cfg.vocab_size)
+  params = model.init(jax.random.key(1), tokens)["params"]
+  return model, nn.meta.unbox(params), tokens
