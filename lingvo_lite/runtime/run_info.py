@@ -52,11 +52,15 @@ def _git(*args: str) -> str | None:
 
 def collect(start_step: int, devices: list[Any], mesh_shape: dict[str, int],
             process_count: int, experiment: str | None,
-            argv: Sequence[str] | None = None) -> dict[str, Any]:
-  """The row of this start: time, command, versions, code, host, devices, mesh.
+            argv: Sequence[str] | None = None,
+            initialized_from: str | None = None) -> dict[str, Any]:
+  """The row of this start: time, command, versions, code, host, devices, mesh, and the
+  weights a new job started from.
 
   `argv` is the command line as the executor parsed it (the program's Invocation carries it:
   in-process runs have no sys.argv of their own); None records this process's sys.argv.
+  `initialized_from`: what a warm start loaded (`JOB@STEP sha256:...`, train.init_from);
+  None for a fresh initialization or a resume.
   """
   commit = _git("rev-parse", "HEAD")
   status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
@@ -76,6 +80,7 @@ def collect(start_step: int, devices: list[Any], mesh_shape: dict[str, int],
       "device_kind": str(first.device_kind),
       "device_count": len(devices),
       "mesh": {str(axis): int(size) for axis, size in mesh_shape.items()},
+      "initialized_from": initialized_from,
   }
 
 

@@ -102,6 +102,11 @@ def test_a_warm_started_job_counts_from_zero_and_resumes_from_its_own_steps(sour
   assert "resumed from step 4" in resumed.stdout and "with the parameters of" not in resumed.stdout
   assert sorted(_losses(job)) == [1, 2, 3, 4, 5, 6]
   assert f"train.init_from.job_log_dir = '{source}'" in (job / "config.txt").read_text()
+  # run_info.jsonl: the first start names what it loaded, checksums' digest included; the
+  # resume loaded nothing.
+  rows = [json.loads(line) for line in (job / "run_info.jsonl").read_text().splitlines()]
+  fingerprint = job_checkpoint.fingerprint(source / "checkpoints" / "4")
+  assert [row["initialized_from"] for row in rows] == [f"{source}@4 {fingerprint}", None]
 
 
 @pytest.mark.slow

@@ -164,12 +164,13 @@ def run(setup: Setup, job_dir: epath.Path,
     # must name a step after `start` (see StopRequest.should_stop).
     stopped_before_first_step = stop.should_stop(start or 0)
     with watchdog.excused("restore"):  # With the start-up: the writers import TensorBoard.
+      initialized_from = warm_start[1] if start is None and warm_start is not None else None
       state, start = _restore_or_init(jitted, checkpointer, start, job_dir, say, warm_start)
       checkpointer.clean_up_for_training(start)
       try:
         outputs = RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
                               eval_sets=list(setup.eval_sets), jitted=jitted,
-                              command_line=command_line)
+                              command_line=command_line, initialized_from=initialized_from)
       except OutputWriteError as e:
         raise TrainingFailure(f"{e}; {write_advice(e.errno)}") from e
       # The health of the steps saved so far: from the rows of the verified checkpoints.

@@ -45,7 +45,8 @@ class RunOutputs:
 
   def __init__(self, job_dir: epath.Path, start: int, job_is_new: bool,
                record_config: Callable[[], None], enabled: bool, eval_sets: list[str],
-               jitted: JittedSteps, command_line: Sequence[str] | None):
+               jitted: JittedSteps, command_line: Sequence[str] | None,
+               initialized_from: str | None = None):
     self._record_config = record_config
     # A new job's config is written below, an existing job's at the first commit.
     self._config_recorded = job_is_new
@@ -63,7 +64,7 @@ class RunOutputs:
         self.run_info.append(run_info.collect(
             start, jitted.target.devices, dict(jitted.mesh.shape), jax.process_count(),
             config_files.recorded_experiment(config) if config.exists() else None,
-            command_line))
+            command_line, initialized_from))
 
   def write_train(self, step: int, values: dict[str, float]) -> None:
     with writing_outputs():
