@@ -210,6 +210,10 @@ _RESHARD_CHILD = textwrap.dedent("""
                                              "partitioner.ici_tensor=2", *batches))
     with other.activated():
       params, _ = JobCheckpoint(source).load(other)
+      # A resume onto this mesh (the partitioner may change on resume): the whole state.
+      reader = Checkpointer(epath.Path(source) / "checkpoints", CheckpointSettings(),
+                            create=False)
+      whole = other.restore_state(reader, 1)
     shardings = jax.tree.leaves(jax.tree.map(lambda x: x.sharding, other.sharded_state.abstract.params))
     assert all(p.sharding.is_equivalent_to(s, p.ndim) for p, s in zip(jax.tree.leaves(params), shardings))
     got, saved = leaves(params), leaves(state.params)
@@ -217,12 +221,17 @@ _RESHARD_CHILD = textwrap.dedent("""
         len(p.sharding.device_set) > 1 and not p.sharding.is_fully_replicated
         for p in jax.tree.leaves(params)),
         "equal": sorted(got) == sorted(saved) and all(
-            got[k].tobytes() == saved[k].tobytes() for k in saved)}))
+            got[k].tobytes() == saved[k].tobytes() for k in saved),
+        "state_equal": leaves(whole).keys() == leaves(state).keys() and all(
+            leaves(whole)[k].tobytes() == leaves(state)[k].tobytes() for k in leaves(state))}))
+    np.savez(reference + ".state.npz", **leaves(state))
     """)
 
 
 @pytest.mark.slow
 def test_a_state_saved_with_fsdp_8_loads_equal_on_one_device_and_on_a_2x2x2_mesh(tmp_path):
+  """Its parameters as a warm start loads them, and its whole state as a resume restores it
+  (the partitioner may change on resume): bit for bit, on both meshes."""
   source, reference = tmp_path / "fsdp8", tmp_path / "reference.npz"
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
@@ -232,7 +241,7 @@ def test_a_state_saved_with_fsdp_8_loads_equal_on_one_device_and_on_a_2x2x2_mesh
   assert child.returncode == 0, child.stderr[-3000:]
   report = json.loads(child.stdout.strip().splitlines()[-1])
   assert report["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
-  assert report["sharded"] > 0 and report["equal"], report
+  assert report["sharded"] > 0 and report["equal"] and report["state_equal"], report
   # One device, this process.
   jitted = JittedSteps(synthetic_tiny_setup("PyCodeTiny", "model.vocab_size=260"))
   assert jitted.target.num_devices == 1
@@ -242,3 +251,11 @@ def test_a_state_saved_with_fsdp_8_loads_equal_on_one_device_and_on_a_2x2x2_mesh
   got = _leaves(params)
   assert sorted(got) == sorted(saved)
   assert all(got[name].tobytes() == saved[name].tobytes() for name in saved)
+  # And the whole train state, moments included, as a resume on one device restores it.
+  from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer  # pylint: disable=g-import-not-at-top
+  reader = Checkpointer(epath.Path(source / "checkpoints"), CheckpointSettings(), create=False)
+  with jitted.activated():
+    whole = _leaves(jitted.restore_state(reader, 1))
+  saved_state = dict(np.load(str(reference) + ".state.npz"))
+  assert sorted(whole) == sorted(saved_state) and len(whole) > len(got)
+  assert all(whole[name].tobytes() == saved_state[name].tobytes() for name in saved_state)
