@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from etils import epath
 
+from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
 from lingvo_lite.weights import job_checkpoint
@@ -60,12 +61,11 @@ def test_flag_values_name_a_job_and_perhaps_a_step():
   assert job_checkpoint.flag_arguments("runs/x@y") == {"job_log_dir": "runs/x@y", "step": None}
 
 
-def test_the_source_steps_parameters_load_exactly_and_the_optimizer_starts_fresh(source):
+def test_the_source_steps_parameters_load_exactly(source):
   jitted = JittedSteps(synthetic_tiny_setup())
   with jitted.activated():
     params, loaded = JobCheckpoint(str(source), step=2).load(jitted)
   # The reference: the step's parameters as a full restore of the source's own state reads them.
-  from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer  # pylint: disable=g-import-not-at-top
   reader = Checkpointer(epath.Path(source / "checkpoints"), CheckpointSettings(), create=False)
   with jitted.activated():
     whole = jitted.restore_state(reader, 2)
@@ -83,8 +83,15 @@ def test_a_warm_started_job_counts_from_zero_and_resumes_from_its_own_steps(sour
   first = _train(job, "--fdl.train.steps=4", f"--init_from={source}@4")
   assert f"with the parameters of {source}@4 sha256:" in first.stdout
   assert "the optimizer starts fresh" in first.stdout
-  # Steps count from 0: its checkpoints are 2 and 4, not the source's 6 and 8.
+  # Steps count from 0: its checkpoints are 2 and 4, not the source's 6 and 8; and the
+  # optimizer started fresh: Adam's step count in its step-2 state is 2, not the source's 6.
   assert sorted(os.listdir(job / "checkpoints"), key=int) == ["2", "4"]
+  jitted = JittedSteps(synthetic_tiny_setup())
+  reader = Checkpointer(epath.Path(job / "checkpoints"), CheckpointSettings(), create=False)
+  with jitted.activated():
+    state = jitted.restore_state(reader, 2)
+  counts = [int(leaf) for name, leaf in _leaves(state.opt_state).items() if "count" in name]
+  assert counts and set(counts) == {2}, _leaves(state.opt_state).keys()
   # Another start from the source's step 4 gives the same first losses: the start is the
   # source's parameters, not this job's seed.
   again = tmp_path / "again"
@@ -252,7 +259,6 @@ def test_a_state_saved_with_fsdp_8_loads_equal_on_one_device_and_on_a_2x2x2_mesh
   assert sorted(got) == sorted(saved)
   assert all(got[name].tobytes() == saved[name].tobytes() for name in saved)
   # And the whole train state, moments included, as a resume on one device restores it.
-  from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer  # pylint: disable=g-import-not-at-top
   reader = Checkpointer(epath.Path(source / "checkpoints"), CheckpointSettings(), create=False)
   with jitted.activated():
     whole = _leaves(jitted.restore_state(reader, 1))
