@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.models.family import LanguageModel
-from lingvo_lite.runtime import kept_results
+from lingvo_lite.runtime import kept_results, run_info
 
 MEASURED = "best of 10 float32 2048^3 matmuls"
 KEPT = MEASURED + ", measured by an earlier run on this host"
@@ -92,7 +92,7 @@ def host_matmul_peak(cache_folder: str | None) -> tuple[float, bool]:
       "devices": [jax.default_backend(), jax.local_device_count(),
                   jax.local_devices()[0].device_kind],
       "xla_flags": os.environ.get("XLA_FLAGS"),
-      "versions": kept_results.versions("jax", "jaxlib"),
+      "versions": run_info.package_versions("jax", "jaxlib"),
   })
   kept = kept_results.read(cache_folder, _KIND, key) or {}
   flops, measured_at = kept.get("flops_per_second"), kept.get("measured_at")

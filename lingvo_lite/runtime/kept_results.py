@@ -12,7 +12,6 @@ written, or a remote one, costs only the next run's time.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import os
 from typing import Any
@@ -27,17 +26,6 @@ SCHEMA = 1
 def digest(described: dict[str, Any]) -> str:
   """The key of what `described` (JSON-ready) names."""
   return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
-
-
-def versions(*packages: str) -> dict[str, str | None]:
-  """The installed version of each package (None: not installed), for a digest."""
-  found = {}
-  for package in packages:
-    try:
-      found[package] = importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-      found[package] = None
-  return found
 
 
 def _path(cache_folder: str | None, kind: str, key: str) -> str | None:

@@ -32,11 +32,15 @@ _PACKAGES = ("jax", "jaxlib", "flax", "optax", "fiddle", "orbax-checkpoint", "nu
 _CODE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(lingvo_lite.__file__)))
 
 
-def _version(package: str) -> str | None:
-  try:
-    return importlib.metadata.version(package)
-  except importlib.metadata.PackageNotFoundError:
-    return None
+def package_versions(*packages: str) -> dict[str, str | None]:
+  """The installed version of each package (None: not installed)."""
+  found = {}
+  for package in packages:
+    try:
+      found[package] = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+      found[package] = None
+  return found
 
 
 def _git(*args: str) -> str | None:
@@ -70,8 +74,8 @@ def collect(start_step: int, devices: list[Any], mesh_shape: dict[str, int],
       "start_step": int(start_step),
       "experiment": experiment,
       "argv": list(argv if argv is not None else sys.argv),
-      "versions": {"python": platform.python_version(), "lingvo_lite": _version("lingvo_lite"),
-                   **{name: _version(name) for name in _PACKAGES}},
+      "versions": {"python": platform.python_version(),
+                   **package_versions("lingvo_lite", *_PACKAGES)},
       "git_commit": commit,
       "git_dirty": bool(status) if status is not None else None,
       "host": socket.gethostname(),

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import jax
 
-from lingvo_lite.runtime import kept_results
+from lingvo_lite.runtime import kept_results, run_info
 
 KIND = "lingvo_lite_compile_analyses"
 _ENV = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
@@ -69,7 +69,7 @@ def key(lowered: Any, devices: tuple[Any, ...]) -> str | None:
   return kept_results.digest({
       "program": lowered.as_text(),
       "devices": [_device(d) for d in devices],
-      "versions": kept_results.versions("jax", "jaxlib", "libtpu"),
+      "versions": run_info.package_versions("jax", "jaxlib", "libtpu"),
       "env": {name: os.environ.get(name) for name in _ENV},
       "platform": jax.default_backend() if not devices else devices[0].platform,
   })
