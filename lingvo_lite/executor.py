@@ -327,10 +327,14 @@ def _quiet_orbax(record: std_logging.LogRecord) -> bool:
     return False
   if record.name != "asyncio":
     return True
-  # The task's coroutine is named in the message, a gathering future's only in the traceback.
+  # A task's coroutine is named in the message, a gathering future's only in the traceback,
+  # and a plain future that tensorstore failed only in its exception's text, which quotes the
+  # checkpoint's temporary folder ("3.orbax-checkpoint-tmp"): any mention of orbax will do.
+  error = record.exc_info[1] if record.exc_info else None
   trace = record.exc_info[2] if record.exc_info else None
   frames = traceback.extract_tb(trace) if trace is not None else []
-  return not (orbax in record.getMessage() or any(orbax in f.filename for f in frames))
+  return not ("orbax" in record.getMessage() or "orbax" in str(error)
+              or any(orbax in f.filename for f in frames))
 
 
 def main(argv: Sequence[str]) -> None:

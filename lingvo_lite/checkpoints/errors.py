@@ -45,8 +45,11 @@ def silence_closed_loop_errors() -> None:
       return
     # Anything else raised inside orbax's background work after a failed save (a coroutine
     # or future collected unfinished) is that failure again, already the run's one line.
+    # A failure tensorstore set from C++ has no Python frames; its text quotes the
+    # checkpoint's temporary folder ("3.orbax-checkpoint-tmp").
     frames = traceback.extract_tb(unraisable.exc_traceback) if unraisable.exc_traceback else []
-    if not any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in frames):
+    if not ("orbax" in str(value)
+            or any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in frames)):
       original(unraisable)
   hook.lingvo_lite_filter = True
   sys.unraisablehook = hook
