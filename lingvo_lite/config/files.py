@@ -68,6 +68,8 @@ def _origin(buildable: fdl.Buildable, name: str) -> str:
     return "default"
   if location.filename == "command line":
     return f"command line: {location.function_name}"
+  if location.line_number == 0:  # A file the value was read from (a weight source's config).
+    return location.filename
   filename = location.filename
   if os.path.isabs(filename):
     try:

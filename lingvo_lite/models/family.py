@@ -31,11 +31,16 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
 - Memory: `attention_scores_shape(rows, length)` and `holds_attention_scores`.
 - Checkpoint layout: `layout_metadata()`, `in_saved_layout(metadata)`, `to_own_layout(tree)`.
 - Names: `family_name` (registers the class in `FAMILIES` when its module is imported; each
-  family sets its own), `hf_model_type`, `gguf_architecture`, `checkpoint_names` (our
-  parameter path -> the name in a Hugging Face / GGUF checkpoint; filled by the weights issue),
+  family sets its own), `hf_model_type` and `gguf_architecture` (the architecture strings of
+  the checkpoints it reads: `family_for_hf` finds the family of a Hugging Face config.json),
   `same_model_as` (the classes whose configs build this very model: the three families name
   `TransformerLM`, which older jobs' config.json files name; a family with computation of its
   own names none).
+- Other formats (models/checkpoint_names.py): `hf_fields(config)`, a classmethod giving the
+  fields of the model a Hugging Face config.json describes (refusing, in one line naming the
+  key, a setting the family does not implement); `hf_tensors()`, each tensor of that model's
+  Hugging Face checkpoint as a `TensorName` (the parameters it holds, and how); and
+  `hf_absent()`, the parameters the format has no tensor for (zero in the model it describes).
 
 `tests/models/test_family.py` imports every module of this package and runs each registered
 family through the interface, so a new family's module is covered there without an edit.
@@ -93,15 +98,16 @@ contract of each method beside it; the docstrings are most of its length.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
-import types
+import pkgutil
 from typing import Any, Callable, ClassVar, Literal, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.errors import config_error
+from lingvo_lite.errors import UsageError, config_error
 
 RematPolicy = Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"]
 
@@ -119,6 +125,24 @@ MAX_PARAMETERS = 1e14
 
 # Every family that has registered itself (by importing its module), by `family_name`.
 FAMILIES: dict[str, type[LanguageModel]] = {}
+
+
+
+def family_for_hf(model_type: Any, where: str) -> type[LanguageModel]:
+  """The registered family that reads Hugging Face checkpoints of `model_type`.
+
+  Raises:
+    UsageError: no family reads it (the message lists those that do).
+  """
+  for module in pkgutil.iter_modules(importlib.import_module("lingvo_lite.models").__path__):
+    importlib.import_module(f"lingvo_lite.models.{module.name}")  # Each registers its family.
+  for cls in FAMILIES.values():
+    if cls.hf_model_type is not None and cls.hf_model_type == model_type:
+      return cls
+  known = sorted(c.hf_model_type for c in FAMILIES.values() if c.hf_model_type)
+  raise UsageError(f"{where}: model_type={model_type!r}: no lingvo_lite family reads it; "
+                   f"supported: {', '.join(known)}")
+
 
 # Elements of one device's shard of an array of `shape` with logical `axes`, as memory_fit
 # counts them under the partitioner's rules.
@@ -155,7 +179,8 @@ class LanguageModel(nn.Module):
   family_name: ClassVar[str | None] = None
   hf_model_type: ClassVar[str | None] = None
   gguf_architecture: ClassVar[str | None] = None
-  checkpoint_names: ClassVar[Mapping[str, str]] = types.MappingProxyType({})
+  # A prefix of `hf_tensors()`' names that some files of the format leave out.
+  hf_optional_prefix: ClassVar[str] = ""
   # Import paths of config classes that, field for field, build this very model (the class a
   # family's fields came from): a job written with one resumes and evaluates with the other.
   same_model_as: ClassVar[tuple[str, ...]] = ()
@@ -299,6 +324,26 @@ class LanguageModel(nn.Module):
     """A host tree (parameters, or a whole train state) restored in the layout of
     `in_saved_layout(...)`, converted to this model's."""
     return tree
+
+  # ---------------------------------------------------------------------------- other formats
+
+  @classmethod
+  def hf_fields(cls, config: Any) -> dict[str, Any]:
+    """The fields of the model a Hugging Face config.json describes (a
+    `checkpoint_names.HfConfig`). Raises UsageError naming a key the family cannot honor."""
+    raise UsageError(f"{config.where}: model_type={cls.hf_model_type!r}: lingvo_lite's "
+                     f"{cls.family_name} family reads no Hugging Face config")
+
+  @nn.nowrap
+  def hf_tensors(self) -> list[Any]:
+    """Every tensor of this model's Hugging Face checkpoint, as `checkpoint_names.TensorName`s
+    naming our parameters in the unrolled layer layout (`layer_N/...`)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def hf_absent(self) -> tuple[str, ...]:
+    """Parameters the Hugging Face format has no tensor for: zero in the model it describes."""
+    return ()
 
   # ---------------------------------------------------------------------------- decode cache
 

@@ -3,12 +3,22 @@
 Sequential pre-LayerNorm blocks, learned absolute positions (`max_length` rows), tanh GELU,
 biases everywhere, and the output projection tied to the token embedding. Experiments give
 the sizes: `fdl.Config(Gpt2, vocab_size=50304, num_layers=12, dim=768, ...)`.
+
+Hugging Face's GPT-2 stores its projections as `Conv1D`s ([in, out], no transpose) and packs
+query, key and value along the output of one `c_attn`; its tied head computes
+ln_f(x) @ wte^T unscaled (`tied_output_scale="one"`). Files from the Hub may lack the
+`transformer.` prefix of the names transformers writes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import flax.linen as nn
+
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import layers
+from lingvo_lite.models.checkpoint_names import HfConfig, TensorName, dense, norm
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
 
@@ -31,3 +41,44 @@ class Gpt2(TransformerLM):
   hf_model_type = "gpt2"
   gguf_architecture = "gpt2"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
+  hf_optional_prefix = "transformer."
+
+  @classmethod
+  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
+    config.expect("activation_function", ("gelu_new",), "gelu_new")
+    config.expect("scale_attn_weights", (True,), True)
+    config.expect("scale_attn_by_inverse_layer_idx", (False,), False)
+    return {
+        "vocab_size": config.require("vocab_size"),
+        "num_layers": config.require("n_layer"),
+        "dim": config.require("n_embd"),
+        "num_heads": config.require("n_head"),
+        "mlp_dim": config.get("n_inner"),
+        "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
+        "max_length": config.get("n_positions", 1024),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+    }
+
+  @nn.nowrap
+  def hf_tensors(self) -> list[TensorName]:
+    names = [TensorName("transformer.wte.weight", ("embedding",), transposed=False),
+             TensorName("transformer.wpe.weight", ("position_embedding",), transposed=False)]
+    for index in range(self.num_layers):
+      hf, ours = f"transformer.h.{index}.", f"layer_{index}/"
+      attention = f"{ours}attention/"
+      names += norm(f"{hf}ln_1", f"{ours}attention_norm", True)
+      names += [TensorName(f"{hf}attn.c_attn.weight", tuple(f"{attention}{kind}_kernel" for kind
+                                                           in ("query", "key", "value")),
+                           1, False),
+                TensorName(f"{hf}attn.c_attn.bias", tuple(f"{attention}{kind}_bias" for kind
+                                                         in ("query", "key", "value")),
+                           0, False),
+                TensorName(f"{hf}attn.c_proj.weight", (f"{attention}out_kernel",), 2, False),
+                TensorName(f"{hf}attn.c_proj.bias", (f"{attention}out_bias",), 0, False)]
+      names += norm(f"{hf}ln_2", f"{ours}mlp_norm", True)
+      names += dense(f"{hf}mlp.c_fc", f"{ours}mlp/wi", True, transposed=False)
+      names += dense(f"{hf}mlp.c_proj", f"{ours}mlp/wo", True, transposed=False)
+    names += norm("transformer.ln_f", "final_norm", True)
+    if not self.tie_embeddings:
+      names += dense("lm_head", "output", False)
+    return names

@@ -3,12 +3,23 @@
 A parallel block with one LayerNorm, interleaved rotary on part of each head, no attention
 biases, a biased MLP with tanh GELU, a biased embedding and an untied, biased output.
 Experiments give the sizes: `fdl.Config(GptJ, vocab_size=50400, num_layers=28, dim=4096, ...)`.
+
+Hugging Face's GPT-J rotates pairs of the first `rotary_dim` dims of each head
+(`rotate_every_two`), as `rotary_style="interleaved"` does, so its query and key weights load
+as they are. It has no embedding bias (mesh-transformer-jax's is folded into the rows when
+converted): ours is zero in the model it describes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import flax.linen as nn
+
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import layers
+from lingvo_lite.models.checkpoint_names import (HfConfig, TensorName, dense, linear_attention,
+                                                 norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
 
@@ -32,3 +43,34 @@ class GptJ(TransformerLM):
   hf_model_type = "gptj"
   gguf_architecture = "gptj"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
+
+  @classmethod
+  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
+    config.expect("activation_function", ("gelu_new",), "gelu_new")
+    config.expect("tie_word_embeddings", (False,), False)
+    return {
+        "vocab_size": config.require("vocab_size"),
+        "num_layers": config.require("n_layer"),
+        "dim": config.require("n_embd"),
+        "num_heads": config.require("n_head"),
+        "rotary_dim": config.get("rotary_dim"),
+        "mlp_dim": config.get("n_inner"),
+        "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
+        "max_length": config.get("n_positions", 2048),
+    }
+
+  @nn.nowrap
+  def hf_tensors(self) -> list[TensorName]:
+    names = [TensorName("transformer.wte.weight", ("embedding",), transposed=False)]
+    for index in range(self.num_layers):
+      hf, ours = f"transformer.h.{index}.", f"layer_{index}/"
+      names += norm(f"{hf}ln_1", f"{ours}norm", True)
+      names += linear_attention(f"{hf}attn.", f"{ours}attention/",
+                                ("q_proj", "k_proj", "v_proj", "out_proj"), False)
+      names += dense(f"{hf}mlp.fc_in", f"{ours}mlp/wi", True)
+      names += dense(f"{hf}mlp.fc_out", f"{ours}mlp/wo", True)
+    return names + norm("transformer.ln_f", "final_norm", True) + dense("lm_head", "output", True)
+
+  @nn.nowrap
+  def hf_absent(self) -> tuple[str, ...]:
+    return ("embedding_bias",)

@@ -2,13 +2,24 @@
 
 Sequential pre-RMSNorm blocks, a SwiGLU MLP, rotate-half rotary embedding on every dim of each
 head, grouped-query attention where `num_kv_heads` is set, and no biases. Experiments give the
-sizes: `fdl.Config(Llama, vocab_size=32000, num_layers=32, dim=4096, ...)`.
+sizes: `fdl.Config(Llama, vocab_size=32000, num_layers=32, dim=4096, ...)`, or take them from
+a Hugging Face folder (`hf_fields`, weights/hf_checkpoint.py).
+
+Hugging Face's Llama rotates halves of each head (`rotate_half`), as `rotary_style="half"`
+does, so its query and key weights load as they are; its SwiGLU is down(silu(gate(x)) * up(x)),
+our `wi` (activated) and `wi_gate` (multiplied).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import flax.linen as nn
+
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import layers
+from lingvo_lite.models.checkpoint_names import (HfConfig, TensorName, dense, linear_attention,
+                                                 norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
 
@@ -32,3 +43,48 @@ class Llama(TransformerLM):
   hf_model_type = "llama"
   gguf_architecture = "llama"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
+
+  @classmethod
+  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
+    config.expect("hidden_act", ("silu",), "silu")
+    scaling = config.rope_scaling()
+    if scaling is not None:
+      raise config.refuse("rope_scaling.rope_type", scaling["rope_type"],
+                          "lingvo_lite's rotary positions implement no scaling yet",
+                          "use a model with plain rotary positions (rope_type 'default')")
+    if config.get("sliding_window") is not None and config.get("use_sliding_window", True):
+      raise config.refuse("sliding_window", config.get("sliding_window"),
+                          f"the {cls.family_name} family attends to the whole context",
+                          "use a Mistral config (model_type 'mistral') for a sliding window")
+    return {
+        "vocab_size": config.require("vocab_size"),
+        "num_layers": config.require("num_hidden_layers"),
+        "dim": config.require("hidden_size"),
+        "num_heads": config.require("num_attention_heads"),
+        "num_kv_heads": config.get("num_key_value_heads"),
+        "head_dim": config.get("head_dim"),
+        "mlp_dim": config.require("intermediate_size"),
+        "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "rotary_base": config.rope_theta(),
+        "max_length": config.get("max_position_embeddings", 2048),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "attention_bias": bool(config.get("attention_bias", False)),
+        "mlp_bias": bool(config.get("mlp_bias", False)),
+    }
+
+  @nn.nowrap
+  def hf_tensors(self) -> list[TensorName]:
+    names = [TensorName("model.embed_tokens.weight", ("embedding",), transposed=False)]
+    for index in range(self.num_layers):
+      hf, ours = f"model.layers.{index}.", f"layer_{index}/"
+      names += norm(f"{hf}input_layernorm", f"{ours}attention_norm", False)
+      names += linear_attention(f"{hf}self_attn.", f"{ours}attention/",
+                                ("q_proj", "k_proj", "v_proj", "o_proj"), self.attention_bias)
+      names += norm(f"{hf}post_attention_layernorm", f"{ours}mlp_norm", False)
+      names += dense(f"{hf}mlp.gate_proj", f"{ours}mlp/wi", self.mlp_bias)
+      names += dense(f"{hf}mlp.up_proj", f"{ours}mlp/wi_gate", self.mlp_bias)
+      names += dense(f"{hf}mlp.down_proj", f"{ours}mlp/wo", self.mlp_bias)
+    names += norm("model.norm", "final_norm", False)
+    if not self.tie_embeddings:
+      names += dense("lm_head", "output", False)
+    return names

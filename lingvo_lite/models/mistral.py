@@ -25,6 +25,7 @@ from lingvo_lite import target as targets
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import PositiveInt
 from lingvo_lite.models import kv_cache, layers
+from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.family import ArrayShape
 from lingvo_lite.models.llama import Llama
 
@@ -176,6 +177,15 @@ class Mistral(Llama):
     if self.window < 1:  # Configs are range-checked before; a model built by hand is not.
       raise config_error(f"{path}.window", self.window, "must be at least 1",
                          "a token must see itself")
+
+  @classmethod
+  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
+    """Llama's fields and the window: Hugging Face's `sliding_window` (query i sees key j
+    where i - j < sliding_window, this band); none means the whole context."""
+    window = config.get("sliding_window")
+    fields = super().hf_fields(HfConfig({k: v for k, v in config.values.items()
+                                         if k != "sliding_window"}, config.where))
+    return dict(fields, window=int(window) if window is not None else fields["max_length"])
 
   @classmethod
   def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:

@@ -95,14 +95,11 @@ def flag_arguments(value: str, flag: str = "--init_from") -> dict[str, Any]:
   step; any other `@` belongs to the path).
 
   Raises:
-    UsageError: an empty value, or a `hf:`/`gguf:` source, which this version cannot read.
+    UsageError: an empty value.
   """
   if not value.strip():
-    raise UsageError(f"{flag}=: give JOB or JOB@STEP (another job's folder and step)")
-  scheme = value.split(":", 1)[0]
-  if scheme in ("hf", "gguf") and ":" in value:
-    raise UsageError(f"{flag}={value}: {scheme}: sources are not supported yet; give another "
-                     "job's folder, JOB or JOB@STEP")
+    raise UsageError(f"{flag}=: give JOB or JOB@STEP (another job's folder and step), or "
+                     "hf:PATH (a Hugging Face folder)")
   job, at, step = value.rpartition("@")
   if at and job and step.isdigit():
     return {"job_log_dir": job, "step": int(step)}

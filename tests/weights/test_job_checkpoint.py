@@ -5,11 +5,9 @@ that cannot be used."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import jax
 import numpy as np
@@ -18,7 +16,7 @@ from etils import epath
 
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.jitted import JittedSteps
-from lingvo_lite.testing import run_cli, synthetic_tiny_setup
+from lingvo_lite.testing import kill_9_when, run_cli, synthetic_tiny_setup
 from lingvo_lite.weights import job_checkpoint
 from lingvo_lite.weights.job_checkpoint import JobCheckpoint
 
@@ -123,22 +121,8 @@ def test_a_kill_9_after_a_warm_start_resumes_from_the_jobs_own_checkpoint(source
   whole, parts = tmp_path / "whole", tmp_path / "parts"
   args = ["--fdl.train.steps=8", f"--init_from={source}@4"]
   _train(whole, *args)
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
-      "PYTHONPATH")])))
-  process = subprocess.Popen([sys.executable, "-m", "lingvo_lite", *TINY, *args,
-                              "--fdl.train.steps=1000", f"--job_log_dir={parts}"],
-                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-  try:
-    deadline = time.time() + 240
-    while time.time() < deadline and not (parts / "checkpoints" / "4").is_dir():
-      time.sleep(0.05)
-    assert (parts / "checkpoints" / "4").is_dir(), "no checkpoint within 240 s"
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-  finally:
-    if process.poll() is None:
-      process.kill()
+  kill_9_when([*TINY, *args, "--fdl.train.steps=1000", f"--job_log_dir={parts}"],
+              parts / "checkpoints" / "4")
   moved = source.parent / "gone"
   source.rename(moved)
   try:
@@ -164,8 +148,9 @@ BAD = {
                      "this config's has (259, 32)"),
     "a_job_without_checkpoints": (["--init_from={tmp}"], "train.init_from.job_log_dir={tmp}: "
                                   "no checkpoint in {tmp}/checkpoints"),
-    "hf_not_yet": (["--init_from=hf:{tmp}"], "--init_from=hf:{tmp}: hf: sources are not "
-                   "supported yet"),
+    "gguf_not_yet": (["--init_from=gguf:{tmp}/m.gguf"], "--init_from=gguf:{tmp}/m.gguf: gguf: "
+                     "sources are not supported yet"),
+    "hf_without_config": (["--init_from=hf:{tmp}"], "{tmp}/config.json: no such file"),
     "empty": (["--init_from="], "--init_from=: empty"),
 }
 

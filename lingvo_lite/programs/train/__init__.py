@@ -37,8 +37,8 @@ from lingvo_lite.runtime import lock as job_lock, run_info, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
 from lingvo_lite.runtime.watchdog import Watchdog
-from lingvo_lite.weights import job_checkpoint
-from lingvo_lite.weights.job_checkpoint import FIELD, JobCheckpoint
+from lingvo_lite.weights import sources
+from lingvo_lite.weights.job_checkpoint import FIELD
 
 # What callers of the program (tests, benchmarks) use besides main and run.
 __all__ = ["JOB_FILES", "Options", "PROFILE_DIR", "TrainResult", "TrainingFailure", "main", "run"]
@@ -53,16 +53,16 @@ class Options:
       "refused (one line) if anything it was compiled for differs. A saved step is code: load "
       "only your own.")
   init_from: str | None = option(
-      None, "--mode=train: JOB or JOB@STEP: start a job that has no checkpoint of its own from "
-      "another job's parameters (its newest usable step, or STEP) with a fresh optimizer; "
-      "sets train.init_from. A job with checkpoints resumes from its own.", non_empty=True)
+      None, "--mode=train: JOB, JOB@STEP or hf:PATH: start a job that has no checkpoint of its "
+      "own from another job's parameters (its newest usable step, or STEP), or from a Hugging "
+      "Face folder's (whose config.json then sets the model), with a fresh optimizer; sets "
+      "train.init_from. A job with checkpoints resumes from its own.", non_empty=True)
 
-  def config_parts(self) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
-    """The config parts these options set (the executor sets them after the --fdl
-    overrides): `train.init_from` from --init_from."""
-    if self.init_from is None:
-      return {}
-    return {FIELD: (JobCheckpoint, job_checkpoint.flag_arguments(self.init_from))}
+  def config_parts(self, cfg: Any) -> dict[str, Any]:
+    """The config parts these options set (the executor sets them before the fiddlers and
+    --fdl overrides): `train.init_from` from --init_from, and the source's `model` where it
+    describes one (weights/sources.py)."""
+    return sources.config_parts(self.init_from, cfg.model)
 
 
 # The job dir, created where missing: config, checkpoints, metrics and run info, TensorBoard

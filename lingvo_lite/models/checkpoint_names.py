@@ -1,0 +1,162 @@
+"""How a family's parameters map to another format's tensors, and its settings to that format's
+config: the vocabulary each family's module uses to say both (models/llama.py and its peers).
+
+A Hugging Face folder names its tensors (`model.layers.0.self_attn.q_proj.weight`) and stores
+torch's `nn.Linear` weights as [out, in]; lingvo_lite names parameters by their Flax path
+(`layer_0/attention/query_kernel`) and stores kernels as [in, ...out] with heads as their own
+axis. A `TensorName` relates one tensor of the format to the parameters it holds, and converts
+both ways with the same fields, so import and export cannot disagree:
+
+  TensorName("model.layers.0.self_attn.q_proj.weight", ("layer_0/attention/query_kernel",))
+
+A fused tensor (GPT-2's `c_attn`: query, key and value along its output axis) names several
+parameters. `HfConfig` reads a source's config.json for a family's `hf_fields`, and refuses
+in one line a setting the family does not implement, naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from lingvo_lite.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorName:
+  """One tensor of another format and the parameters it holds.
+
+  Attributes:
+    name: The tensor's name in the other format.
+    paths: Our parameters it holds (`layer_0/attention/query_kernel`), in the order they lie
+      along its output axis (one, except for fused tensors).
+    input_axes: How many of each parameter's leading axes make the tensor's input axis (the
+      rest make its output axis): 1 for a kernel [dim, heads, head_dim], 2 for an output
+      kernel [heads, head_dim, dim], 0 for a vector (a bias, a norm's scale).
+    transposed: The format stores the matrix as [out, in] (torch's `nn.Linear`), where our
+      kernels are [in, out]; False for [in, out] (GPT-2's `Conv1D`) and for tables indexed
+      by token (an embedding).
+  """
+
+  name: str
+  paths: tuple[str, ...]
+  input_axes: int = 1
+  transposed: bool = True
+
+  def to_ours(self, tensor: np.ndarray, shapes: Sequence[tuple[int, ...]],
+              where: str) -> list[np.ndarray]:
+    """The parameters of `paths`, shaped `shapes`, from the format's tensor.
+
+    Raises:
+      UsageError: the tensor's shape is not the one these parameters need (named with
+        `where`, the source).
+    """
+    matrix = tensor.T if self.transposed and tensor.ndim == 2 else tensor
+    expected = self.format_shape(shapes)
+    if tuple(tensor.shape) != expected:
+      ours = ", ".join(f"{path} {list(shape)}" for path, shape in zip(self.paths, shapes))
+      raise UsageError(f"{where}: tensor {self.name} has shape {list(tensor.shape)}, but this "
+                       f"model's {ours} need {list(expected)}; set the model to the source's "
+                       "sizes (its config), or give weights of this model's")
+    widths = [math.prod(shape[self.input_axes:]) if self.input_axes else math.prod(shape)
+              for shape in shapes]
+    parts = np.split(matrix, np.cumsum(widths)[:-1], axis=-1) if len(shapes) > 1 else [matrix]
+    return [np.ascontiguousarray(part).reshape(shape) for part, shape in zip(parts, shapes)]
+
+  def from_ours(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The format's tensor from the parameters of `paths` (the inverse of `to_ours`)."""
+    parts = [array.reshape(-1) if not self.input_axes
+             else array.reshape(math.prod(array.shape[:self.input_axes]), -1)
+             for array in arrays]
+    matrix = np.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+    return np.ascontiguousarray(matrix.T if self.transposed and matrix.ndim == 2 else matrix)
+
+  def format_shape(self, shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """The shape of the format's tensor holding parameters of `shapes`."""
+    if not self.input_axes:
+      return (sum(math.prod(shape) for shape in shapes),)
+    rows = math.prod(shapes[0][:self.input_axes])
+    columns = sum(math.prod(shape[self.input_axes:]) for shape in shapes)
+    return (columns, rows) if self.transposed else (rows, columns)
+
+
+class HfConfig:
+  """A Hugging Face config.json, read key by key for a family's `hf_fields`.
+
+  Attributes:
+    values: The file's keys and values.
+    where: The file, for messages.
+  """
+
+  def __init__(self, values: Mapping[str, Any], where: str):
+    self.values = dict(values)
+    self.where = where
+
+  def get(self, key: str, default: Any = None) -> Any:
+    value = self.values.get(key)
+    return default if value is None else value
+
+  def require(self, key: str) -> Any:
+    if self.values.get(key) is None:
+      raise UsageError(f"{self.where}: no {key!r}; a {self.get('model_type')} config.json "
+                       "names it (a file from transformers' save_pretrained has it)")
+    return self.values[key]
+
+  def refuse(self, key: str, value: Any, why: str, fix: str) -> UsageError:
+    """The one-line refusal of a setting (`key` = `value`) the family does not implement."""
+    return UsageError(f"{self.where}: {key}={value!r}: {why}; {fix}")
+
+  def expect(self, key: str, allowed: Sequence[Any], default: Any = None) -> Any:
+    """The key's value, which must be one of `allowed` (a missing key reads as `default`)."""
+    value = self.get(key, default)
+    if value not in allowed:
+      raise self.refuse(key, value, "lingvo_lite's " f"{self.get('model_type')} does not "
+                        "implement it", f"supported: {', '.join(map(repr, allowed))}")
+    return value
+
+  def rope_theta(self, default: float = 10000.0) -> float:
+    """The rotary base: `rope_parameters.rope_theta` (transformers 5) or `rope_theta`."""
+    parameters = self.get("rope_parameters", {}) or {}
+    return float(parameters.get("rope_theta") or self.get("rope_theta", default))
+
+  def rope_scaling(self) -> dict[str, Any] | None:
+    """The rotary scaling (`rope_scaling`, or transformers 5's `rope_parameters` beyond the
+    base), None for plain rotary positions."""
+    scaling = self.get("rope_scaling") or {
+        k: v for k, v in (self.get("rope_parameters", {}) or {}).items() if k != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    return None if kind == "default" else dict(scaling, rope_type=kind)
+
+
+def linear_attention(hf: str, ours: str, projections: Sequence[str], bias: bool
+                     ) -> list[TensorName]:
+  """Query, key, value and output projections stored as four `nn.Linear`s (Llama, GPT-J):
+  `projections` are their names under the `hf` prefix, in that order."""
+  names = []
+  for projection, kind in zip(projections, ("query", "key", "value", "out")):
+    input_axes = 2 if kind == "out" else 1
+    names.append(TensorName(f"{hf}{projection}.weight", (f"{ours}{kind}_kernel",), input_axes))
+    if bias:
+      names.append(TensorName(f"{hf}{projection}.bias", (f"{ours}{kind}_bias",), 0, False))
+  return names
+
+
+def vector(name: str, path: str) -> TensorName:
+  """A vector stored as it is (a norm's scale or offset, a bias)."""
+  return TensorName(name, (path,), 0, False)
+
+
+def norm(hf: str, ours: str, with_bias: bool) -> list[TensorName]:
+  """A norm's scale (`hf`.weight) and, for a LayerNorm, its offset (`hf`.bias)."""
+  names = [vector(f"{hf}.weight", f"{ours}/scale")]
+  return names + [vector(f"{hf}.bias", f"{ours}/bias")] if with_bias else names
+
+
+def dense(hf: str, ours: str, bias: bool, transposed: bool = True) -> list[TensorName]:
+  """A dense layer's kernel (`hf`.weight) and bias: torch's `nn.Linear` (stored [out, in]),
+  or GPT-2's `Conv1D` (`transposed=False`: stored [in, out])."""
+  names = [TensorName(f"{hf}.weight", (f"{ours}/kernel",), 1, transposed)]
+  return names + [vector(f"{hf}.bias", f"{ours}/bias")] if bias else names

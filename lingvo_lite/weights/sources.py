@@ -1,0 +1,79 @@
+"""The weight source a command line names, as config parts: `--init_from=VALUE` ->
+`train.init_from` (and, for a source that describes its model, the `model` part).
+
+  hf:PATH      a Hugging Face folder (HfCheckpoint): its config.json is the model's config
+  gguf:PATH    a GGUF file (not read yet: refused in one line)
+  JOB[@STEP]   another lingvo_lite job's checkpoint step (JobCheckpoint; its newest usable
+               step without @STEP): the model stays the experiment's
+
+A source that describes its model replaces the experiment's `model` with its family and the
+fields its header sets; the experiment's choices of how to run that model (dtypes, layer layout,
+rematerialization, attention implementation) carry over where the family has them. The
+executor sets these parts before the fiddlers and `--fdl.*` overrides, so an override still
+changes any field (one that contradicts the weights' shapes is refused when they load).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fiddle as fdl
+from fiddle import history
+
+from lingvo_lite.errors import UsageError
+from lingvo_lite.weights import job_checkpoint
+from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+from lingvo_lite.weights.job_checkpoint import FIELD, JobCheckpoint
+
+# How to run a model, not what it computes: kept from the experiment's model.
+CARRIED_MODEL_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
+                        "attention_implementation")
+
+
+def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
+  """The weight source `value` names, as a config part.
+
+  Raises:
+    UsageError: an empty value, an empty path, or a format this version cannot read.
+  """
+  scheme, colon, path = value.partition(":")
+  if colon and scheme == "hf":
+    if not path.strip():
+      raise UsageError(f"{flag}={value}: give the folder after hf: (hf:PATH)")
+    return fdl.Config(HfCheckpoint, path=path)
+  if colon and scheme == "gguf":
+    raise UsageError(f"{flag}={value}: gguf: sources are not supported yet; give hf:PATH (a "
+                     "Hugging Face folder) or another job's folder, JOB or JOB@STEP")
+  return fdl.Config(JobCheckpoint, **job_checkpoint.flag_arguments(value, flag))
+
+
+def model_part(source: fdl.Config, model: Any) -> fdl.Config | None:
+  """The `model` part of a source that describes its model (its family, its header's fields,
+  and the experiment `model`'s carried fields); None for a job's checkpoint."""
+  if fdl.get_callable(source) is not HfCheckpoint:
+    return None
+  checkpoint = fdl.build(source)
+  family, fields = checkpoint.model_fields()
+  # config.txt names the file each field came from (config/files.py: a line number of 0).
+  origin = history.Location(checkpoint.config().where, 0, None)
+  with history.custom_location(lambda: origin):
+    part = fdl.Config(family, **fields)
+  arguments = model.__arguments__ if isinstance(model, fdl.Buildable) else {}
+  for name in CARRIED_MODEL_FIELDS:
+    if name in arguments and name in family.__dataclass_fields__:
+      setattr(part, name, arguments[name])
+  return part
+
+
+def config_parts(value: str | None, model: Any, flag: str = "--init_from"
+                 ) -> dict[str, fdl.Buildable]:
+  """The parts `--init_from=value` sets: `train.init_from`, and `model` where the source
+  describes its model. Empty when the flag is not given."""
+  if value is None:
+    return {}
+  source = from_flag(value, flag)
+  parts: dict[str, fdl.Buildable] = {FIELD: source}
+  model_config = model_part(source, model)
+  if model_config is not None:
+    parts["model"] = model_config
+  return parts

@@ -1,0 +1,308 @@
+"""Hugging Face folders in: tiny random models of every family, written by `transformers`'
+`save_pretrained`, load into lingvo_lite and compute transformers' logits.
+
+The reference is transformers itself (torch CPU, float32, eager attention) on the same folder.
+Each model's norms and biases are perturbed away from their initial values (ones and zeros
+hide a swapped scale or a missing bias), its weights are scaled so that logits are O(1) (at
+the default 0.02 initialization they are ~1e-2 and any error looks small), and the prompt is
+600 tokens long: a rotary layout or window bug shows only at long distances.
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.errors import UsageError
+from lingvo_lite.models import checkpoint_names
+from lingvo_lite.partitioning import Partitioner
+from lingvo_lite.testing import kill_9_when, run_cli
+from lingvo_lite.weights import sources
+from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+PROMPT_LENGTH = 600
+VOCAB = 256
+TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
+
+# Each family's tiny config: grouped-query heads where the family has them, a partial rotary
+# for GPT-J, a window shorter than the prompt for Mistral, biases and tied embeddings on one
+# Llama.
+CASES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, rms_norm_eps=1e-5, rope_theta=5000.0,
+        max_position_embeddings=1024)),
+    "llama_tied_biased": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        intermediate_size=96, tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
+        max_position_embeddings=1024)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, sliding_window=100, max_position_embeddings=1024)),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(
+        n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=1024)),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(
+        n_embd=64, n_layer=2, n_head=4, n_positions=1024)),
+}
+
+
+def _reference_model(case: str):
+  config_class, model_class, fields = CASES[case]
+  torch.manual_seed(0)
+  config = getattr(transformers, config_class)(vocab_size=VOCAB, bos_token_id=0,
+                                               eos_token_id=1, **fields)
+  config._attn_implementation = "eager"  # pylint: disable=protected-access
+  model = getattr(transformers, model_class)(config).eval()
+  generator = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for name, parameter in model.named_parameters():
+      noise = torch.randn(parameter.shape, generator=generator)
+      if parameter.ndim == 1:  # Norm scales and offsets, biases.
+        parameter.add_(0.2 * noise)
+      else:  # Kernels and tables: ~1/sqrt(fan-in) rather than 0.02, for O(1) logits.
+        parameter.copy_(noise / math.sqrt(parameter.shape[-1]) * 1.5)
+  return model
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+  """case -> (its folder, transformers' float32 logits of the prompt)."""
+  root = tmp_path_factory.mktemp("hf")
+  prompt = _prompt()
+  made = {}
+  for case in CASES:
+    model = _reference_model(case)
+    model.save_pretrained(root / case)
+    with torch.no_grad():
+      made[case] = (root / case, model(torch.tensor(prompt)).logits.numpy())
+  return made
+
+
+def _prompt() -> np.ndarray:
+  return np.random.default_rng(0).integers(0, VOCAB, (1, PROMPT_LENGTH))
+
+
+def _load(folder, **changes):
+  family, fields = HfCheckpoint(str(folder)).model_fields()
+  model = family(**dict(fields, **changes))
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+  params, loaded = HfCheckpoint(str(folder)).read_params(model, abstract)
+  return model, params, loaded
+
+
+def _logits(model, params) -> np.ndarray:
+  with jax.default_matmul_precision("highest"):
+    return np.asarray(model.apply({"params": params}, _prompt()))
+
+
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_equal_transformers(folders, case, scan_layers):
+  folder, expected = folders[case]
+  model, params, _ = _load(folder, scan_layers=scan_layers)
+  assert type(model).hf_model_type == json.loads((folder / "config.json").read_text())[
+      "model_type"]
+  got = _logits(model, params)
+  assert np.std(expected) > 0.5, "logits too small to show an error"
+  error = np.abs(got - expected).max()
+  assert error < TOLERANCE, f"{case}: max abs logit difference {error:.2e}"
+
+
+def test_the_mistral_window_is_read_and_matters(folders):
+  # Without the window (the whole context), the same weights compute other logits past it.
+  folder, expected = folders["mistral"]
+  model, params, _ = _load(folder)
+  assert model.window == 100
+  wide, wide_params, _ = _load(folder, window=PROMPT_LENGTH)
+  beyond = np.abs(_logits(wide, wide_params) - expected)[:, 100:].max()
+  assert beyond > 1e-2
+  assert np.abs(_logits(wide, wide_params) - expected)[:, :100].max() < TOLERANCE
+
+
+def test_config_fields_come_from_config_json(folders):
+  family, fields = HfCheckpoint(str(folders["llama"][0])).model_fields()
+  assert family.family_name == "llama"
+  assert fields == {"vocab_size": VOCAB, "num_layers": 2, "dim": 64, "num_heads": 4,
+                    "num_kv_heads": 2, "head_dim": 16, "mlp_dim": 96, "norm_eps": 1e-5,
+                    "rotary_base": 5000.0, "max_length": 1024, "tie_embeddings": False,
+                    "attention_bias": False, "mlp_bias": False}
+  _, gptj = HfCheckpoint(str(folders["gptj"][0])).model_fields()
+  assert (gptj["rotary_dim"], gptj["num_heads"], gptj["dim"]) == (8, 4, 64)
+
+
+def test_the_fingerprint_is_the_tensors(folders, tmp_path):
+  # The same tensors in another folder, even in shards, give the same digest; other values
+  # another one.
+  _, _, loaded = _load(folders["llama"][0])
+  model = _reference_model("llama")
+  model.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+  assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
+  _, _, again = _load(tmp_path / "sharded")
+  assert loaded.split()[1] == again.split()[1]
+  with torch.no_grad():
+    model.model.norm.weight.add_(1.0)
+  model.save_pretrained(tmp_path / "changed")
+  _, _, changed = _load(tmp_path / "changed")
+  assert changed.split()[1] != loaded.split()[1]
+
+
+def test_sharded_and_bfloat16_folders_load(folders, tmp_path):
+  model = _reference_model("llama").to(torch.bfloat16)
+  model.save_pretrained(tmp_path / "bf16", max_shard_size="20KB")
+  loaded_model, params, _ = _load(tmp_path / "bf16")
+  # float32 parameters holding the bfloat16 values exactly.
+  expected = model.model.layers[1].mlp.up_proj.weight.detach().float().numpy()
+  np.testing.assert_array_equal(np.asarray(params["layer_1"]["mlp"]["wi_gate"]["kernel"]),
+                                expected.T)
+  assert loaded_model.param_dtype == "float32"
+
+
+def test_gpt2_names_without_the_transformer_prefix_load(folders, tmp_path):
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  folder, expected = folders["gpt2"]
+  shutil.copytree(folder, tmp_path / "hub")
+  tensors = load_file(str(folder / "model.safetensors"))
+  save_file({name.removeprefix("transformer."): value for name, value in tensors.items()},
+            str(tmp_path / "hub" / "model.safetensors"))
+  model, params, _ = _load(tmp_path / "hub")
+  assert np.abs(_logits(model, params) - expected).max() < TOLERANCE
+
+
+def test_tensor_names_convert_both_ways():
+  # Each kind of tensor: ours -> the format's -> ours is the identity, in the format's shape.
+  rng = np.random.default_rng(0)
+  kernel, out = rng.normal(size=(8, 2, 3)), rng.normal(size=(2, 3, 8))
+  query = checkpoint_names.TensorName("q", ("a",))
+  assert query.from_ours([kernel]).shape == (6, 8)
+  np.testing.assert_array_equal(query.to_ours(query.from_ours([kernel]), [(8, 2, 3)], "x")[0],
+                                kernel)
+  output = checkpoint_names.TensorName("o", ("a",), 2)
+  assert output.from_ours([out]).shape == (8, 6)
+  fused = checkpoint_names.TensorName("qkv", ("q", "k", "v"), 1, False)
+  parts = [kernel, kernel + 1, kernel + 2]
+  assert fused.from_ours(parts).shape == (8, 18)
+  for got, want in zip(fused.to_ours(fused.from_ours(parts), [(8, 2, 3)] * 3, "x"), parts):
+    np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------------------------------------ bad input
+
+def _one_line(error: Exception) -> str:
+  message = str(error)
+  assert "\n" not in message and "Traceback" not in message, message
+  return message
+
+
+def test_a_folder_without_config_json_is_refused(folders, tmp_path):
+  shutil.copytree(folders["llama"][0], tmp_path / "no_config")
+  os.remove(tmp_path / "no_config" / "config.json")
+  with pytest.raises(UsageError) as error:
+    HfCheckpoint(str(tmp_path / "no_config")).model_fields()
+  assert "config.json: no such file" in _one_line(error.value)
+  with pytest.raises(UsageError) as error:
+    HfCheckpoint(str(tmp_path / "missing")).model_fields()
+  assert "no such folder" in _one_line(error.value)
+
+
+def test_a_truncated_safetensors_file_is_refused(folders, tmp_path):
+  shutil.copytree(folders["llama"][0], tmp_path / "cut")
+  data = (tmp_path / "cut" / "model.safetensors").read_bytes()
+  (tmp_path / "cut" / "model.safetensors").write_bytes(data[:len(data) // 2])
+  with pytest.raises(UsageError) as error:
+    _load(tmp_path / "cut")
+  assert "model.safetensors" in _one_line(error.value) and "truncated" in str(error.value)
+
+
+def test_a_shape_that_does_not_match_is_refused_naming_the_tensor(folders):
+  with pytest.raises(UsageError) as error:
+    _load(folders["llama"][0], mlp_dim=128)
+  message = _one_line(error.value)
+  assert "model.layers.0.mlp.gate_proj.weight has shape [96, 64]" in message
+  assert "[128, 64]" in message
+  with pytest.raises(UsageError) as error:
+    _load(folders["llama"][0], num_layers=3)
+  assert "no tensor model.layers.2." in _one_line(error.value)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"model_type": "bert"}, "model_type='bert': no lingvo_lite family reads it; supported:"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+     "rope_scaling.rope_type='yarn'"),
+    ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ({"sliding_window": 64}, "sliding_window=64"),
+    ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),
+])
+def test_unsupported_settings_are_refused_naming_the_key(folders, tmp_path, change, words):
+  shutil.copytree(folders["llama"][0], tmp_path / "changed")
+  config = json.loads((tmp_path / "changed" / "config.json").read_text())
+  config.update(change)
+  (tmp_path / "changed" / "config.json").write_text(json.dumps(config))
+  with pytest.raises(UsageError) as error:
+    HfCheckpoint(str(tmp_path / "changed")).model_fields()
+  assert words in _one_line(error.value)
+
+
+def test_the_flag_names_a_folder_a_job_or_refuses():
+  assert sources.from_flag("hf:some/folder").path == "some/folder"
+  assert sources.from_flag("runs/a@3").step == 3
+  for value, words in (("hf:", "give the folder after hf:"),
+                       ("gguf:x.gguf", "gguf: sources are not supported yet")):
+    with pytest.raises(UsageError) as error:
+      sources.from_flag(value)
+    assert words in _one_line(error.value)
+
+
+# ------------------------------------------------------------------------------ warm start
+
+# PyCodeTiny's vocabulary (bytes and 3 specials) and the sizes --fiddler=tiny gives a Llama.
+TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+        "--fdl.train.log_every_steps=1", "--fdl.checkpoint.every_steps=2",
+        "--fdl.checkpoint.max_to_keep=None", "--fdl.optimizer.decay_steps=20",
+        "--fdl.optimizer.warmup_steps=2"]
+
+
+def _losses(job):
+  with open(job / "metrics.jsonl") as f:
+    return {row["step"]: row["loss"] for row in map(json.loads, f)}
+
+
+@pytest.mark.slow
+def test_a_warm_start_from_hf_then_kill_9_resumes_from_the_jobs_own_checkpoint(tmp_path):
+  """--init_from=hf:PATH sets the model from config.json and its parameters from the
+  safetensors; a run killed after its step-4 save resumes from its own checkpoint, without
+  reading the weights again, on the uninterrupted run's curve."""
+  torch.manual_seed(0)
+  config = transformers.LlamaConfig(
+      vocab_size=259, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+      num_key_value_heads=2, intermediate_size=256, max_position_embeddings=128)
+  transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+  whole, parts = tmp_path / "whole", tmp_path / "parts"
+  args = ["--fdl.train.steps=8", f"--init_from=hf:{tmp_path / 'llama'}"]
+  first = run_cli([*TINY, *args, f"--job_log_dir={whole}"])
+  assert first.code == 0, first.stderr[-3000:]
+  assert f"with the parameters of hf:{tmp_path / 'llama'} sha256:" in first.stdout
+  with open(whole / "run_info.jsonl") as f:
+    assert json.loads(f.readline())["initialized_from"].startswith("hf:")
+  config_text = (whole / "config.txt").read_text()
+  assert "model = <lingvo_lite.models.llama.Llama>" in config_text
+  assert re.search(r"^model.vocab_size = 259 +# .*llama/config.json$", config_text, re.M), config_text
+
+  kill_9_when([*TINY, *args, "--fdl.train.steps=1000", f"--job_log_dir={parts}"],
+              parts / "checkpoints" / "4")
+  # The weights are not read again: emptied, they would fail the run (config.json, which
+  # sets the model, stays).
+  (tmp_path / "llama" / "model.safetensors").write_bytes(b"")
+  resumed = run_cli([*TINY, *args, f"--job_log_dir={parts}", "--fdl.train.steps=1000",
+                     "--fdl.train.steps=8"])
+  assert resumed.code == 0, resumed.stderr[-2000:]
+  assert "resumed from step" in resumed.stdout and "with the parameters of" not in resumed.stdout
+  assert _losses(parts) == _losses(whole)
