@@ -139,10 +139,14 @@ class JittedSteps:
     (checkpoints/params.py, which converts the layer layout as `restore_state` does): for
     eval, which has the whole state's shapes already. The optimizer state is neither read nor
     allocated. `fix`: the advice when they do not fit (Checkpointer.restore_params)."""
+    return self.mesh_params().restore(checkpointer, step, fix)
+
+  def mesh_params(self) -> MeshParams:
+    """The model's parameters on this mesh as shapes (the train state's), for a restore of
+    parameters alone."""
     return MeshParams(self.setup.model, self.setup.train_data.sequence_length,
                       self.setup.partitioner, self.mesh,
-                      abstract=self.sharded_state.abstract.params).restore(checkpointer, step,
-                                                                           fix)
+                      abstract=self.sharded_state.abstract.params)
 
   def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
     """Assembles this process's rows into global arrays sharded over the batch axes."""

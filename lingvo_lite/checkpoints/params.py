@@ -46,7 +46,7 @@ class MeshParams:
       abstract: The parameters' abstract tree, where the caller has it already (a program
         that also trains or evaluates shapes the whole state); None shapes it here.
     """
-    self._model = model
+    self.model = model
     self._sequence_length = sequence_length
     self._partitioner = partitioner
     self._mesh = mesh
@@ -64,9 +64,9 @@ class MeshParams:
       UsageError: the step fails its checksums, cannot be read, or its parameters do not fit
         this model (Checkpointer.restore_params's one line).
     """
-    saved_model = self._model.in_saved_layout(checkpointer.metadata(step))
+    saved_model = self.model.in_saved_layout(checkpointer.metadata(step))
     if saved_model is None:
       return checkpointer.restore_params(step, self.abstract, fix)
     saved = checkpointer.restore_params(step, self._abstract_of(saved_model), fix)
     shardings = jax.tree.map(lambda leaf: leaf.sharding, self.abstract)
-    return jax.device_put(self._model.to_own_layout(jax.device_get(saved)), shardings)
+    return jax.device_put(self.model.to_own_layout(jax.device_get(saved)), shardings)

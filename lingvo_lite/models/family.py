@@ -40,7 +40,9 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   fields of the model a Hugging Face config.json describes (refusing, in one line naming the
   key, a setting the family does not implement); `hf_tensors()`, each tensor of that model's
   Hugging Face checkpoint as a `TensorName` (the parameters it holds, and how); and
-  `hf_absent()`, the parameters the format has no tensor for (zero in the model it describes).
+  `hf_absent()`, the parameters the format has no tensor for (zero in the model it describes);
+  for export, `hf_config()` (the inverse of `hf_fields`), `hf_architecture` and
+  `hf_export_params(params)` (absent parameters folded into others, where the family can).
 
 `tests/models/test_family.py` imports every module of this package and runs each registered
 family through the interface, so a new family's module is covered there without an edit.
@@ -179,6 +181,8 @@ class LanguageModel(nn.Module):
   family_name: ClassVar[str | None] = None
   hf_model_type: ClassVar[str | None] = None
   gguf_architecture: ClassVar[str | None] = None
+  # The transformers class that loads its exports (config.json's `architectures`).
+  hf_architecture: ClassVar[str | None] = None
   # A prefix of `hf_tensors()`' names that some files of the format leave out.
   hf_optional_prefix: ClassVar[str] = ""
   # Import paths of config classes that, field for field, build this very model (the class a
@@ -344,6 +348,17 @@ class LanguageModel(nn.Module):
   def hf_absent(self) -> tuple[str, ...]:
     """Parameters the Hugging Face format has no tensor for: zero in the model it describes."""
     return ()
+
+  @nn.nowrap
+  def hf_config(self) -> dict[str, Any]:
+    """The Hugging Face config.json of this model (the inverse of `hf_fields`)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def hf_export_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    """The host parameters as the format's model computes with them: `hf_absent()`'s folded
+    into others where the family can (they must then be zero)."""
+    return params
 
   # ---------------------------------------------------------------------------- decode cache
 

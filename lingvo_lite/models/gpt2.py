@@ -39,6 +39,7 @@ class Gpt2(TransformerLM):
 
   family_name = "gpt2"
   hf_model_type = "gpt2"
+  hf_architecture = "GPT2LMHeadModel"
   gguf_architecture = "gpt2"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
   hf_optional_prefix = "transformer."
@@ -57,6 +58,17 @@ class Gpt2(TransformerLM):
         "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
         "max_length": config.get("n_positions", 1024),
         "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+    }
+
+  @nn.nowrap
+  def hf_config(self) -> dict[str, Any]:
+    return {
+        "model_type": self.hf_model_type, "architectures": [self.hf_architecture],
+        "vocab_size": self.vocab_size, "n_layer": self.num_layers, "n_embd": self.dim,
+        "n_head": self.num_heads, "n_inner": self.resolved_mlp_dim,
+        "layer_norm_epsilon": self.norm_eps, "n_positions": self.max_length,
+        "activation_function": "gelu_new", "tie_word_embeddings": self.tie_embeddings,
+        "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
     }
 
   @nn.nowrap

@@ -41,6 +41,7 @@ class GptJ(TransformerLM):
 
   family_name = "gptj"
   hf_model_type = "gptj"
+  hf_architecture = "GPTJForCausalLM"
   gguf_architecture = "gptj"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
 
@@ -58,6 +59,25 @@ class GptJ(TransformerLM):
         "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
         "max_length": config.get("n_positions", 2048),
     }
+
+  @nn.nowrap
+  def hf_config(self) -> dict[str, Any]:
+    return {
+        "model_type": self.hf_model_type, "architectures": [self.hf_architecture],
+        "vocab_size": self.vocab_size, "n_layer": self.num_layers, "n_embd": self.dim,
+        "n_head": self.num_heads, "rotary_dim": self.resolved_rotary_dim,
+        "n_inner": self.resolved_mlp_dim, "layer_norm_epsilon": self.norm_eps,
+        "n_positions": self.max_length, "activation_function": "gelu_new",
+        "tie_word_embeddings": False,
+    }
+
+  @nn.nowrap
+  def hf_export_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    """The embedding bias folded into the rows (E[t] + b = (E + b)[t]), as
+    mesh-transformer-jax's conversion does: the format has no tensor for it."""
+    bias = params["embedding_bias"]
+    return dict(params, embedding=params["embedding"] + bias[None, :],
+                embedding_bias=bias * 0)
 
   @nn.nowrap
   def hf_tensors(self) -> list[TensorName]:

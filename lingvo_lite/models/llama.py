@@ -41,6 +41,7 @@ class Llama(TransformerLM):
 
   family_name = "llama"
   hf_model_type = "llama"
+  hf_architecture = "LlamaForCausalLM"
   gguf_architecture = "llama"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
 
@@ -70,6 +71,20 @@ class Llama(TransformerLM):
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
         "attention_bias": bool(config.get("attention_bias", False)),
         "mlp_bias": bool(config.get("mlp_bias", False)),
+    }
+
+  @nn.nowrap
+  def hf_config(self) -> dict[str, Any]:
+    return {
+        "model_type": self.hf_model_type, "architectures": [self.hf_architecture],
+        "vocab_size": self.vocab_size, "num_hidden_layers": self.num_layers,
+        "hidden_size": self.dim, "num_attention_heads": self.num_heads,
+        "num_key_value_heads": self.resolved_num_kv_heads, "head_dim": self.resolved_head_dim,
+        "intermediate_size": self.resolved_mlp_dim, "hidden_act": "silu",
+        "rms_norm_eps": self.norm_eps, "rope_theta": self.rotary_base,
+        "max_position_embeddings": self.max_length,
+        "tie_word_embeddings": self.tie_embeddings, "attention_bias": self.attention_bias,
+        "mlp_bias": self.mlp_bias,
     }
 
   @nn.nowrap

@@ -142,6 +142,7 @@ class Mistral(Llama):
 
   family_name = "mistral"
   hf_model_type = "mistral"
+  hf_architecture = "MistralForCausalLM"
   # llama.cpp converts Mistral-7B to its `llama` architecture (the window is not in the
   # file): a GGUF reader must take the window from elsewhere.
   gguf_architecture = "llama"
@@ -186,6 +187,10 @@ class Mistral(Llama):
     fields = super().hf_fields(HfConfig({k: v for k, v in config.values.items()
                                          if k != "sliding_window"}, config.where))
     return dict(fields, window=int(window) if window is not None else fields["max_length"])
+
+  @nn.nowrap
+  def hf_config(self) -> dict[str, Any]:
+    return dict(super().hf_config(), sliding_window=self.window)
 
   @classmethod
   def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:

@@ -151,6 +151,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("decode", "generate completions of --prompt / --prompts_file prompts with the "
             "job's latest checkpoint (or --checkpoint_step), KV-cached, sampled per request",
             "decode", needs_job_dir=True),
+    Program("export", "write the job's latest checkpoint (or --checkpoint_step) as a Hugging "
+            "Face folder (--export_format=hf) at --export_dir", "export", needs_job_dir=True,
+            compilation_cache=False),
     Program("compile", "compile the train step (or the eval step, or the decode functions) "
             "ahead of time for a target topology: memory verdict, step time, maximum batch, a "
             "saved executable",

@@ -134,5 +134,16 @@ def declared_options(options_classes: Iterable[type]) -> list[DeclaredOption]:
 def checkpoint_step_option() -> Any:
   """`--checkpoint_step`, one declaration for every program that reads one checkpoint (eval,
   decode), which `declared_options` requires to be alike."""
-  return option(None, "--mode=eval / --mode=decode: use this checkpoint step (default: the "
-                "latest).")
+  return option(None, "--mode=eval / --mode=decode / --mode=export: use this checkpoint step "
+                "(default: the latest).")
+
+
+def init_from_option() -> Any:
+  """`--init_from`, one declaration for every program that reads a job's parameters (train,
+  export): an Options class declaring it gets `config_parts` from weights/sources.py."""
+  return option(
+      None, "--mode=train / --mode=export: JOB, JOB@STEP or hf:PATH: the parameters a job that "
+      "has no checkpoint of its own starts from (another job's newest usable step, or STEP; "
+      "a Hugging Face folder, whose config.json then sets the model); sets train.init_from. "
+      "Training starts there with a fresh optimizer; a job with checkpoints uses its own.",
+      non_empty=True)

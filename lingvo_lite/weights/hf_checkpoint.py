@@ -96,7 +96,12 @@ class HfCheckpoint:
   def load(self, jitted: Any) -> tuple[Any, str]:
     """(this folder's parameters in `jitted`'s model layout and shardings, what was loaded as
     `hf:PATH sha256:<digest of the tensors>`)."""
-    return self.read_params(jitted.setup.model, jitted.sharded_state.abstract.params)
+    return self.load_params(jitted.mesh_params())
+
+  def load_params(self, mesh_params: Any) -> tuple[Any, str]:
+    """`load`'s answer for a program without a train state, into `mesh_params` (a
+    `checkpoints.params.MeshParams`)."""
+    return self.read_params(mesh_params.model, mesh_params.abstract)
 
   def read_params(self, model: Any, abstract: Any) -> tuple[Any, str]:
     """The parameters of `model` (whose shapes, dtypes and shardings `abstract` gives) from

@@ -80,9 +80,14 @@ class JobCheckpoint:
       UsageError: see `chosen_step`; the step fails its checksums, or its parameters do not
         fit this model (named as this field's, in one line).
     """
+    return self.load_params(jitted.mesh_params())
+
+  def load_params(self, mesh_params: Any) -> tuple[Any, str]:
+    """`load`'s answer for a program without a train state: the parameters restored into
+    `mesh_params` (a `checkpoints.params.MeshParams`: the model, its shapes and shardings)."""
     checkpointer, checkpoint_dir, step = self.chosen_step()
     try:
-      params = jitted.restore_params(
+      params = mesh_params.restore(
           checkpointer, step, fix=f"give {FIELD} a job of this model's shapes, or set the "
           "model to the source's (its job's config.json)")
     except UsageError as e:

@@ -92,7 +92,9 @@ def test_the_executor_defines_each_programs_options_with_their_help():
         parser = (command_line.NonEmptyListParser if declared.kind == "list"
                   else command_line.NonEmptyParser)
         assert isinstance(flag.parser, parser), declared.name
-  assert readers["checkpoint_step"] == ["eval", "decode"]
-  assert all(len(names) == 1 for flag, names in readers.items() if flag != "checkpoint_step")
+  # Flags that several programs read, each declared once (programs/options.py).
+  shared = {"checkpoint_step": ["eval", "decode", "export"], "init_from": ["train", "export"]}
+  assert {flag: readers[flag] for flag in shared} == shared
+  assert all(len(names) == 1 for flag, names in readers.items() if flag not in shared)
   assert programs.PROGRAMS["list"].flags == ()
   assert programs.PROGRAMS["compile"].flags[:2] == ("compile_topology", "compile_num_slices")

@@ -79,6 +79,8 @@ WRITTEN = {
     "report": (("report", _D), ("report/index.html", _F), ("report/compare.html", _F),
                ("report/config.svg", _F), ("report/.verified.json", _F)),
     "compile": (("compile", _D), ("compile/report.txt", _F), ("compile/report.json", _F)),
+    # A job dir export makes (a weight source's model) records its config.
+    "export": (("config.json", _F), ("config.txt", _F)),
 }
 
 
@@ -86,7 +88,7 @@ def test_each_program_declares_what_it_writes_in_the_job_dir():
   for name, program in programs.PROGRAMS.items():
     files = program.job_files
     assert files.written == WRITTEN.get(name, ()), name
-    assert files.creates == (name in ("train", "compile")), name
+    assert files.creates == (name in ("train", "compile", "export")), name
     assert files.kind_only == ((("decode", _D),) if name == "decode" else ()), name
     assert files.eval_sets_under == {"train": "", "eval": "eval/"}.get(name), name
     assert files.when_profiling == ((

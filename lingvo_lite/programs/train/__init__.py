@@ -28,7 +28,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, summarize_changes
-from lingvo_lite.programs.options import option
+from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.train.failures import (NonFinite, OutputWriteError, TrainingFailure,
                                                  newest_checkpoint, resume_advice, write_advice)
 from lingvo_lite.programs.train.loop import PROFILE_DIR, TrainLoop, TrainResult
@@ -52,11 +52,7 @@ class Options:
       None, "--mode=train: run the compiled step saved at this folder instead of compiling; "
       "refused (one line) if anything it was compiled for differs. A saved step is code: load "
       "only your own.")
-  init_from: str | None = option(
-      None, "--mode=train: JOB, JOB@STEP or hf:PATH: start a job that has no checkpoint of its "
-      "own from another job's parameters (its newest usable step, or STEP), or from a Hugging "
-      "Face folder's (whose config.json then sets the model), with a fresh optimizer; sets "
-      "train.init_from. A job with checkpoints resumes from its own.", non_empty=True)
+  init_from: str | None = init_from_option()
 
   def config_parts(self, cfg: Any) -> dict[str, Any]:
     """The config parts these options set (the executor sets them before the fiddlers and

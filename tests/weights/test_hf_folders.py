@@ -1,5 +1,7 @@
-"""Hugging Face folders in: tiny random models of every family, written by `transformers`'
-`save_pretrained`, load into lingvo_lite and compute transformers' logits.
+"""Hugging Face folders in and out: tiny random models of every family, written by
+`transformers`' `save_pretrained`, load into lingvo_lite and compute transformers' logits;
+`--mode=export` writes them back bit for bit, and a trained job's export computes in
+transformers what it computes here.
 
 The reference is transformers itself (torch CPU, float32, eager attention) on the same folder.
 Each model's norms and biases are perturbed away from their initial values (ones and zeros
@@ -30,7 +32,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 PROMPT_LENGTH = 600
-VOCAB = 256
+VOCAB = 320  # At least PyCodeTiny's 259 (the export tests run it with these folders).
 TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
 
 # Each family's tiny config: grouped-query heads where the family has them, a partial rotary
@@ -306,3 +308,113 @@ def test_a_warm_start_from_hf_then_kill_9_resumes_from_the_jobs_own_checkpoint(t
   assert resumed.code == 0, resumed.stderr[-2000:]
   assert "resumed from step" in resumed.stdout and "with the parameters of" not in resumed.stdout
   assert _losses(parts) == _losses(whole)
+
+
+# ------------------------------------------------------------------------------ export
+
+def _export(job, out, *extra):
+  return run_cli(["--mode=export", "--exp=PyCodeTiny", f"--job_log_dir={job}",
+                  f"--export_dir={out}", *extra])
+
+
+def _tensors(folder):
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  found = {}
+  for file in sorted(folder.glob("*.safetensors")):
+    found.update(load_file(str(file)))
+  return found
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_hf_in_then_out_gives_the_same_tensors_bit_for_bit(folders, case, tmp_path):
+  # A job dir without a checkpoint exports its source's parameters (train.init_from).
+  folder = folders[case][0]
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
+  assert result.code == 0, result.stderr[-3000:]
+  assert "train.init_from" in result.stdout and "has no checkpoint yet" in result.stdout
+  expected, got = _tensors(folder), _tensors(tmp_path / "out")
+  assert sorted(got) == sorted(expected)
+  for name, tensor in expected.items():
+    assert got[name].dtype == tensor.dtype and got[name].tobytes() == tensor.tobytes(), name
+  config = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert config["model_type"] == json.loads((folder / "config.json").read_text())["model_type"]
+  # The job dir records the config it exported with: a later program names just the job.
+  assert (tmp_path / "job" / "config.json").exists()
+
+
+def test_a_bfloat16_folder_exports_bit_for_bit_in_bfloat16_and_sharded(tmp_path):
+  model = _reference_model("llama").to(torch.bfloat16)
+  model.save_pretrained(tmp_path / "bf16")
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{tmp_path / 'bf16'}",
+                   "--export_dtype=bfloat16", "--export_shard_bytes=40000")
+  assert result.code == 0, result.stderr[-3000:]
+  index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+  assert len(set(index["weight_map"].values())) > 1
+  expected, got = _tensors(tmp_path / "bf16"), _tensors(tmp_path / "out")
+  assert all(got[k].dtype == expected[k].dtype and got[k].tobytes() == expected[k].tobytes()
+             for k in expected) and sorted(got) == sorted(expected)
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+  assert reloaded.dtype == torch.bfloat16
+
+
+def _job_logits(job, tokens):
+  """Our model's logits from the job's config and its newest checkpoint, read by orbax."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.config import files as config_files  # pylint: disable=g-import-not-at-top
+  setup = executor.build(config_files.load(job / "config.json"))
+  step = max(int(p.name) for p in (job / "checkpoints").iterdir() if p.name.isdigit())
+  state = ocp.StandardCheckpointer().restore((job / "checkpoints" / str(step) / "default")
+                                            .absolute())
+  with jax.default_matmul_precision("highest"):
+    return np.asarray(setup.model.apply({"params": state["params"]}, tokens)), step
+
+
+def test_a_trained_gptj_job_exports_what_transformers_computes_the_same(tiny_job, tmp_path):
+  # The shared tiny job: PyCodeTiny (GPT-J) trained 20 steps, its embedding bias no longer
+  # zero (the export folds it into the rows).
+  job = tiny_job / "runs" / "tiny"
+  out = tmp_path / "gptj_hf"
+  result = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}"])
+  assert result.code == 0, result.stderr[-3000:]
+  # As long as the model's context (transformers' GPT-J has a sin/cos table of n_positions).
+  length = json.loads((out / "config.json").read_text())["n_positions"]
+  tokens = np.random.default_rng(1).integers(0, 259, (2, length))
+  ours, step = _job_logits(job, tokens)
+  assert f"exported step {step} of {job}" in result.stdout
+  reference = transformers.AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager")
+  with torch.no_grad():
+    theirs = reference(torch.tensor(tokens)).logits.numpy()
+  assert np.abs(ours - theirs).max() < TOLERANCE
+  # Again into the same folder: lingvo_lite's earlier export is replaced.
+  again = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}"])
+  assert again.code == 0 and "replaced the earlier export" in again.stdout, again.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--exp=PyCodeGpt2Tiny"],
+     "model.tied_output_scale='rsqrt_dim': a Hugging Face gpt2 model cannot express it"),
+    (["--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.model.norm='rmsnorm'"],
+     "model.norm='rmsnorm': a Hugging Face gptj model cannot express it"),
+    (["--exp=PyCodeTiny", "--export_format=gguf"],
+     "--export_format=gguf: unknown format; valid choices: hf"),
+    (["--exp=PyCodeTiny", "--export_dtype=float16"],
+     "--export_dtype=float16: not a dtype the export writes; valid choices: float32, bfloat16"),
+    (["--exp=PyCodeTiny", "--fiddler=tiny"], "no checkpoint in"),
+])
+def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path, args, words):
+  (tmp_path / "job").mkdir()
+  result = run_cli(["--mode=export", f"--job_log_dir={tmp_path / 'job'}",
+                    f"--export_dir={tmp_path / 'out'}", *args])
+  lines = result.stderr.strip().splitlines()
+  assert result.code == 2 and len(lines) == 1, result.stderr[-2000:]
+  assert words in lines[0], lines[0]
+  assert not (tmp_path / "out").exists()
+
+
+def test_an_export_never_overwrites_what_lingvo_lite_did_not_write(folders, tmp_path):
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "notes.txt").write_text("mine")
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folders['gpt2'][0]}")
+  assert result.code == 2 and "never replaces them" in result.stderr, result.stderr
+  assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["notes.txt"]

@@ -1,0 +1,153 @@
+"""The export program: a job's checkpoint out of lingvo_lite, as a Hugging Face folder.
+
+  --mode=export --job_log_dir=JOB --export_format=hf --export_dir=out/JOB_hf
+  --mode=export --job_log_dir=JOB --export_format=hf --export_dir=... --export_dtype=bfloat16
+  --mode=export --job_log_dir=JOB ... --checkpoint_step=N        (default: the newest usable)
+
+The job's config (its config.json, or --exp with its flags) is the model's; only the
+parameters are restored (checkpoints/params.py): the job's own checkpoint, or, for a job that
+has none yet, the weight source its config starts from (weights/job_params.py). The folder (weights/hf_export.py: config.json, safetensors, an index
+above 5 GB a shard) is written beside its final place and renamed into it whole, over an
+earlier export of lingvo_lite's only, never over anything else (lingvo_lite/outputs.py). A
+model the format cannot express is refused in one line before anything is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from etils import epath
+
+from lingvo_lite import outputs, paths
+from lingvo_lite.checkpoints import selection as checkpoint_selection
+from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.config import files as config_files
+from lingvo_lite.errors import UsageError, os_error_text, shown
+from lingvo_lite.models import layer_layout
+from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
+from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
+from lingvo_lite.runtime.job_dirs import FILE, JobFiles
+from lingvo_lite.weights import hf_export, job_params, sources
+
+FORMATS = ("hf",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The flags of --mode=export."""
+
+  checkpoint_step: int | None = checkpoint_step_option()
+  init_from: str | None = init_from_option()
+  export_format: str = option(
+      "hf", f"--mode=export: the format written: {', '.join(FORMATS)} (a Hugging Face folder "
+      "that transformers' from_pretrained loads).")
+  export_dir: str | None = option(
+      None, "--mode=export: the folder the export goes to (required); an earlier export "
+      "lingvo_lite wrote there is replaced, anything else is never overwritten.",
+      non_empty=True)
+  export_dtype: str | None = option(
+      None, f"--mode=export: the dtype of every tensor written: {', '.join(hf_export.DTYPES)} "
+      "(default: the model's param_dtype).", non_empty=True)
+  export_shard_bytes: int = option(
+      hf_export.MAX_SHARD_BYTES, "--mode=export --export_format=hf: the largest safetensors "
+      "file; more bytes are split into shards listed by model.safetensors.index.json.")
+
+
+  def config_parts(self, cfg: Any) -> dict[str, Any]:
+    """`train.init_from` (and a source's `model`) from --init_from (weights/sources.py): a
+    job dir without a checkpoint of its own exports the source's parameters."""
+    return sources.config_parts(self.init_from, cfg.model)
+
+
+# A job dir made by export (a source's model, no checkpoint yet) records the config it ran
+# with, so that later programs can name just the job dir; a job's config is never rewritten.
+JOB_FILES = JobFiles(creates=True, written=((config_files.CONFIG_JSON, FILE),
+                                            (config_files.CONFIG_TXT, FILE)))
+
+
+def _check_options(options: Options, param_dtype: str) -> str:
+  """The dtype to write. Raises UsageError for a flag that cannot work."""
+  if options.export_format not in FORMATS:
+    raise UsageError(f"--export_format={options.export_format}: unknown format; valid "
+                     f"choices: {', '.join(FORMATS)}")
+  if options.export_dir is None:
+    raise UsageError("--export_dir: required for --mode=export; e.g. --export_dir=out/my_hf")
+  dtype = options.export_dtype or param_dtype
+  if dtype not in hf_export.DTYPES:
+    flag = "--export_dtype" if options.export_dtype else "model.param_dtype"
+    raise UsageError(f"{flag}={dtype}: not a dtype the export writes; valid choices: "
+                     f"{', '.join(hf_export.DTYPES)}")
+  if options.export_shard_bytes < 1:
+    raise UsageError(f"--export_shard_bytes={options.export_shard_bytes}: must be at least 1 "
+                     "(bytes per safetensors file)")
+  return dtype
+
+
+def main(invocation: Invocation) -> None:
+  options: Options = invocation.options
+  setup = invocation.setup
+  model = setup.model
+  refuse_model_changes(invocation, "export")
+  dtype = _check_options(options, model.param_dtype)
+  checkpoint_selection.check_wanted(options.checkpoint_step)
+  config = hf_export.check_expressible(model)
+  shown_job = epath.Path(invocation.shown_job_dir or invocation.job_dir)
+  unrolled = model.clone(parent=None, scan_layers=False)
+  shapes = {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in
+            jax.tree_util.tree_flatten_with_path(MeshParams(
+                unrolled, setup.train_data.sequence_length, setup.partitioner,
+                setup.partitioner.make_mesh(invocation.target.devices)).abstract)[0]}
+  plan = hf_export.plan_shards(unrolled.hf_tensors(), shapes, dtype, options.export_shard_bytes)
+  # Checked before the checkpoint is read: an earlier export of lingvo_lite's (its files
+  # only) is replaced, anything else refused.
+  flag = f"--export_dir={shown(options.export_dir)}"
+  output = outputs.check_folder(paths.resolve(options.export_dir, "--export_dir"), flag,
+                                hf_export.KIND, plan.names + (outputs.MANIFEST,), "the export",
+                                invocation.job_dir)
+  mesh = setup.partitioner.make_mesh(invocation.target.devices)
+  if not (invocation.job_dir / config_files.CONFIG_JSON).exists():
+    invocation.write_config()
+  params, what, step = job_params.restore(
+      setup, MeshParams(model, setup.train_data.sequence_length, setup.partitioner, mesh),
+      invocation.job_dir, shown_job, options.checkpoint_step)
+  host = jax.tree.map(np.asarray, jax.device_get(params))
+  del params
+  if model.scan_layers:
+    host = layer_layout.unstack_layers(host)
+  host = unrolled.hf_export_params(host)
+  checkpoint_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(host))
+  written: dict[str, Any] = {}
+
+  def write(folder: epath.Path) -> None:
+    written.update(hf_export.write(folder, unrolled, host, dtype, plan, config))
+    manifest = {"schema": outputs.schema(hf_export.KIND), "job_log_dir": str(shown_job),
+                "step": step, "parameters": what, "format": options.export_format,
+                "dtype": dtype, **written}
+    (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+  try:
+    replaced = outputs.write_folder(output, write)
+  except OSError as e:
+    problem, fix = os_error_text(e, "export again")
+    raise ProgramFailure(f"{flag}: cannot write the export: {problem}; nothing was left "
+                         f"there; {fix}") from None
+  total = sum(written["files"].values())
+  print(f"exported {what} to {options.export_dir} "
+        f"({'replaced the earlier export' if replaced else 'new'}): {options.export_format}, "
+        f"{dtype}, {written['tensors']} tensors in {len(plan.files)} safetensors file(s), "
+        f"{_size(total)} (the parameters read: {_size(checkpoint_bytes)} "
+        f"{model.param_dtype})", flush=True)
+  for name in plan.names:
+    print(f"  {os.path.join(options.export_dir, name)}  {_size(written['files'][name])}")
+
+
+def _size(count: int) -> str:
+  for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    if count >= scale:
+      return f"{count / scale:.1f} {unit}"
+  return f"{count} bytes"

@@ -1,0 +1,167 @@
+"""A model's parameters out as a Hugging Face folder that transformers' `from_pretrained` loads.
+
+The folder holds config.json (the family's `hf_config()`), the tensors the family names
+(`hf_tensors()`, the same `TensorName`s import reads, converted the other way) as safetensors,
+split into shards of at most `max_shard_bytes` with a `model.safetensors.index.json` where
+they do not fit in one file, and lingvo_lite's manifest.json (which job and step, the dtype,
+each file's size).
+
+A model the format cannot express is refused in one line before anything is written: the
+family's config is read back through its own `hf_fields`, and every field that reads back
+other than this model's (a tied output scaled by 1/sqrt(dim), a norm or activation the
+architecture does not have) is named. Parameters the format has no tensor for must be zero
+after the family folds them (`hf_export_params`: GPT-J's embedding bias goes into the rows).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from etils import epath
+
+from lingvo_lite.errors import UsageError
+from lingvo_lite.models.checkpoint_names import HfConfig, TensorName
+from lingvo_lite.weights.hf_checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
+
+KIND = "hf_export"
+# transformers' own default shard size (`save_pretrained(max_shard_size="5GB")`).
+MAX_SHARD_BYTES = 5 * 10**9
+# How a model is run, not what it computes: no Hugging Face key for them, none needed.
+_RUN_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
+               "attention_implementation", "embedding_init_stddev", "parent", "name")
+# Sizes a config may leave to their derivation (None) or give: compared as derived.
+_DERIVED = {"num_kv_heads": "resolved_num_kv_heads", "head_dim": "resolved_head_dim",
+            "mlp_dim": "resolved_mlp_dim", "rotary_dim": "resolved_rotary_dim"}
+DTYPES = ("float32", "bfloat16")
+
+
+def check_expressible(model: Any) -> dict[str, Any]:
+  """The model's Hugging Face config.json, when that config describes this very model.
+
+  Raises:
+    UsageError: the family exports no Hugging Face folder, or a field the format cannot
+      express (one line naming `model.<field>`, its value and what the format would make).
+  """
+  family = type(model)
+  if family.hf_model_type is None:
+    raise UsageError(f"model: the {family.family_name} family has no Hugging Face format; "
+                     "export it as slim weights")
+  config = model.hf_config()
+  fields = family.hf_fields(HfConfig(config, f"the {family.hf_model_type} config"))
+  described = family(**{k: v for k, v in fields.items() if v is not None})
+  for field in dataclasses.fields(model):
+    if field.name in _RUN_FIELDS:
+      continue
+    resolved = _DERIVED.get(field.name, field.name)
+    ours, theirs = getattr(model, resolved), getattr(described, resolved)
+    if ours != theirs:
+      raise UsageError(f"model.{field.name}={getattr(model, field.name)!r}: a Hugging Face "
+                       f"{family.hf_model_type} model cannot express it (its config makes "
+                       f"{theirs!r}); export another format (slim), or train with the "
+                       "family's setting")
+  return config
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+  """Which tensors go to which file.
+
+  Attributes:
+    files: File name -> the tensors it holds, in order.
+  """
+
+  files: dict[str, list[TensorName]]
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    """Every file the folder gets (the index too, where there is one)."""
+    files = tuple(self.files)
+    return files + ((INDEX_FILE,) if len(files) > 1 else ()) + (CONFIG_FILE,)
+
+
+def plan_shards(tensors: Sequence[TensorName], shapes: Mapping[str, tuple[int, ...]],
+                dtype: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> ShardPlan:
+  """Tensors in order into files of at most `max_shard_bytes` (a larger tensor alone in its
+  own), named as transformers names them."""
+  itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
+  groups: list[list[TensorName]] = [[]]
+  size = 0
+  for tensor in tensors:
+    nbytes = int(np.prod(tensor.format_shape([shapes[p] for p in tensor.paths]))) * itemsize
+    if groups[-1] and size + nbytes > max_shard_bytes:
+      groups.append([])
+      size = 0
+    groups[-1].append(tensor)
+    size += nbytes
+  if len(groups) == 1:
+    return ShardPlan({SINGLE_FILE: groups[0]})
+  count = len(groups)
+  return ShardPlan({f"model-{i + 1:05d}-of-{count:05d}.safetensors": group
+                    for i, group in enumerate(groups)})
+
+
+def _numpy_dtype(dtype: str) -> Any:
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
+          plan: ShardPlan, config: dict[str, Any]) -> dict[str, Any]:
+  """Writes the folder's files (not the manifest): config.json, the shards and their index.
+
+  Args:
+    folder: Where (an empty folder).
+    model: The family instance.
+    params: Host parameters in the unrolled layer layout (`layer_N`), after
+      `hf_export_params`, as nested dicts of NumPy arrays.
+    dtype: float32 or bfloat16: what every tensor is written as.
+    plan: `plan_shards`' files.
+    config: `check_expressible`'s config.json.
+
+  Returns:
+    {"files": name -> bytes} for the manifest, and "tensors": how many.
+
+  Raises:
+    UsageError: a parameter the format has no tensor for is not zero.
+  """
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  for path in model.hf_absent():
+    if np.any(_at(params, path)):
+      raise UsageError(f"model: parameter {path} is not zero and a Hugging Face "
+                       f"{model.hf_model_type} model has no tensor for it; export as slim "
+                       "weights")
+  target = _numpy_dtype(dtype)
+  weight_map, files = {}, {}
+  for file, tensors in plan.files.items():
+    shard = {t.name: t.from_ours([np.asarray(_at(params, p)) for p in t.paths]).astype(target)
+             for t in tensors}
+    save_file(shard, str(folder / file), metadata={"format": "pt"})
+    os.chmod(os.fspath(folder / file), 0o666 & ~_umask())  # safetensors writes it 0600.
+    weight_map.update({name: file for name in shard})
+    del shard
+  if len(plan.files) > 1:
+    total = sum(os.path.getsize(os.fspath(folder / f)) for f in plan.files)
+    (folder / INDEX_FILE).write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+  (folder / CONFIG_FILE).write_text(json.dumps(dict(config, torch_dtype=dtype), indent=2)
+                                    + "\n")
+  for name in plan.names:
+    files[name] = os.path.getsize(os.fspath(folder / name))
+  return {"files": files, "tensors": len(weight_map)}
+
+
+def _at(tree: Mapping[str, Any], path: str) -> Any:
+  node: Any = tree
+  for key in path.split("/"):
+    node = node[key]
+  return node
+
+
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
