@@ -160,3 +160,14 @@ def dense(hf: str, ours: str, bias: bool, transposed: bool = True) -> list[Tenso
   or GPT-2's `Conv1D` (`transposed=False`: stored [in, out])."""
   names = [TensorName(f"{hf}.weight", (f"{ours}/kernel",), 1, transposed)]
   return names + [vector(f"{hf}.bias", f"{ours}/bias")] if bias else names
+
+
+def rotary_pairs_to_halves(weight: np.ndarray, heads: int) -> np.ndarray:
+  """A query or key projection [heads * head_dim, in] whose rows hold each head's rotary
+  pairs side by side (GGML's rope, which llama.cpp's converter arranges Llama weights for)
+  rearranged for rotate-half (Hugging Face's Llama, `rotary_style="half"`): within each head,
+  row 2i + j (j = 0, 1) goes to row j * head_dim / 2 + i."""
+  rows = weight.shape[0]
+  half = rows // heads // 2
+  return (weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(1, 2)
+          .reshape(weight.shape))

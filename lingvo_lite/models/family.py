@@ -146,6 +146,26 @@ def family_for_hf(model_type: Any, where: str) -> type[LanguageModel]:
                    f"supported: {', '.join(known)}")
 
 
+def family_for_gguf(architecture: Any, where: str) -> type[LanguageModel]:
+  """The family that reads GGUF files of `architecture` (llama.cpp's `general.architecture`):
+  the one of that name where several declare it (Mistral converts to `llama`, and its window
+  is not in the file).
+
+  Raises:
+    UsageError: no family reads it (the message lists those that do).
+  """
+  for module in pkgutil.iter_modules(importlib.import_module("lingvo_lite.models").__path__):
+    importlib.import_module(f"lingvo_lite.models.{module.name}")
+  readers = [cls for cls in FAMILIES.values()
+             if cls.gguf_architecture == architecture and cls.reads_gguf()]
+  readers.sort(key=lambda cls: cls.family_name != architecture)
+  if not readers:
+    known = sorted({c.gguf_architecture for c in FAMILIES.values() if c.reads_gguf()})
+    raise UsageError(f"{where}: general.architecture={architecture!r}: no lingvo_lite family "
+                     f"reads it; supported: {', '.join(known)}")
+  return readers[0]
+
+
 # Elements of one device's shard of an array of `shape` with logical `axes`, as memory_fit
 # counts them under the partitioner's rules.
 Sharder = Callable[[tuple[int, ...], tuple[str | None, ...]], int]
@@ -353,6 +373,22 @@ class LanguageModel(nn.Module):
   def hf_config(self) -> dict[str, Any]:
     """The Hugging Face config.json of this model (the inverse of `hf_fields`)."""
     raise NotImplementedError
+
+  @classmethod
+  def gguf_hf_config(cls, metadata: Mapping[str, Any], tensors: Any) -> dict[str, Any]:
+    """The Hugging Face config.json a GGUF file's metadata (and tensor names) describe: a GGUF
+    file reads as the Hugging Face folder it was converted from (weights/gguf_checkpoint.py)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def gguf_tensors(self) -> dict[str, tuple[str, int | None]]:
+    """GGUF tensor name -> (its `hf_tensors()` name, the heads whose rotary pairs llama.cpp
+    interleaved, for a query or key projection; else None)."""
+    raise NotImplementedError
+
+  @classmethod
+  def reads_gguf(cls) -> bool:
+    return cls.gguf_tensors is not LanguageModel.gguf_tensors
 
   @nn.nowrap
   def hf_export_params(self, params: dict[str, Any]) -> dict[str, Any]:

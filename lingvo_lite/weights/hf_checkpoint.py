@@ -55,6 +55,10 @@ class HfCheckpoint:
   def describe(self) -> str:
     return f"hf:{self.path}"
 
+  def origin(self) -> str:
+    """The file the model's fields come from, for config.txt."""
+    return os.path.join(self.path, CONFIG_FILE)
+
   def folder(self) -> epath.Path:
     folder = paths.resolve(self.path, f"{FIELD}.path")
     if not folder.is_dir():
@@ -113,7 +117,7 @@ class HfCheckpoint:
     """
     self.config()  # A folder without config.json is not a checkpoint, whatever it holds.
     digest = hashlib.sha256()
-    placer = _Placer(model, abstract, f"hf:{self.path}")
+    placer = Placer(model, abstract, f"hf:{self.path}")
     with _Tensors(self.folder(), self.path, model.hf_optional_prefix) as tensors:
       for name in model.hf_tensors():
         tensor = tensors.get(name.name)
@@ -201,7 +205,7 @@ class _Tensors:
                      "--fdl.model overrides that change them)")
 
 
-class _Placer:
+class Placer:
   """Puts converted tensors into the model's parameter tree, each leaf on its devices as soon
   as every tensor it takes is in (scanned layers: a leaf takes one tensor per layer)."""
 

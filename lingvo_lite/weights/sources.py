@@ -2,7 +2,7 @@
 `train.init_from` (and, for a source that describes its model, the `model` part).
 
   hf:PATH      a Hugging Face folder (HfCheckpoint): its config.json is the model's config
-  gguf:PATH    a GGUF file (not read yet: refused in one line)
+  gguf:PATH    a GGUF file (GgufCheckpoint): its metadata is the model's config
   JOB[@STEP]   another lingvo_lite job's checkpoint step (JobCheckpoint; its newest usable
                step without @STEP): the model stays the experiment's
 
@@ -22,6 +22,7 @@ from fiddle import history
 
 from lingvo_lite.errors import UsageError
 from lingvo_lite.weights import job_checkpoint
+from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
 from lingvo_lite.weights.job_checkpoint import FIELD, JobCheckpoint
 
@@ -42,20 +43,21 @@ def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
       raise UsageError(f"{flag}={value}: give the folder after hf: (hf:PATH)")
     return fdl.Config(HfCheckpoint, path=path)
   if colon and scheme == "gguf":
-    raise UsageError(f"{flag}={value}: gguf: sources are not supported yet; give hf:PATH (a "
-                     "Hugging Face folder) or another job's folder, JOB or JOB@STEP")
+    if not path.strip():
+      raise UsageError(f"{flag}={value}: give the file after gguf: (gguf:PATH)")
+    return fdl.Config(GgufCheckpoint, path=path)
   return fdl.Config(JobCheckpoint, **job_checkpoint.flag_arguments(value, flag))
 
 
 def model_part(source: fdl.Config, model: Any) -> fdl.Config | None:
   """The `model` part of a source that describes its model (its family, its header's fields,
   and the experiment `model`'s carried fields); None for a job's checkpoint."""
-  if fdl.get_callable(source) is not HfCheckpoint:
+  if fdl.get_callable(source) not in (HfCheckpoint, GgufCheckpoint):
     return None
   checkpoint = fdl.build(source)
   family, fields = checkpoint.model_fields()
   # config.txt names the file each field came from (config/files.py: a line number of 0).
-  origin = history.Location(checkpoint.config().where, 0, None)
+  origin = history.Location(checkpoint.origin(), 0, None)
   with history.custom_location(lambda: origin):
     part = fdl.Config(family, **fields)
   arguments = model.__arguments__ if isinstance(model, fdl.Buildable) else {}

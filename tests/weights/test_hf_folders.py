@@ -255,9 +255,10 @@ def test_unsupported_settings_are_refused_naming_the_key(folders, tmp_path, chan
 
 def test_the_flag_names_a_folder_a_job_or_refuses():
   assert sources.from_flag("hf:some/folder").path == "some/folder"
+  assert sources.from_flag("gguf:a/m.gguf").path == "a/m.gguf"
   assert sources.from_flag("runs/a@3").step == 3
   for value, words in (("hf:", "give the folder after hf:"),
-                       ("gguf:x.gguf", "gguf: sources are not supported yet")):
+                       ("gguf: ", "give the file after gguf:")):
     with pytest.raises(UsageError) as error:
       sources.from_flag(value)
     assert words in _one_line(error.value)

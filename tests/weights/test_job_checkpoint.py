@@ -148,8 +148,7 @@ BAD = {
                      "this config's has (259, 32)"),
     "a_job_without_checkpoints": (["--init_from={tmp}"], "train.init_from.job_log_dir={tmp}: "
                                   "no checkpoint in {tmp}/checkpoints"),
-    "gguf_not_yet": (["--init_from=gguf:{tmp}/m.gguf"], "--init_from=gguf:{tmp}/m.gguf: gguf: "
-                     "sources are not supported yet"),
+    "gguf_missing": (["--init_from=gguf:{tmp}/m.gguf"], "gguf:{tmp}/m.gguf: no such file"),
     "hf_without_config": (["--init_from=hf:{tmp}"], "{tmp}/config.json: no such file"),
     "empty": (["--init_from="], "--init_from=: empty"),
 }

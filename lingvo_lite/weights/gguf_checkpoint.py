@@ -1,0 +1,139 @@
+"""A GGUF file (llama.cpp's format) as a weight source: its metadata as the model's config, its
+tensors, dequantized, as the model's parameters.
+
+A GGUF file is read as the Hugging Face folder it was converted from: the family that reads
+its `general.architecture` (models/family.py: `family_for_gguf`) turns the metadata into that
+folder's config.json (`gguf_hf_config`, then its own `hf_fields`) and names the Hugging Face
+tensor each GGUF tensor is (`gguf_tensors`); the rest is hf_checkpoint.py's placing. The `gguf`
+package reads the file (memory-mapped) and dequantizes each tensor with NumPy (F32, F16, BF16,
+Q8_0, Q4_0, Q4_1, the K-quants, ...) to float32, then to the parameter's dtype. llama.cpp's
+converter interleaves the rotary pairs of each head's query and key rows for GGML's rope; they
+are put back in the rotate-half order of the Hugging Face model
+(`checkpoint_names.rotary_pairs_to_halves`).
+
+`fingerprint`: `sha256:` over every tensor's name, type, shape and stored (quantized) bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from typing import Any
+
+import numpy as np
+
+from lingvo_lite import paths
+from lingvo_lite.errors import UsageError
+from lingvo_lite.models import family as families
+from lingvo_lite.models.checkpoint_names import HfConfig, rotary_pairs_to_halves
+from lingvo_lite.weights.hf_checkpoint import FIELD, Placer
+
+
+@dataclasses.dataclass(frozen=True)
+class GgufCheckpoint:
+  """The parameters (and model config) of a GGUF file.
+
+  Attributes:
+    path: The .gguf file (relative to the working directory).
+  """
+
+  path: str
+
+  def __post_init__(self):
+    if not isinstance(self.path, str) or not self.path.strip():
+      raise UsageError(f"path={self.path!r}: must name a GGUF file")
+
+  def describe(self) -> str:
+    return f"gguf:{self.path}"
+
+  def origin(self) -> str:
+    """The file the model's fields come from (its metadata), for config.txt."""
+    return self.path
+
+  def _reader(self) -> Any:
+    """The file opened by `gguf.GGUFReader`.
+
+    Raises:
+      UsageError: no such file, or not a readable GGUF file (truncated, another format).
+    """
+    import gguf  # pylint: disable=g-import-not-at-top
+    file = paths.resolve(self.path, f"{FIELD}.path")
+    if not file.is_file():
+      raise UsageError(f"gguf:{self.path}: no such file; give a .gguf file (llama.cpp's "
+                       "format)")
+    try:
+      return gguf.GGUFReader(os.fspath(file))
+    except Exception as e:  # pylint: disable=broad-except  # struct, numpy, ValueError, ...
+      raise UsageError(f"gguf:{self.path}: not a readable GGUF file ({type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else 'no detail'}); it may be "
+                       "truncated: copy it again") from None
+
+  def metadata(self, reader: Any = None) -> dict[str, Any]:
+    """The file's key-value metadata (arrays of strings as lists; the token list too)."""
+    reader = reader or self._reader()
+    values = {}
+    for name, field in reader.fields.items():
+      try:
+        values[name] = field.contents()
+      except Exception:  # pylint: disable=broad-except  # A type gguf cannot decode.
+        continue
+    return values
+
+  def _family(self, reader: Any) -> tuple[type[families.LanguageModel], dict[str, Any]]:
+    metadata = self.metadata(reader)
+    where = f"gguf:{self.path}"
+    family = families.family_for_gguf(metadata.get("general.architecture"), where)
+    names = {tensor.name for tensor in reader.tensors}
+    return family, family.gguf_hf_config(metadata, names)
+
+  def model_fields(self) -> tuple[type[families.LanguageModel], dict[str, Any]]:
+    """The family that reads this file and the fields its metadata sets."""
+    family, config = self._family(self._reader())
+    fields = family.hf_fields(HfConfig(config, f"gguf:{self.path} (its metadata)"))
+    return family, {k: v for k, v in fields.items() if v is not None}
+
+  def load(self, jitted: Any) -> tuple[Any, str]:
+    return self.load_params(jitted.mesh_params())
+
+  def load_params(self, mesh_params: Any) -> tuple[Any, str]:
+    return self.read_params(mesh_params.model, mesh_params.abstract)
+
+  def read_params(self, model: Any, abstract: Any) -> tuple[Any, str]:
+    """The parameters of `model` (shapes, dtypes and shardings: `abstract`) from this file.
+
+    Raises:
+      UsageError: the file is unreadable, lacks a tensor the model needs, holds a
+        quantization the `gguf` package cannot dequantize, or a shape that is not the model's.
+    """
+    import gguf  # pylint: disable=g-import-not-at-top
+    reader = self._reader()
+    where = f"gguf:{self.path}"
+    by_name = {tensor.name: tensor for tensor in reader.tensors}
+    wanted = {hf: (name, heads) for name, (hf, heads) in model.gguf_tensors().items()}
+    digest = hashlib.sha256()
+    placer = Placer(model, abstract, where)
+    for name in model.hf_tensors():
+      gguf_name, heads = wanted[name.name]
+      tensor = by_name.get(gguf_name)
+      if tensor is None:
+        raise UsageError(f"{where}: no tensor {gguf_name}, which this model needs: its sizes "
+                         "are not the file's; set them as its metadata does (drop the "
+                         "--fdl.model overrides that change them)")
+      try:
+        data = np.asarray(tensor.data)
+        digest.update(f"{gguf_name}|{tensor.tensor_type.name}|{list(tensor.shape)}|".encode())
+        digest.update(data.view(np.uint8).reshape(-1))
+        values = gguf.quants.dequantize(data, tensor.tensor_type)
+      except NotImplementedError:
+        raise UsageError(f"{where}: tensor {gguf_name} is {tensor.tensor_type.name}, which the "
+                         "gguf package cannot dequantize; convert the model with another "
+                         "quantization (F16, Q8_0, Q4_0, Q4_1, ...)") from None
+      except (ValueError, IndexError) as e:
+        raise UsageError(f"{where}: tensor {gguf_name} cannot be read ({e}); the file may be "
+                         "truncated: copy it again") from None
+      values = values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
+      if heads is not None:
+        values = rotary_pairs_to_halves(values, heads)
+      placer.put(name, values)
+    return placer.finish(model.hf_absent()), f"gguf:{self.path} sha256:{digest.hexdigest()}"

