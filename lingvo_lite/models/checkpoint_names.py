@@ -117,16 +117,38 @@ class HfConfig:
                         "implement it", f"supported: {', '.join(map(repr, allowed))}")
     return value
 
+  # Typed reads: a value of the wrong JSON type is one line naming the key, never a traceback
+  # or a silent conversion ("yes" is not True).
+
+  def number(self, key: str, default: float | None = None) -> float | None:
+    value = self.get(key, default)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+      raise self.refuse(key, value, "must be a number", "fix the file")
+    return None if value is None else float(value)
+
+  def flag(self, key: str, default: bool = False) -> bool:
+    value = self.get(key, default)
+    if not isinstance(value, bool):
+      raise self.refuse(key, value, "must be true or false", "fix the file")
+    return value
+
+  def mapping(self, key: str) -> dict[str, Any]:
+    value = self.get(key, {})
+    if not isinstance(value, dict):
+      raise self.refuse(key, value, "must be a JSON object", "fix the file")
+    return value
+
   def rope_theta(self, default: float = 10000.0) -> float:
     """The rotary base: `rope_parameters.rope_theta` (transformers 5) or `rope_theta`."""
-    parameters = self.get("rope_parameters", {}) or {}
-    return float(parameters.get("rope_theta") or self.get("rope_theta", default))
+    parameters = HfConfig(self.mapping("rope_parameters"), self.where)
+    theta = parameters.number("rope_theta")
+    return theta if theta is not None else self.number("rope_theta", default)
 
   def rope_scaling(self) -> dict[str, Any] | None:
     """The rotary scaling (`rope_scaling`, or transformers 5's `rope_parameters` beyond the
     base), None for plain rotary positions."""
-    scaling = self.get("rope_scaling") or {
-        k: v for k, v in (self.get("rope_parameters", {}) or {}).items() if k != "rope_theta"}
+    scaling = self.mapping("rope_scaling") or {
+        k: v for k, v in self.mapping("rope_parameters").items() if k != "rope_theta"}
     kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
     return None if kind == "default" else dict(scaling, rope_type=kind)
 

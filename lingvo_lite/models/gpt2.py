@@ -55,9 +55,9 @@ class Gpt2(TransformerLM):
         "dim": config.require("n_embd"),
         "num_heads": config.require("n_head"),
         "mlp_dim": config.get("n_inner"),
-        "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
+        "norm_eps": config.number("layer_norm_epsilon", 1e-5),
         "max_length": config.get("n_positions", 1024),
-        "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "tie_embeddings": config.flag("tie_word_embeddings", True),
     }
 
   @nn.nowrap

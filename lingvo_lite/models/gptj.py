@@ -56,7 +56,7 @@ class GptJ(TransformerLM):
         "num_heads": config.require("n_head"),
         "rotary_dim": config.get("rotary_dim"),
         "mlp_dim": config.get("n_inner"),
-        "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
+        "norm_eps": config.number("layer_norm_epsilon", 1e-5),
         "max_length": config.get("n_positions", 2048),
     }
 

@@ -66,12 +66,12 @@ class Llama(TransformerLM):
         "num_kv_heads": config.get("num_key_value_heads"),
         "head_dim": config.get("head_dim"),
         "mlp_dim": config.require("intermediate_size"),
-        "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "norm_eps": config.number("rms_norm_eps", 1e-6),
         "rotary_base": config.rope_theta(),
         "max_length": config.get("max_position_embeddings", 2048),
-        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
-        "attention_bias": bool(config.get("attention_bias", False)),
-        "mlp_bias": bool(config.get("mlp_bias", False)),
+        "tie_embeddings": config.flag("tie_word_embeddings", False),
+        "attention_bias": config.flag("attention_bias", False),
+        "mlp_bias": config.flag("mlp_bias", False),
     }
 
   @classmethod

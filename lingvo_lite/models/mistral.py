@@ -186,7 +186,7 @@ class Mistral(Llama):
     window = config.get("sliding_window")
     fields = super().hf_fields(HfConfig({k: v for k, v in config.values.items()
                                          if k != "sliding_window"}, config.where))
-    return dict(fields, window=int(window) if window is not None else fields["max_length"])
+    return dict(fields, window=window if window is not None else fields["max_length"])
 
   @nn.nowrap
   def hf_config(self) -> dict[str, Any]:

@@ -8,20 +8,27 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from lingvo_lite.programs import Invocation
-from lingvo_lite.programs.options import option
+from lingvo_lite.programs.options import init_from_option, option
+from lingvo_lite.weights import sources
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-  """The flag of --mode=print."""
+  """The flags of --mode=print."""
 
   format: Literal["text", "json", "svg"] = option(
       "text", "--mode=print: what to print: text (config.txt: every field, flattened, with its "
       "origin), json (config.json: reloadable by --fdl_config_file) or svg (a picture of the "
       "config's parts and the fields set; needs Graphviz's dot).")
+  init_from: str | None = init_from_option()
+
+  def config_parts(self, cfg: Any) -> dict[str, Any]:
+    """A weight source's `model` (and `train.init_from`) from --init_from: the config a
+    Hugging Face folder or GGUF file describes, with its fields' origin (weights/sources.py)."""
+    return sources.config_parts(self.init_from, cfg.model)
 
 
 def main(invocation: Invocation) -> None:

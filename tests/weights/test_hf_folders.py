@@ -242,6 +242,11 @@ def test_a_shape_that_does_not_match_is_refused_naming_the_tensor(folders):
     ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ({"sliding_window": 64}, "sliding_window=64"),
     ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),
+    # A value of the wrong JSON type: named, never converted ("yes" is not true).
+    ({"rms_norm_eps": "tiny"}, "rms_norm_eps='tiny': must be a number"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings='yes': must be true or false"),
+    ({"rope_parameters": 5}, "rope_parameters=5: must be a JSON object"),
+    ({"rope_parameters": {"rope_theta": "x"}}, "rope_theta='x': must be a number"),
 ])
 def test_unsupported_settings_are_refused_naming_the_key(folders, tmp_path, change, words):
   shutil.copytree(folders["llama"][0], tmp_path / "changed")

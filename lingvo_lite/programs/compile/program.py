@@ -16,19 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from etils import epath
 
 from lingvo_lite import outputs, paths, target as targets, topologies
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
-from lingvo_lite.programs.options import option
+from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.compile import (aot, analyses, compiled_steps,
                                           decode as decode_compile, max_batch,
                                           report as compile_report)
 from lingvo_lite.runtime import summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
+from lingvo_lite.weights import sources
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -58,6 +59,12 @@ class Options:
       "none,full).", non_empty=True)
   compiled_step_out: str | None = option(
       None, "--mode=compile: write the compiled train step and its manifest to this folder.")
+  init_from: str | None = init_from_option()
+
+  def config_parts(self, cfg: Any) -> dict[str, Any]:
+    """A weight source's `model` (and `train.init_from`) from --init_from: the compile of a
+    model a Hugging Face folder or GGUF file describes (weights/sources.py)."""
+    return sources.config_parts(self.init_from, cfg.model)
 
   def cpu_devices(self) -> int | None:
     """The CPU devices `--compile_topology=cpu:N` needs (None for other topologies): JAX fixes
