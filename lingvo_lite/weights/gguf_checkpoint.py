@@ -11,7 +11,8 @@ converter interleaves the rotary pairs of each head's query and key rows for GGM
 are put back in the rotate-half order of the Hugging Face model
 (`checkpoint_names.rotary_pairs_to_halves`).
 
-`fingerprint`: `sha256:` over every tensor's name, type, shape and stored (quantized) bytes.
+The fingerprint: `sha256:` over every tensor's name, type, shape and the CRC-32 of its stored
+(quantized) bytes.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from lingvo_lite import paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families
 from lingvo_lite.models.checkpoint_names import HfConfig, rotary_pairs_to_halves
-from lingvo_lite.weights.hf_checkpoint import FIELD, Placer
+from lingvo_lite.weights.hf_checkpoint import FIELD, Placer, content_crc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,8 +123,8 @@ class GgufCheckpoint:
                          "--fdl.model overrides that change them)")
       try:
         data = np.asarray(tensor.data)
-        digest.update(f"{gguf_name}|{tensor.tensor_type.name}|{list(tensor.shape)}|".encode())
-        digest.update(data.view(np.uint8).reshape(-1))
+        digest.update(f"{gguf_name}|{tensor.tensor_type.name}|{list(tensor.shape)}|"
+                      f"{content_crc(data)}|".encode())
         values = gguf.quants.dequantize(data, tensor.tensor_type)
       except NotImplementedError:
         raise UsageError(f"{where}: tensor {gguf_name} is {tensor.tensor_type.name}, which the "
