@@ -6,10 +6,11 @@
 
 The job's config (its config.json, or --exp with its flags) is the model's; only the
 parameters are restored (checkpoints/params.py): the job's own checkpoint, or, for a job that
-has none yet, the weight source its config starts from (weights/job_params.py). The folder (weights/hf_export.py: config.json, safetensors, an index
-above 5 GB a shard) is written beside its final place and renamed into it whole, over an
-earlier export of lingvo_lite's only, never over anything else (lingvo_lite/outputs.py). A
-model the format cannot express is refused in one line before anything is read.
+has none yet, the weight source its config starts from (weights/job_params.py). The folder
+(weights/hf_export.py: config.json, safetensors, an index above 5 GB a shard) is written
+beside its final place and renamed into it whole, over an earlier export of lingvo_lite's
+only, never over anything else (lingvo_lite/outputs.py). A model the format cannot express
+is refused in one line before anything is read.
 """
 
 from __future__ import annotations

@@ -83,15 +83,12 @@ class HfCheckpoint:
     try:
       values = json.loads(file.read_text())
     except (ValueError, UnicodeDecodeError) as e:
-      raise UsageError(f"{where}: not JSON ({e}); give the config.json transformers wrote") from None
+      raise UsageError(f"{where}: not JSON ({e}); give the config.json transformers "
+                       "wrote") from None
     if not isinstance(values, dict) or not values.get("model_type"):
       raise UsageError(f"{where}: no model_type; a Hugging Face config.json names its "
                        "architecture (llama, gpt2, ...)")
     return HfConfig(values, where)
-
-  def family(self) -> type[families.LanguageModel]:
-    config = self.config()
-    return families.family_for_hf(config.values["model_type"], f"{config.where}")
 
   def model_fields(self) -> tuple[type[families.LanguageModel], dict[str, Any]]:
     """The family that reads this folder and the fields its config.json sets."""
@@ -141,10 +138,11 @@ class _Tensors:
     if index.exists():
       try:
         weight_map = json.loads(index.read_text())["weight_map"]
-        assert isinstance(weight_map, dict)
-      except (ValueError, KeyError, TypeError, AssertionError):
+      except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        weight_map = None
+      if not isinstance(weight_map, dict):
         raise UsageError(f"{os.path.join(shown, INDEX_FILE)}: not a safetensors index (JSON "
-                         "with a weight_map of tensor -> file)") from None
+                         "with a weight_map of tensor -> file)")
       self._where = {name: str(file) for name, file in weight_map.items()}
     elif (folder / SINGLE_FILE).exists():
       self._where = None

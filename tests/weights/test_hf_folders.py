@@ -302,7 +302,8 @@ def test_a_warm_start_from_hf_then_kill_9_resumes_from_the_jobs_own_checkpoint(t
     assert json.loads(f.readline())["initialized_from"].startswith("hf:")
   config_text = (whole / "config.txt").read_text()
   assert "model = <lingvo_lite.models.llama.Llama>" in config_text
-  assert re.search(r"^model.vocab_size = 259 +# .*llama/config.json$", config_text, re.M), config_text
+  assert re.search(r"^model.vocab_size = 259 +# .*llama/config.json$", config_text,
+                   re.M), config_text
 
   kill_9_when([*TINY, *args, "--fdl.train.steps=1000", f"--job_log_dir={parts}"],
               parts / "checkpoints" / "4")
