@@ -35,6 +35,7 @@ class Block(nn.Module):
   rotary_dim: int
   rotary_style: layers.RotaryStyle
   rotary_base: float
+  rotary_scaling: tuple[Any, ...]
   attention_implementation: layers.AttentionImplementation
   mlp_dim: int
   mlp_activation: layers.Activation
@@ -64,8 +65,9 @@ class Block(nn.Module):
         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
         use_bias=self.attention_bias, rotary_dim=self.rotary_dim,
         rotary_style=self.rotary_style, rotary_base=self.rotary_base,
-        implementation=self.attention_implementation, dtype=self.dtype,
-        param_dtype=self.param_dtype, name="attention", **dict(self.attention_options))
+        rotary_scaling=self.rotary_scaling, implementation=self.attention_implementation,
+        dtype=self.dtype, param_dtype=self.param_dtype, name="attention",
+        **dict(self.attention_options))
     mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
                      use_bias=self.mlp_bias, dtype=self.dtype, param_dtype=self.param_dtype,
                      name="mlp")

@@ -91,7 +91,29 @@ class Norm(nn.Module):
     return y.astype(self.dtype)
 
 
-def rotary_sin_cos(positions: jax.Array, rotary_dim: int, base: float) -> tuple[jax.Array, jax.Array]:
+def rotary_inverse_frequencies(rotary_dim: int, base: float,
+                               scaling: tuple[Any, ...] = ()) -> np.ndarray:
+  """float32 [rotary_dim // 2]: base^(-2i / rotary_dim), rescaled by `scaling` where given:
+  ("llama3", factor, low_freq_factor, high_freq_factor, original_max_length), Llama 3.1's
+  rule. Wavelengths shorter than original / high_freq_factor keep their frequency, those
+  longer than original / low_freq_factor are divided by `factor`, and the band between
+  moves smoothly from one to the other. All in float32, as transformers computes it."""
+  exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
+  inv_freq = np.float32(1) / (np.float32(base) ** exponents)
+  if not scaling:
+    return inv_freq
+  _, factor, low, high, original = scaling
+  factor, low, high, original = (np.float32(v) for v in (factor, low, high, original))
+  wavelength = np.float32(2 * math.pi) / inv_freq
+  scaled = np.where(wavelength > original / low, inv_freq / factor, inv_freq)
+  smooth = (original / wavelength - low) / (high - low)
+  smoothed = (np.float32(1) - smooth) * scaled / factor + smooth * scaled
+  between = (wavelength >= original / high) & (wavelength <= original / low)
+  return np.where(between, smoothed, scaled).astype(np.float32)
+
+
+def rotary_sin_cos(positions: jax.Array, rotary_dim: int, base: float,
+                   scaling: tuple[Any, ...] = ()) -> tuple[jax.Array, jax.Array]:
   """Returns sin and cos of shape [batch, length, rotary_dim // 2] in float32.
 
   The inverse frequencies are a constant computed on the host in float32 arithmetic, as the
@@ -99,8 +121,7 @@ def rotary_sin_cos(positions: jax.Array, rotary_dim: int, base: float) -> tuple[
   in-program power differs from it by an ulp here and there, which at position 600 moves a
   pretrained model's logits by ~1e-4.
   """
-  exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
-  inv_freq = np.float32(1) / (np.float32(base) ** exponents)
+  inv_freq = rotary_inverse_frequencies(rotary_dim, base, scaling)
   angles = positions.astype(jnp.float32)[..., None] * inv_freq
   return jnp.sin(angles), jnp.cos(angles)
 
@@ -171,6 +192,7 @@ class Attention(nn.Module):
   rotary_dim: int = 0  # 0 disables rotary embedding.
   rotary_style: RotaryStyle = "interleaved"
   rotary_base: float = 10000.0
+  rotary_scaling: tuple[Any, ...] = ()  # rotary_inverse_frequencies' `scaling`.
   implementation: AttentionImplementation = "einsum"
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
@@ -281,7 +303,8 @@ class Attention(nn.Module):
     k = self._project(x, "key", self.num_kv_heads)
     v = self._project(x, "value", self.num_kv_heads)
     if self.rotary_dim:
-      sin, cos = rotary_sin_cos(positions, self.rotary_dim, self.rotary_base)
+      sin, cos = rotary_sin_cos(positions, self.rotary_dim, self.rotary_base,
+                                self.rotary_scaling)
       q = apply_rotary(q, sin, cos, self.rotary_style)
       k = apply_rotary(k, sin, cos, self.rotary_style)
     q = constrain(q, "batch", "length", "heads", "kv")

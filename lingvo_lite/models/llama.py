@@ -50,10 +50,10 @@ class Llama(TransformerLM):
   def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
     config.expect("hidden_act", ("silu",), "silu")
     scaling = config.rope_scaling()
-    if scaling is not None:
+    if scaling is not None and scaling["rope_type"] != "llama3":
       raise config.refuse("rope_scaling.rope_type", scaling["rope_type"],
-                          "lingvo_lite's rotary positions implement no scaling yet",
-                          "use a model with plain rotary positions (rope_type 'default')")
+                          "lingvo_lite's rotary positions implement only Llama 3.1's scaling",
+                          "supported: 'default', 'llama3'")
     if config.get("sliding_window") is not None and config.get("use_sliding_window", True):
       raise config.refuse("sliding_window", config.get("sliding_window"),
                           f"the {cls.family_name} family attends to the whole context",
@@ -72,7 +72,20 @@ class Llama(TransformerLM):
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "mlp_bias": config.flag("mlp_bias", False),
+        **cls._hf_rotary_scaling(config, scaling),
     }
+
+  @staticmethod
+  def _hf_rotary_scaling(config: HfConfig, scaling: dict[str, Any] | None) -> dict[str, Any]:
+    if scaling is None:
+      return {}
+    settings = HfConfig(scaling, config.where)
+    return {"rotary_scaling": "llama3",
+            "rotary_scaling_factor": settings.number("factor", 8.0),
+            "rotary_low_freq_factor": settings.number("low_freq_factor", 1.0),
+            "rotary_high_freq_factor": settings.number("high_freq_factor", 4.0),
+            "rotary_original_max_length": settings.get("original_max_position_embeddings",
+                                                       8192)}
 
   @classmethod
   def gguf_hf_config(cls, metadata: Mapping[str, Any], tensors: Collection[str]
@@ -97,6 +110,10 @@ class Llama(TransformerLM):
     }
     if scaling not in (None, "none"):
       config["rope_scaling"] = {"rope_type": scaling}
+    if "rope_freqs.weight" in tensors:
+      raise UsageError(f"{arch}: the file scales its rotary frequencies by a rope_freqs tensor "
+                       "(Llama 3.1's scaling as llama.cpp stores it), which lingvo_lite does "
+                       "not read yet; use the model's Hugging Face folder (hf:PATH)")
     return {name: value for name, value in config.items() if value is not None}
 
   @nn.nowrap
@@ -137,6 +154,11 @@ class Llama(TransformerLM):
         "max_position_embeddings": self.max_length,
         "tie_word_embeddings": self.tie_embeddings, "attention_bias": self.attention_bias,
         "mlp_bias": self.mlp_bias,
+        **({} if self.rotary_scaling == "none" else {"rope_scaling": {
+            "rope_type": self.rotary_scaling, "factor": self.rotary_scaling_factor,
+            "low_freq_factor": self.rotary_low_freq_factor,
+            "high_freq_factor": self.rotary_high_freq_factor,
+            "original_max_position_embeddings": self.rotary_original_max_length}}),
     }
 
   @nn.nowrap

@@ -46,6 +46,7 @@ from lingvo_lite.models.family import (REMAT_POLICIES, ArrayShape, LanguageModel
                                        RematPolicy)
 
 PositionKind = Literal["rotary", "learned", "none"]
+RotaryScaling = Literal["none", "llama3"]
 TiedOutputScale = Literal["one", "rsqrt_dim"]
 # Re-exported: the remat policies and their type belong to the family interface.
 __all__ = ["REMAT_POLICIES", "RematPolicy", "TransformerLM", "positions_from_segments"]
@@ -86,6 +87,10 @@ class TransformerLM(LanguageModel):
     rotary_dim: Dims of each head that rotate; None means all of head_dim.
     rotary_style: "interleaved" (GPT-J) or "half" (Llama, NeoX).
     rotary_base: Base of the rotary frequencies.
+    rotary_scaling: "none", or "llama3": Llama 3.1's rescaled frequencies for a context
+      longer than trained (`layers.rotary_inverse_frequencies`), with the four fields below.
+    rotary_scaling_factor, rotary_low_freq_factor, rotary_high_freq_factor,
+      rotary_original_max_length: Llama 3.1's `rope_scaling` settings (8, 1, 4, 8192).
     max_length: The model's context: rows of the learned position table, and the positions
       a decode request may reach (decode.cache_length's default).
     attention_bias: Bias on q, k, v and output projections.
@@ -127,6 +132,11 @@ class TransformerLM(LanguageModel):
   rotary_dim: NonNegativeInt | None = None
   rotary_style: layers.RotaryStyle = "half"
   rotary_base: PositiveFloat = 10000.0
+  rotary_scaling: RotaryScaling = "none"
+  rotary_scaling_factor: PositiveFloat = 8.0
+  rotary_low_freq_factor: PositiveFloat = 1.0
+  rotary_high_freq_factor: PositiveFloat = 4.0
+  rotary_original_max_length: PositiveInt = 8192
   max_length: Annotated[int, Int32Size] = 2048
   attention_bias: bool = False
   attention_implementation: layers.AttentionImplementation = "einsum"
@@ -156,6 +166,14 @@ class TransformerLM(LanguageModel):
     if arguments.get("tie_embeddings", cls.tie_embeddings):
       former["tied_output_scale"] = "rsqrt_dim"
     return former
+
+  @nn.nowrap
+  def rotary_scaling_settings(self) -> tuple[Any, ...]:
+    """`layers.rotary_inverse_frequencies`' `scaling`: () for none."""
+    if self.rotary_scaling == "none":
+      return ()
+    return (self.rotary_scaling, self.rotary_scaling_factor, self.rotary_low_freq_factor,
+            self.rotary_high_freq_factor, self.rotary_original_max_length)
 
   # Derived sizes, computed where used (DESIGN rule 3).
   @property
@@ -400,6 +418,7 @@ class TransformerLM(LanguageModel):
         num_kv_heads=self.resolved_num_kv_heads, head_dim=self.resolved_head_dim,
         attention_bias=self.attention_bias, rotary_dim=self.resolved_rotary_dim,
         rotary_style=self.rotary_style, rotary_base=self.rotary_base,
+        rotary_scaling=self.rotary_scaling_settings(),
         attention_implementation=self.attention_implementation,
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
         dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype),

@@ -47,6 +47,14 @@ CASES = {
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
         intermediate_size=96, tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
         max_position_embeddings=1024)),
+    # Llama 3.1's rotary scaling, with an original context short enough (64) that the
+    # rescaled band of frequencies matters within the prompt.
+    "llama3_scaled": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, max_position_embeddings=1024, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64})),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=96, sliding_window=100, max_position_embeddings=1024)),
@@ -128,6 +136,16 @@ def test_the_mistral_window_is_read_and_matters(folders):
   beyond = np.abs(_logits(wide, wide_params) - expected)[:, 100:].max()
   assert beyond > 1e-2
   assert np.abs(_logits(wide, wide_params) - expected)[:, :100].max() < TOLERANCE
+
+
+def test_llama3_scaling_is_read_and_matters(folders):
+  # Without the scaling the same weights compute other logits: the rescaled frequencies
+  # are what makes the match above.
+  folder, expected = folders["llama3_scaled"]
+  model, params, _ = _load(folder)
+  assert (model.rotary_scaling, model.rotary_original_max_length) == ("llama3", 64)
+  plain, plain_params, _ = _load(folder, rotary_scaling="none")
+  assert np.abs(_logits(plain, plain_params) - expected).max() > 1e-2
 
 
 def test_config_fields_come_from_config_json(folders):
@@ -238,7 +256,7 @@ def test_a_shape_that_does_not_match_is_refused_naming_the_tensor(folders):
 @pytest.mark.parametrize("change, words", [
     ({"model_type": "bert"}, "model_type='bert': no lingvo_lite family reads it; supported:"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-     "rope_scaling.rope_type='yarn'"),
+     "rope_scaling.rope_type='yarn': lingvo_lite's rotary positions implement only"),
     ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ({"sliding_window": 64}, "sliding_window=64"),
     ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),
