@@ -81,8 +81,9 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None,
 
   Args:
     source_dir: A folder of `.py` files; None for this Python's standard library.
-    vocabulary: None for bytes; a SentencePiece `.model` path; or a
-      `vocabulary.SentencePieceModel`, trained from this task's train split on first use.
+    vocabulary: None for bytes; a SentencePiece `.model` path; a
+      `vocabulary.SentencePieceModel`, trained from this task's train split on first use; or a
+      `vocabulary.PretrainedTokenizer` (a pretrained model's own tokenizer).
     metric_fns: seqio metric functions: `(targets, scores)` ones run on every whole-split
       eval pass, with each file's text and log-likelihood (lingvo_lite.evaluation).
 
@@ -107,10 +108,18 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None,
   # The name carries the root and the vocabulary, so tasks over different folders or
   # vocabularies never share a store.
   # A model file is named by its absolute path; a model to train, by its settings.
-  described = (os.path.abspath(vocabulary) if isinstance(vocabulary, (str, os.PathLike))
-               else repr(vocabulary))
+  # A pretrained tokenizer, by its content (the same tokenizer read from another path shares
+  # the store).
+  if isinstance(vocabulary, (str, os.PathLike)):
+    described = os.path.abspath(vocabulary)
+  elif isinstance(vocabulary, vocabulary_lib.PretrainedTokenizer):
+    described = vocabulary_lib.vocabulary_facts(vocabulary, "").fingerprint
+  else:
+    described = repr(vocabulary)
   digest = hashlib.sha1(f"{root}|{described}".encode()).hexdigest()[:8]
-  kind = "bytes" if vocabulary is None else f"sp{vocab_size}"
+  kind = ("bytes" if vocabulary is None else
+          f"tok{vocab_size}" if isinstance(vocabulary, vocabulary_lib.PretrainedTokenizer)
+          else f"sp{vocab_size}")
   name = f"pycode_{kind}_{digest}"
   # Metrics are left out of the name: they change no token, so the tasks share a store.
   return DeferredTask(name, SPLITS, vocab_size,

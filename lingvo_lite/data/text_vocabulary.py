@@ -3,13 +3,16 @@
 Decoding text needs only the vocabulary's encode, decode and EOS, but seqio's vocabularies
 come with seqio, whose import is TensorFlow's (~5 s of CPU: most of a small decode's start).
 A task that gives its facts (data/task_facts.py) says which vocabulary it tokenizes with, and
-that is enough to do what seqio's ByteVocabulary and SentencePieceVocabulary (no extra ids) do,
-id for id and character for character (tests/data/test_text_vocabulary.py compares them):
+that is enough to do what seqio's ByteVocabulary and SentencePieceVocabulary (no extra ids) and
+vocabulary.py's TokenizerVocabulary do, id for id and character for character
+(tests/data/test_text_vocabulary.py compares them):
 
-  encode(text)  the ids of `text`, no EOS added: UTF-8 bytes + 3, or SentencePiece's ids;
-  decode(ids)   ids at or past the vocabulary's size become UNK, everything after the first
-                EOS is dropped, then bytes drop PAD/EOS/UNK and undecodable UTF-8, and
-                SentencePiece decodes its pieces (UNK as its surface form).
+  encode(text)  the ids of `text`, no EOS added: UTF-8 bytes + 3, SentencePiece's ids, or a
+                pretrained tokenizer's (BOS first where it adds one);
+  decode(ids)   ids at or past the vocabulary's size become UNK (are dropped where it has
+                none), everything after the first EOS is dropped, then bytes drop PAD/EOS/UNK
+                and undecodable UTF-8, SentencePiece decodes its pieces (UNK as its surface
+                form), and a pretrained tokenizer decodes without its special tokens.
 """
 
 from __future__ import annotations
@@ -28,7 +31,10 @@ class TextVocabulary:
   def __init__(self, facts: VocabularyFacts):
     self.vocab_size = facts.vocab_size
     self._pieces = None
-    if facts.sp_model is None:
+    self.tokenizer = facts.tokenizer  # A pretrained tokenizer's files, or None.
+    if self.tokenizer is not None:
+      self.eos_id, self.unk_id = self.tokenizer.eos_id, self.tokenizer.unk_id
+    elif facts.sp_model is None:
       self.eos_id, self.unk_id = EOS_ID, UNK_ID
     else:
       import sentencepiece as spm  # pylint: disable=g-import-not-at-top
@@ -38,6 +44,8 @@ class TextVocabulary:
 
   def encode(self, text: str | bytes) -> list[int]:
     """The ids of `text`, without EOS."""
+    if self.tokenizer is not None:
+      return self.tokenizer.encode(text)
     if self._pieces is not None:
       return list(self._pieces.EncodeAsIds(text))
     text = text.decode() if isinstance(text, bytes) else text
@@ -45,9 +53,12 @@ class TextVocabulary:
 
   def decode(self, ids: Iterable[int]) -> str:
     """The text of `ids` up to the first EOS."""
-    clean = [self.unk_id if int(i) >= self.vocab_size else int(i) for i in ids]
+    clean = [self.unk_id if int(i) >= self.vocab_size and self.unk_id is not None else int(i)
+             for i in ids if self.unk_id is not None or int(i) < self.vocab_size]
     if self.eos_id in clean:
       clean = clean[:clean.index(self.eos_id) + 1]
+    if self.tokenizer is not None:
+      return self.tokenizer.decode(clean)
     if self._pieces is not None:
       return self._pieces.DecodeIds(clean)
     return _bytes_text(clean)

@@ -1,7 +1,10 @@
-"""Vocabularies of the token stores: seqio's byte vocabulary and trained SentencePiece models.
+"""Vocabularies of the token stores: seqio's byte vocabulary, trained SentencePiece models and
+pretrained models' tokenizers.
 
-A task tokenizes with raw bytes (None), an existing SentencePiece `.model` file (a path), or
-a `SentencePieceModel`, which is trained from the task's training split on first use. The
+A task tokenizes with raw bytes (None), an existing SentencePiece `.model` file (a path), a
+`SentencePieceModel`, which is trained from the task's training split on first use, or a
+`PretrainedTokenizer` (a Hugging Face folder's tokenizer.json or a GGUF file's tokenizer,
+data/pretrained_tokenizer.py), which seqio sees as a `TokenizerVocabulary`. The
 models trained here are byte-exact for code: no normalization, every space kept, unknown
 characters spelled as byte pieces, so decode(encode(text)) == text for any UTF-8 text
 without U+2581 (the character SentencePiece writes a space as). Only `resolve_vocabulary`,
@@ -17,6 +20,7 @@ settings, model paths and checks (`_check_settings`, `_load`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import heapq
 import io
@@ -35,6 +39,8 @@ from etils import epath
 from lingvo_lite import paths
 from lingvo_lite.runtime import user_code
 from lingvo_lite.data import locations
+from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer, TokenizerFiles
+from lingvo_lite.data import pretrained_tokenizer
 from lingvo_lite.runtime.tensorflow_import import import_seqio, import_tensorflow
 from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from,
                                 error_cause)
@@ -354,7 +360,70 @@ def _seqio():
 
 def _not_a_vocabulary(vocabulary: Any) -> UsageError:
   return config_error("vocabulary", vocabulary, f"is a {type(vocabulary).__name__}",
-                      "give None (bytes), a .model path, or SentencePieceModel(...)")
+                      "give None (bytes), a .model path, SentencePieceModel(...) or "
+                      "PretrainedTokenizer(path=...)")
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer_vocabulary_class() -> type:
+  """seqio's Vocabulary over a pretrained tokenizer (made on first use: seqio imports
+  TensorFlow)."""
+  tf, seqio = import_seqio()
+
+  class TokenizerVocabulary(seqio.Vocabulary):
+    """A `TokenizerFiles` as a seqio Vocabulary: its ids, EOS, BOS and UNK, no extra ids."""
+
+    def __init__(self, files: TokenizerFiles):
+      self.files = files
+      self.tokenizer = files  # As TextVocabulary names it.
+      super().__init__(extra_ids=0)
+
+    @property
+    def eos_id(self) -> int:
+      return self.files.eos_id
+
+    @property
+    def bos_id(self) -> int | None:
+      return self.files.bos_id
+
+    @property
+    def unk_id(self) -> int | None:
+      return self.files.unk_id
+
+    @property
+    def _base_vocab_size(self) -> int:
+      return self.files.vocab_size
+
+    def _encode(self, s):
+      return self.files.encode(s)
+
+    def _decode(self, ids):
+      return self.files.decode(ids)
+
+    def _encode_tf(self, s):
+      ids = tf.numpy_function(  # `text` arrives as a 0-d array of bytes.
+          lambda text: np.asarray(self.files.encode(np.asarray(text).item()), np.int32), [s],
+          tf.int32, stateful=False)
+      ids.set_shape([None])
+      return ids
+
+    def _decode_tf(self, ids):
+      def decode_rows(array):
+        rows = array.reshape(-1, array.shape[-1]) if array.ndim else array.reshape(1, 1)
+        texts = [self.files.decode(row.tolist()).encode("utf-8") for row in rows]
+        return np.asarray(texts, dtype=object).reshape(array.shape[:-1])
+
+      texts = tf.numpy_function(decode_rows, [ids], tf.string, stateful=False)
+      texts.set_shape(ids.shape[:-1])
+      return texts
+
+    def __eq__(self, other):
+      return isinstance(other, TokenizerVocabulary) and other.files == self.files
+
+    def __hash__(self):
+      return hash(self.files)
+
+  return TokenizerVocabulary
 
 
 def resolve_vocabulary(vocabulary: "SentencePieceModel | str | None", task_name: str,
@@ -365,6 +434,8 @@ def resolve_vocabulary(vocabulary: "SentencePieceModel | str | None", task_name:
   a time: a file lock; others wait and load it)."""
   if vocabulary is None:
     return _seqio().ByteVocabulary()
+  if isinstance(vocabulary, PretrainedTokenizer):
+    return _tokenizer_vocabulary_class()(pretrained_tokenizer.read(vocabulary))
   if isinstance(vocabulary, (str, os.PathLike)):
     path = paths.resolve(vocabulary)
     _load(path, "vocabulary", vocabulary)
@@ -387,6 +458,8 @@ def vocabulary_size(vocabulary: "SentencePieceModel | str | None") -> int:
     return vocabulary.vocab_size
   if isinstance(vocabulary, (str, os.PathLike)):
     return _load(paths.resolve(vocabulary), "vocabulary", vocabulary).GetPieceSize()
+  if isinstance(vocabulary, PretrainedTokenizer):
+    return pretrained_tokenizer.read(vocabulary).vocab_size
   raise _not_a_vocabulary(vocabulary)
 
 
@@ -400,6 +473,8 @@ def token_byte_lengths(vocabulary) -> np.ndarray:
   seqio = _seqio()
   if isinstance(vocabulary, seqio.ByteVocabulary):
     return _byte_token_lengths(vocabulary.vocab_size)
+  if isinstance(vocabulary, _tokenizer_vocabulary_class()):
+    return vocabulary.files.token_byte_lengths()
   if not isinstance(vocabulary, seqio.SentencePieceVocabulary):
     raise TypeError(f"token_byte_lengths: a {type(vocabulary).__name__} is neither a seqio "
                     "ByteVocabulary nor a SentencePieceVocabulary")
@@ -437,6 +512,8 @@ def fingerprint(vocabulary) -> str:
     return _sentencepiece_fingerprint(vocabulary.sp_model, vocabulary.extra_ids)
   if isinstance(vocabulary, seqio.PassThroughVocabulary):  # Pre-tokenized ids, kept as they are.
     return f"passthrough:{vocabulary.vocab_size}"
+  if isinstance(vocabulary, _tokenizer_vocabulary_class()):
+    return vocabulary.files.fingerprint()
   raise TypeError(f"fingerprint: a {type(vocabulary).__name__} is neither a seqio "
                   "ByteVocabulary, SentencePieceVocabulary nor PassThroughVocabulary")
 
@@ -463,13 +540,17 @@ class VocabularyFacts:
     vocab_size: `vocabulary.vocab_size`.
     sp_model: The SentencePiece model as seqio holds it (its proto parsed and serialized
       again); None for raw bytes.
+    tokenizer: A pretrained tokenizer's files; None for the other kinds.
   """
   fingerprint: str
   vocab_size: int
   sp_model: bytes | None = None
+  tokenizer: TokenizerFiles | None = None
 
   def token_byte_lengths(self) -> np.ndarray:
     """`token_byte_lengths(vocabulary)`."""
+    if self.tokenizer is not None:
+      return self.tokenizer.token_byte_lengths()
     if self.sp_model is None:
       return _byte_token_lengths(self.vocab_size)
     import sentencepiece as spm  # pylint: disable=g-import-not-at-top
@@ -486,6 +567,9 @@ def vocabulary_facts(vocabulary: "SentencePieceModel | str | None",
   not trained yet: only resolving it trains it."""
   if vocabulary is None:
     return VocabularyFacts(_byte_fingerprint(BYTE_VOCAB_SIZE), BYTE_VOCAB_SIZE)
+  if isinstance(vocabulary, PretrainedTokenizer):
+    files = pretrained_tokenizer.read(vocabulary)
+    return VocabularyFacts(files.fingerprint(), files.vocab_size, tokenizer=files)
   if isinstance(vocabulary, (str, os.PathLike)):
     path, field, value, wanted = paths.resolve(vocabulary), "vocabulary", vocabulary, None
   elif isinstance(vocabulary, SentencePieceModel):

@@ -142,6 +142,14 @@ def refuse_model_changes(invocation: Invocation, verb: str) -> None:
                      "(drop the --exp and model overrides)")
 
 
+def record_config_where_missing(invocation: Invocation) -> None:
+  """A job dir a program was first run on (decode, eval, export from --exp) records the config
+  it ran with, so later programs and tools can name just the job dir; one that has a config
+  keeps it (JobFiles.records_config)."""
+  if invocation.job_dir is not None and not (invocation.job_dir / "config.json").exists():
+    invocation.write_config()
+
+
 PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("train", "train the experiment, resuming from the job's latest checkpoint",
             "train", needs_job_dir=True, joins_distributed=True),

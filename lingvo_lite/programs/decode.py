@@ -1,4 +1,5 @@
-"""The decode program: a job's checkpoint generates completions of prompts.
+"""The decode program: a job's checkpoint (or, before it has one, the weights its config starts
+from: `train.init_from`) generates completions of prompts.
 
   --mode=decode --job_log_dir=JOB --prompt='def main('              the latest checkpoint
   --mode=decode --job_log_dir=JOB --prompts_file=p.jsonl --checkpoint_step=N
@@ -25,12 +26,14 @@ from etils import epath
 
 from lingvo_lite import memory_fit, outputs
 from lingvo_lite.checkpoints import selection as checkpoint_selection
+from lingvo_lite.weights import job_params
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
                                 records as decode_records, requests as decode_requests)
 from lingvo_lite.errors import os_error_text
-from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
+from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
+                                 refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, option
 from lingvo_lite.runtime.job_dirs import FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
@@ -55,7 +58,7 @@ class Options:
 # JOB/decode/ is written only when the completions go there (not with --decode_out), so the
 # program checks that it can write there itself (decode/records.py): a read-only job dir
 # serves a decode to stdout.
-JOB_FILES = JobFiles(kind_only=(("decode", FOLDER),))
+JOB_FILES = JobFiles(kind_only=(("decode", FOLDER),), records_config=True)
 
 
 class _InOrder:
@@ -98,9 +101,7 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
       lambda text: print(text, flush=True))
   shown = epath.Path(invocation.shown_job_dir) if invocation.shown_job_dir else \
       invocation.job_dir
-  checkpoint_dir = invocation.job_dir / "checkpoints"
-  checkpointer = checkpoint_selection.open_existing(checkpoint_dir, setup.checkpoint)
-  step = checkpoint_selection.chosen_step(checkpointer, checkpoint_dir, step, shown)
+  choice = job_params.choose(setup, invocation.job_dir, shown, step)
   vocabulary = text_vocabulary(setup.train_data)
   mesh = setup.partitioner.make_mesh(invocation.target.devices)
   # The decode shapes against the mesh and the memory, and every request, before the
@@ -110,6 +111,7 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   checker = generation.RequestResolver(setup, vocabulary)
   prompt_lengths = [len(checker.resolve(index, request).prompt_ids)
                     for index, request in enumerate(requests)]
+  record_config_where_missing(invocation)
   with writer:
 
     def shown_path() -> str:  # The name is chosen at the first completion (a -2 suffix, ...).
@@ -117,10 +119,10 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
                                             or shown / "decode" / writer.path.name)
 
     with steps.activated():  # The target is active already (the executor's).
-      params = MeshParams(setup.model, setup.train_data.sequence_length, setup.partitioner,
-                          mesh).restore(checkpointer, step)
+      params, _ = job_params.load(choice, MeshParams(
+          setup.model, setup.train_data.sequence_length, setup.partitioner, mesh))
     generator = generation.Generator(setup, params, mesh=mesh, vocabulary=vocabulary,
-                                     checkpoint_step=step, steps=steps)
+                                     checkpoint_step=choice.step, steps=steps)
     del params
     in_order = _InOrder(writer)
     with steps.activated():
@@ -150,7 +152,7 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
                            f"in {shown_path()}.partial: {fix}") from None
   tokens = sum(len(c.completion_ids) for c in completions)
   try:
-    say(f"decoded {len(completions)} prompt(s) with checkpoint step {step}: {tokens} tokens "
+    say(f"decoded {len(completions)} prompt(s) with {choice.describe()}: {tokens} tokens "
         f"in {seconds:.2f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s); written to "
         f"{shown_path()}")
   except OSError:  # Stdout carried only this message: the completions are written.

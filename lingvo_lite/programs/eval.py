@@ -2,6 +2,9 @@
 
   --mode=eval --job_log_dir=JOB                       the latest checkpoint
   --mode=eval --job_log_dir=JOB --checkpoint_step=N   step N
+  --mode=eval --exp=E --job_log_dir=NEW               before a job has a checkpoint: the
+                                                      weights its config starts from
+                                                      (train.init_from), as its step 0
   --mode=eval --job_log_dir=JOB --eval_continuous     each checkpoint of a training run beside
                                                       it (this machine or another), as it lands
 
@@ -41,7 +44,8 @@ from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
-from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
+from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
+                                 refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, option
 from lingvo_lite.runtime import lock as job_lock, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
@@ -73,7 +77,7 @@ class Options:
 JOB_FILES = JobFiles(
     written=(("eval", FOLDER), ("eval/summaries", FOLDER), (f"eval/{RECORD}", FILE),
              (f"eval/{job_lock.LOCK_NAME}", FILE)),
-    eval_sets_under="eval/")
+    eval_sets_under="eval/", records_config=True)
 
 
 def main(invocation: Invocation) -> None:
@@ -86,6 +90,7 @@ def main(invocation: Invocation) -> None:
   setup.check_data(train=False)  # Every eval set reads; each has the model's vocabulary.
   # Before anything is restored or allocated: one line instead of an out-of-memory abort.
   memory_fit.check_eval_fits(setup)
+  record_config_where_missing(invocation)
   try:
     run(setup, invocation.job_dir, shown_job_dir=invocation.shown_job_dir,
         checkpoint_step=options.checkpoint_step, continuous=options.eval_continuous,
@@ -197,10 +202,15 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
   shown = epath.Path(shown_job_dir) if shown_job_dir else job_dir
   is_chief = jax.process_index() == 0
   checkpoint_dir = job_dir / "checkpoints"
-  checkpointer, step = None, None
+  checkpointer, step, source = None, None, None
   if not continuous:
     checkpointer = checkpoint_selection.open_existing(checkpoint_dir, setup.checkpoint)
-    step = _agreed_step(checkpointer, checkpoint_dir, checkpoint_step, shown)
+    if (checkpoint_step is None and setup.train.init_from is not None and (
+        checkpointer is None or checkpointer.latest_step(warn=False) is None)):
+      # No checkpoint of its own yet: the weights it starts from, as its step 0.
+      source, step = setup.train.init_from, 0
+    else:
+      step = _agreed_step(checkpointer, checkpoint_dir, checkpoint_step, shown)
   eval_dir = job_dir / "eval"
   with job_lock.JobLock(eval_dir, enabled=is_chief, shown=str(shown / "eval"),
                         run_kind="eval"):
@@ -213,7 +223,10 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
 
     def evaluate(checkpointer: Checkpointer, step: int, names: list[str]) -> None:
       with jitted.activated():
-        params = _agreed_restore(jitted, checkpointer, step)
+        if source is not None:
+          params, _ = source.load_params(jitted.mesh_params())
+        else:
+          params = _agreed_restore(jitted, checkpointer, step)
         results = evaluation.evaluate_sets(jitted, params, {
             name: setup.eval_sets[name] for name in names})
       del params
@@ -228,7 +241,9 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
       if is_chief:
         record.add(step, names)
       evaluated[step] = results
-      summaries.log(f"eval of checkpoint step {step} (written to {shown / 'eval'}):\n"
+      what = (f"train.init_from {source.describe()} as step {step}" if source is not None
+              else f"checkpoint step {step}")
+      summaries.log(f"eval of {what} (written to {shown / 'eval'}):\n"
                     + evaluation.table(results), is_chief)
 
     try:

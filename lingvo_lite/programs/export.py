@@ -28,9 +28,11 @@ from lingvo_lite import outputs, paths
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.config import files as config_files
+from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.errors import UsageError, os_error_text, shown
 from lingvo_lite.models import layer_layout
-from lingvo_lite.programs import Invocation, ProgramFailure, refuse_model_changes
+from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
+                                 refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime.job_dirs import FILE, JobFiles
 from lingvo_lite.weights import hf_export, job_params, sources
@@ -103,7 +105,9 @@ def main(invocation: Invocation) -> None:
             jax.tree_util.tree_flatten_with_path(MeshParams(
                 unrolled, setup.train_data.sequence_length, setup.partitioner,
                 setup.partitioner.make_mesh(invocation.target.devices)).abstract)[0]}
-  plan = hf_export.plan_shards(unrolled.hf_tensors(), shapes, dtype, options.export_shard_bytes)
+  tokenizer = getattr(text_vocabulary(setup.train_data), "tokenizer", None)
+  plan = hf_export.plan_shards(unrolled.hf_tensors(), shapes, dtype, options.export_shard_bytes,
+                               tokenizer)
   # Checked before the checkpoint is read: an earlier export of lingvo_lite's (its files
   # only) is replaced, anything else refused.
   flag = f"--export_dir={shown(options.export_dir)}"
@@ -111,8 +115,7 @@ def main(invocation: Invocation) -> None:
                                 hf_export.KIND, plan.names + (outputs.MANIFEST,), "the export",
                                 invocation.job_dir)
   mesh = setup.partitioner.make_mesh(invocation.target.devices)
-  if not (invocation.job_dir / config_files.CONFIG_JSON).exists():
-    invocation.write_config()
+  record_config_where_missing(invocation)
   params, what, step = job_params.restore(
       setup, MeshParams(model, setup.train_data.sequence_length, setup.partitioner, mesh),
       invocation.job_dir, shown_job, options.checkpoint_step)

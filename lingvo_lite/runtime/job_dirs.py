@@ -37,7 +37,9 @@ FOLDER, FILE = "folder", "file"
 # What every program may read, relative to the job dir: checked for its kind where present.
 # `stacks/` too: every program with a config writes its stack dumps there on SIGUSR1
 # (stack_dumps.py).
-_READ = (("config.json", FILE), ("checkpoints", FOLDER), ("stacks", FOLDER))
+# The config a job records (config/files.py writes them; named here, a lower layer, too).
+CONFIG_JSON, CONFIG_TXT = "config.json", "config.txt"
+_READ = ((CONFIG_JSON, FILE), ("checkpoints", FOLDER), ("stacks", FOLDER))
 Member = tuple[str, str]  # (path relative to the job dir, FOLDER or FILE)
 
 
@@ -58,6 +60,9 @@ class JobFiles:
       by the built config, so the executor checks again once it has them.
     when_profiling: What it writes when the config asks for a profiler trace
       (train.profile_start_step >= 0; known once the config is built, as the eval sets).
+    records_config: It runs on a job dir that is not there yet (from --exp), creating it and
+      recording its config (config.json, config.txt) where the job dir has none; a job dir
+      with a config is only read (decode, eval: a read-only job dir still serves them).
   """
 
   creates: bool = False
@@ -65,6 +70,7 @@ class JobFiles:
   kind_only: tuple[Member, ...] = ()
   eval_sets_under: str | None = None
   when_profiling: tuple[Member, ...] = ()
+  records_config: bool = False
 
   @property
   def depend_on_config(self) -> bool:
@@ -102,16 +108,17 @@ def check(job_dir: epath.Path, files: JobFiles, as_written: str, profile: bool =
     written += [(f"{root}summaries/eval_{name}", FOLDER), (f"{root}eval_{name}.jsonl", FILE)]
   members = list(dict.fromkeys([*_READ, *files.kind_only, *written]))  # Each once.
   if paths.is_remote(str(job_dir)):
-    _check_remote(job_dir, files.creates, flag, members)
+    _check_remote(job_dir, files.creates or files.records_config, flag, members)
   else:
-    _check_local(os.fspath(job_dir), files.creates, flag, members, {name for name, _ in written})
+    _check_local(os.fspath(job_dir), files.creates, flag, members, {name for name, _ in written},
+                 files.records_config)
 
 
 # ----------------------------------------------------------------------------- local
 
 
 def _check_local(job_dir: str, creates: bool, flag: str, members: list[Member],
-                 written: set[str]) -> None:
+                 written: set[str], records_config: bool = False) -> None:
   ancestor = _nearest_existing(job_dir)
   _check_lengths(job_dir, ancestor, flag, _DEEPEST_WRITE if written else 0)
   kind = _kind(job_dir, flag)
@@ -121,10 +128,13 @@ def _check_local(job_dir: str, creates: bool, flag: str, members: list[Member],
     raise UsageError(f"{flag}: is a file, not a folder; give the job's folder (training "
                      "creates it if missing)")
   if kind == _MISSING:
-    if not creates:
+    if not (creates or records_config):
       raise UsageError(f"{flag}: no such folder; give the --job_log_dir of a training run")
     _check_creatable(ancestor, flag)
     return
+  if records_config and not creates and _kind(os.path.join(job_dir, CONFIG_JSON), flag) != FILE:
+    written = written | {CONFIG_JSON, CONFIG_TXT}
+    members = [*members, (CONFIG_JSON, FILE), (CONFIG_TXT, FILE)]
   if creates and not os.access(job_dir, os.W_OK | os.X_OK):
     raise _not_writable(job_dir, flag, "write in")
   to_create = []  # The nearest existing folder of each missing path that will be written.

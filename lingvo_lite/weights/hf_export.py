@@ -23,11 +23,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from etils import epath
 
+from lingvo_lite.data import pretrained_tokenizer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models.checkpoint_names import HfConfig, TensorName
 from lingvo_lite.weights.hf_checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
 
 KIND = "hf_export"
+GENERATION_CONFIG_FILE = "generation_config.json"
 # transformers' own default shard size (`save_pretrained(max_shard_size="5GB")`).
 MAX_SHARD_BYTES = 5 * 10**9
 # How a model is run, not what it computes: no Hugging Face key for them, none needed.
@@ -75,18 +77,24 @@ class ShardPlan:
   """
 
   files: dict[str, list[TensorName]]
+  tokenizer: Any = None  # The pretrained tokenizer's files (data/pretrained_tokenizer.py).
 
   @property
   def names(self) -> tuple[str, ...]:
-    """Every file the folder gets (the index too, where there is one)."""
+    """Every file the folder gets (the index too, where there is one; the tokenizer's where
+    the model has one)."""
     files = tuple(self.files)
-    return files + ((INDEX_FILE,) if len(files) > 1 else ()) + (CONFIG_FILE,)
+    tokenizer = pretrained_tokenizer.HF_FILES if self.tokenizer is not None else ()
+    return (files + ((INDEX_FILE,) if len(files) > 1 else ())
+            + (CONFIG_FILE, GENERATION_CONFIG_FILE) + tokenizer)
 
 
 def plan_shards(tensors: Sequence[TensorName], shapes: Mapping[str, tuple[int, ...]],
-                dtype: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> ShardPlan:
+                dtype: str, max_shard_bytes: int = MAX_SHARD_BYTES,
+                tokenizer: Any = None) -> ShardPlan:
   """Tensors in order into files of at most `max_shard_bytes` (a larger tensor alone in its
-  own), named as transformers names them."""
+  own), named as transformers names them; the tokenizer's files where `tokenizer` is a
+  pretrained tokenizer's."""
   itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
   groups: list[list[TensorName]] = [[]]
   size = 0
@@ -98,10 +106,10 @@ def plan_shards(tensors: Sequence[TensorName], shapes: Mapping[str, tuple[int, .
     groups[-1].append(tensor)
     size += nbytes
   if len(groups) == 1:
-    return ShardPlan({SINGLE_FILE: groups[0]})
+    return ShardPlan({SINGLE_FILE: groups[0]}, tokenizer)
   count = len(groups)
   return ShardPlan({f"model-{i + 1:05d}-of-{count:05d}.safetensors": group
-                    for i, group in enumerate(groups)})
+                    for i, group in enumerate(groups)}, tokenizer)
 
 
 def _numpy_dtype(dtype: str) -> Any:
@@ -111,7 +119,10 @@ def _numpy_dtype(dtype: str) -> Any:
 
 def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
           plan: ShardPlan, config: dict[str, Any]) -> dict[str, Any]:
-  """Writes the folder's files (not the manifest): config.json, the shards and their index.
+  """Writes the folder's files (not the manifest): config.json, generation_config.json, the
+  shards and their index, and the tokenizer's files where the plan has a tokenizer (the model's
+  vocabulary may be padded past the tokenizer's: config.json's vocab_size is the model's, as
+  transformers expects; the manifest records both).
 
   Args:
     folder: Where (an empty folder).
@@ -147,11 +158,21 @@ def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
     total = sum(os.path.getsize(os.fspath(folder / f)) for f in plan.files)
     (folder / INDEX_FILE).write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
-  (folder / CONFIG_FILE).write_text(json.dumps(dict(config, torch_dtype=dtype), indent=2)
-                                    + "\n")
+  special = {}
+  vocabulary: dict[str, Any] = {"model": int(model.vocab_size)}
+  if plan.tokenizer is not None:
+    special = {name: value for name, value in (("bos_token_id", plan.tokenizer.bos_id),
+                                               ("eos_token_id", plan.tokenizer.eos_id))
+               if value is not None}
+    vocabulary["tokenizer"] = plan.tokenizer.vocab_size
+    pretrained_tokenizer.write_hf_files(plan.tokenizer, os.fspath(folder),
+                                        int(model.max_length))
+  (folder / CONFIG_FILE).write_text(json.dumps(dict(config, torch_dtype=dtype, **special),
+                                               indent=2) + "\n")
+  (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(special, indent=2) + "\n")
   for name in plan.names:
     files[name] = os.path.getsize(os.fspath(folder / name))
-  return {"files": files, "tensors": len(weight_map)}
+  return {"files": files, "tensors": len(weight_map), "vocabulary": vocabulary}
 
 
 def _at(tree: Mapping[str, Any], path: str) -> Any:

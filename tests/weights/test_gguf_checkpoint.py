@@ -16,9 +16,14 @@ import jax
 import numpy as np
 import pytest
 
+from etils import epath
+
 from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.data import pretrained_tokenizer
+from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.partitioning import Partitioner
+from lingvo_lite.weights import hf_export
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 
 torch = pytest.importorskip("torch")
@@ -94,6 +99,34 @@ def test_per_token_log_probabilities_equal_transformers(smollm2):
     assert error < TOLERANCE, f"{text[:40]!r}: per-token log-probabilities differ by {error:.2e}"
     # A model that scores text: far better than uniform over 49,152 tokens (-10.8 nats).
     assert theirs_next.mean() > -4
+
+
+@pytest.mark.slow
+def test_exported_with_its_tokenizer_transformers_loads_the_same_model(smollm2, tmp_path):
+  model, params, _, _, reference = smollm2
+  gguf_file = os.path.join(_folder(), FILE)
+  tokenizer = pretrained_tokenizer.read(PretrainedTokenizer(gguf_file))
+  config = hf_export.check_expressible(model)
+  shapes = {"/".join(str(k.key) for k in path): tuple(leaf.shape)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  plan = hf_export.plan_shards(model.hf_tensors(), shapes, "float32", tokenizer=tokenizer)
+  host = model.hf_export_params(jax.tree.map(np.asarray, params))
+  written = hf_export.write(epath.Path(tmp_path), model, host, "float32", plan, config)
+  assert written["vocabulary"] == {"model": 49152, "tokenizer": 49152}
+  assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= set(
+      os.listdir(tmp_path))
+  exported = transformers.AutoModelForCausalLM.from_pretrained(
+      str(tmp_path), dtype=torch.float32, attn_implementation="eager").eval()
+  their_tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+  assert exported.generation_config.eos_token_id == 2
+  assert their_tokenizer.eos_token == "<|im_end|>" and their_tokenizer.chat_template
+  for text in _texts():
+    ids = tokenizer.encode(text)
+    assert their_tokenizer(text)["input_ids"] == ids  # No special token in these texts.
+    batch = torch.tensor([ids[:64]])
+    with torch.no_grad():
+      np.testing.assert_allclose(exported(batch).logits.numpy(),
+                                 reference(batch).logits.numpy(), atol=1e-5, rtol=0)
 
 
 def test_a_truncated_file_is_one_line(tmp_path):
