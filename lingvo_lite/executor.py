@@ -410,6 +410,13 @@ def _run_mode(program: programs.Program, options: Any,
                      "--job_log_dir=runs/my_run")
   if job_dir is not None and not _FDL_HELP.value:
     job_dirs.check(job_dir, program.job_files, _JOB_LOG_DIR.value)
+    if (program.job_files.records_config and not program.job_files.creates
+        and not any(f.value for f in (_EXP, _FDL_CONFIG, _FDL_CONFIG_FILE))
+        and not job_dir.exists()):
+      # Only a config (--exp) makes a new job dir of decode's or eval's worth reading.
+      raise UsageError(f"--job_log_dir={_JOB_LOG_DIR.value}: no such folder; give the "
+                       "--job_log_dir of a training run (or with --exp=NAME, a new one for "
+                       "the experiment's own weights, train.init_from)")
     if program.needs_config:  # A program that only reads the job (report) writes no dumps there.
       stack_dumps.set_folder(job_dir / "stacks")
   if not program.needs_config:

@@ -263,7 +263,8 @@ def _check_eval(command: Command, results: Results, session: Session) -> None:
     # After the README's one-off eval of the final step: nothing is left to evaluate.
     _search(r"^evaluated the final step \d+; done$", out, "eval --eval_continuous")
   else:
-    _search(r"^eval of checkpoint step \d+ \(written to .*\):\n  set +loss +perplexity .*\n"
+    _search(r"^eval of (?:checkpoint step \d+|train.init_from \S+ as step 0) \(written to .*\):\n"
+            r"  set +loss +perplexity .*\n"
             r"  validation +\d", out, "eval")
   job = command.flag("job_log_dir")
   assert (session.copy / job / "eval").is_dir(), f"no {job}/eval in the working copy"
@@ -278,7 +279,8 @@ def _check_decode(command: Command, results: Results, session: Session) -> None:
   if prompts_file:
     requests += sum(1 for line in (session.copy / prompts_file).read_text().splitlines()
                     if line.strip())
-  summary = rf"^decoded {requests} prompt\(s\) with checkpoint step \d+: .*; written to "
+  summary = (rf"^decoded {requests} prompt\(s\) with (?:checkpoint step \d+|train.init_from "
+             rf"\S+): .*; written to ")
   if command.flag("decode_out") == "-":
     _search(summary + "stdout$", err, "decode: the summary on stderr")
     lines = out.splitlines()
@@ -367,6 +369,18 @@ def _check_report(command: Command, results: Results, session: Session) -> None:
     _search(rf'id="final-train-loss"[^>]*>{re.escape(loss)}<', text, "the report's final loss")
 
 
+def _check_export(command: Command, results: Results, session: Session) -> None:
+  """The folder holds what transformers' from_pretrained reads: the config, the weights, the
+  generation config, and the tokenizer of a model that has one."""
+  del results
+  folder = session.copy / command.flag("export_dir")
+  names = set(os.listdir(folder))
+  assert {"config.json", "generation_config.json", "manifest.json"} <= names, names
+  assert any(n.endswith(".safetensors") for n in names), names
+  if _pretrained(command):
+    assert {"tokenizer.json", "tokenizer_config.json"} <= names, names
+
+
 def _check_bench(command: Command, results: Results, session: Session) -> None:
   del session
   out = results[0].stdout
@@ -390,6 +404,19 @@ BENCH_SMOKE = ("--pairs", "1", "--steps", "1", "--warmup", "1",
 
 def _lingvo(command: Command, mode: str) -> bool:
   return command.argv[:3] == LINGVO and (command.flag("mode") or "train") == mode
+
+
+def _pretrained(command: Command) -> bool:
+  """A command of the pretrained model's (SmolLM2's experiments, and the jobs they make):
+  tests/test_readme_pretrained.py runs those, in a target of their own beside this one."""
+  job = os.path.basename(os.path.normpath(command.flag("job_log_dir") or "."))
+  return (command.flag("exp") or "").startswith("SmolLM2") or job.startswith("smol")
+
+
+# SmolLM2's runs read 135M parameters; rows of 64 tokens, one batch, keep each a few seconds
+# on 2 cores while still building its token stores and running every part of the program.
+SMOL_SHAPES = ("--fdl.eval_data.num_batches=1", "--fdl.eval_data.global_batch_size=2",
+               "--fdl.eval_data.sequence_length=64")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -425,6 +452,9 @@ RULES = (
     Rule("--fdl_help", lambda c: c.argv[:3] == LINGVO and "--fdl_help" in c.argv,
          _check_fdl_help),
     Rule("--help", lambda c: c.argv[:3] == LINGVO and "--help" in c.argv, _check_help),
+    Rule("eval, pretrained", lambda c: _lingvo(c, "eval") and _pretrained(c), _check_eval,
+         SMOL_SHAPES, why="one batch of 2 x 64 tokens: the fixed validation subset (4 batches of "
+                          "8 x 512) takes about a minute on 2 cores"),
     Rule("eval", lambda c: _lingvo(c, "eval"), _check_eval),
     Rule("report", lambda c: _lingvo(c, "report"), _check_report),
     Rule("decode", lambda c: _lingvo(c, "decode"), _check_decode,
@@ -454,6 +484,12 @@ RULES = (
          _check_processes, run=_run_processes,
          why="every process at once (README: 'the same with --process_id=1 in a second "
              "shell'), on a free port"),
+    Rule("train, pretrained", lambda c: _lingvo(c, "train") and _pretrained(c), _check_train,
+         ("--fdl.train.steps=2", "--fdl.train_data.global_batch_size=2",
+          "--fdl.train_data.sequence_length=64", *SMOL_SHAPES),
+         why="2 steps of 2 x 64 tokens: a step of the fine-tune's 8 x 512 takes ~50 s on 2 "
+             "cores; these still load the GGUF, train, checkpoint and evaluate"),
+    Rule("export", lambda c: _lingvo(c, "export"), _check_export),
     Rule("train", lambda c: _lingvo(c, "train") and c.flag("job_log_dir") is not None,
          _check_train,
          ("--fdl.train.steps=4",),
@@ -505,13 +541,13 @@ def test_every_readme_command_has_a_rule():
   assert not stale, f"rules that match no README command (remove them): {stale}"
 
 
-@pytest.mark.slow
-def test_readme_commands_run_as_written(tmp_path):
+def run_readme_commands(tmp_path: pathlib.Path, chosen: Callable[[Command], bool]) -> None:
+  """Runs the README's `chosen` commands in order in a working copy, with their rules."""
   copy = testing.make_working_copy(tmp_path / "repo")
   commands = readme_commands(README.read_text())
   session = Session(copy, commands)
   failures = []
-  for command in commands:
+  for command in filter(chosen, commands):
     rule = rule_for(command)
     if rule is None or rule.check is None:
       continue  # Unrecognised: test_every_readme_command_has_a_rule fails. Not run: see why.
@@ -532,3 +568,8 @@ def test_readme_commands_run_as_written(tmp_path):
       failures.append(f"{command.text}\n    {message[:1500]}")
     print(f"{time.monotonic() - started:6.1f} s  [{rule.kind}] {command.text}")
   assert not failures, f"{len(failures)} README command(s) failed:\n" + "\n".join(failures)
+
+
+@pytest.mark.slow
+def test_readme_commands_run_as_written(tmp_path):
+  run_readme_commands(tmp_path, lambda command: not _pretrained(command))

@@ -44,3 +44,36 @@ class GptJ6B(Experiment):
                          eval_every_steps=1000),
         partitioner=fdl.Config(Partitioner, ici_data=1, ici_fsdp=-1),
     )
+
+
+@register
+class GptJ6BFinetune(GptJ6B):
+  """mesh-transformer-jax's fine-tuning recipe for GPT-J-6B (its howto_finetune config): batch 32
+  x 2048 tokens, AdamW 5e-5 after 520 warmup steps, annealed to 1e-5 by step 5205, weight
+  decay 0.1, clipping 1.0; starting from the pretrained weights and reading the user's files.
+  mesh-transformer-jax takes the 32 sequences one at a time (32 accumulation steps) on one
+  8-core model-parallel replica; sharded fully over every chip here, a micro-batch needs a row
+  per chip, so the 32 are 8 micro-batches of 4, a row per chip of a v4-8 (on more chips, fewer
+  and larger micro-batches: `--fdl.train.grad_accum_steps=2` on a v5e-16):
+
+    python -m lingvo_lite --exp=GptJ6BFinetune --init_from=hf:models/gpt-j-6b \
+        --job_log_dir=runs/gptj_ft --fdl.train_data=... (a task of tasks/local_files.py)
+    python -m lingvo_lite --exp=GptJ6BFinetune --mode=compile --compile_topology=v4-8
+
+  The experiment's own data are synthetic tokens of the same shapes, so it compiles (and its
+  memory verdict holds) without the files. Fully sharded as GptJ6B, the step fits a v4-8 (and a
+  v5e-16 with 2 micro-batches).
+  """
+
+  @classmethod
+  def config(cls) -> fdl.Config[Setup]:
+    cfg = super().config()
+    cfg.optimizer = fdl.Config(AdamW, peak_learning_rate=5e-5, warmup_steps=520,
+                               final_learning_rate_ratio=0.2, b1=0.9, b2=0.95,
+                               weight_decay=0.1, clip_grad_norm=1.0)
+    for data in (cfg.train_data, cfg.eval_data):
+      data.global_batch_size = 32
+    cfg.train.steps = 5205
+    cfg.train.grad_accum_steps = 8
+    cfg.train.eval_every_steps = 500
+    return cfg

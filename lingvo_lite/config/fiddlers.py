@@ -50,8 +50,10 @@ def tiny(cfg: fdl.Config) -> None:
   cfg.train.steps = 10
   cfg.train.log_every_steps = 5
   if isinstance(getattr(cfg, "decode", None), fdl.Config):
-    # Room for a prompt in the tiny context (the model's max_length, at least 64).
+    # Room for a prompt in the tiny context (the model's max_length, at least 64), and a
+    # cache of the whole tiny context (an experiment's own cache length is its model's).
     cfg.decode.max_new_tokens = 32
+    cfg.decode.cache_length = None
   cfg.train.eval_every_steps = 0
   cfg.train.grad_accum_steps = 1
   cfg.checkpoint.every_steps = 10

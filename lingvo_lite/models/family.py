@@ -129,6 +129,12 @@ MAX_PARAMETERS = 1e14
 FAMILIES: dict[str, type[LanguageModel]] = {}
 
 
+def _import_every_family() -> None:
+  """Imports each module of lingvo_lite/models/ (each family registers itself when imported):
+  a weight file's reader asks every family, not only those the config imported."""
+  for module in pkgutil.iter_modules(importlib.import_module("lingvo_lite.models").__path__):
+    importlib.import_module(f"lingvo_lite.models.{module.name}")
+
 
 def family_for_hf(model_type: Any, where: str) -> type[LanguageModel]:
   """The registered family that reads Hugging Face checkpoints of `model_type`.
@@ -136,8 +142,7 @@ def family_for_hf(model_type: Any, where: str) -> type[LanguageModel]:
   Raises:
     UsageError: no family reads it (the message lists those that do).
   """
-  for module in pkgutil.iter_modules(importlib.import_module("lingvo_lite.models").__path__):
-    importlib.import_module(f"lingvo_lite.models.{module.name}")  # Each registers its family.
+  _import_every_family()
   for cls in FAMILIES.values():
     if cls.hf_model_type is not None and cls.hf_model_type == model_type:
       return cls
@@ -154,8 +159,7 @@ def family_for_gguf(architecture: Any, where: str) -> type[LanguageModel]:
   Raises:
     UsageError: no family reads it (the message lists those that do).
   """
-  for module in pkgutil.iter_modules(importlib.import_module("lingvo_lite.models").__path__):
-    importlib.import_module(f"lingvo_lite.models.{module.name}")
+  _import_every_family()
   readers = [cls for cls in FAMILIES.values()
              if cls.gguf_architecture == architecture and cls.reads_gguf()]
   readers.sort(key=lambda cls: cls.family_name != architecture)

@@ -144,9 +144,12 @@ def refuse_model_changes(invocation: Invocation, verb: str) -> None:
 
 def record_config_where_missing(invocation: Invocation) -> None:
   """A job dir a program was first run on (decode, eval, export from --exp) records the config
-  it ran with, so later programs and tools can name just the job dir; one that has a config
-  keeps it (JobFiles.records_config)."""
-  if invocation.job_dir is not None and not (invocation.job_dir / "config.json").exists():
+  it ran with, so later programs and tools can name just the job dir (JobFiles.records_config).
+  One with a config keeps it, and one with checkpoints but no config (its config moved away) is
+  left as it is: the config given may not be the one they were trained with."""
+  job_dir = invocation.job_dir
+  if job_dir is not None and not (job_dir / "config.json").exists() and not (
+      job_dir / "checkpoints").exists():
     invocation.write_config()
 
 

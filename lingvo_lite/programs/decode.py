@@ -26,7 +26,7 @@ from etils import epath
 
 from lingvo_lite import memory_fit, outputs
 from lingvo_lite.checkpoints import selection as checkpoint_selection
-from lingvo_lite.weights import job_params
+from lingvo_lite.weights import job_params, sources
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
@@ -34,7 +34,7 @@ from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
 from lingvo_lite.errors import os_error_text
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
                                  refuse_model_changes)
-from lingvo_lite.programs.options import checkpoint_step_option, option
+from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime.job_dirs import FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
 
@@ -44,6 +44,7 @@ class Options:
   """The flags of --mode=decode."""
 
   checkpoint_step: int | None = checkpoint_step_option()
+  init_from: str | None = init_from_option()
   prompt: list[str] | None = option(
       None, "--mode=decode: a prompt to continue (repeatable).", repeated=True)
   prompts_file: str | None = option(
@@ -53,6 +54,11 @@ class Options:
   decode_out: str | None = option(
       None, "--mode=decode: where the completions go as JSON lines: a file, or - for stdout "
       "(default: JOB/decode/<UTC time>.jsonl).", non_empty=True)
+
+  def config_parts(self, cfg: Any) -> dict[str, Any]:
+    """`train.init_from` (and a source's `model`) from --init_from (weights/sources.py): a job
+    dir without a checkpoint of its own decodes the source's parameters."""
+    return sources.config_parts(self.init_from, cfg.model)
 
 
 # JOB/decode/ is written only when the completions go there (not with --decode_out), so the

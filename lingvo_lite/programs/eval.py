@@ -44,9 +44,10 @@ from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.weights import sources
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
                                  refuse_model_changes)
-from lingvo_lite.programs.options import checkpoint_step_option, option
+from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime import lock as job_lock, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 
@@ -59,6 +60,7 @@ class Options:
   """The flags of --mode=eval."""
 
   checkpoint_step: int | None = checkpoint_step_option()
+  init_from: str | None = init_from_option()
   eval_continuous: bool = option(
       False, "--mode=eval: evaluate each checkpoint of a training run beside this one once, "
       "as it lands; exits after the run's final step (train.steps), or after "
@@ -71,6 +73,11 @@ class Options:
   eval_sets: list[str] | None = option(
       None, "--mode=eval: the eval sets to evaluate, by name (comma-separated; default: every "
       "set of eval_data).")
+
+  def config_parts(self, cfg: Any) -> dict[str, Any]:
+    """`train.init_from` (and a source's `model`) from --init_from (weights/sources.py): a job
+    dir without a checkpoint of its own evaluates the source's parameters."""
+    return sources.config_parts(self.init_from, cfg.model)
 
 
 # Everything under JOB/eval/ (the training files are only read), and each set's rows there.

@@ -32,10 +32,11 @@ CARRIED_MODEL_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
 
 
 def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
-  """The weight source `value` names, as a config part.
+  """The weight source `value` names, as a config part: `hf:PATH`, `gguf:PATH`, or anything
+  else a job dir (`JOB` or `JOB@STEP`, whose checks name the flag when it is built).
 
   Raises:
-    UsageError: an empty value, an empty path, or a format this version cannot read.
+    UsageError: an empty path after hf: or gguf:, or a malformed JOB@STEP.
   """
   scheme, colon, path = value.partition(":")
   if colon and scheme == "hf":

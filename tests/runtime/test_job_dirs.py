@@ -90,6 +90,9 @@ def test_each_program_declares_what_it_writes_in_the_job_dir():
     assert files.written == WRITTEN.get(name, ()), name
     assert files.creates == (name in ("train", "compile", "export")), name
     assert files.kind_only == ((("decode", _D),) if name == "decode" else ()), name
+    # Decode and eval run on a new job dir from --exp (a weight source's model) and record
+    # its config there; one with a config they only read.
+    assert files.records_config == (name in ("decode", "eval")), name
     assert files.eval_sets_under == {"train": "", "eval": "eval/"}.get(name), name
     assert files.when_profiling == ((
         ("summaries/train/plugins", _D), ("summaries/train/plugins/profile", _D))
@@ -121,7 +124,23 @@ def test_a_new_job_dir_is_checked_where_it_would_be_created(tmp_path):
   before = tree_digest(tmp_path)
   job_dirs.check(epath.Path(tmp_path / "a" / "b"), _files("train"), "a/b")
   assert tree_digest(tmp_path) == before and not os.listdir(tmp_path)
-  _refused(tmp_path / "missing", mode="eval", message="no such folder")
+  _refused(tmp_path / "missing", mode="report", message="no such folder")
+
+
+@pytest.mark.parametrize("mode", ["decode", "eval"])
+def test_decode_and_eval_record_a_config_only_where_there_is_none(tmp_path, mode):
+  # A missing job dir: where it would be created is checked, nothing is made.
+  job_dirs.check(epath.Path(tmp_path / "new"), _files(mode), "new")
+  assert not os.listdir(tmp_path)
+  # A job dir with its config: the config is read, never written, so what is in the way of
+  # writing one does not matter.
+  job = tmp_path / "job"
+  (job / "config.txt").mkdir(parents=True)
+  (job / "config.json").write_text("{}")
+  job_dirs.check(epath.Path(job), _files(mode), str(job))
+  # Without a config, one is to be written there: what is in the way is refused in one line.
+  (job / "config.json").unlink()
+  _refused(job, mode=mode, message="config.txt is a folder, not a file")
 
 
 @pytest.mark.parametrize("mode, relative, profile, message", [

@@ -335,6 +335,52 @@ def test_a_warm_start_from_hf_then_kill_9_resumes_from_the_jobs_own_checkpoint(t
   assert _losses(parts) == _losses(whole)
 
 
+# ------------------------------------------------------------------------------ decode
+
+GREEDY_TOKENS, NEAR_TIE = 32, 1e-4
+
+
+def _first_difference_gap(model, prompt, ours, theirs):
+  """The index of the first token where two greedy continuations differ, and transformers'
+  top-2 logit gap there (a near-tie: float32 noise may pick either)."""
+  at = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+  with torch.no_grad():
+    logits = model(torch.tensor([prompt + theirs[:at]])).logits[0, -1].numpy()
+  top2 = np.sort(logits)[-2:]
+  return at, float(top2[1] - top2[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["llama", "mistral", "gptj", "gpt2"])
+def test_32_greedy_tokens_through_decode_equal_transformers_generate(folders, case, tmp_path):
+  folder = folders[case][0]
+  prompt = _prompt()[0, :40].tolist()
+  (tmp_path / "requests.jsonl").write_text(json.dumps(
+      {"prompt_ids": prompt, "max_new_tokens": GREEDY_TOKENS, "temperature": 0.0}) + "\n")
+  # A new job dir: the model and its parameters are the folder's (--init_from), the ids are
+  # given as ids (synthetic data: no text vocabulary); no stop at EOS, as generate below.
+  result = run_cli(["--mode=decode", "--exp=PyCodeTiny", "--fiddler=synthetic_data",
+                    f"--init_from=hf:{folder}", f"--job_log_dir={tmp_path / 'job'}",
+                    f"--prompts_file={tmp_path / 'requests.jsonl'}", "--decode_out=-",
+                    "--fdl.decode.stop_at_eos=False", "--fdl.decode.slots=1"])
+  assert result.code == 0, result.stderr[-3000:]
+  ours = json.loads(result.stdout.strip().splitlines()[-1])["completion_ids"]
+  model = _reference_model(case)
+  model.generation_config.eos_token_id = None
+  with torch.no_grad():
+    # The attention mask given: inferred, it would mask the prompt's ids equal to pad's.
+    generated = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(
+        1, len(prompt), dtype=torch.long), max_new_tokens=GREEDY_TOKENS, do_sample=False,
+                               pad_token_id=0)
+  theirs = generated[0, len(prompt):].tolist()
+  assert len(ours) == len(theirs) == GREEDY_TOKENS
+  if ours != theirs:
+    at, gap = _first_difference_gap(model, prompt, ours, theirs)
+    assert gap < NEAR_TIE, (f"{case}: token {at} differs ({ours[at]} vs {theirs[at]}) where "
+                            f"transformers' top-2 logit gap is {gap:.2e}, not a near-tie "
+                            f"(< {NEAR_TIE})")
+
+
 # ------------------------------------------------------------------------------ export
 
 def _export(job, out, *extra):
