@@ -26,6 +26,7 @@ from lingvo_lite.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.runtime.watchdog import WatchdogSettings
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
+from lingvo_lite.weights.slim_weights import SlimCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
 from lingvo_lite.weights.job_checkpoint import JobCheckpoint
 
@@ -50,7 +51,7 @@ class TrainLoop:
       datasheet table, or on a CPU measures the best float32 2048^3 matmul.
     init_from: A weight source whose parameters a job without a checkpoint of its own starts
       from, with a fresh optimizer (weights/: another job's step, a Hugging Face folder, a
-      GGUF file);
+      GGUF file, slim weights);
       None initializes from `seed`.
   """
 
@@ -64,7 +65,7 @@ class TrainLoop:
   profile_steps: PositiveInt = 3
   log_grad_norm: bool = True
   peak_tflops_per_device: PositiveFloat | None = None
-  init_from: JobCheckpoint | HfCheckpoint | GgufCheckpoint | None = None
+  init_from: JobCheckpoint | HfCheckpoint | GgufCheckpoint | SlimCheckpoint | None = None
 
 
 # The name a single eval source (not a mapping) is reported under.

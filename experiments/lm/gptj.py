@@ -53,16 +53,17 @@ class GptJ6BFinetune(GptJ6B):
   decay 0.1, clipping 1.0; starting from the pretrained weights and reading the user's files.
   mesh-transformer-jax takes the 32 sequences one at a time (32 accumulation steps) on one
   8-core model-parallel replica; sharded fully over every chip here, a micro-batch needs a row
-  per chip, so the 32 are 8 micro-batches of 4, a row per chip of a v4-8 (on more chips, fewer
-  and larger micro-batches: `--fdl.train.grad_accum_steps=2` on a v5e-16):
+  per chip, so the 32 are 2 micro-batches of 16 (a row per chip of a v5e-16):
 
     python -m lingvo_lite --exp=GptJ6BFinetune --init_from=hf:models/gpt-j-6b \
         --job_log_dir=runs/gptj_ft --fdl.train_data=... (a task of tasks/local_files.py)
-    python -m lingvo_lite --exp=GptJ6BFinetune --mode=compile --compile_topology=v4-8
+    python -m lingvo_lite --exp=GptJ6BFinetune --mode=compile --compile_topology=v5e-16
 
   The experiment's own data are synthetic tokens of the same shapes, so it compiles (and its
-  memory verdict holds) without the files. Fully sharded as GptJ6B, the step fits a v4-8 (and a
-  v5e-16 with 2 micro-batches).
+  memory verdict holds) without the files. Fully sharded as GptJ6B, the step fits a v5e-16 (11.4
+  of 16 GiB per chip). It does not fit a v4-8: float32 weights and Adam moments are 16.9 GiB of
+  each chip's 30.75, and with gradients and their sum the step needs 31.4 GiB even a row per
+  chip at a time (`--fdl.train.grad_accum_steps=8`; 33.9 GiB with 2 micro-batches).
   """
 
   @classmethod
@@ -74,6 +75,6 @@ class GptJ6BFinetune(GptJ6B):
     for data in (cfg.train_data, cfg.eval_data):
       data.global_batch_size = 32
     cfg.train.steps = 5205
-    cfg.train.grad_accum_steps = 8
+    cfg.train.grad_accum_steps = 2
     cfg.train.eval_every_steps = 500
     return cfg

@@ -35,9 +35,9 @@ from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_wher
                                  refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime.job_dirs import FILE, JobFiles
-from lingvo_lite.weights import hf_export, job_params, sources
+from lingvo_lite.weights import hf_export, job_params, slim_weights, sources
 
-FORMATS = ("hf",)
+FORMATS = ("hf", "slim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,8 @@ class Options:
   init_from: str | None = init_from_option()
   export_format: str = option(
       "hf", f"--mode=export: the format written: {', '.join(FORMATS)} (a Hugging Face folder "
-      "that transformers' from_pretrained loads).")
+      "that transformers' from_pretrained loads; slim weights: the parameters alone, orbax, "
+      "which --init_from=slim:PATH reads).")
   export_dir: str | None = option(
       None, "--mode=export: the folder the export goes to (required); an earlier export "
       "lingvo_lite wrote there is replaced, anything else is never overwritten.",
@@ -98,8 +99,11 @@ def main(invocation: Invocation) -> None:
   refuse_model_changes(invocation, "export")
   dtype = _check_options(options, model.param_dtype)
   checkpoint_selection.check_wanted(options.checkpoint_step)
-  config = hf_export.check_expressible(model)
   shown_job = epath.Path(invocation.shown_job_dir or invocation.job_dir)
+  if options.export_format == "slim":
+    _export_slim(invocation, options, dtype, shown_job)
+    return
+  config = hf_export.check_expressible(model)
   unrolled = model.clone(parent=None, scan_layers=False)
   shapes = {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in
             jax.tree_util.tree_flatten_with_path(MeshParams(
@@ -148,6 +152,52 @@ def main(invocation: Invocation) -> None:
         f"{model.param_dtype})", flush=True)
   for name in plan.names:
     print(f"  {os.path.join(options.export_dir, name)}  {_size(written['files'][name])}")
+
+
+def _export_slim(invocation: Invocation, options: Options, dtype: str,
+                 shown_job: epath.Path) -> None:
+  """The parameters alone, in `dtype`, as an orbax checkpoint with the job's config."""
+  setup = invocation.setup
+  model = setup.model
+  flag = f"--export_dir={shown(options.export_dir)}"
+  output = outputs.check_folder(paths.resolve(options.export_dir, "--export_dir"), flag,
+                                slim_weights.KIND, slim_weights.FILES + (outputs.MANIFEST,),
+                                "the export", invocation.job_dir)
+  mesh = setup.partitioner.make_mesh(invocation.target.devices)
+  record_config_where_missing(invocation)
+  params, what, step = job_params.restore(
+      setup, MeshParams(model, setup.train_data.sequence_length, setup.partitioner, mesh),
+      invocation.job_dir, shown_job, options.checkpoint_step)
+  read_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+  step_bytes = _folder_bytes(invocation.job_dir / "checkpoints" / str(step)) if (
+      step is not None) else None
+  written: dict[str, Any] = {}
+
+  def write(folder: epath.Path) -> None:
+    written.update(slim_weights.write(folder, params, dtype, invocation.config_json(),
+                                      model.scan_layers))
+    manifest = {"schema": outputs.schema(slim_weights.KIND), "job_log_dir": str(shown_job),
+                "step": step, "parameters": what, "format": "slim", "dtype": dtype, **written}
+    (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+  try:
+    replaced = outputs.write_folder(output, write)
+  except OSError as e:
+    problem, fix = os_error_text(e, "export again")
+    raise ProgramFailure(f"{flag}: cannot write the export: {problem}; nothing was left "
+                         f"there; {fix}") from None
+  before = (f"the checkpoint step: {_size(step_bytes)} on disk, its parameters "
+            f"{_size(read_bytes)} {model.param_dtype}" if step_bytes is not None else
+            f"the parameters read: {_size(read_bytes)} {model.param_dtype}")
+  print(f"exported {what} to {options.export_dir} "
+        f"({'replaced the earlier export' if replaced else 'new'}): slim, {dtype}, "
+        f"{_size(sum(written['files'].values()))} ({before}); read it with "
+        f"--init_from=slim:{options.export_dir}", flush=True)
+
+
+def _folder_bytes(folder: epath.Path) -> int:
+  return sum(os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(os.fspath(folder)) for name in names)
 
 
 def _size(count: int) -> str:

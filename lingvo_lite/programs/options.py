@@ -140,12 +140,13 @@ def checkpoint_step_option() -> Any:
 
 def init_from_option() -> Any:
   """`--init_from`, one declaration for every program that starts from a weight source (train,
-  export, and compile and print, which show its model): an Options class declaring it gets
-  `config_parts` from weights/sources.py."""
+  eval, decode, export, and compile and print, which show its model): an Options class
+  declaring it gets `config_parts` from weights/sources.py."""
   return option(
-      None, "--mode=train / export / compile / print: JOB, JOB@STEP, hf:PATH or gguf:PATH: the "
-      "parameters a job that has no checkpoint of its own starts from (another job's newest "
-      "usable step, or STEP; a Hugging Face folder or a GGUF file, whose config or metadata "
-      "then sets the model); sets train.init_from. Training starts there with a fresh "
-      "optimizer; a job with checkpoints uses its own.",
+      None, "--mode=train / eval / decode / export / compile / print: JOB, JOB@STEP, hf:PATH, "
+      "gguf:PATH or slim:PATH: the parameters a job that has no checkpoint of its own starts "
+      "from (another job's newest usable step, or STEP; a Hugging Face folder or a GGUF file, "
+      "whose config or metadata then sets the model; slim weights an export wrote); sets "
+      "train.init_from. Training starts there with a fresh optimizer; a job with checkpoints "
+      "uses its own.",
       non_empty=True)

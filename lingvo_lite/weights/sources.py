@@ -3,6 +3,8 @@
 
   hf:PATH      a Hugging Face folder (HfCheckpoint): its config.json is the model's config
   gguf:PATH    a GGUF file (GgufCheckpoint): its metadata is the model's config
+  slim:PATH    slim weights (SlimCheckpoint, --export_format=slim): the model stays the
+               experiment's (the folder's config.json is the job's, for --fdl_config_file)
   JOB[@STEP]   another lingvo_lite job's checkpoint step (JobCheckpoint; its newest usable
                step without @STEP): the model stays the experiment's
 
@@ -23,6 +25,7 @@ from fiddle import history
 from lingvo_lite.errors import UsageError
 from lingvo_lite.weights import job_checkpoint
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
+from lingvo_lite.weights.slim_weights import SlimCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
 from lingvo_lite.weights.job_checkpoint import FIELD, JobCheckpoint
 
@@ -32,7 +35,8 @@ CARRIED_MODEL_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
 
 
 def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
-  """The weight source `value` names, as a config part: `hf:PATH`, `gguf:PATH`, or anything
+  """The weight source `value` names, as a config part: `hf:PATH`, `gguf:PATH`, `slim:PATH`,
+  or anything
   else a job dir (`JOB` or `JOB@STEP`, whose checks name the flag when it is built).
 
   Raises:
@@ -43,6 +47,10 @@ def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
     if not path.strip():
       raise UsageError(f"{flag}={value}: give the folder after hf: (hf:PATH)")
     return fdl.Config(HfCheckpoint, path=path)
+  if colon and scheme == "slim":
+    if not path.strip():
+      raise UsageError(f"{flag}={value}: give the folder after slim: (slim:PATH)")
+    return fdl.Config(SlimCheckpoint, path=path)
   if colon and scheme == "gguf":
     if not path.strip():
       raise UsageError(f"{flag}={value}: give the file after gguf: (gguf:PATH)")

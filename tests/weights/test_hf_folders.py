@@ -17,6 +17,7 @@ import re
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -460,6 +461,50 @@ def test_a_trained_gptj_job_exports_what_transformers_computes_the_same(tiny_job
   # Again into the same folder: lingvo_lite's earlier export is replaced.
   again = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}"])
   assert again.code == 0 and "replaced the earlier export" in again.stdout, again.stderr
+
+
+def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_job, tmp_path):
+  """--export_format=slim: the job's parameters without the optimizer state (float32, or
+  bfloat16 at half the bytes); --init_from=slim:PATH reads them into this model's shardings
+  and dtype: float32 exactly, bfloat16 as the rounded values."""
+  from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.config import files as config_files  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.slim_weights import SlimCheckpoint  # pylint: disable=g-import-not-at-top
+  job = tiny_job / "runs" / "tiny"
+  sizes = {}
+  for dtype in ("float32", "bfloat16"):
+    out = tmp_path / f"slim_{dtype}"
+    result = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}",
+                      "--export_format=slim", f"--export_dtype={dtype}"])
+    assert result.code == 0, result.stderr[-3000:]
+    assert "(the checkpoint step: " in result.stdout and "on disk" in result.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    sizes[dtype] = manifest["files"]["params"]
+    assert manifest["dtype"] == dtype and (out / "config.json").exists()
+  assert sizes["bfloat16"] < 0.6 * sizes["float32"], sizes
+  _, step = _job_logits(job, np.zeros((1, 4), np.int32))
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  saved = ocp.StandardCheckpointer().restore(
+      (job / "checkpoints" / str(step) / "default").absolute())["params"]
+  setup = executor.build(config_files.load(tmp_path / "slim_float32" / "config.json"))
+  mesh_params = MeshParams(setup.model, setup.train_data.sequence_length, setup.partitioner,
+                           setup.partitioner.make_mesh())
+  for dtype, exact in (("float32", True), ("bfloat16", False)):
+    params, what = SlimCheckpoint(str(tmp_path / f"slim_{dtype}")).load_params(mesh_params)
+    assert what.startswith("slim:") and f"step {step}" in what
+    for ours, theirs in zip(jax.tree.leaves(params), jax.tree.leaves(saved)):
+      assert ours.dtype == np.float32
+      expected = np.asarray(theirs) if exact else np.asarray(
+          jnp.asarray(theirs, jnp.bfloat16).astype(np.float32))
+      np.testing.assert_array_equal(np.asarray(ours), expected)
+  # A model of other shapes is refused in one line.
+  other = executor.build(config_files.load(tmp_path / "slim_float32" / "config.json"))
+  wider = MeshParams(other.model.clone(parent=None, dim=other.model.dim * 2),
+                     other.train_data.sequence_length, other.partitioner,
+                     other.partitioner.make_mesh())
+  with pytest.raises(UsageError) as error:
+    SlimCheckpoint(str(tmp_path / "slim_float32")).load_params(wider)
+  assert "do not fit this model" in str(error.value) and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("args, words", [
