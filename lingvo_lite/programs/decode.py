@@ -4,6 +4,9 @@ from: `train.init_from`) generates completions of prompts.
   --mode=decode --job_log_dir=JOB --prompt='def main('              the latest checkpoint
   --mode=decode --job_log_dir=JOB --prompts_file=p.jsonl --checkpoint_step=N
   --mode=decode --job_log_dir=JOB --prompt=... --decode_out=-       JSON lines on stdout
+  --mode=decode --exp=E --job_log_dir=NEW --prompt=...              before a job has a
+                                                                    checkpoint: the weights
+                                                                    E starts from
 
 Only the parameters are restored, into the partitioner's shardings (checkpoints/params.py: no
 optimizer is built, no optimizer state read or allocated); the decode state (KV cache and
@@ -26,7 +29,6 @@ from etils import epath
 
 from lingvo_lite import memory_fit, outputs
 from lingvo_lite.checkpoints import selection as checkpoint_selection
-from lingvo_lite.weights import job_params, sources
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
@@ -37,6 +39,7 @@ from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_wher
 from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime.job_dirs import FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
+from lingvo_lite.weights import job_params, sources
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,12 +44,12 @@ from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.jitted import JittedSteps
-from lingvo_lite.weights import sources
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
                                  refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime import lock as job_lock, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
+from lingvo_lite.weights import sources
 
 RECORD = "evaluated.json"
 _STOP, _WAIT = -2, -1  # What process 0 tells the others instead of a step to evaluate.
