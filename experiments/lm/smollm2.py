@@ -89,11 +89,5 @@ class SmolLM2PyCode(SmolLM2_135M):
   """SmolLM2-135M fine-tuned on the stdlib's train split with its own tokenizer: 30 steps of
   8 x 512 tokens (122,880 tokens), sized for at most 30 minutes on 2 CPU cores; its eval before
   (`--mode=eval` on a fresh job: step 0) and after is bits per byte on the fixed validation
-  subset.
+  subset. SmolLM2_135M's own training is this fine-tune; this name says what a run is for.
   """
-
-  @classmethod
-  def config(cls) -> fdl.Config[Setup]:
-    cfg = super().config()
-    cfg.train.steps = FINE_TUNE_STEPS
-    return cfg
