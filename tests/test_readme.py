@@ -371,10 +371,19 @@ def _check_report(command: Command, results: Results, session: Session) -> None:
 
 def _check_export(command: Command, results: Results, session: Session) -> None:
   """The folder holds what transformers' from_pretrained reads: the config, the weights, the
-  generation config, and the tokenizer of a model that has one."""
+  generation config, and the tokenizer of a model that has one; or the GGUF file, with its
+  tokenizer (slim weights: the parameters and the config)."""
   del results
   folder = session.copy / command.flag("export_dir")
   names = set(os.listdir(folder))
+  if command.flag("export_format") == "gguf":
+    assert names == {"model.gguf", "manifest.json"}, names
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["tokenizer"] == _pretrained(command), manifest
+    return
+  if command.flag("export_format") == "slim":
+    assert {"params", "config.json", "manifest.json"} <= names, names
+    return
   assert {"config.json", "generation_config.json", "manifest.json"} <= names, names
   assert any(n.endswith(".safetensors") for n in names), names
   if _pretrained(command):

@@ -331,3 +331,34 @@ def write_hf_files(files: TokenizerFiles, folder: str, model_max_length: int) ->
     f.write(files.json)
   with open(os.path.join(folder, HF_FILES[1]), "w", encoding="utf-8") as f:
     f.write(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+
+
+def gguf_tokenizer(files: TokenizerFiles) -> dict[str, Any] | None:
+  """`files` as a GGUF file's tokenizer.ggml.* metadata (what `_read_gguf` reads back), or None
+  for a tokenizer GGUF cannot hold here: only a byte-level BPE whose pre-tokenizer is one
+  llama.cpp names (`smollm`: Digits then ByteLevel; `gpt-2`: ByteLevel alone)."""
+  spec = json.loads(files.json)
+  model = spec.get("model") or {}
+  pre = spec.get("pre_tokenizer") or {}
+  parts = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+  kinds = [(p.get("type"), p.get("individual_digits"), p.get("use_regex"),
+            p.get("add_prefix_space")) for p in parts or []]
+  byte_level = ("ByteLevel", None, True, False)
+  if kinds == [("Digits", True, None, None), byte_level]:
+    pre_name = "smollm"
+  elif kinds == [byte_level]:
+    pre_name = "gpt-2"
+  else:
+    return None
+  if model.get("type") != "BPE" or not _has_part(spec.get("decoder") or {}, "ByteLevel"):
+    return None
+  made = tokenizer(files)
+  size = made.get_vocab_size(with_added_tokens=True)
+  tokens = [""] * size
+  for token, index in made.get_vocab(with_added_tokens=True).items():
+    tokens[index] = token
+  types = [1] * size  # llama.cpp's NORMAL
+  for index, added in made.get_added_tokens_decoder().items():
+    types[index] = _CONTROL if added.special else _USER_DEFINED
+  merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+  return {"pre": pre_name, "tokens": tokens, "types": types, "merges": merges}

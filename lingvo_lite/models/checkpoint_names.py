@@ -193,3 +193,13 @@ def rotary_pairs_to_halves(weight: np.ndarray, heads: int) -> np.ndarray:
   half = rows // heads // 2
   return (weight.reshape(heads, half, 2, *weight.shape[1:]).swapaxes(1, 2)
           .reshape(weight.shape))
+
+
+def rotary_halves_to_pairs(weight: np.ndarray, heads: int) -> np.ndarray:
+  """The inverse of `rotary_pairs_to_halves`: a rotate-half query or key projection with each
+  head's rotary pairs put side by side again (GGML's rope), as llama.cpp's converter writes it:
+  within each head, row j * head_dim / 2 + i goes to row 2i + j."""
+  rows = weight.shape[0]
+  half = rows // heads // 2
+  return (weight.reshape(heads, 2, half, *weight.shape[1:]).swapaxes(1, 2)
+          .reshape(weight.shape))

@@ -35,9 +35,9 @@ from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_wher
                                  refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime.job_dirs import FILE, JobFiles
-from lingvo_lite.weights import hf_export, job_params, slim_weights, sources
+from lingvo_lite.weights import gguf_export, hf_export, job_params, slim_weights, sources
 
-FORMATS = ("hf", "slim")
+FORMATS = ("hf", "gguf", "slim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +48,9 @@ class Options:
   init_from: str | None = init_from_option()
   export_format: str = option(
       "hf", f"--mode=export: the format written: {', '.join(FORMATS)} (a Hugging Face folder "
-      "that transformers' from_pretrained loads; slim weights: the parameters alone, orbax, "
-      "which --init_from=slim:PATH reads).")
+      "that transformers' from_pretrained loads; a GGUF file, model.gguf, for llama.cpp and "
+      "transformers; slim weights: the parameters alone, orbax, which --init_from=slim:PATH "
+      "reads).")
   export_dir: str | None = option(
       None, "--mode=export: the folder the export goes to (required); an earlier export "
       "lingvo_lite wrote there is replaced, anything else is never overwritten.",
@@ -82,10 +83,11 @@ def _check_options(options: Options, param_dtype: str) -> str:
   if options.export_dir is None:
     raise UsageError("--export_dir: required for --mode=export; e.g. --export_dir=out/my_hf")
   dtype = options.export_dtype or param_dtype
-  if dtype not in hf_export.DTYPES:
+  dtypes = gguf_export.DTYPES if options.export_format == "gguf" else hf_export.DTYPES
+  if dtype not in dtypes:
     flag = "--export_dtype" if options.export_dtype else "model.param_dtype"
-    raise UsageError(f"{flag}={dtype}: not a dtype the export writes; valid choices: "
-                     f"{', '.join(hf_export.DTYPES)}")
+    raise UsageError(f"{flag}={dtype}: not a dtype the {options.export_format} export writes; "
+                     f"valid choices: {', '.join(dtypes)}")
   if options.export_shard_bytes < 1:
     raise UsageError(f"--export_shard_bytes={options.export_shard_bytes}: must be at least 1 "
                      "(bytes per safetensors file)")
@@ -104,6 +106,9 @@ def main(invocation: Invocation) -> None:
     _export_slim(invocation, options, dtype, shown_job)
     return
   config = hf_export.check_expressible(model)
+  is_gguf = options.export_format == "gguf"
+  if is_gguf:
+    gguf_export.check_expressible(model, config)
   unrolled = model.clone(parent=None, scan_layers=False)
   shapes = {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in
             jax.tree_util.tree_flatten_with_path(MeshParams(
@@ -115,8 +120,10 @@ def main(invocation: Invocation) -> None:
   # Checked before the checkpoint is read: an earlier export of lingvo_lite's (its files
   # only) is replaced, anything else refused.
   flag = f"--export_dir={shown(options.export_dir)}"
+  kind, names = ((gguf_export.KIND, (gguf_export.FILE,)) if is_gguf else
+                 (hf_export.KIND, plan.names))
   output = outputs.check_folder(paths.resolve(options.export_dir, "--export_dir"), flag,
-                                hf_export.KIND, plan.names + (outputs.MANIFEST,), "the export",
+                                kind, names + (outputs.MANIFEST,), "the export",
                                 invocation.job_dir)
   mesh = setup.partitioner.make_mesh(invocation.target.devices)
   record_config_where_missing(invocation)
@@ -132,8 +139,13 @@ def main(invocation: Invocation) -> None:
   written: dict[str, Any] = {}
 
   def write(folder: epath.Path) -> None:
-    written.update(hf_export.write(folder, unrolled, host, dtype, plan, config))
-    manifest = {"schema": outputs.schema(hf_export.KIND), "job_log_dir": str(shown_job),
+    if is_gguf:
+      written.update(gguf_export.write(os.fspath(folder / gguf_export.FILE), unrolled,
+                                       hf_export.named_tensors(unrolled, host), dtype, config,
+                                       tokenizer))
+    else:
+      written.update(hf_export.write(folder, unrolled, host, dtype, plan, config))
+    manifest = {"schema": outputs.schema(kind), "job_log_dir": str(shown_job),
                 "step": step, "parameters": what, "format": options.export_format,
                 "dtype": dtype, **written}
     (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -145,12 +157,15 @@ def main(invocation: Invocation) -> None:
     raise ProgramFailure(f"{flag}: cannot write the export: {problem}; nothing was left "
                          f"there; {fix}") from None
   total = sum(written["files"].values())
+  files = (f"{gguf_export.FILE} ({written['architecture']}"
+           f"{', with its tokenizer' if written['tokenizer'] else ''})" if is_gguf else
+           f"{len(plan.files)} safetensors file(s)")
   print(f"exported {what} to {options.export_dir} "
         f"({'replaced the earlier export' if replaced else 'new'}): {options.export_format}, "
-        f"{dtype}, {written['tensors']} tensors in {len(plan.files)} safetensors file(s), "
+        f"{dtype}, {written['tensors']} tensors in {files}, "
         f"{_size(total)} (the parameters read: {_size(checkpoint_bytes)} "
         f"{model.param_dtype})", flush=True)
-  for name in plan.names:
+  for name in names:
     print(f"  {os.path.join(options.export_dir, name)}  {_size(written['files'][name])}")
 
 

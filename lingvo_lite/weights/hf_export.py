@@ -140,11 +140,7 @@ def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
     UsageError: a parameter the format has no tensor for is not zero.
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  for path in model.hf_absent():
-    if np.any(_at(params, path)):
-      raise UsageError(f"model: parameter {path} is not zero and a Hugging Face "
-                       f"{model.hf_model_type} model has no tensor for it; export as slim "
-                       "weights")
+  check_absent(model, params)
   target = _numpy_dtype(dtype)
   weight_map, files = {}, {}
   for file, tensors in plan.files.items():
@@ -173,6 +169,22 @@ def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
   for name in plan.names:
     files[name] = os.path.getsize(os.fspath(folder / name))
   return {"files": files, "tensors": len(weight_map), "vocabulary": vocabulary}
+
+
+def check_absent(model: Any, params: Mapping[str, Any]) -> None:
+  """Raises UsageError when a parameter the format has no tensor for is not zero."""
+  for path in model.hf_absent():
+    if np.any(_at(params, path)):
+      raise UsageError(f"model: parameter {path} is not zero and a Hugging Face "
+                       f"{model.hf_model_type} model has no tensor for it; export as slim "
+                       "weights")
+
+
+def named_tensors(model: Any, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Every Hugging Face tensor of `params` (the layout `write` takes), by its name."""
+  check_absent(model, params)
+  return {t.name: t.from_ours([np.asarray(_at(params, p)) for p in t.paths])
+          for t in model.hf_tensors()}
 
 
 def _at(tree: Mapping[str, Any], path: str) -> Any:

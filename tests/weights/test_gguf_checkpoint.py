@@ -23,7 +23,7 @@ from lingvo_lite.data import pretrained_tokenizer
 from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.weights import hf_export
+from lingvo_lite.weights import gguf_export, hf_export
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 
 torch = pytest.importorskip("torch")
@@ -129,12 +129,82 @@ def test_exported_with_its_tokenizer_transformers_loads_the_same_model(smollm2, 
                                  reference(batch).logits.numpy(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
+def test_exported_as_gguf_transformers_and_our_reader_load_the_same_model(smollm2, tmp_path):
+  """F32: transformers' load of our file gives its own logits of the original; F16: our reader
+  gives the parameters rounded to float16, and transformers' logits of that file are our
+  model's with those parameters. The tokenizer section reads back as the same tokenizer."""
+  model, params, _, _, reference = smollm2
+  gguf_file = os.path.join(_folder(), FILE)
+  tokenizer = pretrained_tokenizer.read(PretrainedTokenizer(gguf_file))
+  config = hf_export.check_expressible(model)
+  tensors = hf_export.named_tensors(model, model.hf_export_params(
+      jax.tree.map(np.asarray, params)))
+  ids = tokenizer.encode(_texts()[0])[:64]
+  batch = torch.tensor([ids])
+  for dtype in ("float32", "float16"):
+    folder = tmp_path / dtype
+    folder.mkdir()
+    written = gguf_export.write(str(folder / gguf_export.FILE), model, tensors, dtype, config,
+                                tokenizer)
+    assert written["architecture"] == "llama" and written["tokenizer"], written
+    exported = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), gguf_file=gguf_export.FILE, dtype=torch.float32,
+        attn_implementation="eager").eval()
+    with torch.no_grad():
+      theirs = exported(batch).logits.numpy()
+    source = GgufCheckpoint(str(folder / gguf_export.FILE))
+    family, fields = source.model_fields()
+    assert family.family_name == "llama" and family(**fields).hf_config() == model.hf_config()
+    abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+    read, _ = source.read_params(model, abstract)
+    for ours, original in zip(jax.tree.leaves(read), jax.tree.leaves(params)):
+      expected = np.asarray(original)
+      if dtype == "float16" and expected.ndim > 1:
+        expected = expected.astype(np.float16).astype(np.float32)
+      np.testing.assert_array_equal(np.asarray(ours), expected)
+    with jax.default_matmul_precision("highest"):
+      ours_logits = np.asarray(model.apply({"params": read}, np.asarray([ids])))
+    if dtype == "float32":
+      with torch.no_grad():
+        np.testing.assert_allclose(theirs, reference(batch).logits.numpy(), atol=1e-5, rtol=0)
+    # Per-token log-probabilities, the measure (and float32 noise) of the test above.
+    following = np.asarray(ids[1:])
+    positions = np.arange(len(following))
+    ours_next = np.asarray(jax.nn.log_softmax(ours_logits[0], -1))[positions, following]
+    theirs_next = np.asarray(torch.log_softmax(torch.tensor(theirs[0]), -1))[positions,
+                                                                              following]
+    assert np.abs(ours_next - theirs_next).max() < TOLERANCE, dtype
+    again = pretrained_tokenizer.read(PretrainedTokenizer(str(folder / gguf_export.FILE)))
+    assert again.fingerprint() == tokenizer.fingerprint()
+
+
 def test_a_truncated_file_is_one_line(tmp_path):
   with open(os.path.join(_folder(), FILE), "rb") as f:
     (tmp_path / "cut.gguf").write_bytes(f.read(1 << 20))
   with pytest.raises(UsageError) as error:
     GgufCheckpoint(str(tmp_path / "cut.gguf")).model_fields()
   assert "not a readable GGUF file" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unsupported_quantization_is_one_line_naming_the_tensor(smollm2, tmp_path):
+  # The file with one tensor's type set to Q8_1 (llama.cpp's, which the gguf package cannot
+  # dequantize): its tensor info is the name, 1 dimension (576), then the type (F32 = 0).
+  model = smollm2[0]
+  data = bytearray(open(os.path.join(_folder(), FILE), "rb").read())
+  name = b"output_norm.weight"
+  record = (len(name).to_bytes(8, "little") + name + (1).to_bytes(4, "little")
+            + (576).to_bytes(8, "little"))
+  at = data.index(record) + len(record)
+  assert data[at:at + 4] == (0).to_bytes(4, "little")
+  data[at:at + 4] = int(gguf.GGMLQuantizationType.Q8_1).to_bytes(4, "little")
+  (tmp_path / "q8_1.gguf").write_bytes(bytes(data))
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+  with pytest.raises(UsageError) as error:
+    GgufCheckpoint(str(tmp_path / "q8_1.gguf")).read_params(model, abstract)
+  message = str(error.value)
+  assert "tensor output_norm.weight is Q8_1, which the gguf package cannot dequantize" in (
+      message) and "\n" not in message, message
 
 
 def test_an_unknown_architecture_is_one_line(tmp_path):

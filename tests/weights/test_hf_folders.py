@@ -463,6 +463,39 @@ def test_a_trained_gptj_job_exports_what_transformers_computes_the_same(tiny_job
   assert again.code == 0 and "replaced the earlier export" in again.stdout, again.stderr
 
 
+def test_a_llama_folder_exported_as_gguf_gives_transformers_the_same_logits(folders, tmp_path):
+  # Llama (grouped-query heads) and Mistral with no window inside its context write the
+  # llama architecture; transformers reads the file with its own GGUF loader.
+  for case, extra in (("llama", []), ("mistral", ["--fdl.model.window=1024"])):
+    folder, expected = folders[case]
+    out = tmp_path / f"{case}_gguf"
+    result = _export(tmp_path / f"{case}_job", out, f"--init_from=hf:{folder}",
+                     "--export_format=gguf", *extra)
+    assert result.code == 0, result.stderr[-3000:]
+    assert "model.gguf (llama)" in result.stdout, result.stdout
+    exported = transformers.AutoModelForCausalLM.from_pretrained(
+        str(out), gguf_file="model.gguf", dtype=torch.float32,
+        attn_implementation="eager").eval()
+    with torch.no_grad():
+      theirs = exported(torch.tensor(_prompt()[:, :100])).logits.numpy()
+    assert np.abs(theirs - expected[:, :100]).max() < TOLERANCE, case
+
+
+@pytest.mark.parametrize("case, args, words", [
+    ("mistral", [], "a mistral model with a sliding window of 100"),
+    ("gpt2", [], "a gpt2 model has no GGUF tensor names here"),
+    ("llama3_scaled", [], "rope scaling 'llama3'"),
+    ("llama", ["--export_dtype=bfloat16"], "--export_dtype=bfloat16: not a dtype the gguf"),
+])
+def test_what_gguf_cannot_express_is_one_line_and_writes_nothing(folders, tmp_path, case, args,
+                                                                 words):
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folders[case][0]}",
+                   "--export_format=gguf", *args)
+  assert result.code == 2 and words in result.stderr, result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert not (tmp_path / "out").exists()
+
+
 def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_job, tmp_path):
   """--export_format=slim: the job's parameters without the optimizer state (float32, or
   bfloat16 at half the bytes); --init_from=slim:PATH reads them into this model's shardings
@@ -512,10 +545,13 @@ def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_jo
      "model.tied_output_scale='rsqrt_dim': a Hugging Face gpt2 model cannot express it"),
     (["--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.model.norm='rmsnorm'"],
      "model.norm='rmsnorm': a Hugging Face gptj model cannot express it"),
+    (["--exp=PyCodeTiny", "--export_format=onnx"],
+     "--export_format=onnx: unknown format; valid choices: hf, gguf, slim"),
     (["--exp=PyCodeTiny", "--export_format=gguf"],
-     "--export_format=gguf: unknown format; valid choices: hf"),
+     "model: a gptj model has no GGUF tensor names here"),
     (["--exp=PyCodeTiny", "--export_dtype=float16"],
-     "--export_dtype=float16: not a dtype the export writes; valid choices: float32, bfloat16"),
+     "--export_dtype=float16: not a dtype the hf export writes; valid choices: float32, "
+     "bfloat16"),
     (["--exp=PyCodeTiny", "--fiddler=tiny"], "no checkpoint in"),
 ])
 def test_what_cannot_be_exported_is_one_line_and_writes_nothing(tmp_path, args, words):
