@@ -132,7 +132,10 @@ def _check_local(job_dir: str, creates: bool, flag: str, members: list[Member],
       raise UsageError(f"{flag}: no such folder; give the --job_log_dir of a training run")
     _check_creatable(ancestor, flag)
     return
-  if records_config and not creates and _kind(os.path.join(job_dir, CONFIG_JSON), flag) != FILE:
+  # A config to record (programs.record_config_where_missing: a job dir with neither).
+  if (records_config and not creates
+      and _kind(os.path.join(job_dir, CONFIG_JSON), flag) != FILE
+      and _kind(os.path.join(job_dir, "checkpoints"), flag) == _MISSING):
     written = written | {CONFIG_JSON, CONFIG_TXT}
     members = [*members, (CONFIG_JSON, FILE), (CONFIG_TXT, FILE)]
   if creates and not os.access(job_dir, os.W_OK | os.X_OK):
