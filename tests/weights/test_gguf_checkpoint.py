@@ -131,52 +131,41 @@ def test_exported_with_its_tokenizer_transformers_loads_the_same_model(smollm2, 
 
 @pytest.mark.slow
 def test_exported_as_gguf_transformers_and_our_reader_load_the_same_model(smollm2, tmp_path):
-  """F32: transformers' load of our file gives its own logits of the original; F16: our reader
-  gives the parameters rounded to float16, and transformers' logits of that file are our
-  model's with those parameters. The tokenizer section reads back as the same tokenizer."""
+  """F32: transformers' load of our file gives its own logits of the original, and our reader
+  its parameters exactly; F16: our reader gives the parameters rounded to float16 (the F16
+  file differs only in the matrices' type, which the gguf package reads for both). The
+  tokenizer section reads back as the same tokenizer."""
   model, params, _, _, reference = smollm2
   gguf_file = os.path.join(_folder(), FILE)
   tokenizer = pretrained_tokenizer.read(PretrainedTokenizer(gguf_file))
   config = hf_export.check_expressible(model)
   tensors = hf_export.named_tensors(model, model.hf_export_params(
       jax.tree.map(np.asarray, params)))
-  ids = tokenizer.encode(_texts()[0])[:64]
-  batch = torch.tensor([ids])
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
   for dtype in ("float32", "float16"):
     folder = tmp_path / dtype
     folder.mkdir()
     written = gguf_export.write(str(folder / gguf_export.FILE), model, tensors, dtype, config,
                                 tokenizer)
     assert written["architecture"] == "llama" and written["tokenizer"], written
-    exported = transformers.AutoModelForCausalLM.from_pretrained(
-        str(folder), gguf_file=gguf_export.FILE, dtype=torch.float32,
-        attn_implementation="eager").eval()
-    with torch.no_grad():
-      theirs = exported(batch).logits.numpy()
     source = GgufCheckpoint(str(folder / gguf_export.FILE))
     family, fields = source.model_fields()
     assert family.family_name == "llama" and family(**fields).hf_config() == model.hf_config()
-    abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
     read, _ = source.read_params(model, abstract)
     for ours, original in zip(jax.tree.leaves(read), jax.tree.leaves(params)):
       expected = np.asarray(original)
       if dtype == "float16" and expected.ndim > 1:
         expected = expected.astype(np.float16).astype(np.float32)
       np.testing.assert_array_equal(np.asarray(ours), expected)
-    with jax.default_matmul_precision("highest"):
-      ours_logits = np.asarray(model.apply({"params": read}, np.asarray([ids])))
-    if dtype == "float32":
-      with torch.no_grad():
-        np.testing.assert_allclose(theirs, reference(batch).logits.numpy(), atol=1e-5, rtol=0)
-    # Per-token log-probabilities, the measure (and float32 noise) of the test above.
-    following = np.asarray(ids[1:])
-    positions = np.arange(len(following))
-    ours_next = np.asarray(jax.nn.log_softmax(ours_logits[0], -1))[positions, following]
-    theirs_next = np.asarray(torch.log_softmax(torch.tensor(theirs[0]), -1))[positions,
-                                                                              following]
-    assert np.abs(ours_next - theirs_next).max() < TOLERANCE, dtype
     again = pretrained_tokenizer.read(PretrainedTokenizer(str(folder / gguf_export.FILE)))
     assert again.fingerprint() == tokenizer.fingerprint()
+  exported = transformers.AutoModelForCausalLM.from_pretrained(
+      str(tmp_path / "float32"), gguf_file=gguf_export.FILE, dtype=torch.float32,
+      attn_implementation="eager").eval()
+  batch = torch.tensor([tokenizer.encode(_texts()[0])[:64]])
+  with torch.no_grad():
+    np.testing.assert_allclose(exported(batch).logits.numpy(),
+                               reference(batch).logits.numpy(), atol=1e-5, rtol=0)
 
 
 def test_a_truncated_file_is_one_line(tmp_path):
