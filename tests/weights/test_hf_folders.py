@@ -27,6 +27,7 @@ from lingvo_lite.models import checkpoint_names
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.testing import kill_9_when, run_cli
 from lingvo_lite.weights import sources
+from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
 
 torch = pytest.importorskip("torch")
@@ -479,6 +480,24 @@ def test_a_llama_folder_exported_as_gguf_gives_transformers_the_same_logits(fold
     with torch.no_grad():
       theirs = exported(torch.tensor(_prompt()[:, :100])).logits.numpy()
     assert np.abs(theirs - expected[:, :100]).max() < TOLERANCE, case
+  # F16: transformers and our reader load the same rounded weights and agree on their logits.
+  out = tmp_path / "llama_f16"
+  result = _export(tmp_path / "llama_job", out, f"--init_from=hf:{folders['llama'][0]}",
+                   "--export_format=gguf", "--export_dtype=float16")
+  assert result.code == 0, result.stderr[-3000:]
+  exported = transformers.AutoModelForCausalLM.from_pretrained(
+      str(out), gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager").eval()
+  with torch.no_grad():
+    theirs = exported(torch.tensor(_prompt()[:, :100])).logits.numpy()
+  source = GgufCheckpoint(str(out / "model.gguf"))
+  family, fields = source.model_fields()
+  model = family(**fields)
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+  params, _ = source.read_params(model, abstract)
+  with jax.default_matmul_precision("highest"):
+    ours = np.asarray(model.apply({"params": params}, _prompt()[:, :100]))
+  assert np.abs(ours - theirs).max() < TOLERANCE
+  assert np.abs(ours - folders["llama"][1][:, :100]).max() > TOLERANCE  # It is rounded.
 
 
 @pytest.mark.parametrize("case, args, words", [
