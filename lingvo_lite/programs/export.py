@@ -145,17 +145,9 @@ def main(invocation: Invocation) -> None:
                                        tokenizer))
     else:
       written.update(hf_export.write(folder, unrolled, host, dtype, plan, config))
-    manifest = {"schema": outputs.schema(kind), "job_log_dir": str(shown_job),
-                "step": step, "parameters": what, "format": options.export_format,
-                "dtype": dtype, **written}
-    (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _write_manifest(folder, kind, shown_job, step, what, options.export_format, dtype, written)
 
-  try:
-    replaced = outputs.write_folder(output, write)
-  except OSError as e:
-    problem, fix = os_error_text(e, "export again")
-    raise ProgramFailure(f"{flag}: cannot write the export: {problem}; nothing was left "
-                         f"there; {fix}") from None
+  replaced = _write_folder(output, write, flag)
   total = sum(written["files"].values())
   files = (f"{gguf_export.FILE} ({written['architecture']}"
            f"{', with its tokenizer' if written['tokenizer'] else ''})" if is_gguf else
@@ -191,16 +183,9 @@ def _export_slim(invocation: Invocation, options: Options, dtype: str,
   def write(folder: epath.Path) -> None:
     written.update(slim_weights.write(folder, params, dtype, invocation.config_json(),
                                       model.scan_layers))
-    manifest = {"schema": outputs.schema(slim_weights.KIND), "job_log_dir": str(shown_job),
-                "step": step, "parameters": what, "format": "slim", "dtype": dtype, **written}
-    (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    _write_manifest(folder, slim_weights.KIND, shown_job, step, what, "slim", dtype, written)
 
-  try:
-    replaced = outputs.write_folder(output, write)
-  except OSError as e:
-    problem, fix = os_error_text(e, "export again")
-    raise ProgramFailure(f"{flag}: cannot write the export: {problem}; nothing was left "
-                         f"there; {fix}") from None
+  replaced = _write_folder(output, write, flag)
   before = (f"the checkpoint step: {_size(step_bytes)} on disk, its parameters "
             f"{_size(read_bytes)} {model.param_dtype}" if step_bytes is not None else
             f"the parameters read: {_size(read_bytes)} {model.param_dtype}")
@@ -208,6 +193,23 @@ def _export_slim(invocation: Invocation, options: Options, dtype: str,
         f"({'replaced the earlier export' if replaced else 'new'}): slim, {dtype}, "
         f"{_size(sum(written['files'].values()))} ({before}); read it with "
         f"--init_from=slim:{options.export_dir}", flush=True)
+
+
+def _write_manifest(folder: epath.Path, kind: str, shown_job: epath.Path, step: int | None,
+                    what: str, export_format: str, dtype: str, written: dict[str, Any]) -> None:
+  manifest = {"schema": outputs.schema(kind), "job_log_dir": str(shown_job), "step": step,
+              "parameters": what, "format": export_format, "dtype": dtype, **written}
+  (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _write_folder(output: Any, write: Any, flag: str) -> bool:
+  """outputs.write_folder, a failed write one line (nothing is left there)."""
+  try:
+    return outputs.write_folder(output, write)
+  except OSError as e:
+    problem, fix = os_error_text(e, "export again")
+    raise ProgramFailure(f"{flag}: cannot write the export: {problem}; nothing was left "
+                         f"there; {fix}") from None
 
 
 def _folder_bytes(folder: epath.Path) -> int:
