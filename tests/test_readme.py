@@ -550,6 +550,17 @@ def test_every_readme_command_has_a_rule():
   assert not stale, f"rules that match no README command (remove them): {stale}"
 
 
+def _note_time(line: str) -> None:
+  """Prints a command's time (pytest shows it on failure, or with -s), and under Bazel also
+  appends it to command_times.txt in the target's outputs (bazel-testlogs/.../test.outputs),
+  where a profile of the suite finds it."""
+  print(line)
+  outputs = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR")
+  if outputs:
+    with open(os.path.join(outputs, "command_times.txt"), "a", encoding="utf-8") as f:
+      f.write(line + "\n")
+
+
 def run_readme_commands(tmp_path: pathlib.Path, chosen: Callable[[Command], bool]) -> None:
   """Runs the README's `chosen` commands in order in a working copy, with their rules."""
   copy = testing.make_working_copy(tmp_path / "repo")
@@ -575,7 +586,7 @@ def run_readme_commands(tmp_path: pathlib.Path, chosen: Callable[[Command], bool
       # The message only, not pytest's rewritten `assert ...` explanation after it.
       message = str(e).strip().split("\nassert ")[0]
       failures.append(f"{command.text}\n    {message[:1500]}")
-    print(f"{time.monotonic() - started:6.1f} s  [{rule.kind}] {command.text}")
+    _note_time(f"{time.monotonic() - started:6.1f} s  [{rule.kind}] {command.text}")
   assert not failures, f"{len(failures)} README command(s) failed:\n" + "\n".join(failures)
 
 

@@ -37,7 +37,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from lingvo_lite import paths
+from lingvo_lite import gguf_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.runtime.tensorflow_import import import_seqio
 
@@ -47,6 +47,13 @@ FIELD = "vocabulary"
 _GGUF_PRE_TOKENIZERS = {"smollm": True, "starcoder": True, "refact": True, "gpt-2": False,
                         "default": False}
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types.
+# Sampling defaults: Hugging Face's generation_config.json name -> GGUF's key (as llama.cpp's
+# converter maps them).
+GENERATION_KEYS = {"temperature": "general.sampling.temp", "top_k": "general.sampling.top_k",
+                   "top_p": "general.sampling.top_p", "min_p": "general.sampling.min_p",
+                   "repetition_penalty": "general.sampling.penalty_repeat"}
+# What else of a generation_config.json is a sampling default (ids come from the tokenizer).
+_HF_GENERATION_ONLY = ("do_sample", "max_new_tokens", "max_length", "num_beams")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +79,9 @@ class TokenizerFiles:
     add_bos: Whether a text's ids start with BOS.
     chat_template: The Jinja chat template, or None.
     source: Where it was read from, for messages.
+    generation: The source's sampling defaults, by Hugging Face's generation_config.json
+      names (`temperature`, `top_p`, ...), sorted (key, value) pairs; exports carry them
+      along (decode samples as its own settings say).
   """
   json: str
   eos_id: int
@@ -80,6 +90,7 @@ class TokenizerFiles:
   add_bos: bool
   chat_template: str | None
   source: str
+  generation: tuple[tuple[str, Any], ...] = ()
 
   @property
   def vocab_size(self) -> int:
@@ -218,11 +229,21 @@ def _read_hf(tokenizer_json: str, given: str) -> TokenizerFiles:
   if template is None and os.path.isfile(template_file):
     with open(template_file, encoding="utf-8") as f:
       template = f.read()
+  generation = _json_object(os.path.join(folder, "generation_config.json"), given)
   return TokenizerFiles(json=made.to_str(), eos_id=eos_id, bos_id=token_id("bos_token"),
                         unk_id=token_id("unk_token"),
                         add_bos=bool(settings.get("add_bos_token", False)),
                         chat_template=template if isinstance(template, str) else None,
-                        source=given)
+                        source=given,
+                        generation=_generation_defaults(
+                            {k: generation.get(k) for k in (*GENERATION_KEYS,
+                                                            *_HF_GENERATION_ONLY)}))
+
+
+def _generation_defaults(values: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+  """The numbers and flags among `values`, as `TokenizerFiles.generation` holds them."""
+  return tuple(sorted((k, v) for k, v in values.items()
+                      if isinstance(v, (bool, int, float)) and not isinstance(v, complex)))
 
 
 def _json_object(path: str, given: str) -> dict:
@@ -240,12 +261,12 @@ def _json_object(path: str, given: str) -> dict:
 
 
 def gguf_metadata(path: str, given: str) -> dict[str, Any]:
-  """The tokenizer.* metadata of a GGUF file (one-line UsageError if it cannot be read)."""
-  import gguf  # pylint: disable=g-import-not-at-top
+  """The tokenizer.* and general.sampling.* metadata of a GGUF file (one-line UsageError if it
+  cannot be read)."""
   try:
-    reader = gguf.GGUFReader(path)
+    reader = gguf_files.open_reader(path)
     return {name: field.contents() for name, field in reader.fields.items()
-            if name.startswith("tokenizer.")}
+            if name.startswith(("tokenizer.", "general.sampling."))}
   except Exception as e:  # pylint: disable=broad-except  # struct, numpy, ValueError, ...
     raise UsageError(f"{FIELD}.path={given!r}: not a readable GGUF file ({type(e).__name__}: "
                      f"{(str(e).splitlines() or ['no detail'])[0][:200]}); it may be "
@@ -306,7 +327,9 @@ def _read_gguf(path: str, given: str) -> TokenizerFiles:
                         unk_id=token_id("unknown"),
                         add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
                         chat_template=template if isinstance(template, str) else None,
-                        source=given)
+                        source=given,
+                        generation=_generation_defaults(
+                            {hf: meta.get(key) for hf, key in GENERATION_KEYS.items()}))
 
 
 # What a Hugging Face folder's tokenizer is: the files `write_hf_files` writes.

@@ -203,3 +203,43 @@ def rotary_halves_to_pairs(weight: np.ndarray, heads: int) -> np.ndarray:
   half = rows // heads // 2
   return (weight.reshape(heads, 2, half, *weight.shape[1:]).swapaxes(1, 2)
           .reshape(weight.shape))
+
+
+def gguf_config(metadata: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, Any]:
+  """The Hugging Face config.json entries a GGUF file's metadata holds: `keys` maps each
+  config.json key to its metadata key without the `<general.architecture>.` prefix; keys the
+  file lacks are left out."""
+  arch = metadata.get("general.architecture")
+  found = {hf: metadata.get(f"{arch}.{key}") for hf, key in keys.items()}
+  return {hf: value for hf, value in found.items() if value is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class GgufTensor:
+  """One GGUF tensor as the Hugging Face tensor it was converted from (llama.cpp's converter
+  names it, and rearranges some): a GGUF file reads as that Hugging Face folder.
+
+  Attributes:
+    hf: The Hugging Face tensor's name (one of the family's `hf_tensors()`).
+    rotary_heads: For a query or key projection whose rotary pairs GGML's rope wants side by
+      side (llama.cpp's Llama): the number of heads; else None.
+    transposed: The Hugging Face tensor is stored [in, out] (GPT-2's `Conv1D`), which GGUF
+      stores as [out, in], as it does every matrix.
+  """
+
+  hf: str
+  rotary_heads: int | None = None
+  transposed: bool = False
+
+  def to_hf(self, values: np.ndarray) -> np.ndarray:
+    """The Hugging Face tensor from the GGUF one (dequantized, in torch's axis order)."""
+    if self.rotary_heads is not None:
+      values = rotary_pairs_to_halves(values, self.rotary_heads)
+    return np.ascontiguousarray(values.T) if self.transposed else values
+
+  def from_hf(self, values: np.ndarray) -> np.ndarray:
+    """The GGUF tensor from the Hugging Face one (the inverse of `to_hf`)."""
+    values = np.ascontiguousarray(values.T) if self.transposed else values
+    if self.rotary_heads is not None:
+      values = rotary_halves_to_pairs(values, self.rotary_heads)
+    return values

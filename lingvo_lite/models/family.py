@@ -43,6 +43,10 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   `hf_absent()`, the parameters the format has no tensor for (zero in the model it describes);
   for export, `hf_config()` (the inverse of `hf_fields`), `hf_architecture` and
   `hf_export_params(params)` (absent parameters folded into others, where the family can).
+  A GGUF file reads as the Hugging Face folder llama.cpp converted it from:
+  `gguf_hf_config(metadata, tensor shapes)` is that folder's config.json, `gguf_tensors()`
+  names each GGUF tensor's `GgufTensor` (its Hugging Face tensor and the rearrangement), and
+  for export `gguf_metadata()` is the inverse of `gguf_hf_config`.
 
 `tests/models/test_family.py` imports every module of this package and runs each registered
 family through the interface, so a new family's module is covered there without an edit.
@@ -110,6 +114,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.models.checkpoint_names import GgufTensor
 
 RematPolicy = Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"]
 
@@ -379,15 +384,23 @@ class LanguageModel(nn.Module):
     raise NotImplementedError
 
   @classmethod
-  def gguf_hf_config(cls, metadata: Mapping[str, Any], tensors: Any) -> dict[str, Any]:
-    """The Hugging Face config.json a GGUF file's metadata (and tensor names) describe: a GGUF
-    file reads as the Hugging Face folder it was converted from (weights/gguf_checkpoint.py)."""
+  def gguf_hf_config(cls, metadata: Mapping[str, Any],
+                     tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The Hugging Face config.json a GGUF file's metadata (and its tensors' names and shapes,
+    in torch's axis order) describe: a GGUF file reads as the Hugging Face folder it was
+    converted from (weights/gguf_checkpoint.py)."""
     raise NotImplementedError
 
   @nn.nowrap
-  def gguf_tensors(self) -> dict[str, tuple[str, int | None]]:
-    """GGUF tensor name -> (its `hf_tensors()` name, the heads whose rotary pairs llama.cpp
-    interleaved, for a query or key projection; else None)."""
+  def gguf_metadata(self) -> dict[str, int | float | str]:
+    """This model's `<gguf_architecture>.*` metadata, keys without the prefix (the inverse
+    of `gguf_hf_config`: what llama.cpp's converter writes for the family)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def gguf_tensors(self) -> dict[str, GgufTensor]:
+    """GGUF tensor name -> the Hugging Face tensor (of `hf_tensors()`) it is, and how
+    llama.cpp's converter rearranged it."""
     raise NotImplementedError
 
   @classmethod

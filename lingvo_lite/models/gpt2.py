@@ -7,20 +7,29 @@ the sizes: `fdl.Config(Gpt2, vocab_size=50304, num_layers=12, dim=768, ...)`.
 Hugging Face's GPT-2 stores its projections as `Conv1D`s ([in, out], no transpose) and packs
 query, key and value along the output of one `c_attn`; its tied head computes
 ln_f(x) @ wte^T unscaled (`tied_output_scale="one"`). Files from the Hub may lack the
-`transformer.` prefix of the names transformers writes.
+`transformer.` prefix of the names transformers writes. llama.cpp's GGUF `gpt2` stores the
+same tensors, the `Conv1D` matrices transposed to [out, in].
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import flax.linen as nn
 
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import layers
-from lingvo_lite.models.checkpoint_names import HfConfig, TensorName, dense, norm
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName, dense,
+                                                 gguf_config, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
+
+
+# config.json keys of GPT-2 (and GPT-J, which names them alike) -> llama.cpp's metadata keys.
+GPT_GGUF_KEYS = {"n_layer": "block_count", "n_embd": "embedding_length",
+                 "n_inner": "feed_forward_length", "n_head": "attention.head_count",
+                 "layer_norm_epsilon": "attention.layer_norm_epsilon",
+                 "n_positions": "context_length"}
 
 
 class Gpt2(TransformerLM):
@@ -70,6 +79,41 @@ class Gpt2(TransformerLM):
         "activation_function": "gelu_new", "tie_word_embeddings": self.tie_embeddings,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
     }
+
+  @classmethod
+  def gguf_hf_config(cls, metadata: Mapping[str, Any],
+                     tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The config.json of llama.cpp's `gpt2` metadata; the vocabulary is the token table's
+    rows (llama.cpp's converter writes no `gpt2.vocab_size`). Its converter writes the tied
+    head again as output.weight: equal to the table, read as an untied copy."""
+    return {"model_type": cls.hf_model_type, **gguf_config(metadata, GPT_GGUF_KEYS),
+            "vocab_size": tensors.get("token_embd.weight", (None,))[0],
+            "tie_word_embeddings": "output.weight" not in tensors}
+
+  @nn.nowrap
+  def gguf_metadata(self) -> dict[str, int | float | str]:
+    return {**super().gguf_metadata(), "attention.layer_norm_epsilon": float(self.norm_eps)}
+
+  @nn.nowrap
+  def gguf_tensors(self) -> dict[str, GgufTensor]:
+    names = {"token_embd.weight": GgufTensor("transformer.wte.weight"),
+             "position_embd.weight": GgufTensor("transformer.wpe.weight"),
+             "output_norm.weight": GgufTensor("transformer.ln_f.weight"),
+             "output_norm.bias": GgufTensor("transformer.ln_f.bias")}
+    if not self.tie_embeddings:
+      names["output.weight"] = GgufTensor("lm_head.weight")
+    for index in range(self.num_layers):
+      gguf, hf = f"blk.{index}.", f"transformer.h.{index}."
+      for ours, theirs, transposed in (("attn_norm", "ln_1", False),
+                                       ("attn_qkv", "attn.c_attn", True),
+                                       ("attn_output", "attn.c_proj", True),
+                                       ("ffn_norm", "ln_2", False),
+                                       ("ffn_up", "mlp.c_fc", True),
+                                       ("ffn_down", "mlp.c_proj", True)):
+        names[f"{gguf}{ours}.weight"] = GgufTensor(f"{hf}{theirs}.weight",
+                                                   transposed=transposed)
+        names[f"{gguf}{ours}.bias"] = GgufTensor(f"{hf}{theirs}.bias")
+    return names
 
   @nn.nowrap
   def hf_tensors(self) -> list[TensorName]:

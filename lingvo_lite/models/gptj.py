@@ -7,19 +7,22 @@ Experiments give the sizes: `fdl.Config(GptJ, vocab_size=50400, num_layers=28, d
 Hugging Face's GPT-J rotates pairs of the first `rotary_dim` dims of each head
 (`rotate_every_two`), as `rotary_style="interleaved"` does, so its query and key weights load
 as they are. It has no embedding bias (mesh-transformer-jax's is folded into the rows when
-converted): ours is zero in the model it describes.
+converted): ours is zero in the model it describes. llama.cpp's GGUF `gptj` keeps the same
+tensors in the same layout (GGML's default rope also rotates adjacent pairs); transformers reads
+no GPT-J GGUF, so lingvo_lite's reader is the other end of its export.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import flax.linen as nn
 
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import layers
-from lingvo_lite.models.checkpoint_names import (HfConfig, TensorName, dense, linear_attention,
-                                                 norm)
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName, dense,
+                                                 gguf_config, linear_attention, norm)
+from lingvo_lite.models.gpt2 import GPT_GGUF_KEYS
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
 
@@ -70,6 +73,43 @@ class GptJ(TransformerLM):
         "n_positions": self.max_length, "activation_function": "gelu_new",
         "tie_word_embeddings": False,
     }
+
+  @classmethod
+  def gguf_hf_config(cls, metadata: Mapping[str, Any],
+                     tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The config.json of llama.cpp's `gptj` metadata (the vocabulary: the token table's
+    rows)."""
+    return {"model_type": cls.hf_model_type,
+            **gguf_config(metadata, {**GPT_GGUF_KEYS, "rotary_dim": "rope.dimension_count"}),
+            "vocab_size": tensors.get("token_embd.weight", (None,))[0]}
+
+  @nn.nowrap
+  def gguf_metadata(self) -> dict[str, int | float | str]:
+    return {**super().gguf_metadata(), "rope.dimension_count": self.resolved_rotary_dim,
+            "attention.layer_norm_epsilon": float(self.norm_eps)}
+
+  @nn.nowrap
+  def gguf_tensors(self) -> dict[str, GgufTensor]:
+    names = {"token_embd.weight": GgufTensor("transformer.wte.weight"),
+             "output_norm.weight": GgufTensor("transformer.ln_f.weight"),
+             "output_norm.bias": GgufTensor("transformer.ln_f.bias"),
+             "output.weight": GgufTensor("lm_head.weight"),
+             "output.bias": GgufTensor("lm_head.bias")}
+    for index in range(self.num_layers):
+      gguf, hf = f"blk.{index}.", f"transformer.h.{index}."
+      names.update({
+          f"{gguf}attn_norm.weight": GgufTensor(f"{hf}ln_1.weight"),
+          f"{gguf}attn_norm.bias": GgufTensor(f"{hf}ln_1.bias"),
+          f"{gguf}attn_q.weight": GgufTensor(f"{hf}attn.q_proj.weight"),
+          f"{gguf}attn_k.weight": GgufTensor(f"{hf}attn.k_proj.weight"),
+          f"{gguf}attn_v.weight": GgufTensor(f"{hf}attn.v_proj.weight"),
+          f"{gguf}attn_output.weight": GgufTensor(f"{hf}attn.out_proj.weight"),
+          f"{gguf}ffn_up.weight": GgufTensor(f"{hf}mlp.fc_in.weight"),
+          f"{gguf}ffn_up.bias": GgufTensor(f"{hf}mlp.fc_in.bias"),
+          f"{gguf}ffn_down.weight": GgufTensor(f"{hf}mlp.fc_out.weight"),
+          f"{gguf}ffn_down.bias": GgufTensor(f"{hf}mlp.fc_out.bias"),
+      })
+    return names
 
   @nn.nowrap
   def hf_export_params(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -12,15 +12,15 @@ our `wi` (activated) and `wi_gate` (multiplied).
 
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping
+from typing import Any, Mapping
 
 import flax.linen as nn
 
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import layers
-from lingvo_lite.models.checkpoint_names import (HfConfig, TensorName, dense, linear_attention,
-                                                 norm)
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName, dense,
+                                                 gguf_config, linear_attention, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
 
@@ -88,24 +88,22 @@ class Llama(TransformerLM):
                                                        8192)}
 
   @classmethod
-  def gguf_hf_config(cls, metadata: Mapping[str, Any], tensors: Collection[str]
-                     ) -> dict[str, Any]:
+  def gguf_hf_config(cls, metadata: Mapping[str, Any],
+                     tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     """The Hugging Face config.json a llama.cpp GGUF file's metadata describes (its keys are
     `<architecture>.*`; tied embeddings where the file has no `output.weight`)."""
     arch = metadata["general.architecture"]
-    key = lambda name, default=None: metadata.get(f"{arch}.{name}", default)
-    scaling = key("rope.scaling.type")
+    scaling = metadata.get(f"{arch}.rope.scaling.type")
     config = {
-        "model_type": cls.hf_model_type,
-        "vocab_size": key("vocab_size") or len(metadata.get("tokenizer.ggml.tokens", ())),
-        "num_hidden_layers": key("block_count"), "hidden_size": key("embedding_length"),
-        "intermediate_size": key("feed_forward_length"),
-        "num_attention_heads": key("attention.head_count"),
-        "num_key_value_heads": key("attention.head_count_kv"),
-        "head_dim": key("attention.key_length"),
-        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
-        "rope_theta": key("rope.freq_base", 10000.0),
-        "max_position_embeddings": key("context_length"),
+        "model_type": cls.hf_model_type, "rope_theta": 10000.0,
+        "vocab_size": tensors.get("token_embd.weight", (None,))[0],  # Unless the file says.
+        **gguf_config(metadata, {
+            "vocab_size": "vocab_size", "num_hidden_layers": "block_count",
+            "hidden_size": "embedding_length", "intermediate_size": "feed_forward_length",
+            "num_attention_heads": "attention.head_count",
+            "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
+            "rms_norm_eps": "attention.layer_norm_rms_epsilon", "rope_theta": "rope.freq_base",
+            "max_position_embeddings": "context_length"}),
         "tie_word_embeddings": "output.weight" not in tensors,
     }
     if scaling not in (None, "none"):
@@ -117,29 +115,40 @@ class Llama(TransformerLM):
     return {name: value for name, value in config.items() if value is not None}
 
   @nn.nowrap
-  def gguf_tensors(self) -> dict[str, tuple[str, int | None]]:
-    """Each GGUF tensor's Hugging Face name (`hf_tensors`' names), and for the query and key
-    projections the heads whose rotary pairs llama.cpp interleaved (None for the others)."""
-    names = {"token_embd.weight": ("model.embed_tokens.weight", None),
-             "output_norm.weight": ("model.norm.weight", None)}
-    if not self.tie_embeddings:
-      names["output.weight"] = ("lm_head.weight", None)
-    for index in range(self.num_layers):
-      gguf, hf = f"blk.{index}.", f"model.layers.{index}."
-      names.update({
-          f"{gguf}attn_norm.weight": (f"{hf}input_layernorm.weight", None),
-          f"{gguf}attn_q.weight": (f"{hf}self_attn.q_proj.weight", self.num_heads),
-          f"{gguf}attn_k.weight": (f"{hf}self_attn.k_proj.weight", self.resolved_num_kv_heads),
-          f"{gguf}attn_v.weight": (f"{hf}self_attn.v_proj.weight", None),
-          f"{gguf}attn_output.weight": (f"{hf}self_attn.o_proj.weight", None),
-          f"{gguf}ffn_norm.weight": (f"{hf}post_attention_layernorm.weight", None),
-          f"{gguf}ffn_gate.weight": (f"{hf}mlp.gate_proj.weight", None),
-          f"{gguf}ffn_up.weight": (f"{hf}mlp.up_proj.weight", None),
-          f"{gguf}ffn_down.weight": (f"{hf}mlp.down_proj.weight", None),
-      })
+  def gguf_metadata(self) -> dict[str, int | float | str]:
+    return {**super().gguf_metadata(),
+            "attention.head_count_kv": self.resolved_num_kv_heads,
+            "attention.key_length": self.resolved_head_dim,
+            "attention.value_length": self.resolved_head_dim,
+            "rope.dimension_count": self.resolved_head_dim,
+            "attention.layer_norm_rms_epsilon": float(self.norm_eps),
+            "rope.freq_base": float(self.rotary_base)}
+
+  @nn.nowrap
+  def gguf_tensors(self) -> dict[str, GgufTensor]:
+    """llama.cpp's names; the query and key rows of each head hold their rotary pairs side
+    by side (GGML's rope), where Hugging Face's rotate-half keeps the halves apart."""
     if self.attention_bias or self.mlp_bias:
       raise UsageError("model: a GGUF llama with attention or MLP biases is not read yet; "
                        "use its Hugging Face folder (hf:PATH)")
+    names = {"token_embd.weight": GgufTensor("model.embed_tokens.weight"),
+             "output_norm.weight": GgufTensor("model.norm.weight")}
+    if not self.tie_embeddings:
+      names["output.weight"] = GgufTensor("lm_head.weight")
+    for index in range(self.num_layers):
+      gguf, hf = f"blk.{index}.", f"model.layers.{index}."
+      names.update({
+          f"{gguf}attn_norm.weight": GgufTensor(f"{hf}input_layernorm.weight"),
+          f"{gguf}attn_q.weight": GgufTensor(f"{hf}self_attn.q_proj.weight", self.num_heads),
+          f"{gguf}attn_k.weight": GgufTensor(f"{hf}self_attn.k_proj.weight",
+                                             self.resolved_num_kv_heads),
+          f"{gguf}attn_v.weight": GgufTensor(f"{hf}self_attn.v_proj.weight"),
+          f"{gguf}attn_output.weight": GgufTensor(f"{hf}self_attn.o_proj.weight"),
+          f"{gguf}ffn_norm.weight": GgufTensor(f"{hf}post_attention_layernorm.weight"),
+          f"{gguf}ffn_gate.weight": GgufTensor(f"{hf}mlp.gate_proj.weight"),
+          f"{gguf}ffn_up.weight": GgufTensor(f"{hf}mlp.up_proj.weight"),
+          f"{gguf}ffn_down.weight": GgufTensor(f"{hf}mlp.down_proj.weight"),
+      })
     return names
 
   @nn.nowrap

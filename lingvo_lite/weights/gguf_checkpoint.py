@@ -5,11 +5,11 @@ A GGUF file is read as the Hugging Face folder it was converted from: the family
 its `general.architecture` (models/family.py: `family_for_gguf`) turns the metadata into that
 folder's config.json (`gguf_hf_config`, then its own `hf_fields`) and names the Hugging Face
 tensor each GGUF tensor is (`gguf_tensors`); the rest is hf_checkpoint.py's placing. The `gguf`
-package reads the file (memory-mapped) and dequantizes each tensor with NumPy (F32, F16, BF16,
-Q8_0, Q4_0, Q4_1, the K-quants, ...) to float32, then to the parameter's dtype. llama.cpp's
-converter interleaves the rotary pairs of each head's query and key rows for GGML's rope; they
-are put back in the rotate-half order of the Hugging Face model
-(`checkpoint_names.rotary_pairs_to_halves`).
+package reads the file (memory-mapped, opened once per process: gguf_files.py) and dequantizes
+each tensor with NumPy (F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants, ...) to float32, then to
+the parameter's dtype. What llama.cpp's converter rearranged is put back
+(`checkpoint_names.GgufTensor.to_hf`: Llama's query and key rows from GGML's rotary pairs to
+the rotate-half order, GPT-2's `Conv1D` matrices transposed).
 
 The fingerprint: `sha256:` over every tensor's name, type, shape and the CRC-32 of its stored
 (quantized) bytes.
@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from lingvo_lite import paths
+from lingvo_lite import gguf_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families
-from lingvo_lite.models.checkpoint_names import HfConfig, rotary_pairs_to_halves
+from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.weights.hf_checkpoint import FIELD, Placer, content_crc
 
 
@@ -58,13 +58,12 @@ class GgufCheckpoint:
     Raises:
       UsageError: no such file, or not a readable GGUF file (truncated, another format).
     """
-    import gguf  # pylint: disable=g-import-not-at-top
     file = paths.resolve(self.path, f"{FIELD}.path")
     if not file.is_file():
       raise UsageError(f"gguf:{self.path}: no such file; give a .gguf file (llama.cpp's "
                        "format)")
     try:
-      return gguf.GGUFReader(os.fspath(file))
+      return gguf_files.open_reader(os.fspath(file))
     except Exception as e:  # pylint: disable=broad-except  # struct, numpy, ValueError, ...
       raise UsageError(f"gguf:{self.path}: not a readable GGUF file ({type(e).__name__}: "
                        f"{str(e).splitlines()[0] if str(e) else 'no detail'}); it may be "
@@ -85,8 +84,9 @@ class GgufCheckpoint:
     metadata = self.metadata(reader)
     where = f"gguf:{self.path}"
     family = families.family_for_gguf(metadata.get("general.architecture"), where)
-    names = {tensor.name for tensor in reader.tensors}
-    return family, family.gguf_hf_config(metadata, names)
+    shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
+              for tensor in reader.tensors}
+    return family, family.gguf_hf_config(metadata, shapes)
 
   def model_fields(self) -> tuple[type[families.LanguageModel], dict[str, Any]]:
     """The family that reads this file and the fields its metadata sets."""
@@ -111,11 +111,11 @@ class GgufCheckpoint:
     reader = self._reader()
     where = f"gguf:{self.path}"
     by_name = {tensor.name: tensor for tensor in reader.tensors}
-    wanted = {hf: (name, heads) for name, (hf, heads) in model.gguf_tensors().items()}
+    wanted = {tensor.hf: (name, tensor) for name, tensor in model.gguf_tensors().items()}
     digest = hashlib.sha256()
     placer = Placer(model, abstract, where)
     for name in model.hf_tensors():
-      gguf_name, heads = wanted[name.name]
+      gguf_name, rearranged = wanted[name.name]
       tensor = by_name.get(gguf_name)
       if tensor is None:
         raise UsageError(f"{where}: no tensor {gguf_name}, which this model needs: its sizes "
@@ -134,7 +134,5 @@ class GgufCheckpoint:
         raise UsageError(f"{where}: tensor {gguf_name} cannot be read ({e}); the file may be "
                          "truncated: copy it again") from None
       values = values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
-      if heads is not None:
-        values = rotary_pairs_to_halves(values, heads)
-      placer.put(name, values)
+      placer.put(name, rearranged.to_hf(values))
     return placer.finish(model.hf_absent()), f"gguf:{self.path} sha256:{digest.hexdigest()}"

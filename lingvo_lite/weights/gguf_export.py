@@ -1,17 +1,18 @@
 """A lingvo_lite model written as a GGUF file (llama.cpp's format) that transformers and llama.cpp
 read: `--mode=export --export_format=gguf` writes EXPORT_DIR/model.gguf.
 
-The inverse of gguf_checkpoint.py's reading: the family's Hugging Face config (`hf_config`) becomes
-the `<architecture>.*` metadata that its `gguf_hf_config` reads back, each GGUF tensor (the
-family's `gguf_tensors`) is its Hugging Face tensor (`hf_tensors`), with the query and key rows
-of each head put back in the rotary-pair order GGML's rope expects
-(`checkpoint_names.rotary_halves_to_pairs`). Matrices are written as F32 or F16; 1-D tensors
-(norms) stay F32, as llama.cpp's converter keeps them. A pretrained byte-level BPE tokenizer
-goes into `tokenizer.ggml.*` (data/pretrained_tokenizer.py: `gguf_tokenizer`).
+The inverse of gguf_checkpoint.py's reading: the family's `gguf_metadata()` becomes the
+`<architecture>.*` metadata that its `gguf_hf_config` reads back, and each GGUF tensor (the
+family's `gguf_tensors()`) is its Hugging Face tensor (hf_export.py's), rearranged as
+llama.cpp's converter does (`GgufTensor.from_hf`: Llama's query and key rows in the
+rotary-pair order GGML's rope expects, GPT-2's `Conv1D` matrices transposed). Matrices are
+written as F32 or F16; 1-D tensors (norms, biases) stay F32, as llama.cpp's converter keeps
+them. A pretrained byte-level BPE tokenizer goes into `tokenizer.ggml.*`
+(data/pretrained_tokenizer.py: `gguf_tokenizer`).
 
-Refused in one line, never written wrong: a family without a GGUF mapping here (GPT-J, GPT-2),
-a sliding window shorter than the context (llama.cpp's llama architecture has none), rope
-scaling (llama.cpp stores Llama 3.1's as a rope_freqs tensor, which this writer does not make).
+Refused in one line, never written wrong: a family without GGUF names, a sliding window shorter
+than the context (llama.cpp's llama architecture has none), rope scaling (llama.cpp stores
+Llama 3.1's as a rope_freqs tensor, which this writer does not make).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import numpy as np
 
 from lingvo_lite.data import pretrained_tokenizer
 from lingvo_lite.errors import UsageError
-from lingvo_lite.models.checkpoint_names import rotary_halves_to_pairs
 
 KIND = "gguf_export"
 FILE = "model.gguf"
@@ -38,8 +38,8 @@ def check_expressible(model: Any, hf_config: Mapping[str, Any]) -> str:
   """
   family = type(model)
   if not family.reads_gguf() or family.gguf_architecture is None:
-    raise UsageError(f"model: a {family.family_name} model has no GGUF tensor names here "
-                     "(llama and mistral have); export --export_format=hf or slim")
+    raise UsageError(f"model: a {family.family_name} model has no GGUF tensor names; export "
+                     "--export_format=hf or slim")
   # A family's own settings by their Hugging Face names (no family's field is named here).
   window = hf_config.get("sliding_window")
   if window is not None and window < hf_config["max_position_embeddings"]:
@@ -76,34 +76,33 @@ def write(path: str, model: Any, tensors: Mapping[str, np.ndarray], dtype: str,
   writer.add_name(f"lingvo_lite {type(model).family_name}")
   writer.add_file_type(int(gguf.LlamaFileType.ALL_F32 if dtype == "float32"
                            else gguf.LlamaFileType.MOSTLY_F16))
-  head_dim = hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config[
-      "num_attention_heads"]
-  writer.add_vocab_size(int(hf_config["vocab_size"]))
-  writer.add_context_length(int(hf_config["max_position_embeddings"]))
-  writer.add_embedding_length(int(hf_config["hidden_size"]))
-  writer.add_block_count(int(hf_config["num_hidden_layers"]))
-  writer.add_feed_forward_length(int(hf_config["intermediate_size"]))
-  writer.add_head_count(int(hf_config["num_attention_heads"]))
-  writer.add_head_count_kv(int(hf_config.get("num_key_value_heads")
-                               or hf_config["num_attention_heads"]))
-  writer.add_key_length(int(head_dim))
-  writer.add_value_length(int(head_dim))
-  writer.add_rope_dimension_count(int(head_dim))
-  writer.add_layer_norm_rms_eps(float(hf_config["rms_norm_eps"]))
-  writer.add_rope_freq_base(float(hf_config.get("rope_theta", 10000.0)))
+  for key, value in model.gguf_metadata().items():
+    _add_value(writer, f"{arch}.{key}", value)
   has_tokenizer = _add_tokenizer(writer, tokenizer)
   matrix = np.float32 if dtype == "float32" else np.float16
-  for gguf_name, (hf_name, heads) in model.gguf_tensors().items():
-    values = np.asarray(tensors[hf_name], np.float32)
-    if heads is not None:
-      values = rotary_halves_to_pairs(values, heads)
+  names = model.gguf_tensors()
+  for gguf_name, tensor in names.items():
+    values = tensor.from_hf(np.asarray(tensors[tensor.hf], np.float32))
     writer.add_tensor(gguf_name, values.astype(matrix if values.ndim > 1 else np.float32))
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
   writer.write_tensors_to_file()
   writer.close()
-  return {"tensors": len(model.gguf_tensors()), "architecture": arch,
-          "tokenizer": has_tokenizer, "files": {FILE: os.path.getsize(path)}}
+  return {"tensors": len(names), "architecture": arch, "tokenizer": has_tokenizer,
+          "files": {FILE: os.path.getsize(path)}}
+
+
+def _add_value(writer: Any, key: str, value: Any) -> None:
+  """One metadata value in the GGUF type llama.cpp reads it as (counts uint32, settings
+  float32)."""
+  if isinstance(value, bool):
+    writer.add_bool(key, value)
+  elif isinstance(value, int):
+    writer.add_uint32(key, value)
+  elif isinstance(value, float):
+    writer.add_float32(key, value)
+  else:
+    writer.add_string(key, str(value))
 
 
 def _add_tokenizer(writer: Any, tokenizer: Any) -> bool:
@@ -126,4 +125,8 @@ def _add_tokenizer(writer: Any, tokenizer: Any) -> bool:
   writer.add_add_bos_token(tokenizer.add_bos)
   if tokenizer.chat_template is not None:
     writer.add_chat_template(tokenizer.chat_template)
+  for name, value in tokenizer.generation:
+    key = pretrained_tokenizer.GENERATION_KEYS.get(name)
+    if key is not None:  # llama.cpp reads top_k as an int, the others as floats.
+      _add_value(writer, key, int(value) if name == "top_k" else float(value))
   return True

@@ -165,7 +165,8 @@ def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
                                         int(model.max_length))
   (folder / CONFIG_FILE).write_text(json.dumps(dict(config, torch_dtype=dtype, **special),
                                                indent=2) + "\n")
-  (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(special, indent=2) + "\n")
+  generation = dict(plan.tokenizer.generation if plan.tokenizer is not None else (), **special)
+  (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2) + "\n")
   for name in plan.names:
     files[name] = os.path.getsize(os.fspath(folder / name))
   return {"files": files, "tensors": len(weight_map), "vocabulary": vocabulary}

@@ -3,6 +3,7 @@ plain-Python byte-level BPE written from llama.cpp's definition of the `smollm` 
 over the whole stdlib validation split; bytes per token; the seqio and no-seqio vocabularies;
 Hugging Face folders; bad input in one line."""
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -154,12 +155,38 @@ def test_a_hugging_face_folder_reads_the_same_tokenizer(tmp_path, smollm2):
   (tmp_path / "tokenizer_config.json").write_text(json.dumps(
       {"eos_token": "<|im_end|>", "bos_token": "<|im_start|>", "unk_token": "<|endoftext|>",
        "chat_template": "{{ messages }}"}))
+  (tmp_path / "generation_config.json").write_text(json.dumps(
+      {"temperature": 0.2, "top_p": 0.9, "do_sample": True, "eos_token_id": 2,
+       "transformers_version": "5.23.0"}))
   folder = pretrained_tokenizer.read(PretrainedTokenizer(str(tmp_path)))
   text = "import os\nprint(os.getcwd())  # 2024\n"
   assert folder.encode(text) == smollm2.encode(text)
   assert (folder.eos_id, folder.bos_id, folder.unk_id) == (2, 1, 0)
   assert folder.chat_template == "{{ messages }}"
+  # The sampling defaults, without the ids (the tokenizer's) or the writer's version.
+  assert folder.generation == (("do_sample", True), ("temperature", 0.2), ("top_p", 0.9))
   np.testing.assert_array_equal(folder.token_byte_lengths(), smollm2.token_byte_lengths())
+
+
+def test_a_tokenizer_written_into_a_gguf_file_reads_back_the_same(tmp_path, smollm2):
+  """What the GGUF export writes (weights/gguf_export.py) reads back as the same tokenizer,
+  with its sampling defaults as llama.cpp's general.sampling.* keys."""
+  import gguf  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights import gguf_export  # pylint: disable=g-import-not-at-top
+  files = dataclasses.replace(smollm2, generation=(("repetition_penalty", 1.1),
+                                                   ("temperature", 0.2), ("top_k", 50)))
+  path = str(tmp_path / "tokenizer.gguf")
+  writer = gguf.GGUFWriter(path, "llama")
+  assert gguf_export._add_tokenizer(writer, files)  # pylint: disable=protected-access
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  back = pretrained_tokenizer.read(PretrainedTokenizer(path))
+  assert back.fingerprint() == smollm2.fingerprint()
+  assert back.chat_template == smollm2.chat_template
+  assert [(k, round(v, 6)) for k, v in back.generation] == [
+      ("repetition_penalty", 1.1), ("temperature", 0.2), ("top_k", 50)]
 
 
 @pytest.mark.parametrize("make, expected", [

@@ -56,21 +56,43 @@ def _mixed_requests() -> list[Request]:
           for i, (n, s) in enumerate(zip(lengths, settings))]
 
 
-def _full_log_probs(generator: generation.Generator, ids: tuple[int, ...]) -> np.ndarray:
-  logits = generator.model.apply({"params": generator.params}, jnp.asarray([ids], jnp.int32))
-  return np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
+# The reference passes pad every sequence to this length: one compiled forward pass per
+# family, where eager passes over each length would compile every operation once per length.
+REFERENCE_LENGTH = 48
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(family: str):
+  """The family's jitted forward pass (no cache): logits [batch, REFERENCE_LENGTH, vocab]."""
+  generator = _generator(family)
+  return jax.jit(lambda tokens: generator.model.apply({"params": generator.params}, tokens))
+
+
+def _full_logits(family: str, sequences) -> list[np.ndarray]:
+  """Each sequence's logits at its own positions, from one pass over them all, padded at the
+  end (a causal model's logits at a position see no later token)."""
+  tokens = np.zeros((len(sequences), REFERENCE_LENGTH), np.int32)
+  for row, ids in enumerate(sequences):
+    tokens[row, :len(ids)] = ids
+  logits = np.asarray(_forward(family)(jnp.asarray(tokens)))
+  return [logits[row, :len(ids)] for row, ids in enumerate(sequences)]
+
+
+def _full_log_probs(family: str, sequences) -> list[np.ndarray]:
+  return [np.asarray(jax.nn.log_softmax(logits, axis=-1))
+          for logits in _full_logits(family, sequences)]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_reported_log_probs_equal_teacher_forcing(family):
   generator = _generator(family)
   completions = generator.generate(_mixed_requests())
-  for request, completion in zip(_mixed_requests(), completions):
+  references = _full_log_probs(family, [c.prompt_ids + c.completion_ids for c in completions])
+  for request, completion, full in zip(_mixed_requests(), completions, references):
     assert completion.prompt_ids == request.prompt_ids
     wanted = request.max_new_tokens or 12
     assert len(completion.completion_ids) == wanted, completion.stop_reason
     assert completion.stop_reason == "max_new_tokens"
-    full = _full_log_probs(generator, completion.prompt_ids + completion.completion_ids)
     start = len(completion.prompt_ids) - 1
     expected = [full[start + i, token] for i, token in enumerate(completion.completion_ids)]
     np.testing.assert_allclose(completion.logprobs, expected, rtol=1e-5, atol=1e-5)
@@ -101,10 +123,9 @@ def test_cached_logits_equal_recomputing_the_prefix(family):
       state, logits = step(generator.params, state)
       all_logits.append(np.asarray(logits))
   tokens = np.asarray(state.tokens)
-  for slot, length in enumerate(lengths):
-    sequence = tuple(int(t) for t in tokens[slot, :length + 11])
-    recomputed = np.asarray(model.apply({"params": generator.params},
-                                        jnp.asarray([sequence], jnp.int32))[0])
+  sequences = [tuple(int(t) for t in tokens[slot, :length + 11])
+               for slot, length in enumerate(lengths)]
+  for slot, (length, recomputed) in enumerate(zip(lengths, _full_logits(family, sequences))):
     for i, logits in enumerate(all_logits):
       # Step i fed the token at position length + i.
       np.testing.assert_allclose(logits[slot], recomputed[length + i], rtol=1e-5, atol=2e-5)
@@ -245,6 +266,8 @@ def test_a_bfloat16_grouped_query_model_decodes_on_cpu():
   generator = generation.Generator(setup, strip_boxes(params["params"]))
   completion = generator.generate([Request(source="b", prompt_ids=_prompt(0, 6),
                                            max_new_tokens=6)])[0]
-  full = _full_log_probs(generator, completion.prompt_ids + completion.completion_ids)
+  ids = jnp.asarray([completion.prompt_ids + completion.completion_ids], jnp.int32)
+  logits = jax.jit(generator.model.apply)({"params": generator.params}, ids)[0]
+  full = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
   expected = [full[5 + i, t] for i, t in enumerate(completion.completion_ids)]
   np.testing.assert_allclose(completion.logprobs, expected, atol=0.1)

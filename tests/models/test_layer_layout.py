@@ -63,7 +63,7 @@ def test_remat_policies_give_the_same_gradients():
     setup = synthetic_tiny_setup("PyCodeTiny", f"model.remat_policy='{policy}'")
     tokens = jnp.asarray(setup.train_data.batch(0)["inputs"])
     params = nn.meta.unbox(setup.model.init(jax.random.key(0), tokens))
-    grads[policy] = jax.grad(lambda p: setup.model.apply(p, tokens).mean())(params)
+    grads[policy] = jax.jit(jax.grad(lambda p: setup.model.apply(p, tokens).mean()))(params)
   for policy, value in grads.items():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
                  value, grads["none"])

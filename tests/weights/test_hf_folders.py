@@ -464,19 +464,34 @@ def test_a_trained_gptj_job_exports_what_transformers_computes_the_same(tiny_job
   assert again.code == 0 and "replaced the earlier export" in again.stdout, again.stderr
 
 
-def test_a_llama_folder_exported_as_gguf_gives_transformers_the_same_logits(folders, tmp_path):
+def _gguf_logits(path, tokens):
+  """Our reader's float32 logits of `tokens` for the model in the GGUF file at `path`."""
+  source = GgufCheckpoint(str(path))
+  family, fields = source.model_fields()
+  model = family(**fields)
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+  params, _ = source.read_params(model, abstract)
+  with jax.default_matmul_precision("highest"):
+    return np.asarray(model.apply({"params": params}, tokens))
+
+
+def test_folders_exported_as_gguf_give_transformers_the_same_logits(folders, tmp_path):
   # Llama (grouped-query heads) and Mistral with no window inside its context write the
-  # llama architecture; transformers reads the file with its own GGUF loader.
-  for case, extra in (("llama", []), ("mistral", ["--fdl.model.window=1024"])):
+  # llama architecture, GPT-2 its own; transformers reads each file with its own GGUF loader.
+  # Its gpt2 loader takes the vocabulary size from a token list, which a model without a
+  # pretrained tokenizer has not: given here as the folder's config says.
+  for case, extra, architecture in (("llama", [], "llama"),
+                                    ("mistral", ["--fdl.model.window=1024"], "llama"),
+                                    ("gpt2", [], "gpt2")):
     folder, expected = folders[case]
     out = tmp_path / f"{case}_gguf"
     result = _export(tmp_path / f"{case}_job", out, f"--init_from=hf:{folder}",
                      "--export_format=gguf", *extra)
     assert result.code == 0, result.stderr[-3000:]
-    assert "model.gguf (llama)" in result.stdout, result.stdout
+    assert f"model.gguf ({architecture})" in result.stdout, result.stdout
     exported = transformers.AutoModelForCausalLM.from_pretrained(
-        str(out), gguf_file="model.gguf", dtype=torch.float32,
-        attn_implementation="eager").eval()
+        str(out), gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager",
+        **({"vocab_size": VOCAB} if case == "gpt2" else {})).eval()
     with torch.no_grad():
       theirs = exported(torch.tensor(_prompt()[:, :100])).logits.numpy()
     assert np.abs(theirs - expected[:, :100]).max() < TOLERANCE, case
@@ -489,20 +504,27 @@ def test_a_llama_folder_exported_as_gguf_gives_transformers_the_same_logits(fold
       str(out), gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager").eval()
   with torch.no_grad():
     theirs = exported(torch.tensor(_prompt()[:, :100])).logits.numpy()
-  source = GgufCheckpoint(str(out / "model.gguf"))
-  family, fields = source.model_fields()
-  model = family(**fields)
-  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
-  params, _ = source.read_params(model, abstract)
-  with jax.default_matmul_precision("highest"):
-    ours = np.asarray(model.apply({"params": params}, _prompt()[:, :100]))
+  ours = _gguf_logits(out / "model.gguf", _prompt()[:, :100])
   assert np.abs(ours - theirs).max() < TOLERANCE
   assert np.abs(ours - folders["llama"][1][:, :100]).max() > TOLERANCE  # It is rounded.
 
 
+def test_a_gptj_exported_as_gguf_reads_back_as_the_same_model(folders, tmp_path):
+  # transformers reads no GPT-J GGUF: our reader is the other end (llama.cpp's gptj names and
+  # metadata, partial interleaved rotary), checked against transformers' logits of the folder.
+  folder, expected = folders["gptj"]
+  out = tmp_path / "gguf"
+  result = _export(tmp_path / "job", out, f"--init_from=hf:{folder}", "--export_format=gguf")
+  assert result.code == 0, result.stderr[-3000:]
+  assert "model.gguf (gptj)" in result.stdout, result.stdout
+  family, fields = GgufCheckpoint(str(out / "model.gguf")).model_fields()
+  assert family.family_name == "gptj" and fields["rotary_dim"] == 8, fields
+  ours = _gguf_logits(out / "model.gguf", _prompt())
+  assert np.abs(ours - expected).max() < TOLERANCE
+
+
 @pytest.mark.parametrize("case, args, words", [
     ("mistral", [], "a mistral model with a sliding window of 100"),
-    ("gpt2", [], "a gpt2 model has no GGUF tensor names here"),
     ("llama3_scaled", [], "rope scaling 'llama3'"),
     ("llama", ["--export_dtype=bfloat16"], "--export_dtype=bfloat16: not a dtype the gguf"),
 ])
@@ -566,8 +588,8 @@ def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_jo
      "model.norm='rmsnorm': a Hugging Face gptj model cannot express it"),
     (["--exp=PyCodeTiny", "--export_format=onnx"],
      "--export_format=onnx: unknown format; valid choices: hf, gguf, slim"),
-    (["--exp=PyCodeTiny", "--export_format=gguf"],
-     "model: a gptj model has no GGUF tensor names here"),
+    (["--exp=PyCodeGpt2Tiny", "--export_format=gguf"],
+     "model.tied_output_scale='rsqrt_dim': a Hugging Face gpt2 model cannot express it"),
     (["--exp=PyCodeTiny", "--export_dtype=float16"],
      "--export_dtype=float16: not a dtype the hf export writes; valid choices: float32, "
      "bfloat16"),
