@@ -1,4 +1,7 @@
-"""The pure steps against independent references: optax's loss, one big batch, plain JAX."""
+"""The pure steps against independent references: optax's loss, one big batch, plain JAX.
+
+The references are jitted (one compile each) rather than run eagerly, which compiles every
+operation of a forward and backward pass one by one."""
 
 import functools
 
@@ -33,7 +36,7 @@ def test_loss_matches_optax_cross_entropy():
   optimizer, state, batch = _state_and_batch()
   batch["weights"] = batch["weights"].at[:, -5:].set(0.0)  # Padding must not count.
   _, metrics = _step(SETUP, optimizer, 1)(state, batch)
-  logits = SETUP.model.apply({"params": state.params}, batch["inputs"])
+  logits = jax.jit(SETUP.model.apply)({"params": state.params}, batch["inputs"])
   per_token = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
   expected = jnp.sum(per_token * batch["weights"]) / jnp.sum(batch["weights"])
   np.testing.assert_allclose(metrics["loss"], expected, rtol=1e-6)
@@ -53,13 +56,15 @@ def test_gradient_accumulation_equals_one_big_batch():
 
 def test_z_loss_adds_weighted_log_partition_squared():
   optimizer, state, batch = _state_and_batch()
-  plain = jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 0.0)[0])(state.params)
-  with_z = jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 1e-2)[0])(state.params)
+  plain = jax.jit(jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 0.0)[0]))(
+      state.params)
+  with_z = jax.jit(jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 1e-2)[0]))(
+      state.params)
 
   def reference(params):
     logits = SETUP.model.apply({"params": params}, batch["inputs"])
     return jnp.sum(jnp.square(jax.nn.logsumexp(logits, -1)) * batch["weights"])
-  z_grad = jax.grad(reference)(state.params)
+  z_grad = jax.jit(jax.grad(reference))(state.params)
   # Gradients are O(1) sums over 4096 tokens; 1e-5 absolute is float32 summation order.
   jax.tree.map(lambda a, b, z: np.testing.assert_allclose(a, b + 1e-2 * z, rtol=1e-4,
                                                           atol=1e-5), with_z, plain, z_grad)
@@ -73,7 +78,7 @@ def test_update_matches_a_plain_optax_step():
   def mean_loss(params):
     logits = SETUP.model.apply({"params": params}, batch["inputs"])
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-  grads = jax.grad(mean_loss)(state.params)
+  grads = jax.jit(jax.grad(mean_loss))(state.params)
   updates, _ = optimizer.update(grads, state.opt_state, state.params)
   expected = optax.apply_updates(state.params, updates)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7),
@@ -95,8 +100,9 @@ def test_grad_norm_metric_is_the_global_norm_and_optional():
       steps.train_step, model=SETUP.model, optimizer=optimizer,
       schedule=SETUP.optimizer.schedule(SETUP.train.steps), log_grad_norm=log))
   _, metrics = step(True)(jax.tree.map(jnp.array, state), batch)
-  grads = jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 0.0,
-                                              jnp.sum(batch["weights"]))[0])(state.params)
+  grads = jax.jit(jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 0.0,
+                                                      jnp.sum(batch["weights"]))[0]))(
+                                                          state.params)
   np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(grads), rtol=1e-5)
   _, metrics = step(False)(jax.tree.map(jnp.array, state), batch)
   assert "grad_norm" not in metrics

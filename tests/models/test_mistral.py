@@ -96,16 +96,16 @@ def test_banded_logits_equal_a_plain_jax_numpy_forward_pass(implementation):
   model = _model(attention_implementation=implementation)
   params = _params(model)
   tokens = _tokens(1, (2, 19))
-  logits = model.apply({"params": params}, tokens)
-  expected = jax.vmap(lambda row: _reference_logits(params, row, WINDOW))(tokens)
+  logits = jax.jit(model.apply)({"params": params}, tokens)
+  expected = jax.jit(jax.vmap(lambda row: _reference_logits(params, row, WINDOW)))(tokens)
   np.testing.assert_allclose(logits, expected, rtol=2e-5, atol=2e-5)
   # The band matters: with a window as long as the sequence, the first WINDOW positions
   # (which see all of theirs either way) agree and every later one differs.
-  unbanded = _model(window=19).apply({"params": params}, tokens)
+  unbanded = jax.jit(_model(window=19).apply)({"params": params}, tokens)
   np.testing.assert_allclose(unbanded[:, :WINDOW], logits[:, :WINDOW], rtol=2e-5, atol=2e-5)
   assert np.abs(unbanded[:, WINDOW:] - logits[:, WINDOW:]).max(axis=-1).min() > 1e-3
   # ... and that unbanded model is Llama, of the same parameters.
-  np.testing.assert_allclose(unbanded, Llama(**SIZES).apply({"params": params}, tokens),
+  np.testing.assert_allclose(unbanded, jax.jit(Llama(**SIZES).apply)({"params": params}, tokens),
                              rtol=2e-5, atol=2e-5)
 
 
@@ -116,7 +116,7 @@ def test_packed_segments_each_see_their_own_window(implementation):
   first, second = _tokens(2, (9,)), _tokens(3, (11,))
   packed = jnp.concatenate([first, second])[None]
   segments = jnp.asarray([[1] * 9 + [2] * 11])
-  logits = model.apply({"params": params}, packed, segment_ids=segments)[0]
+  logits = jax.jit(model.apply)({"params": params}, packed, segment_ids=segments)[0]
   np.testing.assert_allclose(logits[:9], _reference_logits(params, first, WINDOW),
                              rtol=2e-5, atol=2e-5)
   np.testing.assert_allclose(logits[9:], _reference_logits(params, second, WINDOW),
@@ -135,7 +135,7 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
   params = _params(model)
   total = 3 * WINDOW + 5
   sequences = _tokens(4, (2, total))
-  full = model.apply({"params": params}, sequences)
+  full = np.asarray(jax.jit(model.apply)({"params": params}, sequences))
   prompt_lengths = jnp.asarray([3, 7], jnp.int32)
   bucket = 8
   prompts = jnp.where(jnp.arange(bucket) < prompt_lengths[:, None], sequences[:, :bucket], 0)
@@ -190,7 +190,8 @@ def test_greedy_decode_past_the_window_through_the_generator_equals_teacher_forc
   completion, = generator.generate([Request(source="far", prompt_ids=prompt, temperature=0.0)])
   ids = completion.prompt_ids + completion.completion_ids
   assert len(completion.completion_ids) == 50 and len(ids) > 3 * window
-  full = setup.model.apply({"params": generator.params}, jnp.asarray([ids], jnp.int32))[0]
+  full = jax.jit(setup.model.apply)({"params": generator.params},
+                                    jnp.asarray([ids], jnp.int32))[0]
   assert tuple(int(t) for t in jnp.argmax(full[len(prompt) - 1:-1], axis=-1)) == \
       completion.completion_ids
   assert jax.tree.leaves(generator.state.cache)[0].shape[-2] == window

@@ -30,8 +30,9 @@ def _model_and_params(family):
 def test_changing_a_future_token_leaves_earlier_logits_unchanged(family):
   model, params, tokens = _model_and_params(family)
   changed = tokens.at[:, 7].set((tokens[:, 7] + 1) % 50)
-  before = model.apply({"params": params}, tokens)
-  after = model.apply({"params": params}, changed)
+  apply = jax.jit(model.apply)
+  before = apply({"params": params}, tokens)
+  after = apply({"params": params}, changed)
   np.testing.assert_array_equal(before[:, :7], after[:, :7])
   assert not np.allclose(before[:, 7:], after[:, 7:])
 
@@ -43,9 +44,10 @@ def test_segments_do_not_see_each_other(family):
   first, second = tokens[0, :5], tokens[1, :7]
   packed = jnp.concatenate([first, second])[None]
   segment_ids = jnp.array([[1] * 5 + [2] * 7])
-  logits = model.apply({"params": params}, packed, segment_ids)
-  alone_first = model.apply({"params": params}, first[None])
-  alone_second = model.apply({"params": params}, second[None])
+  apply = jax.jit(model.apply)  # One compile per shape, not one per operation and shape.
+  logits = apply({"params": params}, packed, segment_ids)
+  alone_first = apply({"params": params}, first[None])
+  alone_second = apply({"params": params}, second[None])
   np.testing.assert_allclose(logits[0, :5], alone_first[0], rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(logits[0, 5:], alone_second[0], rtol=1e-5, atol=1e-5)
 

@@ -112,8 +112,8 @@ def _load(folder, **changes):
 
 
 def _logits(model, params) -> np.ndarray:
-  with jax.default_matmul_precision("highest"):
-    return np.asarray(model.apply({"params": params}, _prompt()))
+  with jax.default_matmul_precision("highest"):  # Read when the function is traced.
+    return np.asarray(jax.jit(model.apply)({"params": params}, _prompt()))
 
 
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
