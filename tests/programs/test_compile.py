@@ -229,10 +229,12 @@ def test_an_executable_that_is_needed_is_compiled_whatever_was_kept(tmp_path):
 
 
 def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tmp_path):
-  # Rows of 1024 tokens over a 65536-token vocabulary: float32 logits of 256 MiB per row.
+  # Rows of 2048 tokens over a 65536-token vocabulary: float32 logits of 512 MiB per row,
+  # about 1.2 GiB a row in all, so the boundary lies at a few rows a device (2 with 24 GiB of
+  # RAM over 8 devices) and brute force needs few compiles.
   heavy = [*TINY, "--fdl.model.vocab_size=65536", "--fdl.train_data.vocab_size=65536",
-           "--fdl.eval_data.vocab_size=65536", "--fdl.train_data.sequence_length=1024",
-           "--fdl.eval_data.sequence_length=1024", "--fiddler=no_eval", "--mode=compile",
+           "--fdl.eval_data.vocab_size=65536", "--fdl.train_data.sequence_length=2048",
+           "--fdl.eval_data.sequence_length=2048", "--fiddler=no_eval", "--mode=compile",
            "--compile_topology=cpu:8", "--fdl.partitioner.ici_data=8"]
   job = tmp_path / "search"
   completed = _lingvo([*heavy, f"--job_log_dir={job}", "--compile_find_max_batch"])
