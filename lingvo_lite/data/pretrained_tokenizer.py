@@ -46,7 +46,7 @@ FIELD = "vocabulary"
 # lists: `\p{N}` then GPT-2's for these; GPT-2's alone for gpt-2 and default).
 _GGUF_PRE_TOKENIZERS = {"smollm": True, "starcoder": True, "refact": True, "gpt-2": False,
                         "default": False}
-_CONTROL, _USER_DEFINED = 3, 4  # llama.cpp's token types.
+_CONTROL, _USER_DEFINED, _UNUSED = 3, 4, 5  # llama.cpp's token types.
 # Sampling defaults: Hugging Face's generation_config.json name -> GGUF's key (as llama.cpp's
 # converter maps them).
 GENERATION_KEYS = {"temperature": "general.sampling.temp", "top_k": "general.sampling.top_k",
@@ -291,6 +291,10 @@ def _read_gguf(path: str, given: str) -> TokenizerFiles:
   if not isinstance(tokens, list) or not isinstance(merges, list):
     raise UsageError(f"{where}: has no tokenizer.ggml.tokens and merges lists")
   types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+  # Padding past the tokenizer (llama.cpp's converter lists a padded vocabulary's extra ids as
+  # UNUSED `[PAD<i>]` tokens): ids the model has, the tokenizer never makes.
+  while tokens and types[len(tokens) - 1] == _UNUSED:
+    tokens, types = tokens[:-1], types[:-1]
   pairs = []
   for merge in merges:
     split = merge.find(" ", 1)  # As llama.cpp splits: a merge may start with a space.
@@ -357,10 +361,12 @@ def write_hf_files(files: TokenizerFiles, folder: str, model_max_length: int) ->
     f.write(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
 
 
-def gguf_tokenizer(files: TokenizerFiles) -> dict[str, Any] | None:
+def gguf_tokenizer(files: TokenizerFiles, vocab_size: int) -> dict[str, Any] | None:
   """`files` as a GGUF file's tokenizer.ggml.* metadata (what `_read_gguf` reads back), or None
   for a tokenizer GGUF cannot hold here: only a byte-level BPE whose pre-tokenizer is one
-  llama.cpp names (`smollm`: Digits then ByteLevel; `gpt-2`: ByteLevel alone)."""
+  llama.cpp names (`smollm`: Digits then ByteLevel; `gpt-2`: ByteLevel alone). A model
+  vocabulary padded past the tokenizer (`vocab_size`) gets UNUSED `[PAD<i>]` tokens, as
+  llama.cpp's converter writes them: llama.cpp wants a token for each row of the table."""
   spec = json.loads(files.json)
   model = spec.get("model") or {}
   pre = spec.get("pre_tokenizer") or {}
@@ -385,6 +391,8 @@ def gguf_tokenizer(files: TokenizerFiles) -> dict[str, Any] | None:
   for index, added in made.get_added_tokens_decoder().items():
     types[index] = _CONTROL if added.special else _USER_DEFINED
   merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+  tokens += [f"[PAD{i}]" for i in range(size, vocab_size)]
+  types += [_UNUSED] * max(vocab_size - size, 0)
   return {"pre": pre_name, "tokens": tokens, "types": types, "merges": merges}
 
 

@@ -73,12 +73,14 @@ def write(path: str, model: Any, tensors: Mapping[str, np.ndarray], dtype: str,
   import gguf  # pylint: disable=g-import-not-at-top
   arch = check_expressible(model, hf_config)
   writer = gguf.GGUFWriter(path, arch)
-  writer.add_name(f"lingvo_lite {type(model).family_name}")
+  # The architecture's name, not the family's: transformers reads a llama file whose name
+  # says "mistral" as a Mistral with its default 4096-token window, which this file has not.
+  writer.add_name(f"lingvo_lite {arch}")
   writer.add_file_type(int(gguf.LlamaFileType.ALL_F32 if dtype == "float32"
                            else gguf.LlamaFileType.MOSTLY_F16))
   for key, value in model.gguf_metadata().items():
     _add_value(writer, f"{arch}.{key}", value)
-  has_tokenizer = _add_tokenizer(writer, tokenizer)
+  has_tokenizer = _add_tokenizer(writer, tokenizer, model.vocab_size)
   matrix = np.float32 if dtype == "float32" else np.float16
   names = model.gguf_tensors()
   for gguf_name, tensor in names.items():
@@ -105,11 +107,12 @@ def _add_value(writer: Any, key: str, value: Any) -> None:
     writer.add_string(key, str(value))
 
 
-def _add_tokenizer(writer: Any, tokenizer: Any) -> bool:
-  """tokenizer.ggml.* for a byte-level BPE tokenizer; False where there is none to write."""
+def _add_tokenizer(writer: Any, tokenizer: Any, vocab_size: int) -> bool:
+  """tokenizer.ggml.* for a byte-level BPE tokenizer (its token list as long as the model's
+  `vocab_size`); False where there is none to write."""
   if tokenizer is None:
     return False
-  described = pretrained_tokenizer.gguf_tokenizer(tokenizer)
+  described = pretrained_tokenizer.gguf_tokenizer(tokenizer, vocab_size)
   if described is None:
     return False
   writer.add_tokenizer_model("gpt2")

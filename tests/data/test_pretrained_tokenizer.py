@@ -170,20 +170,24 @@ def test_a_hugging_face_folder_reads_the_same_tokenizer(tmp_path, smollm2):
 
 def test_a_tokenizer_written_into_a_gguf_file_reads_back_the_same(tmp_path, smollm2):
   """What the GGUF export writes (weights/gguf_export.py) reads back as the same tokenizer,
-  with its sampling defaults as llama.cpp's general.sampling.* keys."""
+  with its sampling defaults as llama.cpp's general.sampling.* keys; a model vocabulary padded
+  past the tokenizer lists its extra ids as UNUSED tokens, which read back as no token."""
   import gguf  # pylint: disable=g-import-not-at-top
   from lingvo_lite.weights import gguf_export  # pylint: disable=g-import-not-at-top
   files = dataclasses.replace(smollm2, generation=(("repetition_penalty", 1.1),
                                                    ("temperature", 0.2), ("top_k", 50)))
   path = str(tmp_path / "tokenizer.gguf")
   writer = gguf.GGUFWriter(path, "llama")
-  assert gguf_export._add_tokenizer(writer, files)  # pylint: disable=protected-access
+  add_tokenizer = gguf_export._add_tokenizer  # pylint: disable=protected-access
+  assert add_tokenizer(writer, files, 49152 + 64)  # A padded vocabulary: 64 ids more.
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
   writer.write_tensors_to_file()
   writer.close()
+  metadata = gguf.GGUFReader(path).fields
+  assert len(metadata["tokenizer.ggml.tokens"].data) == 49152 + 64
   back = pretrained_tokenizer.read(PretrainedTokenizer(path))
-  assert back.fingerprint() == smollm2.fingerprint()
+  assert back.fingerprint() == smollm2.fingerprint() and back.vocab_size == 49152
   assert back.chat_template == smollm2.chat_template
   assert [(k, round(v, 6)) for k, v in back.generation] == [
       ("repetition_penalty", 1.1), ("temperature", 0.2), ("top_k", 50)]
