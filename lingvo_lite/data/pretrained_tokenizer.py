@@ -242,8 +242,7 @@ def _read_hf(tokenizer_json: str, given: str) -> TokenizerFiles:
 
 def _generation_defaults(values: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
   """The numbers and flags among `values`, as `TokenizerFiles.generation` holds them."""
-  return tuple(sorted((k, v) for k, v in values.items()
-                      if isinstance(v, (bool, int, float)) and not isinstance(v, complex)))
+  return tuple(sorted((k, v) for k, v in values.items() if isinstance(v, (bool, int, float))))
 
 
 def _json_object(path: str, given: str) -> dict:
