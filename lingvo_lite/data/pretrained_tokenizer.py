@@ -127,6 +127,19 @@ def tokenizer(files: TokenizerFiles) -> Any:
 
 
 @functools.lru_cache(maxsize=8)
+def _tokenizer_reading_special_tokens(files: TokenizerFiles) -> Any:
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  return tokenizers.Tokenizer.from_str(files.json)
+
+
+def encode_with_special_tokens(files: TokenizerFiles, text: str) -> list[int]:
+  """The ids of `text` with no BOS, a special token's string read as that token: what a
+  server's clients expect of a tokenize call (a chat template's markers, the EOS string a
+  harness stops at), unlike `encode`, which reads a data set's text as text."""
+  return _tokenizer_reading_special_tokens(files).encode(text, add_special_tokens=False).ids
+
+
+@functools.lru_cache(maxsize=8)
 def _token_byte_lengths(files: TokenizerFiles) -> np.ndarray:
   made = tokenizer(files)
   lengths = np.zeros(made.get_vocab_size(with_added_tokens=True), np.int32)

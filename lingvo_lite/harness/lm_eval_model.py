@@ -1,0 +1,84 @@
+"""lingvo_lite as an lm-evaluation-harness model, registered as `lingvo_lite`:
+
+  python bin/lm_eval.py --model lingvo_lite --model_args job_log_dir=runs/smol \\
+      --tasks lingvo_lite_pycode_choice --include_path tasks/lm_eval
+
+model_args: `job_log_dir` (required: a job dir, or a new one with `exp`), `exp` (an experiment
+for a job dir without a config), `init_from` (hf:PATH, gguf:PATH or JOB[@STEP], as
+--init_from), `checkpoint_step`, `max_gen_toks` (generate_until's default, 256), `score_rows`
+(rows per scoring call; default the data-parallel size). The mesh is the config's partitioner
+over this host's devices. lm_eval's `--batch_size` is accepted and not needed: every request
+of a call is packed into rows (harness/requests.py says how each kind is answered).
+
+It subclasses lm_eval's `LM`, not `TemplateLM`, whose pair encoding imports transformers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Any
+
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from lingvo_lite.harness import requests as harness_requests
+from lingvo_lite.serving import loaded_model
+
+# lingvo_lite's own task files (YAML, data, metric code), hashed into every result.
+TASK_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "tasks", "lm_eval")
+
+# What lm_eval's command line passes every model besides --model_args.
+_HARNESS_SETTINGS = ("batch_size", "max_batch_size", "device")
+
+
+@register_model("lingvo_lite")
+class LingvoLiteLM(LM):
+  """See the module doc."""
+
+  def __init__(self, job_log_dir: str, exp: str | None = None, init_from: str | None = None,
+               checkpoint_step: int | None = None, max_gen_toks: int = 256,
+               score_rows: int | None = None, **harness_settings: Any):
+    super().__init__()
+    unknown = sorted(set(harness_settings) - set(_HARNESS_SETTINGS))
+    if unknown:
+      raise ValueError(f"--model_args {unknown[0]}: not an argument of the lingvo_lite model; "
+                       "use job_log_dir, exp, init_from, checkpoint_step, max_gen_toks, "
+                       "score_rows")
+    self.model = loaded_model.from_job(
+        str(job_log_dir), exp=exp, init_from=init_from,
+        checkpoint_step=None if checkpoint_step is None else int(checkpoint_step),
+        score_rows=None if score_rows is None else int(score_rows))
+    self.max_gen_toks = int(max_gen_toks)
+
+  @property
+  def weights_checksum(self) -> str:
+    return self.model.checksum
+
+  def get_model_info(self) -> dict[str, Any]:
+    """What lm_eval records in its results' `config`: the weights (and their checksum) and
+    the hash of each of lingvo_lite's task files, so a result names what produced it."""
+    return {"lingvo_lite_weights": self.model.weights,
+            "weights_checksum": self.model.checksum, "task_files": task_file_hashes()}
+
+  def loglikelihood(self, requests, disable_tqdm: bool = False):
+    return harness_requests.loglikelihood(self.model, [r.args for r in requests])
+
+  def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+    return harness_requests.loglikelihood_rolling(self.model, [r.args[0] for r in requests])
+
+  def generate_until(self, requests, disable_tqdm: bool = False):
+    return harness_requests.generate_until(self.model, [r.args for r in requests],
+                                           self.max_gen_toks)
+
+
+def task_file_hashes(folder: str = TASK_FOLDER) -> dict[str, str]:
+  """{file name: 'sha256:<hex>'} of every file in `folder` (lingvo_lite's lm_eval tasks)."""
+  hashes = {}
+  for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+    path = os.path.join(folder, name)
+    if os.path.isfile(path):
+      with open(path, "rb") as f:
+        hashes[name] = f"sha256:{hashlib.sha256(f.read()).hexdigest()}"
+  return hashes

@@ -1,0 +1,147 @@
+"""A model loaded to answer requests: its parameters on a mesh once, with the generator that
+decodes (decode/generator.py) and the scorer that reads log-probabilities (scoring/scorer.py)
+sharing them. What the serve program and the lm-evaluation-harness model stand on.
+
+The parameters are the job's checkpoint, or, for a job dir without one, the weights its config
+starts from (`train.init_from`), as `--mode=decode` chooses them (weights/job_params.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from etils import epath
+
+from lingvo_lite import memory_fit, paths, target as targets
+from lingvo_lite.checkpoints import selection as checkpoint_selection
+from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.config import building, files as config_files, overrides, registry
+from lingvo_lite.data import pretrained_tokenizer
+from lingvo_lite.data.source import text_vocabulary
+from lingvo_lite.decode import generator as generation, jitted as decode_jitted
+from lingvo_lite.errors import UsageError
+from lingvo_lite.experiment import Setup, with_default_parts
+from lingvo_lite.scoring.scorer import Scorer
+from lingvo_lite.weights import job_params, sources
+
+
+@dataclasses.dataclass
+class LoadedModel:
+  """A Setup's model with its parameters placed, ready to decode and to score.
+
+  Attributes:
+    setup: The validated Setup.
+    vocabulary: The seqio vocabulary of its data (None: the model reads ids, not text).
+    generator: Decodes requests over the `decode.*` slots.
+    scorer: Log-probabilities of token sequences.
+    weights: What the parameters are ('checkpoint step 20', 'train.init_from gguf:...').
+    checksum: SHA-256 over the parameters' bytes (tree order): results name the weights
+      they came from, whatever file held them.
+  """
+
+  setup: Setup
+  vocabulary: Any
+  generator: generation.Generator
+  scorer: Scorer
+  weights: str
+  checksum: str
+
+  @property
+  def max_length(self) -> int:
+    return self.setup.model.max_length
+
+  @property
+  def eos_id(self) -> int | None:
+    return getattr(self.vocabulary, "eos_id", None)
+
+  def encode(self, text: str) -> list[int]:
+    """`text`'s ids with no BOS, a special token's string read as that token (as a Hugging
+    Face tokenizer's `encode(text, add_special_tokens=False)` does: a chat template's
+    markers are tokens, not text)."""
+    files = getattr(self.vocabulary, "files", None)
+    if isinstance(files, pretrained_tokenizer.TokenizerFiles):
+      return pretrained_tokenizer.encode_with_special_tokens(files, text)
+    return [int(i) for i in self.vocabulary.encode(text)]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.generator.resolver.text(list(ids)) or ""
+
+  def token_text(self, token: int) -> str:
+    """One id as text (a special token's own string, which `decode` drops)."""
+    files = getattr(self.vocabulary, "files", None)
+    if isinstance(files, pretrained_tokenizer.TokenizerFiles):
+      return pretrained_tokenizer.tokenizer(files).decode([int(token)],
+                                                          skip_special_tokens=False)
+    return self.vocabulary.decode([int(token)])
+
+
+def load(setup: Setup, job_dir: epath.Path, shown_job: Any,
+         checkpoint_step: int | None = None, score_rows: int | None = None) -> LoadedModel:
+  """The job's parameters (its checkpoint, else its `train.init_from`) on this host's devices.
+
+  Raises:
+    UsageError: no usable checkpoint or source, a step that is not there, a decode state that
+      does not fit (one line each, before anything is allocated where it can be).
+  """
+  checkpoint_selection.check_wanted(checkpoint_step)
+  choice = job_params.choose(setup, job_dir, shown_job, checkpoint_step)
+  vocabulary = text_vocabulary(setup.train_data)
+  mesh = setup.partitioner.make_mesh(targets.current().devices)
+  steps = decode_jitted.DecodeSteps(setup, mesh, decode_jitted.end_token(setup, vocabulary))
+  memory_fit.check_decode_fits(setup)
+  with steps.activated():
+    params, _ = job_params.load(choice, MeshParams(
+        setup.model, setup.train_data.sequence_length, setup.partitioner, mesh))
+  generator = generation.Generator(setup, params, mesh=mesh, vocabulary=vocabulary,
+                                   checkpoint_step=choice.step, steps=steps)
+  del params
+  return LoadedModel(setup=setup, vocabulary=vocabulary, generator=generator,
+                     scorer=Scorer(steps, generator.params, rows=score_rows),
+                     weights=choice.describe(), checksum=parameters_checksum(generator.params))
+
+
+def parameters_checksum(params: Any) -> str:
+  """'sha256:<hex>' over every parameter's dtype, shape and bytes, in tree order."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    array = np.asarray(jax.device_get(leaf))
+    digest.update(f"{jax.tree_util.keystr(path)}:{array.dtype}:{array.shape};".encode())
+    digest.update(np.ascontiguousarray(array).tobytes())
+  return f"sha256:{digest.hexdigest()}"
+
+
+def from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = None,
+             checkpoint_step: int | None = None, assignments: Sequence[str] = (),
+             score_rows: int | None = None) -> LoadedModel:
+  """A job dir's model for a caller without lingvo_lite's flags (the lm-evaluation-harness
+  model): its config.json (or experiment `exp`, for a job dir without one), `init_from`
+  (`hf:PATH`, `gguf:PATH`, `JOB[@STEP]`) and `PATH=VALUE` assignments applied as --init_from
+  and --fdl.PATH=VALUE would be.
+
+  Raises:
+    UsageError: one line naming the argument.
+  """
+  job_dir = paths.resolve(job_log_dir, "job_log_dir")
+  if exp:
+    cfg = registry.lookup(exp).config()
+  elif (job_dir / config_files.CONFIG_JSON).exists():
+    cfg = config_files.load(job_dir / config_files.CONFIG_JSON, "job_log_dir")
+  else:
+    raise UsageError(f"job_log_dir={job_log_dir}: holds no {config_files.CONFIG_JSON}; give "
+                     "the job dir of a training run, or exp=NAME (with init_from=...) for a "
+                     "new one")
+  with_default_parts(cfg)
+  for path, part in sources.config_parts(init_from, cfg.model, "init_from").items():
+    *owners, name = path.split(".")
+    owner = cfg
+    for step in owners:
+      owner = getattr(owner, step)
+    setattr(owner, name, part)
+  overrides.apply(cfg, [overrides.set_directive(f"--set {a}", a) for a in assignments], None)
+  with targets.active(targets.host()):
+    setup = building.build(cfg)
+    return load(setup, job_dir, job_log_dir, checkpoint_step, score_rows)
