@@ -239,39 +239,17 @@ class Generator:
     """
     jobs = [self.resolver.resolve(index, request) for index, request in enumerate(requests)]
     self.warm([len(job.prompt_ids) for job in jobs])
-    pending = collections.deque(jobs)
-    slots: list[_Slot | None] = [None] * self.slots
-    ended = np.zeros(self.slots, bool)  # Slots the host finished since the last call.
+    batch = SlotBatch(self)
+    for job in jobs:
+      batch.add(job)
     results: list[Completion | None] = [None] * len(jobs)
-    limit = np.int32(self.settings.steps_per_call)
     with self.activated():
-      while (pending or any(slots)) and not (should_stop and should_stop()):
-        free = [index for index, slot in enumerate(slots) if slot is None]
-        if free and pending:
-          chosen = [(slot, pending.popleft()) for slot in free[:len(pending)]]
-          self._prefill_slots(chosen, slots)
-          ended[[slot for slot, _ in chosen]] = False
-        self.state = self._generate(self.params, self.state, limit, ended)
-        ended[:] = False
-        tokens, logprobs, lengths, done = jax.device_get(
-            (self.state.tokens, self.state.logprobs, self.state.lengths, self.state.done))
-        now = time.perf_counter()
-        for index, slot in enumerate(slots):
-          if slot is None:
-            continue
-          completion = self._finished(slot, tokens[index], logprobs[index],
-                                      int(lengths[index]), bool(done[index]), now)
-          if completion is not None:
-            results[slot.job.index] = completion
-            slots[index] = None
-            ended[index] = True
-            if on_completion is not None:
-              on_completion(slot.job.index, completion)
-      # Slots the host ended (a stop string, or a stop asked for) must not run on in the
-      # next call: a zero-step call marks them done on the device.
-      ended |= np.array([slot is not None for slot in slots])
-      if ended.any():
-        self.state = self._generate(self.params, self.state, np.int32(0), ended)
+      while batch.busy and not (should_stop and should_stop()):
+        for job, completion in batch.step().finished:
+          results[job.index] = completion
+          if on_completion is not None:
+            on_completion(job.index, completion)
+      batch.end_all()
     return results
 
   def _prefill_slots(self, chosen: list[tuple[int, _Resolved]],
@@ -360,3 +338,101 @@ class Generator:
       else:
         high = middle
     return first_stop(high)
+
+
+@dataclasses.dataclass
+class StepResult:
+  """What one SlotBatch.step did.
+
+  Attributes:
+    finished: (job, completion) for each request that ended in it.
+    running: (job, completion ids so far) for each request still in a slot.
+  """
+
+  finished: list[tuple[_Resolved, Completion]]
+  running: list[tuple[_Resolved, list[int]]]
+
+
+class SlotBatch:
+  """The generator's slots over time: requests join as slots free up (continuous batching).
+
+  `generate` runs one to completion; a server keeps one open, adding requests as they come
+  and cancelling those whose clients left. Each `step` is one round: free slots take waiting
+  requests (one prefill call), one generate call runs every slot for up to
+  `decode.steps_per_call` tokens, and the slots that ended are freed. Call it with the
+  generator's mesh active (`generator.activated()`), from one thread.
+  """
+
+  def __init__(self, generator: Generator):
+    self.generator = generator
+    self.pending: collections.deque[_Resolved] = collections.deque()
+    self.slots: list[_Slot | None] = [None] * generator.slots
+    # Slots the host finished since the last call (a stop string, a cancel): the next call
+    # marks them done on the device, so they do not run on.
+    self.ended = np.zeros(generator.slots, bool)
+
+  @property
+  def busy(self) -> bool:
+    return bool(self.pending) or any(slot is not None for slot in self.slots)
+
+  def add(self, job: _Resolved) -> None:
+    """Queues a resolved request (RequestResolver.resolve); its prefill bucket must have been
+    warmed, or is compiled at its first use."""
+    self.pending.append(job)
+
+  def cancel(self, job: _Resolved) -> bool:
+    """Drops `job`, waiting or in a slot (its slot is freed). False if it is not here."""
+    for waiting in self.pending:
+      if waiting is job:  # Identity: two requests alike are still two.
+        self.pending.remove(waiting)
+        return True
+    for index, slot in enumerate(self.slots):
+      if slot is not None and slot.job is job:
+        self.slots[index] = None
+        self.ended[index] = True
+        return True
+    return False
+
+  def step(self) -> StepResult:
+    generator = self.generator
+    free = [index for index, slot in enumerate(self.slots) if slot is None]
+    if free and self.pending:
+      chosen = [(slot, self.pending.popleft()) for slot in free[:len(self.pending)]]
+      generator.warm([len(job.prompt_ids) for _, job in chosen])
+      generator._prefill_slots(chosen, self.slots)
+      self.ended[[slot for slot, _ in chosen]] = False
+    generator.state = generator._generate(
+        generator.params, generator.state, np.int32(generator.settings.steps_per_call),
+        self.ended)
+    self.ended[:] = False
+    tokens, logprobs, lengths, done = jax.device_get(
+        (generator.state.tokens, generator.state.logprobs, generator.state.lengths,
+         generator.state.done))
+    now = time.perf_counter()
+    result = StepResult(finished=[], running=[])
+    for index, slot in enumerate(self.slots):
+      if slot is None:
+        continue
+      completion = generator._finished(
+          slot, tokens[index], logprobs[index], int(lengths[index]), bool(done[index]), now)
+      if completion is None:
+        start = len(slot.job.prompt_ids)
+        result.running.append((slot.job, [int(t) for t in tokens[index, start:
+                                                                  int(lengths[index]) + 1]]))
+        continue
+      result.finished.append((slot.job, completion))
+      self.slots[index] = None
+      self.ended[index] = True
+    return result
+
+  def end_all(self) -> None:
+    """Marks every slot done on the device (a zero-step call) and forgets what waits: what a
+    stopped decode leaves, so the next batch starts from quiet slots."""
+    generator = self.generator
+    self.pending.clear()
+    self.ended |= np.array([slot is not None for slot in self.slots])
+    self.slots = [None] * generator.slots
+    if self.ended.any():
+      generator.state = generator._generate(
+          generator.params, generator.state, np.int32(0), self.ended)
+    self.ended[:] = False

@@ -135,11 +135,7 @@ def generation_request(model: Any, index: int, context: str,
   temperature = float(settings.get("temperature", 1.0 if sampled else 0.0) or 0.0)
   if not sampled:
     temperature = 0.0
-  vocabulary = model.vocabulary
-  ids = model.encode(context)
-  bos = getattr(vocabulary, "bos_id", None)
-  if getattr(getattr(vocabulary, "files", None), "add_bos", False) and bos is not None:
-    ids = [int(bos)] + ids
+  ids = model.with_bos(model.encode(context))  # A prompt starts as the tokenizer starts text.
   room = model.generator.cache_length - max_new
   if room < 1:
     raise UsageError(f"generate_until: max_gen_toks={max_new} leaves no room for a context in "

@@ -162,6 +162,9 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("decode", "generate completions of --prompt / --prompts_file prompts with the "
             "job's latest checkpoint (or --checkpoint_step), KV-cached, sampled per request",
             "decode", needs_job_dir=True),
+    Program("serve", "serve the job's latest checkpoint (or --checkpoint_step, or "
+            "--init_from weights) over an OpenAI-style HTTP API (/v1/completions, "
+            "/v1/chat/completions) with continuous batching", "serve", needs_job_dir=True),
     Program("export", "write the job's latest checkpoint (or --checkpoint_step) as a Hugging "
             "Face folder (--export_format=hf) at --export_dir", "export", needs_job_dir=True,
             compilation_cache=False),

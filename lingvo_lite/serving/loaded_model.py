@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from typing import Any, Sequence
 
 import jax
@@ -61,11 +62,40 @@ class LoadedModel:
   def encode(self, text: str) -> list[int]:
     """`text`'s ids with no BOS, a special token's string read as that token (as a Hugging
     Face tokenizer's `encode(text, add_special_tokens=False)` does: a chat template's
-    markers are tokens, not text)."""
+    markers are tokens, not text; a harness finds EOS by encoding its string)."""
     files = getattr(self.vocabulary, "files", None)
     if isinstance(files, pretrained_tokenizer.TokenizerFiles):
       return pretrained_tokenizer.encode_with_special_tokens(files, text)
-    return [int(i) for i in self.vocabulary.encode(text)]
+    specials = self._special_strings()
+    if not specials:
+      return [int(i) for i in self.vocabulary.encode(text)]
+    ids = []
+    for piece in re.split("(" + "|".join(re.escape(s) for s in specials) + ")", text):
+      if piece in specials:
+        ids.append(specials[piece])
+      elif piece:
+        ids += [int(i) for i in self.vocabulary.encode(piece)]
+    return ids
+
+  def _special_strings(self) -> dict[str, int]:
+    """{string: id} of EOS and BOS: the pieces a SentencePiece vocabulary names them by, else
+    `</s>` and `<s>` (a byte vocabulary's have no text): a client can then name them."""
+    pieces = getattr(getattr(self.vocabulary, "tokenizer", None), "id_to_piece", None)
+    found = {}
+    for name, fallback in (("eos_id", "</s>"), ("bos_id", "<s>")):
+      token = getattr(self.vocabulary, name, None)
+      if token is not None and token >= 0:
+        found[str(pieces(int(token))) if pieces is not None else fallback] = int(token)
+    return found
+
+  def with_bos(self, ids: list[int]) -> list[int]:
+    """`ids` led by BOS where the tokenizer starts a text with it (Hugging Face's
+    add_special_tokens=True)."""
+    files = getattr(self.vocabulary, "files", None)
+    bos = getattr(self.vocabulary, "bos_id", None)
+    if getattr(files, "add_bos", False) and bos is not None and ids[:1] != [bos]:
+      return [int(bos)] + ids
+    return ids
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.generator.resolver.text(list(ids)) or ""
@@ -76,6 +106,9 @@ class LoadedModel:
     if isinstance(files, pretrained_tokenizer.TokenizerFiles):
       return pretrained_tokenizer.tokenizer(files).decode([int(token)],
                                                           skip_special_tokens=False)
+    specials = {token_id: text for text, token_id in self._special_strings().items()}
+    if int(token) in specials:
+      return specials[int(token)]
     return self.vocabulary.decode([int(token)])
 
 
