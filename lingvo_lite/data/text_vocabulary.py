@@ -42,6 +42,11 @@ class TextVocabulary:
       self.eos_id, self.unk_id = self._pieces.eos_id(), self._pieces.unk_id()
     self.pad_id = PAD_ID
 
+  @property
+  def sentencepiece(self):
+    """The SentencePiece processor of a SentencePiece vocabulary, else None."""
+    return self._pieces
+
   def encode(self, text: str | bytes) -> list[int]:
     """The ids of `text`, without EOS."""
     if self.tokenizer is not None:

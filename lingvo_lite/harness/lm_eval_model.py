@@ -5,8 +5,14 @@
 
 model_args: `job_log_dir` (required: a job dir, or a new one with `exp`), `exp` (an experiment
 for a job dir without a config), `init_from` (hf:PATH, gguf:PATH or JOB[@STEP], as
---init_from), `checkpoint_step`, `max_gen_toks` (generate_until's default, 256), `score_rows`
-(rows per scoring call; default the data-parallel size). The mesh is the config's partitioner
+--init_from), `checkpoint_step`, `max_length` (the longest sequence scored: the model's context
+unless given), `max_gen_toks` (generate_until's default, 256), `score_rows` (rows per scoring
+call; default the data-parallel size).
+
+The same scores through the server: lm_eval's `local-completions` model asks for one generated
+token after each echoed prompt and keeps a position for it (it scores at most its `max_length`
+less one): give it `max_length` equal to the server's `decode.cache_length`, and this model
+that less one to compare the two. The mesh is the config's partitioner
 over this host's devices. lm_eval's `--batch_size` is accepted and not needed: every request
 of a call is packed into rows (harness/requests.py says how each kind is answered).
 
@@ -19,6 +25,10 @@ import hashlib
 import os
 from typing import Any
 
+# lm_eval's own models (hf, local-completions, ...) are registered by importing
+# lm_eval.models; its CLI does, but a program calling simple_evaluate after importing only this
+# module would find `lingvo_lite` alone in the registry.
+import lm_eval.models  # noqa: F401  pylint: disable=unused-import
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
@@ -38,19 +48,21 @@ class LingvoLiteLM(LM):
   """See the module doc."""
 
   def __init__(self, job_log_dir: str, exp: str | None = None, init_from: str | None = None,
-               checkpoint_step: int | None = None, max_gen_toks: int = 256,
+               checkpoint_step: int | None = None, max_length: int | None = None,
+               max_gen_toks: int = 256,
                score_rows: int | None = None, **harness_settings: Any):
     super().__init__()
     unknown = sorted(set(harness_settings) - set(_HARNESS_SETTINGS))
     if unknown:
       raise ValueError(f"--model_args {unknown[0]}: not an argument of the lingvo_lite model; "
-                       "use job_log_dir, exp, init_from, checkpoint_step, max_gen_toks, "
-                       "score_rows")
+                       "use job_log_dir, exp, init_from, checkpoint_step, max_length, "
+                       "max_gen_toks, score_rows")
     self.model = loaded_model.from_job(
         str(job_log_dir), exp=exp, init_from=init_from,
         checkpoint_step=None if checkpoint_step is None else int(checkpoint_step),
         score_rows=None if score_rows is None else int(score_rows))
     self.max_gen_toks = int(max_gen_toks)
+    self.max_length = None if max_length is None else int(max_length)
 
   @property
   def weights_checksum(self) -> str:
@@ -63,10 +75,12 @@ class LingvoLiteLM(LM):
             "weights_checksum": self.model.checksum, "task_files": task_file_hashes()}
 
   def loglikelihood(self, requests, disable_tqdm: bool = False):
-    return harness_requests.loglikelihood(self.model, [r.args for r in requests])
+    return harness_requests.loglikelihood(self.model, [r.args for r in requests],
+                                          self.max_length)
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-    return harness_requests.loglikelihood_rolling(self.model, [r.args[0] for r in requests])
+    return harness_requests.loglikelihood_rolling(self.model, [r.args[0] for r in requests],
+                                                  self.max_length)
 
   def generate_until(self, requests, disable_tqdm: bool = False):
     return harness_requests.generate_until(self.model, [r.args for r in requests],

@@ -47,8 +47,7 @@ def split_pair(model: Any, context: str, continuation: str) -> tuple[list[int], 
 
 def prefix_token(model: Any) -> int:
   """The token an empty context is: BOS where the vocabulary has one, else EOS."""
-  bos = getattr(model.vocabulary, "bos_id", None)
-  token = bos if bos is not None and bos >= 0 else model.eos_id
+  token = model.bos_id if model.bos_id is not None else model.eos_id
   if token is None:
     raise UsageError("loglikelihood of an empty context: the model's vocabulary has neither "
                      "BOS nor EOS to condition on; give a context")
@@ -61,8 +60,8 @@ class _Scored:
   first: int  # The index in `ids` of the first token whose log-probability counts.
 
 
-def _truncated(model: Any, context: list[int], continuation: list[int]) -> _Scored:
-  ids = (context + continuation)[-model.max_length:]
+def _truncated(context: list[int], continuation: list[int], max_length: int) -> _Scored:
+  ids = (context + continuation)[-max_length:]
   dropped = len(context) + len(continuation) - len(ids)
   return _Scored(ids=ids, first=max(1, len(context) - dropped))
 
@@ -78,15 +77,29 @@ def _sums(model: Any, scored: Sequence[_Scored]) -> list[tuple[float, bool]]:
   return out
 
 
-def loglikelihood(model: Any, pairs: Sequence[tuple[str, str]]) -> list[tuple[float, bool]]:
-  """(log p(continuation | context), whether greedy decoding gives it) per pair."""
+def _length(model: Any, max_length: int | None) -> int:
+  """The longest sequence scored: the model's context unless a shorter one is asked for (an
+  lm_eval client of the server leaves a position for the token it asks to generate)."""
+  if max_length is None:
+    return model.max_length
+  if not 2 <= max_length <= model.max_length:
+    raise UsageError(f"max_length={max_length}: give 2 to the model's context, "
+                     f"model.max_length={model.max_length}")
+  return max_length
+
+
+def loglikelihood(model: Any, pairs: Sequence[tuple[str, str]],
+                  max_length: int | None = None) -> list[tuple[float, bool]]:
+  """(log p(continuation | context), whether greedy decoding gives it) per pair, each
+  sequence cut from the left to `max_length` (default: the model's context)."""
+  length = _length(model, max_length)
   scored = []
   for context, continuation in pairs:
     context_ids, continuation_ids = split_pair(model, context, continuation)
     if not continuation_ids:
       raise UsageError(f"loglikelihood: the continuation {continuation!r} adds no token to "
                        f"the context {context[-40:]!r}; it cannot be scored")
-    scored.append(_truncated(model, context_ids, continuation_ids))
+    scored.append(_truncated(context_ids, continuation_ids, length))
   return _sums(model, scored)
 
 
@@ -106,11 +119,14 @@ def rolling_windows(tokens: list[int], prefix: int, window: int) -> list[_Scored
   return scored
 
 
-def loglikelihood_rolling(model: Any, texts: Sequence[str]) -> list[float]:
-  """Each text's total log-probability, longer texts scored in windows (see the module doc)."""
+def loglikelihood_rolling(model: Any, texts: Sequence[str],
+                          max_length: int | None = None) -> list[float]:
+  """Each text's total log-probability, longer texts scored in windows of `max_length`
+  (default: the model's context) less one (see the module doc)."""
+  window = _length(model, max_length) - 1
   windows, owners = [], []
   for index, text in enumerate(texts):
-    parts = rolling_windows(model.encode(text), prefix_token(model), model.max_length - 1)
+    parts = rolling_windows(model.encode(text), prefix_token(model), window)
     windows += parts
     owners += [index] * len(parts)
   totals = [0.0] * len(texts)

@@ -65,8 +65,8 @@ class Server:
     self.model = engine.model
     self.model_name = model_name
     self.request_timeout_s = request_timeout_s
-    self.chat_template = getattr(getattr(self.model.vocabulary, "files", None),
-                                 "chat_template", None)
+    files = self.model.tokenizer_files
+    self.chat_template = files.chat_template if files is not None else None
 
   def app(self) -> Starlette:
     routes = [
@@ -130,7 +130,7 @@ class Server:
     if not self.chat_template:
       raise RequestError("messages", "this model has no chat template (its tokenizer carries "
                          "none); use /v1/completions")
-    files = self.model.vocabulary.files
+    files = self.model.tokenizer_files
     special = lambda token_id: (self.model.token_text(token_id) if token_id is not None
                                 else "")
     environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True,
@@ -176,14 +176,12 @@ class Server:
 
   async def tokenizer_info(self, request: HttpRequest):
     del request
-    vocabulary = self.model.vocabulary
-    if vocabulary is None:
+    if self.model.vocabulary is None:
       raise RequestError("tokenizer", "this model reads token ids; it has no text vocabulary",
                          status=404)
-    name = lambda attribute: (self.model.token_text(getattr(vocabulary, attribute))
-                              if getattr(vocabulary, attribute, None) not in (None, -1)
-                              else None)
-    return JSONResponse({"eos_token": name("eos_id"), "bos_token": name("bos_id"),
+    name = lambda token: self.model.token_text(token) if token not in (None, -1) else None
+    return JSONResponse({"eos_token": name(self.model.eos_id),
+                         "bos_token": name(self.model.bos_id),
                          "pad_token": None, "chat_template": self.chat_template,
                          "model_max_length": self.model.max_length})
 

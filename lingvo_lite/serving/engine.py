@@ -84,7 +84,8 @@ class Engine:
     with self._lock:
       self._stopping = True
       self._lock.notify()
-    self._thread.join(timeout)
+    if self._thread.ident is not None:  # Started.
+      self._thread.join(timeout)
 
   @property
   def outstanding(self) -> int:

@@ -59,12 +59,30 @@ class LoadedModel:
   def eos_id(self) -> int | None:
     return getattr(self.vocabulary, "eos_id", None)
 
+  @property
+  def tokenizer_files(self) -> pretrained_tokenizer.TokenizerFiles | None:
+    """A pretrained tokenizer's files (its special tokens, BOS rule, chat template), or None
+    for a byte or SentencePiece vocabulary. The runtime's TextVocabulary holds them as
+    `tokenizer`, seqio's TokenizerVocabulary as `files`."""
+    for attribute in ("tokenizer", "files"):
+      value = getattr(self.vocabulary, attribute, None)
+      if isinstance(value, pretrained_tokenizer.TokenizerFiles):
+        return value
+    return None
+
+  @property
+  def bos_id(self) -> int | None:
+    """The pretrained tokenizer's BOS; None elsewhere (byte and SentencePiece vocabularies
+    start texts with no BOS here, as seqio's do)."""
+    files = self.tokenizer_files
+    return files.bos_id if files is not None else None
+
   def encode(self, text: str) -> list[int]:
     """`text`'s ids with no BOS, a special token's string read as that token (as a Hugging
     Face tokenizer's `encode(text, add_special_tokens=False)` does: a chat template's
     markers are tokens, not text; a harness finds EOS by encoding its string)."""
-    files = getattr(self.vocabulary, "files", None)
-    if isinstance(files, pretrained_tokenizer.TokenizerFiles):
+    files = self.tokenizer_files
+    if files is not None:
       return pretrained_tokenizer.encode_with_special_tokens(files, text)
     specials = self._special_strings()
     if not specials:
@@ -78,23 +96,22 @@ class LoadedModel:
     return ids
 
   def _special_strings(self) -> dict[str, int]:
-    """{string: id} of EOS and BOS: the pieces a SentencePiece vocabulary names them by, else
-    `</s>` and `<s>` (a byte vocabulary's have no text): a client can then name them."""
-    pieces = getattr(getattr(self.vocabulary, "tokenizer", None), "id_to_piece", None)
-    found = {}
-    for name, fallback in (("eos_id", "</s>"), ("bos_id", "<s>")):
-      token = getattr(self.vocabulary, name, None)
-      if token is not None and token >= 0:
-        found[str(pieces(int(token))) if pieces is not None else fallback] = int(token)
-    return found
+    """{string: id} of EOS: the piece a SentencePiece vocabulary names it by, else `</s>` (a
+    byte vocabulary's has no text), so a client can name it."""
+    processor = getattr(self.vocabulary, "sentencepiece", None)
+    token = self.eos_id
+    if token is None or token < 0:
+      return {}
+    return {str(processor.IdToPiece(int(token))) if processor is not None else "</s>":
+            int(token)}
 
   def with_bos(self, ids: list[int]) -> list[int]:
     """`ids` led by BOS where the tokenizer starts a text with it (Hugging Face's
     add_special_tokens=True)."""
-    files = getattr(self.vocabulary, "files", None)
-    bos = getattr(self.vocabulary, "bos_id", None)
-    if getattr(files, "add_bos", False) and bos is not None and ids[:1] != [bos]:
-      return [int(bos)] + ids
+    files = self.tokenizer_files
+    if files is not None and files.add_bos and files.bos_id is not None and \
+        ids[:1] != [files.bos_id]:
+      return [int(files.bos_id)] + ids
     return ids
 
   def decode(self, ids: Sequence[int]) -> str:
@@ -102,8 +119,8 @@ class LoadedModel:
 
   def token_text(self, token: int) -> str:
     """One id as text (a special token's own string, which `decode` drops)."""
-    files = getattr(self.vocabulary, "files", None)
-    if isinstance(files, pretrained_tokenizer.TokenizerFiles):
+    files = self.tokenizer_files
+    if files is not None:
       return pretrained_tokenizer.tokenizer(files).decode([int(token)],
                                                           skip_special_tokens=False)
     specials = {token_id: text for text, token_id in self._special_strings().items()}

