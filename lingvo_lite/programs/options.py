@@ -133,18 +133,18 @@ def declared_options(options_classes: Iterable[type]) -> list[DeclaredOption]:
 
 def checkpoint_step_option() -> Any:
   """`--checkpoint_step`, one declaration for every program that reads one checkpoint (eval,
-  decode), which `declared_options` requires to be alike."""
-  return option(None, "--mode=eval / --mode=decode / --mode=export: use this checkpoint step "
+  decode, serve, export), which `declared_options` requires to be alike."""
+  return option(None, "--mode=eval / decode / serve / export: use this checkpoint step "
                 "(default: the latest).")
 
 
 def init_from_option() -> Any:
   """`--init_from`, one declaration for every program that starts from a weight source (train,
-  eval, decode, export, and compile and print, which show its model): an Options class
+  eval, decode, serve, export, and compile and print, which show its model): an Options class
   declaring it gets `config_parts` from weights/sources.py."""
   return option(
-      None, "--mode=train / eval / decode / export / compile / print: JOB, JOB@STEP, hf:PATH, "
-      "gguf:PATH or slim:PATH: the parameters a job that has no checkpoint of its own starts "
+      None, "--mode=train / eval / decode / serve / export / compile / print: JOB, JOB@STEP, "
+      "hf:PATH, gguf:PATH or slim:PATH: the parameters a job that has no checkpoint of its own starts "
       "from (another job's newest usable step, or STEP; a Hugging Face folder or a GGUF file, "
       "whose config or metadata then sets the model; slim weights an export wrote); sets "
       "train.init_from. Training starts there with a fresh optimizer; a job with checkpoints "

