@@ -399,6 +399,13 @@ def _check_bench(command: Command, results: Results, session: Session) -> None:
           rf": {devices}", out, "bench devices and mesh")
 
 
+def _check_lm_eval(command: Command, results: Results, session: Session) -> None:
+  """lm_eval's results table has a row for each task asked for, with a metric value."""
+  del session
+  for task in command.flag("tasks").split(","):
+    _search(rf"^\|{re.escape(task)}\s*\|.*\|\s*\d+\.\d+\|", results[0].stdout, task)
+
+
 # -------------------------------------------------------------------------------- rules
 
 LINGVO = ("python", "-m", "lingvo_lite")
@@ -511,6 +518,13 @@ RULES = (
          why="2 steps of 2 x 64 tokens: a step of the fine-tune's 8 x 512 takes ~50 s on 2 "
              "cores; these still load the GGUF, train, checkpoint and evaluate"),
     Rule("export", lambda c: _lingvo(c, "export"), _check_export),
+    Rule("serve", lambda c: _lingvo(c, "serve"), None,
+         why="a server runs until it is stopped; tests/serving/test_server.py starts this program "
+             "on a free port and drives it with a real HTTP client (SmolLM2's chat: "
+             "tests/harness/test_humaneval.py)"),
+    Rule("curl", lambda c: c.argv[:1] == ("curl",), None,
+         why="a request to the server above; tests/serving/test_server.py sends these"),
+    Rule("lm_eval", lambda c: c.argv[:2] == ("python", "bin/lm_eval.py"), _check_lm_eval),
     Rule("train", lambda c: _lingvo(c, "train") and c.flag("job_log_dir") is not None,
          _check_train,
          ("--fdl.train.steps=4",),
