@@ -49,7 +49,12 @@ def main() -> None:
   if not any(arg == "--include_path" or arg.startswith("--include_path=") for arg in sys.argv):
     sys.argv += ["--include_path", os.path.join(_ROOT, "tasks", "lm_eval")]
   _keyed_cache()
-  cli_evaluate()
+  from lingvo_lite.errors import UsageError  # pylint: disable=g-import-not-at-top
+  try:
+    cli_evaluate()
+  except UsageError as e:  # A bad --model_args value of ours: one line, not a traceback.
+    print(f"lm_eval.py: error: {e}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

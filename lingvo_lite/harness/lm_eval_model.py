@@ -32,6 +32,7 @@ import lm_eval.models  # noqa: F401  pylint: disable=unused-import
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from lingvo_lite.errors import UsageError
 from lingvo_lite.harness import requests as harness_requests
 from lingvo_lite.serving import loaded_model
 
@@ -54,7 +55,7 @@ class LingvoLiteLM(LM):
     super().__init__()
     unknown = sorted(set(harness_settings) - set(_HARNESS_SETTINGS))
     if unknown:
-      raise ValueError(f"--model_args {unknown[0]}: not an argument of the lingvo_lite model; "
+      raise UsageError(f"--model_args {unknown[0]}: not an argument of the lingvo_lite model; "
                        "use job_log_dir, exp, init_from, checkpoint_step, max_length, "
                        "max_gen_toks, score_rows")
     self.model = loaded_model.from_job(
