@@ -51,10 +51,11 @@ def score_rows(params: Any, tokens: jax.Array, segment_ids: jax.Array, *, model:
   the argmax, the top TOP_K ids, their log-probabilities). Shapes [rows, length - 1] and
   [rows, length - 1, TOP_K]; entries that cross a segment boundary are meaningless."""
   logits = model.apply({"params": params}, tokens, segment_ids)[:, :-1].astype(jnp.float32)
-  logprobs = jax.nn.log_softmax(logits, axis=-1)
-  targets = tokens[:, 1:]
-  target = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
-  top_logprobs, top_ids = jax.lax.top_k(logprobs, TOP_K)
+  # log p = logit - logsumexp: no second [rows, length, vocabulary] array of log-probabilities.
+  log_z = jax.nn.logsumexp(logits, axis=-1)
+  target = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0] - log_z
+  top_logits, top_ids = jax.lax.top_k(logits, TOP_K)
+  top_logprobs = top_logits - log_z[..., None]
   return target, target >= top_logprobs[..., 0], top_ids.astype(jnp.int32), top_logprobs
 
 
