@@ -6,8 +6,8 @@
 model_args: `job_log_dir` (required: a job dir, or a new one with `exp`), `exp` (an experiment
 for a job dir without a config), `init_from` (hf:PATH, gguf:PATH or JOB[@STEP], as
 --init_from), `checkpoint_step`, `max_length` (the longest sequence scored: the model's context
-unless given), `max_gen_toks` (generate_until's default, 256), `score_rows` (rows per scoring
-call; default the data-parallel size).
+unless given), `max_gen_toks` (generate_until's default, 256), `score_tokens` (about how many
+tokens one scoring call holds; default 4096).
 
 The same scores through the server: lm_eval's `local-completions` model asks for one generated
 token after each echoed prompt and keeps a position for it (it scores at most its `max_length`
@@ -51,17 +51,17 @@ class LingvoLiteLM(LM):
   def __init__(self, job_log_dir: str, exp: str | None = None, init_from: str | None = None,
                checkpoint_step: int | None = None, max_length: int | None = None,
                max_gen_toks: int = 256,
-               score_rows: int | None = None, **harness_settings: Any):
+               score_tokens: int | None = None, **harness_settings: Any):
     super().__init__()
     unknown = sorted(set(harness_settings) - set(_HARNESS_SETTINGS))
     if unknown:
       raise UsageError(f"--model_args {unknown[0]}: not an argument of the lingvo_lite model; "
                        "use job_log_dir, exp, init_from, checkpoint_step, max_length, "
-                       "max_gen_toks, score_rows")
+                       "max_gen_toks, score_tokens")
     self.model = loaded_model.from_job(
         str(job_log_dir), exp=exp, init_from=init_from,
         checkpoint_step=None if checkpoint_step is None else int(checkpoint_step),
-        score_rows=None if score_rows is None else int(score_rows))
+        score_tokens=None if score_tokens is None else int(score_tokens))
     self.max_gen_toks = int(max_gen_toks)
     self.max_length = None if max_length is None else int(max_length)
 

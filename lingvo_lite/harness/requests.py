@@ -68,7 +68,7 @@ def _truncated(context: list[int], continuation: list[int], max_length: int) -> 
 
 def _sums(model: Any, scored: Sequence[_Scored]) -> list[tuple[float, bool]]:
   """(sum of log-probabilities of ids[first:], whether each is the argmax) per entry."""
-  results = model.scorer.score([s.ids for s in scored])
+  results = model.scorer.score([s.ids for s in scored], top=False)
   out = []
   for entry, scores in zip(scored, results):
     span = slice(entry.first - 1, len(entry.ids) - 1)  # Score index j is token j + 1.
@@ -93,14 +93,17 @@ def loglikelihood(model: Any, pairs: Sequence[tuple[str, str]],
   """(log p(continuation | context), whether greedy decoding gives it) per pair, each
   sequence cut from the left to `max_length` (default: the model's context)."""
   length = _length(model, max_length)
-  scored = []
-  for context, continuation in pairs:
+  scored, empty = [], []
+  for index, (context, continuation) in enumerate(pairs):
     context_ids, continuation_ids = split_pair(model, context, continuation)
-    if not continuation_ids:
-      raise UsageError(f"loglikelihood: the continuation {continuation!r} adds no token to "
-                       f"the context {context[-40:]!r}; it cannot be scored")
-    scored.append(_truncated(context_ids, continuation_ids, length))
-  return _sums(model, scored)
+    if continuation_ids:
+      scored.append(_truncated(context_ids, continuation_ids, length))
+    else:
+      # The whole tokenizes to no more ids than the context (a merge across the boundary):
+      # nothing is scored, log 1 = 0, as lm_eval's API models answer it.
+      empty.append(index)
+  sums = iter(_sums(model, scored))
+  return [(0.0, True) if index in empty else next(sums) for index in range(len(pairs))]
 
 
 def rolling_windows(tokens: list[int], prefix: int, window: int) -> list[_Scored]:

@@ -130,7 +130,7 @@ class LoadedModel:
 
 
 def load(setup: Setup, job_dir: epath.Path, shown_job: Any,
-         checkpoint_step: int | None = None, score_rows: int | None = None) -> LoadedModel:
+         checkpoint_step: int | None = None, score_tokens: int | None = None) -> LoadedModel:
   """The job's parameters (its checkpoint, else its `train.init_from`) on this host's devices.
 
   Raises:
@@ -150,7 +150,8 @@ def load(setup: Setup, job_dir: epath.Path, shown_job: Any,
                                    checkpoint_step=choice.step, steps=steps)
   del params
   return LoadedModel(setup=setup, vocabulary=vocabulary, generator=generator,
-                     scorer=Scorer(steps, generator.params, rows=score_rows),
+                     scorer=Scorer(steps, generator.params, **(
+                         {} if score_tokens is None else {"tokens_per_call": score_tokens})),
                      weights=choice.describe(), checksum=parameters_checksum(generator.params))
 
 
@@ -166,7 +167,7 @@ def parameters_checksum(params: Any) -> str:
 
 def from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = None,
              checkpoint_step: int | None = None, assignments: Sequence[str] = (),
-             score_rows: int | None = None) -> LoadedModel:
+             score_tokens: int | None = None) -> LoadedModel:
   """A job dir's model for a caller without lingvo_lite's flags (the lm-evaluation-harness
   model): its config.json (or experiment `exp`, for a job dir without one), `init_from`
   (`hf:PATH`, `gguf:PATH`, `JOB[@STEP]`) and `PATH=VALUE` assignments applied as --init_from
@@ -194,4 +195,4 @@ def from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = N
   overrides.apply(cfg, [overrides.set_directive(f"--set {a}", a) for a in assignments], None)
   with targets.active(targets.host()):
     setup = building.build(cfg)
-    return load(setup, job_dir, job_log_dir, checkpoint_step, score_rows)
+    return load(setup, job_dir, job_log_dir, checkpoint_step, score_tokens)

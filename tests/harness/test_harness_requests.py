@@ -42,6 +42,14 @@ def test_loglikelihood_equals_a_plain_computation(model):
     assert greedy == bool((logprobs[positions].argmax(-1) == ids[len(context_ids):]).all())
 
 
+def test_a_continuation_that_adds_no_token_scores_zero(model, monkeypatch):
+  # A tokenizer that merges across the boundary leaves the continuation no ids of its own.
+  monkeypatch.setattr(harness, "split_pair", lambda m, c, t: (m.encode(c + t), []))
+  results = harness.loglikelihood(model, [("def main(", "):"), PAIRS[0]])
+  assert results[0] == (0.0, True)
+  assert results[1] == harness.loglikelihood(model, [PAIRS[0]])[0]
+
+
 def test_pairs_split_as_lm_eval_splits_them(model):
   # Trailing spaces move to the continuation; an empty context is the prefix token.
   context, continuation = harness.split_pair(model, "x = 1 ", " + 2")

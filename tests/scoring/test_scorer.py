@@ -18,7 +18,7 @@ TEXTS = ("def main():\n    return 1\n", "import os\n", "x = [i for i in range(10
 
 @pytest.fixture(scope="module")
 def model(tiny_job):
-  return loaded_model.from_job(str(tiny_job / "runs/tiny"), score_rows=2)
+  return loaded_model.from_job(str(tiny_job / "runs/tiny"), score_tokens=128)
 
 
 def _reference(model, ids):
@@ -33,7 +33,11 @@ def test_packed_scores_equal_a_plain_computation_and_unpacked_scores(model):
   assert len(sequences[3]) == 1  # Nothing to predict: an empty score.
   packed = model.scorer.score(sequences)
   alone = [model.scorer.score([s])[0] for s in sequences]
-  for ids, scores, single in zip(sequences, packed, alone):
+  cheap = model.scorer.score(sequences, top=False)  # No alternatives: the greedy check by max.
+  for ids, scores, single, plain in zip(sequences, packed, alone, cheap):
+    assert plain.top_ids is None and plain.top_logprobs is None
+    np.testing.assert_allclose(plain.logprobs, scores.logprobs, atol=2e-5)
+    np.testing.assert_array_equal(plain.greedy, scores.greedy)
     assert scores.logprobs.shape == (len(ids) - 1,)
     assert scores.top_ids.shape == (len(ids) - 1, TOP_K)
     if len(ids) == 1:
@@ -81,6 +85,8 @@ def test_packing_keeps_sequences_whole_and_apart(seed):
   assert rows <= 2 * sum(lengths) / 40 + 1  # First fit decreasing wastes under half a row each.
 
 
-def test_row_lengths_end_at_the_context():
+def test_row_lengths_end_at_the_context(model):
   assert row_lengths(64) == (64,)
   assert row_lengths(300) == (64, 128, 256, 300)
+  assert model.scorer.rows_for(64) == 2  # score_tokens=128: two rows of 64 a call.
+  assert model.scorer.rows_for(1000) == 1
