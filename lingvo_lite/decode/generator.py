@@ -14,9 +14,14 @@ time. Then, while requests remain:
 The functions are compiled once per (slots, cache length) and once per prefill bucket:
 settings, prompt lengths within a bucket and the number of requests change no shape.
 
+`SlotBatch` is those steps one round at a time: `generate` runs one batch to the end, and the
+server's engine (serving/engine.py) keeps one open, adding and cancelling requests between
+rounds (continuous batching).
+
 Longer than 300 lines with a reason: resolving a request (its settings, its prompt, whether it
-fits the cache) and running the slots that decode it share the slots' shapes and the cache
-length; split, each half would have to restate the other's limits.
+fits the cache), running the slots that decode it and the batch that refills them share the
+slots' shapes, the cache length and the slot bookkeeping; split, each part would have to
+restate the others' limits.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ Streaming sends each choice's new text after every decode round, holding back wh
 still become a stop string (the longest stop string less one character) and a trailing
 partial character; a choice's last chunk carries its `finish_reason` (and its `logprobs`,
 which are read when it ends).
+
+Longer than 300 lines with a reason: the whole answer and the streamed one are the same
+choices in the same shapes (text, logprobs, usage); split, the shapes would need the run's
+request, choices and scores handed to them piece by piece.
 """
 
 from __future__ import annotations
