@@ -7,7 +7,8 @@ model_args: `job_log_dir` (required: a job dir, or a new one with `exp`), `exp` 
 for a job dir without a config), `init_from` (hf:PATH, gguf:PATH or JOB[@STEP], as
 --init_from), `checkpoint_step`, `max_length` (the longest sequence scored: the model's context
 unless given), `max_gen_toks` (generate_until's default, 256), `score_tokens` (about how many
-tokens one scoring call holds; default 4096).
+tokens one scoring call holds; default 4096), and any config field by its dotted path, as
+--fdl.PATH=VALUE sets it (`decode.slots=4,decode.cache_length=512`).
 
 The same scores through the server: lm_eval's `local-completions` model asks for one generated
 token after each echoed prompt and keeps a position for it (it scores at most its `max_length`
@@ -53,14 +54,18 @@ class LingvoLiteLM(LM):
                max_gen_toks: int = 256,
                score_tokens: int | None = None, **harness_settings: Any):
     super().__init__()
-    unknown = sorted(set(harness_settings) - set(_HARNESS_SETTINGS))
+    # A dotted name is a config field (decode.slots=4), set as --fdl.decode.slots=4 would.
+    assignments = [f"{name}={value}" for name, value in harness_settings.items() if "." in name]
+    unknown = sorted(set(harness_settings) - set(_HARNESS_SETTINGS)
+                     - {name for name in harness_settings if "." in name})
     if unknown:
       raise UsageError(f"--model_args {unknown[0]}: not an argument of the lingvo_lite model; "
                        "use job_log_dir, exp, init_from, checkpoint_step, max_length, "
-                       "max_gen_toks, score_tokens")
+                       "max_gen_toks, score_tokens, or a config field's dotted path")
     self.model = loaded_model.from_job(
         str(job_log_dir), exp=exp, init_from=init_from,
         checkpoint_step=None if checkpoint_step is None else int(checkpoint_step),
+        assignments=assignments,
         score_tokens=None if score_tokens is None else int(score_tokens))
     self.max_gen_toks = int(max_gen_toks)
     self.max_length = None if max_length is None else int(max_length)

@@ -95,6 +95,10 @@ class CompletionRun:
   def _resolve(self, given_ids: Sequence[tuple[int, ...]] | None) -> list[Choice]:
     request, sampling = self.request, self.request.sampling
     prompts = list(given_ids) if given_ids is not None else list(request.prompts)
+    if len(prompts) * sampling.n > self.engine.max_outstanding:
+      # Refused before any prompt is tokenized: a flood in one body costs nothing.
+      raise QueueFull(f"{len(prompts)} prompts x n={sampling.n} choices are more than the "
+                      f"server holds at once (--max_outstanding={self.engine.max_outstanding})")
     default_seed = self.model.setup.decode.seed
     choices = []
     for prompt_index, prompt in enumerate(prompts):

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 MAX_LOGPROBS = 5  # OpenAI's cap on alternatives per token.
 MAX_N = 16
+MAX_STOP = 16  # Stop strings a request may give (OpenAI allows 4); each is searched per round.
 DEFAULT_MAX_TOKENS = 16
 
 _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n",
@@ -120,6 +121,8 @@ def _stop(body: dict) -> tuple[str, ...] | None:
   values = [value] if isinstance(value, str) else value
   if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
     raise RequestError("stop", f"{value!r} is not a non-empty string or a list of them")
+  if len(values) > MAX_STOP:
+    raise RequestError("stop", f"{len(values)} stop strings; give at most {MAX_STOP}")
   return tuple(values)
 
 

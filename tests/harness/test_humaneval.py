@@ -42,7 +42,10 @@ def test_smollm2_on_three_humaneval_problems(tmp_path):
   from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
   from lingvo_lite.harness import lm_eval_model  # pylint: disable=g-import-not-at-top
 
-  model = lm_eval_model.LingvoLiteLM(job_log_dir=str(tmp_path / "smol"), exp="SmolLM2_135M")
+  # Four slots of 384 positions hold a problem's prompt and its 128 new tokens; each step
+  # reads a fifth of the experiment's 8 x 1,024 cache.
+  model = lm_eval_model.LingvoLiteLM(job_log_dir=str(tmp_path / "smol"), exp="SmolLM2_135M",
+                                     **{"decode.slots": 4, "decode.cache_length": 384})
   with pytest.raises(ValueError, match="unsafe"):
     lm_eval.simple_evaluate(model=model, tasks=["lingvo_lite_humaneval"], limit=3,
                             task_manager=TaskManager(include_path=lm_eval_model.TASK_FOLDER))

@@ -90,9 +90,9 @@ def test_each_program_declares_what_it_writes_in_the_job_dir():
     assert files.written == WRITTEN.get(name, ()), name
     assert files.creates == (name in ("train", "compile", "export")), name
     assert files.kind_only == ((("decode", _D),) if name == "decode" else ()), name
-    # Decode and eval run on a new job dir from --exp (a weight source's model) and record
-    # its config there; one with a config they only read.
-    assert files.records_config == (name in ("decode", "eval")), name
+    # Decode, serve and eval run on a new job dir from --exp (a weight source's model) and
+    # record its config there; one with a config they only read.
+    assert files.records_config == (name in ("decode", "serve", "eval")), name
     assert files.eval_sets_under == {"train": "", "eval": "eval/"}.get(name), name
     assert files.when_profiling == ((
         ("summaries/train/plugins", _D), ("summaries/train/plugins/profile", _D))

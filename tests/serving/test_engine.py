@@ -115,3 +115,26 @@ def test_the_queue_bound_refuses_all_or_nothing(model):
   engine._run()  # pylint: disable=protected-access  (the thread's loop, run here to drain)
   assert set(answers.errors) == {0, 1, 2}
   assert "shutting down" in answers.errors[0]
+
+
+def test_a_request_past_its_timeout_is_cancelled(model):
+  import asyncio  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.serving import completions, openai_api  # pylint: disable=g-import-not-at-top
+
+  engine = Engine(model, max_outstanding=4)  # Not started: nothing ever finishes.
+  request = openai_api.completion_request({"prompt": [40, 41], "max_tokens": 8},
+                                          model.setup.model.vocab_size)
+
+  async def run_it():
+    run = completions.CompletionRun(engine, request, "tiny", timeout_s=0.3)
+    run.submit()
+    assert engine.outstanding == 1
+
+    async def connected():
+      return False
+
+    await run.whole(connected)
+
+  with pytest.raises(completions.Timeout):
+    asyncio.run(run_it())
+  assert engine.outstanding == 0  # Cancelled: its slot (or place in line) is free.

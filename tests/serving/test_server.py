@@ -151,6 +151,9 @@ HOSTILE = [
     ({"prompt": "x", "n": 0}, "n", 400), ({"prompt": "x", "n": 1000}, "n", 400),
     ({"prompt": "x", "logprobs": 6}, "logprobs", 400),
     ({"prompt": "x", "stop": [""]}, "stop", 400), ({"prompt": "x", "stop": 3}, "stop", 400),
+    ({"prompt": "x", "stop": ["a"] * 17}, "stop", 400),
+    ({"prompt": "x", "top_k": 2**40}, "top_k", 400),
+    ({"prompt": "\ud800"}, "prompt", 400),
     ({"prompt": "x", "echo": "yes"}, "echo", 400), ({"prompt": "x", "seed": -1}, "seed", 400),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", 400),
     ({"prompt": "x", "suffix": "y"}, "suffix", 400), ({"prompt": "x", "best_of": 3}, "best_of",
@@ -197,6 +200,9 @@ def test_a_flood_past_the_queue_bound_gets_429_and_the_rest_are_served(server):
   served = {json.loads(text)["choices"][0]["text"] for code, text in answers if code == 200}
   assert len(served) == 1  # Greedy: every served copy is the same answer.
   assert server.complete(body)["choices"][0]["text"] in served
+  # One body asking for more than the server holds is refused before anything is tokenized.
+  code, text = server.post("/v1/completions", {"prompt": ["def "] * 41, "max_tokens": 2})
+  assert code == 429 and "--max_outstanding=40" in text
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_slot(server):
