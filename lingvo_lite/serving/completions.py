@@ -293,10 +293,10 @@ class CompletionRun:
   def _entries(self, choice: Choice) -> list[tuple[int, float | None, dict[str, float] | None]]:
     """(token, its log-probability, its top alternatives) for the tokens answered: the
     prompt's with `echo` (the first has none: nothing precedes it), then the completion's."""
-    scores, prompt_length = choice.scores, len(choice.prompt_ids)
+    scores = choice.scores
     ids = list(choice.prompt_ids) + list(self._completion_ids(choice))
     top = self.request.logprobs or 0
-    first = 0 if self.request.echo else prompt_length
+    first = 0 if self.request.echo else len(choice.prompt_ids)
     entries = []
     for position in range(first, len(ids)):
       if position == 0:
@@ -307,7 +307,6 @@ class CompletionRun:
       for token, value in zip(scores.top_ids[j][:top], scores.top_logprobs[j][:top]):
         alternatives.setdefault(self.model.token_text(int(token)), float(value))
       entries.append((ids[position], float(scores.logprobs[j]), alternatives))
-    del prompt_length
     return entries
 
   def _logprobs(self, choice: Choice) -> dict[str, Any]:
@@ -359,5 +358,3 @@ class CompletionRun:
 def _sse(body: dict[str, Any]) -> str:
   return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
-
-__all__ = ["CompletionRun", "QueueFull", "RequestError", "Timeout", "usage_error"]
