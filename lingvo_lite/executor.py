@@ -465,12 +465,7 @@ def _set_option_parts(cfg: fdl.Buildable, options: Any) -> None:
   fiddlers and --fdl overrides, which then change them like any other part; config.json
   records them."""
   parts = getattr(options, "config_parts", None)
-  for path, part in (parts(cfg) if parts else {}).items():
-    *owners, name = path.split(".")
-    owner = cfg
-    for step in owners:
-      owner = getattr(owner, step)
-    setattr(owner, name, part)
+  building.set_parts(cfg, parts(cfg) if parts else {})
 
 
 def run_main() -> None:

@@ -10,6 +10,7 @@ exception from a constructor is a bug, not the user's mistake: it keeps its trac
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import fiddle as fdl
 
@@ -22,6 +23,17 @@ _FIDDLE_CONTEXT = re.compile(r"\n\nFiddle context: failed to construct or call .
                              r"<root>(\S*) with ", re.DOTALL)
 # The start of a `config_error` message: `field=value: ...`.
 _FIELD_FIRST = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*|\[\d+\])*=")
+
+
+def set_parts(cfg: fdl.Buildable, parts: dict[str, Any]) -> None:
+  """Sets each `{dotted path: part}` in `cfg` (`train.init_from`, `model`): what a program's
+  options stand for (--init_from), set before the fiddlers and --fdl overrides."""
+  for path, part in parts.items():
+    *owners, name = path.split(".")
+    owner = cfg
+    for step in owners:
+      owner = getattr(owner, step)
+    setattr(owner, name, part)
 
 
 def build(cfg: fdl.Buildable) -> Setup:

@@ -61,9 +61,8 @@ JOB_FILES = JobFiles(records_config=True)
 def _check(options: Options) -> None:
   if not 0 <= options.port <= 65535:
     raise UsageError(f"--port={options.port}: not a TCP port; give 0 to 65535 (0: a free one)")
-  for name in ("max_outstanding",):
-    if getattr(options, name) < 1:
-      raise UsageError(f"--{name}={getattr(options, name)}: must be at least 1")
+  if options.max_outstanding < 1:
+    raise UsageError(f"--max_outstanding={options.max_outstanding}: must be at least 1")
   for name in ("request_timeout_s", "shutdown_timeout_s"):
     value = getattr(options, name)
     if not value > 0 or value == float("inf"):

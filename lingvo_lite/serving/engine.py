@@ -68,7 +68,8 @@ class Engine:
     self._arrived: list[Ticket] = []
     self._cancelled: list[Ticket] = []
     self._scoring: list[_Scoring] = []
-    self._outstanding: set[Ticket] = set()
+    # Waiting or running, by id(ticket.job): how a round's jobs find their tickets.
+    self._outstanding: dict[int, Ticket] = {}
     self._stopping = False
     self._ids = itertools.count()
     self._thread = threading.Thread(target=self._run, name="lingvo_lite-engine", daemon=True)
@@ -115,7 +116,7 @@ class Engine:
       if len(self._outstanding) + len(tickets) > self.max_outstanding:
         raise QueueFull(f"{len(self._outstanding)} requests are outstanding, at most "
                         f"{self.max_outstanding} (--max_outstanding); retry later")
-      self._outstanding.update(tickets)
+      self._outstanding.update((id(ticket.job), ticket) for ticket in tickets)
       self._arrived += tickets
       self._lock.notify()
     return tickets
@@ -123,8 +124,8 @@ class Engine:
   def cancel(self, ticket: Ticket) -> None:
     """Drops the request (waiting, or its slot); nothing more is reported for it."""
     with self._lock:
-      if ticket in self._outstanding:
-        self._outstanding.discard(ticket)
+      if self._outstanding.get(id(ticket.job)) is ticket:
+        del self._outstanding[id(ticket.job)]
         self._cancelled.append(ticket)
         self._lock.notify()
 
@@ -155,21 +156,19 @@ class Engine:
         for ticket in cancelled:
           batch.cancel(ticket.job)
         if stopping:
-          self._fail_all(batch, arrived, scoring, "the server is shutting down")
+          self._fail_all(batch, scoring, "the server is shutting down")
           return
-        live = self._live()
-        by_job = {id(ticket.job): ticket for ticket in live}
         for ticket in arrived:
-          if id(ticket.job) in by_job:  # Not cancelled before it got here.
+          if self._ticket(ticket.job) is ticket:  # Not cancelled before it got here.
             batch.add(ticket.job)
         if scoring:
           self._score(scoring)
         if batch.busy:
-          batch = self._round(batch, by_job)
+          batch = self._round(batch)
 
-  def _live(self) -> list[Ticket]:
+  def _ticket(self, job: Any) -> Ticket | None:
     with self._lock:
-      return list(self._outstanding)
+      return self._outstanding.get(id(job))
 
   def _score(self, jobs: list[_Scoring]) -> None:
     try:
@@ -184,7 +183,7 @@ class Engine:
       job.on_done(scores[start:start + len(job.sequences)])
       start += len(job.sequences)
 
-  def _round(self, batch: SlotBatch, by_job: dict[int, Ticket]) -> SlotBatch:
+  def _round(self, batch: SlotBatch) -> SlotBatch:
     try:
       result = batch.step()
       self.rounds += 1
@@ -193,35 +192,31 @@ class Engine:
       message = f"decoding failed: {type(e).__name__}: {e}"
       waiting = list(batch.pending) + [s.job for s in batch.slots if s is not None]
       for job in waiting:
-        self._finish(by_job.get(id(job)), error=message)
+        self._finish(job, error=message)
       return SlotBatch(self.model.generator)  # The failed round's state is not reused.
     for job, ids in result.running:
-      ticket = by_job.get(id(job))
+      ticket = self._ticket(job)
       if ticket is not None and ticket.on_tokens is not None:
         ticket.on_tokens(ids)
     for job, completion in result.finished:
-      self._finish(by_job.get(id(job)), completion=completion)
+      self._finish(job, completion=completion)
     return batch
 
-  def _finish(self, ticket: Ticket | None, completion: Any = None, error: str | None = None
-              ) -> None:
-    if ticket is None:
-      return
+  def _finish(self, job: Any, completion: Any = None, error: str | None = None) -> None:
     with self._lock:
-      if ticket not in self._outstanding:
-        return  # Cancelled meanwhile.
-      self._outstanding.discard(ticket)
+      ticket = self._outstanding.pop(id(job), None)
+    if ticket is None:
+      return  # Cancelled meanwhile.
     if error is not None:
       ticket.on_error(error)
     else:
       ticket.on_done(completion)
 
-  def _fail_all(self, batch: SlotBatch, arrived: list[Ticket], scoring: list[_Scoring],
-                message: str) -> None:
+  def _fail_all(self, batch: SlotBatch, scoring: list[_Scoring], message: str) -> None:
     for job in scoring:
       job.on_error(message)
     with self._lock:
-      left, self._outstanding = list(self._outstanding), set()
+      left, self._outstanding = list(self._outstanding.values()), {}
     for ticket in left:
       ticket.on_error(message)
     try:

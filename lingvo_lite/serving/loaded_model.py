@@ -9,6 +9,7 @@ starts from (`train.init_from`), as `--mode=decode` chooses them (weights/job_pa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 from typing import Any, Sequence
@@ -49,7 +50,12 @@ class LoadedModel:
   generator: generation.Generator
   scorer: Scorer
   weights: str
-  checksum: str
+
+  @functools.cached_property
+  def checksum(self) -> str:
+    """Computed when first asked (a result or /v1/models names it), not at every load: it
+    reads every parameter back to the host."""
+    return parameters_checksum(self.generator.params)
 
   @property
   def max_length(self) -> int:
@@ -152,7 +158,7 @@ def load(setup: Setup, job_dir: epath.Path, shown_job: Any,
   return LoadedModel(setup=setup, vocabulary=vocabulary, generator=generator,
                      scorer=Scorer(steps, generator.params, **(
                          {} if score_tokens is None else {"tokens_per_call": score_tokens})),
-                     weights=choice.describe(), checksum=parameters_checksum(generator.params))
+                     weights=choice.describe())
 
 
 def parameters_checksum(params: Any) -> str:
@@ -186,12 +192,7 @@ def from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = N
                      "the job dir of a training run, or exp=NAME (with init_from=...) for a "
                      "new one")
   with_default_parts(cfg)
-  for path, part in sources.config_parts(init_from, cfg.model, "init_from").items():
-    *owners, name = path.split(".")
-    owner = cfg
-    for step in owners:
-      owner = getattr(owner, step)
-    setattr(owner, name, part)
+  building.set_parts(cfg, sources.config_parts(init_from, cfg.model, "init_from"))
   overrides.apply(cfg, [overrides.set_directive(f"--set {a}", a) for a in assignments], None)
   with targets.active(targets.host()):
     setup = building.build(cfg)
