@@ -103,6 +103,10 @@ class JittedSteps:
         self.setup.model, self.optimizer, self.setup.train.seed,
         self.setup.train_data.sequence_length, self.sharded_state.shardings)
 
+  def state_with_params(self, params: Any) -> train_state.TrainState:
+    """A step-0 state with `params` (placed in this setup's shardings) and a fresh optimizer."""
+    return train_state.state_with_params(self.optimizer, params, self.sharded_state.shardings)
+
   @property
   def checkpoint_metadata(self) -> dict[str, Any]:
     """What a checkpoint records about the state's layout (the model's family says)."""

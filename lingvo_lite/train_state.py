@@ -68,3 +68,16 @@ def create_state(model: nn.Module, optimizer: optax.GradientTransformation, seed
   def init(rng):
     return nn.meta.unbox(init_state(model, optimizer, rng, sequence_length))
   return jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
+
+
+def state_with_params(optimizer: optax.GradientTransformation, params: Any,
+                      shardings: TrainState) -> TrainState:
+  """A step-0 state around `params` (a warm start's, already in their shardings): the
+  optimizer's initial state made from them, without initializing parameters only to replace
+  them (a trace and compile of the model's initializer, and a second copy of the
+  parameters). `params` are donated."""
+  def make(params):
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params))
+  return jax.jit(make, out_shardings=shardings, donate_argnums=0)(params)
+

@@ -2,8 +2,9 @@
 package) loads into lingvo_lite's Llama and scores text as transformers does.
 
 The reference is transformers 5.23 loading the same file (its own GGUF reader and the same
-`gguf` dequantization, float32, eager attention); both score the same token ids (transformers'
-tokenizer of the file). Measured when written: the largest per-token log-probability
+`gguf` dequantization, float32, eager attention; converted once per machine and kept as
+transformers saves it: tests/weights/transformers_reference.py); both score the same token ids
+(transformers' tokenizer of the file). Measured when written: the largest per-token log-probability
 difference is ~7e-5, while transformers' own float32 run differs from its float64 run by
 ~6e-5: the tolerance, 1e-4, is float32's noise on a 30-layer model, not slack.
 """
@@ -25,6 +26,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.weights import gguf_export, hf_export
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
+from tests.weights import transformers_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -63,9 +65,7 @@ def smollm2():
   model = family(**fields)
   abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
   params, loaded = source.read_params(model, abstract)
-  tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=FILE)
-  reference = transformers.AutoModelForCausalLM.from_pretrained(
-      folder, gguf_file=FILE, dtype=torch.float32, attn_implementation="eager").eval()
+  tokenizer, reference = transformers_reference.load_gguf(folder, FILE)
   return model, params, loaded, tokenizer, reference
 
 

@@ -215,7 +215,7 @@ def _restore_or_init(jitted: JittedSteps, checkpointer: Checkpointer, start: int
   if start is None:
     if warm_start is not None:
       params, loaded = warm_start
-      state = jitted.init_state().replace(params=params)
+      state = jitted.state_with_params(params)
       say(f"initialized a new state in {job_dir} with the parameters of {loaded} "
           f"({FIELD}); the optimizer starts fresh")
       return state, 0
