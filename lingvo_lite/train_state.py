@@ -80,4 +80,3 @@ def state_with_params(optimizer: optax.GradientTransformation, params: Any,
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=optimizer.init(params))
   return jax.jit(make, out_shardings=shardings, donate_argnums=0)(params)
-
