@@ -1,4 +1,5 @@
-"""The requests tests/harness/test_harness_mesh.py sends on one device and on a mesh."""
+"""The requests tests/harness/test_harness_mesh.py sends on one device and on a mesh (PAIRS
+are test_harness_requests.py's too)."""
 
 PAIRS = [("def main(", "):"), ("import o", "s"), ("x = 1 ", " + 2"), ("", "print(1)"),
          ("for i in range(10", "):\n    pass")]

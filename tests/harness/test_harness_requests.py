@@ -13,9 +13,8 @@ from lingvo_lite.decode.requests import Request
 from lingvo_lite.harness import requests as harness
 from lingvo_lite.serving import loaded_model
 from lingvo_lite.train_state import strip_boxes
+from tests.harness.mesh_requests import PAIRS
 
-PAIRS = [("def main(", "):"), ("import o", "s"), ("x = 1 ", " + 2"), ("", "print(1)"),
-         ("for i in range(10", "):\n    pass")]
 
 
 @pytest.fixture(scope="module")
