@@ -36,6 +36,8 @@ class Target:
     memory_source: Where that number comes from (for reports).
     num_slices: TPU slices joined over the data-center network.
     peak_bf16_tflops: Datasheet peak per device, or None (then mfu.py decides).
+    peak_int8_tops: Datasheet int8 peak per device, or None (none known: "int8" training's
+      step time is then not estimated).
     is_host: Whether the devices are this process's own (programs can run on them).
   """
 
@@ -46,6 +48,7 @@ class Target:
   memory_source: str
   num_slices: int = 1
   peak_bf16_tflops: float | None = None
+  peak_int8_tops: float | None = None
   is_host: bool = True
 
   @property
@@ -191,7 +194,8 @@ def _tpu_target(tpu_slice: topologies.TpuSlice, num_slices: int) -> Target:
   return Target(name=name, platform="tpu", devices=tuple(description.devices),
                 memory_per_device=generation.memory_per_chip,
                 memory_source=f"{generation.name} datasheet HBM per chip", num_slices=num_slices,
-                peak_bf16_tflops=generation.peak_bf16_tflops, is_host=False)
+                peak_bf16_tflops=generation.peak_bf16_tflops,
+                peak_int8_tops=generation.peak_int8_tops, is_host=False)
 
 
 @contextlib.contextmanager

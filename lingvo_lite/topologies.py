@@ -29,6 +29,8 @@ class Generation:
     cores_per_chip: TensorCores per chip that the slice name counts (2 for v4 and v5p).
     memory_per_chip: HBM bytes per chip.
     peak_bf16_tflops: Datasheet dense bfloat16 peak per chip.
+    peak_int8_tops: Datasheet dense int8 peak per chip (v4's MXUs run int8 at the bfloat16
+      rate: no speed-up there; v5e, v5p and v6e double it).
     single_host_chips: The largest slice one host drives (its chips form one process).
   """
 
@@ -38,14 +40,15 @@ class Generation:
   cores_per_chip: int
   memory_per_chip: int
   peak_bf16_tflops: float
+  peak_int8_tops: float
   single_host_chips: int
 
 
 GENERATIONS = {
-    "v4": Generation("v4", "v4", "megacore", 2, 32 * _GIB, 275.0, 4),
-    "v5e": Generation("v5e", "v5e", "default", 1, 16 * _GIB, 197.0, 8),
-    "v5p": Generation("v5p", "v5p", "megacore", 2, 95 * _GIB, 459.0, 4),
-    "v6e": Generation("v6e", "v6e", "default", 1, 32 * _GIB, 918.0, 8),
+    "v4": Generation("v4", "v4", "megacore", 2, 32 * _GIB, 275.0, 275.0, 4),
+    "v5e": Generation("v5e", "v5e", "default", 1, 16 * _GIB, 197.0, 394.0, 8),
+    "v5p": Generation("v5p", "v5p", "megacore", 2, 95 * _GIB, 459.0, 918.0, 4),
+    "v6e": Generation("v6e", "v6e", "default", 1, 32 * _GIB, 918.0, 1836.0, 8),
 }
 
 # Chip grids of the slice sizes Cloud TPU offers: 3D tori for v4/v5p, 2D for v5e/v6e.

@@ -41,7 +41,6 @@ from lingvo_lite.decode.records import Completion
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.train_state import strip_boxes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +207,7 @@ class Generator:
     self.eos_id = eos_id
     self.slots = self.steps.slots
     self.cache_length = self.steps.cache_length
-    self.params = jax.device_put(strip_boxes(params), self.steps.param_shardings)
+    self.params = self.steps.decode_form(params)
     self.state = self.steps.empty_state()
     self.compiled_prefill_buckets: set[int] = set()
     self._prefill: dict[int, Any] = {}  # Bucket -> compiled prefill.

@@ -40,11 +40,11 @@ def end_token(setup: Setup, vocabulary: Any) -> int:
   return int(eos) if eos is not None and setup.decode.stop_at_eos else decoding.NO_EOS
 
 
-def parameter_shardings(setup: Setup, mesh: Mesh) -> Any:
-  """The parameters' shardings under the partitioner's rules (as training places them)."""
+def parameter_specs(setup: Setup) -> Any:
+  """The parameters' logical axes (PartitionSpecs of axis names), as training has them."""
   boxed = jax.eval_shape(lambda: setup.model.init(
       jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
-  return setup.partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
+  return nn.get_partition_spec(boxed)
 
 
 class DecodeSteps:
@@ -56,7 +56,10 @@ class DecodeSteps:
     mesh: The device mesh.
     slots, cache_length, buckets: The shapes they are compiled for.
     eos_id: The end-of-sequence id generation stops at (decoding.NO_EOS for none).
-    param_shardings, state_shardings: Where the parameters and the decode state live.
+    param_shardings, state_shardings: Where the parameters the functions take and the decode
+      state live (the parameters in the family's decode form: `decode_params`).
+    loaded_shardings: Where the parameters live as loaded (the training form), before
+      `decode_params` makes them into what the functions take (int8 weights, say).
     prefill, generate: `decoding.prefill` and `decoding.generate`, jitted, the state donated.
   """
 
@@ -72,7 +75,15 @@ class DecodeSteps:
     partitioner = setup.partitioner
     self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(model),
                                                          self.mesh)
-    self.param_shardings = parameter_shardings(setup, self.mesh)
+    specs = parameter_specs(setup)
+    self.loaded_shardings = partitioner.logical_to_sharding(specs, self.mesh)
+    decode_specs = model.decode_param_specs(specs)
+    self.param_shardings = partitioner.logical_to_sharding(decode_specs, self.mesh)
+    # None where the family decodes with the parameters as loaded.
+    self._to_decode_form = None if decode_specs is specs else jax.jit(
+        functools.partial(model.decode_params, logical_specs=specs),
+        in_shardings=(self.loaded_shardings,), out_shardings=self.param_shardings,
+        donate_argnums=(0,))
     state = self.state_shardings
     self.prefill = jax.jit(
         functools.partial(decoding.prefill, model=model, eos_id=eos_id),
@@ -103,11 +114,23 @@ class DecodeSteps:
     return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
         leaf.shape, leaf.dtype, sharding=sharding), shapes, self.state_shardings)
 
+  def decode_form(self, params: Any) -> Any:
+    """Loaded parameters (host or device arrays, boxed or not) placed on the mesh in the form
+    the functions take: the family's `decode_params` (int8 weights quantized once, here;
+    the loaded float parameters are donated to it)."""
+    params = jax.device_put(strip_boxes(params), self.loaded_shardings)
+    if self._to_decode_form is None:
+      return params
+    with self.activated():
+      return self._to_decode_form(params)
+
   def abstract_params(self) -> Any:
+    """The parameters the functions take, as shapes with their shardings."""
     # The key is made inside eval_shape: made eagerly under a topology's mesh (a TPU compile
     # on a CPU host) it would be placed on devices that hold no arrays.
-    shapes = strip_boxes(jax.eval_shape(lambda: self.setup.model.init(
-        jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"])
+    model, specs = self.setup.model, parameter_specs(self.setup)
+    shapes = jax.eval_shape(lambda: model.decode_params(strip_boxes(model.init(
+        jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]), specs))
     return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
         leaf.shape, leaf.dtype, sharding=sharding), shapes, self.param_shardings)
 

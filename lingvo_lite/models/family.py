@@ -25,6 +25,10 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   (a name the partitioner's default rules do not map needs a rule in `partitioner.rules`).
 - Checks: `validate(target)` raises `UsageError` with one line naming `model.<field>`, the value
   and the fix; `check_sequence_length(path, length)` refuses data longer than the model takes.
+- Quantization (models/quantization.py): a `quantization` field, the settings it implements in
+  `quantizations` (`check_quantization` refuses others, and "int8_weights" in a training
+  step), and `int8_weight_contractions()`, its weight matrices by logical axes, from which
+  `decode_params(params, specs)` quantizes the weights once for decoding.
 - `tiny(fields, sequence_length)`: a classmethod returning the field changes that shrink the
   model to run in seconds on one CPU (models never import Fiddle; `config/fiddlers.py` applies
   them). `resumable_fields`: the fields a resumed run may change.
@@ -114,6 +118,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.checkpoint_names import GgufTensor
 
 RematPolicy = Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"]
@@ -220,6 +225,9 @@ class LanguageModel(nn.Module):
   # Fields a resumed run may change: they leave the parameters and what they compute as they
   # are (how layers are laid out, rematerialized, or attention executed).
   resumable_fields: ClassVar[tuple[str, ...]] = ()
+  # The settings of its `quantization` field it implements (models/quantization.py): none
+  # for a family without the field.
+  quantizations: ClassVar[tuple[str, ...]] = ()
 
   @classmethod
   def former_defaults(cls, arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -251,6 +259,12 @@ class LanguageModel(nn.Module):
   def matmul_parameters(self) -> int:
     """Weights that multiply activations once per token (biases, norms and lookups excluded;
     a tied unembedding included)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def block_matmul_parameters(self) -> int:
+    """The share of `matmul_parameters` in the blocks (without the unembedding): the weights
+    "int8" training multiplies in int8 (the compile report's int8 step time)."""
     raise NotImplementedError
 
   @nn.nowrap
@@ -323,6 +337,47 @@ class LanguageModel(nn.Module):
     """The field changes that shrink a model of these `fields` (its config's values, defaults
     included) to run in seconds on one CPU with data of `sequence_length` tokens."""
     raise NotImplementedError
+
+  @nn.nowrap
+  def check_quantization(self, path: str = "model", training: bool = False) -> None:
+    """Refuses a `quantization` the family does not implement, and, for a training step
+    (`training`), one that cannot train ("int8_weights": rounded weights have no gradient)."""
+    setting = getattr(self, "quantization", None)
+    if setting is None:
+      return
+    if setting not in self.quantizations:
+      implemented = ", ".join(map(repr, self.quantizations)) or "none"
+      raise config_error(f"{path}.quantization", setting,
+                         f"the {self.family_name or type(self).__name__} family implements "
+                         f"{implemented}", "use one of those or None")
+    if training and setting not in quantizing.TRAINABLE:
+      raise config_error(f"{path}.quantization", setting,
+                         "quantizes weights for decoding and serving; a training step cannot "
+                         "take it", "train with 'int8' or None")
+
+  # ---------------------------------------------------------------------------- int8 weights
+
+  @classmethod
+  def int8_weight_contractions(cls) -> dict[tuple[str, ...], tuple[str, ...]]:
+    """Its weight matrices under "int8_weights": each one's logical axes -> the axes its
+    matmul contracts (every other axis gets a scale per index)."""
+    return {}
+
+  @nn.nowrap
+  def decode_params(self, params: Any, logical_specs: Any) -> Any:
+    """The parameters as decoding multiplies them: under "int8_weights" every weight matrix
+    as int8 values and scales (done once, when they are loaded), else as they are.
+    `logical_specs`: their logical axes (PartitionSpecs of axis names)."""
+    if getattr(self, "quantization", None) != "int8_weights":
+      return params
+    return quantizing.quantize_weights(params, logical_specs, self.int8_weight_contractions())
+
+  @nn.nowrap
+  def decode_param_specs(self, logical_specs: Any) -> Any:
+    """The logical axes of `decode_params`' output."""
+    if getattr(self, "quantization", None) != "int8_weights":
+      return logical_specs
+    return quantizing.quantized_specs(logical_specs, self.int8_weight_contractions())
 
   # ---------------------------------------------------------------------------- memory
 

@@ -19,7 +19,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lingvo_lite.models.weight_matmul import dense_dot_general, weight_matmul
+from lingvo_lite.models import quantization as quantizing
+from lingvo_lite.models.quantization import Quantization
+from lingvo_lite.models.weight_matmul import weight_matmul
 from lingvo_lite.target import current_platform
 
 DType = Literal["float32", "bfloat16", "float16"]
@@ -62,6 +64,36 @@ def dense_init(axes: tuple[str | None, ...], fan_in: int) -> nn.initializers.Ini
   """Truncated-normal init scaled by 1/sqrt(fan_in), tagged with logical axes."""
   init = nn.initializers.truncated_normal(stddev=1.0 / math.sqrt(fan_in))
   return nn.with_logical_partitioning(init, axes)
+
+
+def in_compute_dtype(weight: Any, dtype: jnp.dtype) -> Any:
+  """A weight as its matmul takes it: cast to the compute dtype, or an int8 weight as it is
+  (models/quantization.py; its matmul dequantizes it)."""
+  return weight if quantizing.is_quantized(weight) else weight.astype(dtype)
+
+
+class Dense(nn.Module):
+  """x [..., in] @ kernel [in, features] (+ bias), through `weight_matmul` (so under
+  `quantization` too); `nn.Dense`'s parameters (`kernel`, `bias`), created in its order with
+  its initializers, so a model built on either has the same parameters."""
+
+  features: int
+  kernel_axes: tuple[str, str]
+  use_bias: bool = True
+  quantization: Quantization | None = None
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param("kernel", dense_init(self.kernel_axes, x.shape[-1]),
+                        (x.shape[-1], self.features), self.param_dtype)
+    y = weight_matmul(x.astype(self.dtype), in_compute_dtype(kernel, self.dtype), 1,
+                      self.quantization)
+    if self.use_bias:
+      init = nn.with_logical_partitioning(nn.initializers.zeros, (self.kernel_axes[1],))
+      y = y + self.param("bias", init, (self.features,), self.param_dtype).astype(self.dtype)
+    return y
 
 
 class Norm(nn.Module):
@@ -194,12 +226,14 @@ class Attention(nn.Module):
   rotary_base: float = 10000.0
   rotary_scaling: tuple[Any, ...] = ()  # rotary_inverse_frequencies' `scaling`.
   implementation: AttentionImplementation = "einsum"
+  quantization: Quantization | None = None  # Of the projections (models/quantization.py).
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
   def _weight(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...],
-              fan_in: int) -> jax.Array:
-    return self.param(name, dense_init(axes, fan_in), shape, self.param_dtype).astype(self.dtype)
+              fan_in: int) -> Any:
+    return in_compute_dtype(self.param(name, dense_init(axes, fan_in), shape, self.param_dtype),
+                            self.dtype)
 
   def _bias(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...]) -> jax.Array:
     init = nn.with_logical_partitioning(nn.initializers.zeros, axes)
@@ -210,7 +244,7 @@ class Attention(nn.Module):
     dim = x.shape[-1]
     kernel = self._weight(f"{name}_kernel", (dim, heads, self.head_dim),
                           ("embed", "heads", "kv"), dim)
-    y = weight_matmul(x, kernel)
+    y = weight_matmul(x, kernel, 1, self.quantization)
     if self.use_bias:
       y = y + self._bias(f"{name}_bias", (heads, self.head_dim), ("heads", "kv"))
     return y
@@ -319,7 +353,7 @@ class Attention(nn.Module):
     out = constrain(out, "batch", "length", "heads", "kv")
     kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
                           ("heads", "kv", "embed"), self.num_heads * self.head_dim)
-    y = weight_matmul(out, kernel, contracting=2)
+    y = weight_matmul(out, kernel, 2, self.quantization)
     if self.use_bias:
       y = y + self._bias("out_bias", (dim,), ("embed",))
     if context is not None:
@@ -343,16 +377,14 @@ class Mlp(nn.Module):
   mlp_dim: int
   activation: Activation = "gelu_tanh"
   use_bias: bool = True
+  quantization: Quantization | None = None
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
   def _dense(self, x: jax.Array, features: int, axes: tuple[str, str], name: str) -> jax.Array:
-    return nn.Dense(
-        features, use_bias=self.use_bias, name=name, dtype=self.dtype,
-        param_dtype=self.param_dtype, kernel_init=dense_init(axes, x.shape[-1]),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axes[1],)),
-        dot_general=dense_dot_general,
-    )(x)
+    return Dense(features, kernel_axes=axes, use_bias=self.use_bias,
+                 quantization=self.quantization, dtype=self.dtype,
+                 param_dtype=self.param_dtype, name=name)(x)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:

@@ -41,6 +41,7 @@ from lingvo_lite import target as targets
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.models import kv_cache, layer_layout, layers
+from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import Block, BlockKind
 from lingvo_lite.models.family import (REMAT_POLICIES, ArrayShape, LanguageModel,
                                        RematPolicy)
@@ -107,6 +108,9 @@ class TransformerLM(LanguageModel):
     embedding_init_stddev: Standard deviation of the token embedding's normal initialization
       (GPT-2, GPT-J and Llama use 0.02, their `initializer_range`; 1.0 suits "rsqrt_dim").
     output_bias: Bias on the untied output projection.
+    quantization: None, "int8" (training: the blocks' weight matmuls in int8, forward and
+      backward) or "int8_weights" (decoding: every weight matrix stored in int8); see
+      models/quantization.py.
     dtype: Activation dtype name.
     param_dtype: Parameter dtype name.
     scan_layers: Run the blocks as one `nn.scan` (compile time independent of depth);
@@ -146,6 +150,7 @@ class TransformerLM(LanguageModel):
   tied_output_scale: TiedOutputScale = "one"
   embedding_init_stddev: PositiveFloat = 0.02
   output_bias: bool = False
+  quantization: quantizing.Quantization | None = None
   dtype: layers.DType = "float32"
   param_dtype: layers.DType = "float32"
   scan_layers: bool = False
@@ -153,9 +158,11 @@ class TransformerLM(LanguageModel):
 
   # How layers are laid out, rematerialized, and attention executed: the parameters and the
   # function they compute stay (a checkpoint's layer layout is converted on restore). The
-  # embedding's initialization is used only by a fresh start.
+  # embedding's initialization is used only by a fresh start. Quantization lives in the step,
+  # not the parameters.
   resumable_fields = ("scan_layers", "remat_policy", "attention_implementation",
-                      "embedding_init_stddev")
+                      "embedding_init_stddev", "quantization")
+  quantizations = quantizing.QUANTIZATIONS
 
   @classmethod
   def former_defaults(cls, arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -257,12 +264,17 @@ class TransformerLM(LanguageModel):
   def matmul_parameters(self) -> int:
     """Weights that multiply activations once per token (biases, norms, embedding excluded;
     the unembedding, tied or not, included)."""
+    return self.block_matmul_parameters() + self.dim * self.vocab_size
+
+  @nn.nowrap
+  def block_matmul_parameters(self) -> int:
+    """The blocks' weight matrices (what "int8" training quantizes)."""
     dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
     head_dim, mlp_dim = self.resolved_head_dim, self.resolved_mlp_dim
     attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q, out; k, v
     mlp_inputs = 2 if self.mlp_activation in layers.GATED_ACTIVATIONS else 1
     mlp = (mlp_inputs + 1) * dim * mlp_dim
-    return self.num_layers * (attention + mlp) + dim * self.vocab_size
+    return self.num_layers * (attention + mlp)
 
   @nn.nowrap
   def size_fields(self) -> dict[str, int]:
@@ -305,6 +317,7 @@ class TransformerLM(LanguageModel):
                          "grouped-query attention needs num_heads % num_kv_heads == 0")
     if self.attention_implementation == "cudnn":
       self._check_cudnn_attention(target, path)
+    self.check_quantization(path)
     rotary_dim = self.resolved_rotary_dim
     if rotary_dim % 2 or rotary_dim > self.resolved_head_dim:
       raise config_error(f"{path}.rotary_dim", self.rotary_dim,
@@ -382,6 +395,17 @@ class TransformerLM(LanguageModel):
     """Stacks unrolled layers (`layer_0`, ...) or slices scanned ones, on host."""
     return (layer_layout.stack_layers if self.scan_layers else layer_layout.unstack_layers)(tree)
 
+  # ---------------------------------------------------------------------------- int8 weights
+
+  @classmethod
+  def int8_weight_contractions(cls) -> dict[tuple[str, ...], tuple[str, ...]]:
+    return {("embed", "heads", "kv"): ("embed",),       # query, key and value projections
+            ("heads", "kv", "embed"): ("heads", "kv"),  # the attention's output projection
+            ("embed", "mlp"): ("embed",),               # the MLP's input (and gate)
+            ("mlp", "embed"): ("mlp",),                 # and output
+            ("embed", "vocab"): ("embed",),             # the untied output projection
+            ("vocab", "embed"): ("embed",)}             # the embedding: rows, or tied output
+
   # ---------------------------------------------------------------------------- decode cache
 
   @nn.nowrap
@@ -430,7 +454,7 @@ class TransformerLM(LanguageModel):
         rotary_scaling=self.rotary_scaling_settings(),
         attention_implementation=self.attention_implementation,
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
-        dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype),
+        quantization=self.quantization, dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype),
         attention_type=attention_type, attention_options=tuple(sorted(options.items())))
 
   def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None,
@@ -502,10 +526,15 @@ class TransformerLM(LanguageModel):
         nn.with_logical_partitioning(nn.initializers.normal(stddev=self.embedding_init_stddev),
                                      ("vocab", "embed")),
         (self.vocab_size, self.dim), param_dtype)
+    if self.quantization == "int8_weights" and not quantizing.is_quantized(embedding):
+      # Float weights under "int8_weights" (an eval, say): the lookup and the tied output read
+      # the table's int8 rows as decoding's quantized parameters hold them.
+      embedding = quantizing.quantize(embedding, contracted=(1,))
     # Gather from the whole table, as FSDP does with every weight before use: from a sharded
     # table XLA cannot turn the gathered rows into batch-sharded activations efficiently and
     # replicates them instead ("involuntary full rematerialization").
-    x = jnp.take(layers.constrain(embedding, None, None), tokens, axis=0).astype(dtype)
+    x = quantizing.take_rows(jax.tree.map(lambda a: layers.constrain(a, None, None), embedding),
+                             tokens, dtype)
     if self.embedding_bias:
       x = x + self.param("embedding_bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("embed",)), (self.dim,), param_dtype).astype(dtype)
@@ -524,15 +553,21 @@ class TransformerLM(LanguageModel):
       x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
 
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
+    # "int8" training quantizes the blocks only; "int8_weights" the output projection too.
+    output_quantization = "int8_weights" if self.quantization == "int8_weights" else None
     if self.tie_embeddings:
       if self.tied_output_scale == "rsqrt_dim":
         # Scaling x rather than the logits touches dim, not vocab, values per token.
         x = x * jnp.asarray(1.0 / math.sqrt(self.dim), dtype)
-      logits = jnp.einsum("btd,vd->btv", x, embedding.astype(dtype))
+      if output_quantization:
+        logits = quantizing.dot_general(x, layers.in_compute_dtype(embedding, dtype),
+                                        (((2,), (1,)), ((), ())), output_quantization)
+      else:
+        logits = jnp.einsum("btd,vd->btv", x, embedding.astype(dtype))
     else:
-      logits = nn.Dense(
-          self.vocab_size, use_bias=self.output_bias, name="output", dtype=dtype,
-          param_dtype=param_dtype, kernel_init=layers.dense_init(("embed", "vocab"), self.dim),
-          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)))(x)
+      logits = layers.Dense(
+          self.vocab_size, kernel_axes=("embed", "vocab"), use_bias=self.output_bias,
+          quantization=output_quantization, dtype=dtype, param_dtype=param_dtype,
+          name="output")(x)
     logits = layers.constrain(logits, "batch", "length", "vocab").astype(jnp.float32)
     return (logits, extra) if (return_kv or cache is not None) else logits

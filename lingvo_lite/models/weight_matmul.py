@@ -12,35 +12,36 @@ follows the platform of the active target (`lingvo_lite.target`), not this host'
 TPU step compiled on a CPU host gets the TPU form. The backward
 assumes meshes with Auto axes, as the partitioner builds them (under Explicit axes JAX asks
 for the output sharding of the contraction over the batch).
+
+Under a `quantization` (or with an int8 weight), the matmul is models/quantization.py's
+instead, on every platform: Qwix's quantized dot has its own backward pass.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from lingvo_lite import target
+from lingvo_lite.models import quantization as quantizing
 
 
-def weight_matmul(x: jax.Array, w: jax.Array, contracting: int = 1) -> jax.Array:
-  """x [..., K...] times w [K..., N...] -> [..., N...], over x's last `contracting` dims."""
+def weight_matmul(x: jax.Array, w: Any, contracting: int = 1,
+                  quantization: quantizing.Quantization | None = None) -> jax.Array:
+  """x [..., K...] times w [K..., N...] -> [..., N...], over x's last `contracting` dims.
+
+  `w` is a float array in x's dtype, or an int8 weight (`quantization.quantize_weights`)."""
+  if quantization is not None or quantizing.is_quantized(w):
+    numbers = ((tuple(range(x.ndim - contracting, x.ndim)), tuple(range(contracting))),
+               ((), ()))
+    return quantizing.dot_general(x, w, numbers, quantization)
   if target.current_platform() == "cpu":
     return _cpu_weight_matmul(x, w, contracting)
   return jnp.tensordot(x, w, contracting)
-
-
-def dense_dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
-                      preferred_element_type=None) -> jax.Array:
-  """`nn.Dense(dot_general=...)`: Dense contracts its input's last dim with the kernel's first."""
-  (lhs_contracting, rhs_contracting), (lhs_batch, _) = dimension_numbers
-  if (tuple(lhs_contracting) != (lhs.ndim - 1,) or tuple(rhs_contracting) != (0,) or lhs_batch
-      or precision is not None or preferred_element_type is not None):
-    raise ValueError(f"dense_dot_general takes nn.Dense's plain contraction, not "
-                     f"{dimension_numbers} (precision={precision})")
-  return weight_matmul(lhs, rhs, 1)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

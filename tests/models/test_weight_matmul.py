@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lingvo_lite.models import layers
 from lingvo_lite.models import weight_matmul as weight_matmul_module
-from lingvo_lite.models.weight_matmul import dense_dot_general
 
 weight_matmul = weight_matmul_module._cpu_weight_matmul  # pylint: disable=protected-access
 
@@ -43,10 +43,15 @@ def test_bfloat16_gradients_keep_their_dtypes():
                                              (8, 6)), rtol=2e-2)
 
 
-def test_dense_hook_matches_plain_dense_and_refuses_other_contractions():
+def test_dense_equals_flax_dense_with_the_same_parameters():
+  """layers.Dense replaced nn.Dense in the MLP and the output projection: the same parameter
+  names, shapes and initial values (a fresh run trains what it trained before), and outputs."""
   x = jax.random.normal(jax.random.key(0), (2, 3, 8))
-  plain, hooked = nn.Dense(5), nn.Dense(5, dot_general=dense_dot_general)
-  params = plain.init(jax.random.key(1), x)
-  np.testing.assert_allclose(hooked.apply(params, x), plain.apply(params, x), rtol=1e-6)
-  with pytest.raises(ValueError, match="plain contraction"):
-    dense_dot_general(x, jnp.ones((3, 5)), (((1,), (0,)), ((), ())))
+  plain = nn.Dense(5, kernel_init=layers.dense_init(("embed", "mlp"), 8),
+                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)))
+  ours = layers.Dense(5, kernel_axes=("embed", "mlp"))
+  expected, got = plain.init(jax.random.key(1), x), ours.init(jax.random.key(1), x)
+  assert jax.tree.structure(got) == jax.tree.structure(expected)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_allclose(ours.apply(got, x), plain.apply(expected, x), rtol=1e-6)

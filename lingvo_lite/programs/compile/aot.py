@@ -36,6 +36,8 @@ _DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<dtype>[a-z]\w*)"
                           r"\[(?P<dims>[\d,]*)\][^ ]* (?P<op>[\w\-]+)\(")
 _OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
+_MATMULS = ("dot", "convolution")
+_INTEGER = ("s8", "u8", "s4", "u4", "s16", "u16", "s32", "u32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +97,7 @@ class Compiled:
   out_of_memory: OutOfMemory | None
   xla_flops_per_device: float | None
   largest_buffers: list[Buffer]
+  dots: dict[str, int] | None = None
   cached: bool = False
 
 
@@ -110,6 +113,7 @@ class CompileResult:
   out_of_memory: OutOfMemory | None
   xla_flops_per_device: float | None
   largest_buffers: list[Buffer]
+  dots: dict[str, int] | None = None
   cached: bool = False
 
 
@@ -128,13 +132,15 @@ def compile_step(setup: Setup, target: targets.Target, program: str = "train",
                  need_executable: bool = False) -> CompileResult:
   """Lowers and compiles `program`'s step of `setup` for `target`, from shapes only (or reads
   an earlier compile's analyses of the same program, unless `need_executable`)."""
+  if program == "train":
+    setup.model.check_quantization("model", training=True)
   started = time.perf_counter()
   with targets.active(target):
     jitted = JittedSteps(setup, target=target)
     compiled = compile_lowered(lower(jitted, program), started, need_executable)
   return CompileResult(jitted, program, compiled.executable, compiled.seconds, compiled.memory,
                        compiled.out_of_memory, compiled.xla_flops_per_device,
-                       compiled.largest_buffers, compiled.cached)
+                       compiled.largest_buffers, compiled.dots, compiled.cached)
 
 
 def compile_lowered(lowered: Any, started: float, need_executable: bool = False) -> Compiled:
@@ -157,13 +163,15 @@ def compile_lowered(lowered: Any, started: float, need_executable: bool = False)
     compiled = Compiled(None, time.perf_counter() - started, None, out_of_memory, None, [])
   else:
     seconds = time.perf_counter() - started
+    hlo = executable.as_text()
     compiled = Compiled(executable, seconds, _memory(executable), None, _flops(executable),
-                        largest_buffers(executable.as_text()))
+                        largest_buffers(hlo), dot_counts(hlo))
   analyses.write(digest, {
       "seconds": compiled.seconds, "memory": analyses.as_dict(compiled.memory),
       "out_of_memory": analyses.as_dict(compiled.out_of_memory),
       "xla_flops_per_device": compiled.xla_flops_per_device,
-      "largest_buffers": [dataclasses.asdict(b) for b in compiled.largest_buffers]})
+      "largest_buffers": [dataclasses.asdict(b) for b in compiled.largest_buffers],
+      "dots": compiled.dots})
   return compiled
 
 
@@ -175,7 +183,8 @@ def _from_kept(kept: dict[str, Any]) -> Compiled:
       memory=None if memory is None else MemoryBytes(**memory),
       out_of_memory=None if out_of_memory is None else OutOfMemory(**out_of_memory),
       xla_flops_per_device=None if flops is None else float(flops),
-      largest_buffers=[Buffer(**b) for b in kept["largest_buffers"]], cached=True)
+      largest_buffers=[Buffer(**b) for b in kept["largest_buffers"]], dots=kept.get("dots"),
+      cached=True)
 
 
 def parse_out_of_memory(message: str) -> OutOfMemory | None:
@@ -225,6 +234,30 @@ def _shape_bytes(dtype: str, dims: str) -> int:
   for size in filter(None, dims.split(",")):
     count *= int(size)
   return count * _DTYPE_BYTES.get(dtype, 4)
+
+
+def dot_counts(hlo_text: str) -> dict[str, int]:
+  """The matmul instructions (dot, convolution) of the optimized HLO by kind: "int8" where
+  both operands are 8-bit integers (or, where the text does not type an operand, the result
+  is an integer: an int8 dot accumulates in int32), "float" for the others. Every
+  computation is read, fused ones included; a loop body (a scan over layers) counts once."""
+  dtypes: dict[str, str] = {}
+  matmuls: list[tuple[str, list[str]]] = []
+  for line in hlo_text.splitlines():
+    match = _INSTRUCTION.match(line)
+    if not match:
+      continue
+    dtypes[match.group("name")] = match.group("dtype")
+    if match.group("op") in _MATMULS:
+      operands = line[match.end():].split(")", 1)[0]
+      matmuls.append((match.group("dtype"), re.findall(r"%([\w.\-]+)", operands)))
+  counts = {"int8": 0, "float": 0}
+  for result, operands in matmuls:
+    known = [dtypes[name] for name in operands if name in dtypes]
+    eight_bit = (all(d in ("s8", "u8") for d in known) if len(known) == len(operands) == 2
+                 else result in _INTEGER)
+    counts["int8" if eight_bit else "float"] += 1
+  return counts
 
 
 def largest_buffers(hlo_text: str, count: int = 10) -> list[Buffer]:

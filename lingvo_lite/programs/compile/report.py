@@ -24,7 +24,13 @@ report.json, schema "lingvo_lite.compile_report/1":
               read from the compilation cache: programs/compile/analyses.py; compile_seconds is
               that compile's)
   step_time:  peak_flops_per_device, peak_source, seconds_at_100_mfu, seconds_at_50_mfu,
-              tokens_per_s_per_device_at_50_mfu
+              tokens_per_s_per_device_at_50_mfu; for a train step under model.quantization
+              "int8" also int8: {peak_ops_per_device (null where none is known),
+              int8_flops_per_step (the blocks' weight matmuls), seconds_at_50_mfu,
+              tokens_per_s_per_device_at_50_mfu} (those matmuls at the int8 peak, the rest at
+              the bf16 one)
+  dots:       {int8, float}: the matmul instructions of the optimized HLO (aot.dot_counts),
+              or null (analyses kept by an older version)
   max_batch:  (with --compile_find_max_batch) see programs/compile/max_batch.py
 """
 
@@ -139,6 +145,11 @@ def build(result: CompileResult) -> dict[str, Any]:
   peak, peak_source = _peak(target, setup)
   at_full = model_flops / (target.num_devices * peak)
   tokens = data.global_batch_size * data.sequence_length
+  step_time = {"peak_flops_per_device": peak, "peak_source": peak_source,
+               "seconds_at_100_mfu": at_full, "seconds_at_50_mfu": 2 * at_full,
+               "tokens_per_s_per_device_at_50_mfu": tokens / (2 * at_full) / target.num_devices}
+  if result.program == "train" and getattr(setup.model, "quantization", None) == "int8":
+    step_time["int8"] = _int8_step_time(setup.model, target, model_flops, tokens, peak)
   return {
       "schema": SCHEMA,
       "target": target_fields(target),
@@ -164,11 +175,25 @@ def build(result: CompileResult) -> dict[str, Any]:
                 "model_per_device": model_flops / target.num_devices},
       "compile_seconds": result.seconds,
       "compile_cached": result.cached,
-      "step_time": {"peak_flops_per_device": peak, "peak_source": peak_source,
-                    "seconds_at_100_mfu": at_full, "seconds_at_50_mfu": 2 * at_full,
-                    "tokens_per_s_per_device_at_50_mfu":
-                        tokens / (2 * at_full) / target.num_devices},
+      "step_time": step_time,
+      "dots": result.dots,
   }
+
+
+def _int8_step_time(model: Any, target: Any, model_flops: float, tokens: int,
+                    peak: float) -> dict[str, Any]:
+  """An "int8" train step's time at 50% of the peaks: the blocks' weight matmuls (forward
+  and both gradients: 6 FLOPs per weight and token) at the target's int8 peak, the rest
+  (attention's scores and values, the unembedding, in the compute dtype) at `peak`."""
+  int8_peak = (target.peak_int8_tops or 0) * 1e12 or None
+  int8_flops = 6.0 * model.block_matmul_parameters() * tokens
+  if int8_peak is None:
+    return {"peak_ops_per_device": None, "int8_flops_per_step": int8_flops,
+            "seconds_at_50_mfu": None, "tokens_per_s_per_device_at_50_mfu": None}
+  at_full = (int8_flops / int8_peak + (model_flops - int8_flops) / peak) / target.num_devices
+  return {"peak_ops_per_device": int8_peak, "int8_flops_per_step": int8_flops,
+          "seconds_at_50_mfu": 2 * at_full,
+          "tokens_per_s_per_device_at_50_mfu": tokens / (2 * at_full) / target.num_devices}
 
 
 def cached_note(report: dict) -> str:
@@ -263,9 +288,34 @@ def to_text(report: dict[str, Any]) -> str:
                f"{s['seconds_at_50_mfu'] * 1e3:.4g} ms ({tokens:,.0f} tokens/s per device); "
                f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
                f"({s['peak_source']})")
+  lines += int8_lines(report)
   if "max_batch" in report:
     lines += _max_batch_lines(report["max_batch"])
   return "\n".join(lines) + "\n"
+
+
+def int8_lines(report: dict[str, Any]) -> list[str]:
+  """The matmuls' kinds in the optimized HLO, and an "int8" step's time."""
+  lines = []
+  dots = report.get("dots")
+  if dots:
+    lines.append(f"  matmuls in the optimized HLO: {dots['int8']} int8, {dots['float']} float "
+                 "(instructions; a loop body counts once)")
+  int8 = report["step_time"].get("int8")
+  if int8 is not None:
+    if int8["seconds_at_50_mfu"] is None:
+      lines.append(f"  int8 step time: n/a ({report['target']['device_kind']}: no int8 peak "
+                   "known; XLA:CPU has no fast int8 dot)")
+    else:
+      tokens = int8["tokens_per_s_per_device_at_50_mfu"]
+      bf16 = report["step_time"]["seconds_at_50_mfu"]
+      lines.append(f"  int8 step time at 50% of the peaks {int8['seconds_at_50_mfu'] * 1e3:.4g}"
+                   f" ms ({tokens:,.0f} tokens/s per device; {bf16 / int8['seconds_at_50_mfu']:.2f}x"
+                   f" the step at the bf16 peak): the blocks' weight matmuls "
+                   f"({int8['int8_flops_per_step']:.4g} FLOPs per step) at the int8 peak of "
+                   f"{int8['peak_ops_per_device'] / 1e12:.4g} TOP/s per device, the rest at "
+                   "the bf16 peak")
+  return lines
 
 
 def _max_batch_lines(data: dict[str, Any]) -> list[str]:

@@ -141,6 +141,7 @@ def run(setup: Setup, job_dir: epath.Path,
     TrainingFailure: a non-finite loss or state, or a failed save (one-line message).
     UsageError: the saved step was compiled for something else.
   """
+  setup.model.check_quantization("model", training=True)
   memory_fit.check_fits(setup)  # Before anything is allocated or written.
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)

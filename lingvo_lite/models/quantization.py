@@ -1,0 +1,139 @@
+"""int8 weight matmuls, on Qwix (Google's JAX quantization library, MaxText's since AQT).
+
+`model.quantization` has two settings besides None:
+
+- "int8", for training. Every weight matmul of the blocks (the attention's q, k, v and output
+  projections, the MLP's) quantizes both operands to int8 in the forward pass, with an absmax
+  scale per channel (per row of the activations, per output column of the weight), multiplies
+  in int8 with int32 accumulation and rescales in float32; the backward pass quantizes the
+  incoming gradient the same way and multiplies it with the forward pass's int8 operands.
+  (An absmax scale is absmax / 127.5: the largest value sits at the edge of the top bucket,
+  127, so every bucket is whole; Qwix's rule.) This is Qwix's quantized training, the dot `qwix.QtProvider` runs for a `QtRule` with int8
+  weights, activations and gradients, called here at each weight matmul with its
+  configuration built directly: the provider would intercept the model's calls and decide
+  which operand is the weight by looking it up among the module's parameters (by identity,
+  else by shape, which fails where the q, k and v kernels share one), where each call here
+  knows. Rounding is to nearest: a step is deterministic. The parameters, their gradients and the optimizer state stay in the parameter
+  dtype (quantization lives in the step, not the state), so a float run's checkpoint resumes in
+  int8 and back. The token embedding and the output projection stay in the compute dtype.
+- "int8_weights", for decoding and serving. Every weight matrix, the embedding and the output
+  projection included, is stored as int8 with a float scale per output channel (per vocabulary
+  row for the embedding, which serves as both the lookup table and a tied output): decoding
+  quantizes the loaded parameters once (`quantize_weights`) and multiplies by the dequantized
+  weights, which XLA fuses into the matmul, so the weights are read from memory as int8.
+  Activations stay in the compute dtype. A model applied to float weights under this setting
+  quantizes them as it multiplies (`eval`, say): the same numbers, without the memory saving.
+
+In both, the attention's score and value einsums are not weight matmuls and stay in the
+compute dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import qwix
+from jax.sharding import PartitionSpec
+# What `qwix.QtProvider.dot_general` runs (qwix is pinned: requirements.lock).
+from qwix._src.core import dot_general_qt
+
+Quantization = Literal["int8", "int8_weights"]
+QUANTIZATIONS: tuple[str, ...] = ("int8", "int8_weights")
+# The settings a training step may take ("int8_weights" has no useful gradient: rounding the
+# weights is flat almost everywhere).
+TRAINABLE: tuple[str | None, ...] = (None, "int8")
+
+# Both operands int8 with absmax scales per channel, and both gradients' dots int8 against
+# the forward pass's int8 operands (`QtRule(weight_qtype=int8, act_qtype=int8,
+# bwd_qtype=int8)`, as `QtProvider` configures it).
+_INT8_TRAINING = dot_general_qt.DotGeneralQtConfig(
+    lhs_qtype=jnp.int8, rhs_qtype=jnp.int8, dlhs_grad_qtype=jnp.int8,
+    drhs_grad_qtype=jnp.int8)
+
+DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
+
+
+def is_quantized(weight: Any) -> bool:
+  """Whether `weight` is an int8 weight with its scales (`quantize_weights`' output)."""
+  return isinstance(weight, qwix.QArray)
+
+
+def quantize(weight: jax.Array, contracted: Sequence[int]) -> qwix.QArray:
+  """int8 values and a scale per channel: every axis but the `contracted` ones, so that the
+  scale factors out of the matmul that contracts them. The scale keeps `weight`'s dtype."""
+  channels = [axis for axis in range(weight.ndim) if axis not in set(contracted)]
+  return qwix.quantize(weight, jnp.int8, channelwise_axes=channels)
+
+
+def dot_general(x: jax.Array, weight: Any, dimension_numbers: DimensionNumbers,
+                quantization: Quantization | None) -> jax.Array:
+  """`jax.lax.dot_general(x, weight, dimension_numbers)` under `quantization`, in x's dtype."""
+  if is_quantized(weight):
+    return qwix.dot_general(x, weight, dimension_numbers).astype(x.dtype)
+  if quantization == "int8_weights":
+    weight = quantize(weight, dimension_numbers[0][1])
+    return qwix.dot_general(x, weight, dimension_numbers).astype(x.dtype)
+  if quantization == "int8":
+    return dot_general_qt.dot_general_qt(x, weight, dimension_numbers,
+                                         _INT8_TRAINING).astype(x.dtype)
+  raise ValueError(f"quantization={quantization!r}: not one of {QUANTIZATIONS}")
+
+
+def take_rows(table: Any, indices: jax.Array, dtype: jnp.dtype) -> jax.Array:
+  """`table[indices]` in `dtype`: an int8 table's rows times their scales."""
+  if is_quantized(table):
+    return (jnp.take(table.qvalue, indices, axis=0).astype(dtype)
+            * jnp.take(table.scale, indices, axis=0).astype(dtype))
+  return jnp.take(table, indices, axis=0).astype(dtype)
+
+
+def _contracted_axes(axes: tuple[str | None, ...],
+                     contractions: Mapping[tuple[str, ...], tuple[str, ...]]
+                     ) -> tuple[int, ...] | None:
+  """Which axes of a parameter with these logical `axes` its matmul contracts (None: it is no
+  weight matrix); a scanned model's leading `layers` axis is a channel."""
+  bare = axes[1:] if axes[:1] == ("layers",) else axes
+  if bare not in contractions:
+    return None
+  return tuple(index for index, name in enumerate(axes) if name in contractions[bare])
+
+
+def _is_spec(value: Any) -> bool:
+  return isinstance(value, PartitionSpec)
+
+
+def quantize_weights(params: Any, logical_specs: Any,
+                     contractions: Mapping[tuple[str, ...], tuple[str, ...]]) -> Any:
+  """`params` with every weight matrix as int8 values and scales (`quantize`).
+
+  Args:
+    params: The float parameters.
+    logical_specs: Their logical axes, a PartitionSpec of axis names per parameter.
+    contractions: The family's weight matrices: their logical axes -> the ones their matmul
+      contracts (`LanguageModel.int8_weight_contractions`).
+  """
+  def one(value: jax.Array, spec: PartitionSpec) -> Any:
+    contracted = _contracted_axes(tuple(spec), contractions)
+    return value if contracted is None else quantize(value, contracted)
+  return jax.tree.map(one, params, logical_specs, is_leaf=_is_spec)
+
+
+def quantized_specs(logical_specs: Any,
+                    contractions: Mapping[tuple[str, ...], tuple[str, ...]]) -> Any:
+  """The logical axes of `quantize_weights`' output: the int8 values keep the weight's, and the
+  scales keep them but for the contracted axes (of size 1, so not split)."""
+  def one(spec: PartitionSpec) -> Any:
+    contracted = _contracted_axes(tuple(spec), contractions)
+    if contracted is None:
+      return spec
+    scale = PartitionSpec(*(None if index in contracted else name
+                            for index, name in enumerate(spec)))
+    return qwix.QArray(qvalue=spec, scale=scale, zero_point=None, qtype=jnp.int8)
+  return jax.tree.map(one, logical_specs, is_leaf=_is_spec)
+
+
+def weight_bytes(params: Any) -> int:
+  """The bytes `params` occupy (int8 values and their scales counted as stored)."""
+  return sum(leaf.size * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(params))
