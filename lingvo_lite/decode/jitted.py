@@ -40,13 +40,6 @@ def end_token(setup: Setup, vocabulary: Any) -> int:
   return int(eos) if eos is not None and setup.decode.stop_at_eos else decoding.NO_EOS
 
 
-def parameter_specs(setup: Setup) -> Any:
-  """The parameters' logical axes (PartitionSpecs of axis names), as training has them."""
-  boxed = jax.eval_shape(lambda: setup.model.init(
-      jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))["params"]
-  return nn.get_partition_spec(boxed)
-
-
 class DecodeSteps:
   """The jitted decode functions of one Setup on a mesh, with their shardings: what the
   generator runs and what `--mode=compile --compile_program=decode` compiles (the same
@@ -75,15 +68,16 @@ class DecodeSteps:
     partitioner = setup.partitioner
     self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(model),
                                                          self.mesh)
-    specs = parameter_specs(setup)
+    specs = model.parameter_logical_specs()
     self.loaded_shardings = partitioner.logical_to_sharding(specs, self.mesh)
     decode_specs = model.decode_param_specs(specs)
     self.param_shardings = partitioner.logical_to_sharding(decode_specs, self.mesh)
     # None where the family decodes with the parameters as loaded.
+    # Not donated: the loaded arrays may be the caller's (device_put keeps arrays that are
+    # already in place), and int8 outputs could not reuse float buffers anyway.
     self._to_decode_form = None if decode_specs is specs else jax.jit(
         functools.partial(model.decode_params, logical_specs=specs),
-        in_shardings=(self.loaded_shardings,), out_shardings=self.param_shardings,
-        donate_argnums=(0,))
+        in_shardings=(self.loaded_shardings,), out_shardings=self.param_shardings)
     state = self.state_shardings
     self.prefill = jax.jit(
         functools.partial(decoding.prefill, model=model, eos_id=eos_id),
@@ -116,8 +110,7 @@ class DecodeSteps:
 
   def decode_form(self, params: Any) -> Any:
     """Loaded parameters (host or device arrays, boxed or not) placed on the mesh in the form
-    the functions take: the family's `decode_params` (int8 weights quantized once, here;
-    the loaded float parameters are donated to it)."""
+    the functions take: the family's `decode_params` (int8 weights quantized once, here)."""
     params = jax.device_put(strip_boxes(params), self.loaded_shardings)
     if self._to_decode_form is None:
       return params
@@ -128,7 +121,8 @@ class DecodeSteps:
     """The parameters the functions take, as shapes with their shardings."""
     # The key is made inside eval_shape: made eagerly under a topology's mesh (a TPU compile
     # on a CPU host) it would be placed on devices that hold no arrays.
-    model, specs = self.setup.model, parameter_specs(self.setup)
+    model = self.setup.model
+    specs = model.parameter_logical_specs()
     shapes = jax.eval_shape(lambda: model.decode_params(strip_boxes(model.init(
         jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]), specs))
     return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(

@@ -256,6 +256,13 @@ class LanguageModel(nn.Module):
     raise NotImplementedError
 
   @nn.nowrap
+  def parameter_logical_specs(self) -> Any:
+    """The parameter tree's logical axes (a PartitionSpec of axis names per parameter), from
+    shapes alone."""
+    boxed = jax.eval_shape(lambda: self.init(jax.random.key(0), jnp.zeros((1, 1), jnp.int32)))
+    return nn.get_partition_spec(boxed["params"])
+
+  @nn.nowrap
   def matmul_parameters(self) -> int:
     """Weights that multiply activations once per token (biases, norms and lookups excluded;
     a tied unembedding included)."""

@@ -134,6 +134,48 @@ def quantized_specs(logical_specs: Any,
   return jax.tree.map(one, logical_specs, is_leaf=_is_spec)
 
 
+# How int8 weights are stored in a checkpoint (slim weights, `--export_dtype=int8`): each
+# weight matrix as a dict of its int8 values and their scales, which any checkpoint library
+# writes as two arrays.
+STORED_VALUES, STORED_SCALES = "int8", "scale"
+
+
+def stored_int8(params: Any, logical_specs: Any,
+                contractions: Mapping[tuple[str, ...], tuple[str, ...]]) -> Any:
+  """`params` with every weight matrix as {"int8": values, "scale": scales}."""
+  quantized = quantize_weights(params, logical_specs, contractions)
+  return jax.tree.map(lambda leaf: {STORED_VALUES: leaf.qvalue, STORED_SCALES: leaf.scale}
+                      if is_quantized(leaf) else leaf, quantized, is_leaf=is_quantized)
+
+
+def stored_int8_shapes(abstract: Any, logical_specs: Any,
+                       contractions: Mapping[tuple[str, ...], tuple[str, ...]]) -> Any:
+  """What `stored_int8` writes for parameters of these shapes (ShapeDtypeStructs with
+  shardings): the values where the weights live, the (small) scales on every device."""
+  def one(leaf: jax.ShapeDtypeStruct, spec: PartitionSpec) -> Any:
+    contracted = _contracted_axes(tuple(spec), contractions)
+    if contracted is None:
+      return leaf
+    scale_shape = tuple(1 if axis in contracted else size
+                        for axis, size in enumerate(leaf.shape))
+    replicated = jax.sharding.NamedSharding(leaf.sharding.mesh, PartitionSpec())
+    return {STORED_VALUES: jax.ShapeDtypeStruct(leaf.shape, jnp.int8, sharding=leaf.sharding),
+            STORED_SCALES: jax.ShapeDtypeStruct(scale_shape, leaf.dtype, sharding=replicated)}
+  return jax.tree.map(one, abstract, logical_specs, is_leaf=_is_spec)
+
+
+def _is_stored(value: Any) -> bool:
+  return isinstance(value, dict) and set(value) == {STORED_VALUES, STORED_SCALES}
+
+
+def read_stored_int8(stored: Any) -> Any:
+  """`stored_int8`'s tree with each weight matrix back as values times scales, in the scales'
+  dtype (quantizing them again for int8 decoding rounds them anew: a scale may move by 1/255)."""
+  return jax.tree.map(lambda leaf: (leaf[STORED_VALUES].astype(leaf[STORED_SCALES].dtype)
+                                    * leaf[STORED_SCALES]) if _is_stored(leaf) else leaf,
+                      stored, is_leaf=_is_stored)
+
+
 def weight_bytes(params: Any) -> int:
   """The bytes `params` occupy (int8 values and their scales counted as stored)."""
   return sum(leaf.size * jnp.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(params))

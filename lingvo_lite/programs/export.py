@@ -56,8 +56,10 @@ class Options:
       "lingvo_lite wrote there is replaced, anything else is never overwritten.",
       non_empty=True)
   export_dtype: str | None = option(
-      None, f"--mode=export: the dtype of every tensor written: {', '.join(hf_export.DTYPES)} "
-      "(default: the model's param_dtype).", non_empty=True)
+      None, f"--mode=export: the dtype of every tensor written: hf "
+      f"{', '.join(hf_export.DTYPES)}; gguf {', '.join(gguf_export.DTYPES)}; slim "
+      f"{', '.join(slim_weights.DTYPES)} (int8: the weight matrices as int8 values with a "
+      "float32 scale per output channel) (default: the model's param_dtype).", non_empty=True)
   export_shard_bytes: int = option(
       hf_export.MAX_SHARD_BYTES, "--mode=export --export_format=hf: the largest safetensors "
       "file; more bytes are split into shards listed by model.safetensors.index.json.")
@@ -83,7 +85,8 @@ def _check_options(options: Options, param_dtype: str) -> str:
   if options.export_dir is None:
     raise UsageError("--export_dir: required for --mode=export; e.g. --export_dir=out/my_hf")
   dtype = options.export_dtype or param_dtype
-  dtypes = gguf_export.DTYPES if options.export_format == "gguf" else hf_export.DTYPES
+  dtypes = {"gguf": gguf_export.DTYPES, "hf": hf_export.DTYPES,
+            "slim": slim_weights.DTYPES}[options.export_format]
   if dtype not in dtypes:
     flag = "--export_dtype" if options.export_dtype else "model.param_dtype"
     raise UsageError(f"{flag}={dtype}: not a dtype the {options.export_format} export writes; "
@@ -181,8 +184,7 @@ def _export_slim(invocation: Invocation, options: Options, dtype: str,
   written: dict[str, Any] = {}
 
   def write(folder: epath.Path) -> None:
-    written.update(slim_weights.write(folder, params, dtype, invocation.config_json(),
-                                      model.scan_layers))
+    written.update(slim_weights.write(folder, params, dtype, invocation.config_json(), model))
     _write_manifest(folder, slim_weights.KIND, shown_job, step, what, "slim", dtype, written)
 
   replaced = _write_folder(output, write, flag)

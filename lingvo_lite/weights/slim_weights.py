@@ -7,8 +7,13 @@ The folder (written by `--mode=export --export_format=slim`):
   config.json     the job's config, so `--fdl_config_file=PATH/config.json` rebuilds its model
   manifest.json   what was written (outputs.py's manifest: the kind, the dtype, the sizes)
 
+Written in int8 (`--export_dtype=int8`), every weight matrix is its int8 values and a float32
+scale per output channel (models/quantization.py's `stored_int8`: a quarter of the float32
+bytes), the other parameters (norms, biases) in float32.
+
 Read back, each parameter is restored straight into this model's shardings and cast to its
-`param_dtype`; a model of other shapes or another layer layout is refused in one line.
+`param_dtype` (int8 weights as their values times their scales); a model of other shapes or
+another layer layout is refused in one line.
 """
 
 from __future__ import annotations
@@ -24,22 +29,30 @@ from etils import epath
 
 from lingvo_lite import outputs, paths
 from lingvo_lite.errors import UsageError
+from lingvo_lite.models import quantization
 
 KIND = "slim_export"
 PARAMS_DIR, CONFIG_FILE = "params", "config.json"
 FILES = (PARAMS_DIR, CONFIG_FILE)
 FIELD = "train.init_from"
+DTYPES = ("float32", "bfloat16", "int8")
 
 
 def write(folder: epath.Path, params: Any, dtype: str, config_json: str,
-          scan_layers: bool) -> dict[str, Any]:
-  """Writes `params` (cast to `dtype`) and the config into the empty `folder`.
+          model: Any) -> dict[str, Any]:
+  """Writes `params` (cast to `dtype`; "int8": the weight matrices of `model`, its family,
+  quantized) and the config into the empty `folder`.
 
   Returns:
     {"files": name -> bytes, "scan_layers": the layout} for the manifest.
   """
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  cast = jax.tree.map(lambda leaf: leaf.astype(jnp.dtype(dtype)), params)
+  if dtype == "int8":
+    cast = jax.jit(lambda p: quantization.stored_int8(
+        jax.tree.map(lambda leaf: leaf.astype(jnp.float32), p),
+        model.parameter_logical_specs(), model.int8_weight_contractions()))(params)
+  else:
+    cast = jax.tree.map(lambda leaf: leaf.astype(jnp.dtype(dtype)), params)
   checkpointer = ocp.StandardCheckpointer()
   checkpointer.save(os.fspath(folder / PARAMS_DIR), cast)
   checkpointer.wait_until_finished()
@@ -49,7 +62,7 @@ def write(folder: epath.Path, params: Any, dtype: str, config_json: str,
            PARAMS_DIR: sum(os.path.getsize(os.path.join(root, name))
                            for root, _, names in os.walk(os.fspath(folder / PARAMS_DIR))
                            for name in names)}
-  return {"files": sizes, "scan_layers": scan_layers}
+  return {"files": sizes, "scan_layers": bool(model.scan_layers)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +113,16 @@ class SlimCheckpoint:
       raise UsageError(f"{FIELD}=slim:{self.path}: written with model.scan_layers="
                        f"{manifest.get('scan_layers')}, and this model has "
                        f"{model.scan_layers}; set --fdl.model.scan_layers to match")
-    saved_dtype = jnp.dtype(manifest.get("dtype", "float32"))
-    target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, saved_dtype,
-                                                            sharding=leaf.sharding),
-                          mesh_params.abstract)
+    saved_dtype = manifest.get("dtype", "float32")
+    if saved_dtype == "int8":
+      target = quantization.stored_int8_shapes(
+          jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, jnp.float32,
+                                                         sharding=leaf.sharding),
+                       mesh_params.abstract),
+          model.parameter_logical_specs(), model.int8_weight_contractions())
+    else:
+      target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(
+          leaf.shape, jnp.dtype(saved_dtype), sharding=leaf.sharding), mesh_params.abstract)
     checkpointer = ocp.StandardCheckpointer()
     try:
       saved = checkpointer.restore(os.fspath(folder / PARAMS_DIR), target)
@@ -113,6 +132,9 @@ class SlimCheckpoint:
                        "use the config it was exported with (its config.json)") from None
     finally:
       checkpointer.close()
+    if saved_dtype == "int8":
+      shardings = jax.tree.map(lambda leaf: leaf.sharding, mesh_params.abstract)
+      saved = jax.jit(quantization.read_stored_int8, out_shardings=shardings)(saved)
     params = jax.tree.map(lambda leaf, want: leaf.astype(want.dtype), saved,
                           mesh_params.abstract)
     return params, f"slim:{self.path} ({manifest.get('dtype')}, step {manifest.get('step')})"

@@ -20,6 +20,7 @@ from lingvo_lite import testing
 from lingvo_lite.decode import generator as generation, steps as decoding
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
+from lingvo_lite.models import quantization
 from lingvo_lite.train_state import strip_boxes
 
 # Small shapes: prompts up to 20 tokens pad to bucket 16 or 32; 12 new tokens fit in 48.
@@ -30,6 +31,10 @@ FAMILIES = {
     "llama_gqa": ("PyCodeLlamaTiny", ()),
     "gpt2_learned": ("PyCodeGpt2Tiny", ()),
     "gptj_scanned": ("PyCodeTiny", ("model.scan_layers=True",)),
+    # int8 weights (models/quantization.py), quantized once when the generator takes them:
+    # the reference pass multiplies the same int8 weights.
+    "llama_int8_weights_scanned": ("PyCodeLlamaTiny", ('model.quantization="int8_weights"',
+                                                       "model.scan_layers=True")),
 }
 
 
@@ -101,7 +106,17 @@ def test_reported_log_probs_equal_teacher_forcing(family):
       assert list(completion.completion_ids) == argmax
 
 
-@pytest.mark.parametrize("family", ["gptj", "llama_gqa", "gptj_scanned"])
+def test_int8_weights_are_quantized_once_when_the_generator_takes_them():
+  params = _generator("llama_int8_weights_scanned").params
+  kernel = params["layers"]["attention"]["query_kernel"]  # [layers, embed, heads, kv]
+  assert quantization.is_quantized(kernel) and kernel.qvalue.dtype == jnp.int8
+  assert kernel.scale.shape == (kernel.qvalue.shape[0], 1, *kernel.qvalue.shape[2:])
+  assert quantization.is_quantized(params["embedding"])
+  assert not quantization.is_quantized(_generator("llama_gqa").params["embedding"])
+
+
+@pytest.mark.parametrize("family", ["gptj", "llama_gqa", "gptj_scanned",
+                                    "llama_int8_weights_scanned"])
 def test_cached_logits_equal_recomputing_the_prefix(family):
   """The logits of every generated position, step by step from the cache, against a pass
   over the whole prefix without one (its causal logits at each position)."""

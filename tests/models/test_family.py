@@ -19,7 +19,7 @@ import lingvo_lite.models
 from lingvo_lite import mfu, target, testing
 from lingvo_lite.config import files as config_files, help as config_help
 from lingvo_lite.errors import UsageError
-from lingvo_lite.models import family
+from lingvo_lite.models import family, quantization
 from lingvo_lite.models.transformer import TransformerLM
 
 # Every module of the package imported, so every family there has registered itself.
@@ -120,6 +120,22 @@ def test_every_registered_family_implements_the_interface(name):
   assert jax.tree.structure(cache) == jax.tree.structure(
       specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   assert model.cache_bytes(2, 10) == sum(x.nbytes for x in jax.tree.leaves(cache))
+  # Every quantization it lists runs: "int8" forward and backward, "int8_weights" on its
+  # weights quantized once, every weight matrix among them.
+  tokens = jnp.zeros((2, 8), jnp.int32)
+  params = nn.meta.unbox(model.init(jax.random.key(0), tokens))["params"]
+  assert "int8" in cls.quantizations and "int8_weights" in cls.quantizations
+  int8 = model.clone(quantization="int8")
+  grads = jax.grad(lambda p: jnp.sum(int8.apply({"params": p}, tokens)))(params)
+  assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+  weights = model.clone(quantization="int8_weights")
+  quantized = weights.decode_params(params, model.parameter_logical_specs())
+  matrices = [p for p in shapes if len(p.shape) - (p.axes[:1] == ("layers",)) >= 2
+              and "bias" not in p.path and "position" not in p.path]
+  assert sum(quantization.is_quantized(leaf) for leaf in jax.tree.leaves(
+      quantized, is_leaf=quantization.is_quantized)) == sum(p.repeats for p in matrices)
+  np.testing.assert_array_equal(weights.apply({"params": quantized}, tokens),
+                                weights.apply({"params": params}, tokens))
 
 
 @pytest.mark.parametrize("name", sorted(CHOICES))
