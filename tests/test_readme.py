@@ -335,6 +335,9 @@ def _check_train(command: Command, results: Results, session: Session) -> None:
 def _check_compile(command: Command, results: Results, session: Session) -> None:
   out = results[0].stdout
   _search(r"^verdict: FITS: needs ", out, "compile verdict")
+  if "int8" in (command.flag("fdl.model.quantization") or ""):
+    _search(r"^  matmuls in the optimized HLO: [1-9]\d* int8, ", out, "int8 dots")
+    _search(r"^  int8 step time at 50% of the peaks ", out, "int8 step time")
   if command.flag("compile_find_max_batch") is not None:
     for policy in (_flag(results[0].args, "compile_remat_policies") or "").split(","):
       _search(rf"^    {re.escape(policy)} +\d+ ", out, f"max batch for {policy}")
@@ -383,6 +386,8 @@ def _check_export(command: Command, results: Results, session: Session) -> None:
     return
   if command.flag("export_format") == "slim":
     assert {"params", "config.json", "manifest.json"} <= names, names
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["dtype"] == (command.flag("export_dtype") or "float32"), manifest
     return
   assert {"config.json", "generation_config.json", "manifest.json"} <= names, names
   assert any(n.endswith(".safetensors") for n in names), names
@@ -410,6 +415,8 @@ def _check_lm_eval(command: Command, results: Results, session: Session) -> None
 
 LINGVO = ("python", "-m", "lingvo_lite")
 BENCH = ("python", "bench/step_bench.py")
+INT8_BENCHES = (("python", "bench/int8_convergence.py"), ("python", "bench/int8_decode.py"),
+                ("python", "bench/int8_step_bench.py"))
 # The commands use the compilation cache as written, that is its default folder: in tests,
 # $JAX_COMPILATION_CACHE_DIR, the suite's shared cache (tests/conftest.py). A miss compiles.
 # Rows of 32 tokens: the smoke run times steps, it does not measure them, and a step of the
@@ -534,6 +541,10 @@ RULES = (
          lambda c, r, s: _check_built(c, r, s, "out", "validation/manifest.json")),
     Rule("train_vocab", lambda c: c.argv[:2] == ("python", "bin/train_vocab.py"),
          lambda c, r, s: _check_built(c, r, s, "output", "")),
+    Rule("int8 benchmarks", lambda c: c.argv[:2] in INT8_BENCHES, None,
+         why="benchmark runs of minutes to half an hour each (the README's int8 figures, side "
+             "by side); the code they drive runs in tests/models/test_quantization.py and "
+             "tests/programs/test_quantization_programs.py"),
     Rule("bench BenchLarge",
          lambda c: c.argv[:2] == BENCH and c.flag("experiment") == "BenchLarge", _check_bench,
          BENCH_SMOKE + ("--set", "train_data.global_batch_size=2"),

@@ -72,9 +72,9 @@ class DecodeSteps:
     self.loaded_shardings = partitioner.logical_to_sharding(specs, self.mesh)
     decode_specs = model.decode_param_specs(specs)
     self.param_shardings = partitioner.logical_to_sharding(decode_specs, self.mesh)
-    # None where the family decodes with the parameters as loaded.
-    # Not donated: the loaded arrays may be the caller's (device_put keeps arrays that are
-    # already in place), and int8 outputs could not reuse float buffers anyway.
+    # None where the family decodes with the parameters as loaded. Not donated: the loaded
+    # arrays may be the caller's (device_put keeps arrays already in place), and int8 outputs
+    # could not reuse float buffers anyway.
     self._to_decode_form = None if decode_specs is specs else jax.jit(
         functools.partial(model.decode_params, logical_specs=specs),
         in_shardings=(self.loaded_shardings,), out_shardings=self.param_shardings)

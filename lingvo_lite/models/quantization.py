@@ -7,14 +7,15 @@
   scale per channel (per row of the activations, per output column of the weight), multiplies
   in int8 with int32 accumulation and rescales in float32; the backward pass quantizes the
   incoming gradient the same way and multiplies it with the forward pass's int8 operands.
-  (An absmax scale is absmax / 127.5: the largest value sits at the edge of the top bucket,
-  127, so every bucket is whole; Qwix's rule.) This is Qwix's quantized training, the dot `qwix.QtProvider` runs for a `QtRule` with int8
-  weights, activations and gradients, called here at each weight matmul with its
-  configuration built directly: the provider would intercept the model's calls and decide
-  which operand is the weight by looking it up among the module's parameters (by identity,
-  else by shape, which fails where the q, k and v kernels share one), where each call here
-  knows. Rounding is to nearest: a step is deterministic. The parameters, their gradients and the optimizer state stay in the parameter
-  dtype (quantization lives in the step, not the state), so a float run's checkpoint resumes in
+  A scale is absmax / 127.5 (Qwix's rule: the largest value sits at the edge of the top
+  bucket, 127, so every bucket is whole). Rounding is to nearest: a step is deterministic.
+  This is Qwix's quantized training, the dot `qwix.QtProvider` runs for a `QtRule` with int8
+  weights, activations and gradients, called at each weight matmul with its configuration
+  built here: the provider would intercept the model's calls and tell the weight from the
+  activation by looking it up among the module's parameters (by identity, else by shape,
+  which fails where the q, k and v kernels share one), where each call here knows. The
+  parameters, their gradients and the optimizer state stay in the parameter dtype
+  (quantization lives in the step, not the state), so a float run's checkpoint resumes in
   int8 and back. The token embedding and the output projection stay in the compute dtype.
 - "int8_weights", for decoding and serving. Every weight matrix, the embedding and the output
   projection included, is stored as int8 with a float scale per output channel (per vocabulary

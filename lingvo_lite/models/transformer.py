@@ -454,7 +454,8 @@ class TransformerLM(LanguageModel):
         rotary_scaling=self.rotary_scaling_settings(),
         attention_implementation=self.attention_implementation,
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
-        quantization=self.quantization, dtype=jnp.dtype(self.dtype), param_dtype=jnp.dtype(self.param_dtype),
+        quantization=self.quantization, dtype=jnp.dtype(self.dtype),
+        param_dtype=jnp.dtype(self.param_dtype),
         attention_type=attention_type, attention_options=tuple(sorted(options.items())))
 
   def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None,

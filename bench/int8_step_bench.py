@@ -1,0 +1,87 @@
+"""Train step time under model.quantization="int8" against float32, same experiment and batch.
+
+  python bench/int8_step_bench.py [--experiment PyCodeSpTiny] [--pairs 7] [--steps 10]
+                                  [--warmup 2] [--set PATH=VALUE ...]
+
+Both steps are lingvo_lite's jitted train step (`JittedSteps`), one built with
+`model.quantization="int8"`, in this process, on the experiment's first batch; they run in
+pairs, the side that goes first alternating, so machine noise and cache warmth hit both alike.
+Prints each pair's times and the median ratio int8 / float32 with its quartiles. On CPU
+XLA:CPU multiplies int8 without a fast kernel and the quantization adds work (absmax scales,
+rounding, the gradients' quantization): this measures what that costs here; the speed-up int8
+buys is a TPU's (the compile report's int8 step time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _args() -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--experiment", default="PyCodeSpTiny")
+  parser.add_argument("--pairs", type=int, default=7)
+  parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--warmup", type=int, default=2,
+                      help="untimed steps each side runs first (at least 1: it compiles)")
+  parser.add_argument("--set", action="append", default=[],
+                      help="PATH=VALUE override of the config, for both (repeatable)")
+  args = parser.parse_args()
+  if args.warmup < 1 or args.pairs < 1 or args.steps < 1:
+    parser.error("--warmup, --pairs and --steps must be at least 1")
+  return args
+
+
+def _step(experiment: str, sets: list[str]):
+  """A function running `n` train steps on the first batch, returning seconds per step."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
+  setup = executor.build_experiment(experiment, sets)
+  jitted = JittedSteps(setup)
+  with jitted.activated():
+    state = jitted.init_state()
+    batch = jitted.global_batch(setup.train_data.batch(0))
+
+  def run(num_steps: int) -> float:
+    nonlocal state
+    with jitted.activated():
+      started = time.perf_counter()
+      for _ in range(num_steps):
+        state, metrics = jitted.train_step(state, batch)
+      jax.block_until_ready(metrics["loss"])
+    return (time.perf_counter() - started) / num_steps
+  return run
+
+
+def main() -> None:
+  args = _args()
+  sides = {"float32": _step(args.experiment, args.set),
+           "int8": _step(args.experiment, args.set + ['model.quantization="int8"'])}
+  for run in sides.values():
+    run(args.warmup)  # Compile and warm up.
+  times = {name: [] for name in sides}
+  ratios = []
+  for pair in range(args.pairs):
+    order = list(sides) if pair % 2 == 0 else list(reversed(sides))
+    for name in order:
+      times[name].append(sides[name](args.steps))
+    ratios.append(times["int8"][-1] / times["float32"][-1])
+    print(f"pair {pair + 1}: float32 {times['float32'][-1] * 1e3:.1f} ms/step, int8 "
+          f"{times['int8'][-1] * 1e3:.1f} ms/step, ratio {ratios[-1]:.3f}")
+  quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+  print(f"{args.experiment} {' '.join(args.set)}: median float32 "
+        f"{statistics.median(times['float32']) * 1e3:.1f} ms/step, int8 "
+        f"{statistics.median(times['int8']) * 1e3:.1f} ms/step; median ratio int8 / float32 "
+        f"{statistics.median(ratios):.3f} (quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}, "
+        f"{len(ratios)} pairs)")
+
+
+if __name__ == "__main__":
+  main()
