@@ -6,7 +6,9 @@
 Both steps are lingvo_lite's jitted train step (`JittedSteps`), one built with
 `model.quantization="int8"`, in this process, on the experiment's first batch; they run in
 pairs, the side that goes first alternating, so machine noise and cache warmth hit both alike.
-Prints each pair's times and the median ratio int8 / float32 with its quartiles. On CPU
+Prints each pair's times and the median ratio int8 / float32 with its quartiles, and first the
+gradients of both steps on that batch from the same initial parameters: their cosine
+similarity per parameter, the lowest of them (the acceptance bound is above 0.99). On CPU
 XLA:CPU multiplies int8 without a fast kernel and the quantization adds work (absmax scales,
 rounding, the gradients' quantization): this measures what that costs here; the speed-up int8
 buys is a TPU's (the compile report's int8 step time).
@@ -39,15 +41,22 @@ def _args() -> argparse.Namespace:
 
 
 def _step(experiment: str, sets: list[str]):
-  """A function running `n` train steps on the first batch, returning seconds per step."""
+  """A function running `n` train steps on the first batch, returning seconds per step; the
+  initial parameters; and a function of parameters giving their gradients on that batch."""
   import jax  # pylint: disable=g-import-not-at-top
   from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
   from lingvo_lite.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
   setup = executor.build_experiment(experiment, sets)
   jitted = JittedSteps(setup)
+  from lingvo_lite import steps  # pylint: disable=g-import-not-at-top
   with jitted.activated():
     state = jitted.init_state()
     batch = jitted.global_batch(setup.train_data.batch(0))
+    initial = jax.tree.map(lambda x: x.copy(), state.params)  # The steps donate the state.
+  loss = steps._loss_sums  # pylint: disable=protected-access
+  tokens = float(batch["weights"].sum())  # The step's normalizer: gradients of the mean loss.
+  gradients = jax.jit(lambda params: jax.grad(loss, has_aux=True)(
+      params, setup.model, batch, 0.0, tokens)[0])
 
   def run(num_steps: int) -> float:
     nonlocal state
@@ -57,13 +66,28 @@ def _step(experiment: str, sets: list[str]):
         state, metrics = jitted.train_step(state, batch)
       jax.block_until_ready(metrics["loss"])
     return (time.perf_counter() - started) / num_steps
-  return run
+  return run, initial, gradients
 
 
 def main() -> None:
   args = _args()
-  sides = {"float32": _step(args.experiment, args.set),
-           "int8": _step(args.experiment, args.set + ['model.quantization="int8"'])}
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  float_run, params, float_gradients = _step(args.experiment, args.set)
+  int8_run, _, int8_gradients = _step(args.experiment,
+                                      args.set + ['model.quantization="int8"'])
+  float_grads, int8_grads = float_gradients(params), int8_gradients(params)
+
+  def cosine(a, b) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+  cosines = {jax.tree_util.keystr(path): cosine(a, b) for (path, a), b in zip(
+      jax.tree_util.tree_flatten_with_path(float_grads)[0], jax.tree.leaves(int8_grads))}
+  lowest = min(cosines, key=cosines.get)
+  print(f"gradients on the first batch, int8 vs float32, {len(cosines)} parameters: lowest "
+        f"cosine {cosines[lowest]:.5f} ({lowest}), median "
+        f"{statistics.median(cosines.values()):.5f} (bound: above 0.99)")
+  sides = {"float32": float_run, "int8": int8_run}
   for run in sides.values():
     run(args.warmup)  # Compile and warm up.
   times = {name: [] for name in sides}

@@ -18,7 +18,6 @@ import optax
 from lingvo_lite.decode import jitted as decode_steps, steps as decoding
 from lingvo_lite.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
-from lingvo_lite.train_state import strip_boxes
 
 SETS = ("model.vocab_size=256", "train_data.vocab_size=256", "eval_data.vocab_size=256",
         "train_data.global_batch_size=8", "eval_data.global_batch_size=8",
@@ -61,12 +60,16 @@ def _losses_and_specs(mesh_shape):
 # Decode: 8 slots of mixed prompt lengths, 10 steps after the prefill, greedy and sampled.
 DECODE_SETS = SETS + ("decode.cache_length=32", "decode.slots=8")
 DECODE_MESHES = {"single": None, "data4_tensor2": (4, 1, 2)}
+# The same with int8 weights (quantized once, as loaded): their values and scales split as
+# the float weights are, on data=2 x fsdp=2 x tensor=2.
+INT8_WEIGHTS_MESHES = {"single": None, "data2_fsdp2_tensor2": (2, 2, 2)}
+INT8_WEIGHTS = ('model.quantization="int8_weights"',)
 
 
-def _decode_logits(mesh_shape):
+def _decode_logits(mesh_shape, extra_sets=()):
   """Each step's logits [slots, vocab] and tokens of a decode on one device or a mesh, the
   cache and slots sharded (slots over data, key/value heads over tensor)."""
-  sets = DECODE_SETS
+  sets = DECODE_SETS + tuple(extra_sets)
   if mesh_shape is not None:
     sets += tuple(f"partitioner.ici_{axis}={size}"
                   for axis, size in zip(("data", "fsdp", "tensor"), mesh_shape))
@@ -74,7 +77,7 @@ def _decode_logits(mesh_shape):
   devices = jax.devices()[:1] if mesh_shape is None else jax.devices()
   steps = decode_steps.DecodeSteps(setup, setup.partitioner.make_mesh(devices))
   params = jax.jit(setup.model.init)(jax.random.key(2), jnp.zeros((1, 8), jnp.int32))
-  params = jax.device_put(strip_boxes(params["params"]), steps.param_shardings)
+  params = steps.decode_form(params["params"])
   lengths = np.array([1, 3, 5, 7, 9, 11, 13, 15], np.int32)
   prompts = np.zeros((8, 16), np.int32)
   for slot, length in enumerate(lengths):
@@ -92,14 +95,19 @@ def _decode_logits(mesh_shape):
       state, step_logits = step(params, state)
       logits.append(np.asarray(step_logits).tolist())
   cache_spec = str(state.cache.keys[0].sharding.spec)  # Layer 0's (unrolled layers).
+  query = params["layer_0"]["attention"]["query_kernel"]
+  query_specs = ([str(query.qvalue.sharding.spec), str(query.scale.sharding.spec)]
+                 if hasattr(query, "qvalue") else [str(query.sharding.spec)])
   return {"logits": logits, "tokens": np.asarray(state.tokens).tolist(),
-          "cache_spec": cache_spec}
+          "cache_spec": cache_spec, "query_specs": query_specs}
 
 
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
   result["decode"] = {name: _decode_logits(shape) for name, shape in DECODE_MESHES.items()}
+  result["decode_int8_weights"] = {name: _decode_logits(shape, INT8_WEIGHTS)
+                                   for name, shape in INT8_WEIGHTS_MESHES.items()}
   result["bad"] = {}
   with tempfile.TemporaryDirectory() as job:
     for name, args in BAD_PARTITIONING.items():

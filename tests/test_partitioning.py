@@ -92,13 +92,9 @@ def test_bad_partitioning_is_a_one_line_error(worker, case, message):
   assert len(lines) == 1 and message in lines[0], outcome["stderr"]
 
 
-def test_sharded_decode_gives_the_logits_of_one_device(worker):
-  """Slots over 4 data-parallel devices and key/value heads over 2 tensor devices: each
-  step's logits as on one device, compared while a slot's tokens agree (a near-tie of random
-  weights may pick another token; then the rest of that slot differs by design)."""
-  single, sharded = worker["decode"]["single"], worker["decode"]["data4_tensor2"]
-  # A layer's [slots, kv_heads, length, head_dim]: slots over data, heads over tensor.
-  assert sharded["cache_spec"] == str(PartitionSpec("data", "tensor"))
+def _assert_same_logits_while_tokens_agree(single, sharded):
+  """Each step's logits, compared while a slot's tokens agree (a near-tie of random weights
+  may pick another token; then the rest of that slot differs by design)."""
   compared = 0
   for slot in range(8):
     for step, (one, many) in enumerate(zip(single["logits"], sharded["logits"])):
@@ -109,6 +105,26 @@ def test_sharded_decode_gives_the_logits_of_one_device(worker):
       if single["tokens"][slot][position] != sharded["tokens"][slot][position]:
         break
   assert compared >= 60  # Most of the 80 slot-steps: the tokens agree almost everywhere.
+
+
+def test_sharded_decode_gives_the_logits_of_one_device(worker):
+  """Slots over 4 data-parallel devices and key/value heads over 2 tensor devices: each
+  step's logits as on one device."""
+  single, sharded = worker["decode"]["single"], worker["decode"]["data4_tensor2"]
+  # A layer's [slots, kv_heads, length, head_dim]: slots over data, heads over tensor.
+  assert sharded["cache_spec"] == str(PartitionSpec("data", "tensor"))
+  _assert_same_logits_while_tokens_agree(single, sharded)
+
+
+def test_int8_weights_decode_sharded_as_on_one_device(worker):
+  """int8 weights on data=2 x fsdp=2 x tensor=2: a query kernel's int8 values split as the
+  float kernel is ([embed, heads, kv]: fsdp, tensor), its scales [1, heads, kv] over tensor
+  only; each step's logits as on one device."""
+  runs = worker["decode_int8_weights"]
+  sharded = runs["data2_fsdp2_tensor2"]
+  assert sharded["query_specs"] == [str(PartitionSpec("fsdp", "tensor")),
+                                    str(PartitionSpec(None, "tensor"))]
+  _assert_same_logits_while_tokens_agree(runs["single"], sharded)
 
 
 def test_one_axis_takes_the_remaining_devices():
