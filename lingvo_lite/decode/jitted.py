@@ -68,7 +68,8 @@ class DecodeSteps:
     partitioner = setup.partitioner
     self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(model),
                                                          self.mesh)
-    specs = model.parameter_logical_specs()
+    # The parameters' logical axes, traced once: the shardings and abstract_params use them.
+    self._specs = specs = model.parameter_logical_specs()
     self.loaded_shardings = partitioner.logical_to_sharding(specs, self.mesh)
     decode_specs = model.decode_param_specs(specs)
     self.param_shardings = partitioner.logical_to_sharding(decode_specs, self.mesh)
@@ -122,9 +123,8 @@ class DecodeSteps:
     # The key is made inside eval_shape: made eagerly under a topology's mesh (a TPU compile
     # on a CPU host) it would be placed on devices that hold no arrays.
     model = self.setup.model
-    specs = model.parameter_logical_specs()
     shapes = jax.eval_shape(lambda: model.decode_params(strip_boxes(model.init(
-        jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]), specs))
+        jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]), self._specs))
     return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
         leaf.shape, leaf.dtype, sharding=sharding), shapes, self.param_shardings)
 

@@ -71,10 +71,9 @@ def quantize(weight: jax.Array, contracted: Sequence[int]) -> qwix.QArray:
 def dot_general(x: jax.Array, weight: Any, dimension_numbers: DimensionNumbers,
                 quantization: Quantization | None) -> jax.Array:
   """`jax.lax.dot_general(x, weight, dimension_numbers)` under `quantization`, in x's dtype."""
+  if quantization == "int8_weights" and not is_quantized(weight):
+    weight = quantize(weight, dimension_numbers[0][1])  # Float weights: as they multiply.
   if is_quantized(weight):
-    return qwix.dot_general(x, weight, dimension_numbers).astype(x.dtype)
-  if quantization == "int8_weights":
-    weight = quantize(weight, dimension_numbers[0][1])
     return qwix.dot_general(x, weight, dimension_numbers).astype(x.dtype)
   if quantization == "int8":
     return dot_general_qt.dot_general_qt(x, weight, dimension_numbers,
