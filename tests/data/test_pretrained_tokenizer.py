@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import regex
 
+from lingvo_lite import gguf_files
 from lingvo_lite.data import pretrained_tokenizer, vocabulary
 from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
 from lingvo_lite.data.text_vocabulary import TextVocabulary
@@ -184,7 +185,7 @@ def test_a_tokenizer_written_into_a_gguf_file_reads_back_the_same(tmp_path, smol
   writer.write_kv_data_to_file()
   writer.write_tensors_to_file()
   writer.close()
-  metadata = gguf.GGUFReader(path).fields
+  metadata = gguf_files.open_reader(path).fields  # Opened once: read() below shares it.
   assert len(metadata["tokenizer.ggml.tokens"].data) == 49152 + 64
   back = pretrained_tokenizer.read(PretrainedTokenizer(path))
   assert back.fingerprint() == smollm2.fingerprint() and back.vocab_size == 49152

@@ -464,13 +464,19 @@ def test_a_trained_gptj_job_exports_what_transformers_computes_the_same(tiny_job
   assert again.code == 0 and "replaced the earlier export" in again.stdout, again.stderr
 
 
-def _gguf_logits(path, tokens):
-  """Our reader's float32 logits of `tokens` for the model in the GGUF file at `path`."""
+def _gguf_model(path):
+  """The model and the parameters our reader reads from the GGUF file at `path`."""
   source = GgufCheckpoint(str(path))
   family, fields = source.model_fields()
   model = family(**fields)
   abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
   params, _ = source.read_params(model, abstract)
+  return model, params
+
+
+def _gguf_logits(path, tokens):
+  """Our reader's float32 logits of `tokens` for the model in the GGUF file at `path`."""
+  model, params = _gguf_model(path)
   with jax.default_matmul_precision("highest"):
     return np.asarray(model.apply({"params": params}, tokens))
 
@@ -498,16 +504,25 @@ def test_folders_exported_as_gguf_give_transformers_the_same_logits(folders, tmp
     with torch.no_grad():
       theirs = exported(torch.tensor(_prompt()[:, :100])).logits.numpy()
     assert np.abs(theirs - expected[:, :100]).max() < TOLERANCE, case
-  # F16: transformers and our reader load the same rounded weights and agree on their logits.
+  # F16: our reader gives the folder's matrices rounded to float16 (norms stay F32, as
+  # llama.cpp writes them), and transformers loads the same rounded weights: equal logits.
   out = tmp_path / "llama_f16"
   result = _export(tmp_path / "llama_job", out, f"--init_from=hf:{folders['llama'][0]}",
                    "--export_format=gguf", "--export_dtype=float16")
   assert result.code == 0, result.stderr[-3000:]
+  model, params = _gguf_model(out / "model.gguf")
+  _, original, _ = _load(folders["llama"][0])
+  for read, source in zip(jax.tree.leaves(params), jax.tree.leaves(original)):
+    expected = np.asarray(source)
+    if expected.ndim > 1:
+      expected = expected.astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(read), expected)
   exported = transformers.AutoModelForCausalLM.from_pretrained(
       str(out), gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager").eval()
   with torch.no_grad():
     theirs = exported(torch.tensor(_prompt()[:, :100])).logits.numpy()
-  ours = _gguf_logits(out / "model.gguf", _prompt()[:, :100])
+  with jax.default_matmul_precision("highest"):
+    ours = np.asarray(model.apply({"params": params}, _prompt()[:, :100]))
   assert np.abs(ours - theirs).max() < TOLERANCE
   assert np.abs(ours - folders["llama"][1][:, :100]).max() > TOLERANCE  # It is rounded.
 
