@@ -374,8 +374,9 @@ def _check_report(command: Command, results: Results, session: Session) -> None:
 
 def _check_export(command: Command, results: Results, session: Session) -> None:
   """The folder holds what transformers' from_pretrained reads: the config, the weights, the
-  generation config, and the tokenizer of a model that has one; or the GGUF file, with its
-  tokenizer (slim weights: the parameters and the config)."""
+  generation config and the tokenizer (the pretrained model's, or the task's bytes or
+  SentencePiece converted); or the GGUF file, with the pretrained model's tokenizer (slim
+  weights: the parameters and the config)."""
   del results
   folder = session.copy / command.flag("export_dir")
   names = set(os.listdir(folder))
@@ -391,8 +392,7 @@ def _check_export(command: Command, results: Results, session: Session) -> None:
     return
   assert {"config.json", "generation_config.json", "manifest.json"} <= names, names
   assert any(n.endswith(".safetensors") for n in names), names
-  if _pretrained(command):
-    assert {"tokenizer.json", "tokenizer_config.json"} <= names, names
+  assert {"tokenizer.json", "tokenizer_config.json"} <= names, names
 
 
 def _check_bench(command: Command, results: Results, session: Session) -> None:

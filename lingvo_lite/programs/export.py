@@ -28,6 +28,7 @@ from lingvo_lite import outputs, paths
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.config import files as config_files
+from lingvo_lite.data import vocabulary_tokenizer
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.errors import UsageError, os_error_text, shown
 from lingvo_lite.models import layer_layout
@@ -117,7 +118,7 @@ def main(invocation: Invocation) -> None:
             jax.tree_util.tree_flatten_with_path(MeshParams(
                 unrolled, setup.train_data.sequence_length, setup.partitioner,
                 setup.partitioner.make_mesh(invocation.target.devices)).abstract)[0]}
-  tokenizer = getattr(text_vocabulary(setup.train_data), "tokenizer", None)
+  tokenizer, no_tokenizer = _tokenizer(setup)
   plan = hf_export.plan_shards(unrolled.hf_tensors(), shapes, dtype, options.export_shard_bytes,
                                tokenizer)
   # Checked before the checkpoint is read: an earlier export of lingvo_lite's (its files
@@ -162,6 +163,22 @@ def main(invocation: Invocation) -> None:
         f"{model.param_dtype})", flush=True)
   for name in names:
     print(f"  {os.path.join(options.export_dir, name)}  {_size(written['files'][name])}")
+  if no_tokenizer:
+    print(f"  no tokenizer files: {no_tokenizer}")
+  elif is_gguf and not written["tokenizer"]:
+    print(f"  no tokenizer in {gguf_export.FILE}: its tokenizer.ggml.* keys are written for a "
+          "pretrained byte-level BPE tokenizer only (this model's tokenizer is "
+          f"{tokenizer.source})")
+
+
+def _tokenizer(setup: Any) -> tuple[Any, str]:
+  """The tokenizer files the export carries (the task vocabulary's: a pretrained tokenizer's
+  own, or bytes and SentencePiece converted, data/vocabulary_tokenizer.py), or None and why
+  there are none."""
+  try:
+    return vocabulary_tokenizer.tokenizer_files(text_vocabulary(setup.train_data)), ""
+  except vocabulary_tokenizer.NotConvertible as e:
+    return None, str(e)
 
 
 def _export_slim(invocation: Invocation, options: Options, dtype: str,

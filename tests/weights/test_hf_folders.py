@@ -20,8 +20,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sentencepiece as spm
 
 from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.data import pretrained_tokenizer, vocabulary, vocabulary_tokenizer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import checkpoint_names
 from lingvo_lite.partitioning import Partitioner
@@ -29,6 +31,7 @@ from lingvo_lite.testing import kill_9_when, run_cli
 from lingvo_lite.weights import sources
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+from tasks.pycode import read_documents, stdlib_dir
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -459,9 +462,39 @@ def test_a_trained_gptj_job_exports_what_transformers_computes_the_same(tiny_job
   with torch.no_grad():
     theirs = reference(torch.tensor(tokens)).logits.numpy()
   assert np.abs(ours - theirs).max() < TOLERANCE
+  # The job's byte vocabulary went along as tokenizer files (data/vocabulary_tokenizer.py):
+  # transformers' tokenizer gives the ids the job trained on, and their text back.
+  tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+  text = "def f(x):\n    return x  # π ≈ 3.14 </s>\n"
+  ids = [b + 3 for b in text.encode("utf-8")]
+  # "</s>" in a text is text to lingvo_lite, EOS to transformers unless told otherwise.
+  assert tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
+      "input_ids"] == ids
+  assert tokenizer.decode(ids) == text and tokenizer.eos_token_id == 1
   # Again into the same folder: lingvo_lite's earlier export is replaced.
   again = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}"])
   assert again.code == 0 and "replaced the earlier export" in again.stdout, again.stderr
+
+
+def test_a_sentencepiece_vocabulary_exports_as_a_tokenizer_transformers_reads(tmp_path):
+  """What an export of a SentencePiece job writes (data/vocabulary_tokenizer.py, through
+  pretrained_tokenizer.write_hf_files as export does): transformers' AutoTokenizer gives the
+  converted tokenizer's ids, and its text back."""
+  model = tmp_path / "sp.model"
+  vocabulary.train_sentencepiece(iter(read_documents(stdlib_dir(), "train")[::32]), str(model),
+                                 512, "unigram")
+  files = vocabulary_tokenizer.sentencepiece_files(model.read_bytes(), "sp.model")
+  folder = tmp_path / "hf"
+  folder.mkdir()
+  pretrained_tokenizer.write_hf_files(files, str(folder), 256)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+  processor = spm.SentencePieceProcessor(model_file=str(model))
+  for document in read_documents(stdlib_dir(), "validation")[:3]:
+    text = document.decode("utf-8")[:3000]
+    ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    assert ids == files.encode(text)
+    assert tokenizer.decode(ids) == text == processor.DecodeIds(ids)
+  assert (tokenizer.eos_token, tokenizer.eos_token_id, tokenizer.unk_token_id) == ("</s>", 1, 2)
 
 
 def _gguf_model(path):
