@@ -23,6 +23,10 @@ tokenizer.json (Digits then ByteLevel) shares.
 Bytes per token (eval's bits per byte): a byte-level token stands for the bytes its characters
 map back to (GPT-2's byte-to-character table); a SentencePiece-style token (`▁` for a space,
 `<0xNN>` byte pieces) for its UTF-8; special and added tokens for none.
+
+Longer than 300 lines with a reason: reading (a folder, a GGUF file's metadata), the bytes each
+token stands for, and writing back (a folder's tokenizer files, a GGUF file's keys) are the same
+format's two directions, and each direction must invert the other (tests compare round trips).
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ report.json, schema "lingvo_lite.compile_report/1":
   dots:       {int8, float}: the matmul instructions of the optimized HLO (aot.dot_counts),
               or null (analyses kept by an older version)
   max_batch:  (with --compile_find_max_batch) see programs/compile/max_batch.py
+
+Longer than 300 lines with a reason: the schema above and the code that fills each of its
+sections (memory verdict, analytic bytes, FLOPs, step times, matmul counts) live together, so a
+change of one is seen beside the other; the search for a largest batch is its own module.
 """
 
 from __future__ import annotations
