@@ -452,6 +452,10 @@ def standalone(command: Command) -> bool:
 # on 2 cores while still building its token stores and running every part of the program.
 SMOL_SHAPES = ("--fdl.eval_data.num_batches=1", "--fdl.eval_data.global_batch_size=2",
                "--fdl.eval_data.sequence_length=64")
+# SmolLM2's 30 blocks as one scanned block: each command traces and compiles one block, not
+# 30 (~5 s less a command on 2 cores). The same computation: tests/models/test_layer_layout.py
+# compares the layouts, and the export command unstacks the fine-tune's scanned checkpoint.
+SMOL_SCANNED = ("--fdl.model.scan_layers=True",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,10 +492,14 @@ RULES = (
          _check_fdl_help),
     Rule("--help", lambda c: c.argv[:3] == LINGVO and "--help" in c.argv, _check_help),
     Rule("eval, pretrained", lambda c: _lingvo(c, "eval") and _pretrained(c), _check_eval,
-         SMOL_SHAPES, why="one batch of 2 x 64 tokens: the fixed validation subset (4 batches of "
-                          "8 x 512) takes about a minute on 2 cores"),
+         SMOL_SHAPES + SMOL_SCANNED,
+         why="one batch of 2 x 64 tokens: the fixed validation subset (4 batches of 8 x 512) "
+             "takes about a minute on 2 cores; scanned blocks (SMOL_SCANNED)"),
     Rule("eval", lambda c: _lingvo(c, "eval"), _check_eval),
     Rule("report", lambda c: _lingvo(c, "report"), _check_report),
+    Rule("decode, pretrained", lambda c: _lingvo(c, "decode") and _pretrained(c),
+         _check_decode, ("--fdl.decode.max_new_tokens=16",) + SMOL_SCANNED, run=_run_decode,
+         why="as the decode rule below, with scanned blocks (SMOL_SCANNED)"),
     Rule("decode", lambda c: _lingvo(c, "decode"), _check_decode,
          ("--fdl.decode.max_new_tokens=16",), run=_run_decode,
          why="16 new tokens, not 128, per --prompt request: the 4-step model's tokens are noise "
@@ -521,9 +529,10 @@ RULES = (
              "shell'), on a free port"),
     Rule("train, pretrained", lambda c: _lingvo(c, "train") and _pretrained(c), _check_train,
          ("--fdl.train.steps=1", "--fdl.train_data.global_batch_size=2",
-          "--fdl.train_data.sequence_length=64", *SMOL_SHAPES),
+          "--fdl.train_data.sequence_length=64", *SMOL_SHAPES, *SMOL_SCANNED),
          why="1 step of 2 x 64 tokens: a step of the fine-tune's 8 x 512 takes ~50 s on 2 "
-             "cores; this still loads the GGUF, trains, checkpoints and evaluates"),
+             "cores; this still loads the GGUF, trains, checkpoints and evaluates; scanned "
+             "blocks (SMOL_SCANNED)"),
     Rule("export", lambda c: _lingvo(c, "export"), _check_export),
     Rule("serve", lambda c: _lingvo(c, "serve"), None,
          why="a server runs until it is stopped; tests/serving/test_server.py starts this program "

@@ -86,6 +86,8 @@ class TokenizerFiles:
     generation: The source's sampling defaults, by Hugging Face's generation_config.json
       names (`temperature`, `top_p`, ...), sorted (key, value) pairs; exports carry them
       along (decode samples as its own settings say).
+    pad_id: The padding id an export names as the pad token (a task vocabulary's PAD), or
+      None. Not part of the fingerprint: it decides no id of a text.
   """
   json: str
   eos_id: int
@@ -95,6 +97,7 @@ class TokenizerFiles:
   chat_template: str | None
   source: str
   generation: tuple[tuple[str, Any], ...] = ()
+  pad_id: int | None = None
 
   @property
   def vocab_size(self) -> int:
@@ -366,7 +369,7 @@ def write_hf_files(files: TokenizerFiles, folder: str, model_max_length: int) ->
                               "clean_up_tokenization_spaces": False,
                               "model_max_length": model_max_length}
   for name, token_id in (("bos_token", files.bos_id), ("eos_token", files.eos_id),
-                         ("unk_token", files.unk_id)):
+                         ("unk_token", files.unk_id), ("pad_token", files.pad_id)):
     if token_id is not None:
       settings[name] = made.id_to_token(token_id)
   if files.chat_template is not None:

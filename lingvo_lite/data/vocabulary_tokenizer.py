@@ -53,24 +53,25 @@ class NotConvertible(ValueError):
 def tokenizer_files(vocabulary: Any) -> TokenizerFiles:
   """The tokenizer files of a task's text vocabulary (`data.source.text_vocabulary`: a
   TextVocabulary, or a seqio Vocabulary), or NotConvertible."""
-  pretrained = getattr(vocabulary, "tokenizer", None)
-  if pretrained is not None:
+  pretrained = getattr(vocabulary, "tokenizer", None)  # (seqio's SentencePiece has one too.)
+  if isinstance(pretrained, TokenizerFiles):
     return pretrained
   processor = getattr(vocabulary, "sentencepiece", None)  # A TextVocabulary's.
   if processor is not None:
     return sentencepiece_files(processor.serialized_model_proto(), "the task's SentencePiece "
                                "model")
   kind = type(vocabulary).__name__
-  if kind == "TextVocabulary" or kind == "ByteVocabulary" and not getattr(
-      vocabulary, "extra_ids", 0):
+  extra_ids = getattr(vocabulary, "extra_ids", 0)
+  if kind in ("ByteVocabulary", "SentencePieceVocabulary") and extra_ids:
+    raise NotConvertible(f"the task's {kind} has {extra_ids} extra ids")
+  if kind in ("TextVocabulary", "ByteVocabulary"):  # A TextVocabulary of neither: bytes.
     if vocabulary.vocab_size != len(_SEQIO_BYTE_SPECIALS) + 256:
-      raise NotConvertible(f"a byte vocabulary of {vocabulary.vocab_size} ids")
+      raise NotConvertible(f"the task's byte vocabulary has {vocabulary.vocab_size} ids, not "
+                           f"{len(_SEQIO_BYTE_SPECIALS) + 256}")
     return byte_files()
   if kind == "SentencePieceVocabulary":
-    if getattr(vocabulary, "extra_ids", 0):
-      raise NotConvertible(f"a SentencePiece vocabulary with {vocabulary.extra_ids} extra ids")
     return sentencepiece_files(vocabulary.sp_model, "the task's SentencePiece model")
-  raise NotConvertible(f"a {kind} vocabulary")
+  raise NotConvertible(f"the task's vocabulary is a {kind}, which has no tokenizers form here")
 
 
 def byte_files() -> TokenizerFiles:
@@ -83,7 +84,7 @@ def byte_files() -> TokenizerFiles:
   made.add_special_tokens([tokenizers.AddedToken(token, special=True, normalized=False)
                            for token in _SEQIO_BYTE_SPECIALS])
   return TokenizerFiles(json=made.to_str(), eos_id=1, bos_id=None, unk_id=2, add_bos=False,
-                        chat_template=None, source="bytes (seqio.ByteVocabulary)")
+                        chat_template=None, source="bytes (seqio.ByteVocabulary)", pad_id=0)
 
 
 def sentencepiece_files(sp_model: bytes, source: str) -> TokenizerFiles:
@@ -144,5 +145,5 @@ def sentencepiece_files(sp_model: bytes, source: str) -> TokenizerFiles:
     raise NotConvertible(f"{source} has no EOS piece")
   return TokenizerFiles(json=made.to_str(), eos_id=eos_id, bos_id=token_id(trainer.bos_id),
                         unk_id=token_id(trainer.unk_id), add_bos=False, chat_template=None,
-                        source=source)
+                        source=source, pad_id=token_id(trainer.pad_id))
 

@@ -237,6 +237,10 @@ class GgufTensor:
       values = rotary_pairs_to_halves(values, self.rotary_heads)
     return np.ascontiguousarray(values.T) if self.transposed else values
 
+  def shape_from_hf(self, shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape `from_hf` gives a Hugging Face tensor of `shape`."""
+    return tuple(reversed(shape)) if self.transposed else tuple(shape)
+
   def from_hf(self, values: np.ndarray) -> np.ndarray:
     """The GGUF tensor from the Hugging Face one (the inverse of `to_hf`)."""
     values = np.ascontiguousarray(values.T) if self.transposed else values

@@ -11,6 +11,11 @@ has none yet, the weight source its config starts from (weights/job_params.py). 
 beside its final place and renamed into it whole, over an earlier export of lingvo_lite's
 only, never over anything else (lingvo_lite/outputs.py). A model the format cannot express
 is refused in one line before anything is read.
+
+Host memory: the restored parameters are read as NumPy arrays (on a CPU, views of the
+device buffers; on an accelerator, one host copy), and each output tensor is made from them as
+it is written: a Hugging Face folder holds one shard (`--export_shard_bytes`, 5 GB by default)
+beside them, a GGUF file one tensor.
 """
 
 from __future__ import annotations

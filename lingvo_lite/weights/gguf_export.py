@@ -17,6 +17,7 @@ Llama 3.1's as a rope_freqs tensor, which this writer does not make).
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping
 
@@ -55,14 +56,17 @@ def check_expressible(model: Any, hf_config: Mapping[str, Any]) -> str:
   return family.gguf_architecture
 
 
-def write(path: str, model: Any, tensors: Mapping[str, np.ndarray], dtype: str,
+def write(path: str, model: Any, tensors: Any, dtype: str,
           hf_config: Mapping[str, Any], tokenizer: Any = None) -> dict[str, Any]:
-  """Writes the GGUF file at `path`.
+  """Writes the GGUF file at `path`, one tensor at a time: the header and every tensor's
+  shape and type first (from the shapes alone), then each tensor made, converted, written and
+  let go, so the host holds one tensor beside the parameters.
 
   Args:
     path: The file to write (in an empty folder).
     model: The family instance (unrolled layers).
-    tensors: Hugging Face tensor name -> array, as hf_export writes them.
+    tensors: `hf_export.named_tensors` of the parameters: Hugging Face tensor name -> array
+      (made when read), and their `shape`s.
     dtype: float32 or float16, for every matrix.
     hf_config: `hf_export.check_expressible`'s config.json.
     tokenizer: The model's pretrained tokenizer files, or None.
@@ -81,14 +85,21 @@ def write(path: str, model: Any, tensors: Mapping[str, np.ndarray], dtype: str,
   for key, value in model.gguf_metadata().items():
     _add_value(writer, f"{arch}.{key}", value)
   has_tokenizer = _add_tokenizer(writer, tokenizer, model.vocab_size)
-  matrix = np.float32 if dtype == "float32" else np.float16
+  matrix = np.dtype(np.float32 if dtype == "float32" else np.float16)
   names = model.gguf_tensors()
+  types = {}
   for gguf_name, tensor in names.items():
-    values = tensor.from_hf(np.asarray(tensors[tensor.hf], np.float32))
-    writer.add_tensor(gguf_name, values.astype(matrix if values.ndim > 1 else np.float32))
+    shape = tensor.shape_from_hf(tensors.shape(tensor.hf))
+    types[gguf_name] = matrix if len(shape) > 1 else np.dtype(np.float32)  # Norms stay F32.
+    writer.add_tensor_info(gguf_name, shape, types[gguf_name],
+                           math.prod(shape) * types[gguf_name].itemsize)
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
-  writer.write_tensors_to_file()
+  writer.write_ti_data_to_file()
+  for gguf_name, tensor in names.items():
+    values = tensor.from_hf(np.asarray(tensors[tensor.hf], np.float32))
+    writer.write_tensor_data(np.ascontiguousarray(values.astype(types[gguf_name])))
+    del values
   writer.close()
   return {"tensors": len(names), "architecture": arch, "tokenizer": has_tokenizer,
           "files": {FILE: os.path.getsize(path)}}

@@ -181,11 +181,35 @@ def check_absent(model: Any, params: Mapping[str, Any]) -> None:
                        "weights")
 
 
-def named_tensors(model: Any, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+class NamedTensors(Mapping[str, np.ndarray]):
+  """Every Hugging Face tensor of `params` (the layout `write` takes), by its name, each made
+  from the parameters when it is read: a writer that takes them one at a time holds one
+  tensor beside the parameters, not a second copy of the model."""
+
+  def __init__(self, model: Any, params: Mapping[str, Any]):
+    check_absent(model, params)
+    self._tensors = {t.name: t for t in model.hf_tensors()}
+    self._params = params
+
+  def __getitem__(self, name: str) -> np.ndarray:
+    tensor = self._tensors[name]
+    return tensor.from_ours([np.asarray(_at(self._params, p)) for p in tensor.paths])
+
+  def __iter__(self):
+    return iter(self._tensors)
+
+  def __len__(self) -> int:
+    return len(self._tensors)
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    """The tensor's shape, without making it."""
+    tensor = self._tensors[name]
+    return tuple(tensor.format_shape([np.shape(_at(self._params, p)) for p in tensor.paths]))
+
+
+def named_tensors(model: Any, params: Mapping[str, Any]) -> NamedTensors:
   """Every Hugging Face tensor of `params` (the layout `write` takes), by its name."""
-  check_absent(model, params)
-  return {t.name: t.from_ours([np.asarray(_at(params, p)) for p in t.paths])
-          for t in model.hf_tensors()}
+  return NamedTensors(model, params)
 
 
 def _at(tree: Mapping[str, Any], path: str) -> Any:

@@ -12,6 +12,7 @@ import sentencepiece as spm
 from lingvo_lite.data import pretrained_tokenizer, vocabulary, vocabulary_tokenizer
 from lingvo_lite.data.text_vocabulary import TextVocabulary
 from lingvo_lite.data.vocabulary_tokenizer import NotConvertible
+from lingvo_lite.runtime import tensorflow_import
 from tasks.pycode import read_documents, stdlib_dir
 
 # Text SentencePiece must keep as text (control and byte pieces' surface forms), characters
@@ -145,3 +146,18 @@ def test_what_does_not_convert_says_why(settings, words):
   with pytest.raises(NotConvertible) as error:
     vocabulary_tokenizer.sentencepiece_files(model, "the model")
   assert words in str(error.value) and "\n" not in str(error.value)
+
+
+def test_seqio_vocabularies_convert_as_their_facts_do(unigram, tmp_path):
+  """A task without facts gives its seqio Vocabulary (data/source.py): the same files."""
+  _, seqio = tensorflow_import.import_seqio()
+  path = tmp_path / "m.model"
+  path.write_bytes(unigram[0])
+  from_seqio = vocabulary_tokenizer.tokenizer_files(seqio.SentencePieceVocabulary(str(path)))
+  facts = vocabulary.vocabulary_facts(str(path), "unused")
+  assert from_seqio.json == vocabulary_tokenizer.tokenizer_files(TextVocabulary(facts)).json
+  assert vocabulary_tokenizer.tokenizer_files(seqio.ByteVocabulary()).json == (
+      vocabulary_tokenizer.byte_files().json)
+  with pytest.raises(NotConvertible) as error:
+    vocabulary_tokenizer.tokenizer_files(seqio.SentencePieceVocabulary(str(path), extra_ids=8))
+  assert "the task's SentencePieceVocabulary has 8 extra ids" in str(error.value)

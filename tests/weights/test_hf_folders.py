@@ -470,7 +470,8 @@ def test_a_trained_gptj_job_exports_what_transformers_computes_the_same(tiny_job
   # "</s>" in a text is text to lingvo_lite, EOS to transformers unless told otherwise.
   assert tokenizer(text, add_special_tokens=False, split_special_tokens=True)[
       "input_ids"] == ids
-  assert tokenizer.decode(ids) == text and tokenizer.eos_token_id == 1
+  assert tokenizer.decode(ids) == text and (tokenizer.eos_token_id, tokenizer.pad_token_id) == (
+      1, 0)
   # Again into the same folder: lingvo_lite's earlier export is replaced.
   again = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}"])
   assert again.code == 0 and "replaced the earlier export" in again.stdout, again.stderr
@@ -494,7 +495,8 @@ def test_a_sentencepiece_vocabulary_exports_as_a_tokenizer_transformers_reads(tm
     ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     assert ids == files.encode(text)
     assert tokenizer.decode(ids) == text == processor.DecodeIds(ids)
-  assert (tokenizer.eos_token, tokenizer.eos_token_id, tokenizer.unk_token_id) == ("</s>", 1, 2)
+  assert (tokenizer.eos_token, tokenizer.eos_token_id, tokenizer.unk_token_id,
+          tokenizer.pad_token_id) == ("</s>", 1, 2, 0)
 
 
 def _gguf_model(path):
