@@ -328,6 +328,25 @@ def _child_of(pid):
   pytest.fail(f"process {pid} started no child")
 
 
+def _communicate_or_show_stacks(parents, stacks, timeout):
+  """Each process's (stdout, stderr) once all have exited; a run still going after `timeout`
+  fails the test with what its processes were doing (their SIGUSR1 dumps) and their logs."""
+  deadline = time.time() + timeout
+  try:
+    return [p.communicate(timeout=max(1.0, deadline - time.time())) for p in parents]
+  except subprocess.TimeoutExpired:
+    before = set(_dumps(stacks))
+    for parent in parents:
+      parent.send_signal(signal.SIGUSR1)
+    time.sleep(20)  # py-spy's native view of each.
+    for parent in parents:
+      parent.kill()
+    logs = [p.communicate() for p in parents]
+    dumps = [(stacks / name).read_text()[-4000:] for name in sorted(set(_dumps(stacks)) - before)]
+    pytest.fail(f"still running {timeout} s after SIGTERM;\n" + "\n".join(
+        dumps + [f"process {i} stderr: {err[-2000:]}" for i, (_, err) in enumerate(logs)]))
+
+
 @pytest.mark.slow
 def test_sigusr1_to_a_supervised_two_process_run_dumps_and_the_run_goes_on(tmp_path):
   job = tmp_path / "job"
@@ -366,8 +385,11 @@ def test_sigusr1_to_a_supervised_two_process_run_dumps_and_the_run_goes_on(tmp_p
     while len((job / "metrics.jsonl").read_text().splitlines()) <= rows:  # It trains on.
       assert time.time() < deadline and all(p.poll() is None for p in parents), "stopped"
       time.sleep(0.1)
-    parents[0].send_signal(signal.SIGTERM)  # Stops both after the same step, with a save.
-    outputs = [p.communicate(timeout=120) for p in parents]
+    # Both asked to stop; they stop after the same step, with a save. (A notice reaching the
+    # other process through JAX's preemption service: tests/runtime/test_multiprocess.py.)
+    for parent in parents:
+      parent.send_signal(signal.SIGTERM)
+    outputs = _communicate_or_show_stacks(parents, job / "stacks", timeout=120)
   finally:
     for process in parents:
       if process.poll() is None:
