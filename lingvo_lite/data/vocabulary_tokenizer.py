@@ -96,9 +96,9 @@ def sentencepiece_files(sp_model: bytes, source: str) -> TokenizerFiles:
   trainer, spec = proto.trainer_spec, proto.normalizer_spec
   kinds = sentencepiece_model_pb2.ModelProto.SentencePiece.Type
   if trainer.model_type != sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
-    raise NotConvertible(f"{source} is a SentencePiece "
-                         f"{sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type)}"
-                         " model (unigram models convert)")
+    model_type = sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type)
+    raise NotConvertible(f"{source} is a SentencePiece {model_type} model (unigram models "
+                         "convert)")
   if spec.name != "identity" or spec.precompiled_charsmap:
     raise NotConvertible(f"{source} normalizes with {spec.name!r} rules (identity converts)")
   if spec.remove_extra_whitespaces:
@@ -146,4 +146,3 @@ def sentencepiece_files(sp_model: bytes, source: str) -> TokenizerFiles:
   return TokenizerFiles(json=made.to_str(), eos_id=eos_id, bos_id=token_id(trainer.bos_id),
                         unk_id=token_id(trainer.unk_id), add_bos=False, chat_template=None,
                         source=source, pad_id=token_id(trainer.pad_id))
-
