@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import Any
 
 from lingvo_lite.data.pretrained_tokenizer import TokenizerFiles
+from lingvo_lite.data.text_vocabulary import TextVocabulary
 
 _SPACE = "\u2581"  # SentencePiece's escaped space.
 _BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
@@ -60,11 +61,12 @@ def tokenizer_files(vocabulary: Any) -> TokenizerFiles:
   if processor is not None:
     return sentencepiece_files(processor.serialized_model_proto(), "the task's SentencePiece "
                                "model")
+  # seqio's classes by name: importing seqio to test them would import TensorFlow.
   kind = type(vocabulary).__name__
   extra_ids = getattr(vocabulary, "extra_ids", 0)
   if kind in ("ByteVocabulary", "SentencePieceVocabulary") and extra_ids:
     raise NotConvertible(f"the task's {kind} has {extra_ids} extra ids")
-  if kind in ("TextVocabulary", "ByteVocabulary"):  # A TextVocabulary of neither: bytes.
+  if isinstance(vocabulary, TextVocabulary) or kind == "ByteVocabulary":  # Neither: bytes.
     if vocabulary.vocab_size != len(_SEQIO_BYTE_SPECIALS) + 256:
       raise NotConvertible(f"the task's byte vocabulary has {vocabulary.vocab_size} ids, not "
                            f"{len(_SEQIO_BYTE_SPECIALS) + 256}")

@@ -150,7 +150,7 @@ def main(invocation: Invocation) -> None:
   def write(folder: epath.Path) -> None:
     if is_gguf:
       written.update(gguf_export.write(os.fspath(folder / gguf_export.FILE), unrolled,
-                                       hf_export.named_tensors(unrolled, host), dtype, config,
+                                       hf_export.NamedTensors(unrolled, host), dtype, config,
                                        tokenizer))
     else:
       written.update(hf_export.write(folder, unrolled, host, dtype, plan, config))

@@ -65,7 +65,7 @@ def write(path: str, model: Any, tensors: Any, dtype: str,
   Args:
     path: The file to write (in an empty folder).
     model: The family instance (unrolled layers).
-    tensors: `hf_export.named_tensors` of the parameters: Hugging Face tensor name -> array
+    tensors: `hf_export.NamedTensors` of the parameters: Hugging Face tensor name -> array
       (made when read), and their `shape`s.
     dtype: float32 or float16, for every matrix.
     hf_config: `hf_export.check_expressible`'s config.json.

@@ -140,12 +140,11 @@ def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
     UsageError: a parameter the format has no tensor for is not zero.
   """
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-  check_absent(model, params)
+  named = NamedTensors(model, params)
   target = _numpy_dtype(dtype)
   weight_map, files = {}, {}
   for file, tensors in plan.files.items():
-    shard = {t.name: t.from_ours([np.asarray(_at(params, p)) for p in t.paths]).astype(target)
-             for t in tensors}
+    shard = {t.name: named[t.name].astype(target) for t in tensors}
     save_file(shard, str(folder / file), metadata={"format": "pt"})
     os.chmod(os.fspath(folder / file), 0o666 & ~_umask())  # safetensors writes it 0600.
     weight_map.update({name: file for name in shard})
@@ -205,11 +204,6 @@ class NamedTensors(Mapping[str, np.ndarray]):
     """The tensor's shape, without making it."""
     tensor = self._tensors[name]
     return tuple(tensor.format_shape([np.shape(_at(self._params, p)) for p in tensor.paths]))
-
-
-def named_tensors(model: Any, params: Mapping[str, Any]) -> NamedTensors:
-  """Every Hugging Face tensor of `params` (the layout `write` takes), by its name."""
-  return NamedTensors(model, params)
 
 
 def _at(tree: Mapping[str, Any], path: str) -> Any:

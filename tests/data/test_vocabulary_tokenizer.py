@@ -92,7 +92,9 @@ def test_sentencepiece_unigram_ids_equal_on_the_whole_validation_split(unigram, 
   assert differing < 0.01 * tokens
   assert files.vocab_size == 512 and (files.eos_id, files.unk_id, files.bos_id) == (1, 2, None)
   # Literal control pieces stay text; characters outside the pieces are their UTF-8 bytes.
-  assert 1 not in files.encode(AWKWARD[0]) and processor.IsByte(files.encode("🙂")[0])
+  assert files.eos_id not in files.encode(AWKWARD[0]), files.encode(AWKWARD[0])
+  assert files.encode("🙂") == processor.EncodeAsIds("🙂")
+  assert [processor.IsByte(i) for i in files.encode("🙂")] == [True] * 4
 
 
 def test_a_dummy_prefix_model_converts_too():

@@ -138,7 +138,7 @@ def test_exported_as_gguf_transformers_and_our_reader_load_the_same_model(smollm
   gguf_file = os.path.join(_folder(), FILE)
   tokenizer = pretrained_tokenizer.read(PretrainedTokenizer(gguf_file))
   config = hf_export.check_expressible(model)
-  tensors = hf_export.named_tensors(model, model.hf_export_params(
+  tensors = hf_export.NamedTensors(model, model.hf_export_params(
       jax.tree.map(np.asarray, params)))
   abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
   written = gguf_export.write(str(tmp_path / gguf_export.FILE), model, tensors, "float32",
