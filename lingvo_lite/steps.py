@@ -55,16 +55,19 @@ def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
   return objective, sums
 
 
-def _global_norm(tree: Any, one_device: bool) -> jax.Array:
-  """L2 norm over every leaf.
+def _global_norm(tree: Any, ravel: bool) -> jax.Array:
+  """L2 norm over every leaf, accumulated in float32.
 
-  On one device, as one reduction over the raveled leaves: a per-leaf norm adds a reduction
-  kernel for every parameter next to the optimizer's update kernel, and on CPU those ~3 extra
-  kernels per parameter cost more than the one concatenation (measured: 1256 -> 1031 kernels
-  in the BenchLarge step). On a mesh the ravel would gather every sharded gradient whole onto
-  each device (24 GB of float32 for GPT-J-6B), so there each leaf is reduced where it lies.
+  With `ravel`, as one reduction over the concatenated leaves: on a CPU a per-leaf norm adds a
+  reduction kernel for every parameter next to the optimizer's update kernel, and those ~3
+  extra kernels per parameter cost more than the one concatenation (measured: 1256 -> 1031
+  kernels in the BenchLarge step). Elsewhere each leaf is reduced where it lies: on a mesh the
+  concatenation would gather every sharded gradient whole onto each device (24 GB of float32
+  for GPT-J-6B), and on one accelerator it is a float32 copy of every gradient (2 GiB for a
+  552M model on a 16 GiB TPU v5e chip), where a per-leaf reduction fuses the square into the
+  sum and writes nothing.
   """
-  if one_device:
+  if ravel:
     return jnp.sqrt(jnp.sum(jnp.square(ravel_pytree(tree)[0])))
   return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
@@ -78,13 +81,14 @@ def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                z_loss: float = 0.0, grad_accum_steps: int = 1, log_grad_norm: bool = True,
-               one_device: bool = True) -> tuple[TrainState, dict[str, jax.Array]]:
+               ravel_norm: bool = True) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update on the mean token loss of `batch`.
 
   With `grad_accum_steps` k > 1 the batch is cut into k micro-batches whose gradients are
   summed before the update. Each micro-batch's loss is divided by the token count of the
   whole batch, so the update equals the one-big-batch update (up to summation order).
-  `one_device` says the step runs on a single device (see `_global_norm`).
+  `ravel_norm`: the gradient norm as one reduction over the concatenated gradients (fastest
+  on one CPU device; see `_global_norm`).
   """
   total_weight = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
   grad_fn = jax.grad(_loss_sums, has_aux=True)
@@ -112,7 +116,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   }
   if log_grad_norm:
     # An extra pass over every gradient (the optimizer's clipping computes its own norm).
-    metrics["grad_norm"] = _global_norm(grads, one_device)
+    metrics["grad_norm"] = _global_norm(grads, ravel_norm)
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

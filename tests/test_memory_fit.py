@@ -104,7 +104,7 @@ def test_one_layer_of_einsum_attention_scores_is_counted_and_other_implementatio
   setup = synthetic_tiny_setup()
   data, model = setup.train_data, setup.model
   need = memory_fit.per_device_need(setup, 1)
-  assert model.attention_implementation == "einsum"
+  assert model.resolved_attention_implementation() == "einsum"  # "auto" on a CPU.
   assert need.attention == 4 * data.global_batch_size * model.num_heads * data.sequence_length**2
   accumulated = dataclasses.replace(setup, train=dataclasses.replace(setup.train,
                                                                      grad_accum_steps=2))

@@ -57,3 +57,26 @@ class Llama7B(Llama1B):
     for data in (cfg.train_data, cfg.eval_data):
       data.vocab_size = 32000
     return cfg
+
+
+@register
+class Llama1BOneChip(Llama1B):
+  """Llama1B's widths with 8 layers and a 32k vocabulary (552M parameters) at sequence 2048:
+  the largest of its shape whose AdamW training state fits one 16 GiB TPU v5e chip. The
+  speed benchmark of the TPU issue (`bench/tpu_check.sh`); its batch, remat policy and
+  attention are the best measured there (README, "Measured on a TPU v5e").
+
+    python -m lingvo_lite --exp=Llama1BOneChip --mode=compile --compile_topology=v5e-1
+  """
+
+  @classmethod
+  def config(cls) -> fdl.Config[Setup]:
+    cfg = super().config()
+    cfg.model.num_layers = 8
+    cfg.model.vocab_size = 32000
+    for data in (cfg.train_data, cfg.eval_data):
+      data.vocab_size = 32000
+      data.global_batch_size = 4
+    cfg.train.grad_accum_steps = 1
+    cfg.partitioner.ici_fsdp = 1
+    return cfg

@@ -54,7 +54,8 @@ class Block(nn.Module):
                        param_dtype=self.param_dtype, name=name)
 
   @nn.compact
-  def __call__(self, x: Any, positions: jax.Array, mask: jax.Array | None, layer: Any = None):
+  def __call__(self, x: Any, positions: jax.Array, segment_ids: jax.Array | None,
+               layer: Any = None):
     """`x` [batch, length, dim]; when decoding, the pair (x, cache): this layer's decode
     cache (keys, values), or with `layer` (inside a scan) every layer's, stacked, this one at
     index `layer`. Returns x, or (x, kv) with `return_kv`, or (x, cache) when decoding; as
@@ -77,12 +78,12 @@ class Block(nn.Module):
     wants_extra = self.return_kv or context is not None
     if self.kind == "parallel":
       h = self._norm("norm")(x)
-      attended = attention(h, positions, mask, context, self.return_kv)
+      attended = attention(h, positions, segment_ids, context, self.return_kv)
       if wants_extra:
         attended, extra = attended
       x = x + attended + mlp(h)
     else:
-      attended = attention(self._norm("attention_norm")(x), positions, mask, context,
+      attended = attention(self._norm("attention_norm")(x), positions, segment_ids, context,
                            self.return_kv)
       if wants_extra:
         attended, extra = attended

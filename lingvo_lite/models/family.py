@@ -11,8 +11,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
 
 - Fields, as its dataclass fields: `vocab_size`, `num_layers`, `dim`, `max_length` (the context
   a request may reach when decoding), `dtype`, `param_dtype`, `scan_layers`, `remat_policy`
-  (one of `REMAT_POLICIES` or "none") and `attention_implementation` ("einsum", "xla" or
-  "cudnn"). Programs read these by name; every other field is the family's own.
+  (one of `models/remat.py`'s `POLICIES`) and `attention_implementation` ("auto", "einsum",
+  "xla", "cudnn", "splash"). Programs read these by name; every other field is the family's own.
 - Sizes: `num_parameters()`, `parameter_shapes()` (every parameter's path, logical axes, shape,
   dtype, from shapes alone), `matmul_parameters()` and `size_fields()` (`check_size()` is
   shared).
@@ -32,7 +32,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
 - `tiny(fields, sequence_length)`: a classmethod returning the field changes that shrink the
   model to run in seconds on one CPU (models never import Fiddle; `config/fiddlers.py` applies
   them). `resumable_fields`: the fields a resumed run may change.
-- Memory: `attention_scores_shape(rows, length)` and `holds_attention_scores`.
+- Memory: `attention_scores_shape(rows, length)` and `holds_attention_scores`; the attention
+  that runs, `resolved_attention_implementation()` ("auto" resolved on the active target).
 - Checkpoint layout: `layout_metadata()`, `in_saved_layout(metadata)`, `to_own_layout(tree)`.
 - Names: `family_name` (registers the class in `FAMILIES` when its module is imported; each
   family sets its own), `hf_model_type` and `gguf_architecture` (the architecture strings of
@@ -120,16 +121,6 @@ import jax.numpy as jnp
 from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.checkpoint_names import GgufTensor
-
-RematPolicy = Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"]
-
-# What the backward pass may keep from each block's forward; "none" (keep everything) is the
-# absence of remat.
-REMAT_POLICIES = {
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-    "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-}
 
 # No machine holds the training state of more parameters: 1e14 float32 parameters with their
 # Adam moments and gradients are 1.6 PB, twice the memory of the largest TPU pods.
@@ -391,6 +382,11 @@ class LanguageModel(nn.Module):
   @property
   def holds_attention_scores(self) -> bool:
     """Whether training materializes `attention_scores_shape` (a fused kernel may never)."""
+    raise NotImplementedError
+
+  @nn.nowrap
+  def resolved_attention_implementation(self) -> str:
+    """What `attention_implementation` runs as on the active target ("auto" resolved)."""
     raise NotImplementedError
 
   @nn.nowrap

@@ -4,9 +4,9 @@ Every parameter is created with logical axis names (`embed`, `heads`, `kv`, `mlp
 `norm`) so the partitioner can map them to mesh axes; key activations carry logical
 constraints (`batch`, `length`, ...) that are no-ops unless a mesh and rules are active.
 
-Longer than 300 lines with a reason: attention is most of it (einsum, fused and cached paths
-over one set of projections), and the paths must stay beside each other to stay equal (the
-decode tests compare them).
+Longer than 300 lines with a reason: attention is most of it (einsum, fused, splash and cached
+paths over one set of projections), and the paths must stay beside each other to stay equal
+(the layer and decode tests compare them).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lingvo_lite.models import flash_attention
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.quantization import Quantization
+from lingvo_lite.models.remat import tag
 from lingvo_lite.models.weight_matmul import weight_matmul
 from lingvo_lite.target import current_platform
 
@@ -30,7 +32,9 @@ Activation = Literal["gelu_tanh", "gelu", "relu", "swiglu", "geglu"]
 RotaryStyle = Literal["interleaved", "half"]
 # "einsum": the attention written out below. "xla" and "cudnn": jax.nn.dot_product_attention
 # with that implementation; "cudnn" is the fused flash-attention kernel of NVIDIA GPUs.
-AttentionImplementation = Literal["einsum", "xla", "cudnn"]
+# "splash": the Pallas flash-attention kernel of TPUs (models/flash_attention.py). "auto": the
+# target's fastest, resolved when the model is traced (`resolve_implementation`).
+AttentionImplementation = Literal["auto", "einsum", "xla", "cudnn", "splash"]
 
 # Gated activations need two input projections (value and gate).
 GATED_ACTIVATIONS = ("swiglu", "geglu")
@@ -193,6 +197,31 @@ def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
   return causal & same_segment[:, None, None]
 
 
+def band_mask(length: int, window: int) -> jax.Array:
+  """Boolean [1, 1, 1, length, length]: query i sees key j where 0 <= i - j < window."""
+  index = jnp.arange(length, dtype=jnp.int32)
+  offset = index[:, None] - index[None, :]
+  return ((offset >= 0) & (offset < window))[None, None, None]
+
+
+def resolve_implementation(requested: AttentionImplementation, platform: str,
+                           device_kind: str = "", dtype: str = "float32",
+                           head_dim: int = 0) -> AttentionImplementation:
+  """The implementation "auto" stands for on `platform` (a target's: an AOT compile for a TPU
+  topology resolves to the TPU's kernel): "splash" on TPUs; cuDNN's flash kernel on NVIDIA
+  GPUs where it takes the dtype and head width, else XLA's; the written-out einsum on CPUs
+  (fastest there, measured). Any other request is returned as it is."""
+  if requested != "auto":
+    return requested
+  if platform == "tpu":
+    return "splash"
+  if platform == "gpu":
+    fits_cudnn = (dtype in ("bfloat16", "float16") and head_dim % 8 == 0 and head_dim <= 128
+                  and "NVIDIA" in device_kind.upper())
+    return "cudnn" if fits_cudnn else "xla"
+  return "einsum"
+
+
 def unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
   """exp(logits - max) over the keys where `mask` holds (0 elsewhere), and its sum.
 
@@ -212,9 +241,10 @@ def unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array,
 class Attention(nn.Module):
   """Causal multi-head attention with grouped-query support and optional rotary embedding.
 
-  A family whose attention differs (a sliding window) subclasses it with fields of its own and
-  overrides how the projected, rotated q, k and v meet: `_einsum_attention` and
-  `_fused_attention` (training and prefill) and `_cached_attention` (decoding).
+  A family whose attention differs overrides a hook rather than a path: `sliding_window()`
+  (the positions a query sees; every training and prefill path takes it: the einsum's mask,
+  the fused kernels' local window, splash's band) and `_cached_attention` (decoding, where a
+  window changes the cache's shape).
   """
 
   num_heads: int
@@ -225,10 +255,16 @@ class Attention(nn.Module):
   rotary_style: RotaryStyle = "interleaved"
   rotary_base: float = 10000.0
   rotary_scaling: tuple[Any, ...] = ()  # rotary_inverse_frequencies' `scaling`.
+  # Resolved by the model ("auto" is resolved before a layer is built; left here, it is the
+  # einsum path).
   implementation: AttentionImplementation = "einsum"
   quantization: Quantization | None = None  # Of the projections (models/quantization.py).
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+
+  def sliding_window(self) -> int | None:
+    """Positions each query sees, its own included; None: every earlier position."""
+    return None
 
   def _weight(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...],
               fan_in: int) -> Any:
@@ -249,11 +285,17 @@ class Attention(nn.Module):
       y = y + self._bias(f"{name}_bias", (heads, self.head_dim), ("heads", "kv"))
     return y
 
+  def _mask(self, segment_ids: jax.Array | None, length: int) -> jax.Array:
+    """The written-out path's boolean mask [batch or 1, 1, 1, t, t]: causal, within a
+    segment, within the window."""
+    mask = attention_mask(segment_ids, length)
+    window = self.sliding_window()
+    return mask if window is None else mask & band_mask(length, window)
+
   def _einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                        mask: jax.Array | None) -> jax.Array:
+                        segment_ids: jax.Array | None) -> jax.Array:
     batch, length = q.shape[:2]
-    if mask is None:
-      mask = attention_mask(None, length)
+    mask = self._mask(segment_ids, length)
     q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
     group = self.num_heads // self.num_kv_heads
     if group == 1:
@@ -275,11 +317,33 @@ class Attention(nn.Module):
     return out.reshape(batch, length, self.num_heads, self.head_dim)
 
   def _fused_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                       mask: jax.Array | None) -> jax.Array:
-    """jax.nn.dot_product_attention with `implementation` ("xla", or cuDNN's flash kernel)."""
+                       segment_ids: jax.Array | None) -> jax.Array:
+    """jax.nn.dot_product_attention with `implementation` ("xla", or cuDNN's flash kernel):
+    causal as a flag without segments (the kernel skips the masked blocks), and the window as
+    the kernel's own local window."""
+    mask = None if segment_ids is None else attention_mask(segment_ids, q.shape[1])[:, :, 0]
+    window = self.sliding_window()
     return jax.nn.dot_product_attention(
-        q, k, v, mask=None if mask is None else mask[:, :, 0], is_causal=mask is None,
-        scale=1.0 / math.sqrt(self.head_dim), implementation=self.implementation)
+        q, k, v, mask=mask, is_causal=mask is None, scale=1.0 / math.sqrt(self.head_dim),
+        local_window_size=None if window is None else (window - 1, 0),
+        implementation=self.implementation)
+
+  def _splash_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                        segment_ids: jax.Array | None) -> jax.Array:
+    """The TPU's flash kernel (models/flash_attention.py), per shard."""
+    q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
+    return flash_attention.splash_attention(q, k, v, segment_ids, self.sliding_window())
+
+  def _attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                 segment_ids: jax.Array | None) -> jax.Array:
+    """Training's and prefill's attention by `implementation`. Splash needs a length its
+    blocks divide (a multiple of 128); other lengths (a short prefill bucket) are written
+    out, the same function."""
+    if self.implementation == "splash" and flash_attention.supports_length(q.shape[1]):
+      return self._splash_attention(q, k, v, segment_ids)
+    if self.implementation in ("xla", "cudnn"):
+      return self._fused_attention(q, k, v, segment_ids)
+    return self._einsum_attention(q, k, v, segment_ids)
 
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                         context: Context) -> tuple[jax.Array, Context]:
@@ -318,24 +382,27 @@ class Attention(nn.Module):
         keys=keys, values=values)
 
   @nn.compact
-  def __call__(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None,
+  def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
                context: Context | None = None, return_kv: bool = False) -> Any:
     """The attention output, alone or in a pair.
 
-    `mask` is `attention_mask(segment_ids, length)`, or None for causal only (which fused
-    kernels take as `is_causal`, skipping the masked blocks).
+    `segment_ids` [batch, length] keeps each token within its packed document; None: one
+    document per row (causal only, which fused kernels take as a flag).
 
     With `return_kv`: `(output, (keys, values))`, also this call's keys and values
     [b, t, kv_heads, d] (rotated), which a prefill writes into a decode cache.
 
     With a `context` (decoding): `(output, context)`, the context's cache holding this
     call's keys and values at `positions`; the tokens attend to every entry up to their
-    own position (`mask` is unused).
+    own position (`segment_ids` is unused).
+
+    The projections and the attention's output carry remat names (models/remat.py), so a
+    remat policy can keep them for the backward pass.
     """
     dim = x.shape[-1]
-    q = self._project(x, "query", self.num_heads)
-    k = self._project(x, "key", self.num_kv_heads)
-    v = self._project(x, "value", self.num_kv_heads)
+    q = tag(self._project(x, "query", self.num_heads), "query_proj")
+    k = tag(self._project(x, "key", self.num_kv_heads), "key_proj")
+    v = tag(self._project(x, "value", self.num_kv_heads), "value_proj")
     if self.rotary_dim:
       sin, cos = rotary_sin_cos(positions, self.rotary_dim, self.rotary_base,
                                 self.rotary_scaling)
@@ -346,14 +413,12 @@ class Attention(nn.Module):
     v = constrain(v, "batch", "length", "heads", "kv")
     if context is not None:
       out, context = self._cached_attention(q, k, v, positions, context)
-    elif self.implementation == "einsum":
-      out = self._einsum_attention(q, k, v, mask)
     else:
-      out = self._fused_attention(q, k, v, mask)
+      out = tag(self._attention(q, k, v, segment_ids), "attention_out")
     out = constrain(out, "batch", "length", "heads", "kv")
     kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
                           ("heads", "kv", "embed"), self.num_heads * self.head_dim)
-    y = weight_matmul(out, kernel, 2, self.quantization)
+    y = tag(weight_matmul(out, kernel, 2, self.quantization), "out_proj")
     if self.use_bias:
       y = y + self._bias("out_bias", (dim,), ("embed",))
     if context is not None:
@@ -388,9 +453,12 @@ class Mlp(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    hidden = self._dense(x, self.mlp_dim, ("embed", "mlp"), "wi")
+    """The input projections' outputs and the output projection's carry remat names
+    ("mlp_in", "mlp_out": models/remat.py)."""
+    hidden = tag(self._dense(x, self.mlp_dim, ("embed", "mlp"), "wi"), "mlp_in")
     hidden = _activate(hidden, self.activation)
     if self.activation in GATED_ACTIVATIONS:
-      hidden = hidden * self._dense(x, self.mlp_dim, ("embed", "mlp"), "wi_gate")
+      hidden = hidden * tag(self._dense(x, self.mlp_dim, ("embed", "mlp"), "wi_gate"),
+                            "mlp_in")
     hidden = constrain(hidden, "batch", "length", "mlp")
-    return self._dense(hidden, x.shape[-1], ("mlp", "embed"), "wo")
+    return tag(self._dense(hidden, x.shape[-1], ("mlp", "embed"), "wo"), "mlp_out")

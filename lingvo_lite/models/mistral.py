@@ -5,7 +5,8 @@ window of the causal triangle), in every layer; information from further back re
 through the layers below. Everything else is Llama's (pre-RMSNorm blocks, SwiGLU, rotate-half
 RoPE, grouped-query key/value heads, no biases), so the parameters are Llama's tree.
 
-This module is the whole family: the attention with the band (`SlidingWindowAttention`), the
+This module is the whole family: the attention with the band (`SlidingWindowAttention`: the
+window is the shared attention's `sliding_window` hook, which every training path takes), the
 FLOPs that count only the window, `tiny`'s smaller window, and a decode cache that is a ring
 of min(window, cache_length) entries per slot (position p at entry p % entries): decoding
 past the window writes over the positions that fell out of it, so the cache's memory stays
@@ -30,13 +31,6 @@ from lingvo_lite.models.family import ArrayShape
 from lingvo_lite.models.llama import Llama
 
 
-def band_mask(length: int, window: int) -> jax.Array:
-  """Boolean [1, 1, 1, length, length]: query i sees key j where 0 <= i - j < window."""
-  index = jnp.arange(length, dtype=jnp.int32)
-  offset = index[:, None] - index[None, :]
-  return ((offset >= 0) & (offset < window))[None, None, None]
-
-
 def ring_positions(last: jax.Array, entries: int) -> jax.Array:
   """The position each of a ring's `entries` holds once positions up to `last` (int32
   [...]) are written in order, position p at entry p % entries: [..., entries]. Negative
@@ -54,19 +48,8 @@ class SlidingWindowAttention(layers.Attention):
 
   window: int = 4096
 
-  def _einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                        mask: jax.Array | None) -> jax.Array:
-    band = band_mask(q.shape[1], self.window)
-    return super()._einsum_attention(q, k, v, band if mask is None else mask & band)
-
-  def _fused_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                       mask: jax.Array | None) -> jax.Array:
-    """The kernel's own local window (keys from i - (window - 1) to i): a fused kernel skips
-    the blocks outside the band instead of reading a dense mask."""
-    return jax.nn.dot_product_attention(
-        q, k, v, mask=None if mask is None else mask[:, :, 0], is_causal=mask is None,
-        scale=1.0 / math.sqrt(self.head_dim), local_window_size=(self.window - 1, 0),
-        implementation=self.implementation)
+  def sliding_window(self) -> int:
+    return self.window
 
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                         context: layers.Context) -> tuple[jax.Array, layers.Context]:

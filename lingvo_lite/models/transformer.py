@@ -40,17 +40,16 @@ import jax.numpy as jnp
 from lingvo_lite import target as targets
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
-from lingvo_lite.models import kv_cache, layer_layout, layers
+from lingvo_lite.models import kv_cache, layer_layout, layers, remat
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import Block, BlockKind
-from lingvo_lite.models.family import (REMAT_POLICIES, ArrayShape, LanguageModel,
-                                       RematPolicy)
+from lingvo_lite.models.family import ArrayShape, LanguageModel
+from lingvo_lite.models.remat import RematPolicy
 
 PositionKind = Literal["rotary", "learned", "none"]
 RotaryScaling = Literal["none", "llama3"]
 TiedOutputScale = Literal["one", "rsqrt_dim"]
-# Re-exported: the remat policies and their type belong to the family interface.
-__all__ = ["REMAT_POLICIES", "RematPolicy", "TransformerLM", "positions_from_segments"]
+__all__ = ["TransformerLM", "positions_from_segments"]
 
 
 def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
@@ -95,8 +94,11 @@ class TransformerLM(LanguageModel):
     max_length: The model's context: rows of the learned position table, and the positions
       a decode request may reach (decode.cache_length's default).
     attention_bias: Bias on q, k, v and output projections.
-    attention_implementation: "einsum" (written out, the default), or
-      jax.nn.dot_product_attention's "xla" or "cudnn" (flash attention; NVIDIA GPUs only).
+    attention_implementation: "auto" (the default: the target's fastest, resolved when the
+      model is traced: "splash" on TPUs, "cudnn" or "xla" on GPUs, "einsum" on CPUs), "einsum"
+      (written out), jax.nn.dot_product_attention's "xla" or "cudnn" (flash attention;
+      NVIDIA GPUs only), or "splash" (Pallas's TPU flash kernel, models/flash_attention.py;
+      elsewhere interpreted, for tests).
     mlp_bias: Bias on the MLP projections.
     embedding_bias: A learned bias added to every token embedding (mesh-transformer-jax
       implements the embedding as one-hot times a biased Linear).
@@ -117,8 +119,9 @@ class TransformerLM(LanguageModel):
       parameters then have a leading layer axis, so checkpoints differ in layout.
     remat_policy: What the backward pass may keep from the forward of each block: "none"
       (keep everything, no recomputation), "full" (keep nothing, recompute the block),
-      "dots_saveable" (keep matmul outputs), "dots_with_no_batch_dims_saveable" (keep
-      weight matmuls, recompute attention scores).
+      JAX's "dots_saveable" and "dots_with_no_batch_dims_saveable", or a policy over the
+      blocks' named activations ("minimal", "save_qkv_proj", "save_attention", ...,
+      "*_offloaded" to host memory): models/remat.py lists them.
   """
 
   vocab_size: Annotated[int, Int32Size]
@@ -143,7 +146,7 @@ class TransformerLM(LanguageModel):
   rotary_original_max_length: PositiveInt = 8192
   max_length: Annotated[int, Int32Size] = 2048
   attention_bias: bool = False
-  attention_implementation: layers.AttentionImplementation = "einsum"
+  attention_implementation: layers.AttentionImplementation = "auto"
   mlp_bias: bool = False
   embedding_bias: bool = False
   tie_embeddings: bool = False
@@ -317,6 +320,14 @@ class TransformerLM(LanguageModel):
                          "grouped-query attention needs num_heads % num_kv_heads == 0")
     if self.attention_implementation == "cudnn":
       self._check_cudnn_attention(target, path)
+    if self.attention_implementation == "splash" and target.platform == "gpu":
+      raise config_error(f"{path}.attention_implementation", "splash",
+                         "is the TPU's kernel (a GPU cannot run it)",
+                         "use 'auto', 'cudnn' or 'xla'")
+    if remat.offloads(self.remat_policy) and target.platform == "cpu":
+      raise config_error(f"{path}.remat_policy", self.remat_policy,
+                         "moves activations to host memory, which a CPU target does not have "
+                         "apart from its own", "use a policy without '_offloaded' on a CPU")
     self.check_quantization(path)
     rotary_dim = self.resolved_rotary_dim
     if rotary_dim % 2 or rotary_dim > self.resolved_head_dim:
@@ -368,8 +379,19 @@ class TransformerLM(LanguageModel):
 
   @property
   def holds_attention_scores(self) -> bool:
-    # jax.nn.dot_product_attention ("xla", "cudnn") may fuse the scores away.
-    return self.attention_implementation == "einsum"
+    # jax.nn.dot_product_attention ("xla", "cudnn") may fuse the scores away; splash never
+    # writes them out.
+    return self.resolved_attention_implementation() == "einsum"
+
+  @nn.nowrap
+  def resolved_attention_implementation(self) -> layers.AttentionImplementation:
+    """What `attention_implementation` runs as on the active target ("auto" resolved)."""
+    device_kind = ""
+    if self.attention_implementation == "auto" and targets.current_platform() == "gpu":
+      device_kind = targets.current().devices[0].device_kind
+    return layers.resolve_implementation(self.attention_implementation,
+                                         targets.current_platform(), device_kind, self.dtype,
+                                         self.resolved_head_dim)
 
   @nn.nowrap
   def attention_scores_shape(self, rows: int, length: int
@@ -452,13 +474,13 @@ class TransformerLM(LanguageModel):
         attention_bias=self.attention_bias, rotary_dim=self.resolved_rotary_dim,
         rotary_style=self.rotary_style, rotary_base=self.rotary_base,
         rotary_scaling=self.rotary_scaling_settings(),
-        attention_implementation=self.attention_implementation,
+        attention_implementation=self.resolved_attention_implementation(),
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
         quantization=self.quantization, dtype=jnp.dtype(self.dtype),
         param_dtype=jnp.dtype(self.param_dtype),
         attention_type=attention_type, attention_options=tuple(sorted(options.items())))
 
-  def _layers(self, x: jax.Array, positions: jax.Array, mask: jax.Array | None,
+  def _layers(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
               cache: Any = None, return_kv: bool = False) -> tuple[jax.Array, Any]:
     """The stack of blocks: unrolled (`layer_0`, ...) or one scanned `layers` module whose
     parameters carry a leading axis of num_layers (logical axis `layers`).
@@ -469,7 +491,7 @@ class TransformerLM(LanguageModel):
     """
     block_class = Block
     if self.remat_policy != "none":
-      block_class = nn.remat(block_class, policy=REMAT_POLICIES[self.remat_policy],
+      block_class = nn.remat(block_class, policy=remat.policy_function(self.remat_policy),
                              prevent_cse=not self.scan_layers)
     fields = dict(self._block_fields(), return_kv=return_kv and cache is None)
     if not self.scan_layers:
@@ -478,9 +500,9 @@ class TransformerLM(LanguageModel):
       for index in range(self.num_layers):
         block = block_class(**fields, name=f"layer_{index}")
         if cache is not None:
-          x, layer_caches[index] = block((x, layer_caches[index]), positions, mask)
+          x, layer_caches[index] = block((x, layer_caches[index]), positions, segment_ids)
           continue
-        out = block(x, positions, mask)
+        out = block(x, positions, segment_ids)
         x, kv = out if return_kv else (out, None)
         new_kv.append(kv)
       if cache is not None:
@@ -492,9 +514,9 @@ class TransformerLM(LanguageModel):
     scanned = stack(**fields, scan_carry=True, name="layers")
     layer_index = jnp.arange(self.num_layers, dtype=jnp.int32)
     if cache is not None:
-      (x, cache), _ = scanned((x, cache), positions, mask, layer_index)
+      (x, cache), _ = scanned((x, cache), positions, segment_ids, layer_index)
       return x, cache
-    return scanned(x, positions, mask, layer_index)
+    return scanned(x, positions, segment_ids, layer_index)
 
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
@@ -547,9 +569,7 @@ class TransformerLM(LanguageModel):
       x = x + jnp.take(table, positions, axis=0).astype(dtype)
     x = layers.constrain(x, "batch", "length", "embed")
 
-    # Without segments the mask is causal only, which fused attention kernels take as a flag.
-    mask = layers.attention_mask(segment_ids, length) if segment_ids is not None else None
-    x, extra = self._layers(x, positions, mask, cache, return_kv)
+    x, extra = self._layers(x, positions, segment_ids, cache, return_kv)
     if output_index is not None:
       x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
 

@@ -93,7 +93,7 @@ def test_grouped_query_attention_equals_repeated_kv_heads():
   """GQA with kv heads shared by groups == MHA whose k/v kernels repeat those heads."""
   x = jax.random.normal(jax.random.key(0), (2, 6, 32))
   positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
-  mask = layers.attention_mask(None, 6)
+  mask = None  # Causal only.
   gqa = layers.Attention(num_heads=4, num_kv_heads=2, head_dim=8, rotary_dim=8,
                          rotary_style="half")
   params = nn.meta.unbox(gqa.init(jax.random.key(1), x, positions, mask)["params"])
@@ -125,10 +125,11 @@ def test_attention_and_its_gradient_match_textbook_softmax(num_kv_heads):
   """Output and input/parameter gradients equal softmax attention, with packed segments."""
   x = jax.random.normal(jax.random.key(0), (2, 6, 32))
   positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
-  mask = layers.attention_mask(jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 2, 2, 2, 3]]), 6)
+  segment_ids = jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 2, 2, 2, 3]])
+  mask = layers.attention_mask(segment_ids, 6)
   attention = layers.Attention(num_heads=4, num_kv_heads=num_kv_heads, head_dim=8)
-  params = nn.meta.unbox(attention.init(jax.random.key(1), x, positions, mask)["params"])
-  ours = lambda p, x: attention.apply({"params": p}, x, positions, mask)
+  params = nn.meta.unbox(attention.init(jax.random.key(1), x, positions, segment_ids)["params"])
+  ours = lambda p, x: attention.apply({"params": p}, x, positions, segment_ids)
   plain = lambda p, x: _plain_attention(p, x, mask, num_kv_heads)
   np.testing.assert_allclose(ours(params, x), plain(params, x), rtol=1e-5, atol=1e-6)
   cotangent = jax.random.normal(jax.random.key(2), x.shape)
@@ -143,19 +144,21 @@ def test_attention_and_its_gradient_match_textbook_softmax(num_kv_heads):
 def test_jax_dot_product_attention_implementation_equals_einsum_kernel(num_kv_heads, segment_ids):
   """`implementation="xla"` (jax.nn.dot_product_attention): same function and gradient.
 
-  Without segments the mask is None (causal only), the form fused kernels take as a flag.
+  Without segments the kernel is told "causal" by a flag, not a mask.
   """
   x = jax.random.normal(jax.random.key(0), (2, 6, 32))
   positions = jnp.broadcast_to(jnp.arange(6), (2, 6))
-  mask = None if segment_ids is None else layers.attention_mask(jnp.array(segment_ids), 6)
+  segment_ids = None if segment_ids is None else jnp.array(segment_ids)
   make = lambda implementation: layers.Attention(
       num_heads=4, num_kv_heads=num_kv_heads, head_dim=8, rotary_dim=8, rotary_style="half",
       implementation=implementation)
-  params = nn.meta.unbox(make("einsum").init(jax.random.key(1), x, positions, mask)["params"])
+  params = nn.meta.unbox(make("einsum").init(jax.random.key(1), x, positions,
+                                             segment_ids)["params"])
   cotangent = jax.random.normal(jax.random.key(2), x.shape)
   results = {}
   for implementation in ("einsum", "xla"):
-    apply = lambda p, x, i=implementation: make(i).apply({"params": p}, x, positions, mask)
+    apply = lambda p, x, i=implementation: make(i).apply({"params": p}, x, positions,
+                                                         segment_ids)
     results[implementation] = (apply(params, x), jax.grad(
         lambda p, x: jnp.sum(apply(p, x) * cotangent), argnums=(0, 1))(params, x))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),

@@ -20,7 +20,7 @@ from typing import Any, Callable
 from lingvo_lite import evaluation, target as targets
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.models.family import REMAT_POLICIES
+from lingvo_lite.models import remat
 from lingvo_lite.programs.compile import aot, report as compile_report
 from lingvo_lite.runtime import progress
 
@@ -29,7 +29,7 @@ MAX_COMPILES = 16
 
 
 def check_policies(names: list[str]) -> list[str]:
-  valid = ("none", *REMAT_POLICIES)
+  valid = remat.POLICIES
   for name in names:
     if name not in valid:
       raise UsageError(f"--compile_remat_policies={','.join(names)}: unknown policy {name!r}; "

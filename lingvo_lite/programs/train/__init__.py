@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 from etils import epath
 
-from lingvo_lite import evaluation, memory_fit, mfu
+from lingvo_lite import evaluation, memory_fit, mfu, target as targets
 from lingvo_lite.checkpoints import health as checkpoint_health
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.errors import CheckpointWriteError
@@ -267,9 +267,19 @@ def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog:
                                                   cache_folder)
   say(f"model: {num_params / 1e6:.2f}M parameters, {flops / 1e12:.3g} TFLOP per step; "
       f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
+  say(f"blocks: attention {_attention_choice(setup.model)}, remat "
+      f"{setup.model.remat_policy}")
   say(f"batch: global {data.global_batch_size} x {data.sequence_length} tokens = "
       f"{data.global_batch_size / num_devices:g} per device x {num_devices} devices; "
       f"mesh {mesh_shape}; {jax.process_count()} process(es)")
   tokens_per_step = data.global_batch_size * data.sequence_length
   return summaries.Throughput(start, setup.train.steps, tokens_per_step, flops, num_devices,
                               peak)
+
+
+def _attention_choice(model: Any) -> str:
+  """The attention implementation the step is traced with, and "auto"'s reason."""
+  chosen = model.resolved_attention_implementation()
+  if model.attention_implementation == "auto":
+    return f"{chosen} (auto on {targets.current_platform()})"
+  return chosen

@@ -1,0 +1,133 @@
+"""TPU flash attention: the splash attention kernel that ships with JAX, placed per shard.
+
+Splash attention (`jax.experimental.pallas.ops.tpu.splash_attention`, the kernel MaxText
+uses) computes softmax(q k^T) v block by block in the TPU's vector memory: the [t, t] scores
+never reach HBM, blocks the mask rules out entirely are skipped (half the work of a causal
+mask, most of a sliding window's), and its backward pass recomputes the scores from the saved
+log-sum-exp. This module is the whole bridge between the model's attention and the kernel:
+
+- Masks: causal, or causal within a window of the last `window` positions (Mistral's band);
+  packed documents through segment ids (a query sees keys of its own segment only).
+- Grouped-query attention natively: the kernel takes `heads` query heads over `kv_heads`
+  key/value heads.
+- Meshes: the kernel sees one shard. Under a mesh, `jax.shard_map` hands each device its
+  rows (the logical `batch` axis's mesh axes) and heads (`heads`'), so data, FSDP and tensor
+  parallelism all work; the sequence is never split (context parallelism is a non-goal).
+- Lengths: the kernel's blocks must divide the sequence. `block_size` takes the largest of
+  512, 256 and 128 that divides it; a length no block divides (a short decode prefill bucket)
+  has no splash form, and `supports_length` says so, so the caller takes the written-out path
+  for it. A decode step's single query token always takes the cached (written-out) path.
+- Platforms: on a TPU the kernel is compiled by Mosaic; anywhere else it runs in Pallas's
+  interpret mode (slow, exact), which is what the CPU tests compare against the einsum path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.sharding import PartitionSpec
+
+from lingvo_lite.target import current_platform
+
+# Block edges tried from the largest: 512 is MaxText's default on v5e/v5p, and a sequence
+# of 2048 splits into 4 x 4 blocks of it.
+BLOCK_SIZES = (512, 256, 128)
+
+# The name the kernel's saved residuals (its output and log-sum-exp) carry, so a remat policy
+# can keep them (models/remat.py's "attention_out" covers both paths).
+RESIDUAL_NAME = "attention_out"
+
+
+def block_size(length: int) -> int | None:
+  """The kernel's block edge for a sequence of `length`, or None if no block divides it."""
+  return next((block for block in BLOCK_SIZES if length % block == 0), None)
+
+
+def supports_length(length: int) -> bool:
+  return block_size(length) is not None
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel(length: int, heads: int, window: int | None, interpret: bool
+            ) -> splash.SplashAttentionKernel:
+  """A kernel for one shard's `heads` query heads: the same mask for every head. Cached: the
+  mask's block structure is worked out on the host, once per shape."""
+  shape = (length, length)
+  if window is None:
+    mask = splash.CausalMask(shape)
+  else:  # Keys from i - (window - 1) to i: the band, causal on its own.
+    mask = splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
+  block = block_size(length)
+  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
+                            block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
+                            use_fused_bwd_kernel=True)
+  # Its mask tables made as concrete arrays even when first asked for inside a trace (a
+  # cached tracer would leak into the next trace).
+  with jax.ensure_compile_time_eval():
+    return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=sizes,
+                                  head_shards=1, q_seq_shards=1,
+                                  residual_checkpoint_name=RESIDUAL_NAME, interpret=interpret)
+
+
+def _shard_specs(batch: int, kv_heads: int) -> tuple[PartitionSpec, PartitionSpec] | None:
+  """(spec of [batch, heads, length, head_dim], spec of [batch, length]) under the mesh and
+  logical rules in scope, or None without a mesh of more than one device. A dimension that
+  its mesh axes do not divide (one row, as the parameters' shapes are traced with) is not
+  split."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or mesh.size == 1:
+    return None
+
+  def split(axes, size):
+    names = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    ways = 1
+    for name in names:
+      ways *= mesh.shape[name]
+    return axes if names and size % ways == 0 else None
+
+  batch_axes, heads_axes = nn.logical_to_mesh_axes(("batch", "heads"))
+  batch_axes, heads_axes = split(batch_axes, batch), split(heads_axes, kv_heads)
+  return (PartitionSpec(batch_axes, heads_axes, None, None),
+          PartitionSpec(batch_axes, None))
+
+
+def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
+                     window: int | None = None, interpret: bool | None = None) -> jax.Array:
+  """Causal attention of q [b, t, heads, d] over k, v [b, t, kv_heads, d]: [b, t, heads, d].
+
+  `q` comes already scaled (the kernel multiplies by nothing). `segment_ids` [b, t] (None:
+  one document per row) keeps each query within its document; `window` restricts it to the
+  last `window` positions, itself included. `interpret` defaults to "not on a TPU".
+  """
+  length = q.shape[1]
+  if not supports_length(length):
+    raise ValueError(f"splash attention needs a length divisible by {BLOCK_SIZES[-1]}, "
+                     f"got {length}")
+  if interpret is None:
+    # The active target's platform: an AOT compile for a TPU topology from a CPU host traces
+    # the kernel itself, not its interpretation.
+    interpret = current_platform() != "tpu"
+  q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [b, heads, t, d]: the kernel's.
+
+  def attend(q, k, v, segment_ids):
+    kernel = _kernel(length, q.shape[1], window, interpret)
+    if segment_ids is None:
+      return jax.vmap(kernel)(q, k, v)
+    segments = splash.SegmentIds(q=segment_ids, kv=segment_ids)
+    return jax.vmap(kernel)(q, k, v, segment_ids=segments)
+
+  specs = _shard_specs(q.shape[0], k.shape[1])
+  if specs is None:
+    out = attend(q, k, v, segment_ids)
+  else:
+    heads_spec, rows_spec = specs
+    out = jax.shard_map(
+        attend, in_specs=(heads_spec, heads_spec, heads_spec,
+                          None if segment_ids is None else rows_spec),
+        out_specs=heads_spec, check_vma=False)(q, k, v, segment_ids)
+  return jnp.swapaxes(out, 1, 2)
+
