@@ -1,20 +1,27 @@
 """MFU of lingvo_lite's train step on an accelerator, against its datasheet and a measured peak.
 
-  python bench/accelerator_mfu.py [--experiment Llama1B] [--steps 10]
-                                  [--set "model.attention_implementation='cudnn'" ...]
+  python bench/accelerator_mfu.py [--experiment Llama1BOneChip] [--steps 10]
+      [--set "model.attention_implementation='einsum'" ...]
+      [--variant "NAME:PATH=VALUE;PATH=VALUE" ...] [--json FILE]
 
 Builds the experiment (synthetic data: nothing but jax, flax, optax, orbax and fiddle is
-imported), runs `--steps` timed train steps after two warm-up steps and prints step time,
-tokens/s, model TFLOP/s per device (mfu.py's formula) and MFU against (a) the device's
-datasheet bf16 peak and (b) the best of 10 bfloat16 8192^3 matmuls measured here. On a CPU
-it runs too, with small `--set` overrides and a small `--matmul_size` (an 8192^3 bfloat16
-matmul takes many seconds there); the datasheet column is then the measured float32 peak, as
-in training logs.
+imported) with the `--set` overrides, then for each `--variant` (default: one, the experiment
+as set) applies the variant's own overrides on top, compiles its train step, runs two warm-up
+steps and `--steps` timed ones, and prints a row: step time (median), tokens/s, model TFLOP/s
+per device (mfu.py's formula), MFU against the device's datasheet bf16 peak, and the device's
+peak memory (its allocator's high-water mark, where the backend reports one). A variant that
+does not fit (RESOURCE_EXHAUSTED) is a row saying so, and the next one runs: all variants share
+one process, so the chip is opened once and the rows are measured side by side. Last, the
+best of 10 bfloat16 --matmul_size^3 matmuls gives a measured peak to set beside the datasheet.
+On a CPU it runs too, with small overrides and a small `--matmul_size`; the datasheet column
+is then the measured float32 peak, as in training logs.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import statistics
 import sys
@@ -32,51 +39,106 @@ from lingvo_lite.jitted import JittedSteps
 
 def _parse_args() -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiment", default="Llama1B")
+  parser.add_argument("--experiment", default="Llama1BOneChip")
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--matmul_size", type=int, default=8192)
   parser.add_argument("--set", action="append", default=[],
                       help="PATH=VALUE override of the experiment's config; repeatable")
+  parser.add_argument("--variant", action="append", default=[],
+                      help="NAME:PATH=VALUE;PATH=VALUE: a row measured with these overrides "
+                           "on top of --set; repeatable")
+  parser.add_argument("--json", help="also write the rows to this file (JSON lines)")
   return parser.parse_args()
 
 
-def main() -> None:
-  args = _parse_args()
-  setup = executor.build_experiment(args.experiment, args.set)
+def _variants(specs: list[str]) -> list[tuple[str, list[str]]]:
+  if not specs:
+    return [("as set", [])]
+  variants = []
+  for spec in specs:
+    name, _, sets = spec.partition(":")
+    variants.append((name, [s for s in sets.split(";") if s.strip()]))
+  return variants
+
+
+def measure(experiment: str, sets: list[str], steps: int) -> dict:
+  """One variant's row (raises what the compile or the steps raise)."""
+  setup = executor.build_experiment(experiment, sets)
   jitted = JittedSteps(setup)
   data, model = setup.train_data, setup.model
   with jitted.activated():
+    started = time.perf_counter()
+    compiled = jitted.train_step.lower(jitted.sharded_state.abstract,
+                                       jitted.abstract_batch()).compile()
+    compile_s = time.perf_counter() - started
     state = jitted.init_state()
     batch = jitted.global_batch(data.batch(0, jax.process_index(), jax.process_count()))
-    started = time.perf_counter()
-    for _ in range(2):  # Compile, then one more so allocation settles.
-      state, metrics = jitted.train_step(state, batch)
+    for _ in range(2):  # The first steps settle allocation.
+      state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics["loss"])
-    warmup = time.perf_counter() - started
     step_times = []
-    for _ in range(args.steps):
+    for _ in range(steps):
       started = time.perf_counter()
-      state, metrics = jitted.train_step(state, batch)
+      state, metrics = compiled(state, batch)
       jax.block_until_ready(metrics["loss"])
       step_times.append(time.perf_counter() - started)
+    attention = model.resolved_attention_implementation()
   step_time = statistics.median(step_times)
   devices = jax.device_count()
   flops = mfu.model_flops_per_step(model, data.global_batch_size, data.sequence_length)
   achieved = flops / step_time / devices
-  datasheet, datasheet_source = mfu.peak_flops_per_device(jax.devices()[0])
+  datasheet, _ = mfu.peak_flops_per_device(jax.devices()[0])
+  analysis = compiled.memory_analysis()
+  predicted = None if analysis is None else (
+      analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+      - analysis.alias_size_in_bytes + analysis.temp_size_in_bytes)
+  row = {"batch": data.global_batch_size, "length": data.sequence_length,
+         "remat": model.remat_policy, "attention": attention,
+         "scan_layers": getattr(model, "scan_layers", None), "compile_s": compile_s,
+         "step_ms": step_time * 1e3, "tokens_per_s": data.global_batch_size
+         * data.sequence_length / step_time, "tflops_per_device": achieved / 1e12,
+         "mfu": achieved / datasheet, "loss": float(np.asarray(metrics["loss"])),
+         "xla_memory_gib": None if predicted is None else predicted / 2**30,
+         "parameters": model.num_parameters()}
+  del state, metrics, compiled, jitted
+  return row
+
+
+def main() -> None:
+  args = _parse_args()
+  device = jax.devices()[0]
+  print(f"jax {jax.__version__}, {jax.device_count()} x {device.device_kind}; "
+        f"{args.experiment} with {args.set or 'no overrides'}", flush=True)
+  rows = []
+  for name, sets in _variants(args.variant):
+    try:
+      row = measure(args.experiment, [*args.set, *sets], args.steps)
+    except Exception as e:  # pylint: disable=broad-except  # A row per variant, whatever fails.
+      text = str(e).splitlines()[0] if str(e) else type(e).__name__
+      fits = "RESOURCE_EXHAUSTED" not in str(e) and "out of memory" not in str(e).lower()
+      row = {"error": text[:300], "fits": fits}
+    row = {"variant": name, "sets": sets, **row}
+    gc.collect()  # The variant's state and executable go before the next one's.
+    rows.append(row)
+    if "error" in row:
+      print(f"{name:<28} {'does not fit' if not row['fits'] else 'FAILED'}: {row['error']}",
+            flush=True)
+    else:
+      print(f"{name:<28} batch {row['batch']} x {row['length']}, {row['attention']}, remat "
+            f"{row['remat']}: step {row['step_ms']:.1f} ms, {row['tokens_per_s']:,.0f} "
+            f"tokens/s, {row['tflops_per_device']:.1f} TFLOP/s, MFU {row['mfu']:.1%}; "
+            f"XLA memory {row['xla_memory_gib'] or 0:.2f} GiB; compile {row['compile_s']:.0f} s;"
+            f" loss {row['loss']:.3f}", flush=True)
+  datasheet, source = mfu.peak_flops_per_device(device)
   measured = mfu.measured_matmul_peak(args.matmul_size, 10, "bfloat16")
-  print(f"jax {jax.__version__}, {devices} x {jax.devices()[0].device_kind}; "
-        f"{args.experiment} with {args.set or 'no overrides'}")
-  print(f"{model.matmul_parameters() / 1e9:.3f}B matmul parameters, batch "
-        f"{data.global_batch_size} x {data.sequence_length}, {model.dtype} compute, "
-        f"attention {model.attention_implementation}; warm-up (compile) {warmup:.1f} s; "
-        f"loss {float(np.asarray(metrics['loss'])):.3f}")
-  print(f"step {step_time * 1e3:.1f} ms (median of {args.steps}), "
-        f"{data.global_batch_size * data.sequence_length / step_time:,.0f} tokens/s, "
-        f"{flops / 1e12:.1f} TFLOP/step, {achieved / 1e12:.1f} TFLOP/s per device")
-  print(f"MFU {achieved / datasheet:.1%} of {datasheet / 1e12:.0f} TFLOP/s ({datasheet_source}); "
-        f"{achieved / measured:.1%} of {measured / 1e12:.0f} TFLOP/s (best of 10 bfloat16 "
-        f"{args.matmul_size}^3 matmuls measured here)")
+  print(f"peaks: datasheet {datasheet / 1e12:.0f} TFLOP/s ({source}); best of 10 bfloat16 "
+        f"{args.matmul_size}^3 matmuls here {measured / 1e12:.1f} TFLOP/s "
+        f"({measured / datasheet:.1%} of the datasheet)")
+  if args.json:
+    with open(args.json, "a", encoding="utf-8") as f:
+      for row in rows:
+        f.write(json.dumps(dict(row, jax=jax.__version__, device=device.device_kind,
+                                measured_peak_tflops=measured / 1e12)) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,148 @@
+"""Decode step time against the memory roofline: SmolLM2-135M's shape, bf16, on one device.
+
+  python bench/tpu_decode.py [--batches 1,8,64] [--layouts unrolled,scanned]
+      [--prompt_length 128] [--new_tokens 128] [--json FILE]
+
+A decode step must read every parameter once and every filled key/value entry of every slot;
+on an accelerator nothing else should cost as much, so its time is bounded below by those
+bytes over the memory bandwidth. For each layer layout (`model.scan_layers`) and batch (the
+number of slots), this builds the decode functions that `--mode=decode` and `--mode=serve`
+run (`decode/jitted.DecodeSteps`) for SmolLM2-135M's shape (30 layers, d_model 576, 9 query
+and 3 key/value heads of 64, SwiGLU 1536, vocabulary 49,152, tied embeddings) in bfloat16
+with random parameters (the weights do not change the time; no GGUF file is needed), fills
+every slot with a random prompt of --prompt_length tokens, compiles the generate loop ahead
+of time (its compile time is a row of its own), warms it up, then times one call of
+--new_tokens greedy steps. Per layout and batch it prints the step time, tokens/s, and the
+bandwidth the step reaches: (parameter bytes as stored + the filled key/value entries, the
+mean over the timed steps) / step time, beside the device's copy bandwidth measured here
+(the best of 10 copies of a 1 GiB array: read once, written once) and the datasheet's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lingvo_lite import executor
+from lingvo_lite.decode import steps as decoding
+from lingvo_lite.decode.jitted import DecodeSteps
+# pylint: enable=wrong-import-position
+
+# SmolLM2-135M (experiments/lm/smollm2.py reads it from its GGUF file; its shape, written out).
+SMOLLM2_SHAPE = ("model.vocab_size=49152", "model.num_layers=30", "model.dim=576",
+                 "model.num_heads=9", "model.num_kv_heads=3", "model.head_dim=64",
+                 "model.mlp_dim=1536", "model.rotary_base=100000.0", "model.max_length=8192",
+                 "model.tie_embeddings=True", "model.dtype='bfloat16'",
+                 "model.param_dtype='bfloat16'", "model.remat_policy='none'",
+                 "train_data.vocab_size=49152", "eval_data.vocab_size=49152")
+# Datasheet HBM bandwidth (GB/s) by device kind.
+DATASHEET_BANDWIDTH = {"TPU v5 lite": 819.0, "TPU v5e": 819.0, "TPU v4": 1200.0,
+                       "TPU v5p": 2765.0, "TPU v6 lite": 1640.0}
+
+
+def _args() -> argparse.Namespace:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batches", default="1,8,64")
+  parser.add_argument("--layouts", default="unrolled,scanned")
+  parser.add_argument("--prompt_length", type=int, default=128)
+  parser.add_argument("--new_tokens", type=int, default=128)
+  parser.add_argument("--set", action="append", default=[])
+  parser.add_argument("--json")
+  return parser.parse_args()
+
+
+def copy_bandwidth(gib: int = 1, repeats: int = 10) -> float:
+  """Bytes/s of the best of `repeats` copies of a `gib` GiB array (read + written)."""
+  x = jnp.ones((gib * 2**28,), jnp.float32)
+  copy = jax.jit(lambda a: a * 1.0001)
+  copy(x).block_until_ready()
+  best = min(_timed(lambda: copy(x).block_until_ready()) for _ in range(repeats))
+  return 2 * x.nbytes / best
+
+
+def _timed(function) -> float:
+  started = time.perf_counter()
+  function()
+  return time.perf_counter() - started
+
+
+def measure(batch: int, scanned: bool, prompt_length: int, new_tokens: int,
+            sets: list[str]) -> dict:
+  warm = 8
+  cache_length = prompt_length + warm + new_tokens + 8
+  setup = executor.build_experiment("Llama1B", [
+      *SMOLLM2_SHAPE, f"model.scan_layers={scanned}", f"decode.slots={batch}",
+      f"decode.cache_length={cache_length}", f"decode.prefill_buckets=({prompt_length},)",
+      "decode.stop_at_eos=False", f"decode.max_new_tokens={new_tokens}", *sets])
+  model = setup.model
+  steps = DecodeSteps(setup)
+  params = steps.decode_form(jax.jit(model.init)(jax.random.key(0),
+                                                 jnp.zeros((1, 8), jnp.int32))["params"])
+  param_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+  started = time.perf_counter()
+  generate = steps.lower_generate().compile()
+  compile_s = time.perf_counter() - started
+  prompts = np.random.default_rng(0).integers(17, model.vocab_size, (batch, prompt_length))
+  lengths = np.full((batch,), prompt_length, np.int32)
+  sampling = decoding.sampling.sampling_params(batch, temperature=[0.0] * batch)
+  seeds = np.stack([decoding.key_data(seed) for seed in range(batch)])
+  finished = jnp.zeros((batch,), bool)
+  with steps.activated():
+    state = steps.prefill(params, steps.empty_state(), prompts, lengths, np.ones(batch, bool),
+                          np.full((batch,), cache_length - 1, np.int32), sampling, seeds)
+    state = generate(params, state, jnp.int32(warm), finished)
+    state.tokens.block_until_ready()
+    started = time.perf_counter()
+    state = generate(params, state, jnp.int32(new_tokens), finished)
+    state.tokens.block_until_ready()
+    seconds = time.perf_counter() - started
+  generated = int(np.asarray(state.lengths).min()) - prompt_length - warm
+  assert generated == new_tokens, (generated, new_tokens)
+  step_s = seconds / new_tokens
+  # Filled entries per step: each slot holds prompt + warm + i entries at step i.
+  entry_bytes = 2 * model.num_layers * model.resolved_num_kv_heads * model.resolved_head_dim * 2
+  mean_filled = prompt_length + warm + (new_tokens - 1) / 2
+  kv_bytes = batch * mean_filled * entry_bytes
+  return {"batch": batch, "scan_layers": scanned, "compile_s": compile_s,
+          "step_ms": step_s * 1e3, "tokens_per_s": batch / step_s,
+          "param_bytes": param_bytes, "kv_bytes": kv_bytes,
+          "bandwidth_gbs": (param_bytes + kv_bytes) / step_s / 1e9,
+          "cache_read_bytes": batch * cache_length * entry_bytes}
+
+
+def main() -> None:
+  args = _args()
+  device = jax.devices()[0]
+  copy = copy_bandwidth() / 1e9
+  datasheet = DATASHEET_BANDWIDTH.get(device.device_kind)
+  print(f"jax {jax.__version__}, {device.device_kind}; copy bandwidth measured here "
+        f"{copy:.0f} GB/s; datasheet {datasheet or '?'} GB/s", flush=True)
+  rows = []
+  for layout in args.layouts.split(","):
+    for batch in (int(b) for b in args.batches.split(",")):
+      row = measure(batch, layout == "scanned", args.prompt_length, args.new_tokens, args.set)
+      row.update(layout=layout, of_copy=row["bandwidth_gbs"] / copy)
+      rows.append(row)
+      print(f"{layout:<9} batch {batch:>3}: step {row['step_ms']:.3f} ms, "
+            f"{row['tokens_per_s']:,.0f} tokens/s, {row['bandwidth_gbs']:.0f} GB/s = "
+            f"{row['of_copy']:.0%} of the measured copy bandwidth (parameters "
+            f"{row['param_bytes'] / 1e6:.0f} MB + filled KV {row['kv_bytes'] / 1e6:.0f} MB); "
+            f"generate compiled in {row['compile_s']:.1f} s", flush=True)
+  if args.json:
+    with open(args.json, "a", encoding="utf-8") as f:
+      for row in rows:
+        f.write(json.dumps(dict(row, jax=jax.__version__, device=device.device_kind,
+                                copy_gbs=copy, datasheet_gbs=datasheet)) + "\n")
+
+
+if __name__ == "__main__":
+  main()
