@@ -85,6 +85,22 @@ def test_a_config_of_a_setup_subclass_is_accepted_with_its_own_defaults(tmp_path
   assert "note = 'ours'" in reloaded.stdout and "train.steps = 7" in reloaded.stdout
 
 
+def test_a_setup_without_a_model_takes_it_from_a_hugging_face_folder(tmp_path, monkeypatch):
+  """The one part an option may give: --init_from=hf:PATH sets `model` from the folder's
+  config.json, so a Setup's config may leave it out (the table refuses it without one)."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(sys, "dont_write_bytecode", True)
+  _write("lk39_modelless.py", _SETUP_WITHOUT.format("model"))(tmp_path)
+  _write("hf/config.json", '{"model_type": "gpt2", "vocab_size": 320, "n_embd": 64, '
+         '"n_layer": 2, "n_head": 4, "n_positions": 1024}')(tmp_path)
+  result = run_cli(["--mode=print", "--fdl_config=lk39_modelless.config", "--init_from=hf:hf"])
+  assert result.code == 0, result.stderr
+  lines = {line.split("#")[0].strip() for line in result.stdout.splitlines()}
+  assert {"model = <lingvo_lite.models.gpt2.Gpt2>", "model.num_layers = 2",
+          "model.vocab_size = 320"} <= lines, result.stdout
+
+
 def _write(relative, text):
   def prepare(folder):
     path = folder / relative
