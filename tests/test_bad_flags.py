@@ -123,7 +123,8 @@ def _config_json(relative, cfg):
 
 # What a config flag may give that is not a Setup's config (the command, as typed).
 MODEL = "--fdl_config=experiments.lm.architectures.gptj(vocab_size=16)"
-NOT_A_SETUP = "the config builds a GptJ, not a lingvo_lite Setup (a GptJ is what a Setup's model holds)"
+NOT_A_SETUP = ("the config builds a GptJ, not a lingvo_lite Setup (a GptJ is what a Setup's "
+               "model holds)")
 # A job dir that a model's config.json (and a file of the user's) is in.
 MODEL_JOB = _both(_config_json("job/config.json", fdl.Config(GptJ, vocab_size=16)),
                   _write("job/notes.txt", "mine\n"))
