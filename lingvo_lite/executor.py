@@ -31,7 +31,7 @@ from lingvo_lite import command_line, outputs, paths, programs, target as target
 from lingvo_lite.config import (building, files as config_files, graph as config_graph,
                                 help as config_help, overrides, registry)
 from lingvo_lite.errors import DataError, OutputFailure, UsageError, one_line
-from lingvo_lite.experiment import Setup, with_default_parts
+from lingvo_lite.experiment import Setup
 from lingvo_lite.programs import options as program_options
 from lingvo_lite.runtime import (compilation_cache, distributed, job_dirs, stack_dumps,
                                  supervisor)
@@ -207,16 +207,22 @@ def _print_help(kind: str) -> None:
 # ----------------------------------------------------------------------------- configs
 
 
-def base_config(job_dir: epath.Path | None) -> tuple[fdl.Buildable, type | None]:
+def base_config(job_dir: epath.Path | None) -> tuple[fdl.Config, type | None]:
   """The config named by --exp, --fdl_config or --fdl_config_file, else JOB/config.json,
-  and the experiment class it came from (None for a config function)."""
+  and the experiment class it came from (None for a config function).
+
+  The config is checked to be a Setup's here, the one place every mode and --fdl_help get
+  it from, before anything reads a field of it (building.require_setup); it comes with the
+  default parts it leaves out.
+  """
   given = [(f"--{flag.name}", flag.value) for flag in (_EXP, _FDL_CONFIG, _FDL_CONFIG_FILE)
            if flag.value]
   if len(given) > 1:
     raise UsageError(f"{' and '.join(f'{k}={v}' for k, v in given)}: conflicting flags; "
                      "give only one of --exp, --fdl_config, --fdl_config_file")
   if given and given[0][0] != "--fdl_config_file":
-    return registry.config_from_flag(*given[0])
+    cfg, experiment = registry.config_from_flag(*given[0])
+    return building.require_setup(cfg, "=".join(given[0])), experiment
   if given:
     flag, path = given[0][0], paths.resolve(given[0][1], given[0][0])
   elif job_dir is not None and (job_dir / config_files.CONFIG_JSON).exists():
@@ -225,7 +231,8 @@ def base_config(job_dir: epath.Path | None) -> tuple[fdl.Buildable, type | None]
     where = f" and {job_dir} holds no {config_files.CONFIG_JSON}" if job_dir else ""
     raise UsageError(f"--exp: no experiment given{where}; pass --exp=NAME (see --mode=list), "
                      "--fdl_config_file=PATH, or a --job_log_dir of an earlier run")
-  cfg = config_files.load(path, flag)
+  cfg = building.require_setup(config_files.load(path, flag), f"{flag}={path}",
+                               building.FIX_FILE)
   # The experiment's own fiddlers still apply to its reloaded config, if it still exists.
   recorded = config_files.recorded_experiment(path)
   return cfg, registry.recorded_class(recorded)[0] if recorded else None
@@ -237,7 +244,7 @@ build = building.build
 def build_experiment(name: str, assignments: Sequence[str] = ()) -> Setup:
   """The registered experiment `name` with `PATH=VALUE` assignments applied in order (as
   --fdl_set applies them), built and validated: for scripts that take no lingvo_lite flags."""
-  cfg = registry.lookup(name).config()
+  cfg = building.require_setup(registry.lookup(name).config(), name)
   overrides.apply(cfg, [overrides.set_directive(f"--set {a}", a) for a in assignments], None)
   return build(cfg)
 
@@ -432,7 +439,6 @@ def _run_mode(program: programs.Program, options: Any,
       print(f"jax.distributed: {joined}; {jax.process_count()} processes, "
             f"{jax.device_count()} devices", flush=True)
   cfg, experiment = base_config(job_dir)
-  with_default_parts(cfg)
   _set_option_parts(cfg, options)
   overrides.apply(cfg, _OVERRIDES.directives, experiment)
   if _FDL_HELP.value:
@@ -463,7 +469,8 @@ def _set_option_parts(cfg: fdl.Buildable, options: Any) -> None:
   """Sets the config parts a program's options stand for (`Options.config_parts(cfg)`:
   train's --init_from is `train.init_from`, and a Hugging Face source's `model`), before the
   fiddlers and --fdl overrides, which then change them like any other part; config.json
-  records them."""
+  records them. `cfg` is a Setup's config (base_config checked it), which may not set every
+  part yet: the options may set it (a Hugging Face folder's `model`)."""
   parts = getattr(options, "config_parts", None)
   building.set_parts(cfg, parts(cfg) if parts else {})
 

@@ -254,12 +254,6 @@ def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ArrayShape) -
             f"map {name!r} or {first!r} to another mesh axis or to None")
 
 
-# The parts a Setup has defaults for, as the Configs an experiment that leaves them out gets.
-_DEFAULT_PARTS = {"partitioner": Partitioner, "train": TrainLoop,
-                  "checkpoint": CheckpointSettings, "decode": DecodeSettings,
-                  "watchdog": WatchdogSettings}
-
-
 def setup_config(**parts: Any) -> fdl.Config[Setup]:
   """`fdl.Config(Setup, **parts)` with every part the caller leaves out as a default Config.
 
@@ -270,15 +264,38 @@ def setup_config(**parts: Any) -> fdl.Config[Setup]:
   return with_default_parts(fdl.Config(Setup, **parts))
 
 
+def is_setup_class(fn: Any) -> bool:
+  """Whether a config of `fn` builds a Setup: `Setup` itself, or a subclass of it (a user's
+  own Setup with more fields, or other defaults, is a legitimate extension: every program
+  reads only the fields `Setup` declares)."""
+  return isinstance(fn, type) and issubclass(fn, Setup)
+
+
 def with_default_parts(cfg: Any) -> Any:
   """A Setup config with each default part it does not set made a default Config (in place):
   a config written before the part existed (an older job's config.json) or built with
-  `fdl.Config(Setup, ...)` directly still takes `--fdl.decode.slots=4`. Other configs pass."""
-  if isinstance(cfg, fdl.Config) and fdl.get_callable(cfg) is Setup:
-    for name, part in _DEFAULT_PARTS.items():
-      if name not in cfg.__arguments__:
-        setattr(cfg, name, fdl.Config(part))
+  `fdl.Config(Setup, ...)` directly still takes `--fdl.decode.slots=4`. A part is a field
+  whose default is a dataclass instance (`train: TrainLoop = TrainLoop()`); a Setup subclass's
+  own defaults and parts count too. Other configs pass."""
+  if isinstance(cfg, fdl.Config) and is_setup_class(fdl.get_callable(cfg)):
+    for field in dataclasses.fields(fdl.get_callable(cfg)):
+      if field.name not in cfg.__arguments__ and dataclasses.is_dataclass(field.default):
+        setattr(cfg, field.name, _config_of(field.default))
   return cfg
+
+
+def _config_of(part: Any) -> fdl.Config:
+  """The Config that builds `part`, a dataclass instance: its class, with the fields where
+  `part` differs from the class's own defaults (`TrainLoop()` -> `fdl.Config(TrainLoop)`)."""
+  cls = type(part)
+  try:
+    reference = cls()
+  except TypeError:  # A field without a default: every field is set.
+    reference = None
+  changed = {field.name: getattr(part, field.name) for field in dataclasses.fields(part)
+             if field.init and (reference is None
+                                or getattr(part, field.name) != getattr(reference, field.name))}
+  return fdl.Config(cls, **changed)
 
 
 class Experiment:

@@ -1,17 +1,22 @@
 """Flags that would vanish or wait in silence are one line and exit code 2 instead: flag files
 absl would skip (an empty name, a loop) or cannot read, flags given empty, a compilation cache
-that cannot be written, distributed flags that cannot start a run. Nothing is written."""
+that cannot be written, distributed flags that cannot start a run; and a config flag that gives
+something other than a Setup's config (a model, a data source, a task, a config.json of one),
+in every mode. Nothing is written, and a job dir that exists stays byte for byte the same."""
 
 import os
 import subprocess
 import sys
 
+import fiddle as fdl
 import pytest
 from absl import flags
 
 from lingvo_lite import executor  # pylint: disable=unused-import  # Defines the flags used below.
+from lingvo_lite.config import files as config_files
+from lingvo_lite.models.gptj import GptJ
 from lingvo_lite.runtime import supervisor
-from lingvo_lite.testing import run_cli, source_root
+from lingvo_lite.testing import run_cli, source_root, tree_digest
 
 PRINT = ["--mode=print", "--exp=PyCodeTiny"]
 TRAIN = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data", "--job_log_dir=job"]
@@ -31,6 +36,71 @@ def test_an_empty_flagfile_as_a_user_types_it_is_one_line_exit_2(tmp_path):
   assert result.stdout == "" and os.listdir(tmp_path) == []
 
 
+def test_a_model_config_as_a_user_types_it_is_one_line_exit_2(tmp_path):
+  """The issue's command: a config function that builds a model, not a Setup, from the
+  repository root; it wrote nothing (the job dir is not made)."""
+  job = os.path.relpath(tmp_path / "runs" / "x", source_root())
+  result = subprocess.run([sys.executable, "-m", "lingvo_lite",
+                           "--fdl_config=experiments.lm.architectures.gptj(vocab_size=16, "
+                           "num_layers=2)", f"--job_log_dir={job}"],
+                          cwd=source_root(), capture_output=True, text=True, timeout=120,
+                          check=False)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr == (
+      "lingvo_lite: error: --fdl_config=experiments.lm.architectures.gptj(vocab_size=16, "
+      "num_layers=2): the config builds a GptJ, not a lingvo_lite Setup (a GptJ is what a "
+      "Setup's model holds); name an experiment (see --mode=list), or a function returning a "
+      "Setup's config (lingvo_lite.experiment.setup_config(model=..., optimizer=..., "
+      "train_data=...))\n")
+  assert result.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_a_config_of_a_setup_subclass_is_accepted_with_its_own_defaults(tmp_path, monkeypatch):
+  """A Setup subclass is a user's extension (a field of their own, other defaults): it builds
+  and validates, its default parts are Configs that --fdl reaches (keeping the subclass's own
+  values), and its config.json reloads."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(sys, "dont_write_bytecode", True)
+  (tmp_path / "lk39_subclass.py").write_text(
+      "import dataclasses\nimport fiddle as fdl\nfrom experiments.lm.pycode import PyCodeTiny\n"
+      "from lingvo_lite.experiment import Setup, TrainLoop\n"
+      "@dataclasses.dataclass(frozen=True)\nclass NotedSetup(Setup):\n  note: str = 'mine'\n"
+      "  train: TrainLoop = TrainLoop(steps=7, seed=3)\n"
+      "def config() -> fdl.Config:\n  cfg = PyCodeTiny.config()\n"
+      "  return fdl.Config(NotedSetup, model=cfg.model, optimizer=cfg.optimizer, "
+      "train_data=cfg.train_data, eval_data=None)\n")
+  args = ["--mode=print", "--fdl_config=lk39_subclass.config", "--fdl.train.seed=4",
+          "--fdl.partitioner.ici_fsdp=1", "--fdl.note='ours'"]
+  printed = run_cli(args)
+  assert printed.code == 0, printed.stderr
+  lines = {line.split("#")[0].strip() for line in printed.stdout.splitlines()}
+  assert {"train.steps = 7", "train.seed = 4", "partitioner.ici_fsdp = 1",
+          "note = 'ours'"} <= lines, printed.stdout
+  as_json = run_cli([*args, "--format=json"])
+  assert as_json.code == 0, as_json.stderr
+  (tmp_path / "config.json").write_text(as_json.stdout)
+  reloaded = run_cli(["--mode=print", "--fdl_config_file=config.json"])
+  assert reloaded.code == 0, reloaded.stderr
+  assert "note = 'ours'" in reloaded.stdout and "train.steps = 7" in reloaded.stdout
+
+
+def test_a_setup_without_a_model_takes_it_from_a_hugging_face_folder(tmp_path, monkeypatch):
+  """The one part an option may give: --init_from=hf:PATH sets `model` from the folder's
+  config.json, so a Setup's config may leave it out (the table refuses it without one)."""
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(sys, "dont_write_bytecode", True)
+  _write("lk39_modelless.py", _SETUP_WITHOUT.format("model"))(tmp_path)
+  _write("hf/config.json", '{"model_type": "gpt2", "vocab_size": 320, "n_embd": 64, '
+         '"n_layer": 2, "n_head": 4, "n_positions": 1024}')(tmp_path)
+  result = run_cli(["--mode=print", "--fdl_config=lk39_modelless.config", "--init_from=hf:hf"])
+  assert result.code == 0, result.stderr
+  lines = {line.split("#")[0].strip() for line in result.stdout.splitlines()}
+  assert {"model = <lingvo_lite.models.gpt2.Gpt2>", "model.num_layers = 2",
+          "model.vocab_size = 320"} <= lines, result.stdout
+
+
 def _write(relative, text):
   def prepare(folder):
     path = folder / relative
@@ -45,6 +115,22 @@ def _both(*steps):
       step(folder)
   return prepare
 
+
+def _config_json(relative, cfg):
+  """Writes a config.json of `cfg` as a run would (config_files.to_json)."""
+  return _write(relative, config_files.to_json(cfg))
+
+
+# What a config flag may give that is not a Setup's config (the issue's command, as typed).
+MODEL = "--fdl_config=experiments.lm.architectures.gptj(vocab_size=16)"
+NOT_A_SETUP = ("the config builds a GptJ, not a lingvo_lite Setup (a GptJ is what a Setup's "
+               "model holds)")
+# A job dir that a model's config.json (and a file of the user's) is in.
+MODEL_JOB = _both(_config_json("job/config.json", fdl.Config(GptJ, vocab_size=16)),
+                  _write("job/notes.txt", "mine\n"))
+# User modules of config functions, each under a name of its own (modules stay imported).
+_SETUP_WITHOUT = ("from experiments.lm.pycode import PyCodeTiny\ndef config():\n"
+                  "  cfg = PyCodeTiny.config()\n  del cfg.{}\n  return cfg\n")
 
 # (args, the one line's expected text, what to write into the working directory first).
 CASES = {
@@ -142,6 +228,116 @@ CASES = {
                                "--coordinator_address=localhost: expected HOST:PORT", None),
     "empty address": ([*TRAIN, *MULTI, "--coordinator_address="],
                       "flag --coordinator_address=: empty", None),
+    # A config that is not a Setup's, checked before any program option (--init_from), fiddler
+    # or --fdl_help reads a field of it: every mode that takes a config (list takes none).
+    "model config, train": ([MODEL, "--job_log_dir=runs/x"],
+                            f"{MODEL}: {NOT_A_SETUP}; name an experiment (see --mode=list)",
+                            None),
+    "model config, train from a weight source": (
+        [MODEL, "--job_log_dir=runs/x", "--init_from=hf:weights"], f"{MODEL}: {NOT_A_SETUP}",
+        None),
+    "model config, tiny": ([MODEL, "--fiddler=tiny", "--job_log_dir=runs/x"],
+                           f"{MODEL}: {NOT_A_SETUP}", None),
+    "model config, eval": (["--mode=eval", MODEL, "--job_log_dir=runs/x"],
+                           f"{MODEL}: {NOT_A_SETUP}", None),
+    "model config, decode": (["--mode=decode", MODEL, "--job_log_dir=runs/x", "--prompt=def"],
+                             f"{MODEL}: {NOT_A_SETUP}", None),
+    "model config, serve": (["--mode=serve", MODEL, "--job_log_dir=runs/x"],
+                            f"{MODEL}: {NOT_A_SETUP}", None),
+    "model config, export": (["--mode=export", MODEL, "--job_log_dir=runs/x"],
+                             f"{MODEL}: {NOT_A_SETUP}", None),
+    "model config, compile": (["--mode=compile", MODEL, "--compile_topology=v5e-8"],
+                              f"{MODEL}: {NOT_A_SETUP}", None),
+    "model config, print": (["--mode=print", MODEL], f"{MODEL}: {NOT_A_SETUP}", None),
+    "model config, fdl_help": ([MODEL, "--fdl_help"], f"{MODEL}: {NOT_A_SETUP}", None),
+    "model function as experiment": (["--exp=experiments.lm.architectures.llama",
+                                      "--job_log_dir=runs/x"],
+                                     "--exp=experiments.lm.architectures.llama: the config "
+                                     "builds a Llama, not a lingvo_lite Setup", None),
+    "data source config": (["--mode=compile", "--fdl_config=experiments.lm.synthetic."
+                            "synthetic_lm_data(vocab_size=16, sequence_length=8, "
+                            "global_batch_size=2)"],
+                           "the config builds a SyntheticData, not a lingvo_lite Setup (a "
+                           "SyntheticData is what a Setup's train_data holds)", None),
+    "task function": (["--mode=decode", "--exp=tasks.pycode.pycode_task", "--job_log_dir=x",
+                       "--prompt=def"],
+                      "--exp=tasks.pycode.pycode_task: tasks.pycode.pycode_task is part of "
+                      "lingvo_lite itself, not a config function", None),
+    "task config": (["--mode=eval", "--fdl_config=lk39_task.config", "--job_log_dir=runs/x"],
+                     "--fdl_config=lk39_task.config: the config calls pycode_task(), not a "
+                     "lingvo_lite Setup itself",
+                     _write("lk39_task.py", "import fiddle as fdl\nfrom tasks import pycode\n"
+                                            "def config():\n  return fdl.Config("
+                                            "pycode.pycode_task)\n")),
+    "config function returns a number": (
+        ["--mode=serve", "--fdl_config=lk39_number.config", "--job_log_dir=runs/x"],
+        "--fdl_config=lk39_number.config: lk39_number.config() returned a int, not a fdl.Config",
+        _write("lk39_number.py", "def config():\n  return 3\n")),
+    "partial of a setup": (
+        ["--mode=export", "--fdl_config=lk39_partial.config", "--job_log_dir=runs/x"],
+        "--fdl_config=lk39_partial.config: the config is a fdl.Partial of Setup, which builds "
+        "a function, not a lingvo_lite Setup",
+        _write("lk39_partial.py", "import fiddle as fdl\nfrom lingvo_lite.experiment import "
+                                  "Setup\ndef config():\n  return fdl.Partial(Setup)\n")),
+    "model config file, print": (["--mode=print", "--fdl_config_file=model.json"],
+                                 f"--fdl_config_file={{tmp}}/model.json: {NOT_A_SETUP}; give a "
+                                 "config.json that a lingvo_lite run wrote",
+                                 _config_json("model.json", fdl.Config(GptJ, vocab_size=16))),
+    "model config file, fdl_help": (["--fdl_help", "--fdl_config_file=model.json"],
+                                    f"--fdl_config_file={{tmp}}/model.json: {NOT_A_SETUP}",
+                                    _config_json("model.json", fdl.Config(GptJ, vocab_size=16))),
+    # A job dir whose config.json holds a model's config: every mode that reads it.
+    "job of a model config, train": (["--job_log_dir=job"],
+                                     f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                     MODEL_JOB),
+    "job of a model config, eval": (["--mode=eval", "--job_log_dir=job"],
+                                    f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                    MODEL_JOB),
+    "job of a model config, decode": (["--mode=decode", "--job_log_dir=job", "--prompt=def"],
+                                      f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                      MODEL_JOB),
+    "job of a model config, serve": (["--mode=serve", "--job_log_dir=job"],
+                                     f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                     MODEL_JOB),
+    "job of a model config, export": (["--mode=export", "--job_log_dir=job"],
+                                      f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                      MODEL_JOB),
+    "job of a model config, compile": (["--mode=compile", "--job_log_dir=job"],
+                                       f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                       MODEL_JOB),
+    "job of a model config, print": (["--mode=print", "--job_log_dir=job"],
+                                     f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                     MODEL_JOB),
+    "job of a model config, report": (["--mode=report", "--job_log_dir=job"],
+                                      f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                      MODEL_JOB),
+    "job of a model config, fdl_help": (["--fdl_help", "--job_log_dir=job"],
+                                        f"--job_log_dir={{tmp}}/job/config.json: {NOT_A_SETUP}",
+                                        MODEL_JOB),
+    # A Setup's config without a part it needs: one line naming the part, whatever reaches it.
+    "setup without train data": (["--fdl_config=lk39_no_data.config", "--job_log_dir=runs/x"],
+                                 "train_data: required by Setup and not set; give it in the "
+                                 "experiment's config() (a config of DataSource)",
+                                 _write("lk39_no_data.py", _SETUP_WITHOUT.format("train_data"))),
+    "setup without train data, tiny": (
+        ["--fdl_config=lk39_no_data_tiny.config", "--fiddler=tiny", "--job_log_dir=runs/x"],
+        "--fiddler=tiny: the fiddler raised AttributeError on a config that does not set "
+        "train_data (required by Setup)",
+        _write("lk39_no_data_tiny.py", _SETUP_WITHOUT.format("train_data"))),
+    "setup without train data, a field of it": (
+        ["--fdl_config=lk39_no_data_set.config", "--fdl.train_data.global_batch_size=8",
+         "--job_log_dir=runs/x"],
+        "--fdl.train_data.global_batch_size=8: train_data is not set (required by Setup), so "
+        "it has no fields to set",
+        _write("lk39_no_data_set.py", _SETUP_WITHOUT.format("train_data"))),
+    "setup without a model, eval": (
+        ["--mode=eval", "--fdl_config=lk39_no_model.config", "--job_log_dir=runs/x"],
+        "model: required by Setup and not set; give it in the experiment's config() (a config "
+        "of LanguageModel)", _write("lk39_no_model.py", _SETUP_WITHOUT.format("model"))),
+    "setup without an optimizer, compile": (
+        ["--mode=compile", "--fdl_config=lk39_no_optimizer.config", "--compile_topology=v5e-8"],
+        "optimizer: required by Setup and not set",
+        _write("lk39_no_optimizer.py", _SETUP_WITHOUT.format("optimizer"))),
 }
 
 
@@ -149,17 +345,21 @@ CASES = {
 def test_a_flag_that_would_vanish_or_wait_is_one_line_exit_2(name, tmp_path, monkeypatch):
   args, expected, prepare = CASES[name]
   monkeypatch.chdir(tmp_path)
+  # As under `python -m lingvo_lite`, the working directory is first on sys.path (user modules).
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(sys, "dont_write_bytecode", True)  # No __pycache__ in the folder.
   # A case that passed the checks would start a supervised child: fail instead.
   monkeypatch.setattr(supervisor, "supervise", lambda *_, **__: pytest.fail("supervised"))
   if prepare:
     prepare(tmp_path)
-  before = sorted(os.listdir(tmp_path))
+  before = tree_digest(tmp_path)
   result = run_cli(args)
   assert result.code == 2, result
   assert result.stderr.startswith("lingvo_lite: error: ") and result.stderr.count("\n") == 1, (
       result.stderr)
   assert expected.format(tmp=os.path.realpath(tmp_path)) in result.stderr
-  assert sorted(os.listdir(tmp_path)) == before  # No job dir, no cache folder.
+  # No job dir, no cache folder; a job dir already there is byte for byte the same.
+  assert tree_digest(tmp_path) == before
 
 
 def test_a_flagfile_given_twice_or_through_dev_fd_still_works(tmp_path, monkeypatch):

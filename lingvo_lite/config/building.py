@@ -1,5 +1,10 @@
 """From a config to a validated Setup: type checks, `fdl.build`, then `Setup.validate()`.
 
+What `--exp`, `--fdl_config`, `--fdl_config_file` or a job's config.json gives is checked to be
+a config of a `Setup` (`require_setup`) before anything reads a field of it: a program's
+options, the fiddlers, the `--fdl` overrides and `--fdl_help` all address the config by its
+Setup paths (`model`, `train.init_from`). A config of a model or a data source is one line.
+
 Every program gets its Setup from here, so a config that would fail is refused, with one
 line naming the field, before any device time is spent. A constructor that rejects a value
 raises `UsageError` naming its own field (`source_dir=...: no such folder`); the config path
@@ -14,15 +19,67 @@ from typing import Any
 
 import fiddle as fdl
 
+from lingvo_lite import fields
 from lingvo_lite.config import checks as config_checks
 from lingvo_lite.errors import UsageError
-from lingvo_lite.experiment import Setup
+from lingvo_lite.experiment import Setup, is_setup_class, with_default_parts
 
 # What fiddle 0.3 appends to an exception raised by the constructor at a config path.
 _FIDDLE_CONTEXT = re.compile(r"\n\nFiddle context: failed to construct or call .*? at "
                              r"<root>(\S*) with ", re.DOTALL)
 # The start of a `config_error` message: `field=value: ...`.
 _FIELD_FIRST = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*|\[\d+\])*=")
+
+# The fix for a flag that names a config, and for a config file (--fdl_config_file, a job's).
+FIX_FLAG = ("name an experiment (see --mode=list), or a function returning a Setup's config "
+            "(lingvo_lite.experiment.setup_config(model=..., optimizer=..., train_data=...))")
+FIX_FILE = "give a config.json that a lingvo_lite run wrote (a Setup's config)"
+
+
+def require_setup(cfg: Any, where: str, fix: str = FIX_FLAG) -> fdl.Config:
+  """`cfg` if it is a config of a `Setup` or of a subclass of it (experiment.is_setup_class),
+  with the default parts it leaves out (experiment.with_default_parts).
+
+  The root must be `fdl.Config(Setup, ...)` itself, not a function that makes one: the
+  programs, fiddlers and overrides reach its parts by their paths in a Setup. Which parts
+  must be set (model, optimizer, train_data, eval_data) is checked by `build`, after the
+  options, fiddlers and overrides that may set them.
+
+  Args:
+    cfg: What the flag or the config.json gave.
+    where: The flag and its value, as the message names them (`--exp=NAME`).
+    fix: What to give instead (FIX_FLAG, FIX_FILE).
+
+  Raises:
+    UsageError: one line naming `where` and what the config builds instead.
+  """
+  if not isinstance(cfg, fdl.Buildable):
+    raise UsageError(f"{where}: gives a {type(cfg).__name__}, not a config; {fix}")
+  fn = fdl.get_callable(cfg)
+  if not isinstance(cfg, fdl.Config):
+    raise UsageError(f"{where}: the config is a fdl.{type(cfg).__name__} of {_name(fn)}, "
+                     f"which builds a function, not a lingvo_lite Setup; {fix}")
+  if not isinstance(fn, type):
+    raise UsageError(f"{where}: the config calls {_name(fn)}(), not a lingvo_lite Setup "
+                     "itself (the programs and --fdl overrides reach a Setup's parts by "
+                     f"their paths, so the config must be fdl.Config(Setup, ...)); {fix}")
+  if not is_setup_class(fn):
+    raise UsageError(f"{where}: the config builds a {_name(fn)}, not a lingvo_lite Setup"
+                     f"{_held_by(cfg)}; {fix}")
+  return with_default_parts(cfg)
+
+
+def _name(fn: Any) -> str:
+  return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def _held_by(cfg: fdl.Config) -> str:
+  """` (what a Setup's model holds)` for a config that fits one of Setup's fields."""
+  for name, annotation in fields.type_hints(Setup).items():
+    if fields.is_part(annotation) and fields.matches(
+        cfg, annotation, config_checks.built_type) is True:
+      return f" (a {_name(fdl.get_callable(cfg))} is what a Setup's {name} holds)"
+  return ""
 
 
 def set_parts(cfg: fdl.Buildable, parts: dict[str, Any]) -> None:

@@ -26,7 +26,7 @@ def check(cfg: Any) -> None:
   _check(cfg, "", set())
 
 
-def _type_of(value: Any) -> type | None:
+def built_type(value: Any) -> type | None:
   """The type a config value will have once built; None when that is not known."""
   if isinstance(value, fdl.Config):
     fn = fdl.get_callable(value)
@@ -37,6 +37,28 @@ def _type_of(value: Any) -> type | None:
   if isinstance(value, fdl.Buildable):
     return None  # A Partial builds into a callable, which no field here is annotated with.
   return type(value)
+
+
+def unset_required(cfg: fdl.Buildable) -> list[str]:
+  """The parameters of `cfg`'s own callable that have no default and that `cfg` does not set
+  (a Setup config without `train_data`: `['train_data']`)."""
+  try:
+    parameters = inspect.signature(fdl.get_callable(cfg)).parameters.values()
+  except (TypeError, ValueError):
+    return []
+  return [p.name for p in parameters if p.default is p.empty and p.name not in
+          cfg.__arguments__ and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def how_to_set(path: str, annotation: Any) -> str:
+  """The fix for a required field left unset: a value is one `--fdl.` flag away; a part (a
+  model, a data source) is a config, which only the experiment (or a fiddler) can give, or
+  None where None is allowed."""
+  if annotation is None or not fields.is_part(annotation):
+    return f"give it in the experiment or with --fdl.{path}=VALUE"
+  if fields.matches(None, annotation):
+    return f"give it in the experiment, or --fdl.{path}=None for none"
+  return f"give it in the experiment's config() (a config of {fields.describe(annotation)})"
 
 
 def _check(value: Any, path: str, seen: set[int]) -> None:
@@ -61,7 +83,7 @@ def _check(value: Any, path: str, seen: set[int]) -> None:
     if name not in arguments:
       if parameter.default is parameter.empty and isinstance(value, fdl.Config):
         raise UsageError(f"{field_path}: required by {getattr(fn, '__name__', fn)} and not "
-                         f"set; give it in the experiment or with --fdl.{field_path}=VALUE")
+                         f"set; {how_to_set(field_path, hints.get(name))}")
       continue
     argument = arguments[name]
     if name in hints:
@@ -73,15 +95,15 @@ def _check(value: Any, path: str, seen: set[int]) -> None:
 
 
 def _check_argument(path: str, argument: Any, annotation: Any) -> None:
-  if isinstance(argument, dict) and fields.matches(argument, annotation, _type_of) is False:
+  if isinstance(argument, dict) and fields.matches(argument, annotation, built_type) is False:
     # A config in a dict entry is named by the entry's path; `fields.check` names the rest.
     for key, entry in argument.items():
       inner = fields.entry_annotation(annotation, argument, key)
       if isinstance(entry, fdl.Buildable) and inner is not None:
         _check_argument(fields.path_join(path, key), entry, inner)
   if not isinstance(argument, fdl.Buildable):
-    fields.check(path, argument, annotation, _type_of)
-  elif fields.matches(argument, annotation, _type_of) is False:
+    fields.check(path, argument, annotation, built_type)
+  elif fields.matches(argument, annotation, built_type) is False:
     built = getattr(fdl.get_callable(argument), "__name__", "?")
     raise UsageError(f"{path}=<config of {built}>: must be {fields.describe(annotation)}; "
                      f"give a config of {fields.describe(annotation)} instead")

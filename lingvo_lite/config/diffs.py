@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from etils import epath
 from fiddle import daglish, diffing
 
-from lingvo_lite.config import files as config_files, registry
+from lingvo_lite.config import building, files as config_files, registry
 from lingvo_lite.experiment import with_default_parts
 from lingvo_lite.fields import path_join
 
@@ -68,10 +68,12 @@ class JobConfig:
 
 
 def load(job_dir: epath.Path, flag: str) -> tuple[Any, str | None]:
-  """JOB/config.json as the executor loads it (with the parts a newer Setup added), and the
-  recorded experiment's import path. A bad file is a one-line UsageError naming `flag`."""
+  """JOB/config.json as the executor loads it (a Setup's, with the parts a newer Setup added),
+  and the recorded experiment's import path. A bad file, or one whose config is not a Setup's
+  (building.require_setup), is a one-line UsageError naming `flag`."""
   path = job_dir / config_files.CONFIG_JSON
-  cfg = with_default_parts(config_files.load(path, flag))
+  cfg = building.require_setup(config_files.load(path, flag), f"{flag}={path}",
+                               building.FIX_FILE)
   return cfg, config_files.recorded_experiment(path)
 
 

@@ -43,7 +43,7 @@ import fiddle as fdl
 from fiddle import history
 
 from lingvo_lite import fields
-from lingvo_lite.config import fiddlers as generic_fiddlers
+from lingvo_lite.config import checks as config_checks, fiddlers as generic_fiddlers
 from lingvo_lite.runtime import user_code
 from lingvo_lite.errors import SHOWN_LIMIT, UsageError, shown
 
@@ -196,7 +196,14 @@ def _child(parent: Any, step: str | int, walked: str, annotation: Any,
     return parent[step], fields.entry_annotation(annotation, parent, step)
   if isinstance(parent, fdl.Buildable):
     _check_parameter(parent, step, walked, directive)
-    return getattr(parent, step), fields.type_hints(fdl.get_callable(parent)).get(step)
+    hints = fields.type_hints(fdl.get_callable(parent))
+    if step in config_checks.unset_required(parent):
+      # Fiddle has no value to hand back for a required field that is not set.
+      path = fields.path_join(walked, step)
+      raise UsageError(f"{directive.flag}: {path} is not set (required by "
+                       f"{fdl.get_callable(parent).__name__}), so it has no fields to set; "
+                       f"{config_checks.how_to_set(path, hints.get(step))}")
+    return getattr(parent, step), hints.get(step)
   kind = "None" if parent is None else f"a {type(parent).__name__}"
   raise UsageError(f"{directive.flag}: {walked} is {kind}, not a config with fields; "
                    f"it has no field {step!r}")
@@ -373,6 +380,13 @@ def apply(cfg: fdl.Buildable, directives: Sequence[Directive], experiment: type 
         # config, so its failure is a config mistake to report in one line, like a failing
         # config() (registry.config_from_flag), not a traceback or a silent exit.
         except (Exception, SystemExit) as e:  # pylint: disable=broad-except
+          unset = config_checks.unset_required(cfg) if isinstance(e, AttributeError) else []
+          if unset:  # Fiddle's message about it quotes the whole config, over many lines.
+            root = fdl.get_callable(cfg)
+            fix = config_checks.how_to_set(unset[0], fields.type_hints(root).get(unset[0]))
+            raise UsageError(f"{directive.flag}: the fiddler raised AttributeError on a config "
+                             f"that does not set {', '.join(unset)} (required by "
+                             f"{root.__name__}); {fix}") from None
           raise UsageError(f"{directive.flag}: the fiddler raised "
                            f"{user_code.describe(e)}") from None
       else:

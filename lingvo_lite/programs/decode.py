@@ -61,7 +61,7 @@ class Options:
   def config_parts(self, cfg: Any) -> dict[str, Any]:
     """`train.init_from` (and a source's `model`) from --init_from (weights/sources.py): a job
     dir without a checkpoint of its own decodes the source's parameters."""
-    return sources.config_parts(self.init_from, cfg.model)
+    return sources.config_parts(self.init_from, cfg)
 
 
 # JOB/decode/ is written only when the completions go there (not with --decode_out), so the

@@ -77,7 +77,7 @@ class Options:
   def config_parts(self, cfg: Any) -> dict[str, Any]:
     """`train.init_from` (and a source's `model`) from --init_from (weights/sources.py): a job
     dir without a checkpoint of its own evaluates the source's parameters."""
-    return sources.config_parts(self.init_from, cfg.model)
+    return sources.config_parts(self.init_from, cfg)
 
 
 # Everything under JOB/eval/ (the training files are only read), and each set's rows there.

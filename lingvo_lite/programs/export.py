@@ -74,7 +74,7 @@ class Options:
   def config_parts(self, cfg: Any) -> dict[str, Any]:
     """`train.init_from` (and a source's `model`) from --init_from (weights/sources.py): a
     job dir without a checkpoint of its own exports the source's parameters."""
-    return sources.config_parts(self.init_from, cfg.model)
+    return sources.config_parts(self.init_from, cfg)
 
 
 # A job dir made by export (a source's model, no checkpoint yet) records the config it ran

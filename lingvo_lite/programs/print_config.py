@@ -28,7 +28,7 @@ class Options:
   def config_parts(self, cfg: Any) -> dict[str, Any]:
     """A weight source's `model` (and `train.init_from`) from --init_from: the config a
     Hugging Face folder or GGUF file describes, with its fields' origin (weights/sources.py)."""
-    return sources.config_parts(self.init_from, cfg.model)
+    return sources.config_parts(self.init_from, cfg)
 
 
 def main(invocation: Invocation) -> None:

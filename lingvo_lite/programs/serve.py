@@ -52,7 +52,7 @@ class Options:
       30.0, "--mode=serve: on SIGTERM, how long requests in flight may still finish.")
 
   def config_parts(self, cfg: Any) -> dict[str, Any]:
-    return sources.config_parts(self.init_from, cfg.model)
+    return sources.config_parts(self.init_from, cfg)
 
 
 JOB_FILES = JobFiles(records_config=True)

@@ -26,7 +26,7 @@ from lingvo_lite.data import pretrained_tokenizer
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.decode import generator as generation, jitted as decode_jitted
 from lingvo_lite.errors import UsageError
-from lingvo_lite.experiment import Setup, with_default_parts
+from lingvo_lite.experiment import Setup
 from lingvo_lite.scoring.scorer import Scorer
 from lingvo_lite.weights import job_params, sources
 
@@ -191,8 +191,9 @@ def from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = N
     raise UsageError(f"job_log_dir={job_log_dir}: holds no {config_files.CONFIG_JSON}; give "
                      "the job dir of a training run, or exp=NAME (with init_from=...) for a "
                      "new one")
-  with_default_parts(cfg)
-  building.set_parts(cfg, sources.config_parts(init_from, cfg.model, "init_from"))
+  cfg = (building.require_setup(cfg, f"exp={exp}") if exp else
+         building.require_setup(cfg, f"job_log_dir={job_log_dir}", building.FIX_FILE))
+  building.set_parts(cfg, sources.config_parts(init_from, cfg, "init_from"))
   overrides.apply(cfg, [overrides.set_directive(f"--set {a}", a) for a in assignments], None)
   with targets.active(targets.host()):
     setup = building.build(cfg)

@@ -76,15 +76,16 @@ def model_part(source: fdl.Config, model: Any) -> fdl.Config | None:
   return part
 
 
-def config_parts(value: str | None, model: Any, flag: str = "--init_from"
+def config_parts(value: str | None, cfg: fdl.Config, flag: str = "--init_from"
                  ) -> dict[str, fdl.Buildable]:
-  """The parts `--init_from=value` sets: `train.init_from`, and `model` where the source
-  describes its model. Empty when the flag is not given."""
+  """The parts `--init_from=value` sets in `cfg`, a Setup's config: `train.init_from`, and
+  `model` where the source describes its model (carrying fields of `cfg`'s model, where it
+  sets one). Empty when the flag is not given."""
   if value is None:
     return {}
   source = from_flag(value, flag)
   parts: dict[str, fdl.Buildable] = {FIELD: source}
-  model_config = model_part(source, model)
+  model_config = model_part(source, cfg.__arguments__.get("model"))
   if model_config is not None:
     parts["model"] = model_config
   return parts

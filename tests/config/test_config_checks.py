@@ -363,7 +363,7 @@ def test_check_part_walks_into_lists_and_dicts(holder, message):
 def test_mapping_annotations_are_matched_and_worded():
   source = fdl.Config(SyntheticData, vocab_size=8, sequence_length=4)
   eval_data = fields.type_hints(Setup)["eval_data"]
-  type_of = config_checks._type_of  # pylint: disable=protected-access
+  type_of = config_checks.built_type
   for annotation in (Mapping[str, DataSource], collections.abc.Mapping[str, DataSource],
                      dict[str, DataSource], eval_data):
     assert fields.matches({"a": source}, annotation, type_of) is True, annotation

@@ -64,7 +64,7 @@ class Options:
   def config_parts(self, cfg: Any) -> dict[str, Any]:
     """A weight source's `model` (and `train.init_from`) from --init_from: the compile of a
     model a Hugging Face folder or GGUF file describes (weights/sources.py)."""
-    return sources.config_parts(self.init_from, cfg.model)
+    return sources.config_parts(self.init_from, cfg)
 
   def cpu_devices(self) -> int | None:
     """The CPU devices `--compile_topology=cpu:N` needs (None for other topologies): JAX fixes

@@ -58,7 +58,7 @@ class Options:
     """The config parts these options set (the executor sets them before the fiddlers and
     --fdl overrides): `train.init_from` from --init_from, and the source's `model` where it
     describes one (weights/sources.py)."""
-    return sources.config_parts(self.init_from, cfg.model)
+    return sources.config_parts(self.init_from, cfg)
 
 
 # The job dir, created where missing: config, checkpoints, metrics and run info, TensorBoard
