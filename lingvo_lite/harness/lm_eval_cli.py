@@ -19,8 +19,10 @@ task without documents end in tracebacks. Here, in order:
      nameless task's random id). Any other exception keeps its traceback: it is a bug.
 
 Also: tasks/lm_eval (lingvo_lite's offline tasks) is added to `--include_path` when none is
-given, and `--use_cache PATH` keys lm_eval's request cache by the weights' checksum too (lm_eval
-keys it by the request only, and would answer from another model's cache after a fine-tune).
+given; `--use_cache PATH` keys lm_eval's request cache by the weights' checksum too (lm_eval
+keys it by the request only, and would answer from another model's cache after a fine-tune);
+lm_eval's advice to task authors that a data function could take `--metadata` (two lines for
+each such task, as all of tasks/lm_eval are) is left out.
 """
 
 from __future__ import annotations

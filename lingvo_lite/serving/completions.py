@@ -49,17 +49,18 @@ def usage_error(error: UsageError, source: str = "prompt",
     source: The client's name for the prompt: `prompt`, `prompt[2]`, `messages` (chat).
     length_field: The client's name for the length (`max_tokens`, `max_completion_tokens`).
   """
-  message = str(error).replace("max_new_tokens", length_field).replace("prompt_ids", "prompt")
+  message = str(error)
   named = getattr(error, "field", None)  # A length refusal says which field must shrink.
   if named is None:
     match = _FIELD_AFTER_SOURCE.match(message)
     named = match.group(1) if match else None
   if named == "max_new_tokens":
     field = length_field
-  elif named in openai_api.COMPLETION_FIELDS and named not in ("prompt", "max_tokens"):
+  elif named in openai_api.COMPLETION_FIELDS and named != "prompt":
     field = named
   else:
     field = source
+  message = message.replace("max_new_tokens", length_field).replace("prompt_ids", "prompt")
   return RequestError(field, message.split(": ", 1)[-1])
 
 
