@@ -112,7 +112,7 @@ def check_run_arguments(args: argparse.Namespace) -> None:
   if any(not name.strip() for name in names):
     raise UsageError(f"--tasks={shown(','.join(args.tasks))}: an empty task name; give names "
                      f"separated by commas ({_LISTED})")
-  if args.model == "lingvo_lite":
+  if args.model == "lingvo_lite" and (args.model_args is not None or args.config is None):
     lm_eval_model.model_arguments(args.model_args).check_job()
 
 
