@@ -7,9 +7,14 @@ of such lists), `model`, `max_tokens` (default 16, as OpenAI's; 0 with `echo` sc
 prompt only), `temperature`, `top_p`, `top_k` (an extension, as vLLM has it; 0 or -1 is off),
 `stop` (a string or a list of them), `seed`, `n`, `logprobs` (0 to 5 alternatives per token),
 `echo`, `stream`, `user` (ignored). /v1/chat/completions takes `messages` instead of `prompt`
-(and `logprobs` as a bool with `top_logprobs`). Fields OpenAI has and this server does not
-implement (`suffix`, `logit_bias`, penalties other than 0, `best_of` other than n) are refused
-by name, never ignored.
+(each message `role`, `content` and an optional `name`, all strings), `logprobs` as a bool with
+`top_logprobs`, and `max_completion_tokens` as another name of `max_tokens`. /tokenize reads
+`prompt`, `add_special_tokens`, `model`; /detokenize `tokens`, `model`. Fields OpenAI has and
+this server does not implement (`suffix`, `logit_bias`, penalties other than 0, `best_of` other
+than n) are refused by name, never ignored, as is any field no route reads.
+
+The bodies arrive here already decoded and checked as JSON (serving/request_body.py: UTF-8,
+nesting, text that is Unicode); values echoed in a refusal are `errors.shown`'s, never long.
 """
 
 from __future__ import annotations
