@@ -43,6 +43,20 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 
 
+class DoesNotFit(UsageError):
+  """A request longer than the decode cache holds (one line, as any UsageError).
+
+  Attributes:
+    field: The request field that must shrink: `max_new_tokens` when the prompt alone fits
+      (with room for a token), else `prompt`. A caller with other names for them (the
+      server's `max_tokens`, `messages`) names the field its client gave.
+  """
+
+  def __init__(self, message: str, field: str):
+    super().__init__(message)
+    self.field = field
+
+
 @dataclasses.dataclass(frozen=True)
 class _Resolved:
   """A request with every setting decided and its prompt as ids."""
@@ -113,10 +127,12 @@ class RequestResolver:
     max_new = given.get("max_new_tokens", settings.max_new_tokens)
     largest_bucket = settings.resolved_buckets(self.model.max_length)[-1]
     if len(ids) > largest_bucket or len(ids) + max_new > self.cache_length:
-      raise UsageError(f"{where}the prompt's {len(ids)} tokens and max_new_tokens={max_new} "
+      prompt_fits = len(ids) <= largest_bucket and len(ids) < self.cache_length
+      raise DoesNotFit(f"{where}the prompt's {len(ids)} tokens and max_new_tokens={max_new} "
                        f"do not fit the decode cache (decode.cache_length={self.cache_length}"
                        f", longest prefill bucket {largest_bucket}); "
-                       + self._fit_fixes(len(ids), max_new, largest_bucket))
+                       + self._fit_fixes(len(ids), max_new, largest_bucket),
+                       "max_new_tokens" if prompt_fits else "prompt")
     stop = tuple(given.get("stop", settings.stop))
     if stop and self.vocabulary is None:
       named = "stop" if "stop" in given else "decode.stop"

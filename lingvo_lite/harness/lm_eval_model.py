@@ -22,9 +22,10 @@ It subclasses lm_eval's `LM`, not `TemplateLM`, whose pair encoding imports tran
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
-from typing import Any
+from typing import Any, Mapping
 
 # lm_eval's own models (hf, local-completions, ...) are registered by importing
 # lm_eval.models; its CLI does, but a program calling simple_evaluate after importing only this
@@ -33,7 +34,8 @@ import lm_eval.models  # noqa: F401  pylint: disable=unused-import
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from lingvo_lite.errors import UsageError
+from lingvo_lite.decode.sampling_checks import kind
+from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.harness import requests as harness_requests
 from lingvo_lite.serving import loaded_model
 
@@ -43,32 +45,104 @@ TASK_FOLDER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
 
 # What lm_eval's command line passes every model besides --model_args.
 _HARNESS_SETTINGS = ("batch_size", "max_batch_size", "device")
+_TEXT_ARGUMENTS = ("job_log_dir", "exp", "init_from")
+# The integer arguments and their least value.
+_INT_ARGUMENTS = {"checkpoint_step": 0, "max_length": 1, "max_gen_toks": 1, "score_tokens": 1}
+_HOW = ("give job_log_dir=JOB (a training run's job dir, or a new one with exp=NAME), e.g. "
+        "--model_args job_log_dir=runs/a")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelArguments:
+  """The `lingvo_lite` model's arguments, checked (the module doc lists them).
+
+  Attributes:
+    assignments: The config fields given by their dotted paths, as `PATH=VALUE`.
+  """
+
+  job_log_dir: str
+  exp: str | None = None
+  init_from: str | None = None
+  checkpoint_step: int | None = None
+  max_length: int | None = None
+  max_gen_toks: int = 256
+  score_tokens: int | None = None
+  assignments: tuple[str, ...] = ()
+
+  def check_job(self) -> None:
+    """What loading the model checks before it reads a parameter (the job dir, experiment,
+    weights, checkpoint step, config fields), without reading one.
+
+    Raises:
+      UsageError: one line naming the argument.
+    """
+    loaded_model.check_job(self.job_log_dir, exp=self.exp, init_from=self.init_from,
+                           checkpoint_step=self.checkpoint_step, assignments=self.assignments)
+
+
+def model_arguments(given: Mapping[str, Any] | None) -> ModelArguments:
+  """`--model_args` as lm_eval's command line parses them (`checkpoint_step=5` arrives as an
+  int, `checkpoint_step=abc` as a str, `--model_args ''` as {}), checked.
+
+  Args:
+    given: The arguments by name; None where --model_args was not given.
+
+  Raises:
+    UsageError: one line naming the argument, its value and the fix.
+  """
+  if given is None:
+    raise UsageError(f"--model_args: missing; {_HOW}")
+  if not given:
+    raise UsageError(f"--model_args='': empty; {_HOW}")
+  known = _TEXT_ARGUMENTS + tuple(_INT_ARGUMENTS) + _HARNESS_SETTINGS
+  unknown = sorted(name for name in given if name not in known and "." not in name)
+  if unknown:
+    raise UsageError(f"--model_args {unknown[0]}: not an argument of the lingvo_lite model; "
+                     "use job_log_dir, exp, init_from, checkpoint_step, max_length, "
+                     "max_gen_toks, score_tokens, or a config field's dotted path")
+  if "job_log_dir" not in given:
+    raise UsageError(f"--model_args: job_log_dir is missing; {_HOW}")
+  for name in _TEXT_ARGUMENTS:
+    value = given.get(name)
+    if value == "":
+      raise config_error(f"--model_args {name}", value, "is empty",
+                         "give a value, or leave it out")
+    if value is not None and not isinstance(value, str):
+      # lm_eval reads `job_log_dir=007` as the int 7: a name must be quoted to stay text.
+      raise config_error(f"--model_args {name}", value, f"is {kind(value)}, not text",
+                         f"quote it: --model_args \"{name}='NAME'\"")
+  for name, least in _INT_ARGUMENTS.items():
+    value = given.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < least):
+      raise config_error(f"--model_args {name}", value, f"must be an integer >= {least}",
+                         "give a step the job saved, or leave it out for its newest"
+                         if name == "checkpoint_step" else f"give an integer >= {least}")
+  # A dotted name is a config field (decode.slots=4), set as --fdl.decode.slots=4 would.
+  assignments = tuple(f"{name}={value}" for name, value in given.items() if "." in name)
+  return ModelArguments(**{name: given[name] for name in _TEXT_ARGUMENTS + tuple(_INT_ARGUMENTS)
+                           if given.get(name) is not None}, assignments=assignments)
 
 
 @register_model("lingvo_lite")
 class LingvoLiteLM(LM):
   """See the module doc."""
 
-  def __init__(self, job_log_dir: str, exp: str | None = None, init_from: str | None = None,
-               checkpoint_step: int | None = None, max_length: int | None = None,
-               max_gen_toks: int = 256,
+  def __init__(self, job_log_dir: str | None = None, exp: str | None = None,
+               init_from: str | None = None, checkpoint_step: int | None = None,
+               max_length: int | None = None, max_gen_toks: int | None = None,
                score_tokens: int | None = None, **harness_settings: Any):
     super().__init__()
-    # A dotted name is a config field (decode.slots=4), set as --fdl.decode.slots=4 would.
-    assignments = [f"{name}={value}" for name, value in harness_settings.items() if "." in name]
-    unknown = sorted(set(harness_settings) - set(_HARNESS_SETTINGS)
-                     - {name for name in harness_settings if "." in name})
-    if unknown:
-      raise UsageError(f"--model_args {unknown[0]}: not an argument of the lingvo_lite model; "
-                       "use job_log_dir, exp, init_from, checkpoint_step, max_length, "
-                       "max_gen_toks, score_tokens, or a config field's dotted path")
+    given = {"job_log_dir": job_log_dir, "exp": exp, "init_from": init_from,
+             "checkpoint_step": checkpoint_step, "max_length": max_length,
+             "max_gen_toks": max_gen_toks, "score_tokens": score_tokens, **harness_settings}
+    arguments = model_arguments({k: v for k, v in given.items() if v is not None} or None)
     self.model = loaded_model.from_job(
-        str(job_log_dir), exp=exp, init_from=init_from,
-        checkpoint_step=None if checkpoint_step is None else int(checkpoint_step),
-        assignments=assignments,
-        score_tokens=None if score_tokens is None else int(score_tokens))
-    self.max_gen_toks = int(max_gen_toks)
-    self.max_length = None if max_length is None else int(max_length)
+        arguments.job_log_dir, exp=arguments.exp, init_from=arguments.init_from,
+        checkpoint_step=arguments.checkpoint_step, assignments=arguments.assignments,
+        score_tokens=arguments.score_tokens)
+    self.max_gen_toks = arguments.max_gen_toks
+    self.max_length = arguments.max_length
 
   @property
   def weights_checksum(self) -> str:

@@ -11,13 +11,14 @@ responses, nothing else; uvicorn serves it):
 
 Every refusal is JSON in OpenAI's error shape, naming the field: 400 for a bad field, 404 for
 another model name or route, 413 for a body over the limit, 429 when the engine holds too many
-requests, 504 past the request timeout. No request can stop the server: whatever a handler
-raises becomes a 500 for that request alone.
+requests, 504 past the request timeout. Every body goes through serving/request_body.py first
+(UTF-8, JSON, nesting, text that is Unicode), so no client's bytes reach a route unchecked and
+none makes a 500 (tests/serving/test_server_fuzz.py sends thousands). No request can stop the
+server: whatever a handler raises becomes a 500 for that request alone.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import jinja2.sandbox
@@ -28,33 +29,18 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from lingvo_lite.errors import UsageError
-from lingvo_lite.serving import openai_api
+from lingvo_lite.errors import UsageError, one_line
+from lingvo_lite.serving import openai_api, request_body
 from lingvo_lite.serving.completions import CompletionRun, Timeout, usage_error
 from lingvo_lite.serving.engine import Engine, QueueFull
 from lingvo_lite.serving.openai_api import RequestError
 
-MAX_BODY_BYTES = 16 * 2**20
-
 
 def _error(status: int, message: str, field: str | None,
            kind: str = "invalid_request_error") -> JSONResponse:
-  return JSONResponse(openai_api.error_body(message, field, kind), status_code=status)
-
-
-async def _body(request: HttpRequest) -> Any:
-  declared = request.headers.get("content-length")
-  if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-    raise RequestError("body", f"{declared} bytes; at most {MAX_BODY_BYTES}", status=413)
-  data = bytearray()
-  async for part in request.stream():
-    data += part
-    if len(data) > MAX_BODY_BYTES:
-      raise RequestError("body", f"over {MAX_BODY_BYTES} bytes", status=413)
-  try:
-    return json.loads(data)
-  except (ValueError, UnicodeDecodeError) as e:
-    raise RequestError("body", f"not valid JSON ({e})") from None
+  # one_line: whatever a message quotes, its answer is valid UTF-8 JSON (never a 500 itself).
+  return JSONResponse(openai_api.error_body(
+      one_line(message), None if field is None else one_line(field), kind), status_code=status)
 
 
 class Server:
@@ -110,20 +96,21 @@ class Server:
   # ------------------------------------------------------------------------ generation
 
   async def completions(self, request: HttpRequest):
-    body = await _body(request)
+    body = await request_body.read(request)
     checked = openai_api.completion_request(body, self.model.setup.model.vocab_size)
     self._check_model(body)
     return await self._run(request, CompletionRun(self.engine, checked, self.model_name,
                                                   self.request_timeout_s))
 
   async def chat(self, request: HttpRequest):
-    body = await _body(request)
+    body = await request_body.read(request)
     messages, checked = openai_api.chat_request(body)
     self._check_model(body)
     ids = self.model.encode(self._render(messages))
     return await self._run(request, CompletionRun(
         self.engine, checked, self.model_name, self.request_timeout_s,
-        object_name="chat.completion", prompt_ids=[tuple(ids)]))
+        object_name="chat.completion", prompt_ids=[tuple(ids)], prompt_field="messages",
+        length_field=openai_api.chat_length_field(body)))
 
   def _render(self, messages: list[dict[str, str]]) -> str:
     """The messages through the model's chat template, ending where the assistant speaks."""
@@ -151,7 +138,7 @@ class Server:
     try:
       run.submit()
     except UsageError as e:
-      raise usage_error(e) from None
+      raise usage_error(e, run.prompt_field, run.length_field) from None
     if run.request.stream:
       return StreamingResponse(run.events(request.is_disconnected),
                                media_type="text/event-stream")
@@ -186,23 +173,19 @@ class Server:
                          "model_max_length": self.model.max_length})
 
   async def tokenize(self, request: HttpRequest):
-    body = await _body(request)
-    if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
-      raise RequestError("prompt", "give the text to tokenize as a string")
+    body = await request_body.read(request)
+    text, add_special_tokens = openai_api.tokenize_request(body)
+    self._check_model(body)
     if self.model.vocabulary is None:
       raise RequestError("prompt", "this model reads token ids; it has no text vocabulary")
-    ids = self.model.encode(body["prompt"])
-    if body.get("add_special_tokens"):
+    ids = self.model.encode(text)
+    if add_special_tokens:
       ids = self.model.with_bos(ids)
     return JSONResponse({"tokens": ids, "count": len(ids),
                          "max_model_len": self.model.max_length})
 
   async def detokenize(self, request: HttpRequest):
-    body = await _body(request)
-    tokens = body.get("tokens") if isinstance(body, dict) else None
-    vocab_size = self.model.setup.model.vocab_size
-    if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
-        for t in tokens):
-      raise RequestError("tokens", f"give a list of token ids in [0, {vocab_size})")
+    body = await request_body.read(request)
+    tokens = openai_api.detokenize_request(body, self.model.setup.model.vocab_size)
+    self._check_model(body)
     return JSONResponse({"prompt": self.model.decode(tokens)})

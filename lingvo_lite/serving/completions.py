@@ -30,25 +30,37 @@ from typing import Any, AsyncIterator, Callable, Sequence
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
 from lingvo_lite.serving import openai_api
-from lingvo_lite.serving.engine import Engine, QueueFull
+from lingvo_lite.serving.engine import Engine
 from lingvo_lite.serving.openai_api import RequestError
 
 _FIELD_AFTER_SOURCE = re.compile(r"^[^:]*: (\w+)")
-_NAMES_FOR_CLIENTS = {"max_new_tokens": "max_tokens", "prompt_ids": "prompt"}
 
 
 class Timeout(RuntimeError):
   """The request ran past the server's --request_timeout_s (the server answers 504)."""
 
 
-def usage_error(error: UsageError, default_field: str = "prompt") -> RequestError:
-  """A decode request's one-line refusal as a 400 naming the API's field."""
+def usage_error(error: UsageError, source: str = "prompt",
+                length_field: str = "max_tokens") -> RequestError:
+  """A decode request's one-line refusal as a 400 naming the client's field.
+
+  Args:
+    error: What resolving the decode request raised; its message starts with `source`.
+    source: The client's name for the prompt: `prompt`, `prompt[2]`, `messages` (chat).
+    length_field: The client's name for the length (`max_tokens`, `max_completion_tokens`).
+  """
   message = str(error)
-  for ours, theirs in _NAMES_FOR_CLIENTS.items():
-    message = message.replace(ours, theirs)
-  match = _FIELD_AFTER_SOURCE.match(message)
-  field = match.group(1) if match and match.group(1) in openai_api.COMPLETION_FIELDS else \
-      default_field
+  named = getattr(error, "field", None)  # A length refusal says which field must shrink.
+  if named is None:
+    match = _FIELD_AFTER_SOURCE.match(message)
+    named = match.group(1) if match else None
+  if named == "max_new_tokens":
+    field = length_field
+  elif named in openai_api.COMPLETION_FIELDS and named != "prompt":
+    field = named
+  else:
+    field = source
+  message = message.replace("max_new_tokens", length_field).replace("prompt_ids", "prompt")
   return RequestError(field, message.split(": ", 1)[-1])
 
 
@@ -71,12 +83,17 @@ class CompletionRun:
 
   def __init__(self, engine: Engine, request: openai_api.CompletionRequest, model_name: str,
                timeout_s: float, object_name: str = "text_completion",
-               prompt_ids: Sequence[tuple[int, ...]] | None = None):
+               prompt_ids: Sequence[tuple[int, ...]] | None = None,
+               prompt_field: str = "prompt", length_field: str = "max_tokens"):
     """
     Args:
       prompt_ids: The prompts as ids where the caller tokenized them (chat); else
         `request.prompts` are given to the decode requests as they are.
+      prompt_field: The client's field that gave the prompts (`messages` for chat), and
+        length_field: that gave the length, as refusals name them.
     """
+    self.prompt_field = prompt_field
+    self.length_field = length_field
     self.engine = engine
     self.model = engine.model
     self.request = request
@@ -96,13 +113,17 @@ class CompletionRun:
     request, sampling = self.request, self.request.sampling
     prompts = list(given_ids) if given_ids is not None else list(request.prompts)
     if len(prompts) * sampling.n > self.engine.max_outstanding:
-      # Refused before any prompt is tokenized: a flood in one body costs nothing.
-      raise QueueFull(f"{len(prompts)} prompts x n={sampling.n} choices are more than the "
-                      f"server holds at once (--max_outstanding={self.engine.max_outstanding})")
+      # Refused before any prompt is tokenized: a flood in one body costs nothing. A 429 (the
+      # limit is the server's), naming what to lower.
+      raise RequestError(
+          self.prompt_field if len(prompts) > 1 else "n",
+          f"{len(prompts)} prompts x n={sampling.n} choices are more than the server holds "
+          f"at once (--max_outstanding={self.engine.max_outstanding})", status=429)
     default_seed = self.model.setup.decode.seed
     choices = []
     for prompt_index, prompt in enumerate(prompts):
-      source = "prompt" if len(prompts) == 1 else f"prompt[{prompt_index}]"
+      source = (self.prompt_field if len(prompts) == 1
+                else f"{self.prompt_field}[{prompt_index}]")
       for i in range(sampling.n):
         seed = (sampling.seed if sampling.seed is not None else default_seed) + i
         try:
@@ -114,7 +135,7 @@ class CompletionRun:
               stop=sampling.stop)
           job = self.engine.resolve(decode_request)
         except UsageError as e:
-          raise usage_error(e) from None
+          raise usage_error(e, source, self.length_field) from None
         generated = sampling.max_tokens > 0
         choices.append(Choice(index=len(choices), job=job if generated else None,
                               prompt_ids=job.prompt_ids))

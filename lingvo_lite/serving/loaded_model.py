@@ -182,6 +182,32 @@ def from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = N
   Raises:
     UsageError: one line naming the argument.
   """
+  setup, job_dir = setup_from_job(job_log_dir, exp, init_from, assignments)
+  with targets.active(targets.host()):
+    return load(setup, job_dir, job_log_dir, checkpoint_step, score_tokens)
+
+
+def check_job(job_log_dir: str, exp: str | None = None, init_from: str | None = None,
+              checkpoint_step: int | None = None, assignments: Sequence[str] = ()) -> None:
+  """What `from_job` checks before it reads a parameter (the config, the arguments, the
+  checkpoint step or weight source), without reading one: a caller that has more to do
+  before the model loads (lm_eval indexes its tasks) refuses a bad argument first.
+
+  Raises:
+    UsageError: one line naming the argument.
+  """
+  setup, job_dir = setup_from_job(job_log_dir, exp, init_from, assignments)
+  checkpoint_selection.check_wanted(checkpoint_step)
+  job_params.choose(setup, job_dir, job_log_dir, checkpoint_step)
+
+
+def setup_from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = None,
+                   assignments: Sequence[str] = ()) -> tuple[Setup, epath.Path]:
+  """The validated Setup of `from_job`'s arguments, and the job dir.
+
+  Raises:
+    UsageError: one line naming the argument.
+  """
   job_dir = paths.resolve(job_log_dir, "job_log_dir")
   if exp:
     cfg = registry.lookup(exp).config()
@@ -196,5 +222,4 @@ def from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = N
   building.set_parts(cfg, sources.config_parts(init_from, cfg, "init_from"))
   overrides.apply(cfg, [overrides.set_directive(f"--set {a}", a) for a in assignments], None)
   with targets.active(targets.host()):
-    setup = building.build(cfg)
-    return load(setup, job_dir, job_log_dir, checkpoint_step, score_tokens)
+    return building.build(cfg), job_dir

@@ -7,9 +7,14 @@ of such lists), `model`, `max_tokens` (default 16, as OpenAI's; 0 with `echo` sc
 prompt only), `temperature`, `top_p`, `top_k` (an extension, as vLLM has it; 0 or -1 is off),
 `stop` (a string or a list of them), `seed`, `n`, `logprobs` (0 to 5 alternatives per token),
 `echo`, `stream`, `user` (ignored). /v1/chat/completions takes `messages` instead of `prompt`
-(and `logprobs` as a bool with `top_logprobs`). Fields OpenAI has and this server does not
-implement (`suffix`, `logit_bias`, penalties other than 0, `best_of` other than n) are refused
-by name, never ignored.
+(each message `role`, `content` and an optional `name`, all strings), `logprobs` as a bool with
+`top_logprobs`, and `max_completion_tokens` as another name of `max_tokens`. /tokenize reads
+`prompt`, `add_special_tokens`, `model`; /detokenize `tokens`, `model`. Fields OpenAI has and
+this server does not implement (`suffix`, `logit_bias`, penalties other than 0, `best_of` other
+than n) are refused by name, never ignored, as is any field no route reads.
+
+The bodies arrive here already decoded and checked as JSON (serving/request_body.py: UTF-8,
+nesting, text that is Unicode); values echoed in a refusal are `errors.shown`'s, never long.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import numbers
 import time
 import uuid
 from typing import Any, Sequence
+
+from lingvo_lite.errors import shown
 
 MAX_LOGPROBS = 5  # OpenAI's cap on alternatives per token.
 MAX_N = 16
@@ -30,6 +37,10 @@ _COMMON = ("model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed
 COMPLETION_FIELDS = ("prompt", "logprobs", "echo", "best_of", "suffix", "logit_bias") + _COMMON
 CHAT_FIELDS = ("messages", "logprobs", "top_logprobs", "max_completion_tokens",
                "logit_bias") + _COMMON
+MESSAGE_FIELDS = ("role", "content", "name")
+# vLLM's /tokenize and /detokenize, as lm_eval's remote tokenizer calls them.
+TOKENIZE_FIELDS = ("model", "prompt", "add_special_tokens")
+DETOKENIZE_FIELDS = ("model", "tokens")
 
 
 class RequestError(ValueError):
@@ -89,7 +100,7 @@ def _int(body: dict, name: str, default: Any, low: int, high: int | None = None)
     return default
   if not _is_int(value) or value < low or (high is not None and value > high):
     bound = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
-    raise RequestError(name, f"{value!r} is not {bound}")
+    raise RequestError(name, f"{shown(value)} is not {bound}")
   return int(value)
 
 
@@ -101,7 +112,7 @@ def _float(body: dict, name: str, low: float, high: float, low_open: bool = Fals
   if (not _is_number(value) or value != value or value > high
       or (value <= low if low_open else value < low)):
     bracket = "(" if low_open else "["
-    raise RequestError(name, f"{value!r} is not a number in {bracket}{low}, {high}]")
+    raise RequestError(name, f"{shown(value)} is not a number in {bracket}{low}, {high}]")
   return float(value)
 
 
@@ -110,7 +121,7 @@ def _bool(body: dict, name: str) -> bool:
   if value is None:
     return False
   if not isinstance(value, bool):
-    raise RequestError(name, f"{value!r} is not true or false")
+    raise RequestError(name, f"{shown(value)} is not true or false")
   return value
 
 
@@ -120,7 +131,7 @@ def _stop(body: dict) -> tuple[str, ...] | None:
     return None
   values = [value] if isinstance(value, str) else value
   if not isinstance(values, list) or not all(isinstance(v, str) and v for v in values):
-    raise RequestError("stop", f"{value!r} is not a non-empty string or a list of them")
+    raise RequestError("stop", f"{shown(value)} is not a non-empty string or a list of them")
   if len(values) > MAX_STOP:
     raise RequestError("stop", f"{len(values)} stop strings; give at most {MAX_STOP}")
   return tuple(values)
@@ -129,11 +140,13 @@ def _stop(body: dict) -> tuple[str, ...] | None:
 def _refuse_unknown(body: dict, known: Sequence[str]) -> None:
   unknown = sorted(set(body) - set(known))
   if unknown:
-    raise RequestError(unknown[0], f"not a field this server reads; the fields are "
+    # An empty name cannot name itself: the body is named.
+    field, what = (unknown[0], "not") if unknown[0] else ("body", "'' is not")
+    raise RequestError(field, f"{what} a field this server reads; the fields are "
                        f"{', '.join(sorted(known))}")
   for name in ("presence_penalty", "frequency_penalty"):
     if body.get(name) not in (None, 0, 0.0):
-      raise RequestError(name, f"{body[name]!r}: penalties are not implemented; leave it "
+      raise RequestError(name, f"{shown(body[name])}: penalties are not implemented; leave it "
                          "out or 0")
   if body.get("logit_bias"):
     raise RequestError("logit_bias", "not implemented; leave it out")
@@ -156,7 +169,8 @@ def _stream(body: dict) -> tuple[bool, bool]:
   if options is None:
     return stream, False
   if not isinstance(options, dict) or set(options) - {"include_usage"}:
-    raise RequestError("stream_options", f"{options!r} is not an object with include_usage")
+    raise RequestError("stream_options", f"{shown(options)} is not an object with "
+                       "include_usage")
   if not stream:
     raise RequestError("stream_options", "only with stream: true")
   return stream, bool(options.get("include_usage", False))
@@ -169,7 +183,8 @@ def _prompts(value: Any, vocab_size: int) -> tuple[str | tuple[int, ...], ...]:
       raise RequestError(where, "an empty list of token ids; give at least one")
     for item in items:
       if not _is_int(item) or not 0 <= item < vocab_size:
-        raise RequestError(where, f"token id {item!r} is not an integer in [0, {vocab_size})")
+        raise RequestError(where, f"token id {shown(item)} is not an integer in "
+                           f"[0, {vocab_size})")
     return tuple(int(i) for i in items)
 
   if isinstance(value, str):
@@ -200,7 +215,7 @@ def completion_request(body: Any, vocab_size: int) -> CompletionRequest:
     raise RequestError("suffix", "insertion is not implemented; leave it out")
   sampling = _sampling(body)
   if body.get("best_of") not in (None, sampling.n):
-    raise RequestError("best_of", f"{body['best_of']!r}: only best_of equal to n is "
+    raise RequestError("best_of", f"{shown(body['best_of'])}: only best_of equal to n is "
                        "implemented; leave it out")
   logprobs = _int(body, "logprobs", None, 0, MAX_LOGPROBS)
   echo = _bool(body, "echo")
@@ -210,6 +225,32 @@ def completion_request(body: Any, vocab_size: int) -> CompletionRequest:
   stream, usage = _stream(body)
   return CompletionRequest(prompts=_prompts(body["prompt"], vocab_size), sampling=sampling,
                            logprobs=logprobs, echo=echo, stream=stream, include_usage=usage)
+
+
+def _check_message(message: Any, where: str) -> None:
+  """One chat message: string `role` and `content`, and an optional string `name`; other
+  fields would reach the model's chat template, which expects none of them."""
+  if not isinstance(message, dict):
+    raise RequestError(where, f"{shown(message)} is not an object with a string role and a "
+                       "string content")
+  unknown = sorted(set(message) - set(MESSAGE_FIELDS))
+  if unknown:
+    raise RequestError(f"{where}.{unknown[0]}", "not a message field this server reads; the "
+                       f"fields are {', '.join(MESSAGE_FIELDS)}")
+  for name in MESSAGE_FIELDS:
+    value = message.get(name)
+    if (name != "name" or value is not None) and not isinstance(value, str):
+      raise RequestError(f"{where}.{name}", f"{shown(value)} is not a string")
+
+
+def chat_length_field(body: dict) -> str:
+  """The field a chat request's length is given by: `max_tokens`, or `max_completion_tokens`
+  (OpenAI's name now); not both."""
+  if "max_completion_tokens" not in body:
+    return "max_tokens"
+  if "max_tokens" in body:
+    raise RequestError("max_completion_tokens", "given with max_tokens; give one of them")
+  return "max_completion_tokens"
 
 
 def chat_request(body: Any) -> tuple[list[dict[str, str]], CompletionRequest]:
@@ -225,15 +266,11 @@ def chat_request(body: Any) -> tuple[list[dict[str, str]], CompletionRequest]:
   if not isinstance(messages, list) or not messages:
     raise RequestError("messages", "give a non-empty list of {role, content} objects")
   for index, message in enumerate(messages):
-    if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
-        or not isinstance(message.get("content"), str)):
-      raise RequestError(f"messages[{index}]", "not an object with a string role and a "
-                         "string content")
-  if "max_completion_tokens" in body and "max_tokens" not in body:
-    body = dict(body, max_tokens=body["max_completion_tokens"])
-  sampling = _sampling(body)
+    _check_message(message, f"messages[{index}]")
+  length_field = chat_length_field(body)
+  sampling = _sampling(body, length_field)
   if sampling.max_tokens == 0:
-    raise RequestError("max_tokens", "0 generates nothing; give at least 1")
+    raise RequestError(length_field, "0 generates nothing; give at least 1")
   top = _int(body, "top_logprobs", None, 0, MAX_LOGPROBS)
   logprobs = (top or 0) if _bool(body, "logprobs") else None
   if top is not None and logprobs is None:
@@ -242,6 +279,38 @@ def chat_request(body: Any) -> tuple[list[dict[str, str]], CompletionRequest]:
   return [dict(m) for m in messages], CompletionRequest(
       prompts=(), sampling=sampling, logprobs=logprobs, echo=False, stream=stream,
       include_usage=usage)
+
+
+def tokenize_request(body: Any) -> tuple[str, bool]:
+  """A /tokenize body, checked: (its text, whether BOS is added where the tokenizer adds it).
+
+  Raises:
+    RequestError: naming the first bad field.
+  """
+  if not isinstance(body, dict):
+    raise RequestError("body", "not a JSON object")
+  _refuse_unknown(body, TOKENIZE_FIELDS)
+  if not isinstance(body.get("prompt"), str):
+    raise RequestError("prompt", f"{shown(body.get('prompt'))}: give the text to tokenize as a "
+                       "string")
+  return body["prompt"], _bool(body, "add_special_tokens")
+
+
+def detokenize_request(body: Any, vocab_size: int) -> list[int]:
+  """A /detokenize body's token ids, checked.
+
+  Raises:
+    RequestError: naming the first bad field.
+  """
+  if not isinstance(body, dict):
+    raise RequestError("body", "not a JSON object")
+  _refuse_unknown(body, DETOKENIZE_FIELDS)
+  tokens = body.get("tokens")
+  if not isinstance(tokens, list) or not all(_is_int(t) and 0 <= t < vocab_size
+                                             for t in tokens):
+    raise RequestError("tokens", f"{shown(tokens)}: give a list of token ids in "
+                       f"[0, {vocab_size})")
+  return [int(t) for t in tokens]
 
 
 def new_id(prefix: str) -> str:

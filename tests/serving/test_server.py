@@ -144,7 +144,9 @@ HOSTILE = [
     ({"prompt": [1, 99999]}, "prompt", 400), ({"prompt": [1, True]}, "prompt", 400),
     ({}, "prompt", 400), ({"prompt": "x", "max_tokens": -1}, "max_tokens", 400),
     ({"prompt": "x", "max_tokens": 0}, "max_tokens", 400),
-    ({"prompt": "x", "max_tokens": 10**6}, "prompt", 400),
+    # A length refusal names what must shrink: max_tokens when the prompt alone fits.
+    ({"prompt": "x", "max_tokens": 10**6}, "max_tokens", 400),
+    ({"prompt": "x" * 200, "max_tokens": 1}, "prompt", 400),
     ({"prompt": "x", "temperature": "hot"}, "temperature", 400),
     ({"prompt": "x", "temperature": -1}, "temperature", 400),
     ({"prompt": "x", "top_p": 0}, "top_p", 400), ({"prompt": "x", "top_k": 1.5}, "top_k", 400),
@@ -153,7 +155,9 @@ HOSTILE = [
     ({"prompt": "x", "stop": [""]}, "stop", 400), ({"prompt": "x", "stop": 3}, "stop", 400),
     ({"prompt": "x", "stop": ["a"] * 17}, "stop", 400),
     ({"prompt": "x", "top_k": 2**40}, "top_k", 400),
-    ({"prompt": "\ud800"}, "prompt", 400),
+    ({"prompt": "\ud800"}, "prompt", 400), ({"prompt": "x", "stop": ["\udc00"]}, "stop", 400),
+    ({"prompt": "x", "user": "\ud800"}, "user", 400), (b"[" * 100_000, "body", 400),
+    (b'{"prompt": "\xff"}', "body", 400),
     ({"prompt": "x", "echo": "yes"}, "echo", 400), ({"prompt": "x", "seed": -1}, "seed", 400),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", 400),
     ({"prompt": "x", "suffix": "y"}, "suffix", 400), ({"prompt": "x", "best_of": 3}, "best_of",
@@ -174,6 +178,29 @@ def test_a_bad_request_is_refused_naming_the_field(server, body, field, status):
   # A list's entry is named with its index: prompt[0].
   assert re.fullmatch(re.escape(field) + r"(\[\d+\])?", error["param"]), error
   assert error["param"] in error["message"], error
+
+
+# Issue 38: the other routes' bodies, as the completions route's above (the fuzz of every
+# route: tests/serving/test_server_fuzz.py).
+OTHER_ROUTES_HOSTILE = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]},
+     "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "\udfff", "content": "hi"}]},
+     "messages[0].role"),
+    ("/v1/chat/completions", b'{"messages": ' + b"[" * 100_000, "body"),
+    ("/tokenize", {"prompt": "a\ud800"}, "prompt"),
+    ("/tokenize", b"[" * 100_000, "body"),
+    ("/detokenize", {"tokens": [5], "\ud800": 1}, "body"),
+]
+
+
+@pytest.mark.parametrize("route,body,field", OTHER_ROUTES_HOSTILE)
+def test_other_routes_refuse_bad_bodies_naming_the_field(server, route, body, field):
+  code, text = server.post(route, body, raw=body if isinstance(body, bytes) else None)
+  assert code == 400, text
+  error = json.loads(text)["error"]
+  assert error["param"] == field and error["message"].startswith(field + ":"), error
+  assert server.complete({"prompt": "x", "max_tokens": 2})["usage"]["completion_tokens"] == 2
 
 
 def test_bad_requests_among_valid_ones_leave_them_untouched(server):
