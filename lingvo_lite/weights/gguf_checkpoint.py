@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from lingvo_lite import gguf_files, paths
+from lingvo_lite import gguf_files, input_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families
 from lingvo_lite.models.checkpoint_names import HfConfig
@@ -59,6 +59,7 @@ class GgufCheckpoint:
       UsageError: no such file, or not a readable GGUF file (truncated, another format).
     """
     file = paths.resolve(self.path, f"{FIELD}.path")
+    input_files.check(file, f"gguf:{self.path}", "give a .gguf file (llama.cpp's format)")
     if not file.is_file():
       raise UsageError(f"gguf:{self.path}: no such file; give a .gguf file (llama.cpp's "
                        "format)")

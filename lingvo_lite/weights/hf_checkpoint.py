@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families
 from lingvo_lite.models.checkpoint_names import HfConfig, TensorName
@@ -38,6 +38,7 @@ FIELD = "train.init_from"
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+_FOLDER_FIX = "give a folder that transformers' save_pretrained wrote"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,8 +82,10 @@ class HfCheckpoint:
       raise UsageError(f"{where}: no such file; a Hugging Face folder holds its model's "
                        "config.json beside the safetensors")
     try:
-      values = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+      values = json.loads(input_files.read_bytes(file, where, _FOLDER_FIX))
+    except OSError as e:  # A folder, no permission.
+      raise UsageError(f"{where}: cannot be read ({e.strerror or e}); {_FOLDER_FIX}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
       raise UsageError(f"{where}: not JSON ({e}); give the config.json transformers "
                        "wrote") from None
     if not isinstance(values, dict) or not values.get("model_type"):
@@ -137,8 +140,9 @@ class _Tensors:
     index = folder / INDEX_FILE
     if index.exists():
       try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-      except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        weight_map = json.loads(input_files.read_bytes(
+            index, os.path.join(shown, INDEX_FILE), _FOLDER_FIX))["weight_map"]
+      except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError, OSError):
         weight_map = None
       if not isinstance(weight_map, dict):
         raise UsageError(f"{os.path.join(shown, INDEX_FILE)}: not a safetensors index (JSON "
@@ -165,6 +169,7 @@ class _Tensors:
       if not (self._folder / file).exists():
         raise UsageError(f"{shown}: no such file (named by {INDEX_FILE}); the folder is "
                          "incomplete: copy it again")
+      input_files.check(self._folder / file, shown, _FOLDER_FIX)
       try:
         handle = safe_open(str(self._folder / file), framework="np")
         handle.__enter__()

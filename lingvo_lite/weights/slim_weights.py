@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from lingvo_lite import outputs, paths
+from lingvo_lite import input_files, outputs, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
 
@@ -35,6 +35,7 @@ KIND = "slim_export"
 PARAMS_DIR, CONFIG_FILE = "params", "config.json"
 FILES = (PARAMS_DIR, CONFIG_FILE)
 FIELD = "train.init_from"
+_FOLDER_FIX = "give a folder --mode=export --export_format=slim wrote"
 DTYPES = ("float32", "bfloat16", "int8")
 
 
@@ -86,9 +87,10 @@ class SlimCheckpoint:
     folder = paths.resolve(self.path, f"{FIELD}.path")
     manifest = folder / "manifest.json"
     try:
-      data = json.loads(manifest.read_text())
+      data = json.loads(input_files.read_bytes(
+          manifest, f"{FIELD}=slim:{self.path}: its manifest.json", _FOLDER_FIX))
       schema = data["schema"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
       raise UsageError(f"{FIELD}=slim:{self.path}: not a slim-weights folder (no readable "
                        "manifest.json); give a folder --mode=export --export_format=slim "
                        "wrote") from None
