@@ -135,10 +135,11 @@ def main(invocation: Invocation) -> None:
                                 kind, names + (outputs.MANIFEST,), "the export",
                                 invocation.job_dir)
   mesh = setup.partitioner.make_mesh(invocation.target.devices)
-  record_config_where_missing(invocation)
   params, what, step = job_params.restore(
       setup, MeshParams(model, setup.train_data.sequence_length, setup.partitioner, mesh),
       invocation.job_dir, shown_job, options.checkpoint_step)
+  # Once the weights are in hand: a source that cannot be read leaves a new job dir unmade.
+  record_config_where_missing(invocation)
   host = jax.tree.map(np.asarray, jax.device_get(params))
   del params
   if model.scan_layers:
@@ -196,10 +197,11 @@ def _export_slim(invocation: Invocation, options: Options, dtype: str,
                                 slim_weights.KIND, slim_weights.FILES + (outputs.MANIFEST,),
                                 "the export", invocation.job_dir)
   mesh = setup.partitioner.make_mesh(invocation.target.devices)
-  record_config_where_missing(invocation)
   params, what, step = job_params.restore(
       setup, MeshParams(model, setup.train_data.sequence_length, setup.partitioner, mesh),
       invocation.job_dir, shown_job, options.checkpoint_step)
+  # Once the weights are in hand: a source that cannot be read leaves a new job dir unmade.
+  record_config_where_missing(invocation)
   read_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
   step_bytes = _folder_bytes(invocation.job_dir / "checkpoints" / str(step)) if (
       step is not None) else None
