@@ -41,7 +41,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from lingvo_lite import gguf_files, input_files, paths
+from lingvo_lite import file_writes, gguf_files, input_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.runtime.tensorflow_import import import_seqio
 
@@ -388,10 +388,11 @@ def write_hf_files(files: TokenizerFiles, folder: str, model_max_length: int) ->
       settings[name] = made.id_to_token(token_id)
   if files.chat_template is not None:
     settings["chat_template"] = files.chat_template
-  with open(os.path.join(folder, HF_FILES[0]), "w", encoding="utf-8") as f:
-    f.write(files.json)
-  with open(os.path.join(folder, HF_FILES[1]), "w", encoding="utf-8") as f:
-    f.write(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+  for name, text in ((HF_FILES[0], files.json),
+                     (HF_FILES[1], json.dumps(settings, indent=2, ensure_ascii=False) + "\n")):
+    path = os.path.join(folder, name)
+    with file_writes.writing(path), open(path, "w", encoding="utf-8") as f:
+      f.write(text)
 
 
 def gguf_tokenizer(files: TokenizerFiles, vocab_size: int) -> dict[str, Any] | None:
