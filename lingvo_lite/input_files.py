@@ -148,7 +148,8 @@ def _read_pipe(descriptor: int, shown: str, fix: str, limit: int | None) -> byte
       continue
     if not chunk:
       if not chunks and not waited:
-        raise refusal(shown, "a FIFO (named pipe) that no program writes to", fix)
+        raise UsageError(f"{shown}: is a FIFO (named pipe) that no program is writing to "
+                         f"(reading it would wait for ever); {fix}")
       break
     chunks.append(chunk)
     size += len(chunk)
