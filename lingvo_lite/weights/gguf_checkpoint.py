@@ -101,14 +101,6 @@ class GgufCheckpoint:
         continue
     return values
 
-  def _family(self, reader: Any) -> tuple[type[families.LanguageModel], dict[str, Any]]:
-    metadata = self.metadata(reader)
-    where = f"gguf:{self.path}"
-    family = families.family_for_gguf(metadata.get("general.architecture"), where)
-    shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
-              for tensor in reader.tensors}
-    return family, family.gguf_hf_config(metadata, shapes)
-
   def model_fields(self) -> tuple[type[families.LanguageModel], dict[str, Any]]:
     """The family that reads this file and the fields its metadata sets.
 
@@ -117,10 +109,15 @@ class GgufCheckpoint:
         (naming the key and the tensor).
     """
     reader = self._reader()
-    family, config = self._family(reader)
-    fields = family.hf_fields(HfConfig(config, f"gguf:{self.path} (its metadata)"))
+    metadata = self.metadata(reader)
+    where = f"gguf:{self.path}"
+    family = families.family_for_gguf(metadata.get("general.architecture"), where)
+    shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
+              for tensor in reader.tensors}
+    config = family.gguf_hf_config(metadata, shapes)
+    fields = family.hf_fields(HfConfig(config, f"{where} (its metadata)"))
     fields = {k: v for k, v in fields.items() if v is not None}
-    _check_sizes(family(**fields), self.metadata(reader), reader, f"gguf:{self.path}")
+    _check_sizes(family(**fields), metadata, shapes, where)
     return family, fields
 
   def load(self, jitted: Any) -> tuple[Any, str]:
@@ -195,14 +192,14 @@ def _check_layout(reader: Any, where: str) -> None:
                        f"it: its type or shape was changed, or {_CONVERT}")
 
 
-def _check_sizes(model: Any, metadata: dict[str, Any], reader: Any, where: str) -> None:
+def _check_sizes(model: Any, metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+                 where: str) -> None:
   """Refuses a file whose metadata sizes (`<arch>.block_count`, `<arch>.vocab_size`, ...) are
   not its tensors', naming the key and the tensor: the model would be built to the metadata
   and read tensors of other sizes (refused then, but blaming the command line), or read the
-  wrong number of blocks, or split the same rows into other heads."""
+  wrong number of blocks, or split the same rows into other heads. `shapes`: each tensor's, in
+  torch's axis order."""
   arch = metadata.get("general.architecture")
-  shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
-            for tensor in reader.tensors}
   blocks = metadata.get(f"{arch}.block_count")
   if isinstance(blocks, int) and not isinstance(blocks, bool):
     found = {}
