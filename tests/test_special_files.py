@@ -77,6 +77,15 @@ def _tokenizer_folder_with(name: str) -> Callable[[str], None]:
   return prepare
 
 
+def _sources_with_a_fifo(folder: str) -> None:
+  """A folder of .py files, one of each split (a hash of the name picks it), and a FIFO."""
+  os.makedirs(os.path.join(folder, "src"))
+  for name in ("m0.py", "m5.py"):  # 'train' and 'validation'.
+    with open(os.path.join(folder, "src", name), "w") as f:
+      f.write("x = 1\n")
+  os.mkfifo(os.path.join(folder, "src", "m1.py"))
+
+
 SMOLLM2_DECODE = ["--mode=decode", "--exp=SmolLM2_135M", "--job_log_dir=job", "--prompt=x"]
 
 CASES = [
@@ -111,6 +120,11 @@ CASES = [
           "--job_log_dir=job", "--prompts_file=prompts.jsonl"],
          f"--prompts_file=prompts.jsonl: {UNWRITTEN}; give a JSON-lines file",
          _fifos("prompts.jsonl")),
+    Case("a store's source file a FIFO",
+         ["--exp=PyCodeTiny", "--fiddler=tiny", "--job_log_dir=job",
+          "--fdl.train_data.task.source_dir='src'"],
+         "train_data.task.source_dir='{tmp}/src': holds m1.py, which is a FIFO (named pipe), not "
+         "a regular file", _sources_with_a_fifo),
     Case("a SentencePiece model a FIFO",
          ["--exp=PyCodeSpTiny", "--fiddler=tiny", "--job_log_dir=job",
           "--fdl.train_data.task.vocabulary='sp.model'"],
