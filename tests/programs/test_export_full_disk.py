@@ -22,8 +22,8 @@ from lingvo_lite.testing import run_cli, source_root, tree_digest
 from tests.weights import tiny_weights
 
 FULL = "64k"  # Room for the folders, none for the model's 380 KB.
-ERROR = "lingvo_lite: error: --export_dir='{out}': cannot write {file}: the disk is full (ENOSPC); "\
-        "nothing was left there; free space, or export again\n"
+ERROR = ("lingvo_lite: error: --export_dir='{out}': cannot write {file}: the disk is full "
+         "(ENOSPC); nothing was left there; free space, or export again\n")
 
 
 @pytest.fixture
