@@ -51,7 +51,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   A GGUF file reads as the Hugging Face folder llama.cpp converted it from:
   `gguf_hf_config(metadata, tensor shapes)` is that folder's config.json, `gguf_tensors()`
   names each GGUF tensor's `GgufTensor` (its Hugging Face tensor and the rearrangement), and
-  for export `gguf_metadata()` is the inverse of `gguf_hf_config`.
+  for export `gguf_metadata()` is the inverse of `gguf_hf_config`; `gguf_sizes()` names the
+  tensor dimensions that the metadata's size keys fix (a file whose two disagree is refused).
 
 `tests/models/test_family.py` imports every module of this package and runs each registered
 family through the interface, so a new family's module is covered there without an edit.
@@ -120,7 +121,7 @@ import jax.numpy as jnp
 
 from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.models import quantization as quantizing
-from lingvo_lite.models.checkpoint_names import GgufTensor
+from lingvo_lite.models.checkpoint_names import GgufSize, GgufTensor
 
 # No machine holds the training state of more parameters: 1e14 float32 parameters with their
 # Adam moments and gradients are 1.6 PB, twice the memory of the largest TPU pods.
@@ -460,6 +461,13 @@ class LanguageModel(nn.Module):
     """GGUF tensor name -> the Hugging Face tensor (of `hf_tensors()`) it is, and how
     llama.cpp's converter rearranged it."""
     raise NotImplementedError
+
+  @nn.nowrap
+  def gguf_sizes(self) -> list[GgufSize]:
+    """Each tensor dimension that this model's GGUF metadata sizes (the model as
+    `gguf_hf_config` read it from a file), for the check that the file's metadata and tensors
+    agree."""
+    return []
 
   @classmethod
   def reads_gguf(cls) -> bool:

@@ -19,8 +19,8 @@ import flax.linen as nn
 
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import layers
-from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName, dense,
-                                                 gguf_config, norm)
+from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+                                                 dense, gguf_config, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
 
@@ -93,6 +93,12 @@ class Gpt2(TransformerLM):
   @nn.nowrap
   def gguf_metadata(self) -> dict[str, int | float | str]:
     return {**super().gguf_metadata(), "attention.layer_norm_epsilon": float(self.norm_eps)}
+
+  @nn.nowrap
+  def gguf_sizes(self) -> list[GgufSize]:
+    """And the learned positions' table: [context length, width]."""
+    return [*super().gguf_sizes(),
+            GgufSize(("context_length",), "position_embd.weight", 0, self.max_length)]
 
   @nn.nowrap
   def gguf_tensors(self) -> dict[str, GgufTensor]:

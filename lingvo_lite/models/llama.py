@@ -19,8 +19,8 @@ import flax.linen as nn
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import layers
-from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName, dense,
-                                                 gguf_config, linear_attention, norm)
+from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+                                                 dense, gguf_config, linear_attention, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
 
@@ -123,6 +123,18 @@ class Llama(TransformerLM):
             "rope.dimension_count": self.resolved_head_dim,
             "attention.layer_norm_rms_epsilon": float(self.norm_eps),
             "rope.freq_base": float(self.rotary_base)}
+
+  @nn.nowrap
+  def gguf_sizes(self) -> list[GgufSize]:
+    """And the heads: the query's rows are heads x head size, the key's key-value heads x
+    head size (the head size: `attention.key_length`, else the width over the heads)."""
+    head_size = "attention.key_length" if self.head_dim is not None else "embedding_length"
+    head_count = ("attention.head_count", head_size)
+    return [*super().gguf_sizes(),
+            GgufSize(head_count, "blk.{layer}.attn_q.weight", 0,
+                     self.num_heads * self.resolved_head_dim),
+            GgufSize(("attention.head_count_kv", *head_count), "blk.{layer}.attn_k.weight", 0,
+                     self.resolved_num_kv_heads * self.resolved_head_dim)]
 
   @nn.nowrap
   def gguf_tensors(self) -> dict[str, GgufTensor]:

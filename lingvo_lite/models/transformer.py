@@ -43,6 +43,7 @@ from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, Positiv
 from lingvo_lite.models import kv_cache, layer_layout, layers, remat
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import Block, BlockKind
+from lingvo_lite.models.checkpoint_names import GgufSize
 from lingvo_lite.models.family import ArrayShape, LanguageModel
 from lingvo_lite.models.remat import RematPolicy
 
@@ -235,6 +236,19 @@ class TransformerLM(LanguageModel):
             "embedding_length": self.dim, "block_count": self.num_layers,
             "feed_forward_length": self.resolved_mlp_dim,
             "attention.head_count": self.num_heads}
+
+  @nn.nowrap
+  def gguf_sizes(self) -> list[GgufSize]:
+    """The sizes every llama.cpp architecture's tensors show: the token table [vocabulary,
+    width] (and an untied output matrix's rows), the MLP's input matrix [mlp, width]."""
+    sizes = [GgufSize(("vocab_size",), "token_embd.weight", 0, self.vocab_size),
+             GgufSize(("embedding_length",), "token_embd.weight", 1, self.dim),
+             GgufSize(("feed_forward_length",), "blk.{layer}.ffn_up.weight", 0,
+                      self.resolved_mlp_dim),
+             GgufSize(("embedding_length",), "blk.{layer}.ffn_up.weight", 1, self.dim)]
+    if not self.tie_embeddings:
+      sizes.append(GgufSize(("vocab_size",), "output.weight", 0, self.vocab_size))
+    return sizes
 
   @nn.nowrap
   def parameter_shapes(self) -> list[ArrayShape]:

@@ -120,7 +120,6 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   checker = generation.RequestResolver(setup, vocabulary)
   prompt_lengths = [len(checker.resolve(index, request).prompt_ids)
                     for index, request in enumerate(requests)]
-  record_config_where_missing(invocation)
   with writer:
 
     def shown_path() -> str:  # The name is chosen at the first completion (a -2 suffix, ...).
@@ -130,6 +129,8 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
     with steps.activated():  # The target is active already (the executor's).
       params, _ = job_params.load(choice, MeshParams(
           setup.model, setup.train_data.sequence_length, setup.partitioner, mesh))
+    # Once the weights are in hand: a source that cannot be read leaves a new job dir unmade.
+    record_config_where_missing(invocation)
     generator = generation.Generator(setup, params, mesh=mesh, vocabulary=vocabulary,
                                      checkpoint_step=choice.step, steps=steps)
     del params

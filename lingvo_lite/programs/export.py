@@ -29,7 +29,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from lingvo_lite import outputs, paths
+from lingvo_lite import file_writes, outputs, paths
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.config import files as config_files
@@ -135,7 +135,6 @@ def main(invocation: Invocation) -> None:
                                 kind, names + (outputs.MANIFEST,), "the export",
                                 invocation.job_dir)
   mesh = setup.partitioner.make_mesh(invocation.target.devices)
-  record_config_where_missing(invocation)
   params, what, step = job_params.restore(
       setup, MeshParams(model, setup.train_data.sequence_length, setup.partitioner, mesh),
       invocation.job_dir, shown_job, options.checkpoint_step)
@@ -156,7 +155,10 @@ def main(invocation: Invocation) -> None:
       written.update(hf_export.write(folder, unrolled, host, dtype, plan, config))
     _write_manifest(folder, kind, shown_job, step, what, options.export_format, dtype, written)
 
-  replaced = _write_folder(output, write, flag)
+  replaced = _write_folder(output, write, flag, options.export_dir)
+  # Only once the export is written: a failed one (a source that cannot be read, a full disk)
+  # leaves a new job dir unmade.
+  record_config_where_missing(invocation)
   total = sum(written["files"].values())
   files = (f"{gguf_export.FILE} ({written['architecture']}"
            f"{', with its tokenizer' if written['tokenizer'] else ''})" if is_gguf else
@@ -196,7 +198,6 @@ def _export_slim(invocation: Invocation, options: Options, dtype: str,
                                 slim_weights.KIND, slim_weights.FILES + (outputs.MANIFEST,),
                                 "the export", invocation.job_dir)
   mesh = setup.partitioner.make_mesh(invocation.target.devices)
-  record_config_where_missing(invocation)
   params, what, step = job_params.restore(
       setup, MeshParams(model, setup.train_data.sequence_length, setup.partitioner, mesh),
       invocation.job_dir, shown_job, options.checkpoint_step)
@@ -209,7 +210,10 @@ def _export_slim(invocation: Invocation, options: Options, dtype: str,
     written.update(slim_weights.write(folder, params, dtype, invocation.config_json(), model))
     _write_manifest(folder, slim_weights.KIND, shown_job, step, what, "slim", dtype, written)
 
-  replaced = _write_folder(output, write, flag)
+  replaced = _write_folder(output, write, flag, options.export_dir)
+  # Only once the export is written: a failed one (a source that cannot be read, a full disk)
+  # leaves a new job dir unmade.
+  record_config_where_missing(invocation)
   before = (f"the checkpoint step: {_size(step_bytes)} on disk, its parameters "
             f"{_size(read_bytes)} {model.param_dtype}" if step_bytes is not None else
             f"the parameters read: {_size(read_bytes)} {model.param_dtype}")
@@ -223,17 +227,27 @@ def _write_manifest(folder: epath.Path, kind: str, shown_job: epath.Path, step: 
                     what: str, export_format: str, dtype: str, written: dict[str, Any]) -> None:
   manifest = {"schema": outputs.schema(kind), "job_log_dir": str(shown_job), "step": step,
               "parameters": what, "format": export_format, "dtype": dtype, **written}
-  (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+  with file_writes.writing(folder / outputs.MANIFEST):
+    (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def _write_folder(output: Any, write: Any, flag: str) -> bool:
-  """outputs.write_folder, a failed write one line (nothing is left there)."""
+def _write_folder(output: Any, write: Any, flag: str, export_dir: str) -> bool:
+  """outputs.write_folder, a failed write one line naming the file (nothing is left there)."""
   try:
     return outputs.write_folder(output, write)
   except OSError as e:
     problem, fix = os_error_text(e, "export again")
-    raise ProgramFailure(f"{flag}: cannot write the export: {problem}; nothing was left "
-                         f"there; {fix}") from None
+    raise ProgramFailure(f"{flag}: cannot write {_failed_file(e, output.path, export_dir)}: "
+                         f"{problem}; nothing was left there; {fix}") from None
+
+
+def _failed_file(error: OSError, folder: epath.Path, export_dir: str) -> str:
+  """The file a failed write names, under --export_dir as the user wrote it; `the export`
+  where it names none."""
+  name, root = error.filename, os.fspath(folder)
+  if isinstance(name, str) and (name == root or name.startswith(root + os.sep)):
+    return os.path.normpath(os.path.join(export_dir, os.path.relpath(name, root)))
+  return "the export"
 
 
 def _folder_bytes(folder: epath.Path) -> int:
