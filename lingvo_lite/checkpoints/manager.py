@@ -162,6 +162,12 @@ class Checkpointer:
                          "restore it)")
     return skipped
 
+  def usable_steps(self, skipped: dict[int, str] | None = None) -> list[int]:
+    """Complete steps a restore may pick (none of `skipped_steps`), oldest first; whether
+    each passes a restore's checks is `sound`'s to say."""
+    skipped = self.skipped_steps() if skipped is None else skipped
+    return [step for step in self.all_steps() if step not in skipped]
+
   def _needs_checksums(self) -> bool:
     return self._settings.checksums and not self._settings.restore_unverified
 
@@ -171,7 +177,7 @@ class Checkpointer:
     warned about; where none is usable, `skipped_steps` says why (no warning: the caller's
     message does)."""
     skipped = self.skipped_steps()
-    usable = [step for step in self.all_steps() if step not in skipped]
+    usable = self.usable_steps(skipped)
     if not usable:
       return None
     for step, reason in skipped.items() if warn else ():
@@ -389,8 +395,7 @@ class Checkpointer:
     before records named their step cannot tell)."""
     problem = saved_state.counter_problem(step, counter)
     if problem is not None:
-      raise UsageError(f"checkpoint step {step} in {self._directory} is damaged: {problem}; "
-                       f"{self._way_out(step)}")
+      raise UsageError(f"checkpoint step {step} is damaged: {problem}; {self._way_out(step)}")
 
   @contextlib.contextmanager
   def _reading(self, step: int) -> Iterator[None]:
@@ -482,10 +487,17 @@ class Checkpointer:
     return True
 
   def _way_out(self, step: int) -> str:
-    """The advice of a refused step: move it away, to resume from the newest earlier step
-    that passes the same checks (or to start from scratch)."""
-    step_dir = self._directory / str(step)
-    earlier = next((s for s in reversed(self.all_steps()) if s < step and self.sound(s)), None)
-    return (f"move {step_dir} out of the way to resume from step {earlier}"
-            if earlier is not None else f"move {step_dir} out of the way to start from scratch")
-
+    """The advice of a refused step: move it away (and the earlier steps that fail the same
+    checks), to resume from the newest earlier step that passes them, or to start over."""
+    doomed, earlier = [step], None
+    # Not the skipped steps: a restore never picks those, so they need not move.
+    for candidate in reversed([s for s in self.usable_steps() if s < step]):
+      if self.sound(candidate):
+        earlier = candidate
+        break
+      doomed.append(candidate)
+    folders = [str(self._directory / str(s)) for s in doomed]
+    listed = folders[0] if len(folders) == 1 else (
+        f"{', '.join(folders[:-1])} and {folders[-1]}")
+    return (f"move {listed} out of the way to resume from step {earlier}"
+            if earlier is not None else f"move {listed} out of the way to start from scratch")
