@@ -640,16 +640,28 @@ ON_A_TERMINAL = ("import os, sys; os.setsid(); fd = os.open(sys.argv[1], os.O_RD
                  "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
 
 
-def test_a_hang_up_saves_says_so_in_the_jobs_log_and_exits_0(tmp_path, cache, trained_job):
+@pytest.mark.parametrize("supervised", [False, True], ids=["alone", "supervised"])
+def test_a_hang_up_saves_says_so_in_the_jobs_log_and_exits_0(tmp_path, cache, trained_job,
+                                                             supervised):
+  """`supervised`: a run of jax.distributed (of one process) under its supervising parent,
+  which the hang-up reaches and passes on to the run, in a process group of its own."""
   import pty  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   terminal, other_end = pty.openpty()
   name = os.ttyname(other_end)
   os.close(other_end)
+  distributed = []
+  if supervised:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    distributed = [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=1",
+                   "--process_id=0"]
   # Saves every step, synchronously: the hang-up at step 1 lands long before step 6.
   argv = _argv("job", cache, [*TRAINED_ARGS, "--fdl.train.steps=6",
                               "--fdl.checkpoint.every_steps=1",
-                              "--fdl.checkpoint.async_save=False"])
+                              "--fdl.checkpoint.async_save=False", *distributed])
   process = subprocess.Popen([sys.executable, "-c", ON_A_TERMINAL, name, *argv[1:]],
                              cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -683,6 +695,8 @@ def test_a_hang_up_saves_says_so_in_the_jobs_log_and_exits_0(tmp_path, cache, tr
   assert _curve(job) == _curve(trained_job)[:saved]
   assert not (job / ".lingvo_lite.lock").exists()
   assert _leftovers(job) == []
+  if supervised:
+    return  # Resuming is the same either way (one rerun is the test's time budget).
   # The same command resumes and ends as the uninterrupted run.
   result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=6")
   assert result.code == 0, result.stderr[-3000:]
