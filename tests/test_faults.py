@@ -26,7 +26,7 @@ from etils import epath
 
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.runtime import small_disk, summaries
-from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.testing import Terminal, run_cli, source_root, tree_digest
 
 ROOT = str(source_root())
 BASE = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
@@ -633,54 +633,17 @@ def test_the_advice_after_a_divergence_names_no_damaged_step(tmp_path, trained_j
 
 # 10. A hang-up (the terminal closed, an ssh session dropped) saves, says so, exits 0.
 
-# Runs ARGV[2:] as the session leader of a new session whose controlling terminal is the pty
-# ARGV[1], as a login shell's command runs: closing the pty's other end hangs it up.
-ON_A_TERMINAL = ("import os, sys; os.setsid(); fd = os.open(sys.argv[1], os.O_RDWR); "
-                 "[os.dup2(fd, n) for n in (0, 1, 2)]; os.close(fd); "
-                 "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
-
-
-@pytest.mark.parametrize("supervised", [False, True], ids=["alone", "supervised"])
-def test_a_hang_up_saves_says_so_in_the_jobs_log_and_exits_0(tmp_path, cache, trained_job,
-                                                             supervised):
-  """`supervised`: a run of jax.distributed (of one process) under its supervising parent,
-  which the hang-up reaches and passes on to the run, in a process group of its own."""
-  import pty  # pylint: disable=g-import-not-at-top
-  import socket  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
-  terminal, other_end = pty.openpty()
-  name = os.ttyname(other_end)
-  os.close(other_end)
-  distributed = []
-  if supervised:
-    with socket.socket() as s:
-      s.bind(("127.0.0.1", 0))
-      port = s.getsockname()[1]
-    distributed = [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=1",
-                   "--process_id=0"]
+def test_a_hang_up_saves_says_so_in_the_jobs_log_and_exits_0(tmp_path, cache, trained_job):
+  """(Under a multi-process run's supervising parent, which passes the hang-up on:
+  tests/runtime/test_hangup.py.)"""
   # Saves every step, synchronously: the hang-up at step 1 lands long before step 6.
   argv = _argv("job", cache, [*TRAINED_ARGS, "--fdl.train.steps=6",
                               "--fdl.checkpoint.every_steps=1",
-                              "--fdl.checkpoint.async_save=False", *distributed])
-  process = subprocess.Popen([sys.executable, "-c", ON_A_TERMINAL, name, *argv[1:]],
-                             cwd=tmp_path, env=_env(), stdin=subprocess.DEVNULL,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  shown = bytearray()
-
-  def read_the_terminal():  # As the user's terminal does, until it is closed.
-    while process.poll() is None:
-      try:
-        shown.extend(os.read(terminal, 1 << 16))
-      except OSError:  # Not opened by the run yet, or closed: the run ends soon.
-        time.sleep(0.01)
-  reader = threading.Thread(target=read_the_terminal, daemon=True)
-  reader.start()
-  try:
-    _wait_for(lambda: b"train step 1/6" in shown, process, 120, "step 1 on the terminal")
-    os.close(terminal)  # The terminal is gone: the kernel sends the run SIGHUP.
-    code = process.wait(timeout=120)
-  finally:
-    _stop(process)
+                              "--fdl.checkpoint.async_save=False"])
+  with Terminal(argv[1:], cwd=tmp_path, env=_env()) as terminal:
+    terminal.wait_for(b"train step 1/6")
+    code = terminal.hang_up()  # The kernel sends the run SIGHUP; the terminal is gone.
+  shown = terminal.shown
   job = tmp_path / "job"
   assert code == 0, (code, shown.decode(errors="replace")[-3000:])
   log = (job / "train.log").read_text().splitlines()
@@ -695,8 +658,6 @@ def test_a_hang_up_saves_says_so_in_the_jobs_log_and_exits_0(tmp_path, cache, tr
   assert _curve(job) == _curve(trained_job)[:saved]
   assert not (job / ".lingvo_lite.lock").exists()
   assert _leftovers(job) == []
-  if supervised:
-    return  # Resuming is the same either way (one rerun is the test's time budget).
   # The same command resumes and ends as the uninterrupted run.
   result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=6")
   assert result.code == 0, result.stderr[-3000:]

@@ -1,8 +1,9 @@
 """A hang-up stops a training run as SIGTERM does, and a terminal that is gone never fails it.
 
 The whole story, on a real terminal that closes, with the save, the job's log and the resume:
-tests/test_faults.py (section 10). Here, the parts: the signal handling of StopRequest, and the
-streams of `hangup.surviving_hangups` on a real pseudo-terminal that hung up and a real pipe.
+tests/test_faults.py (section 10). Here, the parts: the signal handling of StopRequest, the
+streams of `hangup.surviving_hangups` on a real pseudo-terminal that hung up and a real pipe,
+and a multi-process run's supervising parent on a terminal that closes.
 """
 
 import errno
@@ -17,6 +18,33 @@ from etils import epath
 
 from lingvo_lite.runtime import hangup
 from lingvo_lite.runtime.stop_request import StopRequest
+from lingvo_lite.testing import Terminal, source_root
+
+# The supervising parent (runtime/supervisor.py), its child `python -m lingvo_lite ARGS`
+# replaced by the script argv[1]: the parent's part alone, without a training run's minutes.
+_PARENT = """
+import subprocess, sys
+from lingvo_lite.runtime import supervisor
+popen = subprocess.Popen
+subprocess.Popen = lambda argv, **kwargs: popen([sys.executable, "-c", sys.argv[1]], **kwargs)
+sys.exit(supervisor.supervise([]))
+"""
+# A child that waits for SIGHUP (as a run's StopRequest does), then writes on to stderr, which
+# the parent copies to the terminal that is gone, and reports what it got in the file argv[1].
+_CHILD = """
+import signal, sys, time
+got = []
+signal.signal(signal.SIGHUP, lambda signum, frame: got.append(signum))
+print("child: ready", file=sys.stderr, flush=True)
+deadline = time.time() + 60
+while not got and time.time() < deadline:
+  time.sleep(0.01)
+for line in range(200):
+  print(f"child: saving, line {line}", file=sys.stderr, flush=True)
+with open(REPORT, "w") as f:
+  f.write(" ".join(signal.Signals(signum).name for signum in got))
+sys.exit(0 if got else 3)
+"""
 
 
 @pytest.fixture(autouse=True)
@@ -96,3 +124,17 @@ def test_the_jobs_log_gets_one_line_per_record(tmp_path):
   assert [line.split(": ", 1)[1] for line in lines] == [
       "SIGHUP: saved step 7 and stopped", "SIGTERM: saved step 9 and stopped"]
   assert all(f" pid {os.getpid()}: " in line for line in lines)
+
+
+def test_the_supervising_parent_passes_a_hang_up_on_and_outlives_its_terminal(tmp_path):
+  report = tmp_path / "child.txt"
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
+      str(source_root()), os.environ.get("PYTHONPATH")])))
+  child = _CHILD.replace("REPORT", repr(str(report)))
+  with Terminal(["-c", _PARENT, child], cwd=tmp_path, env=env) as terminal:
+    terminal.wait_for(b"child: ready")
+    code = terminal.hang_up()  # The parent gets SIGHUP: its child, in a group of its own, not.
+  # Passed on once, and the child's 200 lines after it copied to a terminal that is gone
+  # (EIO) without killing the parent, which exits with the child's code.
+  assert report.read_text() == "SIGHUP"
+  assert code == 0, terminal.shown.decode(errors="replace")[-2000:]
