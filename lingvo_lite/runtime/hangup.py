@@ -43,7 +43,8 @@ def note_hangup() -> None:
 
 def terminal_gone(error: OSError) -> bool:
   """Whether a write to the terminal failed because it is gone (see the module doc)."""
-  # A function call: the SIGHUP that came with the failed write has run its handler by now.
+  # Python runs a pending signal's handler as a function starts: a SIGHUP that came with the
+  # failed write (the kernel sends it as the terminal hangs up) has been noted by now.
   return error.errno == errno.EIO or (error.errno == errno.EPIPE and _hung_up)
 
 

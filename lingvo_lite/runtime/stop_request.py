@@ -3,8 +3,9 @@
 The first signal asks the loop to stop after the current step and save; a second SIGTERM or
 SIGINT stops at once (exit code 130), as a second Ctrl-C does in most tools. SIGHUP, a hang-up
 (the terminal was closed, the ssh session dropped), is a stop like SIGTERM; it often comes
-twice (from the shell and from the terminal), so it never stops a run at once, and a SIGHUP
-ignored when the run starts (`nohup`) stays ignored. After a hang-up the terminal is gone:
+twice (from the shell and from the terminal), and the system may end the session with a
+SIGTERM after it, so neither stops a run at once after a hang-up; a SIGHUP ignored when the
+run starts (`nohup`) stays ignored. After a hang-up the terminal is gone:
 runtime/hangup.py keeps the run's writes to it from failing the save. With several processes,
 every process must stop after the same step, since the checkpoint save is collective.
 """
@@ -60,8 +61,10 @@ class StopRequest:
     if signum == signal.SIGHUP:
       hangup.note_hangup()
     if self._asked_by is not None:
-      if signum == signal.SIGHUP:
-        return  # The same hang-up again (the shell passes on the terminal's).
+      if signum == signal.SIGHUP or (self._asked_by == "SIGHUP" and signum == signal.SIGTERM):
+        # The same hang-up again (the shell passes on the terminal's), or the system ending
+        # the session after it (systemd-logind sends SIGTERM): not a user in a hurry.
+        return
       # A second Ctrl-C (or SIGTERM) means now: the pending save is abandoned, and the next
       # run removes what it left and resumes from the last verified step.
       with contextlib.suppress(OSError):  # A terminal that hung up answers EIO.

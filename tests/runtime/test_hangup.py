@@ -53,15 +53,25 @@ def _no_hangup_left():
   hangup._hung_up = False  # pylint: disable=protected-access
 
 
-def test_sighup_asks_for_a_stop_and_a_repeated_one_does_not_stop_at_once():
+def test_sighup_asks_for_a_stop_and_what_follows_a_hang_up_does_not_stop_at_once():
+  previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # Were these tests run by `nohup`.
+  try:
+    _stop_on_sighup()
+  finally:
+    signal.signal(signal.SIGHUP, previous)
+
+
+def _stop_on_sighup():
   with StopRequest() as stop:
     assert not stop.should_stop(0)
     os.kill(os.getpid(), signal.SIGHUP)  # Handled before the next line runs.
     assert stop.should_stop(1) and stop.signal_name == "SIGHUP"
-    # The shell passes on the terminal's hang-up: the same hang-up, not a second Ctrl-C.
+    # The shell passes on the terminal's hang-up, and the system may end the session with a
+    # SIGTERM: the same stop, not a second Ctrl-C (which would exit at once, 130).
     os.kill(os.getpid(), signal.SIGHUP)
+    os.kill(os.getpid(), signal.SIGTERM)
     assert stop.signal_name == "SIGHUP"
-  assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+  assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL  # As it was.
 
 
 def test_a_sighup_ignored_when_the_run_starts_stays_ignored():
