@@ -24,7 +24,10 @@ import numpy as np
 import pytest
 from etils import epath
 
+from lingvo_lite.checkpoints import health
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
+from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
+from lingvo_lite.programs.train import failures
 from lingvo_lite.runtime import small_disk, summaries
 from lingvo_lite.testing import Terminal, run_cli, source_root, tree_digest
 
@@ -613,9 +616,6 @@ def test_a_step_folder_holding_another_step_is_refused_and_the_advice_skips_dama
 def test_the_advice_after_a_divergence_names_no_damaged_step(tmp_path, trained_job):
   # Healthy by the rows, steps 6 and 4 are copies of step 2's folder (6 with checksums that
   # say so, 4 with checksums from before they named their step): step 2 is the one to name.
-  from lingvo_lite.checkpoints import health  # pylint: disable=g-import-not-at-top
-  from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer  # pylint: disable=g-import-not-at-top
-  from lingvo_lite.programs.train import failures  # pylint: disable=g-import-not-at-top
   job = _copy_job(trained_job, tmp_path / "job")
   checkpoints = job / "checkpoints"
   for step in ("6", "4"):
