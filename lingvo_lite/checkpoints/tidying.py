@@ -4,12 +4,12 @@ A run removes only what the program itself wrote: old steps (`checkpoint.max_to_
 `delete_step`), what its own failed saves left (`remove_failed_saves`), and what an earlier
 run left half done: orbax's temporary folders (`N.orbax-checkpoint-tmp...`, a save that a kill
 interrupted) and interrupted deletes (`N.lingvo_lite-deleting-T`). Anything else in the way of
-a run is moved aside, never removed (`tidy_for_training`): a
-complete step a restore skipped (no checksums) or newer than the restored one, an incomplete
-step folder (no orbax metadata: a partial copy), a file where a step folder belongs (orbax
-would save over it). A set-aside entry is renamed `N.unverified-T`, out of orbax's sight, where
-the user can look at it, rename it back, or delete it; it is never touched again. Everything
-else (a folder or file of another name) is left alone.
+a run is moved aside, never removed (`tidy_for_training`): a complete step a restore skipped
+(no checksums) or newer than the restored one, an incomplete step folder (no orbax metadata: a
+partial copy), a file where a step folder belongs (orbax would save over it). A set-aside entry
+is renamed `N.unverified-T`, out of orbax's sight, where the user can look at it, rename it
+back, or delete it; it is never touched again. Everything else (a folder or file of another
+name) is left alone.
 """
 
 from __future__ import annotations
