@@ -41,10 +41,6 @@ class TrainLoop:
     log_every_steps: Steps between metric logs.
     eval_every_steps: Steps between evaluations; 0 evaluates only at the end.
     grad_accum_steps: Micro-batches per step (each global_batch / k rows).
-    loss_chunk: Positions of each row whose logits the train step makes at once; 0 makes
-      the whole row's. A divisor of the sequence length: the logits of one chunk exist at a
-      time, recomputed for the backward pass (a third more of the output projection's FLOPs
-      for [rows, length, vocab] float32 logits and their gradient never held whole).
     z_loss: Weight of the auxiliary loss z_loss * log(Z)^2 (GPT-J used 1e-4).
     profile_start_step: First step of a profiler trace window; -1 disables tracing.
     profile_steps: Steps in the trace window (written under JOB/summaries/train/, where
@@ -64,7 +60,6 @@ class TrainLoop:
   log_every_steps: PositiveInt = 10
   eval_every_steps: Annotated[int, Range(0, note="0 evaluates only at the end")] = 0
   grad_accum_steps: PositiveInt = 1
-  loss_chunk: Annotated[int, Range(0, note="0 makes each row's logits at once")] = 0
   z_loss: NonNegativeFloat = 0.0
   profile_start_step: Annotated[int, Range(-1, note="-1 disables tracing")] = -1
   profile_steps: PositiveInt = 3
@@ -122,11 +117,6 @@ class Setup:
         raise config_error("train.grad_accum_steps", self.train.grad_accum_steps,
                            f"does not divide train_data.global_batch_size="
                            f"{data.global_batch_size}")
-      if name == "train_data" and self.train.loss_chunk and (
-          data.sequence_length % self.train.loss_chunk):
-        raise config_error("train.loss_chunk", self.train.loss_chunk,
-                           f"does not divide train_data.sequence_length={data.sequence_length}",
-                           "give a divisor of it, or 0 for whole rows")
       model.check_sequence_length(f"{name}.sequence_length", data.sequence_length)
       _check_vocabulary(name, data, model)
       if name != "train_data" and not data.num_batches and not callable(

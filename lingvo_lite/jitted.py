@@ -67,8 +67,7 @@ class JittedSteps:
             schedule=self.schedule, z_loss=setup.train.z_loss,
             grad_accum_steps=setup.train.grad_accum_steps,
             log_grad_norm=setup.train.log_grad_norm,
-            ravel_norm=self.mesh.size == 1 and self.target.platform == "cpu",
-            loss_chunk=setup.train.loss_chunk),
+            ravel_norm=self.mesh.size == 1 and self.target.platform == "cpu"),
         in_shardings=(state_shardings, self.batch_sharding),
         out_shardings=(state_shardings, None),
         donate_argnums=(0,))

@@ -9,8 +9,7 @@ and plain numbers. A batch is a dict of arrays:
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Callable
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -36,46 +35,16 @@ def token_losses(logits: jax.Array, targets: jax.Array
   return log_z - target_logits, log_z, (target_logits >= max_logit).astype(jnp.float32)
 
 
-def chunked_token_losses(head: Callable[[jax.Array], jax.Array], hidden: jax.Array,
-                         targets: jax.Array, chunk: int
-                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """`token_losses(head(hidden), targets)`, made `chunk` positions of every row at a time.
-
-  Only one chunk's logits [B, chunk, vocab] exist at once: each chunk's are made, reduced to
-  three numbers a token and dropped, and the backward pass makes them again from the saved
-  hidden states (`jax.checkpoint`). The price is the output projection's forward once more
-  (a third of its FLOPs); the gain, float32 logits and their gradient of the whole batch
-  that never exist (1 GiB each at 4 x 2048 tokens of a 32k vocabulary).
-  """
-  batch, length, _ = hidden.shape
-  pieces = length // chunk
-
-  def one(chunk_inputs: tuple[jax.Array, jax.Array]):
-    chunk_hidden, chunk_targets = chunk_inputs
-    return token_losses(head(chunk_hidden), chunk_targets)
-
-  hidden = jnp.moveaxis(hidden.reshape(batch, pieces, chunk, -1), 1, 0)
-  targets = jnp.moveaxis(targets.reshape(batch, pieces, chunk), 1, 0)
-  losses = jax.lax.map(jax.checkpoint(one), (hidden, targets))
-  return tuple(jnp.moveaxis(x, 0, 1).reshape(batch, length) for x in losses)
-
-
 def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
-               normalizer: jax.Array | float = 1.0, per_token: bool = False,
-               loss_chunk: int = 0) -> tuple[jax.Array, dict[str, jax.Array]]:
+               normalizer: jax.Array | float = 1.0, per_token: bool = False
+               ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(cross-entropy + z_loss * log(Z)^2) summed over weighted tokens / normalizer, and the
   metric sums (with `per_token`, also each token's weighted cross-entropy, `token_nats`).
   Dividing inside the objective, by a constant, gives gradients already normalized (no extra
-  pass over them). With `loss_chunk`, the logits are made that many positions at a time
-  (`chunked_token_losses`)."""
-  inputs = (batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
-  if loss_chunk:
-    hidden = model.apply({"params": params}, *inputs, return_hidden=True)
-    cross_entropy, log_z, correct = chunked_token_losses(
-        lambda h: model.logits_from_hidden(params, h), hidden, batch["targets"], loss_chunk)
-  else:
-    logits = model.apply({"params": params}, *inputs)
-    cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
+  pass over them)."""
+  logits = model.apply({"params": params}, batch["inputs"], batch.get("segment_ids"),
+                       batch.get("positions"))
+  cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
   # One reduction for the three sums: on CPU each separate reduction is its own kernel.
   ce_sum, z_sum, correct_sum = jnp.sum(
       jnp.stack([cross_entropy, jnp.square(log_z), correct]) * batch["weights"], axis=(1, 2))
@@ -112,19 +81,17 @@ def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                z_loss: float = 0.0, grad_accum_steps: int = 1, log_grad_norm: bool = True,
-               ravel_norm: bool = True, loss_chunk: int = 0
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+               ravel_norm: bool = True) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update on the mean token loss of `batch`.
 
   With `grad_accum_steps` k > 1 the batch is cut into k micro-batches whose gradients are
   summed before the update. Each micro-batch's loss is divided by the token count of the
   whole batch, so the update equals the one-big-batch update (up to summation order).
   `ravel_norm`: the gradient norm as one reduction over the concatenated gradients (fastest
-  on one CPU device; see `_global_norm`). `loss_chunk`: positions of each row whose logits
-  are made at once (0: the whole row; see `chunked_token_losses`).
+  on one CPU device; see `_global_norm`).
   """
   total_weight = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
-  grad_fn = jax.grad(functools.partial(_loss_sums, loss_chunk=loss_chunk), has_aux=True)
+  grad_fn = jax.grad(_loss_sums, has_aux=True)
 
   if grad_accum_steps == 1:
     grads, sums = grad_fn(state.params, model, batch, z_loss, total_weight)

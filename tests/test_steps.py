@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 
 from lingvo_lite import steps, train_state
 from lingvo_lite.testing import synthetic_tiny_setup
@@ -107,21 +106,3 @@ def test_grad_norm_metric_is_the_global_norm_and_optional():
   np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(grads), rtol=1e-5)
   _, metrics = step(False)(jax.tree.map(jnp.array, state), batch)
   assert "grad_norm" not in metrics
-
-
-@pytest.mark.parametrize("experiment", ["PyCodeTiny", "PyCodeGpt2Tiny"])
-def test_a_loss_made_in_chunks_of_positions_equals_the_whole_rows_loss(experiment):
-  """`train.loss_chunk`: the logits made 16 positions of each row at a time (GPT-J's untied
-  output, GPT-2's tied one) give the same loss, metrics and update as whole rows."""
-  setup = synthetic_tiny_setup(experiment, "train_data.global_batch_size=8")
-  optimizer, state, batch = _state_and_batch(setup)
-  batch["weights"] = batch["weights"].at[:, -5:].set(0.0)
-  schedule = setup.optimizer.schedule(setup.train.steps)
-  results = {}
-  for chunk in (0, 16):
-    step = jax.jit(functools.partial(steps.train_step, model=setup.model, optimizer=optimizer,
-                                     schedule=schedule, z_loss=1e-4, loss_chunk=chunk))
-    results[chunk] = step(state, batch)
-  assert setup.train_data.sequence_length > 16
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
-               results[16], results[0])

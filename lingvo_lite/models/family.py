@@ -365,12 +365,6 @@ class LanguageModel(nn.Module):
     return {}
 
   @nn.nowrap
-  def logits_from_hidden(self, params: Any, hidden: jax.Array) -> jax.Array:
-    """Float32 logits of the final hidden states `__call__(..., return_hidden=True)` gives:
-    what a loss made a few positions at a time (`train.loss_chunk`) asks for."""
-    raise NotImplementedError
-
-  @nn.nowrap
   def for_decoding(self, platform: str) -> LanguageModel:
     """The model the decode functions run on `platform`: this one, or the same function in
     another layer layout (whose parameters `to_own_layout` makes from this one's, once, when

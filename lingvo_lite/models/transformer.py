@@ -46,7 +46,6 @@ from lingvo_lite.models.block import Block, BlockKind
 from lingvo_lite.models.checkpoint_names import GgufSize
 from lingvo_lite.models.family import ArrayShape, LanguageModel
 from lingvo_lite.models.remat import RematPolicy
-from lingvo_lite.models.weight_matmul import weight_matmul
 
 PositionKind = Literal["rotary", "learned", "none"]
 RotaryScaling = Literal["none", "llama3"]
@@ -544,29 +543,10 @@ class TransformerLM(LanguageModel):
       return x, cache
     return scanned(x, positions, segment_ids, layer_index)
 
-  @nn.nowrap
-  def logits_from_hidden(self, params: Any, hidden: jax.Array) -> jax.Array:
-    """The output projection alone: float32 logits [b, t, vocab] of the final norm's output
-    `hidden` [b, t, dim] (`__call__(..., return_hidden=True)`), as `__call__` makes them from
-    float weights (training's: its quantizations leave the output projection alone). A
-    chunked loss calls it a few positions at a time (training/steps.chunked_token_losses)."""
-    dtype = jnp.dtype(self.dtype)
-    if self.tie_embeddings:
-      if self.tied_output_scale == "rsqrt_dim":
-        hidden = hidden * jnp.asarray(1.0 / math.sqrt(self.dim), dtype)
-      logits = jnp.einsum("btd,vd->btv", hidden, params["embedding"].astype(dtype))
-    else:
-      output = params["output"]
-      logits = weight_matmul(hidden.astype(dtype), output["kernel"].astype(dtype), 1, None)
-      if self.output_bias:
-        logits = logits + output["bias"].astype(dtype)
-    return layers.constrain(logits, "batch", "length", "vocab").astype(jnp.float32)
-
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None, cache: Any = None,
-               output_index: jax.Array | None = None, return_kv: bool = False,
-               return_hidden: bool = False) -> Any:
+               output_index: jax.Array | None = None, return_kv: bool = False) -> Any:
     """Logits of `tokens` [batch, length]; see the class doc.
 
     Decoding uses the last three arguments (lingvo_lite/decode/steps.py):
@@ -582,8 +562,6 @@ class TransformerLM(LanguageModel):
         projection of every position).
       return_kv: Also return the tokens' keys and values (a prefill's, for the cache),
         [layers, batch, length, kv_heads, head_dim] each: `(logits, (keys, values))`.
-      return_hidden: Return the final norm's output [batch, length, dim] instead of the
-        logits (`logits_from_hidden` makes them; a chunked loss, a few positions at a time).
     """
     dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
     batch, length = tokens.shape
@@ -621,8 +599,6 @@ class TransformerLM(LanguageModel):
       x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
 
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
-    if return_hidden:  # Parameters made by a call without it (an untied output's are not).
-      return x
     # "int8" training quantizes the blocks only; "int8_weights" the output projection too.
     output_quantization = "int8_weights" if self.quantization == "int8_weights" else None
     if self.tie_embeddings:
