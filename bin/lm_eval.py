@@ -20,7 +20,12 @@ _BIN = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_BIN)
 # Python puts this script's folder first on the path, where this file would shadow the
 # `lm_eval` package it runs; the checkout's root goes there instead (run without installing).
-sys.path[:] = [_ROOT] + [p for p in sys.path if os.path.abspath(p or ".") != _BIN]
+# Compared with links resolved: Python puts the folder of the script's real file there (under
+# Bazel the script is a link into the source tree).
+_BIN_FOLDERS = {_BIN, os.path.dirname(os.path.realpath(__file__))}
+sys.path[:] = [_ROOT] + [p for p in sys.path
+                         if os.path.abspath(p or ".") not in _BIN_FOLDERS
+                         and os.path.realpath(p or ".") not in _BIN_FOLDERS]
 
 
 def main() -> None:
