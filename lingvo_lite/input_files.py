@@ -10,9 +10,10 @@ kept here for every reader:
     character or block device or a socket is refused in one line naming the path and its kind
     (UsageError: exit 2), before anything opens it.
   - `check(path, shown)` is that refusal, for a library that opens the file by its name itself
-    (safetensors, gguf, tokenizers, orbax); `read_bytes(path, shown)` opens the file without
-    waiting (O_NONBLOCK), looks at what it opened (fstat, so nothing can be swapped in between
-    the look and the read) and reads it.
+    (safetensors, gguf, tokenizers); `check_folder(folder, shown)`, for a folder whose files a
+    library opens by names of its own (orbax); `read_bytes(path, shown)` opens the file
+    without waiting (O_NONBLOCK), looks at what it opened (fstat, so nothing can be swapped in
+    between the look and the read) and reads it.
   - One exception: a stream read once from its start to its end (`stream=True`: a flag file,
     a prompts file), which bash's `--flagfile=<(...)` gives as a pipe. A pipe that a program is
     writing into is read to its end; one that no program writes to (no writer, nothing in it)
@@ -83,6 +84,30 @@ def check(path: str | os.PathLike, shown: str, fix: str = FIX) -> None:
   kind = kind_of(path)
   if kind is not None:
     raise refusal(shown, kind, fix)
+
+
+def check_folder(folder: str | os.PathLike, shown: str, fix: str = FIX) -> None:
+  """Refuses a FIFO, a device or a socket anywhere in a local `folder` whose files a library
+  opens by names of its own (orbax reads a checkpoint's files without asking).
+
+  Args:
+    folder: The folder (a missing one, or a remote one, is the library's to report).
+    shown: How the message names the folder; the file follows it, relative to the folder.
+    fix: What to do instead.
+
+  Raises:
+    UsageError: naming the first such file (in sorted order) and its kind.
+  """
+  root = os.fspath(folder)
+  if paths.is_remote(root):
+    return
+  for parent, folders, files in os.walk(root):
+    folders.sort()
+    for name in sorted(files):
+      kind = kind_of(os.path.join(parent, name))
+      if kind is not None:
+        raise refusal(f"{shown}: {os.path.relpath(os.path.join(parent, name), root)}", kind,
+                      fix)
 
 
 def read_bytes(path: str | os.PathLike, shown: str, fix: str = FIX, limit: int | None = None,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -22,9 +23,10 @@ from typing import Callable
 
 import pytest
 
-from lingvo_lite import input_files
+from lingvo_lite import input_files, outputs
 from lingvo_lite.errors import UsageError
 from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.weights import slim_weights
 from tests.weights import tiny_weights
 
 FIFO = "is a FIFO (named pipe), not a regular file (reading it could wait or run for ever)"
@@ -86,6 +88,16 @@ def _sources_with_a_fifo(folder: str) -> None:
   os.mkfifo(os.path.join(folder, "src", "m1.py"))
 
 
+def _slim_folder_with_a_fifo(folder: str) -> None:
+  """A slim-weights folder as export writes its manifest, one of its parameters' files a FIFO
+  (orbax opens them by names of its own)."""
+  os.makedirs(os.path.join(folder, "slim", "params"))
+  with open(os.path.join(folder, "slim", "manifest.json"), "w") as f:
+    json.dump({"schema": outputs.schema(slim_weights.KIND), "dtype": "float32",
+               "scan_layers": False}, f)
+  os.mkfifo(os.path.join(folder, "slim", "params", "_METADATA"))
+
+
 SMOLLM2_DECODE = ["--mode=decode", "--exp=SmolLM2_135M", "--job_log_dir=job", "--prompt=x"]
 
 CASES = [
@@ -114,6 +126,9 @@ CASES = [
     Case("a .gguf a FIFO", [*PRINT, "--init_from=gguf:model.gguf"],
          f"gguf:model.gguf: {FIFO}; give a .gguf file", _fifos("model.gguf")),
     Case("a .gguf a device", [*PRINT, "--init_from=gguf:/dev/zero"], f"gguf:/dev/zero: {DEVICE}"),
+    Case("a slim folder's parameters file a FIFO", [*EXPORT, "--init_from=slim:slim"],
+         f"train.init_from=slim:slim: params/_METADATA: {FIFO}; give a folder --mode=export "
+         "--export_format=slim wrote", _slim_folder_with_a_fifo),
     # What a program reads: prompts, vocabularies, tokenizers.
     Case("a prompts file nobody writes",
          ["--mode=decode", "--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",

@@ -6,13 +6,16 @@ task without documents end in tracebacks. Here, in order:
 
   1. every parser's error is the one line `lm_eval.py: error: MESSAGE` (no usage block);
   2. what can be checked before lm_eval starts is: `--limit` (a count >= 1 or a fraction in
-     (0, 1); lm_eval takes 0 or -1 and fails mid-run), empty task names, and, for `--model
-     lingvo_lite`, `--model_args` (types, required arguments, bounds, then the job dir,
-     experiment, weights, checkpoint step and config fields, as loading the model would check
-     them, without loading it);
+     (0, 1); lm_eval takes 0 or -1 and fails mid-run), empty task names, the files lm_eval
+     opens by name (`--config`, a `--tasks` YAML file or folder, every YAML file under
+     `--include_path`: none may be a FIFO or a device, which lm_eval would wait on for ever;
+     a missing `--config` is named), and, for `--model lingvo_lite`, `--model_args` (types,
+     required arguments, bounds, then the job dir, experiment, weights, checkpoint step and
+     config fields, as loading the model would check them, without loading it);
   3. while lm_eval runs, its named, expected refusals become that one line: the ValueErrors its
      configuration step raises itself (`Tasks not found: X`, `Need to specify task to
-     evaluate.`, ...), and a task whose evaluation split holds no documents. The tasks are built
+     evaluate.`, ..., and a `--config` file whose YAML is not a mapping), and a task whose
+     evaluation split holds no documents. The tasks are built
      as soon as their names are resolved, before the model loads, so such a task is refused
      before any device time (lm_eval's own order loads the model first); the run then uses
      those same task objects (building a task draws nothing from the seeded generators but a
@@ -30,13 +33,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import glob
 import logging
 import math
 import os
+import pathlib
 import sys
 import traceback
 from typing import Any, Iterator, Sequence
 
+from lingvo_lite import input_files
 from lingvo_lite.errors import UsageError, one_line, shown
 from lingvo_lite.harness import lm_eval_model
 
@@ -45,6 +51,7 @@ PROGRAM = "lm_eval.py"
 _NO_DOCUMENTS = "task.build_requests() did not find any docs!"
 _NOT_FOUND = "Tasks not found: "
 _NO_TASKS = "Need to specify task to evaluate."
+_NOT_A_MAPPING = "YAML root must be a mapping"  # A --config file's (a TypeError).
 _LISTED = "`python bin/lm_eval.py ls tasks` lists them"
 
 
@@ -112,8 +119,29 @@ def check_run_arguments(args: argparse.Namespace) -> None:
   if any(not name.strip() for name in names):
     raise UsageError(f"--tasks={shown(','.join(args.tasks))}: an empty task name; give names "
                      f"separated by commas ({_LISTED})")
+  _check_files(args.config, names, args.include_path)
   if args.model == "lingvo_lite" and (args.model_args is not None or args.config is None):
     lm_eval_model.model_arguments(args.model_args).check_job()
+
+
+def _check_files(config: str | None, names: Sequence[str], include_path: str | None) -> None:
+  """Refuses a file lm_eval would open by name and wait on (a FIFO, a device), and a missing
+  `--config` (lm_eval's own refusal of one is a traceback)."""
+  if config is not None:
+    input_files.check(config, f"--config={config}", "give a YAML file of run settings")
+    if not os.path.isfile(config):
+      problem = "is a folder" if os.path.isdir(config) else "no such file"
+      raise UsageError(f"--config={config}: {problem}; give a YAML file of run settings")
+  fix = "give YAML files of tasks"
+  for name in names:
+    # lm_eval reads a name ending .yaml as a glob of task files, and a folder's *.yaml.
+    found = (glob.glob(name) if name.endswith(".yaml") else
+             glob.glob(os.path.join(glob.escape(name), "*.yaml")) if os.path.isdir(name) else ())
+    for path in found:
+      input_files.check(path, f"--tasks {name}" + (f": {path}" if path != name else ""), fix)
+  if include_path is not None:
+    for path in pathlib.Path(include_path).glob("**/*.yaml"):  # What lm_eval's index reads.
+      input_files.check(path, f"--include_path={include_path}: {path}", fix)
 
 
 @contextlib.contextmanager
@@ -148,13 +176,15 @@ def _patched(patches: Sequence[tuple[Any, str, Any]]) -> Iterator[None]:
 
 def _configuration_step(method):
   """`method` of lm_eval's EvaluatorConfig with the ValueErrors that module raises itself (its
-  refusals of the command's values) as UsageError; one raised deeper keeps its traceback."""
+  refusals of the command's values), and its TypeError for a --config file that is not a
+  mapping, as UsageError; one raised deeper keeps its traceback."""
   @functools.wraps(method)
   def checked(*args, **kwargs):
     try:
       return method(*args, **kwargs)
-    except ValueError as e:
-      if not _raised_in(e, method.__code__.co_filename):
+    except (ValueError, TypeError) as e:
+      if not _raised_in(e, method.__code__.co_filename) or (
+          isinstance(e, TypeError) and not str(e).startswith(_NOT_A_MAPPING)):
         raise
       message = str(e)
       if message.startswith(_NOT_FOUND):
@@ -162,6 +192,8 @@ def _configuration_step(method):
                    f"{_LISTED} (--include_path adds a folder of task YAML files)")
       elif message == _NO_TASKS:
         message = f"--tasks: missing; give the tasks to evaluate ({_LISTED})"
+      elif message.startswith(_NOT_A_MAPPING):
+        message = f"--config: {message}; give a YAML mapping of run settings"
       raise UsageError(message) from None
   return checked
 

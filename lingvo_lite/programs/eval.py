@@ -30,7 +30,7 @@ import functools
 import json
 import math
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -97,11 +97,13 @@ def main(invocation: Invocation) -> None:
   setup.check_data(train=False)  # Every eval set reads; each has the model's vocabulary.
   # Before anything is restored or allocated: one line instead of an out-of-memory abort.
   memory_fit.check_eval_fits(setup)
-  record_config_where_missing(invocation)
   try:
+    # A new job dir's config is recorded once the first parameters are read (as decode and
+    # export do): a weight source that cannot be read leaves the job dir unmade.
     run(setup, invocation.job_dir, shown_job_dir=invocation.shown_job_dir,
         checkpoint_step=options.checkpoint_step, continuous=options.eval_continuous,
-        timeout_seconds=options.eval_timeout_seconds, poll_seconds=options.eval_poll_seconds)
+        timeout_seconds=options.eval_timeout_seconds, poll_seconds=options.eval_poll_seconds,
+        params_read=lambda: record_config_where_missing(invocation))
   except OSError as e:  # Writing its rows, summaries or evaluated.json (a full disk, say).
     shown = epath.Path(invocation.shown_job_dir or invocation.job_dir) / "eval"
     where = f" ({e.filename})" if e.filename else ""
@@ -198,9 +200,14 @@ class _Record:
 
 def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
         checkpoint_step: int | None = None, continuous: bool = False,
-        timeout_seconds: float = 3600.0, poll_seconds: float = 10.0
+        timeout_seconds: float = 3600.0, poll_seconds: float = 10.0,
+        params_read: Callable[[], None] | None = None
         ) -> dict[int, dict[str, dict[str, float]]]:
   """Evaluates the eval sets of `setup` on the job's checkpoints (see the module doc).
+
+  Args:
+    params_read: Called once, when the first parameters have been read (a checkpoint's, or
+      the weights `train.init_from` names), before they are evaluated.
 
   Returns:
     {step: {set name: metrics}} of the checkpoints this call evaluated.
@@ -234,6 +241,8 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
           params, _ = source.load_params(jitted.mesh_params())
         else:
           params = _agreed_restore(jitted, checkpointer, step)
+        if params_read is not None and not evaluated:
+          params_read()
         results = evaluation.evaluate_sets(jitted, params, {
             name: setup.eval_sets[name] for name in names})
       del params

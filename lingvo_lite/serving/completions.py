@@ -89,8 +89,10 @@ class CompletionRun:
     Args:
       prompt_ids: The prompts as ids where the caller tokenized them (chat); else
         `request.prompts` are given to the decode requests as they are.
-      prompt_field: The client's field that gave the prompts (`messages` for chat), and
-        length_field: that gave the length, as refusals name them.
+      prompt_field: The client's field that gave the prompts (`messages` for chat), as
+        refusals name it.
+      length_field: The client's field that gave the length (`max_tokens`,
+        `max_completion_tokens`), as refusals name it.
     """
     self.prompt_field = prompt_field
     self.length_field = length_field

@@ -15,6 +15,10 @@ than n) are refused by name, never ignored, as is any field no route reads.
 
 The bodies arrive here already decoded and checked as JSON (serving/request_body.py: UTF-8,
 nesting, text that is Unicode); values echoed in a refusal are `errors.shown`'s, never long.
+
+Longer than 300 lines with a reason: the four routes' bodies share one set of field checks (an
+integer's bounds, a number's, stop strings, unknown and unimplemented fields) and their wording;
+split by route, each module would reach into the others' checks.
 """
 
 from __future__ import annotations
@@ -137,7 +141,11 @@ def _stop(body: dict) -> tuple[str, ...] | None:
   return tuple(values)
 
 
-def _refuse_unknown(body: dict, known: Sequence[str]) -> None:
+def _check_object(body: Any, known: Sequence[str]) -> None:
+  """Refuses a body that is not a JSON object, a field outside `known` (the route's fields),
+  and the settings OpenAI has that this server does not implement."""
+  if not isinstance(body, dict):
+    raise RequestError("body", "not a JSON object")
   unknown = sorted(set(body) - set(known))
   if unknown:
     # An empty name cannot name itself: the body is named.
@@ -206,9 +214,7 @@ def completion_request(body: Any, vocab_size: int) -> CompletionRequest:
   Raises:
     RequestError: naming the first bad field.
   """
-  if not isinstance(body, dict):
-    raise RequestError("body", "not a JSON object")
-  _refuse_unknown(body, COMPLETION_FIELDS)
+  _check_object(body, COMPLETION_FIELDS)
   if "prompt" not in body:
     raise RequestError("prompt", "missing; give the text (or token ids) to continue")
   if body.get("suffix") is not None:
@@ -259,9 +265,7 @@ def chat_request(body: Any) -> tuple[list[dict[str, str]], CompletionRequest]:
   Raises:
     RequestError: naming the first bad field.
   """
-  if not isinstance(body, dict):
-    raise RequestError("body", "not a JSON object")
-  _refuse_unknown(body, CHAT_FIELDS)
+  _check_object(body, CHAT_FIELDS)
   messages = body.get("messages")
   if not isinstance(messages, list) or not messages:
     raise RequestError("messages", "give a non-empty list of {role, content} objects")
@@ -287,9 +291,7 @@ def tokenize_request(body: Any) -> tuple[str, bool]:
   Raises:
     RequestError: naming the first bad field.
   """
-  if not isinstance(body, dict):
-    raise RequestError("body", "not a JSON object")
-  _refuse_unknown(body, TOKENIZE_FIELDS)
+  _check_object(body, TOKENIZE_FIELDS)
   if not isinstance(body.get("prompt"), str):
     raise RequestError("prompt", f"{shown(body.get('prompt'))}: give the text to tokenize as a "
                        "string")
@@ -302,9 +304,7 @@ def detokenize_request(body: Any, vocab_size: int) -> list[int]:
   Raises:
     RequestError: naming the first bad field.
   """
-  if not isinstance(body, dict):
-    raise RequestError("body", "not a JSON object")
-  _refuse_unknown(body, DETOKENIZE_FIELDS)
+  _check_object(body, DETOKENIZE_FIELDS)
   tokens = body.get("tokens")
   if not isinstance(tokens, list) or not all(_is_int(t) and 0 <= t < vocab_size
                                              for t in tokens):

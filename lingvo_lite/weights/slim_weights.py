@@ -137,6 +137,8 @@ class SlimCheckpoint:
     else:
       target = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(
           leaf.shape, jnp.dtype(saved_dtype), sharding=leaf.sharding), mesh_params.abstract)
+    # orbax opens the folder's files by names of its own, and would wait on a FIFO for ever.
+    input_files.check_folder(folder, f"{FIELD}=slim:{self.path}", _FOLDER_FIX)
     checkpointer = ocp.StandardCheckpointer()
     try:
       saved = checkpointer.restore(os.fspath(folder / PARAMS_DIR), target)

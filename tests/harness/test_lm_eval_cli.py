@@ -13,6 +13,7 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import subprocess
 import sys
 
@@ -42,21 +43,31 @@ def workdir(tiny_job):
   folder.mkdir()
   for name, text in EMPTY_TASK.items():
     (folder / name).write_text(text)
+  # Files lm_eval would open by name and wait on, and a --config file that is a list.
+  (tiny_job / "fifo_tasks").mkdir()
+  for name in ("fifo.yaml", "fifo_tasks/a.yaml"):
+    os.mkfifo(tiny_job / name)
+  (tiny_job / "list.yaml").write_text("- limit\n- 1\n")
   return tiny_job
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_task_index_per_folder():
-  """lm_eval's TaskIndex.build, once per folder for the module: every case that reaches
-  lm_eval would otherwise parse its ~14,000 task files again (seconds each). The same index:
-  folder by folder, later folders' entries over earlier ones'."""
+  """lm_eval's TaskIndex.build, once per folder for the module, without lm_eval's own task
+  folder: its ~14,000 task files take 20 s and more to index, and no case names one of them
+  (each names a task of tasks/lm_eval or of its own folder, or one that no folder has: lm_eval's
+  refusal of it reads the same). The same index of the other folders: folder by folder, later
+  folders' entries over earlier ones'."""
   from lm_eval.tasks import _index  # pylint: disable=g-import-not-at-top
   build, built = _index.TaskIndex.build, {}
+  builtin = os.path.dirname(os.path.abspath(_index.__file__))
 
   def build_once(paths, *, resolve_includes=True):
     index = {}
     for root in paths:
       key = (os.path.abspath(root), resolve_includes)
+      if key[0] == builtin:
+        continue
       if key not in built:
         built[key] = build([root], resolve_includes=resolve_includes)
       index.update(built[key])
@@ -114,6 +125,20 @@ CASES = {
     "log_samples without output_path": (TINY + TASK + ["--log_samples"],
                                         "lm_eval.py: error: Specify --output_path if providing "
                                         "--log_samples or --predict_only"),
+    "a config file that is a list": (TINY + TASK + ["--config", "list.yaml"],
+                                     "lm_eval.py: error: --config: YAML root must be a mapping"),
+    # Files lm_eval opens by name: never waited on, never a traceback.
+    "a missing config file": (TINY + TASK + ["--config", "nope.yaml"],
+                              "--config=nope.yaml: no such file; give a YAML file"),
+    "a config file that is a FIFO": (TINY + TASK + ["--config", "fifo.yaml"],
+                                     "--config=fifo.yaml: is a FIFO (named pipe), not a regular "
+                                     "file"),
+    "a task file that is a FIFO": (TINY + ["--tasks", "fifo.yaml"],
+                                   "--tasks fifo.yaml: is a FIFO (named pipe)"),
+    "a task folder holding a FIFO": (TINY + ["--tasks", "fifo_tasks"],
+                                     "--tasks fifo_tasks: fifo_tasks/a.yaml: is a FIFO"),
+    "an include_path holding a FIFO": (TINY + TASK + ["--include_path", "fifo_tasks"],
+                                       "--include_path=fifo_tasks: fifo_tasks/a.yaml: is a FIFO"),
     # --model_args of the lingvo_lite model.
     "checkpoint_step not a number": (
         LINGVO + ["--model_args", "job_log_dir=runs/tiny,checkpoint_step=abc"] + TASK,
@@ -145,8 +170,20 @@ CASES = {
 }
 
 
+@pytest.fixture
+def alarm():
+  """A case that would wait on a FIFO fails after a minute instead of hanging the run."""
+  def hung(*_):
+    raise TimeoutError("hung for 60 s")
+  previous = signal.signal(signal.SIGALRM, hung)
+  signal.alarm(60)
+  yield
+  signal.alarm(0)
+  signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.mark.parametrize("name", CASES)
-def test_a_wrong_command_is_one_line_and_exit_2(workdir, monkeypatch, name):
+def test_a_wrong_command_is_one_line_and_exit_2(workdir, monkeypatch, alarm, name):
   args, expected = CASES[name]
   monkeypatch.chdir(workdir)
   before = tree_digest(workdir / "runs")

@@ -197,17 +197,19 @@ def _body(rng, route):
 
 
 def _check(route, data, status, answer):
-  """A 2xx, or a 4xx whose JSON names `body`, a field of the body sent or a required one
-  (written as the server writes names: on one line, a lone surrogate escaped)."""
+  """A 2xx, or a 4xx whose JSON names `body` (always, for a body that is not JSON in UTF-8), a
+  field of the body sent or a required one (written as the server writes names: on one line, a
+  lone surrogate escaped)."""
   assert 200 <= status < 300 or 400 <= status < 500, (route, data[:300], status, answer[:500])
   if status >= 400:
     error = json.loads(answer)["error"]
     field = error["param"]
     assert field and field in error["message"], (route, data[:300], error)
     try:
-      sent = json.loads(data)
+      sent = json.loads(data.decode("utf-8"))  # (UnicodeDecodeError is a ValueError.)
     except (ValueError, RecursionError):
       sent = None
+      assert field == "body", (route, data[:300], error)
     named = {"body"} | REQUIRED | (set(sent) if isinstance(sent, dict) else set())
     root = field.split("[", 1)[0].split(".", 1)[0]
     assert root in {one_line(name) for name in named}, (route, data[:300], error)

@@ -7,7 +7,8 @@ tensor whose stored type was changed (its bytes no longer its type's, or a type 
 type) is refused; a GGUF file whose metadata sizes are not its tensors' is refused, naming the
 key and the tensor; GGUF's quantized types load. Each case runs `--mode=export` from the
 weights in this process, as `python -m lingvo_lite` would (the load, then the export: nothing
-compiles); one runs as a user runs it, in a child process from the repository root.
+compiles); one runs as a user runs it, in a child process from the repository root. Eval and
+decode of a new job dir from such weights leave no job dir behind either.
 """
 
 from __future__ import annotations
@@ -146,6 +147,32 @@ def test_weights_that_contradict_themselves(case, tmp_path, monkeypatch):
   assert len(lines) == 1 and lines[0].startswith("lingvo_lite: error: "), result.stderr
   assert case.expected in lines[0], lines[0]
   assert tree_digest(tmp_path) == before  # No job dir, no export, the weights untouched.
+
+
+# The programs besides export that may make a new job dir from --init_from's weights (serve
+# records after loading too, before it listens), with what each needs to run.
+READERS = {"eval": ["--fdl.eval_data.num_batches=1"],
+           "decode": ["--prompt=x", "--fdl.decode.max_new_tokens=2"]}
+
+
+@pytest.mark.parametrize("mode", READERS)
+def test_a_new_job_dir_is_recorded_only_once_the_weights_are_read(mode, tmp_path, monkeypatch):
+  """Weights that cannot be read leave no job dir behind (no config.json of a run that never
+  read a weight); readable ones leave the config that a later command finds by the job dir
+  alone."""
+  monkeypatch.chdir(tmp_path)
+  _hf(_query(np.int32))(str(tmp_path))
+  tiny_weights.hf_folder(tmp_path / "good", tiny_weights.model())
+  before = tree_digest(tmp_path)
+  args = [f"--mode={mode}", "--exp=PyCodeTiny", "--job_log_dir=job", *READERS[mode]]
+  result = run_cli([*args, "--init_from=hf:hf"])
+  assert result.code == 2 and result.stderr.count("\n") == 1, result
+  assert f"tensor {QUERY} is int32, not floating point" in result.stderr, result.stderr
+  assert tree_digest(tmp_path) == before
+  if mode == "eval":  # (A decode compiles for seconds more; eval calls back once it has read.)
+    result = run_cli([*args, "--init_from=hf:good"])
+    assert result.code == 0, result
+    assert {"config.json", "config.txt"} <= set(os.listdir(tmp_path / "job"))
 
 
 def test_float_widths_convert_value_for_value(tmp_path, monkeypatch):
