@@ -9,7 +9,7 @@ memory nor allocated.
 What can go wrong on disk is handled here, not left to orbax's background threads:
 - A save that fails (disk full, permissions, an I/O error) is noticed at the next step
   boundary (`poll`), not one save interval later, and becomes one `CheckpointWriteError`
-  (checkpoints/errors.py); what it left (orbax's temporary folders, a step whose checksums
+  (checkpoints/orbax_errors.py); what it left (orbax's temporary folders, a step whose checksums
   could not be written) goes with `discard_failed_saves`.
 - A step counts as saved only once it is *verified*: orbax has committed it and process 0
   has recorded every file's checksum (`checkpoint_integrity`), at the first step boundary
@@ -41,8 +41,8 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
-from lingvo_lite.checkpoints.errors import (READ_ERRORS, CheckpointWriteError, caused_by,
-                                           innermost_cause, silence_closed_loop_errors)
+from lingvo_lite.checkpoints.orbax_errors import (READ_ERRORS, CheckpointWriteError, caused_by,
+                                                  innermost_cause, silence_closed_loop_errors)
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveInt
 

@@ -21,7 +21,7 @@ from lingvo_lite.decode import generator as generation, steps as decoding
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 
 # Small shapes: prompts up to 20 tokens pad to bucket 16 or 32; 12 new tokens fit in 48.
 DECODE_SETS = ("decode.cache_length=48", "decode.slots=4", "decode.max_new_tokens=12",

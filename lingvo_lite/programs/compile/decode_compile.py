@@ -49,8 +49,8 @@ import numpy as np
 from lingvo_lite import target as targets
 from lingvo_lite.decode.jitted import DecodeSteps
 from lingvo_lite.experiment import Setup
-from lingvo_lite.programs.compile import aot, max_batch, report as compile_report
-from lingvo_lite.programs.compile.report import DOES_NOT_FIT, FITS, UNKNOWN, gib
+from lingvo_lite.programs.compile import aot, compile_report, max_batch
+from lingvo_lite.programs.compile.compile_report import DOES_NOT_FIT, FITS, UNKNOWN, gib
 
 FUNCTIONS = ("generate", "prefill")
 
