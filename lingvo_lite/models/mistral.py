@@ -23,12 +23,12 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite import target as targets
-from lingvo_lite.errors import config_error
+from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.fields import PositiveInt
-from lingvo_lite.models import kv_cache, layers
+from lingvo_lite.models import format_names, kv_cache, layers
 from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.family import ArrayShape
-from lingvo_lite.models.llama import Llama
+from lingvo_lite.models.llama import Llama, LlamaGgufNames, LlamaHfNames
 
 
 def ring_positions(last: jax.Array, entries: int) -> jax.Array:
@@ -124,11 +124,6 @@ class Mistral(Llama):
   window: PositiveInt = 4096
 
   family_name = "mistral"
-  hf_model_type = "mistral"
-  hf_architecture = "MistralForCausalLM"
-  # llama.cpp converts Mistral-7B to its `llama` architecture (the window is not in the
-  # file): a GGUF reader must take the window from elsewhere.
-  gguf_architecture = "llama"
   same_model_as = ()
 
   @nn.nowrap
@@ -163,19 +158,6 @@ class Mistral(Llama):
                          "a token must see itself")
 
   @classmethod
-  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
-    """Llama's fields and the window: Hugging Face's `sliding_window` (query i sees key j
-    where i - j < sliding_window, this band); none means the whole context."""
-    window = config.get("sliding_window")
-    fields = super().hf_fields(HfConfig({k: v for k, v in config.values.items()
-                                         if k != "sliding_window"}, config.where))
-    return dict(fields, window=window if window is not None else fields["max_length"])
-
-  @nn.nowrap
-  def hf_config(self) -> dict[str, Any]:
-    return dict(super().hf_config(), sliding_window=self.window)
-
-  @classmethod
   def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:
     """Llama's tiny sizes, and a window of a quarter of the tiny sequence (shorter than it,
     so that the band still cuts off what a full causal mask would see)."""
@@ -205,3 +187,39 @@ class Mistral(Llama):
     logits, new_kv = self.apply({"params": params}, tokens, output_index=lengths - 1,
                                 return_kv=True)
     return logits, _write_ring(cache, new_kv, lengths, insert)
+
+
+@format_names.names_for(Mistral)
+class MistralHfNames(LlamaHfNames):
+  """Mistral's Hugging Face names: Llama's, and the window as `sliding_window`."""
+
+  model_type = "mistral"
+  architecture = "MistralForCausalLM"
+
+  @classmethod
+  def fields(cls, config: HfConfig) -> dict[str, Any]:
+    """Llama's fields and the window: Hugging Face's `sliding_window` (query i sees key j
+    where i - j < sliding_window, this band); none means the whole context."""
+    window = config.get("sliding_window")
+    fields = super().fields(HfConfig({k: v for k, v in config.values.items()
+                                      if k != "sliding_window"}, config.where))
+    return dict(fields, window=window if window is not None else fields["max_length"])
+
+  def config(self) -> dict[str, Any]:
+    return dict(super().config(), sliding_window=self.model.window)
+
+
+@format_names.names_for(Mistral)
+class MistralGgufNames(LlamaGgufNames):
+  """llama.cpp converts Mistral-7B to its `llama` architecture, whose files have no window: a
+  reader takes a `llama` file as Llama's (models/format_names.py), and only a model whose
+  window covers its whole context is written as one."""
+
+  def check_writable(self) -> None:
+    model = self.model
+    if model.window < model.max_length:
+      raise UsageError(f"model: a {model.family_name} model with a sliding window of "
+                       f"{model.window} (Hugging Face's sliding_window): a GGUF "
+                       f"{self.architecture} model has none and would attend to every "
+                       "position; export --export_format=hf")
+    super().check_writable()

@@ -228,15 +228,6 @@ class TransformerLM(LanguageModel):
     return total
 
   @nn.nowrap
-  def gguf_metadata(self) -> dict[str, int | float | str]:
-    """The sizes llama.cpp's converters write for every transformer architecture (keys without
-    the architecture's prefix); each family adds its own settings."""
-    return {"vocab_size": self.vocab_size, "context_length": self.max_length,
-            "embedding_length": self.dim, "block_count": self.num_layers,
-            "feed_forward_length": self.resolved_mlp_dim,
-            "attention.head_count": self.num_heads}
-
-  @nn.nowrap
   def parameter_shapes(self) -> list[ArrayShape]:
     """Every parameter's path, logical axes, full shape and dtype, without allocating any.
 

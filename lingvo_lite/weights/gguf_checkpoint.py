@@ -1,10 +1,11 @@
 """A GGUF file (llama.cpp's format) as a weight source: its metadata as the model's config, its
 tensors, dequantized, as the model's parameters.
 
-A GGUF file is read as the Hugging Face folder it was converted from: the family that reads
-its `general.architecture` (models/family.py: `family_for_gguf`) turns the metadata into that
-folder's config.json (`gguf_hf_config`, then its own `hf_fields`) and names the Hugging Face
-tensor each GGUF tensor is (`gguf_tensors`); the rest is hf_checkpoint.py's placing. The `gguf`
+A GGUF file is read as the Hugging Face folder it was converted from: the family whose GGUF
+names (models/format_names.py: `GgufNames`) read its `general.architecture` turns the metadata
+into that folder's config.json (`hf_config`, then its Hugging Face names' `fields`) and names
+the Hugging Face tensor each GGUF tensor is (`tensors`); the rest is hf_checkpoint.py's
+placing. The `gguf`
 package reads the file (memory-mapped, opened once per process: gguf_files.py) and dequantizes
 each tensor with NumPy (F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants, ...) to float32, then to
 the parameter's dtype. What llama.cpp's converter rearranged is put back
@@ -26,8 +27,10 @@ import numpy as np
 
 from lingvo_lite import gguf_files, paths
 from lingvo_lite.errors import UsageError
-from lingvo_lite.models import family as families
+from lingvo_lite.models import family as families, format_names
 from lingvo_lite.models.checkpoint_names import HfConfig
+from lingvo_lite.models.format_names import GgufNames, HfNames
+from lingvo_lite.weights import hf_checkpoint
 from lingvo_lite.weights.hf_checkpoint import FIELD, Placer, content_crc
 
 
@@ -83,15 +86,16 @@ class GgufCheckpoint:
   def _family(self, reader: Any) -> tuple[type[families.LanguageModel], dict[str, Any]]:
     metadata = self.metadata(reader)
     where = f"gguf:{self.path}"
-    family = families.family_for_gguf(metadata.get("general.architecture"), where)
+    family, names = family_reading(metadata.get("general.architecture"), where)
     shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
               for tensor in reader.tensors}
-    return family, family.gguf_hf_config(metadata, shapes)
+    return family, names.hf_config(metadata, shapes)
 
   def model_fields(self) -> tuple[type[families.LanguageModel], dict[str, Any]]:
     """The family that reads this file and the fields its metadata sets."""
     family, config = self._family(self._reader())
-    fields = family.hf_fields(HfConfig(config, f"gguf:{self.path} (its metadata)"))
+    fields = format_names.names_of(family, HfNames).fields(
+        HfConfig(config, f"gguf:{self.path} (its metadata)"))
     return family, {k: v for k, v in fields.items() if v is not None}
 
   def load(self, jitted: Any) -> tuple[Any, str]:
@@ -111,10 +115,11 @@ class GgufCheckpoint:
     reader = self._reader()
     where = f"gguf:{self.path}"
     by_name = {tensor.name: tensor for tensor in reader.tensors}
-    wanted = {tensor.hf: (name, tensor) for name, tensor in model.gguf_tensors().items()}
+    hf_names = hf_checkpoint.names_of(model)
+    wanted = {tensor.hf: (name, tensor) for name, tensor in names_of(model).tensors().items()}
     digest = hashlib.sha256()
     placer = Placer(model, abstract, where)
-    for name in model.hf_tensors():
+    for name in hf_names.tensors():
       gguf_name, rearranged = wanted[name.name]
       tensor = by_name.get(gguf_name)
       if tensor is None:
@@ -135,4 +140,34 @@ class GgufCheckpoint:
                          "truncated: copy it again") from None
       values = values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
       placer.put(name, rearranged.to_hf(values))
-    return placer.finish(model.hf_absent()), f"gguf:{self.path} sha256:{digest.hexdigest()}"
+    return placer.finish(hf_names.absent()), f"gguf:{self.path} sha256:{digest.hexdigest()}"
+
+
+def family_reading(architecture: Any, where: str) -> tuple[type, type[GgufNames]]:
+  """(the family whose GGUF names read `architecture`, llama.cpp's `general.architecture`,
+  those names): the family of that name where several read it (Mistral converts to `llama`,
+  and its window is not in the file).
+
+  Raises:
+    UsageError: no family reads it (the message lists those that do).
+  """
+  readers = format_names.families_with(GgufNames)
+  found = [(family, names) for family, names in readers if names.architecture == architecture]
+  found.sort(key=lambda pair: pair[0].family_name != architecture)
+  if not found:
+    raise format_names.refuse_unknown(where, "general.architecture", architecture,
+                                      [names.architecture for _, names in readers])
+  return found[0]
+
+
+def names_of(model: Any) -> GgufNames:
+  """`model`'s GGUF names.
+
+  Raises:
+    UsageError: its family has none.
+  """
+  names = format_names.bound(model, GgufNames)
+  if names is None:
+    raise UsageError(f"model: a {type(model).family_name} model has no GGUF tensor names; "
+                     "export --export_format=hf or slim")
+  return names

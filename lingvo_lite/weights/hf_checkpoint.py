@@ -2,10 +2,10 @@
 safetensors as the model's parameters.
 
 `HfCheckpoint(path)` names a folder as transformers' `save_pretrained` writes it: config.json
-and `model.safetensors`, or shards listed by `model.safetensors.index.json`. The family that
-reads its `model_type` (models/family.py: `family_for_hf`) says which fields the config sets
-(`hf_fields`) and which tensor holds which parameter (`hf_tensors`), so this module names no
-family. Tensors are read with `safetensors`' NumPy API (memory-mapped; no torch), one at a time,
+and `model.safetensors`, or shards listed by `model.safetensors.index.json`. The family whose
+Hugging Face names (models/format_names.py: `HfNames`) read its `model_type` says which fields
+the config sets (`fields`) and which tensor holds which parameter (`tensors`), so this module
+names no family. Tensors are read with `safetensors`' NumPy API (memory-mapped; no torch), one at a time,
 converted to the parameter's layout and dtype, and placed into its sharding at once: the host
 holds about one tensor (with scanned layers, one stacked parameter) at any time.
 
@@ -31,8 +31,9 @@ from etils import epath
 
 from lingvo_lite import paths
 from lingvo_lite.errors import UsageError
-from lingvo_lite.models import family as families
+from lingvo_lite.models import family as families, format_names
 from lingvo_lite.models.checkpoint_names import HfConfig, TensorName
+from lingvo_lite.models.format_names import HfNames
 
 FIELD = "train.init_from"
 CONFIG_FILE = "config.json"
@@ -93,8 +94,8 @@ class HfCheckpoint:
   def model_fields(self) -> tuple[type[families.LanguageModel], dict[str, Any]]:
     """The family that reads this folder and the fields its config.json sets."""
     config = self.config()
-    family = families.family_for_hf(config.values["model_type"], config.where)
-    fields = {k: v for k, v in family.hf_fields(config).items() if v is not None}
+    family, names = family_reading(config.values["model_type"], config.where)
+    fields = {k: v for k, v in names.fields(config).items() if v is not None}
     return family, fields
 
   def load(self, jitted: Any) -> tuple[Any, str]:
@@ -116,15 +117,43 @@ class HfCheckpoint:
         is not the model's (one line naming it and the fix).
     """
     self.config()  # A folder without config.json is not a checkpoint, whatever it holds.
+    names = names_of(model)
     digest = hashlib.sha256()
     placer = Placer(model, abstract, f"hf:{self.path}")
-    with _Tensors(self.folder(), self.path, model.hf_optional_prefix) as tensors:
-      for name in model.hf_tensors():
+    with _Tensors(self.folder(), self.path, names.optional_prefix) as tensors:
+      for name in names.tensors():
         tensor = tensors.get(name.name)
         digest.update(f"{name.name}|{tensor.dtype}|{tensor.shape}|{content_crc(tensor)}|"
                       .encode())
         placer.put(name, tensor)
-    return placer.finish(model.hf_absent()), f"hf:{self.path} sha256:{digest.hexdigest()}"
+    return placer.finish(names.absent()), f"hf:{self.path} sha256:{digest.hexdigest()}"
+
+
+def family_reading(model_type: Any, where: str) -> tuple[type, type[HfNames]]:
+  """(the registered family whose Hugging Face names read `model_type`, those names).
+
+  Raises:
+    UsageError: no family reads it (the message lists those that do).
+  """
+  readers = format_names.families_with(HfNames)
+  for family, names in readers:
+    if names.model_type == model_type:
+      return family, names
+  raise format_names.refuse_unknown(where, "model_type", model_type,
+                                    [names.model_type for _, names in readers])
+
+
+def names_of(model: Any) -> HfNames:
+  """`model`'s Hugging Face names.
+
+  Raises:
+    UsageError: its family has none (it has no Hugging Face format).
+  """
+  names = format_names.bound(model, HfNames)
+  if names is None:
+    raise UsageError(f"model: the {type(model).family_name} family has no Hugging Face "
+                     "format; export it as slim weights")
+  return names
 
 
 class _Tensors:

@@ -170,12 +170,3 @@ class JobParams:
       UsageError: see `choice`; the source or the step cannot be read (one line).
     """
     return load(self.choose(), shapes if shapes is not None else self.shapes())
-
-
-def restore(setup: Any, mesh_params: MeshParams, job_dir: epath.Path, shown_job: epath.Path,
-            wanted_step: int | None) -> tuple[Any, str, int | None]:
-  """(the parameters in `mesh_params`' shardings, what they are, the job's step or None):
-  `choose` then `load`."""
-  choice = choose(setup, job_dir, shown_job, wanted_step)
-  params, what = load(choice, mesh_params)
-  return params, what, choice.step

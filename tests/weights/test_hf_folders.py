@@ -30,7 +30,7 @@ from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.testing import kill_9_when, run_cli
 from lingvo_lite.weights import sources
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
-from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+from lingvo_lite.weights.hf_checkpoint import HfCheckpoint, names_of
 from tasks.pycode import read_documents, stdlib_dir
 
 torch = pytest.importorskip("torch")
@@ -124,7 +124,7 @@ def _logits(model, params) -> np.ndarray:
 def test_logits_equal_transformers(folders, case, scan_layers):
   folder, expected = folders[case]
   model, params, _ = _load(folder, scan_layers=scan_layers)
-  assert type(model).hf_model_type == json.loads((folder / "config.json").read_text())[
+  assert names_of(model).model_type == json.loads((folder / "config.json").read_text())[
       "model_type"]
   got = _logits(model, params)
   assert np.std(expected) > 0.5, "logits too small to show an error"
