@@ -103,7 +103,7 @@ import dataclasses
 import importlib
 import math
 import pkgutil
-from typing import Any, Callable, ClassVar, Literal, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import flax.linen as nn
 import jax

@@ -11,9 +11,9 @@ A format is its module(s) and its row in `FORMATS`; nothing else names it. Its s
 part with `describe()` and `load_params(mesh_params)` (and `load(jitted)` for training); one that
 describes its model (a Hugging Face folder's config.json, a GGUF file's metadata) also has
 `model_fields()` and `origin()`, and `--init_from` then sets `model` too (weights/sources.py).
-Its writer is made from an `ExportRequest` before anything is read, and answers the
-`Export` protocol (weights/exports.py). A format that stores a model by its own names asks each family for
-them (models/format_names.py), so no module here names a family.
+Its writer is made from an `ExportRequest` before anything is read, and answers the `Export`
+protocol (weights/exports.py). A format that stores a model by its own names asks each family
+for them (models/format_names.py), so no module here names a family.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ safetensors as the model's parameters.
 and `model.safetensors`, or shards listed by `model.safetensors.index.json`. The family whose
 Hugging Face names (models/format_names.py: `HfNames`) read its `model_type` says which fields
 the config sets (`fields`) and which tensor holds which parameter (`tensors`), so this module
-names no family. Tensors are read with `safetensors`' NumPy API (memory-mapped; no torch), one at a time,
-converted to the parameter's layout and dtype, and placed into its sharding at once: the host
-holds about one tensor (with scanned layers, one stacked parameter) at any time.
+names no family. Tensors are read with `safetensors`' NumPy API (memory-mapped; no torch), one
+at a time, converted to the parameter's layout and dtype, and placed into its sharding at once:
+the host holds about one tensor (with scanned layers, one stacked parameter) at any time.
 
 The fingerprint of what was loaded is `sha256:` over every tensor read (name, dtype, shape
 and the CRC-32 of its bytes, in the order the model names them), as a job checkpoint's is
