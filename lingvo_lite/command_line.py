@@ -24,6 +24,7 @@ from typing import Sequence
 
 from absl import flags
 
+from lingvo_lite import input_files
 from lingvo_lite.config import overrides
 from lingvo_lite.errors import EMPTY_VALUE, UsageError
 
@@ -144,7 +145,8 @@ def expand(argv: Sequence[str], flag_values: flags.FlagValues) -> list[str]:
   return expanded
 
 
-# Far more than any list of flags; a larger "flag file" is some other file (or /dev/zero).
+# Far more than any list of flags; a larger "flag file" is some other file (or an endless
+# pipe: `--flagfile=<(yes)`).
 MAX_FLAGFILE_BYTES = 1 << 20
 _FLAGFILE_FIX = "name a text file of flags, one per line"
 
@@ -206,8 +208,10 @@ def _flagfile_lines(name: str, written: str, including: list[str]) -> list[str]:
     raise UsageError(f"{written}: the flag file includes itself ({loop}); remove the "
                      "--flagfile line that closes the loop")
   try:
-    with open(path, "rb") as f:
-      data = f.read(MAX_FLAGFILE_BYTES + 1)
+    # A pipe being written (`<(...)`) is read to its end; a FIFO nobody writes to, a device
+    # (/dev/zero, a terminal) or a socket is refused rather than waited on.
+    data = input_files.read_bytes(path, written, _FLAGFILE_FIX, limit=MAX_FLAGFILE_BYTES,
+                                  stream=True)
   except OSError as e:
     raise UsageError(f"{written}: cannot read the flag file ({e.strerror or e}); "
                      f"{_FLAGFILE_FIX}") from None

@@ -24,7 +24,7 @@ from lingvo_lite import paths
 
 
 @contextlib.contextmanager
-def writing(path: epath.Path) -> Iterator[None]:
+def writing(path: epath.Path | str) -> Iterator[None]:
   """OSErrors raised in the block come out naming `path` (its `filename`), with their errno."""
   try:
     yield

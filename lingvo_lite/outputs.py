@@ -405,7 +405,7 @@ def write_folder(output: FolderOutput, write: Callable[[epath.Path], None]) -> b
 
   Raises:
     UsageError: what is there now is not replaceable (written meanwhile by someone else).
-    OSError: a failed write.
+    OSError: a failed write, naming the file where it was to be (not in the staging folder).
   """
   if paths.is_remote(str(output.path)):
     state = output.state()
@@ -418,13 +418,28 @@ def write_folder(output: FolderOutput, write: Callable[[epath.Path], None]) -> b
   parent, name = os.path.split(target)
   with created_folders(epath.Path(parent)):
     stage = os.path.join(parent, f".{name}.{os.getpid()}.{os.urandom(4).hex()}.partial")
-    os.mkdir(stage)
     try:
+      os.mkdir(stage)
       write(epath.Path(stage))
       return _rename_into_place(output, stage, target)
+    except OSError as e:
+      # The staging folder is a name nobody knows: a failure names the file at its place.
+      moved = _at_final_place(e, stage, target)
+      if moved is e:
+        raise
+      raise moved from e
     finally:
       if os.path.lexists(stage):
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _at_final_place(error: OSError, stage: str, target: str) -> OSError:
+  """`error` naming the file it failed on where that file was to be (under `target`) rather
+  than in the staging folder `stage`; as it is when it names another path, or none."""
+  name = error.filename
+  if not isinstance(name, str) or not (name == stage or name.startswith(stage + os.sep)):
+    return error
+  return OSError(error.errno, error.strerror, os.path.join(target, os.path.relpath(name, stage)))
 
 
 def _rename_into_place(output: FolderOutput, stage: str, target: str) -> bool:

@@ -20,6 +20,7 @@ import sysconfig
 import zlib
 from typing import Any, Callable, Sequence
 
+from lingvo_lite import input_files
 from lingvo_lite.data import vocabulary as vocabulary_lib
 from lingvo_lite.data.store_build import describe_preprocessor
 from lingvo_lite.data.task_facts import TaskFacts
@@ -44,7 +45,11 @@ def split_of(relative_path: str) -> str:
 
 
 def source_files(root: str, split: str) -> list[str]:
-  """Sorted paths, relative to `root`, of the `.py` files in `split`."""
+  """Sorted paths, relative to `root`, of the `.py` files in `split`.
+
+  Raises:
+    UsageError: one of them is a FIFO or a device (reading it would wait or run for ever).
+  """
   found = []
   for directory, subdirectories, files in os.walk(root):
     subdirectories[:] = sorted(d for d in subdirectories if d not in EXCLUDED_DIRECTORIES)
@@ -52,6 +57,11 @@ def source_files(root: str, split: str) -> list[str]:
       if name.endswith(".py"):
         relative = os.path.relpath(os.path.join(directory, name), root)
         if split_of(relative) == split:
+          kind = input_files.kind_of(os.path.join(root, relative))
+          if kind is not None:
+            raise config_error("source_dir", root, f"holds {relative}, which is {kind}, not a "
+                               "regular file (reading it could wait or run for ever)",
+                               "move it away")
           found.append(relative)
   return sorted(found)
 

@@ -156,7 +156,11 @@ CASES = {
     "unreadable flagfile": ([*PRINT, "--flagfile=/proc/self/mem"],
                             "--flagfile=/proc/self/mem: cannot read the flag file", None),
     "flagfile of endless bytes": ([*PRINT, "--flagfile=/dev/zero"],
-                                  "--flagfile=/dev/zero: more than 1 MiB, not a flag file", None),
+                                  "--flagfile=/dev/zero: is a character device, not a regular "
+                                  "file", None),
+    "flagfile too long to be one": ([*PRINT, "--flagfile=big.txt"],
+                                    "--flagfile=big.txt: more than 1 MiB, not a flag file",
+                                    _write("big.txt", "#" * (1 << 20) + "\n")),
     # Flag files that include themselves (absl skips them with a warning).
     "flagfile includes itself": (
         [*PRINT, "--flagfile=self.txt"],

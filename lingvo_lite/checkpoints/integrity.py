@@ -13,6 +13,8 @@ import zlib
 
 from etils import epath
 
+from lingvo_lite import input_files
+
 CHECKSUMS_FILE = "lingvo_lite_checksums.json"
 _CHUNK_BYTES = 1 << 22
 
@@ -51,6 +53,9 @@ def has_checksums(step_dir: epath.Path) -> bool:
 
 def first_mismatch(step_dir: epath.Path) -> str | None:
   """None if every recorded file is present with its size and CRC-32; else what differs."""
+  special = input_files.kind_of(step_dir / CHECKSUMS_FILE)
+  if special is not None:  # Reading a FIFO would wait for ever.
+    return f"{CHECKSUMS_FILE} is {special}, not a regular file"
   try:
     recorded = {name: (int(entry["bytes"]), str(entry["crc32"])) for name, entry in
                 json.loads((step_dir / CHECKSUMS_FILE).read_text()).items()}

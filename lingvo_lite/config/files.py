@@ -29,7 +29,7 @@ from etils import epath
 from fiddle import history
 from fiddle.experimental import serialization
 
-from lingvo_lite import file_writes, paths
+from lingvo_lite import file_writes, input_files, paths
 from lingvo_lite.config import moved_modules
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import entries, key_text, path_join
@@ -216,7 +216,8 @@ def _read_json(path: epath.Path, flag: str) -> dict[str, Any]:
     raise UsageError(f"{flag}={path}: is a folder; give the config.json file in it, e.g. "
                      f"{flag}={path / CONFIG_JSON}")
   try:
-    data = json.loads(path.read_text())
+    data = json.loads(input_files.read_bytes(path, f"{flag}={path}",
+                                             "give the config.json a run wrote"))
   # RecursionError: arrays nested thousands deep.
   except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
     raise UsageError(f"{flag}={path}: not a config.json written by lingvo_lite "
@@ -289,7 +290,7 @@ def _first_line(error: BaseException) -> str:
 def recorded_experiment(path: epath.Path) -> str | None:
   """The import path of the experiment class a config.json was written from, if recorded."""
   try:
-    extra = json.loads(path.read_text()).get(_EXTRA_KEY) or {}
+    extra = json.loads(input_files.read_bytes(path, str(path))).get(_EXTRA_KEY) or {}
   except (OSError, ValueError, AttributeError):
     return None
   name = extra.get("experiment") if isinstance(extra, dict) else None

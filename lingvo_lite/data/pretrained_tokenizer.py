@@ -41,7 +41,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from lingvo_lite import gguf_files, paths
+from lingvo_lite import file_writes, gguf_files, input_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.runtime.tensorflow_import import import_seqio
 
@@ -206,6 +206,7 @@ def read(spec: PretrainedTokenizer | str) -> TokenizerFiles:
 
 @functools.lru_cache(maxsize=8)
 def _read(resolved: str, given: str) -> TokenizerFiles:
+  _refuse_special(resolved, given)
   if os.path.isdir(resolved):
     return _read_hf(os.path.join(resolved, "tokenizer.json"), given)
   if not os.path.isfile(resolved):
@@ -220,6 +221,7 @@ def _read(resolved: str, given: str) -> TokenizerFiles:
 
 def _read_hf(tokenizer_json: str, given: str) -> TokenizerFiles:
   import tokenizers  # pylint: disable=g-import-not-at-top
+  _refuse_special(tokenizer_json, given)
   if not os.path.isfile(tokenizer_json):
     raise UsageError(f"{FIELD}.path={given!r}: has no tokenizer.json; give a Hugging Face "
                      "folder saved with its tokenizer (tokenizer.json)")
@@ -246,6 +248,7 @@ def _read_hf(tokenizer_json: str, given: str) -> TokenizerFiles:
                      "tokenizer_config.json or eos_token_id in config.json)")
   template = settings.get("chat_template")
   template_file = os.path.join(folder, "chat_template.jinja")
+  _refuse_special(template_file, given)
   if template is None and os.path.isfile(template_file):
     with open(template_file, encoding="utf-8") as f:
       template = f.read()
@@ -265,7 +268,18 @@ def _generation_defaults(values: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
   return tuple(sorted((k, v) for k, v in values.items() if isinstance(v, (bool, int, float))))
 
 
+def _refuse_special(path: str, given: str) -> None:
+  """Refuses a tokenizer file (or the path given) that is a FIFO or a device: the reader
+  would wait on it for ever (input_files)."""
+  shown = f"{FIELD}.path={given!r}"
+  if os.path.abspath(path) != os.path.abspath(os.path.expanduser(given)):  # A file in it.
+    shown += f": {os.path.basename(path)}"
+  input_files.check(path, shown, "give a Hugging Face folder, a tokenizer.json or a .gguf "
+                    "file")
+
+
 def _json_object(path: str, given: str) -> dict:
+  _refuse_special(path, given)
   if not os.path.isfile(path):
     return {}
   try:
@@ -374,10 +388,11 @@ def write_hf_files(files: TokenizerFiles, folder: str, model_max_length: int) ->
       settings[name] = made.id_to_token(token_id)
   if files.chat_template is not None:
     settings["chat_template"] = files.chat_template
-  with open(os.path.join(folder, HF_FILES[0]), "w", encoding="utf-8") as f:
-    f.write(files.json)
-  with open(os.path.join(folder, HF_FILES[1]), "w", encoding="utf-8") as f:
-    f.write(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+  for name, text in ((HF_FILES[0], files.json),
+                     (HF_FILES[1], json.dumps(settings, indent=2, ensure_ascii=False) + "\n")):
+    path = os.path.join(folder, name)
+    with file_writes.writing(path), open(path, "w", encoding="utf-8") as f:
+      f.write(text)
 
 
 def gguf_tokenizer(files: TokenizerFiles, vocab_size: int) -> dict[str, Any] | None:

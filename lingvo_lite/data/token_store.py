@@ -32,7 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.errors import DataError
 
 SCHEMA = "lingvo_lite.token_store/1"
@@ -130,8 +130,9 @@ def read_manifest(store: epath.Path) -> dict[str, Any] | None:
   if not file.exists():
     return None
   try:
-    manifest = json.loads(file.read_text())
-  except (OSError, ValueError) as e:
+    manifest = json.loads(input_files.read_bytes(file, str(file), "delete the folder to "
+                                                 "rebuild the store"))
+  except (OSError, ValueError, RecursionError) as e:
     raise DataError(f"{file}: unreadable token-store manifest ({e}); delete the folder to "
                     "rebuild it") from None
   return manifest if isinstance(manifest, dict) else None

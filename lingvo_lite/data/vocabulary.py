@@ -35,14 +35,14 @@ from typing import Any, Callable, Iterable, Iterator, Literal
 import numpy as np
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.runtime import user_code
 from lingvo_lite.data import locations
 from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer, TokenizerFiles
 from lingvo_lite.data import pretrained_tokenizer
 from lingvo_lite.runtime.tensorflow_import import import_seqio, import_tensorflow
 from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from,
-                                error_cause)
+                                error_cause, shown)
 
 # seqio's convention (pad 0, EOS 1, UNK 2), then byte_fallback's 256 byte pieces.
 BYTE_VOCAB_SIZE = 259
@@ -293,7 +293,7 @@ def _load(path: epath.Path, field: str, value: Any, wanted: SentencePieceModel |
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top
   try:
-    data = path.read_bytes()
+    data = input_files.read_bytes(path, f"{field}={shown(value)}", "give a .model file")
   except FileNotFoundError:
     raise config_error(field, value, "no such SentencePiece model file", "train one with "
                        "bin/train_vocab.py or give an existing .model") from None

@@ -31,7 +31,7 @@ import json
 import numbers
 from typing import Any, Mapping, Sequence
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.decode.sampling_checks import check_sampling, check_unicode, kind
 from lingvo_lite.errors import UsageError, config_error, shown
 
@@ -182,7 +182,9 @@ def _read_file(text: str, name: str) -> list[Request]:
       raise UsageError(f"{flag}: no such file; {fix}")
     if path.is_dir():
       raise UsageError(f"{flag}: is a directory; {fix}")
-    data = path.read_bytes()
+    # Read once, start to end: a pipe being written (`<(...)`) is read whole; a FIFO no
+    # program writes to, or a device, is refused rather than waited on.
+    data = input_files.read_bytes(path, flag, fix, stream=True)
   except OSError as e:
     raise UsageError(f"{flag}: cannot be read ({e.strerror or type(e).__name__}); make it "
                      "readable, or give another file") from None

@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families
-from lingvo_lite.models.checkpoint_names import GgufTensor, HfConfig, TensorName
+from lingvo_lite.models.checkpoint_names import GgufSize, GgufTensor, HfConfig, TensorName
 
 # Interface class -> {family class -> its names class}.
 _REGISTERED: dict[type, dict[type, type]] = {}
@@ -116,6 +116,11 @@ class GgufNames(FormatNames):
     """GGUF tensor name -> the Hugging Face tensor it is, and how llama.cpp's converter
     rearranged it."""
     raise NotImplementedError
+
+  def sizes(self) -> list[GgufSize]:
+    """Each tensor dimension that the model's metadata sizes (the model as `hf_config` read it
+    from a file), for the check that a file's metadata and tensors agree."""
+    return []
 
   def check_writable(self) -> None:
     """Raises UsageError (one line) where a file of `architecture` cannot express the model

@@ -49,6 +49,7 @@ from lingvo_lite.models.remat import RematPolicy
 PositionKind = Literal["rotary", "learned", "none"]
 RotaryScaling = Literal["none", "llama3"]
 TiedOutputScale = Literal["one", "rsqrt_dim"]
+DecodeLayers = Literal["auto", "scanned", "unrolled"]
 __all__ = ["TransformerLM", "positions_from_segments"]
 
 
@@ -122,6 +123,11 @@ class TransformerLM(LanguageModel):
       JAX's "dots_saveable" and "dots_with_no_batch_dims_saveable", or a policy over the
       blocks' named activations ("minimal", "save_qkv_proj", "save_attention", ...,
       "*_offloaded" to host memory): models/remat.py lists them.
+    decode_layers: How scanned layers run in a decode step (the parameters stay stacked
+      either way): "scanned" (one loop over the layers: compiled once per block), "unrolled"
+      (the loop written out: compile time grows with depth, and on a TPU v5e each step takes
+      half the time, measured on SmolLM2-135M's 30 layers), or "auto" (the default: unrolled on
+      TPUs and GPUs, scanned on CPUs, where the loop costs nothing measurable).
   """
 
   vocab_size: Annotated[int, Int32Size]
@@ -158,12 +164,13 @@ class TransformerLM(LanguageModel):
   param_dtype: layers.DType = "float32"
   scan_layers: bool = False
   remat_policy: RematPolicy = "none"
+  decode_layers: DecodeLayers = "auto"
 
   # How layers are laid out, rematerialized, and attention executed: the parameters and the
   # function they compute stay (a checkpoint's layer layout is converted on restore). The
   # embedding's initialization is used only by a fresh start. Quantization lives in the step,
   # not the parameters.
-  resumable_fields = ("scan_layers", "remat_policy", "attention_implementation",
+  resumable_fields = ("scan_layers", "remat_policy", "attention_implementation", "decode_layers",
                       "embedding_init_stddev", "quantization")
   quantizations = quantizing.QUANTIZATIONS
 
@@ -457,6 +464,11 @@ class TransformerLM(LanguageModel):
     sizes: a family with other attention returns its subclass and their values."""
     return layers.Attention, {}
 
+  def _decode_unrolled(self) -> bool:
+    if self.decode_layers == "auto":
+      return targets.current_platform() != "cpu"
+    return self.decode_layers == "unrolled"
+
   def _block_fields(self) -> dict:
     attention_type, options = self.attention_module()
     return dict(
@@ -499,9 +511,12 @@ class TransformerLM(LanguageModel):
       if cache is not None:
         return x, tuple(tuple(layer) for layer in zip(*layer_caches))
       return x, (jax.tree.map(lambda *kvs: jnp.stack(kvs), *new_kv) if return_kv else None)
+    # A decode step's loop over layers costs per iteration on accelerators (each layer's
+    # kernels wait for the loop's bookkeeping and none overlaps the next layer's reads).
+    unroll = self.num_layers if cache is not None and self._decode_unrolled() else 1
     stack = nn.scan(block_class, variable_axes={"params": 0}, split_rngs={"params": True},
                     in_axes=(nn.broadcast, nn.broadcast, 0), length=self.num_layers,
-                    metadata_params={nn.PARTITION_NAME: "layers"})
+                    unroll=unroll, metadata_params={nn.PARTITION_NAME: "layers"})
     scanned = stack(**fields, scan_carry=True, name="layers")
     layer_index = jnp.arange(self.num_layers, dtype=jnp.int32)
     if cache is not None:

@@ -119,7 +119,6 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   checker = generation.RequestResolver(setup, loader.vocabulary)
   prompt_lengths = [len(checker.resolve(index, request).prompt_ids)
                     for index, request in enumerate(requests)]
-  record_config_where_missing(invocation)
   with writer:
 
     def shown_path() -> str:  # The name is chosen at the first completion (a -2 suffix, ...).
@@ -127,6 +126,8 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
                                             or shown / "decode" / writer.path.name)
 
     generator = loader.load().generator  # The target is active already (the executor's).
+    # Once the weights are in hand: a source that cannot be read leaves a new job dir unmade.
+    record_config_where_missing(invocation)
     in_order = _InOrder(writer)
     with generator.activated():
       generator.warm(prompt_lengths)  # Compiles now: the time below is decoding's.

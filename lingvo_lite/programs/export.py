@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from typing import Any
 
 from etils import epath
 
-from lingvo_lite import outputs, paths
+from lingvo_lite import file_writes, outputs, paths
 from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError, os_error_text, shown
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
@@ -108,7 +109,6 @@ def main(invocation: Invocation) -> None:
   output = outputs.check_folder(paths.resolve(options.export_dir, "--export_dir"), flag,
                                 export.kind, export.names + (outputs.MANIFEST,), "the export",
                                 invocation.job_dir)
-  record_config_where_missing(invocation)
   params, what = opened.load()
   export.take(params)
   del params  # The writer keeps what it writes from (a host copy, where it makes one).
@@ -119,7 +119,10 @@ def main(invocation: Invocation) -> None:
     _write_manifest(folder, export.kind, shown_job, opened.step, what, options.export_format,
                     dtype, written)
 
-  replaced = _write_folder(output, write, flag)
+  replaced = _write_folder(output, write, flag, options.export_dir)
+  # Only once the export is written: a failed one (a source that cannot be read, a full disk)
+  # leaves a new job dir unmade.
+  record_config_where_missing(invocation)
   print(f"exported {what} to {options.export_dir} "
         f"({'replaced the earlier export' if replaced else 'new'}): {options.export_format}, "
         f"{dtype}, {export.summary(written)}", flush=True)
@@ -131,14 +134,24 @@ def _write_manifest(folder: epath.Path, kind: str, shown_job: epath.Path, step: 
                     what: str, export_format: str, dtype: str, written: dict[str, Any]) -> None:
   manifest = {"schema": outputs.schema(kind), "job_log_dir": str(shown_job), "step": step,
               "parameters": what, "format": export_format, "dtype": dtype, **written}
-  (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+  with file_writes.writing(folder / outputs.MANIFEST):
+    (folder / outputs.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def _write_folder(output: Any, write: Any, flag: str) -> bool:
-  """outputs.write_folder, a failed write one line (nothing is left there)."""
+def _write_folder(output: Any, write: Any, flag: str, export_dir: str) -> bool:
+  """outputs.write_folder, a failed write one line naming the file (nothing is left there)."""
   try:
     return outputs.write_folder(output, write)
   except OSError as e:
     problem, fix = os_error_text(e, "export again")
-    raise ProgramFailure(f"{flag}: cannot write the export: {problem}; nothing was left "
-                         f"there; {fix}") from None
+    raise ProgramFailure(f"{flag}: cannot write {_failed_file(e, output.path, export_dir)}: "
+                         f"{problem}; nothing was left there; {fix}") from None
+
+
+def _failed_file(error: OSError, folder: epath.Path, export_dir: str) -> str:
+  """The file a failed write names, under --export_dir as the user wrote it; `the export`
+  where it names none."""
+  name, root = error.filename, os.fspath(folder)
+  if isinstance(name, str) and (name == root or name.startswith(root + os.sep)):
+    return os.path.normpath(os.path.join(export_dir, os.path.relpath(name, root)))
+  return "the export"

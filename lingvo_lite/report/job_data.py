@@ -30,12 +30,11 @@ import json
 import math
 import os
 import re
-import stat
 from typing import Any
 
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.runtime import run_info
 
@@ -160,13 +159,7 @@ def step_of(row: Any) -> int | None:
 def is_special_file(path: epath.Path) -> bool:
   """Whether `path` is a local FIFO, socket or device: reading one could block for ever, so
   the report leaves it out (a missing path or a folder is for the reader to say)."""
-  if paths.is_remote(str(path)):
-    return False
-  try:
-    mode = os.stat(os.fspath(path)).st_mode
-  except OSError:
-    return False
-  return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+  return input_files.kind_of(path) is not None
 
 
 def _special_note(shown: str) -> str:

@@ -29,7 +29,7 @@ import stat
 
 from etils import epath
 
-from lingvo_lite import outputs, paths
+from lingvo_lite import input_files, outputs, paths
 from lingvo_lite.runtime import tensorflow_import
 from lingvo_lite.errors import UsageError
 
@@ -150,6 +150,11 @@ def _check_local(job_dir: str, creates: bool, flag: str, members: list[Member],
       if name in written:
         to_create.append(_nearest_existing(member))
       continue
+    special = input_files.kind_of(member) if kind == FILE else None
+    if special is not None:  # A FIFO as config.json: reading it would wait for ever.
+      what = "regular file" if wanted == FILE else wanted
+      raise UsageError(f"{flag}: {member} is {special}, not a {what}; move it away, or use "
+                       "another --job_log_dir")
     if kind != wanted:
       raise UsageError(f"{flag}: {member} is a {kind}, not a {wanted}; move it away, or use "
                        "another --job_log_dir")

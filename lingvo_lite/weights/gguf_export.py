@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from lingvo_lite import file_writes
 from lingvo_lite.data import pretrained_tokenizer
 from lingvo_lite.weights import hf_export
 from lingvo_lite.weights.gguf_checkpoint import names_of
@@ -61,6 +62,11 @@ def write(path: str, model: Any, tensors: Any, dtype: str,
   Returns:
     What the manifest records: the tensor count, the architecture, whether a tokenizer went in.
   """
+  with file_writes.writing(path):  # A failed write (a full disk) names the file.
+    return _write(path, model, tensors, dtype, tokenizer)
+
+
+def _write(path: str, model: Any, tensors: Any, dtype: str, tokenizer: Any) -> dict[str, Any]:
   import gguf  # pylint: disable=g-import-not-at-top
   arch = check_expressible(model)
   names = names_of(model)
@@ -87,11 +93,22 @@ def write(path: str, model: Any, tensors: Any, dtype: str,
   writer.write_ti_data_to_file()
   for gguf_name, tensor in tensor_names.items():
     values = tensor.from_hf(np.asarray(tensors[tensor.hf], np.float32))
-    writer.write_tensor_data(np.ascontiguousarray(values.astype(types[gguf_name])))
+    writer.write_tensor_data(np.ascontiguousarray(values.astype(types[gguf_name]))
+                             .view(_WrittenByPython))
     del values
   writer.close()
   return {"tensors": len(tensor_names), "architecture": arch, "tokenizer": has_tokenizer,
           "files": {FILE: os.path.getsize(path)}}
+
+
+class _WrittenByPython(np.ndarray):
+  """An array the gguf writer writes through its Python file object. NumPy's own `tofile`
+  writes through C stdio, and a failed write (a full disk) comes back as `OSError: N requested
+  and M written`, without its errno; the file object's write raises ENOSPC itself."""
+
+  def tofile(self, file: Any, *args: Any, **kwargs: Any) -> None:
+    del args, kwargs  # The writer passes the file alone.
+    file.write(memoryview(np.ascontiguousarray(self)).cast("B"))
 
 
 def _add_value(writer: Any, key: str, value: Any) -> None:

@@ -6,8 +6,11 @@ and `model.safetensors`, or shards listed by `model.safetensors.index.json`. The
 Hugging Face names (models/format_names.py: `HfNames`) read its `model_type` says which fields
 the config sets (`fields`) and which tensor holds which parameter (`tensors`), so this module
 names no family. Tensors are read with `safetensors`' NumPy API (memory-mapped; no torch), one
-at a time, converted to the parameter's layout and dtype, and placed into its sharding at once:
-the host holds about one tensor (with scanned layers, one stacked parameter) at any time.
+at a time, converted to the parameter's layout and dtype, and placed into its sharding at once
+(placing.py, whose rules every format keeps: float widths convert, an integer tensor is
+refused, a tensor no part of the model reads is named in one warning): the host holds about one
+tensor (with scanned layers, one stacked parameter) at any time. Every file is checked to be a
+regular file before it is opened (input_files.py): a FIFO would hang the read.
 
 The fingerprint of what was loaded is `sha256:` over every tensor read (name, dtype, shape
 and the CRC-32 of its bytes, in the order the model names them), as a job checkpoint's is
@@ -22,23 +25,27 @@ import dataclasses
 import hashlib
 import json
 import os
-import zlib
-from typing import Any, Callable, Iterator
+from typing import Any
 
-import jax
 import numpy as np
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families, format_names
-from lingvo_lite.models.checkpoint_names import HfConfig, TensorName
+from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.format_names import HfNames
+from lingvo_lite.weights.placing import Placer, content_crc, warn_unread
 
 FIELD = "train.init_from"
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# The stored types (safetensors' names) its NumPy reader gives arrays of: floats, which
+# convert to the parameters' dtype, and integers and booleans, which placing refuses by name.
+_NUMPY_TYPES = frozenset({"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U64", "U32",
+                          "U16", "U8", "BOOL"})
+_FOLDER_FIX = "give a folder that transformers' save_pretrained wrote"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +89,10 @@ class HfCheckpoint:
       raise UsageError(f"{where}: no such file; a Hugging Face folder holds its model's "
                        "config.json beside the safetensors")
     try:
-      values = json.loads(file.read_text())
-    except (ValueError, UnicodeDecodeError) as e:
+      values = json.loads(input_files.read_bytes(file, where, _FOLDER_FIX))
+    except OSError as e:  # A folder, no permission.
+      raise UsageError(f"{where}: cannot be read ({e.strerror or e}); {_FOLDER_FIX}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
       raise UsageError(f"{where}: not JSON ({e}); give the config.json transformers "
                        "wrote") from None
     if not isinstance(values, dict) or not values.get("model_type"):
@@ -122,11 +131,13 @@ class HfCheckpoint:
     placer = Placer(model, abstract, f"hf:{self.path}")
     with _Tensors(self.folder(), self.path, names.optional_prefix) as tensors:
       for name in names.tensors():
-        tensor = tensors.get(name.name)
+        tensor, file = tensors.get(name.name)
         digest.update(f"{name.name}|{tensor.dtype}|{tensor.shape}|{content_crc(tensor)}|"
                       .encode())
-        placer.put(name, tensor)
-    return placer.finish(names.absent()), f"hf:{self.path} sha256:{digest.hexdigest()}"
+        placer.put(name, tensor, file)
+      params = placer.finish(names.absent())
+      warn_unread(f"hf:{self.path}", tensors.unread())
+    return params, f"hf:{self.path} sha256:{digest.hexdigest()}"
 
 
 def family_reading(model_type: Any, where: str) -> tuple[type, type[HfNames]]:
@@ -163,11 +174,13 @@ class _Tensors:
     self._folder, self._shown, self._prefix = folder, shown, optional_prefix
     self._files: dict[str, Any] = {}
     self._keys: dict[str, frozenset[str]] = {}
+    self._read: set[str] = set()
     index = folder / INDEX_FILE
     if index.exists():
       try:
-        weight_map = json.loads(index.read_text())["weight_map"]
-      except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        weight_map = json.loads(input_files.read_bytes(
+            index, os.path.join(shown, INDEX_FILE), _FOLDER_FIX))["weight_map"]
+      except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError, OSError):
         weight_map = None
       if not isinstance(weight_map, dict):
         raise UsageError(f"{os.path.join(shown, INDEX_FILE)}: not a safetensors index (JSON "
@@ -194,6 +207,7 @@ class _Tensors:
       if not (self._folder / file).exists():
         raise UsageError(f"{shown}: no such file (named by {INDEX_FILE}); the folder is "
                          "incomplete: copy it again")
+      input_files.check(self._folder / file, shown, _FOLDER_FIX)
       try:
         handle = safe_open(str(self._folder / file), framework="np")
         handle.__enter__()
@@ -208,17 +222,26 @@ class _Tensors:
       self._keys[file] = frozenset(handle.keys())
     return self._keys[file]
 
+  def unread(self) -> set[str]:
+    """The tensors of the folder that no `get` read (the index's, or the single file's)."""
+    if self._where is not None:
+      names = set(self._where)
+    else:
+      names = set(self._names(SINGLE_FILE, self._open(SINGLE_FILE)))
+    return names - self._read
+
   def _file_of(self, name: str) -> str | None:
     if self._where is None:
       return SINGLE_FILE
     return self._where.get(name)
 
-  def get(self, name: str) -> np.ndarray:
+  def get(self, name: str) -> tuple[np.ndarray, str]:
     """The tensor `name` (or, where the family allows it, `name` without its optional
-    prefix) as a NumPy array.
+    prefix) as a NumPy array, and its file as messages name it.
 
     Raises:
-      UsageError: no such tensor, or its bytes cannot be read.
+      UsageError: no such tensor, a type NumPy cannot hold (float8: a quantized checkpoint,
+        whose scales no family reads), or its bytes cannot be read.
     """
     from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
     candidates = [name]
@@ -231,96 +254,18 @@ class _Tensors:
       handle = self._open(file)
       if candidate not in self._names(file, handle):
         continue
+      shown = os.path.join(self._shown, file)
       try:
-        return handle.get_tensor(candidate)
+        stored = handle.get_slice(candidate).get_dtype()
+        if stored not in _NUMPY_TYPES:  # safetensors' NumPy reader raises AttributeError.
+          raise UsageError(f"{shown}: tensor {candidate} is {stored}, which lingvo_lite does "
+                           "not read (float widths F64, F32, F16 and BF16 convert): give the "
+                           "model's weights in one of them")
+        self._read.add(candidate)
+        return handle.get_tensor(candidate), shown
       except (SafetensorError, OSError, ValueError) as e:
-        raise UsageError(f"{os.path.join(self._shown, file)}: tensor {candidate} cannot be "
-                         f"read ({e}); the file may be truncated: copy it again") from None
+        raise UsageError(f"{shown}: tensor {candidate} cannot be read ({e}); the file may be "
+                         "truncated: copy it again") from None
     raise UsageError(f"hf:{self._shown}: no tensor {name}, which this model needs: its sizes "
                      "are not the source's; set them as its config.json does (drop the "
                      "--fdl.model overrides that change them)")
-
-
-class Placer:
-  """Puts converted tensors into the model's parameter tree, each leaf on its devices as soon
-  as every tensor it takes is in (scanned layers: a leaf takes one tensor per layer)."""
-
-  def __init__(self, model: Any, abstract: Any, where: str):
-    self._where = where
-    self._scanned = bool(getattr(model, "scan_layers", False))
-    self._abstract = abstract
-    self._leaves: dict[tuple[str, ...], Any] = {}
-    self._pending: dict[tuple[str, ...], tuple[np.ndarray, set[int]]] = {}
-    self._layers = int(getattr(model, "num_layers", 0))
-
-  def _locate(self, path: str) -> tuple[tuple[str, ...], int | None, Any]:
-    """(the leaf's key path, the layer it is one row of (scanned layers) or None, its
-    abstract value)."""
-    keys = tuple(path.split("/"))
-    layer = None
-    if self._scanned and keys[0].startswith("layer_"):
-      layer, keys = int(keys[0][len("layer_"):]), ("layers",) + keys[1:]
-    node = self._abstract
-    for key in keys:
-      if not isinstance(node, dict) or key not in node:
-        raise UsageError(f"{self._where}: the model has no parameter {path}; its family's "
-                         "names do not match its config (a bug: report it)")
-      node = node[key]
-    return keys, layer, node
-
-  def put(self, name: TensorName, tensor: np.ndarray) -> None:
-    located = [self._locate(path) for path in name.paths]
-    shapes = [leaf.shape[1:] if layer is not None else leaf.shape
-              for _, layer, leaf in located]
-    parts = name.to_ours(tensor, [tuple(s) for s in shapes], self._where)
-    for (keys, layer, leaf), part in zip(located, parts):
-      part = part.astype(leaf.dtype, copy=False)
-      if layer is None:
-        self._place(keys, leaf, part)
-        continue
-      stacked, seen = self._pending.get(keys) or (np.empty(leaf.shape, leaf.dtype), set())
-      stacked[layer] = part
-      seen.add(layer)
-      self._pending[keys] = (stacked, seen)
-      if len(seen) == self._layers:
-        self._place(keys, leaf, self._pending.pop(keys)[0])
-
-  def _place(self, keys: tuple[str, ...], leaf: Any, value: np.ndarray) -> None:
-    self._leaves[keys] = jax.make_array_from_callback(leaf.shape, leaf.sharding,
-                                                      lambda index: value[index])
-
-  def finish(self, absent: tuple[str, ...]) -> Any:
-    """The whole tree: what was put, zeros for the `absent` parameters.
-
-    Raises:
-      UsageError: a parameter no tensor filled (a family's names missing one: a bug).
-    """
-    for path in absent:
-      keys, _, leaf = self._locate(path)
-      self._place(keys, leaf, np.zeros(leaf.shape, leaf.dtype))
-    missing = [path for path, _ in _walk(self._abstract) if path not in self._leaves]
-    if missing or self._pending:
-      names = ["/".join(p) for p in missing] + ["/".join(k) for k in self._pending]
-      raise UsageError(f"{self._where}: no tensor for the parameters {', '.join(names[:5])}; "
-                       "the family's names miss them (a bug: report it)")
-    return _rebuild(self._abstract, lambda path: self._leaves[path])
-
-
-def content_crc(array: np.ndarray) -> int:
-  """CRC-32 of an array's bytes, in memory order (a fingerprint's part: fast, not secret)."""
-  return zlib.crc32(np.ascontiguousarray(array).view(np.uint8).reshape(-1))
-
-
-def _walk(tree: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-  if isinstance(tree, dict):
-    for key, value in tree.items():
-      yield from _walk(value, prefix + (key,))
-  else:
-    yield prefix, tree
-
-
-def _rebuild(tree: Any, value_at: Callable[[tuple[str, ...]], Any],
-             prefix: tuple[str, ...] = ()) -> Any:
-  if isinstance(tree, dict):
-    return {key: _rebuild(value, value_at, prefix + (key,)) for key, value in tree.items()}
-  return value_at(prefix)

@@ -21,12 +21,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 from etils import epath
 
+from lingvo_lite import file_writes
 from lingvo_lite.data import pretrained_tokenizer, vocabulary_tokenizer
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.errors import UsageError
@@ -40,6 +42,7 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 # transformers' own default shard size (`save_pretrained(max_shard_size="5GB")`).
 MAX_SHARD_BYTES = 5 * 10**9
 DTYPES = ("float32", "bfloat16")
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def check_expressible(model: Any) -> dict[str, Any]:
@@ -134,20 +137,21 @@ def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
   Raises:
     UsageError: a parameter the format has no tensor for is not zero.
   """
-  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   named = NamedTensors(model, params)
   target = _numpy_dtype(dtype)
   weight_map, files = {}, {}
   for file, tensors in plan.files.items():
     shard = {t.name: named[t.name].astype(target) for t in tensors}
-    save_file(shard, str(folder / file), metadata={"format": "pt"})
-    os.chmod(os.fspath(folder / file), 0o666 & ~_umask())  # safetensors writes it 0600.
+    with file_writes.writing(folder / file):
+      _save_safetensors(shard, folder / file)
+      os.chmod(os.fspath(folder / file), 0o666 & ~_umask())  # safetensors writes it 0600.
     weight_map.update({name: file for name in shard})
     del shard
   if len(plan.files) > 1:
     total = sum(os.path.getsize(os.fspath(folder / f)) for f in plan.files)
-    (folder / INDEX_FILE).write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    with file_writes.writing(folder / INDEX_FILE):
+      (folder / INDEX_FILE).write_text(json.dumps(
+          {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
   special = {}
   vocabulary: dict[str, Any] = {"model": int(model.vocab_size)}
   if plan.tokenizer is not None:
@@ -157,13 +161,30 @@ def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
     vocabulary["tokenizer"] = plan.tokenizer.vocab_size
     pretrained_tokenizer.write_hf_files(plan.tokenizer, os.fspath(folder),
                                         int(model.max_length))
-  (folder / CONFIG_FILE).write_text(json.dumps(dict(config, torch_dtype=dtype, **special),
-                                               indent=2) + "\n")
+  with file_writes.writing(folder / CONFIG_FILE):
+    (folder / CONFIG_FILE).write_text(json.dumps(dict(config, torch_dtype=dtype, **special),
+                                                 indent=2) + "\n")
   generation = dict(plan.tokenizer.generation if plan.tokenizer is not None else (), **special)
-  (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2) + "\n")
+  with file_writes.writing(folder / GENERATION_CONFIG_FILE):
+    (folder / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2) + "\n")
   for name in plan.names:
     files[name] = os.path.getsize(os.fspath(folder / name))
   return {"files": files, "tensors": len(weight_map), "vocabulary": vocabulary}
+
+
+def _save_safetensors(tensors: dict[str, np.ndarray], path: epath.Path) -> None:
+  """safetensors' `save_file`, its failure to write (a full disk) an OSError with its errno:
+  the Rust writer reports one as a SafetensorError whose text ends `(os error 28)`."""
+  from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  try:
+    save_file(tensors, str(path), metadata={"format": "pt"})
+  except SafetensorError as e:
+    number = _OS_ERROR.search(str(e))
+    if number is None:
+      raise
+    code = int(number.group(1))
+    raise OSError(code, os.strerror(code), str(path)) from e
 
 
 def check_absent(model: Any, params: Mapping[str, Any]) -> None:

@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from lingvo_lite import outputs, paths
+from lingvo_lite import file_writes, input_files, outputs, paths
+from lingvo_lite.checkpoints import orbax_errors as checkpoint_errors
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
 from lingvo_lite.weights.exports import size_text
@@ -39,6 +40,7 @@ KIND = "slim_export"
 PARAMS_DIR, CONFIG_FILE = "params", "config.json"
 FILES = (PARAMS_DIR, CONFIG_FILE)
 FIELD = "train.init_from"
+_FOLDER_FIX = "give a folder --mode=export --export_format=slim wrote"
 DTYPES = ("float32", "bfloat16", "int8")
 
 
@@ -57,11 +59,22 @@ def write(folder: epath.Path, params: Any, dtype: str, config_json: str,
         model.parameter_logical_specs(), model.int8_weight_contractions()))(params)
   else:
     cast = jax.tree.map(lambda leaf: leaf.astype(jnp.dtype(dtype)), params)
+  checkpoint_errors.silence_closed_loop_errors()
   checkpointer = ocp.StandardCheckpointer()
-  checkpointer.save(os.fspath(folder / PARAMS_DIR), cast)
-  checkpointer.wait_until_finished()
-  checkpointer.close()
-  (folder / CONFIG_FILE).write_text(config_json)
+  try:
+    checkpointer.save(os.fspath(folder / PARAMS_DIR), cast)
+    checkpointer.wait_until_finished()
+  except checkpoint_errors.READ_ERRORS as e:
+    # tensorstore reports a failed write (a full disk) as a ValueError quoting its errno: an
+    # OSError of that errno, naming the folder, is what a failed export says.
+    number = checkpoint_errors.errno_of(e)
+    if number is None:
+      raise
+    raise OSError(number, os.strerror(number), os.fspath(folder / PARAMS_DIR)) from e
+  finally:
+    checkpointer.close()
+  with file_writes.writing(folder / CONFIG_FILE):
+    (folder / CONFIG_FILE).write_text(config_json)
   sizes = {CONFIG_FILE: os.path.getsize(os.fspath(folder / CONFIG_FILE)),
            PARAMS_DIR: sum(os.path.getsize(os.path.join(root, name))
                            for root, _, names in os.walk(os.fspath(folder / PARAMS_DIR))
@@ -90,9 +103,10 @@ class SlimCheckpoint:
     folder = paths.resolve(self.path, f"{FIELD}.path")
     manifest = folder / "manifest.json"
     try:
-      data = json.loads(manifest.read_text())
+      data = json.loads(input_files.read_bytes(
+          manifest, f"{FIELD}=slim:{self.path}: its manifest.json", _FOLDER_FIX))
       schema = data["schema"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
       raise UsageError(f"{FIELD}=slim:{self.path}: not a slim-weights folder (no readable "
                        "manifest.json); give a folder --mode=export --export_format=slim "
                        "wrote") from None

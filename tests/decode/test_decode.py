@@ -31,6 +31,9 @@ FAMILIES = {
     "llama_gqa": ("PyCodeLlamaTiny", ()),
     "gpt2_learned": ("PyCodeGpt2Tiny", ()),
     "gptj_scanned": ("PyCodeTiny", ("model.scan_layers=True",)),
+    # The scan over layers written out in the decode step (the accelerators' default).
+    "gptj_scanned_unrolled_decode": ("PyCodeTiny", ("model.scan_layers=True",
+                                                    'model.decode_layers="unrolled"')),
     # int8 weights (models/quantization.py), quantized once when the generator takes them:
     # the reference pass multiplies the same int8 weights.
     "llama_int8_weights_scanned": ("PyCodeLlamaTiny", ('model.quantization="int8_weights"',

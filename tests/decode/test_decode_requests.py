@@ -6,6 +6,7 @@ device time; every record is strict JSON of the documented keys; nothing is over
 
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -105,11 +106,15 @@ def test_files_that_hold_no_requests_are_refused(tmp_path, make, message):
 def test_an_unreadable_file_is_refused(tmp_path, monkeypatch):
   path = _file(tmp_path, ['{"prompt": "a"}'])
 
-  def refuse(self):
-    raise PermissionError(13, "Permission denied", str(self))
+  real_open = os.open
+
+  def refuse(name, *args, **kwargs):
+    if os.fspath(name) == os.path.abspath(path):
+      raise PermissionError(13, "Permission denied", os.fspath(name))
+    return real_open(name, *args, **kwargs)
 
   # Not chmod: these tests may run as root, who reads any file.
-  monkeypatch.setattr(type(epath.Path(path)), "read_bytes", refuse)
+  monkeypatch.setattr(os, "open", refuse)
   text = _refused(decode_requests.from_flags, None, path, "p.jsonl")
   assert text.startswith("--prompts_file=p.jsonl: cannot be read (Permission denied)"), text
 

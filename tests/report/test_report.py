@@ -601,7 +601,8 @@ def test_compare_shows_the_changed_field_and_both_runs_curves(page, workdir):
     ([f"--job_log_dir={JOB}", "--compare=runs/alink"], "--compare=runs/alink: is --job_log_dir"),
     ([f"--job_log_dir={JOB}", "--compare=runs/b,runs/alink/../b"],
      "--compare=runs/alink/../b: names the same job dir twice"),
-    (["--job_log_dir=fifo_config"], "fifo_config: its config.json is not a regular file"),
+    (["--job_log_dir=fifo_config"], "fifo_config/config.json is a FIFO (named pipe), not a regular "
+     "file"),
     ([f"--job_log_dir={JOB}", "--exp=PyCodeTiny"], "--exp: --mode=report takes no config"),
     ([f"--job_log_dir={JOB}", "--fdl.model.dim=8"], "--mode=report takes no config (it is the "
      "mode to write JOB/report/index.html, "),

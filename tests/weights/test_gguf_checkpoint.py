@@ -27,7 +27,7 @@ from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.weights import gguf_export, hf_export
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from lingvo_lite.weights.hf_checkpoint import names_of
-from tests.weights import transformers_reference
+from tests.weights import tiny_weights, transformers_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -171,24 +171,58 @@ def test_a_truncated_file_is_one_line(tmp_path):
   assert "not a readable GGUF file" in str(error.value) and "\n" not in str(error.value)
 
 
-def test_an_unsupported_quantization_is_one_line_naming_the_tensor(smollm2, tmp_path):
-  # The file with one tensor's type set to Q8_1 (llama.cpp's, which the gguf package cannot
-  # dequantize): its tensor info is the name, 1 dimension (576), then the type (F32 = 0).
-  model = smollm2[0]
+def test_an_unsupported_quantization_is_one_line_naming_the_tensor(tmp_path):
+  """A tensor stored, whole and consistent, in Q8_1 (llama.cpp's, which the gguf package
+  cannot dequantize): a tiny Llama whose output norm is 64 values in Q8_1's blocks."""
+  path = tmp_path / "q8_1.gguf"
+  tiny_weights.gguf_file(path)
+  # Rewritten with that one tensor's bytes in Q8_1 (2 blocks of 32 values: 80 bytes).
+  reader = gguf.GGUFReader(str(path))
+  writer = gguf.GGUFWriter(str(tmp_path / "rewritten.gguf"), "llama")
+  for name, field in reader.fields.items():
+    value = field.contents()
+    if name.startswith("llama.") and isinstance(value, int):
+      writer.add_uint32(name, value)
+    elif name.startswith("llama."):
+      writer.add_float32(name, value)
+  for tensor in reader.tensors:
+    if tensor.name == "output_norm.weight":
+      writer.add_tensor(tensor.name, np.zeros(80, np.uint8),
+                        raw_dtype=gguf.GGMLQuantizationType.Q8_1)
+    else:
+      writer.add_tensor(tensor.name, np.asarray(tensor.data))
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  source = GgufCheckpoint(str(tmp_path / "rewritten.gguf"))
+  family, fields = source.model_fields()
+  model = family(**fields)
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+  with pytest.raises(UsageError) as error:
+    source.read_params(model, abstract)
+  message = str(error.value)
+  assert "tensor output_norm.weight is Q8_1, which the gguf package cannot dequantize" in (
+      message) and "\n" not in message, message
+
+
+def test_a_type_id_changed_in_place_is_one_line_naming_the_tensor(tmp_path):
+  """SmolLM2's file with one F32 tensor's type id edited to Q8_1: its 576 values' bytes are no
+  longer what the type takes (Q8_1: 720), which the reader would slice and dequantize."""
   data = bytearray(open(os.path.join(_folder(), FILE), "rb").read())
   name = b"output_norm.weight"
   record = (len(name).to_bytes(8, "little") + name + (1).to_bytes(4, "little")
             + (576).to_bytes(8, "little"))
   at = data.index(record) + len(record)
-  assert data[at:at + 4] == (0).to_bytes(4, "little")
+  assert data[at:at + 4] == (0).to_bytes(4, "little")  # F32.
   data[at:at + 4] = int(gguf.GGMLQuantizationType.Q8_1).to_bytes(4, "little")
   (tmp_path / "q8_1.gguf").write_bytes(bytes(data))
-  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
   with pytest.raises(UsageError) as error:
-    GgufCheckpoint(str(tmp_path / "q8_1.gguf")).read_params(model, abstract)
-  message = str(error.value)
-  assert "tensor output_norm.weight is Q8_1, which the gguf package cannot dequantize" in (
-      message) and "\n" not in message, message
+    GgufCheckpoint(str(tmp_path / "q8_1.gguf")).model_fields()
+  assert str(error.value) == (
+      f"gguf:{tmp_path / 'q8_1.gguf'}: tensor output_norm.weight is Q8_1 of shape [576], 720 "
+      "bytes, but the file holds 2304 bytes for it: its type or shape was changed, or the file "
+      "contradicts itself (edited or damaged): convert the model again")
 
 
 def test_an_unknown_architecture_is_one_line(tmp_path):
