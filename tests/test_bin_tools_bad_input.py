@@ -22,7 +22,7 @@ from typing import Callable
 
 import pytest
 
-from lingvo_lite.data import store_build, token_store, vocabulary
+from lingvo_lite.data import sentencepiece_training, store_build, token_store
 from lingvo_lite.testing import tree_digest
 from tasks.formats import text as text_format
 
@@ -118,7 +118,7 @@ def _interrupted_training(monkeypatch):
   def train(texts, path, vocab_size, model_type):
     del texts, path, vocab_size, model_type
     raise KeyboardInterrupt
-  monkeypatch.setattr(vocabulary, "_train", train)
+  monkeypatch.setattr(sentencepiece_training, "_train", train)
 
 
 def _interrupted_mid_write(monkeypatch):

@@ -23,7 +23,8 @@ import pytest
 import sentencepiece as spm
 
 from lingvo_lite.checkpoints.params import MeshParams
-from lingvo_lite.data import pretrained_tokenizer, vocabulary, vocabulary_tokenizer
+from lingvo_lite.data import pretrained_tokenizer, vocabulary_tokenizer
+from lingvo_lite.data.sentencepiece_training import train_sentencepiece
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import checkpoint_names
 from lingvo_lite.partitioning import Partitioner
@@ -482,8 +483,8 @@ def test_a_sentencepiece_vocabulary_exports_as_a_tokenizer_transformers_reads(tm
   pretrained_tokenizer.write_hf_files as export does): transformers' AutoTokenizer gives the
   converted tokenizer's ids, and its text back."""
   model = tmp_path / "sp.model"
-  vocabulary.train_sentencepiece(iter(read_documents(stdlib_dir(), "train")[::32]), str(model),
-                                 512, "unigram")
+  train_sentencepiece(iter(read_documents(stdlib_dir(), "train")[::32]), str(model), 512,
+                      "unigram")
   files = vocabulary_tokenizer.sentencepiece_files(model.read_bytes(), "sp.model")
   folder = tmp_path / "hf"
   folder.mkdir()
