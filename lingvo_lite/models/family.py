@@ -77,11 +77,11 @@ its own module. For example a Mistral-style sliding window whose decode cache ho
 last `window` positions, as a ring buffer:
 - a field `window` (its annotation gives its range); `attention_module()` returns its own
   subclass of `layers.Attention` and `{"window": self.window}` (the blocks pass it on); the
-  subclass overrides `_einsum_attention(q, k, v, mask)` and `_fused_attention(q, k, v, mask)`
-  (training and prefill: `mask` is None for causal only, else causal and within segments; add
-  the band i - j < window), and `_cached_attention(q, k, v, positions, context)` (decoding:
-  write position p at entry p % entries, attend to the entries holding positions within the
-  window of each query; return the output and the context with the new keys and values);
+  subclass overrides the attention's hooks, not its paths: `sliding_window()` (training and
+  prefill: every path, written out or fused, takes the band i - j < window from it), and for
+  decoding `_cache_entry(positions, entries)` (write position p at entry p % entries) and
+  `_cache_mask(positions, entries)` (the entries holding positions within the window of each
+  query);
 - `empty_cache` and `cache_shapes` pass min(window, cache_length) entries to `kv_cache.empty`
   and `kv_cache.array_shapes` (both take the entry count; `kv_cache.logical_specs` serves
   as it is), so the cache stays that size however long a request decodes;
