@@ -96,8 +96,9 @@ class HfCheckpoint:
       raise UsageError(f"{where}: not JSON ({e}); give the config.json transformers "
                        "wrote") from None
     if not isinstance(values, dict) or not values.get("model_type"):
+      known = sorted(names.model_type for _, names in format_names.families_with(HfNames))
       raise UsageError(f"{where}: no model_type; a Hugging Face config.json names its "
-                       "architecture (llama, gpt2, ...)")
+                       f"architecture ({', '.join(known)}, ...)")
     return HfConfig(values, where)
 
   def model_fields(self) -> tuple[type[families.LanguageModel], dict[str, Any]]:
