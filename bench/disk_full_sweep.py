@@ -14,6 +14,10 @@ point makes the disk full at one moment, in one of three ways:
   rerun K     the job finished on a big disk, then filled but for K pages, and the same
               command run again (it resumes at the end: its evaluation and its commit, where
               the config is rewritten; K=0 fails earlier, at its run-info row)
+  resume K    the job finished on a big disk, its last checkpoint then deleted (as a kill
+              between logging step 12 and committing its checkpoint leaves a job: rows past
+              the verified step 9), the disk filled but for K pages, and the same command
+              run again: it resumes from step 9 and its first save fails
 Then the filler goes, the disk grows to 64 MiB, and the same command runs again.
 
 One row per fill point:
@@ -202,9 +206,18 @@ def _points() -> list[tuple[str, str, Callable]]:
       finished = runner.run()
       if finished.returncode != 0:
         raise RuntimeError(f"the run to rerun failed: {finished.stderr[-2000:]}")
-      disk.fill(free_pages)
+      if free_pages is not None:
+        disk.fill(free_pages)
     return prepare
   points += [(f"rerun {k}", BIG, rerun(k)) for k in (0, 4, 12)]
+
+  def resume(free_pages):
+    def prepare(runner, disk):
+      rerun(None)(runner, disk)
+      shutil.rmtree(os.path.join(disk.path, "job", "checkpoints", str(STEPS)))
+      disk.fill(free_pages)
+    return prepare
+  points.append(("resume 64", BIG, resume(64)))
   return points
 
 

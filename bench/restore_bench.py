@@ -69,8 +69,10 @@ def _write(directory: str, sets: list[str]) -> dict[str, int]:
     return jax.device_put(value, leaf.sharding)
   abstract = jitted.sharded_state.abstract
   checkpointer = Checkpointer(epath.Path(directory), CheckpointSettings(every_steps=1))
-  checkpointer.save(1, jax.tree.map(random, abstract), force=True,
-                    metadata=jitted.checkpoint_metadata)
+  state = jax.tree.map(random, abstract)
+  # Its step counter is the step it is saved as: a restore checks that they agree.
+  state = state.replace(step=jax.device_put(np.asarray(1, state.step.dtype), state.step.sharding))
+  checkpointer.save(1, state, force=True, metadata=jitted.checkpoint_metadata)
   checkpointer.close()
 
   def nbytes(tree):

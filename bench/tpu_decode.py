@@ -3,9 +3,8 @@
   python bench/tpu_decode.py [--batches 1,8,64] [--layouts unrolled,scanned]
       [--prompt_length 128] [--new_tokens 128] [--json FILE]
 
-Layouts: "unrolled" (model.scan_layers=False), "scanned" (scanned parameters, decoded as the
-default model.decode_layers="auto" decides: the scan written out on an accelerator),
-"scanned_loop" (scanned, decode_layers="scanned": one loop over the layers).
+Layouts: "unrolled" (model.scan_layers=False) and "scanned" (model.scan_layers=True: one loop
+over the layers in each step).
 
 A decode step must read every parameter once and every filled key/value entry of every slot;
 on an accelerator nothing else should cost as much, so its time is bounded below by those
@@ -56,7 +55,7 @@ DATASHEET_BANDWIDTH = {"TPU v5 lite": 819.0, "TPU v5e": 819.0, "TPU v4": 1200.0,
 def _args() -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batches", default="1,8,64")
-  parser.add_argument("--layouts", default="unrolled,scanned,scanned_loop")
+  parser.add_argument("--layouts", default="unrolled,scanned")
   parser.add_argument("--prompt_length", type=int, default=128)
   parser.add_argument("--new_tokens", type=int, default=112)
   parser.add_argument("--set", action="append", default=[])
@@ -79,9 +78,8 @@ def _timed(function) -> float:
   return time.perf_counter() - started
 
 
-# model.scan_layers and model.decode_layers of each layout.
-LAYOUTS = {"unrolled": (False, "auto"), "scanned": (True, "auto"),
-           "scanned_loop": (True, "scanned")}
+# model.scan_layers of each layout.
+LAYOUTS = {"unrolled": False, "scanned": True}
 
 
 def measure(batch: int, layout: str, prompt_length: int, new_tokens: int,
@@ -90,10 +88,9 @@ def measure(batch: int, layout: str, prompt_length: int, new_tokens: int,
   # A TPU stores the cache with positions in its 128-wide lanes: a length of a multiple of
   # 128 is not padded.
   cache_length = -(-(prompt_length + warm + new_tokens + 8) // 128) * 128
-  scanned, decode_layers = LAYOUTS[layout]
+  scanned = LAYOUTS[layout]
   setup = executor.build_experiment("Llama1B", [
-      *SMOLLM2_SHAPE, f"model.scan_layers={scanned}", f"model.decode_layers='{decode_layers}'",
-      f"decode.slots={batch}",
+      *SMOLLM2_SHAPE, f"model.scan_layers={scanned}", f"decode.slots={batch}",
       f"decode.cache_length={cache_length}", f"decode.prefill_buckets=({prompt_length},)",
       "decode.stop_at_eos=False", f"decode.max_new_tokens={new_tokens}", *sets])
   model = setup.model
@@ -125,8 +122,7 @@ def measure(batch: int, layout: str, prompt_length: int, new_tokens: int,
   entry_bytes = 2 * model.num_layers * model.resolved_num_kv_heads * model.resolved_head_dim * 2
   mean_filled = prompt_length + warm + (new_tokens - 1) / 2
   kv_bytes = batch * mean_filled * entry_bytes
-  return {"batch": batch, "scan_layers": scanned, "decode_layers": decode_layers,
-          "compile_s": compile_s,
+  return {"batch": batch, "scan_layers": scanned, "compile_s": compile_s,
           "step_ms": step_s * 1e3, "tokens_per_s": batch / step_s,
           "param_bytes": param_bytes, "kv_bytes": kv_bytes,
           "bandwidth_gbs": (param_bytes + kv_bytes) / step_s / 1e9,

@@ -159,18 +159,26 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out")
   parser.add_argument("--compare", nargs=2, metavar=("TPU_JSON", "CPU_JSON"))
+  parser.add_argument("--parts", default="training,decode,attention",
+                      help="what to record, comma-separated")
   args = parser.parse_args()
   if args.compare:
     sys.exit(compare(*args.compare))
-  losses, chosen = training_losses()
-  result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-            "attention": attention_cases(),
-            "training": {"losses": losses, "attention": chosen},
-            "decode": decode_tokens()}
+  result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
+  parts = args.parts.split(",")
+  # Each part is written as soon as it is done: a run cut short keeps what it measured.
+  for part in parts:
+    if part == "training":
+      losses, chosen = training_losses()
+      result["training"] = {"losses": losses, "attention": chosen}
+    elif part == "decode":
+      result["decode"] = decode_tokens()
+    elif part == "attention":
+      result["attention"] = attention_cases()
+    if args.out:
+      with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(result, f)
   print(json.dumps(result, indent=1))
-  if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
-      json.dump(result, f)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ is verified; on a full disk any of those writes can fail. Three rules, kept here
     temporary is removed whatever happens: a failed rewrite leaves the old file as it was and
     no `.tmp` beside it.
   - Taking back what was appended cuts the file back (`truncate`): that needs no free space,
-    where writing the old contents again would.
+    where writing the old contents again would. So does dropping a file's last rows or
+    records (`shrink`), which rewrites it whole only where the rows dropped are not its last.
   - An OSError raised while writing names the file being written (`writing`), not the
     temporary, so that the run's one line says which file could not be written.
 """
@@ -50,3 +51,16 @@ def truncate(path: epath.Path, length: int) -> None:
       replace(path, path.read_bytes()[:length])
     else:
       os.truncate(os.fspath(path), length)
+
+
+def shrink(path: epath.Path, old: bytes, new: bytes) -> None:
+  """Makes `path`, which holds `old`, hold `new` (what is left of `old` once some of its rows
+  or records are dropped): cut back in place where `new` is how `old` begins (the rows dropped
+  are the last ones: no free space needed), else rewritten whole (`replace`). Nothing is
+  written where they are equal."""
+  if new == old:
+    return
+  if old.startswith(new):
+    truncate(path, len(new))
+  else:
+    replace(path, new)

@@ -166,15 +166,22 @@ def silence_stdout() -> None:
   still buffered, later prints and the flush at exit go to /dev/null, so that the one error
   line is all the user sees (no "Exception ignored ... BrokenPipeError" at interpreter
   shutdown, no second failure of a later message)."""
+  silence(sys.stdout)
+
+
+def silence(stream) -> bool:
+  """Points `stream`'s file descriptor at /dev/null: what is buffered and later writes go
+  nowhere, without an error. False where it has none (a buffer in memory, in tests)."""
   try:
-    descriptor = sys.stdout.fileno()
-  except (AttributeError, ValueError, OSError):  # Replaced by a buffer in memory (tests).
-    return
+    descriptor = stream.fileno()
+  except (AttributeError, ValueError, OSError):
+    return False
   devnull = os.open(os.devnull, os.O_WRONLY)
   try:
     os.dup2(devnull, descriptor)
   finally:
     os.close(devnull)
+  return True
 
 
 def failed_write(what: str, error: OSError, then: str, to_stdout: bool = False) -> str:

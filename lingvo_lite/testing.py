@@ -1,5 +1,5 @@
 """Helpers for tests: tiny setups, the CLI run in-process, job-dir digests, shaped batches,
-working copies of the repository.
+working copies of the repository, a command run on a terminal that hangs up.
 
 Importing this module defines no absl flags: the executor (the one module that defines them) is
 imported only by the helpers that run it, so a test of a library, or a tool with flags of its
@@ -14,10 +14,13 @@ import hashlib
 import io
 import os
 import pathlib
+import pty
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Sequence
 
@@ -164,3 +167,71 @@ def make_working_copy(destination: str | os.PathLike,
     else:
       shutil.copy2(path, destination / entry)
   return destination
+
+
+class Terminal:
+  """A Python command run on a terminal of its own (a pseudo-terminal), as a login shell runs
+  one: the session leader of a new session whose controlling terminal it is. What the command
+  writes is read as a terminal window shows it (`shown`); `hang_up` closes the terminal, as
+  closing the window or losing the ssh session does: the kernel sends the session SIGHUP, and
+  writes to the terminal fail (EIO).
+
+  Args:
+    argv: The command line after the interpreter (`["-m", "lingvo_lite", ...]`).
+    **popen_kwargs: For subprocess.Popen (cwd, env).
+  """
+
+  # Runs ARGV[2:] as the leader of a new session whose controlling terminal is ARGV[1].
+  _ON_IT = ("import os, sys; os.setsid(); fd = os.open(sys.argv[1], os.O_RDWR); "
+            "[os.dup2(fd, n) for n in (0, 1, 2)]; os.close(fd); "
+            "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])")
+
+  def __init__(self, argv: Sequence[str], **popen_kwargs):
+    self._window, other_end = pty.openpty()
+    name = os.ttyname(other_end)
+    os.close(other_end)
+    self.shown = bytearray()
+    self._closing = threading.Event()
+    self._closed = threading.Event()
+    self.process = subprocess.Popen([sys.executable, "-c", self._ON_IT, name, *argv],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, **popen_kwargs)
+    threading.Thread(target=self._read, daemon=True).start()
+
+  def _read(self) -> None:
+    """Reads what the command writes until the terminal closes; this thread closes it, so no
+    read meets a descriptor number reused meanwhile."""
+    while not self._closing.is_set():
+      if select.select([self._window], [], [], 0.01)[0]:
+        try:
+          self.shown.extend(os.read(self._window, 1 << 16))
+        except OSError:  # No side open yet: the command has not opened it.
+          time.sleep(0.01)
+    os.close(self._window)
+    self._closed.set()
+
+  def wait_for(self, text: bytes, timeout: float = 120) -> None:
+    """Returns once `text` is shown; AssertionError if the command exits or time runs out."""
+    deadline = time.time() + timeout
+    while text not in self.shown:
+      assert self.process.poll() is None, (
+          f"the command exited ({self.process.returncode}) before showing {text!r}: "
+          f"{self.shown.decode(errors='replace')[-2000:]}")
+      assert time.time() < deadline, f"{text!r} not shown within {timeout} s"
+      time.sleep(0.005)
+
+  def hang_up(self, timeout: float = 120) -> int:
+    """Closes the terminal; returns the command's exit code once it ends."""
+    self._closing.set()
+    self._closed.wait(timeout=10)
+    return self.process.wait(timeout=timeout)
+
+  def __enter__(self) -> Terminal:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self.process.poll() is None:
+      self.process.kill()
+      self.process.wait(timeout=30)
+    self._closing.set()
+    self._closed.wait(timeout=10)

@@ -32,8 +32,17 @@ BAD_PARTITIONING = {
 }
 
 
-def _losses_and_specs(mesh_shape):
-  sets = SETS
+# The TPU flash-attention kernel (interpreted here) on a data x fsdp x tensor mesh, placed
+# per shard, against the written-out attention on one device: sequences of 128, which its
+# blocks divide.
+SPLASH_SETS = ("train_data.sequence_length=128", "eval_data.sequence_length=128",
+               "model.max_length=128")
+SPLASH_MESHES = {"einsum_single": (None, "einsum"), "splash_data2_fsdp2_tensor2":
+                 ((2, 2, 2), "splash")}
+
+
+def _losses_and_specs(mesh_shape, extra_sets=(), steps=5):
+  sets = SETS + tuple(extra_sets)
   if mesh_shape is not None:
     sets += tuple(f"partitioner.ici_{axis}={size}"
                   for axis, size in zip(("data", "fsdp", "tensor"), mesh_shape))
@@ -43,7 +52,9 @@ def _losses_and_specs(mesh_shape):
   losses = []
   with jitted.activated():
     state = jitted.init_state()
-    for step in range(5):
+    kernel = "pallas_call" in str(jax.make_jaxpr(jitted.train_step)(
+        state, jitted.global_batch(setup.train_data.batch(0))))
+    for step in range(steps):
       state, metrics = jitted.train_step(state, jitted.global_batch(setup.train_data.batch(step)))
       losses.append(float(metrics["loss"]))
   shardings = jitted.sharded_state.shardings
@@ -54,7 +65,7 @@ def _losses_and_specs(mesh_shape):
   moments_match = all(m.sharding.spec == p.sharding.spec for m, p in
                       zip(jax.tree.leaves(mu), jax.tree.leaves(state.params)))
   return {"losses": losses, "specs": specs, "moments_match": moments_match,
-          "finite": bool(np.isfinite(losses).all())}
+          "finite": bool(np.isfinite(losses).all()), "kernel": kernel}
 
 
 # Decode: 8 slots of mixed prompt lengths, 10 steps after the prefill, greedy and sampled.
@@ -105,6 +116,10 @@ def _decode_logits(mesh_shape, extra_sets=()):
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
+  result["splash"] = {
+      name: _losses_and_specs(shape, (*SPLASH_SETS, f"model.attention_implementation="
+                                      f"'{implementation}'"), steps=3)
+      for name, (shape, implementation) in SPLASH_MESHES.items()}
   result["decode"] = {name: _decode_logits(shape) for name, shape in DECODE_MESHES.items()}
   result["decode_int8_weights"] = {name: _decode_logits(shape, INT8_WEIGHTS)
                                    for name, shape in INT8_WEIGHTS_MESHES.items()}

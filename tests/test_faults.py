@@ -10,6 +10,7 @@ the first run of each model, batch and optimizer setting compiles.
 (Concurrent trainers on one job dir: tests/runtime/test_job_lock.py.)
 """
 
+import functools
 import json
 import os
 import re
@@ -23,9 +24,12 @@ import numpy as np
 import pytest
 from etils import epath
 
+from lingvo_lite.checkpoints import health
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
+from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
+from lingvo_lite.programs.train import failures
 from lingvo_lite.runtime import small_disk, summaries
-from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.testing import Terminal, run_cli, source_root, tree_digest
 
 ROOT = str(source_root())
 BASE = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
@@ -534,3 +538,208 @@ def test_a_second_ctrl_c_stops_at_once_with_exit_code_130(tmp_path, cache):
   assert code == 130, (code, stderr[-3000:])
   assert waited < 5, waited
   assert "Traceback" not in stderr, stderr[-3000:]
+
+
+# 9. A step folder holding another step's checkpoint (a copy, a rename) is refused as damaged.
+
+def _eval_rows(job):
+  """eval_validation.jsonl's rows without their wall-clock figures."""
+  path = job / "eval_validation.jsonl"
+  rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+  return [{k: v for k, v in row.items() if k not in ("seconds", "tokens_per_s")}
+          for row in rows]
+
+
+@functools.lru_cache
+def _reference_leaves(step_dir):
+  return _leaves(_restore(step_dir))
+
+
+def _assert_ends_as(job, reference, step=6):
+  """`job`'s checkpoint `step` holds bitwise the reference's arrays, and its rows are the
+  reference's apart from wall-clock figures."""
+  expected = _reference_leaves(str(reference / "checkpoints" / str(step)))
+  got = _leaves(_restore(job / "checkpoints" / str(step)))
+  assert sorted(got) == sorted(expected)
+  assert not [name for name in expected if not np.array_equal(got[name], expected[name])]
+  assert _curve(job) == _curve(reference)
+  assert _eval_rows(job) == _eval_rows(reference)
+
+
+def _in_process(job, cache, *args):
+  """The same command as `_run`, in this process (no start-up of its own)."""
+  return run_cli([*BASE, f"--job_log_dir={job}", f"--compilation_cache_dir={cache}", *args])
+
+
+def _as_before_step_records(step_dir):
+  """Rewrites a step's checksums as code before they recorded their step wrote them."""
+  record = step_dir / checkpoint_integrity.CHECKSUMS_FILE
+  record.write_text(json.dumps(json.loads(record.read_text())["files"]))
+
+
+def test_a_step_folder_holding_another_step_is_refused_and_the_advice_skips_damaged_ones(
+    tmp_path, cache, trained_job):
+  job = _copy_job(trained_job, tmp_path / "job")
+  checkpoints = job / "checkpoints"
+  # A user's copies of step 2: as 6 (its checksums say step 2), and as 4 with checksums as
+  # code before this check wrote them (no step: only its state's step counter tells).
+  for step in ("6", "4"):
+    shutil.rmtree(checkpoints / step)
+    shutil.copytree(checkpoints / "2", checkpoints / step)
+  _as_before_step_records(checkpoints / "4")
+  before = tree_digest(job)
+  result = _run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=6")
+  assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
+  line = _assert_one_error_line(result.stderr)
+  assert line == (
+      "lingvo_lite: error: checkpoint step 6 is damaged: its lingvo_lite_checksums.json was "
+      "recorded for step 2 (the folder is a copy or a rename of step 2's); move "
+      f"{checkpoints / '6'} and {checkpoints / '4'} out of the way to resume from step 2"), line
+  assert tree_digest(job) == before
+  # Step 6 moved, not 4 (as a user who missed half the advice): step 4 is refused too, by
+  # its state's step counter.
+  shutil.move(checkpoints / "6", tmp_path / "copy_6")
+  result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=6")
+  assert result.code == 2, result
+  assert result.stderr.strip().splitlines() == [
+      "lingvo_lite: error: checkpoint step 4 is damaged: its state's step counter is 2 (the "
+      "folder is a copy or a rename of step 2's); move "
+      f"{checkpoints / '4'} out of the way to resume from step 2"], result.stderr
+  # The advice works: the run resumes from step 2 and ends as the uninterrupted one.
+  shutil.move(checkpoints / "4", tmp_path / "copy_4")
+  result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=6")
+  assert result.code == 0, result.stderr[-3000:]
+  assert "resumed from step 2" in result.stdout
+  _assert_ends_as(job, trained_job)
+
+
+def test_the_advice_after_a_divergence_names_no_damaged_step(tmp_path, trained_job):
+  # Healthy by the rows, steps 6 and 4 are copies of step 2's folder (6 with checksums that
+  # say so, 4 with checksums from before they named their step): step 2 is the one to name.
+  job = _copy_job(trained_job, tmp_path / "job")
+  checkpoints = job / "checkpoints"
+  for step in ("6", "4"):
+    shutil.rmtree(checkpoints / step)
+    shutil.copytree(checkpoints / "2", checkpoints / step)
+  _as_before_step_records(checkpoints / "4")
+  rows = [{"step": step, "loss": 2.0} for step in range(1, 8)] + [{"step": 8, "loss": 1e9}]
+  checkpointer = Checkpointer(epath.Path(checkpoints), CheckpointSettings(), create=False)
+  advice = failures.resume_advice(checkpointer, health.TrainingHealth(rows), checkpoints)
+  assert advice.startswith(f"the newest healthy checkpoint is step 2 ({'healthy: '}"), advice
+  assert f"); steps 4 and 6 are damaged: move them out of {checkpoints} to resume from step 2," \
+      in advice, advice
+  checkpointer.close()
+
+
+# 10. A hang-up (the terminal closed, an ssh session dropped) saves, says so, exits 0.
+
+def test_a_hang_up_saves_says_so_in_the_jobs_log_and_exits_0(tmp_path, cache, trained_job):
+  """(Under a multi-process run's supervising parent, which passes the hang-up on:
+  tests/runtime/test_hangup.py.)"""
+  # Saves every step, synchronously: the hang-up at step 1 lands long before step 6.
+  argv = _argv("job", cache, [*TRAINED_ARGS, "--fdl.train.steps=6",
+                              "--fdl.checkpoint.every_steps=1",
+                              "--fdl.checkpoint.async_save=False"])
+  with Terminal(argv[1:], cwd=tmp_path, env=_env()) as terminal:
+    terminal.wait_for(b"train step 1/6")
+    code = terminal.hang_up()  # The kernel sends the run SIGHUP; the terminal is gone.
+  shown = terminal.shown
+  job = tmp_path / "job"
+  assert code == 0, (code, shown.decode(errors="replace")[-3000:])
+  log = (job / "train.log").read_text().splitlines()
+  assert len(log) == 1, log
+  stopped = re.fullmatch(r"\S+ \S+ pid \d+: SIGHUP: saved step (\d) and stopped; rerun the same "
+                         r"command to resume", log[0])
+  assert stopped and 1 <= int(stopped[1]) < 6, log
+  saved = int(stopped[1])
+  # Verified, with the rows up to it and no more; no lock, nothing half written.
+  assert _complete_steps(job)[-1] == saved
+  assert checkpoint_integrity.first_mismatch(epath.Path(job / "checkpoints" / str(saved))) is None
+  assert _curve(job) == _curve(trained_job)[:saved]
+  assert not (job / ".lingvo_lite.lock").exists()
+  assert _leftovers(job) == []
+  # The same command resumes and ends as the uninterrupted run.
+  result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=6")
+  assert result.code == 0, result.stderr[-3000:]
+  assert f"resumed from step {saved}" in result.stdout
+  _assert_ends_as(job, trained_job)
+
+
+# 11, 12. A resumed run on a full disk, with entries in checkpoints/ that the program did not
+# write: those are moved aside or left alone, never removed; and its first checkpoint commit
+# fails, leaving exactly the rows up to its verified step (not the killed run's past it, no
+# row twice).
+
+@pytest.fixture(scope="module")
+def resumed_on_a_full_disk(tmp_path_factory, cache, trained_job):
+  """trained_job resumed from step 4 on a disk with room for rows and events but not for a
+  checkpoint: step 6's checkpoint is gone and its rows are there, as a kill between logging
+  step 6 and committing its checkpoint leaves a job; beside the steps lie a user's file where
+  step 6's folder goes, a partial copy of a step, a file and a folder of other names, and the
+  program's own leftovers (an orbax temporary folder, an interrupted delete).
+
+  Returns:
+    (the failed run, a copy of the job as it left it, that copy after the same command).
+  """
+  cwd = tmp_path_factory.mktemp("resumed_on_a_full_disk")
+  with small_disk.for_test(cwd / "disk", "8m") as disk:
+    job = _copy_job(trained_job, disk.path / "job")
+    checkpoints = job / "checkpoints"
+    shutil.rmtree(checkpoints / "6")
+    (checkpoints / "6").write_text("my notes")  # Where orbax would save step 6 over it.
+    (checkpoints / "8" / "default").mkdir(parents=True)  # A partial copy: no orbax metadata.
+    (checkpoints / f"7.{TMP_MARKER}").write_text("not a folder orbax left")
+    (checkpoints / "notes").mkdir()
+    (checkpoints / "notes" / "a.txt").write_text("kept")
+    for leftover in (f"9.{TMP_MARKER}/default.{TMP_MARKER}", "3.lingvo_lite-deleting-1/default"):
+      (checkpoints / leftover).mkdir(parents=True)  # Small: removing them frees no room.
+      (checkpoints / leftover / "_METADATA").write_text("{}")
+    disk.fill(free_pages=64)  # Room for rows and events (256 KB), not for a checkpoint (1 MB).
+    failed = _run(cwd, "disk/job", cache, *TRAINED_ARGS, "--fdl.train.steps=6", disk=disk)
+    left = _copy_job(job, cwd / "left")
+  recovered = _copy_job(left, cwd / "recovered")
+  rerun = _in_process(recovered, cache, *TRAINED_ARGS, "--fdl.train.steps=6")
+  assert rerun.code == 0, rerun.stderr[-3000:]
+  assert "resumed from step 4" in rerun.stdout
+  return failed, left, recovered
+
+
+def test_what_the_program_did_not_write_is_moved_aside_not_removed(resumed_on_a_full_disk):
+  failed, left, recovered = resumed_on_a_full_disk
+  warnings = [line for line in failed.stderr.splitlines() if "moved it to" in line]
+  assert len(warnings) == 3, failed.stderr[-3000:]
+  for job in (left, recovered):
+    checkpoints = job / "checkpoints"
+    names = sorted(os.listdir(checkpoints))
+    aside = {n.split(".unverified-")[0]: checkpoints / n for n in names if ".unverified-" in n}
+    assert sorted(aside) == ["6", f"7.{TMP_MARKER}", "8"], names
+    assert aside["6"].read_text() == "my notes"
+    assert aside[f"7.{TMP_MARKER}"].read_text() == "not a folder orbax left"
+    assert os.listdir(aside["8"]) == ["default"]
+    assert (checkpoints / "notes" / "a.txt").read_text() == "kept"
+    # The program's own leftovers are gone; the steps are 2 and 4, and 6 once it is saved.
+    steps = [n for n in names if n.isdigit()]
+    assert steps == (["2", "4"] if job == left else ["2", "4", "6"]), names
+    assert sorted(set(names) - {p.name for p in aside.values()} - set(steps)) == ["notes"]
+  assert any(f"{left.parent / 'disk' / 'job' / 'checkpoints' / '6'} is a file where orbax "
+             "keeps a checkpoint folder; training resumes from step 4; moved it to " in w
+             for w in warnings), warnings
+
+
+def test_a_full_disk_at_a_resumed_runs_first_commit_leaves_the_rows_up_to_its_step(
+    resumed_on_a_full_disk, trained_job):
+  failed, left, recovered = resumed_on_a_full_disk
+  assert failed.returncode == 1, (failed.returncode, failed.stderr[-3000:])
+  assert "resumed from step 4" in failed.stdout
+  line = _assert_one_error_line(failed.stderr)
+  assert re.search(r"saving checkpoint step 6 failed: .*No space left on device.*; training "
+                   r"stopped, and the newest checkpoint is step 4: free space", line), line
+  assert _complete_steps(left) == [2, 4]
+  # The rows (and TensorBoard points) of the uninterrupted run up to step 4, once each.
+  assert _curve(left) == _curve(trained_job)[:4]
+  assert _eval_rows(left) == []  # The uninterrupted run evaluated step 6 alone.
+  assert _tensorboard_losses(left) == _tensorboard_losses(trained_job)[:4]
+  assert not [p for p in _leftovers(left) if ".unverified-" not in p]
+  # The same command ends as the uninterrupted run.
+  _assert_ends_as(recovered, trained_job)
+  assert _tensorboard_losses(recovered) == _tensorboard_losses(trained_job)

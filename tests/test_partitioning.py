@@ -68,6 +68,16 @@ def test_losses_on_a_mesh_equal_the_single_device_run(worker, mesh):
   np.testing.assert_allclose(sharded, single, rtol=1e-5)
 
 
+def test_flash_attention_on_a_mesh_equals_the_einsum_attention_on_one_device(worker):
+  """The splash kernel placed per shard (rows over data x fsdp, heads over tensor) trains
+  as the written-out attention does on one device; the kernel is in the step."""
+  einsum, splash = (worker["splash"][name] for name in ("einsum_single",
+                                                        "splash_data2_fsdp2_tensor2"))
+  assert splash["kernel"] and not einsum["kernel"]
+  assert len(splash["losses"]) == 3 and splash["finite"]
+  np.testing.assert_allclose(splash["losses"], einsum["losses"], rtol=1e-5)
+
+
 @pytest.mark.parametrize("mesh", sorted(EXPECTED_SPECS))
 def test_parameter_partition_specs(worker, mesh):
   got = {path: spec.replace("PartitionSpec", "P") for path, spec in

@@ -415,6 +415,7 @@ def _check_lm_eval(command: Command, results: Results, session: Session) -> None
 
 LINGVO = ("python", "-m", "lingvo_lite")
 BENCH = ("python", "bench/step_bench.py")
+TPU_COMMANDS = (("bash", "bench/tpu_check.sh"), ("python3", "bench/tpu_numerics.py"))
 INT8_BENCHES = (("python", "bench/int8_convergence.py"), ("python", "bench/int8_decode.py"),
                 ("python", "bench/int8_step_bench.py"))
 # The commands use the compilation cache as written, that is its default folder: in tests,
@@ -554,6 +555,11 @@ RULES = (
          why="benchmark runs of minutes to half an hour each (the README's int8 figures, side "
              "by side); the code they drive runs in tests/models/test_quantization.py and "
              "tests/programs/test_quantization_programs.py"),
+    Rule("TPU VM", lambda c: c.argv[:2] in TPU_COMMANDS or c.argv[:4] == (
+        "python3", "-m", "pip", "download"), None,
+         why="a TPU VM's benchmarks, and the download of the wheels they carry (network); "
+             "their code runs here in tests/models/test_flash_attention.py, test_remat.py, "
+             "tests/test_partitioning.py (splash on a mesh) and bench/ on a CPU"),
     Rule("bench BenchLarge",
          lambda c: c.argv[:2] == BENCH and c.flag("experiment") == "BenchLarge", _check_bench,
          BENCH_SMOKE + ("--set", "train_data.global_batch_size=2"),

@@ -16,10 +16,15 @@ What can go wrong on disk is handled here, not left to orbax's background thread
   after the commit. A restore checks those checksums first, and never picks a step without
   them unless `restore_unverified` says so: a run killed between the commit and the checksums
   leaves such a step, and it is skipped with a warning.
+- A step is the step its folder is named for: the checksums record their step, and a restore
+  compares the restored state's step counter (read alone where only the parameters are
+  restored) with the folder's name. A folder copied or renamed from another step's is refused
+  as damaged, and the advice of any refusal names only an earlier step that passes the same
+  checks (`sound`).
 - Old steps are deleted by this class, not by orbax, and only once a newer step is verified,
   so the newest verified step is never deleted, nor the one `also_keep` names (the newest
-  healthy step, which a diverged run resumes from). Deleting renames a step out of orbax's sight
-  first, so a kill mid-delete leaves an orphan that the next run removes, not a half step.
+  healthy step, which a diverged run resumes from). What a run removes, and what it moves
+  aside instead, is checkpoints/tidying.py's.
 
 Longer than 300 lines with a reason: saving, verifying, deleting old steps and restoring are methods
 of one `Checkpointer` that read and update one record of pending, saved and verified steps; split
@@ -41,6 +46,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
+from lingvo_lite.checkpoints import saved_state, tidying
 from lingvo_lite.checkpoints.orbax_errors import (READ_ERRORS, CheckpointWriteError, caused_by,
                                                   innermost_cause, silence_closed_loop_errors)
 from lingvo_lite.errors import UsageError
@@ -49,9 +55,6 @@ from lingvo_lite.fields import PositiveInt
 _ITEM = "default"  # The folder orbax writes a single-item step's state to.
 _PARAMS = "params"  # The TrainState field a params-only restore reads; orbax keys it so.
 _STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
-# Folder-name markers of steps being written (orbax's) or being deleted (ours).
-_TEMPORARY_MARKERS = (".orbax-checkpoint-tmp", ".lingvo_lite-deleting")
-_SET_ASIDE_MARKER = ".unverified"  # A skipped step, kept out of orbax's sight.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,17 +86,6 @@ class CheckpointSettings:
 CHECKSUM_WAIT_SECONDS = 3600.0
 
 
-def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
-  """'params/layers_0/attention/query/kernel' -> shape, for any pytree of arrays or metadata
-  (a TrainState's attributes and a restored dict's keys name a leaf alike)."""
-  shapes = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    names = [str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
-             for key in path]
-    shapes["/".join(names)] = tuple(getattr(leaf, "shape", ()))
-  return shapes
-
-
 class Checkpointer:
   """orbax's CheckpointManager, with verified steps, failure detection and retention.
 
@@ -115,6 +107,7 @@ class Checkpointer:
     self._pending: list[int] = []  # Saved, not yet committed and checksummed.
     self._saved: set[int] = set()  # Every step this checkpointer started saving.
     self._verified_steps: set[int] = set()  # Checked against their checksums.
+    self._sound: set[int] = set()  # Passed every check of a restore (`sound`).
     self._reported: set[tuple[str, int]] = set()
     silence_closed_loop_errors()
     self._manager = ocp.CheckpointManager(
@@ -169,6 +162,12 @@ class Checkpointer:
                          "restore it)")
     return skipped
 
+  def usable_steps(self, skipped: dict[int, str] | None = None) -> list[int]:
+    """Complete steps a restore may pick (none of `skipped_steps`), oldest first; whether
+    each passes a restore's checks is `sound`'s to say."""
+    skipped = self.skipped_steps() if skipped is None else skipped
+    return [step for step in self.all_steps() if step not in skipped]
+
   def _needs_checksums(self) -> bool:
     return self._settings.checksums and not self._settings.restore_unverified
 
@@ -178,7 +177,7 @@ class Checkpointer:
     warned about; where none is usable, `skipped_steps` says why (no warning: the caller's
     message does)."""
     skipped = self.skipped_steps()
-    usable = [step for step in self.all_steps() if step not in skipped]
+    usable = self.usable_steps(skipped)
     if not usable:
       return None
     for step, reason in skipped.items() if warn else ():
@@ -189,36 +188,18 @@ class Checkpointer:
 
   def clean_up_for_training(self, start: int | None) -> None:
     """Before a training run saves its first step (process 0; it holds the job's lock):
-    removes folders no run will finish (orbax's temporaries and our interrupted deletes, left
-    by a kill) and incomplete step folders, and moves aside complete steps it skipped (no
-    checksums): orbax would count those as saved, and refuse to save any step up to theirs.
-    One warning line per folder."""
+    removes the folders no run will finish (orbax's temporaries and our interrupted deletes,
+    left by a kill) and moves aside what is in the way of the steps it will save: the steps
+    it skipped (orbax would count those as saved, and refuse to save any step up to theirs),
+    those newer than `start`, and files named like steps (checkpoints/tidying.py). One
+    warning line per entry."""
     if jax.process_index() == 0 and self._directory.exists():
-      for path in self._temporary_folders():
-        logging.warning("removing %s, left by an interrupted save or delete", path)
-        path.rmtree()
-      skipped = self.skipped_steps()
-      resumed = f"training resumes from step {start}" if start else "training starts over"
-      for step in sorted(self._manager.all_steps()):
-        if step in self._pending or (step not in skipped and step <= (start or 0)):
-          continue
-        reason = skipped.get(step, f"step {step} is newer than the restored one")
-        if self._is_complete(step):
-          # Kept, not deleted: the user may still want it (rename it back, and restore it
-          # with checkpoint.restore_unverified).
-          aside = self._directory / f"{step}{_SET_ASIDE_MARKER}-{time.time_ns()}"
-          self._reported.add(("skipped", step))
-          logging.warning("checkpoint %s; %s; moved it to %s", reason, resumed, aside)
-          (self._directory / str(step)).rename(aside)
-        else:
-          self._delete_step(step, f"{reason}; {resumed}")
+      moved = tidying.tidy_for_training(self._directory, start, self._manager.all_steps(),
+                                        self.skipped_steps(), self._pending)
+      self._reported.update(("skipped", step) for step in moved)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("lingvo_lite_checkpoint_clean_up")
     self._manager.reload()
-
-  def _temporary_folders(self) -> list[epath.Path]:
-    return sorted(path for path in self._directory.iterdir()
-                  if any(marker in path.name for marker in _TEMPORARY_MARKERS))
 
   def discard_failed_saves(self) -> None:
     """After a failed save and `close`: removes what this checkpointer's saves left that no
@@ -227,21 +208,9 @@ class Checkpointer:
     leaves its earlier checkpoints, and nothing else, in the folder."""
     if jax.process_index() != 0 or not self._directory.exists():
       return
-    doomed = self._temporary_folders() + [
-        self._directory / str(step) for step in sorted(self._saved - self._verified_steps)
-        if (self._directory / str(step)).exists() and not self._has_checksums(step)]
-    for path in doomed:
-      try:
-        path.rmtree()
-      except OSError as e:  # The run's own failure is the one to report; the next run retries.
-        logging.warning("could not remove %s, left by a failed save: %s", path, e)
-
-  def _delete_step(self, step: int, why: str) -> None:
-    step_dir = self._directory / str(step)
-    doomed = self._directory / f"{step}{_TEMPORARY_MARKERS[1]}-{time.time_ns()}"
-    logging.warning("deleting checkpoint step %d: %s", step, why)
-    step_dir.rename(doomed)  # Out of orbax's sight at once; a kill now leaves an orphan.
-    doomed.rmtree()
+    tidying.remove_failed_saves(self._directory, [
+        step for step in sorted(self._saved - self._verified_steps)
+        if (self._directory / str(step)).exists() and not self._has_checksums(step)])
 
   # --------------------------------------------------------------------------- saving
 
@@ -308,13 +277,14 @@ class Checkpointer:
                                    f"error, but {self._directory / str(step)} is incomplete")
       if self._settings.checksums and jax.process_index() == 0:
         try:
-          checkpoint_integrity.write_checksums(self._directory / str(step))
+          checkpoint_integrity.write_checksums(self._directory / str(step), step)
         except OSError as e:
           raise CheckpointWriteError(f"recording the checksums of checkpoint step {step} "
                                      f"failed: {innermost_cause(e)}", e) from e
       elif self._settings.checksums:
         self._await_checksums(step)
       self._verified_steps.add(step)
+      self._sound.add(step)  # Its counter is the state's this run saved.
     self._delete_old_steps()  # First: the space it frees may be what the outputs need.
     self.on_verified(max(pending))
     return pending
@@ -330,9 +300,14 @@ class Checkpointer:
       time.sleep(0.2)
 
   def verified_steps(self) -> list[int]:
-    """Complete steps on disk with their checksums (or verified by this checkpointer)."""
+    """Complete steps on disk with their checksums (or verified by this checkpointer), but
+    for those whose checksums name another step (a copied or renamed folder)."""
     return [step for step in self.all_steps()
-            if step in self._verified_steps or self._has_checksums(step)]
+            if step in self._verified_steps or (self._has_checksums(step)
+                                                and not self._names_another_step(step))]
+
+  def _names_another_step(self, step: int) -> bool:
+    return checkpoint_integrity.step_mismatch(self._directory / str(step), step) is not None
 
   def _delete_old_steps(self) -> None:
     """Keeps the newest `max_to_keep` complete steps; never the newest verified one, nor the
@@ -340,12 +315,13 @@ class Checkpointer:
     keep = self._settings.max_to_keep
     if keep is None or jax.process_index() != 0:
       return
-    steps = self.all_steps()
+    # A folder that holds another step's checkpoint is not this program's to delete.
+    steps = [step for step in self.all_steps() if not self._names_another_step(step)]
     verified = self.verified_steps()
     protected = {verified[-1], self.also_keep(verified)} if verified else set()
     for step in steps[:-keep] if len(steps) > keep else []:
       if step not in protected:
-        self._delete_step(step, f"checkpoint.max_to_keep={keep}")
+        tidying.delete_step(self._directory, step, f"checkpoint.max_to_keep={keep}")
     self._manager.reload()
 
   def close(self) -> list[int]:
@@ -379,12 +355,16 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state: Any) -> Any:
     """Restores `step` into the shapes, dtypes and shardings of `abstract_state`, after
-    checking its files against their checksums and its tree against the state's (UsageError
-    naming the first file or parameter that differs)."""
+    checking its files against their checksums and its tree against the state's, and then
+    its step counter against the folder's name (UsageError naming the first file, parameter
+    or step that differs)."""
     self._verify(step)
     self._check_tree(step, abstract_state)
     with self._reading(step):
-      return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+      restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    self._check_counter(step, saved_state.counter(restored))
+    self._sound.add(step)
+    return restored
 
   def restore_params(self, step: int, abstract_params: Any, fix: str | None = None) -> Any:
     """Restores only the parameters of the TrainState saved at `step`, into the shapes,
@@ -393,23 +373,29 @@ class Checkpointer:
     The optimizer state is skipped on disk: no array of it is read or allocated. The same
     checks as `restore` come first: the step's checksums (over all its files: orbax packs
     parameters and moments into shared data files), then the saved parameters' tree against
-    `abstract_params`. `fix` replaces the advice of a tree that does not fit (a warm start's
-    is not a resume's).
+    `abstract_params`; the step counter, read with them, last. `fix` replaces the advice of a
+    tree that does not fit (a warm start's is not a resume's).
     """
     self._verify(step)
     wanted = {_PARAMS: abstract_params}
     self._check_tree(step, wanted, subtree=_PARAMS, fix=fix)
-    # The manager's StandardCheckpointHandler has no partial restore (orbax 0.12 refuses
-    # PLACEHOLDER leaves in it), so the PyTree handler it wraps reads the same item folder
-    # directly; `partial_restore` trims the saved tree to `wanted` before anything is read.
-    reader = ocp.Checkpointer(ocp.PyTreeCheckpointHandler())
-    with self._reading(step), contextlib.closing(reader):
-      restored = reader.restore(
-          self._directory / str(step) / _ITEM,
-          args=ocp.args.PyTreeRestore(
-              item=wanted, restore_args=ocp.checkpoint_utils.construct_restore_args(wanted),
-              partial_restore=True))
+    with self._reading(step):
+      restored = saved_state.partial_restore(self._directory / str(step) / _ITEM,
+                                             {**wanted, **self._counter_placeholder(step)})
+    self._check_counter(step, saved_state.counter(restored))
+    self._sound.add(step)
     return restored[_PARAMS]
+
+  def _counter_placeholder(self, step: int) -> dict[str, np.ndarray]:
+    return saved_state.counter_placeholder(self._manager.item_metadata(step))
+
+  def _check_counter(self, step: int, counter: int | None) -> None:
+    """The state's step counter must be the folder's step: a folder copied or renamed from
+    another step's is refused as damaged, whatever its checksums say (a record written
+    before records named their step cannot tell)."""
+    problem = saved_state.counter_problem(step, counter)
+    if problem is not None:
+      raise UsageError(f"checkpoint step {step} is damaged: {problem}; {self._way_out(step)}")
 
   @contextlib.contextmanager
   def _reading(self, step: int) -> Iterator[None]:
@@ -422,35 +408,14 @@ class Checkpointer:
       # ("Encountered error while reading array index"), so the chain's causes decide.
       if not caused_by(e, READ_ERRORS):
         raise
-      earlier = [s for s in self.all_steps() if s < step]
-      fix = (f"resume from step {max(earlier)}" if earlier else "start from scratch")
       raise UsageError(f"checkpoint step {step} in {self._directory} is unreadable "
-                       f"({innermost_cause(e)}); move {self._directory / str(step)} out of the way "
-                       f"to {fix}") from None
+                       f"({innermost_cause(e)}); {self._way_out(step)}") from None
 
   def _check_tree(self, step: int, abstract_state: Any, subtree: str | None = None,
                   fix: str | None = None) -> None:
-    """The saved arrays' paths and shapes must be the state's (with `subtree`, only the saved
-    arrays under that top-level key are compared): orbax would otherwise fail deep inside
-    tensorstore, or silently broadcast or truncate."""
+    """The saved arrays' paths and shapes must be the state's (saved_state.misfit)."""
     with self._reading(step):
-      saved = _shapes_by_path(self._manager.item_metadata(step))
-    if subtree is not None:
-      saved = {path: shape for path, shape in saved.items()
-               if path == subtree or path.startswith(f"{subtree}/")}
-    wanted = _shapes_by_path(abstract_state)
-    problem = None
-    for path, shape in wanted.items():
-      if path not in saved:
-        problem = f"it has no {path} (this config's state has one of shape {shape})"
-      elif saved[path] != shape:
-        problem = f"its {path} has shape {saved[path]}, this config's has {shape}"
-      if problem:
-        break
-    else:
-      extra = [path for path in saved if path not in wanted]
-      if extra:
-        problem = f"it holds {extra[0]}, which this config's state has no place for"
+      problem = saved_state.misfit(self._manager.item_metadata(step), abstract_state, subtree)
     if problem:
       differs = "model" if subtree else "model or optimizer"  # A params read skips the rest.
       fix = fix or ("use the job's own config (its config.json), or a new --job_log_dir")
@@ -459,23 +424,80 @@ class Checkpointer:
 
   def _verify(self, step: int) -> None:
     """Process 0 checks the files; every process learns the verdict, so all stop together."""
-    if not self._settings.checksums or step in self._verified_steps:
+    if step in self._verified_steps:
       return
-    step_dir = self._directory / str(step)
+    problem = self._files_problem(step)
+    if problem is not None:
+      raise UsageError(f"checkpoint step {step} is {problem}; {self._way_out(step)}")
+    if self._settings.checksums:
+      self._verified_steps.add(step)
+
+  def _files_problem(self, step: int) -> str | None:
+    """What is wrong with `step`'s files by its checksums, as process 0 finds it and every
+    process learns it (`_files_problem_here`); None where nothing is, or checksums are off."""
+    if not self._settings.checksums:
+      return None
     problem = None
     if jax.process_index() == 0:
-      if checkpoint_integrity.has_checksums(step_dir):
-        problem = checkpoint_integrity.first_mismatch(step_dir)
+      if checkpoint_integrity.has_checksums(self._directory / str(step)):
+        problem = self._files_problem_here(step)
       else:
         self._warn_once("restoring unverified", step, "restoring checkpoint step %d without "
                         "checksums (checkpoint.restore_unverified)", step)
     if jax.process_count() > 1:
-      corrupt = multihost_utils.broadcast_one_to_all(np.int32(problem is not None))
-      if corrupt and problem is None:
-        problem = "process 0 found a file that differs from its checksum"
-    if problem is not None:
-      earlier = [s for s in self.all_steps() if s < step]
-      fix = (f"move {step_dir} out of the way to resume from step {max(earlier)}" if earlier
-             else f"move {step_dir} out of the way to start from scratch")
-      raise UsageError(f"checkpoint step {step} is corrupt: {problem}; {fix}")
-    self._verified_steps.add(step)
+      bad = multihost_utils.broadcast_one_to_all(np.int32(problem is not None))
+      if bad and problem is None:
+        problem = "corrupt: process 0 found a file that differs from its checksum"
+    return problem
+
+  def _files_problem_here(self, step: int) -> str | None:
+    """`damaged: ...` (the checksums were recorded for another step), `corrupt: ...` (a file
+    differs from them), or None (no checksums, or nothing differs), by this process alone."""
+    step_dir = self._directory / str(step)
+    if not checkpoint_integrity.has_checksums(step_dir):
+      return None
+    other = checkpoint_integrity.step_mismatch(step_dir, step)
+    if other is not None:
+      return f"damaged: {other}"
+    mismatch = checkpoint_integrity.first_mismatch(step_dir)
+    return f"corrupt: {mismatch}" if mismatch is not None else None
+
+  def sound(self, step: int) -> bool:
+    """Whether `step` passes every check a restore makes of it (usable, its files, its step
+    counter, read alone), short of restoring it: for the advice that names a step to resume
+    from. Reads the step's files, by this process alone: meant for failure paths."""
+    if step not in self.all_steps():
+      return False
+    if step in self._sound:
+      return True
+    if step in self.skipped_steps():
+      return False
+    if self._settings.checksums and self._files_problem_here(step) is not None:
+      return False
+    try:
+      counter = saved_state.read_counter(self._directory / str(step) / _ITEM,
+                                         self._manager.item_metadata(step))
+    except Exception as e:  # pylint: disable=broad-except
+      if not caused_by(e, READ_ERRORS):
+        raise
+      return False  # Unreadable.
+    if saved_state.counter_problem(step, counter) is not None:
+      return False
+    self._sound.add(step)
+    return True
+
+  def _way_out(self, step: int) -> str:
+    """The advice of a refused step: move it away (and the earlier steps that fail the same
+    checks), to resume from the newest earlier step that passes them, or to start over."""
+    doomed, earlier = [step], None
+    # Not the skipped steps: a restore never picks those, so they need not move.
+    for candidate in reversed([s for s in self.usable_steps() if s < step]):
+      if self.sound(candidate):
+        earlier = candidate
+        break
+      doomed.append(candidate)
+    folders = [str(self._directory / str(s)) for s in doomed]
+    listed = folders[0] if len(folders) == 1 else (
+        f"{', '.join(folders[:-1])} and {folders[-1]}")
+    return (f"move {listed} out of the way to resume from step {earlier}"
+            if earlier is not None else f"move {listed} out of the way to start from scratch")

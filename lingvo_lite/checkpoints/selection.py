@@ -65,7 +65,7 @@ def chosen_step(checkpointer: Checkpointer | None, checkpoint_dir: epath.Path,
       # "No checkpoint; train first" would mislead: there are steps, and none is usable.
       raise UsageError(f"{job_name}={shown}: no usable checkpoint in {checkpoint_dir}: "
                        f"{'; '.join(skipped.values())}; fix the step folder or move it away, "
-                       "or train again (--mode=train deletes unusable steps and starts over)")
+                       "or train again (--mode=train moves unusable steps aside and starts over)")
     raise UsageError(f"{job_name}={shown}: no checkpoint in {checkpoint_dir}; "
                      "train first (--mode=train)")
   return step

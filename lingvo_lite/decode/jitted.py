@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from lingvo_lite import target as targets
 from lingvo_lite.decode import steps as decoding
 from lingvo_lite.errors import config_error
 from lingvo_lite.experiment import Setup
@@ -46,19 +47,25 @@ class DecodeSteps:
   functions, the same shardings).
 
   Attributes:
+    model: The model the functions run: the setup's, or its layers in another layout where
+      that decodes faster on the target (`LanguageModel.for_decoding`).
     mesh: The device mesh.
     slots, cache_length, buckets: The shapes they are compiled for.
     eos_id: The end-of-sequence id generation stops at (decoding.NO_EOS for none).
     param_shardings, state_shardings: Where the parameters the functions take and the decode
       state live (the parameters in the family's decode form: `decode_params`).
-    loaded_shardings: Where the parameters live as loaded (the training form), before
-      `decode_params` makes them into what the functions take (int8 weights, say).
+    loaded_shardings: Where the parameters live as loaded (the training form, the setup's
+      layout), before `decode_form` makes them into what the functions take (int8 weights,
+      unrolled layers, say).
     prefill, generate: `decoding.prefill` and `decoding.generate`, jitted, the state donated.
   """
 
   def __init__(self, setup: Setup, mesh: Mesh | None = None, eos_id: int = decoding.NO_EOS):
     self.setup = setup
-    model, settings = setup.model, setup.decode
+    # The model the functions run: the setup's, or its layers in the layout that decodes
+    # fastest on the target (models/family.py: `for_decoding`).
+    self.model = model = setup.model.for_decoding(targets.current_platform())
+    settings = setup.decode
     self.mesh = mesh if mesh is not None else setup.partitioner.make_mesh()
     check_decode_partitioning(setup, self.mesh)
     self.slots = settings.slots
@@ -68,16 +75,21 @@ class DecodeSteps:
     partitioner = setup.partitioner
     self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(model),
                                                          self.mesh)
-    # The parameters' logical axes, traced once: the shardings and abstract_params use them.
-    self._specs = specs = model.parameter_logical_specs()
-    self.loaded_shardings = partitioner.logical_to_sharding(specs, self.mesh)
+    # The parameters' logical axes as loaded (the setup's layout) and in the decoding
+    # model's layout, traced once: the shardings and abstract_params use them.
+    loaded_specs = setup.model.parameter_logical_specs()
+    self._specs = specs = (loaded_specs if model is setup.model
+                           else model.parameter_logical_specs())
+    self.loaded_shardings = partitioner.logical_to_sharding(loaded_specs, self.mesh)
     decode_specs = model.decode_param_specs(specs)
     self.param_shardings = partitioner.logical_to_sharding(decode_specs, self.mesh)
     # None where the family decodes with the parameters as loaded. Not donated: the loaded
     # arrays may be the caller's (device_put keeps arrays already in place), and int8 outputs
     # could not reuse float buffers anyway.
-    self._to_decode_form = None if decode_specs is specs else jax.jit(
-        functools.partial(model.decode_params, logical_specs=specs),
+    relayout = model is not setup.model
+    self._to_decode_form = None if decode_specs is specs and not relayout else jax.jit(
+        lambda params: model.decode_params(
+            model.to_own_layout(params) if relayout else params, specs),
         in_shardings=(self.loaded_shardings,), out_shardings=self.param_shardings)
     state = self.state_shardings
     self.prefill = jax.jit(
@@ -98,14 +110,14 @@ class DecodeSteps:
 
   def empty_state(self) -> decoding.DecodeState:
     with self.activated():
-      return jax.jit(functools.partial(decoding.empty_state, self.setup.model, self.slots,
+      return jax.jit(functools.partial(decoding.empty_state, self.model, self.slots,
                                        self.cache_length),
                      out_shardings=self.state_shardings)()
 
   def abstract_state(self) -> decoding.DecodeState:
     """The decode state as shapes with their shardings (nothing allocated)."""
     shapes = jax.eval_shape(functools.partial(
-        decoding.empty_state, self.setup.model, self.slots, self.cache_length))
+        decoding.empty_state, self.model, self.slots, self.cache_length))
     return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(
         leaf.shape, leaf.dtype, sharding=sharding), shapes, self.state_shardings)
 
@@ -122,7 +134,7 @@ class DecodeSteps:
     """The parameters the functions take, as shapes with their shardings."""
     # The key is made inside eval_shape: made eagerly under a topology's mesh (a TPU compile
     # on a CPU host) it would be placed on devices that hold no arrays.
-    model = self.setup.model
+    model = self.model
     shapes = jax.eval_shape(lambda: model.decode_params(strip_boxes(model.init(
         jax.random.key(0), jnp.zeros((1, 1), jnp.int32))["params"]), self._specs))
     return jax.tree.map(lambda leaf, sharding: jax.ShapeDtypeStruct(

@@ -260,7 +260,7 @@ class GgufSize:
       with `attention.key_length`). A file that holds none of them is not checked here (its
       model's size came from the tensors, or from a default the load checks).
     tensor: The GGUF tensor; `{layer}` stands for each block's index.
-    axis: The dimension, in torch's axis order (the shapes `gguf_hf_config` gets).
+    axis: The dimension, in torch's axis order (the shapes `GgufNames.hf_config` gets).
     size: What the metadata makes it.
   """
 

@@ -32,6 +32,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
 - `tiny(fields, sequence_length)`: a classmethod returning the field changes that shrink the
   model to run in seconds on one CPU (models never import Fiddle; `config/fiddlers.py` applies
   them). `resumable_fields`: the fields a resumed run may change.
+- Decoding: `for_decoding(platform)`, the model the decode functions run (another layer
+  layout where that is faster); `decode_params`, the parameters' form there.
 - Memory: `attention_scores_shape(rows, length)` and `holds_attention_scores`; the attention
   that runs, `resolved_attention_implementation()` ("auto" resolved on the active target).
 - Checkpoint layout: `layout_metadata()`, `in_saved_layout(metadata)`, `to_own_layout(tree)`.
@@ -310,6 +312,14 @@ class LanguageModel(nn.Module):
     """Its weight matrices under "int8_weights": each one's logical axes -> the axes its
     matmul contracts (every other axis gets a scale per index)."""
     return {}
+
+  @nn.nowrap
+  def for_decoding(self, platform: str) -> LanguageModel:
+    """The model the decode functions run on `platform`: this one, or the same function in
+    another layer layout (whose parameters `to_own_layout` makes from this one's, once, when
+    they are loaded)."""
+    del platform
+    return self
 
   @nn.nowrap
   def decode_params(self, params: Any, logical_specs: Any) -> Any:

@@ -23,8 +23,6 @@ log-sum-exp. This module is the whole bridge between the model's attention and t
 
 from __future__ import annotations
 
-import functools
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -51,11 +49,11 @@ def supports_length(length: int) -> bool:
   return block_size(length) is not None
 
 
-@functools.lru_cache(maxsize=64)
 def _kernel(length: int, heads: int, window: int | None, interpret: bool
             ) -> splash.SplashAttentionKernel:
-  """A kernel for one shard's `heads` query heads: the same mask for every head. Cached: the
-  mask's block structure is worked out on the host, once per shape."""
+  """A kernel for one shard's `heads` query heads: the same mask for every head. Made anew
+  in each trace (its mask tables become constants of that trace: a kernel kept across traces
+  would carry one trace's values into another)."""
   shape = (length, length)
   if window is None:
     mask = splash.CausalMask(shape)
@@ -65,12 +63,9 @@ def _kernel(length: int, heads: int, window: int | None, interpret: bool
   sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                             block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                             use_fused_bwd_kernel=True)
-  # Its mask tables made as concrete arrays even when first asked for inside a trace (a
-  # cached tracer would leak into the next trace).
-  with jax.ensure_compile_time_eval():
-    return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=sizes,
-                                  head_shards=1, q_seq_shards=1,
-                                  residual_checkpoint_name=RESIDUAL_NAME, interpret=interpret)
+  return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=sizes,
+                                head_shards=1, q_seq_shards=1,
+                                residual_checkpoint_name=RESIDUAL_NAME, interpret=interpret)
 
 
 def _shard_specs(batch: int, kv_heads: int) -> tuple[PartitionSpec, PartitionSpec] | None:
@@ -93,6 +88,30 @@ def _shard_specs(batch: int, kv_heads: int) -> tuple[PartitionSpec, PartitionSpe
   batch_axes, heads_axes = split(batch_axes, batch), split(heads_axes, kv_heads)
   return (PartitionSpec(batch_axes, heads_axes, None, None),
           PartitionSpec(batch_axes, None))
+
+
+def _at_default_precision(function):
+  """`function`, its forward and its backward traced at the default matmul precision.
+
+  A precision set for float32 work ("highest", say) would ask Mosaic for float32 passes over
+  the kernel's bfloat16 operands, which it refuses; the backward pass is traced when the
+  gradient is taken, outside any scope around the call, hence the custom VJP.
+  """
+  @jax.custom_vjp
+  def wrapped(*args):
+    with jax.default_matmul_precision("default"):
+      return function(*args)
+
+  def forward(*args):
+    with jax.default_matmul_precision("default"):
+      return jax.vjp(function, *args)
+
+  def backward(pullback, cotangent):
+    with jax.default_matmul_precision("default"):
+      return pullback(cotangent)
+
+  wrapped.defvjp(forward, backward)
+  return wrapped
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
@@ -121,13 +140,14 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     return jax.vmap(kernel)(q, k, v, segment_ids=segments)
 
   specs = _shard_specs(q.shape[0], k.shape[1])
-  if specs is None:
-    out = attend(q, k, v, segment_ids)
-  else:
+  if specs is not None:
     heads_spec, rows_spec = specs
-    out = jax.shard_map(
+    attend = jax.shard_map(
         attend, in_specs=(heads_spec, heads_spec, heads_spec,
                           None if segment_ids is None else rows_spec),
-        out_specs=heads_spec, check_vma=False)(q, k, v, segment_ids)
+        out_specs=heads_spec, check_vma=False)
+  if q.dtype != jnp.float32 and jax.config.jax_default_matmul_precision is not None:
+    attend = _at_default_precision(attend)
+  out = attend(q, k, v, segment_ids)
   return jnp.swapaxes(out, 1, 2)
 

@@ -12,7 +12,9 @@ The blocks tag the activations worth keeping with `tag` (`jax.ad_checkpoint.chec
 | attention_out | the attention's output (and splash's log-sum-exp)   | heads x head_dim    |
 | out_proj      | the attention's output projection                   | dim                 |
 | mlp_in        | the MLP's input projections (value and gate)        | 1-2 x mlp_dim       |
-| mlp_out       | the MLP's output projection                         | dim                 |
+
+(The MLP's output needs no name: the backward pass never reads it, only the block's output it
+is added into, which the next block keeps as its input.)
 
 A policy names what is kept (on the device, or moved to the host's memory and brought back
 for the backward pass: `*_offloaded`, TPUs and GPUs only); everything else is recomputed.
@@ -34,8 +36,7 @@ RematPolicy = Literal[
     "save_qkv_proj", "save_attention", "save_dot_except_mlp", "save_dot_except_mlp_in",
     "qkv_proj_offloaded", "minimal_offloaded"]
 
-NAMES = ("query_proj", "key_proj", "value_proj", "attention_out", "out_proj", "mlp_in",
-         "mlp_out")
+NAMES = ("query_proj", "key_proj", "value_proj", "attention_out", "out_proj", "mlp_in")
 _QKV = ("query_proj", "key_proj", "value_proj")
 _ATTENTION = (*_QKV, "attention_out", "out_proj")
 
@@ -44,14 +45,13 @@ _NAMED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # Every weight matmul's output: the backward recomputes attention and the elementwise
     # work only (as dots_with_no_batch_dims_saveable, but by name, so a kernel's output is not
     # mistaken for a weight matmul's).
-    "minimal": ((*_QKV, "out_proj", "mlp_in", "mlp_out"), ()),
+    "minimal": ((*_QKV, "out_proj", "mlp_in"), ()),
     "save_qkv_proj": (_QKV, ()),
     # The projections and the attention's output: no attention recomputed; the MLP is.
     "save_attention": ((*_QKV, "attention_out"), ()),
     "save_dot_except_mlp": (_ATTENTION, ()),
-    "save_dot_except_mlp_in": ((*_ATTENTION, "mlp_out"), ()),
     "qkv_proj_offloaded": ((), _QKV),
-    "minimal_offloaded": ((), (*_QKV, "out_proj", "mlp_in", "mlp_out")),
+    "minimal_offloaded": ((), (*_QKV, "out_proj", "mlp_in")),
 }
 
 DESCRIPTIONS = {
@@ -63,7 +63,6 @@ DESCRIPTIONS = {
     "save_qkv_proj": "keep the q/k/v projections",
     "save_attention": "keep the q/k/v projections and the attention's output",
     "save_dot_except_mlp": "keep the attention's projections and output, recompute the MLP",
-    "save_dot_except_mlp_in": "as save_dot_except_mlp, and the MLP's output projection",
     "qkv_proj_offloaded": "move the q/k/v projections to host memory",
     "minimal_offloaded": "move minimal's activations to host memory",
 }

@@ -54,7 +54,6 @@ from lingvo_lite.models.transformer_sizes import TransformerSizes
 PositionKind = Literal["rotary", "learned", "none"]
 RotaryScaling = Literal["none", "llama3"]
 TiedOutputScale = Literal["one", "rsqrt_dim"]
-DecodeLayers = Literal["auto", "scanned", "unrolled"]
 __all__ = ["TransformerLM", "positions_from_segments"]
 
 
@@ -123,11 +122,6 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
       JAX's "dots_saveable" and "dots_with_no_batch_dims_saveable", or a policy over the
       blocks' named activations ("minimal", "save_qkv_proj", "save_attention", ...,
       "*_offloaded" to host memory): models/remat.py lists them.
-    decode_layers: How scanned layers run in a decode step (the parameters stay stacked
-      either way): "scanned" (one loop over the layers: compiled once per block), "unrolled"
-      (the loop written out: compile time grows with depth, and on a TPU v5e each step takes
-      half the time, measured on SmolLM2-135M's 30 layers), or "auto" (the default: unrolled on
-      TPUs and GPUs, scanned on CPUs, where the loop costs nothing measurable).
   """
 
   vocab_size: Annotated[int, Int32Size]
@@ -164,13 +158,12 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
   param_dtype: layers.DType = "float32"
   scan_layers: bool = False
   remat_policy: RematPolicy = "none"
-  decode_layers: DecodeLayers = "auto"
 
   # How layers are laid out, rematerialized, and attention executed: the parameters and the
   # function they compute stay (a checkpoint's layer layout is converted on restore). The
   # embedding's initialization is used only by a fresh start. Quantization lives in the step,
   # not the parameters.
-  resumable_fields = ("scan_layers", "remat_policy", "attention_implementation", "decode_layers",
+  resumable_fields = ("scan_layers", "remat_policy", "attention_implementation",
                       "embedding_init_stddev", "quantization")
   quantizations = quantizing.QUANTIZATIONS
 
@@ -257,6 +250,17 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
     return self.clone(parent=None, scan_layers=saved_scan)
 
   @nn.nowrap
+  def for_decoding(self, platform: str) -> TransformerLM:
+    """Scanned layers decode unrolled on accelerators: a loop iteration per layer and token
+    made each decode step 2.2x slower at batch 1 on a TPU v5e (SmolLM2-135M's shape; README,
+    "Measured on a TPU v5e"), and an unrolled decode step of its 30 layers compiled there in
+    22 s. The parameters are sliced into layers once, when loaded. On a CPU the loop costs
+    nothing measurable and keeps one block's compile."""
+    if self.scan_layers and platform != "cpu":
+      return self.clone(parent=None, scan_layers=False)
+    return self
+
+  @nn.nowrap
   def to_own_layout(self, tree: Any) -> Any:
     """Stacks unrolled layers (`layer_0`, ...) or slices scanned ones, on host."""
     return (layer_layout.stack_layers if self.scan_layers else layer_layout.unstack_layers)(tree)
@@ -310,11 +314,6 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
     sizes: a family with other attention returns its subclass and their values."""
     return layers.Attention, {}
 
-  def _decode_unrolled(self) -> bool:
-    if self.decode_layers == "auto":
-      return targets.current_platform() != "cpu"
-    return self.decode_layers == "unrolled"
-
   def _block_fields(self) -> dict:
     attention_type, options = self.attention_module()
     return dict(
@@ -357,12 +356,9 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
       if cache is not None:
         return x, tuple(tuple(layer) for layer in zip(*layer_caches))
       return x, (jax.tree.map(lambda *kvs: jnp.stack(kvs), *new_kv) if return_kv else None)
-    # A decode step's loop over layers costs per iteration on accelerators (each layer's
-    # kernels wait for the loop's bookkeeping and none overlaps the next layer's reads).
-    unroll = self.num_layers if cache is not None and self._decode_unrolled() else 1
     stack = nn.scan(block_class, variable_axes={"params": 0}, split_rngs={"params": True},
                     in_axes=(nn.broadcast, nn.broadcast, 0), length=self.num_layers,
-                    unroll=unroll, metadata_params={nn.PARTITION_NAME: "layers"})
+                    metadata_params={nn.PARTITION_NAME: "layers"})
     scanned = stack(**fields, scan_carry=True, name="layers")
     layer_index = jnp.arange(self.num_layers, dtype=jnp.int32)
     if cache is not None:

@@ -295,7 +295,7 @@ def _final_step(step: int, step_dir: epath.Path, cached: dict[str, Any], now: fl
   committed, size = _committed(step_dir), _size(step_dir)
   if not (step_dir / _STEP_METADATA).exists():
     return Checkpoint(step, INCOMPLETE, f"no {_STEP_METADATA}: an interrupted save or a "
-                      "partial copy (the next training run removes it)", committed, size)
+                      "partial copy (the next training run moves it aside)", committed, size)
   if not checkpoint_integrity.has_checksums(step_dir):
     return Checkpoint(step, BEING_WRITTEN, "committed, checksums not recorded yet (the "
                       "trainer records them at the next step boundary; a run stopped before "

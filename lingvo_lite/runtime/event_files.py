@@ -133,7 +133,8 @@ def is_events(path: epath.Path) -> bool:
 
 
 def drop_events(path: epath.Path, drop: Callable[[int], bool]) -> None:
-  """Rewrites an event file without its summaries whose step `drop`s (other events stay).
+  """Rewrites an event file without its summaries whose step `drop`s (other events stay): cut
+  in place where they are its last records (file_writes.shrink).
 
   An event file is TFRecords: length (8 bytes), its masked CRC (4), the Event proto, the
   proto's masked CRC (4). Kept records are copied whole, CRCs and all; a torn last record
@@ -159,6 +160,4 @@ def drop_events(path: epath.Path, drop: Callable[[int], bool]) -> None:
     if not dropped:
       kept.append(data[offset:end])
     offset = end
-  new = b"".join(kept)
-  if new != data:
-    file_writes.replace(path, new)
+  file_writes.shrink(path, data, b"".join(kept))

@@ -50,29 +50,28 @@ class MetricsWriter:
   provisional until the checkpoint it belongs to is verified: the train program then calls
   `commit(step)`, and the rows of steps up to `step` are the job's for good, whatever happens
   after. `rollback()`, for a run that fails, takes back the rows written since the last commit
-  (every row, before the first) and nothing else:
+  (every row, before the first) and nothing else. So after any failure the files hold exactly
+  the rows up to the newest verified step, one per step:
 
   - This writer appends in step order, so the rows up to a committed step are a prefix of what
     it wrote: a rollback cuts the JSONL file and its own TensorBoard event file back to the end
     of that prefix, which needs no free space (a full disk is a reason to roll back). Without a
-    commit, the JSONL file is as it was (byte for byte, or not there), the event file this
-    writer created is deleted, and so are the folders it created, if empty.
-  - A run that resumes from a checkpoint (`resumed_from`) must end with one row per step,
-    although the run it resumes (killed after that checkpoint) may have written rows past it.
-    So its first commit also rewrites the JSONL file (a new file renamed over the old one) as
-    the rows it held with `step <= resumed_from` that this run did not write again, then this
-    run's rows, and drops the same rows from the event files already in `tensorboard_dir`
-    (those of the earlier runs), so every reader of them sees one value per step. Should that
-    rewrite fail (a full disk), the committed rows stay all the same, after the rows they
-    supersede (readers take a step's last row), and the next resumed run's commit tidies up.
+    commit, a new job's JSONL file is removed, and so are the event file and the folders this
+    writer created.
+  - A run that resumes from a checkpoint (`resumed_from`) first cuts the JSONL file and the
+    event files already in `tensorboard_dir` (the earlier runs') back to the rows up to that
+    step, one per step: a run killed after that checkpoint wrote rows past it that no
+    checkpoint covers. Those rows are the files' last ones, so the cut is in place and needs no
+    free space (a file whose rows are out of order, left by an older version, is rewritten
+    whole). This run's rows follow.
+  - A row of a step the file holds already (a finished job rerun evaluates its last step
+    again) replaces the old one at the first commit: the file is rewritten (a new file renamed
+    over the old one) and the old step's events dropped. Should that rewrite fail (a full
+    disk), the step keeps its old row and this run's rows are cut off (the run fails).
 
   `resumed_from=None` keeps every existing row (plain appending); `commit()` without a step
   keeps every row written so far. The TensorBoard writer opens at the first write, so a run
-  that fails before its first metric creates no event file. (Between a resume and its first
-  commit, TensorBoard's default fast loader already hides a killed run's events past the new
-  run's first step: its reservoirs drop points whose step is not below a newly read one. The
-  legacy loader, `--load_fast=false`, does not: TF2 event files are version 2, for which it
-  purges only on a `SessionLog.START` event, which TF2 writers do not write.)
+  that fails before its first metric creates no event file.
   """
 
   def __init__(self, jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
@@ -80,7 +79,6 @@ class MetricsWriter:
     self._enabled = enabled
     self._jsonl_path = jsonl_path
     self._tensorboard_dir = tensorboard_dir
-    self._resumed_from = resumed_from
     self._tensorboard: event_files.ScalarEvents | None = None
     self._tensorboard_opened = False
     self._events_path: epath.Path | None = None  # The event file this writer created.
@@ -94,15 +92,22 @@ class MetricsWriter:
     self._length = 0  # The JSONL file's length, as this writer left it.
     # (step, JSONL end, event file end) of each row written since the last commit, in order.
     self._pending: list[tuple[int, int, int]] = []
-    self._superseded = resumed_from is None  # Whether the first commit's rewrite is done.
-    self._own_rows: list[bytes] = []  # This run's rows, until that rewrite.
-    self._steps: set[int] = set()  # This run's steps.
+    # This run's rows until its first commit, for the rewrite a row replacing one of the
+    # `_earlier` rows (those of a resumed job, up to `resumed_from`) needs then.
+    self._earlier = b""
+    self._replaces = resumed_from is not None
+    self._own_rows: list[tuple[int, bytes]] = []
     if not enabled:
       return
-    self._original = jsonl_path.read_bytes() if jsonl_path.exists() else None
-    if self._original is not None:
-      self._kept_length = self._length = len(self._original)
-    self._needs_newline = bool(self._original) and not self._original.endswith(b"\n")
+    earlier = jsonl_path.read_bytes() if jsonl_path.exists() else None
+    if earlier is not None and resumed_from is not None:
+      kept = _last_rows(earlier, lambda step: step <= resumed_from).encode()
+      file_writes.shrink(jsonl_path, earlier, kept)
+      earlier = kept
+    if earlier is not None:
+      self._earlier = earlier
+      self._kept_length = self._length = len(earlier)
+    self._needs_newline = bool(earlier) and not earlier.endswith(b"\n")
     folders = _missing_folders(jsonl_path.parent)
     self._earlier_events: list[epath.Path] = []
     if tensorboard_dir is not None:
@@ -110,6 +115,8 @@ class MetricsWriter:
       if tensorboard_dir.is_dir():
         self._earlier_events = sorted(p for p in tensorboard_dir.iterdir()
                                       if event_files.is_events(p))
+      for path in self._earlier_events if resumed_from is not None else ():
+        event_files.drop_events(path, lambda step: step > resumed_from)
     # Deepest first, so a folder is tried after the ones inside it.
     self._created_folders = sorted(set(folders), key=lambda p: len(p.parts), reverse=True)
     if tensorboard_dir is not None:
@@ -141,9 +148,8 @@ class MetricsWriter:
         f.write(data)
     self._length += len(data)
     self._needs_newline = False
-    if not self._superseded:
-      self._own_rows.append(line)
-    self._steps.add(step)
+    if self._replaces:
+      self._own_rows.append((step, line))
     events_end = self._tensorboard.length if self._tensorboard is not None else 0
     self._pending.append((step, self._length, events_end))
     tensorboard = self._tensorboard_writer()
@@ -153,11 +159,11 @@ class MetricsWriter:
 
   def commit(self, step: int | None = None) -> None:
     """The rows of steps up to `step` (all rows, without one) are the job's: no rollback takes
-    them back. The first commit of a resumed run also drops the rows it supersedes (see the
-    class doc).
+    them back. The first commit of a resumed run also replaces the rows of steps it wrote
+    again (see the class doc).
 
     Raises:
-      OSError: that rewrite failed (naming the file); the rows are kept all the same.
+      OSError: that rewrite failed (naming the file); this run's rows are cut off.
     """
     if not self._enabled or self._rolled_back:
       return
@@ -168,34 +174,43 @@ class MetricsWriter:
       _, self._kept_length, events_end = self._pending[kept - 1]
       self._events_kept = events_end or self._events_kept
       del self._pending[:kept]
-    if not self._superseded:
-      self._superseded = True  # Tried once: a failure stops the run.
-      self._supersede()
+    if self._replaces:
+      self._replaces = False  # Tried once: a failure stops the run.
+      own, self._own_rows = self._own_rows, []
+      earlier_steps = set(_row_steps(self._earlier))
+      if earlier_steps and any(s <= max(earlier_steps) for s, _ in own):
+        self._replace_earlier_rows(own)
 
-  def _supersede(self) -> None:
-    """Rewrites the JSONL file without the rows this run supersedes (then the earlier runs'
-    event files), keeping track of where its rows now end."""
-    resumed_from = self._resumed_from
-    # Rows of one step from several earlier runs (killed ones redo steps they had logged
-    # past their restored step): the last written is the one on the resumed-from path.
-    earlier = _last_rows(self._original,
-                         lambda step: step <= resumed_from and step not in self._steps).encode()
-    own, self._own_rows = self._own_rows, []
-    new = earlier + b"".join(own)
-    exists = self._jsonl_path.exists()
-    if (new or exists) and not (exists and self._jsonl_path.read_bytes() == new):
-      file_writes.replace(self._jsonl_path, new)
-    if new or exists:
-      # The file is now the earlier rows, then this run's: committed ones, then pending ones.
-      ends = list(itertools.accumulate((len(row) for row in own), initial=len(earlier)))
-      committed = len(own) - len(self._pending)
-      self._kept_length = ends[committed]
-      self._pending = [(step, ends[committed + 1 + i], events_end)
-                       for i, (step, _, events_end) in enumerate(self._pending)]
-      self._length = ends[-1]
-    self._needs_newline = False
+  def _replace_earlier_rows(self, own: list[tuple[int, bytes]]) -> None:
+    """Rewrites the JSONL file as the earlier rows but those of this run's steps, then this
+    run's rows, keeping track of where they now end; then drops those steps' earlier events
+    (the last ones of their files: cut in place). On failure, cuts this run's rows off."""
+    steps = {step for step, _ in own}
+    earlier = _last_rows(self._earlier, lambda step: step not in steps).encode()
+    try:
+      file_writes.replace(self._jsonl_path, earlier + b"".join(row for _, row in own))
+    except OSError:
+      self._cut_own_rows()
+      raise
+    # The file is now the earlier rows, then this run's: committed ones, then pending ones.
+    ends = list(itertools.accumulate((len(row) for _, row in own), initial=len(earlier)))
+    committed = len(own) - len(self._pending)
+    self._kept_length = ends[committed]
+    self._pending = [(step, ends[committed + 1 + i], events_end)
+                     for i, (step, _, events_end) in enumerate(self._pending)]
+    self._length = ends[-1]
     for path in self._earlier_events:
-      event_files.drop_events(path, lambda step: step > resumed_from or step in self._steps)
+      event_files.drop_events(path, lambda step: step in steps)
+
+  def _cut_own_rows(self) -> None:
+    """After a failed rewrite: the files as they were when this writer opened them (the
+    earlier rows, the earlier events), in place; a failure to is left to the rollback."""
+    self.close()
+    self._kept_length, self._events_kept, self._pending = len(self._earlier), 0, []
+    with contextlib.suppress(OSError):
+      file_writes.truncate(self._jsonl_path, len(self._earlier))
+      if self._events_path is not None and self._events_path.exists():
+        self._events_path.unlink()
 
   def rollback(self) -> None:
     """Takes back the rows written since the last commit (see the class doc); closes the
@@ -253,8 +268,7 @@ class MetricsWriter:
 
 def logged_steps(jsonl_path: epath.Path) -> list[int]:
   """The steps of a metrics file's rows (none when it does not exist)."""
-  data = jsonl_path.read_bytes() if jsonl_path.exists() else None
-  return sorted({step for step in map(_row_step, _lines(data)) if step is not None})
+  return sorted(set(_row_steps(jsonl_path.read_bytes() if jsonl_path.exists() else None)))
 
 
 def read_rows(jsonl_path: epath.Path, keep: Callable[[int], bool] = lambda step: True
@@ -272,9 +286,7 @@ def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
   (the eval program's, after a kill between a row and its record)."""
   if jsonl_path.exists():
     data = jsonl_path.read_bytes()
-    new = _last_rows(data, keep).encode()
-    if new != data:
-      file_writes.replace(jsonl_path, new)
+    file_writes.shrink(jsonl_path, data, _last_rows(data, keep).encode())
   if tensorboard_dir is not None and tensorboard_dir.is_dir():
     for path in sorted(tensorboard_dir.iterdir()):
       if event_files.is_events(path):
@@ -303,6 +315,11 @@ def _last_rows(data: bytes | None, keep: Callable[[int], bool]) -> str:
     if step is not None and keep(step):
       latest[step] = line + "\n"
   return "".join(latest[step] for step in sorted(latest))
+
+
+def _row_steps(data: bytes | None) -> list[int]:
+  """The steps of the rows in `data`, in file order (a line that is not a row has none)."""
+  return [step for step in map(_row_step, _lines(data)) if step is not None]
 
 
 def _row_step(line: str) -> int | None:

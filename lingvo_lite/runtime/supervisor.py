@@ -3,10 +3,17 @@
 When a process of a jax.distributed run dies, the coordination service aborts the others:
 an abort Python cannot catch, after pages of C++ log (with gloo on CPU, a failed collective
 comes first). The parent runs the same command as a child, passes stdout through untouched,
-copies stderr line by line while watching for that verdict, forwards SIGTERM and SIGINT, and
-exits with the child's code, ending with one line that names the missing process. The child
-dies with the parent (PR_SET_PDEATHSIG, set by the child itself), so killing the parent never
-leaves it behind.
+copies stderr line by line while watching for that verdict, forwards SIGTERM, SIGINT and
+SIGHUP, and exits with the child's code, ending with one line that names the missing process.
+The child dies with the parent (PR_SET_PDEATHSIG, set by the child itself), so killing the
+parent never leaves it behind.
+
+A hang-up (SIGHUP: the terminal was closed, the ssh session dropped) reaches the parent, in the
+terminal's process group, and not the child, in its own: forwarded, it stops the child as
+SIGTERM does (runtime/stop_request.py). The parent lives on to copy the child's stderr to the
+end; once the terminal is gone, writing it fails (EIO, or EPIPE through a pipe whose reader
+went with the session), and then stderr goes to /dev/null rather than the parent dying and
+taking the child, and its save, with it. A SIGHUP ignored at the start (`nohup`) stays ignored.
 
 SIGUSR1 (a request for stack dumps, `stack_dumps.py`) is forwarded too, and the parent lives
 on: left at its default action it would kill the parent, and the child with it. The child
@@ -35,7 +42,8 @@ import time
 from typing import Sequence
 
 import lingvo_lite
-from lingvo_lite.runtime import distributed
+from lingvo_lite import outputs
+from lingvo_lite.runtime import distributed, hangup
 
 # Set in the child's environment to the supervising parent's pid.
 CHILD_ENV = "LINGVO_LITE_SUPERVISOR_PID"
@@ -157,6 +165,18 @@ class RuntimeLog:
     return header.encode() + lines + (b"" if lines.endswith(b"\n") else b"\n")
 
 
+def _write_stderr(data: bytes) -> None:
+  """Writes `data` to stderr; once the terminal is gone (runtime/hangup.py), into /dev/null."""
+  try:
+    sys.stderr.buffer.write(data)
+    sys.stderr.flush()
+  except OSError as e:
+    if not (hangup.terminal_gone(e) and outputs.silence(sys.stderr)):
+      raise
+    sys.stderr.buffer.write(data)
+    sys.stderr.flush()
+
+
 def supervise(args: Sequence[str], quiet_runtime_log: bool = True) -> int:
   """Runs `python -m lingvo_lite ARGS` as a child; returns the exit code to leave with.
 
@@ -173,11 +193,16 @@ def supervise(args: Sequence[str], quiet_runtime_log: bool = True) -> int:
   child: subprocess.Popen | None = None
 
   def forward(signum, _):
+    if signum == signal.SIGHUP:
+      hangup.note_hangup()
     if child is None:
       received.append(signum)
     else:
       child.send_signal(signum)
-  for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+  forwarded = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
+  if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:  # Ignored under `nohup`: it stays so.
+    forwarded.append(signal.SIGHUP)
+  for signum in forwarded:
     signal.signal(signum, forward)
   # Its own process group: a Ctrl-C at the terminal reaches the child once, forwarded from
   # here, not twice (a second SIGINT stops a training run at once, without saving). The
@@ -200,17 +225,15 @@ def supervise(args: Sequence[str], quiet_runtime_log: bool = True) -> int:
     watch.feed(raw_line.decode(errors="replace"))
     if runtime_log is not None and runtime_log.holds(raw_line, time.monotonic()):
       continue
-    sys.stderr.buffer.write(raw_line)
-    sys.stderr.flush()
+    _write_stderr(raw_line)
     last_line = raw_line if raw_line.strip() else last_line
   code = child.wait()
   # Only an abort is JAX stopping a survivor; an exit code is the child's own answer.
   message = watch.verdict() if code < 0 else None
   # A run that ended with its cause in one line needs no runtime log; any other shows it.
   if runtime_log is not None and not (message or last_line.startswith(b"lingvo_lite: error:")):
-    sys.stderr.buffer.write(runtime_log.release())
-    sys.stderr.flush()
+    _write_stderr(runtime_log.release())
   if message:
-    print(message, file=sys.stderr, flush=True)
+    _write_stderr(f"{message}\n".encode())
     return 1
   return code if code >= 0 else 128 - code  # Killed by signal N: the shell's 128 + N.

@@ -89,7 +89,7 @@ class Scorer:
         the data-parallel size of rows).
     """
     setup = steps.setup
-    self.model = setup.model
+    self.model = steps.model  # The decode functions' model: `params` are in its layout.
     self.max_length = self.model.max_length
     self._steps = steps
     self.params = params

@@ -33,9 +33,9 @@ def test_checksums_catch_a_flipped_byte_a_truncation_and_a_missing_file(tmp_path
   (step_dir / "d").mkdir(parents=True)
   (step_dir / "d" / "data").write_bytes(bytes(range(256)) * 64)
   (step_dir / "meta").write_text("{}")
-  checkpoint_integrity.write_checksums(epath.Path(step_dir))
+  checkpoint_integrity.write_checksums(epath.Path(step_dir), 7)
   recorded = json.loads((step_dir / checkpoint_integrity.CHECKSUMS_FILE).read_text())
-  assert sorted(recorded) == ["d/data", "meta"]
+  assert recorded["step"] == 7 and sorted(recorded["files"]) == ["d/data", "meta"]
   assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)) is None
 
   _flip_one_byte(step_dir / "d" / "data")
@@ -53,6 +53,27 @@ def test_checksums_catch_a_flipped_byte_a_truncation_and_a_missing_file(tmp_path
   (step_dir / checkpoint_integrity.CHECKSUMS_FILE).write_text('{"meta": {"bytes": 2')
   assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)).startswith(
       "lingvo_lite_checksums.json is unreadable (JSONDecodeError: ")
+
+
+def test_the_record_names_its_step_and_a_record_from_before_that_is_read_as_it_was(tmp_path):
+  step_dir = epath.Path(tmp_path) / "57"
+  step_dir.mkdir()
+  (step_dir / "data").write_bytes(b"x" * 100)
+  checkpoint_integrity.write_checksums(step_dir, 55)  # As a copy of step 55's folder has it.
+  expected = ("lingvo_lite_checksums.json was recorded for step 55 (the folder is a copy or a "
+              "rename of step 55's)")
+  assert checkpoint_integrity.step_mismatch(step_dir, 57) == f"its {expected}"
+  assert checkpoint_integrity.first_mismatch(step_dir) == f"its {expected}"
+  assert checkpoint_integrity.step_mismatch(step_dir, 55) is None
+  # A record written before records named their step: its files alone are checked (a
+  # restore checks the step on the state's step counter).
+  record = json.loads((step_dir / checkpoint_integrity.CHECKSUMS_FILE).read_text())
+  (step_dir / checkpoint_integrity.CHECKSUMS_FILE).write_text(json.dumps(record["files"]))
+  assert checkpoint_integrity.step_mismatch(step_dir, 57) is None
+  assert checkpoint_integrity.first_mismatch(step_dir) is None
+  (step_dir / "data").write_bytes(b"y" * 100)
+  assert checkpoint_integrity.first_mismatch(step_dir) == (
+      "data does not match the CRC-32 recorded when it was written")
 
 
 def test_training_records_checksums_and_refuses_a_corrupt_step(tmp_path):

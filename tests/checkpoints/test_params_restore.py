@@ -27,13 +27,16 @@ SCANNED = ("model.scan_layers=True",)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _random_state(jitted, seed=0):
+def _random_state(jitted, seed=0, step=1):
   """A TrainState of random values in its shardings, without compiling anything: no two
-  leaves alike (moments included, unlike at init), so a mix-up of any two would show."""
+  leaves alike (moments included, unlike at init), so a mix-up of any two would show. Its
+  step counter is `step`, the step it is saved as (a restore checks that they agree)."""
   rng = np.random.default_rng(seed)
-  return jax.tree.map(
+  state = jax.tree.map(
       lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype), x.sharding),
       jitted.sharded_state.abstract)
+  return state.replace(step=jax.device_put(np.asarray(step, state.step.dtype),
+                                           state.step.sharding))
 
 
 def _save(directory, jitted, state, step=1):
@@ -68,7 +71,7 @@ def _assert_in_shardings(params, shardings):
 
 def test_params_only_equals_the_full_restore_and_holds_nothing_else(tmp_path):
   jitted = JittedSteps(synthetic_tiny_setup())
-  state = _random_state(jitted)
+  state = _random_state(jitted, step=3)
   _save(tmp_path, jitted, state, step=3)
   with jitted.activated():
     full = jitted.restore_state(_reader(tmp_path), 3)
@@ -92,13 +95,13 @@ def test_a_checkpoint_in_the_standard_save_format_restores_params_only(tmp_path)
   StandardSave, custom metadata, then checksums): old jobs' checkpoints keep working even if
   the save path changes."""
   jitted = JittedSteps(synthetic_tiny_setup())
-  state = _random_state(jitted)
+  state = _random_state(jitted, step=5)
   manager = ocp.CheckpointManager(epath.Path(tmp_path),
                                   item_handlers=ocp.StandardCheckpointHandler())
   manager.save(5, args=ocp.args.StandardSave(state), custom_metadata=jitted.checkpoint_metadata)
   manager.wait_until_finished()
   manager.close()
-  checkpoint_integrity.write_checksums(epath.Path(tmp_path) / "5")
+  checkpoint_integrity.write_checksums(epath.Path(tmp_path) / "5", 5)
   with jitted.activated():
     params = jitted.restore_params(_reader(tmp_path), 5)
     full = jitted.restore_state(_reader(tmp_path), 5)

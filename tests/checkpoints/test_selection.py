@@ -68,7 +68,7 @@ def test_no_folder_and_no_usable_step_are_each_one_line_with_the_way_out(tmp_pat
   assert message.startswith(f"--job_log_dir={SHOWN}: no usable checkpoint in {folder}: step 2 "
                             "has no checksums (")
   assert message.endswith("; fix the step folder or move it away, or train again "
-                          "(--mode=train deletes unusable steps and starts over)")
+                          "(--mode=train moves unusable steps aside and starts over)")
 
 
 def test_a_negative_step_is_refused_before_anything_is_read():

@@ -21,6 +21,7 @@ from lingvo_lite.decode import generator as generation, steps as decoding
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
+from lingvo_lite.models.transformer import TransformerLM
 from lingvo_lite.training.train_state import strip_boxes
 
 # Small shapes: prompts up to 20 tokens pad to bucket 16 or 32; 12 new tokens fit in 48.
@@ -31,9 +32,6 @@ FAMILIES = {
     "llama_gqa": ("PyCodeLlamaTiny", ()),
     "gpt2_learned": ("PyCodeGpt2Tiny", ()),
     "gptj_scanned": ("PyCodeTiny", ("model.scan_layers=True",)),
-    # The scan over layers written out in the decode step (the accelerators' default).
-    "gptj_scanned_unrolled_decode": ("PyCodeTiny", ("model.scan_layers=True",
-                                                    'model.decode_layers="unrolled"')),
     # int8 weights (models/quantization.py), quantized once when the generator takes them:
     # the reference pass multiplies the same int8 weights.
     "llama_int8_weights_scanned": ("PyCodeLlamaTiny", ('model.quantization="int8_weights"',
@@ -116,6 +114,28 @@ def test_int8_weights_are_quantized_once_when_the_generator_takes_them():
   assert kernel.scale.shape == (kernel.qvalue.shape[0], 1, *kernel.qvalue.shape[2:])
   assert quantization.is_quantized(params["embedding"])
   assert not quantization.is_quantized(_generator("llama_gqa").params["embedding"])
+
+
+def test_scanned_layers_decoded_unrolled_as_on_an_accelerator(monkeypatch):
+  """On TPUs and GPUs a scanned model decodes through its unrolled form (`for_decoding`): the
+  loaded parameters are sliced into layers once and every decode function, the cache and the
+  scorer run unrolled. Forced here on the CPU: the same completions and log-probabilities as
+  the scanned decode, int8 weights quantized after the slicing."""
+  assert _generator("gptj_scanned").steps.model is _generator("gptj_scanned").setup.model
+  family = "llama_int8_weights_scanned"
+  scanned = _generator(family)
+  monkeypatch.setattr(TransformerLM, "for_decoding",
+                      lambda self, platform: self.clone(parent=None, scan_layers=False))
+  experiment, sets = FAMILIES[family]
+  setup = testing.synthetic_tiny_setup(experiment, *DECODE_SETS, *sets)
+  params = jax.jit(setup.model.init)(jax.random.key(1), jnp.zeros((1, 8), jnp.int32))
+  unrolled = generation.Generator(setup, strip_boxes(params["params"]))
+  assert not unrolled.steps.model.scan_layers and "layer_1" in unrolled.params
+  assert quantization.is_quantized(unrolled.params["layer_1"]["mlp"]["wi"]["kernel"])
+  for ours, theirs in zip(unrolled.generate(_mixed_requests()),
+                          scanned.generate(_mixed_requests())):
+    assert ours.completion_ids == theirs.completion_ids
+    np.testing.assert_allclose(ours.logprobs, theirs.logprobs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("family", ["gptj", "llama_gqa", "gptj_scanned",

@@ -73,7 +73,8 @@ _F, _D = job_dirs.FILE, job_dirs.FOLDER
 WRITTEN = {
     "train": (("checkpoints", _D), ("summaries", _D), ("summaries/train", _D),
               ("config.json", _F), ("config.txt", _F), ("metrics.jsonl", _F),
-              ("run_info.jsonl", _F), ("stacks", _D), (".lingvo_lite.lock", _F)),
+              ("run_info.jsonl", _F), ("stacks", _D), (".lingvo_lite.lock", _F),
+              ("train.log", _F)),
     "eval": (("eval", _D), ("eval/summaries", _D), ("eval/evaluated.json", _F),
              ("eval/.lingvo_lite.lock", _F)),
     "report": (("report", _D), ("report/index.html", _F), ("report/compare.html", _F),
@@ -173,7 +174,8 @@ def test_profile_is_checked_only_when_the_run_profiles(job):
 
 
 @pytest.mark.parametrize("relative", ["eval/eval_held_out.jsonl", "eval/evaluated.json",
-                                      "eval_validation.jsonl", ".lingvo_lite.lock"])
+                                      "eval_validation.jsonl", ".lingvo_lite.lock",
+                                      "train.log"])
 def test_every_file_a_mode_writes_must_not_be_a_folder(job, relative):
   if (job / relative).exists():
     (job / relative).unlink()

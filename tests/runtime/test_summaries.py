@@ -1,5 +1,6 @@
 """Metric files across a resume and a failure: one JSONL row (and one TensorBoard value) per
-step after a commit, and a failed run's rollback leaves the job dir byte-for-byte as it was."""
+step, and after any failure exactly the rows up to the last commit (a killed run's rows past
+the step a run resumes from go when it starts, in place)."""
 
 import errno
 import json
@@ -28,6 +29,11 @@ def _killed_run(job, steps, tensorboard=True):
   for step in steps:
     writer.write(step, {"loss": 1.0})
   writer.close()
+  # Named as a run that started earlier (TensorBoard reads a folder's files in name order;
+  # within one second, this process's serial numbers would decide).
+  for path in (job / "summaries" / "train").iterdir() if tensorboard else ():
+    stamp, rest = path.name.removeprefix("events.out.tfevents.").split(".", 1)
+    path.rename(path.parent / f"events.out.tfevents.{int(stamp) - 100:010d}.{rest}")
 
 
 def _scalars(folder):
@@ -50,19 +56,20 @@ def test_the_tensorboard_writer_opens_at_the_first_write(tmp_path):
   assert not list(job.iterdir())
 
 
-def test_commit_drops_rows_past_the_restored_step(tmp_path):
+def test_a_resumed_run_starts_by_dropping_the_rows_past_its_step(tmp_path):
   job = epath.Path(tmp_path)
   _killed_run(job, [10, 20, 30, 40, 50], tensorboard=False)
   writer = _writer(job, resumed_from=20, tensorboard=False)
+  # No checkpoint covers the killed run's rows past step 20: gone before this run's first.
+  assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20]
   writer.write(30, {"loss": 2.0})
   writer.write(40, {"loss": 2.0})
-  # Live until the commit: the user watching the file sees the new rows at once.
-  assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20, 30, 40, 50, 30, 40]
-  writer.commit()
+  # Live: the user watching the file sees the new rows at once, one per step.
   assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [
       (10, 1.0), (20, 1.0), (30, 2.0), (40, 2.0)]
+  writer.commit()
   writer.write(50, {"loss": 2.0})
-  writer.commit()  # Later commits change nothing.
+  writer.commit()
   writer.close()
   assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20, 30, 40, 50]
   assert not [p.name for p in job.iterdir() if p.name.startswith(".")]
@@ -71,40 +78,44 @@ def test_commit_drops_rows_past_the_restored_step(tmp_path):
 def test_a_row_of_the_restored_step_written_again_supersedes_the_old_one(tmp_path):
   # A finished job rerun evaluates its last step again.
   job = epath.Path(tmp_path)
-  _killed_run(job, [10, 20], tensorboard=False)
-  writer = _writer(job, resumed_from=20, tensorboard=False)
+  _killed_run(job, [10, 20])
+  writer = _writer(job, resumed_from=20)
   writer.write(20, {"loss": 3.0})
   writer.commit()
   writer.close()
   assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [
       (10, 1.0), (20, 3.0)]
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 3.0)]
 
 
-def test_a_torn_last_row_is_dropped_at_commit_and_restored_by_a_rollback(tmp_path):
+def test_a_torn_last_row_goes_with_the_rows_past_the_resumed_step(tmp_path):
   job = epath.Path(tmp_path)
-  torn = b'{"step": 10, "loss": 1.0}\n{"step": 20, "lo'
-  (job / "metrics.jsonl").write_bytes(torn)
+  (job / "metrics.jsonl").write_bytes(b'{"step": 10, "loss": 1.0}\n{"step": 20, "lo')
   writer = _writer(job, resumed_from=10, tensorboard=False)
   writer.write(20, {"loss": 2.0})
-  assert (job / "metrics.jsonl").read_text().splitlines()[-1] == '{"step": 20, "loss": 2.0}'
+  assert (job / "metrics.jsonl").read_text().splitlines() == [
+      '{"step": 10, "loss": 1.0}', '{"step": 20, "loss": 2.0}']
   writer.rollback()
-  assert (job / "metrics.jsonl").read_bytes() == torn
-  writer = _writer(job, resumed_from=10, tensorboard=False)
-  writer.write(20, {"loss": 2.0})
-  writer.commit()
-  assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20]
+  assert (job / "metrics.jsonl").read_bytes() == b'{"step": 10, "loss": 1.0}\n'
 
 
-def test_a_failed_resume_leaves_the_job_dir_as_it_was(tmp_path):
+def test_a_failed_resume_leaves_exactly_the_rows_up_to_its_step(tmp_path):
   job = epath.Path(tmp_path) / "job"
   _killed_run(job, [10, 20, 30])
-  before = tree_digest(job)
   train, evaluation = _writer(job, resumed_from=20), _writer(job, resumed_from=20, name="eval")
   train.write(30, {"loss": 2.0})
   evaluation.write(30, {"loss": 2.0})
-  assert tree_digest(job) != before
   train.rollback()
   evaluation.rollback()
+  assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [(10, 1.0), (20, 1.0)]
+  assert not (job / "eval_metrics.jsonl").exists()  # The killed run wrote no eval rows.
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0)]
+  assert not (job / "summaries" / "eval").exists()
+  # A resume of a job with no rows past its step leaves it byte for byte as it was.
+  before = tree_digest(job)
+  train = _writer(job, resumed_from=20)
+  train.write(30, {"loss": 2.0})
+  train.rollback()
   assert tree_digest(job) == before
 
 
@@ -119,17 +130,20 @@ def test_a_failed_first_run_leaves_no_files_or_folders(tmp_path):
   assert not list(job.iterdir())
 
 
-def test_commit_drops_a_killed_runs_events_past_the_restored_step(tmp_path):
+def test_a_resumed_run_starts_by_dropping_a_killed_runs_events_past_its_step(tmp_path):
   job = epath.Path(tmp_path)
   _killed_run(job, [10, 20, 30, 40, 50])
+  events = list((job / "summaries" / "train").iterdir())
   writer = _writer(job, resumed_from=20)
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0)]
   writer.write(30, {"loss": 2.0})
   writer.write(40, {"loss": 2.0})
   writer.close()
-  # Before the commit TensorBoard's Python loader shows both runs: the zigzag.
-  assert [s for s, _ in _scalars(job / "summaries" / "train")] == [10, 20, 30, 40, 50, 30, 40]
+  # No zigzag of the killed run's values and this run's, in any of TensorBoard's loaders.
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0), (30, 2.0), (40, 2.0)]
   writer.commit()
   assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0), (30, 2.0), (40, 2.0)]
+  assert all(path.exists() for path in events)
 
 
 def test_a_disabled_writer_writes_nothing(tmp_path):
@@ -218,20 +232,36 @@ def full_disk(tmp_path):
     yield disk
 
 
-def test_on_a_full_disk_a_failed_rewrite_keeps_the_committed_rows_and_no_temporary(full_disk):
+def test_on_a_full_disk_a_resumed_run_cuts_the_killed_runs_rows_in_place(full_disk):
   job = epath.Path(full_disk.path) / "job"
   _killed_run(job, [10, 20, 30])
+  full_disk.fill()
+  writer = _writer(job, resumed_from=20)  # Dropping the last rows needs no room.
+  assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20]
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0)]
+  with pytest.raises(OSError) as failure:
+    writer.write(30, {"loss": 2.0})  # Its event file's first page.
+  assert failure.value.errno == errno.ENOSPC
+  writer.rollback()
+  assert [r["step"] for r in _rows(job / "metrics.jsonl")] == [10, 20]
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0)]
+  assert not [name for _, _, names in os.walk(job) for name in names if ".tmp" in name]
+
+
+def test_on_a_full_disk_a_failed_replacement_keeps_the_steps_old_row(full_disk):
+  # A finished job rerun evaluates its last step again; the rewrite that replaces its row
+  # needs room for a new copy of the file.
+  job = epath.Path(full_disk.path) / "job"
+  _killed_run(job, [10, 20])
   writer = _writer(job, resumed_from=20)
-  writer.write(30, {"loss": 2.0})
-  writer.write(40, {"loss": 2.0})
+  writer.write(20, {"loss": 3.0})
   full_disk.fill()
   with pytest.raises(OSError) as failure:
-    writer.commit(30)  # Its rewrite needs room for a new copy of the file.
+    writer.commit(20)
   assert failure.value.errno == errno.ENOSPC
   assert failure.value.filename == str(job / "metrics.jsonl")  # Not its temporary's.
-  writer.rollback()  # Cutting back needs no room.
-  # Step 30's new row is kept, after the killed run's (a reader takes a step's last row).
+  writer.rollback()
   assert [(r["step"], r["loss"]) for r in _rows(job / "metrics.jsonl")] == [
-      (10, 1.0), (20, 1.0), (30, 1.0), (30, 2.0)]
-  assert [s for s, _ in _scalars(job / "summaries" / "train")] == [10, 20, 30, 30]
+      (10, 1.0), (20, 1.0)]
+  assert _scalars(job / "summaries" / "train") == [(10, 1.0), (20, 1.0)]
   assert not [name for _, _, names in os.walk(job) for name in names if ".tmp" in name]

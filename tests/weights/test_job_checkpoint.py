@@ -192,6 +192,9 @@ _RESHARD_CHILD = textwrap.dedent("""
     rng = np.random.default_rng(0)
     state = jax.tree.map(lambda x: jax.device_put(rng.standard_normal(x.shape).astype(x.dtype),
                                                   x.sharding), jitted.sharded_state.abstract)
+    # Its step counter is the step it is saved as: a restore checks that they agree.
+    state = state.replace(step=jax.device_put(np.asarray(1, state.step.dtype),
+                                              state.step.sharding))
     saver = Checkpointer(epath.Path(source) / "checkpoints", CheckpointSettings(every_steps=1))
     saver.save(1, state, force=True, metadata=jitted.checkpoint_metadata)
     saver.close()

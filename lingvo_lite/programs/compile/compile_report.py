@@ -334,4 +334,6 @@ def _max_batch_lines(data: dict[str, Any]) -> list[str]:
     best = row["max_per_device_batch_size"]
     lines.append(f"    {row['remat_policy']:<35} {'n/a' if best is None else best:>14}  {made}"
                  + (f"  ({row['note']})" if row["note"] else ""))
+  if len(data["policies"]) == 1:
+    lines.append("    (every remat policy, side by side: --compile_remat_policies=all)")
   return lines

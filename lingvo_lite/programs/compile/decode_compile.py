@@ -137,7 +137,7 @@ def build(result: DecodeCompileResult) -> dict[str, Any]:
   rule = (f"{what[decider]} (the other function, {what[other]}, needs "
           f"{gib(functions[other]['deciding'])}); {chosen['deciding_rule']}")
   state = steps.abstract_state()
-  cache = kv_cache_bytes(state, setup.model, steps.slots, steps.cache_length)
+  cache = kv_cache_bytes(state, steps.model, steps.slots, steps.cache_length)
   parameters = sum(map(compile_report.shard_bytes, jax.tree.leaves(steps.abstract_params())))
   slots_per_device = state.lengths.sharding.shard_shape(state.lengths.shape)[0]
   other_state = sum(map(compile_report.shard_bytes,

@@ -29,13 +29,19 @@ from lingvo_lite.runtime import progress
 MAX_COMPILES = 16
 
 
-def check_policies(names: list[str]) -> list[str]:
-  valid = remat.POLICIES
+def check_policies(names: list[str], platform: str) -> list[str]:
+  """The policies `--compile_remat_policies` names, in order, once each; "all" stands for
+  every policy the target's platform takes (host offload where there is a host apart from
+  the device)."""
+  valid = (*remat.POLICIES, "all")
+  chosen = []
   for name in names:
     if name not in valid:
       raise UsageError(f"--compile_remat_policies={','.join(names)}: unknown policy {name!r}; "
                        f"valid: {', '.join(valid)}")
-  return list(dict.fromkeys(names))
+    chosen += ([p for p in remat.POLICIES if platform != "cpu" or not remat.offloads(p)]
+               if name == "all" else [name])
+  return list(dict.fromkeys(chosen))
 
 
 def _with_batch(setup: Setup, program: str, per_device: int, num_devices: int) -> Setup:

@@ -56,7 +56,8 @@ class Options:
       "prediction is confirmed.")
   compile_remat_policies: list[str] = option(
       [], "With --compile_find_max_batch: the remat policies to search, as a table (e.g. "
-      "none,full).", non_empty=True)
+      "none,full,minimal; 'all': every policy the target takes, models/remat.py).",
+      non_empty=True)
   compiled_step_out: str | None = option(
       None, "--mode=compile: write the compiled train step and its manifest to this folder.")
   init_from: str | None = init_from_option()
@@ -103,7 +104,7 @@ def main(invocation: Invocation) -> int | None:
   if options.compile_remat_policies and not options.compile_find_max_batch:
     raise UsageError("--compile_remat_policies: only searched with --compile_find_max_batch; "
                      "add it, or set one policy with --fdl.model.remat_policy=NAME")
-  policies = max_batch.check_policies(options.compile_remat_policies)
+  policies = max_batch.check_policies(options.compile_remat_policies, target.platform)
   if options.compiled_step_out and program != "train":
     raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
                      f"drop --compile_program={program}")

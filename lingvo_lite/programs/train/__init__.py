@@ -6,8 +6,9 @@ besides checkpoints, and `failures.py` says how a run stops.
 
 Resume is exact: the state comes back from the latest checkpoint and the data source
 yields the batch of a step as a function of (seed, step), so a stopped-and-resumed run
-computes the same losses as an uninterrupted one. SIGTERM or SIGINT saves and stops
-cleanly (exit code 0); rerunning the same command continues.
+computes the same losses as an uninterrupted one. SIGTERM, SIGINT or SIGHUP saves and stops
+cleanly (exit code 0), and says so in the job's log too (JOB/train.log); rerunning the same
+command continues.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from lingvo_lite.programs.train.failures import (NonFinite, OutputWriteError, Tr
                                                  newest_checkpoint, resume_advice, write_advice)
 from lingvo_lite.programs.train.loop import PROFILE_DIR, TrainLoop, TrainResult
 from lingvo_lite.programs.train.run_outputs import RunOutputs
-from lingvo_lite.runtime import lock as job_lock, run_info, summaries
+from lingvo_lite.runtime import hangup, lock as job_lock, run_info, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
 from lingvo_lite.runtime.watchdog import Watchdog
@@ -63,13 +64,14 @@ class Options:
 
 
 # The job dir, created where missing: config, checkpoints, metrics and run info, TensorBoard
-# summaries, stack dumps, the job's lock, each eval set's rows; a profiler trace if asked for.
+# summaries, stack dumps, the job's lock and log, each eval set's rows; a profiler trace if
+# asked for.
 JOB_FILES = JobFiles(
     creates=True,
     written=(("checkpoints", FOLDER), ("summaries", FOLDER), (PROFILE_DIR, FOLDER),
              (config_files.CONFIG_JSON, FILE), (config_files.CONFIG_TXT, FILE),
              ("metrics.jsonl", FILE), (run_info.FILE_NAME, FILE), ("stacks", FOLDER),
-             (job_lock.LOCK_NAME, FILE)),
+             (job_lock.LOCK_NAME, FILE), (hangup.LOG_NAME, FILE)),
     eval_sets_under="",
     when_profiling=((f"{PROFILE_DIR}/plugins", FOLDER),
                     (f"{PROFILE_DIR}/plugins/profile", FOLDER)))
@@ -82,7 +84,9 @@ def main(invocation: Invocation) -> None:
   setup.check_data()  # An empty data source is one line now, not a failure mid-run.
   # The lock first: what the job holds (its config, its checkpoints) is read under it.
   lock = job_lock.JobLock(job_dir, enabled=is_chief, shown=invocation.shown_job_dir)
-  with lock:
+  # A hang-up stops the run as SIGTERM does; its terminal is gone then, and writing to it
+  # must not fail the save, nor the summary after it.
+  with hangup.surviving_hangups(), lock:
     changes = invocation.config_changes()
     if changes:
       raise UsageError(
@@ -94,8 +98,9 @@ def main(invocation: Invocation) -> None:
     result = run(setup, job_dir, record_config, job_is_new,
                  compiled_step_in=invocation.options.compiled_step_in,
                  command_line=invocation.command_line, cache_folder=invocation.cache_folder)
-  if is_chief:
-    print(_summary(result, setup.eval_sets, epath.Path(invocation.shown_job_dir)), flush=True)
+    if is_chief:
+      print(_summary(result, setup.eval_sets, epath.Path(invocation.shown_job_dir)),
+            flush=True)
 
 
 def _summary(result: TrainResult, eval_sets: Iterable[str], shown: epath.Path) -> str:

@@ -51,28 +51,45 @@ _NON_FINITE_FIX = ("rerun with a lower optimizer.peak_learning_rate (or a clip_g
 
 
 def resume_advice(checkpointer: Checkpointer, health: checkpoint_health.TrainingHealth,
-                   folder: epath.Path) -> str:
-  """Where a diverged run should resume: the newest healthy checkpoint (retention keeps it),
-  with the rule that says so and the diverged steps after it to move away."""
-  steps = checkpointer.verified_steps()
+                  folder: epath.Path) -> str:
+  """Where a diverged run should resume: the newest healthy checkpoint (retention keeps it)
+  that passes a restore's checks (Checkpointer.sound), with the rule that says so and the
+  diverged or damaged steps after it to move away."""
+  steps = checkpointer.usable_steps()
   if not steps:
     return f"no checkpoint was saved yet; {_NON_FINITE_FIX}"
-  healthy = health.newest_healthy(steps)
   rule = f"healthy: {checkpoint_health.RULE}"
+  damaged = []  # Healthy by the rows, refused by a restore's checks (a copy, a flipped byte).
+  healthy = None
+  for step in reversed(steps):
+    if health.healthy(step):
+      if checkpointer.sound(step):
+        healthy = step
+        break
+      damaged.append(step)
   if healthy == steps[-1]:
     return f"the newest checkpoint, step {healthy}, is healthy ({rule}); {_NON_FINITE_FIX}"
-  diverged = [step for step in steps if step > (healthy or 0)]
-  listed = (f"step {diverged[0]}" if len(diverged) == 1 else
-            f"steps {', '.join(map(str, diverged[:-1]))} and {diverged[-1]}"
-            if len(diverged) <= 4 else f"the {len(diverged)} steps {diverged[0]} to "
-            f"{diverged[-1]}")
+  diverged = [step for step in steps if step > (healthy or 0) and step not in damaged]
+  after_it = " after it" if healthy is not None else ""
+  after = " and ".join(part for part in (
+      f"{_listed(diverged)}{after_it} had diverged already" if diverged else "",
+      f"{_listed(sorted(damaged))} {'is' if len(damaged) == 1 else 'are'} damaged"
+      if damaged else "") if part)
+  moved = "it" if len(diverged) + len(damaged) == 1 else "them"
   if healthy is None:
-    return (f"no checkpoint is healthy ({rule}): {listed} had diverged already; move "
-            f"{'it' if len(diverged) == 1 else 'them'} out of {folder} to start over, then "
-            f"{_NON_FINITE_FIX}")
-  return (f"the newest healthy checkpoint is step {healthy} ({rule}); {listed} after it had "
-          f"diverged already: move {'it' if len(diverged) == 1 else 'them'} out of {folder} "
-          f"to resume from step {healthy}, then {_NON_FINITE_FIX}")
+    return (f"no checkpoint is healthy ({rule}): {after}; move {moved} out of {folder} to "
+            f"start over, then {_NON_FINITE_FIX}")
+  return (f"the newest healthy checkpoint is step {healthy} ({rule}); {after}: move {moved} "
+          f"out of {folder} to resume from step {healthy}, then {_NON_FINITE_FIX}")
+
+
+def _listed(steps: list[int]) -> str:
+  """`step 4`, `steps 4 and 6`, `steps 2, 4 and 6`, or `the 9 steps 2 to 18`."""
+  if len(steps) == 1:
+    return f"step {steps[0]}"
+  if len(steps) <= 4:
+    return f"steps {', '.join(map(str, steps[:-1]))} and {steps[-1]}"
+  return f"the {len(steps)} steps {steps[0]} to {steps[-1]}"
 
 
 class NonFinite(TrainingFailure):

@@ -225,7 +225,9 @@ class TrainLoop:
     if self._stop.signal_name:
       done = (f"saved step {step} and stopped" if step > self._start else
               "stopped before its first step, with nothing new to save")
-      self._say(f"{self._stop.signal_name}: {done}; rerun the same command to resume")
+      line = f"{self._stop.signal_name}: {done}; rerun the same command to resume"
+      self._outputs.note(line)  # First: after a hang-up, the terminal is gone.
+      self._say(line)
     else:
       eval_results = self._evaluate()
       self._outputs.commit(step)  # Of the saved state: it supersedes the one resumed after.

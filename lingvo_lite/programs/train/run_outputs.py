@@ -14,7 +14,7 @@ from lingvo_lite.training import evaluation
 from lingvo_lite.config import files as config_files
 from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.programs.train.failures import OutputWriteError
-from lingvo_lite.runtime import run_info, summaries
+from lingvo_lite.runtime import hangup, run_info, summaries
 
 
 @contextlib.contextmanager
@@ -29,8 +29,8 @@ def writing_outputs() -> Iterator[None]:
 
 
 class RunOutputs:
-  """What a run writes into its job dir besides checkpoints: the config, the metrics and the
-  run's identity (a row of `run_info.jsonl`).
+  """What a run writes into its job dir besides checkpoints: the config, the metrics, the
+  run's identity (a row of `run_info.jsonl`) and the lines of the job's log (`note`).
 
   What a run writes is the job's once the checkpoint it belongs to is verified, and only then:
   `Checkpointer.on_verified` calls `commit(step)`, whichever path verifies the step, and the
@@ -48,6 +48,7 @@ class RunOutputs:
                jitted: JittedSteps, command_line: Sequence[str] | None,
                initialized_from: str | None = None):
     self._record_config = record_config
+    self._job_dir, self._enabled = job_dir, enabled
     # A new job's config is written below, an existing job's at the first commit.
     self._config_recorded = job_is_new
     resumed_from = None if job_is_new else start
@@ -73,6 +74,12 @@ class RunOutputs:
   def write_eval(self, step: int, results: dict[str, dict[str, float]]) -> None:
     with writing_outputs():
       self.eval.write(step, results)
+
+  def note(self, line: str) -> None:
+    """Appends `line` to the job's log (JOB/train.log): how a run stopped, for a user whose
+    terminal is gone (runtime/hangup.py). Raises nothing."""
+    if self._enabled:
+      hangup.record(self._job_dir, line)
 
   def commit(self, step: int) -> None:
     """The rows up to `step` are kept from now on; then what the first commit rewrites."""

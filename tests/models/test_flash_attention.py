@@ -1,0 +1,102 @@
+"""The TPU flash-attention path (models/flash_attention.py), run here in Pallas's interpret mode:
+the same function and gradients as the written-out attention for every mask kind, the
+written-out path for lengths its blocks do not divide, and "auto"'s choice per platform.
+(On a TPU, bench/tpu_numerics.py compares the compiled kernel the same way.)"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lingvo_lite import target as targets
+from lingvo_lite.models import flash_attention, layers
+from lingvo_lite.models.mistral import SlidingWindowAttention
+from lingvo_lite.testing import synthetic_tiny_setup
+
+# (length, query heads, key/value heads, packed segments, window): causal multi-head
+# attention, grouped-query with documents packed, and a sliding window across document and
+# block edges (384 = 3 x 3 blocks of 128: blocks wholly outside the band are skipped).
+CASES = {"causal": (128, 4, 4, False, None), "grouped_query_segments": (128, 8, 2, True, None),
+         "window_segments": (384, 8, 2, True, 48)}
+
+
+def _segments(length):
+  return jnp.asarray([[1] * (length // 3) + [2] * (length - length // 3),
+                      [1] * 30 + [2] * (length - 56) + [3] * 26])
+
+
+def _attention(implementation, heads, kv_heads, window):
+  cls, extra = (SlidingWindowAttention, {"window": window}) if window else (layers.Attention, {})
+  return cls(num_heads=heads, num_kv_heads=kv_heads, head_dim=16, rotary_dim=16,
+             rotary_style="half", implementation=implementation, **extra)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_splash_equals_the_einsum_attention_and_its_gradients(case):
+  length, heads, kv_heads, segmented, window = CASES[case]
+  x = jax.random.normal(jax.random.key(0), (2, length, 32))
+  positions = jnp.broadcast_to(jnp.arange(length), (2, length))
+  segments = _segments(length) if segmented else None
+  params = nn.meta.unbox(_attention("einsum", heads, kv_heads, window).init(
+      jax.random.key(1), x, positions, segments)["params"])
+  cotangent = jax.random.normal(jax.random.key(2), x.shape)
+  results = {}
+  for implementation in ("einsum", "splash"):
+    apply = lambda p, x, i=implementation: _attention(i, heads, kv_heads, window).apply(
+        {"params": p}, x, positions, segments)
+    loss = lambda p, x, apply=apply: jnp.sum(apply(p, x) * cotangent)
+    results[implementation] = (apply(params, x), jax.grad(loss, argnums=(0, 1))(params, x))
+    # The kernel really ran: its call is in the program.
+    assert ("pallas_call" in str(jax.make_jaxpr(apply)(params, x))) == (
+        implementation == "splash")
+  np.testing.assert_allclose(results["splash"][0], results["einsum"][0], rtol=1e-5, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               results["splash"][1], results["einsum"][1])
+
+
+def test_a_length_no_block_divides_is_written_out():
+  """A prefill bucket of 96 tokens: the einsum path, the same numbers, no kernel."""
+  assert flash_attention.block_size(96) is None and flash_attention.block_size(384) == 128
+  assert flash_attention.block_size(2048) == 512
+  x = jax.random.normal(jax.random.key(0), (1, 96, 32))
+  positions = jnp.arange(96)[None]
+  splash = _attention("splash", 4, 2, None)
+  params = nn.meta.unbox(splash.init(jax.random.key(1), x, positions, None)["params"])
+  apply = lambda p: splash.apply({"params": p}, x, positions, None)
+  assert "pallas_call" not in str(jax.make_jaxpr(apply)(params))
+  np.testing.assert_allclose(
+      apply(params), _attention("einsum", 4, 2, None).apply({"params": params}, x, positions,
+                                                             None), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("platform, device_kind, dtype, head_dim, expected", [
+    ("tpu", "TPU v5 lite", "bfloat16", 64, "splash"),
+    ("tpu", "TPU v5 lite", "float32", 64, "splash"),
+    ("gpu", "NVIDIA H100", "bfloat16", 128, "cudnn"),
+    ("gpu", "NVIDIA H100", "float32", 128, "xla"),   # cuDNN takes half precision only.
+    ("gpu", "NVIDIA H100", "bfloat16", 256, "xla"),  # Nor heads wider than 128.
+    ("cpu", "cpu", "bfloat16", 64, "einsum"),
+])
+def test_auto_resolves_by_the_target_platform(platform, device_kind, dtype, head_dim, expected):
+  assert layers.resolve_implementation("auto", platform, device_kind, dtype,
+                                       head_dim) == expected
+  assert layers.resolve_implementation("einsum", platform, device_kind, dtype,
+                                       head_dim) == "einsum"
+
+
+def test_a_tpu_compile_from_this_host_traces_the_kernel():
+  """Under a TPU topology's target (what --mode=compile sets), "auto" is the kernel and it is
+  traced for Mosaic, not interpreted: the program holds the TPU custom call."""
+  setup = synthetic_tiny_setup("PyCodeLlamaTiny", "train_data.sequence_length=128",
+                               "model.max_length=128")
+  assert setup.model.attention_implementation == "auto"
+  assert setup.model.resolved_attention_implementation() == "einsum"
+  target = targets.compile_target("v5e-1")
+  with targets.active(target):
+    assert setup.model.resolved_attention_implementation() == "splash"
+    tokens = jax.ShapeDtypeStruct((2, 128), jnp.int32)
+    params = jax.eval_shape(setup.model.init, jax.random.key(0), tokens)
+    lowered = jax.jit(setup.model.apply).trace(params, tokens).lower(
+        lowering_platforms=("tpu",))
+  assert "tpu_custom_call" in lowered.as_text()
