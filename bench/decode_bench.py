@@ -158,7 +158,7 @@ class _LingvoCase:
     from lingvo_lite import executor
     from lingvo_lite.decode.requests import Request
     from lingvo_lite.decode.generator import Generator
-    from lingvo_lite.train_state import strip_boxes
+    from lingvo_lite.training.train_state import strip_boxes
 
     sets = [*GPTJ_SHAPES, f"decode.slots={batch}",
             f"decode.cache_length={prompt_length + new_tokens}",

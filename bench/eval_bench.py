@@ -40,8 +40,9 @@ import time
 
 import jax
 
-from lingvo_lite import evaluation, executor
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite import executor
+from lingvo_lite.training import evaluation
+from lingvo_lite.training.jitted import JittedSteps
 
 # Model sizes as overrides of PyCodeTiny (4 layers, width 128, byte vocabulary); heads of 64
 # wide in the larger ones, where PyCodeTiny's rotary_dim=16 still fits. The table prints the

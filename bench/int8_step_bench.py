@@ -45,10 +45,10 @@ def _step(experiment: str, sets: list[str]):
   initial parameters; and a function of parameters giving their gradients on that batch."""
   import jax  # pylint: disable=g-import-not-at-top
   from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
-  from lingvo_lite.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.training.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
   setup = executor.build_experiment(experiment, sets)
   jitted = JittedSteps(setup)
-  from lingvo_lite import steps  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.training import steps  # pylint: disable=g-import-not-at-top
   with jitted.activated():
     state = jitted.init_state()
     batch = jitted.global_batch(setup.train_data.batch(0))

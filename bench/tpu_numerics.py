@@ -41,10 +41,10 @@ jax.config.update("jax_default_matmul_precision", "highest")
 from lingvo_lite import testing
 from lingvo_lite.decode import generator as generation
 from lingvo_lite.decode.requests import Request
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.models import layers
 from lingvo_lite.models.mistral import SlidingWindowAttention
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 # pylint: enable=wrong-import-position
 
 # Mask kinds: (query heads, key/value heads, segments, window).

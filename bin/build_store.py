@@ -5,7 +5,7 @@
       --vocabulary=sp:1024:unigram --out=stores/mydata
   python bin/build_store.py --task=tasks.pycode.pycode_task --out=stores/pycode_bytes
 
-`--format` names an entry of `FORMATS` (tasks/formats.py), which also gives the flags of that
+`--format` names an entry of `FORMATS` (tasks/formats/), which also gives the flags of that
 format's settings (`--text_field`, `--vocab_size`, ...). Each split becomes one store,
 `OUT/<split>`, which a config reads with `TokenStoreData(task=<the same task>, split=...,
 store_dir='OUT/<split>')`. A store that is already there and matches the task is kept; one

@@ -5,7 +5,7 @@
 
 `--task` is an import path `module.function`, called with no arguments, that returns a seqio
 Task or a tasks.deferred.DeferredTask; the texts are its source's "text" field. The model is
-byte-exact for code (lingvo_lite/data/vocabulary.py) and written atomically, with a
+byte-exact for code (lingvo_lite/data/sentencepiece_training.py) and written atomically, with a
 `<output>.json` sidecar. A bad flag or value, or a --task that fails to import, raises or
 returns no task, is one line on stderr and exit code 2; bad data, or whatever else reading the
 texts raises, is one line and exit code 1; Ctrl-C is one line and exit code 130.
@@ -26,7 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from lingvo_lite import outputs
-from lingvo_lite.data import vocabulary
+from lingvo_lite.data import sentencepiece_training, vocabulary
 from lingvo_lite.errors import DataError, UsageError, one_line, shown
 from lingvo_lite.tool_arguments import ToolArgumentParser
 from tasks import deferred
@@ -48,8 +48,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="module.function returning a seqio Task, e.g. tasks.pycode.pycode_task")
   parser.add_argument("--split", default="train", help="the split to train on")
   parser.add_argument("--vocab_size", type=int, default=1024,
-                      help=f"pieces in the model, above {vocabulary.BYTE_VOCAB_SIZE}")
-  parser.add_argument("--model_type", default="unigram", help=" or ".join(vocabulary.MODEL_TYPES))
+                      help=f"pieces in the model, above {sentencepiece_training.BYTE_VOCAB_SIZE}")
+  parser.add_argument("--model_type", default="unigram",
+                      help=" or ".join(sentencepiece_training.MODEL_TYPES))
   parser.add_argument("--output", required=True, help="the .model file to write")
   return parser
 
@@ -76,8 +77,8 @@ def _train(argv: list[str]) -> None:
       # so a bad --vocab_size fails before TensorFlow loads.
       yield from vocabulary.task_texts(task, args.split)
 
-    summary = vocabulary.train_sentencepiece(texts(), args.output, args.vocab_size,
-                                             args.model_type)
+    summary = sentencepiece_training.train_sentencepiece(texts(), args.output, args.vocab_size,
+                                                         args.model_type)
   except UsageError as e:
     message = str(e)
     field = message.split("=", 1)[0]

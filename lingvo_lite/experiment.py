@@ -22,13 +22,10 @@ from lingvo_lite.decode.settings import DecodeSettings
 from lingvo_lite.errors import config_error, shown
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
 from lingvo_lite.models.family import ArrayShape, LanguageModel
-from lingvo_lite.optimizers import AdamW
+from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.runtime.watchdog import WatchdogSettings
-from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
-from lingvo_lite.weights.slim_weights import SlimCheckpoint
-from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
-from lingvo_lite.weights.job_checkpoint import JobCheckpoint
+from lingvo_lite.weights.formats import WeightSource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +47,9 @@ class TrainLoop:
     peak_tflops_per_device: Peak for the MFU figure; None looks the device up in a
       datasheet table, or on a CPU measures the best float32 2048^3 matmul.
     init_from: A weight source whose parameters a job without a checkpoint of its own starts
-      from, with a fresh optimizer (weights/: another job's step, a Hugging Face folder, a
-      GGUF file, slim weights);
-      None initializes from `seed`.
+      from, with a fresh optimizer (the source of any format of weights/formats.py: another
+      job's step, a Hugging Face folder, a GGUF file, slim weights); None initializes from
+      `seed`.
   """
 
   steps: PositiveInt = 1000
@@ -65,7 +62,7 @@ class TrainLoop:
   profile_steps: PositiveInt = 3
   log_grad_norm: bool = True
   peak_tflops_per_device: PositiveFloat | None = None
-  init_from: JobCheckpoint | HfCheckpoint | GgufCheckpoint | SlimCheckpoint | None = None
+  init_from: WeightSource | None = None
 
 
 # The name a single eval source (not a mapping) is reported under.

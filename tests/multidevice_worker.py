@@ -16,7 +16,7 @@ import numpy as np
 import optax
 
 from lingvo_lite.decode import jitted as decode_steps, steps as decoding
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
 
 SETS = ("model.vocab_size=256", "train_data.vocab_size=256", "eval_data.vocab_size=256",

@@ -518,7 +518,7 @@ JOBDIR_CASES = [
          _copy_job(_replace_in("config.json", '"GptJ"', '"GptJv2"'))),
     Case("config.json names a missing module", ["--mode=eval", "--job_log_dir=job"],
          "names code that no longer exists",
-         _copy_job(_replace_in("config.json", '"lingvo_lite.optimizers"',
+         _copy_job(_replace_in("config.json", '"lingvo_lite.training.optimizers"',
                                '"lingvo_lite.no_such_module"'))),
     Case("config file is a folder", ["--fdl_config_file=.", "--job_log_dir={job}"],
          "is a folder; give the config.json file in it"),

@@ -22,16 +22,16 @@ from typing import Callable
 
 import pytest
 
-from lingvo_lite.data import store_build, token_store, vocabulary
+from lingvo_lite.data import sentencepiece_training, store_build, token_store
 from lingvo_lite.testing import tree_digest
-from tasks import local_readers
+from tasks.formats import text as text_format
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The user's own task module: each function goes wrong in its own way.
 TASKS_MODULE = '''
 import sys
-from tasks import local_files
+from tasks.formats import text as text_format
 from tasks.deferred import DeferredTask
 
 def raises(): raise ValueError("no corpus configured")
@@ -52,7 +52,7 @@ def recipe_raises():
   def make(): raise EOFError
   return DeferredTask("lk_recipe", ("train",), 256, make)
 
-def text_task(): return local_files.text_files_task({"train": "data/*.txt"})
+def text_task(): return text_format.text_files_task({"train": "data/*.txt"})
 '''
 MODULES = {"lk_bt_tasks.py": TASKS_MODULE,
            "lk_bt_import.py": "raise RuntimeError('broken at import')\n",
@@ -102,7 +102,7 @@ def _fails_to_read(monkeypatch, error: BaseException):
     raise error
     yield  # pylint: disable=unreachable
 
-  monkeypatch.setattr(local_readers, "read_text_file", reader)
+  monkeypatch.setattr(text_format, "read_text_file", reader)
 
 
 def _full_disk_at_publish(monkeypatch):
@@ -118,7 +118,7 @@ def _interrupted_training(monkeypatch):
   def train(texts, path, vocab_size, model_type):
     del texts, path, vocab_size, model_type
     raise KeyboardInterrupt
-  monkeypatch.setattr(vocabulary, "_train", train)
+  monkeypatch.setattr(sentencepiece_training, "_train", train)
 
 
 def _interrupted_mid_write(monkeypatch):

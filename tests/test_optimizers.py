@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lingvo_lite.optimizers import AdamW, decay_mask
+from lingvo_lite.training.optimizers import AdamW, decay_mask
 
 
 def test_decay_mask_skips_biases_and_norm_scales():

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lingvo_lite import steps, train_state
+from lingvo_lite.training import steps, train_state
 from lingvo_lite.testing import synthetic_tiny_setup
 
 SETUP = synthetic_tiny_setup("PyCodeTiny", "train_data.global_batch_size=8")

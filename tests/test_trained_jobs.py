@@ -70,7 +70,7 @@ def test_served_once_made_and_made_again_when_the_code_or_command_changes(root, 
 
   # A module the training imported changes: a new entry, the old one kept (another checkout
   # may still be at the old code).
-  steps = root / "lingvo_lite" / "steps.py"
+  steps = root / "lingvo_lite" / "training" / "steps.py"
   steps.write_text(steps.read_text() + "\n# Changed.\n")
   changed = trained_jobs.prepare(COMMANDS, root, cache)
   assert changed.workdir != first.workdir and len(_entries(cache)) == 3

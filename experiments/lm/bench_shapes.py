@@ -9,7 +9,7 @@ from lingvo_lite.config.registry import register
 from lingvo_lite.data.synthetic import SyntheticData
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.models.transformer import TransformerLM
-from lingvo_lite.optimizers import AdamW
+from lingvo_lite.training.optimizers import AdamW
 
 
 @register

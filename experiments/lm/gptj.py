@@ -10,7 +10,7 @@ from experiments.lm.synthetic import synthetic_lm_data
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.models.gptj import GptJ
-from lingvo_lite.optimizers import AdamW
+from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 
 GPT2_BPE_TOKENS = 50257
@@ -56,7 +56,7 @@ class GptJ6BFinetune(GptJ6B):
   per chip, so the 32 are 2 micro-batches of 16 (a row per chip of a v5e-16):
 
     python -m lingvo_lite --exp=GptJ6BFinetune --init_from=hf:models/gpt-j-6b \
-        --job_log_dir=runs/gptj_ft --fdl.train_data=... (a task of tasks/local_files.py)
+        --job_log_dir=runs/gptj_ft --fdl.train_data=... (a task of tasks/formats/)
     python -m lingvo_lite --exp=GptJ6BFinetune --mode=compile --compile_topology=v5e-16
 
   The experiment's own data are synthetic tokens of the same shapes, so it compiles (and its

@@ -9,7 +9,7 @@ from experiments.lm.synthetic import synthetic_lm_data
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.models.llama import Llama
-from lingvo_lite.optimizers import AdamW
+from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 
 

@@ -17,7 +17,7 @@ from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
 from lingvo_lite.models.gpt2 import Gpt2
 from lingvo_lite.models.gptj import GptJ
 from lingvo_lite.models.llama import Llama
-from lingvo_lite.optimizers import AdamW
+from lingvo_lite.training.optimizers import AdamW
 from tasks import pycode
 
 

@@ -21,7 +21,7 @@ from lingvo_lite.config.registry import register
 from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Experiment, Setup, TrainLoop, setup_config
-from lingvo_lite.optimizers import AdamW
+from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.weights import sources
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from tasks import pycode

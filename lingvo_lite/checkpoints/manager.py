@@ -9,7 +9,7 @@ memory nor allocated.
 What can go wrong on disk is handled here, not left to orbax's background threads:
 - A save that fails (disk full, permissions, an I/O error) is noticed at the next step
   boundary (`poll`), not one save interval later, and becomes one `CheckpointWriteError`
-  (checkpoints/errors.py); what it left (orbax's temporary folders, a step whose checksums
+  (checkpoints/orbax_errors.py); what it left (orbax's temporary folders, a step whose checksums
   could not be written) goes with `discard_failed_saves`.
 - A step counts as saved only once it is *verified*: orbax has committed it and process 0
   has recorded every file's checksum (`checkpoint_integrity`), at the first step boundary
@@ -26,9 +26,12 @@ What can go wrong on disk is handled here, not left to orbax's background thread
   healthy step, which a diverged run resumes from). What a run removes, and what it moves
   aside instead, is checkpoints/tidying.py's.
 
-Longer than 300 lines with a reason: saving, verifying, deleting old steps and restoring are methods
-of one `Checkpointer` that read and update one record of pending, saved and verified steps; split
-apart, each part would need that record passed to it.
+Restoring, and the checks a restore makes, are checkpoints/restoring.py's (a mixin of
+`Checkpointer`: it reads the same record of verified and sound steps).
+
+Longer than 300 lines with a reason: listing, saving, verifying and deleting old steps are
+methods of one `Checkpointer` that read and update one record of pending, saved and verified
+steps; split apart, each part would need that record passed to it.
 """
 
 from __future__ import annotations
@@ -36,24 +39,21 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
-from lingvo_lite.checkpoints import saved_state, tidying
-from lingvo_lite.checkpoints.errors import (READ_ERRORS, CheckpointWriteError, caused_by,
-                                           innermost_cause, silence_closed_loop_errors)
-from lingvo_lite.errors import UsageError
+from lingvo_lite.checkpoints import tidying
+from lingvo_lite.checkpoints.orbax_errors import (CheckpointWriteError, innermost_cause,
+                                                  silence_closed_loop_errors)
+from lingvo_lite.checkpoints.restoring import ITEM, Restoring
 from lingvo_lite.fields import PositiveInt
 
-_ITEM = "default"  # The folder orbax writes a single-item step's state to.
-_PARAMS = "params"  # The TrainState field a params-only restore reads; orbax keys it so.
 _STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
 
 
@@ -86,7 +86,7 @@ class CheckpointSettings:
 CHECKSUM_WAIT_SECONDS = 3600.0
 
 
-class Checkpointer:
+class Checkpointer(Restoring):
   """orbax's CheckpointManager, with verified steps, failure detection and retention.
 
   Attributes:
@@ -132,7 +132,7 @@ class Checkpointer:
     """orbax renames a step's folder into place only once every file is written, with its
     metadata file; a final-named folder without it is an empty or partial copy."""
     step_dir = self._directory / str(step)
-    return (step_dir / _STEP_METADATA_FILE).exists() and (step_dir / _ITEM).is_dir()
+    return (step_dir / _STEP_METADATA_FILE).exists() and (step_dir / ITEM).is_dir()
 
   def _has_checksums(self, step: int) -> bool:
     return checkpoint_integrity.has_checksums(self._directory / str(step))
@@ -344,160 +344,3 @@ class Checkpointer:
       raise CheckpointWriteError(f"saving checkpoint step {step} failed: {innermost_cause(e)}",
                                  e) from e
     return verified
-
-  # --------------------------------------------------------------------------- restoring
-
-  def metadata(self, step: int) -> dict[str, Any]:
-    """The metadata saved with `step` ({} if none), once the step's files are verified."""
-    self._verify(step)
-    with self._reading(step):
-      return dict(self._manager.metadata(step).custom_metadata or {})
-
-  def restore(self, step: int, abstract_state: Any) -> Any:
-    """Restores `step` into the shapes, dtypes and shardings of `abstract_state`, after
-    checking its files against their checksums and its tree against the state's, and then
-    its step counter against the folder's name (UsageError naming the first file, parameter
-    or step that differs)."""
-    self._verify(step)
-    self._check_tree(step, abstract_state)
-    with self._reading(step):
-      restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
-    self._check_counter(step, saved_state.counter(restored))
-    self._sound.add(step)
-    return restored
-
-  def restore_params(self, step: int, abstract_params: Any, fix: str | None = None) -> Any:
-    """Restores only the parameters of the TrainState saved at `step`, into the shapes,
-    dtypes and shardings of `abstract_params`; returns the plain parameter tree.
-
-    The optimizer state is skipped on disk: no array of it is read or allocated. The same
-    checks as `restore` come first: the step's checksums (over all its files: orbax packs
-    parameters and moments into shared data files), then the saved parameters' tree against
-    `abstract_params`; the step counter, read with them, last. `fix` replaces the advice of a
-    tree that does not fit (a warm start's is not a resume's).
-    """
-    self._verify(step)
-    wanted = {_PARAMS: abstract_params}
-    self._check_tree(step, wanted, subtree=_PARAMS, fix=fix)
-    with self._reading(step):
-      restored = saved_state.partial_restore(self._directory / str(step) / _ITEM,
-                                             {**wanted, **self._counter_placeholder(step)})
-    self._check_counter(step, saved_state.counter(restored))
-    self._sound.add(step)
-    return restored[_PARAMS]
-
-  def _counter_placeholder(self, step: int) -> dict[str, np.ndarray]:
-    return saved_state.counter_placeholder(self._manager.item_metadata(step))
-
-  def _check_counter(self, step: int, counter: int | None) -> None:
-    """The state's step counter must be the folder's step: a folder copied or renamed from
-    another step's is refused as damaged, whatever its checksums say (a record written
-    before records named their step cannot tell)."""
-    problem = saved_state.counter_problem(step, counter)
-    if problem is not None:
-      raise UsageError(f"checkpoint step {step} is damaged: {problem}; {self._way_out(step)}")
-
-  @contextlib.contextmanager
-  def _reading(self, step: int) -> Iterator[None]:
-    """orbax's errors reading a damaged step (checksums off, or damage they cannot see:
-    a file edited before they were written) as one line naming the step and the way out."""
-    try:
-      yield
-    except Exception as e:  # pylint: disable=broad-except
-      # orbax wraps tensorstore's read errors (a truncated data file) in a bare Exception
-      # ("Encountered error while reading array index"), so the chain's causes decide.
-      if not caused_by(e, READ_ERRORS):
-        raise
-      raise UsageError(f"checkpoint step {step} in {self._directory} is unreadable "
-                       f"({innermost_cause(e)}); {self._way_out(step)}") from None
-
-  def _check_tree(self, step: int, abstract_state: Any, subtree: str | None = None,
-                  fix: str | None = None) -> None:
-    """The saved arrays' paths and shapes must be the state's (saved_state.misfit)."""
-    with self._reading(step):
-      problem = saved_state.misfit(self._manager.item_metadata(step), abstract_state, subtree)
-    if problem:
-      differs = "model" if subtree else "model or optimizer"  # A params read skips the rest.
-      fix = fix or ("use the job's own config (its config.json), or a new --job_log_dir")
-      raise UsageError(f"checkpoint step {step} in {self._directory} does not fit this config: "
-                       f"{problem}; the {differs} differs from the one that wrote it: {fix}")
-
-  def _verify(self, step: int) -> None:
-    """Process 0 checks the files; every process learns the verdict, so all stop together."""
-    if step in self._verified_steps:
-      return
-    problem = self._files_problem(step)
-    if problem is not None:
-      raise UsageError(f"checkpoint step {step} is {problem}; {self._way_out(step)}")
-    if self._settings.checksums:
-      self._verified_steps.add(step)
-
-  def _files_problem(self, step: int) -> str | None:
-    """What is wrong with `step`'s files by its checksums, as process 0 finds it and every
-    process learns it (`_files_problem_here`); None where nothing is, or checksums are off."""
-    if not self._settings.checksums:
-      return None
-    problem = None
-    if jax.process_index() == 0:
-      if checkpoint_integrity.has_checksums(self._directory / str(step)):
-        problem = self._files_problem_here(step)
-      else:
-        self._warn_once("restoring unverified", step, "restoring checkpoint step %d without "
-                        "checksums (checkpoint.restore_unverified)", step)
-    if jax.process_count() > 1:
-      bad = multihost_utils.broadcast_one_to_all(np.int32(problem is not None))
-      if bad and problem is None:
-        problem = "corrupt: process 0 found a file that differs from its checksum"
-    return problem
-
-  def _files_problem_here(self, step: int) -> str | None:
-    """`damaged: ...` (the checksums were recorded for another step), `corrupt: ...` (a file
-    differs from them), or None (no checksums, or nothing differs), by this process alone."""
-    step_dir = self._directory / str(step)
-    if not checkpoint_integrity.has_checksums(step_dir):
-      return None
-    other = checkpoint_integrity.step_mismatch(step_dir, step)
-    if other is not None:
-      return f"damaged: {other}"
-    mismatch = checkpoint_integrity.first_mismatch(step_dir)
-    return f"corrupt: {mismatch}" if mismatch is not None else None
-
-  def sound(self, step: int) -> bool:
-    """Whether `step` passes every check a restore makes of it (usable, its files, its step
-    counter, read alone), short of restoring it: for the advice that names a step to resume
-    from. Reads the step's files, by this process alone: meant for failure paths."""
-    if step not in self.all_steps():
-      return False
-    if step in self._sound:
-      return True
-    if step in self.skipped_steps():
-      return False
-    if self._settings.checksums and self._files_problem_here(step) is not None:
-      return False
-    try:
-      counter = saved_state.read_counter(self._directory / str(step) / _ITEM,
-                                         self._manager.item_metadata(step))
-    except Exception as e:  # pylint: disable=broad-except
-      if not caused_by(e, READ_ERRORS):
-        raise
-      return False  # Unreadable.
-    if saved_state.counter_problem(step, counter) is not None:
-      return False
-    self._sound.add(step)
-    return True
-
-  def _way_out(self, step: int) -> str:
-    """The advice of a refused step: move it away (and the earlier steps that fail the same
-    checks), to resume from the newest earlier step that passes them, or to start over."""
-    doomed, earlier = [step], None
-    # Not the skipped steps: a restore never picks those, so they need not move.
-    for candidate in reversed([s for s in self.usable_steps() if s < step]):
-      if self.sound(candidate):
-        earlier = candidate
-        break
-      doomed.append(candidate)
-    folders = [str(self._directory / str(s)) for s in doomed]
-    listed = folders[0] if len(folders) == 1 else (
-        f"{', '.join(folders[:-1])} and {folders[-1]}")
-    return (f"move {listed} out of the way to resume from step {earlier}"
-            if earlier is not None else f"move {listed} out of the way to start from scratch")

@@ -21,7 +21,7 @@ import jax
 import optax
 from jax.sharding import Mesh
 
-from lingvo_lite import train_state
+from lingvo_lite.training import train_state
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.partitioning import Partitioner
 

@@ -4,7 +4,9 @@ A job's `config.json` names the class or function of every part by import path
 (`lingvo_lite.decode_settings.DecodeSettings`), and experiment modules written for an older
 lingvo_lite import from the old places (`from lingvo_lite.registry import register`). The
 house was rebuilt into packages (`config/`, `decode/`, `report/`, `runtime/`,
-`checkpoints/`, `programs/compile/`); `MOVED_MODULES` maps each old path to the new one.
+`checkpoints/`, `programs/compile/`, then `training/`, with modules renamed where two of
+different layers shared a name); `MOVED_MODULES` maps each old path to the new one, in one
+step (an entry names where the module is now, never another old path).
 
 - `config.json` is migrated on read (`config/files.py` calls `migrate`), which says so.
 - `import lingvo_lite.registry` (any old path that is not also a new package's name) gets
@@ -25,10 +27,11 @@ from typing import Any
 MOVED_MODULES = {
     "lingvo_lite.building": "lingvo_lite.config.building",
     "lingvo_lite.builtin_packages": "lingvo_lite.config.builtin_packages",
-    "lingvo_lite.checkpoint_errors": "lingvo_lite.checkpoints.errors",
+    "lingvo_lite.checkpoint_errors": "lingvo_lite.checkpoints.orbax_errors",
     "lingvo_lite.checkpoint_health": "lingvo_lite.checkpoints.health",
     "lingvo_lite.checkpoint_integrity": "lingvo_lite.checkpoints.integrity",
     "lingvo_lite.checkpoints": "lingvo_lite.checkpoints.manager",
+    "lingvo_lite.checkpoints.errors": "lingvo_lite.checkpoints.orbax_errors",
     "lingvo_lite.compilation_cache": "lingvo_lite.runtime.compilation_cache",
     "lingvo_lite.config.experiment_modules": "lingvo_lite.runtime.user_code",
     "lingvo_lite.config_checks": "lingvo_lite.config.checks",
@@ -43,32 +46,43 @@ MOVED_MODULES = {
     "lingvo_lite.decode_steps": "lingvo_lite.decode.jitted",
     "lingvo_lite.decoding": "lingvo_lite.decode.steps",
     "lingvo_lite.distributed": "lingvo_lite.runtime.distributed",
+    "lingvo_lite.evaluation": "lingvo_lite.training.evaluation",
     "lingvo_lite.event_files": "lingvo_lite.runtime.event_files",
     "lingvo_lite.experiment_modules": "lingvo_lite.runtime.user_code",
     "lingvo_lite.fiddlers": "lingvo_lite.config.fiddlers",
     "lingvo_lite.generation": "lingvo_lite.decode.generator",
+    "lingvo_lite.harness.requests": "lingvo_lite.harness.request_kinds",
+    "lingvo_lite.jitted": "lingvo_lite.training.jitted",
     "lingvo_lite.job_dirs": "lingvo_lite.runtime.job_dirs",
     "lingvo_lite.job_lock": "lingvo_lite.runtime.lock",
+    "lingvo_lite.optimizers": "lingvo_lite.training.optimizers",
     "lingvo_lite.overrides": "lingvo_lite.config.overrides",
     "lingvo_lite.programs.aot": "lingvo_lite.programs.compile.aot",
     "lingvo_lite.programs.compile": "lingvo_lite.programs.compile.program",
-    "lingvo_lite.programs.compile_report": "lingvo_lite.programs.compile.report",
+    "lingvo_lite.programs.compile.decode": "lingvo_lite.programs.compile.decode_compile",
+    "lingvo_lite.programs.compile.report": "lingvo_lite.programs.compile.compile_report",
+    "lingvo_lite.programs.compile_report": "lingvo_lite.programs.compile.compile_report",
     "lingvo_lite.programs.compiled_steps": "lingvo_lite.programs.compile.compiled_steps",
-    "lingvo_lite.programs.decode_compile": "lingvo_lite.programs.compile.decode",
-    "lingvo_lite.programs.jitted": "lingvo_lite.jitted",
+    "lingvo_lite.programs.decode_compile": "lingvo_lite.programs.compile.decode_compile",
+    "lingvo_lite.programs.jitted": "lingvo_lite.training.jitted",
     "lingvo_lite.programs.max_batch": "lingvo_lite.programs.compile.max_batch",
     "lingvo_lite.programs.stop_request": "lingvo_lite.runtime.stop_request",
+    "lingvo_lite.programs.train.outputs": "lingvo_lite.programs.train.run_outputs",
     "lingvo_lite.progress": "lingvo_lite.runtime.progress",
     "lingvo_lite.registry": "lingvo_lite.config.registry",
-    "lingvo_lite.report_data": "lingvo_lite.report.data",
+    "lingvo_lite.report.data": "lingvo_lite.report.job_data",
+    "lingvo_lite.report_data": "lingvo_lite.report.job_data",
     "lingvo_lite.report_html": "lingvo_lite.report.html",
     "lingvo_lite.report_plots": "lingvo_lite.report.plots",
     "lingvo_lite.run_info": "lingvo_lite.runtime.run_info",
     "lingvo_lite.sampling": "lingvo_lite.decode.sampling",
+    "lingvo_lite.scoring.packing": "lingvo_lite.scoring.row_packing",
     "lingvo_lite.small_disk": "lingvo_lite.runtime.small_disk",
     "lingvo_lite.stack_dumps": "lingvo_lite.runtime.stack_dumps",
+    "lingvo_lite.steps": "lingvo_lite.training.steps",
     "lingvo_lite.summaries": "lingvo_lite.runtime.summaries",
     "lingvo_lite.supervisor": "lingvo_lite.runtime.supervisor",
+    "lingvo_lite.train_state": "lingvo_lite.training.train_state",
     "lingvo_lite.watchdog": "lingvo_lite.runtime.watchdog",
 }
 

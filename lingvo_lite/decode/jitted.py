@@ -1,7 +1,7 @@
 """The jitted decode functions of one Setup on a mesh, with their shardings.
 
 What the generator (lingvo_lite/decode/generator.py) runs and what `--mode=compile
---compile_program=decode` (programs/compile/decode.py) compiles: the same functions with the
+--compile_program=decode` (programs/compile/decode_compile.py) compiles: the same functions with the
 same shardings, as lingvo_lite/jitted.py is for training (DESIGN rule 5).
 """
 
@@ -20,7 +20,7 @@ from lingvo_lite import target as targets
 from lingvo_lite.decode import steps as decoding
 from lingvo_lite.errors import config_error
 from lingvo_lite.experiment import Setup
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 
 
 def check_decode_partitioning(setup: Setup, mesh: Mesh) -> None:

@@ -15,7 +15,7 @@ token after each echoed prompt and keeps a position for it (it scores at most it
 less one): give it `max_length` equal to the server's `decode.cache_length`, and this model
 that less one to compare the two. The mesh is the config's partitioner
 over this host's devices. lm_eval's `--batch_size` is accepted and not needed: every request
-of a call is packed into rows (harness/requests.py says how each kind is answered).
+of a call is packed into rows (harness/request_kinds.py says how each kind is answered).
 
 It subclasses lm_eval's `LM`, not `TemplateLM`, whose pair encoding imports transformers.
 """
@@ -36,7 +36,7 @@ from lm_eval.api.registry import register_model
 
 from lingvo_lite.decode.sampling_checks import kind
 from lingvo_lite.errors import UsageError, config_error
-from lingvo_lite.harness import requests as harness_requests
+from lingvo_lite.harness import request_kinds as harness_requests
 from lingvo_lite.serving import loaded_model
 
 # lingvo_lite's own task files (YAML, data, metric code), hashed into every result.

@@ -10,7 +10,7 @@ both ways with the same fields, so import and export cannot disagree:
   TensorName("model.layers.0.self_attn.q_proj.weight", ("layer_0/attention/query_kernel",))
 
 A fused tensor (GPT-2's `c_attn`: query, key and value along its output axis) names several
-parameters. `HfConfig` reads a source's config.json for a family's `hf_fields`, and refuses
+parameters. `HfConfig` reads a source's config.json for a family's `HfNames.fields`, and refuses
 in one line a setting the family does not implement, naming the key.
 """
 
@@ -84,7 +84,7 @@ class TensorName:
 
 
 class HfConfig:
-  """A Hugging Face config.json, read key by key for a family's `hf_fields`.
+  """A Hugging Face config.json, read key by key for a family's `HfNames.fields`.
 
   Attributes:
     values: The file's keys and values.
@@ -220,7 +220,7 @@ class GgufTensor:
   names it, and rearranges some): a GGUF file reads as that Hugging Face folder.
 
   Attributes:
-    hf: The Hugging Face tensor's name (one of the family's `hf_tensors()`).
+    hf: The Hugging Face tensor's name (one of the family's `HfNames.tensors()`).
     rotary_heads: For a query or key projection whose rotary pairs GGML's rope wants side by
       side (llama.cpp's Llama): the number of heads; else None.
     transposed: The Hugging Face tensor is stored [in, out] (GPT-2's `Conv1D`), which GGUF
@@ -260,7 +260,7 @@ class GgufSize:
       with `attention.key_length`). A file that holds none of them is not checked here (its
       model's size came from the tensors, or from a default the load checks).
     tensor: The GGUF tensor; `{layer}` stands for each block's index.
-    axis: The dimension, in torch's axis order (the shapes `gguf_hf_config` gets).
+    axis: The dimension, in torch's axis order (the shapes `GgufNames.hf_config` gets).
     size: What the metadata makes it.
   """
 

@@ -38,23 +38,13 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   that runs, `resolved_attention_implementation()` ("auto" resolved on the active target).
 - Checkpoint layout: `layout_metadata()`, `in_saved_layout(metadata)`, `to_own_layout(tree)`.
 - Names: `family_name` (registers the class in `FAMILIES` when its module is imported; each
-  family sets its own), `hf_model_type` and `gguf_architecture` (the architecture strings of
-  the checkpoints it reads: `family_for_hf` finds the family of a Hugging Face config.json),
-  `same_model_as` (the classes whose configs build this very model: the three families name
-  `TransformerLM`, which older jobs' config.json files name; a family with computation of its
-  own names none).
-- Other formats (models/checkpoint_names.py): `hf_fields(config)`, a classmethod giving the
-  fields of the model a Hugging Face config.json describes (refusing, in one line naming the
-  key, a setting the family does not implement); `hf_tensors()`, each tensor of that model's
-  Hugging Face checkpoint as a `TensorName` (the parameters it holds, and how); and
-  `hf_absent()`, the parameters the format has no tensor for (zero in the model it describes);
-  for export, `hf_config()` (the inverse of `hf_fields`), `hf_architecture` and
-  `hf_export_params(params)` (absent parameters folded into others, where the family can).
-  A GGUF file reads as the Hugging Face folder llama.cpp converted it from:
-  `gguf_hf_config(metadata, tensor shapes)` is that folder's config.json, `gguf_tensors()`
-  names each GGUF tensor's `GgufTensor` (its Hugging Face tensor and the rearrangement), and
-  for export `gguf_metadata()` is the inverse of `gguf_hf_config`; `gguf_sizes()` names the
-  tensor dimensions that the metadata's size keys fix (a file whose two disagree is refused).
+  family sets its own), `same_model_as` (the classes whose configs build this very model: the
+  three families name `TransformerLM`, which older jobs' config.json files name; a family with
+  computation of its own names none).
+- Other weight formats: not here. A family's module registers its names in a format that
+  stores models by name (models/format_names.py: `HfNames`, `GgufNames`) beside its class;
+  the weight formats (lingvo_lite/weights/) ask for them, and a family without them has no such
+  format.
 
 `tests/models/test_family.py` imports every module of this package and runs each registered
 family through the interface, so a new family's module is covered there without an edit.
@@ -89,11 +79,11 @@ its own module. For example a Mistral-style sliding window whose decode cache ho
 last `window` positions, as a ring buffer:
 - a field `window` (its annotation gives its range); `attention_module()` returns its own
   subclass of `layers.Attention` and `{"window": self.window}` (the blocks pass it on); the
-  subclass overrides `_einsum_attention(q, k, v, mask)` and `_fused_attention(q, k, v, mask)`
-  (training and prefill: `mask` is None for causal only, else causal and within segments; add
-  the band i - j < window), and `_cached_attention(q, k, v, positions, context)` (decoding:
-  write position p at entry p % entries, attend to the entries holding positions within the
-  window of each query; return the output and the context with the new keys and values);
+  subclass overrides the attention's hooks, not its paths: `sliding_window()` (training and
+  prefill: every path, written out or fused, takes the band i - j < window from it), and for
+  decoding `_cache_entry(positions, entries)` (write position p at entry p % entries) and
+  `_cache_mask(positions, entries)` (the entries holding positions within the window of each
+  query);
 - `empty_cache` and `cache_shapes` pass min(window, cache_length) entries to `kv_cache.empty`
   and `kv_cache.array_shapes` (both take the entry count; `kv_cache.logical_specs` serves
   as it is), so the cache stays that size however long a request decodes;
@@ -102,8 +92,8 @@ last `window` positions, as a ring buffer:
   min(window, length) positions at their ring entries (`extend` as TransformerLM's);
 - `attention_flops_per_token` and `decode_attention_flops` count only the window; `tiny`
   shrinks the window too (after `super().tiny(...)`); `validate` checks it after
-  `super().validate(target, path)`; `family_name`, `hf_model_type`, `gguf_architecture` and
-  `same_model_as = ()` are its own.
+  `super().validate(target, path)`; `family_name` and `same_model_as = ()` are its own, and
+  its names classes (models/format_names.py) take the window to and from `sliding_window`.
 
 Longer than 300 lines with a reason: it is the whole interface a family implements, with the
 contract of each method beside it; the docstrings are most of its length.
@@ -115,15 +105,14 @@ import dataclasses
 import importlib
 import math
 import pkgutil
-from typing import Any, Callable, ClassVar, Literal, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.errors import config_error
 from lingvo_lite.models import quantization as quantizing
-from lingvo_lite.models.checkpoint_names import GgufSize, GgufTensor
 
 # No machine holds the training state of more parameters: 1e14 float32 parameters with their
 # Adam moments and gradients are 1.6 PB, twice the memory of the largest TPU pods.
@@ -133,45 +122,11 @@ MAX_PARAMETERS = 1e14
 FAMILIES: dict[str, type[LanguageModel]] = {}
 
 
-def _import_every_family() -> None:
+def import_every_family() -> None:
   """Imports each module of lingvo_lite/models/ (each family registers itself when imported):
   a weight file's reader asks every family, not only those the config imported."""
   for module in pkgutil.iter_modules(importlib.import_module("lingvo_lite.models").__path__):
     importlib.import_module(f"lingvo_lite.models.{module.name}")
-
-
-def family_for_hf(model_type: Any, where: str) -> type[LanguageModel]:
-  """The registered family that reads Hugging Face checkpoints of `model_type`.
-
-  Raises:
-    UsageError: no family reads it (the message lists those that do).
-  """
-  _import_every_family()
-  for cls in FAMILIES.values():
-    if cls.hf_model_type is not None and cls.hf_model_type == model_type:
-      return cls
-  known = sorted(c.hf_model_type for c in FAMILIES.values() if c.hf_model_type)
-  raise UsageError(f"{where}: model_type={model_type!r}: no lingvo_lite family reads it; "
-                   f"supported: {', '.join(known)}")
-
-
-def family_for_gguf(architecture: Any, where: str) -> type[LanguageModel]:
-  """The family that reads GGUF files of `architecture` (llama.cpp's `general.architecture`):
-  the one of that name where several declare it (Mistral converts to `llama`, and its window
-  is not in the file).
-
-  Raises:
-    UsageError: no family reads it (the message lists those that do).
-  """
-  _import_every_family()
-  readers = [cls for cls in FAMILIES.values()
-             if cls.gguf_architecture == architecture and cls.reads_gguf()]
-  readers.sort(key=lambda cls: cls.family_name != architecture)
-  if not readers:
-    known = sorted({c.gguf_architecture for c in FAMILIES.values() if c.reads_gguf()})
-    raise UsageError(f"{where}: general.architecture={architecture!r}: no lingvo_lite family "
-                     f"reads it; supported: {', '.join(known)}")
-  return readers[0]
 
 
 # Elements of one device's shard of an array of `shape` with logical `axes`, as memory_fit
@@ -207,12 +162,6 @@ class LanguageModel(nn.Module):
   """
 
   family_name: ClassVar[str | None] = None
-  hf_model_type: ClassVar[str | None] = None
-  gguf_architecture: ClassVar[str | None] = None
-  # The transformers class that loads its exports (config.json's `architectures`).
-  hf_architecture: ClassVar[str | None] = None
-  # A prefix of `hf_tensors()`' names that some files of the format leave out.
-  hf_optional_prefix: ClassVar[str] = ""
   # Import paths of config classes that, field for field, build this very model (the class a
   # family's fields came from): a job written with one resumes and evaluates with the other.
   same_model_as: ClassVar[tuple[str, ...]] = ()
@@ -426,68 +375,6 @@ class LanguageModel(nn.Module):
     """A host tree (parameters, or a whole train state) restored in the layout of
     `in_saved_layout(...)`, converted to this model's."""
     return tree
-
-  # ---------------------------------------------------------------------------- other formats
-
-  @classmethod
-  def hf_fields(cls, config: Any) -> dict[str, Any]:
-    """The fields of the model a Hugging Face config.json describes (a
-    `checkpoint_names.HfConfig`). Raises UsageError naming a key the family cannot honor."""
-    raise UsageError(f"{config.where}: model_type={cls.hf_model_type!r}: lingvo_lite's "
-                     f"{cls.family_name} family reads no Hugging Face config")
-
-  @nn.nowrap
-  def hf_tensors(self) -> list[Any]:
-    """Every tensor of this model's Hugging Face checkpoint, as `checkpoint_names.TensorName`s
-    naming our parameters in the unrolled layer layout (`layer_N/...`)."""
-    raise NotImplementedError
-
-  @nn.nowrap
-  def hf_absent(self) -> tuple[str, ...]:
-    """Parameters the Hugging Face format has no tensor for: zero in the model it describes."""
-    return ()
-
-  @nn.nowrap
-  def hf_config(self) -> dict[str, Any]:
-    """The Hugging Face config.json of this model (the inverse of `hf_fields`)."""
-    raise NotImplementedError
-
-  @classmethod
-  def gguf_hf_config(cls, metadata: Mapping[str, Any],
-                     tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
-    """The Hugging Face config.json a GGUF file's metadata (and its tensors' names and shapes,
-    in torch's axis order) describe: a GGUF file reads as the Hugging Face folder it was
-    converted from (weights/gguf_checkpoint.py)."""
-    raise NotImplementedError
-
-  @nn.nowrap
-  def gguf_metadata(self) -> dict[str, int | float | str]:
-    """This model's `<gguf_architecture>.*` metadata, keys without the prefix (the inverse
-    of `gguf_hf_config`: what llama.cpp's converter writes for the family)."""
-    raise NotImplementedError
-
-  @nn.nowrap
-  def gguf_tensors(self) -> dict[str, GgufTensor]:
-    """GGUF tensor name -> the Hugging Face tensor (of `hf_tensors()`) it is, and how
-    llama.cpp's converter rearranged it."""
-    raise NotImplementedError
-
-  @nn.nowrap
-  def gguf_sizes(self) -> list[GgufSize]:
-    """Each tensor dimension that this model's GGUF metadata sizes (the model as
-    `gguf_hf_config` read it from a file), for the check that the file's metadata and tensors
-    agree."""
-    return []
-
-  @classmethod
-  def reads_gguf(cls) -> bool:
-    return cls.gguf_tensors is not LanguageModel.gguf_tensors
-
-  @nn.nowrap
-  def hf_export_params(self, params: dict[str, Any]) -> dict[str, Any]:
-    """The host parameters as the format's model computes with them: `hf_absent()`'s folded
-    into others where the family can (they must then be zero)."""
-    return params
 
   # ---------------------------------------------------------------------------- decode cache
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import flax.linen as nn
-
 from lingvo_lite.fields import PositiveFloat
-from lingvo_lite.models import layers
+from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
+from lingvo_lite.models.transformer_names import TransformerGgufNames, TransformerHfNames
 
 
 # config.json keys of GPT-2 (and GPT-J, which names them alike) -> llama.cpp's metadata keys.
@@ -47,14 +46,20 @@ class Gpt2(TransformerLM):
   output_bias: bool = False
 
   family_name = "gpt2"
-  hf_model_type = "gpt2"
-  hf_architecture = "GPT2LMHeadModel"
-  gguf_architecture = "gpt2"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
-  hf_optional_prefix = "transformer."
+
+
+@format_names.names_for(Gpt2)
+class Gpt2HfNames(TransformerHfNames):
+  """GPT-2's Hugging Face names: `Conv1D` matrices stored [in, out], query, key and value in
+  one `c_attn`."""
+
+  model_type = "gpt2"
+  architecture = "GPT2LMHeadModel"
+  optional_prefix = "transformer."
 
   @classmethod
-  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
+  def fields(cls, config: HfConfig) -> dict[str, Any]:
     config.expect("activation_function", ("gelu_new",), "gelu_new")
     config.expect("scale_attn_weights", (True,), True)
     config.expect("scale_attn_by_inverse_layer_idx", (False,), False)
@@ -69,63 +74,21 @@ class Gpt2(TransformerLM):
         "tie_embeddings": config.flag("tie_word_embeddings", True),
     }
 
-  @nn.nowrap
-  def hf_config(self) -> dict[str, Any]:
+  def config(self) -> dict[str, Any]:
+    model = self.model
     return {
-        "model_type": self.hf_model_type, "architectures": [self.hf_architecture],
-        "vocab_size": self.vocab_size, "n_layer": self.num_layers, "n_embd": self.dim,
-        "n_head": self.num_heads, "n_inner": self.resolved_mlp_dim,
-        "layer_norm_epsilon": self.norm_eps, "n_positions": self.max_length,
-        "activation_function": "gelu_new", "tie_word_embeddings": self.tie_embeddings,
+        "model_type": self.model_type, "architectures": [self.architecture],
+        "vocab_size": model.vocab_size, "n_layer": model.num_layers, "n_embd": model.dim,
+        "n_head": model.num_heads, "n_inner": model.resolved_mlp_dim,
+        "layer_norm_epsilon": model.norm_eps, "n_positions": model.max_length,
+        "activation_function": "gelu_new", "tie_word_embeddings": model.tie_embeddings,
         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False,
     }
 
-  @classmethod
-  def gguf_hf_config(cls, metadata: Mapping[str, Any],
-                     tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
-    """The config.json of llama.cpp's `gpt2` metadata; the vocabulary is the token table's
-    rows (llama.cpp's converter writes no `gpt2.vocab_size`). Its converter writes the tied
-    head again as output.weight: equal to the table, read as an untied copy."""
-    return {"model_type": cls.hf_model_type, **gguf_config(metadata, GPT_GGUF_KEYS),
-            "vocab_size": tensors.get("token_embd.weight", (None,))[0],
-            "tie_word_embeddings": "output.weight" not in tensors}
-
-  @nn.nowrap
-  def gguf_metadata(self) -> dict[str, int | float | str]:
-    return {**super().gguf_metadata(), "attention.layer_norm_epsilon": float(self.norm_eps)}
-
-  @nn.nowrap
-  def gguf_sizes(self) -> list[GgufSize]:
-    """And the learned positions' table: [context length, width]."""
-    return [*super().gguf_sizes(),
-            GgufSize(("context_length",), "position_embd.weight", 0, self.max_length)]
-
-  @nn.nowrap
-  def gguf_tensors(self) -> dict[str, GgufTensor]:
-    names = {"token_embd.weight": GgufTensor("transformer.wte.weight"),
-             "position_embd.weight": GgufTensor("transformer.wpe.weight"),
-             "output_norm.weight": GgufTensor("transformer.ln_f.weight"),
-             "output_norm.bias": GgufTensor("transformer.ln_f.bias")}
-    if not self.tie_embeddings:
-      names["output.weight"] = GgufTensor("lm_head.weight")
-    for index in range(self.num_layers):
-      gguf, hf = f"blk.{index}.", f"transformer.h.{index}."
-      for ours, theirs, transposed in (("attn_norm", "ln_1", False),
-                                       ("attn_qkv", "attn.c_attn", True),
-                                       ("attn_output", "attn.c_proj", True),
-                                       ("ffn_norm", "ln_2", False),
-                                       ("ffn_up", "mlp.c_fc", True),
-                                       ("ffn_down", "mlp.c_proj", True)):
-        names[f"{gguf}{ours}.weight"] = GgufTensor(f"{hf}{theirs}.weight",
-                                                   transposed=transposed)
-        names[f"{gguf}{ours}.bias"] = GgufTensor(f"{hf}{theirs}.bias")
-    return names
-
-  @nn.nowrap
-  def hf_tensors(self) -> list[TensorName]:
+  def tensors(self) -> list[TensorName]:
     names = [TensorName("transformer.wte.weight", ("embedding",), transposed=False),
              TensorName("transformer.wpe.weight", ("position_embedding",), transposed=False)]
-    for index in range(self.num_layers):
+    for index in range(self.model.num_layers):
       hf, ours = f"transformer.h.{index}.", f"layer_{index}/"
       attention = f"{ours}attention/"
       names += norm(f"{hf}ln_1", f"{ours}attention_norm", True)
@@ -141,6 +104,51 @@ class Gpt2(TransformerLM):
       names += dense(f"{hf}mlp.c_fc", f"{ours}mlp/wi", True, transposed=False)
       names += dense(f"{hf}mlp.c_proj", f"{ours}mlp/wo", True, transposed=False)
     names += norm("transformer.ln_f", "final_norm", True)
-    if not self.tie_embeddings:
+    if not self.model.tie_embeddings:
       names += dense("lm_head", "output", False)
+    return names
+
+
+@format_names.names_for(Gpt2)
+class Gpt2GgufNames(TransformerGgufNames):
+  """llama.cpp's `gpt2`: the Hugging Face tensors, the `Conv1D` matrices transposed."""
+
+  architecture = "gpt2"
+
+  @classmethod
+  def hf_config(cls, metadata: Mapping[str, Any],
+                tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The config.json of llama.cpp's `gpt2` metadata; the vocabulary is the token table's
+    rows (llama.cpp's converter writes no `gpt2.vocab_size`). Its converter writes the tied
+    head again as output.weight: equal to the table, read as an untied copy."""
+    return {"model_type": cls.hf_model_type(), **gguf_config(metadata, GPT_GGUF_KEYS),
+            "vocab_size": tensors.get("token_embd.weight", (None,))[0],
+            "tie_word_embeddings": "output.weight" not in tensors}
+
+  def metadata(self) -> dict[str, int | float | str]:
+    return {**super().metadata(), "attention.layer_norm_epsilon": float(self.model.norm_eps)}
+
+  def sizes(self) -> list[GgufSize]:
+    """And the learned positions' table: [context length, width]."""
+    return [*super().sizes(),
+            GgufSize(("context_length",), "position_embd.weight", 0, self.model.max_length)]
+
+  def tensors(self) -> dict[str, GgufTensor]:
+    names = {"token_embd.weight": GgufTensor("transformer.wte.weight"),
+             "position_embd.weight": GgufTensor("transformer.wpe.weight"),
+             "output_norm.weight": GgufTensor("transformer.ln_f.weight"),
+             "output_norm.bias": GgufTensor("transformer.ln_f.bias")}
+    if not self.model.tie_embeddings:
+      names["output.weight"] = GgufTensor("lm_head.weight")
+    for index in range(self.model.num_layers):
+      gguf, hf = f"blk.{index}.", f"transformer.h.{index}."
+      for ours, theirs, transposed in (("attn_norm", "ln_1", False),
+                                       ("attn_qkv", "attn.c_attn", True),
+                                       ("attn_output", "attn.c_proj", True),
+                                       ("ffn_norm", "ln_2", False),
+                                       ("ffn_up", "mlp.c_fc", True),
+                                       ("ffn_down", "mlp.c_proj", True)):
+        names[f"{gguf}{ours}.weight"] = GgufTensor(f"{hf}{theirs}.weight",
+                                                   transposed=transposed)
+        names[f"{gguf}{ours}.bias"] = GgufTensor(f"{hf}{theirs}.bias")
     return names

@@ -9,22 +9,22 @@ Hugging Face's GPT-J rotates pairs of the first `rotary_dim` dims of each head
 as they are. It has no embedding bias (mesh-transformer-jax's is folded into the rows when
 converted): ours is zero in the model it describes. llama.cpp's GGUF `gptj` keeps the same
 tensors in the same layout (GGML's default rope also rotates adjacent pairs); transformers reads
-no GPT-J GGUF, so lingvo_lite's reader is the other end of its export.
+no GPT-J GGUF, so lingvo_lite's reader is the other end of its export. `GptJHfNames` and
+`GptJGgufNames` are its names in those formats (models/format_names.py).
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-import flax.linen as nn
-
 from lingvo_lite.fields import PositiveFloat
-from lingvo_lite.models import layers
+from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName, dense,
                                                  gguf_config, linear_attention, norm)
 from lingvo_lite.models.gpt2 import GPT_GGUF_KEYS
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
+from lingvo_lite.models.transformer_names import TransformerGgufNames, TransformerHfNames
 
 
 class GptJ(TransformerLM):
@@ -43,13 +43,18 @@ class GptJ(TransformerLM):
   output_bias: bool = True
 
   family_name = "gptj"
-  hf_model_type = "gptj"
-  hf_architecture = "GPTJForCausalLM"
-  gguf_architecture = "gptj"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
 
+
+@format_names.names_for(GptJ)
+class GptJHfNames(TransformerHfNames):
+  """GPT-J's Hugging Face names."""
+
+  model_type = "gptj"
+  architecture = "GPTJForCausalLM"
+
   @classmethod
-  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
+  def fields(cls, config: HfConfig) -> dict[str, Any]:
     config.expect("activation_function", ("gelu_new",), "gelu_new")
     config.expect("tie_word_embeddings", (False,), False)
     return {
@@ -63,39 +68,65 @@ class GptJ(TransformerLM):
         "max_length": config.get("n_positions", 2048),
     }
 
-  @nn.nowrap
-  def hf_config(self) -> dict[str, Any]:
+  def config(self) -> dict[str, Any]:
+    model = self.model
     return {
-        "model_type": self.hf_model_type, "architectures": [self.hf_architecture],
-        "vocab_size": self.vocab_size, "n_layer": self.num_layers, "n_embd": self.dim,
-        "n_head": self.num_heads, "rotary_dim": self.resolved_rotary_dim,
-        "n_inner": self.resolved_mlp_dim, "layer_norm_epsilon": self.norm_eps,
-        "n_positions": self.max_length, "activation_function": "gelu_new",
+        "model_type": self.model_type, "architectures": [self.architecture],
+        "vocab_size": model.vocab_size, "n_layer": model.num_layers, "n_embd": model.dim,
+        "n_head": model.num_heads, "rotary_dim": model.resolved_rotary_dim,
+        "n_inner": model.resolved_mlp_dim, "layer_norm_epsilon": model.norm_eps,
+        "n_positions": model.max_length, "activation_function": "gelu_new",
         "tie_word_embeddings": False,
     }
 
+  def export_params(self, params: dict[str, Any]) -> dict[str, Any]:
+    """The embedding bias folded into the rows (E[t] + b = (E + b)[t]), as
+    mesh-transformer-jax's conversion does: the format has no tensor for it."""
+    bias = params["embedding_bias"]
+    return dict(params, embedding=params["embedding"] + bias[None, :],
+                embedding_bias=bias * 0)
+
+  def tensors(self) -> list[TensorName]:
+    names = [TensorName("transformer.wte.weight", ("embedding",), transposed=False)]
+    for index in range(self.model.num_layers):
+      hf, ours = f"transformer.h.{index}.", f"layer_{index}/"
+      names += norm(f"{hf}ln_1", f"{ours}norm", True)
+      names += linear_attention(f"{hf}attn.", f"{ours}attention/",
+                                ("q_proj", "k_proj", "v_proj", "out_proj"), False)
+      names += dense(f"{hf}mlp.fc_in", f"{ours}mlp/wi", True)
+      names += dense(f"{hf}mlp.fc_out", f"{ours}mlp/wo", True)
+    return names + norm("transformer.ln_f", "final_norm", True) + dense("lm_head", "output", True)
+
+  def absent(self) -> tuple[str, ...]:
+    return ("embedding_bias",)
+
+
+@format_names.names_for(GptJ)
+class GptJGgufNames(TransformerGgufNames):
+  """llama.cpp's `gptj`: the Hugging Face tensors in the same layout."""
+
+  architecture = "gptj"
+
   @classmethod
-  def gguf_hf_config(cls, metadata: Mapping[str, Any],
-                     tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+  def hf_config(cls, metadata: Mapping[str, Any],
+                tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     """The config.json of llama.cpp's `gptj` metadata (the vocabulary: the token table's
     rows)."""
-    return {"model_type": cls.hf_model_type,
+    return {"model_type": cls.hf_model_type(),
             **gguf_config(metadata, {**GPT_GGUF_KEYS, "rotary_dim": "rope.dimension_count"}),
             "vocab_size": tensors.get("token_embd.weight", (None,))[0]}
 
-  @nn.nowrap
-  def gguf_metadata(self) -> dict[str, int | float | str]:
-    return {**super().gguf_metadata(), "rope.dimension_count": self.resolved_rotary_dim,
-            "attention.layer_norm_epsilon": float(self.norm_eps)}
+  def metadata(self) -> dict[str, int | float | str]:
+    return {**super().metadata(), "rope.dimension_count": self.model.resolved_rotary_dim,
+            "attention.layer_norm_epsilon": float(self.model.norm_eps)}
 
-  @nn.nowrap
-  def gguf_tensors(self) -> dict[str, GgufTensor]:
+  def tensors(self) -> dict[str, GgufTensor]:
     names = {"token_embd.weight": GgufTensor("transformer.wte.weight"),
              "output_norm.weight": GgufTensor("transformer.ln_f.weight"),
              "output_norm.bias": GgufTensor("transformer.ln_f.bias"),
              "output.weight": GgufTensor("lm_head.weight"),
              "output.bias": GgufTensor("lm_head.bias")}
-    for index in range(self.num_layers):
+    for index in range(self.model.num_layers):
       gguf, hf = f"blk.{index}.", f"transformer.h.{index}."
       names.update({
           f"{gguf}attn_norm.weight": GgufTensor(f"{hf}ln_1.weight"),
@@ -110,27 +141,3 @@ class GptJ(TransformerLM):
           f"{gguf}ffn_down.bias": GgufTensor(f"{hf}mlp.fc_out.bias"),
       })
     return names
-
-  @nn.nowrap
-  def hf_export_params(self, params: dict[str, Any]) -> dict[str, Any]:
-    """The embedding bias folded into the rows (E[t] + b = (E + b)[t]), as
-    mesh-transformer-jax's conversion does: the format has no tensor for it."""
-    bias = params["embedding_bias"]
-    return dict(params, embedding=params["embedding"] + bias[None, :],
-                embedding_bias=bias * 0)
-
-  @nn.nowrap
-  def hf_tensors(self) -> list[TensorName]:
-    names = [TensorName("transformer.wte.weight", ("embedding",), transposed=False)]
-    for index in range(self.num_layers):
-      hf, ours = f"transformer.h.{index}.", f"layer_{index}/"
-      names += norm(f"{hf}ln_1", f"{ours}norm", True)
-      names += linear_attention(f"{hf}attn.", f"{ours}attention/",
-                                ("q_proj", "k_proj", "v_proj", "out_proj"), False)
-      names += dense(f"{hf}mlp.fc_in", f"{ours}mlp/wi", True)
-      names += dense(f"{hf}mlp.fc_out", f"{ours}mlp/wo", True)
-    return names + norm("transformer.ln_f", "final_norm", True) + dense("lm_head", "output", True)
-
-  @nn.nowrap
-  def hf_absent(self) -> tuple[str, ...]:
-    return ("embedding_bias",)

@@ -243,8 +243,9 @@ class Attention(nn.Module):
 
   A family whose attention differs overrides a hook rather than a path: `sliding_window()`
   (the positions a query sees; every training and prefill path takes it: the einsum's mask,
-  the fused kernels' local window, splash's band) and `_cached_attention` (decoding, where a
-  window changes the cache's shape).
+  the fused kernels' local window, splash's band), and for decoding `_cache_entry` (where a
+  new token's keys and values go in the cache) and `_cache_mask` (which entries a query sees):
+  a window's ring buffer is those two.
   """
 
   num_heads: int
@@ -345,20 +346,33 @@ class Attention(nn.Module):
       return self._fused_attention(q, k, v, segment_ids)
     return self._einsum_attention(q, k, v, segment_ids)
 
+  def _cache_entry(self, positions: jax.Array, entries: int) -> jax.Array:
+    """int32 [batch, length]: the cache entry each new token's keys and values go to (of the
+    `entries` a slot holds): its position, here (a ring of the last few keeps p at p %
+    entries)."""
+    del entries
+    return positions
+
+  def _cache_mask(self, positions: jax.Array, entries: int) -> jax.Array:
+    """bool [batch, length, entries]: the cache entries each query at `positions` attends to,
+    its own written already: here every entry up to its position (those past it are stale: an
+    earlier request's, or padding)."""
+    return jnp.arange(entries, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
+
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                         context: Context) -> tuple[jax.Array, Context]:
-    """Decoding: writes the new tokens' keys and values into the cache at their positions,
-    then attends to the cache up to each query's own position.
+    """Decoding: writes the new tokens' keys and values into the cache at their entries
+    (`_cache_entry`), then attends to the entries each query sees (`_cache_mask`).
 
     Writing first, then reading, lets XLA update the cache in place: attending to the old
-    cache and writing after made it copy the whole cache twice per step (measured). Entries
-    past a query's position are stale (an earlier request's, or padding) and masked.
+    cache and writing after made it copy the whole cache twice per step (measured).
     """
     batch, length = q.shape[:2]
     group = self.num_heads // self.num_kv_heads
+    entries = context.keys.shape[-2]
     rows = jnp.arange(batch)[:, None]
-    # [rows, :, positions] indexes a [batch, t, kv_heads, head_dim] block, k's shape.
-    where = (rows, slice(None), positions)
+    # [rows, :, entry] indexes a [batch, t, kv_heads, head_dim] block, k's shape.
+    where = (rows, slice(None), self._cache_entry(positions, entries))
     if context.layer is not None:
       where = (context.layer, *where)
     keys = context.keys.at[where].set(k.astype(context.keys.dtype))
@@ -369,8 +383,7 @@ class Attention(nn.Module):
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
     logits = jnp.einsum("btkgd,bksd->bkgts", q, layer_keys.astype(self.dtype)
                         ).astype(jnp.float32)
-    cache_index = jnp.arange(layer_keys.shape[2], dtype=jnp.int32)
-    mask = (cache_index[None, None, :] <= positions[:, :, None])[:, None, None]
+    mask = self._cache_mask(positions, entries)[:, None, None]
     weights, denominator = unnormalized_softmax(logits, mask)
     # XLA:CPU has no bfloat16 x bfloat16 -> float32 dot of this shape for a few query
     # positions: there, float32 operands (the cache of one layer, converted as it is read).

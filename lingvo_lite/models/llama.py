@@ -3,7 +3,7 @@
 Sequential pre-RMSNorm blocks, a SwiGLU MLP, rotate-half rotary embedding on every dim of each
 head, grouped-query attention where `num_kv_heads` is set, and no biases. Experiments give the
 sizes: `fdl.Config(Llama, vocab_size=32000, num_layers=32, dim=4096, ...)`, or take them from
-a Hugging Face folder (`hf_fields`, weights/hf_checkpoint.py).
+a Hugging Face folder (`LlamaHfNames.fields`, weights/hf_checkpoint.py).
 
 Hugging Face's Llama rotates halves of each head (`rotate_half`), as `rotary_style="half"`
 does, so its query and key weights load as they are; its SwiGLU is down(silu(gate(x)) * up(x)),
@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import flax.linen as nn
-
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat
-from lingvo_lite.models import layers
+from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
+from lingvo_lite.models.transformer_names import TransformerGgufNames, TransformerHfNames
 
 
 class Llama(TransformerLM):
@@ -41,13 +40,18 @@ class Llama(TransformerLM):
   output_bias: bool = False
 
   family_name = "llama"
-  hf_model_type = "llama"
-  hf_architecture = "LlamaForCausalLM"
-  gguf_architecture = "llama"
   same_model_as = ("lingvo_lite.models.transformer.TransformerLM",)
 
+
+@format_names.names_for(Llama)
+class LlamaHfNames(TransformerHfNames):
+  """Llama's Hugging Face names."""
+
+  model_type = "llama"
+  architecture = "LlamaForCausalLM"
+
   @classmethod
-  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
+  def fields(cls, config: HfConfig) -> dict[str, Any]:
     config.expect("hidden_act", ("silu",), "silu")
     scaling = config.rope_scaling()
     if scaling is not None and scaling["rope_type"] != "llama3":
@@ -56,7 +60,7 @@ class Llama(TransformerLM):
                           "supported: 'default', 'llama3'")
     if config.get("sliding_window") is not None and config.get("use_sliding_window", True):
       raise config.refuse("sliding_window", config.get("sliding_window"),
-                          f"the {cls.family_name} family attends to the whole context",
+                          f"the {cls.family.family_name} family attends to the whole context",
                           "use a Mistral config (model_type 'mistral') for a sliding window")
     return {
         "vocab_size": config.require("vocab_size"),
@@ -72,11 +76,11 @@ class Llama(TransformerLM):
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "mlp_bias": config.flag("mlp_bias", False),
-        **cls._hf_rotary_scaling(config, scaling),
+        **cls._rotary_scaling(config, scaling),
     }
 
   @staticmethod
-  def _hf_rotary_scaling(config: HfConfig, scaling: dict[str, Any] | None) -> dict[str, Any]:
+  def _rotary_scaling(config: HfConfig, scaling: dict[str, Any] | None) -> dict[str, Any]:
     if scaling is None:
       return {}
     settings = HfConfig(scaling, config.where)
@@ -87,15 +91,59 @@ class Llama(TransformerLM):
             "rotary_original_max_length": settings.get("original_max_position_embeddings",
                                                        8192)}
 
+  def config(self) -> dict[str, Any]:
+    model = self.model
+    return {
+        "model_type": self.model_type, "architectures": [self.architecture],
+        "vocab_size": model.vocab_size, "num_hidden_layers": model.num_layers,
+        "hidden_size": model.dim, "num_attention_heads": model.num_heads,
+        "num_key_value_heads": model.resolved_num_kv_heads, "head_dim": model.resolved_head_dim,
+        "intermediate_size": model.resolved_mlp_dim, "hidden_act": "silu",
+        "rms_norm_eps": model.norm_eps, "rope_theta": model.rotary_base,
+        "max_position_embeddings": model.max_length,
+        "tie_word_embeddings": model.tie_embeddings, "attention_bias": model.attention_bias,
+        "mlp_bias": model.mlp_bias,
+        **({} if model.rotary_scaling == "none" else {"rope_scaling": {
+            "rope_type": model.rotary_scaling, "factor": model.rotary_scaling_factor,
+            "low_freq_factor": model.rotary_low_freq_factor,
+            "high_freq_factor": model.rotary_high_freq_factor,
+            "original_max_position_embeddings": model.rotary_original_max_length}}),
+    }
+
+  def tensors(self) -> list[TensorName]:
+    model = self.model
+    names = [TensorName("model.embed_tokens.weight", ("embedding",), transposed=False)]
+    for index in range(model.num_layers):
+      hf, ours = f"model.layers.{index}.", f"layer_{index}/"
+      names += norm(f"{hf}input_layernorm", f"{ours}attention_norm", False)
+      names += linear_attention(f"{hf}self_attn.", f"{ours}attention/",
+                                ("q_proj", "k_proj", "v_proj", "o_proj"), model.attention_bias)
+      names += norm(f"{hf}post_attention_layernorm", f"{ours}mlp_norm", False)
+      names += dense(f"{hf}mlp.gate_proj", f"{ours}mlp/wi", model.mlp_bias)
+      names += dense(f"{hf}mlp.up_proj", f"{ours}mlp/wi_gate", model.mlp_bias)
+      names += dense(f"{hf}mlp.down_proj", f"{ours}mlp/wo", model.mlp_bias)
+    names += norm("model.norm", "final_norm", False)
+    if not model.tie_embeddings:
+      names += dense("lm_head", "output", False)
+    return names
+
+
+@format_names.names_for(Llama)
+class LlamaGgufNames(TransformerGgufNames):
+  """llama.cpp's `llama`: each head's query and key rows hold their rotary pairs side by side
+  (GGML's rope), where Hugging Face's rotate-half keeps the halves apart."""
+
+  architecture = "llama"
+
   @classmethod
-  def gguf_hf_config(cls, metadata: Mapping[str, Any],
-                     tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+  def hf_config(cls, metadata: Mapping[str, Any],
+                tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     """The Hugging Face config.json a llama.cpp GGUF file's metadata describes (its keys are
     `<architecture>.*`; tied embeddings where the file has no `output.weight`)."""
     arch = metadata["general.architecture"]
     scaling = metadata.get(f"{arch}.rope.scaling.type")
     config = {
-        "model_type": cls.hf_model_type, "rope_theta": 10000.0,
+        "model_type": cls.hf_model_type(), "rope_theta": 10000.0,
         "vocab_size": tensors.get("token_embd.weight", (None,))[0],  # Unless the file says.
         **gguf_config(metadata, {
             "vocab_size": "vocab_size", "num_hidden_layers": "block_count",
@@ -114,46 +162,52 @@ class Llama(TransformerLM):
                        "not read yet; use the model's Hugging Face folder (hf:PATH)")
     return {name: value for name, value in config.items() if value is not None}
 
-  @nn.nowrap
-  def gguf_metadata(self) -> dict[str, int | float | str]:
-    return {**super().gguf_metadata(),
-            "attention.head_count_kv": self.resolved_num_kv_heads,
-            "attention.key_length": self.resolved_head_dim,
-            "attention.value_length": self.resolved_head_dim,
-            "rope.dimension_count": self.resolved_head_dim,
-            "attention.layer_norm_rms_epsilon": float(self.norm_eps),
-            "rope.freq_base": float(self.rotary_base)}
+  def check_writable(self) -> None:
+    """Refuses rotary scaling: llama.cpp stores Llama 3.1's as a rope_freqs tensor, which this
+    writer does not make."""
+    if self.model.rotary_scaling != "none":
+      raise UsageError(f"model: rope scaling {self.model.rotary_scaling!r}: this GGUF writer "
+                       "does not store it (llama.cpp's rope_freqs tensor); export "
+                       "--export_format=hf")
 
-  @nn.nowrap
-  def gguf_sizes(self) -> list[GgufSize]:
+  def metadata(self) -> dict[str, int | float | str]:
+    model = self.model
+    return {**super().metadata(),
+            "attention.head_count_kv": model.resolved_num_kv_heads,
+            "attention.key_length": model.resolved_head_dim,
+            "attention.value_length": model.resolved_head_dim,
+            "rope.dimension_count": model.resolved_head_dim,
+            "attention.layer_norm_rms_epsilon": float(model.norm_eps),
+            "rope.freq_base": float(model.rotary_base)}
+
+  def sizes(self) -> list[GgufSize]:
     """And the heads: the query's rows are heads x head size, the key's key-value heads x
     head size (the head size: `attention.key_length`, else the width over the heads)."""
-    head_size = "attention.key_length" if self.head_dim is not None else "embedding_length"
+    model = self.model
+    head_size = "attention.key_length" if model.head_dim is not None else "embedding_length"
     head_count = ("attention.head_count", head_size)
-    return [*super().gguf_sizes(),
+    return [*super().sizes(),
             GgufSize(head_count, "blk.{layer}.attn_q.weight", 0,
-                     self.num_heads * self.resolved_head_dim),
+                     model.num_heads * model.resolved_head_dim),
             GgufSize(("attention.head_count_kv", *head_count), "blk.{layer}.attn_k.weight", 0,
-                     self.resolved_num_kv_heads * self.resolved_head_dim)]
+                     model.resolved_num_kv_heads * model.resolved_head_dim)]
 
-  @nn.nowrap
-  def gguf_tensors(self) -> dict[str, GgufTensor]:
-    """llama.cpp's names; the query and key rows of each head hold their rotary pairs side
-    by side (GGML's rope), where Hugging Face's rotate-half keeps the halves apart."""
-    if self.attention_bias or self.mlp_bias:
+  def tensors(self) -> dict[str, GgufTensor]:
+    model = self.model
+    if model.attention_bias or model.mlp_bias:
       raise UsageError("model: a GGUF llama with attention or MLP biases is not read yet; "
                        "use its Hugging Face folder (hf:PATH)")
     names = {"token_embd.weight": GgufTensor("model.embed_tokens.weight"),
              "output_norm.weight": GgufTensor("model.norm.weight")}
-    if not self.tie_embeddings:
+    if not model.tie_embeddings:
       names["output.weight"] = GgufTensor("lm_head.weight")
-    for index in range(self.num_layers):
+    for index in range(model.num_layers):
       gguf, hf = f"blk.{index}.", f"model.layers.{index}."
       names.update({
           f"{gguf}attn_norm.weight": GgufTensor(f"{hf}input_layernorm.weight"),
-          f"{gguf}attn_q.weight": GgufTensor(f"{hf}self_attn.q_proj.weight", self.num_heads),
+          f"{gguf}attn_q.weight": GgufTensor(f"{hf}self_attn.q_proj.weight", model.num_heads),
           f"{gguf}attn_k.weight": GgufTensor(f"{hf}self_attn.k_proj.weight",
-                                             self.resolved_num_kv_heads),
+                                             model.resolved_num_kv_heads),
           f"{gguf}attn_v.weight": GgufTensor(f"{hf}self_attn.v_proj.weight"),
           f"{gguf}attn_output.weight": GgufTensor(f"{hf}self_attn.o_proj.weight"),
           f"{gguf}ffn_norm.weight": GgufTensor(f"{hf}post_attention_layernorm.weight"),
@@ -161,40 +215,4 @@ class Llama(TransformerLM):
           f"{gguf}ffn_up.weight": GgufTensor(f"{hf}mlp.up_proj.weight"),
           f"{gguf}ffn_down.weight": GgufTensor(f"{hf}mlp.down_proj.weight"),
       })
-    return names
-
-  @nn.nowrap
-  def hf_config(self) -> dict[str, Any]:
-    return {
-        "model_type": self.hf_model_type, "architectures": [self.hf_architecture],
-        "vocab_size": self.vocab_size, "num_hidden_layers": self.num_layers,
-        "hidden_size": self.dim, "num_attention_heads": self.num_heads,
-        "num_key_value_heads": self.resolved_num_kv_heads, "head_dim": self.resolved_head_dim,
-        "intermediate_size": self.resolved_mlp_dim, "hidden_act": "silu",
-        "rms_norm_eps": self.norm_eps, "rope_theta": self.rotary_base,
-        "max_position_embeddings": self.max_length,
-        "tie_word_embeddings": self.tie_embeddings, "attention_bias": self.attention_bias,
-        "mlp_bias": self.mlp_bias,
-        **({} if self.rotary_scaling == "none" else {"rope_scaling": {
-            "rope_type": self.rotary_scaling, "factor": self.rotary_scaling_factor,
-            "low_freq_factor": self.rotary_low_freq_factor,
-            "high_freq_factor": self.rotary_high_freq_factor,
-            "original_max_position_embeddings": self.rotary_original_max_length}}),
-    }
-
-  @nn.nowrap
-  def hf_tensors(self) -> list[TensorName]:
-    names = [TensorName("model.embed_tokens.weight", ("embedding",), transposed=False)]
-    for index in range(self.num_layers):
-      hf, ours = f"model.layers.{index}.", f"layer_{index}/"
-      names += norm(f"{hf}input_layernorm", f"{ours}attention_norm", False)
-      names += linear_attention(f"{hf}self_attn.", f"{ours}attention/",
-                                ("q_proj", "k_proj", "v_proj", "o_proj"), self.attention_bias)
-      names += norm(f"{hf}post_attention_layernorm", f"{ours}mlp_norm", False)
-      names += dense(f"{hf}mlp.gate_proj", f"{ours}mlp/wi", self.mlp_bias)
-      names += dense(f"{hf}mlp.up_proj", f"{ours}mlp/wi_gate", self.mlp_bias)
-      names += dense(f"{hf}mlp.down_proj", f"{ours}mlp/wo", self.mlp_bias)
-    names += norm("model.norm", "final_norm", False)
-    if not self.tie_embeddings:
-      names += dense("lm_head", "output", False)
     return names

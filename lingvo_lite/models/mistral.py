@@ -7,15 +7,15 @@ RoPE, grouped-query key/value heads, no biases), so the parameters are Llama's t
 
 This module is the whole family: the attention with the band (`SlidingWindowAttention`: the
 window is the shared attention's `sliding_window` hook, which every training path takes), the
-FLOPs that count only the window, `tiny`'s smaller window, and a decode cache that is a ring
-of min(window, cache_length) entries per slot (position p at entry p % entries): decoding
+FLOPs that count only the window, `tiny`'s smaller window, its names in other weight formats,
+and a decode cache that is a ring of min(window, cache_length) entries per slot (position p at
+entry p % entries: the shared attention's `_cache_entry` and `_cache_mask` hooks): decoding
 past the window writes over the positions that fell out of it, so the cache's memory stays
 the window's however long a request runs. Nothing outside `lingvo_lite/models/` names it.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -23,12 +23,12 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite import target as targets
-from lingvo_lite.errors import config_error
+from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.fields import PositiveInt
-from lingvo_lite.models import kv_cache, layers
+from lingvo_lite.models import format_names, kv_cache, layers
 from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.family import ArrayShape
-from lingvo_lite.models.llama import Llama
+from lingvo_lite.models.llama import Llama, LlamaGgufNames, LlamaHfNames
 
 
 def ring_positions(last: jax.Array, entries: int) -> jax.Array:
@@ -51,42 +51,16 @@ class SlidingWindowAttention(layers.Attention):
   def sliding_window(self) -> int:
     return self.window
 
-  def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
-                        context: layers.Context) -> tuple[jax.Array, layers.Context]:
-    """Decoding one position per slot: writes its keys and values at entry p % entries of
-    the ring (over the position that left the window), then attends to the entries whose
-    position is this request's and within the window.
+  def _cache_entry(self, positions: jax.Array, entries: int) -> jax.Array:
+    """Position p at entry p % entries: the ring writes over the position that left the
+    window. One token per slot and call (what decoding feeds): several would overwrite
+    entries that their earlier tokens still see."""
+    return positions % entries
 
-    One token per slot and call (what decoding feeds): several would overwrite entries that
-    their earlier tokens still see.
-    """
-    batch, length = q.shape[:2]
-    group = self.num_heads // self.num_kv_heads
-    entries = context.keys.shape[-2]
-    rows = jnp.arange(batch)[:, None]
-    where = (rows, slice(None), positions % entries)
-    if context.layer is not None:
-      where = (context.layer, *where)
-    keys = context.keys.at[where].set(k.astype(context.keys.dtype))
-    values = context.values.at[where].set(v.astype(context.values.dtype))
-    layer_keys, layer_values = (keys, values) if context.layer is None else (
-        keys[context.layer], values[context.layer])
-    q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
-    q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
-    logits = jnp.einsum("btkgd,bksd->bkgts", q, layer_keys.astype(self.dtype)
-                        ).astype(jnp.float32)
+  def _cache_mask(self, positions: jax.Array, entries: int) -> jax.Array:
+    """The entries whose position is this request's and within the window of the query."""
     held = ring_positions(positions, entries)  # [batch, length, entries]
-    seen = (held >= 0) & (positions[..., None] - held < self.window)
-    # The shared softmax of layers.py: this family's attention is its subclass.
-    weights, denominator = layers.unnormalized_softmax(
-        logits, seen[:, None, None])
-    # As layers.Attention: XLA:CPU lacks this bfloat16 dot with a float32 result.
-    operands = jnp.float32 if targets.current_platform() == "cpu" else self.dtype
-    out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(operands),
-                     layer_values.astype(operands), preferred_element_type=jnp.float32)
-    out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
-    return out.reshape(batch, length, self.num_heads, self.head_dim), context._replace(
-        keys=keys, values=values)
+    return (held >= 0) & (positions[..., None] - held < self.window)
 
 
 def _write_ring(cache: kv_cache.KVCache, new: tuple[jax.Array, jax.Array],
@@ -124,11 +98,6 @@ class Mistral(Llama):
   window: PositiveInt = 4096
 
   family_name = "mistral"
-  hf_model_type = "mistral"
-  hf_architecture = "MistralForCausalLM"
-  # llama.cpp converts Mistral-7B to its `llama` architecture (the window is not in the
-  # file): a GGUF reader must take the window from elsewhere.
-  gguf_architecture = "llama"
   same_model_as = ()
 
   @nn.nowrap
@@ -163,19 +132,6 @@ class Mistral(Llama):
                          "a token must see itself")
 
   @classmethod
-  def hf_fields(cls, config: HfConfig) -> dict[str, Any]:
-    """Llama's fields and the window: Hugging Face's `sliding_window` (query i sees key j
-    where i - j < sliding_window, this band); none means the whole context."""
-    window = config.get("sliding_window")
-    fields = super().hf_fields(HfConfig({k: v for k, v in config.values.items()
-                                         if k != "sliding_window"}, config.where))
-    return dict(fields, window=window if window is not None else fields["max_length"])
-
-  @nn.nowrap
-  def hf_config(self) -> dict[str, Any]:
-    return dict(super().hf_config(), sliding_window=self.window)
-
-  @classmethod
   def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:
     """Llama's tiny sizes, and a window of a quarter of the tiny sequence (shorter than it,
     so that the band still cuts off what a full causal mask would see)."""
@@ -205,3 +161,39 @@ class Mistral(Llama):
     logits, new_kv = self.apply({"params": params}, tokens, output_index=lengths - 1,
                                 return_kv=True)
     return logits, _write_ring(cache, new_kv, lengths, insert)
+
+
+@format_names.names_for(Mistral)
+class MistralHfNames(LlamaHfNames):
+  """Mistral's Hugging Face names: Llama's, and the window as `sliding_window`."""
+
+  model_type = "mistral"
+  architecture = "MistralForCausalLM"
+
+  @classmethod
+  def fields(cls, config: HfConfig) -> dict[str, Any]:
+    """Llama's fields and the window: Hugging Face's `sliding_window` (query i sees key j
+    where i - j < sliding_window, this band); none means the whole context."""
+    window = config.get("sliding_window")
+    fields = super().fields(HfConfig({k: v for k, v in config.values.items()
+                                      if k != "sliding_window"}, config.where))
+    return dict(fields, window=window if window is not None else fields["max_length"])
+
+  def config(self) -> dict[str, Any]:
+    return dict(super().config(), sliding_window=self.model.window)
+
+
+@format_names.names_for(Mistral)
+class MistralGgufNames(LlamaGgufNames):
+  """llama.cpp converts Mistral-7B to its `llama` architecture, whose files have no window: a
+  reader takes a `llama` file as Llama's (models/format_names.py), and only a model whose
+  window covers its whole context is written as one."""
+
+  def check_writable(self) -> None:
+    model = self.model
+    if model.window < model.max_length:
+      raise UsageError(f"model: a {model.family_name} model with a sliding window of "
+                       f"{model.window} (Hugging Face's sliding_window): a GGUF "
+                       f"{self.architecture} model has none and would attend to every "
+                       "position; export --export_format=hf")
+    super().check_writable()

@@ -24,8 +24,12 @@ Derived sizes default to None and are computed where used (`head_dim = dim // nu
 A config naming `TransformerLM` itself (an older job's config.json) builds the same model as
 the family class with the same fields.
 
-Longer than 300 lines with a reason: the interface's answers (sizes, FLOPs, checks, `tiny`,
-the decode cache) are short methods of the one class whose fields they read.
+The family interface's answers about sizes and FLOPs (models/transformer_sizes.py) and about
+checks and `tiny` (models/transformer_checks.py) are mixins of the class, reading its fields;
+its names in other weight formats are models/transformer_names.py's. This module is the
+network itself, its memory and layout answers and its decode cache.
+
+Longer than 300 lines with a reason: the fields' documentation is a third of it.
 """
 
 from __future__ import annotations
@@ -38,14 +42,14 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite import target as targets
-from lingvo_lite.errors import config_error
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.models import kv_cache, layer_layout, layers, remat
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import Block, BlockKind
-from lingvo_lite.models.checkpoint_names import GgufSize
 from lingvo_lite.models.family import ArrayShape, LanguageModel
 from lingvo_lite.models.remat import RematPolicy
+from lingvo_lite.models.transformer_checks import TransformerChecks
+from lingvo_lite.models.transformer_sizes import TransformerSizes
 
 PositionKind = Literal["rotary", "learned", "none"]
 RotaryScaling = Literal["none", "llama3"]
@@ -64,12 +68,7 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
   return index - segment_start
 
 
-# The fields that size a TransformerLM's parameters (max_length only with learned positions).
-_SIZE_FIELDS = ("num_layers", "dim", "mlp_dim", "vocab_size", "num_heads", "num_kv_heads",
-                "head_dim", "max_length")
-
-
-class TransformerLM(LanguageModel):
+class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
   """Decoder-only transformer LM: tokens [batch, length] -> float32 logits [batch, length, vocab].
 
   Attributes:
@@ -205,189 +204,13 @@ class TransformerLM(LanguageModel):
       return 0
     return self.rotary_dim if self.rotary_dim is not None else self.resolved_head_dim
 
-  # ---------------------------------------------------------------------------- sizes
-
-  @nn.nowrap
-  def num_parameters(self) -> int:
-    """The parameter count, from the sizes alone (nothing is traced), so that an absurd size
-    is refused before JAX is asked to shape it. Exact: a test compares it with `init`."""
-    dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
-    head_dim, mlp_dim, vocab = self.resolved_head_dim, self.resolved_mlp_dim, self.vocab_size
-    norm = dim if self.norm == "rmsnorm" else 2 * dim  # Scale, and LayerNorm's offset.
-    attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q and out; k and v.
-    if self.attention_bias:
-      attention += head_dim * (heads + 2 * kv_heads) + dim
-    mlp_inputs = 2 if self.mlp_activation in layers.GATED_ACTIVATIONS else 1
-    mlp = (mlp_inputs + 1) * dim * mlp_dim + (
-        mlp_inputs * mlp_dim + dim if self.mlp_bias else 0)
-    block = attention + mlp + norm * (1 if self.block == "parallel" else 2)
-    total = self.num_layers * block + vocab * dim + norm
-    total += dim if self.embedding_bias else 0
-    total += self.max_length * dim if self.position == "learned" else 0
-    if not self.tie_embeddings:
-      total += dim * vocab + (vocab if self.output_bias else 0)
-    return total
-
-  @nn.nowrap
-  def gguf_metadata(self) -> dict[str, int | float | str]:
-    """The sizes llama.cpp's converters write for every transformer architecture (keys without
-    the architecture's prefix); each family adds its own settings."""
-    return {"vocab_size": self.vocab_size, "context_length": self.max_length,
-            "embedding_length": self.dim, "block_count": self.num_layers,
-            "feed_forward_length": self.resolved_mlp_dim,
-            "attention.head_count": self.num_heads}
-
-  @nn.nowrap
-  def gguf_sizes(self) -> list[GgufSize]:
-    """The sizes every llama.cpp architecture's tensors show: the token table [vocabulary,
-    width] (and an untied output matrix's rows), the MLP's input matrix [mlp, width]."""
-    sizes = [GgufSize(("vocab_size",), "token_embd.weight", 0, self.vocab_size),
-             GgufSize(("embedding_length",), "token_embd.weight", 1, self.dim),
-             GgufSize(("feed_forward_length",), "blk.{layer}.ffn_up.weight", 0,
-                      self.resolved_mlp_dim),
-             GgufSize(("embedding_length",), "blk.{layer}.ffn_up.weight", 1, self.dim)]
-    if not self.tie_embeddings:
-      sizes.append(GgufSize(("vocab_size",), "output.weight", 0, self.vocab_size))
-    return sizes
-
-  @nn.nowrap
-  def parameter_shapes(self) -> list[ArrayShape]:
-    """Every parameter's path, logical axes, full shape and dtype, without allocating any.
-
-    Traces a copy with one layer: every layer has the same shapes, and tracing all of them
-    takes time in proportion to depth (forever, for an absurd depth). A parameter of the
-    unrolled `layer_0` stands for num_layers of them (`repeats`); a scanned one gets its
-    leading `layers` axis back at full size.
-    """
-    sample = self.clone(parent=None, num_layers=1)
-    tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
-    boxed = jax.eval_shape(sample.init, jax.random.key(0), tokens)["params"]
-    found = []
-    for path, leaf in jax.tree_util.tree_flatten_with_path(
-        boxed, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))[0]:
-      value = leaf.value if isinstance(leaf, nn.meta.AxisMetadata) else leaf
-      axes = tuple(getattr(leaf, "names", (None,) * len(value.shape)))
-      shape, repeats = tuple(value.shape), 1
-      top = getattr(path[0], "key", None)
-      if top == "layer_0":
-        repeats = self.num_layers
-      elif top == "layers" and axes and axes[0] == "layers":
-        shape = (self.num_layers, *shape[1:])
-      found.append(ArrayShape(jax.tree_util.keystr(path), axes, shape, jnp.dtype(value.dtype),
-                              repeats))
-    return found
-
-  @nn.nowrap
-  def matmul_parameters(self) -> int:
-    """Weights that multiply activations once per token (biases, norms, embedding excluded;
-    the unembedding, tied or not, included)."""
-    return self.block_matmul_parameters() + self.dim * self.vocab_size
-
-  @nn.nowrap
-  def block_matmul_parameters(self) -> int:
-    """The blocks' weight matrices (what "int8" training quantizes)."""
-    dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
-    head_dim, mlp_dim = self.resolved_head_dim, self.resolved_mlp_dim
-    attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q, out; k, v
-    mlp_inputs = 2 if self.mlp_activation in layers.GATED_ACTIVATIONS else 1
-    mlp = (mlp_inputs + 1) * dim * mlp_dim
-    return self.num_layers * (attention + mlp)
-
-  @nn.nowrap
-  def size_fields(self) -> dict[str, int]:
-    return {name: getattr(self, name) for name in _SIZE_FIELDS
-            if getattr(self, name) is not None
-            and (name != "max_length" or self.position == "learned")}
-
-  # ---------------------------------------------------------------------------- FLOPs
-
-  @nn.nowrap
-  def attention_flops_per_token(self, sequence_length: int) -> int:
-    """Scores and weighted values: 4 T H d per token and layer, halved for causality (a token
-    sees the positions up to its own, half of the sequence on average). An int, so that MFU's
-    count stays exact."""
-    return 2 * self.num_layers * sequence_length * self.num_heads * self.resolved_head_dim
-
-  @nn.nowrap
-  def decode_attention_flops(self, context_length: int) -> int:
-    """One new token's scores and weighted values against `context_length` positions."""
-    return 4 * self.num_layers * context_length * self.num_heads * self.resolved_head_dim
-
-  # ---------------------------------------------------------------------------- axes, checks
+  # ---------------------------------------------------------------------------- axes
 
   @classmethod
   def logical_axes(cls) -> dict[str, str]:
     return {"embed": "dim", "mlp": "mlp_dim", "heads": "num_heads", "kv": "head_dim",
             "vocab": "vocab_size", "norm": "dim", "position": "max_length",
             "layers": "num_layers"}
-
-  @nn.nowrap
-  def validate(self, target: targets.Target, path: str = "model") -> None:
-    self.check_size(path)
-    if self.head_dim is None and self.dim % self.num_heads:
-      raise config_error(f"{path}.num_heads", self.num_heads,
-                         f"does not divide {path}.dim={self.dim}",
-                         f"choose a divisor of dim or set {path}.head_dim")
-    if self.num_heads % self.resolved_num_kv_heads:
-      raise config_error(f"{path}.num_kv_heads", self.num_kv_heads,
-                         f"does not divide {path}.num_heads={self.num_heads}",
-                         "grouped-query attention needs num_heads % num_kv_heads == 0")
-    if self.attention_implementation == "cudnn":
-      self._check_cudnn_attention(target, path)
-    if self.attention_implementation == "splash" and target.platform == "gpu":
-      raise config_error(f"{path}.attention_implementation", "splash",
-                         "is the TPU's kernel (a GPU cannot run it)",
-                         "use 'auto', 'cudnn' or 'xla'")
-    if remat.offloads(self.remat_policy) and target.platform == "cpu":
-      raise config_error(f"{path}.remat_policy", self.remat_policy,
-                         "moves activations to host memory, which a CPU target does not have "
-                         "apart from its own", "use a policy without '_offloaded' on a CPU")
-    self.check_quantization(path)
-    rotary_dim = self.resolved_rotary_dim
-    if rotary_dim % 2 or rotary_dim > self.resolved_head_dim:
-      raise config_error(f"{path}.rotary_dim", self.rotary_dim,
-                         f"must be even and at most head_dim={self.resolved_head_dim}")
-
-  @nn.nowrap
-  def _check_cudnn_attention(self, target: targets.Target, path: str) -> None:
-    """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device
-    time."""
-    problem = None
-    device = target.devices[0]
-    # Hopper (compute capability 9.0) and newer take heads up to 256 wide, older GPUs 128.
-    capability = getattr(device, "compute_capability", "0")
-    widest_head = 256 if float(capability) >= 9.0 else 128
-    if target.platform != "gpu" or "NVIDIA" not in device.device_kind.upper():
-      problem = f"needs an NVIDIA GPU (this device: {device.device_kind})"
-    elif self.dtype not in ("bfloat16", "float16"):
-      problem = f"needs {path}.dtype 'bfloat16' or 'float16' (got {self.dtype!r})"
-    elif self.resolved_head_dim % 8 or self.resolved_head_dim > widest_head:
-      problem = (f"needs a head_dim that is a multiple of 8 and at most {widest_head} on "
-                 f"{device.device_kind} (got {self.resolved_head_dim})")
-    if problem:
-      raise config_error(f"{path}.attention_implementation", "cudnn", problem,
-                         "or use 'einsum' or 'xla'")
-
-  @nn.nowrap
-  def check_sequence_length(self, path: str, sequence_length: int) -> None:
-    if self.position == "learned" and sequence_length > self.max_length:
-      raise config_error(path, sequence_length,
-                         f"exceeds model.max_length={self.max_length} of learned positions")
-
-  @classmethod
-  def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:
-    """2 layers, width 64, 4 heads of derived width, at most 2 key/value heads, the rotated
-    fraction of each head kept, float32, and a context of at least 64 positions."""
-    old_head_dim = fields.get("head_dim") or fields["dim"] // fields["num_heads"]
-    changes = {"num_layers": 2, "dim": 64, "num_heads": 4, "head_dim": None, "mlp_dim": None,
-               "dtype": "float32", "param_dtype": "float32",
-               "max_length": max(sequence_length, 64)}
-    if fields.get("num_kv_heads") is not None:
-      changes["num_kv_heads"] = min(fields["num_kv_heads"], 2)
-    if fields.get("rotary_dim") is not None:
-      # Keep the rotated fraction of each head (GPT-J rotates 64 of 256 dims).
-      changes["rotary_dim"] = min(16, max(2, 16 * fields["rotary_dim"] // old_head_dim // 2 * 2))
-    return changes
 
   # ---------------------------------------------------------------------------- memory
 

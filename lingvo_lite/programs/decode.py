@@ -8,8 +8,9 @@ from: `train.init_from`) generates completions of prompts.
                                                                     checkpoint: the weights
                                                                     E starts from
 
-Only the parameters are restored, into the partitioner's shardings (checkpoints/params.py: no
-optimizer is built, no optimizer state read or allocated); the decode state (KV cache and
+The model is loaded as serve loads it (serving/loaded_model.py over weights/job_params.py):
+only the parameters are restored, into the partitioner's shardings (no optimizer is built, no
+optimizer state read or allocated); the decode state (KV cache and
 slots) is sharded with the slots over the data-parallel axes and the key/value heads over
 `tensor`. Every request is checked (its fields, its tokens against the model's vocabulary and
 the cache) before the checkpoint is read. Completions go to JOB/decode/<UTC time>.jsonl
@@ -27,19 +28,19 @@ from typing import Any
 from absl import logging
 from etils import epath
 
-from lingvo_lite import memory_fit, outputs
+from lingvo_lite import outputs
 from lingvo_lite.checkpoints import selection as checkpoint_selection
-from lingvo_lite.checkpoints.params import MeshParams
-from lingvo_lite.data.source import text_vocabulary
-from lingvo_lite.decode import (generator as generation, jitted as decode_steps,
-                                records as decode_records, requests as decode_requests)
+from lingvo_lite.decode import (generator as generation, records as decode_records,
+                                requests as decode_requests)
 from lingvo_lite.errors import os_error_text
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
                                  refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime.job_dirs import FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest
-from lingvo_lite.weights import job_params, sources
+from lingvo_lite.serving.loaded_model import ModelLoader
+from lingvo_lite.weights import sources
+from lingvo_lite.weights.job_params import JobParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,14 +111,12 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
       lambda text: print(text, flush=True))
   shown = epath.Path(invocation.shown_job_dir) if invocation.shown_job_dir else \
       invocation.job_dir
-  choice = job_params.choose(setup, invocation.job_dir, shown, step)
-  vocabulary = text_vocabulary(setup.train_data)
-  mesh = setup.partitioner.make_mesh(invocation.target.devices)
-  # The decode shapes against the mesh and the memory, and every request, before the
-  # checkpoint is read: a bad one is one line, and nothing is allocated.
-  steps = decode_steps.DecodeSteps(setup, mesh, decode_steps.end_token(setup, vocabulary))
-  memory_fit.check_decode_fits(setup)
-  checker = generation.RequestResolver(setup, vocabulary)
+  # Where the parameters come from, the decode shapes against the mesh and the memory, and
+  # every request, before the checkpoint is read: a bad one is one line, and nothing is
+  # allocated.
+  loader = ModelLoader(JobParams(setup, invocation.job_dir, shown, step,
+                                 devices=invocation.target.devices))
+  checker = generation.RequestResolver(setup, loader.vocabulary)
   prompt_lengths = [len(checker.resolve(index, request).prompt_ids)
                     for index, request in enumerate(requests)]
   with writer:
@@ -126,16 +125,11 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
       return "stdout" if to_stdout else str(options.decode_out
                                             or shown / "decode" / writer.path.name)
 
-    with steps.activated():  # The target is active already (the executor's).
-      params, _ = job_params.load(choice, MeshParams(
-          setup.model, setup.train_data.sequence_length, setup.partitioner, mesh))
+    generator = loader.load().generator  # The target is active already (the executor's).
     # Once the weights are in hand: a source that cannot be read leaves a new job dir unmade.
     record_config_where_missing(invocation)
-    generator = generation.Generator(setup, params, mesh=mesh, vocabulary=vocabulary,
-                                     checkpoint_step=choice.step, steps=steps)
-    del params
     in_order = _InOrder(writer)
-    with steps.activated():
+    with generator.activated():
       generator.warm(prompt_lengths)  # Compiles now: the time below is decoding's.
     started = time.perf_counter()
     try:
@@ -162,7 +156,7 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
                            f"in {shown_path()}.partial: {fix}") from None
   tokens = sum(len(c.completion_ids) for c in completions)
   try:
-    say(f"decoded {len(completions)} prompt(s) with {choice.describe()}: {tokens} tokens "
+    say(f"decoded {len(completions)} prompt(s) with {loader.params.describe()}: {tokens} tokens "
         f"in {seconds:.2f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s); written to "
         f"{shown_path()}")
   except OSError:  # Stdout carried only this message: the completions are written.

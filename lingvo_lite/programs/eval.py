@@ -37,19 +37,21 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from lingvo_lite import evaluation, memory_fit, outputs, paths
+from lingvo_lite import memory_fit, outputs, paths
+from lingvo_lite.training import evaluation
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
                                  refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option
 from lingvo_lite.runtime import lock as job_lock, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.weights import sources
+from lingvo_lite.weights.job_params import JobParams
 
 RECORD = "evaluated.json"
 _STOP, _WAIT = -2, -1  # What process 0 tells the others instead of a step to evaluate.
@@ -217,14 +219,13 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
   is_chief = jax.process_index() == 0
   checkpoint_dir = job_dir / "checkpoints"
   checkpointer, step, source = None, None, None
+  # The job's parameters as every program opens them; its processes agree on the step.
+  opened = JobParams(setup, job_dir, shown, checkpoint_step, step_chooser=_agreed_step)
   if not continuous:
-    checkpointer = checkpoint_selection.open_existing(checkpoint_dir, setup.checkpoint)
-    if (checkpoint_step is None and setup.train.init_from is not None and (
-        checkpointer is None or checkpointer.latest_step(warn=False) is None)):
-      # No checkpoint of its own yet: the weights it starts from, as its step 0.
-      source, step = setup.train.init_from, 0
-    else:
-      step = _agreed_step(checkpointer, checkpoint_dir, checkpoint_step, shown)
+    choice = opened.choose()
+    checkpointer, source = choice.checkpointer, choice.source
+    # No checkpoint of its own yet: the weights it starts from, as its step 0.
+    step = choice.step if source is None else 0
   eval_dir = job_dir / "eval"
   with job_lock.JobLock(eval_dir, enabled=is_chief, shown=str(shown / "eval"),
                         run_kind="eval"):
@@ -232,13 +233,13 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
     if is_chief and not record.rebuilt:  # Rows a killed run wrote and did not record.
       _keep_recorded_rows(eval_dir, sets, record)
     writers = evaluation.SetWriters(eval_dir, sets, enabled=is_chief, resumed_from=None)
-    jitted = JittedSteps(setup)
+    jitted = JittedSteps(setup, opened.mesh)
     evaluated: dict[int, dict[str, dict[str, float]]] = {}
 
     def evaluate(checkpointer: Checkpointer, step: int, names: list[str]) -> None:
       with jitted.activated():
         if source is not None:
-          params, _ = source.load_params(jitted.mesh_params())
+          params, _ = opened.load(jitted.mesh_params())
         else:
           params = _agreed_restore(jitted, checkpointer, step)
         if params_read is not None and not evaluated:

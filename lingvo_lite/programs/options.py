@@ -26,6 +26,8 @@ import types
 import typing
 from typing import Any, Iterable, Literal
 
+from lingvo_lite.weights import formats
+
 # Where `option` keeps what the annotation cannot say, in the field's metadata.
 _HELP, _NON_EMPTY, _REPEATED = "help", "non_empty", "repeated"
 
@@ -141,12 +143,10 @@ def checkpoint_step_option() -> Any:
 def init_from_option() -> Any:
   """`--init_from`, one declaration for every program that starts from a weight source (train,
   eval, decode, serve, export, and compile and print, which show its model): an Options class
-  declaring it gets `config_parts` from weights/sources.py."""
+  declaring it gets `config_parts` from weights/sources.py. What it takes is the weight
+  formats' table's (weights/formats.py)."""
   return option(
-      None, "--mode=train / eval / decode / serve / export / compile / print: JOB, JOB@STEP, "
-      "hf:PATH, gguf:PATH or slim:PATH: the parameters a job that has no checkpoint of its own starts "
-      "from (another job's newest usable step, or STEP; a Hugging Face folder or a GGUF file, "
-      "whose config or metadata then sets the model; slim weights an export wrote); sets "
-      "train.init_from. Training starts there with a fresh optimizer; a job with checkpoints "
-      "uses its own.",
+      None, "--mode=train / eval / decode / serve / export / compile / print: "
+      f"{formats.init_from_help()}; sets train.init_from. Training starts there with a fresh "
+      "optimizer; a job with checkpoints uses its own.",
       non_empty=True)

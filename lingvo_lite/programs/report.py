@@ -35,7 +35,8 @@ from lingvo_lite.config import diffs as config_diffs, files as config_files, gra
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure
 from lingvo_lite.programs.options import option
-from lingvo_lite.report import data as report_data, html as report_html, plots as report_plots
+from lingvo_lite.report import (html as report_html, job_data as report_data,
+                                plots as report_plots)
 from lingvo_lite.runtime import job_dirs
 from lingvo_lite.runtime.job_dirs import JobFiles
 

@@ -5,7 +5,7 @@ Everything shown is escaped: config values, prompts and completions are users' t
 page marks what a reader or a test looks for: the final train loss (`id="final-train-loss"`,
 its exact value in `data-value`), config rows that differ from the experiment's defaults
 (`class="changed"`), checkpoint statuses (`class="status-verified"`, `-failed`, ...) and each
-section's `id`. Numbers are read through report.data.number, so a crafted or damaged value
+section's `id`. Numbers are read through report.job_data.number, so a crafted or damaged value
 (a string, an integer no float holds) is shown as `-` or an infinity, never a crash.
 
 Longer than 300 lines with a reason: each section of a page is one short function over the same
@@ -22,8 +22,8 @@ import statistics
 from typing import Any, Sequence
 
 from lingvo_lite.config.diffs import JobConfig
-from lingvo_lite.report.data import (BEING_WRITTEN, FAILED, INCOMPLETE, SET_ASIDE, VERIFIED,
-                                     Checkpoint, Job, finite, number, printable)
+from lingvo_lite.report.job_data import (BEING_WRITTEN, FAILED, INCOMPLETE, SET_ASIDE, VERIFIED,
+                                         Checkpoint, Job, finite, number, printable)
 from lingvo_lite.report.plots import Plot, color
 
 EVAL_ROWS_SHOWN = 200  # The newest rows of an eval table; older ones are counted.

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lingvo_lite.report.data import Job, number, printable
+from lingvo_lite.report.job_data import Job, number, printable
 
 MAX_POINTS = 2000
 _WIDTH_IN, _HEIGHT_IN = 6.0, 3.2

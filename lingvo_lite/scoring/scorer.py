@@ -1,6 +1,6 @@
 """Each token's log-probability given the tokens before it, for many sequences at once.
 
-Sequences are packed into rows (scoring/packing.py), each its own segment: the model's
+Sequences are packed into rows (scoring/row_packing.py), each its own segment: the model's
 attention mask keeps a segment to itself and its positions restart at 0, so a packed
 sequence's log-probabilities are those it has alone (tests/scoring check it). Rows come in a
 few lengths (powers of two from 64 up to the model's context): the shortest that holds the
@@ -25,7 +25,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from lingvo_lite.decode.jitted import DecodeSteps
-from lingvo_lite.scoring.packing import pack
+from lingvo_lite.scoring.row_packing import pack
 
 # OpenAI's completions API returns at most 5 alternatives per token; a fixed k keeps shapes.
 TOP_K = 5

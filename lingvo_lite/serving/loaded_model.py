@@ -3,7 +3,9 @@ decodes (decode/generator.py) and the scorer that reads log-probabilities (scori
 sharing them. What the serve program and the lm-evaluation-harness model stand on.
 
 The parameters are the job's checkpoint, or, for a job dir without one, the weights its config
-starts from (`train.init_from`), as `--mode=decode` chooses them (weights/job_params.py).
+starts from (`train.init_from`), opened as every program opens them (weights/job_params.py:
+`JobParams`); `ModelLoader` checks and shapes the model for decoding before any parameter is
+read, then loads them into a `LoadedModel`, which decode, serve and the harness all use.
 """
 
 from __future__ import annotations
@@ -19,8 +21,6 @@ import numpy as np
 from etils import epath
 
 from lingvo_lite import memory_fit, paths, target as targets
-from lingvo_lite.checkpoints import selection as checkpoint_selection
-from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.config import building, files as config_files, overrides, registry
 from lingvo_lite.data import pretrained_tokenizer
 from lingvo_lite.data.source import text_vocabulary
@@ -28,7 +28,8 @@ from lingvo_lite.decode import generator as generation, jitted as decode_jitted
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.scoring.scorer import Scorer
-from lingvo_lite.weights import job_params, sources
+from lingvo_lite.weights import sources
+from lingvo_lite.weights.job_params import JobParams
 
 
 @dataclasses.dataclass
@@ -135,6 +136,47 @@ class LoadedModel:
     return self.vocabulary.decode([int(token)])
 
 
+class ModelLoader:
+  """A job's model checked and shaped for decoding, before any parameter is read: where its
+  parameters come from (chosen), its vocabulary, the decode functions on the mesh and the
+  decode memory check. `load()` then reads the parameters into a `LoadedModel`.
+
+  Attributes:
+    params: The job's parameters, opened.
+    vocabulary: The seqio vocabulary of its data (None: the model reads ids, not text).
+    steps: The jitted decode functions.
+  """
+
+  def __init__(self, params: JobParams):
+    """
+    Raises:
+      UsageError: no usable checkpoint or source, a step that is not there, a decode state
+        that does not fit (one line each).
+    """
+    setup = params.setup
+    self.params = params
+    params.choose()  # Refused first where there is nothing to load.
+    self.vocabulary = text_vocabulary(setup.train_data)
+    self.steps = decode_jitted.DecodeSteps(setup, params.mesh,
+                                           decode_jitted.end_token(setup, self.vocabulary))
+    memory_fit.check_decode_fits(setup)
+
+  def load(self, score_tokens: int | None = None) -> LoadedModel:
+    """The model with its parameters placed, in decoding's form (int8 weights quantized
+    once, where the model says so)."""
+    setup = self.params.setup
+    with self.steps.activated():
+      params, _ = self.params.load()
+    generator = generation.Generator(setup, params, mesh=self.params.mesh,
+                                     vocabulary=self.vocabulary, checkpoint_step=self.params.step,
+                                     steps=self.steps)
+    del params
+    return LoadedModel(setup=setup, vocabulary=self.vocabulary, generator=generator,
+                       scorer=Scorer(self.steps, generator.params, **(
+                           {} if score_tokens is None else {"tokens_per_call": score_tokens})),
+                       weights=self.params.describe())
+
+
 def load(setup: Setup, job_dir: epath.Path, shown_job: Any,
          checkpoint_step: int | None = None, score_tokens: int | None = None) -> LoadedModel:
   """The job's parameters (its checkpoint, else its `train.init_from`) on this host's devices.
@@ -143,22 +185,7 @@ def load(setup: Setup, job_dir: epath.Path, shown_job: Any,
     UsageError: no usable checkpoint or source, a step that is not there, a decode state that
       does not fit (one line each, before anything is allocated where it can be).
   """
-  checkpoint_selection.check_wanted(checkpoint_step)
-  choice = job_params.choose(setup, job_dir, shown_job, checkpoint_step)
-  vocabulary = text_vocabulary(setup.train_data)
-  mesh = setup.partitioner.make_mesh(targets.current().devices)
-  steps = decode_jitted.DecodeSteps(setup, mesh, decode_jitted.end_token(setup, vocabulary))
-  memory_fit.check_decode_fits(setup)
-  with steps.activated():
-    params, _ = job_params.load(choice, MeshParams(
-        setup.model, setup.train_data.sequence_length, setup.partitioner, mesh))
-  generator = generation.Generator(setup, params, mesh=mesh, vocabulary=vocabulary,
-                                   checkpoint_step=choice.step, steps=steps)
-  del params
-  return LoadedModel(setup=setup, vocabulary=vocabulary, generator=generator,
-                     scorer=Scorer(steps, generator.params, **(
-                         {} if score_tokens is None else {"tokens_per_call": score_tokens})),
-                     weights=choice.describe())
+  return ModelLoader(JobParams(setup, job_dir, shown_job, checkpoint_step)).load(score_tokens)
 
 
 def parameters_checksum(params: Any) -> str:
@@ -197,8 +224,7 @@ def check_job(job_log_dir: str, exp: str | None = None, init_from: str | None = 
     UsageError: one line naming the argument.
   """
   setup, job_dir = setup_from_job(job_log_dir, exp, init_from, assignments)
-  checkpoint_selection.check_wanted(checkpoint_step)
-  job_params.choose(setup, job_dir, job_log_dir, checkpoint_step)
+  JobParams(setup, job_dir, job_log_dir, checkpoint_step).choose()
 
 
 def setup_from_job(job_log_dir: str, exp: str | None = None, init_from: str | None = None,

@@ -1,11 +1,11 @@
 """A GGUF file (llama.cpp's format) as a weight source: its metadata as the model's config, its
 tensors, dequantized, as the model's parameters.
 
-A GGUF file is read as the Hugging Face folder it was converted from: the family that reads
-its `general.architecture` (models/family.py: `family_for_gguf`) turns the metadata into that
-folder's config.json (`gguf_hf_config`, then its own `hf_fields`) and names the Hugging Face
-tensor each GGUF tensor is (`gguf_tensors`); the rest is placing.py's (float widths convert,
-integer tensors are refused, tensors nothing reads are named in a warning). The `gguf`
+A GGUF file is read as the Hugging Face folder it was converted from: the family whose GGUF
+names (models/format_names.py: `GgufNames`) read its `general.architecture` turns the metadata
+into that folder's config.json (`hf_config`, then its Hugging Face names' `fields`) and names
+the Hugging Face tensor each GGUF tensor is (`tensors`); the rest is placing.py's (float widths
+convert, integer tensors are refused, tensors nothing reads are named in a warning). The `gguf`
 package reads the file (memory-mapped, opened once per process: gguf_files.py) and dequantizes
 each tensor with NumPy (F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants, ...) to float32, then to
 the parameter's dtype. What llama.cpp's converter rearranged is put back
@@ -16,7 +16,7 @@ A file that contradicts itself is refused in one line before any tensor is read,
 `gguf` package would read it without complaint: a tensor whose bytes are not what its type and
 shape take (a type id changed: `_check_layout`; an id that names no type fails the reader), a
 metadata size that is not its tensors' (`<arch>.block_count` against the `blk.N.` blocks held,
-and each size key the family lists in `gguf_sizes()`: `vocab_size`, `embedding_length`,
+and each size key the family's GGUF names list in `sizes()`: `vocab_size`, `embedding_length`,
 `feed_forward_length`, the head counts, a learned context length), naming the key and the
 tensor. Quantized types (Q4_1, Q8_0, the K-quants) are sized by their blocks, and so pass.
 
@@ -36,8 +36,10 @@ import numpy as np
 
 from lingvo_lite import gguf_files, input_files, paths
 from lingvo_lite.errors import UsageError
-from lingvo_lite.models import family as families
+from lingvo_lite.models import family as families, format_names
 from lingvo_lite.models.checkpoint_names import GgufSize, HfConfig
+from lingvo_lite.models.format_names import GgufNames, HfNames
+from lingvo_lite.weights import hf_checkpoint
 from lingvo_lite.weights.hf_checkpoint import FIELD
 from lingvo_lite.weights.placing import Placer, content_crc, not_a_float_weight, warn_unread
 
@@ -111,13 +113,14 @@ class GgufCheckpoint:
     reader = self._reader()
     metadata = self.metadata(reader)
     where = f"gguf:{self.path}"
-    family = families.family_for_gguf(metadata.get("general.architecture"), where)
+    family, names = family_reading(metadata.get("general.architecture"), where)
     shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
               for tensor in reader.tensors}
-    config = family.gguf_hf_config(metadata, shapes)
-    fields = family.hf_fields(HfConfig(config, f"{where} (its metadata)"))
+    config = names.hf_config(metadata, shapes)
+    fields = format_names.names_of(family, HfNames).fields(
+        HfConfig(config, f"{where} (its metadata)"))
     fields = {k: v for k, v in fields.items() if v is not None}
-    _check_sizes(family(**fields), metadata, shapes, where)
+    _check_sizes(names(family(**fields)), metadata, shapes, where)
     return family, fields
 
   def load(self, jitted: Any) -> tuple[Any, str]:
@@ -137,13 +140,14 @@ class GgufCheckpoint:
     reader = self._reader()
     where = f"gguf:{self.path}"
     by_name = {tensor.name: tensor for tensor in reader.tensors}
-    wanted = {tensor.hf: (name, tensor) for name, tensor in model.gguf_tensors().items()}
+    hf_names = hf_checkpoint.names_of(model)
+    wanted = {tensor.hf: (name, tensor) for name, tensor in names_of(model).tensors().items()}
     digest = hashlib.sha256()
     placer = Placer(model, abstract, where)
     read: set[str] = set()
     kinds = gguf.GGMLQuantizationType
     integers = (kinds.I8, kinds.I16, kinds.I32, kinds.I64)
-    for name in model.hf_tensors():
+    for name in hf_names.tensors():
       gguf_name, rearranged = wanted[name.name]
       tensor = by_name.get(gguf_name)
       if tensor is None:
@@ -167,9 +171,39 @@ class GgufCheckpoint:
       values = values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
       placer.put(name, rearranged.to_hf(values))
       read.add(gguf_name)
-    params = placer.finish(model.hf_absent())
+    params = placer.finish(hf_names.absent())
     warn_unread(where, set(by_name) - read)
     return params, f"gguf:{self.path} sha256:{digest.hexdigest()}"
+
+
+def family_reading(architecture: Any, where: str) -> tuple[type, type[GgufNames]]:
+  """(the family whose GGUF names read `architecture`, llama.cpp's `general.architecture`,
+  those names): the family of that name where several read it (Mistral converts to `llama`,
+  and its window is not in the file).
+
+  Raises:
+    UsageError: no family reads it (the message lists those that do).
+  """
+  readers = format_names.families_with(GgufNames)
+  found = [(family, names) for family, names in readers if names.architecture == architecture]
+  found.sort(key=lambda pair: pair[0].family_name != architecture)
+  if not found:
+    raise format_names.refuse_unknown(where, "general.architecture", architecture,
+                                      [names.architecture for _, names in readers])
+  return found[0]
+
+
+def names_of(model: Any) -> GgufNames:
+  """`model`'s GGUF names.
+
+  Raises:
+    UsageError: its family has none.
+  """
+  names = format_names.bound(model, GgufNames)
+  if names is None:
+    raise UsageError(f"model: a {type(model).family_name} model has no GGUF tensor names; "
+                     "export --export_format=hf or slim")
+  return names
 
 
 def _check_layout(reader: Any, where: str) -> None:
@@ -192,10 +226,11 @@ def _check_layout(reader: Any, where: str) -> None:
                        f"it: its type or shape was changed, or {_CONVERT}")
 
 
-def _check_sizes(model: Any, metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]],
+def _check_sizes(names: GgufNames, metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]],
                  where: str) -> None:
   """Refuses a file whose metadata sizes (`<arch>.block_count`, `<arch>.vocab_size`, ...) are
-  not its tensors', naming the key and the tensor: the model would be built to the metadata
+  not its tensors' (`names`: the GGUF names of the model the metadata describes), naming the
+  key and the tensor: the model would be built to the metadata
   and read tensors of other sizes (refused then, but blaming the command line), or read the
   wrong number of blocks, or split the same rows into other heads. `shapes`: each tensor's, in
   torch's axis order."""
@@ -216,7 +251,7 @@ def _check_sizes(model: Any, metadata: dict[str, Any], shapes: dict[str, tuple[i
       raise UsageError(f"{where}: {arch}.block_count={blocks}, but the file holds no tensor of "
                        f"block {missing[0]} (blk.{missing[0]}.*); {_CONVERT}")
   try:
-    sizes: list[GgufSize] = model.gguf_sizes()
+    sizes: list[GgufSize] = names.sizes()
   except (ArithmeticError, TypeError):
     return  # A size that is no positive number: the model's field checks refuse it, by name.
   for size in sizes:
@@ -224,7 +259,7 @@ def _check_sizes(model: Any, metadata: dict[str, Any], shapes: dict[str, tuple[i
              if f"{arch}.{key}" in metadata]
     if not given:
       continue
-    layers = range(model.num_layers) if "{layer}" in size.tensor else (0,)
+    layers = range(names.model.num_layers) if "{layer}" in size.tensor else (0,)
     for layer in layers:
       name = size.tensor.format(layer=layer)
       shape = shapes.get(name)

@@ -1,64 +1,52 @@
 """A lingvo_lite model written as a GGUF file (llama.cpp's format) that transformers and llama.cpp
 read: `--mode=export --export_format=gguf` writes EXPORT_DIR/model.gguf.
 
-The inverse of gguf_checkpoint.py's reading: the family's `gguf_metadata()` becomes the
-`<architecture>.*` metadata that its `gguf_hf_config` reads back, and each GGUF tensor (the
-family's `gguf_tensors()`) is its Hugging Face tensor (hf_export.py's), rearranged as
+The inverse of gguf_checkpoint.py's reading: the family's GGUF names (models/format_names.py)
+give the `<architecture>.*` metadata (`metadata()`) that their `hf_config` reads back, and each
+GGUF tensor (`tensors()`) is its Hugging Face tensor (hf_export.py's), rearranged as
 llama.cpp's converter does (`GgufTensor.from_hf`: Llama's query and key rows in the
 rotary-pair order GGML's rope expects, GPT-2's `Conv1D` matrices transposed). Matrices are
 written as F32 or F16; 1-D tensors (norms, biases) stay F32, as llama.cpp's converter keeps
 them. A pretrained byte-level BPE tokenizer goes into `tokenizer.ggml.*`
 (data/pretrained_tokenizer.py: `gguf_tokenizer`).
 
-Refused in one line, never written wrong: a family without GGUF names, a sliding window shorter
-than the context (llama.cpp's llama architecture has none), rope scaling (llama.cpp stores
-Llama 3.1's as a rope_freqs tensor, which this writer does not make).
+Refused in one line, never written wrong: a model its Hugging Face format cannot express, a
+family without GGUF names, and what the family's names say its architecture cannot hold
+(`check_writable`: a sliding window shorter than the context, rope scaling). `GgufExport` is
+the format's writer for `--mode=export --export_format=gguf` (weights/formats.py).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from lingvo_lite import file_writes
 from lingvo_lite.data import pretrained_tokenizer
-from lingvo_lite.errors import UsageError
+from lingvo_lite.weights import hf_export
+from lingvo_lite.weights.gguf_checkpoint import names_of
 
 KIND = "gguf_export"
 FILE = "model.gguf"
 DTYPES = ("float32", "float16")
 
 
-def check_expressible(model: Any, hf_config: Mapping[str, Any]) -> str:
+def check_expressible(model: Any) -> str:
   """The GGUF architecture `model` is written as.
 
   Raises:
-    UsageError: naming the field the format cannot express.
+    UsageError: naming what the format cannot express.
   """
-  family = type(model)
-  if not family.reads_gguf() or family.gguf_architecture is None:
-    raise UsageError(f"model: a {family.family_name} model has no GGUF tensor names; export "
-                     "--export_format=hf or slim")
-  # A family's own settings by their Hugging Face names (no family's field is named here).
-  window = hf_config.get("sliding_window")
-  if window is not None and window < hf_config["max_position_embeddings"]:
-    raise UsageError(f"model: a {family.family_name} model with a sliding window of {window} "
-                     f"(Hugging Face's sliding_window): a GGUF {family.gguf_architecture} "
-                     "model has none and would attend to every position; export "
-                     "--export_format=hf")
-  scaling = hf_config.get("rope_scaling") or hf_config.get("rope_parameters")
-  if scaling and (scaling.get("rope_type") or scaling.get("type")) not in (None, "default"):
-    raise UsageError(f"model: rope scaling {scaling.get('rope_type') or scaling.get('type')!r}"
-                     ": this GGUF writer does not store it (llama.cpp's rope_freqs tensor); "
-                     "export --export_format=hf")
-  return family.gguf_architecture
+  names = names_of(model)
+  names.check_writable()
+  return names.architecture
 
 
 def write(path: str, model: Any, tensors: Any, dtype: str,
-          hf_config: Mapping[str, Any], tokenizer: Any = None) -> dict[str, Any]:
+          tokenizer: Any = None) -> dict[str, Any]:
   """Writes the GGUF file at `path`, one tensor at a time: the header and every tensor's
   shape and type first (from the shapes alone), then each tensor made, converted, written and
   let go, so the host holds one tensor beside the parameters.
@@ -69,33 +57,33 @@ def write(path: str, model: Any, tensors: Any, dtype: str,
     tensors: `hf_export.NamedTensors` of the parameters: Hugging Face tensor name -> array
       (made when read), and their `shape`s.
     dtype: float32 or float16, for every matrix.
-    hf_config: `hf_export.check_expressible`'s config.json.
     tokenizer: The model's pretrained tokenizer files, or None.
 
   Returns:
     What the manifest records: the tensor count, the architecture, whether a tokenizer went in.
   """
   with file_writes.writing(path):  # A failed write (a full disk) names the file.
-    return _write(path, model, tensors, dtype, hf_config, tokenizer)
+    return _write(path, model, tensors, dtype, tokenizer)
 
 
-def _write(path: str, model: Any, tensors: Any, dtype: str, hf_config: Mapping[str, Any],
-           tokenizer: Any) -> dict[str, Any]:
+def _write(path: str, model: Any, tensors: Any, dtype: str, tokenizer: Any) -> dict[str, Any]:
   import gguf  # pylint: disable=g-import-not-at-top
-  arch = check_expressible(model, hf_config)
+  arch = check_expressible(model)
+  names = names_of(model)
   writer = gguf.GGUFWriter(path, arch)
-  # The architecture's name, not the family's: transformers reads a llama file whose name
-  # says "mistral" as a Mistral with its default 4096-token window, which this file has not.
+  # The architecture's name, not the family's: transformers takes a file's name for its model
+  # type where it knows that name, with that type's defaults, which a family converted to
+  # another architecture (its own settings not in the file) would not have.
   writer.add_name(f"lingvo_lite {arch}")
   writer.add_file_type(int(gguf.LlamaFileType.ALL_F32 if dtype == "float32"
                            else gguf.LlamaFileType.MOSTLY_F16))
-  for key, value in model.gguf_metadata().items():
+  for key, value in names.metadata().items():
     _add_value(writer, f"{arch}.{key}", value)
   has_tokenizer = _add_tokenizer(writer, tokenizer, model.vocab_size)
   matrix = np.dtype(np.float32 if dtype == "float32" else np.float16)
-  names = model.gguf_tensors()
+  tensor_names = names.tensors()
   types = {}
-  for gguf_name, tensor in names.items():
+  for gguf_name, tensor in tensor_names.items():
     shape = tensor.shape_from_hf(tensors.shape(tensor.hf))
     types[gguf_name] = matrix if len(shape) > 1 else np.dtype(np.float32)  # Norms stay F32.
     writer.add_tensor_info(gguf_name, shape, types[gguf_name],
@@ -103,13 +91,13 @@ def _write(path: str, model: Any, tensors: Any, dtype: str, hf_config: Mapping[s
   writer.write_header_to_file()
   writer.write_kv_data_to_file()
   writer.write_ti_data_to_file()
-  for gguf_name, tensor in names.items():
+  for gguf_name, tensor in tensor_names.items():
     values = tensor.from_hf(np.asarray(tensors[tensor.hf], np.float32))
     writer.write_tensor_data(np.ascontiguousarray(values.astype(types[gguf_name]))
                              .view(_WrittenByPython))
     del values
   writer.close()
-  return {"tensors": len(names), "architecture": arch, "tokenizer": has_tokenizer,
+  return {"tensors": len(tensor_names), "architecture": arch, "tokenizer": has_tokenizer,
           "files": {FILE: os.path.getsize(path)}}
 
 
@@ -162,3 +150,36 @@ def _add_tokenizer(writer: Any, tokenizer: Any, vocab_size: int) -> bool:
     if key is not None:  # llama.cpp reads top_k as an int, the others as floats.
       _add_value(writer, key, int(value) if name == "top_k" else float(value))
   return True
+
+
+class GgufExport(hf_export.HfExport):
+  """`--export_format=gguf`: model.gguf (formats.Export), made from the Hugging Face tensors
+  one at a time (the host holds one tensor beside the parameters). Checked when made as the
+  Hugging Face folder is, then as a GGUF file of its family's architecture."""
+
+  kind = KIND
+  dtypes = DTYPES
+
+  def __init__(self, request: Any):
+    super().__init__(request)
+    self.names = (FILE,)
+
+  def _check_format(self, model: Any) -> None:
+    check_expressible(model)
+
+  def write(self, folder: Any) -> dict[str, Any]:
+    return write(os.fspath(folder / FILE), self._model,
+                 hf_export.NamedTensors(self._model, self._host), self._request.dtype,
+                 self.tokenizer)
+
+  def _files_text(self, written: dict[str, Any]) -> str:
+    return (f"{FILE} ({written['architecture']}"
+            f"{', with its tokenizer' if written['tokenizer'] else ''})")
+
+  def details(self, written: dict[str, Any]) -> list[str]:
+    lines = super().details(written)
+    if not self._no_tokenizer and not written["tokenizer"]:
+      lines.append(f"  no tokenizer in {FILE}: its tokenizer.ggml.* keys are written for a "
+                   "pretrained byte-level BPE tokenizer only (this model's tokenizer is "
+                   f"{self.tokenizer.source})")
+    return lines

@@ -2,15 +2,15 @@
 safetensors as the model's parameters.
 
 `HfCheckpoint(path)` names a folder as transformers' `save_pretrained` writes it: config.json
-and `model.safetensors`, or shards listed by `model.safetensors.index.json`. The family that
-reads its `model_type` (models/family.py: `family_for_hf`) says which fields the config sets
-(`hf_fields`) and which tensor holds which parameter (`hf_tensors`), so this module names no
-family. Tensors are read with `safetensors`' NumPy API (memory-mapped; no torch), one at a time,
-converted to the parameter's layout and dtype, and placed into its sharding at once (placing.py,
-whose rules every format keeps: float widths convert, an integer tensor is refused, a tensor
-no part of the model reads is named in one warning): the host holds about one tensor (with
-scanned layers, one stacked parameter) at any time. Every file is checked to be a regular
-file before it is opened (input_files.py): a FIFO would hang the read.
+and `model.safetensors`, or shards listed by `model.safetensors.index.json`. The family whose
+Hugging Face names (models/format_names.py: `HfNames`) read its `model_type` says which fields
+the config sets (`fields`) and which tensor holds which parameter (`tensors`), so this module
+names no family. Tensors are read with `safetensors`' NumPy API (memory-mapped; no torch), one
+at a time, converted to the parameter's layout and dtype, and placed into its sharding at once
+(placing.py, whose rules every format keeps: float widths convert, an integer tensor is
+refused, a tensor no part of the model reads is named in one warning): the host holds about one
+tensor (with scanned layers, one stacked parameter) at any time. Every file is checked to be a
+regular file before it is opened (input_files.py): a FIFO would hang the read.
 
 The fingerprint of what was loaded is `sha256:` over every tensor read (name, dtype, shape
 and the CRC-32 of its bytes, in the order the model names them), as a job checkpoint's is
@@ -32,8 +32,9 @@ from etils import epath
 
 from lingvo_lite import input_files, paths
 from lingvo_lite.errors import UsageError
-from lingvo_lite.models import family as families
+from lingvo_lite.models import family as families, format_names
 from lingvo_lite.models.checkpoint_names import HfConfig
+from lingvo_lite.models.format_names import HfNames
 from lingvo_lite.weights.placing import Placer, content_crc, warn_unread
 
 FIELD = "train.init_from"
@@ -95,15 +96,16 @@ class HfCheckpoint:
       raise UsageError(f"{where}: not JSON ({e}); give the config.json transformers "
                        "wrote") from None
     if not isinstance(values, dict) or not values.get("model_type"):
+      known = sorted(names.model_type for _, names in format_names.families_with(HfNames))
       raise UsageError(f"{where}: no model_type; a Hugging Face config.json names its "
-                       "architecture (llama, gpt2, ...)")
+                       f"architecture ({', '.join(known)}, ...)")
     return HfConfig(values, where)
 
   def model_fields(self) -> tuple[type[families.LanguageModel], dict[str, Any]]:
     """The family that reads this folder and the fields its config.json sets."""
     config = self.config()
-    family = families.family_for_hf(config.values["model_type"], config.where)
-    fields = {k: v for k, v in family.hf_fields(config).items() if v is not None}
+    family, names = family_reading(config.values["model_type"], config.where)
+    fields = {k: v for k, v in names.fields(config).items() if v is not None}
     return family, fields
 
   def load(self, jitted: Any) -> tuple[Any, str]:
@@ -125,17 +127,45 @@ class HfCheckpoint:
         is not the model's (one line naming it and the fix).
     """
     self.config()  # A folder without config.json is not a checkpoint, whatever it holds.
+    names = names_of(model)
     digest = hashlib.sha256()
     placer = Placer(model, abstract, f"hf:{self.path}")
-    with _Tensors(self.folder(), self.path, model.hf_optional_prefix) as tensors:
-      for name in model.hf_tensors():
+    with _Tensors(self.folder(), self.path, names.optional_prefix) as tensors:
+      for name in names.tensors():
         tensor, file = tensors.get(name.name)
         digest.update(f"{name.name}|{tensor.dtype}|{tensor.shape}|{content_crc(tensor)}|"
                       .encode())
         placer.put(name, tensor, file)
-      params = placer.finish(model.hf_absent())
+      params = placer.finish(names.absent())
       warn_unread(f"hf:{self.path}", tensors.unread())
     return params, f"hf:{self.path} sha256:{digest.hexdigest()}"
+
+
+def family_reading(model_type: Any, where: str) -> tuple[type, type[HfNames]]:
+  """(the registered family whose Hugging Face names read `model_type`, those names).
+
+  Raises:
+    UsageError: no family reads it (the message lists those that do).
+  """
+  readers = format_names.families_with(HfNames)
+  for family, names in readers:
+    if names.model_type == model_type:
+      return family, names
+  raise format_names.refuse_unknown(where, "model_type", model_type,
+                                    [names.model_type for _, names in readers])
+
+
+def names_of(model: Any) -> HfNames:
+  """`model`'s Hugging Face names.
+
+  Raises:
+    UsageError: its family has none (it has no Hugging Face format).
+  """
+  names = format_names.bound(model, HfNames)
+  if names is None:
+    raise UsageError(f"model: the {type(model).family_name} family has no Hugging Face "
+                     "format; export it as slim weights")
+  return names
 
 
 class _Tensors:

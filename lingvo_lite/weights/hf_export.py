@@ -1,16 +1,19 @@
 """A model's parameters out as a Hugging Face folder that transformers' `from_pretrained` loads.
 
-The folder holds config.json (the family's `hf_config()`), the tensors the family names
-(`hf_tensors()`, the same `TensorName`s import reads, converted the other way) as safetensors,
+The folder holds config.json (the family's `HfNames.config()`, models/format_names.py), the
+tensors the family names (`tensors()`, the same `TensorName`s import reads, converted the other
+way) as safetensors,
 split into shards of at most `max_shard_bytes` with a `model.safetensors.index.json` where
 they do not fit in one file, and lingvo_lite's manifest.json (which job and step, the dtype,
 each file's size).
 
 A model the format cannot express is refused in one line before anything is written: the
-family's config is read back through its own `hf_fields`, and every field that reads back
-other than this model's (a tied output scaled by 1/sqrt(dim), a norm or activation the
-architecture does not have) is named. Parameters the format has no tensor for must be zero
-after the family folds them (`hf_export_params`: GPT-J's embedding bias goes into the rows).
+family's config is read back through its own `fields`, and every field it `expressed()` that
+reads back other than this model's (a tied output scaled by 1/sqrt(dim), a norm or activation
+the architecture does not have) is named. Parameters the format has no tensor for must be zero
+after the family folds them (`export_params`: GPT-J's embedding bias goes into the rows).
+
+`HfExport` is the format's writer for `--mode=export --export_format=hf` (weights/formats.py).
 """
 
 from __future__ import annotations
@@ -21,25 +24,23 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
+import jax
 import numpy as np
 from etils import epath
 
 from lingvo_lite import file_writes
-from lingvo_lite.data import pretrained_tokenizer
+from lingvo_lite.data import pretrained_tokenizer, vocabulary_tokenizer
+from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.errors import UsageError
+from lingvo_lite.models import layer_layout
 from lingvo_lite.models.checkpoint_names import HfConfig, TensorName
-from lingvo_lite.weights.hf_checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE
+from lingvo_lite.weights.exports import size_text
+from lingvo_lite.weights.hf_checkpoint import CONFIG_FILE, INDEX_FILE, SINGLE_FILE, names_of
 
 KIND = "hf_export"
 GENERATION_CONFIG_FILE = "generation_config.json"
 # transformers' own default shard size (`save_pretrained(max_shard_size="5GB")`).
 MAX_SHARD_BYTES = 5 * 10**9
-# How a model is run, not what it computes: no Hugging Face key for them, none needed.
-_RUN_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
-               "attention_implementation", "embedding_init_stddev", "parent", "name")
-# Sizes a config may leave to their derivation (None) or give: compared as derived.
-_DERIVED = {"num_kv_heads": "resolved_num_kv_heads", "head_dim": "resolved_head_dim",
-            "mlp_dim": "resolved_mlp_dim", "rotary_dim": "resolved_rotary_dim"}
 DTYPES = ("float32", "bfloat16")
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
@@ -51,22 +52,16 @@ def check_expressible(model: Any) -> dict[str, Any]:
     UsageError: the family exports no Hugging Face folder, or a field the format cannot
       express (one line naming `model.<field>`, its value and what the format would make).
   """
-  family = type(model)
-  if family.hf_model_type is None:
-    raise UsageError(f"model: the {family.family_name} family has no Hugging Face format; "
-                     "export it as slim weights")
-  config = model.hf_config()
-  fields = family.hf_fields(HfConfig(config, f"the {family.hf_model_type} config"))
-  described = family(**{k: v for k, v in fields.items() if v is not None})
-  for field in dataclasses.fields(model):
-    if field.name in _RUN_FIELDS:
-      continue
-    resolved = _DERIVED.get(field.name, field.name)
-    ours, theirs = getattr(model, resolved), getattr(described, resolved)
-    if ours != theirs:
-      raise UsageError(f"model.{field.name}={getattr(model, field.name)!r}: a Hugging Face "
-                       f"{family.hf_model_type} model cannot express it (its config makes "
-                       f"{theirs!r}); export another format (slim), or train with the "
+  names = names_of(model)
+  config = names.config()
+  fields = names.fields(HfConfig(config, f"the {names.model_type} config"))
+  described = names_of(type(model)(**{k: v for k, v in fields.items() if v is not None}))
+  theirs = described.expressed()
+  for name, ours in names.expressed().items():
+    if ours != theirs[name]:
+      raise UsageError(f"model.{name}={getattr(model, name)!r}: a Hugging Face "
+                       f"{names.model_type} model cannot express it (its config makes "
+                       f"{theirs[name]!r}); export another format (slim), or train with the "
                        "family's setting")
   return config
 
@@ -130,8 +125,8 @@ def write(folder: epath.Path, model: Any, params: Mapping[str, Any], dtype: str,
   Args:
     folder: Where (an empty folder).
     model: The family instance.
-    params: Host parameters in the unrolled layer layout (`layer_N`), after
-      `hf_export_params`, as nested dicts of NumPy arrays.
+    params: Host parameters in the unrolled layer layout (`layer_N`), after the family's
+      `export_params`, as nested dicts of NumPy arrays.
     dtype: float32 or bfloat16: what every tensor is written as.
     plan: `plan_shards`' files.
     config: `check_expressible`'s config.json.
@@ -194,10 +189,11 @@ def _save_safetensors(tensors: dict[str, np.ndarray], path: epath.Path) -> None:
 
 def check_absent(model: Any, params: Mapping[str, Any]) -> None:
   """Raises UsageError when a parameter the format has no tensor for is not zero."""
-  for path in model.hf_absent():
+  names = names_of(model)
+  for path in names.absent():
     if np.any(_at(params, path)):
       raise UsageError(f"model: parameter {path} is not zero and a Hugging Face "
-                       f"{model.hf_model_type} model has no tensor for it; export as slim "
+                       f"{names.model_type} model has no tensor for it; export as slim "
                        "weights")
 
 
@@ -208,7 +204,7 @@ class NamedTensors(Mapping[str, np.ndarray]):
 
   def __init__(self, model: Any, params: Mapping[str, Any]):
     check_absent(model, params)
-    self._tensors = {t.name: t for t in model.hf_tensors()}
+    self._tensors = {t.name: t for t in names_of(model).tensors()}
     self._params = params
 
   def __getitem__(self, name: str) -> np.ndarray:
@@ -238,3 +234,75 @@ def _umask() -> int:
   mask = os.umask(0)
   os.umask(mask)
   return mask
+
+
+def tokenizer_files(setup: Any) -> tuple[Any, str]:
+  """The tokenizer files an export carries (the task vocabulary's: a pretrained tokenizer's
+  own, or bytes and SentencePiece converted, data/vocabulary_tokenizer.py), or None and why
+  there are none."""
+  try:
+    return vocabulary_tokenizer.tokenizer_files(text_vocabulary(setup.train_data)), ""
+  except vocabulary_tokenizer.NotConvertible as e:
+    return None, str(e)
+
+
+class HfExport:
+  """`--export_format=hf`: the folder (formats.Export). Checked when made: the model's config
+  must describe it, and the shards are planned from the parameters' shapes.
+
+  Host memory: the restored parameters are read as NumPy arrays (on a CPU, views of the device
+  buffers; on an accelerator, one host copy), and each tensor is made from them as it is
+  written: the host holds one shard (`--export_shard_bytes`) beside them.
+  """
+
+  kind = KIND
+  dtypes = DTYPES
+  dtype_note = ""
+
+  def __init__(self, request: Any):
+    self._request = request
+    model = request.setup.model
+    self._config = check_expressible(model)
+    self._check_format(model)
+    self._model = model.clone(parent=None, scan_layers=False)  # The format's layer layout.
+    self._names = names_of(self._model)
+    shapes = {"/".join(str(k.key) for k in path): tuple(leaf.shape) for path, leaf in
+              jax.tree_util.tree_flatten_with_path(request.params.shapes(self._model).abstract)[0]}
+    self.tokenizer, self._no_tokenizer = tokenizer_files(request.setup)
+    self._plan = plan_shards(self._names.tensors(), shapes, request.dtype, request.shard_bytes,
+                             self.tokenizer)
+    self.names = self._plan.names
+    self._host: Any = None
+    self._read_bytes = 0
+
+  def _check_format(self, model: Any) -> None:
+    """What a format written from the Hugging Face tensors also refuses (before any shape is
+    traced); this one nothing more."""
+    del model
+
+  def take(self, params: Any) -> None:
+    host = jax.tree.map(np.asarray, jax.device_get(params))
+    if self._request.setup.model.scan_layers:
+      host = layer_layout.unstack_layers(host)
+    self._host = self._names.export_params(host)
+    self._read_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(self._host))
+
+  def write(self, folder: epath.Path) -> dict[str, Any]:
+    return write(folder, self._model, self._host, self._request.dtype, self._plan, self._config)
+
+  def _files_text(self, written: dict[str, Any]) -> str:
+    del written
+    return f"{len(self._plan.files)} safetensors file(s)"
+
+  def summary(self, written: dict[str, Any]) -> str:
+    model = self._request.setup.model
+    return (f"{written['tensors']} tensors in {self._files_text(written)}, "
+            f"{size_text(sum(written['files'].values()))} (the parameters read: "
+            f"{size_text(self._read_bytes)} {model.param_dtype})")
+
+  def details(self, written: dict[str, Any]) -> list[str]:
+    lines = [f"  {os.path.join(self._request.export_dir, name)}  "
+             f"{size_text(written['files'][name])}" for name in self.names]
+    if self._no_tokenizer:
+      lines.append(f"  no tokenizer files: {self._no_tokenizer}")
+    return lines

@@ -1,19 +1,28 @@
 """The parameters a program that does not train uses: the job's own checkpoint, else the
-weight source its config starts from (`train.init_from`).
+weight source its config starts from (`train.init_from`); `JobParams` opens them for every
+program (eval, decode, serve, export, compile, the lm_eval harness).
 
 A job dir whose config names a source (a Hugging Face folder, another job) and that has no
 checkpoint of its own yet is that source's model: export, like train, reads the source's
 parameters. A job with a checkpoint reads its own (its newest usable step, or the one asked
 for); asking for a step of a job that has none is refused as before, naming the job.
+
+What a program gets from `JobParams`: the step asked for checked, the mesh (the partitioner's,
+over the target's devices), the parameters' shapes on it (`MeshParams`: their dtypes and
+shardings, for any layer layout of the model), where they come from (`choose()`, made when
+first asked, so a program checks its own arguments first), and the load. What the model does with
+them (decoding's form of the weights, int8 quantized once: serving/loaded_model.py) is above.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Sequence
 
+import jax
 from etils import epath
 
+from lingvo_lite import target as targets
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.params import MeshParams
 
@@ -40,10 +49,15 @@ class ParamsChoice:
     return f"train.init_from {self.source.describe()}"
 
 
-def choose(setup: Any, job_dir: epath.Path, shown_job: Any,
-           wanted_step: int | None) -> ParamsChoice:
-  """The job's own checkpoint (its newest usable step, or `wanted_step`), else the config's
-  `train.init_from`, checked before anything is read.
+# (checkpointer, checkpoint folder, the step asked for or None, the job as shown) -> the step.
+StepChooser = Callable[[Any, epath.Path, "int | None", Any], int]
+
+
+def choose(setup: Any, job_dir: epath.Path, shown_job: Any, wanted_step: int | None,
+           step_chooser: StepChooser | None = None) -> ParamsChoice:
+  """The job's own checkpoint (its newest usable step, or `wanted_step`, as `step_chooser`
+  picks it: checkpoints/selection.py's by default), else the config's `train.init_from`,
+  checked before anything is read.
 
   Raises:
     UsageError: no usable checkpoint and no source, or the step asked for is not there.
@@ -53,8 +67,8 @@ def choose(setup: Any, job_dir: epath.Path, shown_job: Any,
   source = setup.train.init_from
   has_own = checkpointer is not None and checkpointer.latest_step(warn=False) is not None
   if has_own or wanted_step is not None or source is None:
-    step = checkpoint_selection.chosen_step(checkpointer, checkpoint_dir, wanted_step,
-                                            shown_job)
+    step = (step_chooser or checkpoint_selection.chosen_step)(
+        checkpointer, checkpoint_dir, wanted_step, shown_job)
     return ParamsChoice(checkpointer, step, None, shown_job)
   return ParamsChoice(checkpointer, None, source, shown_job)
 
@@ -72,10 +86,87 @@ def load(choice: ParamsChoice, mesh_params: MeshParams) -> tuple[Any, str]:
   return params, f"{loaded} (train.init_from: {choice.shown_job} has no checkpoint yet)"
 
 
-def restore(setup: Any, mesh_params: MeshParams, job_dir: epath.Path, shown_job: epath.Path,
-            wanted_step: int | None) -> tuple[Any, str, int | None]:
-  """(the parameters in `mesh_params`' shardings, what they are, the job's step or None):
-  `choose` then `load`."""
-  choice = choose(setup, job_dir, shown_job, wanted_step)
-  params, what = load(choice, mesh_params)
-  return params, what, choice.step
+def mesh_of(setup: Any, devices: Sequence[jax.Device] | None = None) -> Any:
+  """The mesh a job's parameters go to: its partitioner's, over `devices` (default: the
+  active target's; a compile's are its topology's)."""
+  return setup.partitioner.make_mesh(devices if devices is not None
+                                     else targets.current().devices)
+
+
+class JobParams:
+  """A job's parameters as a program opens them (see the module doc).
+
+  Attributes:
+    setup: The job's Setup.
+    job_dir: The job dir (resolved).
+    shown_job: The job dir as the user gave it, for messages.
+    mesh: Where the parameters go.
+  """
+
+  def __init__(self, setup: Any, job_dir: epath.Path, shown_job: Any = None,
+               wanted_step: int | None = None, *, devices: Sequence[jax.Device] | None = None,
+               mesh: Any = None, step_chooser: StepChooser | None = None):
+    """
+    Args:
+      setup: The job's built Setup.
+      job_dir: The job dir.
+      shown_job: The job dir as given (default: `job_dir`).
+      wanted_step: The checkpoint step asked for (None: the newest usable one).
+      devices: The devices of the mesh (default: the active target's).
+      mesh: The mesh itself, where the program has made it already.
+      step_chooser: How a checkpoint step is picked (a program whose processes must agree
+        gives its own).
+
+    Raises:
+      UsageError: `wanted_step` is not a step number.
+    """
+    checkpoint_selection.check_wanted(wanted_step)
+    self.setup = setup
+    self.job_dir = job_dir
+    self.shown_job = shown_job if shown_job is not None else job_dir
+    self._wanted_step = wanted_step
+    self._step_chooser = step_chooser
+    self._devices = devices
+    self._mesh = mesh
+    self._choice: ParamsChoice | None = None
+
+  @property
+  def mesh(self) -> Any:
+    """The mesh the parameters go to (`mesh_of`; made when first asked)."""
+    if self._mesh is None:
+      self._mesh = mesh_of(self.setup, self._devices)
+    return self._mesh
+
+  def choose(self) -> ParamsChoice:
+    """Where the parameters come from, chosen once (when first asked).
+
+    Raises:
+      UsageError: no usable checkpoint and no source, or the step asked for is not there.
+    """
+    if self._choice is None:
+      self._choice = choose(self.setup, self.job_dir, self.shown_job, self._wanted_step,
+                            self._step_chooser)
+    return self._choice
+
+  @property
+  def step(self) -> int | None:
+    """The job's checkpoint step read, or None where the parameters are the source's."""
+    return self.choose().step
+
+  def describe(self) -> str:
+    return self.choose().describe()
+
+  def shapes(self, model: Any = None, abstract: Any = None) -> MeshParams:
+    """The parameters of `model` (default: the Setup's; another layer layout of it, say) as
+    shapes on the mesh (`abstract`: the caller's, where it has them already)."""
+    setup = self.setup
+    return MeshParams(model if model is not None else setup.model,
+                      setup.train_data.sequence_length, setup.partitioner, self.mesh, abstract)
+
+  def load(self, shapes: MeshParams | None = None) -> tuple[Any, str]:
+    """(the parameters in `shapes`' shardings (default: `shapes()`), what they are).
+
+    Raises:
+      UsageError: see `choice`; the source or the step cannot be read (one line).
+    """
+    return load(self.choose(), shapes if shapes is not None else self.shapes())

@@ -1,8 +1,8 @@
 """Tensors of another format placed into a model's parameters, by the rules every format keeps.
 
 A Hugging Face folder (hf_checkpoint.py) and a GGUF file (gguf_checkpoint.py) both name their
-tensors as the family's `hf_tensors()` does; `Placer` converts each to the parameters it holds
-(`TensorName.to_ours`), casts it to the parameter's dtype and puts it on its devices as soon
+tensors as the family's `HfNames.tensors()` does; `Placer` converts each to the parameters it
+holds (`TensorName.to_ours`), casts it to the parameter's dtype and puts it on its devices as soon
 as the parameter is whole. What a file holds must be what the model reads, or be said:
 
   - Float widths convert (float64, float32, float16, bfloat16 into the parameter's dtype, as

@@ -14,6 +14,9 @@ bytes), the other parameters (norms, biases) in float32.
 Read back, each parameter is restored straight into this model's shardings and cast to its
 `param_dtype` (int8 weights as their values times their scales); a model of other shapes or
 another layer layout is refused in one line.
+
+The whole format is this module and its row in weights/formats.py: `SlimCheckpoint` (the
+source `--init_from=slim:PATH` sets) and `SlimExport` (the writer of `--export_format=slim`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ import jax.numpy as jnp
 from etils import epath
 
 from lingvo_lite import file_writes, input_files, outputs, paths
-from lingvo_lite.checkpoints import errors as checkpoint_errors
+from lingvo_lite.checkpoints import orbax_errors as checkpoint_errors
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
+from lingvo_lite.weights.exports import size_text
 
 KIND = "slim_export"
 PARAMS_DIR, CONFIG_FILE = "params", "config.json"
@@ -154,3 +158,47 @@ class SlimCheckpoint:
     params = jax.tree.map(lambda leaf, want: leaf.astype(want.dtype), saved,
                           mesh_params.abstract)
     return params, f"slim:{self.path} ({manifest.get('dtype')}, step {manifest.get('step')})"
+
+
+class SlimExport:
+  """`--export_format=slim`: the parameters alone, in the request's dtype, with the job's
+  config (formats.Export)."""
+
+  kind = KIND
+  dtypes = DTYPES
+  dtype_note = (" (int8: the weight matrices as int8 values with a float32 scale per output "
+                "channel)")
+  names = FILES
+
+  def __init__(self, request: Any):
+    self._request = request
+    self._params: Any = None
+    self._read_bytes = 0
+    self._step_bytes: int | None = None
+
+  def take(self, params: Any) -> None:
+    self._params = params
+    self._read_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+    opened = self._request.params
+    if opened.step is not None:
+      step_dir = opened.job_dir / "checkpoints" / str(opened.step)
+      self._step_bytes = sum(os.path.getsize(os.path.join(root, name))
+                             for root, _, names in os.walk(os.fspath(step_dir))
+                             for name in names)
+
+  def write(self, folder: epath.Path) -> dict[str, Any]:
+    request = self._request
+    return write(folder, self._params, request.dtype, request.config_json(),
+                 request.setup.model)
+
+  def summary(self, written: dict[str, Any]) -> str:
+    param_dtype = self._request.setup.model.param_dtype
+    before = (f"the checkpoint step: {size_text(self._step_bytes)} on disk, its parameters "
+              f"{size_text(self._read_bytes)} {param_dtype}" if self._step_bytes is not None
+              else f"the parameters read: {size_text(self._read_bytes)} {param_dtype}")
+    return (f"{size_text(sum(written['files'].values()))} ({before}); read it with "
+            f"--init_from=slim:{self._request.export_dir}")
+
+  def details(self, written: dict[str, Any]) -> list[str]:
+    del written
+    return []

@@ -1,12 +1,10 @@
 """The weight source a command line names, as config parts: `--init_from=VALUE` ->
 `train.init_from` (and, for a source that describes its model, the `model` part).
 
-  hf:PATH      a Hugging Face folder (HfCheckpoint): its config.json is the model's config
-  gguf:PATH    a GGUF file (GgufCheckpoint): its metadata is the model's config
-  slim:PATH    slim weights (SlimCheckpoint, --export_format=slim): the model stays the
-               experiment's (the folder's config.json is the job's, for --fdl_config_file)
-  JOB[@STEP]   another lingvo_lite job's checkpoint step (JobCheckpoint; its newest usable
-               step without @STEP): the model stays the experiment's
+The value's scheme names the format (weights/formats.py's table: `hf:PATH`, `gguf:PATH`,
+`slim:PATH`; a value with no scheme of the table is another job's `JOB[@STEP]`), whose source
+class the part builds. A Hugging Face folder's config.json and a GGUF file's metadata describe
+their model; slim weights and a job's checkpoint do not (the model stays the experiment's).
 
 A source that describes its model replaces the experiment's `model` with its family and the
 fields its header sets; the experiment's choices of how to run that model (dtypes, layer layout,
@@ -22,12 +20,8 @@ from typing import Any
 import fiddle as fdl
 from fiddle import history
 
-from lingvo_lite.errors import UsageError
-from lingvo_lite.weights import job_checkpoint
-from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
-from lingvo_lite.weights.slim_weights import SlimCheckpoint
-from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
-from lingvo_lite.weights.job_checkpoint import FIELD, JobCheckpoint
+from lingvo_lite.weights import formats
+from lingvo_lite.weights.job_checkpoint import FIELD
 
 # How to run a model, not what it computes: kept from the experiment's model.
 CARRIED_MODEL_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
@@ -35,33 +29,25 @@ CARRIED_MODEL_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
 
 
 def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
-  """The weight source `value` names, as a config part: `hf:PATH`, `gguf:PATH`, `slim:PATH`,
-  or anything
-  else a job dir (`JOB` or `JOB@STEP`, whose checks name the flag when it is built).
+  """The weight source `value` names, as a config part of its format's source class (a job
+  dir's checks name the flag when it is built).
 
   Raises:
-    UsageError: an empty path after hf: or gguf:, or a malformed JOB@STEP.
+    UsageError: an empty path after a scheme, or an empty value.
   """
-  scheme, colon, path = value.partition(":")
-  if colon and scheme == "hf":
-    if not path.strip():
-      raise UsageError(f"{flag}={value}: give the folder after hf: (hf:PATH)")
-    return fdl.Config(HfCheckpoint, path=path)
-  if colon and scheme == "slim":
-    if not path.strip():
-      raise UsageError(f"{flag}={value}: give the folder after slim: (slim:PATH)")
-    return fdl.Config(SlimCheckpoint, path=path)
-  if colon and scheme == "gguf":
-    if not path.strip():
-      raise UsageError(f"{flag}={value}: give the file after gguf: (gguf:PATH)")
-    return fdl.Config(GgufCheckpoint, path=path)
-  return fdl.Config(JobCheckpoint, **job_checkpoint.flag_arguments(value, flag))
+  weight_format, rest = formats.for_flag(value)
+  return fdl.Config(weight_format.source, **weight_format.source_arguments(rest, flag))
+
+
+def describes_model(source: fdl.Config) -> bool:
+  """Whether the source's files describe their model (it has `model_fields`)."""
+  return hasattr(fdl.get_callable(source), "model_fields")
 
 
 def model_part(source: fdl.Config, model: Any) -> fdl.Config | None:
   """The `model` part of a source that describes its model (its family, its header's fields,
-  and the experiment `model`'s carried fields); None for a job's checkpoint."""
-  if fdl.get_callable(source) not in (HfCheckpoint, GgufCheckpoint):
+  and the experiment `model`'s carried fields); None for one that does not."""
+  if not describes_model(source):
     return None
   checkpoint = fdl.build(source)
   family, fields = checkpoint.model_fields()

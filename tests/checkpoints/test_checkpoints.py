@@ -13,7 +13,7 @@ import pytest
 from etils import epath
 
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
-from lingvo_lite.checkpoints.errors import CheckpointWriteError
+from lingvo_lite.checkpoints.orbax_errors import CheckpointWriteError
 from lingvo_lite.checkpoints.health import TrainingHealth
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 
@@ -57,7 +57,7 @@ def test_a_failed_save_is_named_by_the_operating_systems_words_in_any_form():
   # tensorstore quotes the OS error with its code in data writes, and without it in some
   # metadata writes (`.zarray`), past the 240 characters a message keeps: seen in 1 of ~10
   # runs of test_faults' file-size-limit case.
-  from lingvo_lite.checkpoints.errors import innermost_cause  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.checkpoints.orbax_errors import innermost_cause  # pylint: disable=g-import-not-at-top
   long_path = "/job/checkpoints/3.orbax-checkpoint-tmp/" + "d" * 300
   with_code = ValueError(f"Error writing {long_path}: File too large [os_error_code='27']")
   try:

@@ -17,7 +17,8 @@ from lingvo_lite.config import moved_modules
 from lingvo_lite.testing import run_cli, source_root
 
 FIXTURE = source_root() / "tests" / "fixtures" / "job_before_house_move"
-OLD_MODULES = {"lingvo_lite.checkpoints", "lingvo_lite.decode_settings", "lingvo_lite.watchdog"}
+OLD_MODULES = {"lingvo_lite.checkpoints", "lingvo_lite.decode_settings", "lingvo_lite.optimizers",
+               "lingvo_lite.watchdog"}
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""tasks/formats.py: each FORMATS entry makes the task its factory makes, with the flag values
+"""tasks/formats/: each FORMATS entry makes the task its factory makes, with the flag values
 given; bin/build_store.py takes its choices and flags from the table, so a new entry needs no
 edit of the tool."""
 
@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from tasks import formats, local_files
+from tasks import formats
+from tasks.formats import jsonl, parquet, prompt_completion, text as text_format, tfrecord
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,16 +30,16 @@ def _files(tmp_path):
 
 # (format, its settings as flags give them, the factory call the table must amount to).
 CASES = [
-    ("text", {}, lambda f: local_files.text_files_task(f["txt"], None, unit="file")),
-    ("lines", {}, lambda f: local_files.text_files_task(f["txt"], None, unit="line")),
+    ("text", {}, lambda f: text_format.text_files_task(f["txt"], None, unit="file")),
+    ("lines", {}, lambda f: text_format.text_files_task(f["txt"], None, unit="line")),
     ("jsonl", {"text_field": "body"},
-     lambda f: local_files.json_lines_task(f["jsonl"], None, text_field="body")),
+     lambda f: jsonl.json_lines_task(f["jsonl"], None, text_field="body")),
     ("prompt_completion", {"prompt_field": "q", "completion_field": "a"},
-     lambda f: local_files.prompt_completion_task(f["jsonl"], None, "q", "a")),
+     lambda f: prompt_completion.prompt_completion_task(f["jsonl"], None, "q", "a")),
     ("parquet", {"text_column": "content"},
-     lambda f: local_files.parquet_task(f["parquet"], None, text_column="content")),
+     lambda f: parquet.parquet_task(f["parquet"], None, text_column="content")),
     ("tfrecord", {"vocab_size": 300},
-     lambda f: local_files.pretokenized_tfrecord_task(f["tfrecord"], 300)),
+     lambda f: tfrecord.pretokenized_tfrecord_task(f["tfrecord"], 300)),
 ]
 
 

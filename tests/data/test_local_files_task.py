@@ -11,6 +11,7 @@ from lingvo_lite.data import vocabulary as vocab_lib
 from lingvo_lite.runtime.tensorflow_import import import_tensorflow
 from lingvo_lite.errors import DataError, UsageError
 from tasks import local_files
+from tasks.formats import jsonl, parquet, prompt_completion, text as text_format, tfrecord
 
 tf = import_tensorflow()
 import seqio  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -92,7 +93,7 @@ def test_text_files_are_one_document_each_and_one_shard_each(tmp_path, monkeypat
   _write(tmp_path / "data" / "a.txt", "x = 1\ny = 2\n")
   _write(tmp_path / "data" / "c.md", "not matched")
   _write(tmp_path / "eval.txt", "eval")
-  task = local_files.text_files_task({"train": "data/*.txt", "validation": ["eval.txt"]})
+  task = text_format.text_files_task({"train": "data/*.txt", "validation": ["eval.txt"]})
   monkeypatch.chdir("/")
   assert task.splits == ("train", "validation") and task.vocab_size == BYTES
   assert re.fullmatch(r"local_text_file_[0-9a-f]{10}", task.name)
@@ -110,7 +111,7 @@ def test_text_files_are_one_document_each_and_one_shard_each(tmp_path, monkeypat
 def test_text_lines_skip_blank_lines_and_drop_line_breaks(tmp_path):
   _write(tmp_path / "a.txt", b"one\r\n\n   \ntwo\nthree")
   _write(tmp_path / "b.txt", b"four\n")
-  task = local_files.text_files_task({"train": str(tmp_path / "*.txt")}, unit="line")
+  task = text_format.text_files_task({"train": str(tmp_path / "*.txt")}, unit="line")
   assert _targets(task, index=0) == [_ids("one"), _ids("two"), _ids("three")]
   assert _targets(task, index=1) == [_ids("four")]
 
@@ -119,14 +120,14 @@ def test_json_lines_read_the_text_field(tmp_path):
   _jsonl(tmp_path / "a.jsonl", [{"body": "first", "id": 1}, {"body": "", "id": 2},
                                 {"body": "second", "id": 3}])
   _jsonl(tmp_path / "b.jsonl", [{"body": "third"}])
-  task = local_files.json_lines_task({"train": str(tmp_path / "*.jsonl")}, text_field="body")
+  task = jsonl.json_lines_task({"train": str(tmp_path / "*.jsonl")}, text_field="body")
   assert _targets(task, index=0) == [_ids("first"), _ids("second")]  # The empty one: skipped.
   assert _targets(task, index=1) == [_ids("third")]
 
 
 def test_prompt_completion_weights_count_only_the_completion(tmp_path):
   _jsonl(tmp_path / "ft.jsonl", [{"q": "2+2=", "a": "4"}, {"q": "", "a": "hi"}])
-  task = local_files.prompt_completion_task({"train": str(tmp_path / "ft.jsonl")},
+  task = prompt_completion.prompt_completion_task({"train": str(tmp_path / "ft.jsonl")},
                                             prompt_field="q", completion_field="a")
   examples = _read(task)
   assert [e["targets"].tolist() for e in examples] == [_ids("2+2=4"), _ids("hi")]
@@ -143,7 +144,7 @@ def test_parquet_reads_the_text_column_and_skips_nulls(tmp_path):
   pq.write_table(pa.table({"content": ["alpha", None, "beta"], "n": [1, 2, 3]}),
                  tmp_path / "p0.parquet", row_group_size=2)
   pq.write_table(pa.table({"content": ["gamma"], "n": [4]}), tmp_path / "p1.parquet")
-  task = local_files.parquet_task({"train": str(tmp_path / "*.parquet")},
+  task = parquet.parquet_task({"train": str(tmp_path / "*.parquet")},
                                   text_column="content")
   assert _targets(task, index=0) == [_ids("alpha"), _ids("beta")]
   assert _targets(task, index=1) == [_ids("gamma")]
@@ -161,7 +162,7 @@ def _token_file(path, documents, feature="text"):
 def test_pretokenized_tfrecords_keep_their_ids_without_eos(tmp_path):
   _token_file(tmp_path / "a.tfrecords", [[5, 6, 50256], [7, 50256]])
   _token_file(tmp_path / "b.tfrecords", [[9, 50399]])
-  task = local_files.pretokenized_tfrecord_task({"train": str(tmp_path / "*.tfrecords")},
+  task = tfrecord.pretokenized_tfrecord_task({"train": str(tmp_path / "*.tfrecords")},
                                                 vocab_size=50400)
   assert task.vocab_size == 50400
   assert _targets(task, index=0) == [[5, 6, 50256], [7, 50256]]
@@ -178,7 +179,7 @@ def test_a_sentencepiece_model_file_tokenizes(tmp_path):
       input=str(tmp_path / "corpus.txt"), model_prefix=str(tmp_path / "sp"), vocab_size=30,
       pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
   model = str(tmp_path / "sp.model")
-  task = local_files.text_files_task({"train": str(tmp_path / "corpus.txt")}, vocabulary=model)
+  task = text_format.text_files_task({"train": str(tmp_path / "corpus.txt")}, vocabulary=model)
   expected = spm.SentencePieceProcessor(model_file=model).encode(text) + [1]
   assert _targets(task) == [expected]
 
@@ -194,7 +195,7 @@ def test_a_trained_vocabulary_learns_from_the_train_split(tmp_path, monkeypatch)
 
   monkeypatch.setattr(vocab_lib, "resolve_vocabulary", resolve)
   vocabulary = vocab_lib.SentencePieceModel(path="vocab/sp.model", vocab_size=300)
-  task = local_files.prompt_completion_task(
+  task = prompt_completion.prompt_completion_task(
       {"train": str(tmp_path / "train.jsonl"), "validation": str(tmp_path / "eval.jsonl")},
       vocabulary=vocabulary, prompt_field="p", completion_field="c")
   assert task.vocab_size == 300
@@ -205,14 +206,14 @@ def test_a_trained_vocabulary_learns_from_the_train_split(tmp_path, monkeypatch)
 
 def test_names_differ_with_files_and_settings(tmp_path):
   a, b = _write(tmp_path / "a.txt", "a"), _write(tmp_path / "b.txt", "b")
-  name = local_files.text_files_task({"train": a}).name
-  assert local_files.text_files_task({"train": [a]}).name == name
-  assert local_files.text_files_task({"train": b}).name != name
-  assert local_files.text_files_task({"train": [a, b]}).name != name
-  assert local_files.text_files_task({"validation": a}).name != name
-  assert local_files.text_files_task({"train": a}, unit="line").name != name
-  assert local_files.pretokenized_tfrecord_task({"train": a}, 10).name != (
-      local_files.pretokenized_tfrecord_task({"train": a}, 11).name)
+  name = text_format.text_files_task({"train": a}).name
+  assert text_format.text_files_task({"train": [a]}).name == name
+  assert text_format.text_files_task({"train": b}).name != name
+  assert text_format.text_files_task({"train": [a, b]}).name != name
+  assert text_format.text_files_task({"validation": a}).name != name
+  assert text_format.text_files_task({"train": a}, unit="line").name != name
+  assert tfrecord.pretokenized_tfrecord_task({"train": a}, 10).name != (
+      tfrecord.pretokenized_tfrecord_task({"train": a}, 11).name)
 
 
 def test_patterns_that_match_nothing_are_refused(tmp_path, monkeypatch):
@@ -220,16 +221,16 @@ def test_patterns_that_match_nothing_are_refused(tmp_path, monkeypatch):
   _write(tmp_path / "data" / "a.txt", "a")
   with pytest.raises(UsageError, match=r"^files\['train'\]='data/\*\.jsonl': matches no file; "
                      "check the pattern"):
-    local_files.json_lines_task({"train": "data/*.jsonl"})
+    jsonl.json_lines_task({"train": "data/*.jsonl"})
   with pytest.raises(UsageError, match=r"^files\['train'\]\[1\]='data/b\.txt': no such file; "):
-    local_files.text_files_task({"train": ["data/a.txt", "data/b.txt"]})
+    text_format.text_files_task({"train": ["data/a.txt", "data/b.txt"]})
   with pytest.raises(UsageError, match=r"^files\['train'\]='data': is a folder, not a file; "
                      r"give a pattern of its files, e\.g\. 'data/\*'$"):
-    local_files.text_files_task({"train": "data"})
+    text_format.text_files_task({"train": "data"})
   with pytest.raises(UsageError, match=r"^files=\{\}: is not a mapping of split names"):
-    local_files.text_files_task({})
+    text_format.text_files_task({})
   with pytest.raises(UsageError, match=r"^unit='page': is not a document unit; "):
-    local_files.text_files_task({"train": "data/a.txt"}, unit="page")
+    text_format.text_files_task({"train": "data/a.txt"}, unit="page")
 
 
 def test_an_empty_corpus_is_refused(tmp_path):
@@ -238,18 +239,18 @@ def test_an_empty_corpus_is_refused(tmp_path):
   _token_file(tmp_path / "t.tfrecords", [])
   with pytest.raises(UsageError, match=r"^files\['train'\]='.*/\*\.txt': every matched file is "
                      r"empty \(2 files\); "):
-    local_files.text_files_task({"train": str(tmp_path / "*.txt")})
+    text_format.text_files_task({"train": str(tmp_path / "*.txt")})
   with pytest.raises(UsageError, match="every matched file is empty"):
-    local_files.pretokenized_tfrecord_task({"train": str(tmp_path / "t.tfrecords")}, 10)
+    tfrecord.pretokenized_tfrecord_task({"train": str(tmp_path / "t.tfrecords")}, 10)
 
 
 def test_a_missing_vocabulary_file_is_refused(tmp_path):
   corpus = _write(tmp_path / "a.txt", "a")
   with pytest.raises(UsageError, match=r"^vocabulary='no/sp\.model': no such file; give a "):
-    local_files.text_files_task({"train": corpus}, vocabulary="no/sp.model")
+    text_format.text_files_task({"train": corpus}, vocabulary="no/sp.model")
   with pytest.raises(UsageError, match=r"^vocabulary=SentencePieceModel\(.*\): is trained on "
                      r"the 'train' split, which files lacks \(it has \['test'\]\); "):
-    local_files.text_files_task({"test": corpus}, vocabulary=vocab_lib.SentencePieceModel())
+    text_format.text_files_task({"test": corpus}, vocabulary=vocab_lib.SentencePieceModel())
 
 
 def test_an_unknown_field_or_column_is_refused_naming_the_file(tmp_path):
@@ -257,22 +258,22 @@ def test_an_unknown_field_or_column_is_refused_naming_the_file(tmp_path):
   bad = _jsonl(tmp_path / "b.jsonl", [{"body": "b", "id": 1}])
   with pytest.raises(UsageError, match=f"^text_field='text': {re.escape(bad)}: the first record "
                      r"has no such field \(its fields: \['body', 'id'\]\); set text_field"):
-    local_files.json_lines_task({"train": [good, bad]})
+    jsonl.json_lines_task({"train": [good, bad]})
   with pytest.raises(UsageError, match=r"^completion_field='completion': .*/a\.jsonl: "):
-    local_files.prompt_completion_task({"train": good}, prompt_field="text")
+    prompt_completion.prompt_completion_task({"train": good}, prompt_field="text")
   import pyarrow as pa  # pylint: disable=g-import-not-at-top
   import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
   pq.write_table(pa.table({"body": ["x"], "n": [1]}), tmp_path / "p.parquet")
   with pytest.raises(UsageError, match=r"^text_column='text': .*/p\.parquet: no such column "
                      r"\(its columns: \['body', 'n'\]\); "):
-    local_files.parquet_task({"train": str(tmp_path / "p.parquet")})
+    parquet.parquet_task({"train": str(tmp_path / "p.parquet")})
   with pytest.raises(UsageError, match=r"^text_column='n': .*/p\.parquet: the column holds int64"):
-    local_files.parquet_task({"train": str(tmp_path / "p.parquet")}, text_column="n")
+    parquet.parquet_task({"train": str(tmp_path / "p.parquet")}, text_column="n")
   _write(tmp_path / "x.parquet", b"not parquet")
   with pytest.raises(DataError, match=r"^.*/x\.parquet: not a readable Parquet file \("):
-    local_files.parquet_task({"train": str(tmp_path / "x.parquet")})
+    parquet.parquet_task({"train": str(tmp_path / "x.parquet")})
   tokens = _token_file(tmp_path / "t.tfrecords", [[1, 2]], feature="ids")
-  task = local_files.pretokenized_tfrecord_task({"train": tokens}, vocab_size=10)
+  task = tfrecord.pretokenized_tfrecord_task({"train": tokens}, vocab_size=10)
   with pytest.raises(UsageError, match=r"^feature='text': .*/t\.tfrecords: the first record "
                      r"has no int64 feature of that name \(its features: \['ids'\]\); "):
     _read(task)
@@ -281,27 +282,27 @@ def test_an_unknown_field_or_column_is_refused_naming_the_file(tmp_path):
 def test_bad_text_is_reported_with_file_and_line(tmp_path):
   path = _write(tmp_path / "a.txt", b"fine\nfine\nbad \xff byte\n")
   for unit in ("file", "line"):
-    message = _data_error(local_files.text_files_task({"train": path}, unit=unit))
+    message = _data_error(text_format.text_files_task({"train": path}, unit=unit))
     assert message.startswith(f"{path}: line 3: not valid UTF-8 (byte 0xff at offset ")
     assert "\n" not in message
   bad_json = _write(tmp_path / "b.jsonl", '{"text": "a"}\n\n{"text": "b"}\n{"text": oops}\n')
-  assert _data_error(local_files.json_lines_task({"train": bad_json})) == (
+  assert _data_error(jsonl.json_lines_task({"train": bad_json})) == (
       f"{bad_json}: line 4: not valid JSON (Expecting value at column 10)")
   with pytest.raises(DataError, match=r"^.*/b\.jsonl: line 1: not valid JSON "):
-    local_files.json_lines_task({"train": _write(tmp_path / "b.jsonl", "{oops\n")})
+    jsonl.json_lines_task({"train": _write(tmp_path / "b.jsonl", "{oops\n")})
   not_string = _jsonl(tmp_path / "c.jsonl", [{"text": "a"}, {"text": 7}])
-  assert _data_error(local_files.json_lines_task({"train": not_string})) == (
+  assert _data_error(jsonl.json_lines_task({"train": not_string})) == (
       f"{not_string}: line 2: field 'text' holds a int, not a string")
 
 
 def test_bad_token_records_are_reported_with_file_and_record(tmp_path):
   path = _token_file(tmp_path / "a.tfrecords", [[1, 2], [3, 10, 4]])
-  task = local_files.pretokenized_tfrecord_task({"train": path}, vocab_size=10)
+  task = tfrecord.pretokenized_tfrecord_task({"train": path}, vocab_size=10)
   assert _data_error(task) == (f"{path}: record 1: token id 10 at position 1 is outside "
                                "[0, 10) (vocab_size=10)")
   data = open(path, "rb").read()  # pylint: disable=consider-using-with
   corrupt = _write(tmp_path / "c.tfrecords", data[:-3])  # The second record is cut short.
-  task = local_files.pretokenized_tfrecord_task({"train": corrupt}, vocab_size=100)
+  task = tfrecord.pretokenized_tfrecord_task({"train": corrupt}, vocab_size=100)
   message = _data_error(task)
   assert message.startswith(f"{corrupt}: record 1: corrupt TFRecord (") and "\n" not in message
 

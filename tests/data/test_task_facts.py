@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite.data import store_build, store_data, task_facts, vocabulary
+from lingvo_lite.data.sentencepiece_training import train_sentencepiece
 from lingvo_lite.data.text_vocabulary import TextVocabulary
 from lingvo_lite.errors import UsageError
 from lingvo_lite.testing import source_root
@@ -92,8 +93,7 @@ def test_byte_task_facts_are_the_made_tasks(tmp_path):
 def test_sentencepiece_task_facts_are_the_made_tasks(tmp_path, given_as):
   folder = _source_folder(tmp_path)
   model = tmp_path / "vocab.model"
-  vocabulary.train_sentencepiece(pycode.read_documents(str(folder), "train"), str(model), 300,
-                                 "bpe")
+  train_sentencepiece(pycode.read_documents(str(folder), "train"), str(model), 300, "bpe")
   spec = (str(model) if given_as == "path" else
           vocabulary.SentencePieceModel(str(model), vocab_size=300, model_type="bpe"))
   _assert_facts_are_the_made_tasks(pycode.pycode_task(str(folder), vocabulary=spec))

@@ -307,7 +307,7 @@ def test_loader_memory_does_not_grow_with_the_store(tmp_path):
 
 def test_pretokenized_tfrecords_and_prompt_completion_weights_go_through_the_store(tmp_path):
   from lingvo_lite.runtime.tensorflow_import import import_tensorflow
-  from tasks import local_files
+  from tasks.formats import prompt_completion, tfrecord
   tf = import_tensorflow()
   documents = [[5, 6, 7, 9], [8, 9], list(range(3, 100))]
   with tf.io.TFRecordWriter(str(tmp_path / "tokens.tfrecords")) as writer:
@@ -315,7 +315,7 @@ def test_pretokenized_tfrecords_and_prompt_completion_weights_go_through_the_sto
       writer.write(tf.train.Example(features=tf.train.Features(feature={
           "text": tf.train.Feature(int64_list=tf.train.Int64List(value=ids))})
                                     ).SerializeToString())
-  tokens = TokenStoreData(task=local_files.pretokenized_tfrecord_task(
+  tokens = TokenStoreData(task=tfrecord.pretokenized_tfrecord_task(
       {"train": str(tmp_path / "*.tfrecords")}, vocab_size=128), split="train",
                           sequence_length=LENGTH, global_batch_size=1, shuffle=False,
                           store_dir=str(tmp_path / "stores" / "tokens"), build_workers=1)
@@ -326,7 +326,7 @@ def test_pretokenized_tfrecords_and_prompt_completion_weights_go_through_the_sto
   (tmp_path / "pairs.jsonl").write_text(
       json.dumps({"prompt": "Q: 2+2?", "completion": " 4"}) + "\n"
       + json.dumps({"prompt": "Q: hi", "completion": " hello"}) + "\n")
-  pairs = TokenStoreData(task=local_files.prompt_completion_task(
+  pairs = TokenStoreData(task=prompt_completion.prompt_completion_task(
       {"train": str(tmp_path / "pairs.jsonl")}), split="train", sequence_length=LENGTH,
                          global_batch_size=1, shuffle=False,
                          store_dir=str(tmp_path / "stores" / "pairs"), build_workers=1)

@@ -10,6 +10,8 @@ import threading
 import pytest
 
 from lingvo_lite.data import vocabulary
+
+from lingvo_lite.data.sentencepiece_training import train_sentencepiece
 from lingvo_lite.errors import UsageError
 from tasks.pycode import pycode_task, read_documents, stdlib_dir
 
@@ -32,7 +34,7 @@ def trained(tmp_path_factory):
   """(path, summary) of a 512-piece unigram model from every 16th train file (~0.7 MB)."""
   path = tmp_path_factory.mktemp("vocab") / "pycode-unigram-512.model"
   texts = iter(read_documents(stdlib_dir(), "train")[::16])
-  return path, vocabulary.train_sentencepiece(texts, str(path), 512, "unigram")
+  return path, train_sentencepiece(texts, str(path), 512, "unigram")
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +93,7 @@ def test_a_document_over_4192_bytes_is_learned_from(tmp_path):
   # "qwertyuiop" appears only past byte 4800 of the one long document.
   long = b"b = 2\n" * 800 + b"qwertyuiop = 3\n" * 300
   path = tmp_path / "long.model"
-  vocabulary.train_sentencepiece([b"a = 1\n" * 50, long], str(path), 300, "bpe")
+  train_sentencepiece([b"a = 1\n" * 50, long], str(path), 300, "bpe")
   processor = spm.SentencePieceProcessor(model_file=str(path))
   assert processor.encode("qwertyuiop", out_type=str) == ["qwertyuiop"]
 
@@ -103,15 +105,15 @@ def test_a_failed_training_leaves_no_file(tmp_path, validation):
 
   path = tmp_path / "out" / "x.model"
   with pytest.raises(RuntimeError, match="reader died"):
-    vocabulary.train_sentencepiece(texts(), str(path), 300)
+    train_sentencepiece(texts(), str(path), 300)
   # More pieces than the text has: SentencePiece's own failure, as one UsageError line.
   with pytest.raises(UsageError, match=r"^vocab_size=5000: more pieces than SentencePiece"):
-    vocabulary.train_sentencepiece([b"x = 1\n" * 100], str(path), 5000)
+    train_sentencepiece([b"x = 1\n" * 100], str(path), 5000)
   assert os.listdir(tmp_path) == []  # Nor the folder it made for the file.
   # A folder that was there stays, empty.
   path.parent.mkdir()
   with pytest.raises(UsageError, match=r"^vocab_size=5000: more pieces than SentencePiece"):
-    vocabulary.train_sentencepiece([b"x = 1\n" * 100], str(path), 5000)
+    train_sentencepiece([b"x = 1\n" * 100], str(path), 5000)
   assert os.listdir(path.parent) == []
 
 
@@ -122,7 +124,7 @@ def test_a_failed_training_leaves_no_file(tmp_path, validation):
 ])
 def test_bad_settings_fail_before_reading(vocab_size, model_type, message, tmp_path):
   with pytest.raises(UsageError, match=message):
-    vocabulary.train_sentencepiece(iter(()), str(tmp_path / "x.model"), vocab_size, model_type)
+    train_sentencepiece(iter(()), str(tmp_path / "x.model"), vocab_size, model_type)
 
 
 def test_a_missing_model_is_a_usage_error():

@@ -10,6 +10,8 @@ import pytest
 import sentencepiece as spm
 
 from lingvo_lite.data import pretrained_tokenizer, vocabulary, vocabulary_tokenizer
+
+from lingvo_lite.data.sentencepiece_training import train_sentencepiece
 from lingvo_lite.data.text_vocabulary import TextVocabulary
 from lingvo_lite.data.vocabulary_tokenizer import NotConvertible
 from lingvo_lite.runtime import tensorflow_import
@@ -32,8 +34,8 @@ def unigram(tmp_path_factory):
   """A 512-piece unigram model trained here as `SentencePieceModel` trains (every 16th train
   file), and its processor."""
   path = tmp_path_factory.mktemp("vocab") / "unigram-512.model"
-  vocabulary.train_sentencepiece(iter(read_documents(stdlib_dir(), "train")[::16]), str(path),
-                                 512, "unigram")
+  train_sentencepiece(iter(read_documents(stdlib_dir(), "train")[::16]), str(path), 512,
+                      "unigram")
   return path.read_bytes(), spm.SentencePieceProcessor(model_file=str(path))
 
 

@@ -22,7 +22,7 @@ from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
 from lingvo_lite.models.transformer import TransformerLM
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 
 # Small shapes: prompts up to 20 tokens pad to bucket 16 or 32; 12 new tokens fit in 48.
 DECODE_SETS = ("decode.cache_length=48", "decode.slots=4", "decode.max_new_tokens=12",
@@ -220,12 +220,13 @@ def fixture_sentencepiece(tmp_path_factory):
   """A real SentencePiece vocabulary of 500 pieces (BPE: multi-byte pieces), trained on the
   standard library's source, as the data issue's stores tokenize."""
   # Here, not at the top: seqio brings TensorFlow, which the other tests do not need.
-  from lingvo_lite.data import vocabulary  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.data.sentencepiece_training import (  # pylint: disable=g-import-not-at-top
+      train_sentencepiece)
   from lingvo_lite.runtime.tensorflow_import import (  # pylint: disable=g-import-not-at-top
       import_seqio)
   path = tmp_path_factory.mktemp("sp") / "code.model"
   texts = [inspect.getsource(module).encode() for module in (json, textwrap)]
-  vocabulary.train_sentencepiece(texts, str(path), 500, "bpe")
+  train_sentencepiece(texts, str(path), 500, "bpe")
   return import_seqio()[1].SentencePieceVocabulary(str(path))
 
 

@@ -10,7 +10,7 @@ import sys
 
 import jax
 
-from lingvo_lite.harness import requests as harness
+from lingvo_lite.harness import request_kinds as harness
 from lingvo_lite.serving import loaded_model
 from tests.harness.mesh_requests import GENERATE, PAIRS, TEXTS
 

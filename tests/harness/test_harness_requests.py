@@ -10,9 +10,9 @@ import pytest
 from lm_eval import utils as lm_eval_utils
 
 from lingvo_lite.decode.requests import Request
-from lingvo_lite.harness import requests as harness
+from lingvo_lite.harness import request_kinds as harness
 from lingvo_lite.serving import loaded_model
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 from tests.harness.mesh_requests import PAIRS
 
 

@@ -20,6 +20,7 @@ from lingvo_lite import mfu, target, testing
 from lingvo_lite.config import files as config_files, help as config_help
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family, quantization
+from lingvo_lite.models.format_names import GgufNames, HfNames, names_of
 from lingvo_lite.models.transformer import TransformerLM
 
 # Every module of the package imported, so every family there has registered itself.
@@ -58,7 +59,8 @@ def test_the_three_families_are_registered_with_their_names():
   assert set(family.FAMILIES) >= {"gptj", "llama", "gpt2"}
   for name in ("gptj", "llama", "gpt2"):
     cls = family.FAMILIES[name]
-    assert (cls.family_name, cls.hf_model_type, cls.gguf_architecture) == (name, name, name)
+    assert (cls.family_name, names_of(cls, HfNames).model_type,
+            names_of(cls, GgufNames).architecture) == (name, name, name)
 
 
 @pytest.mark.parametrize("name", sorted(family.FAMILIES))
@@ -69,20 +71,21 @@ def test_every_hf_family_names_a_tensor_for_each_parameter_once(name, fields):
   in the format's shape: a family's table that misses or repeats one fails here, whatever
   its weights."""
   cls = family.FAMILIES[name]
-  if cls.hf_model_type is None:
+  if names_of(cls, HfNames) is None:
     pytest.skip(f"{name} reads no Hugging Face checkpoint")
   if name == "gptj" and fields:
     fields = {"mlp_bias": True}  # GPT-J's Hugging Face model has no tied or biased attention.
   model = _model(name, **fields)
   shapes = {"/".join(k.key for k in path): leaf.shape for path, leaf in
             jax.tree_util.tree_flatten_with_path(_params(model))[0]}
-  held = [path for tensor in model.hf_tensors() for path in tensor.paths]
-  assert sorted(held + list(model.hf_absent())) == sorted(shapes)
-  for tensor in model.hf_tensors():
+  names = names_of(cls, HfNames)(model)
+  held = [path for tensor in names.tensors() for path in tensor.paths]
+  assert sorted(held + list(names.absent())) == sorted(shapes)
+  for tensor in names.tensors():
     parts = [np.zeros(shapes[path]) for path in tensor.paths]
     assert tensor.from_ours(parts).shape == tensor.format_shape([shapes[p] for p in
                                                                  tensor.paths])
-  assert len({tensor.name for tensor in model.hf_tensors()}) == len(model.hf_tensors())
+  assert len({tensor.name for tensor in names.tensors()}) == len(names.tensors())
 
 
 @pytest.mark.parametrize("name", sorted(family.FAMILIES))

@@ -27,7 +27,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mistral import Mistral
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 
 SIZES = dict(vocab_size=61, num_layers=2, dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
              mlp_dim=48, max_length=64)

@@ -18,7 +18,7 @@ from lingvo_lite.models import quantization
 from lingvo_lite.models.gptj import GptJ
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.programs.compile.aot import dot_counts
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 
 TOKENS = jax.random.randint(jax.random.key(0), (4, 33), 0, 256)
 # Llama: grouped-query attention, a gated MLP, tied embeddings; GPT-J: parallel blocks, biases.

@@ -15,7 +15,7 @@ from lingvo_lite import target as targets
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import remat
 from lingvo_lite.testing import synthetic_tiny_setup
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 
 # The names each policy keeps (on the device or moved to the host), from the module's table.
 KEPT = {

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from lingvo_lite import target as targets
-from lingvo_lite.jitted import JittedSteps
-from lingvo_lite.programs.compile import aot, analyses, report as compile_report
+from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.programs.compile import aot, analyses, compile_report
 from lingvo_lite.testing import run_cli, source_root, synthetic_tiny_setup, tree_digest
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",

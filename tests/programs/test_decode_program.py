@@ -19,7 +19,7 @@ import signal
 
 import pytest
 
-from lingvo_lite import optimizers
+from lingvo_lite.training import optimizers
 from lingvo_lite.decode.records import STOP_REASONS
 from lingvo_lite.testing import run_cli, tree_digest
 from tests import trained_jobs

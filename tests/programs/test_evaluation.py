@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 from etils import epath
 
-from lingvo_lite import evaluation
+from lingvo_lite.training import evaluation
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.config import building
-from lingvo_lite.data import vocabulary
+from lingvo_lite.data.sentencepiece_training import train_sentencepiece
 from lingvo_lite.data.store_data import TokenStoreData
 from lingvo_lite.errors import UsageError
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.programs import eval as eval_program, train as train_program
 from lingvo_lite.runtime import summaries
 from lingvo_lite.testing import run_cli, tiny_config, tree_digest
@@ -468,7 +468,7 @@ def sentencepiece_eval_set(cfg):
 
 def test_an_eval_set_tokenized_by_another_vocabulary_is_one_line(corpus, tmp_path):
   model = tmp_path / "other.model"
-  vocabulary.train_sentencepiece(
+  train_sentencepiece(
       [open(corpus / name, "rb").read() for name in _names("train", 6)], str(model), 400)
   _OTHER_VOCABULARY.update(corpus=str(corpus), model=str(model))
   result = run_cli(["--mode=eval", f"--job_log_dir={tmp_path}", "--exp=PyCodeTiny",

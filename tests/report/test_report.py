@@ -31,7 +31,7 @@ from lingvo_lite import testing
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.config import diffs as config_diffs, fiddlers, registry
 from lingvo_lite.programs import report as report_program
-from lingvo_lite.report import data as report_data, plots as report_plots
+from lingvo_lite.report import job_data as report_data, plots as report_plots
 from lingvo_lite.testing import run_cli
 from tests import trained_jobs
 

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from lingvo_lite import evaluation
+from lingvo_lite.training import evaluation
 from lingvo_lite.data.synthetic import SyntheticData
 from lingvo_lite.runtime import progress
 

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lingvo_lite.scoring.packing import pack
+from lingvo_lite.scoring.row_packing import pack
 from lingvo_lite.scoring.scorer import TOP_K, row_lengths
 from lingvo_lite.serving import loaded_model
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 
 TEXTS = ("def main():\n    return 1\n", "import os\n", "x = [i for i in range(10)]\nprint(x)\n",
          "a", "class A:\n    pass\n", "for k, v in d.items():\n    print(k, v)\n")

@@ -20,7 +20,7 @@ import pytest
 
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.serving import loaded_model
-from lingvo_lite.train_state import strip_boxes
+from lingvo_lite.training.train_state import strip_boxes
 from tests.serving.server_process import Server
 
 # Small rounds (4 tokens a call) so streams come in several chunks and slots refill often.

@@ -26,6 +26,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.weights import gguf_export, hf_export
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
+from lingvo_lite.weights.hf_checkpoint import names_of
 from tests.weights import tiny_weights, transformers_reference
 
 torch = pytest.importorskip("torch")
@@ -109,8 +110,9 @@ def test_exported_with_its_tokenizer_transformers_loads_the_same_model(smollm2, 
   config = hf_export.check_expressible(model)
   shapes = {"/".join(str(k.key) for k in path): tuple(leaf.shape)
             for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
-  plan = hf_export.plan_shards(model.hf_tensors(), shapes, "float32", tokenizer=tokenizer)
-  host = model.hf_export_params(jax.tree.map(np.asarray, params))
+  plan = hf_export.plan_shards(names_of(model).tensors(), shapes, "float32",
+                               tokenizer=tokenizer)
+  host = names_of(model).export_params(jax.tree.map(np.asarray, params))
   written = hf_export.write(epath.Path(tmp_path), model, host, "float32", plan, config)
   assert written["vocabulary"] == {"model": 49152, "tokenizer": 49152}
   assert {"tokenizer.json", "tokenizer_config.json", "generation_config.json"} <= set(
@@ -138,15 +140,15 @@ def test_exported_as_gguf_transformers_and_our_reader_load_the_same_model(smollm
   gguf_file = os.path.join(_folder(), FILE)
   tokenizer = pretrained_tokenizer.read(PretrainedTokenizer(gguf_file))
   config = hf_export.check_expressible(model)
-  tensors = hf_export.NamedTensors(model, model.hf_export_params(
+  tensors = hf_export.NamedTensors(model, names_of(model).export_params(
       jax.tree.map(np.asarray, params)))
   abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
   written = gguf_export.write(str(tmp_path / gguf_export.FILE), model, tensors, "float32",
-                              config, tokenizer)
+                              tokenizer)
   assert written["architecture"] == "llama" and written["tokenizer"], written
   source = GgufCheckpoint(str(tmp_path / gguf_export.FILE))
   family, fields = source.model_fields()
-  assert family.family_name == "llama" and family(**fields).hf_config() == model.hf_config()
+  assert family.family_name == "llama" and names_of(family(**fields)).config() == config
   read, _ = source.read_params(model, abstract)
   for ours, original in zip(jax.tree.leaves(read), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(ours), np.asarray(original))

@@ -23,14 +23,15 @@ import pytest
 import sentencepiece as spm
 
 from lingvo_lite.checkpoints.params import MeshParams
-from lingvo_lite.data import pretrained_tokenizer, vocabulary, vocabulary_tokenizer
+from lingvo_lite.data import pretrained_tokenizer, vocabulary_tokenizer
+from lingvo_lite.data.sentencepiece_training import train_sentencepiece
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import checkpoint_names
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.testing import kill_9_when, run_cli
 from lingvo_lite.weights import sources
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
-from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+from lingvo_lite.weights.hf_checkpoint import HfCheckpoint, names_of
 from tasks.pycode import read_documents, stdlib_dir
 
 torch = pytest.importorskip("torch")
@@ -124,7 +125,7 @@ def _logits(model, params) -> np.ndarray:
 def test_logits_equal_transformers(folders, case, scan_layers):
   folder, expected = folders[case]
   model, params, _ = _load(folder, scan_layers=scan_layers)
-  assert type(model).hf_model_type == json.loads((folder / "config.json").read_text())[
+  assert names_of(model).model_type == json.loads((folder / "config.json").read_text())[
       "model_type"]
   got = _logits(model, params)
   assert np.std(expected) > 0.5, "logits too small to show an error"
@@ -482,8 +483,8 @@ def test_a_sentencepiece_vocabulary_exports_as_a_tokenizer_transformers_reads(tm
   pretrained_tokenizer.write_hf_files as export does): transformers' AutoTokenizer gives the
   converted tokenizer's ids, and its text back."""
   model = tmp_path / "sp.model"
-  vocabulary.train_sentencepiece(iter(read_documents(stdlib_dir(), "train")[::32]), str(model),
-                                 512, "unigram")
+  train_sentencepiece(iter(read_documents(stdlib_dir(), "train")[::32]), str(model), 512,
+                      "unigram")
   files = vocabulary_tokenizer.sentencepiece_files(model.read_bytes(), "sp.model")
   folder = tmp_path / "hf"
   folder.mkdir()

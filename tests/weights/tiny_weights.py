@@ -18,6 +18,7 @@ from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.weights import hf_export
+from lingvo_lite.weights.gguf_checkpoint import names_of
 
 # PyCodeTiny's vocabulary (bytes and 3 specials); every size small, heads grouped.
 FIELDS = dict(vocab_size=259, num_layers=2, dim=64, num_heads=4, num_kv_heads=2, mlp_dim=96,
@@ -72,12 +73,12 @@ def gguf_file(path: str | os.PathLike, llama: Llama | None = None,
   llama = llama or model()
   named = tensors(llama)
   writer = gguf.GGUFWriter(os.fspath(path), "llama")
-  for key, value in {**llama.gguf_metadata(), **(metadata or {})}.items():
+  for key, value in {**names_of(llama).metadata(), **(metadata or {})}.items():
     if isinstance(value, float):
       writer.add_float32(f"llama.{key}", value)
     else:
       writer.add_uint32(f"llama.{key}", value)
-  for name, tensor in llama.gguf_tensors().items():
+  for name, tensor in names_of(llama).tensors().items():
     values = np.ascontiguousarray(tensor.from_hf(named[tensor.hf]))
     if quantized is not None and values.ndim == 2:
       writer.add_tensor(name, gguf.quants.quantize(values, quantized), raw_dtype=quantized)

@@ -16,9 +16,10 @@ from typing import Any
 
 import jax
 
-from lingvo_lite import evaluation, target as targets
+from lingvo_lite import target as targets
+from lingvo_lite.training import evaluation
 from lingvo_lite.experiment import Setup
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.programs.compile import analyses
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

@@ -33,7 +33,7 @@ from jax.experimental import serialize_executable
 
 from lingvo_lite import outputs, paths, target as targets
 from lingvo_lite.errors import UsageError, shown
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.programs.compile.aot import CompileResult
 
 KIND = "compiled_step"

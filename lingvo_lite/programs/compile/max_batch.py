@@ -17,11 +17,12 @@ import dataclasses
 import math
 from typing import Any, Callable
 
-from lingvo_lite import evaluation, target as targets
+from lingvo_lite import target as targets
+from lingvo_lite.training import evaluation
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models import remat
-from lingvo_lite.programs.compile import aot, report as compile_report
+from lingvo_lite.programs.compile import aot, compile_report
 from lingvo_lite.runtime import progress
 
 # A search that has not closed the boundary after this many compiles reports where it is.

@@ -3,12 +3,13 @@
   python -m lingvo_lite --exp=GptJ6B --mode=compile --compile_topology=v5e-256 \\
       --job_log_dir=runs/gptj_v5e
 
-Prints the report (programs/compile_report.py) and writes it to JOB/compile/report.{txt,json}
-when a job dir is given; `--compile_find_max_batch` adds the largest per-device batch that
-fits, `--compiled_step_out` saves the executable (of a step that fits) for `--mode=train
---compiled_step_in`. `--compile_program=eval` compiles the eval step; `=decode` the decode
-functions (programs/decode_compile.py: the generate loop and the largest prefill, with the
-KV cache per device; `--compile_find_max_batch` then finds the largest decode.slots).
+Prints the report (programs/compile/compile_report.py) and writes it to
+JOB/compile/report.{txt,json} when a job dir is given; `--compile_find_max_batch` adds the
+largest per-device batch that fits, `--compiled_step_out` saves the executable (of a step that
+fits) for `--mode=train --compiled_step_in`. `--compile_program=eval` compiles the eval step;
+`=decode` the decode functions (programs/compile/decode_compile.py: the generate loop and the
+largest prefill, with the KV cache per device; `--compile_find_max_batch` then finds the
+largest decode.slots).
 Exit code 3 when the step (or a decode function) does not fit the target's memory.
 """
 
@@ -24,9 +25,8 @@ from lingvo_lite import outputs, paths, target as targets, topologies
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
-from lingvo_lite.programs.compile import (aot, analyses, compiled_steps,
-                                          decode as decode_compile, max_batch,
-                                          report as compile_report)
+from lingvo_lite.programs.compile import (aot, analyses, compile_report, compiled_steps,
+                                          decode_compile, max_batch)
 from lingvo_lite.runtime import summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.weights import sources

@@ -1,7 +1,7 @@
 """The train program: init or resume, then step, log, evaluate and checkpoint until done.
 
 This module is the program (its options, the files it writes, `main`, `run`: the start-up
-and the failure paths); `loop.py` runs the steps, `outputs.py` keeps what the run writes
+and the failure paths); `loop.py` runs the steps, `run_outputs.py` keeps what the run writes
 besides checkpoints, and `failures.py` says how a run stops.
 
 Resume is exact: the state comes back from the latest checkpoint and the data source
@@ -19,21 +19,22 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 from etils import epath
 
-from lingvo_lite import evaluation, memory_fit, mfu, target as targets
+from lingvo_lite import memory_fit, mfu, target as targets
+from lingvo_lite.training import evaluation
 from lingvo_lite.checkpoints import health as checkpoint_health
 from lingvo_lite.checkpoints import selection as checkpoint_selection
-from lingvo_lite.checkpoints.errors import CheckpointWriteError
+from lingvo_lite.checkpoints.orbax_errors import CheckpointWriteError
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.train.failures import (NonFinite, OutputWriteError, TrainingFailure,
                                                  newest_checkpoint, resume_advice, write_advice)
 from lingvo_lite.programs.train.loop import PROFILE_DIR, TrainLoop, TrainResult
-from lingvo_lite.programs.train.outputs import RunOutputs
+from lingvo_lite.programs.train.run_outputs import RunOutputs
 from lingvo_lite.runtime import hangup, lock as job_lock, run_info, summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.runtime.stop_request import StopRequest

@@ -11,14 +11,14 @@ from typing import Any, Callable, Iterator
 import jax
 from etils import epath
 
-from lingvo_lite import evaluation
+from lingvo_lite.training import evaluation
 from lingvo_lite.checkpoints import health as checkpoint_health
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.experiment import Setup
-from lingvo_lite.jitted import JittedSteps
+from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.programs.train.failures import NonFinite, check_finite
-from lingvo_lite.programs.train.outputs import RunOutputs
+from lingvo_lite.programs.train.run_outputs import RunOutputs
 from lingvo_lite.runtime import summaries
 from lingvo_lite.runtime.stop_request import StopRequest
 from lingvo_lite.runtime.watchdog import Watchdog

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from lingvo_lite.train_state import TrainState
+from lingvo_lite.training.train_state import TrainState
 
 Batch = dict[str, jax.Array]
 

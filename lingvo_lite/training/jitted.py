@@ -15,7 +15,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from lingvo_lite import steps, target as targets, train_state
+from lingvo_lite import target as targets
+from lingvo_lite.training import steps, train_state
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import Batch, local_rows

@@ -7,7 +7,7 @@ report.json, schema "lingvo_lite.compile_report/1":
   target:     name, platform, device_kind, num_devices, num_processes, num_slices,
               memory_per_device (bytes or null), memory_source
   program:    "train" or "eval";  mesh: {axis: size};  parameters: count
-              (the decode program's report: programs/compile/decode.py)
+              (the decode program's report: programs/compile/decode_compile.py)
   batch:      global_batch_size, per_device_batch_size, sequence_length
   memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
               outputs - aliased + temporaries + generated code), peak (XLA's peak of live
@@ -46,7 +46,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from lingvo_lite import evaluation, mfu
+from lingvo_lite import mfu
+from lingvo_lite.training import evaluation
 from lingvo_lite.programs.compile import analyses
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 

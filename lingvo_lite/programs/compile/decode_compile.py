@@ -49,8 +49,9 @@ import numpy as np
 from lingvo_lite import target as targets
 from lingvo_lite.decode.jitted import DecodeSteps
 from lingvo_lite.experiment import Setup
-from lingvo_lite.programs.compile import aot, max_batch, report as compile_report
-from lingvo_lite.programs.compile.report import DOES_NOT_FIT, FITS, UNKNOWN, gib
+from lingvo_lite.programs.compile import aot, compile_report, max_batch
+from lingvo_lite.programs.compile.compile_report import DOES_NOT_FIT, FITS, UNKNOWN, gib
+from lingvo_lite.weights import job_params
 
 FUNCTIONS = ("generate", "prefill")
 
@@ -76,7 +77,7 @@ def compile_decode(setup: Setup, target: targets.Target) -> DecodeCompileResult:
     UsageError: decode.slots does not split over the target mesh's data-parallel axes.
   """
   with targets.active(target):
-    steps = DecodeSteps(setup, setup.partitioner.make_mesh(target.devices))
+    steps = DecodeSteps(setup, job_params.mesh_of(setup, target.devices))
     bucket = max(steps.buckets)
     compiled = {}
     for name, lower in (("generate", steps.lower_generate),

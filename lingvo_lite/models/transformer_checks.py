@@ -1,0 +1,88 @@
+"""The checks of a `TransformerLM`'s fields that its field annotations cannot make (sizes that
+must divide, the attention kernel the target runs, the sequence its positions cover) and the
+changes that make it tiny. A mixin of `TransformerLM` (models/transformer.py): the family
+interface's answers about checks (models/family.py), reading the transformer's fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+
+from lingvo_lite import target as targets
+from lingvo_lite.errors import config_error
+from lingvo_lite.models import remat
+
+
+class TransformerChecks:
+  """`validate`, `check_sequence_length` and `tiny` of a `TransformerLM` (its fields are read;
+  none is declared here)."""
+
+  @nn.nowrap
+  def validate(self, target: targets.Target, path: str = "model") -> None:
+    self.check_size(path)
+    if self.head_dim is None and self.dim % self.num_heads:
+      raise config_error(f"{path}.num_heads", self.num_heads,
+                         f"does not divide {path}.dim={self.dim}",
+                         f"choose a divisor of dim or set {path}.head_dim")
+    if self.num_heads % self.resolved_num_kv_heads:
+      raise config_error(f"{path}.num_kv_heads", self.num_kv_heads,
+                         f"does not divide {path}.num_heads={self.num_heads}",
+                         "grouped-query attention needs num_heads % num_kv_heads == 0")
+    if self.attention_implementation == "cudnn":
+      self._check_cudnn_attention(target, path)
+    if self.attention_implementation == "splash" and target.platform == "gpu":
+      raise config_error(f"{path}.attention_implementation", "splash",
+                         "is the TPU's kernel (a GPU cannot run it)",
+                         "use 'auto', 'cudnn' or 'xla'")
+    if remat.offloads(self.remat_policy) and target.platform == "cpu":
+      raise config_error(f"{path}.remat_policy", self.remat_policy,
+                         "moves activations to host memory, which a CPU target does not have "
+                         "apart from its own", "use a policy without '_offloaded' on a CPU")
+    self.check_quantization(path)
+    rotary_dim = self.resolved_rotary_dim
+    if rotary_dim % 2 or rotary_dim > self.resolved_head_dim:
+      raise config_error(f"{path}.rotary_dim", self.rotary_dim,
+                         f"must be even and at most head_dim={self.resolved_head_dim}")
+
+  @nn.nowrap
+  def _check_cudnn_attention(self, target: targets.Target, path: str) -> None:
+    """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device
+    time."""
+    problem = None
+    device = target.devices[0]
+    # Hopper (compute capability 9.0) and newer take heads up to 256 wide, older GPUs 128.
+    capability = getattr(device, "compute_capability", "0")
+    widest_head = 256 if float(capability) >= 9.0 else 128
+    if target.platform != "gpu" or "NVIDIA" not in device.device_kind.upper():
+      problem = f"needs an NVIDIA GPU (this device: {device.device_kind})"
+    elif self.dtype not in ("bfloat16", "float16"):
+      problem = f"needs {path}.dtype 'bfloat16' or 'float16' (got {self.dtype!r})"
+    elif self.resolved_head_dim % 8 or self.resolved_head_dim > widest_head:
+      problem = (f"needs a head_dim that is a multiple of 8 and at most {widest_head} on "
+                 f"{device.device_kind} (got {self.resolved_head_dim})")
+    if problem:
+      raise config_error(f"{path}.attention_implementation", "cudnn", problem,
+                         "or use 'einsum' or 'xla'")
+
+  @nn.nowrap
+  def check_sequence_length(self, path: str, sequence_length: int) -> None:
+    if self.position == "learned" and sequence_length > self.max_length:
+      raise config_error(path, sequence_length,
+                         f"exceeds model.max_length={self.max_length} of learned positions")
+
+  @classmethod
+  def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:
+    """2 layers, width 64, 4 heads of derived width, at most 2 key/value heads, the rotated
+    fraction of each head kept, float32, and a context of at least 64 positions."""
+    old_head_dim = fields.get("head_dim") or fields["dim"] // fields["num_heads"]
+    changes = {"num_layers": 2, "dim": 64, "num_heads": 4, "head_dim": None, "mlp_dim": None,
+               "dtype": "float32", "param_dtype": "float32",
+               "max_length": max(sequence_length, 64)}
+    if fields.get("num_kv_heads") is not None:
+      changes["num_kv_heads"] = min(fields["num_kv_heads"], 2)
+    if fields.get("rotary_dim") is not None:
+      # Keep the rotated fraction of each head (GPT-J rotates 64 of 256 dims).
+      changes["rotary_dim"] = min(16, max(2, 16 * fields["rotary_dim"] // old_head_dim // 2 * 2))
+    return changes
