@@ -1,10 +1,13 @@
 """Decode step time against the memory roofline: SmolLM2-135M's shape, bf16, on one device.
 
   python bench/tpu_decode.py [--batches 1,8,64] [--layouts unrolled,scanned]
-      [--prompt_length 128] [--new_tokens 128] [--json FILE]
+      [--attention einsum,auto] [--prompt_length 128] [--new_tokens 128] [--json FILE]
 
-Layouts: "unrolled" (model.scan_layers=False) and "scanned" (model.scan_layers=True: one loop
-over the layers in each step).
+Layouts: "unrolled" (model.scan_layers=False) and "scanned" (model.scan_layers=True, which a
+decode on an accelerator unrolls: `LanguageModel.for_decoding`). Attention: each
+`model.attention_implementation` compared ("einsum": the written-out cache attention, which
+reads every entry; "auto": on a TPU the decode kernel of models/decode_attention.py, which
+reads only the filled pages).
 
 A decode step must read every parameter once and every filled key/value entry of every slot;
 on an accelerator nothing else should cost as much, so its time is bounded below by those
@@ -56,6 +59,7 @@ def _args() -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batches", default="1,8,64")
   parser.add_argument("--layouts", default="unrolled,scanned")
+  parser.add_argument("--attention", default="einsum,auto")
   parser.add_argument("--prompt_length", type=int, default=128)
   parser.add_argument("--new_tokens", type=int, default=112)
   parser.add_argument("--set", action="append", default=[])
@@ -82,7 +86,7 @@ def _timed(function) -> float:
 LAYOUTS = {"unrolled": False, "scanned": True}
 
 
-def measure(batch: int, layout: str, prompt_length: int, new_tokens: int,
+def measure(batch: int, layout: str, attention: str, prompt_length: int, new_tokens: int,
             sets: list[str]) -> dict:
   warm = 8
   # A TPU stores the cache with positions in its 128-wide lanes: a length of a multiple of
@@ -138,15 +142,16 @@ def main() -> None:
         f"{copy:.0f} GB/s; datasheet {datasheet or '?'} GB/s", flush=True)
   rows = []
   for layout in args.layouts.split(","):
-    for batch in (int(b) for b in args.batches.split(",")):
-      row = measure(batch, layout, args.prompt_length, args.new_tokens, args.set)
-      row.update(layout=layout, of_copy=row["bandwidth_gbs"] / copy)
-      rows.append(row)
-      print(f"{layout:<9} batch {batch:>3}: step {row['step_ms']:.3f} ms, "
-            f"{row['tokens_per_s']:,.0f} tokens/s, {row['bandwidth_gbs']:.0f} GB/s = "
-            f"{row['of_copy']:.0%} of the measured copy bandwidth (parameters "
-            f"{row['param_bytes'] / 1e6:.0f} MB + filled KV {row['kv_bytes'] / 1e6:.0f} MB); "
-            f"generate compiled in {row['compile_s']:.1f} s", flush=True)
+    for attention in args.attention.split(","):
+      for batch in (int(b) for b in args.batches.split(",")):
+        row = measure(batch, layout, attention, args.prompt_length, args.new_tokens, args.set)
+        row.update(layout=layout, attention=attention, of_copy=row["bandwidth_gbs"] / copy)
+        rows.append(row)
+        print(f"{layout:<9} {attention:<7} batch {batch:>3}: step {row['step_ms']:.3f} ms, "
+              f"{row['tokens_per_s']:,.0f} tokens/s, {row['bandwidth_gbs']:.0f} GB/s = "
+              f"{row['of_copy']:.0%} of the measured copy bandwidth (parameters "
+              f"{row['param_bytes'] / 1e6:.0f} MB + filled KV {row['kv_bytes'] / 1e6:.0f} MB); "
+              f"generate compiled in {row['compile_s']:.1f} s", flush=True)
   if args.json:
     with open(args.json, "a", encoding="utf-8") as f:
       for row in rows:

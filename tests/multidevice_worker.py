@@ -10,12 +10,16 @@ import json
 import sys
 import tempfile
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 from lingvo_lite.decode import jitted as decode_steps, steps as decoding
+from lingvo_lite.models import decode_attention
+from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
 
@@ -113,6 +117,31 @@ def _decode_logits(mesh_shape, extra_sets=()):
           "cache_spec": cache_spec, "query_specs": query_specs}
 
 
+def _decode_kernel_on_a_mesh():
+  """The TPU decode kernel (interpreted here) placed per shard, slots over data=4 and
+  key/value heads over tensor=2, against the kernel on one device: each (slot, head) is the
+  same computation, so the outputs are equal. Inputs bfloat16 holds exactly."""
+  shape = (8, 2, 64, 16)
+  keys, values = (jax.random.normal(jax.random.key(seed), shape).astype(jnp.bfloat16)
+                  for seed in (0, 1))
+  q = jax.random.normal(jax.random.key(2), (8, 2, 3, 16)).astype(jnp.bfloat16).astype(
+      jnp.float32)
+  lengths = jnp.arange(1, 65, 8, dtype=jnp.int32)
+  single = decode_attention.attend(q, keys, values, lengths)
+  partitioner = Partitioner(ici_data=4, ici_tensor=2)
+  mesh = partitioner.make_mesh(jax.devices())
+  attend = jax.jit(decode_attention.attend)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(list(partitioner.rules)):
+    heads = NamedSharding(mesh, PartitionSpec("data", "tensor"))
+    args = (jax.device_put(q, heads), jax.device_put(keys, heads),
+            jax.device_put(values, heads),
+            jax.device_put(lengths, NamedSharding(mesh, PartitionSpec("data"))))
+    sharded = attend(*args)
+    placed = "shard_map" in str(jax.make_jaxpr(attend)(*args))
+  return {"max_difference": float(jnp.max(jnp.abs(sharded - single))), "per_shard": placed,
+          "output_spec": str(sharded.sharding.spec)}
+
+
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
@@ -121,6 +150,7 @@ def main():
                                       f"'{implementation}'"), steps=3)
       for name, (shape, implementation) in SPLASH_MESHES.items()}
   result["decode"] = {name: _decode_logits(shape) for name, shape in DECODE_MESHES.items()}
+  result["decode_kernel"] = _decode_kernel_on_a_mesh()
   result["decode_int8_weights"] = {name: _decode_logits(shape, INT8_WEIGHTS)
                                    for name, shape in INT8_WEIGHTS_MESHES.items()}
   result["bad"] = {}

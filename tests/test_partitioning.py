@@ -126,6 +126,14 @@ def test_sharded_decode_gives_the_logits_of_one_device(worker):
   _assert_same_logits_while_tokens_agree(single, sharded)
 
 
+def test_the_decode_kernel_placed_per_shard_equals_one_device(worker):
+  """models/decode_attention.py under data=4 x tensor=2: each device runs the kernel on its
+  slots and heads (a shard_map), with the outputs of one device."""
+  run = worker["decode_kernel"]
+  assert run["per_shard"] and run["output_spec"] == str(PartitionSpec("data", "tensor"))
+  assert run["max_difference"] <= 1e-6, run
+
+
 def test_int8_weights_decode_sharded_as_on_one_device(worker):
   """int8 weights on data=2 x fsdp=2 x tensor=2: a query kernel's int8 values split as the
   float kernel is ([embed, heads, kv]: fsdp, tensor), its scales [1, heads, kv] over tensor

@@ -83,7 +83,8 @@ last `window` positions, as a ring buffer:
   prefill: every path, written out or fused, takes the band i - j < window from it), and for
   decoding `_cache_entry(positions, entries)` (write position p at entry p % entries) and
   `_cache_mask(positions, entries)` (the entries holding positions within the window of each
-  query);
+  query) with `_cache_prefix(positions, entries)` (how many leading entries that is, for the
+  TPU's decode kernel: min(p + 1, entries) for a ring);
 - `empty_cache` and `cache_shapes` pass min(window, cache_length) entries to `kv_cache.empty`
   and `kv_cache.array_shapes` (both take the entry count; `kv_cache.logical_specs` serves
   as it is), so the cache stays that size however long a request decodes;

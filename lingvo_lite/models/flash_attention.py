@@ -68,7 +68,7 @@ def _kernel(length: int, heads: int, window: int | None, interpret: bool
                                 residual_checkpoint_name=RESIDUAL_NAME, interpret=interpret)
 
 
-def _shard_specs(batch: int, kv_heads: int) -> tuple[PartitionSpec, PartitionSpec] | None:
+def shard_specs(batch: int, kv_heads: int) -> tuple[PartitionSpec, PartitionSpec] | None:
   """(spec of [batch, heads, length, head_dim], spec of [batch, length]) under the mesh and
   logical rules in scope, or None without a mesh of more than one device. A dimension that
   its mesh axes do not divide (one row, as the parameters' shapes are traced with) is not
@@ -139,7 +139,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     segments = splash.SegmentIds(q=segment_ids, kv=segment_ids)
     return jax.vmap(kernel)(q, k, v, segment_ids=segments)
 
-  specs = _shard_specs(q.shape[0], k.shape[1])
+  specs = shard_specs(q.shape[0], k.shape[1])
   if specs is not None:
     heads_spec, rows_spec = specs
     attend = jax.shard_map(

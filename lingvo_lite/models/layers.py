@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lingvo_lite.models import flash_attention
+from lingvo_lite.models import decode_attention, flash_attention
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.quantization import Quantization
 from lingvo_lite.models.remat import tag
@@ -244,8 +244,9 @@ class Attention(nn.Module):
   A family whose attention differs overrides a hook rather than a path: `sliding_window()`
   (the positions a query sees; every training and prefill path takes it: the einsum's mask,
   the fused kernels' local window, splash's band), and for decoding `_cache_entry` (where a
-  new token's keys and values go in the cache) and `_cache_mask` (which entries a query sees):
-  a window's ring buffer is those two.
+  new token's keys and values go in the cache), `_cache_mask` (which entries a query sees)
+  and `_cache_prefix` (the same as a count of leading entries, for the TPU's decode kernel):
+  a window's ring buffer is those three.
   """
 
   num_heads: int
@@ -359,6 +360,16 @@ class Attention(nn.Module):
     earlier request's, or padding)."""
     return jnp.arange(entries, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
 
+  def _cache_prefix(self, positions: jax.Array, entries: int) -> jax.Array | None:
+    """int32 [batch]: how many leading entries a single query at `positions` [batch] sees,
+    when what `_cache_mask` lets it see is exactly those (the TPU decode kernel's form,
+    models/decode_attention.py); None when it is not a prefix. Here entries 0..p. A subclass
+    with a mask of its own says its prefix itself, or has none."""
+    del entries
+    if type(self)._cache_mask is not Attention._cache_mask:
+      return None
+    return positions + 1
+
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                         context: Context) -> tuple[jax.Array, Context]:
     """Decoding: writes the new tokens' keys and values into the cache at their entries
@@ -381,6 +392,13 @@ class Attention(nn.Module):
         keys[context.layer], values[context.layer])
     q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
+    prefix = self._cache_prefix(positions[:, 0], entries)
+    if (self.implementation == "splash" and prefix is not None
+        and decode_attention.supports(length, entries, layer_keys.dtype)):
+      # The TPU's decode kernel: reads only the entries each slot filled.
+      out = decode_attention.attend(q[:, 0], layer_keys, layer_values, prefix)
+      return out.reshape(batch, length, self.num_heads, self.head_dim), context._replace(
+          keys=keys, values=values)
     logits = jnp.einsum("btkgd,bksd->bkgts", q, layer_keys.astype(self.dtype)
                         ).astype(jnp.float32)
     mask = self._cache_mask(positions, entries)[:, None, None]

@@ -62,6 +62,12 @@ class SlidingWindowAttention(layers.Attention):
     held = ring_positions(positions, entries)  # [batch, length, entries]
     return (held >= 0) & (positions[..., None] - held < self.window)
 
+  def _cache_prefix(self, positions: jax.Array, entries: int) -> jax.Array:
+    """Entries 0..p until the ring is full, then all of them: every position a full ring
+    holds is within the window (it holds at most `window`), and where in the ring each sits
+    does not change a softmax over them."""
+    return jnp.minimum(positions + 1, entries)
+
 
 def _write_ring(cache: kv_cache.KVCache, new: tuple[jax.Array, jax.Array],
                 lengths: jax.Array, insert: jax.Array) -> kv_cache.KVCache:
