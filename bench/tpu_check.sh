@@ -19,7 +19,8 @@
 #         baseline rows (written-out attention, full remat) and this project's kernel and
 #         remat policies, side by side in one process; then a SmolLM2-135M fine-tune step.
 # decode: bench/tpu_decode.py: SmolLM2-135M's shape at batch 1, 8 and 64, unrolled and
-#         scanned layers, against the copy bandwidth measured in the same run.
+#         scanned layers; a shape with heads of 128 with and without the decode kernel;
+#         against the copy bandwidth measured in the same run.
 # tests:  the suite's model, decode and step tests on the chip, one pytest process, float32
 #         comparisons at the highest matmul precision (tests/conftest.py sets it on TPUs).
 # Output: stdout, and $OUT/*.txt / *.jsonl when $OUT is set.
@@ -68,8 +69,12 @@ for stage in "${stages[@]}"; do
           2>&1 | grep -v "^[WI]0" | tee -a "$out/train.txt"
       ;;
     decode)
-      python3 bench/tpu_decode.py --json "$out/decode.jsonl" 2>&1 | grep -v "^[WI]0" \
-          | tee "$out/decode.txt"
+      # SmolLM2's heads of 64 have no kernel form (the written-out path either way): its
+      # layouts; then heads of 128, the written-out path beside the decode kernel.
+      python3 bench/tpu_decode.py --shapes smollm2 --attention auto --json "$out/decode.jsonl" \
+          2>&1 | grep -v "^[WI]0" | tee "$out/decode.txt"
+      python3 bench/tpu_decode.py --shapes head128 --layouts scanned --attention einsum,auto \
+          --json "$out/decode.jsonl" 2>&1 | grep -v "^[WI]0" | tee -a "$out/decode.txt"
       ;;
     tests)
       # Float32 comparisons at the highest matmul precision (a TPU's default is three digits).

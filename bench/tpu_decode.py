@@ -1,7 +1,7 @@
-"""Decode step time against the memory roofline: SmolLM2-135M's shape, bf16, on one device.
+"""Decode step time against the memory roofline: SmolLM2-135M's shape and one with heads of 128.
 
   python bench/tpu_decode.py [--batches 1,8,64] [--layouts unrolled,scanned]
-      [--attention einsum,auto] [--prompt_length 128] [--new_tokens 128] [--json FILE]
+      [--attention einsum,auto] [--shapes smollm2,head128] [--prompt_length 128] [--new_tokens 128] [--json FILE]
 
 Layouts: "unrolled" (model.scan_layers=False) and "scanned" (model.scan_layers=True, which a
 decode on an accelerator unrolls: `LanguageModel.for_decoding`). Attention: each
@@ -50,6 +50,16 @@ SMOLLM2_SHAPE = ("model.vocab_size=49152", "model.num_layers=30", "model.dim=576
                  "model.tie_embeddings=True", "model.dtype='bfloat16'",
                  "model.param_dtype='bfloat16'", "model.remat_policy='none'",
                  "train_data.vocab_size=49152", "eval_data.vocab_size=49152")
+# The kernel of models/decode_attention.py takes heads of 128 only: a Qwen3-0.6B-like shape
+# (28 layers, d_model 1024, 16 query and 8 key/value heads of 128, SwiGLU 3072; a 32k
+# vocabulary, tied), Llama's blocks, 0.5B parameters.
+HEAD128_SHAPE = ("model.vocab_size=32000", "model.num_layers=28", "model.dim=1024",
+                 "model.num_heads=16", "model.num_kv_heads=8", "model.head_dim=128",
+                 "model.mlp_dim=3072", "model.rotary_base=1000000.0", "model.max_length=8192",
+                 "model.tie_embeddings=True", "model.dtype='bfloat16'",
+                 "model.param_dtype='bfloat16'", "model.remat_policy='none'",
+                 "train_data.vocab_size=32000", "eval_data.vocab_size=32000")
+SHAPES = {"smollm2": SMOLLM2_SHAPE, "head128": HEAD128_SHAPE}
 # Datasheet HBM bandwidth (GB/s) by device kind.
 DATASHEET_BANDWIDTH = {"TPU v5 lite": 819.0, "TPU v5e": 819.0, "TPU v4": 1200.0,
                        "TPU v5p": 2765.0, "TPU v6 lite": 1640.0}
@@ -60,6 +70,7 @@ def _args() -> argparse.Namespace:
   parser.add_argument("--batches", default="1,8,64")
   parser.add_argument("--layouts", default="unrolled,scanned")
   parser.add_argument("--attention", default="einsum,auto")
+  parser.add_argument("--shapes", default="smollm2,head128")
   parser.add_argument("--prompt_length", type=int, default=128)
   parser.add_argument("--new_tokens", type=int, default=112)
   parser.add_argument("--set", action="append", default=[])
@@ -86,15 +97,15 @@ def _timed(function) -> float:
 LAYOUTS = {"unrolled": False, "scanned": True}
 
 
-def measure(batch: int, layout: str, attention: str, prompt_length: int, new_tokens: int,
-            sets: list[str]) -> dict:
+def measure(shape: str, batch: int, layout: str, attention: str, prompt_length: int,
+            new_tokens: int, sets: list[str]) -> dict:
   warm = 8
   # A TPU stores the cache with positions in its 128-wide lanes: a length of a multiple of
   # 128 is not padded.
   cache_length = -(-(prompt_length + warm + new_tokens + 8) // 128) * 128
   scanned = LAYOUTS[layout]
   setup = executor.build_experiment("Llama1B", [
-      *SMOLLM2_SHAPE, f"model.scan_layers={scanned}", f"decode.slots={batch}",
+      *SHAPES[shape], f"model.scan_layers={scanned}", f"decode.slots={batch}",
       f"decode.cache_length={cache_length}", f"decode.prefill_buckets=({prompt_length},)",
       "decode.stop_at_eos=False", f"decode.max_new_tokens={new_tokens}", *sets])
   model = setup.model
@@ -141,17 +152,20 @@ def main() -> None:
   print(f"jax {jax.__version__}, {device.device_kind}; copy bandwidth measured here "
         f"{copy:.0f} GB/s; datasheet {datasheet or '?'} GB/s", flush=True)
   rows = []
-  for layout in args.layouts.split(","):
-    for attention in args.attention.split(","):
-      for batch in (int(b) for b in args.batches.split(",")):
-        row = measure(batch, layout, attention, args.prompt_length, args.new_tokens, args.set)
-        row.update(layout=layout, attention=attention, of_copy=row["bandwidth_gbs"] / copy)
-        rows.append(row)
-        print(f"{layout:<9} {attention:<7} batch {batch:>3}: step {row['step_ms']:.3f} ms, "
-              f"{row['tokens_per_s']:,.0f} tokens/s, {row['bandwidth_gbs']:.0f} GB/s = "
-              f"{row['of_copy']:.0%} of the measured copy bandwidth (parameters "
-              f"{row['param_bytes'] / 1e6:.0f} MB + filled KV {row['kv_bytes'] / 1e6:.0f} MB); "
-              f"generate compiled in {row['compile_s']:.1f} s", flush=True)
+  runs = [(shape, layout, attention, batch) for shape in args.shapes.split(",")
+          for layout in args.layouts.split(",") for attention in args.attention.split(",")
+          for batch in (int(b) for b in args.batches.split(","))]
+  for shape, layout, attention, batch in runs:
+    row = measure(shape, batch, layout, attention, args.prompt_length, args.new_tokens,
+                  args.set)
+    row.update(shape=shape, layout=layout, attention=attention,
+               of_copy=row["bandwidth_gbs"] / copy)
+    rows.append(row)
+    print(f"{shape} {layout:<9} {attention:<7} batch {batch:>3}: step {row['step_ms']:.3f} "
+          f"ms, {row['tokens_per_s']:,.0f} tokens/s, {row['bandwidth_gbs']:.0f} GB/s = "
+          f"{row['of_copy']:.0%} of the measured copy bandwidth (parameters "
+          f"{row['param_bytes'] / 1e6:.0f} MB + filled KV {row['kv_bytes'] / 1e6:.0f} MB); "
+          f"generate compiled in {row['compile_s']:.1f} s", flush=True)
   if args.json:
     with open(args.json, "a", encoding="utf-8") as f:
       for row in rows:

@@ -121,10 +121,10 @@ def _decode_kernel_on_a_mesh():
   """The TPU decode kernel (interpreted here) placed per shard, slots over data=4 and
   key/value heads over tensor=2, against the kernel on one device: each (slot, head) is the
   same computation, so the outputs are equal. Inputs bfloat16 holds exactly."""
-  shape = (8, 2, 64, 16)
+  shape = (8, 2, 64, 128)
   keys, values = (jax.random.normal(jax.random.key(seed), shape).astype(jnp.bfloat16)
                   for seed in (0, 1))
-  q = jax.random.normal(jax.random.key(2), (8, 2, 3, 16)).astype(jnp.bfloat16).astype(
+  q = jax.random.normal(jax.random.key(2), (8, 2, 3, 128)).astype(jnp.bfloat16).astype(
       jnp.float32)
   lengths = jnp.arange(1, 65, 8, dtype=jnp.int32)
   single = decode_attention.attend(q, keys, values, lengths)

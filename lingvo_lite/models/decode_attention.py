@@ -19,6 +19,9 @@ the group that shares that head, and the page table is arange. Rules:
   where in the ring does not change a softmax over them).
 - bfloat16 caches only: the kernel multiplies in bfloat16, so a float32 cache (a CPU run's)
   keeps the exact written-out path.
+- Head dimensions of a multiple of 128 (the TPU's lane width: Mosaic refuses the kernel's
+  blocks otherwise): Llama 3 8B's, Mistral's, Qwen3's. A head of 64 (SmolLM2, Llama 3.2 1B)
+  keeps the written-out path.
 - Page size: the largest of 128, 64, 32 and 16 that divides the entries (none: the written-out
   path); each of the kernel's blocks takes up to 512 entries. These follow the kernel's own
   tests and MaxText's defaults; they are not tuned on a chip yet.
@@ -39,6 +42,8 @@ from lingvo_lite.models import flash_attention
 from lingvo_lite.target import current_platform
 
 PAGE_SIZES = (128, 64, 32, 16)
+# The TPU's vector lane count: the kernel's blocks end in a whole number of lanes.
+LANES = 128
 # Entries per kernel block at most (pages_per_compute_block x page size).
 BLOCK_ENTRIES = 512
 
@@ -48,10 +53,10 @@ def page_size(entries: int) -> int | None:
   return next((size for size in PAGE_SIZES if entries % size == 0), None)
 
 
-def supports(query_length: int, entries: int, dtype: jnp.dtype) -> bool:
-  """Whether a cached attention of `query_length` tokens over `entries` in `dtype` has the
-  kernel's form (the module docstring's rules)."""
-  return (query_length == 1 and jnp.dtype(dtype) == jnp.bfloat16
+def supports(query_length: int, entries: int, head_dim: int, dtype: jnp.dtype) -> bool:
+  """Whether a cached attention of `query_length` tokens over `entries` of `head_dim` in
+  `dtype` has the kernel's form (the module docstring's rules)."""
+  return (query_length == 1 and jnp.dtype(dtype) == jnp.bfloat16 and head_dim % LANES == 0
           and page_size(entries) is not None)
 
 

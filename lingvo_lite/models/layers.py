@@ -394,7 +394,7 @@ class Attention(nn.Module):
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
     prefix = self._cache_prefix(positions[:, 0], entries)
     if (self.implementation == "splash" and prefix is not None
-        and decode_attention.supports(length, entries, layer_keys.dtype)):
+        and decode_attention.supports(length, entries, self.head_dim, layer_keys.dtype)):
       # The TPU's decode kernel: reads only the entries each slot filled.
       out = decode_attention.attend(q[:, 0], layer_keys, layer_values, prefix)
       return out.reshape(batch, length, self.num_heads, self.head_dim), context._replace(

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from lingvo_lite import target as targets
 from lingvo_lite.models import decode_attention, layers
 from lingvo_lite.models.mistral import SlidingWindowAttention
 
@@ -22,11 +23,11 @@ def _bfloat16_values(key, shape):
 def test_the_kernel_is_the_softmax_over_each_slots_filled_entries():
   """3 slots x 2 key/value heads x a group of 3 query heads over 256 entries (2 pages of
   128), lengths inside a page, at a page edge and the whole slot; float64 reference."""
-  slots, kv_heads, group, entries, head_dim = 3, 2, 3, 256, 32
+  slots, kv_heads, group, entries, head_dim = 3, 2, 3, 256, 128
   keys = _bfloat16_values(jax.random.key(0), (slots, kv_heads, entries, head_dim))
   values = _bfloat16_values(jax.random.key(1), (slots, kv_heads, entries, head_dim))
   q = _bfloat16_values(jax.random.key(2), (slots, kv_heads, group, head_dim)).astype(
-      jnp.float32) / 8
+      jnp.float32) / 16
   lengths = np.array([37, 128, 256], np.int32)
   out = decode_attention.attend(q, keys, values, jnp.asarray(lengths))
   q64, k64, v64 = (np.asarray(a, np.float64) for a in (q, keys, values))
@@ -38,13 +39,14 @@ def test_the_kernel_is_the_softmax_over_each_slots_filled_entries():
   np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-5)
 
 
-def _decode_steps(window, cache_keys, cache_values, positions, implementations):
+def _decode_steps(window, cache_keys, cache_values, positions, implementations, run=True):
   """One decode step of a bfloat16 grouped-query attention layer over the given cache, per
   implementation (the same parameters): {implementation: (output, new keys, new values,
-  whether the kernel is in the program)}."""
+  whether the kernel is in the program)}; without `run`, only traced (no output)."""
   cls, extra = (SlidingWindowAttention, {"window": window}) if window else (layers.Attention, {})
   make = lambda implementation: cls(
-      num_heads=6, num_kv_heads=2, head_dim=32, rotary_dim=32, rotary_style="half",
+      num_heads=6, num_kv_heads=2, head_dim=cache_keys.shape[-1],
+      rotary_dim=cache_keys.shape[-1], rotary_style="half",
       dtype=jnp.bfloat16, implementation=implementation, **extra)
   x = _bfloat16_values(jax.random.key(3), (positions.shape[0], 1, 48))
   context = layers.Context(cache_keys, cache_values)
@@ -54,9 +56,9 @@ def _decode_steps(window, cache_keys, cache_values, positions, implementations):
   for implementation in implementations:
     step = lambda p, i=implementation: make(i).apply({"params": p}, x, positions, None,
                                                      context)
-    out, new_context = step(params)
-    results[implementation] = (out, new_context.keys, new_context.values,
-                               "pallas_call" in str(jax.make_jaxpr(step)(params)))
+    kernel = "pallas_call" in str(jax.make_jaxpr(step)(params))
+    out, new_context = jax.jit(step)(params) if run else (None, context)
+    results[implementation] = (out, new_context.keys, new_context.values, kernel)
   return results
 
 
@@ -65,7 +67,7 @@ def test_a_decode_step_through_the_kernel_equals_the_written_out_step(window):
   """Slots at positions 0, mid-page and (with a window of 64 entries) past a full ring: the
   same output within bfloat16's rounding of the two paths, the same cache written."""
   entries = window or 256
-  shape = (3, 2, entries, 32)
+  shape = (3, 2, entries, 128)
   keys = _bfloat16_values(jax.random.key(5), shape)
   values = _bfloat16_values(jax.random.key(6), shape)
   positions = jnp.asarray([[0], [41], [200]], jnp.int32)
@@ -79,13 +81,39 @@ def test_a_decode_step_through_the_kernel_equals_the_written_out_step(window):
   assert np.abs(out_kernel - out_einsum).max() <= 2e-2 * scale
 
 
-@pytest.mark.parametrize("dtype, entries", [(jnp.float32, 64), (jnp.bfloat16, 40)])
-def test_the_kernel_has_no_form_for_a_float32_cache_or_entries_no_page_divides(dtype, entries):
-  """A float32 cache (the kernel would round it to bfloat16) and 40 entries (no page size
-  divides them) take the written-out path, on a TPU too."""
-  assert not decode_attention.supports(1, entries, dtype)
-  assert not decode_attention.supports(2, 64, jnp.bfloat16)  # A prefill's tokens.
-  shape = (2, 2, entries, 32)
+@pytest.mark.parametrize("dtype, entries, head_dim", [
+    (jnp.float32, 64, 128), (jnp.bfloat16, 40, 128), (jnp.bfloat16, 64, 64)])
+def test_the_kernel_has_no_form_for_a_float32_cache_odd_entries_or_narrow_heads(
+    dtype, entries, head_dim):
+  """A float32 cache (the kernel would round it to bfloat16), 40 entries (no page size
+  divides them) and heads of 64 (Mosaic takes whole 128-lane blocks only) take the
+  written-out path, on a TPU too."""
+  assert not decode_attention.supports(1, entries, head_dim, dtype)
+  assert not decode_attention.supports(2, 64, 128, jnp.bfloat16)  # A prefill's tokens.
+  shape = (2, 2, entries, head_dim)
   keys, values = (jnp.zeros(shape, dtype) for _ in range(2))
   positions = jnp.asarray([[3], [9]], jnp.int32)
-  assert not _decode_steps(None, keys, values, positions, ("splash",))["splash"][3]
+  assert not _decode_steps(None, keys, values, positions, ("splash",), run=False)["splash"][3]
+
+
+@pytest.mark.parametrize("head_dim, kernel", [(128, True), (64, False)])
+def test_a_tpu_compile_from_this_host_lowers_the_kernel_where_it_has_a_form(head_dim, kernel):
+  """Under a TPU topology's target, a bfloat16 decode step is lowered for Mosaic (the TPU's
+  custom call in the program, not its interpretation) for heads of 128, and written out for
+  heads of 64."""
+  shape = (8, 2, 256, head_dim)
+  cache = jax.ShapeDtypeStruct(shape, jnp.bfloat16)
+  positions = jax.ShapeDtypeStruct((8, 1), jnp.int32)
+  attention = layers.Attention(num_heads=6, num_kv_heads=2, head_dim=head_dim,
+                               rotary_dim=head_dim, rotary_style="half", dtype=jnp.bfloat16,
+                               implementation="splash")
+  x = jax.ShapeDtypeStruct((8, 1, 48), jnp.bfloat16)
+  step = lambda p, x, k, v, positions: attention.apply(
+      {"params": p}, x, positions, None, layers.Context(k, v))
+  with targets.active(targets.compile_target("v5e-1")):
+    params = jax.eval_shape(lambda x, k, v, positions: attention.init(
+        jax.random.key(0), x, positions, None, layers.Context(k, v)), x, cache, cache,
+                            positions)["params"]
+    lowered = jax.jit(step).trace(nn.meta.unbox(params), x, cache, cache, positions).lower(
+        lowering_platforms=("tpu",))
+  assert ("tpu_custom_call" in lowered.as_text()) == kernel
