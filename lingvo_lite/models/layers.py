@@ -18,7 +18,6 @@ from typing import Any, Literal, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from lingvo_lite.models import flash_attention, rotary
 from lingvo_lite.models import quantization as quantizing

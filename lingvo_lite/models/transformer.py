@@ -2,8 +2,8 @@
 
 `TransformerLM` is the transformer of every family built on it, and implements the family
 interface (models/family.py) for all of them. The families differ in orthogonal choices, each
-a field here; a family's module (models/gptj.py, llama.py, gpt2.py, mistral.py) is a subclass
-whose defaults are its choices:
+a field here; a family's module (models/gptj.py, llama.py, gpt2.py, mistral.py, qwen3.py,
+gemma3.py, olmo3.py) is a subclass whose defaults are its choices:
 
 | choice         | GPT-J                  | Llama                  | GPT-2            |
 |----------------|------------------------|------------------------|------------------|
@@ -15,10 +15,13 @@ whose defaults are its choices:
 | biases         | MLP, embedding, output | none                   | all              |
 | tie_embeddings | no                     | no                     | yes              |
 
-Mistral is Llama with every layer "sliding" (`layer_kinds`). The fields from `layer_kinds` to
+Mistral is Llama with every layer "sliding" (`layer_kinds`); Qwen3 is Llama with a query and
+key RMSNorm per head (`qk_norm`) and a head width of its own. The fields from `layer_kinds` to
 `embedding_scale` (attention kinds layer by layer with their own rotary settings, sandwich and
 post-norm blocks, (1 + weight) RMSNorm, a query and key RMSNorm, a query scale and an
-embedding scale of their own) are what today's dense families add.
+embedding scale of their own) are what Gemma 3 (5 sliding : 1 global, sandwich norms, GeGLU)
+and OLMo 3 (3 sliding : 1 full, norms after attention and MLP) add; their modules list their
+choices.
 
 Every family's defaults for the token embedding's initialization (normal, stddev 0.02) and a
 tied output (logits = h @ E^T, unscaled) are the references'; the bench shapes keep their
