@@ -49,7 +49,7 @@ class Gemma3_1B(Llama1B):  # pylint: disable=invalid-name  # The model's own nam
 class Gemma3_12B(Llama7B):  # pylint: disable=invalid-name  # The model's own name.
   """Gemma 3 12B's text model: 48 layers (eight patterns), a window of 1024, d_model 3840,
   16 query / 8 key-value heads of 256, GeGLU 15360, vocabulary 262,208, the global layers'
-  positions scaled linearly by 8: 11,766,034,176 parameters. Llama7B's recipe (64 x 2048 a
+  positions scaled linearly by 8: 11,766,034,176 parameters. Llama7B's recipe (256 x 2048 a
   step as 16 micro-batches, FSDP): `--mode=compile --compile_topology=v5p-16`."""
 
   @classmethod

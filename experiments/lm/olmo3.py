@@ -23,13 +23,14 @@ class Olmo3_7B(Llama7B):  # pylint: disable=invalid-name  # The model's own name
   """OLMo 3 7B shapes: 32 layers (eight patterns of three sliding to one full), a window of
   4096, d_model 4096, 32 heads of 128, SwiGLU 11008, vocabulary 100,278, RoPE base 500,000
   with YaRN (factor 8 over 8192 positions) on the full layers, an untied output:
-  7,298,011,136 parameters. Trained on 8192-token rows (twice the window); Llama7B's recipe
-  otherwise: `--mode=compile --compile_topology=v5p-8`."""
+  7,298,011,136 parameters. Trained on 8192-token rows (twice the window), 64 a step: Llama7B's
+  524,288 tokens a step in 16 micro-batches of 4 rows (one per chip of a v5p-8), sharded as
+  Llama7B: `--mode=compile --compile_topology=v5p-8`."""
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     cfg = super().config()
-    vocab, sequence_length, batch = 100278, 8192, 32
+    vocab, sequence_length, batch = 100278, 8192, 64
     cfg.model = fdl.Config(Olmo3, vocab_size=vocab, num_layers=32, dim=4096, num_heads=32,
                            num_kv_heads=32, mlp_dim=11008, window=4096, max_length=65536,
                            rotary_scaling="yarn", rotary_scaling_factor=8.0,

@@ -2,9 +2,10 @@
 each train 3 steps on the stdlib data (once per machine and code version: the shared
 trained-job cache, tests/trained_jobs.py), then
 
-- `--mode=serve` answers OpenAI completions, greedy and past the sliding window, with the text
-  the decode program's generator gives offline (Gemma 3 through a real server process, the
-  others through serve's app and engine in a thread of this process);
+- `--mode=serve`'s app and engine (in a thread of this process, over the loaded model a serve
+  process builds: tests/serving/test_server.py runs the real process) answer OpenAI
+  completions, greedy and past the sliding window, with the text the decode program's
+  generator gives offline;
 - the lm-evaluation-harness scores a lingvo_lite task on each job with the `lingvo_lite`
   model (the same loaded model: one load and compile serves, decodes and scores).
 """
@@ -14,7 +15,7 @@ import math
 import pytest
 
 from lingvo_lite.decode.requests import Request
-from tests.serving.server_process import Server, ThreadServer
+from tests.serving.server_process import ThreadServer
 
 FAMILIES = {"gemma3": "PyCodeGemma3Tiny", "olmo3": "PyCodeOlmo3Tiny",
             "qwen3": "PyCodeQwen3Tiny"}
@@ -43,8 +44,7 @@ def test_serve_and_lm_eval_run_on_each_family(jobs, name):
   expected, = model.generator.generate([Request(source="offline", prompt=PROMPT,
                                                 max_new_tokens=NEW_TOKENS, temperature=0.0)])
   assert len(expected.prompt_ids) > 32
-  server = (Server(jobs, job=f"runs/{name}") if name == "gemma3"
-            else ThreadServer(model, name))
+  server = ThreadServer(model, name)
   try:
     answer = server.complete({"prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": 0})
   finally:
