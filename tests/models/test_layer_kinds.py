@@ -227,6 +227,8 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
         checked += 1
     positions = positions + 1
   assert checked == 2 * total - 3 - 7
+  # Every step past the window had the shapes of the first: one compile.
+  assert extend._cache_size() == 1  # pylint: disable=protected-access
 
 
 def test_the_cache_holds_each_layers_own_entries():
