@@ -43,7 +43,6 @@ from lingvo_lite.decode import generator as generation
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.models import layers
-from lingvo_lite.models.mistral import SlidingWindowAttention
 from lingvo_lite.training.train_state import strip_boxes
 # pylint: enable=wrong-import-position
 
@@ -71,12 +70,11 @@ def attention_cases() -> dict:
       positions = jnp.broadcast_to(jnp.arange(length), (2, length))
       segments = (jnp.asarray([[1] * 100 + [2] * 156, [1] * 30 + [2] * 200 + [3] * 26])
                   if segmented else None)
-      cls, extra = ((SlidingWindowAttention, {"window": window}) if window
-                    else (layers.Attention, {}))
-      make = lambda implementation, cls=cls, extra=extra, heads=heads, kv_heads=kv_heads, \
-          dtype=dtype: cls(num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                           rotary_dim=head_dim, rotary_style="half", dtype=dtype,
-                           implementation=implementation, **extra)
+      make = lambda implementation, window=window, heads=heads, kv_heads=kv_heads, \
+          dtype=dtype: layers.Attention(num_heads=heads, num_kv_heads=kv_heads,
+                                        head_dim=head_dim, rotary_dim=head_dim,
+                                        rotary_style="half", dtype=dtype,
+                                        implementation=implementation, window=window)
       params = nn.meta.unbox(make("einsum").init(jax.random.key(1), x, positions,
                                                  segments)["params"])
       cotangent = jax.random.normal(jax.random.key(2), x.shape, dtype)

@@ -45,12 +45,18 @@ SPLASH_MESHES = {"einsum_single": (None, "einsum"), "splash_data2_fsdp2_tensor2"
                  ((2, 2, 2), "splash")}
 
 
-def _losses_and_specs(mesh_shape, extra_sets=(), steps=5):
+# Today's dense families, tiny (sliding windows of 16 in rows of 64, a mixed pattern of three
+# layers, query and key norms per head or over the projection, which the tensor axis splits):
+# their train steps on data x fsdp x tensor, against one device.
+DENSE_FAMILIES = ("PyCodeQwen3Tiny", "PyCodeGemma3Tiny", "PyCodeOlmo3Tiny")
+
+
+def _losses_and_specs(mesh_shape, extra_sets=(), steps=5, experiment="PyCodeLlamaTiny"):
   sets = SETS + tuple(extra_sets)
   if mesh_shape is not None:
     sets += tuple(f"partitioner.ici_{axis}={size}"
                   for axis, size in zip(("data", "fsdp", "tensor"), mesh_shape))
-  setup = synthetic_tiny_setup("PyCodeLlamaTiny", *sets)
+  setup = synthetic_tiny_setup(experiment, *sets)
   devices = jax.devices()[:1] if mesh_shape is None else jax.devices()
   jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
   losses = []
@@ -149,6 +155,10 @@ def main():
       name: _losses_and_specs(shape, (*SPLASH_SETS, f"model.attention_implementation="
                                       f"'{implementation}'"), steps=3)
       for name, (shape, implementation) in SPLASH_MESHES.items()}
+  result["families"] = {
+      experiment: {name: _losses_and_specs(shape, steps=3, experiment=experiment)["losses"]
+                   for name, shape in (("single", None), ("data2_fsdp2_tensor2", (2, 2, 2)))}
+      for experiment in DENSE_FAMILIES}
   result["decode"] = {name: _decode_logits(shape) for name, shape in DECODE_MESHES.items()}
   result["decode_kernel"] = _decode_kernel_on_a_mesh()
   result["decode_int8_weights"] = {name: _decode_logits(shape, INT8_WEIGHTS)

@@ -78,6 +78,17 @@ def test_flash_attention_on_a_mesh_equals_the_einsum_attention_on_one_device(wor
   np.testing.assert_allclose(splash["losses"], einsum["losses"], rtol=1e-5)
 
 
+@pytest.mark.parametrize("experiment", ["PyCodeGemma3Tiny", "PyCodeOlmo3Tiny",
+                                        "PyCodeQwen3Tiny"])
+def test_tiny_dense_families_train_on_a_mesh_as_on_one_device(worker, experiment):
+  """Sliding and full layers, query and key norms (per head; over the whole projection,
+  whose heads the tensor axis splits) and sandwich or post-norm blocks: 3 steps on
+  data=2 x fsdp=2 x tensor=2 give one device's losses."""
+  losses = worker["families"][experiment]
+  assert len(losses["single"]) == 3 and np.isfinite(losses["data2_fsdp2_tensor2"]).all()
+  np.testing.assert_allclose(losses["data2_fsdp2_tensor2"], losses["single"], rtol=1e-5)
+
+
 @pytest.mark.parametrize("mesh", sorted(EXPECTED_SPECS))
 def test_parameter_partition_specs(worker, mesh):
   got = {path: spec.replace("PartitionSpec", "P") for path, spec in

@@ -225,16 +225,21 @@ class GgufTensor:
       side (llama.cpp's Llama): the number of heads; else None.
     transposed: The Hugging Face tensor is stored [in, out] (GPT-2's `Conv1D`), which GGUF
       stores as [out, in], as it does every matrix.
+    offset: What llama.cpp's converter added to the Hugging Face values: 1 for Gemma's norms,
+      which it stores as the scale they compute with (1 + weight); else 0.
   """
 
   hf: str
   rotary_heads: int | None = None
   transposed: bool = False
+  offset: float = 0.0
 
   def to_hf(self, values: np.ndarray) -> np.ndarray:
     """The Hugging Face tensor from the GGUF one (dequantized, in torch's axis order)."""
     if self.rotary_heads is not None:
       values = rotary_pairs_to_halves(values, self.rotary_heads)
+    if self.offset:
+      values = values - np.asarray(self.offset, values.dtype)
     return np.ascontiguousarray(values.T) if self.transposed else values
 
   def shape_from_hf(self, shape: Sequence[int]) -> tuple[int, ...]:
@@ -246,6 +251,8 @@ class GgufTensor:
     values = np.ascontiguousarray(values.T) if self.transposed else values
     if self.rotary_heads is not None:
       values = rotary_halves_to_pairs(values, self.rotary_heads)
+    if self.offset:
+      values = values + np.asarray(self.offset, values.dtype)
     return values
 
 

@@ -71,30 +71,18 @@ by `cache_logical_specs()` and changes it only through the family:
                                         [slots, 1]; returns (logits [slots, 1, vocab], the
                                         cache with its keys and values written)
 
-`TransformerLM` implements them with `models/kv_cache.py` (position p of a slot at entry p)
-and attention that writes, then reads, the cache (`layers.Attention._cached_attention`, which
-gets a `layers.Context`: this layer's keys and values [slots, kv_heads, entries, head_dim], or
-every layer's stacked with the layer's index). A family with another cache overrides them in
-its own module. For example a Mistral-style sliding window whose decode cache holds only the
-last `window` positions, as a ring buffer:
-- a field `window` (its annotation gives its range); `attention_module()` returns its own
-  subclass of `layers.Attention` and `{"window": self.window}` (the blocks pass it on); the
-  subclass overrides the attention's hooks, not its paths: `sliding_window()` (training and
-  prefill: every path, written out or fused, takes the band i - j < window from it), and for
-  decoding `_cache_entry(positions, entries)` (write position p at entry p % entries) and
-  `_cache_mask(positions, entries)` (the entries holding positions within the window of each
-  query) with `_cache_prefix(positions, entries)` (how many leading entries that is, for the
-  TPU's decode kernel: min(p + 1, entries) for a ring);
-- `empty_cache` and `cache_shapes` pass min(window, cache_length) entries to `kv_cache.empty`
-  and `kv_cache.array_shapes` (both take the entry count; `kv_cache.logical_specs` serves
-  as it is), so the cache stays that size however long a request decodes;
-- `prefill` runs the model with `return_kv=True` (every prompt position's keys and values,
-  [layers, slots, bucket, kv_heads, head_dim]) and writes each inserted slot's last
-  min(window, length) positions at their ring entries (`extend` as TransformerLM's);
-- `attention_flops_per_token` and `decode_attention_flops` count only the window; `tiny`
-  shrinks the window too (after `super().tiny(...)`); `validate` checks it after
-  `super().validate(target, path)`; `family_name` and `same_model_as = ()` are its own, and
-  its names classes (models/format_names.py) take the window to and from `sliding_window`.
+`TransformerLM` implements them with `models/kv_cache.py` over its layers' attention kinds
+(models/transformer_layers.py: a full layer keeps position p of a slot at entry p, a sliding
+layer a ring of min(window, cache_length) entries) and attention that writes, then reads, the
+cache (`layers.Attention._cached_attention`, which gets a `layers.Context`: this layer's keys
+and values [slots, kv_heads, entries, head_dim], or a stack of layers' with the layer's
+index). A sliding window is such a kind, not a family's own cache (Mistral sets every layer
+"sliding", Gemma 3 five of six). A family with another cache overrides the attention's hooks
+in its own module (`attention_module()` returns its subclass of `layers.Attention` and its
+further fields' values; the subclass overrides `sliding_window()` for training and prefill,
+`_cache_entry(positions, entries)`, `_cache_mask(positions, entries)` and, for the TPU's
+decode kernel, `_cache_prefix(positions, entries)` for decoding, never the paths), and the cache methods above where its entries differ; `attention_flops_per_token`
+and `decode_attention_flops` count what it attends to.
 
 Longer than 300 lines with a reason: it is the whole interface a family implements, with the
 contract of each method beside it; the docstrings are most of its length.

@@ -54,11 +54,28 @@ class HfNames(FormatNames):
     architecture: The transformers class that loads its exports (config.json's
       `architectures`).
     optional_prefix: A prefix of `tensors()`' names that some files of the format leave out.
+    other_model_types: config.json `model_type`s besides `model_type` that it reads: a
+      wrapper whose text model is the family's (Gemma 3's multimodal checkpoints), whose
+      config `fields` reads the text model's from and whose tensors `file_names` finds.
   """
 
   model_type: ClassVar[str]
   architecture: ClassVar[str]
   optional_prefix: ClassVar[str] = ""
+  other_model_types: ClassVar[tuple[str, ...]] = ()
+
+  @classmethod
+  def reads(cls, model_type: Any) -> bool:
+    """Whether a config.json of `model_type` is this family's (its own or a wrapper's)."""
+    return model_type == cls.model_type or model_type in cls.other_model_types
+
+  @classmethod
+  def file_names(cls, name: str) -> list[str]:
+    """The names a file may give the tensor `name` (one of `tensors()`), tried in order:
+    itself, and without `optional_prefix`."""
+    if cls.optional_prefix and name.startswith(cls.optional_prefix):
+      return [name, name[len(cls.optional_prefix):]]
+    return [name]
 
   @classmethod
   def fields(cls, config: HfConfig) -> dict[str, Any]:

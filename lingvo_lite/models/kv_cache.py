@@ -1,20 +1,31 @@
 """The key/value cache of a decoding transformer: every layer's keys and values by position.
 
 `TransformerLM`'s decode-cache methods (the family interface, models/family.py) are built from
-these functions; a family with another cache (a ring of the last `window` positions) reuses
-them with its own entry count and writes.
+these functions, over the model's `CacheArray`s: which layers each array holds and how many
+entries a slot has there.
 
-Per layer, keys and values are [slots, kv_heads, entries, head_dim]: one array per layer
-for unrolled layers, one stacked array [layers, ...] for scanned ones (the scan carries it
-and updates its layer's slice). Separate arrays let each layer's attention read and write its
-own in place: slices of one stacked array made XLA:CPU copy them every step (measured: 4.3
-ms against 0.6 ms for four layers' writes and reads at 8 slots x 288 positions).
+Per layer, keys and values are [slots, kv_heads, entries, head_dim]. A full-attention layer
+holds `cache_length` entries (position p at entry p); a sliding-window layer holds
+min(window, cache_length), a ring (position p at entry p % entries: decoding past the window
+writes over the positions that fell out of it, so that layer's memory stays the window's
+however long a request runs). Layers are grouped into arrays as they are computed:
+
+- unrolled layers: one array per layer, of that layer's entries;
+- scanned layers of one kind: one stacked array [layers, slots, ...] (the scan carries it and
+  updates its layer's slice);
+- scanned layers of a repeating pattern of kinds (models/transformer.py scans groups of the
+  pattern's length, the layers left over unrolled): one stacked array per position in the
+  pattern, [groups, slots, ...] of that position's entries, and one array per layer left over.
+
+Separate arrays let each layer's attention read and write its own in place: slices of one
+stacked array made XLA:CPU copy them every step (measured: 4.3 ms against 0.6 ms for four
+layers' writes and reads at 8 slots x 288 positions).
 
 A slot is one row of the decode batch: it holds one request's positions from 0, so slots
 fill and empty independently and a finished slot can take a new request (prefill writes its
-prompt from index 0; each generated token's keys and values are written by the attention
-layers at the slot's own next index, models/layers.py). Entries past a token's position are
-stale and never attended to.
+prompt; each generated token's keys and values are written by the attention layers at the
+slot's own next entry, models/layers.py). Entries past a token's position are stale and never
+attended to.
 
 The axes have logical names, so the partitioner shards the cache as it shards activations:
 slots over the data-parallel axes (`batch`), key/value heads over `tensor` (`heads`).
@@ -22,10 +33,12 @@ slots over the data-parallel axes (`batch`), key/value heads over `tensor` (`hea
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import dataclasses
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec
 
 from lingvo_lite.models.family import ArrayShape
@@ -34,66 +47,113 @@ AXES = ("batch", "heads", "length", "kv")
 
 
 class KVCache(NamedTuple):
-  """Keys and values of every layer: tuples of [slots, kv_heads, entries, head_dim] arrays
-  (unrolled layers), or arrays [layers, slots, ...] (scanned)."""
+  """Keys and values: tuples with one array per `CacheArray` of the model, each
+  [slots, kv_heads, entries, head_dim], or [layers, slots, ...] when stacked."""
 
-  keys: jax.Array | tuple[jax.Array, ...]
-  values: jax.Array | tuple[jax.Array, ...]
-
-
-# `model` below is a TransformerLM (or a family built on it): its sizes and layer layout.
+  keys: tuple[jax.Array, ...]
+  values: tuple[jax.Array, ...]
 
 
-def layer_shape(model: Any, slots: int, entries: int) -> tuple[int, ...]:
-  """One layer's keys (or values): [slots, kv_heads, entries, head_dim]."""
-  return (slots, model.resolved_num_kv_heads, entries, model.resolved_head_dim)
+@dataclasses.dataclass(frozen=True)
+class CacheArray:
+  """One array of the cache (and the same for values): the layers it holds and their entries.
+
+  Attributes:
+    layers: The model's layers it holds, in order; stacked on a leading axis if `stacked`.
+    entries: Entries per slot: the cache length, or a sliding window's (at most the length).
+    ring: Its layers keep a ring of the last `entries` positions (a sliding window).
+    stacked: A leading axis of `layers` (scanned layers); else it holds one layer.
+    kind: The layers' attention kind (for shapes' names).
+  """
+
+  layers: tuple[int, ...]
+  entries: int
+  ring: bool
+  stacked: bool
+  kind: str = "full"
 
 
-def array_shapes(model: Any, slots: int, entries: int) -> list[ArrayShape]:
-  """Every layer's keys and values as shapes, one `ArrayShape` each with a repeat per layer
-  (the same bytes and logical axes whether the layers are scanned or unrolled)."""
-  shape, dtype = layer_shape(model, slots, entries), jnp.dtype(model.dtype)
-  return [ArrayShape(name, AXES, shape, dtype, repeats=model.num_layers)
-          for name in ("keys", "values")]
+def ring_positions(last: jax.Array, entries: int) -> jax.Array:
+  """The position each of a ring's `entries` holds once positions up to `last` (int32
+  [...]) are written in order, position p at entry p % entries: [..., entries]. Negative
+  where nothing of this request is there yet (a stale entry)."""
+  last = last[..., None]
+  return last - (last - jnp.arange(entries, dtype=jnp.int32)) % entries
 
 
-def _per_layout(model: Any, make_stacked, make_layer) -> KVCache:
-  """A KVCache whose leaves come from `make_stacked()` (scanned layers) or `make_layer()`,
-  once per layer; a fresh leaf each call, so no two leaves share a buffer (the state is
-  donated, and one buffer given for two donated arguments is refused)."""
-  if model.scan_layers:
-    return KVCache(make_stacked(), make_stacked())
-  return KVCache(tuple(make_layer() for _ in range(model.num_layers)),
-                 tuple(make_layer() for _ in range(model.num_layers)))
+def _shape(model: Any, array: CacheArray, slots: int) -> tuple[int, ...]:
+  shape = (slots, model.resolved_num_kv_heads, array.entries, model.resolved_head_dim)
+  return (len(array.layers), *shape) if array.stacked else shape
 
 
-def empty(model: Any, slots: int, entries: int) -> KVCache:
-  dtype, shape = jnp.dtype(model.dtype), layer_shape(model, slots, entries)
-  return _per_layout(model, lambda: jnp.zeros((model.num_layers, *shape), dtype),
-                     lambda: jnp.zeros(shape, dtype))
+def array_shapes(model: Any, arrays: Sequence[CacheArray], slots: int) -> list[ArrayShape]:
+  """Every layer's keys and values as shapes: one `ArrayShape` per attention kind and entry
+  count, with a repeat per layer (the same bytes and logical axes whether the layers are
+  scanned or unrolled)."""
+  layers_by_size: dict[tuple[str, int], int] = {}
+  for array in arrays:
+    key = (array.kind, array.entries)
+    layers_by_size[key] = layers_by_size.get(key, 0) + len(array.layers)
+  dtype = jnp.dtype(model.dtype)
+  found = []
+  for (kind, entries), count in layers_by_size.items():
+    shape = (slots, model.resolved_num_kv_heads, entries, model.resolved_head_dim)
+    suffix = "" if len(layers_by_size) == 1 else f"[{kind}]"
+    found += [ArrayShape(f"{name}{suffix}", AXES, shape, dtype, repeats=count)
+              for name in ("keys", "values")]
+  return found
 
 
-def logical_specs(model: Any) -> KVCache:
-  return _per_layout(model, lambda: PartitionSpec("layers", *AXES),
-                     lambda: PartitionSpec(*AXES))
+def empty(model: Any, arrays: Sequence[CacheArray], slots: int) -> KVCache:
+  """Zeros, a fresh buffer for each array (the state is donated, and one buffer given for
+  two donated arguments is refused)."""
+  dtype = jnp.dtype(model.dtype)
+  return KVCache(*(tuple(jnp.zeros(_shape(model, array, slots), dtype) for array in arrays)
+                   for _ in range(2)))
 
 
-def write_prefix(cache: KVCache, new: tuple[jax.Array, jax.Array], slots: jax.Array
-                 ) -> KVCache:
-  """Writes a prefill's keys and values [layers, slots, t, kv_heads, head_dim] (as the model
-  returns them) at indices [0, t) of the slots where `slots` (bool [slots]) holds; the other
-  slots keep theirs."""
-  def write(cached: jax.Array, update: jax.Array) -> jax.Array:
-    """One array: [(layers,) slots, heads, length, d] <- update [(layers,) slots, t, heads, d]."""
-    length = update.shape[-3]
-    update = jnp.swapaxes(update, -3, -2).astype(cached.dtype)
-    window = (Ellipsis, slice(None), slice(None), slice(0, length), slice(None))
-    mask = slots.reshape((1,) * (cached.ndim - 4) + (-1, 1, 1, 1))
-    return cached.at[window].set(jnp.where(mask, update, cached[window]))
+def logical_specs(arrays: Sequence[CacheArray]) -> KVCache:
+  specs = tuple(PartitionSpec("layers", *AXES) if array.stacked else PartitionSpec(*AXES)
+                for array in arrays)
+  return KVCache(specs, specs)
 
-  def write_all(cached, update: jax.Array):
-    if isinstance(cached, tuple):  # Unrolled: layer i's array takes update[i].
-      return tuple(write(c, update[i]) for i, c in enumerate(cached))
-    return write(cached, update)
 
-  return KVCache(*(write_all(c, u) for c, u in zip(cache, new)))
+def _write_positions(cached: jax.Array, update: jax.Array, insert: jax.Array) -> jax.Array:
+  """[(layers,) slots, heads, entries, d] <- update [(layers,) slots, t, heads, d] at entries
+  [0, t) of the slots where `insert` (bool [slots]) holds; the other slots keep theirs."""
+  length = update.shape[-3]
+  update = jnp.swapaxes(update, -3, -2).astype(cached.dtype)
+  window = (Ellipsis, slice(None), slice(None), slice(0, length), slice(None))
+  mask = insert.reshape((1,) * (cached.ndim - 4) + (-1, 1, 1, 1))
+  return cached.at[window].set(jnp.where(mask, update, cached[window]))
+
+
+def _write_ring(cached: jax.Array, update: jax.Array, lengths: jax.Array,
+                insert: jax.Array) -> jax.Array:
+  """Each inserted slot's last min(entries, length) prompt positions of `update`
+  [(layers,) slots, bucket, heads, d] at their ring entries of `cached`."""
+  entries, bucket = cached.shape[-2], update.shape[-3]
+  held = ring_positions(lengths.astype(jnp.int32) - 1, entries)  # [slots, entries]
+  lead = (1,) * (cached.ndim - 4)
+  index = jnp.clip(held, 0, bucket - 1).reshape(lead + held.shape + (1, 1))
+  gathered = jnp.take_along_axis(update, index, axis=-3)
+  gathered = jnp.swapaxes(gathered, -3, -2).astype(cached.dtype)
+  keep_new = ((held >= 0) & insert[:, None]).reshape(lead + (held.shape[0], 1, entries, 1))
+  return jnp.where(keep_new, gathered, cached)
+
+
+def write_prefix(cache: KVCache, new: tuple[jax.Array, jax.Array], arrays: Sequence[CacheArray],
+                 lengths: jax.Array, insert: jax.Array) -> KVCache:
+  """Writes a prefill's keys and values [layers, slots, bucket, kv_heads, head_dim] (as the
+  model returns them, every layer's) into the slots where `insert` (bool [slots]) holds: a
+  full layer's at entries [0, bucket), a ring's last min(entries, length) prompt positions
+  at their ring entries; the other slots keep theirs."""
+  def write(cached: tuple[jax.Array, ...], update: jax.Array) -> tuple[jax.Array, ...]:
+    written = []
+    for array, held in zip(arrays, cached):
+      layers = update[np.asarray(array.layers)] if array.stacked else update[array.layers[0]]
+      written.append(_write_ring(held, layers, lengths, insert) if array.ring
+                     else _write_positions(held, layers, insert))
+    return tuple(written)
+
+  return KVCache(*(write(c, u) for c, u in zip(cache, new)))

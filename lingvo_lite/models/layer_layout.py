@@ -1,5 +1,10 @@
 """Converting parameter trees between unrolled layers (`layer_0`, `layer_1`, ...) and one
-scanned `layers` subtree whose arrays have a leading axis of num_layers.
+scanned `layers` subtree whose arrays have a leading layer axis.
+
+Scanned layers of one attention kind are `layers/...` with a leading axis of num_layers.
+Scanned layers of a repeating pattern of P kinds (models/transformer_layers.py) are
+`layers/pattern_j/...` with a leading axis of groups (layer g * P + j at index g), and the
+layers past the last whole group stay unrolled (`layer_N`).
 
 Works on any pytree holding such dicts (parameters, Adam's moments inside an optax state,
 a whole TrainState), so a checkpoint written with one layout can be restored into the other.
@@ -16,6 +21,7 @@ import jax
 import numpy as np
 
 _LAYER_KEY = re.compile(r"layer_(\d+)$")
+_PATTERN_KEY = re.compile(r"pattern_(\d+)$")
 
 
 def _is_unrolled(node: Any) -> bool:
@@ -26,17 +32,27 @@ def _is_scanned(node: Any) -> bool:
   return isinstance(node, dict) and isinstance(node.get("layers"), dict)
 
 
-def stack_layers(tree: Any) -> Any:
-  """Every dict with keys layer_0..layer_{n-1} -> the same dict with one stacked `layers`."""
+def stack_layers(tree: Any, period: int = 1, scanned: int | None = None) -> Any:
+  """Every dict with keys layer_0..layer_{n-1} -> the same dict with one stacked `layers`:
+  all n layers (`period` 1), or the first `scanned` layers in groups of `period`
+  (`layers/pattern_j`), the rest left as they are."""
   def convert(node):
     if not _is_unrolled(node):
       return node
     indices = sorted(int(m.group(1)) for m in map(_LAYER_KEY.match, node) if m)
     if indices != list(range(len(indices))):
       raise ValueError(f"layer keys are not layer_0..layer_{len(indices) - 1}: {indices}")
-    layers = [node[f"layer_{i}"] for i in indices]
+    count = len(indices) if scanned is None else scanned
     rest = {k: v for k, v in node.items() if not _LAYER_KEY.match(k)}
-    return {**rest, "layers": jax.tree.map(lambda *xs: np.stack(xs), *layers)}
+    rest.update({f"layer_{i}": node[f"layer_{i}"] for i in indices[count:]})
+
+    def stacked(layers):
+      return jax.tree.map(lambda *xs: np.stack(xs), *[node[f"layer_{i}"] for i in layers])
+
+    if period == 1:
+      return {**rest, "layers": stacked(range(count))}
+    return {**rest, "layers": {f"pattern_{j}": stacked(range(j, count, period))
+                               for j in range(period)}}
   return jax.tree.map(convert, tree, is_leaf=_is_unrolled)
 
 
@@ -45,10 +61,15 @@ def unstack_layers(tree: Any) -> Any:
   def convert(node):
     if not _is_scanned(node):
       return node
-    leaves = jax.tree.leaves(node["layers"])
-    num_layers = leaves[0].shape[0]
+    scanned = node["layers"]
+    members = sorted((int(m.group(1)), key) for key in scanned
+                     if (m := _PATTERN_KEY.match(key)))
+    groups = [scanned[key] for _, key in members] if members else [scanned]
     rest = {k: v for k, v in node.items() if k != "layers"}
-    for index in range(num_layers):
-      rest[f"layer_{index}"] = jax.tree.map(lambda x, i=index: x[i], node["layers"])
+    count = jax.tree.leaves(groups[0])[0].shape[0]
+    for group in range(count):
+      for member, subtree in enumerate(groups):
+        rest[f"layer_{group * len(groups) + member}"] = jax.tree.map(
+            lambda x, g=group: x[g], subtree)
     return rest
   return jax.tree.map(convert, tree, is_leaf=_is_scanned)

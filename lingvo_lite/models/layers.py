@@ -1,4 +1,5 @@
-"""Building blocks of a decoder-only transformer: norms, rotary embedding, attention, MLP.
+"""Building blocks of a decoder-only transformer: norms, attention, MLP (rotary positions are
+models/rotary.py's).
 
 Every parameter is created with logical axis names (`embed`, `heads`, `kv`, `mlp`, `vocab`,
 `norm`) so the partitioner can map them to mesh axes; key activations carry logical
@@ -17,19 +18,24 @@ from typing import Any, Literal, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from lingvo_lite.models import decode_attention, flash_attention
+from lingvo_lite.models import decode_attention, flash_attention, rotary
 from lingvo_lite.models import quantization as quantizing
+from lingvo_lite.models.kv_cache import ring_positions
 from lingvo_lite.models.quantization import Quantization
 from lingvo_lite.models.remat import tag
 from lingvo_lite.models.weight_matmul import weight_matmul
 from lingvo_lite.target import current_platform
 
 DType = Literal["float32", "bfloat16", "float16"]
-NormKind = Literal["layernorm", "rmsnorm"]
+# "rmsnorm_plus_one": RMSNorm whose learned scale is 1 + weight (Gemma's; the weight starts at 0).
+NormKind = Literal["layernorm", "rmsnorm", "rmsnorm_plus_one"]
 Activation = Literal["gelu_tanh", "gelu", "relu", "swiglu", "geglu"]
-RotaryStyle = Literal["interleaved", "half"]
+RotaryStyle = rotary.RotaryStyle
+# RMSNorm of the queries and keys before rotary positions: "head" over each head's features
+# (one scale of head_dim, Qwen3 and Gemma 3), "projection" over the whole projection (a scale
+# per head and feature, OLMo 2 and 3).
+QkNorm = Literal["none", "head", "projection"]
 # "einsum": the attention written out below. "xla" and "cudnn": jax.nn.dot_product_attention
 # with that implementation; "cudnn" is the fused flash-attention kernel of NVIDIA GPUs.
 # "splash": the Pallas flash-attention kernel of TPUs (models/flash_attention.py). "auto": the
@@ -101,91 +107,37 @@ class Dense(nn.Module):
 
 
 class Norm(nn.Module):
-  """LayerNorm (scale and offset) or RMSNorm (scale only), computed in float32."""
+  """LayerNorm (scale and offset) or RMSNorm (scale only; or 1 + a weight that starts at 0),
+  computed in float32, over the trailing axes of x that `axes` names (the scale's logical
+  axes: the model width by default; one head's features, or every head's, for a query norm)."""
 
   kind: NormKind = "layernorm"
   eps: float = 1e-5
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  axes: tuple[str, ...] = ("norm",)
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    dim = x.shape[-1]
-    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("norm",)),
-                       (dim,), self.param_dtype).astype(jnp.float32)
+    features, over = x.shape[-len(self.axes):], tuple(range(-len(self.axes), 0))
+    plus_one = self.kind == "rmsnorm_plus_one"
+    init = nn.initializers.zeros if plus_one else nn.initializers.ones
+    scale = self.param("scale", nn.with_logical_partitioning(init, self.axes), features,
+                       self.param_dtype).astype(jnp.float32)
+    if plus_one:
+      scale = 1.0 + scale
     x32 = x.astype(jnp.float32)
-    mean_square = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
-    if self.kind == "rmsnorm":
+    mean_square = jnp.mean(jnp.square(x32), axis=over, keepdims=True)
+    if self.kind != "layernorm":
       return (x32 * (jax.lax.rsqrt(mean_square + self.eps) * scale)).astype(self.dtype)
     # var = E[x^2] - E[x]^2: both moments in one pass over x; the scale is folded into the
     # per-token factor so the [tokens, dim] tensor is touched by one multiply-add.
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    mean = jnp.mean(x32, axis=over, keepdims=True)
     variance = jnp.maximum(mean_square - jnp.square(mean), 0.0)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("norm",)),
-                      (dim,), self.param_dtype).astype(jnp.float32)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.axes),
+                      features, self.param_dtype).astype(jnp.float32)
     y = (x32 - mean) * (jax.lax.rsqrt(variance + self.eps) * scale) + bias
     return y.astype(self.dtype)
-
-
-def rotary_inverse_frequencies(rotary_dim: int, base: float,
-                               scaling: tuple[Any, ...] = ()) -> np.ndarray:
-  """float32 [rotary_dim // 2]: base^(-2i / rotary_dim), rescaled by `scaling` where given:
-  ("llama3", factor, low_freq_factor, high_freq_factor, original_max_length), Llama 3.1's
-  rule. Wavelengths shorter than original / high_freq_factor keep their frequency, those
-  longer than original / low_freq_factor are divided by `factor`, and the band between
-  moves smoothly from one to the other. All in float32, as transformers computes it."""
-  exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
-  inv_freq = np.float32(1) / (np.float32(base) ** exponents)
-  if not scaling:
-    return inv_freq
-  _, factor, low, high, original = scaling
-  factor, low, high, original = (np.float32(v) for v in (factor, low, high, original))
-  wavelength = np.float32(2 * math.pi) / inv_freq
-  scaled = np.where(wavelength > original / low, inv_freq / factor, inv_freq)
-  smooth = (original / wavelength - low) / (high - low)
-  smoothed = (np.float32(1) - smooth) * scaled / factor + smooth * scaled
-  between = (wavelength >= original / high) & (wavelength <= original / low)
-  return np.where(between, smoothed, scaled).astype(np.float32)
-
-
-def rotary_sin_cos(positions: jax.Array, rotary_dim: int, base: float,
-                   scaling: tuple[Any, ...] = ()) -> tuple[jax.Array, jax.Array]:
-  """Returns sin and cos of shape [batch, length, rotary_dim // 2] in float32.
-
-  The inverse frequencies are a constant computed on the host in float32 arithmetic, as the
-  reference implementations compute them (transformers: float32 `base ** (2i / d)`): XLA's
-  in-program power differs from it by an ulp here and there, which at position 600 moves a
-  pretrained model's logits by ~1e-4.
-  """
-  inv_freq = rotary_inverse_frequencies(rotary_dim, base, scaling)
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq
-  return jnp.sin(angles), jnp.cos(angles)
-
-
-def apply_rotary(x: jax.Array, sin: jax.Array, cos: jax.Array, style: RotaryStyle) -> jax.Array:
-  """Rotates the first `2 * sin.shape[-1]` features of each head; the rest pass through.
-
-  Args:
-    x: [batch, length, heads, head_dim].
-    sin, cos: [batch, length, rotary_dim // 2].
-    style: "interleaved" rotates pairs (x0, x1), (x2, x3), ... as GPT-J does;
-      "half" pairs feature i with i + rotary_dim / 2 as Llama and GPT-NeoX do.
-  """
-  rotary_dim = 2 * sin.shape[-1]
-  rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-  sin = sin[:, :, None, :].astype(x.dtype)
-  cos = cos[:, :, None, :].astype(x.dtype)
-  if style == "interleaved":
-    pairs = rot.reshape(*rot.shape[:-1], rotary_dim // 2, 2)
-    even, odd = pairs[..., 0], pairs[..., 1]
-    rotated = jnp.stack([even * cos - odd * sin, odd * cos + even * sin], axis=-1)
-    rotated = rotated.reshape(rot.shape)
-  else:
-    first, second = rot[..., : rotary_dim // 2], rot[..., rotary_dim // 2:]
-    rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
-  if rest.shape[-1] == 0:
-    return rotated
-  return jnp.concatenate([rotated, rest], axis=-1)
 
 
 def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
@@ -239,14 +191,25 @@ def unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array,
 
 
 class Attention(nn.Module):
-  """Causal multi-head attention with grouped-query support and optional rotary embedding.
+  """Causal multi-head attention with grouped-query support, optional rotary embedding, an
+  optional sliding window and an optional RMSNorm of queries and keys.
 
-  A family whose attention differs overrides a hook rather than a path: `sliding_window()`
-  (the positions a query sees; every training and prefill path takes it: the einsum's mask,
-  the fused kernels' local window, splash's band), and for decoding `_cache_entry` (where a
-  new token's keys and values go in the cache), `_cache_mask` (which entries a query sees)
-  and `_cache_prefix` (the same as a count of leading entries, for the TPU's decode kernel):
-  a window's ring buffer is those three.
+  What a query sees goes through hooks, which every path asks: `sliding_window()` (the
+  positions a query sees; every training and prefill path takes it: the einsum's mask, the
+  fused kernels' local window, splash's band), and for decoding `_cache_entry` (where a new
+  token's keys and values go in the cache), `_cache_mask` (which entries a query sees) and
+  `_cache_prefix` (the same as a count of leading entries, for the TPU's decode kernel). With
+  a `window` the decode cache is a ring of the last entries (position p at entry p % entries,
+  models/kv_cache.py); a family whose attention differs otherwise overrides the hooks rather
+  than a path.
+
+  Attributes:
+    window: Positions each query sees, its own included (a sliding window); None: every
+      earlier position.
+    query_scale: What the queries are multiplied by before their scores; None: 1/sqrt(head_dim).
+    qk_norm: "none", or RMSNorm ("head": of each head's features; "projection": of the whole
+      projection) of queries and keys before the rotary positions, of `norm_kind` and
+      `norm_eps` (the model's norms').
   """
 
   num_heads: int
@@ -256,7 +219,12 @@ class Attention(nn.Module):
   rotary_dim: int = 0  # 0 disables rotary embedding.
   rotary_style: RotaryStyle = "interleaved"
   rotary_base: float = 10000.0
-  rotary_scaling: tuple[Any, ...] = ()  # rotary_inverse_frequencies' `scaling`.
+  rotary_scaling: tuple[Any, ...] = ()  # rotary.inverse_frequencies' `scaling`.
+  window: int | None = None
+  query_scale: float | None = None
+  qk_norm: QkNorm = "none"
+  norm_kind: NormKind = "rmsnorm"
+  norm_eps: float = 1e-6
   # Resolved by the model ("auto" is resolved before a layer is built; left here, it is the
   # einsum path).
   implementation: AttentionImplementation = "einsum"
@@ -266,7 +234,11 @@ class Attention(nn.Module):
 
   def sliding_window(self) -> int | None:
     """Positions each query sees, its own included; None: every earlier position."""
-    return None
+    return self.window
+
+  def scale(self) -> float:
+    """What queries are multiplied by before their scores."""
+    return self.query_scale if self.query_scale is not None else 1.0 / math.sqrt(self.head_dim)
 
   def _weight(self, name: str, shape: tuple[int, ...], axes: tuple[str, ...],
               fan_in: int) -> Any:
@@ -298,7 +270,7 @@ class Attention(nn.Module):
                         segment_ids: jax.Array | None) -> jax.Array:
     batch, length = q.shape[:2]
     mask = self._mask(segment_ids, length)
-    q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
+    q = q * jnp.asarray(self.scale(), self.dtype)
     group = self.num_heads // self.num_kv_heads
     if group == 1:
       # Plain multi-head attention: 4-D einsums are measurably faster on CPU than the
@@ -326,14 +298,14 @@ class Attention(nn.Module):
     mask = None if segment_ids is None else attention_mask(segment_ids, q.shape[1])[:, :, 0]
     window = self.sliding_window()
     return jax.nn.dot_product_attention(
-        q, k, v, mask=mask, is_causal=mask is None, scale=1.0 / math.sqrt(self.head_dim),
+        q, k, v, mask=mask, is_causal=mask is None, scale=self.scale(),
         local_window_size=None if window is None else (window - 1, 0),
         implementation=self.implementation)
 
   def _splash_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
                         segment_ids: jax.Array | None) -> jax.Array:
     """The TPU's flash kernel (models/flash_attention.py), per shard."""
-    q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
+    q = q * jnp.asarray(self.scale(), self.dtype)
     return flash_attention.splash_attention(q, k, v, segment_ids, self.sliding_window())
 
   def _attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
@@ -349,26 +321,35 @@ class Attention(nn.Module):
 
   def _cache_entry(self, positions: jax.Array, entries: int) -> jax.Array:
     """int32 [batch, length]: the cache entry each new token's keys and values go to (of the
-    `entries` a slot holds): its position, here (a ring of the last few keeps p at p %
-    entries)."""
-    del entries
-    return positions
+    `entries` a slot holds): its position; with a window, a ring of the last `entries`
+    positions keeps p at p % entries, writing over the position that left the window. A
+    ring takes one token per slot and call (what decoding feeds): several would overwrite
+    entries that their earlier tokens still see."""
+    if self.sliding_window() is None:
+      return positions
+    return positions % entries
 
   def _cache_mask(self, positions: jax.Array, entries: int) -> jax.Array:
     """bool [batch, length, entries]: the cache entries each query at `positions` attends to,
-    its own written already: here every entry up to its position (those past it are stale: an
-    earlier request's, or padding)."""
-    return jnp.arange(entries, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
+    its own written already: every entry up to its position (those past it are stale: an
+    earlier request's, or padding); with a window, the entries whose position is this
+    request's and within the window of the query."""
+    window = self.sliding_window()
+    if window is None:
+      return jnp.arange(entries, dtype=jnp.int32)[None, None, :] <= positions[:, :, None]
+    held = ring_positions(positions, entries)  # [batch, length, entries]
+    return (held >= 0) & (positions[..., None] - held < window)
 
   def _cache_prefix(self, positions: jax.Array, entries: int) -> jax.Array | None:
     """int32 [batch]: how many leading entries a single query at `positions` [batch] sees,
     when what `_cache_mask` lets it see is exactly those (the TPU decode kernel's form,
-    models/decode_attention.py); None when it is not a prefix. Here entries 0..p. A subclass
-    with a mask of its own says its prefix itself, or has none."""
-    del entries
+    models/decode_attention.py); None when it is not a prefix. Here entries 0..p, and with a
+    window all of a full ring: every position a ring holds is within the window (it holds at
+    most `window`), and where in the ring each sits does not change a softmax over them. A
+    subclass with a mask of its own says its prefix itself, or has none."""
     if type(self)._cache_mask is not Attention._cache_mask:
       return None
-    return positions + 1
+    return jnp.minimum(positions + 1, entries)
 
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                         context: Context) -> tuple[jax.Array, Context]:
@@ -390,7 +371,7 @@ class Attention(nn.Module):
     values = context.values.at[where].set(v.astype(context.values.dtype))
     layer_keys, layer_values = (keys, values) if context.layer is None else (
         keys[context.layer], values[context.layer])
-    q = q * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
+    q = q * jnp.asarray(self.scale(), self.dtype)
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
     prefix = self._cache_prefix(positions[:, 0], entries)
     if (self.implementation == "splash" and prefix is not None
@@ -434,11 +415,16 @@ class Attention(nn.Module):
     q = tag(self._project(x, "query", self.num_heads), "query_proj")
     k = tag(self._project(x, "key", self.num_kv_heads), "key_proj")
     v = tag(self._project(x, "value", self.num_kv_heads), "value_proj")
+    if self.qk_norm != "none":
+      axes = ("kv",) if self.qk_norm == "head" else ("heads", "kv")
+      q, k = (Norm(kind=self.norm_kind, eps=self.norm_eps, dtype=self.dtype,
+                   param_dtype=self.param_dtype, axes=axes, name=name)(y)
+              for name, y in (("query_norm", q), ("key_norm", k)))
     if self.rotary_dim:
-      sin, cos = rotary_sin_cos(positions, self.rotary_dim, self.rotary_base,
+      sin, cos = rotary.sin_cos(positions, self.rotary_dim, self.rotary_base,
                                 self.rotary_scaling)
-      q = apply_rotary(q, sin, cos, self.rotary_style)
-      k = apply_rotary(k, sin, cos, self.rotary_style)
+      q = rotary.apply(q, sin, cos, self.rotary_style)
+      k = rotary.apply(k, sin, cos, self.rotary_style)
     q = constrain(q, "batch", "length", "heads", "kv")
     k = constrain(k, "batch", "length", "heads", "kv")
     v = constrain(v, "batch", "length", "heads", "kv")

@@ -21,7 +21,8 @@ from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig,
                                                  dense, gguf_config, linear_attention, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
-from lingvo_lite.models.transformer_names import TransformerGgufNames, TransformerHfNames
+from lingvo_lite.models.transformer_names import (TransformerGgufNames, TransformerHfNames,
+                                                  rope_scaling, rotary_scaling_fields)
 
 
 class Llama(TransformerLM):
@@ -53,11 +54,6 @@ class LlamaHfNames(TransformerHfNames):
   @classmethod
   def fields(cls, config: HfConfig) -> dict[str, Any]:
     config.expect("hidden_act", ("silu",), "silu")
-    scaling = config.rope_scaling()
-    if scaling is not None and scaling["rope_type"] != "llama3":
-      raise config.refuse("rope_scaling.rope_type", scaling["rope_type"],
-                          "lingvo_lite's rotary positions implement only Llama 3.1's scaling",
-                          "supported: 'default', 'llama3'")
     if config.get("sliding_window") is not None and config.get("use_sliding_window", True):
       raise config.refuse("sliding_window", config.get("sliding_window"),
                           f"the {cls.family.family_name} family attends to the whole context",
@@ -76,20 +72,8 @@ class LlamaHfNames(TransformerHfNames):
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "mlp_bias": config.flag("mlp_bias", False),
-        **cls._rotary_scaling(config, scaling),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
     }
-
-  @staticmethod
-  def _rotary_scaling(config: HfConfig, scaling: dict[str, Any] | None) -> dict[str, Any]:
-    if scaling is None:
-      return {}
-    settings = HfConfig(scaling, config.where)
-    return {"rotary_scaling": "llama3",
-            "rotary_scaling_factor": settings.number("factor", 8.0),
-            "rotary_low_freq_factor": settings.number("low_freq_factor", 1.0),
-            "rotary_high_freq_factor": settings.number("high_freq_factor", 4.0),
-            "rotary_original_max_length": settings.get("original_max_position_embeddings",
-                                                       8192)}
 
   def config(self) -> dict[str, Any]:
     model = self.model
@@ -103,11 +87,8 @@ class LlamaHfNames(TransformerHfNames):
         "max_position_embeddings": model.max_length,
         "tie_word_embeddings": model.tie_embeddings, "attention_bias": model.attention_bias,
         "mlp_bias": model.mlp_bias,
-        **({} if model.rotary_scaling == "none" else {"rope_scaling": {
-            "rope_type": model.rotary_scaling, "factor": model.rotary_scaling_factor,
-            "low_freq_factor": model.rotary_low_freq_factor,
-            "high_freq_factor": model.rotary_high_freq_factor,
-            "original_max_position_embeddings": model.rotary_original_max_length}}),
+        **({} if model.rotary_scaling == "none" else {
+            "rope_scaling": rope_scaling(model.rotary_scaling_settings("full"))}),
     }
 
   def tensors(self) -> list[TensorName]:

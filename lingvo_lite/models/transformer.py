@@ -1,19 +1,27 @@
-"""The decoder-only transformer LM that the GPT-J, Llama and GPT-2 families share.
+"""The decoder-only transformer LM that every transformer family shares.
 
 `TransformerLM` is the transformer of every family built on it, and implements the family
-interface (models/family.py) for all of them. The families differ in a handful of orthogonal
-choices, each a field here; a family's module (models/gptj.py, llama.py, gpt2.py) is a subclass
-whose defaults are its choices:
+interface (models/family.py) for all of them. The families differ in orthogonal choices, each
+a field here; a family's module (models/gptj.py, llama.py, gpt2.py, mistral.py, qwen3.py,
+gemma3.py, olmo3.py) is a subclass whose defaults are its choices:
 
-| choice            | GPT-J                    | Llama                  | GPT-2            |
-|-------------------|--------------------------|------------------------|------------------|
-| block             | parallel (one norm)      | sequential (two norms) | sequential       |
-| norm              | layernorm                | rmsnorm                | layernorm        |
-| mlp_activation    | gelu_tanh                | swiglu                 | gelu_tanh        |
-| position          | rotary, interleaved,     | rotary, half,          | learned          |
-|                   | first 64 of 256 dims     | all dims               |                  |
-| biases            | MLP, embedding, output   | none                   | all              |
-| tie_embeddings    | no                       | no                     | yes              |
+| choice         | GPT-J                  | Llama                  | GPT-2            |
+|----------------|------------------------|------------------------|------------------|
+| block          | parallel (one norm)    | sequential (two norms) | sequential       |
+| norm           | layernorm              | rmsnorm                | layernorm        |
+| mlp_activation | gelu_tanh              | swiglu                 | gelu_tanh        |
+| position       | rotary, interleaved,   | rotary, half,          | learned          |
+|                | first 64 of 256 dims   | all dims               |                  |
+| biases         | MLP, embedding, output | none                   | all              |
+| tie_embeddings | no                     | no                     | yes              |
+
+Mistral is Llama with every layer "sliding" (`layer_kinds`); Qwen3 is Llama with a query and
+key RMSNorm per head (`qk_norm`) and a head width of its own. The fields from `layer_kinds` to
+`embedding_scale` (attention kinds layer by layer with their own rotary settings, sandwich and
+post-norm blocks, (1 + weight) RMSNorm, a query and key RMSNorm, a query scale and an
+embedding scale of their own) are what Gemma 3 (5 sliding : 1 global, sandwich norms, GeGLU)
+and OLMo 3 (3 sliding : 1 full, norms after attention and MLP) add; their modules list their
+choices.
 
 Every family's defaults for the token embedding's initialization (normal, stddev 0.02) and a
 tied output (logits = h @ E^T, unscaled) are the references'; the bench shapes keep their
@@ -24,10 +32,11 @@ Derived sizes default to None and are computed where used (`head_dim = dim // nu
 A config naming `TransformerLM` itself (an older job's config.json) builds the same model as
 the family class with the same fields.
 
-The family interface's answers about sizes and FLOPs (models/transformer_sizes.py) and about
-checks and `tiny` (models/transformer_checks.py) are mixins of the class, reading its fields;
-its names in other weight formats are models/transformer_names.py's. This module is the
-network itself, its memory and layout answers and its decode cache.
+The family interface's answers about sizes and FLOPs (models/transformer_sizes.py), about
+checks and `tiny` (models/transformer_checks.py) and the layer stack with its attention kinds,
+scanning and decode cache (models/transformer_layers.py) are mixins of the class, reading its
+fields; its names in other weight formats are models/transformer_names.py's. This module is
+the fields and the network's ends (embedding, output), its memory and layout answers.
 
 Longer than 300 lines with a reason: the fields' documentation is a third of it.
 """
@@ -43,16 +52,18 @@ import jax.numpy as jnp
 
 from lingvo_lite import target as targets
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
-from lingvo_lite.models import kv_cache, layer_layout, layers, remat
+from lingvo_lite.models import layers
 from lingvo_lite.models import quantization as quantizing
-from lingvo_lite.models.block import Block, BlockKind
-from lingvo_lite.models.family import ArrayShape, LanguageModel
+from lingvo_lite.models.block import BlockKind
+from lingvo_lite.models.family import LanguageModel
 from lingvo_lite.models.remat import RematPolicy
 from lingvo_lite.models.transformer_checks import TransformerChecks
+from lingvo_lite.models.transformer_layers import LayerKind, TransformerLayers
 from lingvo_lite.models.transformer_sizes import TransformerSizes
 
 PositionKind = Literal["rotary", "learned", "none"]
-RotaryScaling = Literal["none", "llama3"]
+RotaryScaling = Literal["none", "llama3", "linear", "yarn"]
+EmbeddingScale = Literal["one", "sqrt_dim"]
 TiedOutputScale = Literal["one", "rsqrt_dim"]
 __all__ = ["TransformerLM", "positions_from_segments"]
 
@@ -68,7 +79,7 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
   return index - segment_start
 
 
-class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
+class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, LanguageModel):
   """Decoder-only transformer LM: tokens [batch, length] -> float32 logits [batch, length, vocab].
 
   Attributes:
@@ -79,18 +90,41 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
     num_kv_heads: Key/value heads for grouped-query attention; None means num_heads.
     head_dim: Per-head width; None means dim // num_heads.
     mlp_dim: Hidden width of the MLP; None means 4 * dim.
-    block: "parallel" (GPT-J: x + attn(ln x) + mlp(ln x)) or "sequential" (pre-norm).
-    norm: "layernorm" or "rmsnorm".
+    block: Where the norms sit: "parallel" (GPT-J: x + attn(ln x) + mlp(ln x)),
+      "sequential" (pre-norm), "sandwich" (Gemma: before and after attention and MLP) or
+      "post_norm" (OLMo 2 and 3: after them only); models/block.py.
+    norm: "layernorm", "rmsnorm", or "rmsnorm_plus_one" (Gemma's: the scale is 1 + a
+      learned weight that starts at 0).
     norm_eps: Epsilon of every norm.
     mlp_activation: gelu_tanh, gelu, relu, swiglu or geglu.
     position: "rotary", "learned" (absolute table of max_length rows) or "none".
     rotary_dim: Dims of each head that rotate; None means all of head_dim.
     rotary_style: "interleaved" (GPT-J) or "half" (Llama, NeoX).
-    rotary_base: Base of the rotary frequencies.
-    rotary_scaling: "none", or "llama3": Llama 3.1's rescaled frequencies for a context
-      longer than trained (`layers.rotary_inverse_frequencies`), with the four fields below.
+    rotary_base: Base of the rotary frequencies (of the full-attention layers, and of the
+      sliding ones unless `sliding_rotary_base` says otherwise).
+    rotary_scaling: "none"; "llama3": Llama 3.1's rescaled frequencies for a context longer
+      than trained (factor, low and high frequency factors, original length); "linear":
+      every frequency divided by the factor (Gemma 3 4B and up); "yarn": YaRN's blend
+      (factor, original length, beta fast and slow, attention factor): models/rotary.py.
     rotary_scaling_factor, rotary_low_freq_factor, rotary_high_freq_factor,
-      rotary_original_max_length: Llama 3.1's `rope_scaling` settings (8, 1, 4, 8192).
+      rotary_original_max_length: Hugging Face's `rope_scaling` settings (Llama 3.1's: 8, 1,
+      4, 8192).
+    rotary_beta_fast, rotary_beta_slow: YaRN's correction range (32 and 1).
+    rotary_attention_factor: YaRN's factor of sin and cos; None: 0.1 ln(factor) + 1.
+    layer_kinds: Each layer's attention kind, a pattern repeated over the layers: "full"
+      (every earlier position), "sliding" (the last `window`), "no_rotary" (every earlier
+      position, no rotary positions); models/transformer_layers.py.
+    window: Positions a sliding layer's query sees, its own included; the decode cache holds
+      min(window, cache_length) of them for such a layer.
+    sliding_rotary_base, sliding_rotary_scaling: The sliding layers' own rotary base and
+      scaling kind (Gemma 3's local layers: base 10000, no scaling); None: the full layers'.
+    qk_norm: "none", or an RMSNorm (of `norm`'s kind) of queries and keys before the rotary
+      positions: "head" (each head's features: Qwen3, Gemma 3) or "projection" (the whole
+      projection: OLMo 2 and 3).
+    query_pre_attention_scalar: Queries are multiplied by its inverse square root (Gemma's
+      `query_pre_attn_scalar`); None: 1/sqrt(head_dim).
+    embedding_scale: "one", or "sqrt_dim": embedding rows multiplied by sqrt(dim), the factor
+      rounded to the compute dtype as Gemma's reference rounds it.
     max_length: The model's context: rows of the learned position table, and the positions
       a decode request may reach (decode.cache_length's default).
     attention_bias: Bias on q, k, v and output projections.
@@ -144,6 +178,16 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
   rotary_low_freq_factor: PositiveFloat = 1.0
   rotary_high_freq_factor: PositiveFloat = 4.0
   rotary_original_max_length: PositiveInt = 8192
+  rotary_beta_fast: PositiveFloat = 32.0
+  rotary_beta_slow: PositiveFloat = 1.0
+  rotary_attention_factor: PositiveFloat | None = None
+  layer_kinds: tuple[LayerKind, ...] = ("full",)
+  window: PositiveInt | None = None
+  sliding_rotary_base: PositiveFloat | None = None
+  sliding_rotary_scaling: RotaryScaling | None = None
+  qk_norm: layers.QkNorm = "none"
+  query_pre_attention_scalar: PositiveFloat | None = None
+  embedding_scale: EmbeddingScale = "one"
   max_length: Annotated[int, Int32Size] = 2048
   attention_bias: bool = False
   attention_implementation: layers.AttentionImplementation = "auto"
@@ -176,14 +220,6 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
     if arguments.get("tie_embeddings", cls.tie_embeddings):
       former["tied_output_scale"] = "rsqrt_dim"
     return former
-
-  @nn.nowrap
-  def rotary_scaling_settings(self) -> tuple[Any, ...]:
-    """`layers.rotary_inverse_frequencies`' `scaling`: () for none."""
-    if self.rotary_scaling == "none":
-      return ()
-    return (self.rotary_scaling, self.rotary_scaling_factor, self.rotary_low_freq_factor,
-            self.rotary_high_freq_factor, self.rotary_original_max_length)
 
   # Derived sizes, computed where used (DESIGN rule 3).
   @property
@@ -260,11 +296,6 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
       return self.clone(parent=None, scan_layers=False)
     return self
 
-  @nn.nowrap
-  def to_own_layout(self, tree: Any) -> Any:
-    """Stacks unrolled layers (`layer_0`, ...) or slices scanned ones, on host."""
-    return (layer_layout.stack_layers if self.scan_layers else layer_layout.unstack_layers)(tree)
-
   # ---------------------------------------------------------------------------- int8 weights
 
   @classmethod
@@ -276,36 +307,6 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
             ("embed", "vocab"): ("embed",),             # the untied output projection
             ("vocab", "embed"): ("embed",)}             # the embedding: rows, or tied output
 
-  # ---------------------------------------------------------------------------- decode cache
-
-  @nn.nowrap
-  def empty_cache(self, slots: int, cache_length: int) -> kv_cache.KVCache:
-    return kv_cache.empty(self, slots, cache_length)
-
-  @nn.nowrap
-  def cache_logical_specs(self) -> kv_cache.KVCache:
-    return kv_cache.logical_specs(self)
-
-  @nn.nowrap
-  def cache_shapes(self, slots: int, cache_length: int) -> list[ArrayShape]:
-    return kv_cache.array_shapes(self, slots, cache_length)
-
-  @nn.nowrap
-  def prefill(self, params: Any, tokens: jax.Array, lengths: jax.Array,
-              cache: kv_cache.KVCache, insert: jax.Array) -> tuple[jax.Array, kv_cache.KVCache]:
-    """The prompts' pass (no cache read: a prompt attends to itself), then their keys and
-    values written at indices [0, bucket) of the inserted slots."""
-    logits, new_kv = self.apply({"params": params}, tokens, output_index=lengths - 1,
-                                return_kv=True)
-    return logits, kv_cache.write_prefix(cache, new_kv, insert)
-
-  @nn.nowrap
-  def extend(self, params: Any, tokens: jax.Array, positions: jax.Array,
-             cache: kv_cache.KVCache) -> tuple[jax.Array, kv_cache.KVCache]:
-    logits, cache = self.apply({"params": params}, tokens, positions=positions,
-                               cache=tuple(cache))
-    return logits, kv_cache.KVCache(*cache)
-
   # ---------------------------------------------------------------------------- the network
 
   @nn.nowrap
@@ -314,57 +315,22 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
     sizes: a family with other attention returns its subclass and their values."""
     return layers.Attention, {}
 
-  def _block_fields(self) -> dict:
+  @nn.nowrap
+  def _block_fields(self, kind: str) -> dict:
+    """`block.Block`'s fields for a layer of attention `kind`."""
     attention_type, options = self.attention_module()
+    query_scale = (None if self.query_pre_attention_scalar is None
+                   else self.query_pre_attention_scalar ** -0.5)
     return dict(
         kind=self.block, norm_kind=self.norm, norm_eps=self.norm_eps, num_heads=self.num_heads,
         num_kv_heads=self.resolved_num_kv_heads, head_dim=self.resolved_head_dim,
-        attention_bias=self.attention_bias, rotary_dim=self.resolved_rotary_dim,
-        rotary_style=self.rotary_style, rotary_base=self.rotary_base,
-        rotary_scaling=self.rotary_scaling_settings(),
+        attention_bias=self.attention_bias, rotary_style=self.rotary_style,
+        **self.kind_fields(kind), query_scale=query_scale, qk_norm=self.qk_norm,
         attention_implementation=self.resolved_attention_implementation(),
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
         quantization=self.quantization, dtype=jnp.dtype(self.dtype),
         param_dtype=jnp.dtype(self.param_dtype),
         attention_type=attention_type, attention_options=tuple(sorted(options.items())))
-
-  def _layers(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
-              cache: Any = None, return_kv: bool = False) -> tuple[jax.Array, Any]:
-    """The stack of blocks: unrolled (`layer_0`, ...) or one scanned `layers` module whose
-    parameters carry a leading axis of num_layers (logical axis `layers`).
-
-    Returns the output and: with a decode `cache` (keys, values), the cache with the new
-    tokens written; with `return_kv`, every layer's new (keys, values) stacked on a leading
-    layer axis; else None.
-    """
-    block_class = Block
-    if self.remat_policy != "none":
-      block_class = nn.remat(block_class, policy=remat.policy_function(self.remat_policy),
-                             prevent_cse=not self.scan_layers)
-    fields = dict(self._block_fields(), return_kv=return_kv and cache is None)
-    if not self.scan_layers:
-      new_kv = []
-      layer_caches = [] if cache is None else list(zip(*cache))
-      for index in range(self.num_layers):
-        block = block_class(**fields, name=f"layer_{index}")
-        if cache is not None:
-          x, layer_caches[index] = block((x, layer_caches[index]), positions, segment_ids)
-          continue
-        out = block(x, positions, segment_ids)
-        x, kv = out if return_kv else (out, None)
-        new_kv.append(kv)
-      if cache is not None:
-        return x, tuple(tuple(layer) for layer in zip(*layer_caches))
-      return x, (jax.tree.map(lambda *kvs: jnp.stack(kvs), *new_kv) if return_kv else None)
-    stack = nn.scan(block_class, variable_axes={"params": 0}, split_rngs={"params": True},
-                    in_axes=(nn.broadcast, nn.broadcast, 0), length=self.num_layers,
-                    metadata_params={nn.PARTITION_NAME: "layers"})
-    scanned = stack(**fields, scan_carry=True, name="layers")
-    layer_index = jnp.arange(self.num_layers, dtype=jnp.int32)
-    if cache is not None:
-      (x, cache), _ = scanned((x, cache), positions, segment_ids, layer_index)
-      return x, cache
-    return scanned(x, positions, segment_ids, layer_index)
 
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
@@ -406,6 +372,9 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
     # replicates them instead ("involuntary full rematerialization").
     x = quantizing.take_rows(jax.tree.map(lambda a: layers.constrain(a, None, None), embedding),
                              tokens, dtype)
+    if self.embedding_scale == "sqrt_dim":
+      # Rounded to the compute dtype first, as Gemma's reference rounds it to its weights'.
+      x = x * jnp.asarray(math.sqrt(self.dim), dtype)
     if self.embedding_bias:
       x = x + self.param("embedding_bias", nn.with_logical_partitioning(
           nn.initializers.zeros, ("embed",)), (self.dim,), param_dtype).astype(dtype)

@@ -45,6 +45,21 @@ class TransformerChecks:
     if rotary_dim % 2 or rotary_dim > self.resolved_head_dim:
       raise config_error(f"{path}.rotary_dim", self.rotary_dim,
                          f"must be even and at most head_dim={self.resolved_head_dim}")
+    self._check_layer_kinds(path)
+
+  @nn.nowrap
+  def _check_layer_kinds(self, path: str) -> None:
+    """A pattern of kinds, and a window where a layer slides (configs are range-checked
+    before; a model built by hand is not)."""
+    if not self.layer_kinds:
+      raise config_error(f"{path}.layer_kinds", self.layer_kinds, "names no attention kind",
+                         "give at least one of 'full', 'sliding', 'no_rotary'")
+    if self.window is not None and self.window < 1:
+      raise config_error(f"{path}.window", self.window, "must be at least 1",
+                         "a token must see itself")
+    if "sliding" in self.kinds_by_layer() and self.window is None:
+      raise config_error(f"{path}.window", None, "a layer of layer_kinds slides but the "
+                         "window is not set", f"set {path}.window or drop 'sliding'")
 
   @nn.nowrap
   def _check_cudnn_attention(self, target: targets.Target, path: str) -> None:
@@ -74,12 +89,24 @@ class TransformerChecks:
 
   @classmethod
   def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:
-    """2 layers, width 64, 4 heads of derived width, at most 2 key/value heads, the rotated
-    fraction of each head kept, float32, and a context of at least 64 positions."""
+    """2 layers, width 64, 4 heads of derived width (of 32 where the model's head width is
+    not its width over its heads, which stays so), at most 2 key/value heads, the rotated
+    fraction of each head kept, float32, and a context of at least 64 positions. A sliding
+    window shrinks to a quarter of the sequence (shorter than it, so that the band still cuts
+    off what a full causal mask would see); a pattern of several attention kinds becomes each
+    kind once, over one layer more than that (a scanned stack then has a group and a layer
+    left over)."""
     old_head_dim = fields.get("head_dim") or fields["dim"] // fields["num_heads"]
-    changes = {"num_layers": 2, "dim": 64, "num_heads": 4, "head_dim": None, "mlp_dim": None,
+    independent = old_head_dim != fields["dim"] // fields["num_heads"]
+    changes = {"num_layers": 2, "dim": 64, "num_heads": 4,
+               "head_dim": 32 if independent else None, "mlp_dim": None,
                "dtype": "float32", "param_dtype": "float32",
                "max_length": max(sequence_length, 64)}
+    if fields.get("window") is not None:
+      changes["window"] = max(1, min(fields["window"], sequence_length // 4))
+    kinds = tuple(dict.fromkeys(fields.get("layer_kinds") or ("full",)))
+    if len(kinds) > 1:
+      changes.update(layer_kinds=kinds, num_layers=len(kinds) + 1)
     if fields.get("num_kv_heads") is not None:
       changes["num_kv_heads"] = min(fields["num_kv_heads"], 2)
     if fields.get("rotary_dim") is not None:

@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import layers
+from lingvo_lite.models import block as blocks, layers
 from lingvo_lite.models.family import ArrayShape
 
 # The fields that size a TransformerLM's parameters (max_length only with learned positions).
@@ -27,14 +27,18 @@ class TransformerSizes:
     is refused before JAX is asked to shape it. Exact: a test compares it with `init`."""
     dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
     head_dim, mlp_dim, vocab = self.resolved_head_dim, self.resolved_mlp_dim, self.vocab_size
-    norm = dim if self.norm == "rmsnorm" else 2 * dim  # Scale, and LayerNorm's offset.
+    norm = 2 * dim if self.norm == "layernorm" else dim  # Scale, and LayerNorm's offset.
     attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q and out; k and v.
     if self.attention_bias:
       attention += head_dim * (heads + 2 * kv_heads) + dim
+    # A query and a key norm: of one head's features, or of each head's.
+    norm_width = norm // dim
+    attention += {"none": 0, "head": 2 * head_dim,
+                  "projection": (heads + kv_heads) * head_dim}[self.qk_norm] * norm_width
     mlp_inputs = 2 if self.mlp_activation in layers.GATED_ACTIVATIONS else 1
     mlp = (mlp_inputs + 1) * dim * mlp_dim + (
         mlp_inputs * mlp_dim + dim if self.mlp_bias else 0)
-    block = attention + mlp + norm * (1 if self.block == "parallel" else 2)
+    block = attention + mlp + norm * blocks.norm_count(self.block)
     total = self.num_layers * block + vocab * dim + norm
     total += dim if self.embedding_bias else 0
     total += self.max_length * dim if self.position == "learned" else 0
@@ -46,27 +50,39 @@ class TransformerSizes:
   def parameter_shapes(self) -> list[ArrayShape]:
     """Every parameter's path, logical axes, full shape and dtype, without allocating any.
 
-    Traces a copy with one layer: every layer has the same shapes, and tracing all of them
-    takes time in proportion to depth (forever, for an absurd depth). A parameter of the
-    unrolled `layer_0` stands for num_layers of them (`repeats`); a scanned one gets its
-    leading `layers` axis back at full size.
+    Traces a copy with one unrolled layer: every layer has the same shapes (whatever its
+    attention kind), and tracing all of them takes time in proportion to depth (forever, for
+    an absurd depth). A parameter of that `layer_0` stands for each layer of the real layout:
+    unrolled, num_layers of them (`repeats`); scanned, the `layers` subtree with its leading
+    axis at full size (groups of a pattern: `layers/pattern_j`, one per position), and the
+    layers left over unrolled after them (models/transformer_layers.py).
     """
-    sample = self.clone(parent=None, num_layers=1)
+    sample = self.clone(parent=None, num_layers=1, layer_kinds=self.layer_kinds[:1],
+                        scan_layers=False)
     tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     boxed = jax.eval_shape(sample.init, jax.random.key(0), tokens)["params"]
+    period, groups = self.scan_plan()
+    scanned = period * groups
     found = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(
         boxed, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))[0]:
       value = leaf.value if isinstance(leaf, nn.meta.AxisMetadata) else leaf
       axes = tuple(getattr(leaf, "names", (None,) * len(value.shape)))
-      shape, repeats = tuple(value.shape), 1
-      top = getattr(path[0], "key", None)
-      if top == "layer_0":
-        repeats = self.num_layers
-      elif top == "layers" and axes and axes[0] == "layers":
-        shape = (self.num_layers, *shape[1:])
-      found.append(ArrayShape(jax.tree_util.keystr(path), axes, shape, jnp.dtype(value.dtype),
-                              repeats))
+      shape, dtype = tuple(value.shape), jnp.dtype(value.dtype)
+      key = jax.tree_util.keystr(path)
+      if getattr(path[0], "key", None) != "layer_0":
+        found.append(ArrayShape(key, axes, shape, dtype))
+        continue
+      inner = jax.tree_util.keystr(path[1:])
+      if period == 1:
+        found.append(ArrayShape(f"['layers']{inner}", ("layers", *axes),
+                                (self.num_layers, *shape), dtype))
+      else:
+        found += [ArrayShape(f"['layers']['pattern_{j}']{inner}", ("layers", *axes),
+                             (groups, *shape), dtype) for j in range(period)]
+      if self.num_layers > scanned:
+        found.append(ArrayShape(f"['layer_{scanned}']{inner}", axes, shape, dtype,
+                                self.num_layers - scanned))
     return found
 
   @nn.nowrap
@@ -94,13 +110,31 @@ class TransformerSizes:
   # ---------------------------------------------------------------------------- FLOPs
 
   @nn.nowrap
-  def attention_flops_per_token(self, sequence_length: int) -> int:
+  def _layers_by_window(self) -> tuple[int, int]:
+    """(layers that see every earlier position, layers that see the last `window`)."""
+    sliding = self.kinds_by_layer().count("sliding")
+    return self.num_layers - sliding, sliding
+
+  @nn.nowrap
+  def attention_flops_per_token(self, sequence_length: int) -> int | float:
     """Scores and weighted values: 4 T H d per token and layer, halved for causality (a token
-    sees the positions up to its own, half of the sequence on average). An int, so that MFU's
-    count stays exact."""
-    return 2 * self.num_layers * sequence_length * self.num_heads * self.resolved_head_dim
+    sees the positions up to its own, half of the sequence on average): an int, so that
+    MFU's count stays exact. A sliding layer counts only the pairs inside its band: the
+    causal count less the (T - W)^2 / 2 pairs outside it, W T - W^2 / 2 pairs, W - W^2 / 2T
+    per token (a window of at least the sequence is the causal count exactly)."""
+    full, sliding = self._layers_by_window()
+    length, window = sequence_length, self.window
+    per_layer = self.num_heads * self.resolved_head_dim
+    if not sliding or length <= window:
+      return 2 * self.num_layers * length * per_layer
+    return (2 * full * length * per_layer
+            + sliding * 4 * per_layer * (window - window * window / (2 * length)))
 
   @nn.nowrap
   def decode_attention_flops(self, context_length: int) -> int:
-    """One new token's scores and weighted values against `context_length` positions."""
-    return 4 * self.num_layers * context_length * self.num_heads * self.resolved_head_dim
+    """One new token's scores and weighted values against `context_length` positions (a
+    sliding layer's against its window at most, however long the context)."""
+    full, sliding = self._layers_by_window()
+    per_position = 4 * self.num_heads * self.resolved_head_dim
+    seen = context_length if not sliding else min(context_length, self.window)
+    return per_position * (full * context_length + sliding * seen)

@@ -113,8 +113,10 @@ class _WrittenByPython(np.ndarray):
 
 def _add_value(writer: Any, key: str, value: Any) -> None:
   """One metadata value in the GGUF type llama.cpp reads it as (counts uint32, settings
-  float32)."""
-  if isinstance(value, bool):
+  float32; a list as an array: a sliding window's pattern of booleans, layer by layer)."""
+  if isinstance(value, (list, tuple)):
+    writer.add_array(key, list(value))
+  elif isinstance(value, bool):
     writer.add_bool(key, value)
   elif isinstance(value, int):
     writer.add_uint32(key, value)

@@ -130,7 +130,7 @@ class HfCheckpoint:
     names = names_of(model)
     digest = hashlib.sha256()
     placer = Placer(model, abstract, f"hf:{self.path}")
-    with _Tensors(self.folder(), self.path, names.optional_prefix) as tensors:
+    with _Tensors(self.folder(), self.path, names.file_names) as tensors:
       for name in names.tensors():
         tensor, file = tensors.get(name.name)
         digest.update(f"{name.name}|{tensor.dtype}|{tensor.shape}|{content_crc(tensor)}|"
@@ -149,7 +149,7 @@ def family_reading(model_type: Any, where: str) -> tuple[type, type[HfNames]]:
   """
   readers = format_names.families_with(HfNames)
   for family, names in readers:
-    if names.model_type == model_type:
+    if names.reads(model_type):
       return family, names
   raise format_names.refuse_unknown(where, "model_type", model_type,
                                     [names.model_type for _, names in readers])
@@ -171,8 +171,8 @@ def names_of(model: Any) -> HfNames:
 class _Tensors:
   """A folder's safetensors files, open, by tensor name (one file, or the index's shards)."""
 
-  def __init__(self, folder: epath.Path, shown: str, optional_prefix: str):
-    self._folder, self._shown, self._prefix = folder, shown, optional_prefix
+  def __init__(self, folder: epath.Path, shown: str, file_names: Any):
+    self._folder, self._shown, self._file_names = folder, shown, file_names
     self._files: dict[str, Any] = {}
     self._keys: dict[str, frozenset[str]] = {}
     self._read: set[str] = set()
@@ -237,18 +237,15 @@ class _Tensors:
     return self._where.get(name)
 
   def get(self, name: str) -> tuple[np.ndarray, str]:
-    """The tensor `name` (or, where the family allows it, `name` without its optional
-    prefix) as a NumPy array, and its file as messages name it.
+    """The tensor `name` (or another name the family's `file_names` gives it: without an
+    optional prefix, under a wrapper's) as a NumPy array, and its file as messages name it.
 
     Raises:
       UsageError: no such tensor, a type NumPy cannot hold (float8: a quantized checkpoint,
         whose scales no family reads), or its bytes cannot be read.
     """
     from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
-    candidates = [name]
-    if self._prefix and name.startswith(self._prefix):
-      candidates.append(name[len(self._prefix):])
-    for candidate in candidates:
+    for candidate in self._file_names(name):
       file = self._file_of(candidate)
       if file is None:
         continue

@@ -68,19 +68,23 @@ class Placer:
 
   def __init__(self, model: Any, abstract: Any, where: str):
     self._where = where
-    self._scanned = bool(getattr(model, "scan_layers", False))
+    # Where a scanned model keeps layer N's parameters: (the keys of its stacked subtree,
+    # its row there), or None for a layer kept unrolled (models/transformer_layers.py).
+    self._scanned_position = (getattr(model, "scanned_position", None)
+                              if getattr(model, "scan_layers", False) else None)
     self._abstract = abstract
     self._leaves: dict[tuple[str, ...], Any] = {}
     self._pending: dict[tuple[str, ...], tuple[np.ndarray, set[int]]] = {}
-    self._layers = int(getattr(model, "num_layers", 0))
 
   def _locate(self, path: str) -> tuple[tuple[str, ...], int | None, Any]:
     """(the leaf's key path, the layer it is one row of (scanned layers) or None, its
     abstract value)."""
     keys = tuple(path.split("/"))
     layer = None
-    if self._scanned and keys[0].startswith("layer_"):
-      layer, keys = int(keys[0][len("layer_"):]), ("layers",) + keys[1:]
+    if self._scanned_position is not None and keys[0].startswith("layer_"):
+      position = self._scanned_position(int(keys[0][len("layer_"):]))
+      if position is not None:
+        layer, keys = position[1], position[0] + keys[1:]
     node = self._abstract
     for key in keys:
       if not isinstance(node, dict) or key not in node:
@@ -112,7 +116,7 @@ class Placer:
       stacked[layer] = part
       seen.add(layer)
       self._pending[keys] = (stacked, seen)
-      if len(seen) == self._layers:
+      if len(seen) == leaf.shape[0]:
         self._place(keys, leaf, self._pending.pop(keys)[0])
 
   def _place(self, keys: tuple[str, ...], leaf: Any, value: np.ndarray) -> None:

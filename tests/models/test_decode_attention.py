@@ -11,7 +11,6 @@ import pytest
 
 from lingvo_lite import target as targets
 from lingvo_lite.models import decode_attention, layers
-from lingvo_lite.models.mistral import SlidingWindowAttention
 
 
 def _bfloat16_values(key, shape):
@@ -43,11 +42,10 @@ def _decode_steps(window, cache_keys, cache_values, positions, implementations, 
   """One decode step of a bfloat16 grouped-query attention layer over the given cache, per
   implementation (the same parameters): {implementation: (output, new keys, new values,
   whether the kernel is in the program)}; without `run`, only traced (no output)."""
-  cls, extra = (SlidingWindowAttention, {"window": window}) if window else (layers.Attention, {})
-  make = lambda implementation: cls(
+  make = lambda implementation: layers.Attention(
       num_heads=6, num_kv_heads=2, head_dim=cache_keys.shape[-1],
       rotary_dim=cache_keys.shape[-1], rotary_style="half",
-      dtype=jnp.bfloat16, implementation=implementation, **extra)
+      dtype=jnp.bfloat16, implementation=implementation, window=window)
   x = _bfloat16_values(jax.random.key(3), (positions.shape[0], 1, 48))
   context = layers.Context(cache_keys, cache_values)
   params = nn.meta.unbox(make("einsum").init(jax.random.key(4), x, positions, None,

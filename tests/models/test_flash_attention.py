@@ -11,7 +11,6 @@ import pytest
 
 from lingvo_lite import target as targets
 from lingvo_lite.models import flash_attention, layers
-from lingvo_lite.models.mistral import SlidingWindowAttention
 from lingvo_lite.testing import synthetic_tiny_setup
 
 # (length, query heads, key/value heads, packed segments, window): causal multi-head
@@ -27,9 +26,8 @@ def _segments(length):
 
 
 def _attention(implementation, heads, kv_heads, window):
-  cls, extra = (SlidingWindowAttention, {"window": window}) if window else (layers.Attention, {})
-  return cls(num_heads=heads, num_kv_heads=kv_heads, head_dim=16, rotary_dim=16,
-             rotary_style="half", implementation=implementation, **extra)
+  return layers.Attention(num_heads=heads, num_kv_heads=kv_heads, head_dim=16, rotary_dim=16,
+                          rotary_style="half", implementation=implementation, window=window)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lingvo_lite.models import layers
+from lingvo_lite.models import layers, rotary
 
 
 def numpy_rotary_gptj(x, positions, rotary_dim, base=10000.0):
@@ -41,26 +41,26 @@ def fixture_positions():
 
 
 def test_rotary_interleaved_matches_gptj_reference(x, positions):
-  sin, cos = layers.rotary_sin_cos(jnp.asarray(positions), 8, 10000.0)
-  got = layers.apply_rotary(jnp.asarray(x), sin, cos, "interleaved")
+  sin, cos = rotary.sin_cos(jnp.asarray(positions), 8, 10000.0)
+  got = rotary.apply(jnp.asarray(x), sin, cos, "interleaved")
   np.testing.assert_allclose(got, numpy_rotary_gptj(x, positions, 8), rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(got[..., 8:], x[..., 8:])  # Unrotated dims pass through.
 
 
 def test_rotary_half_matches_neox_reference(x, positions):
-  sin, cos = layers.rotary_sin_cos(jnp.asarray(positions), 16, 10000.0)
-  got = layers.apply_rotary(jnp.asarray(x), sin, cos, "half")
+  sin, cos = rotary.sin_cos(jnp.asarray(positions), 16, 10000.0)
+  got = rotary.apply(jnp.asarray(x), sin, cos, "half")
   np.testing.assert_allclose(got, numpy_rotary_half(x, positions), rtol=1e-5, atol=1e-5)
 
 
 def test_rotary_is_relative(x):
   """q.k after rotation depends only on the distance between positions."""
-  sin_a, cos_a = layers.rotary_sin_cos(jnp.array([[3, 5]]), 16, 10000.0)
-  sin_b, cos_b = layers.rotary_sin_cos(jnp.array([[10, 12]]), 16, 10000.0)
+  sin_a, cos_a = rotary.sin_cos(jnp.array([[3, 5]]), 16, 10000.0)
+  sin_b, cos_b = rotary.sin_cos(jnp.array([[10, 12]]), 16, 10000.0)
   q = jnp.asarray(x[:1, :2])
   for style in ("interleaved", "half"):
-    qa = layers.apply_rotary(q, sin_a, cos_a, style)
-    qb = layers.apply_rotary(q, sin_b, cos_b, style)
+    qa = rotary.apply(q, sin_a, cos_a, style)
+    qb = rotary.apply(q, sin_b, cos_b, style)
     dot_a = jnp.einsum("hd,hd->h", qa[0, 0], qa[0, 1])
     dot_b = jnp.einsum("hd,hd->h", qb[0, 0], qb[0, 1])
     np.testing.assert_allclose(dot_a, dot_b, rtol=1e-4, atol=1e-4)

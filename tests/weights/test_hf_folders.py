@@ -261,8 +261,8 @@ def test_a_shape_that_does_not_match_is_refused_naming_the_tensor(folders):
 
 @pytest.mark.parametrize("change, words", [
     ({"model_type": "bert"}, "model_type='bert': no lingvo_lite family reads it; supported:"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
-     "rope_scaling.rope_type='yarn': lingvo_lite's rotary positions implement only"),
+    ({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}},
+     "rope_scaling.rope_type='longrope': lingvo_lite's rotary positions implement only"),
     ({"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ({"sliding_window": 64}, "sliding_window=64"),
     ({"num_hidden_layers": None}, "no 'num_hidden_layers'"),

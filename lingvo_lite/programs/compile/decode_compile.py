@@ -7,7 +7,8 @@ its activations grow with the bucket, the state does not change). Each function'
 device is counted by the rule of the train step's verdict (compile_report.deciding); the
 larger of the two is the peak, and it is compared with the target's memory per device.
 The state both functions hold is the decode state (decoding.DecodeState), mostly the model's
-KV cache (the transformer families': [slots, kv_heads, cache_length, head_dim] per layer),
+KV cache (the transformer families': [slots, kv_heads, entries, head_dim] per layer, a
+sliding layer's entries its window, a full layer's cache_length: models/kv_cache.py),
 sharded with the slots over the data-parallel axes and the heads over `tensor`: its bytes per
 device are counted from that sharding, beside the parameters'.
 
@@ -23,9 +24,9 @@ parameters, verdict, margin and largest_buffers, and):
   memory:     deciding (the larger function's: the peak per device), deciding_function,
               deciding_rule, source, available
   kv_cache:   bytes_per_device (this device's shard of the keys and values), bytes_total
-              (the model family's cache_bytes), shape and shard_shape of one layer's keys
-              ([slots, kv_heads, cache_length, head_dim]; with scanned layers, all layers'
-              stacked), dtype
+              (the model family's cache_bytes), shape and shard_shape of the first cache
+              array's keys ([slots, kv_heads, entries, head_dim] of layer 0; with scanned
+              layers, the layers it holds stacked), dtype
   analytic:   by_part (the generate loop's arguments per device: parameters, kv_cache,
               other_state (tokens, log-probabilities, per-slot lengths, sampling, seeds),
               inputs), total, xla_arguments (generate's)

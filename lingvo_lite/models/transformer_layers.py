@@ -1,0 +1,247 @@
+"""The stack of a `TransformerLM`'s layers: which attention kind each layer has, how a stack of
+mixed kinds is scanned, and the decode cache over them. A mixin of `TransformerLM`
+(models/transformer.py), reading its fields.
+
+Attention kinds (`layer_kinds`, a pattern repeated over the layers, as Hugging Face's
+`layer_types` lists them):
+
+- "full": every earlier position, rotary positions of `rotary_base` and `rotary_scaling`;
+- "sliding": the last `window` positions, rotary positions of `sliding_rotary_base` and
+  `sliding_rotary_scaling` (each the full layers' where unset);
+- "no_rotary": every earlier position and no rotary positions (SmolLM3's "NoPE" layers).
+
+Every kind has the same parameters, so kinds change what a layer computes, not its tree.
+
+Scanned layers (`scan_layers`): the per-layer kinds repeat with a shortest period P (1 for
+one kind; Gemma 3: 6, OLMo 3: 4). With P = 1 the blocks are one `nn.scan` as always, their
+parameters under `layers` with a leading axis of num_layers. With P > 1 the scan steps over
+groups of P consecutive layers (`block.BlockGroup`), each group's member j a layer of the
+pattern's kind j: parameters `layers/pattern_j/...` with a leading axis of groups = num_layers
+// P; the num_layers % P layers left over run unrolled after it as `layer_N` (Gemma 3 1B's
+26 layers: 4 groups of 6 and 2 sliding layers). So every layer keeps its own kind's static
+mask and kernel (no per-layer switch inside the scan), and the compiled body is one group.
+
+The decode cache (models/kv_cache.py) follows the same layout: unrolled, one array per layer;
+scanned, one stacked array per position of the pattern plus one per layer left over. A
+sliding layer's array holds min(window, cache_length) entries per slot (a ring), a full
+layer's cache_length; the shapes are fixed when the cache is made, so decoding and serving
+never recompile.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from lingvo_lite.models import kv_cache, layer_layout, remat
+from lingvo_lite.models.block import Block, BlockGroup
+from lingvo_lite.models.family import ArrayShape
+
+LayerKind = Literal["full", "sliding", "no_rotary"]
+
+
+def per_layer(pattern: Sequence[str], num_layers: int) -> tuple[str, ...]:
+  """The kind of each of `num_layers` layers: `pattern` repeated (and cut)."""
+  return tuple(pattern[index % len(pattern)] for index in range(num_layers))
+
+
+def shortest_period(kinds: Sequence[str]) -> int:
+  """The shortest P with kinds[i] == kinds[i % P] for every layer i."""
+  return next(period for period in range(1, len(kinds) + 1)
+              if all(kind == kinds[index % period] for index, kind in enumerate(kinds)))
+
+
+def pattern_of(kinds: Sequence[str]) -> tuple[str, ...]:
+  """The shortest pattern whose repetition gives `kinds` (a per-layer list)."""
+  return tuple(kinds[:shortest_period(kinds)])
+
+
+class TransformerLayers:
+  """The layer stack of a `TransformerLM` (its fields are read; none is declared here)."""
+
+  # ---------------------------------------------------------------------------- kinds
+
+  @nn.nowrap
+  def kinds_by_layer(self) -> tuple[str, ...]:
+    return per_layer(self.layer_kinds, self.num_layers)
+
+  @nn.nowrap
+  def scan_plan(self) -> tuple[int, int]:
+    """(P, groups): scanned layers run as `groups` groups of P layers (P = 1: one block per
+    step), the rest unrolled; (0, 0) for unrolled layers."""
+    if not self.scan_layers:
+      return 0, 0
+    period = shortest_period(self.kinds_by_layer())
+    return period, self.num_layers // period
+
+  @nn.nowrap
+  def rotary_scaling_settings(self, kind: str = "full") -> tuple[Any, ...]:
+    """`rotary.inverse_frequencies`' `scaling` of a layer of `kind`: () for none."""
+    scaling = self.rotary_scaling
+    if kind == "sliding" and self.sliding_rotary_scaling is not None:
+      scaling = self.sliding_rotary_scaling
+    if scaling == "none":
+      return ()
+    if scaling == "linear":
+      return ("linear", self.rotary_scaling_factor)
+    if scaling == "yarn":
+      factor = self.rotary_scaling_factor
+      attention = self.rotary_attention_factor
+      if attention is None:  # YaRN's default: 0.1 ln(factor) + 1 for a factor above 1.
+        attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+      return ("yarn", factor, self.rotary_original_max_length, self.rotary_beta_fast,
+              self.rotary_beta_slow, attention)
+    return (scaling, self.rotary_scaling_factor, self.rotary_low_freq_factor,
+            self.rotary_high_freq_factor, self.rotary_original_max_length)
+
+  @nn.nowrap
+  def kind_fields(self, kind: str) -> dict[str, Any]:
+    """A layer's attention fields (`block.Block`'s) for its `kind`."""
+    sliding = kind == "sliding"
+    base = self.rotary_base
+    if sliding and self.sliding_rotary_base is not None:
+      base = self.sliding_rotary_base
+    return {"window": self.window if sliding else None,
+            "rotary_dim": 0 if kind == "no_rotary" else self.resolved_rotary_dim,
+            "rotary_base": base, "rotary_scaling": self.rotary_scaling_settings(kind)}
+
+  # ---------------------------------------------------------------------------- the stack
+
+  @nn.nowrap
+  def _block_class(self, in_scan: bool) -> Any:
+    if self.remat_policy == "none":
+      return Block
+    return nn.remat(Block, policy=remat.policy_function(self.remat_policy),
+                    prevent_cse=not in_scan)
+
+  def _layers(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
+              cache: Any = None, return_kv: bool = False) -> tuple[jax.Array, Any]:
+    """The stack of blocks (the module doc says how it is laid out).
+
+    Returns the output and: with a decode `cache` (keys, values: tuples of the arrays of
+    `cache_arrays`), the cache with the new tokens written; with `return_kv`, every layer's
+    new (keys, values) stacked on a leading layer axis, in layer order; else None.
+    """
+    kinds = self.kinds_by_layer()
+    wants_kv = return_kv and cache is None
+    period, groups = self.scan_plan()
+    scanned = period * groups
+    caches = None if cache is None else list(zip(*cache))  # (keys, values) per array.
+    new_kv, new_caches = [], []
+    if scanned:
+      index = jnp.arange(groups, dtype=jnp.int32)
+      if period == 1:
+        body = self._block_class(True)
+        fields = dict(self._block_fields(kinds[0]), return_kv=wants_kv, scan_carry=True)
+      else:
+        body = BlockGroup
+        fields = {"members": tuple(tuple(sorted(self._block_fields(kind).items()))
+                                   for kind in kinds[:period]),
+                  "block_class": self._block_class(True), "return_kv": wants_kv}
+      stack = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True},
+                      in_axes=(nn.broadcast, nn.broadcast, 0), length=groups,
+                      metadata_params={nn.PARTITION_NAME: "layers"})(**fields, name="layers")
+      if caches is not None:
+        carried = caches[0] if period == 1 else tuple(caches[:period])
+        (x, carried), _ = stack((x, carried), positions, segment_ids, index)
+        new_caches += [carried] if period == 1 else list(carried)
+      else:
+        x, kv = stack(x, positions, segment_ids, index)
+        if wants_kv and period == 1:
+          new_kv.append(kv)
+        elif wants_kv:  # Each member's [groups, ...]: interleaved back into layer order.
+          new_kv.append(jax.tree.map(
+              lambda *members: jnp.stack(members, 1).reshape(-1, *members[0].shape[1:]),
+              *kv))
+    leftover = self._block_class(False)
+    for layer in range(scanned, self.num_layers):
+      block = leftover(**self._block_fields(kinds[layer]), return_kv=wants_kv,
+                       name=f"layer_{layer}")
+      if caches is not None:
+        x, layer_cache = block((x, caches[len(new_caches)]), positions, segment_ids)
+        new_caches.append(layer_cache)
+      elif wants_kv:
+        x, kv = block(x, positions, segment_ids)
+        new_kv.append(jax.tree.map(lambda a: a[None], kv))
+      else:
+        x = block(x, positions, segment_ids)
+    if caches is not None:
+      return x, tuple(tuple(part) for part in zip(*new_caches))
+    if wants_kv:
+      return x, jax.tree.map(lambda *parts: jnp.concatenate(parts), *new_kv)
+    return x, None
+
+  # ---------------------------------------------------------------------------- layout
+
+  @nn.nowrap
+  def scanned_position(self, layer: int) -> tuple[tuple[str, ...], int] | None:
+    """Where scanned layers keep layer `layer`'s parameters: (the keys of its stacked
+    subtree, its row there), or None where it is unrolled (a layer left over)."""
+    period, groups = self.scan_plan()
+    if layer >= period * groups:
+      return None
+    if period == 1:
+      return ("layers",), layer
+    return ("layers", f"pattern_{layer % period}"), layer // period
+
+  @nn.nowrap
+  def to_own_layout(self, tree: Any) -> Any:
+    """Stacks unrolled layers (`layer_0`, ...) or slices scanned ones, on host."""
+    if not self.scan_layers:
+      return layer_layout.unstack_layers(tree)
+    period, groups = self.scan_plan()
+    return layer_layout.stack_layers(tree, period, period * groups)
+
+  # ---------------------------------------------------------------------------- decode cache
+
+  @nn.nowrap
+  def cache_arrays(self, cache_length: int) -> list[kv_cache.CacheArray]:
+    """The decode cache's arrays, in the order the layers read them (the module doc)."""
+    kinds = self.kinds_by_layer()
+
+    def array(layers: Sequence[int], stacked: bool) -> kv_cache.CacheArray:
+      kind = kinds[layers[0]]
+      sliding = kind == "sliding"
+      entries = min(self.window, cache_length) if sliding else cache_length
+      return kv_cache.CacheArray(tuple(layers), entries, sliding, stacked, kind)
+
+    period, groups = self.scan_plan()
+    scanned = period * groups
+    arrays = [array(range(member, scanned, period), True) for member in range(period)]
+    return arrays + [array((layer,), False) for layer in range(scanned, self.num_layers)]
+
+  @nn.nowrap
+  def empty_cache(self, slots: int, cache_length: int) -> kv_cache.KVCache:
+    return kv_cache.empty(self, self.cache_arrays(cache_length), slots)
+
+  @nn.nowrap
+  def cache_logical_specs(self) -> kv_cache.KVCache:
+    return kv_cache.logical_specs(self.cache_arrays(1))
+
+  @nn.nowrap
+  def cache_shapes(self, slots: int, cache_length: int) -> list[ArrayShape]:
+    return kv_cache.array_shapes(self, self.cache_arrays(cache_length), slots)
+
+  @nn.nowrap
+  def prefill(self, params: Any, tokens: jax.Array, lengths: jax.Array,
+              cache: kv_cache.KVCache, insert: jax.Array) -> tuple[jax.Array, kv_cache.KVCache]:
+    """The prompts' pass (no cache read: a prompt attends to itself, within a sliding layer's
+    window), then their keys and values written into the inserted slots: a full layer's at
+    entries [0, bucket), a sliding layer's last positions at their ring entries."""
+    logits, new_kv = self.apply({"params": params}, tokens, output_index=lengths - 1,
+                                return_kv=True)
+    # Which layers each array holds and whether it is a ring: the same at any length.
+    arrays = self.cache_arrays(1)
+    return logits, kv_cache.write_prefix(cache, new_kv, arrays, lengths, insert)
+
+  @nn.nowrap
+  def extend(self, params: Any, tokens: jax.Array, positions: jax.Array,
+             cache: kv_cache.KVCache) -> tuple[jax.Array, kv_cache.KVCache]:
+    logits, cache = self.apply({"params": params}, tokens, positions=positions,
+                               cache=tuple(cache))
+    return logits, kv_cache.KVCache(*cache)
+

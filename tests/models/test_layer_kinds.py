@@ -1,0 +1,297 @@
+"""The shared transformer's per-layer attention kinds and the parts today's dense families
+added to its blocks, on the Llama family with those fields set (no new family needed):
+
+- a stack of mixed kinds ("sliding" with its own rotary base, "full", "no_rotary"), with
+  sandwich or post-norm blocks, (1 + weight) RMSNorm, a query and key RMSNorm per head or over
+  the whole projection, an embedding scaled by sqrt(dim) and a query scale of its own, equals
+  a plain jax.numpy forward pass written out below from the model's own parameters;
+- scanned layers of a repeating pattern (groups plus the layers left over) train and decode
+  as unrolled ones; the layouts convert both ways;
+- decoding three windows past the prompt equals teacher forcing through a cache whose
+  sliding layers hold only their window, and the cache's bytes are counted layer by layer;
+- FLOPs count a sliding layer's attention over its window only (score pairs counted from a
+  numpy mask);
+- the rotary scalings ("linear", "yarn") give transformers' own inverse frequencies.
+"""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lingvo_lite.models import layer_layout, rotary
+from lingvo_lite.models.llama import Llama
+
+WINDOW = 4
+SIZES = dict(vocab_size=61, num_layers=5, dim=32, num_heads=4, num_kv_heads=2, head_dim=16,
+             mlp_dim=48, max_length=64, window=WINDOW, rotary_base=10000.0,
+             sliding_rotary_base=100.0)
+# Each case: a block and its norms, a query-key norm, the kinds' pattern (3 does not divide 5
+# layers: a scanned stack has a group and two layers left over).
+CASES = {
+    "sandwich": dict(block="sandwich", norm="rmsnorm_plus_one", qk_norm="head",
+                     mlp_activation="geglu", embedding_scale="sqrt_dim",
+                     query_pre_attention_scalar=24.0, tie_embeddings=True,
+                     layer_kinds=("sliding", "sliding", "full")),
+    "post_norm": dict(block="post_norm", qk_norm="projection",
+                      layer_kinds=("sliding", "full", "sliding")),
+    "no_rotary": dict(layer_kinds=("full", "no_rotary", "sliding")),
+}
+
+
+def _model(case: str, **fields) -> Llama:
+  return Llama(**{**SIZES, **CASES[case], **fields})
+
+
+def _params(model: nn.Module, seed: int = 0):
+  """Initialized, then every norm's scale (the (1 + weight) ones start at 0) moved off its
+  initial value, so a swapped or missing norm shows."""
+  params = nn.meta.unbox(model.init(jax.random.key(seed), jnp.zeros((1, 8), jnp.int32)))
+  paths, tree = jax.tree_util.tree_flatten_with_path(params["params"])
+  keys = jax.random.split(jax.random.key(seed + 1), len(paths))
+  return jax.tree.unflatten(tree, [
+      leaf + 0.3 * jax.random.normal(key, leaf.shape) if path[-1].key == "scale" else leaf
+      for (path, leaf), key in zip(paths, keys)])
+
+
+def _tokens(seed: int, shape) -> jax.Array:
+  return jax.random.randint(jax.random.key(seed), shape, 0, SIZES["vocab_size"])
+
+
+# ------------------------------------------------------------------ the reference forward pass
+
+
+def _norm(x, scale, kind, axes=1, eps=1e-5):
+  over = tuple(range(-axes, 0))
+  y = x / jnp.sqrt(jnp.mean(x * x, axis=over, keepdims=True) + eps)
+  return y * ((1.0 + scale) if kind == "rmsnorm_plus_one" else scale)
+
+
+def _rope(x, positions, base):
+  """x [t, heads, d] rotated at `positions` [t]: feature i pairs with i + d/2."""
+  half = x.shape[-1] // 2
+  frequencies = base ** (-np.arange(half) * 2.0 / x.shape[-1])
+  angle = positions[:, None, None] * frequencies
+  a, b = x[..., :half], x[..., half:]
+  return jnp.concatenate([a * jnp.cos(angle) - b * jnp.sin(angle),
+                          b * jnp.cos(angle) + a * jnp.sin(angle)], axis=-1)
+
+
+def _reference_logits(model: Llama, params, tokens) -> jax.Array:
+  """One sequence [t] -> logits [t, vocab], every layer written out with its kind's mask and
+  rotary base, the norms where the block kind puts them."""
+  length, kind_of = tokens.shape[0], model.layer_kinds
+  positions = jnp.arange(length, dtype=jnp.float32)
+  i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+  norm = lambda x, p, axes=1: _norm(x, p["scale"], model.norm, axes)
+  pre = model.block in ("sequential", "sandwich")
+  post = model.block in ("sandwich", "post_norm")
+  x = params["embedding"][tokens]
+  if model.embedding_scale == "sqrt_dim":
+    x = x * math.sqrt(model.dim)
+  for index in range(model.num_layers):
+    kind = kind_of[index % len(kind_of)]
+    layer = params[f"layer_{index}"]
+    attention = layer["attention"]
+    h = norm(x, layer["attention_norm"]) if pre else x
+    q = jnp.einsum("td,dhk->thk", h, attention["query_kernel"])
+    k = jnp.einsum("td,dhk->thk", h, attention["key_kernel"])
+    v = jnp.einsum("td,dhk->thk", h, attention["value_kernel"])
+    if model.qk_norm != "none":
+      axes = 1 if model.qk_norm == "head" else 2
+      q, k = norm(q, attention["query_norm"], axes), norm(k, attention["key_norm"], axes)
+    if kind != "no_rotary":
+      base = model.sliding_rotary_base if kind == "sliding" else model.rotary_base
+      q, k = _rope(q, positions, base), _rope(k, positions, base)
+    group = model.num_heads // model.num_kv_heads
+    k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)  # Head h reads h // g.
+    scale = (model.query_pre_attention_scalar ** -0.5 if model.query_pre_attention_scalar
+             else 1 / math.sqrt(model.head_dim))
+    allowed = (i >= j) & ((i - j < model.window) if kind == "sliding" else True)
+    scores = jnp.where(allowed, jnp.einsum("thk,shk->hts", q, k) * scale, -jnp.inf)
+    out = jnp.einsum("thk,hkd->td", jnp.einsum("hts,shk->thk", jax.nn.softmax(scores), v),
+                     attention["out_kernel"])
+    x = x + (norm(out, layer["attention_post_norm"]) if post else out)
+    mlp = layer["mlp"]
+    h = norm(x, layer["mlp_norm"]) if pre else x
+    act = (jax.nn.silu if model.mlp_activation == "swiglu"
+           else lambda y: jax.nn.gelu(y, approximate=True))
+    hidden = act(h @ mlp["wi"]["kernel"]) * (h @ mlp["wi_gate"]["kernel"])
+    out = hidden @ mlp["wo"]["kernel"]
+    x = x + (norm(out, layer["mlp_post_norm"]) if post else out)
+  x = norm(x, params["final_norm"])
+  return x @ (params["embedding"].T if model.tie_embeddings else params["output"]["kernel"])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_mixed_kinds_equal_a_plain_jax_numpy_forward_pass(case):
+  model = _model(case)
+  params = _params(model)
+  tokens = _tokens(1, (2, 19))
+  logits = jax.jit(model.apply)({"params": params}, tokens)
+  with jax.default_matmul_precision("highest"):
+    expected = jax.jit(jax.vmap(lambda row: _reference_logits(model, params, row)))(tokens)
+  np.testing.assert_allclose(logits, expected, rtol=2e-5, atol=2e-5)
+  # The kinds matter: every layer full, the same weights compute other logits past the window.
+  full = jax.jit(_model(case, layer_kinds=("full",)).apply)({"params": params}, tokens)
+  assert np.abs(full[:, WINDOW:] - logits[:, WINDOW:]).max() > 1e-3
+
+
+# ------------------------------------------------------------------ scanned equals unrolled
+
+
+@pytest.mark.parametrize("case", ["post_norm"])
+def test_scanned_pattern_groups_train_as_unrolled_layers(case):
+  unrolled, scanned = _model(case), _model(case, scan_layers=True)
+  assert scanned.scan_plan() == (3, 1)  # One group of the pattern, two layers left over.
+  params = _params(unrolled)
+  stacked = scanned.to_own_layout(params)
+  assert set(stacked) >= {"layers", "layer_3", "layer_4"} and "layer_0" not in stacked
+  assert sorted(stacked["layers"]) == ["pattern_0", "pattern_1", "pattern_2"]
+  # The scanned tree is what the scanned model initializes, and shapes itself as.
+  initialized = nn.meta.unbox(scanned.init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32)))
+  assert jax.tree.map(jnp.shape, initialized["params"]) == jax.tree.map(jnp.shape, stacked)
+  shapes = {a.path: (a.shape, a.repeats) for a in scanned.parameter_shapes()}
+  found = {jax.tree_util.keystr(path): leaf.shape
+           for path, leaf in jax.tree_util.tree_flatten_with_path(stacked)[0]}
+  assert {path: shape for path, (shape, _) in shapes.items()
+          if not path.startswith("['layer_")} == {
+              path: shape for path, shape in found.items() if not path.startswith("['layer_")}
+  assert sum(np.prod(s) * r for s, r in shapes.values()) == sum(
+      np.prod(s) for s in found.values()) == unrolled.num_parameters()
+  back = layer_layout.unstack_layers(stacked)
+  assert jax.tree.structure(back) == jax.tree.structure(params)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(back),
+                                                  jax.tree.leaves(params)))
+
+  tokens = _tokens(2, (2, 13))
+  segments = jnp.asarray([[1] * 6 + [2] * 7, [1] * 13])
+
+  def loss(model, tree):
+    logits = model.apply({"params": tree}, tokens, segment_ids=segments)
+    return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+  loss_u, grads_u = jax.jit(jax.value_and_grad(lambda p: loss(unrolled, p)))(params)
+  loss_s, grads_s = jax.jit(jax.value_and_grad(lambda p: loss(scanned, p)))(stacked)
+  np.testing.assert_allclose(loss_s, loss_u, rtol=1e-6)
+  for got, want in zip(jax.tree.leaves(layer_layout.unstack_layers(grads_s)),
+                       jax.tree.leaves(grads_u)):
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------ decoding with per-layer caches
+
+
+@pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
+def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
+  """Two slots, prompts of 3 (inside the window) and 7 (past it: the prefill wraps the
+  sliding layers' rings), then one token at a time to 3 x WINDOW + 5 positions: each step's
+  logits are the full forward's at that position; the sliding layers' arrays hold WINDOW
+  entries, the full layers' the whole cache length."""
+  model = _model("sandwich", scan_layers=scan_layers)
+  params = model.to_own_layout(_params(_model("sandwich")))
+  total, cache_length = 3 * WINDOW + 5, 64
+  sequences = _tokens(4, (2, total))
+  full = np.asarray(jax.jit(model.apply)({"params": params}, sequences))
+  prompt_lengths = jnp.asarray([3, 7], jnp.int32)
+  bucket = 8
+  prompts = jnp.where(jnp.arange(bucket) < prompt_lengths[:, None], sequences[:, :bucket], 0)
+  cache = model.empty_cache(2, cache_length)
+  entries = [(array.kind, array.stacked, keys.shape[-2])
+             for array, keys in zip(model.cache_arrays(cache_length), cache.keys)]
+  if scan_layers:  # Pattern positions stacked over the one group, then two layers.
+    assert entries == [("sliding", True, WINDOW), ("sliding", True, WINDOW),
+                       ("full", True, cache_length), ("sliding", False, WINDOW),
+                       ("sliding", False, WINDOW)]
+  else:
+    assert entries == [(kind, False, WINDOW if kind == "sliding" else cache_length)
+                       for kind in ("sliding", "sliding", "full", "sliding", "sliding")]
+  # A cache written by an earlier request: stale entries must stay unseen.
+  cache = jax.tree.map(lambda x: x + 5.0, cache)
+  logits, cache = jax.jit(model.prefill)(params, prompts, prompt_lengths, cache,
+                                         jnp.ones(2, bool))
+  np.testing.assert_allclose(logits[:, 0], full[jnp.arange(2), prompt_lengths - 1],
+                             rtol=1e-5, atol=1e-5)
+  extend = jax.jit(model.extend)
+  positions, checked = prompt_lengths, 0
+  while int(positions.min()) < total:
+    fed = jnp.take_along_axis(sequences, jnp.minimum(positions, total - 1)[:, None], axis=1)
+    logits, cache = extend(params, fed, positions[:, None], cache)
+    for row in range(2):
+      if positions[row] < total:
+        np.testing.assert_allclose(logits[row, 0], full[row, positions[row]],
+                                   rtol=1e-5, atol=1e-5)
+        checked += 1
+    positions = positions + 1
+  assert checked == 2 * total - 3 - 7
+  # Every step past the window had the shapes of the first: one compile.
+  assert extend._cache_size() == 1  # pylint: disable=protected-access
+
+
+def test_the_cache_holds_each_layers_own_entries():
+  model = _model("sandwich")
+  per_position = 2 * 3 * SIZES["num_kv_heads"] * SIZES["head_dim"] * 4  # k and v, 3 slots.
+  sliding, full = 4, 1  # Of the 5 layers (pattern: sliding, sliding, full).
+  for cache_length in (WINDOW, 64, 100_000):
+    expected = per_position * (sliding * WINDOW + full * cache_length)
+    assert model.cache_bytes(3, cache_length) == expected
+    assert sum(x.nbytes for x in jax.tree.leaves(model.empty_cache(3, cache_length))) == \
+        expected
+    assert model.clone(scan_layers=True).cache_bytes(3, cache_length) == expected
+  # Shorter than the window: only what a request can reach.
+  assert model.cache_bytes(3, 2) == per_position * 5 * 2
+
+
+# ------------------------------------------------------------------ FLOPs
+
+
+def _pairs(length: int, window: int | None) -> float:
+  """Score pairs of a sequence, counted from its mask, in the causal convention (the diagonal
+  half-counted: T^2 / 2 for a causal T)."""
+  i, j = np.arange(length)[:, None], np.arange(length)[None, :]
+  band = (i >= j) & ((i - j < window) if window else True)
+  return band.sum() - min(window or length, length) / 2
+
+
+@pytest.mark.parametrize("length", [4, 9, 64, 700])
+def test_flops_count_a_sliding_layer_over_its_window(length):
+  model = _model("sandwich")
+  heads_width = SIZES["num_heads"] * SIZES["head_dim"]
+  pairs = 4 * _pairs(length, WINDOW) + 1 * _pairs(length, None)  # 4 sliding, 1 full.
+  assert model.attention_flops_per_token(length) == pytest.approx(
+      4 * heads_width * pairs / length, rel=1e-12)
+  assert model.train_flops_per_token(length) == pytest.approx(
+      6 * model.matmul_parameters() + 3 * 4 * heads_width * pairs / length, rel=1e-12)
+  seen = 4 * min(length, WINDOW) + length
+  assert model.decode_attention_flops(length) == 4 * heads_width * seen
+
+
+# ------------------------------------------------------------------ rotary scalings
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 8.0},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 100,
+     "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.3},
+])
+def test_rotary_scalings_give_transformers_frequencies(scaling):
+  transformers = pytest.importorskip("transformers")
+  rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+  config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2,
+                                    max_position_embeddings=1024,
+                                    rope_parameters={"rope_theta": 5000.0, **scaling})
+  theirs, factor = rope_utils.ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+  model = Llama(vocab_size=8, num_layers=1, dim=64, num_heads=2, rotary_base=5000.0,
+                rotary_scaling=scaling["rope_type"], rotary_scaling_factor=scaling["factor"],
+                rotary_original_max_length=scaling.get("original_max_position_embeddings", 8192),
+                rotary_beta_fast=scaling.get("beta_fast", 32.0),
+                rotary_beta_slow=scaling.get("beta_slow", 1.0),
+                rotary_attention_factor=scaling.get("attention_factor"))
+  settings = model.rotary_scaling_settings()
+  np.testing.assert_array_equal(rotary.inverse_frequencies(32, 5000.0, settings),
+                                theirs.numpy())
+  assert rotary.attention_factor(settings) == pytest.approx(factor, rel=1e-7)

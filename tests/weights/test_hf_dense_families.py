@@ -1,0 +1,346 @@
+"""Qwen3, Gemma 3 and OLMo 3 against transformers' own: tiny random `Qwen3ForCausalLM`,
+`Gemma3ForCausalLM` and `Olmo3ForCausalLM` built from configs (offline), with every norm moved
+off its initial value, written by `save_pretrained`:
+
+- our import computes transformers' float32 logits within 1e-4 on rows longer than the
+  sliding window, for two batch shapes, with unrolled and scanned layers (groups of the
+  pattern and layers left over);
+- `--mode=export` writes the same tensors back bit for bit, and `from_pretrained` of the
+  export computes the same logits;
+- 32 greedy tokens through `--mode=decode` equal transformers' `generate`;
+- a GGUF export reads back the same logits: in transformers' GGUF reader (Qwen3, Gemma 3) and
+  ours (all three; OLMo 3 is llama.cpp's olmo2, which transformers does not read);
+- a Gemma 3 multimodal checkpoint (`Gemma3ForConditionalGeneration`) reads as its text model;
+- what a format cannot express is one line.
+
+The models follow tests/weights/test_hf_folders.py's recipe: weights scaled for O(1) logits,
+norms and biases perturbed (ones and zeros hide a swapped scale).
+"""
+
+import json
+import math
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.errors import UsageError
+from lingvo_lite.partitioning import Partitioner
+from lingvo_lite.testing import run_cli
+from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
+from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+# The reference models are tiny: one thread each. Two threads on a busy 2-core machine ran
+# transformers' generate 10x slower (8.9 s against 0.9 s for 32 tokens), waiting on each other.
+torch.set_num_threads(1)
+
+VOCAB = 320  # At least PyCodeTiny's 259 (export and decode run it with these folders).
+TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
+WINDOW = 16
+# Rows longer than the window, in two batch shapes.
+SHAPES = {"long": (1, 120), "batch": (3, 40)}
+
+# Each family's tiny config. Qwen3's head width (128, transformers' GGUF reader's default) is
+# not the width over its heads; Gemma 3's 6 layers are one 5:1 pattern, its head width 256
+# its query_pre_attn_scalar (what llama.cpp's gemma3 derives, and transformers' GGUF default);
+# OLMo 3's 5 layers are one 3:1 pattern and a layer left over, its full layers scaled by YaRN.
+CASES = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=128, intermediate_size=96, rope_theta=5000.0, max_position_embeddings=1024,
+        tie_word_embeddings=False)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=6, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=256, intermediate_size=96, sliding_window=WINDOW, query_pre_attn_scalar=256,
+        max_position_embeddings=1024)),
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, sliding_window=WINDOW, max_position_embeddings=1024,
+        rope_parameters={
+            "full_attention": {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0,
+                               "original_max_position_embeddings": 64},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}})),
+    # Two settings the families read that the cases above leave out: Qwen3's sliding upper
+    # layers, and Gemma 3's linear scaling of the global layers (4B and up).
+    "qwen3_sliding": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, intermediate_size=96, use_sliding_window=True, sliding_window=WINDOW,
+        max_window_layers=1, max_position_embeddings=1024, tie_word_embeddings=True)),
+    "gemma3_scaled": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, intermediate_size=96, sliding_window=WINDOW, query_pre_attn_scalar=24,
+        max_position_embeddings=1024, rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 100000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0}})),
+}
+FAMILIES = ("qwen3", "gemma3", "olmo3")
+
+
+def _reference_model(case: str):
+  config_class, model_class, fields = CASES[case]
+  torch.manual_seed(0)
+  config = getattr(transformers, config_class)(vocab_size=VOCAB, bos_token_id=0,
+                                               eos_token_id=1, pad_token_id=0, **fields)
+  config._attn_implementation = "eager"  # pylint: disable=protected-access
+  model = getattr(transformers, model_class)(config).eval()
+  generator = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for _, parameter in model.named_parameters():
+      noise = torch.randn(parameter.shape, generator=generator)
+      if parameter.ndim == 1:  # Norm scales and offsets.
+        parameter.add_(0.2 * noise)
+      else:  # Kernels and tables: ~1/sqrt(fan-in) rather than 0.02, for O(1) logits.
+        parameter.copy_(noise / math.sqrt(parameter.shape[-1]) * 1.5)
+  return model
+
+
+def _tokens(shape_name: str) -> np.ndarray:
+  return np.random.default_rng(0).integers(0, VOCAB, SHAPES[shape_name])
+
+
+def _theirs(model, tokens: np.ndarray) -> np.ndarray:
+  with torch.no_grad():
+    return model(torch.tensor(tokens)).logits.numpy()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+  """case -> (its folder, {shape: transformers' float32 logits})."""
+  root = tmp_path_factory.mktemp("hf")
+  made = {}
+  for case in CASES:
+    model = _reference_model(case)
+    model.save_pretrained(root / case)
+    shapes = SHAPES if case in FAMILIES else ("long",)
+    made[case] = (root / case, {shape: _theirs(model, _tokens(shape)) for shape in shapes})
+  return made
+
+
+def _load(path, source=HfCheckpoint, **changes):
+  family, fields = source(str(path)).model_fields()
+  model = family(**dict(fields, **changes))
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+  params, _ = source(str(path)).read_params(model, abstract)
+  return model, params
+
+
+def _ours(model, params, tokens) -> np.ndarray:
+  with jax.default_matmul_precision("highest"):  # Read when the function is traced.
+    return np.asarray(jax.jit(model.apply)({"params": params}, tokens))
+
+
+def _assert_close(got, expected, what):
+  assert np.std(expected) > 0.5, "logits too small to show an error"
+  error = np.abs(got - expected).max()
+  assert error < TOLERANCE, f"{what}: max abs logit difference {error:.2e}"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_equal_transformers_past_the_window(folders, case):
+  folder, expected = folders[case]
+  model, params = _load(folder)
+  assert model.family_name == case.split("_")[0]
+  shapes = SHAPES if case in FAMILIES else ("long",)
+  for shape in shapes:
+    _assert_close(_ours(model, params, _tokens(shape)), expected[shape], f"{case} {shape}")
+  if case == "olmo3":
+    # Scanned: a group of the 3:1 pattern and the layer left over, filled from the same
+    # tensors (Gemma 3's 6 layers would be one group and nothing left over).
+    scanned, scanned_params = _load(folder, scan_layers=True)
+    assert scanned.scan_plan() == (4, 1)
+    assert sorted(scanned_params["layers"]) == [f"pattern_{j}" for j in range(4)]
+    assert "layer_4" in scanned_params and "layer_3" not in scanned_params
+    _assert_close(_ours(scanned, scanned_params, _tokens("long")), expected["long"],
+                  f"{case} scanned")
+
+
+def test_the_kinds_and_their_rotary_settings_are_read(folders):
+  # What each config says, read into the shared fields; without the window the same
+  # weights compute other logits past it.
+  gemma, _ = _load(folders["gemma3"][0])
+  assert (gemma.layer_kinds, gemma.window, gemma.rotary_base, gemma.sliding_rotary_base,
+          gemma.query_pre_attention_scalar) == (("sliding",) * 5 + ("full",), WINDOW,
+                                                1000000.0, 10000.0, 256.0)
+  scaled, _ = _load(folders["gemma3_scaled"][0])
+  assert (scaled.rotary_scaling, scaled.rotary_scaling_factor, scaled.sliding_rotary_scaling,
+          scaled.rotary_base, scaled.sliding_rotary_base) == ("linear", 8.0, "none",
+                                                              100000.0, 1000.0)
+  olmo, _ = _load(folders["olmo3"][0])
+  assert (olmo.layer_kinds, olmo.rotary_scaling, olmo.sliding_rotary_scaling,
+          olmo.qk_norm) == (("sliding",) * 3 + ("full",), "yarn", "none", "projection")
+  qwen, qwen_params = _load(folders["qwen3_sliding"][0])
+  assert (qwen.layer_kinds, qwen.window, qwen.head_dim) == (("full", "sliding", "sliding"),
+                                                            WINDOW, 32)
+  # Its kinds differ in the mask alone: all full, the same weights agree within the window
+  # and not past it.
+  full, _ = _load(folders["qwen3_sliding"][0], layer_kinds=("full",))
+  difference = np.abs(_ours(full, qwen_params, _tokens("long"))
+                      - folders["qwen3_sliding"][1]["long"])
+  assert difference[:, WINDOW:].max() > 1e-2 and difference[:, :WINDOW].max() < TOLERANCE
+
+
+# ------------------------------------------------------------------------------ export
+
+def _tensors(folder):
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  found = {}
+  for file in sorted(folder.glob("*.safetensors")):
+    found.update(load_file(str(file)))
+  return found
+
+
+def _export(job, out, *extra):
+  return run_cli(["--mode=export", "--exp=PyCodeTiny", f"--job_log_dir={job}",
+                  f"--export_dir={out}", *extra])
+
+
+@pytest.mark.parametrize("case", FAMILIES)
+def test_export_is_bit_for_bit_and_from_pretrained_computes_the_same(folders, case,
+                                                                       tmp_path):
+  folder, expected = folders[case]
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
+  assert result.code == 0, result.stderr[-3000:]
+  source, exported = _tensors(folder), _tensors(tmp_path / "out")
+  assert sorted(exported) == sorted(source)
+  for name, tensor in source.items():
+    assert exported[name].dtype == tensor.dtype
+    assert exported[name].tobytes() == tensor.tobytes(), name
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
+  assert type(reloaded).__name__ == CASES[case][1]
+  for shape in SHAPES:
+    _assert_close(_theirs(reloaded, _tokens(shape)), expected[shape], f"{case} {shape}")
+
+
+# ------------------------------------------------------------------------------ decode
+
+GREEDY_TOKENS, NEAR_TIE = 32, 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FAMILIES)
+def test_32_greedy_tokens_through_decode_equal_transformers_generate(folders, case, tmp_path):
+  folder = folders[case][0]
+  prompt = _tokens("long")[0, :24].tolist()  # The 56 positions go past the window.
+  (tmp_path / "requests.jsonl").write_text(json.dumps(
+      {"prompt_ids": prompt, "max_new_tokens": GREEDY_TOKENS, "temperature": 0.0}) + "\n")
+  result = run_cli(["--mode=decode", "--exp=PyCodeTiny", "--fiddler=synthetic_data",
+                    f"--init_from=hf:{folder}", f"--job_log_dir={tmp_path / 'job'}",
+                    f"--prompts_file={tmp_path / 'requests.jsonl'}", "--decode_out=-",
+                    "--fdl.decode.stop_at_eos=False", "--fdl.decode.slots=1"])
+  assert result.code == 0, result.stderr[-3000:]
+  ours = json.loads(result.stdout.strip().splitlines()[-1])["completion_ids"]
+  model = _reference_model(case)
+  model.generation_config.eos_token_id = None
+  with torch.no_grad():
+    generated = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(
+        1, len(prompt), dtype=torch.long), max_new_tokens=GREEDY_TOKENS, do_sample=False,
+                               pad_token_id=0)
+  theirs = generated[0, len(prompt):].tolist()
+  assert len(ours) == len(theirs) == GREEDY_TOKENS
+  if ours != theirs:  # Only a near-tie of float32 noise may pick the other token.
+    at = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    with torch.no_grad():
+      logits = model(torch.tensor([prompt + theirs[:at]])).logits[0, -1].numpy()
+    top2 = np.sort(logits)[-2:]
+    assert top2[1] - top2[0] < NEAR_TIE, (case, at, ours[at], theirs[at])
+
+
+# ------------------------------------------------------------------------------ GGUF
+
+@pytest.mark.parametrize("case, architecture", [("qwen3", "qwen3"), ("gemma3", "gemma3"),
+                                                ("olmo3", "olmo2")])
+def test_a_gguf_export_reads_back_the_same_logits(folders, case, architecture, tmp_path):
+  folder, expected = folders[case]
+  out = tmp_path / "gguf"
+  result = _export(tmp_path / "job", out, f"--init_from=hf:{folder}", "--export_format=gguf")
+  assert result.code == 0, result.stderr[-3000:]
+  assert f"model.gguf ({architecture})" in result.stdout, result.stdout
+  model, params = _load(out / "model.gguf", GgufCheckpoint)
+  assert model.family_name == case
+  _assert_close(_ours(model, params, _tokens("long")), expected["long"], f"{case} ours")
+  if architecture == "olmo2":
+    return  # transformers has no olmo2 GGUF reader.
+  exported = transformers.AutoModelForCausalLM.from_pretrained(
+      str(out), gguf_file="model.gguf", dtype=torch.float32, attn_implementation="eager").eval()
+  assert type(exported).__name__ == CASES[case][1]
+  _assert_close(_theirs(exported, _tokens("long")), expected["long"], f"{case} transformers")
+
+
+@pytest.mark.parametrize("case, change, words", [
+    ("gemma3", "--fdl.model.layer_kinds=('sliding', 'full')", "a pattern of attention kinds"),
+    ("gemma3", "--fdl.model.sliding_rotary_base=500.0", "sliding layers' rotary base 500.0"),
+    ("olmo3", "--fdl.model.sliding_rotary_scaling='linear'",
+     "rotary scaling on the sliding layers"),
+    ("qwen3", "--fdl.model.window=8", None),  # No sliding layer: the window is no setting.
+])
+def test_what_gguf_cannot_express_is_one_line(folders, tmp_path, case, change, words):
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folders[case][0]}",
+                   "--export_format=gguf", change)
+  if words is None:
+    assert result.code == 0, result.stderr[-2000:]
+    return
+  assert result.code == 2 and words in result.stderr, result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------ multimodal
+
+def test_a_gemma3_multimodal_checkpoint_reads_as_its_text_model(folders, tmp_path):
+  """A `Gemma3ForConditionalGeneration` (a tiny vision tower) holding the gemma3 case's text
+  weights, written by `save_pretrained` (model_type "gemma3", the text model under
+  `language_model.`): our import reads the text model and computes its logits; the vision
+  tower is named in one warning, and the export is a text model."""
+  text = _reference_model("gemma3")
+  config = transformers.Gemma3Config(
+      text_config=text.config.to_dict(), mm_tokens_per_image=4, vision_config=dict(
+          hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+          image_size=28, patch_size=14))
+  multimodal = transformers.Gemma3ForConditionalGeneration(config).eval()
+  missing = multimodal.model.language_model.load_state_dict(text.model.state_dict())
+  assert not missing.missing_keys and not missing.unexpected_keys
+  multimodal.save_pretrained(tmp_path / "mm")
+  saved = json.loads((tmp_path / "mm" / "config.json").read_text())
+  assert saved["model_type"] == "gemma3" and any(
+      name.startswith("language_model.") for name in _tensors(tmp_path / "mm"))
+  model, params = _load(tmp_path / "mm")
+  assert model.family_name == "gemma3" and model.num_layers == 6
+  _assert_close(_ours(model, params, _tokens("long")), folders["gemma3"][1]["long"],
+                "multimodal")
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{tmp_path / 'mm'}")
+  assert result.code == 0, result.stderr[-3000:]
+  assert "no part of the model reads" in result.stderr and "vision_tower" in result.stderr
+  exported = json.loads((tmp_path / "out" / "config.json").read_text())
+  assert exported["model_type"] == "gemma3_text"
+
+
+# ------------------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("case, change, words", [
+    ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+    ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+    ("gemma3", {"layer_types": ["sliding_attention"]}, "layer_types=['sliding_attention']"),
+    ("olmo3", {"layer_types": ["full_attention"] * 4 + ["local"]}, "layer_types="),
+    ("olmo3", {"rope_parameters": {"full_attention": {"rope_type": "dynamic", "factor": 2.0},
+                                   "sliding_attention": {"rope_type": "default"}}},
+     "rope_parameters.full_attention.rope_type='dynamic'"),
+    ("olmo3", {"rope_parameters": {"full_attention": {
+        "rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64,
+        "mscale": 1.0}}}, "rope_parameters.full_attention.mscale=1.0"),
+    ("qwen3", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+])
+def test_settings_the_families_do_not_compute_are_refused_naming_the_key(folders, tmp_path,
+                                                                          case, change, words):
+  shutil.copytree(folders[case][0], tmp_path / "changed")
+  config = json.loads((tmp_path / "changed" / "config.json").read_text())
+  config.update(change)
+  (tmp_path / "changed" / "config.json").write_text(json.dumps(config))
+  with pytest.raises(UsageError) as error:
+    HfCheckpoint(str(tmp_path / "changed")).model_fields()
+  message = str(error.value)
+  assert "\n" not in message and words in message, message
