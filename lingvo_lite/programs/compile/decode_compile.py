@@ -218,8 +218,10 @@ def to_text(report: dict[str, Any]) -> str:
            f"prefill buckets {', '.join(map(str, d['prefill_buckets']))}"]
   lines += compile_report.verdict_lines(report)
   shape = ", ".join(map(str, cache["shape"]))
-  axes = ("[layers, slots, kv_heads, cache_length, head_dim]" if len(cache["shape"]) == 5
-          else "[slots, kv_heads, cache_length, head_dim] per layer")
+  # The first array's (layer 0's kind): a sliding layer's entries are its window, a full
+  # layer's the cache length, so the shape is named by entries.
+  axes = ("[layers, slots, kv_heads, entries, head_dim] of layer 0's array"
+          if len(cache["shape"]) == 5 else "[slots, kv_heads, entries, head_dim] of layer 0")
   lines.append(f"  KV cache per device: {gib(cache['bytes_per_device'])} of "
                f"{gib(cache['bytes_total'])} (keys and values {cache['dtype']}[{shape}] "
                f"{axes}, per device [{', '.join(map(str, cache['shard_shape']))}]); "
