@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.models import layers
+from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models.quantization import Quantization
 
 BlockKind = Literal["parallel", "sequential"]
@@ -44,6 +45,7 @@ class Block(nn.Module):
   dtype: jnp.dtype
   param_dtype: jnp.dtype
   quantization: Quantization | None = None
+  lora: LoraSettings | None = None
   attention_type: type[layers.Attention] = layers.Attention
   attention_options: tuple[tuple[str, Any], ...] = ()
   scan_carry: bool = False
@@ -69,11 +71,11 @@ class Block(nn.Module):
         use_bias=self.attention_bias, rotary_dim=self.rotary_dim,
         rotary_style=self.rotary_style, rotary_base=self.rotary_base,
         rotary_scaling=self.rotary_scaling, implementation=self.attention_implementation,
-        quantization=self.quantization, dtype=self.dtype, param_dtype=self.param_dtype,
-        name="attention", **dict(self.attention_options))
+        quantization=self.quantization, lora=self.lora, dtype=self.dtype,
+        param_dtype=self.param_dtype, name="attention", **dict(self.attention_options))
     mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
-                     use_bias=self.mlp_bias, quantization=self.quantization, dtype=self.dtype,
-                     param_dtype=self.param_dtype, name="mlp")
+                     use_bias=self.mlp_bias, quantization=self.quantization, lora=self.lora,
+                     dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")
     extra = None  # What attention returns besides its output: new kv, or the cache.
     wants_extra = self.return_kv or context is not None
     if self.kind == "parallel":

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 from lingvo_lite import target as targets
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.models import kv_cache, layer_layout, layers, remat
+from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION, LoraSettings
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import Block, BlockKind
 from lingvo_lite.models.family import ArrayShape, LanguageModel
@@ -122,6 +123,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
       JAX's "dots_saveable" and "dots_with_no_batch_dims_saveable", or a policy over the
       blocks' named activations ("minimal", "save_qkv_proj", "save_attention", ...,
       "*_offloaded" to host memory): models/remat.py lists them.
+    lora: The LoRA adapters' settings (models/lora.py). Set by the programs from
+      `train.lora` (`with_adapters`), never by a config: leave it None.
   """
 
   vocab_size: Annotated[int, Int32Size]
@@ -158,6 +161,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
   param_dtype: layers.DType = "float32"
   scan_layers: bool = False
   remat_policy: RematPolicy = "none"
+  lora: LoraSettings | None = None
 
   # How layers are laid out, rematerialized, and attention executed: the parameters and the
   # function they compute stay (a checkpoint's layer layout is converted on restore). The
@@ -276,6 +280,14 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
             ("embed", "vocab"): ("embed",),             # the untied output projection
             ("vocab", "embed"): ("embed",)}             # the embedding: rows, or tied output
 
+  # ---------------------------------------------------------------------------- LoRA
+
+  @nn.nowrap
+  def with_adapters(self, settings: LoraSettings | None) -> TransformerLM:
+    """This model with LoRA adapters on the weight matrices `settings` target (models/lora.py):
+    its `lora` variables are the adapters; applied without them it is this model."""
+    return self.clone(parent=None, lora=settings)
+
   # ---------------------------------------------------------------------------- decode cache
 
   @nn.nowrap
@@ -324,7 +336,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
         rotary_scaling=self.rotary_scaling_settings(),
         attention_implementation=self.resolved_attention_implementation(),
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
-        quantization=self.quantization, dtype=jnp.dtype(self.dtype),
+        quantization=self.quantization, lora=self.lora, dtype=jnp.dtype(self.dtype),
         param_dtype=jnp.dtype(self.param_dtype),
         attention_type=attention_type, attention_options=tuple(sorted(options.items())))
 
@@ -356,7 +368,10 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
       if cache is not None:
         return x, tuple(tuple(layer) for layer in zip(*layer_caches))
       return x, (jax.tree.map(lambda *kvs: jnp.stack(kvs), *new_kv) if return_kv else None)
-    stack = nn.scan(block_class, variable_axes={"params": 0}, split_rngs={"params": True},
+    # The adapters (models/lora.py) are stacked like the parameters; each layer draws its own
+    # LoRA dropout.
+    stack = nn.scan(block_class, variable_axes={"params": 0, LORA_COLLECTION: 0},
+                    split_rngs={"params": True, "dropout": True},
                     in_axes=(nn.broadcast, nn.broadcast, 0), length=self.num_layers,
                     metadata_params={nn.PARTITION_NAME: "layers"})
     scanned = stack(**fields, scan_carry=True, name="layers")
@@ -436,7 +451,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, LanguageModel):
     else:
       logits = layers.Dense(
           self.vocab_size, kernel_axes=("embed", "vocab"), use_bias=self.output_bias,
-          quantization=output_quantization, dtype=dtype, param_dtype=param_dtype,
-          name="output")(x)
+          quantization=output_quantization, lora=self.lora, dtype=dtype,
+          param_dtype=param_dtype, name="output")(x)
     logits = layers.constrain(logits, "batch", "length", "vocab").astype(jnp.float32)
     return (logits, extra) if (return_kv or cache is not None) else logits
