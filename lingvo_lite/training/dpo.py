@@ -58,7 +58,9 @@ def sequence_log_probs(token_log_probs: jax.Array, weights: jax.Array, segment_i
   segments = 2 * pairs + 1  # Ids 0 .. 2 * pairs.
   flat = (jnp.arange(rows)[:, None] * segments + jnp.minimum(segment_ids, 2 * pairs)).reshape(-1)
   sums = jax.ops.segment_sum((token_log_probs * weights).reshape(-1), flat, rows * segments)
-  counts = jax.ops.segment_sum(jnp.ones_like(token_log_probs).reshape(-1), flat,
+  # A sequence is present when it has a weighted token (an eval pass weighs the rows past its
+  # split's end 0, which drops their pairs).
+  counts = jax.ops.segment_sum((weights > 0).astype(jnp.float32).reshape(-1), flat,
                                rows * segments)
   sums, counts = sums.reshape(rows, segments), counts.reshape(rows, segments)
   chosen, rejected = sums[:, 1::2], sums[:, 2::2]

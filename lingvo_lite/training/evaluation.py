@@ -213,15 +213,20 @@ def _evaluate_pairs(jitted: Any, params: Any, source: DataSource, set_name: str,
   (response) tokens."""
   from lingvo_lite.training import dpo  # pylint: disable=g-import-not-at-top
   started = time.perf_counter()
-  num_batches, _ = pass_length(source)
+  num_batches, examples = pass_length(source)
   reference = frozen if jitted.setup.train.objective == "dpo" or jitted.adapters else None
   process, processes = jax.process_index(), jax.process_count()
+  rows = local_rows(source.global_batch_size, process, processes)
   totals: dict[str, float] = {}
   tokens = 0.0
   with progress.Progress(f"eval {set_name}" if set_name else "eval", total=num_batches,
                          unit="batches") as bar:
     for step in range(num_batches):
       local = source.batch(step, process, processes)
+      if examples is not None and (step + 1) * source.global_batch_size > examples:
+        past_end = step * source.global_batch_size + rows >= examples  # Their pairs drop out.
+        local = {**local, "weights": np.where(past_end[:, None], 0.0, local["weights"]).astype(
+            np.float32)}
       tokens += float(np.sum(local["weights"]))
       sums = jitted.preference_eval_step(params, jitted.global_batch(local), reference)
       for key, value in jax.device_get(sums).items():
