@@ -55,6 +55,12 @@ class MeshParams:
     self._mesh = mesh
     self.abstract = abstract if abstract is not None else self._abstract_of(model)
 
+  def of(self, model: nn.Module, collection: str = "params") -> MeshParams:
+    """Another model's variables (`collection`) on the same mesh and with the same length:
+    a LoRA model's adapters beside its base's parameters."""
+    return MeshParams(model, self._sequence_length, self._partitioner, self._mesh,
+                      collection=collection)
+
   def _abstract_of(self, model: nn.Module) -> Any:
     return train_state.sharded_abstract_state(model, optax.identity(), self._sequence_length,
                                               self._partitioner, self._mesh,

@@ -243,3 +243,20 @@ def refuse_direct_setting(model: Any) -> None:
   if getattr(model, "lora", None) is not None:
     raise UsageError("model.lora: is set by the train program from train.lora; leave it None "
                      "and set train.lora (e.g. --fdl.train.lora=...) instead")
+
+
+def adapter_shapes(model: nn.Module, settings: LoraSettings, sequence_length: int
+                   ) -> list[tuple[str, tuple[str | None, ...], tuple[int, ...]]]:
+  """(path, logical axes, shape) of every float32 adapter of `model` (a family instance
+  without adapters) under `settings`, from shapes alone: what the memory verdict counts."""
+  adapted = model.clone(lora=settings)
+  boxed = jax.eval_shape(
+      lambda key: adapted.init(key, jnp.zeros((1, sequence_length), jnp.int32)),
+      jax.random.key(0)).get(COLLECTION, {})
+  found = []
+  for path, leaf in flatten(boxed).items():
+    names = tuple(leaf.names) if isinstance(leaf, nn.LogicallyPartitioned) else (
+        (None,) * len(leaf.shape))
+    value = leaf.value if isinstance(leaf, nn.meta.AxisMetadata) else leaf
+    found.append((path, names, tuple(value.shape)))
+  return found

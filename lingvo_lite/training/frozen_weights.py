@@ -96,9 +96,11 @@ class FrozenWeights:
   def load(self) -> tuple[Any, str]:
     """(the frozen weights as a step reads them: int8 for QLoRA, what was loaded)."""
     params, what = self.load_float()
-    if self._quantize is not None:
-      params = self._quantize(params)
-    return params, what
+    return self.load_quantized(params), what
+
+  def load_quantized(self, params: Any) -> Any:
+    """Float parameters (`load_float`'s, donated) as a step reads them: int8 for QLoRA."""
+    return params if self._quantize is None else self._quantize(params)
 
   def check_resume(self, metadata: Mapping[str, Any], step: int, shown_checkpoints: Any) -> None:
     """Refuses a resume over frozen weights other than those the checkpoint was trained with
