@@ -46,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lingvo_lite.errors import UsageError, config_error, shown
+from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.fields import PositiveFloat, PositiveInt, Range
 from lingvo_lite.models.weight_matmul import weight_matmul
 
@@ -186,9 +186,13 @@ def pairs(adapters: Any) -> dict[str, tuple[Any, Any]]:
   return {path: (flat[path + A_SUFFIX], flat[path + B_SUFFIX]) for path in kernel_paths(adapters)}
 
 
-def delta(a: Any, b: Any, scale: float) -> Any:
-  """The kernel update scale * A B, [in..., out...] (A [in..., r], B [r, out...])."""
-  return scale * jnp.tensordot(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32), 1)
+def delta(a: Any, b: Any, scale: float, layers: bool = False) -> Any:
+  """The kernel update scale * A B, [in..., out...] (A [in..., r], B [r, out...]); with
+  `layers`, of scanned layers' stacked adapters (a leading layer axis on both)."""
+  a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+  product = jax.vmap(lambda x, y: jnp.tensordot(x, y, 1)) if layers else (
+      lambda x, y: jnp.tensordot(x, y, 1))
+  return scale * product(a, b)
 
 
 def merge(params: Any, adapters: Any, scale: float) -> Any:
@@ -197,7 +201,9 @@ def merge(params: Any, adapters: Any, scale: float) -> Any:
   flat = flatten(params)
   for path, (a, b) in pairs(adapters).items():
     kernel = flat[path]
-    flat[path] = (jnp.asarray(kernel, jnp.float32) + delta(a, b, scale)).astype(kernel.dtype)
+    layers = kernel.ndim == a.ndim + b.ndim - 3  # Both stacked on a leading layer axis.
+    flat[path] = (jnp.asarray(kernel, jnp.float32) + delta(a, b, scale, layers)
+                  ).astype(kernel.dtype)
   return unflatten(flat)
 
 
@@ -224,10 +230,12 @@ def check_targets(settings: LoraSettings, model: nn.Module, sequence_length: int
   chosen = [p for p in adaptable if pattern.search(p)]
   if chosen:
     return chosen
-  others = [shape.path for shape in model.parameter_shapes() if pattern.search(shape.path)]
+  names = ["/".join(re.findall(r"\['([^']*)'\]", shape.path)) or shape.path
+           for shape in model.parameter_shapes()]
+  others = [name for name in names if pattern.search(name)]
   examples = sorted({re.sub(r"layer_\d+/", "layer_N/", p) for p in adaptable})
-  why = (f"matches only parameters LoRA does not adapt ({shown(others[:3])}: not weight "
-         "matrices of the blocks' matmuls)" if others else
+  why = (f"matches only parameters LoRA does not adapt ({', '.join(others[:3])}: not "
+         "weight matrices of the blocks' matmuls)" if others else
          "matches none of the model's weight matrices")
   raise config_error(f"{path}.targets", settings.targets, why,
                      f"name some of {', '.join(examples[:8])}"

@@ -45,8 +45,14 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 FIELD = "train.init_from"
+# Keys of a PEFT LoraConfig that, when set, ask for something these adapters do not do.
 _UNSUPPORTED = (("use_dora", "DoRA"), ("modules_to_save", "modules saved whole"),
-                ("rank_pattern", "a rank per module"), ("alpha_pattern", "an alpha per module"))
+                ("rank_pattern", "a rank per module"), ("alpha_pattern", "an alpha per module"),
+                ("lora_bias", "trained biases"), ("layer_replication", "replicated layers"),
+                ("target_parameters", "adapters of parameters (not modules)"),
+                ("trainable_token_indices", "trained token embeddings"),
+                ("alora_invocation_tokens", "activated LoRA"), ("use_qalora", "QA-LoRA"),
+                ("use_bdlora", "block-diagonal LoRA"))
 
 
 def modules(model: Any) -> dict[str, tuple[str, TensorName]]:
