@@ -210,6 +210,7 @@ def merge(params: Any, adapters: Any, scale: float) -> Any:
 # ------------------------------------------------------------------------------ checks
 
 
+@functools.lru_cache(maxsize=16)  # Every program validates; a 30-layer trace takes seconds.
 def adaptable_paths(model: nn.Module, sequence_length: int) -> list[str]:
   """The weight matrices of `model` (a family instance without adapters) that LoRA can adapt:
   every kernel whose matmul calls `adapted`, found by initializing (shapes only) with a
@@ -226,7 +227,7 @@ def check_targets(settings: LoraSettings, model: nn.Module, sequence_length: int
   """The kernel paths `settings.targets` adapts in `model`; UsageError (naming
   `path.targets`) when the regex is bad or adapts nothing."""
   pattern = settings.pattern(path)
-  adaptable = adaptable_paths(model, sequence_length)
+  adaptable = list(adaptable_paths(model, sequence_length))
   chosen = [p for p in adaptable if pattern.search(p)]
   if chosen:
     return chosen

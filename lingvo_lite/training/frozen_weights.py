@@ -53,11 +53,13 @@ class FrozenWeights:
     fingerprint: What `load` read (`sha256:...`, or `seed:N`); None before.
   """
 
-  def __init__(self, setup: Any, mesh: Any):
+  def __init__(self, setup: Any, mesh: Any, abstract_params: Any = None):
+    """`abstract_params`: the model's parameters' shapes on `mesh`, where the caller has them
+    (a LoRA job's trace of its adapted model holds them); None traces them here."""
     self.setup = setup
     model = setup.model
     self.source_shapes = MeshParams(model, setup.train_data.sequence_length, setup.partitioner,
-                                    mesh)
+                                    mesh, abstract=abstract_params)
     self._quantize = None
     if is_qlora(setup):
       specs = model.parameter_logical_specs()

@@ -67,11 +67,17 @@ class JittedSteps:
     lora = setup.train.lora
     self.model = setup.model.with_adapters(lora) if lora is not None else setup.model
     self.adapters = lora is not None
-    self.frozen = (frozen_weights.FrozenWeights(setup, self.mesh) if setup.train.has_frozen
-                   else None)
     trained = train_state.sharded_abstract_state(
         self.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
-        self.mesh, collection=LORA_COLLECTION if self.adapters else "params")
+        self.mesh, collection=LORA_COLLECTION if self.adapters else "params",
+        other="params" if self.adapters else None)
+    base = None
+    if self.adapters:  # The base's shapes came from the same trace as the adapters'.
+      trained, base = trained
+    elif setup.train.has_frozen:  # A full DPO job's reference: the parameters' shapes.
+      base = trained.abstract.params
+    self.frozen = (frozen_weights.FrozenWeights(setup, self.mesh, base)
+                   if setup.train.has_frozen else None)
     if self.frozen is not None:  # The step's state holds them too; a checkpoint does not.
       trained = train_state.ShardedState(
           abstract=trained.abstract.replace(frozen=self.frozen.abstract),

@@ -70,17 +70,27 @@ def init_state(model: nn.Module, optimizer: optax.GradientTransformation, rng: j
 
 def sharded_abstract_state(model: nn.Module, optimizer: optax.GradientTransformation,
                            sequence_length: int, partitioner: Partitioner,
-                           mesh: Mesh, collection: str = "params") -> ShardedState:
+                           mesh: Mesh, collection: str = "params",
+                           other: str | None = None) -> Any:
   """Shapes and shardings of the state (of `collection`'s variables), without allocating
-  it."""
-  boxed = jax.eval_shape(
-      lambda rng: init_state(model, optimizer, rng, sequence_length, collection),
-      jax.random.key(0))
+  it; with `other`, also that collection's variables as shapes with shardings, from the same
+  trace (a LoRA model's base parameters beside its adapters): `(state, other's)`."""
+  def init(rng):
+    if other is None:
+      return init_state(model, optimizer, rng, sequence_length, collection)
+    variables = model.init(rng, jnp.zeros((1, sequence_length), jnp.int32))
+    params = variables[collection]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params)), variables[other]
+
+  boxed = jax.eval_shape(init, jax.random.key(0))
   shardings = partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
   abstract = jax.tree.map(
       lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
       strip_boxes(boxed), shardings)
-  return ShardedState(abstract=abstract, shardings=shardings)
+  if other is None:
+    return ShardedState(abstract=abstract, shardings=shardings)
+  return ShardedState(abstract=abstract[0], shardings=shardings[0]), abstract[1]
 
 
 def create_state(model: nn.Module, optimizer: optax.GradientTransformation, seed: int,
