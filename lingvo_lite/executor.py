@@ -19,6 +19,7 @@ import logging as std_logging
 import os
 import sys
 import traceback
+import warnings
 from typing import Any, Sequence
 
 from absl import app, flags, logging
@@ -354,6 +355,11 @@ def main(argv: Sequence[str]) -> None:
     # On asyncio's own logger too: a task collected at interpreter exit, after absl's handler
     # is gone, reaches logging's last-resort handler, which no handler filter sees.
     std_logging.getLogger("asyncio").addFilter(_quiet_orbax)
+    # A save that failed (a full disk) leaves the writes orbax had queued unstarted; Python
+    # warns of each at interpreter exit, after the one error line that already says what
+    # happened.
+    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
+                            category=RuntimeWarning)
   try:
     program = programs.PROGRAMS[_MODE.value]
     options = program.options_class(**{name: flags.FLAGS[name].value for name in program.flags})
