@@ -46,6 +46,13 @@ def answer(source: str) -> str:
   return f"```python\n{source.rstrip()}\n```"
 
 
+def source_of_answer(text: str) -> str:
+  """The code of an `answer` (its ```python block's contents)."""
+  head = "```python\n"
+  body = text[len(head):] if text.startswith(head) else text
+  return body[:-len("\n```")] if body.endswith("\n```") else body
+
+
 def functions(root: str, split: str, max_chars: int = 1500
               ) -> Iterator[tuple[str, ast.FunctionDef, str, str]]:
   """(file, function node, docstring, source) of each public top-level function with a
@@ -126,7 +133,7 @@ def write(out: str, root: str | None = None, max_chars: int = 1500) -> dict[str,
   return counts
 
 
-def _written(root: str | None, max_chars: int) -> str:
+def data_folder(root: str | None = None, max_chars: int = 1500) -> str:
   """The folder `write` fills for this library and these settings, under the data root
   (`locations.data_root()/stdlib_chat/<key>`), written once per machine: into a temporary
   folder renamed into place, so a folder that exists is whole."""
@@ -155,7 +162,7 @@ def instruction_task(vocabulary: Any, source_dir: str | None = None, max_chars: 
   """The chat task (tasks/formats/chat.py) over the library's instructions, train and
   validation, tokenized by `vocabulary` (a PretrainedTokenizer with a chat template)."""
   from tasks.formats import chat  # pylint: disable=g-import-not-at-top
-  folder = os.path.join(_written(source_dir, max_chars), "instructions")
+  folder = os.path.join(data_folder(source_dir, max_chars), "instructions")
   return chat.chat_task({split: os.path.join(folder, f"{split}.jsonl")
                          for split in pycode.SPLITS}, vocabulary)
 
@@ -163,6 +170,6 @@ def instruction_task(vocabulary: Any, source_dir: str | None = None, max_chars: 
 def preference_task(vocabulary: Any, source_dir: str | None = None, max_chars: int = 1500):
   """The preference task (tasks/formats/preference.py) over the library's pairs."""
   from tasks.formats import preference as preference_format  # pylint: disable=g-import-not-at-top
-  folder = os.path.join(_written(source_dir, max_chars), "preferences")
+  folder = os.path.join(data_folder(source_dir, max_chars), "preferences")
   return preference_format.preference_task({split: os.path.join(folder, f"{split}.jsonl")
                                             for split in pycode.SPLITS}, vocabulary)

@@ -92,6 +92,28 @@ def render_with(files: TokenizerFiles, messages: Sequence[dict[str, str]],
                 special_text(files, files.bos_id), special_text(files, files.eos_id))
 
 
+def render_continuing(files: TokenizerFiles, messages: Sequence[dict[str, str]]) -> str:
+  """`messages` with the last one (an assistant's answer, begun) left open: the conversation's
+  text up to the end of that message's content, for a model to continue (Hugging Face's
+  `continue_final_message`; lm_eval's `gen_prefix`). A template that trims the content's
+  surrounding spaces is cut after the trimmed content.
+
+  Raises:
+    TemplateError: as `render_with`, or the template does not write the last message's
+      content as given.
+  """
+  whole = render_with(files, messages, add_generation_prompt=False)
+  content = messages[-1]["content"] if messages else ""
+  core = content.strip()
+  start = whole.rfind(core) if core else -1
+  if start < 0:
+    raise TemplateError("the chat template does not write the last message's content as "
+                        "given, so the answer cannot be continued")
+  kept = content.lstrip()  # What follows the core in the message, where the template kept it.
+  end = start + (len(kept) if whole[start:start + len(kept)] == kept else len(core))
+  return whole[:end]
+
+
 def checked_messages(messages: Any, system: Any = None) -> list[dict[str, str]]:
   """OpenAI-style messages as a list of {"role", "content"}, a `system` string put first.
 

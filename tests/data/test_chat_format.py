@@ -73,6 +73,21 @@ def test_llama3_style_templates_loss_mask_is_the_hand_marked_one(tmp_path):
       f"<|start_header_id|>assistant<|end_header_id|>\n\n{OPEN}6<|eot_id|>{CLOSE}")
 
 
+@pytest.mark.parametrize("template", ["chatml", "llama3"])
+def test_an_answer_begun_renders_as_transformers_continues_it(tmp_path, template):
+  """lm_eval's gen_prefix (an assistant message left open): transformers'
+  `continue_final_message` is the reference, for a template that keeps the content's spaces
+  and one that trims them."""
+  transformers = pytest.importorskip("transformers")
+  folder = chat_tokenizers.byte_level_folder(tmp_path, template)
+  begun = [*CONVERSATION[1:3], {"role": "user", "content": "Write f."},
+           {"role": "assistant", "content": "```python\ndef f():\n"}]
+  reference = transformers.AutoTokenizer.from_pretrained(folder).apply_chat_template(
+      begun, tokenize=False, continue_final_message=True)
+  rendered = chat_template.render_continuing(pretrained_tokenizer.read(folder), begun)
+  assert rendered == reference and rendered.endswith("def f():" + "\n" * (template == "chatml"))
+
+
 # A template that numbers the conversation's length at its start: no prefix of a conversation
 # renders as a prefix of the whole.
 COUNTING = ("{{ messages|length }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
