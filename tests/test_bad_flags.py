@@ -327,9 +327,10 @@ CASES = {
         [*TRAIN, "--fiddler=lora", "--fdl.train.lora.targets='attention/qkv'"],
         "train.lora.targets='attention/qkv': matches none of the model's weight matrices; "
         "name some of layer_N/attention/key_kernel, layer_N/attention/out_kernel", None),
-    "dpo on a text store": ([*TRAIN, "--fdl.train.objective='dpo'"],
-                            "train.objective='dpo': needs preference pairs, but train_data (a "
-                            "SyntheticData) holds documents", None),
+    "dpo on a text store": (
+        ["--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.train.objective='dpo'", "--job_log_dir=job"],
+        "train.objective='dpo': needs preference pairs, but train_data (a TokenStoreData of "
+        "pycode_bytes_", None),
     "setup without an optimizer, compile": (
         ["--mode=compile", "--fdl_config=lk39_no_optimizer.config", "--compile_topology=v5e-8"],
         "optimizer: required by Setup and not set",
