@@ -53,9 +53,17 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--splits", default=None, help="comma-separated splits of --task to "
                       "build (default: all)")
   parser.add_argument("--vocabulary", default=None, help="bytes, a SentencePiece .model "
-                      "path, or sp:SIZE:unigram|bpe (trained on the train split first)")
+                      "path, sp:SIZE:unigram|bpe (trained on the train split first), or "
+                      "tokenizer:PATH (a pretrained model's own tokenizer: a Hugging Face "
+                      "folder, a tokenizer.json or a .gguf file; the chat and preference "
+                      "formats render with its chat template)")
   for setting in all_settings():  # None: left out (a default would hide it from the --task check).
-    parser.add_argument(f"--{setting.name}", type=setting.type, default=None, help=setting.help)
+    if setting.flag:
+      parser.add_argument(f"--{setting.name}", action="store_const", const=True, default=None,
+                          help=setting.help)
+    else:
+      parser.add_argument(f"--{setting.name}", type=setting.type, default=None,
+                          help=setting.help)
   parser.add_argument("--out", required=True, help="folder of the stores, one per split")
   parser.add_argument("--workers", type=int, default=None, help="DirectRunner workers "
                       "(default: this process below 64 MB of input, else one per core)")
@@ -81,9 +89,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _vocabulary(text: str):
-  from lingvo_lite.data.vocabulary import SentencePieceModel
+  from lingvo_lite.data.vocabulary import PretrainedTokenizer, SentencePieceModel
   if text == "bytes":
     return None
+  if text.startswith("tokenizer:"):
+    path = text[len("tokenizer:"):]
+    if not path.strip():
+      raise config_error("--vocabulary", text, "names no tokenizer",
+                         "e.g. --vocabulary=tokenizer:models/smollm2 (a Hugging Face folder, a "
+                         "tokenizer.json or a .gguf file)")
+    return PretrainedTokenizer(path=path)
   if text.startswith("sp:"):
     parts = text.split(":")
     if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in ("unigram", "bpe"):
@@ -174,11 +189,14 @@ def _build(argv: list[str]) -> int:
                                          pipeline_args=args.pipeline_arg,
                                          progress=not args.no_progress, key=key)
     source_bytes = sum(s.get("size", 0) for s in manifest["sources"])
+    skipped = manifest.get("skipped_records") or {}
     outputs.print_summary(
         f"{split}: {'kept (up to date)' if kept else 'built'} {path}: "
         f"{manifest['documents']:,} documents, {manifest['tokens']:,} tokens "
         f"({manifest['dtype']}), {source_bytes:,} source bytes, "
-        f"{len(manifest['shards'])} shards, {time.perf_counter() - started:.1f} s")
+        f"{len(manifest['shards'])} shards, {time.perf_counter() - started:.1f} s"
+        + (f"; {skipped['count']:,} bad records skipped (--skip_bad_records; the first: "
+           f"{skipped['first']})" if skipped.get("count") else ""))
   return 0
 
 

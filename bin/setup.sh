@@ -86,7 +86,7 @@ if [ ! -x "$venv/bin/python" ]; then
     "$tmp/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
       -r requirements-nodeps.lock >&2 \
       || die "pip install --no-deps -r requirements-nodeps.lock failed; nothing was kept"
-    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu, apache_beam, sentencepiece, tensorstore, pyarrow, matplotlib, graphviz, safetensors, gguf, tokenizers, torch, transformers; assert torch.__version__.endswith("+cpu")' \
+    TF_CPP_MIN_LOG_LEVEL=3 "$tmp/bin/python" -c 'import jax, flax, optax, fiddle, orbax.checkpoint, seqio, tensorflow, pytest, libtpu, apache_beam, sentencepiece, tensorstore, pyarrow, matplotlib, graphviz, safetensors, gguf, tokenizers, torch, transformers, peft; assert torch.__version__.endswith("+cpu")' \
       || die "the new venv cannot import the project's dependencies; nothing was kept"
     # Scripts (pytest, pip, activate) name the venv's absolute path: point them at the final one.
     { grep -lIF "$tmp" "$tmp"/bin/* "$tmp/pyvenv.cfg" 2>/dev/null || true; } | while read -r f; do

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import fiddle as fdl
 
@@ -21,7 +21,10 @@ from lingvo_lite.data.source import DataSource, check_ready, vocabulary_fingerpr
 from lingvo_lite.decode.settings import DecodeSettings
 from lingvo_lite.errors import config_error, shown
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
+from lingvo_lite.models import lora as lora_lib
 from lingvo_lite.models.family import ArrayShape, LanguageModel
+from lingvo_lite.models.lora import LoraSettings
+from lingvo_lite.training.dpo import DpoSettings
 from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.runtime.watchdog import WatchdogSettings
@@ -49,7 +52,15 @@ class TrainLoop:
     init_from: A weight source whose parameters a job without a checkpoint of its own starts
       from, with a fresh optimizer (the source of any format of weights/formats.py: another
       job's step, a Hugging Face folder, a GGUF file, slim weights); None initializes from
-      `seed`.
+      `seed`. With `lora`, the frozen base (a `peft:` source also gives the adapters' start).
+    lora: LoRA adapters (models/lora.py: rank, alpha, dropout, which weight matrices): only
+      they are trained, over the frozen base model, and only they are checkpointed; None
+      trains every parameter. With `model.quantization="int8_weights"`, the base is held in
+      int8 (QLoRA).
+    objective: "lm", the next-token loss on the weighted tokens; or "dpo", DPO's loss
+      (training/dpo.py) on the train data's preference pairs, against the frozen reference:
+      the base with adapters off (LoRA), else a frozen copy of the starting parameters.
+    dpo: DPO's beta and label smoothing (read when `objective="dpo"`).
   """
 
   steps: PositiveInt = 1000
@@ -63,6 +74,14 @@ class TrainLoop:
   log_grad_norm: bool = True
   peak_tflops_per_device: PositiveFloat | None = None
   init_from: WeightSource | None = None
+  lora: LoraSettings | None = None
+  objective: Literal["lm", "dpo"] = "lm"
+  dpo: DpoSettings = DpoSettings()
+
+  @property
+  def has_frozen(self) -> bool:
+    """Whether a train step reads frozen parameters (a LoRA base, a DPO reference)."""
+    return self.lora is not None or self.objective == "dpo"
 
 
 # The name a single eval source (not a mapping) is reported under.
@@ -107,6 +126,7 @@ class Setup:
     fields.check_part("", self)
     model = self.model
     model.validate(target, "model")
+    _check_post_training(self)
     self.decode.validate(model.max_length)
     _check_eval_set_names(self.eval_data)
     for name, data in self.data_sources():
@@ -166,6 +186,22 @@ class Setup:
                            "give the eval set the train data's vocabulary")
     for name, data in self.data_sources(train):
       check_ready(name, data)
+
+
+def _check_post_training(setup: Setup) -> None:
+  """LoRA's targets, and DPO's data: what `train.lora` and `train.objective` need."""
+  lora_lib.refuse_direct_setting(setup.model)
+  train = setup.train
+  if train.lora is not None:
+    adapted = setup.model.with_adapters(train.lora)
+    del adapted  # A family without adapters refuses above, naming train.lora.
+    lora_lib.check_targets(train.lora, setup.model, setup.train_data.sequence_length)
+  if train.objective == "dpo" and not getattr(setup.train_data, "document_pairs", False):
+    task = getattr(getattr(setup.train_data, "task", None), "name", None)
+    raise config_error("train.objective", "dpo", f"needs preference pairs, but train_data (a "
+                       f"{type(setup.train_data).__name__}" + (f" of {task}" if task else "")
+                       + ") holds documents", "give a PreferenceStoreData of a store built "
+                       "with bin/build_store.py --format=preference, or objective='lm'")
 
 
 def _check_eval_set_names(eval_data: Any) -> None:

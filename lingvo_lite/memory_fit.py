@@ -45,13 +45,15 @@ class Need:
   """Bytes one device needs at the peak of a program, by what they hold.
 
   Attributes:
-    parameters: The device's shard of the parameters.
+    parameters: The device's shard of the trained parameters (a LoRA job's adapters).
     gradients: Of the gradients (0 where the peak is an evaluation).
     moments: Of the optimizer's moments (0 in the eval program).
     batch: The batch's arrays and the float32 logits of the rows one step computes.
     attention: One layer's float32 attention scores for those rows.
     step: What the peak is: "training step" or "eval step".
     data: The config path of the data that step reads ("train_data" or "eval_data").
+    frozen: Of the frozen parameters: a LoRA job's base (int8 for QLoRA), a full DPO job's
+      reference copy; no gradients, no moments.
   """
 
   parameters: int
@@ -61,14 +63,15 @@ class Need:
   attention: int = 0
   step: str = "training step"
   data: str = "train_data"
+  frozen: int = 0
 
   @property
   def total(self) -> int:
-    return self.parameters + self.gradients + self.moments + self.batch + self.attention
+    return self.state + self.batch + self.attention
 
   @property
   def state(self) -> int:
-    return self.parameters + self.gradients + self.moments
+    return self.parameters + self.gradients + self.moments + self.frozen
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -103,18 +106,21 @@ def per_device_need(setup: Setup, num_devices: int) -> Need:
   """The training lower bound described above, for one of `num_devices` devices: the larger
   of a training step and the evaluations the run does."""
   shard = _sharder(setup, num_devices)
-  parameters = _parameter_bytes(setup, shard)
+  parameters, frozen = _trained_and_frozen_bytes(setup, shard)
   moments = getattr(setup.optimizer, "moments_per_parameter", 2) * parameters
   train = setup.train_data
-  batch, attention = _step_bytes(setup, train, train.global_batch_size //
-                                 setup.train.grad_accum_steps, shard)
+  rows = train.global_batch_size // setup.train.grad_accum_steps
+  batch, attention = _step_bytes(setup, train, rows, shard)
+  if setup.train.objective == "dpo":  # The reference's logits beside the policy's.
+    batch += 4 * shard((rows, train.sequence_length, setup.model.vocab_size),
+                       ("batch", "length", "vocab"))
   need = Need(parameters=parameters, gradients=parameters, moments=moments, batch=batch,
-              attention=attention)
+              attention=attention, frozen=frozen)
   for name, data in setup.data_sources(train=False):
     # The gradients are gone between steps, when the run evaluates; the state is not.
     batch, attention = _step_bytes(setup, data, data.global_batch_size, shard)
     evaluation = Need(parameters=parameters, gradients=0, moments=moments, batch=batch,
-                      attention=attention, step="eval step", data=name)
+                      attention=attention, step="eval step", data=name, frozen=frozen)
     need = max(need, evaluation, key=lambda n: n.total)
   return need
 
@@ -134,6 +140,33 @@ def eval_need(setup: Setup, num_devices: int) -> Need:
 def _parameter_bytes(setup: Setup, shard) -> int:
   return sum(p.repeats * shard(p.shape, p.axes) * p.dtype.itemsize
              for p in setup.model.parameter_shapes())
+
+
+def _trained_and_frozen_bytes(setup: Setup, shard) -> tuple[int, int]:
+  """(the trained parameters' bytes, the frozen ones') per device: the model's and none; a
+  LoRA job's float32 adapters and its base (its weight matrices int8 with their scales under
+  "int8_weights": QLoRA); a full DPO job's parameters and its reference's copy of them."""
+  model, train = setup.model, setup.train
+  if train.lora is None:
+    parameters = _parameter_bytes(setup, shard)
+    return parameters, parameters if train.objective == "dpo" else 0
+  from lingvo_lite.models import lora  # pylint: disable=g-import-not-at-top
+  adapters = sum(4 * shard(shape, axes) for _, axes, shape in
+                 lora.adapter_shapes(model, train.lora, setup.train_data.sequence_length))
+  if model.quantization != "int8_weights":
+    return adapters, _parameter_bytes(setup, shard)
+  contractions = model.int8_weight_contractions()
+  frozen = 0
+  for p in model.parameter_shapes():
+    bare = p.axes[1:] if p.axes[:1] == ("layers",) else p.axes
+    if bare not in contractions:
+      frozen += p.repeats * shard(p.shape, p.axes) * p.dtype.itemsize
+      continue
+    scale = tuple(1 if name in contractions[bare] else size
+                  for size, name in zip(p.shape, p.axes))
+    frozen += p.repeats * (shard(p.shape, p.axes)
+                           + shard(scale, p.axes) * p.dtype.itemsize)
+  return adapters, frozen
 
 
 def host_available_bytes() -> int | None:
@@ -219,9 +252,9 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
   needed = need.total * copies
   where = (memory.holder, f"{_gib(available)} is available" if memory.on_host
            else f"it has {_gib(available)}")
-  parts = [("parameters", need.parameters), ("gradients", need.gradients),
-           ("optimizer moments", need.moments), ("batch and logits", need.batch),
-           ("attention scores", need.attention)]
+  parts = [("parameters", need.parameters), ("frozen parameters", need.frozen),
+           ("gradients", need.gradients), ("optimizer moments", need.moments),
+           ("batch and logits", need.batch), ("attention scores", need.attention)]
   breakdown = " + ".join(f"{name} {_gib(size)}" for name, size in parts if size)
   model, activations = setup.model, need.batch + need.attention
   data = dict(setup.data_sources())[need.data]

@@ -137,6 +137,10 @@ def checked_vocabulary(vocabulary, matched: dict[str, list[str]]):
   """`vocabulary` with its path made absolute; UsageError when it cannot be used."""
   if vocabulary is None:
     return None
+  if isinstance(vocabulary, vocab_lib.PretrainedTokenizer):
+    vocab_lib.pretrained_tokenizer.read(vocabulary)  # One line naming vocabulary.path if bad.
+    return dataclasses.replace(vocabulary, path=os.path.abspath(
+        os.path.expanduser(vocabulary.path)))
   if isinstance(vocabulary, str):
     if not os.path.isfile(vocabulary):
       raise config_error("vocabulary", vocabulary, "no such file",
@@ -152,7 +156,8 @@ def checked_vocabulary(vocabulary, matched: dict[str, list[str]]):
       return dataclasses.replace(vocabulary, path=os.path.abspath(vocabulary.path))
     return vocabulary
   raise config_error("vocabulary", vocabulary, "is not a vocabulary",
-                     "give None (bytes), a SentencePiece .model path, or a SentencePieceModel")
+                     "give None (bytes), a SentencePiece .model path, a SentencePieceModel or "
+                     "a PretrainedTokenizer")
 
 
 def match_files(files: dict, is_empty: Callable[[str], bool]) -> dict[str, list[str]]:
@@ -245,4 +250,6 @@ def task_name(kind: str, matched: dict[str, list[str]], settings: dict) -> str:
 def _vocabulary_key(vocabulary) -> object:
   if isinstance(vocabulary, vocab_lib.SentencePieceModel):
     return dataclasses.asdict(vocabulary)
+  if isinstance(vocabulary, vocab_lib.PretrainedTokenizer):  # By content, not by path.
+    return vocab_lib.pretrained_tokenizer.read(vocabulary).fingerprint()
   return vocabulary  # None (bytes) or an absolute path.

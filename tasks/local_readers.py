@@ -56,15 +56,29 @@ def nonblank_lines(path: str) -> Iterator[tuple[int, bytes]]:
 
 def json_records(path: str) -> Iterator[tuple[int, dict]]:
   """(1-based line number, object) for each non-blank line."""
+  for number, record in json_records_or_errors(path):
+    if isinstance(record, DataError):
+      raise record
+    yield number, record
+
+
+def json_records_or_errors(path: str) -> Iterator[tuple[int, dict | DataError]]:
+  """(1-based line number, object or the DataError naming why the line is none) for each
+  non-blank line: a reader that skips bad records (`--skip_bad_records`) goes on past one."""
   for number, line in nonblank_lines(path):
     try:
       record = json.loads(utf8(line, path, f"line {number}"))
     except json.JSONDecodeError as e:
-      raise DataError(f"{path}: line {number}: not valid JSON ({e.msg} at column {e.colno})"
-                      ) from None
+      yield number, DataError(f"{path}: line {number}: not valid JSON ({e.msg} at column "
+                              f"{e.colno})")
+      continue
+    except DataError as e:
+      yield number, e
+      continue
     if not isinstance(record, dict):
-      raise DataError(f"{path}: line {number}: not a JSON object but a "
-                      f"{type(record).__name__}")
+      yield number, DataError(f"{path}: line {number}: not a JSON object but a "
+                              f"{type(record).__name__}")
+      continue
     yield number, record
 
 

@@ -319,6 +319,18 @@ CASES = {
         ["--mode=eval", "--fdl_config=lk39_no_model.config", "--job_log_dir=runs/x"],
         "model: required by Setup and not set; give it in the experiment's config() (a config "
         "of LanguageModel)", _write("lk39_no_model.py", _SETUP_WITHOUT.format("model"))),
+    # Post-training settings that cannot train (tests/weights/test_peft.py refuses a PEFT
+    # folder for another base).
+    "lora of rank 0": ([*TRAIN, "--fiddler=lora", "--fdl.train.lora.rank=0"],
+                       "--fdl.train.lora.rank=0: must be a positive integer", None),
+    "lora targets matching nothing": (
+        [*TRAIN, "--fiddler=lora", "--fdl.train.lora.targets='attention/qkv'"],
+        "train.lora.targets='attention/qkv': matches none of the model's weight matrices; "
+        "name some of layer_N/attention/key_kernel, layer_N/attention/out_kernel", None),
+    "dpo on a text store": (
+        ["--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.train.objective='dpo'", "--job_log_dir=job"],
+        "train.objective='dpo': needs preference pairs, but train_data (a TokenStoreData of "
+        "pycode_bytes_", None),
     "setup without an optimizer, compile": (
         ["--mode=compile", "--fdl_config=lk39_no_optimizer.config", "--compile_topology=v5e-8"],
         "optimizer: required by Setup and not set",

@@ -416,6 +416,8 @@ def _check_lm_eval(command: Command, results: Results, session: Session) -> None
 LINGVO = ("python", "-m", "lingvo_lite")
 BENCH = ("python", "bench/step_bench.py")
 TPU_COMMANDS = (("bash", "bench/tpu_check.sh"), ("python3", "bench/tpu_numerics.py"))
+POST_TRAINING_BENCHES = (("python", "bench/post_training.py"),
+                         ("python", "bench/lora_step_bench.py"))
 INT8_BENCHES = (("python", "bench/int8_convergence.py"), ("python", "bench/int8_decode.py"),
                 ("python", "bench/int8_step_bench.py"))
 # The commands use the compilation cache as written, that is its default folder: in tests,
@@ -435,6 +437,15 @@ def _pretrained(command: Command) -> bool:
   tests/test_readme_pretrained.py runs those, in a target of their own beside this one."""
   job = os.path.basename(os.path.normpath(command.flag("job_log_dir") or "."))
   return (command.flag("exp") or "").startswith("SmolLM2") or job.startswith("smol")
+
+
+def _post_training(command: Command) -> bool:
+  """A command of the post-training demonstration (its experiments, and the jobs and exports
+  they make)."""
+  names = {os.path.basename(os.path.normpath(command.flag(flag) or "."))
+           for flag in ("job_log_dir", "export_dir")}
+  return (command.flag("exp") in ("SmolLM2ChatSft", "SmolLM2Dpo")
+          or bool(names & {"smol_sft", "smol_dpo"}))
 
 
 def standalone(command: Command) -> bool:
@@ -492,6 +503,13 @@ RULES = (
     Rule("--fdl_help", lambda c: c.argv[:3] == LINGVO and "--fdl_help" in c.argv,
          _check_fdl_help),
     Rule("--help", lambda c: c.argv[:3] == LINGVO and "--help" in c.argv, _check_help),
+    Rule("post-training, pretrained", _post_training, None,
+         why="SmolLM2's chat SFT and DPO (README, 'Post-training'): each builds the stdlib "
+             "chat or preference stores with SmolLM2's tokenizer and compiles a 135M-parameter "
+             "LoRA step, over a minute of the suite's time even at the smallest shapes; "
+             "bench/post_training.py runs these commands as written, and the same programs run "
+             "on tiny models in tests/programs/test_post_training.py (LoRA train, resume, decode; "
+             "QLoRA + DPO) and tests/weights/test_peft.py (the peft and hf exports)"),
     Rule("eval, pretrained", lambda c: _lingvo(c, "eval") and _pretrained(c), _check_eval,
          SMOL_SHAPES + SMOL_SCANNED,
          why="one batch of 2 x 64 tokens: the fixed validation subset (4 batches of 8 x 512) "
@@ -555,6 +573,10 @@ RULES = (
          why="benchmark runs of minutes to half an hour each (the README's int8 figures, side "
              "by side); the code they drive runs in tests/models/test_quantization.py and "
              "tests/programs/test_quantization_programs.py"),
+    Rule("post-training benchmarks", lambda c: c.argv[:2] in POST_TRAINING_BENCHES, None,
+         why="the demonstration's hours (SFT and DPO of SmolLM2 with their evaluations) and "
+             "the LoRA step's memory against the full step's, side by side (README figures); "
+             "their code runs in the tests named by the rule above"),
     Rule("TPU VM", lambda c: c.argv[:2] in TPU_COMMANDS or c.argv[:4] == (
         "python3", "-m", "pip", "download"), None,
          why="a TPU VM's benchmarks, and the download of the wheels they carry (network); "

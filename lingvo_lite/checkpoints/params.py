@@ -35,7 +35,7 @@ class MeshParams:
   """
 
   def __init__(self, model: nn.Module, sequence_length: int, partitioner: Partitioner,
-               mesh: Mesh, abstract: Any = None):
+               mesh: Mesh, abstract: Any = None, collection: str = "params"):
     """
     Args:
       model: The model whose parameters are restored (its `scan_layers` is the layout wanted).
@@ -45,16 +45,26 @@ class MeshParams:
       mesh: The devices they go to.
       abstract: The parameters' abstract tree, where the caller has it already (a program
         that also trains or evaluates shapes the whole state); None shapes it here.
+      collection: The model's variables that are "the parameters" here: "params", or a LoRA
+        model's adapters ("lora", models/lora.py), which a LoRA job's checkpoint holds.
     """
     self.model = model
+    self._collection = collection
     self._sequence_length = sequence_length
     self._partitioner = partitioner
     self._mesh = mesh
     self.abstract = abstract if abstract is not None else self._abstract_of(model)
 
+  def of(self, model: nn.Module, collection: str = "params") -> MeshParams:
+    """Another model's variables (`collection`) on the same mesh and with the same length:
+    a LoRA model's adapters beside its base's parameters."""
+    return MeshParams(model, self._sequence_length, self._partitioner, self._mesh,
+                      collection=collection)
+
   def _abstract_of(self, model: nn.Module) -> Any:
     return train_state.sharded_abstract_state(model, optax.identity(), self._sequence_length,
-                                              self._partitioner, self._mesh).abstract.params
+                                              self._partitioner, self._mesh,
+                                              self._collection).abstract.params
 
   def restore(self, checkpointer: Checkpointer, step: int, fix: str | None = None) -> Any:
     """The parameters of `step`, in this model's layer layout and shardings (`fix`: the

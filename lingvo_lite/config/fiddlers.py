@@ -90,3 +90,19 @@ def synthetic_data(cfg: fdl.Config) -> None:
 def no_eval(cfg: fdl.Config) -> None:
   """Drops the eval data: training runs no evaluation."""
   cfg.eval_data = None
+
+
+def lora(cfg: fdl.Config) -> None:
+  """Trains LoRA adapters (train.lora, models/lora.py: rank 8, alpha 16, every attention
+  projection and MLP matrix) over the frozen model; set their fields after it, e.g.
+  `--fiddler=lora --fdl.train.lora.rank=16`."""
+  from lingvo_lite.models.lora import LoraSettings  # pylint: disable=g-import-not-at-top
+  if not isinstance(cfg.train.lora, fdl.Config):
+    cfg.train.lora = fdl.Config(LoraSettings)
+
+
+def qlora(cfg: fdl.Config) -> None:
+  """`lora` over a base held as int8 weights (model.quantization="int8_weights": QLoRA on the
+  project's own int8 weights, models/quantization.py)."""
+  lora(cfg)
+  cfg.model.quantization = "int8_weights"

@@ -133,8 +133,12 @@ def store_key(task: Any, split: str, shard_bytes: int | None = None) -> dict[str
 
 
 def _group_documents(task: Any, split: str, group: int, num_groups: int, vocab_size: int,
-                     files: Sequence[str]) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
-  """Every document of one group of input files, tokenized, in the source's order."""
+                     files: Sequence[str], skipped: dict[str, Any] | None = None
+                     ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+  """Every document of one group of input files, tokenized, in the source's order.
+
+  An example whose `skipped` field holds a reason (a format's bad record, with
+  `--skip_bad_records`) is no document: it is counted into `skipped` ({"count", "first"})."""
   import_tensorflow()
   import seqio  # pylint: disable=g-import-not-at-top
   dataset = task.source.get_dataset(split=split, shuffle=False,
@@ -143,6 +147,12 @@ def _group_documents(task: Any, split: str, group: int, num_groups: int, vocab_s
   dataset = task.preprocess_postcache(dataset, sequence_length=None)
   documents, weights = [], []
   for number, example in enumerate(dataset.as_numpy_iterator()):
+    reason = example.get("skipped", b"")
+    if reason:
+      if skipped is not None:
+        skipped["count"] = skipped.get("count", 0) + 1
+        skipped.setdefault("first", reason.decode("utf-8", "replace"))
+      continue
     targets = np.asarray(example["targets"])
     if targets.ndim != 1:
       raise DataError(f"{_files_shown(files)}: document {number}: 'targets' has shape "
@@ -189,9 +199,12 @@ def build_group(task: Any, split: str, partial: str, group: int, num_groups: int
     import sentencepiece  # pylint: disable=g-import-not-at-top
     sentencepiece.set_min_log_level(2)
   try:
-    documents, weights = _group_documents(task, split, group, num_groups, vocab_size, files)
+    skipped: dict[str, Any] = {}
+    documents, weights = _group_documents(task, split, group, num_groups, vocab_size, files,
+                                          skipped)
     return token_store.write_shard(store, group, documents, weights, np.dtype(dtype),
-                                   {"files": len(files)})
+                                   {"files": len(files), **({"skipped": skipped} if skipped
+                                                            else {})})
   # The task's code runs here: a sys.exit() in it must fail the build, not end the process
   # (the in-process runner's) as if all went well.
   except user_code.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
@@ -459,7 +472,11 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
                        "is empty)")
     has_weights = any((partial / "shards" / token_store.shard_name(g) / "weights").exists()
                       for g in range(num_groups))
+    skips = [s["skipped"] for s in shards if s.get("skipped")]
+    skipped = ({"count": sum(s["count"] for s in skips), "first": skips[0]["first"]} if skips
+               else None)
     manifest = {**key, "dtype": dtype, "tokens": tokens,
+                **({"skipped_records": skipped} if skipped else {}),
                 "documents": sum(s["documents"] for s in shards),
                 "has_weights": has_weights, "block_tokens": token_store.BLOCK_TOKENS,
                 "shards": [{"tokens": s["tokens"], "documents": s["documents"],

@@ -10,6 +10,13 @@ unless given), `max_gen_toks` (generate_until's default, 256), `score_tokens` (a
 tokens one scoring call holds; default 4096), and any config field by its dotted path, as
 --fdl.PATH=VALUE sets it (`decode.slots=4,decode.cache_length=512`).
 
+`--apply_chat_template` renders each request through the tokenizer's own chat template, as
+chat training data and the server's /v1/chat/completions render it (data/chat_template.py); a
+task's `gen_prefix` begins the assistant's answer, which the model continues
+(tasks/lm_eval/humaneval_chat.yaml). A sampled request without a seed of its own gets its
+index in the call as its seed, so a task's `repeats` are different samples, the same on every
+run.
+
 The same scores through the server: lm_eval's `local-completions` model asks for one generated
 token after each echoed prompt and keeps a position for it (it scores at most its `max_length`
 less one): give it `max_length` equal to the server's `decode.cache_length`, and this model
@@ -34,6 +41,7 @@ import lm_eval.models  # noqa: F401  pylint: disable=unused-import
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
+from lingvo_lite.data import chat_template as templates
 from lingvo_lite.decode.sampling_checks import kind
 from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite.harness import request_kinds as harness_requests
@@ -153,6 +161,42 @@ class LingvoLiteLM(LM):
     the hash of each of lingvo_lite's task files, so a result names what produced it."""
     return {"lingvo_lite_weights": self.model.weights,
             "weights_checksum": self.model.checksum, "task_files": task_file_hashes()}
+
+  def _chat_files(self) -> Any:
+    files = self.model.tokenizer_files
+    if files is None or not files.chat_template:
+      raise UsageError("--apply_chat_template: this model's tokenizer carries no chat template "
+                       "(a Hugging Face folder's tokenizer_config.json or a GGUF file's "
+                       "tokenizer.chat_template gives one); leave the flag out")
+    return files
+
+  @property
+  def tokenizer_name(self) -> str:
+    """What lm_eval keys its request cache by under a chat template: the template's hash."""
+    template = self._chat_files().chat_template
+    return f"lingvo_lite-chat-{hashlib.sha256(template.encode()).hexdigest()[:16]}"
+
+  def chat_template(self, chat_template: bool | str = False) -> str | None:
+    """The tokenizer's own template (lm_eval records it); a named one is not offered."""
+    if chat_template is False or chat_template is None:
+      return None
+    if isinstance(chat_template, str) and chat_template:
+      raise UsageError(f"--apply_chat_template={chat_template}: lingvo_lite renders the "
+                       "tokenizer's own template only; give --apply_chat_template alone")
+    return self._chat_files().chat_template
+
+  def apply_chat_template(self, chat_history: list[dict[str, str]],
+                          add_generation_prompt: bool = True) -> str:
+    """The messages through the tokenizer's chat template as training and the server render
+    them (data/chat_template.py); without `add_generation_prompt`, the last (assistant)
+    message left open to be continued (lm_eval's `gen_prefix`)."""
+    files = self._chat_files()
+    try:
+      if add_generation_prompt:
+        return templates.render_with(files, chat_history, add_generation_prompt=True)
+      return templates.render_continuing(files, chat_history)
+    except templates.TemplateError as e:
+      raise UsageError(f"--apply_chat_template: {e}") from None
 
   def loglikelihood(self, requests, disable_tqdm: bool = False):
     return harness_requests.loglikelihood(self.model, [r.args for r in requests],

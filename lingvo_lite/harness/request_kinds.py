@@ -162,7 +162,16 @@ def generation_request(model: Any, index: int, context: str,
   return Request(source=f"lm_eval request {index}", prompt_ids=tuple(ids[-room:]),
                  max_new_tokens=max_new, temperature=temperature,
                  top_p=settings.get("top_p"), top_k=settings.get("top_k"),
-                 seed=settings.get("seed"), stop=tuple(s for s in until if s))
+                 seed=_seed(settings, sampled, index), stop=tuple(s for s in until if s))
+
+
+def _seed(settings: Mapping[str, Any], sampled: bool, index: int) -> int | None:
+  """The request's seed: its own, else for a sampled request its index in the call (lm_eval
+  repeats a request to draw several samples: one seed for all would draw one sample n times)."""
+  seed = settings.get("seed")
+  if seed is None and sampled:
+    return index
+  return seed
 
 
 def generate_until(model: Any, requests: Sequence[tuple[str, Mapping[str, Any]]],

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.models import layers
+from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models.quantization import Quantization
 
 BlockKind = Literal["parallel", "sequential", "sandwich", "post_norm"]
@@ -69,6 +70,7 @@ class Block(nn.Module):
   window: int | None = None
   query_scale: float | None = None
   qk_norm: layers.QkNorm = "none"
+  lora: LoraSettings | None = None
   attention_type: type[layers.Attention] = layers.Attention
   attention_options: tuple[tuple[str, Any], ...] = ()
   scan_carry: bool = False
@@ -98,11 +100,11 @@ class Block(nn.Module):
         rotary_scaling=self.rotary_scaling, window=self.window, query_scale=self.query_scale,
         qk_norm=self.qk_norm, norm_kind=self.norm_kind, norm_eps=self.norm_eps,
         implementation=self.attention_implementation, quantization=self.quantization,
-        dtype=self.dtype, param_dtype=self.param_dtype, name="attention",
+        lora=self.lora, dtype=self.dtype, param_dtype=self.param_dtype, name="attention",
         **dict(self.attention_options))
     mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
-                     use_bias=self.mlp_bias, quantization=self.quantization, dtype=self.dtype,
-                     param_dtype=self.param_dtype, name="mlp")
+                     use_bias=self.mlp_bias, quantization=self.quantization, lora=self.lora,
+                     dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")
     extra = None  # What attention returns besides its output: new kv, or the cache.
     wants_extra = self.return_kv or context is not None
     attention_norm, attention_post_norm, mlp_norm, mlp_post_norm = _NORMS[self.kind]

@@ -25,6 +25,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   (a name the partitioner's default rules do not map needs a rule in `partitioner.rules`).
 - Checks: `validate(target)` raises `UsageError` with one line naming `model.<field>`, the value
   and the fix; `check_sequence_length(path, length)` refuses data longer than the model takes.
+- LoRA (models/lora.py): `with_adapters(settings)`, the model whose weight matmuls add the
+  adapters of its `lora` variables.
 - Quantization (models/quantization.py): a `quantization` field, the settings it implements in
   `quantizations` (`check_quantization` refuses others, and "int8_weights" in a training
   step), and `int8_weight_contractions()`, its weight matrices by logical axes, from which
@@ -293,6 +295,16 @@ class LanguageModel(nn.Module):
       raise config_error(f"{path}.quantization", setting,
                          "quantizes weights for decoding and serving; a training step cannot "
                          "take it", "train with 'int8' or None")
+
+  # ---------------------------------------------------------------------------- LoRA
+
+  @nn.nowrap
+  def with_adapters(self, settings: Any) -> LanguageModel:
+    """This model with LoRA adapters (models/lora.py: `settings` is a `LoraSettings`) on the
+    weight matrices they target: adapters in the `lora` collection, added at each weight
+    matmul; without that collection the model computes as this one."""
+    raise config_error("train.lora", settings, f"the {self.family_name or type(self).__name__} "
+                       "family has no LoRA adapters", "set train.lora=None")
 
   # ---------------------------------------------------------------------------- int8 weights
 

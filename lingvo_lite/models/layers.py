@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import decode_attention, flash_attention, rotary
+from lingvo_lite.models import decode_attention, flash_attention, lora as adapters, rotary
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.kv_cache import ring_positions
 from lingvo_lite.models.quantization import Quantization
@@ -91,6 +91,7 @@ class Dense(nn.Module):
   kernel_axes: tuple[str, str]
   use_bias: bool = True
   quantization: Quantization | None = None
+  lora: adapters.LoraSettings | None = None  # Its adapter, where targeted (models/lora.py).
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -98,8 +99,10 @@ class Dense(nn.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     kernel = self.param("kernel", dense_init(self.kernel_axes, x.shape[-1]),
                         (x.shape[-1], self.features), self.param_dtype)
-    y = weight_matmul(x.astype(self.dtype), in_compute_dtype(kernel, self.dtype), 1,
-                      self.quantization)
+    x = x.astype(self.dtype)
+    y = weight_matmul(x, in_compute_dtype(kernel, self.dtype), 1, self.quantization)
+    y = adapters.adapted(self, "kernel", x, y, (x.shape[-1], self.features), self.kernel_axes,
+                         1, self.lora)
     if self.use_bias:
       init = nn.with_logical_partitioning(nn.initializers.zeros, (self.kernel_axes[1],))
       y = y + self.param("bias", init, (self.features,), self.param_dtype).astype(self.dtype)
@@ -229,6 +232,7 @@ class Attention(nn.Module):
   # einsum path).
   implementation: AttentionImplementation = "einsum"
   quantization: Quantization | None = None  # Of the projections (models/quantization.py).
+  lora: adapters.LoraSettings | None = None  # The projections' adapters (models/lora.py).
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -252,9 +256,10 @@ class Attention(nn.Module):
   def _project(self, x: jax.Array, name: str, heads: int) -> jax.Array:
     """[b, t, dim] -> [b, t, heads, head_dim]; kernels are stored 3-D with logical axes."""
     dim = x.shape[-1]
-    kernel = self._weight(f"{name}_kernel", (dim, heads, self.head_dim),
-                          ("embed", "heads", "kv"), dim)
+    shape, axes = (dim, heads, self.head_dim), ("embed", "heads", "kv")
+    kernel = self._weight(f"{name}_kernel", shape, axes, dim)
     y = weight_matmul(x, kernel, 1, self.quantization)
+    y = adapters.adapted(self, f"{name}_kernel", x, y, shape, axes, 1, self.lora)
     if self.use_bias:
       y = y + self._bias(f"{name}_bias", (heads, self.head_dim), ("heads", "kv"))
     return y
@@ -433,9 +438,11 @@ class Attention(nn.Module):
     else:
       out = tag(self._attention(q, k, v, segment_ids), "attention_out")
     out = constrain(out, "batch", "length", "heads", "kv")
-    kernel = self._weight("out_kernel", (self.num_heads, self.head_dim, dim),
-                          ("heads", "kv", "embed"), self.num_heads * self.head_dim)
-    y = tag(weight_matmul(out, kernel, 2, self.quantization), "out_proj")
+    shape, axes = (self.num_heads, self.head_dim, dim), ("heads", "kv", "embed")
+    kernel = self._weight("out_kernel", shape, axes, self.num_heads * self.head_dim)
+    y = adapters.adapted(self, "out_kernel", out, weight_matmul(out, kernel, 2, self.quantization),
+                         shape, axes, 2, self.lora)
+    y = tag(y, "out_proj")
     if self.use_bias:
       y = y + self._bias("out_bias", (dim,), ("embed",))
     if context is not None:
@@ -460,12 +467,13 @@ class Mlp(nn.Module):
   activation: Activation = "gelu_tanh"
   use_bias: bool = True
   quantization: Quantization | None = None
+  lora: adapters.LoraSettings | None = None  # The matrices' adapters (models/lora.py).
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
   def _dense(self, x: jax.Array, features: int, axes: tuple[str, str], name: str) -> jax.Array:
     return Dense(features, kernel_axes=axes, use_bias=self.use_bias,
-                 quantization=self.quantization, dtype=self.dtype,
+                 quantization=self.quantization, lora=self.lora, dtype=self.dtype,
                  param_dtype=self.param_dtype, name=name)(x)
 
   @nn.compact

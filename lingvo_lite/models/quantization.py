@@ -68,6 +68,11 @@ def quantize(weight: jax.Array, contracted: Sequence[int]) -> qwix.QArray:
   return qwix.quantize(weight, jnp.int8, channelwise_axes=channels)
 
 
+def dequantize(weight: qwix.QArray) -> jax.Array:
+  """An int8 weight's values times their scales, in the scales' dtype."""
+  return qwix.dequantize(weight)
+
+
 def dot_general(x: jax.Array, weight: Any, dimension_numbers: DimensionNumbers,
                 quantization: Quantization | None) -> jax.Array:
   """`jax.lax.dot_general(x, weight, dimension_numbers)` under `quantization`, in x's dtype."""

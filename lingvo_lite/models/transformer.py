@@ -53,6 +53,7 @@ import jax.numpy as jnp
 from lingvo_lite import target as targets
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.models import layers
+from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.family import LanguageModel
@@ -156,6 +157,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
       JAX's "dots_saveable" and "dots_with_no_batch_dims_saveable", or a policy over the
       blocks' named activations ("minimal", "save_qkv_proj", "save_attention", ...,
       "*_offloaded" to host memory): models/remat.py lists them.
+    lora: The LoRA adapters' settings (models/lora.py). Set by the programs from
+      `train.lora` (`with_adapters`), never by a config: leave it None.
   """
 
   vocab_size: Annotated[int, Int32Size]
@@ -202,6 +205,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
   param_dtype: layers.DType = "float32"
   scan_layers: bool = False
   remat_policy: RematPolicy = "none"
+  lora: LoraSettings | None = None
 
   # How layers are laid out, rematerialized, and attention executed: the parameters and the
   # function they compute stay (a checkpoint's layer layout is converted on restore). The
@@ -307,6 +311,14 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
             ("embed", "vocab"): ("embed",),             # the untied output projection
             ("vocab", "embed"): ("embed",)}             # the embedding: rows, or tied output
 
+  # ---------------------------------------------------------------------------- LoRA
+
+  @nn.nowrap
+  def with_adapters(self, settings: LoraSettings | None) -> TransformerLM:
+    """This model with LoRA adapters on the weight matrices `settings` target (models/lora.py):
+    its `lora` variables are the adapters; applied without them it is this model."""
+    return self.clone(parent=None, lora=settings)
+
   # ---------------------------------------------------------------------------- the network
 
   @nn.nowrap
@@ -328,7 +340,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
         **self.kind_fields(kind), query_scale=query_scale, qk_norm=self.qk_norm,
         attention_implementation=self.resolved_attention_implementation(),
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
-        quantization=self.quantization, dtype=jnp.dtype(self.dtype),
+        quantization=self.quantization, lora=self.lora, dtype=jnp.dtype(self.dtype),
         param_dtype=jnp.dtype(self.param_dtype),
         attention_type=attention_type, attention_options=tuple(sorted(options.items())))
 
@@ -405,7 +417,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
     else:
       logits = layers.Dense(
           self.vocab_size, kernel_axes=("embed", "vocab"), use_bias=self.output_bias,
-          quantization=output_quantization, dtype=dtype, param_dtype=param_dtype,
-          name="output")(x)
+          quantization=output_quantization, lora=self.lora, dtype=dtype,
+          param_dtype=param_dtype, name="output")(x)
     logits = layers.constrain(logits, "batch", "length", "vocab").astype(jnp.float32)
     return (logits, extra) if (return_kv or cache is not None) else logits

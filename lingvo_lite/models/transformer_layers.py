@@ -40,6 +40,7 @@ import jax.numpy as jnp
 from lingvo_lite.models import kv_cache, layer_layout, remat
 from lingvo_lite.models.block import Block, BlockGroup
 from lingvo_lite.models.family import ArrayShape
+from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
 
 LayerKind = Literal["full", "sliding", "no_rotary"]
 
@@ -142,7 +143,10 @@ class TransformerLayers:
         fields = {"members": tuple(tuple(sorted(self._block_fields(kind).items()))
                                    for kind in kinds[:period]),
                   "block_class": self._block_class(True), "return_kv": wants_kv}
-      stack = nn.scan(body, variable_axes={"params": 0}, split_rngs={"params": True},
+      # The adapters (models/lora.py) are stacked like the parameters; each layer draws its
+      # own LoRA dropout.
+      stack = nn.scan(body, variable_axes={"params": 0, LORA_COLLECTION: 0},
+                      split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast, nn.broadcast, 0), length=groups,
                       metadata_params={nn.PARTITION_NAME: "layers"})(**fields, name="layers")
       if caches is not None:

@@ -33,6 +33,7 @@ import time
 from typing import Any, Callable, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from etils import epath
@@ -236,16 +237,25 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
     jitted = JittedSteps(setup, opened.mesh)
     evaluated: dict[int, dict[str, dict[str, float]]] = {}
 
+    frozen = None  # A LoRA base or a DPO reference: loaded once, checked against each step.
+
     def evaluate(checkpointer: Checkpointer, step: int, names: list[str]) -> None:
+      nonlocal frozen
       with jitted.activated():
-        if source is not None:
+        if jitted.frozen is not None and frozen is None:
+          frozen, _ = jitted.frozen.load()
+        if source is not None and frozen is not None:
+          params = _starting_params(jitted, source, frozen)
+        elif source is not None:
           params, _ = opened.load(jitted.mesh_params())
         else:
+          if jitted.frozen is not None:
+            jitted.frozen.check_resume(checkpointer.metadata(step), step, shown / "checkpoints")
           params = _agreed_restore(jitted, checkpointer, step)
         if params_read is not None and not evaluated:
           params_read()
         results = evaluation.evaluate_sets(jitted, params, {
-            name: setup.eval_sets[name] for name in names})
+            name: setup.eval_sets[name] for name in names}, frozen=frozen)
       del params
       again = [name for name in names if record.has(step, name)]
       if is_chief and again:
@@ -277,6 +287,18 @@ def run(setup: Setup, job_dir: epath.Path, shown_job_dir: str | None = None,
       if checkpointer is not None:
         checkpointer.close()
   return evaluated
+
+
+def _starting_params(jitted: JittedSteps, source: Any, frozen: Any) -> Any:
+  """A job with frozen parameters and no checkpoint yet, as training would start it (its step
+  0): a LoRA job's adapters (a `peft:` source's, else fresh ones, which change nothing), a
+  full DPO job's policy (a copy of its reference)."""
+  if not jitted.adapters:
+    return jax.tree.map(jnp.copy, frozen)
+  load_adapters = getattr(source, "load_adapters", None)
+  if load_adapters is not None:
+    return load_adapters(jitted.mesh_params())[0]
+  return jitted.init_state().params
 
 
 def _keep_recorded_rows(eval_dir: epath.Path, names: list[str], record: _Record) -> None:

@@ -109,7 +109,9 @@ def main(invocation: Invocation) -> None:
   output = outputs.check_folder(paths.resolve(options.export_dir, "--export_dir"), flag,
                                 export.kind, export.names + (outputs.MANIFEST,), "the export",
                                 invocation.job_dir)
-  params, what = opened.load()
+  # A LoRA job's adapters alone (peft), or its parameters with them merged (the others).
+  params, what = (opened.load_adapters() if getattr(export, "reads_adapters", False)
+                  else opened.load())
   export.take(params)
   del params  # The writer keeps what it writes from (a host copy, where it makes one).
   written: dict[str, Any] = {}

@@ -147,6 +147,8 @@ class Quantity:
     train: Drawn from the train rows.
     evals: Drawn from every eval set's rows (the training run's and the eval program's).
     scale: Multiplies the values (MFU as a percentage).
+    optional: Drawn only for a job that has such rows (DPO's rewards), with no note
+      otherwise.
   """
 
   key: str
@@ -155,6 +157,7 @@ class Quantity:
   train: bool = True
   evals: bool = False
   scale: float = 1.0
+  optional: bool = False
 
 
 QUANTITIES = (
@@ -166,6 +169,12 @@ QUANTITIES = (
     Quantity("tokens_per_s", "Throughput", "tokens per second"),
     Quantity("mfu", "MFU", "model FLOPs utilization (%)", scale=100.0),
     Quantity("data_wait_s", "Data wait", "seconds per step waiting for data"),
+    # A DPO run's (training/dpo.py): the chosen reward minus the rejected, and how often it
+    # is positive.
+    Quantity("reward_margin", "DPO reward margin", "chosen - rejected reward", evals=True,
+             optional=True),
+    Quantity("reward_accuracy", "DPO reward accuracy", "pairs with chosen reward > rejected",
+             evals=True, optional=True),
 )
 
 
@@ -230,6 +239,8 @@ def plots(jobs: Sequence[Job]) -> list[Plot]:
     found = curves(quantity, jobs)
     labels = tuple(curve.label for curve in found)
     if not has_points(found):
+      if quantity.optional:
+        continue
       where = " or ".join(filter(None, ("metrics.jsonl" if quantity.train else "",
                                         "eval_<set>.jsonl" if quantity.evals else "")))
       made.append(Plot(quantity, None, f"{quantity.title}: no finite {quantity.key} in "

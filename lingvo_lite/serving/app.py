@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jinja2.sandbox
 from absl import logging
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -29,6 +28,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from lingvo_lite.data import chat_template
 from lingvo_lite.errors import UsageError, one_line
 from lingvo_lite.serving import openai_api, request_body
 from lingvo_lite.serving.completions import CompletionRun, Timeout, usage_error
@@ -113,26 +113,20 @@ class Server:
         length_field=openai_api.chat_length_field(body)))
 
   def _render(self, messages: list[dict[str, str]]) -> str:
-    """The messages through the model's chat template, ending where the assistant speaks."""
+    """The messages through the model's chat template, ending where the assistant speaks
+    (data/chat_template.py: as chat data is rendered for training)."""
     if not self.chat_template:
       raise RequestError("messages", "this model has no chat template (its tokenizer carries "
                          "none); use /v1/completions")
     files = self.model.tokenizer_files
     special = lambda token_id: (self.model.token_text(token_id) if token_id is not None
                                 else "")
-    environment = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True,
-                                                               lstrip_blocks=True)
-
-    def raise_exception(message):
-      raise RequestError("messages", f"the chat template refuses them: {message}")
-
-    environment.globals["raise_exception"] = raise_exception
     try:
-      template = environment.from_string(self.chat_template)
-      return template.render(messages=messages, add_generation_prompt=True,
-                             bos_token=special(files.bos_id), eos_token=special(files.eos_id))
-    except jinja2.TemplateError as e:
-      raise RequestError("messages", f"the chat template failed on them: {e}") from None
+      return chat_template.render(self.chat_template, messages, add_generation_prompt=True,
+                                  bos_token=special(files.bos_id),
+                                  eos_token=special(files.eos_id))
+    except chat_template.TemplateError as e:
+      raise RequestError("messages", str(e)) from None
 
   async def _run(self, request: HttpRequest, run: CompletionRun):
     try:

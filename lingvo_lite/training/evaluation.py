@@ -44,7 +44,8 @@ from lingvo_lite.runtime import progress, summaries
 # The metrics a results table shows, with their headings (others stay in the files).
 _SHOWN = (("loss", "loss"), ("perplexity", "perplexity"), ("accuracy", "accuracy"),
           ("bits_per_token", "bits/token"), ("bits_per_byte", "bits/byte"),
-          ("tokens", "tokens"), ("seconds", "seconds"))
+          ("reward_margin", "margin"), ("reward_accuracy", "reward acc."),
+          ("preference_accuracy", "pref. acc."), ("tokens", "tokens"), ("seconds", "seconds"))
 
 
 def largest_set(setup: Any) -> tuple[str, DataSource]:
@@ -141,8 +142,13 @@ def _document_scores(source: DataSource, set_name: str, whole_split: bool
 
 
 def evaluate_set(jitted: Any, params: Any, source: DataSource,
-                 set_name: str = "") -> dict[str, float]:
-  """One pass of `source` with `jitted`'s eval step (a jitted.JittedSteps)."""
+                 set_name: str = "", frozen: Any = None) -> dict[str, float]:
+  """One pass of `source` with `jitted`'s eval step (a jitted.JittedSteps); `frozen`: the
+  frozen parameters its steps read (a LoRA base, a DPO reference), or None. A set of
+  preference pairs (data/preference_data.py) is scored by DPO's measures instead
+  (`_evaluate_pairs`)."""
+  if getattr(source, "document_pairs", False):
+    return _evaluate_pairs(jitted, params, source, set_name, frozen)
   started = time.perf_counter()
   num_batches, examples = pass_length(source)
   scores, score_fns = _document_scores(source, set_name, examples is not None)
@@ -162,9 +168,9 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
       if token_bytes is not None:
         text_bytes += float(np.sum(token_bytes[local["targets"]] * (local["weights"] > 0)))
       if scores is None:
-        sums = jitted.eval_step(params, jitted.global_batch(local))
+        sums = jitted.eval_step(params, jitted.global_batch(local), frozen)
       else:
-        sums = dict(jitted.eval_token_step(params, jitted.global_batch(local)))
+        sums = dict(jitted.eval_token_step(params, jitted.global_batch(local), frozen))
         token_nats = sums.pop("token_nats")
         if processes > 1:  # Every process scores every row: the documents need them all.
           from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
@@ -198,6 +204,45 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
   return metrics
 
 
+def _evaluate_pairs(jitted: Any, params: Any, source: DataSource, set_name: str,
+                    frozen: Any) -> dict[str, float]:
+  """One pass over a set of preference pairs: DPO's loss, rewards, margin and reward accuracy
+  against the job's reference (training/dpo.py), and the policy's own preference accuracy
+  (log p(chosen) > log p(rejected)); without a reference (a job that is not DPO's) the
+  rewards are 0 and only the preference accuracy says anything. `tokens` counts the scored
+  (response) tokens."""
+  from lingvo_lite.training import dpo  # pylint: disable=g-import-not-at-top
+  started = time.perf_counter()
+  num_batches, examples = pass_length(source)
+  reference = frozen if jitted.setup.train.objective == "dpo" or jitted.adapters else None
+  process, processes = jax.process_index(), jax.process_count()
+  rows = local_rows(source.global_batch_size, process, processes)
+  totals: dict[str, float] = {}
+  tokens = 0.0
+  with progress.Progress(f"eval {set_name}" if set_name else "eval", total=num_batches,
+                         unit="batches") as bar:
+    for step in range(num_batches):
+      local = source.batch(step, process, processes)
+      if examples is not None and (step + 1) * source.global_batch_size > examples:
+        past_end = step * source.global_batch_size + rows >= examples  # Their pairs drop out.
+        local = {**local, "weights": np.where(past_end[:, None], 0.0, local["weights"]).astype(
+            np.float32)}
+      tokens += float(np.sum(local["weights"]))
+      sums = jitted.preference_eval_step(params, jitted.global_batch(local), reference)
+      for key, value in jax.device_get(sums).items():
+        totals[key] = totals.get(key, 0.0) + float(value)
+      bar.update()
+  if processes > 1:
+    tokens = _sum_over_processes(int(tokens))
+  metrics = {key: float(value) for key, value in dpo.metrics(totals).items()}
+  if not totals["pairs"]:
+    metrics = {key: (math.nan if key != "pairs" else 0.0) for key in metrics}
+  metrics["tokens"] = tokens
+  metrics["seconds"] = time.perf_counter() - started
+  metrics["tokens_per_s"] = tokens / max(metrics["seconds"], 1e-9)
+  return metrics
+
+
 def _sum_over_processes(count: int) -> float:
   """Each process's own rows' count, summed exactly: JAX gathers 32-bit values (x64 off), so
   the count travels as two 30-bit halves."""
@@ -206,10 +251,24 @@ def _sum_over_processes(count: int) -> float:
   return float(sum(int(high) * (1 << 30) + int(low) for high, low in np.reshape(halves, (-1, 2))))
 
 
-def evaluate_sets(jitted: Any, params: Any, sets: Mapping[str, DataSource]
-                  ) -> dict[str, dict[str, float]]:
-  """Each set's metrics, by name, in the sets' order."""
-  return {name: evaluate_set(jitted, params, source, name) for name, source in sets.items()}
+def evaluate_sets(jitted: Any, params: Any, sets: Mapping[str, DataSource],
+                  frozen: Any = None) -> dict[str, dict[str, float]]:
+  """Each set's metrics, by name, in the sets' order (`frozen`: as for `evaluate_set`)."""
+  return {name: evaluate_set(jitted, params, source, name, frozen)
+          for name, source in sets.items()}
+
+
+def summary(metrics: Mapping[str, float]) -> str:
+  """A set's metrics in one line: loss, bits per token and byte, accuracy; for preference
+  pairs, DPO's loss, reward margin and accuracy, and the policy's preference accuracy."""
+  if "reward_margin" in metrics:
+    return (f"DPO loss {metrics['loss']:.4f}  reward margin {metrics['reward_margin']:.4f}  "
+            f"reward accuracy {metrics['reward_accuracy']:.4f}  preference accuracy "
+            f"{metrics['preference_accuracy']:.4f} ({metrics['pairs']:,.0f} pairs)")
+  return (f"loss {metrics['loss']:.4f}  bits/token {metrics['bits_per_token']:.4f}  "
+          + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics
+             else "")
+          + f"accuracy {metrics['accuracy']:.4f}")
 
 
 def table(results: Mapping[str, Mapping[str, float]]) -> str:

@@ -16,7 +16,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from lingvo_lite import target as targets
-from lingvo_lite.training import steps, train_state
+from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
+from lingvo_lite.training import frozen_weights, steps, train_state
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import Batch, local_rows
@@ -46,7 +47,14 @@ def _check_process_rows(batch_sharding: jax.sharding.Sharding, global_batch_size
 
 
 class JittedSteps:
-  """Mesh, abstract state, shardings and the jitted train/eval steps of one Setup."""
+  """Mesh, abstract state, shardings and the jitted train/eval steps of one Setup.
+
+  Attributes:
+    model: The model the steps apply: the Setup's, with LoRA adapters where `train.lora` asks
+      (models/lora.py).
+    frozen: The frozen parameters' shapes, loading and placing (training/frozen_weights.py),
+      where a step reads any (`train.lora`, DPO); else None.
+  """
 
   def __init__(self, setup: Setup, mesh: Mesh | None = None,
                target: targets.Target | None = None):
@@ -56,31 +64,59 @@ class JittedSteps:
     total_steps = setup.train.steps
     self.optimizer = setup.optimizer.make(total_steps)
     self.schedule = setup.optimizer.schedule(total_steps)
-    self.sharded_state = train_state.sharded_abstract_state(
-        setup.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
-        self.mesh)
+    lora = setup.train.lora
+    self.model = setup.model.with_adapters(lora) if lora is not None else setup.model
+    self.adapters = lora is not None
+    trained = train_state.sharded_abstract_state(
+        self.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
+        self.mesh, collection=LORA_COLLECTION if self.adapters else "params",
+        other="params" if self.adapters else None)
+    base = None
+    if self.adapters:  # The base's shapes came from the same trace as the adapters'.
+      trained, base = trained
+    elif setup.train.has_frozen:  # A full DPO job's reference: the parameters' shapes.
+      base = trained.abstract.params
+    self.frozen = (frozen_weights.FrozenWeights(setup, self.mesh, base)
+                   if setup.train.has_frozen else None)
+    if self.frozen is not None:  # The step's state holds them too; a checkpoint does not.
+      trained = train_state.ShardedState(
+          abstract=trained.abstract.replace(frozen=self.frozen.abstract),
+          shardings=trained.shardings.replace(frozen=self.frozen.shardings))
+    self.sharded_state = trained
     self.batch_sharding = setup.partitioner.batch_sharding(self.mesh)
     _check_process_rows(self.batch_sharding, setup.train_data.global_batch_size)
     state_shardings = self.sharded_state.shardings
+    dpo = setup.train.dpo if setup.train.objective == "dpo" else None
+    dropout = lora is not None and lora.dropout > 0
     self.train_step = jax.jit(
         functools.partial(
-            steps.train_step, model=setup.model, optimizer=self.optimizer,
+            steps.train_step, model=self.model, optimizer=self.optimizer,
             schedule=self.schedule, z_loss=setup.train.z_loss,
             grad_accum_steps=setup.train.grad_accum_steps,
             log_grad_norm=setup.train.log_grad_norm,
-            ravel_norm=self.mesh.size == 1 and self.target.platform == "cpu"),
+            ravel_norm=self.mesh.size == 1 and self.target.platform == "cpu",
+            adapters=self.adapters, dpo=dpo,
+            dropout_seed=setup.train.seed if dropout else None),
         in_shardings=(state_shardings, self.batch_sharding),
         out_shardings=(state_shardings, None),
         donate_argnums=(0,))
+    eval_shardings = (state_shardings.params, self.batch_sharding, state_shardings.frozen)
     self.eval_step = jax.jit(
-        functools.partial(steps.eval_step, model=setup.model),
-        in_shardings=(state_shardings.params, self.batch_sharding))
+        functools.partial(steps.eval_step, model=self.model, adapters=self.adapters),
+        in_shardings=eval_shardings)
     # The same step, also returning each token's loss: for eval sets scored per document.
     self.eval_token_step = jax.jit(
-        functools.partial(steps.eval_step, model=setup.model, per_token=True),
-        in_shardings=(state_shardings.params, self.batch_sharding))
+        functools.partial(steps.eval_step, model=self.model, per_token=True,
+                          adapters=self.adapters),
+        in_shardings=eval_shardings)
+    # DPO's sums over an eval set of preference pairs (training/evaluation.py).
+    self.preference_eval_step = jax.jit(
+        functools.partial(steps.preference_eval_step, model=self.model,
+                          settings=setup.train.dpo, adapters=self.adapters),
+        in_shardings=eval_shardings)
     # Checked before every save, so only finite states are ever written.
-    self.state_is_finite = jax.jit(steps.is_finite, in_shardings=(state_shardings,))
+    self.state_is_finite = jax.jit(
+        steps.is_finite, in_shardings=(state_shardings.replace(frozen=None),))
 
   @contextlib.contextmanager
   def activated(self) -> Iterator[None]:
@@ -100,30 +136,48 @@ class JittedSteps:
     with self.activated():
       return self.train_step.lower(self.sharded_state.abstract, self.abstract_batch())
 
-  def init_state(self) -> train_state.TrainState:
-    return train_state.create_state(
-        self.setup.model, self.optimizer, self.setup.train.seed,
-        self.setup.train_data.sequence_length, self.sharded_state.shardings)
+  @property
+  def checkpointed_state(self) -> train_state.ShardedState:
+    """The state as a checkpoint holds it: without the frozen parameters."""
+    return train_state.ShardedState(abstract=self.sharded_state.abstract.checkpointed(),
+                                    shardings=self.sharded_state.shardings.checkpointed())
 
-  def state_with_params(self, params: Any) -> train_state.TrainState:
-    """A step-0 state with `params` (placed in this setup's shardings) and a fresh optimizer."""
-    return train_state.state_with_params(self.optimizer, params, self.sharded_state.shardings)
+  def init_state(self, frozen: Any = None) -> train_state.TrainState:
+    """A fresh state (the trained variables from `train.seed`), holding `frozen` (where the
+    setup has them: `self.frozen.load()`'s)."""
+    state = train_state.create_state(
+        self.model, self.optimizer, self.setup.train.seed,
+        self.setup.train_data.sequence_length, self.checkpointed_state.shardings,
+        collection=LORA_COLLECTION if self.adapters else "params")
+    return state.replace(frozen=frozen)
+
+  def state_with_params(self, params: Any, frozen: Any = None) -> train_state.TrainState:
+    """A step-0 state with `params` (placed in this setup's shardings) and a fresh optimizer,
+    holding `frozen`."""
+    state = train_state.state_with_params(self.optimizer, params,
+                                          self.checkpointed_state.shardings)
+    return state.replace(frozen=frozen)
 
   @property
   def checkpoint_metadata(self) -> dict[str, Any]:
-    """What a checkpoint records about the state's layout (the model's family says)."""
-    return self.setup.model.layout_metadata()
+    """What a checkpoint records about the state's layout (the model's family says), and the
+    frozen parameters' fingerprint where a step reads any (a resume refuses other ones)."""
+    metadata = self.setup.model.layout_metadata()
+    if self.frozen is not None and self.frozen.fingerprint is not None:
+      metadata[frozen_weights.METADATA_KEY] = self.frozen.fingerprint
+    return metadata
 
   def _saved_layout(self, checkpointer: Checkpointer,
                     step: int) -> train_state.ShardedState | None:
     """The abstract state in the layer layout `step` was written with, where that is not this
     setup's (None where it is, or the checkpoint does not say)."""
-    saved_model = self.setup.model.in_saved_layout(checkpointer.metadata(step))
+    saved_model = self.model.in_saved_layout(checkpointer.metadata(step))
     if saved_model is None:
       return None
     return train_state.sharded_abstract_state(
         saved_model, self.optimizer, self.setup.train_data.sequence_length,
-        self.setup.partitioner, self.mesh)
+        self.setup.partitioner, self.mesh,
+        collection=LORA_COLLECTION if self.adapters else "params")
 
   def _to_this_layout(self, tree: Any) -> Any:
     """A restored state or params tree in the other layer layout -> host arrays in this
@@ -135,9 +189,9 @@ class JittedSteps:
     unrolled) when the checkpoint was written with the other one."""
     saved_layout = self._saved_layout(checkpointer, step)
     if saved_layout is None:
-      return checkpointer.restore(step, self.sharded_state.abstract)
+      return checkpointer.restore(step, self.checkpointed_state.abstract)
     state = self._to_this_layout(checkpointer.restore(step, saved_layout.abstract))
-    return jax.device_put(state, self.sharded_state.shardings)
+    return jax.device_put(state, self.checkpointed_state.shardings)
 
   def restore_params(self, checkpointer: Checkpointer, step: int, fix: str | None = None
                      ) -> Any:
@@ -150,9 +204,10 @@ class JittedSteps:
   def mesh_params(self) -> MeshParams:
     """The model's parameters on this mesh as shapes (the train state's), for a restore of
     parameters alone."""
-    return MeshParams(self.setup.model, self.setup.train_data.sequence_length,
+    return MeshParams(self.model, self.setup.train_data.sequence_length,
                       self.setup.partitioner, self.mesh,
-                      abstract=self.sharded_state.abstract.params)
+                      abstract=self.sharded_state.abstract.params,
+                      collection=LORA_COLLECTION if self.adapters else "params")
 
   def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
     """Assembles this process's rows into global arrays sharded over the batch axes."""

@@ -5,6 +5,12 @@ No I/O, no flags, no config objects: a step receives the model, the optax transf
 and plain numbers. A batch is a dict of arrays:
   inputs [B, T] int32, targets [B, T] int32, weights [B, T] float32 (0 on padding),
   and optionally segment_ids [B, T] and positions [B, T] for packed examples.
+
+What a step trains is `state.params`: the model's parameters, or (`adapters=True`) a LoRA
+model's adapters over the frozen base `state.frozen` (models/lora.py), which gets no gradient.
+The objective is the next-token loss, or (`dpo`: training/dpo.py) DPO's loss over the batch's
+preference pairs against the reference: the model applied to `state.frozen` alone (a LoRA
+model without its adapters, or a full fine-tune's frozen copy).
 """
 
 from __future__ import annotations
@@ -17,9 +23,28 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
+from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
+from lingvo_lite.training import dpo as dpo_lib
 from lingvo_lite.training.train_state import TrainState
 
 Batch = dict[str, jax.Array]
+
+
+def logits_of(model: nn.Module, params: Any, batch: Batch, frozen: Any = None,
+              adapters: bool = False, rng: jax.Array | None = None) -> jax.Array:
+  """The model's logits on `batch`: with `adapters`, `params` are the LoRA adapters over the
+  base `frozen`; `rng` draws the adapters' dropout (training only)."""
+  variables = {"params": frozen, LORA_COLLECTION: params} if adapters else {"params": params}
+  return model.apply(variables, batch["inputs"], batch.get("segment_ids"),
+                     batch.get("positions"), rngs=None if rng is None else {"dropout": rng})
+
+
+def reference_logits(model: nn.Module, frozen: Any, batch: Batch) -> jax.Array:
+  """The DPO reference's logits: the model applied to the frozen parameters alone (a LoRA
+  model without its adapters is its base), with no gradient."""
+  frozen = jax.lax.stop_gradient(frozen)
+  return model.apply({"params": frozen}, batch["inputs"], batch.get("segment_ids"),
+                     batch.get("positions"))
 
 
 def token_losses(logits: jax.Array, targets: jax.Array
@@ -36,14 +61,14 @@ def token_losses(logits: jax.Array, targets: jax.Array
 
 
 def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
-               normalizer: jax.Array | float = 1.0, per_token: bool = False
+               normalizer: jax.Array | float = 1.0, per_token: bool = False,
+               frozen: Any = None, adapters: bool = False, rng: jax.Array | None = None
                ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """(cross-entropy + z_loss * log(Z)^2) summed over weighted tokens / normalizer, and the
   metric sums (with `per_token`, also each token's weighted cross-entropy, `token_nats`).
   Dividing inside the objective, by a constant, gives gradients already normalized (no extra
   pass over them)."""
-  logits = model.apply({"params": params}, batch["inputs"], batch.get("segment_ids"),
-                       batch.get("positions"))
+  logits = logits_of(model, params, batch, frozen, adapters, rng)
   cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
   # One reduction for the three sums: on CPU each separate reduction is its own kernel.
   ce_sum, z_sum, correct_sum = jnp.sum(
@@ -53,6 +78,20 @@ def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
   if per_token:
     sums["token_nats"] = cross_entropy * batch["weights"]
   return objective, sums
+
+
+def _dpo_sums(params: Any, model: nn.Module, batch: Batch, settings: dpo_lib.DpoSettings,
+              normalizer: jax.Array | float = 1.0, frozen: Any = None, adapters: bool = False,
+              rng: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """DPO's loss summed over the batch's pairs / normalizer (training/dpo.py), and its sums."""
+  def sequences(logits):
+    log_probs = -token_losses(logits, batch["targets"])[0]
+    return dpo_lib.sequence_log_probs(log_probs, batch["weights"], batch["segment_ids"])
+
+  policy = sequences(logits_of(model, params, batch, frozen, adapters, rng))
+  reference = sequences(reference_logits(model, frozen, batch))[:2]
+  sums = dpo_lib.sums(policy, reference, settings)
+  return sums["dpo_loss_sum"] / normalizer, sums
 
 
 def _global_norm(tree: Any, ravel: bool) -> jax.Array:
@@ -81,52 +120,91 @@ def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                z_loss: float = 0.0, grad_accum_steps: int = 1, log_grad_norm: bool = True,
-               ravel_norm: bool = True) -> tuple[TrainState, dict[str, jax.Array]]:
-  """One optimizer update on the mean token loss of `batch`.
+               ravel_norm: bool = True, adapters: bool = False,
+               dpo: dpo_lib.DpoSettings | None = None, dropout_seed: int | None = None
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One optimizer update on the mean token loss of `batch` (with `dpo`: the mean DPO loss of
+  its pairs).
 
   With `grad_accum_steps` k > 1 the batch is cut into k micro-batches whose gradients are
-  summed before the update. Each micro-batch's loss is divided by the token count of the
-  whole batch, so the update equals the one-big-batch update (up to summation order).
+  summed before the update. Each micro-batch's loss is divided by the token (pair) count of
+  the whole batch, so the update equals the one-big-batch update (up to summation order).
   `ravel_norm`: the gradient norm as one reduction over the concatenated gradients (fastest
-  on one CPU device; see `_global_norm`).
+  on one CPU device; see `_global_norm`). `adapters`: `state.params` are LoRA adapters over
+  `state.frozen`; `dropout_seed`: the root of their dropout's keys, fold_in(seed, step) (and
+  the micro-batch), so a resumed run draws the same masks.
   """
-  total_weight = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
-  grad_fn = jax.grad(_loss_sums, has_aux=True)
+  if dpo is not None:
+    total = jnp.maximum(dpo_lib.pair_count(batch["segment_ids"]), 1.0)
+    objective = lambda params, micro_batch, rng: _dpo_sums(
+        params, model, micro_batch, dpo, total, state.frozen, adapters, rng)
+  else:
+    total = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
+    objective = lambda params, micro_batch, rng: _loss_sums(
+        params, model, micro_batch, z_loss, total, frozen=state.frozen, adapters=adapters,
+        rng=rng)
+  grad_fn = jax.grad(objective, has_aux=True)
+  step_key = (None if dropout_seed is None
+              else jax.random.fold_in(jax.random.key(dropout_seed), state.step))
 
   if grad_accum_steps == 1:
-    grads, sums = grad_fn(state.params, model, batch, z_loss, total_weight)
+    grads, sums = grad_fn(state.params, batch, step_key)
   else:
-    def accumulate(carry, micro_batch):
-      grads, sums = grad_fn(state.params, model, micro_batch, z_loss, total_weight)
+    def accumulate(carry, indexed):
+      index, micro_batch = indexed
+      key = None if step_key is None else jax.random.fold_in(step_key, index)
+      grads, sums = grad_fn(state.params, micro_batch, key)
       return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, (state.params, {
-        "cross_entropy_sum": total_weight, "z_sum": total_weight, "correct_sum": total_weight}))
+    micro_batches = _split_micro_batches(batch, grad_accum_steps)
+    shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro_batches),
+                            step_key)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
     (grads, sums), _ = jax.lax.scan(
-        accumulate, zeros, _split_micro_batches(batch, grad_accum_steps))
+        accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
 
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {
-      "loss": sums["cross_entropy_sum"] / total_weight,
-      "z_loss": sums["z_sum"] / total_weight,
-      "accuracy": sums["correct_sum"] / total_weight,
-      "learning_rate": schedule(state.step),
-      "tokens": total_weight,
-  }
+  if dpo is not None:
+    metrics = {**dpo_lib.metrics(sums), "tokens": jnp.sum(batch["weights"])}
+  else:
+    metrics = {
+        "loss": sums["cross_entropy_sum"] / total,
+        "z_loss": sums["z_sum"] / total,
+        "accuracy": sums["correct_sum"] / total,
+        "tokens": total,
+    }
+  metrics["learning_rate"] = schedule(state.step)
   if log_grad_norm:
     # An extra pass over every gradient (the optimizer's clipping computes its own norm).
     metrics["grad_norm"] = _global_norm(grads, ravel_norm)
-  return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
+  return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
-def eval_step(params: Any, batch: Batch, *, model: nn.Module, per_token: bool = False
-              ) -> dict[str, jax.Array]:
+def eval_step(params: Any, batch: Batch, frozen: Any = None, *, model: nn.Module,
+              per_token: bool = False, adapters: bool = False) -> dict[str, jax.Array]:
   """Metric sums over one eval batch; the caller adds them up and divides by `weight_sum`.
   With `per_token`, also each token's weighted cross-entropy [B, T] (`token_nats`), for
-  per-document scores."""
-  _, sums = _loss_sums(params, model, batch, 0.0, per_token=per_token)
+  per-document scores. `adapters`, `frozen`: as for `train_step`."""
+  _, sums = _loss_sums(params, model, batch, 0.0, per_token=per_token, frozen=frozen,
+                       adapters=adapters)
   return {**sums, "weight_sum": jnp.sum(batch["weights"])}
+
+
+def preference_eval_step(params: Any, batch: Batch, frozen: Any = None, *, model: nn.Module,
+                         settings: dpo_lib.DpoSettings, adapters: bool = False
+                         ) -> dict[str, jax.Array]:
+  """DPO's sums (training/dpo.py) over one batch of preference pairs; the reference is the
+  model on `frozen` alone, or, where there is none (a job that is not DPO's), the policy
+  itself (every reward 0; the policy's own preference accuracy still says which sequence it
+  prefers)."""
+  def sequences(logits):
+    log_probs = -token_losses(logits, batch["targets"])[0]
+    return dpo_lib.sequence_log_probs(log_probs, batch["weights"], batch["segment_ids"])
+
+  policy = sequences(logits_of(model, params, batch, frozen, adapters))
+  reference = policy if frozen is None else sequences(reference_logits(model, frozen, batch))
+  return dpo_lib.sums(policy, reference[:2], settings)
 
 
 def is_finite(tree: Any) -> jax.Array:

@@ -21,9 +21,26 @@ from lingvo_lite.partitioning import Partitioner
 
 
 class TrainState(flax.struct.PyTreeNode):
+  """The state a train step updates.
+
+  Attributes:
+    step: The optimizer steps taken.
+    params: The trained parameters: the model's, or a LoRA job's adapters (models/lora.py).
+    opt_state: The optimizer's state over `params`.
+    frozen: Parameters the step reads and never changes, or None: a LoRA job's base model
+      (also DPO's reference: the model with adapters off), or a full fine-tune's DPO reference
+      (a frozen copy of its starting parameters). Not checkpointed: every start loads it from
+      its source (`train.init_from`), whose fingerprint the checkpoint records.
+  """
+
   step: jax.Array
   params: Any
   opt_state: Any
+  frozen: Any = None
+
+  def checkpointed(self) -> TrainState:
+    """What a checkpoint holds: the state without `frozen`."""
+    return self.replace(frozen=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,31 +59,46 @@ def strip_boxes(tree: Any) -> Any:
 
 
 def init_state(model: nn.Module, optimizer: optax.GradientTransformation, rng: jax.Array,
-               sequence_length: int) -> TrainState:
-  """Initializes parameters and optimizer state; parameters keep their logical-axis boxes."""
+               sequence_length: int, collection: str = "params") -> TrainState:
+  """Initializes the trained variables (the model's `collection`: "params", or a LoRA
+  model's "lora" adapters) and their optimizer state; they keep their logical-axis boxes.
+  Under jit, the other collections' initialization is dead code XLA drops."""
   tokens = jnp.zeros((1, sequence_length), jnp.int32)
-  params = model.init(rng, tokens)["params"]
+  params = model.init(rng, tokens)[collection]
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
 def sharded_abstract_state(model: nn.Module, optimizer: optax.GradientTransformation,
                            sequence_length: int, partitioner: Partitioner,
-                           mesh: Mesh) -> ShardedState:
-  """Shapes and shardings of the state, without allocating it."""
-  boxed = jax.eval_shape(
-      lambda rng: init_state(model, optimizer, rng, sequence_length), jax.random.key(0))
+                           mesh: Mesh, collection: str = "params",
+                           other: str | None = None) -> Any:
+  """Shapes and shardings of the state (of `collection`'s variables), without allocating
+  it; with `other`, also that collection's variables as shapes with shardings, from the same
+  trace (a LoRA model's base parameters beside its adapters): `(state, other's)`."""
+  def init(rng):
+    if other is None:
+      return init_state(model, optimizer, rng, sequence_length, collection)
+    variables = model.init(rng, jnp.zeros((1, sequence_length), jnp.int32))
+    params = variables[collection]
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=optimizer.init(params)), variables[other]
+
+  boxed = jax.eval_shape(init, jax.random.key(0))
   shardings = partitioner.logical_to_sharding(nn.get_partition_spec(boxed), mesh)
   abstract = jax.tree.map(
       lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
       strip_boxes(boxed), shardings)
-  return ShardedState(abstract=abstract, shardings=shardings)
+  if other is None:
+    return ShardedState(abstract=abstract, shardings=shardings)
+  return ShardedState(abstract=abstract[0], shardings=shardings[0]), abstract[1]
 
 
 def create_state(model: nn.Module, optimizer: optax.GradientTransformation, seed: int,
-                 sequence_length: int, shardings: TrainState) -> TrainState:
+                 sequence_length: int, shardings: TrainState,
+                 collection: str = "params") -> TrainState:
   """Initializes the state directly into its shardings (no full copy on one device)."""
   def init(rng):
-    return nn.meta.unbox(init_state(model, optimizer, rng, sequence_length))
+    return nn.meta.unbox(init_state(model, optimizer, rng, sequence_length, collection))
   return jax.jit(init, out_shardings=shardings)(jax.random.key(seed))
 
 

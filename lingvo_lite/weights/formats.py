@@ -6,6 +6,7 @@ type and `--mode=export` (its `--export_format` choices, their dtypes) look form
   hf      hf:PATH         hf_checkpoint.HfCheckpoint  hf_export.HfExport
   gguf    gguf:PATH       gguf_checkpoint.GgufCheckpoint  gguf_export.GgufExport
   slim    slim:PATH       slim_weights.SlimCheckpoint  slim_weights.SlimExport
+  peft    peft:PATH[,base=SOURCE]  peft.PeftCheckpoint  peft.PeftExport
 
 A format is its module(s) and its row in `FORMATS`; nothing else names it. Its source is a config
 part with `describe()` and `load_params(mesh_params)` (and `load(jitted)` for training); one that
@@ -26,7 +27,7 @@ from typing import Any, Callable
 from lingvo_lite.errors import UsageError
 from lingvo_lite.weights.exports import Export, ExportRequest
 from lingvo_lite.weights import gguf_checkpoint, gguf_export, hf_checkpoint, hf_export
-from lingvo_lite.weights import job_checkpoint, slim_weights
+from lingvo_lite.weights import job_checkpoint, peft, slim_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,15 @@ FORMATS: tuple[WeightFormat, ...] = (
         writer=slim_weights.SlimExport,
         export_help="slim weights: the parameters alone, orbax, which --init_from=slim:PATH "
         "reads"),
+    WeightFormat(
+        "peft", source=peft.PeftCheckpoint, scheme="peft", flag_value="peft:PATH[,base=SOURCE]",
+        flag_help="a Hugging Face PEFT folder's LoRA adapters, over the base its "
+        "adapter_config.json names (a local folder or file) or SOURCE (any other value here); "
+        "sets train.lora", path_noun="folder", arguments=peft.flag_arguments,
+        writer=peft.PeftExport,
+        export_help="a LoRA job's adapters as a Hugging Face PEFT folder (adapter_config.json, "
+        "adapter_model.safetensors) that peft.PeftModel.from_pretrained reads; the other "
+        "formats write a LoRA job with its adapters merged"),
 )
 
 # What `train.init_from` may hold: any format's source.

@@ -12,6 +12,14 @@ over the target's devices), the parameters' shapes on it (`MeshParams`: their dt
 shardings, for any layer layout of the model), where they come from (`choose()`, made when
 first asked, so a program checks its own arguments first), and the load. What the model does with
 them (decoding's form of the weights, int8 quantized once: serving/loaded_model.py) is above.
+
+A LoRA job (`train.lora`, models/lora.py) is its base (`train.init_from`) and its adapters (its
+checkpoint; at step 0, a `peft:` source's, else none): `load()` gives the model's parameters
+with the adapters merged into their kernels (W + alpha/r A B; for QLoRA over the int8 base
+they were trained over), so decode, serve, eval, the harness and the hf/gguf/slim exports run
+an adapter job as the model it computes; `load_adapters()` gives the adapters themselves (the
+peft export). A base other than the one the checkpoint was trained over is refused, as a
+resume refuses it.
 """
 
 from __future__ import annotations
@@ -25,6 +33,8 @@ from etils import epath
 from lingvo_lite import target as targets
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.errors import UsageError
+from lingvo_lite.models import lora
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +174,64 @@ class JobParams:
                       setup.train_data.sequence_length, setup.partitioner, self.mesh, abstract)
 
   def load(self, shapes: MeshParams | None = None) -> tuple[Any, str]:
-    """(the parameters in `shapes`' shardings (default: `shapes()`), what they are).
+    """(the parameters in `shapes`' shardings (default: `shapes()`), what they are); a LoRA
+    job's with its adapters merged.
 
     Raises:
       UsageError: see `choice`; the source or the step cannot be read (one line).
     """
-    return load(self.choose(), shapes if shapes is not None else self.shapes())
+    shapes = shapes if shapes is not None else self.shapes()
+    if self.setup.train.lora is None:
+      return load(self.choose(), shapes)
+    base, adapters, what = self._adapted(shapes)
+    if adapters is None:
+      return base, what
+    scale = self.setup.train.lora.scale
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, shapes.abstract)
+    merged = jax.jit(lambda params, adapters: lora.merge(params, adapters, scale),
+                     out_shardings=shardings, donate_argnums=0)(base, adapters)
+    return merged, what
+
+  def load_adapters(self) -> tuple[Any, str]:
+    """(a LoRA job's adapters, the `lora` tree of models/lora.py, what they are: its step's,
+    or at step 0 its `peft:` source's).
+
+    Raises:
+      UsageError: the job has no LoRA adapters, or they cannot be read (one line).
+    """
+    if self.setup.train.lora is None:
+      raise UsageError(f"--job_log_dir={self.shown_job}: the job trains no LoRA adapters "
+                       "(train.lora is None); export it whole (--export_format=hf, slim)")
+    _, adapters, what = self._adapted(self.shapes(), base=False)
+    if adapters is None:
+      raise UsageError(f"--job_log_dir={self.shown_job}: has no adapters yet (no checkpoint, "
+                       "and train.init_from is no peft: source); train it first")
+    return adapters, what
+
+  def _adapted(self, shapes: MeshParams, base: bool = True) -> tuple[Any, Any, str]:
+    """(the base's float parameters (None unless `base`), the adapters or None, what they
+    are), the checkpoint's record of its base checked against the base loaded."""
+    from lingvo_lite.training import frozen_weights  # pylint: disable=g-import-not-at-top
+    setup, choice = self.setup, self.choose()
+    frozen = frozen_weights.FrozenWeights(setup, self.mesh)
+    params, base_what = frozen.load_float()
+    if frozen_weights.is_qlora(setup):  # The int8 base the adapters were trained over.
+      with jax.set_mesh(self.mesh):
+        params = frozen.dequantized(frozen.load_quantized(params))
+    if not base:
+      params = None
+    adapter_shapes = MeshParams(setup.model.with_adapters(setup.train.lora),
+                                setup.train_data.sequence_length, setup.partitioner,
+                                self.mesh, collection=lora.COLLECTION)
+    if choice.step is not None:
+      frozen.check_resume(choice.checkpointer.metadata(choice.step), choice.step,
+                          epath.Path(str(self.shown_job)) / "checkpoints")
+      adapters = adapter_shapes.restore(choice.checkpointer, choice.step)
+      return params, adapters, (f"step {choice.step} of {choice.shown_job} (LoRA adapters over "
+                                f"{base_what})")
+    load_adapters = getattr(choice.source, "load_adapters", None)
+    if load_adapters is None:
+      return params, None, f"{base_what} (train.init_from: {choice.shown_job} has no " \
+          "checkpoint yet)"
+    adapters, what = load_adapters(adapter_shapes)
+    return params, adapters, f"{what} (train.init_from: {choice.shown_job} has no checkpoint yet)"

@@ -15,11 +15,13 @@ changes any field (one that contradicts the weights' shapes is refused when they
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import fiddle as fdl
 from fiddle import history
 
+from lingvo_lite.errors import UsageError
 from lingvo_lite.weights import formats
 from lingvo_lite.weights.job_checkpoint import FIELD
 
@@ -40,8 +42,11 @@ def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
 
 
 def describes_model(source: fdl.Config) -> bool:
-  """Whether the source's files describe their model (it has `model_fields`)."""
-  return hasattr(fdl.get_callable(source), "model_fields")
+  """Whether the source's files describe their model (it has `model_fields`; a source over
+  another's weights, `peft:`'s, where that one does)."""
+  if not hasattr(fdl.get_callable(source), "model_fields"):
+    return False
+  return getattr(fdl.build(source), "describes_its_model", True)
 
 
 def model_part(source: fdl.Config, model: Any) -> fdl.Config | None:
@@ -74,4 +79,12 @@ def config_parts(value: str | None, cfg: fdl.Config, flag: str = "--init_from"
   model_config = model_part(source, cfg.__arguments__.get("model"))
   if model_config is not None:
     parts["model"] = model_config
+  lora_settings = getattr(fdl.build(source), "lora_settings", None)
+  if lora_settings is not None:  # Adapters (peft:): train.lora as their config says.
+    model = model_config if model_config is not None else cfg.__arguments__.get("model")
+    if model is None:
+      raise UsageError(f"{flag}={value}: the base does not describe its model and the "
+                       "experiment names none; give a base folder or file (base=hf:...)")
+    settings = lora_settings(fdl.build(model))
+    parts["train.lora"] = fdl.Config(type(settings), **dataclasses.asdict(settings))
   return parts

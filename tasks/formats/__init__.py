@@ -14,7 +14,7 @@ takes (`--files`, `--vocabulary`) is the tool's own.
 
 from __future__ import annotations
 
-from tasks.formats import jsonl, parquet, prompt_completion, text, tfrecord
+from tasks.formats import chat, jsonl, parquet, preference, prompt_completion, text, tfrecord
 from tasks.formats.row import Files, Format, Setting
 
 __all__ = ["FORMATS", "Files", "Format", "Setting", "all_settings"]
@@ -26,6 +26,8 @@ FORMATS: dict[str, Format] = {
     "prompt_completion": prompt_completion.FORMAT,  # Fine-tuning on the completion only.
     "parquet": parquet.FORMAT,                    # One column of each row holds a document.
     "tfrecord": tfrecord.FORMAT,                  # Token ids (mesh-transformer-jax's format).
+    "chat": chat.FORMAT,                          # Conversations: the assistant's tokens only.
+    "preference": preference.FORMAT,              # Chosen/rejected pairs, for DPO.
 }
 
 

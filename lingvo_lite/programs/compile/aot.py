@@ -126,15 +126,16 @@ def lower(jitted: JittedSteps, program: str) -> Any:
     eval_batch = {key: jax.ShapeDtypeStruct(shape, dtype, sharding=jitted.batch_sharding)
                   for key, (shape, dtype) in
                   evaluation.largest_set(jitted.setup)[1].batch_spec().items()}
-    return jitted.eval_step.lower(jitted.sharded_state.abstract.params, eval_batch)
+    abstract = jitted.sharded_state.abstract
+    return jitted.eval_step.lower(abstract.params, eval_batch, abstract.frozen)
 
 
 def compile_step(setup: Setup, target: targets.Target, program: str = "train",
                  need_executable: bool = False) -> CompileResult:
   """Lowers and compiles `program`'s step of `setup` for `target`, from shapes only (or reads
   an earlier compile's analyses of the same program, unless `need_executable`)."""
-  if program == "train":
-    setup.model.check_quantization("model", training=True)
+  if program == "train":  # A LoRA job's base is frozen: it may be int8 (QLoRA).
+    setup.model.check_quantization("model", training=setup.train.lora is None)
   started = time.perf_counter()
   with targets.active(target):
     jitted = JittedSteps(setup, target=target)

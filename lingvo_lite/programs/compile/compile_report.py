@@ -67,6 +67,8 @@ def _state_group(path: tuple) -> str:
   keys = [getattr(k, "name", getattr(k, "key", getattr(k, "idx", None))) for k in path]
   if keys and keys[0] == "params":
     return "parameters"
+  if keys and keys[0] == "frozen":  # A LoRA base, or a DPO reference: no moments.
+    return "frozen parameters"
   for key in keys:
     if key in ("mu", "nu"):
       return f"optimizer {'first' if key == 'mu' else 'second'} moment ({key})"
@@ -80,11 +82,12 @@ def analytic_bytes(result: CompileResult) -> dict[str, Any]:
     state = jitted.sharded_state.abstract
     spec = jitted.setup.train_data.batch_spec()
   else:
-    state = jitted.sharded_state.abstract.params
+    abstract = jitted.sharded_state.abstract
+    state = {"params": abstract.params, "frozen": abstract.frozen}
     spec = evaluation.largest_set(jitted.setup)[1].batch_spec()
   groups: dict[str, int] = {"parameters": 0}
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-    group = _state_group(path) if result.program == "train" else "parameters"
+    group = _state_group(path)
     groups[group] = groups.get(group, 0) + shard_bytes(leaf)
   batch = sum(math.prod(jitted.batch_sharding.shard_shape(shape)) * np.dtype(dtype).itemsize
               for shape, dtype in spec.values())

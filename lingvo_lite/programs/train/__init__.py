@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
 import jax
+import jax.numpy as jnp
 from etils import epath
 
 from lingvo_lite import memory_fit, mfu, target as targets
@@ -111,6 +112,9 @@ def _summary(result: TrainResult, eval_sets: Iterable[str], shown: epath.Path) -
     lines.append(f"  final train loss: {result.train_loss:.4f}")
   for name, metrics in (result.eval_results or {}).items():
     label = "final eval loss: " if len(result.eval_results) == 1 else f"final eval loss ({name}):"
+    if "reward_margin" in metrics:  # Preference pairs: DPO's measures.
+      lines.append(f"  {label} {evaluation.summary(metrics)}")
+      continue
     lines.append(f"  {label} {metrics['loss']:.4f} ({metrics['bits_per_token']:.4f} bits/token"
                  + (f", {metrics['bits_per_byte']:.4f} bits/byte)"
                     if "bits_per_byte" in metrics else ")"))
@@ -147,7 +151,8 @@ def run(setup: Setup, job_dir: epath.Path,
     TrainingFailure: a non-finite loss or state, or a failed save (one-line message).
     UsageError: the saved step was compiled for something else.
   """
-  setup.model.check_quantization("model", training=True)
+  # A LoRA job's base is frozen: it may be held in int8 (QLoRA).
+  setup.model.check_quantization("model", training=setup.train.lora is None)
   memory_fit.check_fits(setup)  # Before anything is allocated or written.
   is_chief = jax.process_index() == 0
   jitted = JittedSteps(setup)
@@ -155,6 +160,7 @@ def run(setup: Setup, job_dir: epath.Path,
     from lingvo_lite.programs.compile import compiled_steps  # pylint: disable=g-import-not-at-top
     jitted.train_step = compiled_steps.load(compiled_step_in, jitted)
   # Before anything is made in the job dir: a source that cannot be read leaves it as it was.
+  frozen = _frozen(jitted)
   warm_start = _warm_start(jitted, job_dir)
   checkpointer = Checkpointer(job_dir / "checkpoints", setup.checkpoint)
   say = lambda message: summaries.log(message, is_chief)
@@ -168,7 +174,8 @@ def run(setup: Setup, job_dir: epath.Path,
     stopped_before_first_step = stop.should_stop(start or 0)
     with watchdog.excused("restore"):  # With the start-up: the writers import TensorBoard.
       initialized_from = warm_start[1] if start is None and warm_start is not None else None
-      state, start = _restore_or_init(jitted, checkpointer, start, job_dir, say, warm_start)
+      state, start = _restore_or_init(jitted, checkpointer, start, job_dir, say, warm_start,
+                                      frozen)
       checkpointer.clean_up_for_training(start)
       try:
         outputs = RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
@@ -199,9 +206,20 @@ def run(setup: Setup, job_dir: epath.Path,
   return result
 
 
+def _frozen(jitted: JittedSteps) -> tuple[Any, str] | None:
+  """(the frozen parameters a step reads, what they are): a LoRA job's base or a DPO job's
+  reference (training/frozen_weights.py), loaded on every start; None for a job without."""
+  if jitted.frozen is None:
+    return None
+  with jitted.activated():
+    return jitted.frozen.load()
+
+
 def _warm_start(jitted: JittedSteps, job_dir: epath.Path) -> tuple[Any, str] | None:
   """(`train.init_from`'s parameters, what they are) where the job has no usable checkpoint
-  of its own to resume from; else None (no source, or the job resumes)."""
+  of its own to resume from; else None (no source, or the job resumes). A job with frozen
+  weights starts from them instead (`_restore_or_init`), a LoRA job's adapters from the
+  source's where it has some (a `peft:` source)."""
   source = jitted.setup.train.init_from
   if source is None:
     return None
@@ -209,27 +227,44 @@ def _warm_start(jitted: JittedSteps, job_dir: epath.Path) -> tuple[Any, str] | N
   if own is not None and own.latest_step(warn=False) is not None:
     return None
   with jitted.activated():
+    if jitted.adapters:
+      load_adapters = getattr(source, "load_adapters", None)
+      return None if load_adapters is None else load_adapters(jitted.mesh_params())
+    if jitted.frozen is not None:
+      return None
     return source.load(jitted)
 
 
 def _restore_or_init(jitted: JittedSteps, checkpointer: Checkpointer, start: int | None,
                      job_dir: epath.Path, say: Callable[[str], None],
-                     warm_start: tuple[Any, str] | None) -> tuple[Any, int]:
+                     warm_start: tuple[Any, str] | None,
+                     frozen: tuple[Any, str] | None = None) -> tuple[Any, int]:
   """The state to start from and its step, in the order weights/job_checkpoint.py documents:
   the job's own checkpoint `start` restored (and verified); else a new state at step 0 with
   the `warm_start` parameters (`train.init_from`'s, loaded already) and a fresh optimizer;
-  else a new state."""
+  else a new state. `frozen` (loaded already) joins the state: a LoRA job's fresh adapters
+  start at zero update over it, a full DPO job's parameters as a copy of it."""
+  frozen_tree, frozen_what = frozen if frozen is not None else (None, "")
   if start is None:
     if warm_start is not None:
       params, loaded = warm_start
-      state = jitted.state_with_params(params)
-      say(f"initialized a new state in {job_dir} with the parameters of {loaded} "
-          f"({FIELD}); the optimizer starts fresh")
+      state = jitted.state_with_params(params, frozen_tree)
+      say(f"initialized a new state in {job_dir} with the "
+          f"{'adapters' if jitted.adapters else 'parameters'} of {loaded} ({FIELD}); the "
+          "optimizer starts fresh")
       return state, 0
-    state = jitted.init_state()
-    say(f"initialized a new state in {job_dir}")
+    if frozen is not None and not jitted.adapters:  # DPO's policy starts as its reference.
+      state = jitted.state_with_params(jax.tree.map(jnp.copy, frozen_tree), frozen_tree)
+      say(f"initialized a new state in {job_dir} with the parameters of {frozen_what} "
+          f"({FIELD}), and a frozen copy of them as DPO's reference")
+      return state, 0
+    state = jitted.init_state(frozen_tree)
+    say(f"initialized a new state in {job_dir}" + (
+        f": new LoRA adapters over {frozen_what}" if jitted.adapters else ""))
     return state, 0
-  state = jitted.restore_state(checkpointer, start)
+  if jitted.frozen is not None:
+    jitted.frozen.check_resume(checkpointer.metadata(start), start, job_dir / "checkpoints")
+  state = jitted.restore_state(checkpointer, start).replace(frozen=frozen_tree)
   say(f"resumed from step {start} in {job_dir / 'checkpoints'}")
   return state, start
 
@@ -265,13 +300,17 @@ def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog:
   clock starts here, so the compile that follows is counted, off the steps."""
   data, num_devices = setup.train_data, jitted.target.num_devices
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  trained = ""
+  if jitted.adapters:  # The adapters are trained, the model's own parameters frozen.
+    trained = f" (LoRA: {num_params / 1e6:.3g}M trained, the rest frozen)"
+    num_params = setup.model.num_parameters() + num_params
   mesh_shape = " ".join(f"{axis}={size}" for axis, size in jitted.mesh.shape.items())
   flops = mfu.model_flops_per_step(setup.model, data.global_batch_size, data.sequence_length)
   with watchdog.excused("measuring the peak"):  # On a CPU: a compile and 11 big matmuls.
     peak, peak_source = mfu.peak_flops_per_device(jitted.target.devices[0],
                                                   setup.train.peak_tflops_per_device,
                                                   cache_folder)
-  say(f"model: {num_params / 1e6:.2f}M parameters, {flops / 1e12:.3g} TFLOP per step; "
+  say(f"model: {num_params / 1e6:.2f}M parameters{trained}, {flops / 1e12:.3g} TFLOP per step; "
       f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
   say(f"blocks: attention {_attention_choice(setup.model)}, remat "
       f"{setup.model.remat_policy}")

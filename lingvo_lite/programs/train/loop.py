@@ -180,15 +180,12 @@ class TrainLoop:
       return None
     step = self._step
     with self._off_step("eval"):
-      results = evaluation.evaluate_sets(self._jitted, self._state.params, self._setup.eval_sets)
+      results = evaluation.evaluate_sets(self._jitted, self._state.params, self._setup.eval_sets,
+                                         frozen=self._state.frozen)
       self._outputs.write_eval(step, results)
     for name, metrics in results.items():
-      self._say(f"eval  step {step} {name}: loss {metrics['loss']:.4f}  "
-                f"bits/token {metrics['bits_per_token']:.4f}  "
-                + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics
-                   else "")
-                + f"accuracy {metrics['accuracy']:.4f}  ({metrics['seconds']:.1f} s, "
-                f"{metrics['tokens_per_s']:,.0f} tokens/s)")
+      self._say(f"eval  step {step} {name}: {evaluation.summary(metrics)}  "
+                f"({metrics['seconds']:.1f} s, {metrics['tokens_per_s']:,.0f} tokens/s)")
     return results
 
   def save(self, force: bool = False) -> None:
@@ -200,10 +197,11 @@ class TrainLoop:
     if not force and step % self._setup.checkpoint.every_steps:
       return
     with self._off_step("checkpoint"):
-      if not bool(self._jitted.state_is_finite(self._state)):
+      saved = self._state.checkpointed()  # Frozen parameters are loaded, never saved.
+      if not bool(self._jitted.state_is_finite(saved)):
         raise NonFinite(f"the training state (parameters or optimizer moments) is not "
                          f"finite at step {step}; stopped without saving it", step)
-      self._checkpointer.save(step, self._state, force=force,
+      self._checkpointer.save(step, saved, force=force,
                               metadata=self._jitted.checkpoint_metadata)
 
   def _verify_finished_saves(self) -> None:

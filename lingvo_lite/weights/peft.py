@@ -1,0 +1,417 @@
+"""LoRA adapters as Hugging Face PEFT folders, both ways: `--export_format=peft` writes a LoRA
+job's adapters as `adapter_config.json` + `adapter_model.safetensors` that
+`peft.PeftModel.from_pretrained` reads over the base model; `--init_from=peft:PATH` reads such a
+folder's adapters over a base (its `base_model_name_or_path` where that is a local folder or
+file, else `peft:PATH,base=hf:FOLDER`, any other --init_from value), to continue training them or
+to serve them.
+
+Names: each adapted kernel (models/lora.py) is one of the family's Hugging Face tensors
+(`HfNames.tensors()`: `layer_0/attention/query_kernel` is `model.layers.0.self_attn.q_proj.weight`,
+an `nn.Linear` stored [out, in] as our [in..., out...] reshaped and transposed). PEFT's adapter of
+module M is `base_model.model.M.lora_A.weight` [r, in] and `.lora_B.weight` [out, r], so that the
+update is lora_B @ lora_A times lora_alpha / r: our A [in..., r] and B [r, out...] reshaped the
+same way and transposed. A tensor that fuses several of our kernels (GPT-2's `c_attn`: query, key
+and value) has no adapter of ours: refused in one line, both ways (export the adapters merged:
+`--export_format=hf`).
+
+What PEFT's config may say that these adapters do not do is refused in one line, naming the
+key: DoRA, trained biases, `modules_to_save`, rank or alpha patterns. rsLoRA (`use_rslora`:
+scale alpha / sqrt(r)) is read as alpha * sqrt(r) / r. An adapter whose shapes are not this base
+model's kernels' (a folder made for another base) is refused naming the tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Any
+
+import jax
+import numpy as np
+from etils import epath
+
+from lingvo_lite import file_writes, input_files, paths
+from lingvo_lite.errors import UsageError
+from lingvo_lite.models import layer_layout, lora
+from lingvo_lite.models.checkpoint_names import TensorName
+from lingvo_lite.weights.exports import size_text
+from lingvo_lite.weights.hf_checkpoint import names_of
+
+KIND = "peft_export"
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PREFIX = "base_model.model."
+FIELD = "train.init_from"
+# Keys of a PEFT LoraConfig that, when set, ask for something these adapters do not do.
+_UNSUPPORTED = (("use_dora", "DoRA"), ("modules_to_save", "modules saved whole"),
+                ("rank_pattern", "a rank per module"), ("alpha_pattern", "an alpha per module"),
+                ("lora_bias", "trained biases"), ("layer_replication", "replicated layers"),
+                ("target_parameters", "adapters of parameters (not modules)"),
+                ("trainable_token_indices", "trained token embeddings"),
+                ("alora_invocation_tokens", "activated LoRA"), ("use_qalora", "QA-LoRA"),
+                ("use_bdlora", "block-diagonal LoRA"))
+
+
+def modules(model: Any) -> dict[str, tuple[str, TensorName]]:
+  """kernel path (unrolled layout) -> (the Hugging Face module holding it, its TensorName),
+  for every kernel that is one tensor of its own; fused tensors' kernels map to None."""
+  found: dict[str, Any] = {}
+  for tensor in names_of(model).tensors():
+    if not tensor.name.endswith(".weight") or not tensor.input_axes:
+      continue
+    for path in tensor.paths:
+      found[path] = (tensor.name[:-len(".weight")], tensor) if len(tensor.paths) == 1 else None
+  return found
+
+
+def _unrolled(model: Any) -> Any:
+  return model.clone(parent=None, scan_layers=False, lora=None)
+
+
+# ------------------------------------------------------------------------------ export
+
+
+class PeftExport:
+  """`--export_format=peft`: a LoRA job's adapters as a PEFT folder (formats.Export)."""
+
+  kind = KIND
+  dtypes = ("float32", "bfloat16")
+  dtype_note = " (the adapters')"
+  names = (CONFIG_FILE, WEIGHTS_FILE)
+  reads_adapters = True  # What the export program loads for it: JobParams.load_adapters.
+
+  def __init__(self, request: Any):
+    setup = request.setup
+    if setup.train.lora is None:
+      raise UsageError("--export_format=peft: the job trains no LoRA adapters (train.lora is "
+                       "None); export it whole with --export_format=hf, gguf or slim")
+    self._request = request
+    self._settings = setup.train.lora
+    self._model = _unrolled(setup.model)
+    self._modules = modules(self._model)
+    self._host: dict[str, np.ndarray] = {}
+
+  def take(self, adapters: Any) -> None:
+    host = jax.tree.map(np.asarray, jax.device_get(adapters))
+    if self._request.setup.model.scan_layers:
+      host = layer_layout.unstack_layers(host)
+    self._host = lora.flatten(host)
+
+  def _tensors(self) -> tuple[dict[str, np.ndarray], list[str]]:
+    import ml_dtypes  # pylint: disable=g-import-not-at-top
+    dtype = ml_dtypes.bfloat16 if self._request.dtype == "bfloat16" else np.float32
+    tensors, targets = {}, []
+    for path in lora.kernel_paths(lora.unflatten(self._host)):
+      module = self._modules.get(path)
+      if module is None:
+        raise UsageError(f"--export_format=peft: the adapter of {path} has no PEFT module of "
+                         "its own (its Hugging Face tensor fuses it with others, as GPT-2's "
+                         "c_attn does); export the adapters merged (--export_format=hf)")
+      name, tensor = module
+      a, b = self._host[path + lora.A_SUFFIX], self._host[path + lora.B_SUFFIX]
+      rank = a.shape[-1]
+      tensors[f"{PREFIX}{name}.lora_A.weight"] = np.ascontiguousarray(
+          a.reshape(-1, rank).T).astype(dtype)
+      tensors[f"{PREFIX}{name}.lora_B.weight"] = np.ascontiguousarray(
+          b.reshape(rank, -1).T).astype(dtype)
+      targets.append(name)
+    return tensors, targets
+
+  def _config(self, targets: list[str]) -> dict[str, Any]:
+    settings, source = self._settings, self._request.setup.train.init_from
+    base = getattr(source, "path", None) or str(self._request.export_dir)
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
+            "r": settings.rank, "lora_alpha": settings.alpha, "lora_dropout": settings.dropout,
+            "target_modules": sorted(targets), "bias": "none", "fan_in_fan_out": False,
+            "inference_mode": True, "init_lora_weights": True, "use_rslora": False,
+            "use_dora": False, "modules_to_save": None, "rank_pattern": {},
+            "alpha_pattern": {}, "layers_to_transform": None, "layers_pattern": None,
+            "revision": None}
+
+  def write(self, folder: epath.Path) -> dict[str, Any]:
+    from lingvo_lite.weights.hf_export import _save_safetensors  # pylint: disable=g-import-not-at-top
+    tensors, targets = self._tensors()
+    with file_writes.writing(folder / WEIGHTS_FILE):
+      _save_safetensors(tensors, folder / WEIGHTS_FILE)
+      os.chmod(os.fspath(folder / WEIGHTS_FILE), 0o644)
+    with file_writes.writing(folder / CONFIG_FILE):
+      (folder / CONFIG_FILE).write_text(json.dumps(self._config(targets), indent=2) + "\n")
+    return {"files": {name: os.path.getsize(os.fspath(folder / name)) for name in self.names},
+            "tensors": len(tensors), "adapted": len(targets)}
+
+  def summary(self, written: dict[str, Any]) -> str:
+    return (f"LoRA adapters of {written['adapted']} modules (rank {self._settings.rank}, alpha "
+            f"{self._settings.alpha:g}), {size_text(sum(written['files'].values()))}")
+
+  def details(self, written: dict[str, Any]) -> list[str]:
+    return [f"  {os.path.join(self._request.export_dir, name)}  "
+            f"{size_text(written['files'][name])}" for name in self.names]
+
+
+# ------------------------------------------------------------------------------ import
+
+
+def flag_arguments(value: str, flag: str = "--init_from") -> dict[str, Any]:
+  """`PeftCheckpoint`'s arguments for `--init_from=peft:PATH[,base=SOURCE]` (SOURCE: any other
+  --init_from value, a config part of its format).
+
+  Raises:
+    UsageError: an empty path, or a base that is itself peft:.
+  """
+  import fiddle as fdl  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights import sources  # pylint: disable=g-import-not-at-top
+  path, comma, rest = value.partition(",base=")
+  if not path.strip():
+    raise UsageError(f"{flag}=peft:{value}: give the PEFT folder after peft: "
+                     "(peft:PATH, or peft:PATH,base=hf:FOLDER)")
+  if not comma:
+    return {"path": path}
+  if not rest.strip() or rest.startswith("peft:"):
+    raise UsageError(f"{flag}=peft:{value}: base= names the base model's weights (hf:FOLDER, "
+                     "gguf:FILE, JOB[@STEP] or slim:FOLDER), not another adapter")
+  base = sources.from_flag(rest, flag)
+  del fdl
+  return {"path": path, "base": base}
+
+
+def _base_from(name: Any, shown: str) -> Any:
+  """The weight source a PEFT config's `base_model_name_or_path` names, where it is a local
+  folder (a Hugging Face folder, or a lingvo_lite job) or a .gguf file."""
+  from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.hf_checkpoint import HfCheckpoint  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.job_checkpoint import JobCheckpoint  # pylint: disable=g-import-not-at-top
+  if isinstance(name, str) and name.strip():
+    local = os.path.expanduser(name)
+    if os.path.isdir(os.path.join(local, "checkpoints")):
+      return JobCheckpoint(name)
+    if os.path.isfile(os.path.join(local, "config.json")):
+      return HfCheckpoint(name)
+    if os.path.isfile(local) and local.endswith(".gguf"):
+      return GgufCheckpoint(name)
+  raise UsageError(f"{shown}: base_model_name_or_path={name!r} is not a local Hugging Face "
+                   "folder, GGUF file or job; give the base: --init_from=peft:PATH,base=hf:FOLDER")
+
+
+@dataclasses.dataclass(frozen=True)
+class PeftCheckpoint:
+  """A PEFT folder's LoRA adapters over a base model's weights.
+
+  Attributes:
+    path: The folder (adapter_config.json, adapter_model.safetensors).
+    base: The base model's weight source; None: the one its config's
+      `base_model_name_or_path` names (a local folder or file).
+  """
+
+  path: str
+  base: Any = None
+
+  def __post_init__(self):
+    if not isinstance(self.path, str) or not self.path.strip():
+      raise UsageError(f"path={self.path!r}: must name a PEFT folder (adapter_config.json, "
+                       "adapter_model.safetensors)")
+
+  def folder(self) -> epath.Path:
+    folder = paths.resolve(self.path, f"{FIELD}.path")
+    if not folder.is_dir():
+      raise UsageError(f"peft:{self.path}: no such folder; give the folder peft's "
+                       "save_pretrained (or --export_format=peft) wrote")
+    return folder
+
+  def adapter_config(self) -> dict[str, Any]:
+    """The folder's adapter_config.json, checked: LoRA, and nothing these adapters do not do.
+
+    Raises:
+      UsageError: one line naming the file and the key.
+    """
+    where = os.path.join(self.path, CONFIG_FILE)
+    file = self.folder() / CONFIG_FILE
+    if not file.exists():
+      raise UsageError(f"{where}: no such file; a PEFT folder holds its adapter_config.json")
+    try:
+      values = json.loads(input_files.read_bytes(file, where, "give a PEFT folder"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+      raise UsageError(f"{where}: not JSON ({e})") from None
+    if not isinstance(values, dict) or values.get("peft_type") != "LORA":
+      raise UsageError(f"{where}: peft_type={values.get('peft_type') if isinstance(values, dict) else None!r}"
+                       "; lingvo_lite reads LoRA adapters (peft_type 'LORA')")
+    for key, what in _UNSUPPORTED:
+      if values.get(key):
+        raise UsageError(f"{where}: {key}={values[key]!r}: {what} is not implemented here; "
+                         "give plain LoRA adapters")
+    if values.get("bias", "none") != "none":
+      raise UsageError(f"{where}: bias={values['bias']!r}: trained biases are not implemented "
+                       "here; give adapters with bias 'none'")
+    for key in ("r", "lora_alpha"):
+      if isinstance(values.get(key), bool) or not isinstance(values.get(key), (int, float)) or (
+          values[key] <= 0):
+        raise UsageError(f"{where}: {key}={values.get(key)!r}: must be a positive number")
+    return values
+
+  def base_source(self) -> Any:
+    if self.base is not None:
+      return self.base
+    return _base_from(self.adapter_config().get("base_model_name_or_path"),
+                      os.path.join(self.path, CONFIG_FILE))
+
+  @property
+  def describes_its_model(self) -> bool:
+    """Whether the base's files describe the model (sources.model_part asks)."""
+    return hasattr(self.base_source(), "model_fields")
+
+  def model_fields(self) -> tuple[type, dict[str, Any]]:
+    return self.base_source().model_fields()
+
+  def origin(self) -> str:
+    return self.base_source().origin()
+
+  def describe(self) -> str:
+    return f"peft:{self.path} over {self.base_source().describe()}"
+
+  def lora_settings(self, model: Any) -> lora.LoraSettings:
+    """train.lora as the config says, for `model` (the base's family): rank, alpha (rsLoRA's
+    made plain), dropout, and the kernels of the modules the file has adapters for."""
+    values = self.adapter_config()
+    rank, alpha = int(values["r"]), float(values["lora_alpha"])
+    if values.get("use_rslora"):
+      alpha *= math.sqrt(rank)  # Its scale alpha / sqrt(r) is ours, alpha' / r.
+    return lora.LoraSettings(rank=rank, alpha=alpha,
+                             dropout=float(values.get("lora_dropout") or 0.0),
+                             targets=_regex_of(self._kernel_of(model).values()))
+
+  def _tensor_names(self) -> list[str]:
+    from safetensors import SafetensorError, safe_open  # pylint: disable=g-import-not-at-top
+    shown = os.path.join(self.path, WEIGHTS_FILE)
+    file = self.folder() / WEIGHTS_FILE
+    if not file.exists():
+      raise UsageError(f"{shown}: no such file; a PEFT folder holds its adapters there")
+    input_files.check(file, shown, "give a PEFT folder")
+    try:
+      with safe_open(str(file), framework="np") as handle:
+        return list(handle.keys())
+    except (SafetensorError, OSError) as e:
+      raise UsageError(f"{shown}: not a readable safetensors file ({e})") from None
+
+  def _modules(self) -> list[str]:
+    """The modules the file has adapters for (PEFT's names, without its prefix)."""
+    found = set()
+    for name in self._tensor_names():
+      match = re.fullmatch(r"(?:base_model\.model\.)?(.+)\.lora_[AB](?:\.[^.]+)?\.weight", name)
+      if match is None:
+        raise UsageError(f"{os.path.join(self.path, WEIGHTS_FILE)}: tensor {name} is no LoRA "
+                         "adapter (PEFT names them <module>.lora_A.weight, .lora_B.weight)")
+      found.add(match.group(1))
+    return sorted(found)
+
+  def _kernel_of(self, model: Any) -> dict[str, str]:
+    """PEFT module -> our kernel path (unrolled), for `model`'s family.
+
+    Raises:
+      UsageError: a module the model has no kernel of its own for.
+    """
+    ours = {module_tensor[0]: path for path, module_tensor in modules(_unrolled(model)).items()
+            if module_tensor is not None}
+    found = {}
+    for module in self._modules():
+      if module not in ours:
+        raise UsageError(f"{FIELD}=peft:{self.path}: adapter of module {module!r}, which this "
+                         f"{type(model).family_name} model has no kernel of its own for (a "
+                         "folder for another base, or a fused tensor); give its base model")
+      found[module] = ours[module]
+    return found
+
+  def load_base(self, mesh_params: Any) -> tuple[Any, str]:
+    """The base model's parameters, into `mesh_params` (the frozen weights of a LoRA job)."""
+    return self.base_source().load_params(mesh_params)
+
+  def load_adapters(self, adapter_params: Any) -> tuple[Any, str]:
+    """(the adapters, the `lora` tree of models/lora.py in `adapter_params`' shardings (a
+    `MeshParams` of the adapted model's `lora` collection), what was loaded).
+
+    Raises:
+      UsageError: a module this model has no kernel for, an adapter whose shape is not its
+        kernel's (a folder for another base), a rank other than the model's train.lora.rank.
+    """
+    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+    import hashlib  # pylint: disable=g-import-not-at-top
+    model = adapter_params.model
+    kernels = self._kernel_of(model)
+    abstract = adapter_params.abstract
+    unrolled = layer_layout.unstack_layers(abstract) if model.scan_layers else abstract
+    wanted = {path: leaf for path, leaf in lora.flatten(unrolled).items()}
+    shapes = {path: tuple(leaf.shape) for path, leaf in wanted.items()}
+    shown = os.path.join(self.path, WEIGHTS_FILE)
+    host: dict[str, np.ndarray] = {}
+    digest = hashlib.sha256()
+    with safe_open(str(self.folder() / WEIGHTS_FILE), framework="np") as handle:
+      names = set(handle.keys())
+      for module, path in kernels.items():
+        for letter, suffix in (("A", lora.A_SUFFIX), ("B", lora.B_SUFFIX)):
+          candidates = [f"{PREFIX}{module}.lora_{letter}.weight", f"{module}.lora_{letter}.weight",
+                        f"{PREFIX}{module}.lora_{letter}.default.weight"]
+          name = next((c for c in candidates if c in names), None)
+          if name is None:
+            raise UsageError(f"{shown}: has no lora_{letter} for module {module}")
+          if path + suffix not in shapes:
+            raise UsageError(f"{FIELD}=peft:{self.path}: module {module} has adapters, but "
+                             f"train.lora.targets does not name {path}; leave train.lora as "
+                             "the PEFT config sets it")
+          tensor = np.asarray(handle.get_tensor(name), np.float32)
+          ours = shapes[path + suffix]
+          # A [in..., r] is PEFT's [r, in] transposed; B [r, out...] its [out, r] transposed.
+          expected = ((ours[-1], math.prod(ours[:-1])) if letter == "A"
+                      else (math.prod(ours[1:]), ours[0]))
+          if tuple(tensor.shape) != expected:
+            raise UsageError(f"{shown}: tensor {name} has shape {list(tensor.shape)}, but this "
+                             f"model's adapter {path + suffix} {list(ours)} needs "
+                             f"{list(expected)}: a folder for another base model, or another "
+                             "rank; give its base (base=...) and leave train.lora.rank as its "
+                             "r")
+          host[path + suffix] = np.ascontiguousarray(tensor.T).reshape(ours)
+          digest.update(f"{name}|{tensor.shape}|".encode() + tensor.tobytes())
+    missing = sorted(set(shapes) - set(host))
+    if missing:
+      raise UsageError(f"{FIELD}=peft:{self.path}: train.lora.targets names {missing[0]}, which "
+                       "the folder has no adapter for; leave train.lora as the PEFT config "
+                       "sets it")
+    tree = lora.unflatten(host)
+    if model.scan_layers:
+      tree = layer_layout.stack_layers(tree)
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, abstract)
+    return jax.device_put(tree, shardings), f"peft:{self.path} sha256:{digest.hexdigest()}"
+
+  def load_params(self, mesh_params: Any) -> tuple[Any, str]:
+    """The base's parameters with the adapters merged (a job whose train.lora was cleared)."""
+    params, base_what = self.load_base(mesh_params)
+    settings = self.lora_settings(mesh_params.model)
+    adapted = mesh_params.model.with_adapters(settings)
+    adapters, what = self.load_adapters(mesh_params.of(adapted, lora.COLLECTION))
+    merged = jax.jit(lambda p, a: lora.merge(p, a, settings.scale),
+                     out_shardings=jax.tree.map(lambda leaf: leaf.sharding,
+                                                mesh_params.abstract))(params, adapters)
+    return merged, f"{what} over {base_what}"
+
+  def load(self, jitted: Any) -> tuple[Any, str]:
+    return self.load_params(jitted.mesh_params())
+
+
+def _regex_of(paths_: Any) -> str:
+  """A regex matching exactly these kernel paths, layer numbers folded where every layer has
+  the same kernels: `(attention/query_kernel|attention/value_kernel)$`."""
+  paths_ = sorted(set(paths_))
+  by_layer: dict[str, set[str]] = {}
+  rest = []
+  for path in paths_:
+    match = re.fullmatch(r"layer_(\d+)/(.+)", path)
+    if match:
+      by_layer.setdefault(match.group(1), set()).add(match.group(2))
+    else:
+      rest.append(path)
+  kinds = {frozenset(v) for v in by_layer.values()}
+  if len(kinds) <= 1:
+    suffixes = sorted(next(iter(kinds))) if kinds else []
+    return "(" + "|".join(re.escape(f"/{s}") for s in suffixes) + ")$" if suffixes and not rest \
+        else "^(" + "|".join(re.escape(p) for p in paths_) + ")$"
+  return "^(" + "|".join(re.escape(p) for p in paths_) + ")$"

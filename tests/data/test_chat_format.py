@@ -1,0 +1,220 @@
+"""Chat and preference data (tasks/formats/chat.py, preference.py; lingvo_lite/data/
+chat_template.py, preference_data.py): the loss mask equals a hand-marked conversation for
+SmolLM2's own template and a Llama-3-style one; conversations it cannot be made for are refused
+in one line; bad records name the file and line, or are counted with --skip_bad_records; and
+preference pairs are packed whole, each in one row.
+
+The stores build in this process (bin/build_store.py's main); one build runs as a user runs it."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from etils import epath
+
+from experiments.lm.smollm2 import smollm2_gguf
+from lingvo_lite.data import chat_template, pretrained_tokenizer, token_store
+from lingvo_lite.data.preference_data import PreferenceStoreData
+from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
+from tasks.formats.preference import preference_task
+from tests.data import chat_tokenizers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+OPEN, CLOSE = "\u27e6", "\u27e7"  # Around the tokens that count.
+
+
+def _marked(files, ids, weights) -> str:
+  """The conversation's text with every run of weighted tokens between OPEN and CLOSE."""
+  made = pretrained_tokenizer.tokenizer(files)
+  text, inside = "", False
+  for token, weight in zip(ids, weights):
+    if bool(weight) != inside:
+      text += OPEN if weight else CLOSE
+      inside = bool(weight)
+    text += made.decode([int(token)], skip_special_tokens=False)
+  return text + (CLOSE if inside else "")
+
+
+CONVERSATION = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is 2+2?"},
+                {"role": "assistant", "content": "It is 4."},
+                {"role": "user", "content": "And 3+3?"},
+                {"role": "assistant", "content": "6"}]
+
+
+def test_smollm2_templates_loss_mask_is_the_hand_marked_one():
+  files = pretrained_tokenizer.read(smollm2_gguf())
+  ids, weights = chat_template.conversation_tokens(files, CONVERSATION)
+  assert _marked(files, ids, weights) == (
+      "<|im_start|>system\nBe brief.<|im_end|>\n"
+      "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
+      f"<|im_start|>assistant\n{OPEN}It is 4.<|im_end|>{CLOSE}\n"
+      "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
+      f"<|im_start|>assistant\n{OPEN}6<|im_end|>{CLOSE}\n")
+  # Without a system message the template adds its own; the mask follows the assistant still.
+  ids, weights = chat_template.conversation_tokens(files, CONVERSATION[1:3])
+  assert _marked(files, ids, weights).endswith(
+      f"<|im_start|>assistant\n{OPEN}It is 4.<|im_end|>{CLOSE}\n")
+  assert "SmolLM" in _marked(files, ids, weights)
+
+
+def test_llama3_style_templates_loss_mask_is_the_hand_marked_one(tmp_path):
+  files = pretrained_tokenizer.read(chat_tokenizers.byte_level_folder(tmp_path, "llama3"))
+  ids, weights = chat_template.conversation_tokens(files, CONVERSATION)
+  assert _marked(files, ids, weights) == (
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+      "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
+      f"<|start_header_id|>assistant<|end_header_id|>\n\n{OPEN}It is 4.<|eot_id|>{CLOSE}"
+      "<|start_header_id|>user<|end_header_id|>\n\nAnd 3+3?<|eot_id|>"
+      f"<|start_header_id|>assistant<|end_header_id|>\n\n{OPEN}6<|eot_id|>{CLOSE}")
+
+
+@pytest.mark.parametrize("template, begun", [
+    ("chatml", "<|im_start|>assistant\n```python\ndef f():\n"),
+    ("llama3", "<|start_header_id|>assistant<|end_header_id|>\n\n```python\ndef f():"),
+])
+def test_an_answer_begun_is_left_open_as_transformers_continues_it(tmp_path, template, begun):
+  """lm_eval's gen_prefix (an assistant message left open, transformers'
+  `continue_final_message`): the conversation ends inside the answer, after its text; a
+  template that trims the content (Llama 3's) loses the trailing line break."""
+  folder = chat_tokenizers.byte_level_folder(tmp_path, template)
+  files = pretrained_tokenizer.read(folder)
+  messages = [*CONVERSATION[1:3], {"role": "user", "content": "Write f."}]
+  rendered = chat_template.render_continuing(
+      files, [*messages, {"role": "assistant", "content": "```python\ndef f():\n"}])
+  closed = chat_template.render_with(files, messages, add_generation_prompt=False)
+  assert rendered.startswith(closed) and rendered[len(closed):] == begun
+
+
+# A template that numbers the conversation's length at its start: no prefix of a conversation
+# renders as a prefix of the whole.
+COUNTING = ("{{ messages|length }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+            "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+NO_SYSTEM = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not "
+             "supported') }}{% endif %}" + chat_tokenizers.SMOLLM2_TEMPLATE)
+
+
+@pytest.mark.parametrize("template, messages, reason", [
+    (None, [{"role": "user", "content": "hi"}],
+     "has no assistant message (nothing to train on)"),
+    (None, [{"role": "robot", "content": "hi"}], "message 0 has role 'robot'"),
+    (None, "hi", "'messages' is not a non-empty list of messages"),
+    (COUNTING, CONVERSATION[1:3], "the chat template renders the conversation before message 1 "
+     "(the assistant's) as text that is not a prefix of the whole conversation's"),
+    (NO_SYSTEM, CONVERSATION, "the chat template refuses them: System role not supported"),
+])
+def test_conversations_the_mask_cannot_be_made_for_are_refused(tmp_path, template, messages,
+                                                               reason):
+  files = pretrained_tokenizer.read(chat_tokenizers.byte_level_folder(tmp_path))
+  if template is not None:
+    files = dataclasses_replace(files, chat_template=template)
+  with pytest.raises(chat_template.ConversationError) as raised:
+    chat_template.conversation_tokens(files, chat_template.checked_messages(messages))
+  assert reason in str(raised.value) and "\n" not in str(raised.value)
+
+
+def dataclasses_replace(files, **changes):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  return dataclasses.replace(files, **changes)
+
+
+def _build_store():
+  """bin/build_store.py as a module (its main), imported once."""
+  name = "bin_build_store_for_chat"
+  if name not in sys.modules:
+    saved = dict(os.environ)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bin",
+                                                                     "build_store.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    os.environ.clear()
+    os.environ.update(saved)
+  return sys.modules[name]
+
+
+def _pairs(count):
+  """Pairs of one length (a byte-level tokenizer: one token a byte), so three fill a row."""
+  return [{"prompt": f"Add {i:02d} and {i + 1:02d}.", "chosen": f"{2 * i + 1:03d}",
+           "rejected": f"{2 * i + 2:03d}"} for i in range(count)]
+
+
+def test_bad_records_are_counted_with_skip_and_pairs_pack_whole(tmp_path, capfd, monkeypatch):
+  """A store of conversations with bad records (no assistant, not JSON, not an object): built
+  with --skip_bad_records, the summary counts them and names the first; the documents carry
+  the mask. A preference store's rows hold whole pairs, chosen then rejected, every pair once
+  an epoch."""
+  monkeypatch.chdir(tmp_path)
+  tokenizer = chat_tokenizers.byte_level_folder(tmp_path / "tok")
+  good = {"messages": CONVERSATION[1:3]}
+  lines = [json.dumps(good), json.dumps({"messages": CONVERSATION[1:2]}), "{oops",
+           json.dumps([1]), json.dumps(good)]
+  (tmp_path / "chat.jsonl").write_text("\n".join(lines) + "\n")
+  main = _build_store().main
+  code = main(["--format=chat", "--files=train=chat.jsonl", "--vocabulary=tokenizer:tok",
+               "--out=chat", "--skip_bad_records", "--no_progress"])
+  out, err = capfd.readouterr()
+  assert code == 0, err
+  assert ("2 documents" in out and "3 bad records skipped (--skip_bad_records; the first: "
+          f"{tmp_path}/chat.jsonl: line 2: has no assistant message (nothing to train on))"
+          in out), out
+  store = token_store.open_store(epath.Path(tmp_path / "chat" / "train"))
+  files = pretrained_tokenizer.read("tok")
+  ids, weights = chat_template.conversation_tokens(files, CONVERSATION[1:3])
+  tokens, stored, _, _ = store.read(np.array([0]), len(ids))
+  np.testing.assert_array_equal(tokens[0], ids)
+  np.testing.assert_array_equal(stored[0], weights)
+
+  (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in _pairs(12)))
+  task = preference_task({"train": "pairs.jsonl"}, PretrainedTokenizer("tok"))
+  lengths = []
+  for pair in _pairs(12):
+    for side in ("chosen", "rejected"):
+      messages = chat_template.checked_messages(
+          [{"role": "user", "content": pair["prompt"]},
+           {"role": "assistant", "content": pair[side]}])
+      lengths.append(chat_template.conversation_tokens(files, messages))
+  row = sum(len(ids) for ids, _ in lengths[:6]) + 3  # Three pairs fit; a fourth does not.
+  source = PreferenceStoreData(task=task, split="train", store_dir="pairs", sequence_length=row,
+                               global_batch_size=2, shuffle=True, seed=3)
+  source.check()
+  assert source.examples_per_pass() == 4
+  seen = []
+  for step in range(2):  # One epoch: 4 rows.
+    batch = source.batch(step)
+    for r in range(2):
+      segments = batch["segment_ids"][r]
+      count = segments.max()
+      assert count % 2 == 0 and count > 0
+      for s in range(1, count + 1, 2):
+        chosen, rejected = (batch["targets"][r][segments == s],
+                            batch["targets"][r][segments == s + 1])
+        index = [i for i in range(12) if np.array_equal(lengths[2 * i][0], chosen)]
+        assert len(index) == 1 and np.array_equal(lengths[2 * index[0] + 1][0], rejected)
+        np.testing.assert_array_equal(batch["weights"][r][segments == s],
+                                      lengths[2 * index[0]][1])
+        seen.append(index[0])
+  assert sorted(seen) == list(range(12))
+
+
+def test_a_chat_store_as_a_user_builds_it(tmp_path):
+  """From the repository root with relative paths: a bad record is one line naming the file,
+  the line and the reason (exit 1, nothing left); the good file builds."""
+  work = os.path.relpath(tmp_path, ROOT)
+  chat_tokenizers.byte_level_folder(tmp_path / "tok")
+  (tmp_path / "chat.jsonl").write_text(json.dumps({"messages": CONVERSATION}) + "\n"
+                                       + json.dumps({"messages": [{"role": "user"}]}) + "\n")
+  env = {**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"}
+  result = subprocess.run([sys.executable, "bin/build_store.py", "--format=chat",
+                           f"--files=train={work}/chat.jsonl", f"--vocabulary=tokenizer:{work}/tok",
+                           f"--out={work}/stores", "--no_progress"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 1, result.stderr
+  assert result.stderr == (f"build_store: {tmp_path}/chat.jsonl: line 2: message 0 has no "
+                           "string 'content'\n")
+  assert not (tmp_path / "stores").exists()

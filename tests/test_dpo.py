@@ -1,0 +1,122 @@
+"""DPO (training/dpo.py) against the published formula in NumPy: from the policy's and the
+reference's log-probabilities of each sequence run alone, the loss
+-(1 - e) log sigmoid(b * margin) - e log sigmoid(-b * margin) and the rewards b * (log pi - log
+pi_ref) equal what the train step reports on the same pairs packed two and one to a row."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from lingvo_lite.data.packing import packed_batch
+from lingvo_lite.models.llama import Llama
+from lingvo_lite.training import dpo, steps
+from lingvo_lite.training.train_state import TrainState
+
+LENGTH = 32
+MODEL = Llama(vocab_size=50, num_layers=2, dim=32, num_heads=4, num_kv_heads=2, max_length=64)
+
+
+def _params(seed):
+  variables = MODEL.init(jax.random.key(seed), jnp.zeros((1, LENGTH), jnp.int32))
+  leaves, structure = jax.tree.flatten(jax.tree.map(lambda x: x, variables["params"]))
+  keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
+  return jax.tree.unflatten(structure, [jax.random.normal(k, x.unbox().shape if hasattr(
+      x, "unbox") else x.shape) * 0.3 for k, x in zip(keys, leaves)])
+
+
+def _pairs(rng):
+  """Three pairs: (prompt, chosen answer, rejected answer) token lists."""
+  pairs = []
+  for prompt, chosen, rejected in ((3, 4, 2), (2, 3, 5), (5, 6, 4)):
+    pairs.append([rng.integers(1, 50, n).tolist() for n in (prompt, chosen, rejected)])
+  return pairs
+
+
+def _sequence(prompt, answer):
+  return np.asarray(prompt + answer), np.asarray([0.0] * len(prompt) + [1.0] * len(answer))
+
+
+def _packed(pairs):
+  """Rows as the preference source packs them: pairs 0 and 1 in row 0, pair 2 in row 1."""
+  rows = [[0, 1], [2]]
+  tokens = np.zeros((2, LENGTH), np.int32)
+  weights = np.zeros((2, LENGTH), np.float32)
+  starts = np.zeros((2, LENGTH), bool)
+  lengths = np.zeros(2, np.int64)
+  for row, members in enumerate(rows):
+    at = 0
+    for index in members:
+      prompt, chosen, rejected = pairs[index]
+      for answer in (chosen, rejected):
+        ids, weight = _sequence(prompt, answer)
+        tokens[row, at:at + len(ids)], weights[row, at:at + len(ids)] = ids, weight
+        starts[row, at] = True
+        at += len(ids)
+    lengths[row] = at
+  return packed_batch(tokens, weights, starts, lengths)
+
+
+def _log_prob(params, ids, weights):
+  """log pi(answer | prompt): the sequence run alone, its weighted targets' log-softmax summed
+  in NumPy."""
+  inputs = np.zeros((1, LENGTH), np.int32)  # Causal: what follows the sequence changes nothing.
+  inputs[0, 1:len(ids)] = ids[:-1]
+  with jax.default_matmul_precision("highest"):
+    logits = np.asarray(_APPLY({"params": params}, inputs), np.float64)[0, :len(ids)]
+  log_softmax = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
+      -1, keepdims=True)) - logits.max(-1, keepdims=True)
+  return float(np.sum(log_softmax[np.arange(len(ids)), ids] * weights))
+
+
+_APPLY = jax.jit(MODEL.apply)
+
+
+def _log_sigmoid(x):
+  return -np.logaddexp(0.0, -x)
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.2])
+def test_dpo_loss_and_rewards_equal_the_published_formula(smoothing):
+  rng = np.random.default_rng(0)
+  pairs = _pairs(rng)
+  policy, reference = _params(1), _params(2)
+  beta = 0.5
+  chosen_rewards, rejected_rewards, losses = [], [], []
+  for prompt, chosen, rejected in pairs:
+    logps = {}
+    for name, answer in (("chosen", chosen), ("rejected", rejected)):
+      ids, weights = _sequence(prompt, answer)
+      logps[name] = (_log_prob(policy, ids, weights), _log_prob(reference, ids, weights))
+    chosen_reward = beta * (logps["chosen"][0] - logps["chosen"][1])
+    rejected_reward = beta * (logps["rejected"][0] - logps["rejected"][1])
+    margin = chosen_reward - rejected_reward
+    losses.append(-(1 - smoothing) * _log_sigmoid(margin) - smoothing * _log_sigmoid(-margin))
+    chosen_rewards.append(chosen_reward)
+    rejected_rewards.append(rejected_reward)
+
+  settings = dpo.DpoSettings(beta=beta, label_smoothing=smoothing)
+  batch = _packed(pairs)
+  sgd = optax.sgd(0.0)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=policy, opt_state=sgd.init(policy),
+                     frozen=reference)
+  with jax.default_matmul_precision("highest"):
+    _, metrics = jax.jit(lambda s, b: steps.train_step(
+        s, b, model=MODEL, optimizer=sgd, schedule=lambda _: 0.0, dpo=settings,
+        ravel_norm=False))(state, batch)
+    sums = jax.jit(lambda p, b, f: steps.preference_eval_step(
+        p, b, f, model=MODEL, settings=settings))(policy, batch, reference)
+  assert float(metrics["pairs"]) == 3 and float(sums["pairs"]) == 3
+  np.testing.assert_allclose(float(metrics["loss"]), np.mean(losses), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["reward_chosen"]), np.mean(chosen_rewards),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(metrics["reward_rejected"]), np.mean(rejected_rewards),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(float(sums["dpo_loss_sum"]), np.sum(losses), rtol=1e-5)
+  np.testing.assert_allclose(float(sums["chosen_reward_sum"]), np.sum(chosen_rewards),
+                             rtol=1e-5, atol=1e-6)
+  expected_accuracy = np.mean(np.asarray(chosen_rewards) > np.asarray(rejected_rewards))
+  np.testing.assert_allclose(float(metrics["reward_accuracy"]), expected_accuracy)
+  assert 0 < np.mean(losses) and min(abs(m) for m in np.subtract(chosen_rewards,
+                                                                 rejected_rewards)) > 1e-3
