@@ -48,7 +48,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
-from lingvo_lite.checkpoints import tidying
+from lingvo_lite.checkpoints import saved_state, tidying
 from lingvo_lite.checkpoints.orbax_errors import (CheckpointWriteError, innermost_cause,
                                                   silence_closed_loop_errors)
 from lingvo_lite.checkpoints.restoring import ITEM, Restoring
@@ -226,8 +226,8 @@ class Checkpointer(Restoring):
     self.wait()  # orbax waits for the previous save anyway; this also verifies it.
     self._saved.add(step)  # Whatever it left, should it fail, is this run's to remove.
     try:
-      saved = self._manager.save(step, args=ocp.args.StandardSave(state), force=force,
-                                 custom_metadata=metadata)
+      saved = self._manager.save(step, args=ocp.args.StandardSave(saved_state.on_disk(state)),
+                                 force=force, custom_metadata=metadata)
     except Exception as e:  # pylint: disable=broad-except
       raise CheckpointWriteError(f"saving checkpoint step {step} failed: {innermost_cause(e)}",
                                  e) from e

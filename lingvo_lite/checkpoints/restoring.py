@@ -41,7 +41,9 @@ class Restoring:
     self._verify(step)
     self._check_tree(step, abstract_state)
     with self._reading(step):
-      restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+      restored = saved_state.from_disk(self._manager.restore(
+          step, args=ocp.args.StandardRestore(saved_state.on_disk(abstract_state))),
+          abstract_state)
     self._check_counter(step, saved_state.counter(restored))
     self._sound.add(step)
     return restored

@@ -9,6 +9,7 @@ restored whole, from a partial restore of that one scalar (`counter_placeholder`
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import jax
@@ -17,6 +18,27 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 STEP = "step"  # The TrainState field that counts the steps trained; orbax keys it so.
+
+
+def on_disk(state: Any) -> Any:
+  """The tree orbax writes and reads for `state`: a dataclass state's fields that hold
+  something, as a dict (a TrainState's `frozen` parameters are loaded at every start, never
+  saved: None there); any other tree as it is. A dict, not the dataclass: orbax compares a
+  dataclass's fields with the saved tree's, so a field a checkpoint does not hold would make it
+  refuse every checkpoint written before the field was added; a dict of the same keys reads
+  them, as it reads the ones written as dicts."""
+  if dataclasses.is_dataclass(state) and not isinstance(state, type):
+    return {field.name: getattr(state, field.name) for field in dataclasses.fields(state)
+            if getattr(state, field.name) is not None}
+  return state
+
+
+def from_disk(restored: Any, like: Any) -> Any:
+  """A tree `on_disk(like)` restored, as `like`'s type again (its unsaved fields as in
+  `like`)."""
+  if isinstance(restored, dict) and dataclasses.is_dataclass(like):
+    return like.replace(**restored)
+  return restored
 
 
 def shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:

@@ -15,7 +15,7 @@ import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 
-from lingvo_lite.checkpoints import integrity as checkpoint_integrity
+from lingvo_lite.checkpoints import integrity as checkpoint_integrity, saved_state
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.errors import UsageError
@@ -98,7 +98,8 @@ def test_a_checkpoint_in_the_standard_save_format_restores_params_only(tmp_path)
   state = _random_state(jitted, step=5)
   manager = ocp.CheckpointManager(epath.Path(tmp_path),
                                   item_handlers=ocp.StandardCheckpointHandler())
-  manager.save(5, args=ocp.args.StandardSave(state), custom_metadata=jitted.checkpoint_metadata)
+  manager.save(5, args=ocp.args.StandardSave(saved_state.on_disk(state)),
+               custom_metadata=jitted.checkpoint_metadata)
   manager.wait_until_finished()
   manager.close()
   checkpoint_integrity.write_checksums(epath.Path(tmp_path) / "5", 5)
