@@ -148,6 +148,38 @@ def _decode_kernel_on_a_mesh():
           "output_spec": str(sharded.sharding.spec)}
 
 
+# QLoRA (rank 4 on every attention projection and MLP matrix, over an int8 base: LoRA's
+# adapters and the int8 weights' values and scales all placed) on one device and on
+# data=2 x fsdp=2 x tensor=2.
+LORA_MESHES = {"single": None, "data2_fsdp2_tensor2": (2, 2, 2)}
+
+
+def _lora_losses(mesh_shape, quantization="int8_weights", steps=3):
+  from lingvo_lite.config import building, fiddlers  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.testing import tiny_config  # pylint: disable=g-import-not-at-top
+  sets = SETS + ("optimizer.peak_learning_rate=0.05",)
+  if mesh_shape is not None:
+    sets += tuple(f"partitioner.ici_{axis}={size}"
+                  for axis, size in zip(("data", "fsdp", "tensor"), mesh_shape))
+  cfg = tiny_config("PyCodeLlamaTiny", *sets, synthetic=True)
+  fiddlers.lora(cfg)
+  cfg.train.lora.rank = 4
+  cfg.model.quantization = quantization
+  setup = building.build(cfg)
+  devices = jax.devices()[:1] if mesh_shape is None else jax.devices()
+  jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
+  losses = []
+  with jitted.activated():
+    frozen, _ = jitted.frozen.load()
+    state = jitted.init_state(frozen)
+    for step in range(steps):
+      state, metrics = jitted.train_step(state, jitted.global_batch(setup.train_data.batch(step)))
+      losses.append(float(metrics["loss"]))
+  specs = {jax.tree_util.keystr(path): str(sharding.spec) for path, sharding in
+           jax.tree_util.tree_flatten_with_path(jitted.sharded_state.shardings.params)[0]}
+  return {"losses": losses, "specs": specs}
+
+
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
@@ -163,6 +195,7 @@ def main():
   result["decode_kernel"] = _decode_kernel_on_a_mesh()
   result["decode_int8_weights"] = {name: _decode_logits(shape, INT8_WEIGHTS)
                                    for name, shape in INT8_WEIGHTS_MESHES.items()}
+  result["qlora"] = {name: _lora_losses(shape) for name, shape in LORA_MESHES.items()}
   result["bad"] = {}
   with tempfile.TemporaryDirectory() as job:
     for name, args in BAD_PARTITIONING.items():

@@ -25,6 +25,7 @@ import pytest
 from lingvo_lite.data import sentencepiece_training, store_build, token_store
 from lingvo_lite.testing import tree_digest
 from tasks.formats import text as text_format
+from tests.data import chat_tokenizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,6 +139,12 @@ class Case:
   code: int
   expected: str
   setup: Callable | None = None  # (work folder, monkeypatch)
+
+
+# A good conversation, then one whose message has no content.
+_CHAT_LINES = (json.dumps({"messages": [{"role": "user", "content": "2+2?"},
+                                        {"role": "assistant", "content": "4"}]}) + "\n"
+               + json.dumps({"messages": [{"role": "user"}]}) + "\n")
 
 
 def _case(name, tool, args, code, expected, setup=None):
@@ -294,6 +301,12 @@ CASES = [
           "build_store: {tmp}/work/cut.tfrecord: record 0: truncated TFRecord (7 bytes after "
           "the last complete record",
           lambda work, _: (work / "cut.tfrecord").write_bytes(b"garbage")),
+    _case("a chat record with a message without content", "build_store",
+          ["--format=chat", "--files=train=chat.jsonl", "--vocabulary=tokenizer:tok",
+           "--out=new", "--no_progress"], 1,
+          "build_store: {tmp}/work/chat.jsonl: line 2: message 0 has no string 'content'\n",
+          lambda work, _: (chat_tokenizers.byte_level_folder(work / "tok"),
+                           (work / "chat.jsonl").write_text(_CHAT_LINES))),
     _case("JSON lines that are not UTF-8", "build_store",
           ["--format=jsonl", "--files=train=bad.jsonl", "--out=new", "--no_progress"], 1,
           "build_store: {tmp}/work/bad.jsonl: line 2: not valid UTF-8 (byte 0xff at offset 4)",

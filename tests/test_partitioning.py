@@ -156,6 +156,22 @@ def test_int8_weights_decode_sharded_as_on_one_device(worker):
   _assert_same_logits_while_tokens_agree(runs["single"], sharded)
 
 
+def test_qlora_trains_on_a_mesh_as_on_one_device(worker):
+  """QLoRA steps (float adapters over int8 weights) on data=2 x fsdp=2 x tensor=2 give the
+  single device's losses, and each adapter is split as its kernel's axes are: A [in..., r]
+  over the kernel's input axes, B [r, out...] over its output axes (the query kernel
+  [embed, heads, kv]: fsdp, tensor)."""
+  single, sharded = (worker["qlora"][name] for name in ("single", "data2_fsdp2_tensor2"))
+  assert single["losses"][-1] < single["losses"][0]  # The adapters learn.
+  np.testing.assert_allclose(sharded["losses"], single["losses"], rtol=1e-5)
+  query = "['layer_0']['attention']['query_kernel"
+  assert (sharded["specs"][f"{query}_lora_a']"], sharded["specs"][f"{query}_lora_b']"]) == (
+      str(PartitionSpec("fsdp")), str(PartitionSpec(None, "tensor")))
+  mlp_out = "['layer_0']['mlp']['wo']['kernel"
+  assert (sharded["specs"][f"{mlp_out}_lora_a']"], sharded["specs"][f"{mlp_out}_lora_b']"]) == (
+      str(PartitionSpec("tensor")), str(PartitionSpec(None, "fsdp")))
+
+
 def test_one_axis_takes_the_remaining_devices():
   assert Partitioner(ici_data=-1, ici_tensor=2).resolved_ici_shape(8) == (4, 1, 2)
   assert Partitioner(ici_data=1, ici_fsdp=-1, dcn_data=2).mesh_axis_sizes(8) == {

@@ -61,6 +61,7 @@ def test_the_stdlib_metric_compares_syntax_trees():
       "exact_match": 1.0, "parses": 1.0}
   assert score(source.replace("+", "-")) == {"exact_match": 0.0, "parses": 1.0}
   assert score("def add(a, b):\n    return a +\n") == {"exact_match": 0.0, "parses": 0.0}
+  assert score("\n") == {"exact_match": 0.0, "parses": 0.0}  # The block closed at once.
 
 
 @pytest.fixture(scope="module")
