@@ -23,6 +23,10 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   the weight matmuls (`matmul_parameters()`). MFU (mfu.py) and the compile report use these.
 - Axes: `logical_axes()`, each logical axis name of its parameters -> the field that sizes it
   (a name the partitioner's default rules do not map needs a rule in `partitioner.rules`).
+- Training's forward pass: `logits_and_losses(params, tokens, segment_ids, positions)`, the
+  logits with an auxiliary objective that training adds to the mean token loss and the
+  statistics logged beside it (a mixture of experts' load balance and router z-loss, each
+  expert's share of the tokens: models/moe_transformer.py); by default none.
 - Checks: `validate(target)` raises `UsageError` with one line naming `model.<field>`, the value
   and the fix; `check_sequence_length(path, length)` refuses data longer than the model takes.
 - Quantization (models/quantization.py): a `quantization` field, the settings it implements in
@@ -250,6 +254,20 @@ class LanguageModel(nn.Module):
     """Model FLOPs of one decoded token at a context of `context_length` positions: the
     forward of every weight matmul (2 per weight) and of its attention."""
     return 2.0 * self.matmul_parameters() + self.decode_attention_flops(context_length)
+
+  # ---------------------------------------------------------------------------- objective
+
+  @nn.nowrap
+  def logits_and_losses(self, params: Any, tokens: jax.Array,
+                        segment_ids: jax.Array | None = None,
+                        positions: jax.Array | None = None
+                        ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+    """Training's and evaluation's forward pass: (the logits, the auxiliary objective a
+    training step adds to its mean token loss, already weighted by the family's coefficients
+    (a float32 scalar), the scalar statistics to log beside the loss by name). By default
+    the plain logits, no auxiliary objective and nothing to log."""
+    logits = self.apply({"params": params}, tokens, segment_ids, positions)
+    return logits, jnp.zeros((), jnp.float32), {}
 
   # ---------------------------------------------------------------------------- axes, checks
 

@@ -316,8 +316,17 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
     return layers.Attention, {}
 
   @nn.nowrap
-  def _block_fields(self, kind: str) -> dict:
-    """`block.Block`'s fields for a layer of attention `kind`."""
+  def mlp_module(self, kind: str) -> tuple[Any, dict[str, Any]]:
+    """The feed-forward layer of a block of feed-forward `kind` (`mlp_kinds_by_layer`) and
+    its fields beyond the quantization and dtypes: (None, {}) for the shared `layers.Mlp` of
+    the `mlp_*` fields; a family with another layer returns its class and fields."""
+    del kind
+    return None, {}
+
+  @nn.nowrap
+  def _block_fields(self, kind: str, mlp_kind: str = "dense") -> dict:
+    """`block.Block`'s fields for a layer of attention `kind` and feed-forward `mlp_kind`."""
+    mlp_type, mlp_options = self.mlp_module(mlp_kind)
     attention_type, options = self.attention_module()
     query_scale = (None if self.query_pre_attention_scalar is None
                    else self.query_pre_attention_scalar ** -0.5)
@@ -330,7 +339,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
         quantization=self.quantization, dtype=jnp.dtype(self.dtype),
         param_dtype=jnp.dtype(self.param_dtype),
-        attention_type=attention_type, attention_options=tuple(sorted(options.items())))
+        attention_type=attention_type, attention_options=tuple(sorted(options.items())),
+        mlp_type=mlp_type, mlp_options=tuple(sorted(mlp_options.items())))
 
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,

@@ -38,21 +38,37 @@ def token_losses(logits: jax.Array, targets: jax.Array
 def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
                normalizer: jax.Array | float = 1.0, per_token: bool = False
                ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """(cross-entropy + z_loss * log(Z)^2) summed over weighted tokens / normalizer, and the
-  metric sums (with `per_token`, also each token's weighted cross-entropy, `token_nats`).
-  Dividing inside the objective, by a constant, gives gradients already normalized (no extra
-  pass over them)."""
-  logits = model.apply({"params": params}, batch["inputs"], batch.get("segment_ids"),
-                       batch.get("positions"))
+  """(cross-entropy + z_loss * log(Z)^2) summed over weighted tokens / normalizer, plus the
+  model's auxiliary objective (a mixture of experts' balance loss) weighted by this batch's
+  share of the tokens, and the metric sums (with `per_token`, also each token's weighted
+  cross-entropy, `token_nats`). Dividing inside the objective, by a constant, gives gradients
+  already normalized (no extra pass over them); the model's statistics are summed weighted
+  by the batch's tokens, so micro-batches and eval batches average them as they do the loss."""
+  logits, auxiliary, statistics = model.logits_and_losses(
+      params, batch["inputs"], batch.get("segment_ids"), batch.get("positions"))
   cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
   # One reduction for the three sums: on CPU each separate reduction is its own kernel.
   ce_sum, z_sum, correct_sum = jnp.sum(
       jnp.stack([cross_entropy, jnp.square(log_z), correct]) * batch["weights"], axis=(1, 2))
   objective = (ce_sum + z_loss * z_sum if z_loss else ce_sum) / normalizer
   sums = {"cross_entropy_sum": ce_sum, "z_sum": z_sum, "correct_sum": correct_sum}
+  if statistics:
+    tokens = jnp.sum(batch["weights"])
+    objective = objective + auxiliary * tokens / normalizer
+    sums.update({f"{name}{STATISTIC_SUM}": value * tokens for name, value in statistics.items()})
   if per_token:
     sums["token_nats"] = cross_entropy * batch["weights"]
   return objective, sums
+
+
+# The suffix of a model statistic's weighted sum among the metric sums.
+STATISTIC_SUM = "__sum"
+
+
+def model_statistics(sums: dict[str, jax.Array], weight: Any) -> dict[str, Any]:
+  """The model's statistics (`logits_and_losses`) from their weighted sums, by name."""
+  return {name[:-len(STATISTIC_SUM)]: value / weight for name, value in sums.items()
+          if name.endswith(STATISTIC_SUM)}
 
 
 def _global_norm(tree: Any, ravel: bool) -> jax.Array:
@@ -100,10 +116,14 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
       grads, sums = grad_fn(state.params, model, micro_batch, z_loss, total_weight)
       return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, (state.params, {
-        "cross_entropy_sum": total_weight, "z_sum": total_weight, "correct_sum": total_weight}))
-    (grads, sums), _ = jax.lax.scan(
-        accumulate, zeros, _split_micro_batches(batch, grad_accum_steps))
+    micro_batches = _split_micro_batches(batch, grad_accum_steps)
+    # The sums a micro-batch gives (the model's statistics among them), as zeros to add to.
+    _, sum_shapes = jax.eval_shape(lambda params, micro_batch: grad_fn(
+        params, model, micro_batch, z_loss, total_weight), state.params,
+                                   jax.tree.map(lambda x: x[0], micro_batches))
+    zeros = (jax.tree.map(jnp.zeros_like, state.params),
+             jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sum_shapes))
+    (grads, sums), _ = jax.lax.scan(accumulate, zeros, micro_batches)
 
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -113,6 +133,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
       "accuracy": sums["correct_sum"] / total_weight,
       "learning_rate": schedule(state.step),
       "tokens": total_weight,
+      **model_statistics(sums, total_weight),
   }
   if log_grad_norm:
     # An extra pass over every gradient (the optimizer's clipping computes its own norm).
