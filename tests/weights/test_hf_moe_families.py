@@ -37,6 +37,17 @@ CASES = {
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
         max_position_embeddings=1024)),
+    # 3 layers: the middle one dense (mlp_only_layers), experts 48 wide, renormalized top-k.
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, intermediate_size=96, moe_intermediate_size=48, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+        max_position_embeddings=1024)),
+    # As transformers' default: the chosen weights as they are (norm_topk_prob false).
+    "qwen3_moe_unnormalized": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=96, moe_intermediate_size=48, num_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=1024)),
 }
 
 
@@ -150,3 +161,36 @@ def test_export_writes_save_pretrained_s_tensors_and_from_pretrained_computes_th
   assert type(reloaded).__name__ == CASES[case][1]
   for shape in SHAPES:
     _assert_close(_theirs(reloaded, _tokens(shape)), expected[shape], f"{case} {shape}")
+
+
+def test_qwen3_moe_reads_its_renormalization_and_dense_layers_from_the_config(folders):
+  model, _ = _load(folders["qwen3_moe"][0])
+  assert (model.renormalize_top_k, model.mlp_kinds_by_layer(), model.mlp_dim,
+          model.expert_mlp_dim, model.qk_norm) == (True, ("moe", "dense", "moe"), 96, 48,
+                                                   "head")
+  folder, expected = folders["qwen3_moe_unnormalized"]
+  unnormalized, params = _load(folder)
+  assert not unnormalized.renormalize_top_k
+  # The same weights renormalized compute other logits: the setting is the config's.
+  renormalized = unnormalized.clone(renormalize_top_k=True)
+  assert np.abs(_ours(renormalized, params, _tokens("long")) - expected["long"]).max() > 1e-2
+
+
+@pytest.mark.parametrize("case, change, words", [
+    ("mixtral", {"router_jitter_noise": 0.1}, "router_jitter_noise=0.1: lingvo_lite's router "
+                                              "adds no noise; set it to 0.0"),
+    ("mixtral", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("qwen3_moe", {"decoder_sparse_step": 0}, "decoder_sparse_step=0: must be a positive "
+                                              "integer"),
+    ("qwen3_moe", {"num_experts": 0, "num_local_experts": 0},
+     "num_experts=0: a Qwen3-MoE without experts is a dense Qwen3"),
+    ("qwen3_moe", {"mlp_only_layers": "1"}, "mlp_only_layers='1': must be a list"),
+])
+def test_what_a_family_cannot_compute_is_one_line_naming_the_key(folders, tmp_path, case,
+                                                                  change, words):
+  import json  # pylint: disable=g-import-not-at-top
+  config = json.loads((folders[case][0] / "config.json").read_text())
+  (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+  with pytest.raises(UsageError) as refused:
+    HfCheckpoint(str(tmp_path)).model_fields()
+  assert words in str(refused.value) and "\n" not in str(refused.value)
