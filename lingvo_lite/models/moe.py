@@ -128,9 +128,13 @@ def capacity(length: int, k: int, num_experts: int, factor: float) -> int:
   return max(1, min(length, math.ceil(factor * length * k / num_experts)))
 
 
-def dense_weight(weight: Any, dtype: jnp.dtype) -> jax.Array:
-  """A stacked expert weight as its matmul takes it: int8 values times their scales (under
-  "int8_weights": read from memory as int8, multiplied in the compute dtype), or cast."""
+def dense_weight(weight: Any, dtype: jnp.dtype, quantization: Quantization | None = None
+                 ) -> jax.Array:
+  """A stacked expert weight [experts, in, out] as its matmul takes it: int8 values times
+  their scales (under "int8_weights": read from memory as int8, multiplied in the compute
+  dtype; float weights under that setting are quantized first, the same numbers), or cast."""
+  if quantization == "int8_weights" and not quantizing.is_quantized(weight):
+    weight = quantizing.quantize(weight, contracted=(1,))
   if quantizing.is_quantized(weight):
     return weight.qvalue.astype(dtype) * weight.scale.astype(dtype)
   return weight.astype(dtype)
@@ -344,8 +348,10 @@ class MoeMlp(nn.Module):
                 self._bias("wi_gate_bias", (experts, hidden), ("experts", "mlp")),
                 self._bias("wo_bias", (experts, dim), ("experts", "embed")))
     dtype = self.dtype
-    return ExpertWeights(dense_weight(wi, dtype), dense_weight(wi_gate, dtype),
-                         dense_weight(wo, dtype),
+    quantization = self.quantization
+    return ExpertWeights(dense_weight(wi, dtype, quantization),
+                         dense_weight(wi_gate, dtype, quantization),
+                         dense_weight(wo, dtype, quantization),
                          *(None if b is None else b.astype(dtype) for b in biases))
 
   def router_logits(self, x: jax.Array) -> jax.Array:

@@ -176,9 +176,8 @@ class MoeTransformerLM(TransformerLM):
   def int8_weight_contractions(cls) -> dict[tuple[str, ...], tuple[str, ...]]:
     """And the stacked experts (a scale per expert and output channel); the router
     [embed, experts] is not one: it stays in float."""
-    return dict(super().int8_weight_contractions(),
-                **{("experts", "embed", "mlp"): ("embed",),
-                   ("experts", "mlp", "embed"): ("mlp",)})
+    return {**super().int8_weight_contractions(),
+            ("experts", "embed", "mlp"): ("embed",), ("experts", "mlp", "embed"): ("mlp",)}
 
   # ---------------------------------------------------------------------------- checks
 

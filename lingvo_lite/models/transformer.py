@@ -111,6 +111,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
       4, 8192).
     rotary_beta_fast, rotary_beta_slow: YaRN's correction range (32 and 1).
     rotary_attention_factor: YaRN's factor of sin and cos; None: 0.1 ln(factor) + 1.
+    rotary_truncate: YaRN's correction range rounded to whole dimensions (Hugging Face's
+      `truncate`, true by default; gpt-oss's config sets false).
     layer_kinds: Each layer's attention kind, a pattern repeated over the layers: "full"
       (every earlier position), "sliding" (the last `window`), "no_rotary" (every earlier
       position, no rotary positions); models/transformer_layers.py.
@@ -181,6 +183,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
   rotary_beta_fast: PositiveFloat = 32.0
   rotary_beta_slow: PositiveFloat = 1.0
   rotary_attention_factor: PositiveFloat | None = None
+  rotary_truncate: bool = True
   layer_kinds: tuple[LayerKind, ...] = ("full",)
   window: PositiveInt | None = None
   sliding_rotary_base: PositiveFloat | None = None

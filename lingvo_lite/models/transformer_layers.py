@@ -114,7 +114,7 @@ class TransformerLayers:
       if attention is None:  # YaRN's default: 0.1 ln(factor) + 1 for a factor above 1.
         attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
       return ("yarn", factor, self.rotary_original_max_length, self.rotary_beta_fast,
-              self.rotary_beta_slow, attention)
+              self.rotary_beta_slow, attention, self.rotary_truncate)
     return (scaling, self.rotary_scaling_factor, self.rotary_low_freq_factor,
             self.rotary_high_freq_factor, self.rotary_original_max_length)
 

@@ -30,6 +30,7 @@ transformers = pytest.importorskip("transformers")
 VOCAB = 320  # At least PyCodeTiny's 259 (export runs it with these folders).
 TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
 SHAPES = {"long": (1, 48), "batch": (3, 20)}
+WINDOW = 16
 
 # Each family's tiny config: 4 experts (2 per token), experts of their own width.
 CASES = {
@@ -48,6 +49,14 @@ CASES = {
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=96, moe_intermediate_size=48, num_experts=4,
         num_experts_per_tok=2, max_position_embeddings=1024)),
+    # 3 layers: sliding, full, sliding (a window of 16 in rows of 48), YaRN unrounded.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2,
+        sliding_window=WINDOW, max_position_embeddings=256, rope_parameters={
+            "rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0,
+            "original_max_position_embeddings": 64, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False})),
 }
 
 
@@ -194,3 +203,44 @@ def test_what_a_family_cannot_compute_is_one_line_naming_the_key(folders, tmp_pa
   with pytest.raises(UsageError) as refused:
     HfCheckpoint(str(tmp_path)).model_fields()
   assert words in str(refused.value) and "\n" not in str(refused.value)
+
+
+def _mxfp4_as_released(values, gguf):
+  """(blocks, scales) of a [..., in, out] float32 tensor in the released checkpoints' MXFP4
+  layout, and the values they decode to: quantized by the gguf package's MXFP4 code (groups
+  of 32 along `in`), its bytes rearranged into OpenAI's layout (each byte two neighbours, the
+  low nibble first; transformers' `convert_moe_packed_tensors` reads them)."""
+  rows = np.ascontiguousarray(np.swapaxes(values, -1, -2))  # [..., out, in]
+  packed = gguf.quants.quantize(rows, gguf.GGMLQuantizationType.MXFP4)
+  decoded = gguf.quants.dequantize(packed, gguf.GGMLQuantizationType.MXFP4)
+  packed = packed.reshape(*rows.shape[:-1], rows.shape[-1] // 32, 17)
+  scales, nibbles = packed[..., 0], packed[..., 1:]
+  # GGML's block: values 0..15 in the low nibbles, 16..31 in the high ones.
+  codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1)
+  blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+  return (np.ascontiguousarray(blocks), np.ascontiguousarray(scales),
+          np.swapaxes(decoded.reshape(rows.shape), -1, -2))
+
+
+def test_mxfp4_experts_as_the_released_checkpoints_store_them_read_dequantized(folders,
+                                                                               tmp_path):
+  gguf = pytest.importorskip("gguf")
+  import json  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  folder = folders["gpt_oss"][0]
+  tensors, decoded = _tensors(folder), {}
+  for name in [n for n in _tensors(folder) if n.endswith(("gate_up_proj", "down_proj"))]:
+    blocks, scales, decoded[name] = _mxfp4_as_released(tensors.pop(name), gguf)
+    tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
+  save_file(tensors, str(tmp_path / "model.safetensors"))
+  config = json.loads((folder / "config.json").read_text())
+  config["quantization_config"] = {"quant_method": "mxfp4"}
+  (tmp_path / "config.json").write_text(json.dumps(config))
+  model, params = _load(tmp_path)
+  experts = params["layer_1"]["mlp"]
+  gate_up = decoded["model.layers.1.mlp.experts.gate_up_proj"]
+  assert np.array_equal(np.asarray(experts["wi"]), gate_up[..., 0::2])
+  assert np.array_equal(np.asarray(experts["wi_gate"]), gate_up[..., 1::2])
+  assert np.array_equal(np.asarray(experts["wo"]),
+                        decoded["model.layers.1.mlp.experts.down_proj"])
+  assert model.family_name == "gpt_oss"
