@@ -172,10 +172,12 @@ class Partitioner:
 
     Args:
       used_logical_axes: The names the model's parameters and the batch use.
-      model_axes: Every logical axis name the model's family knows (its `logical_axes()`);
-        None: those of LOGICAL_AXES.
+      model_axes: Every logical axis name the model's family knows (its `logical_axes()`),
+        beside those of LOGICAL_AXES (the default rules').
     """
-    known = LOGICAL_AXES if model_axes is None else DATA_AXES + tuple(model_axes)
+    # The default rules' names are known to every model (a dense model has no `experts` to
+    # split, and its rule splits nothing); a family may name more.
+    known = tuple(dict.fromkeys(LOGICAL_AXES + tuple(model_axes or ())))
     for name, target in self.rules:
       if name not in known:
         raise config_error("partitioner.rules", name, "unknown logical axis name",

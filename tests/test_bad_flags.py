@@ -354,6 +354,11 @@ CASES = {
                               "got str 'megablox'", None),
     "moe: no feed-forward kind": ([*MOE, "--fdl.model.mlp_kinds=()"],
                                   "model.mlp_kinds=(): names no feed-forward kind", None),
+    "moe: an expert axis that does not divide the experts, compile": (
+        ["--mode=compile", "--exp=PyCodeMixtralTiny", "--compile_topology=v5e-8",
+         "--fdl.partitioner.ici_expert=4", "--fdl.model.num_experts=6"],
+        "model.num_experts=6: the 'experts' dimension of parameter ['layer_0']['mlp']"
+        "['router_kernel'] is not divisible by mesh axes expert = 4", None),
 }
 
 

@@ -5,8 +5,8 @@ YaRN, and 32 experts (4 per token) with biases and a clamped SwiGLU.
   python -m lingvo_lite --exp=PyCodeGptOssTiny --job_log_dir=runs/gpt_oss_tiny
   python -m lingvo_lite --exp=PyCodeTiny --init_from=hf:PATH --mode=decode ...   # a folder
 
-The full size trains on synthetic tokens (no web corpus here), its experts split over the
-`expert` mesh axis and the rest over FSDP, scanned and rematerialized.
+The full size trains on synthetic tokens (no web corpus here), fully sharded (its experts
+over the `expert` mesh axis with --fdl.partitioner.ici_expert=N), scanned and rematerialized.
 """
 
 import fiddle as fdl
@@ -28,8 +28,9 @@ class GptOss20B(Llama7B):
   sinks), windows of 128 on every other layer, 32 experts of 2880 (4 per token), vocabulary
   201,088, YaRN x32 over 4096 positions on a base of 150,000: 20.9B parameters, 3.6B active
   per token. bfloat16 compute, float32 parameters; 512 sequences of 4096 tokens a step as 8
-  micro-batches, the experts over 8 ways of the `expert` axis, everything else FSDP over the
-  rest: `--mode=compile --compile_topology=v5e-256`.
+  micro-batches, fully sharded (FSDP): `--mode=compile --compile_topology=v5e-256`; the
+  experts over the `expert` mesh axis and the rest FSDP: `--fdl.partitioner.ici_expert=8`
+  (README's topology table).
   """
 
   @classmethod
@@ -43,9 +44,6 @@ class GptOss20B(Llama7B):
     cfg.train_data = synthetic_lm_data(VOCAB, sequence_length, batch)
     cfg.eval_data = synthetic_lm_data(VOCAB, sequence_length, batch, eval_batches=10)
     cfg.train.grad_accum_steps = 8
-    cfg.partitioner.ici_expert = 8
-    cfg.partitioner.ici_fsdp = -1
-    cfg.partitioner.ici_data = 1
     return cfg
 
 

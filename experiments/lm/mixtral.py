@@ -4,8 +4,8 @@
   python -m lingvo_lite --exp=PyCodeMixtralTiny --job_log_dir=runs/mixtral_tiny
   python -m lingvo_lite --exp=PyCodeTiny --init_from=hf:PATH --mode=decode ...   # a Mixtral folder
 
-The full size trains on synthetic tokens (no web corpus here), its experts split over the
-`expert` mesh axis and the rest over FSDP, scanned and rematerialized.
+The full size trains on synthetic tokens (no web corpus here), fully sharded (its experts
+over the `expert` mesh axis with --fdl.partitioner.ici_expert=N), scanned and rematerialized.
 """
 
 import fiddle as fdl
@@ -24,9 +24,9 @@ class Mixtral8x7B(Llama7B):
   """Mixtral-8x7B shapes: 32 layers, d_model 4096, 32 query / 8 key-value heads of 128, 8
   SwiGLU experts of 14336 (2 per token), vocabulary 32000, RoPE base 1,000,000: 46.7B
   parameters, 12.9B active per token. bfloat16 compute, float32 parameters; 256 sequences of
-  4096 tokens a step (1M tokens) as 16 micro-batches, experts over 8 ways of the `expert`
-  axis and everything else FSDP over the rest:
-  `--mode=compile --compile_topology=v5p-128`.
+  4096 tokens a step (1M tokens) as 16 micro-batches, fully sharded (FSDP) as Llama7B:
+  `--mode=compile --compile_topology=v5p-128`; the experts over the `expert` mesh axis and the
+  rest FSDP: `--fdl.partitioner.ici_expert=8` (the README's topology table has both).
   """
 
   @classmethod
@@ -40,9 +40,6 @@ class Mixtral8x7B(Llama7B):
     cfg.train_data = synthetic_lm_data(vocab, sequence_length, batch)
     cfg.eval_data = synthetic_lm_data(vocab, sequence_length, batch, eval_batches=10)
     cfg.train.grad_accum_steps = 16
-    cfg.partitioner.ici_expert = 8
-    cfg.partitioner.ici_fsdp = -1
-    cfg.partitioner.ici_data = 1
     return cfg
 
 

@@ -4,8 +4,8 @@
   python -m lingvo_lite --exp=PyCodeQwen3MoeTiny --job_log_dir=runs/qwen3_moe_tiny
   python -m lingvo_lite --exp=PyCodeTiny --init_from=hf:PATH --mode=decode ...   # a folder
 
-The full size trains on synthetic tokens (no web corpus here), its experts split over the
-`expert` mesh axis and the rest over FSDP, scanned and rematerialized.
+The full size trains on synthetic tokens (no web corpus here), fully sharded (its experts
+over the `expert` mesh axis with --fdl.partitioner.ici_expert=N), scanned and rematerialized.
 """
 
 import fiddle as fdl
@@ -26,9 +26,9 @@ class Qwen3_30B_A3B(Llama7B):  # pylint: disable=invalid-name  # The model's own
   """Qwen3-30B-A3B shapes: 48 layers, d_model 2048, 32 query / 4 key-value heads of 128, 128
   SwiGLU experts of 768 (8 per token, their weights renormalized), vocabulary 151,936, RoPE
   base 1,000,000, untied: 30.5B parameters, 3.3B active per token. bfloat16 compute, float32
-  parameters; 512 sequences of 4096 tokens a step (2M tokens) as 8 micro-batches, the
-  experts over 16 ways of the `expert` axis, everything else FSDP over the rest:
-  `--mode=compile --compile_topology=v5e-256`.
+  parameters; 512 sequences of 4096 tokens a step (2M tokens) as 8 micro-batches, fully
+  sharded (FSDP): `--mode=compile --compile_topology=v5e-256`; the experts over the `expert`
+  mesh axis and the rest FSDP: `--fdl.partitioner.ici_expert=16` (README's topology table).
   """
 
   @classmethod
@@ -43,9 +43,6 @@ class Qwen3_30B_A3B(Llama7B):  # pylint: disable=invalid-name  # The model's own
     cfg.train_data = synthetic_lm_data(VOCAB, sequence_length, batch)
     cfg.eval_data = synthetic_lm_data(VOCAB, sequence_length, batch, eval_batches=10)
     cfg.train.grad_accum_steps = 8
-    cfg.partitioner.ici_expert = 16
-    cfg.partitioner.ici_fsdp = -1
-    cfg.partitioner.ici_data = 1
     return cfg
 
 

@@ -229,3 +229,25 @@ def test_a_train_step_follows_the_balance_loss_and_accumulates_its_statistics():
     assert np.isclose(float(metrics[key]), float(split_metrics[key]), rtol=1e-5), key
   assert np.isclose(float(split_metrics["moe_load_balance"]),
                     np.mean([float(half["moe_load_balance"]) for half in halves]), rtol=1e-5)
+
+
+def test_flops_count_the_router_and_k_of_the_experts_and_memory_counts_them_all():
+  """Training FLOPs per token are 6 x the weights one token multiplies (the attention's, the
+  router's, k of E experts', a dense layer's MLP, the output) + attention's, counted here
+  from the parameter tree; the parameter count (memory) has every expert."""
+  model = _model(num_experts=8, experts_per_token=2, shared_expert_mlp_dim=12)
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  params = nn.meta.unbox(jax.eval_shape(model.init, jax.random.key(0), tokens))["params"]
+  active, total = 0, 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    name, size = jax.tree_util.keystr(path), math.prod(leaf.shape)
+    total += size
+    if len(leaf.shape) < 2 or "embedding" in name:
+      continue
+    stacked = "['mlp']['w" in name and leaf.shape[0] == 8  # Experts [E, in, out].
+    active += size * 2 // 8 if stacked else size
+  assert model.num_parameters() == total
+  assert model.matmul_parameters() == active
+  attention = model.attention_flops_per_token(16)
+  assert model.train_flops_per_token(16) == 6 * active + 3 * attention
+  assert model.decode_flops_per_token(16) == 2 * active + model.decode_attention_flops(16)

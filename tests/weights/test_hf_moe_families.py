@@ -45,6 +45,12 @@ CASES = {
         num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
         max_position_embeddings=1024)),
     # As transformers' default: the chosen weights as they are (norm_topk_prob false).
+    # Every layer sparse, renormalized: what llama.cpp's qwen3moe holds (GGUF). Experts 768
+    # wide: transformers' GGUF reader takes no expert width from the file but its default.
+    "qwen3_moe_gguf": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, intermediate_size=96, moe_intermediate_size=768, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=1024)),
     "qwen3_moe_unnormalized": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=16, intermediate_size=96, moe_intermediate_size=48, num_experts=4,
@@ -126,13 +132,21 @@ def _assert_close(got, expected, what):
   assert error < TOLERANCE, f"{what}: max abs logit difference {error:.2e}"
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# The cases a family's numbers are tested on (the GGUF case is Qwen3-MoE's again).
+FAMILY_CASES = ("mixtral", "qwen3_moe", "qwen3_moe_unnormalized", "gpt_oss")
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
 def test_logits_equal_transformers(folders, case):
   folder, expected = folders[case]
   model, params = _load(folder)
-  assert model.family_name == case.split("_")[0] or case.startswith(model.family_name)
+  assert case.startswith(model.family_name)
   for shape in SHAPES:
     _assert_close(_ours(model, params, _tokens(shape)), expected[shape], f"{case} {shape}")
+  if case == "qwen3_moe_unnormalized":
+    return  # Its layers scan as qwen3_moe's do.
+  # Scanned: one block a step (Mixtral), a group of the pattern (sparse, dense, sparse;
+  # sliding, full, sliding).
   scanned, scanned_params = _load(folder, scan_layers=True)
   assert "layers" in scanned_params
   _assert_close(_ours(scanned, scanned_params, _tokens("batch")), expected["batch"],
@@ -154,7 +168,7 @@ def _export(job, out, *extra):
                   f"--export_dir={out}", *extra])
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", FAMILY_CASES)
 def test_export_writes_save_pretrained_s_tensors_and_from_pretrained_computes_the_same(
     folders, case, tmp_path):
   folder, expected = folders[case]
@@ -244,3 +258,100 @@ def test_mxfp4_experts_as_the_released_checkpoints_store_them_read_dequantized(f
   assert np.array_equal(np.asarray(experts["wo"]),
                         decoded["model.layers.1.mlp.experts.down_proj"])
   assert model.family_name == "gpt_oss"
+
+
+# ------------------------------------------------------------------------------ GGUF
+
+@pytest.mark.parametrize("case, architecture, transformers_reads", [
+    # llama.cpp converts Mixtral to `llama` with experts, which transformers reads as a Llama
+    # without them: ours alone reads it back.
+    ("mixtral", "llama", False),
+    ("qwen3_moe_gguf", "qwen3moe", True),
+    # transformers' gpt-oss GGUF reader fails on llama.cpp's rope.scaling.* keys (it reads
+    # each key's length as its value: a TypeError), so ours alone.
+    ("gpt_oss", "gpt-oss", False)])
+def test_a_gguf_export_with_stacked_experts_reads_back_the_same_logits(
+    folders, case, architecture, transformers_reads, tmp_path):
+  from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint  # pylint: disable=g-import-not-at-top
+  folder, expected = folders[case]
+  out = tmp_path / "gguf"
+  result = _export(tmp_path / "job", out, f"--init_from=hf:{folder}", "--export_format=gguf")
+  assert result.code == 0, result.stderr[-3000:]
+  assert f"model.gguf ({architecture})" in result.stdout, result.stdout
+  import gguf  # pylint: disable=g-import-not-at-top
+  names = {tensor.name for tensor in gguf.GGUFReader(str(out / "model.gguf")).tensors}
+  assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
+          "blk.0.ffn_down_exps.weight", "blk.0.ffn_gate_inp.weight"} <= names
+  model, params = _load(out / "model.gguf", GgufCheckpoint)
+  assert model.family_name == case.split("_gguf")[0]
+  _assert_close(_ours(model, params, _tokens("long")), expected["long"], f"{case} ours")
+  if transformers_reads:
+    exported = transformers.AutoModelForCausalLM.from_pretrained(
+        str(out), gguf_file="model.gguf", dtype=torch.float32,
+        attn_implementation="eager").eval()
+    assert type(exported).__name__ == CASES[case][1]
+    _assert_close(_theirs(exported, _tokens("long")), expected["long"], f"{case} theirs")
+
+
+@pytest.mark.parametrize("case, change, words", [
+    ("qwen3_moe", (), "a qwen3_moe model with dense layers (Hugging Face's mlp_only_layers)"),
+    ("qwen3_moe_unnormalized", (), "model.renormalize_top_k=False (Hugging Face's "
+                                   "norm_topk_prob): llama.cpp's qwen3moe always renormalizes"),
+    ("gpt_oss", ("--fdl.model.layer_kinds=('full', 'sliding')",),
+     "llama.cpp's gpt-oss slides the first layer's window and every other layer's after it"),
+])
+def test_what_a_gguf_architecture_cannot_hold_is_one_line(folders, tmp_path, case, change,
+                                                          words):
+  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folders[case][0]}",
+                   "--export_format=gguf", *change)
+  assert result.code == 2 and words in result.stderr, result.stderr
+  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+  assert not (tmp_path / "out").exists()
+
+
+def test_a_gpt_oss_gguf_file_with_mxfp4_experts_reads_through_the_gguf_package(folders,
+                                                                               tmp_path):
+  """llama.cpp's gpt-oss files store the experts as MXFP4: the same file with its three
+  expert matrices quantized so (by the gguf package) reads, each dequantized by the gguf
+  package's code, into the experts exactly, and the model still computes (quantized weights:
+  near, not equal, logits)."""
+  gguf = pytest.importorskip("gguf")
+  from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint  # pylint: disable=g-import-not-at-top
+  folder, expected = folders["gpt_oss"]
+  result = _export(tmp_path / "job", tmp_path / "f32", f"--init_from=hf:{folder}",
+                   "--export_format=gguf")
+  assert result.code == 0, result.stderr[-3000:]
+  reader = gguf.GGUFReader(str(tmp_path / "f32" / "model.gguf"))
+  writer = gguf.GGUFWriter(str(tmp_path / "mxfp4.gguf"), "gpt-oss")
+  for name, field in reader.fields.items():
+    if name.startswith("gpt-oss.") or name == "general.name":
+      value = field.contents()
+      kind = field.types[0]
+      writer.add_key_value(name, value, kind,
+                           field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+  decoded = {}
+  mxfp4 = gguf.GGMLQuantizationType.MXFP4
+  for tensor in reader.tensors:
+    values = np.asarray(tensor.data).reshape([int(d) for d in reversed(tensor.shape)])
+    if tensor.name.endswith("_exps.weight"):
+      packed = gguf.quants.quantize(values, mxfp4)
+      decoded[tensor.name] = gguf.quants.dequantize(packed, mxfp4)
+      writer.add_tensor(tensor.name, packed, raw_dtype=mxfp4)  # Its bytes.
+    else:
+      writer.add_tensor(tensor.name, values)
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  model, params = _load(tmp_path / "mxfp4.gguf", GgufCheckpoint)
+  experts = params["layer_0"]["mlp"]
+  # GGUF's [experts, out, in] back to our [experts, in, out].
+  assert np.array_equal(np.asarray(experts["wi"]),
+                        np.swapaxes(decoded["blk.0.ffn_gate_exps.weight"], -1, -2))
+  assert np.array_equal(np.asarray(experts["wi_gate"]),
+                        np.swapaxes(decoded["blk.0.ffn_up_exps.weight"], -1, -2))
+  assert np.array_equal(np.asarray(experts["wo"]),
+                        np.swapaxes(decoded["blk.0.ffn_down_exps.weight"], -1, -2))
+  logits = _ours(model, params, _tokens("long"))
+  assert np.isfinite(logits).all() and np.corrcoef(logits.ravel(),
+                                                   expected["long"].ravel())[0, 1] > 0.9
