@@ -27,10 +27,10 @@ class GptOss20B(Llama7B):
   """gpt-oss-20b shapes: 24 layers, d_model 2880, 64 query / 8 key-value heads of 64 (with
   sinks), windows of 128 on every other layer, 32 experts of 2880 (4 per token), vocabulary
   201,088, YaRN x32 over 4096 positions on a base of 150,000: 20.9B parameters, 3.6B active
-  per token. bfloat16 compute, float32 parameters; 512 sequences of 4096 tokens a step as 8
-  micro-batches, fully sharded (FSDP): `--mode=compile --compile_topology=v5e-256`; the
-  experts over the `expert` mesh axis and the rest FSDP: `--fdl.partitioner.ici_expert=8`
-  (README's topology table).
+  per token. bfloat16 compute, float32 parameters; 512 sequences of 4096 tokens a step as 2
+  micro-batches (a row per chip), fully sharded (FSDP): `--mode=compile
+  --compile_topology=v5e-256`; the experts over the `expert` mesh axis and the rest FSDP:
+  `--fdl.partitioner.ici_expert=8` (README's topology table).
   """
 
   @classmethod
@@ -43,7 +43,7 @@ class GptOss20B(Llama7B):
                            param_dtype="float32", scan_layers=True, remat_policy="full")
     cfg.train_data = synthetic_lm_data(VOCAB, sequence_length, batch)
     cfg.eval_data = synthetic_lm_data(VOCAB, sequence_length, batch, eval_batches=10)
-    cfg.train.grad_accum_steps = 8
+    cfg.train.grad_accum_steps = 2
     return cfg
 
 

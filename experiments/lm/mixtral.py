@@ -24,7 +24,7 @@ class Mixtral8x7B(Llama7B):
   """Mixtral-8x7B shapes: 32 layers, d_model 4096, 32 query / 8 key-value heads of 128, 8
   SwiGLU experts of 14336 (2 per token), vocabulary 32000, RoPE base 1,000,000: 46.7B
   parameters, 12.9B active per token. bfloat16 compute, float32 parameters; 256 sequences of
-  4096 tokens a step (1M tokens) as 16 micro-batches, fully sharded (FSDP) as Llama7B:
+  4096 tokens a step (1M tokens) as 4 micro-batches (a row per chip), fully sharded (FSDP):
   `--mode=compile --compile_topology=v5p-128`; the experts over the `expert` mesh axis and the
   rest FSDP: `--fdl.partitioner.ici_expert=8` (the README's topology table has both).
   """
@@ -39,7 +39,7 @@ class Mixtral8x7B(Llama7B):
                            param_dtype="float32", scan_layers=True, remat_policy="full")
     cfg.train_data = synthetic_lm_data(vocab, sequence_length, batch)
     cfg.eval_data = synthetic_lm_data(vocab, sequence_length, batch, eval_batches=10)
-    cfg.train.grad_accum_steps = 16
+    cfg.train.grad_accum_steps = 4
     return cfg
 
 

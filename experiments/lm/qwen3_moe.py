@@ -26,9 +26,10 @@ class Qwen3_30B_A3B(Llama7B):  # pylint: disable=invalid-name  # The model's own
   """Qwen3-30B-A3B shapes: 48 layers, d_model 2048, 32 query / 4 key-value heads of 128, 128
   SwiGLU experts of 768 (8 per token, their weights renormalized), vocabulary 151,936, RoPE
   base 1,000,000, untied: 30.5B parameters, 3.3B active per token. bfloat16 compute, float32
-  parameters; 512 sequences of 4096 tokens a step (2M tokens) as 8 micro-batches, fully
-  sharded (FSDP): `--mode=compile --compile_topology=v5e-256`; the experts over the `expert`
-  mesh axis and the rest FSDP: `--fdl.partitioner.ici_expert=16` (README's topology table).
+  parameters; 512 sequences of 4096 tokens a step (2M tokens) as 2 micro-batches (a row per
+  chip), fully sharded (FSDP): `--mode=compile --compile_topology=v5e-256`; the experts over
+  the `expert` mesh axis and the rest FSDP: `--fdl.partitioner.ici_expert=16` (README's
+  topology table).
   """
 
   @classmethod
@@ -42,7 +43,7 @@ class Qwen3_30B_A3B(Llama7B):  # pylint: disable=invalid-name  # The model's own
                            scan_layers=True, remat_policy="full")
     cfg.train_data = synthetic_lm_data(VOCAB, sequence_length, batch)
     cfg.eval_data = synthetic_lm_data(VOCAB, sequence_length, batch, eval_batches=10)
-    cfg.train.grad_accum_steps = 8
+    cfg.train.grad_accum_steps = 2
     return cfg
 
 
