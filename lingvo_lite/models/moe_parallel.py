@@ -8,8 +8,8 @@ global batch: each device would gather all tokens to sort them. Here the layer r
 - tokens: each device holds its rows (the logical `batch` axis's mesh axes);
 - experts: the stacked weights are split over the logical `experts` axis's mesh axes (the
   `expert` mesh axis by default), each device holding E / ways of them, and over `mlp`'s (the
-  `tensor` axis: each expert's hidden width in slices); their `embed` axis is gathered whole
-  (FSDP's gather, at the boundary);
+  `tensor` axis: each expert's hidden width in slices); their `embed` axis, split as FSDP
+  splits it, is gathered whole inside (an all-gather, whose gradient is a reduce-scatter);
 - where the rows are split over an expert axis too (the default: the batch is split over
   every data-parallel axis, the expert axis included), the devices of one expert group first
   gather their rows (all-gather over that axis), so each device has the group's tokens; it
@@ -62,6 +62,10 @@ def dropless(x: jax.Array, routing: moe.Routing, weights: moe.ExpertWeights,
   rows = _axes("batch", batch, mesh)
   experts = _axes("experts", num_experts, mesh)
   sliced = _axes("mlp", hidden, mesh)
+  # The weights' model width as the parameters lie (FSDP), gathered inside: the gradient of
+  # an all-gather is a reduce-scatter, where a width gathered at the boundary would make the
+  # backward pass all-reduce whole expert weights.
+  width = tuple(axis for axis in _axes("embed", dim, mesh) if axis not in experts + sliced)
   gathered = tuple(axis for axis in experts if axis in rows)
   ways = 1
   for axis in experts:
@@ -69,6 +73,11 @@ def dropless(x: jax.Array, routing: moe.Routing, weights: moe.ExpertWeights,
   local_experts = num_experts // ways
 
   def per_shard(x, chosen, routing_weights, wi, wi_gate, wo, wi_bias, wi_gate_bias, wo_bias):
+    if width:
+      wi, wi_gate = (jax.lax.all_gather(w, width, axis=1, tiled=True) for w in (wi, wi_gate))
+      wo = jax.lax.all_gather(wo, width, axis=2, tiled=True)
+      if wo_bias is not None:
+        wo_bias = jax.lax.all_gather(wo_bias, width, axis=1, tiled=True)
     if gathered:
       x, chosen, routing_weights = (jax.lax.all_gather(a, gathered, axis=0, tiled=True)
                                     for a in (x, chosen, routing_weights))
@@ -102,10 +111,10 @@ def dropless(x: jax.Array, routing: moe.Routing, weights: moe.ExpertWeights,
   chosen = routing.experts.reshape(batch, length, k)
   routing_weights = routing.weights.reshape(batch, length, k)
   token_spec = _spec(rows, (), ())
-  bias_specs = (_spec(experts, sliced), _spec(experts, sliced), _spec(experts, ()))
+  bias_specs = (_spec(experts, sliced), _spec(experts, sliced), _spec(experts, width))
   run = jax.shard_map(
-      per_shard, in_specs=(token_spec, token_spec, token_spec, _spec(experts, (), sliced),
-                           _spec(experts, (), sliced), _spec(experts, sliced, ()),
+      per_shard, in_specs=(token_spec, token_spec, token_spec, _spec(experts, width, sliced),
+                           _spec(experts, width, sliced), _spec(experts, sliced, width),
                            *(None if b is None else spec for b, spec in zip(
                                (weights.wi_bias, weights.wi_gate_bias, weights.wo_bias),
                                bias_specs))),

@@ -168,7 +168,7 @@ def _export(job, out, *extra):
                   f"--export_dir={out}", *extra])
 
 
-@pytest.mark.parametrize("case", FAMILY_CASES)
+@pytest.mark.parametrize("case", ("mixtral", "qwen3_moe", "gpt_oss"))
 def test_export_writes_save_pretrained_s_tensors_and_from_pretrained_computes_the_same(
     folders, case, tmp_path):
   folder, expected = folders[case]
