@@ -22,11 +22,12 @@ absolute times move with them).
   `--mode=decode` runs, its weights imported from the folder transformers saved) and by
   transformers' `MixtralForCausalLM.generate` (torch CPU), 32-token prompts, 128 new tokens,
   batch 1 and 8, alternating; tokens/s medians.
-- mfu: on an accelerator, a tiny-to-small MoE train step (8 layers, d_model 1024, 16 heads,
-  16 experts of 2816, 2 per token, sequence 2048, bfloat16) with `dropless` and `capacity`
-  beside a dense Llama of the same active size (MLP 5632): step time and MFU against the
-  datasheet bf16 peak, FLOPs counted over the active experts (mfu.py), written to
-  OUT/moe_mfu.json and printed.
+- mfu: on an accelerator (one TPU v5e chip: `OUT=DIR bash bench/tpu_check.sh moe`), a small
+  MoE train step (8 layers, d_model 1024, 16 heads, vocabulary 32000, 8 experts of 1408, 2 per
+  token, sequence 2048, batch 8, bfloat16 compute, float32 parameters, `minimal` remat) with
+  `dropless` and `capacity` (factor 1.25) beside a dense Llama of the same active size (MLP
+  2816): step time and MFU against the datasheet bf16 peak, FLOPs counted over the active
+  experts (mfu.py), written to OUT/moe_mfu.json and printed.
 """
 
 from __future__ import annotations
@@ -193,10 +194,10 @@ def accelerator_mfu(args: argparse.Namespace) -> None:
   out.mkdir(parents=True, exist_ok=True)
   sizes = dict(vocab_size=32000, num_layers=8, dim=1024, num_heads=16, dtype="bfloat16",
                param_dtype="float32", remat_policy="minimal")
-  cases = {f"moe_{kind}": fdl.Config(Mixtral, mlp_dim=2816, num_experts=16,
+  cases = {f"moe_{kind}": fdl.Config(Mixtral, mlp_dim=1408, num_experts=8,
                                      experts_per_token=2, dispatch=kind, **sizes)
            for kind in ("dropless", "capacity")}
-  cases["dense_same_active"] = fdl.Config(Llama, mlp_dim=5632, **sizes)
+  cases["dense_same_active"] = fdl.Config(Llama, mlp_dim=2816, **sizes)
   device = jax.devices()[0]
   peak = mfu.PEAK_BF16_TFLOPS.get(next((k for k in mfu.PEAK_BF16_TFLOPS
                                         if device.device_kind.startswith(k)), ""), None)
