@@ -10,7 +10,7 @@
 #
 # then, on the TPU VM, from the repository root:
 #
-#   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train decode tests
+#   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train decode tests moe
 #                                           (default: numerics train decode)
 #
 # numerics: bench/tpu_numerics.py: splash against einsum on the chip, a 50-step tiny training
@@ -21,6 +21,8 @@
 # decode: bench/tpu_decode.py: SmolLM2-135M's shape at batch 1, 8 and 64, unrolled and
 #         scanned layers; a shape with heads of 128 with and without the decode kernel;
 #         against the copy bandwidth measured in the same run.
+# moe:    bench/moe_bench.py mfu: a small mixture-of-experts train step's MFU (active FLOPs),
+#         dropless and capacity, beside a dense model of the same active size: $OUT/moe_mfu.json.
 # tests:  the suite's model, decode and step tests on the chip, one pytest process, float32
 #         comparisons at the highest matmul precision (tests/conftest.py sets it on TPUs).
 # Output: stdout, and $OUT/*.txt / *.jsonl when $OUT is set.
@@ -84,6 +86,10 @@ for stage in "${stages[@]}"; do
           --deselect tests/decode/test_decode.py::test_text_through_a_sentencepiece_vocabulary_and_stop_strings \
           2>&1 | tail -40 | tee "$out/tests.txt"
       ;;
-    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, decode, tests)" >&2; exit 2 ;;
+    moe)
+      python3 bench/moe_bench.py mfu --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/moe.txt"
+      ;;
+    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, decode, tests, moe)" >&2
+       exit 2 ;;
   esac
 done

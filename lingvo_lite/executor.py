@@ -28,7 +28,8 @@ import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import command_line, outputs, paths, programs, target as targets, topologies
+from lingvo_lite import (command_line, outputs, partitioning, paths, programs, target as targets,
+                         topologies)
 from lingvo_lite.config import (building, files as config_files, graph as config_graph,
                                 help as config_help, overrides, registry)
 from lingvo_lite.errors import DataError, OutputFailure, UsageError, one_line
@@ -294,7 +295,7 @@ def _spread_over_slices(cfg: fdl.Buildable, target: targets.Target) -> None:
   MaxText's default)."""
   partitioner = getattr(cfg, "partitioner", None)
   if target.num_slices > 1 and isinstance(partitioner, fdl.Config) and all(
-      getattr(partitioner, f"dcn_{axis}", 1) == 1 for axis in ("data", "fsdp", "tensor")):
+      getattr(partitioner, f"dcn_{axis}", 1) == 1 for axis in partitioning.MESH_AXES):
     partitioner.dcn_data = target.num_slices
 
 

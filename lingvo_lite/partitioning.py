@@ -1,9 +1,11 @@
 """Device mesh and logical-axis sharding rules.
 
 The model names the axes of its parameters and activations logically (`embed`, `mlp`,
-`heads`, ...); the partitioner maps those names onto named mesh axes (`data`, `fsdp`,
-`tensor`) and turns an abstract state tree into NamedShardings. Pure data parallelism is the
-default: every parameter replicated, the batch split over all devices.
+`heads`, `experts`, ...); the partitioner maps those names onto named mesh axes (`data`,
+`fsdp`, `expert`, `tensor`) and turns an abstract state tree into NamedShardings. Pure data
+parallelism is the default: every parameter replicated, the batch split over all devices.
+The `expert` axis splits a mixture of experts' stacked experts (expert parallelism,
+models/moe_parallel.py) and, like every data-parallel axis, the batch.
 """
 
 from __future__ import annotations
@@ -23,19 +25,22 @@ from lingvo_lite.fields import PositiveInt, Range
 
 IciSize = Annotated[int, Range(1, also=(-1,), note="-1 takes the devices left over")]
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# Outer to inner: the tensor axis, whose collectives run every layer, innermost (nearest
+# devices); the expert axis's all-gathers and reduce-scatters of activations next to it.
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 # The logical axes of the batch and of activations along it, whatever the model.
 DATA_AXES = ("batch", "length")
 # The logical axis names the default rules map: the batch's, and those the transformer
 # families name their parameters' axes by. A model's own are its family's `logical_axes()`.
 LOGICAL_AXES = DATA_AXES + ("embed", "mlp", "heads", "kv", "vocab", "norm", "position",
-                            "layers")
+                            "layers", "experts")
 
-# Logical axis -> mesh axes. The batch is split over every data-parallel axis (FSDP is data
-# parallel for activations); weights are split over fsdp on `embed` and over tensor on the
-# head/MLP/vocab dimensions (Megatron-style).
+# Logical axis -> mesh axes. The batch is split over every data-parallel axis (FSDP and the
+# expert axis are data parallel for activations, as in MaxText); weights are split over fsdp on
+# `embed` and over tensor on the head/MLP/vocab dimensions (Megatron-style), a mixture's
+# stacked experts over expert.
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
+    ("batch", ("data", "fsdp", "expert")),
     ("length", None),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
@@ -45,6 +50,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("norm", None),
     ("position", None),
     ("layers", None),
+    ("experts", "expert"),
 )
 
 
@@ -90,27 +96,32 @@ class Partitioner:
   """Mesh shape and sharding rules.
 
   Attributes:
-    ici_data, ici_fsdp, ici_tensor: Mesh axis sizes within a slice; one may be -1 to take
-      the devices left over.
-    dcn_data, dcn_fsdp, dcn_tensor: Mesh axis sizes across slices (multi-slice jobs).
+    ici_data, ici_fsdp, ici_expert, ici_tensor: Mesh axis sizes within a slice; one may be -1
+      to take the devices left over. `expert` splits a mixture's experts (and the batch).
+    dcn_data, dcn_fsdp, dcn_expert, dcn_tensor: Mesh axis sizes across slices (multi-slice
+      jobs).
     rules: Logical axis name -> mesh axis (or tuple of axes, or None for replicated).
   """
 
   ici_data: IciSize = -1
   ici_fsdp: IciSize = 1
   ici_tensor: IciSize = 1
+  ici_expert: IciSize = 1
   dcn_data: PositiveInt = 1
   dcn_fsdp: PositiveInt = 1
   dcn_tensor: PositiveInt = 1
+  dcn_expert: PositiveInt = 1
   rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
 
   @property
-  def ici_shape(self) -> tuple[int, int, int]:
-    return (self.ici_data, self.ici_fsdp, self.ici_tensor)
+  def ici_shape(self) -> tuple[int, int, int, int]:
+    """Sizes within a slice, in `MESH_AXES`' order."""
+    return (self.ici_data, self.ici_fsdp, self.ici_expert, self.ici_tensor)
 
   @property
-  def dcn_shape(self) -> tuple[int, int, int]:
-    return (self.dcn_data, self.dcn_fsdp, self.dcn_tensor)
+  def dcn_shape(self) -> tuple[int, int, int, int]:
+    """Sizes across slices, in `MESH_AXES`' order."""
+    return (self.dcn_data, self.dcn_fsdp, self.dcn_expert, self.dcn_tensor)
 
   def resolved_ici_shape(self, num_devices: int) -> tuple[int, ...]:
     """ICI sizes with a -1 replaced by the devices left over; raises if they don't fit."""
@@ -161,10 +172,12 @@ class Partitioner:
 
     Args:
       used_logical_axes: The names the model's parameters and the batch use.
-      model_axes: Every logical axis name the model's family knows (its `logical_axes()`);
-        None: those of LOGICAL_AXES.
+      model_axes: Every logical axis name the model's family knows (its `logical_axes()`),
+        beside those of LOGICAL_AXES (the default rules').
     """
-    known = LOGICAL_AXES if model_axes is None else DATA_AXES + tuple(model_axes)
+    # The default rules' names are known to every model (a dense model has no `experts` to
+    # split, and its rule splits nothing); a family may name more.
+    known = tuple(dict.fromkeys(LOGICAL_AXES + tuple(model_axes or ())))
     for name, target in self.rules:
       if name not in known:
         raise config_error("partitioner.rules", name, "unknown logical axis name",

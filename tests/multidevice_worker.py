@@ -87,14 +87,15 @@ INT8_WEIGHTS_MESHES = {"single": None, "data2_fsdp2_tensor2": (2, 2, 2)}
 INT8_WEIGHTS = ('model.quantization="int8_weights"',)
 
 
-def _decode_logits(mesh_shape, extra_sets=()):
+def _decode_logits(mesh_shape, extra_sets=(), experiment="PyCodeLlamaTiny"):
   """Each step's logits [slots, vocab] and tokens of a decode on one device or a mesh, the
-  cache and slots sharded (slots over data, key/value heads over tensor)."""
+  cache and slots sharded (slots over data, key/value heads over tensor; a mesh of 4 sizes
+  names data, fsdp, tensor, expert)."""
   sets = DECODE_SETS + tuple(extra_sets)
   if mesh_shape is not None:
     sets += tuple(f"partitioner.ici_{axis}={size}"
-                  for axis, size in zip(("data", "fsdp", "tensor"), mesh_shape))
-  setup = synthetic_tiny_setup("PyCodeLlamaTiny", *sets)
+                  for axis, size in zip(("data", "fsdp", "tensor", "expert"), mesh_shape))
+  setup = synthetic_tiny_setup(experiment, *sets)
   devices = jax.devices()[:1] if mesh_shape is None else jax.devices()
   steps = decode_steps.DecodeSteps(setup, setup.partitioner.make_mesh(devices))
   params = jax.jit(setup.model.init)(jax.random.key(2), jnp.zeros((1, 8), jnp.int32))
@@ -180,6 +181,44 @@ def _lora_losses(mesh_shape, quantization="int8_weights", steps=3):
   return {"losses": losses, "specs": specs}
 
 
+# Mixtures of experts (issue 44), tiny Mixtral, dropless: the gradients of one batch, and the
+# loss, with the experts split over the expert axis (expert parallelism:
+# models/moe_parallel.py), against one device.
+MOE_MESHES = {"single": {}, "expert4_data2": {"expert": 4, "data": 2},
+              "expert2_fsdp2_tensor2": {"expert": 2, "fsdp": 2, "tensor": 2, "data": 1}}
+MOE_DECODE_MESHES = {"single": None, "expert4_data2": (2, 1, 1, 4)}
+
+
+def _mesh_sets(axes):
+  return tuple(f"partitioner.ici_{axis}={size}" for axis, size in axes.items())
+
+
+def _moe_gradients(axes):
+  """The loss, the objective's gradients (every parameter, flattened) and the experts'
+  PartitionSpecs of one batch of PyCodeMixtralTiny on one device or a mesh."""
+  from lingvo_lite.training import steps as training_steps  # pylint: disable=g-import-not-at-top
+  setup = synthetic_tiny_setup("PyCodeMixtralTiny", *SETS, *_mesh_sets(axes))
+  devices = jax.devices()[:1] if not axes else jax.devices()
+  jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
+  with jitted.activated():
+    state = jitted.init_state()
+    batch = jitted.global_batch(setup.train_data.batch(0))
+
+    def objective(params):
+      total = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
+      value, sums = training_steps._loss_sums(  # pylint: disable=protected-access
+          params, setup.model, batch, 0.0, total)
+      return value, sums["cross_entropy_sum"] / total
+
+    with jax.default_matmul_precision("highest"):
+      grads, loss = jax.jit(jax.grad(objective, has_aux=True))(state.params)
+  experts = jitted.sharded_state.shardings.params["layer_0"]["mlp"]
+  return {"loss": float(loss),
+          "grads": {jax.tree_util.keystr(path): np.asarray(leaf).ravel().tolist()
+                    for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]},
+          "specs": {name: str(experts[name].spec) for name in ("wi", "wo", "router_kernel")}}
+
+
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
@@ -196,6 +235,9 @@ def main():
   result["decode_int8_weights"] = {name: _decode_logits(shape, INT8_WEIGHTS)
                                    for name, shape in INT8_WEIGHTS_MESHES.items()}
   result["qlora"] = {name: _lora_losses(shape) for name, shape in LORA_MESHES.items()}
+  result["moe"] = {name: _moe_gradients(axes) for name, axes in MOE_MESHES.items()}
+  result["moe_decode"] = {name: _decode_logits(shape, experiment="PyCodeMixtralTiny")
+                          for name, shape in MOE_DECODE_MESHES.items()}
   result["bad"] = {}
   with tempfile.TemporaryDirectory() as job:
     for name, args in BAD_PARTITIONING.items():

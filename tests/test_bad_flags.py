@@ -21,6 +21,8 @@ from lingvo_lite.testing import run_cli, source_root, tree_digest
 PRINT = ["--mode=print", "--exp=PyCodeTiny"]
 TRAIN = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data", "--job_log_dir=job"]
 MULTI = ["--coordinator_address=127.0.0.1:1234", "--num_processes=2", "--process_id=1"]
+MOE = ["--exp=PyCodeMixtralTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+       "--job_log_dir=job"]
 
 
 def test_an_empty_flagfile_as_a_user_types_it_is_one_line_exit_2(tmp_path):
@@ -52,6 +54,20 @@ def test_a_model_config_as_a_user_types_it_is_one_line_exit_2(tmp_path):
       "Setup's model holds); name an experiment (see --mode=list), or a function returning a "
       "Setup's config (lingvo_lite.experiment.setup_config(model=..., optimizer=..., "
       "train_data=...))\n")
+  assert result.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_a_bad_moe_setting_as_a_user_types_it_is_one_line_exit_2(tmp_path):
+  """A mixture of experts' setting the model cannot run (the table has the rest), from the
+  repository root: one line naming the field, and no job dir."""
+  job = os.path.relpath(tmp_path / "job", source_root())
+  result = subprocess.run([sys.executable, "-m", "lingvo_lite", "--exp=PyCodeMixtralTiny",
+                           "--fdl.model.experts_per_token=9", f"--job_log_dir={job}"],
+                          cwd=source_root(), capture_output=True, text=True, timeout=120,
+                          check=False)
+  assert result.returncode == 2, result.stderr
+  assert result.stderr == ("lingvo_lite: error: model.experts_per_token=9: is more than "
+                           "model.num_experts=8; route each token to at most every expert\n")
   assert result.stdout == "" and os.listdir(tmp_path) == []
 
 
@@ -335,6 +351,26 @@ CASES = {
         ["--mode=compile", "--fdl_config=lk39_no_optimizer.config", "--compile_topology=v5e-8"],
         "optimizer: required by Setup and not set",
         _write("lk39_no_optimizer.py", _SETUP_WITHOUT.format("optimizer"))),
+    # A mixture of experts' settings (issue 44), refused before anything is written.
+    "moe: top-k over the experts": (
+        [*MOE, "--fdl.model.experts_per_token=9"],
+        "model.experts_per_token=9: is more than model.num_experts=4; route each token to at "
+        "most every expert", None),
+    "moe: no experts": ([*MOE, "--fdl.model.num_experts=0"],
+                        "--fdl.model.num_experts=0: must be a positive integer", None),
+    "moe: capacity factor 0": ([*MOE, "--fdl.model.capacity_factor=0.0"],
+                               "--fdl.model.capacity_factor=0.0: must be a positive number",
+                               None),
+    "moe: unknown dispatch": ([*MOE, "--fdl.model.dispatch='megablox'"],
+                              "model.dispatch must be one of 'dropless', 'capacity', 'dense', "
+                              "got str 'megablox'", None),
+    "moe: no feed-forward kind": ([*MOE, "--fdl.model.mlp_kinds=()"],
+                                  "model.mlp_kinds=(): names no feed-forward kind", None),
+    "moe: an expert axis that does not divide the experts, compile": (
+        ["--mode=compile", "--exp=PyCodeMixtralTiny", "--compile_topology=v5e-8",
+         "--fdl.partitioner.ici_expert=4", "--fdl.model.num_experts=6"],
+        "model.num_experts=6: the 'experts' dimension of parameter ['layer_0']['mlp']"
+        "['router_kernel'] is not divisible by mesh axes expert = 4", None),
 }
 
 

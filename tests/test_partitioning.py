@@ -26,7 +26,7 @@ def fixture_worker():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
   completed = subprocess.run([sys.executable, "-m", "tests.multidevice_worker"], env=env,
-                             cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+                             cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
   assert completed.returncode == 0, completed.stderr[-3000:]
   return json.loads(completed.stdout)
 
@@ -87,6 +87,35 @@ def test_tiny_dense_families_train_on_a_mesh_as_on_one_device(worker, experiment
   losses = worker["families"][experiment]
   assert len(losses["single"]) == 3 and np.isfinite(losses["data2_fsdp2_tensor2"]).all()
   np.testing.assert_allclose(losses["data2_fsdp2_tensor2"], losses["single"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("mesh, specs", [
+    ("expert4_data2", {"wi": "P('expert',)", "wo": "P('expert',)",
+                       "router_kernel": "P(None, 'expert')"}),
+    ("expert2_fsdp2_tensor2", {"wi": "P('expert', 'fsdp', 'tensor')",
+                               "wo": "P('expert', 'tensor', 'fsdp')",
+                               "router_kernel": "P('fsdp', 'expert')"})])
+def test_expert_parallel_gradients_equal_the_single_device_ones(worker, mesh, specs):
+  """A tiny Mixtral's loss and every parameter's gradient of one batch, its experts split
+  over the expert axis (each expert group's devices gather their tokens, run their own
+  experts and sum the outputs back: models/moe_parallel.py) and combined with data, fsdp
+  and tensor parallelism, equal one device's within 1e-5."""
+  single, sharded = worker["moe"]["single"], worker["moe"][mesh]
+  shown = lambda run: {k: v.replace("PartitionSpec", "P") for k, v in run["specs"].items()}
+  assert shown(sharded) == specs and shown(single)["wi"] == "P()"
+  np.testing.assert_allclose(sharded["loss"], single["loss"], rtol=1e-5)
+  assert set(sharded["grads"]) == set(single["grads"])
+  scale = max(np.abs(values).max() for values in single["grads"].values())
+  for path, values in single["grads"].items():
+    np.testing.assert_allclose(sharded["grads"][path], values, rtol=1e-5, atol=1e-5 * scale,
+                               err_msg=path)
+
+
+def test_decode_with_experts_sharded_gives_the_logits_of_one_device(worker):
+  """Slots over data x expert (8 ways), the experts over 4 of them: each step's logits as on
+  one device."""
+  runs = worker["moe_decode"]
+  _assert_same_logits_while_tokens_agree(runs["single"], runs["expert4_data2"])
 
 
 @pytest.mark.parametrize("mesh", sorted(EXPECTED_SPECS))
@@ -173,9 +202,9 @@ def test_qlora_trains_on_a_mesh_as_on_one_device(worker):
 
 
 def test_one_axis_takes_the_remaining_devices():
-  assert Partitioner(ici_data=-1, ici_tensor=2).resolved_ici_shape(8) == (4, 1, 2)
+  assert Partitioner(ici_data=-1, ici_tensor=2).resolved_ici_shape(8) == (4, 1, 1, 2)
   assert Partitioner(ici_data=1, ici_fsdp=-1, dcn_data=2).mesh_axis_sizes(8) == {
-      "data": 2, "fsdp": 4, "tensor": 1}
+      "data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
   with pytest.raises(UsageError, match="at most one mesh axis may be -1"):
     Partitioner(ici_data=-1, ici_fsdp=-1).resolved_ici_shape(8)
   with pytest.raises(UsageError, match="do not divide the 8 devices"):
@@ -185,8 +214,8 @@ def test_one_axis_takes_the_remaining_devices():
 def test_single_device_mesh_and_batch_sharding():
   partitioner = Partitioner()
   mesh = partitioner.make_mesh(jax.devices()[:1])
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "tensor": 1}
-  assert partitioner.data_parallel_size({"data": 4, "fsdp": 2, "tensor": 2}) == 8
+  assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+  assert partitioner.data_parallel_size({"data": 4, "fsdp": 2, "expert": 1, "tensor": 2}) == 8
 
 
 @pytest.mark.parametrize("target, message", [

@@ -46,7 +46,9 @@ class Block(nn.Module):
   `attention_type` is the attention layer's class (a family's own subclass of
   `layers.Attention`), built with the sizes below and `attention_options`, the pairs of its
   own further fields. The fields from `window` to `qk_norm` are the layer's attention kind's
-  (`layers.Attention`'s fields of those names).
+  (`layers.Attention`'s fields of those names). `mlp_type`: None for `layers.Mlp` of the
+  `mlp_*` fields, or another feed-forward layer's class (a mixture of experts,
+  models/moe.py) built with `mlp_options`, the quantization and the dtypes.
   """
 
   kind: BlockKind
@@ -73,6 +75,8 @@ class Block(nn.Module):
   lora: LoraSettings | None = None
   attention_type: type[layers.Attention] = layers.Attention
   attention_options: tuple[tuple[str, Any], ...] = ()
+  mlp_type: Any = None
+  mlp_options: tuple[tuple[str, Any], ...] = ()
   scan_carry: bool = False
   return_kv: bool = False
 
@@ -102,9 +106,15 @@ class Block(nn.Module):
         implementation=self.attention_implementation, quantization=self.quantization,
         lora=self.lora, dtype=self.dtype, param_dtype=self.param_dtype, name="attention",
         **dict(self.attention_options))
-    mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
-                     use_bias=self.mlp_bias, quantization=self.quantization, lora=self.lora,
-                     dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")
+    if self.mlp_type is None:
+      mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
+                       use_bias=self.mlp_bias, quantization=self.quantization, lora=self.lora,
+                       dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")
+    else:
+      # A family's own feed-forward layer (a mixture of experts) has no LoRA adapters: its
+      # weights are not targets (models/lora.py).
+      mlp = self.mlp_type(**dict(self.mlp_options), quantization=self.quantization,
+                          dtype=self.dtype, param_dtype=self.param_dtype, name="mlp")
     extra = None  # What attention returns besides its output: new kv, or the cache.
     wants_extra = self.return_kv or context is not None
     attention_norm, attention_post_norm, mlp_norm, mlp_post_norm = _NORMS[self.kind]

@@ -23,6 +23,11 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   the weight matmuls (`matmul_parameters()`). MFU (mfu.py) and the compile report use these.
 - Axes: `logical_axes()`, each logical axis name of its parameters -> the field that sizes it
   (a name the partitioner's default rules do not map needs a rule in `partitioner.rules`).
+- Training's forward pass: `logits_and_losses(params, tokens, segment_ids, positions,
+  adapters, rngs)`, the
+  logits with an auxiliary objective that training adds to the mean token loss and the
+  statistics logged beside it (a mixture of experts' load balance and router z-loss, each
+  expert's share of the tokens: models/moe_transformer.py); by default none.
 - Checks: `validate(target)` raises `UsageError` with one line naming `model.<field>`, the value
   and the fix; `check_sequence_length(path, length)` refuses data longer than the model takes.
 - LoRA (models/lora.py): `with_adapters(settings)`, the model whose weight matmuls add the
@@ -103,6 +108,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.errors import config_error
+from lingvo_lite.models import lora as lora_lib
 from lingvo_lite.models import quantization as quantizing
 
 # No machine holds the training state of more parameters: 1e14 float32 parameters with their
@@ -252,6 +258,30 @@ class LanguageModel(nn.Module):
     """Model FLOPs of one decoded token at a context of `context_length` positions: the
     forward of every weight matmul (2 per weight) and of its attention."""
     return 2.0 * self.matmul_parameters() + self.decode_attention_flops(context_length)
+
+  # ---------------------------------------------------------------------------- objective
+
+  @nn.nowrap
+  def logits_and_losses(self, params: Any, tokens: jax.Array,
+                        segment_ids: jax.Array | None = None,
+                        positions: jax.Array | None = None, adapters: Any = None,
+                        rngs: dict[str, jax.Array] | None = None
+                        ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+    """Training's and evaluation's forward pass: (the logits, the auxiliary objective a
+    training step adds to its mean token loss, already weighted by the family's coefficients
+    (a float32 scalar), the scalar statistics to log beside the loss by name). By default
+    the plain logits, no auxiliary objective and nothing to log. `adapters`: a LoRA model's
+    adapters over `params` (models/lora.py); `rngs`: their dropout's keys."""
+    logits = self.apply(self.variables_of(params, adapters), tokens, segment_ids, positions,
+                        rngs=rngs)
+    return logits, jnp.zeros((), jnp.float32), {}
+
+  @staticmethod
+  def variables_of(params: Any, adapters: Any = None) -> dict[str, Any]:
+    """The variables `apply` takes: the parameters, and a LoRA model's adapters beside them."""
+    if adapters is None:
+      return {"params": params}
+    return {"params": params, lora_lib.COLLECTION: adapters}
 
   # ---------------------------------------------------------------------------- axes, checks
 

@@ -23,6 +23,8 @@ log-sum-exp. This module is the whole bridge between the model's attention and t
 
 from __future__ import annotations
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -115,12 +117,15 @@ def _at_default_precision(function):
 
 
 def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array | None,
-                     window: int | None = None, interpret: bool | None = None) -> jax.Array:
+                     window: int | None = None, interpret: bool | None = None,
+                     sinks: jax.Array | None = None) -> jax.Array:
   """Causal attention of q [b, t, heads, d] over k, v [b, t, kv_heads, d]: [b, t, heads, d].
 
   `q` comes already scaled (the kernel multiplies by nothing). `segment_ids` [b, t] (None:
   one document per row) keeps each query within its document; `window` restricts it to the
-  last `window` positions, itself included. `interpret` defaults to "not on a TPU".
+  last `window` positions, itself included. `sinks` [heads]: a logit per query head each
+  softmax also sums over (gpt-oss's), which the kernel takes. `interpret` defaults to "not on
+  a TPU".
   """
   length = q.shape[1]
   if not supports_length(length):
@@ -132,22 +137,25 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
     interpret = current_platform() != "tpu"
   q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [b, heads, t, d]: the kernel's.
 
-  def attend(q, k, v, segment_ids):
+  def attend(q, k, v, segment_ids, sinks):
     kernel = _kernel(length, q.shape[1], window, interpret)
+    if sinks is not None:  # One per query head, the same for every row.
+      kernel = functools.partial(kernel, sinks=sinks.astype(jnp.float32))
     if segment_ids is None:
       return jax.vmap(kernel)(q, k, v)
     segments = splash.SegmentIds(q=segment_ids, kv=segment_ids)
-    return jax.vmap(kernel)(q, k, v, segment_ids=segments)
+    return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=s))(q, k, v, segments)
 
   specs = shard_specs(q.shape[0], k.shape[1])
   if specs is not None:
     heads_spec, rows_spec = specs
     attend = jax.shard_map(
         attend, in_specs=(heads_spec, heads_spec, heads_spec,
-                          None if segment_ids is None else rows_spec),
+                          None if segment_ids is None else rows_spec,
+                          None if sinks is None else PartitionSpec(heads_spec[1])),
         out_specs=heads_spec, check_vma=False)
   if q.dtype != jnp.float32 and jax.config.jax_default_matmul_precision is not None:
     attend = _at_default_precision(attend)
-  out = attend(q, k, v, segment_ids)
+  out = attend(q, k, v, segment_ids, sinks)
   return jnp.swapaxes(out, 1, 2)
 

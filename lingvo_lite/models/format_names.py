@@ -118,6 +118,13 @@ class GgufNames(FormatNames):
   architecture: ClassVar[str]
 
   @classmethod
+  def reads_file(cls, metadata: Mapping[str, Any]) -> bool:
+    """Whether a file of `architecture` with this `metadata` is the family's (several
+    families may share an architecture: llama.cpp's `llama` holds Llama and Mixtral)."""
+    del metadata
+    return True
+
+  @classmethod
   def hf_config(cls, metadata: Mapping[str, Any],
                 tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     """The Hugging Face config.json a file's metadata (and its tensors' names and shapes, in

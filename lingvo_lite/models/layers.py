@@ -177,7 +177,8 @@ def resolve_implementation(requested: AttentionImplementation, platform: str,
   return "einsum"
 
 
-def unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+def unnormalized_softmax(logits: jax.Array, mask: jax.Array, sinks: jax.Array | None = None
+                         ) -> tuple[jax.Array, jax.Array]:
   """exp(logits - max) over the keys where `mask` holds (0 elsewhere), and its sum.
 
   The caller divides the attention output by the sum instead of dividing the probabilities:
@@ -185,12 +186,22 @@ def unnormalized_softmax(logits: jax.Array, mask: jax.Array) -> tuple[jax.Array,
   (measured: about 3% of a BenchSmall train step on 8 CPU devices). Every query sees at
   least itself, so the sum is at least 1. The un-normalized output is a sum over up to t
   values, so it is accumulated and divided in float32 (float16 would overflow).
+
+  `sinks` (float32, broadcasting against logits without their key axis): a logit each
+  query's softmax also sums over, with no value (gpt-oss's attention sinks): it enters the
+  sum, and the shift, alone.
   """
   logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
   # The softmax does not depend on the shift, so no gradient flows through it.
-  shift = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  shift = jnp.max(logits, axis=-1, keepdims=True)
+  if sinks is not None:
+    shift = jnp.maximum(shift, sinks[..., None])
+  shift = jax.lax.stop_gradient(shift)
   weights = jnp.exp(logits - shift)
-  return weights, jnp.sum(weights, axis=-1)
+  denominator = jnp.sum(weights, axis=-1)
+  if sinks is not None:
+    denominator = denominator + jnp.exp(sinks - shift[..., 0])
+  return weights, denominator
 
 
 class Attention(nn.Module):
@@ -240,6 +251,22 @@ class Attention(nn.Module):
     """Positions each query sees, its own included; None: every earlier position."""
     return self.window
 
+  def sinks(self) -> jax.Array | None:
+    """float32 [heads]: a learned logit per query head that each query's softmax also sums
+    over, taking weight from the keys without a value (gpt-oss's attention sinks); None for
+    none. Called once per call (it may create a parameter); every path takes its value."""
+    return None
+
+  def _head_sinks(self, sinks: jax.Array | None, grouped: bool) -> jax.Array | None:
+    """`sinks` laid out as the scores' [batch, heads, query] (or grouped: [batch, kv_heads,
+    group, query]) for `unnormalized_softmax`."""
+    if sinks is None:
+      return None
+    sinks = sinks.astype(jnp.float32)
+    if grouped:
+      return sinks.reshape(self.num_kv_heads, -1)[None, :, :, None]
+    return sinks[None, :, None]
+
   def scale(self) -> float:
     """What queries are multiplied by before their scores."""
     return self.query_scale if self.query_scale is not None else 1.0 / math.sqrt(self.head_dim)
@@ -272,7 +299,8 @@ class Attention(nn.Module):
     return mask if window is None else mask & band_mask(length, window)
 
   def _einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                        segment_ids: jax.Array | None) -> jax.Array:
+                        segment_ids: jax.Array | None, sinks: jax.Array | None = None
+                        ) -> jax.Array:
     batch, length = q.shape[:2]
     mask = self._mask(segment_ids, length)
     q = q * jnp.asarray(self.scale(), self.dtype)
@@ -281,7 +309,8 @@ class Attention(nn.Module):
       # Plain multi-head attention: 4-D einsums are measurably faster on CPU than the
       # grouped 5-D form with a unit group axis.
       logits = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
-      weights, denominator = unnormalized_softmax(logits, mask[:, :, 0])
+      weights, denominator = unnormalized_softmax(logits, mask[:, :, 0],
+                                                  self._head_sinks(sinks, False))
       out = jnp.einsum("bhts,bshd->bthd", weights.astype(self.dtype), v,
                        preferred_element_type=jnp.float32)
       return (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
@@ -289,7 +318,7 @@ class Attention(nn.Module):
     # never copied per query head: [b, t, kv_heads, group, d].
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
     logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
-    weights, denominator = unnormalized_softmax(logits, mask)
+    weights, denominator = unnormalized_softmax(logits, mask, self._head_sinks(sinks, True))
     out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(self.dtype), v,
                      preferred_element_type=jnp.float32)
     out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
@@ -308,21 +337,24 @@ class Attention(nn.Module):
         implementation=self.implementation)
 
   def _splash_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                        segment_ids: jax.Array | None) -> jax.Array:
-    """The TPU's flash kernel (models/flash_attention.py), per shard."""
+                        segment_ids: jax.Array | None, sinks: jax.Array | None = None
+                        ) -> jax.Array:
+    """The TPU's flash kernel (models/flash_attention.py), per shard (it takes sinks)."""
     q = q * jnp.asarray(self.scale(), self.dtype)
-    return flash_attention.splash_attention(q, k, v, segment_ids, self.sliding_window())
+    return flash_attention.splash_attention(q, k, v, segment_ids, self.sliding_window(),
+                                            sinks=sinks)
 
   def _attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                 segment_ids: jax.Array | None) -> jax.Array:
+                 segment_ids: jax.Array | None, sinks: jax.Array | None = None) -> jax.Array:
     """Training's and prefill's attention by `implementation`. Splash needs a length its
     blocks divide (a multiple of 128); other lengths (a short prefill bucket) are written
-    out, the same function."""
+    out, the same function. jax.nn.dot_product_attention ("xla", "cudnn") takes no sinks:
+    with them, the written-out path."""
     if self.implementation == "splash" and flash_attention.supports_length(q.shape[1]):
-      return self._splash_attention(q, k, v, segment_ids)
-    if self.implementation in ("xla", "cudnn"):
+      return self._splash_attention(q, k, v, segment_ids, sinks)
+    if self.implementation in ("xla", "cudnn") and sinks is None:
       return self._fused_attention(q, k, v, segment_ids)
-    return self._einsum_attention(q, k, v, segment_ids)
+    return self._einsum_attention(q, k, v, segment_ids, sinks)
 
   def _cache_entry(self, positions: jax.Array, entries: int) -> jax.Array:
     """int32 [batch, length]: the cache entry each new token's keys and values go to (of the
@@ -357,7 +389,8 @@ class Attention(nn.Module):
     return jnp.minimum(positions + 1, entries)
 
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
-                        context: Context) -> tuple[jax.Array, Context]:
+                        context: Context, sinks: jax.Array | None = None
+                        ) -> tuple[jax.Array, Context]:
     """Decoding: writes the new tokens' keys and values into the cache at their entries
     (`_cache_entry`), then attends to the entries each query sees (`_cache_mask`).
 
@@ -388,7 +421,7 @@ class Attention(nn.Module):
     logits = jnp.einsum("btkgd,bksd->bkgts", q, layer_keys.astype(self.dtype)
                         ).astype(jnp.float32)
     mask = self._cache_mask(positions, entries)[:, None, None]
-    weights, denominator = unnormalized_softmax(logits, mask)
+    weights, denominator = unnormalized_softmax(logits, mask, self._head_sinks(sinks, True))
     # XLA:CPU has no bfloat16 x bfloat16 -> float32 dot of this shape for a few query
     # positions: there, float32 operands (the cache of one layer, converted as it is read).
     operands = jnp.float32 if current_platform() == "cpu" else self.dtype
@@ -433,10 +466,11 @@ class Attention(nn.Module):
     q = constrain(q, "batch", "length", "heads", "kv")
     k = constrain(k, "batch", "length", "heads", "kv")
     v = constrain(v, "batch", "length", "heads", "kv")
+    sinks = self.sinks()
     if context is not None:
-      out, context = self._cached_attention(q, k, v, positions, context)
+      out, context = self._cached_attention(q, k, v, positions, context, sinks)
     else:
-      out = tag(self._attention(q, k, v, segment_ids), "attention_out")
+      out = tag(self._attention(q, k, v, segment_ids, sinks), "attention_out")
     out = constrain(out, "batch", "length", "heads", "kv")
     shape, axes = (self.num_heads, self.head_dim, dim), ("heads", "kv", "embed")
     kernel = self._weight("out_kernel", shape, axes, self.num_heads * self.head_dim)

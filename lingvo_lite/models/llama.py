@@ -117,6 +117,11 @@ class LlamaGgufNames(TransformerGgufNames):
   architecture = "llama"
 
   @classmethod
+  def reads_file(cls, metadata: Mapping[str, Any]) -> bool:
+    """A `llama` file without experts (one with `expert_count` is Mixtral's)."""
+    return not metadata.get(f"{metadata.get('general.architecture')}.expert_count")
+
+  @classmethod
   def hf_config(cls, metadata: Mapping[str, Any],
                 tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
     """The Hugging Face config.json a llama.cpp GGUF file's metadata describes (its keys are

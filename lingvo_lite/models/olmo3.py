@@ -194,6 +194,8 @@ class Olmo3GgufNames(TransformerGgufNames):
       problem = "rotary scaling on the sliding layers"
     elif model.rotary_scaling not in ("none", "yarn"):
       problem = f"rope scaling {model.rotary_scaling!r}"
+    elif model.rotary_scaling == "yarn" and not model.rotary_truncate:
+      problem = "YaRN with an unrounded correction range (rotary_truncate=False)"
     elif "no_rotary" in model.kinds_by_layer():
       problem = "layers without rotary positions"
     if problem:
@@ -215,7 +217,7 @@ class Olmo3GgufNames(TransformerGgufNames):
         found["rope.freq_base_swa"] = float(sliding_base)
     settings = model.rotary_scaling_settings("full")
     if settings:
-      _, factor, original, beta_fast, beta_slow, attention = settings
+      _, factor, original, beta_fast, beta_slow, attention, _ = settings
       found.update({"rope.scaling.type": "yarn", "rope.scaling.factor": float(factor),
                     "rope.scaling.attn_factor": float(attention),
                     "rope.scaling.original_context_length": int(original),

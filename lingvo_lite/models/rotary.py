@@ -12,10 +12,11 @@ with to the last ulp:
   smoothly from one to the other.
 - ("linear", factor): every frequency divided by `factor` (positions interpolated): Gemma 3
   4B and larger on their global layers.
-- ("yarn", factor, original_max_length, beta_fast, beta_slow, attention_factor): YaRN
-  (OLMo 3's global layers, Qwen3's long context): frequencies between the two correction
-  dimensions blended from interpolated to original, and sin and cos multiplied by
-  `attention_factor` (which scales the attention logits by its square).
+- ("yarn", factor, original_max_length, beta_fast, beta_slow, attention_factor[, truncate]):
+  YaRN (OLMo 3's global layers, Qwen3's long context, gpt-oss): frequencies between the two
+  correction dimensions blended from interpolated to original, and sin and cos multiplied by
+  `attention_factor` (which scales the attention logits by its square); the correction
+  dimensions rounded to whole ones unless `truncate` is False (gpt-oss's config).
 """
 
 from __future__ import annotations
@@ -31,17 +32,19 @@ RotaryStyle = Literal["interleaved", "half"]
 
 
 def _yarn(rotary_dim: int, base: float, factor: float, original: int, beta_fast: float,
-          beta_slow: float) -> np.ndarray:
+          beta_slow: float, truncate: bool = True) -> np.ndarray:
   """YaRN's blend of interpolated (inv_freq / factor) and original frequencies: dimensions
   that turn fewer than `beta_slow` times over the original context are interpolated, those
   that turn more than `beta_fast` times keep theirs, linearly in between (transformers'
   `_compute_yarn_parameters`, with its truncation of the correction range to whole
-  dimensions)."""
+  dimensions where `truncate`)."""
   def correction_dim(rotations: float) -> float:
     return (rotary_dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
-  low = max(math.floor(correction_dim(beta_fast)), 0)
-  high = min(math.ceil(correction_dim(beta_slow)), rotary_dim - 1)
+  low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+  if truncate:
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, rotary_dim - 1)
   if low == high:
     high += 0.001  # As transformers does: no division by zero.
   ramp = np.clip((np.arange(rotary_dim // 2, dtype=np.float32) - np.float32(low))
@@ -67,8 +70,8 @@ def inverse_frequencies(rotary_dim: int, base: float, scaling: tuple[Any, ...] =
   if kind == "linear":
     return (inv_freq / np.float32(scaling[1])).astype(np.float32)
   if kind == "yarn":
-    _, factor, original, beta_fast, beta_slow, _ = scaling
-    return _yarn(rotary_dim, base, factor, original, beta_fast, beta_slow)
+    _, factor, original, beta_fast, beta_slow, _, *truncate = scaling
+    return _yarn(rotary_dim, base, factor, original, beta_fast, beta_slow, *truncate)
   _, factor, low, high, original = scaling
   factor, low, high, original = (np.float32(v) for v in (factor, low, high, original))
   wavelength = np.float32(2 * math.pi) / inv_freq

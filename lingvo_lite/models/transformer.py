@@ -112,6 +112,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
       4, 8192).
     rotary_beta_fast, rotary_beta_slow: YaRN's correction range (32 and 1).
     rotary_attention_factor: YaRN's factor of sin and cos; None: 0.1 ln(factor) + 1.
+    rotary_truncate: YaRN's correction range rounded to whole dimensions (Hugging Face's
+      `truncate`, true by default; gpt-oss's config sets false).
     layer_kinds: Each layer's attention kind, a pattern repeated over the layers: "full"
       (every earlier position), "sliding" (the last `window`), "no_rotary" (every earlier
       position, no rotary positions); models/transformer_layers.py.
@@ -184,6 +186,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
   rotary_beta_fast: PositiveFloat = 32.0
   rotary_beta_slow: PositiveFloat = 1.0
   rotary_attention_factor: PositiveFloat | None = None
+  rotary_truncate: bool = True
   layer_kinds: tuple[LayerKind, ...] = ("full",)
   window: PositiveInt | None = None
   sliding_rotary_base: PositiveFloat | None = None
@@ -328,8 +331,17 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
     return layers.Attention, {}
 
   @nn.nowrap
-  def _block_fields(self, kind: str) -> dict:
-    """`block.Block`'s fields for a layer of attention `kind`."""
+  def mlp_module(self, kind: str) -> tuple[Any, dict[str, Any]]:
+    """The feed-forward layer of a block of feed-forward `kind` (`mlp_kinds_by_layer`) and
+    its fields beyond the quantization and dtypes: (None, {}) for the shared `layers.Mlp` of
+    the `mlp_*` fields; a family with another layer returns its class and fields."""
+    del kind
+    return None, {}
+
+  @nn.nowrap
+  def _block_fields(self, kind: str, mlp_kind: str = "dense") -> dict:
+    """`block.Block`'s fields for a layer of attention `kind` and feed-forward `mlp_kind`."""
+    mlp_type, mlp_options = self.mlp_module(mlp_kind)
     attention_type, options = self.attention_module()
     query_scale = (None if self.query_pre_attention_scalar is None
                    else self.query_pre_attention_scalar ** -0.5)
@@ -342,7 +354,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
         mlp_dim=self.resolved_mlp_dim, mlp_activation=self.mlp_activation, mlp_bias=self.mlp_bias,
         quantization=self.quantization, lora=self.lora, dtype=jnp.dtype(self.dtype),
         param_dtype=jnp.dtype(self.param_dtype),
-        attention_type=attention_type, attention_options=tuple(sorted(options.items())))
+        attention_type=attention_type, attention_options=tuple(sorted(options.items())),
+        mlp_type=mlp_type, mlp_options=tuple(sorted(mlp_options.items())))
 
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,

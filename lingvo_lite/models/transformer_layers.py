@@ -41,6 +41,7 @@ from lingvo_lite.models import kv_cache, layer_layout, remat
 from lingvo_lite.models.block import Block, BlockGroup
 from lingvo_lite.models.family import ArrayShape
 from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
+from lingvo_lite.models.moe import STATISTICS
 
 LayerKind = Literal["full", "sliding", "no_rotary"]
 
@@ -71,12 +72,31 @@ class TransformerLayers:
     return per_layer(self.layer_kinds, self.num_layers)
 
   @nn.nowrap
+  def mlp_kinds_by_layer(self) -> tuple[str, ...]:
+    """Each layer's feed-forward kind: "dense" (`layers.Mlp`) here; a family with other
+    feed-forward layers (a mixture of experts) names its kinds and builds them
+    (`mlp_module`)."""
+    return ("dense",) * self.num_layers
+
+  @nn.nowrap
+  def layer_variants(self) -> tuple[tuple[str, str], ...]:
+    """Each layer's (attention kind, feed-forward kind): layers of one variant have the same
+    parameters and computation, so a scan steps over a period of them."""
+    return tuple(zip(self.kinds_by_layer(), self.mlp_kinds_by_layer()))
+
+  @nn.nowrap
+  def variant_fields(self, period: int) -> dict[str, Any]:
+    """The field changes that make a model of `period` layers with this one's first `period`
+    variants (what `parameter_shapes` traces)."""
+    return {"num_layers": period, "layer_kinds": self.kinds_by_layer()[:period]}
+
+  @nn.nowrap
   def scan_plan(self) -> tuple[int, int]:
     """(P, groups): scanned layers run as `groups` groups of P layers (P = 1: one block per
     step), the rest unrolled; (0, 0) for unrolled layers."""
     if not self.scan_layers:
       return 0, 0
-    period = shortest_period(self.kinds_by_layer())
+    period = shortest_period(self.layer_variants())
     return period, self.num_layers // period
 
   @nn.nowrap
@@ -95,7 +115,7 @@ class TransformerLayers:
       if attention is None:  # YaRN's default: 0.1 ln(factor) + 1 for a factor above 1.
         attention = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
       return ("yarn", factor, self.rotary_original_max_length, self.rotary_beta_fast,
-              self.rotary_beta_slow, attention)
+              self.rotary_beta_slow, attention, self.rotary_truncate)
     return (scaling, self.rotary_scaling_factor, self.rotary_low_freq_factor,
             self.rotary_high_freq_factor, self.rotary_original_max_length)
 
@@ -128,6 +148,7 @@ class TransformerLayers:
     new (keys, values) stacked on a leading layer axis, in layer order; else None.
     """
     kinds = self.kinds_by_layer()
+    mlp_kinds = self.mlp_kinds_by_layer()
     wants_kv = return_kv and cache is None
     period, groups = self.scan_plan()
     scanned = period * groups
@@ -137,15 +158,17 @@ class TransformerLayers:
       index = jnp.arange(groups, dtype=jnp.int32)
       if period == 1:
         body = self._block_class(True)
-        fields = dict(self._block_fields(kinds[0]), return_kv=wants_kv, scan_carry=True)
+        fields = dict(self._block_fields(kinds[0], mlp_kinds[0]), return_kv=wants_kv,
+                      scan_carry=True)
       else:
         body = BlockGroup
-        fields = {"members": tuple(tuple(sorted(self._block_fields(kind).items()))
-                                   for kind in kinds[:period]),
+        fields = {"members": tuple(tuple(sorted(self._block_fields(kind, mlp_kind).items()))
+                                   for kind, mlp_kind in zip(kinds[:period],
+                                                             mlp_kinds[:period])),
                   "block_class": self._block_class(True), "return_kv": wants_kv}
-      # The adapters (models/lora.py) are stacked like the parameters; each layer draws its
-      # own LoRA dropout.
-      stack = nn.scan(body, variable_axes={"params": 0, LORA_COLLECTION: 0},
+      # The adapters (models/lora.py) are stacked like the parameters, and so are a layer's
+      # statistics (a mixture of experts' routing); each layer draws its own LoRA dropout.
+      stack = nn.scan(body, variable_axes={"params": 0, LORA_COLLECTION: 0, STATISTICS: 0},
                       split_rngs={"params": True, "dropout": True},
                       in_axes=(nn.broadcast, nn.broadcast, 0), length=groups,
                       metadata_params={nn.PARTITION_NAME: "layers"})(**fields, name="layers")
@@ -163,8 +186,8 @@ class TransformerLayers:
               *kv))
     leftover = self._block_class(False)
     for layer in range(scanned, self.num_layers):
-      block = leftover(**self._block_fields(kinds[layer]), return_kv=wants_kv,
-                       name=f"layer_{layer}")
+      block = leftover(**self._block_fields(kinds[layer], mlp_kinds[layer]),
+                       return_kv=wants_kv, name=f"layer_{layer}")
       if caches is not None:
         x, layer_cache = block((x, caches[len(new_caches)]), positions, segment_ids)
         new_caches.append(layer_cache)

@@ -21,7 +21,8 @@ _DERIVED = {"num_kv_heads": "resolved_num_kv_heads", "head_dim": "resolved_head_
 # (`rotary_scaling` and `sliding_rotary_scaling` below), so a setting no layer reads is not.
 _SCALING_SETTINGS = ("rotary_scaling_factor", "rotary_low_freq_factor",
                      "rotary_high_freq_factor", "rotary_original_max_length",
-                     "rotary_beta_fast", "rotary_beta_slow", "rotary_attention_factor")
+                     "rotary_beta_fast", "rotary_beta_slow", "rotary_attention_factor",
+                     "rotary_truncate")
 
 
 class TransformerHfNames(HfNames):
@@ -126,11 +127,8 @@ def rotary_scaling_fields(config: HfConfig, scaling: Mapping[str, Any] | None, k
         raise config.refuse(f"{key}.{unsupported}", settings.get(unsupported),
                             "lingvo_lite's YaRN takes its attention factor alone",
                             "give attention_factor instead")
-    if settings.get("truncate", True) is not True:
-      raise config.refuse(f"{key}.truncate", settings.get("truncate"), "lingvo_lite's YaRN "
-                          "truncates the correction range (Hugging Face's default)",
-                          "drop the key")
-    fields.update(rotary_original_max_length=settings.require(
+    fields.update(rotary_truncate=settings.flag("truncate", True),
+                  rotary_original_max_length=settings.require(
                       "original_max_position_embeddings"),
                   rotary_beta_fast=settings.number("beta_fast", 32.0),
                   rotary_beta_slow=settings.number("beta_slow", 1.0),
@@ -147,9 +145,10 @@ def rope_scaling(settings: tuple[Any, ...]) -> dict[str, Any] | None:
   if kind == "linear":
     return {"rope_type": "linear", "factor": factor}
   if kind == "yarn":
-    _, _, original, beta_fast, beta_slow, attention = settings
+    _, _, original, beta_fast, beta_slow, attention, truncate = settings
     return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
-            "beta_fast": beta_fast, "beta_slow": beta_slow, "attention_factor": attention}
+            "beta_fast": beta_fast, "beta_slow": beta_slow, "attention_factor": attention,
+            **({} if truncate else {"truncate": False})}
   _, _, low, high, original = settings
   return {"rope_type": kind, "factor": factor, "low_freq_factor": low,
           "high_freq_factor": high, "original_max_position_embeddings": original}

@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import block as blocks, layers
+from lingvo_lite.models import block as blocks, layers, transformer_layers
 from lingvo_lite.models.family import ArrayShape
 
 # The fields that size a TransformerLM's parameters (max_length only with learned positions).
@@ -50,19 +50,20 @@ class TransformerSizes:
   def parameter_shapes(self) -> list[ArrayShape]:
     """Every parameter's path, logical axes, full shape and dtype, without allocating any.
 
-    Traces a copy with one unrolled layer: every layer has the same shapes (whatever its
-    attention kind), and tracing all of them takes time in proportion to depth (forever, for
-    an absurd depth). A parameter of that `layer_0` stands for each layer of the real layout:
-    unrolled, num_layers of them (`repeats`); scanned, the `layers` subtree with its leading
-    axis at full size (groups of a pattern: `layers/pattern_j`, one per position), and the
-    layers left over unrolled after them (models/transformer_layers.py).
+    Traces a copy with one period P of the layers' variants (`layer_variants`: one layer
+    unless the feed-forward kinds differ; every attention kind has the same shapes), since
+    tracing all of them takes time in proportion to depth (forever, for an absurd depth). A
+    parameter of the copy's `layer_j` stands for layers j, j + P, ... of the real layout:
+    unrolled, as `layer_j` with that many `repeats`; scanned, the `layers` subtree with its
+    leading axis at full size (groups of a pattern: `layers/pattern_j`), and the layers left
+    over unrolled after them (models/transformer_layers.py).
     """
-    sample = self.clone(parent=None, num_layers=1, layer_kinds=self.layer_kinds[:1],
-                        scan_layers=False)
+    period = transformer_layers.shortest_period(self.layer_variants())
+    sample = self.clone(parent=None, scan_layers=False, **self.variant_fields(period))
     tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     boxed = jax.eval_shape(sample.init, jax.random.key(0), tokens)["params"]
-    period, groups = self.scan_plan()
-    scanned = period * groups
+    scan_period, groups = self.scan_plan()
+    scanned = scan_period * groups
     found = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(
         boxed, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))[0]:
@@ -70,19 +71,26 @@ class TransformerSizes:
       axes = tuple(getattr(leaf, "names", (None,) * len(value.shape)))
       shape, dtype = tuple(value.shape), jnp.dtype(value.dtype)
       key = jax.tree_util.keystr(path)
-      if getattr(path[0], "key", None) != "layer_0":
+      first = getattr(path[0], "key", "")
+      if not first.startswith("layer_"):
         found.append(ArrayShape(key, axes, shape, dtype))
         continue
+      member = int(first[len("layer_"):])  # Stands for layers member, member + period, ...
       inner = jax.tree_util.keystr(path[1:])
-      if period == 1:
+      layers = range(member, self.num_layers, period)
+      if not self.scan_layers:
+        found.append(ArrayShape(f"['layer_{member}']{inner}", axes, shape, dtype, len(layers)))
+        continue
+      if scan_period == 1:
         found.append(ArrayShape(f"['layers']{inner}", ("layers", *axes),
                                 (self.num_layers, *shape), dtype))
       else:
-        found += [ArrayShape(f"['layers']['pattern_{j}']{inner}", ("layers", *axes),
-                             (groups, *shape), dtype) for j in range(period)]
-      if self.num_layers > scanned:
-        found.append(ArrayShape(f"['layer_{scanned}']{inner}", axes, shape, dtype,
-                                self.num_layers - scanned))
+        found.append(ArrayShape(f"['layers']['pattern_{member}']{inner}", ("layers", *axes),
+                                (groups, *shape), dtype))
+      leftover = [layer for layer in layers if layer >= scanned]
+      if leftover:
+        found.append(ArrayShape(f"['layer_{leftover[0]}']{inner}", axes, shape, dtype,
+                                len(leftover)))
     return found
 
   @nn.nowrap

@@ -232,8 +232,59 @@ def curves(quantity: Quantity, jobs: Sequence[Job]) -> list[Curve]:
   return found
 
 
+# A mixture of experts' routing (models/moe_transformer.py logs each expert's share of the
+# tokens' expert choices as `expert_fraction/NNN`): a heat map, experts by steps.
+EXPERT_SHARES = Quantity("expert_fraction", "Expert token shares", "expert")
+_EXPERT_PREFIX = EXPERT_SHARES.key + "/"
+
+
+def expert_shares(rows: Sequence[dict]) -> tuple[np.ndarray, np.ndarray] | None:
+  """(the steps, [experts, steps] shares) of the train rows that log every expert's share,
+  experts in index order; None for a model without experts."""
+  keys = sorted({key for row in rows for key in row if key.startswith(_EXPERT_PREFIX)})
+  steps, columns = [], []
+  for row in rows if keys else ():
+    values = [number(row, key) for key in keys]
+    if all(value is not None and math.isfinite(value) for value in values):
+      steps.append(float(row["step"]))
+      columns.append(values)
+  if not steps:
+    return None
+  return np.asarray(steps), np.asarray(columns, dtype=np.float64).T
+
+
+def heat_map_svg(title: str, steps: np.ndarray, shares: np.ndarray,
+                 limit: int = MAX_POINTS) -> str:
+  """Shares [experts, steps] as an SVG heat map (steps along x, experts along y, a colour
+  bar), more than `limit` steps averaged in consecutive buckets."""
+  if len(steps) > limit:
+    buckets = np.array_split(np.arange(len(steps)), limit)
+    steps = np.asarray([steps[b].mean() for b in buckets])
+    shares = np.stack([shares[:, b].mean(axis=1) for b in buckets], axis=1)
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  from matplotlib.backends.backend_svg import FigureCanvasSVG  # pylint: disable=g-import-not-at-top
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  with matplotlib.rc_context(_STYLE):
+    figure = Figure(figsize=(_WIDTH_IN, _HEIGHT_IN))
+    figure.subplots_adjust(left=0.13, right=0.98, top=0.9, bottom=0.15)
+    FigureCanvasSVG(figure)
+    axes = figure.add_subplot()
+    half = (steps[1] - steps[0]) / 2 if len(steps) > 1 else 0.5
+    image = axes.imshow(shares, aspect="auto", origin="lower", interpolation="nearest",
+                        extent=(steps[0] - half, steps[-1] + half, -0.5, len(shares) - 0.5),
+                        cmap="viridis")
+    figure.colorbar(image, ax=axes, label="share of the expert choices")
+    axes.set_title(title)
+    axes.set_xlabel("step")
+    axes.set_ylabel(EXPERT_SHARES.ylabel)
+    buffer = io.StringIO()
+    figure.savefig(buffer, format="svg", metadata={"Date": None})
+  return buffer.getvalue()
+
+
 def plots(jobs: Sequence[Job]) -> list[Plot]:
-  """Every quantity's plot of `jobs` (one job, or several overlaid)."""
+  """Every quantity's plot of `jobs` (one job, or several overlaid), and one job's expert
+  shares where it has experts."""
   made = []
   for quantity in QUANTITIES:
     found = curves(quantity, jobs)
@@ -247,4 +298,8 @@ def plots(jobs: Sequence[Job]) -> list[Plot]:
                        f"{where} yet", labels))
       continue
     made.append(Plot(quantity, data_uri(svg(quantity.title, quantity.ylabel, found)), None, labels))
+  shares = expert_shares(jobs[0].train) if len(jobs) == 1 else None
+  if shares is not None:
+    made.append(Plot(EXPERT_SHARES, data_uri(heat_map_svg(EXPERT_SHARES.title, *shares)), None,
+                     (f"{len(shares[1])} experts, mean over the MoE layers",)))
   return made

@@ -40,6 +40,7 @@ from etils import epath
 
 from lingvo_lite.data.source import DataSource, local_rows
 from lingvo_lite.runtime import progress, summaries
+from lingvo_lite.training.steps import model_statistics
 
 # The metrics a results table shows, with their headings (others stay in the files).
 _SHOWN = (("loss", "loss"), ("perplexity", "perplexity"), ("accuracy", "accuracy"),
@@ -188,6 +189,7 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
       "accuracy": totals["correct_sum"] / weight if weight else math.nan,
       "bits_per_token": loss / math.log(2.0),
       "tokens": weight,
+      **(model_statistics(totals, weight) if weight else {}),
   }
   if token_bytes is not None:
     if processes > 1:

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
-from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
 from lingvo_lite.training import dpo as dpo_lib
 from lingvo_lite.training.train_state import TrainState
 
@@ -31,12 +30,15 @@ Batch = dict[str, jax.Array]
 
 
 def logits_of(model: nn.Module, params: Any, batch: Batch, frozen: Any = None,
-              adapters: bool = False, rng: jax.Array | None = None) -> jax.Array:
-  """The model's logits on `batch`: with `adapters`, `params` are the LoRA adapters over the
+              adapters: bool = False, rng: jax.Array | None = None
+              ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+  """The model's `logits_and_losses` on `batch` (its logits, auxiliary objective and
+  statistics: models/family.py): with `adapters`, `params` are the LoRA adapters over the
   base `frozen`; `rng` draws the adapters' dropout (training only)."""
-  variables = {"params": frozen, LORA_COLLECTION: params} if adapters else {"params": params}
-  return model.apply(variables, batch["inputs"], batch.get("segment_ids"),
-                     batch.get("positions"), rngs=None if rng is None else {"dropout": rng})
+  base, lora = (frozen, params) if adapters else (params, None)
+  return model.logits_and_losses(base, batch["inputs"], batch.get("segment_ids"),
+                                 batch.get("positions"), adapters=lora,
+                                 rngs=None if rng is None else {"dropout": rng})
 
 
 def reference_logits(model: nn.Module, frozen: Any, batch: Batch) -> jax.Array:
@@ -64,20 +66,36 @@ def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
                normalizer: jax.Array | float = 1.0, per_token: bool = False,
                frozen: Any = None, adapters: bool = False, rng: jax.Array | None = None
                ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """(cross-entropy + z_loss * log(Z)^2) summed over weighted tokens / normalizer, and the
-  metric sums (with `per_token`, also each token's weighted cross-entropy, `token_nats`).
-  Dividing inside the objective, by a constant, gives gradients already normalized (no extra
-  pass over them)."""
-  logits = logits_of(model, params, batch, frozen, adapters, rng)
+  """(cross-entropy + z_loss * log(Z)^2) summed over weighted tokens / normalizer, plus the
+  model's auxiliary objective (a mixture of experts' balance loss) weighted by this batch's
+  share of the tokens, and the metric sums (with `per_token`, also each token's weighted
+  cross-entropy, `token_nats`). Dividing inside the objective, by a constant, gives gradients
+  already normalized (no extra pass over them); the model's statistics are summed weighted
+  by the batch's tokens, so micro-batches and eval batches average them as they do the loss."""
+  logits, auxiliary, statistics = logits_of(model, params, batch, frozen, adapters, rng)
   cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
   # One reduction for the three sums: on CPU each separate reduction is its own kernel.
   ce_sum, z_sum, correct_sum = jnp.sum(
       jnp.stack([cross_entropy, jnp.square(log_z), correct]) * batch["weights"], axis=(1, 2))
   objective = (ce_sum + z_loss * z_sum if z_loss else ce_sum) / normalizer
   sums = {"cross_entropy_sum": ce_sum, "z_sum": z_sum, "correct_sum": correct_sum}
+  if statistics:
+    tokens = jnp.sum(batch["weights"])
+    objective = objective + auxiliary * tokens / normalizer
+    sums.update({f"{name}{STATISTIC_SUM}": value * tokens for name, value in statistics.items()})
   if per_token:
     sums["token_nats"] = cross_entropy * batch["weights"]
   return objective, sums
+
+
+# The suffix of a model statistic's weighted sum among the metric sums.
+STATISTIC_SUM = "__sum"
+
+
+def model_statistics(sums: dict[str, jax.Array], weight: Any) -> dict[str, Any]:
+  """The model's statistics (`logits_and_losses`) from their weighted sums, by name."""
+  return {name[:-len(STATISTIC_SUM)]: value / weight for name, value in sums.items()
+          if name.endswith(STATISTIC_SUM)}
 
 
 def _dpo_sums(params: Any, model: nn.Module, batch: Batch, settings: dpo_lib.DpoSettings,
@@ -88,7 +106,7 @@ def _dpo_sums(params: Any, model: nn.Module, batch: Batch, settings: dpo_lib.Dpo
     log_probs = -token_losses(logits, batch["targets"])[0]
     return dpo_lib.sequence_log_probs(log_probs, batch["weights"], batch["segment_ids"])
 
-  policy = sequences(logits_of(model, params, batch, frozen, adapters, rng))
+  policy = sequences(logits_of(model, params, batch, frozen, adapters, rng)[0])
   reference = sequences(reference_logits(model, frozen, batch))[:2]
   sums = dpo_lib.sums(policy, reference, settings)
   return sums["dpo_loss_sum"] / normalizer, sums
@@ -173,6 +191,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
         "z_loss": sums["z_sum"] / total,
         "accuracy": sums["correct_sum"] / total,
         "tokens": total,
+        **model_statistics(sums, total),
     }
   metrics["learning_rate"] = schedule(state.step)
   if log_grad_norm:
@@ -202,7 +221,7 @@ def preference_eval_step(params: Any, batch: Batch, frozen: Any = None, *, model
     log_probs = -token_losses(logits, batch["targets"])[0]
     return dpo_lib.sequence_log_probs(log_probs, batch["weights"], batch["segment_ids"])
 
-  policy = sequences(logits_of(model, params, batch, frozen, adapters))
+  policy = sequences(logits_of(model, params, batch, frozen, adapters)[0])
   reference = policy if frozen is None else sequences(reference_logits(model, frozen, batch))
   return dpo_lib.sums(policy, reference[:2], settings)
 

@@ -113,7 +113,7 @@ class GgufCheckpoint:
     reader = self._reader()
     metadata = self.metadata(reader)
     where = f"gguf:{self.path}"
-    family, names = family_reading(metadata.get("general.architecture"), where)
+    family, names = family_reading(metadata.get("general.architecture"), where, metadata)
     shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
               for tensor in reader.tensors}
     config = names.hf_config(metadata, shapes)
@@ -141,14 +141,20 @@ class GgufCheckpoint:
     where = f"gguf:{self.path}"
     by_name = {tensor.name: tensor for tensor in reader.tensors}
     hf_names = hf_checkpoint.names_of(model)
-    wanted = {tensor.hf: (name, tensor) for name, tensor in names_of(model).tensors().items()}
+    # Hugging Face tensor -> the GGUF tensors it is made of: (name, how, which expert's row).
+    wanted: dict[str, list[tuple[str, Any, int | None]]] = {}
+    for gguf_name, tensor in names_of(model).tensors().items():
+      for expert, hf in enumerate(tensor.hf_names()):
+        wanted.setdefault(hf, []).append((gguf_name, tensor, expert if tensor.experts else None))
     digest = hashlib.sha256()
     placer = Placer(model, abstract, where)
-    read: set[str] = set()
+    read: dict[str, np.ndarray] = {}  # The last GGUF tensor read (its experts come in a row).
     kinds = gguf.GGMLQuantizationType
     integers = (kinds.I8, kinds.I16, kinds.I32, kinds.I64)
-    for name in hf_names.tensors():
-      gguf_name, rearranged = wanted[name.name]
+
+    def dequantized(gguf_name: str, name: Any) -> np.ndarray:
+      if gguf_name in read:
+        return read[gguf_name]
       tensor = by_name.get(gguf_name)
       if tensor is None:
         raise UsageError(f"{where}: no tensor {gguf_name}, which this model needs: its sizes "
@@ -168,24 +174,44 @@ class GgufCheckpoint:
       except (ValueError, IndexError) as e:
         raise UsageError(f"{where}: tensor {gguf_name} cannot be read ({e}); the file may be "
                          "truncated: copy it again") from None
-      values = values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
-      placer.put(name, rearranged.to_hf(values))
-      read.add(gguf_name)
+      read.clear()
+      read[gguf_name] = values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
+      read_names.add(gguf_name)
+      return read[gguf_name]
+
+    read_names: set[str] = set()
+    for name in hf_names.tensors():
+      hf = None
+      for gguf_name, rearranged, expert in wanted[name.name]:
+        values = rearranged.to_hf(dequantized(gguf_name, name))
+        values = values if expert is None else values[expert]
+        if rearranged.columns is None:
+          hf = values
+          continue
+        index, count = rearranged.columns  # Its columns of the Hugging Face tensor.
+        if hf is None:
+          hf = np.empty((*values.shape[:-1], values.shape[-1] * count), values.dtype)
+        hf[..., index::count] = values
+      placer.put(name, hf)
     params = placer.finish(hf_names.absent())
-    warn_unread(where, set(by_name) - read)
+    warn_unread(where, set(by_name) - read_names)
     return params, f"gguf:{self.path} sha256:{digest.hexdigest()}"
 
 
-def family_reading(architecture: Any, where: str) -> tuple[type, type[GgufNames]]:
+def family_reading(architecture: Any, where: str, metadata: Any = None
+                   ) -> tuple[type, type[GgufNames]]:
   """(the family whose GGUF names read `architecture`, llama.cpp's `general.architecture`,
-  those names): the family of that name where several read it (Mistral converts to `llama`,
+  and the file's `metadata`, those names): among the families of that architecture, those
+  whose names read the file (`GgufNames.reads_file`: a `llama` file with experts is
+  Mixtral's), the family of the architecture's name first (Mistral converts to `llama`,
   and its window is not in the file).
 
   Raises:
     UsageError: no family reads it (the message lists those that do).
   """
   readers = format_names.families_with(GgufNames)
-  found = [(family, names) for family, names in readers if names.architecture == architecture]
+  found = [(family, names) for family, names in readers if names.architecture == architecture
+           and names.reads_file(metadata or {})]
   found.sort(key=lambda pair: pair[0].family_name != architecture)
   if not found:
     raise format_names.refuse_unknown(where, "general.architecture", architecture,

@@ -84,7 +84,7 @@ def _write(path: str, model: Any, tensors: Any, dtype: str, tokenizer: Any) -> d
   tensor_names = names.tensors()
   types = {}
   for gguf_name, tensor in tensor_names.items():
-    shape = tensor.shape_from_hf(tensors.shape(tensor.hf))
+    shape = tensor.shape_from_hf(tensors.shape(tensor.hf_names()[0]))
     types[gguf_name] = matrix if len(shape) > 1 else np.dtype(np.float32)  # Norms stay F32.
     writer.add_tensor_info(gguf_name, shape, types[gguf_name],
                            math.prod(shape) * types[gguf_name].itemsize)
@@ -92,7 +92,9 @@ def _write(path: str, model: Any, tensors: Any, dtype: str, tokenizer: Any) -> d
   writer.write_kv_data_to_file()
   writer.write_ti_data_to_file()
   for gguf_name, tensor in tensor_names.items():
-    values = tensor.from_hf(np.asarray(tensors[tensor.hf], np.float32))
+    hf = [np.asarray(tensors[name], np.float32) for name in tensor.hf_names()]
+    values = tensor.from_hf(np.stack(hf) if tensor.experts else hf[0])
+    del hf
     writer.write_tensor_data(np.ascontiguousarray(values.astype(types[gguf_name]))
                              .view(_WrittenByPython))
     del values

@@ -35,6 +35,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families, format_names
 from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.format_names import HfNames
+from lingvo_lite.weights import mxfp4
 from lingvo_lite.weights.placing import Placer, content_crc, warn_unread
 
 FIELD = "train.init_from"
@@ -236,9 +237,39 @@ class _Tensors:
       return SINGLE_FILE
     return self._where.get(name)
 
+  def _mxfp4(self, name: str) -> tuple[np.ndarray, str] | None:
+    """The tensor `name` where the folder stores it as MXFP4 blocks and scales (gpt-oss's
+    released experts: weights/mxfp4.py), dequantized to float32; None where it does not."""
+    from safetensors import SafetensorError  # pylint: disable=g-import-not-at-top
+    parts = []
+    for suffix in (mxfp4.BLOCKS, mxfp4.SCALES):
+      file = self._file_of(name + suffix)
+      if file is None or name + suffix not in self._names(file, self._open(file)):
+        return None
+      parts.append((name + suffix, file))
+    read = []
+    for part, file in parts:
+      shown = os.path.join(self._shown, file)
+      try:
+        read.append(self._open(file).get_tensor(part))
+      except (SafetensorError, OSError, ValueError) as e:
+        raise UsageError(f"{shown}: tensor {part} cannot be read ({e}); the file may be "
+                         "truncated: copy it again") from None
+    try:
+      values = mxfp4.dequantize(*read)
+    except ValueError as e:
+      raise UsageError(f"{os.path.join(self._shown, parts[0][1])}: tensors {parts[0][0]} and "
+                       f"{parts[1][0]} are not MXFP4 blocks and scales ({e}); give the "
+                       "folder transformers wrote") from None
+    self._read.update(part for part, _ in parts)
+    return values, os.path.join(self._shown, parts[0][1])
+
   def get(self, name: str) -> tuple[np.ndarray, str]:
     """The tensor `name` (or another name the family's `file_names` gives it: without an
     optional prefix, under a wrapper's) as a NumPy array, and its file as messages name it.
+
+    A tensor stored as MXFP4 blocks and scales (`NAME_blocks`, `NAME_scales`: gpt-oss's
+    released experts) is read dequantized to float32.
 
     Raises:
       UsageError: no such tensor, a type NumPy cannot hold (float8: a quantized checkpoint,
@@ -264,6 +295,9 @@ class _Tensors:
       except (SafetensorError, OSError, ValueError) as e:
         raise UsageError(f"{shown}: tensor {candidate} cannot be read ({e}); the file may be "
                          "truncated: copy it again") from None
+    packed = self._mxfp4(name)
+    if packed is not None:
+      return packed
     raise UsageError(f"hf:{self._shown}: no tensor {name}, which this model needs: its sizes "
                      "are not the source's; set them as its config.json does (drop the "
                      "--fdl.model overrides that change them)")

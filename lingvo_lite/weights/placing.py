@@ -20,6 +20,7 @@ The fingerprint of what was loaded hashes each tensor's bytes with `content_crc`
 
 from __future__ import annotations
 
+import math
 import sys
 import zlib
 from typing import Any, Callable, Iterable, Iterator
@@ -64,7 +65,8 @@ def warn_unread(where: str, names: Iterable[str]) -> None:
 
 class Placer:
   """Puts converted tensors into the model's parameter tree, each leaf on its devices as soon
-  as every tensor it takes is in (scanned layers: a leaf takes one tensor per layer)."""
+  as every tensor it takes is in (scanned layers: a leaf takes one tensor per layer; experts
+  stored one per tensor: one per expert, of each layer)."""
 
   def __init__(self, model: Any, abstract: Any, where: str):
     self._where = where
@@ -107,16 +109,20 @@ class Placer:
     shapes = [leaf.shape[1:] if layer is not None else leaf.shape
               for _, layer, leaf in located]
     parts = name.to_ours(tensor, [tuple(s) for s in shapes], self._where)
+    expert = getattr(name, "expert", None)
     for (keys, layer, leaf), part in zip(located, parts):
       part = part.astype(leaf.dtype, copy=False)
-      if layer is None:
+      # Where the part goes in the leaf: a layer's row (scanned layers), an expert's row of
+      # the layer (a mixture of experts stored one expert per tensor), or the whole leaf.
+      row = tuple(index for index in (layer, expert) if index is not None)
+      if not row:
         self._place(keys, leaf, part)
         continue
       stacked, seen = self._pending.get(keys) or (np.empty(leaf.shape, leaf.dtype), set())
-      stacked[layer] = part
-      seen.add(layer)
+      stacked[row] = part
+      seen.add(row)
       self._pending[keys] = (stacked, seen)
-      if len(seen) == leaf.shape[0]:
+      if len(seen) == math.prod(leaf.shape[:len(row)]):
         self._place(keys, leaf, self._pending.pop(keys)[0])
 
   def _place(self, keys: tuple[str, ...], leaf: Any, value: np.ndarray) -> None:

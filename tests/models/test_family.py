@@ -75,14 +75,23 @@ def test_every_hf_family_names_a_tensor_for_each_parameter_once(name, fields):
     pytest.skip(f"{name} reads no Hugging Face checkpoint")
   if name == "gptj" and fields:
     fields = {"mlp_bias": True}  # GPT-J's Hugging Face model has no tied or biased attention.
-  if name in ("gemma3", "olmo3") and fields:
+  if name in ("gemma3", "olmo3", "qwen3_moe") and fields:
     fields = {"tie_embeddings": True, "attention_bias": True}  # Theirs have no MLP biases.
+  if name in ("mixtral", "gpt_oss") and fields:
+    fields = {"tie_embeddings": True}  # Their biases are fixed: none, or every one.
   model = _model(name, **fields)
   shapes = {"/".join(k.key for k in path): leaf.shape for path, leaf in
             jax.tree_util.tree_flatten_with_path(_params(model))[0]}
   names = names_of(cls, HfNames)(model)
-  held = [path for tensor in names.tensors() for path in tensor.paths]
+  # A tensor of one expert holds that expert's row of a stacked parameter: each row once.
+  held = [path for tensor in names.tensors() for path in tensor.paths
+          if tensor.expert in (None, 0)]
   assert sorted(held + list(names.absent())) == sorted(shapes)
+  rows: dict = {}
+  for tensor in names.tensors():
+    for path in tensor.paths if tensor.expert is not None else ():
+      rows.setdefault(path, []).append(tensor.expert)
+  assert all(sorted(found) == list(range(shapes[path][0])) for path, found in rows.items())
   for tensor in names.tensors():
     parts = [np.zeros(shapes[path]) for path in tensor.paths]
     assert tensor.from_ours(parts).shape == tensor.format_shape([shapes[p] for p in
@@ -108,7 +117,8 @@ def test_every_registered_family_implements_the_interface(name):
   assert used <= set(axes), used - set(axes)
   assert all(hasattr(model, field) for field in axes.values())
   assert set(model.size_fields()) <= {f for f in SIZES} | {"mlp_dim", "num_kv_heads",
-                                                          "head_dim"}
+                                                          "head_dim", "num_experts",
+                                                          "expert_mlp_dim"}
   assert all(hasattr(model, field) for field in cls.resumable_fields)
   assert model.train_flops_per_token(8) > model.decode_flops_per_token(1) > 0
   model.validate(target.host())
@@ -135,9 +145,11 @@ def test_every_registered_family_implements_the_interface(name):
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
   weights = model.clone(quantization="int8_weights")
   quantized = weights.decode_params(params, model.parameter_logical_specs())
-  # A norm's scale over several axes (a query norm of every head's features) is no matrix.
+  # A norm's scale over several axes (a query norm of every head's features) is no matrix;
+  # a mixture of experts' router stays in float (a rounded router moves tokens).
   matrices = [p for p in shapes if len(p.shape) - (p.axes[:1] == ("layers",)) >= 2
-              and "bias" not in p.path and "position" not in p.path and "norm" not in p.path]
+              and "bias" not in p.path and "position" not in p.path and "norm" not in p.path
+              and "router" not in p.path]
   assert sum(quantization.is_quantized(leaf) for leaf in jax.tree.leaves(
       quantized, is_leaf=quantization.is_quantized)) == sum(p.repeats for p in matrices)
   np.testing.assert_array_equal(weights.apply({"params": quantized}, tokens),

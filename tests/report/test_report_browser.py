@@ -122,19 +122,24 @@ class DevTools:
       os.close(self._answers)
 
 
-def write_job(job: pathlib.Path) -> None:
-  """A job dir as training leaves it, as far as the report reads it (no checkpoints)."""
-  experiment = registry.lookup("PyCodeTiny")
-  config_files.write(job, with_default_parts(testing.tiny_config("PyCodeTiny",
+def write_job(job: pathlib.Path, experiment_name: str = "PyCodeTiny", experts: int = 0) -> None:
+  """A job dir as training leaves it, as far as the report reads it (no checkpoints); with
+  `experts`, a mixture of experts' rows (each expert's share of the choices, drifting from
+  unbalanced to balanced)."""
+  experiment = registry.lookup(experiment_name)
+  config_files.write(job, with_default_parts(testing.tiny_config(experiment_name,
                                                                  f"train.steps={STEPS}")),
                      experiment)
   with open(job / "metrics.jsonl", "w") as f:
     for step in range(1, STEPS + 1):
-      f.write(json.dumps({
+      row = {
           "step": step, "loss": 5.5 * math.exp(-step / 400) + 1.0 + 0.05 * math.sin(step),
           "learning_rate": 3e-3 * min(step / 50, 1.0), "grad_norm": 1.0 + 2.0 / step,
           "tokens_per_s": 20000.0 + 500 * math.cos(step), "mfu": 0.2,
-          "data_wait_s": 0.001}) + "\n")
+          "data_wait_s": 0.001}
+      weights = [math.exp(-(e + 1) * math.exp(-step / 500)) for e in range(experts)]
+      row.update({f"expert_fraction/{e:03d}": w / sum(weights) for e, w in enumerate(weights)})
+      f.write(json.dumps(row) + "\n")
   with open(job / "eval_validation.jsonl", "w") as f:
     for step in range(100, STEPS + 1, 100):
       f.write(json.dumps({"step": step, "loss": 5.0 * math.exp(-step / 400) + 1.1,
@@ -146,9 +151,12 @@ def output_folder(tmp_path: pathlib.Path) -> pathlib.Path:
   return pathlib.Path(os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR") or tmp_path)
 
 
-def test_the_report_renders_in_chromium(tmp_path, monkeypatch):
+@pytest.mark.parametrize("experiment, experts, plots", [
+    ("PyCodeTiny", 0, 7),  # Loss, bits/byte, lr, grad norm, tok/s, MFU, wait.
+    ("PyCodeMixtralTiny", 8, 8)])  # And the experts' token shares.
+def test_the_report_renders_in_chromium(tmp_path, monkeypatch, experiment, experts, plots):
   monkeypatch.chdir(tmp_path)
-  write_job(tmp_path / "runs" / "shown")
+  write_job(tmp_path / "runs" / "shown", experiment, experts)
   result = run_cli(["--mode=report", "--job_log_dir=runs/shown"])
   assert result.code == 0, result.stderr[-3000:]
   page = tmp_path / "runs" / "shown" / "report" / "index.html"
@@ -175,15 +183,18 @@ def test_the_report_renders_in_chromium(tmp_path, monkeypatch):
             sizes: [...document.images].map(i => [i.naturalWidth, i.naturalHeight]),
             loss: document.getElementById('final-train-loss').textContent,
             exact: document.getElementById('final-train-loss').dataset.value,
-            changed: document.querySelectorAll('tr.changed').length}))""")
+            changed: document.querySelectorAll('tr.changed').length,
+            quantities: [...document.querySelectorAll('figure')].map(
+                f => f.dataset.quantity)}))""")
     shot = base64.b64decode(browser.call("Page.captureScreenshot", session,
                                          format="png")["data"])
   finally:
     browser.close()
   rendered = json.loads(rendered)
 
-  assert len(rendered["sizes"]) == 7, rendered  # Loss, bits/byte, lr, grad norm, tok/s, MFU, wait.
-  assert rendered["decoded"] == ["ok"] * 7, rendered["decoded"]
+  assert len(rendered["sizes"]) == plots, rendered
+  assert rendered["decoded"] == ["ok"] * plots, rendered["decoded"]
+  assert ("expert_fraction" in rendered["quantities"]) == bool(experts), rendered["quantities"]
   assert all(width > 0 and height > 0 for width, height in rendered["sizes"]), rendered
   assert rendered["loss"] == f"{last['loss']:.4f}"
   assert float(rendered["exact"]) == last["loss"]
@@ -194,7 +205,7 @@ def test_the_report_renders_in_chromium(tmp_path, monkeypatch):
   assert requested and all(url == page.as_uri() or url.startswith("data:")
                            for url in requested), requested
 
-  screenshot = output_folder(tmp_path) / "report.png"
+  screenshot = output_folder(tmp_path) / f"report-{experiment}.png"
   screenshot.write_bytes(shot)
   from PIL import Image  # pylint: disable=g-import-not-at-top
   with Image.open(io.BytesIO(shot)) as image:

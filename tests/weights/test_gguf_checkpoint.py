@@ -236,4 +236,4 @@ def test_an_unknown_architecture_is_one_line(tmp_path):
   with pytest.raises(UsageError) as error:
     GgufCheckpoint(str(tmp_path / "bert.gguf")).model_fields()
   assert ("general.architecture='bert': no lingvo_lite family reads it; supported: gemma3, "
-          "gpt2, gptj, llama, olmo2, qwen3") in str(error.value)
+          "gpt-oss, gpt2, gptj, llama, olmo2, qwen3, qwen3moe") in str(error.value)

@@ -1,0 +1,97 @@
+"""Train, evaluate, decode, serve and score the mixture-of-experts families: PyCodeMixtralTiny,
+PyCodeQwen3MoeTiny and PyCodeGptOssTiny each train 3 steps on the stdlib data (once per
+machine and code version: the shared trained-job cache, tests/trained_jobs.py), then
+
+- each logged row holds the routing statistics (balance loss, router z-loss, each expert's
+  share of the choices, which sum to 1);
+- `--mode=serve` answers OpenAI completions, greedy, with the text the decode program's
+  generator gives offline, and the lm-evaluation-harness scores a lingvo_lite task on each
+  job with the `lingvo_lite` model (one load serves, decodes and scores);
+- `--mode=eval` reports the statistics beside the loss, and `--mode=decode` runs with the
+  experts' weights in int8 (`int8_weights`; the router stays in float).
+"""
+
+import json
+import math
+
+import pytest
+
+from lingvo_lite.decode.requests import Request
+from lingvo_lite.testing import run_cli
+from tests.serving.server_process import ThreadServer
+
+FAMILIES = {"gpt_oss": "PyCodeGptOssTiny", "mixtral": "PyCodeMixtralTiny",
+            "qwen3_moe": "PyCodeQwen3MoeTiny"}
+TRAIN = tuple((f"--exp={experiment}", "--fdl.train.steps=3", "--fdl.checkpoint.every_steps=3",
+               "--fdl.train.log_every_steps=1", f"--job_log_dir=runs/{name}")
+              for name, experiment in FAMILIES.items())
+# Longer than gpt-oss's window of 32 positions (a byte a token).
+PROMPT, NEW_TOKENS = "import os\nimport sys\n\n\ndef main(argv):\n  ", 24
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory, prepare_workdir):
+  workdir = tmp_path_factory.mktemp("moe_families")
+  prepare_workdir(TRAIN, workdir)
+  return workdir
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_training_logs_the_routing_statistics(jobs, name):
+  rows = [json.loads(line) for line in
+          (jobs / "runs" / name / "metrics.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows] == [1, 2, 3]
+  experts = {"gpt_oss": 8, "mixtral": 8, "qwen3_moe": 8}[name]
+  for row in rows:
+    shares = [row[f"expert_fraction/{e:03d}"] for e in range(experts)]
+    assert math.isclose(sum(shares), 1.0, rel_tol=1e-5) and f"expert_fraction/{experts:03d}" \
+        not in row
+    # Balance gives k (the experts per token), and any routing at least about that.
+    assert row["moe_load_balance"] > 0.9 * {"gpt_oss": 4, "mixtral": 2, "qwen3_moe": 4}[name]
+    assert row["moe_router_z"] >= 0 and row["moe_dropped"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_serve_and_lm_eval_run_on_each_family(jobs, name):
+  """One load of the job (the harness's model) serves and decodes offline; gpt-oss's (sinks,
+  a sliding ring cache, experts with biases) scores too (the harness only forwards to the
+  scorer the server's model runs)."""
+  lm_eval = pytest.importorskip("lm_eval")
+  from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.harness import lm_eval_model  # pylint: disable=g-import-not-at-top
+  harness = lm_eval_model.LingvoLiteLM(job_log_dir=str(jobs / "runs" / name))
+  model = harness.model
+  assert model.setup.model.family_name == name
+  expected, = model.generator.generate([Request(source="offline", prompt=PROMPT,
+                                                max_new_tokens=NEW_TOKENS, temperature=0.0)])
+  server = ThreadServer(model, name)
+  try:
+    answer = server.complete({"prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": 0})
+  finally:
+    server.stop()
+  assert answer["choices"][0]["text"] == expected.completion_text
+  assert answer["usage"]["completion_tokens"] == len(expected.completion_ids) > 0
+  if name != "gpt_oss":
+    return
+  manager = TaskManager(include_path=lm_eval_model.TASK_FOLDER, include_defaults=False)
+  task = "lingvo_lite_pycode_choice"
+  results = lm_eval.simple_evaluate(model=harness, tasks=[task], task_manager=manager,
+                                    bootstrap_iters=0, limit=3)["results"][task]
+  scores = {k: v for k, v in results.items() if "," in k and "stderr" not in k}
+  assert scores and all(math.isfinite(v) for v in scores.values()), scores
+
+
+def test_eval_reports_the_statistics_and_decode_runs_with_int8_expert_weights(jobs,
+                                                                           monkeypatch):
+  monkeypatch.chdir(jobs)
+  evaluated = run_cli(["--mode=eval", "--job_log_dir=runs/mixtral",
+                       "--fdl.eval_data.num_batches=2"])
+  assert evaluated.code == 0, evaluated.stderr[-3000:]
+  row = json.loads((jobs / "runs" / "mixtral" / "eval" / "eval_validation.jsonl").read_text()
+                   .splitlines()[-1])
+  assert row["moe_load_balance"] > 1.8 and math.isfinite(row["loss"])
+  decoded = run_cli(["--mode=decode", "--job_log_dir=runs/mixtral", "--prompt=def main(",
+                     "--fdl.model.quantization='int8_weights'", "--decode_out=-",
+                     "--fdl.decode.max_new_tokens=8"])
+  assert decoded.code == 0, decoded.stderr[-3000:]
+  assert json.loads(decoded.stdout.strip().splitlines()[-1])["completion_ids"]
