@@ -128,8 +128,8 @@ class _SummingSteps:
   def global_batch(self, local):
     return local
 
-  def eval_step(self, params, batch):
-    del params
+  def eval_step(self, params, batch, frozen=None):
+    del params, frozen
     weight = float(np.sum(batch["weights"]))
     return {"cross_entropy_sum": weight, "weight_sum": weight, "correct_sum": weight}
 
