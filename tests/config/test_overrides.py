@@ -73,7 +73,8 @@ def test_values_are_python_literals(value, expected):
 @pytest.mark.parametrize("arg, message", [
     ("--fdl.model.norm=rmsnorm",
      "not a Python literal.*--fdl.model.norm='\"rmsnorm\"'"),
-    ("--fdl.model.norm='rms'", "model.norm must be one of 'layernorm', 'rmsnorm', 'rmsnorm_plus_one', got str"),
+    ("--fdl.model.norm='rms'",
+     "model.norm must be one of 'layernorm', 'rmsnorm', 'rmsnorm_plus_one', got str"),
     ("--fdl.model.num_layers='two'", "model.num_layers must be int, got str 'two'"),
     ("--fdl.train.steps=1.5", "train.steps must be int, got float 1.5"),
     ("--fdl.model.num_layer=2", "has no field model.num_layer; did you mean 'num_layers'"),
