@@ -27,7 +27,9 @@ are those whose matmul calls `adapted`: every family's attention projections and
 A regex that matches none of them is refused in one line naming them; so is one that matches
 only parameters that are not weight matrices of this kind (the embedding, norms). A family
 with mixture-of-experts weights would have to call `adapted` from its expert matmul for them
-to be targets; until one does, a regex naming only such weights is refused the same way.
+to be targets; none does (models/moe.py's experts and router have no adapters: the families'
+attention and dense MLP layers do), and a regex naming only such weights is refused the same
+way.
 
 Dropout applies to the adapter's input only when the step gives a `dropout` random key (the
 train step does; eval and decode do not).
@@ -235,8 +237,9 @@ def check_targets(settings: LoraSettings, model: nn.Module, sequence_length: int
            for shape in model.parameter_shapes()]
   others = [name for name in names if pattern.search(name)]
   examples = sorted({re.sub(r"layer_\d+/", "layer_N/", p) for p in adaptable})
-  why = (f"matches only parameters LoRA does not adapt ({', '.join(others[:3])}: not "
-         "weight matrices of the blocks' matmuls)" if others else
+  why = (f"matches only parameters LoRA does not adapt ({', '.join(others[:3])}: it adapts "
+         "the blocks' weight matrices, not embeddings, norms, biases or a mixture of "
+         "experts' router and experts)" if others else
          "matches none of the model's weight matrices")
   raise config_error(f"{path}.targets", settings.targets, why,
                      f"name some of {', '.join(examples[:8])}"

@@ -3,6 +3,7 @@ is added once (the adapted model equals its merged weights), a train step's adap
 against jax.grad of a plain jax.numpy Llama whose kernels are W + (alpha/r) A B, QLoRA over int8
 weights, and the targets' one-line refusals."""
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -25,7 +26,17 @@ LENGTH = 12
 
 
 def _model(name, **fields):
-  return family.FAMILIES[name](**{**SIZES, **fields})
+  cls = family.FAMILIES[name]
+  # A mixture of experts of 4 (its adapters are the attention's: the experts are no targets).
+  experts = ({"num_experts": 4, "experts_per_token": 2}
+             if "num_experts" in {f.name for f in dataclasses.fields(cls)} else {})
+  return cls(**{**SIZES, **experts, **fields})
+
+
+def _expert_layers(flat):
+  """The feed-forward layers that are mixtures of experts, as path prefixes: those with a
+  router (independently of the family's own list of its kinds)."""
+  return {path[:-len("router_kernel")] for path in flat if path.endswith("/mlp/router_kernel")}
 
 
 def _init(model, settings):
@@ -59,14 +70,16 @@ def _tokens(seed=0, rows=2):
 
 @pytest.mark.parametrize("name, scan", CASES)
 def test_each_targeted_matrix_gets_one_adapter_of_its_shape(name, scan):
-  """Every weight matrix of the blocks (and an untied output) can be adapted; the default
-  targets are the attention projections and the MLP matrices; each adapter sits beside its
-  kernel with A [in..., r] and B [r, out...]."""
+  """Every weight matrix of the blocks (and an untied output) can be adapted, but a mixture of
+  experts' router and experts; the default targets are the attention projections and the MLP
+  matrices; each adapter sits beside its kernel with A [in..., r] and B [r, out...]."""
   model = _model(name, scan_layers=scan)
   params, adapters = _shapes(model, lora.LoraSettings(rank=3, targets=""))
   flat = lora.flatten(params)
   # Independently of models/lora.py: every parameter named kernel is a weight matrix.
-  kernels = sorted(path for path in flat if path.endswith("kernel"))
+  experts = _expert_layers(flat)
+  kernels = sorted(path for path in flat if path.endswith("kernel")
+                   and not any(path.startswith(layer) for layer in experts))
   assert lora.kernel_paths(adapters) == kernels
   assert lora.adaptable_paths(model, LENGTH) == kernels
   for path, (a, b) in lora.pairs(adapters).items():
@@ -211,11 +224,16 @@ def test_qlora_adapts_a_base_held_in_int8():
     ("nothing", "train.lora.targets='nothing': matches none of the model's weight matrices; "
                 "name some of layer_N/attention/key_kernel"),
     ("norm", "train.lora.targets='norm': matches only parameters LoRA does not adapt "
-             "(final_norm/scale, layer_0/attention_norm/scale, layer_0/mlp_norm/scale: not "
-             "weight matrices"),
+             "(final_norm/scale, layer_0/attention_norm/scale, layer_0/mlp_norm/scale: it "
+             "adapts the blocks' weight matrices"),
     ("(", "train.lora.targets='(': is not a regular expression"),
+    # A mixture of experts' experts and router are no targets (models/lora.py).
+    ("mlp/(wi|wo|router)", "train.lora.targets='mlp/(wi|wo|router)': matches only parameters "
+                           "LoRA does not adapt (layer_0/mlp/router_kernel, layer_0/mlp/wi, "
+                           "layer_0/mlp/wi_gate"),
 ])
 def test_targets_that_adapt_nothing_are_one_line(targets, message):
+  model = _model("mixtral") if "router" in targets else Llama(**SIZES)
   with pytest.raises(UsageError) as raised:
-    lora.check_targets(lora.LoraSettings(targets=targets), Llama(**SIZES), LENGTH)
+    lora.check_targets(lora.LoraSettings(targets=targets), model, LENGTH)
   assert message in str(raised.value) and "\n" not in str(raised.value)
