@@ -102,7 +102,11 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
       with pltpu.force_tpu_interpret_mode():
         out = run()
     else:
-      out = run()
+      # The kernel multiplies its float32 query and probabilities by the bfloat16 cache: Mosaic
+      # compiles those mixed products at the default precision only (at "highest" it refuses
+      # them, "Bad rhs type": seen on a v5e), where the MXU takes both operands as bfloat16.
+      with jax.default_matmul_precision("default"):
+        out = run()
     return out.reshape(slots, kv_heads, group, head_dim)
 
   specs = flash_attention.shard_specs(q.shape[0], keys.shape[1])

@@ -20,6 +20,14 @@ def _attention(implementation, window=None):
                        implementation=implementation, window=window)
 
 
+# On a TPU its exp is a few parts in a million from NumPy's, and the compiled kernel's float32
+# products are the MXU's multi-pass ones (tests/models/test_flash_attention.py's ATOL: measured
+# on a v5e); interpreted here, float32's own rounding.
+TPU = jax.default_backend() == "tpu"
+RTOL_EXP = 1e-5 if TPU else 1e-6
+ATOL = 1e-3 if TPU else 1e-5
+
+
 def _setup(window=None):
   x = jax.random.normal(jax.random.key(0), (2, LENGTH, 32))
   positions = jnp.broadcast_to(jnp.arange(LENGTH), (2, LENGTH))
@@ -42,7 +50,7 @@ def test_the_sink_takes_its_share_of_every_softmax():
   full = np.concatenate([masked, np.broadcast_to(sinks[None, :, None, None], (1, 2, 3, 1))], -1)
   expected = np.exp(full - full.max(-1, keepdims=True))
   expected = (expected / expected.sum(-1, keepdims=True))[..., :-1]
-  np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(got, expected, rtol=RTOL_EXP, atol=1e-7)
   assert np.all(got.sum(-1) < 1)
 
 
@@ -59,9 +67,9 @@ def test_splash_takes_the_sinks_and_equals_the_einsum_path_and_its_gradients():
       assert ("pallas_call" in str(jax.make_jaxpr(apply)(params, x))) == (
           implementation == "splash")
     np.testing.assert_allclose(results["splash"][0], results["einsum"][0], rtol=1e-5,
-                               atol=1e-5)
+                               atol=ATOL)
     assert np.abs(results["einsum"][1]["sinks"]).max() > 1e-3  # The sinks learn.
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=ATOL),
                  results["splash"][1], results["einsum"][1])
     # Without the sinks' parameter the output changes: they are in the computation.
     plain = layers.Attention(num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
