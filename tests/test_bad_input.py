@@ -436,7 +436,8 @@ VALUES_CASES = [
     Case("value too long", ["--job_log_dir={job}", "--fdl.model.norm=\"" + "a" * 20000 + "\""],
      "--fdl.model.norm=...: the value is 20002 characters long, more than the 10000"),
     Case("int too long to print", ["--job_log_dir={job}", "--fdl.model.norm=0x" + "f" * 4000],
-     "model.norm must be one of 'layernorm', 'rmsnorm', got int <int of 16000 bits>"),
+     "model.norm must be one of 'layernorm', 'rmsnorm', 'rmsnorm_plus_one', got int <int of "
+     "16000 bits>"),
     Case("fiddler sets an int too long to print", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
      "model.norm=<int of 20001 bits>: valid choices: 'layernorm', 'rmsnorm'",
      _write("mod.py", "def fiddle(cfg):\n  cfg.model.norm = 1 << 20000\n")),
