@@ -29,9 +29,9 @@ from lingvo_lite.training.train_state import TrainState
 Batch = dict[str, jax.Array]
 
 
-def logits_of(model: nn.Module, params: Any, batch: Batch, frozen: Any = None,
-              adapters: bool = False, rng: jax.Array | None = None
-              ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+def model_outputs(model: nn.Module, params: Any, batch: Batch, frozen: Any = None,
+                  adapters: bool = False, rng: jax.Array | None = None
+                  ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
   """The model's `logits_and_losses` on `batch` (its logits, auxiliary objective and
   statistics: models/family.py): with `adapters`, `params` are the LoRA adapters over the
   base `frozen`; `rng` draws the adapters' dropout (training only)."""
@@ -39,6 +39,12 @@ def logits_of(model: nn.Module, params: Any, batch: Batch, frozen: Any = None,
   return model.logits_and_losses(base, batch["inputs"], batch.get("segment_ids"),
                                  batch.get("positions"), adapters=lora,
                                  rngs=None if rng is None else {"dropout": rng})
+
+
+def logits_of(model: nn.Module, params: Any, batch: Batch, frozen: Any = None,
+              adapters: bool = False, rng: jax.Array | None = None) -> jax.Array:
+  """The model's logits on `batch` (`model_outputs`' first)."""
+  return model_outputs(model, params, batch, frozen, adapters, rng)[0]
 
 
 def reference_logits(model: nn.Module, frozen: Any, batch: Batch) -> jax.Array:
@@ -72,7 +78,7 @@ def _loss_sums(params: Any, model: nn.Module, batch: Batch, z_loss: float,
   cross-entropy, `token_nats`). Dividing inside the objective, by a constant, gives gradients
   already normalized (no extra pass over them); the model's statistics are summed weighted
   by the batch's tokens, so micro-batches and eval batches average them as they do the loss."""
-  logits, auxiliary, statistics = logits_of(model, params, batch, frozen, adapters, rng)
+  logits, auxiliary, statistics = model_outputs(model, params, batch, frozen, adapters, rng)
   cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
   # One reduction for the three sums: on CPU each separate reduction is its own kernel.
   ce_sum, z_sum, correct_sum = jnp.sum(
@@ -106,7 +112,7 @@ def _dpo_sums(params: Any, model: nn.Module, batch: Batch, settings: dpo_lib.Dpo
     log_probs = -token_losses(logits, batch["targets"])[0]
     return dpo_lib.sequence_log_probs(log_probs, batch["weights"], batch["segment_ids"])
 
-  policy = sequences(logits_of(model, params, batch, frozen, adapters, rng)[0])
+  policy = sequences(logits_of(model, params, batch, frozen, adapters, rng))
   reference = sequences(reference_logits(model, frozen, batch))[:2]
   sums = dpo_lib.sums(policy, reference, settings)
   return sums["dpo_loss_sum"] / normalizer, sums
@@ -221,7 +227,7 @@ def preference_eval_step(params: Any, batch: Batch, frozen: Any = None, *, model
     log_probs = -token_losses(logits, batch["targets"])[0]
     return dpo_lib.sequence_log_probs(log_probs, batch["weights"], batch["segment_ids"])
 
-  policy = sequences(logits_of(model, params, batch, frozen, adapters)[0])
+  policy = sequences(logits_of(model, params, batch, frozen, adapters))
   reference = policy if frozen is None else sequences(reference_logits(model, frozen, batch))
   return dpo_lib.sums(policy, reference[:2], settings)
 

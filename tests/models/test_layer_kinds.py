@@ -10,8 +10,9 @@ added to its blocks, on the Llama family with those fields set (no new family ne
 - decoding three windows past the prompt equals teacher forcing through a cache whose
   sliding layers hold only their window, and the cache's bytes are counted layer by layer;
 - FLOPs count a sliding layer's attention over its window only (score pairs counted from a
-  numpy mask);
-- the rotary scalings ("linear", "yarn") give transformers' own inverse frequencies.
+  numpy mask).
+The rotary scalings against transformers' own frequencies: tests/weights/
+test_hf_dense_families.py (one torch import there).
 """
 
 import math
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lingvo_lite.models import layer_layout, rotary
+from lingvo_lite.models import layer_layout
 from lingvo_lite.models.llama import Llama
 
 WINDOW = 4
@@ -267,31 +268,3 @@ def test_flops_count_a_sliding_layer_over_its_window(length):
       6 * model.matmul_parameters() + 3 * 4 * heads_width * pairs / length, rel=1e-12)
   seen = 4 * min(length, WINDOW) + length
   assert model.decode_attention_flops(length) == 4 * heads_width * seen
-
-
-# ------------------------------------------------------------------ rotary scalings
-
-
-@pytest.mark.parametrize("scaling", [
-    {"rope_type": "linear", "factor": 8.0},
-    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
-    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 100,
-     "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.3},
-])
-def test_rotary_scalings_give_transformers_frequencies(scaling):
-  transformers = pytest.importorskip("transformers")
-  rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
-  config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2,
-                                    max_position_embeddings=1024,
-                                    rope_parameters={"rope_theta": 5000.0, **scaling})
-  theirs, factor = rope_utils.ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
-  model = Llama(vocab_size=8, num_layers=1, dim=64, num_heads=2, rotary_base=5000.0,
-                rotary_scaling=scaling["rope_type"], rotary_scaling_factor=scaling["factor"],
-                rotary_original_max_length=scaling.get("original_max_position_embeddings", 8192),
-                rotary_beta_fast=scaling.get("beta_fast", 32.0),
-                rotary_beta_slow=scaling.get("beta_slow", 1.0),
-                rotary_attention_factor=scaling.get("attention_factor"))
-  settings = model.rotary_scaling_settings()
-  np.testing.assert_array_equal(rotary.inverse_frequencies(32, 5000.0, settings),
-                                theirs.numpy())
-  assert rotary.attention_factor(settings) == pytest.approx(factor, rel=1e-7)

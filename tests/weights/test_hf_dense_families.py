@@ -27,6 +27,8 @@ import pytest
 
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.errors import UsageError
+from lingvo_lite.models import rotary
+from lingvo_lite.models.llama import Llama
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.testing import run_cli
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
@@ -344,3 +346,33 @@ def test_settings_the_families_do_not_compute_are_refused_naming_the_key(folders
     HfCheckpoint(str(tmp_path / "changed")).model_fields()
   message = str(error.value)
   assert "\n" not in message and words in message, message
+
+
+# ------------------------------------------------------------------ rotary scalings
+
+
+@pytest.mark.parametrize("scaling", [
+    {"rope_type": "linear", "factor": 8.0},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 100,
+     "beta_fast": 16.0, "beta_slow": 2.0, "attention_factor": 1.3},
+])
+def test_rotary_scalings_give_transformers_frequencies(scaling):
+  """The rotary scalings ("linear", "yarn") give transformers' own inverse frequencies and
+  attention factor (kept here, beside the file's other transformers references: one torch
+  import)."""
+  rope_utils = pytest.importorskip("transformers.modeling_rope_utils")
+  config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=2,
+                                    max_position_embeddings=1024,
+                                    rope_parameters={"rope_theta": 5000.0, **scaling})
+  theirs, factor = rope_utils.ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+  model = Llama(vocab_size=8, num_layers=1, dim=64, num_heads=2, rotary_base=5000.0,
+                rotary_scaling=scaling["rope_type"], rotary_scaling_factor=scaling["factor"],
+                rotary_original_max_length=scaling.get("original_max_position_embeddings", 8192),
+                rotary_beta_fast=scaling.get("beta_fast", 32.0),
+                rotary_beta_slow=scaling.get("beta_slow", 1.0),
+                rotary_attention_factor=scaling.get("attention_factor"))
+  settings = model.rotary_scaling_settings()
+  np.testing.assert_array_equal(rotary.inverse_frequencies(32, 5000.0, settings),
+                                theirs.numpy())
+  assert rotary.attention_factor(settings) == pytest.approx(factor, rel=1e-7)
