@@ -55,6 +55,9 @@ def _shapes(model, settings):
 
 # Every family unrolled, and one with scanned layers (their adapters stacked like the kernels).
 CASES = [(name, False) for name in sorted(family.FAMILIES)] + [("llama", True)]
+# The forward passes: Qwen3-MoE's adapters are those of Qwen3's attention (its experts have
+# none), which the qwen3 case runs; the other two mixtures have attention of their own.
+FORWARD_CASES = [case for case in CASES if case[0] != "qwen3_moe"]
 
 
 def _random_like(tree, seed, scale=0.3):
@@ -93,7 +96,7 @@ def test_each_targeted_matrix_gets_one_adapter_of_its_shape(name, scan):
   assert lora.kernel_paths(default) == expected
 
 
-@pytest.mark.parametrize("name, scan", CASES)
+@pytest.mark.parametrize("name, scan", FORWARD_CASES)
 def test_the_adapted_model_computes_its_merged_weights(name, scan):
   """Random adapters on every matrix: the adapted forward pass equals the plain model on
   W + (alpha/r) A B (each update added exactly once) to 1e-5; without the adapters'
