@@ -42,7 +42,7 @@ from lingvo_lite.errors import config_error
 from lingvo_lite.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.models import moe
 from lingvo_lite.models.transformer import TransformerLM
-from lingvo_lite.models.transformer_layers import per_layer
+from lingvo_lite.models.transformer_layers import count_per_layer, per_layer
 
 MlpKind = Literal["dense", "moe"]
 # Each expert's share of the assignments is logged under this prefix, one key per expert.
@@ -101,12 +101,13 @@ class MoeTransformerLM(TransformerLM):
   # ---------------------------------------------------------------------------- layers
 
   @nn.nowrap
-  def mlp_kinds_by_layer(self) -> tuple[str, ...]:
-    return per_layer(self.mlp_kinds, self.num_layers)
+  def mlp_kind_pattern(self) -> tuple[str, ...]:
+    return tuple(self.mlp_kinds)
 
   @nn.nowrap
   def variant_fields(self, period: int) -> dict[str, Any]:
-    return dict(super().variant_fields(period), mlp_kinds=self.mlp_kinds_by_layer()[:period])
+    return dict(super().variant_fields(period),
+                mlp_kinds=per_layer(self.mlp_kinds, min(period, self.num_layers)))
 
   @nn.nowrap
   def mlp_module(self, kind: str) -> tuple[Any, dict[str, Any]]:
@@ -123,7 +124,7 @@ class MoeTransformerLM(TransformerLM):
 
   @nn.nowrap
   def moe_layers(self) -> int:
-    return self.mlp_kinds_by_layer().count("moe")
+    return count_per_layer(self.mlp_kinds, self.num_layers, "moe")
 
   # ---------------------------------------------------------------------------- sizes
 

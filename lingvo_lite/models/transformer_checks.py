@@ -57,7 +57,7 @@ class TransformerChecks:
     if self.window is not None and self.window < 1:
       raise config_error(f"{path}.window", self.window, "must be at least 1",
                          "a token must see itself")
-    if "sliding" in self.kinds_by_layer() and self.window is None:
+    if "sliding" in self.layer_kinds[:self.num_layers] and self.window is None:
       raise config_error(f"{path}.window", None, "a layer of layer_kinds slides but the "
                          "window is not set", f"set {path}.window or drop 'sliding'")
 

@@ -51,6 +51,13 @@ def per_layer(pattern: Sequence[str], num_layers: int) -> tuple[str, ...]:
   return tuple(pattern[index % len(pattern)] for index in range(num_layers))
 
 
+def count_per_layer(pattern: Sequence[str], num_layers: int, kind: str) -> int:
+  """How many of `per_layer(pattern, num_layers)` are `kind`, without listing the layers (an
+  absurd depth is refused by the memory verdict, not by a list of a billion kinds)."""
+  whole, rest = divmod(num_layers, len(pattern))
+  return whole * list(pattern).count(kind) + list(pattern[:rest]).count(kind)
+
+
 def shortest_period(kinds: Sequence[str]) -> int:
   """The shortest P with kinds[i] == kinds[i % P] for every layer i."""
   return next(period for period in range(1, len(kinds) + 1)
@@ -72,11 +79,26 @@ class TransformerLayers:
     return per_layer(self.layer_kinds, self.num_layers)
 
   @nn.nowrap
+  def mlp_kind_pattern(self) -> tuple[str, ...]:
+    """The feed-forward kinds' pattern, repeated over the layers: "dense" (`layers.Mlp`) here;
+    a family with other feed-forward layers (a mixture of experts) names its kinds and builds
+    them (`mlp_module`)."""
+    return ("dense",)
+
+  @nn.nowrap
   def mlp_kinds_by_layer(self) -> tuple[str, ...]:
-    """Each layer's feed-forward kind: "dense" (`layers.Mlp`) here; a family with other
-    feed-forward layers (a mixture of experts) names its kinds and builds them
-    (`mlp_module`)."""
-    return ("dense",) * self.num_layers
+    """Each layer's feed-forward kind (`mlp_kind_pattern` repeated)."""
+    return per_layer(self.mlp_kind_pattern(), self.num_layers)
+
+  @nn.nowrap
+  def variant_period(self) -> int:
+    """`shortest_period(layer_variants())`, from the two patterns alone: the variants repeat
+    with M, the least common multiple of the patterns' lengths, so the first 2M layers have
+    the whole stack's shortest period (by Fine and Wilf's theorem a shorter one would be a
+    period of the patterns); an absurd depth is never listed."""
+    patterns = (tuple(self.layer_kinds), self.mlp_kind_pattern())
+    prefix = min(self.num_layers, 2 * math.lcm(*(len(p) for p in patterns)))
+    return shortest_period(tuple(zip(*(per_layer(p, prefix) for p in patterns))))
 
   @nn.nowrap
   def layer_variants(self) -> tuple[tuple[str, str], ...]:
@@ -88,7 +110,8 @@ class TransformerLayers:
   def variant_fields(self, period: int) -> dict[str, Any]:
     """The field changes that make a model of `period` layers with this one's first `period`
     variants (what `parameter_shapes` traces)."""
-    return {"num_layers": period, "layer_kinds": self.kinds_by_layer()[:period]}
+    return {"num_layers": period,
+            "layer_kinds": per_layer(self.layer_kinds, min(period, self.num_layers))}
 
   @nn.nowrap
   def scan_plan(self) -> tuple[int, int]:
@@ -96,7 +119,7 @@ class TransformerLayers:
     step), the rest unrolled; (0, 0) for unrolled layers."""
     if not self.scan_layers:
       return 0, 0
-    period = shortest_period(self.layer_variants())
+    period = self.variant_period()
     return period, self.num_layers // period
 
   @nn.nowrap

@@ -58,7 +58,7 @@ class TransformerSizes:
     leading axis at full size (groups of a pattern: `layers/pattern_j`), and the layers left
     over unrolled after them (models/transformer_layers.py).
     """
-    period = transformer_layers.shortest_period(self.layer_variants())
+    period = self.variant_period()
     sample = self.clone(parent=None, scan_layers=False, **self.variant_fields(period))
     tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     boxed = jax.eval_shape(sample.init, jax.random.key(0), tokens)["params"]
@@ -120,7 +120,7 @@ class TransformerSizes:
   @nn.nowrap
   def _layers_by_window(self) -> tuple[int, int]:
     """(layers that see every earlier position, layers that see the last `window`)."""
-    sliding = self.kinds_by_layer().count("sliding")
+    sliding = transformer_layers.count_per_layer(self.layer_kinds, self.num_layers, "sliding")
     return self.num_layers - sliding, sliding
 
   @nn.nowrap
