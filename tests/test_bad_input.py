@@ -659,7 +659,7 @@ COMPILE_CASES = [
          [*COMPILE_TINY, "--compile_topology=v5e-8", "--compile_num_slices=2",
           "--fdl.partitioner.dcn_data=4", "--fdl.train_data.global_batch_size=16",
           "--fdl.eval_data.global_batch_size=16"],
-         "partitioner.dcn_*=(4, 1, 1): the mesh axes across slices multiply to 4"),
+         "partitioner.dcn_*=(4, 1, 1, 1): the mesh axes across slices multiply to 4"),
     Case("unknown remat policy", [*COMPILE_TINY, "--compile_topology=v5e-8",
                                   "--compile_find_max_batch", "--compile_remat_policies=bogus"],
          "unknown policy 'bogus'; valid: none, full"),
