@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lingvo_lite.models import layer_layout
+from lingvo_lite.models import layer_layout, transformer_layers
 from lingvo_lite.models.llama import Llama
+from lingvo_lite.models.mixtral import Mixtral
 
 WINDOW = 4
 SIZES = dict(vocab_size=61, num_layers=5, dim=32, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -268,3 +269,25 @@ def test_flops_count_a_sliding_layer_over_its_window(length):
       6 * model.matmul_parameters() + 3 * 4 * heads_width * pairs / length, rel=1e-12)
   seen = 4 * min(length, WINDOW) + length
   assert model.decode_attention_flops(length) == 4 * heads_width * seen
+
+
+def test_the_scan_period_from_the_patterns_is_the_listed_layers_shortest_period():
+  """`variant_period` (from the two patterns, never listing the layers) equals the shortest
+  period of the listed (attention, feed-forward) kinds for every depth up to 3 patterns' worth,
+  and a billion layers are counted without listing them."""
+  attention = [("full",), ("sliding", "full"), ("sliding",) * 5 + ("full",),
+               ("full", "no_rotary", "sliding", "full")]
+  feed_forward = [("moe",), ("dense", "moe"), ("moe", "moe", "dense")]
+  for kinds in attention:
+    for mlp_kinds in feed_forward:
+      for depth in range(1, 3 * len(kinds) * len(mlp_kinds) + 1):
+        model = Mixtral(**{**SIZES, "num_layers": depth, "layer_kinds": kinds,
+                           "mlp_kinds": mlp_kinds})
+        listed = model.layer_variants()
+        assert model.variant_period() == transformer_layers.shortest_period(listed), (
+            kinds, mlp_kinds, depth)
+        assert model.moe_layers() == [m for _, m in listed].count("moe")
+  deep = Mixtral(**{**SIZES, "num_layers": 10 ** 9, "layer_kinds": attention[2],
+                    "mlp_kinds": feed_forward[2]})
+  assert deep.variant_period() == 6
+  assert deep.moe_layers() == 2 * 10 ** 9 // 3 + 1  # 10**9 = 3 x 333,333,333 + 1: a "moe".
