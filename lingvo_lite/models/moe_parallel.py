@@ -21,7 +21,7 @@ global batch: each device would gather all tokens to sort them. Here the layer r
 This is the all-gather / reduce-scatter form of expert parallelism: its traffic is the group's
 activations, not only the routed ones (an all-to-all moves k / E of them), traded for sizes
 that never depend on the routing. Without a mesh of more than one device it is
-`moe.dropless` on all tokens.
+`expert_dispatch.dropless` on all tokens.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from lingvo_lite.models import moe
+from lingvo_lite.models import expert_dispatch
 
 
 def _axes(logical: str, size: int, mesh: jax.sharding.AbstractMesh) -> tuple[str, ...]:
@@ -50,13 +50,13 @@ def _spec(*dims: tuple[str, ...]) -> PartitionSpec:
   return PartitionSpec(*(dim if dim else None for dim in dims))
 
 
-def dropless(x: jax.Array, routing: moe.Routing, weights: moe.ExpertWeights,
-             activation: moe.ExpertActivation, alpha: float, limit: float) -> jax.Array:
-  """`moe.dropless` of x [B, L, D] (routing over its B x L tokens), per shard: [B, L, D]."""
+def dropless(x: jax.Array, routing: expert_dispatch.Routing, weights: expert_dispatch.ExpertWeights,
+             activation: expert_dispatch.ExpertActivation, alpha: float, limit: float) -> jax.Array:
+  """`expert_dispatch.dropless` of x [B, L, D] (routing over its B x L tokens), per shard: [B, L, D]."""
   batch, length, dim = x.shape
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
-    return moe.dropless(x.reshape(-1, dim), routing, weights, activation, alpha, limit)
+    return expert_dispatch.dropless(x.reshape(-1, dim), routing, weights, activation, alpha, limit)
   num_experts, _, hidden = weights.wi.shape
   k = routing.experts.shape[-1]
   rows = _axes("batch", batch, mesh)
@@ -86,17 +86,17 @@ def dropless(x: jax.Array, routing: moe.Routing, weights: moe.ExpertWeights,
     first = jax.lax.axis_index(experts) * local_experts if experts else 0
     local = chosen - first
     here = (local >= 0) & (local < local_experts)
-    order, group_sizes, experts_of_rows = moe.sorted_by_expert(
+    order, group_sizes, experts_of_rows = expert_dispatch.sorted_by_expert(
         jnp.where(here, local, local_experts), local_experts)
-    shard_weights = moe.ExpertWeights(wi, wi_gate, wo, wi_bias, wi_gate_bias, None)
-    out = moe.run_grouped(jnp.take(tokens, order // k, axis=0), group_sizes, experts_of_rows,
+    shard_weights = expert_dispatch.ExpertWeights(wi, wi_gate, wo, wi_bias, wi_gate_bias, None)
+    out = expert_dispatch.run_grouped(jnp.take(tokens, order // k, axis=0), group_sizes, experts_of_rows,
                           shard_weights, activation, alpha, limit)
-    out = moe.unsort(out, order).reshape(-1, k, dim)
+    out = expert_dispatch.unsort(out, order).reshape(-1, k, dim)
     y = jnp.einsum("tkd,tk->td", out, routing_weights)
     if sliced:
       y = jax.lax.psum(y, sliced)
     if wo_bias is not None:  # Each token's share of its experts' biases held here.
-      y = y + moe.output_bias(shard_weights._replace(wo_bias=wo_bias),
+      y = y + expert_dispatch.output_bias(shard_weights._replace(wo_bias=wo_bias),
                               jnp.where(here, local, 0), jnp.where(here, routing_weights, 0),
                               jnp.float32)
     if gathered:

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 import pytest
 
-from lingvo_lite.models import moe
+from lingvo_lite.models import expert_dispatch, moe
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.training import steps
 from lingvo_lite.training.train_state import TrainState
@@ -122,14 +122,14 @@ def test_capacity_that_drops_nothing_equals_dropless(setting):
   params = _params(roomy, x)
   error = np.abs(_apply(roomy, params, x) - _apply(_layer(setting), params, x)).max()
   assert error < TOLERANCE, f"{error:.2e}"
-  assert moe.capacity(10, 2, EXPERTS, EXPERTS / 2) == 10
+  assert expert_dispatch.capacity(10, 2, EXPERTS, EXPERTS / 2) == 10
 
 
 def test_capacity_drops_past_its_slots_first_choices_first_and_counts_them():
   setting = "softmax top-2 renormalized"
   layer, x = _layer(setting, "capacity", 0.5), _inputs((2, 12))
   params = _params(layer, x)
-  slots = moe.capacity(12, 2, EXPERTS, 0.5)
+  slots = expert_dispatch.capacity(12, 2, EXPERTS, 0.5)
   assert slots == 2
   _, experts, _, _ = _routing_numpy(params, x, setting)
   experts = experts.reshape(2, 12, 2)
