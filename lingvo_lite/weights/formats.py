@@ -24,6 +24,8 @@ import functools
 import operator
 from typing import Any, Callable
 
+import fiddle as fdl
+
 from lingvo_lite.errors import UsageError
 from lingvo_lite.weights.exports import Export, ExportRequest
 from lingvo_lite.weights import gguf_checkpoint, gguf_export, hf_checkpoint, hf_export
@@ -44,6 +46,8 @@ class WeightFormat:
     path_noun: What PATH names ("folder", "file"), for the refusal of an empty one.
     arguments: (value without its scheme, flag) -> the source's arguments; None: {"path":
       value}.
+    nested_sources: The arguments whose values `arguments` gives as `--init_from` values of
+      other sources (peft:'s `base=`): each becomes that source's config part here.
     writer: Makes its writer from an `ExportRequest` (an `Export`); None: not written.
     export_help: What `--export_format=NAME` writes, for its help.
   """
@@ -55,6 +59,7 @@ class WeightFormat:
   flag_help: str = ""
   path_noun: str = "path"
   arguments: Callable[[str, str], dict[str, Any]] | None = None
+  nested_sources: tuple[str, ...] = ()
   writer: Callable[[ExportRequest], Export] | None = None
   export_help: str = ""
 
@@ -65,7 +70,9 @@ class WeightFormat:
       UsageError: an empty path after the scheme (the format's own checks for the rest).
     """
     if self.arguments is not None:
-      return self.arguments(value, flag)
+      found = self.arguments(value, flag)
+      return {name: source_config(argument, flag) if name in self.nested_sources else argument
+              for name, argument in found.items()}
     if not value.strip():
       raise UsageError(f"{flag}={self.scheme}:{value}: give the {self.path_noun} after "
                        f"{self.scheme}: ({self.scheme}:PATH)")
@@ -98,6 +105,7 @@ FORMATS: tuple[WeightFormat, ...] = (
         flag_help="a Hugging Face PEFT folder's LoRA adapters, over the base its "
         "adapter_config.json names (a local folder or file) or SOURCE (any other value here); "
         "sets train.lora", path_noun="folder", arguments=peft.flag_arguments,
+        nested_sources=("base",),
         writer=peft.PeftExport,
         export_help="a LoRA job's adapters as a Hugging Face PEFT folder (adapter_config.json, "
         "adapter_model.safetensors) that peft.PeftModel.from_pretrained reads; the other "
@@ -117,6 +125,16 @@ def for_flag(value: str) -> tuple[WeightFormat, str]:
       return weight_format, rest
   default, = [f for f in FORMATS if f.scheme is None and f.source is not None]
   return default, value
+
+
+def source_config(value: str, flag: str = "--init_from") -> fdl.Config:
+  """The weight source `value` names, as a config part of its format's source class.
+
+  Raises:
+    UsageError: an empty path after a scheme, or an empty value.
+  """
+  weight_format, rest = for_flag(value)
+  return fdl.Config(weight_format.source, **weight_format.source_arguments(rest, flag))
 
 
 def init_from_help() -> str:

@@ -156,13 +156,11 @@ class PeftExport:
 
 def flag_arguments(value: str, flag: str = "--init_from") -> dict[str, Any]:
   """`PeftCheckpoint`'s arguments for `--init_from=peft:PATH[,base=SOURCE]` (SOURCE: any other
-  --init_from value, a config part of its format).
+  --init_from value, which weights/formats.py builds as its format's config part).
 
   Raises:
     UsageError: an empty path, or a base that is itself peft:.
   """
-  import fiddle as fdl  # pylint: disable=g-import-not-at-top
-  from lingvo_lite.weights import sources  # pylint: disable=g-import-not-at-top
   path, comma, rest = value.partition(",base=")
   if not path.strip():
     raise UsageError(f"{flag}=peft:{value}: give the PEFT folder after peft: "
@@ -172,9 +170,7 @@ def flag_arguments(value: str, flag: str = "--init_from") -> dict[str, Any]:
   if not rest.strip() or rest.startswith("peft:"):
     raise UsageError(f"{flag}=peft:{value}: base= names the base model's weights (hf:FOLDER, "
                      "gguf:FILE, JOB[@STEP] or slim:FOLDER), not another adapter")
-  base = sources.from_flag(rest, flag)
-  del fdl
-  return {"path": path, "base": base}
+  return {"path": path, "base": rest}  # weights/formats.py builds the base's source.
 
 
 def _base_from(name: Any, shown: str) -> Any:

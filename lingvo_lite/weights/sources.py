@@ -37,8 +37,7 @@ def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
   Raises:
     UsageError: an empty path after a scheme, or an empty value.
   """
-  weight_format, rest = formats.for_flag(value)
-  return fdl.Config(weight_format.source, **weight_format.source_arguments(rest, flag))
+  return formats.source_config(value, flag)
 
 
 def describes_model(source: fdl.Config) -> bool:
