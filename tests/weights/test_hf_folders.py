@@ -600,8 +600,9 @@ def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_jo
   from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
   from lingvo_lite.config import files as config_files  # pylint: disable=g-import-not-at-top
   from lingvo_lite.weights.slim_weights import SlimCheckpoint  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   job = tiny_job / "runs" / "tiny"
-  sizes = {}
+  sizes, array_bytes = {}, {}
   for dtype in ("float32", "bfloat16", "int8"):
     out = tmp_path / f"slim_{dtype}"
     result = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}",
@@ -611,11 +612,16 @@ def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_jo
     manifest = json.loads((out / "manifest.json").read_text())
     sizes[dtype] = manifest["files"]["params"]
     assert manifest["dtype"] == dtype and (out / "config.json").exists()
-  assert sizes["bfloat16"] < 0.6 * sizes["float32"], sizes
-  # The tiny model's norms, biases and per-file overhead stay: not quite a quarter.
-  assert sizes["int8"] < 0.4 * sizes["float32"] and sizes["int8"] < sizes["bfloat16"], sizes
+    array_bytes[dtype] = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(
+        ocp.StandardCheckpointer().restore((out / "params").absolute())))
+  # The arrays themselves: bfloat16 half the bytes; int8 the weight matrices at a quarter, with
+  # the tiny model's norms, biases and scales beside them (not quite a quarter in all).
+  assert array_bytes["bfloat16"] * 2 == array_bytes["float32"], array_bytes
+  assert array_bytes["int8"] < 0.3 * array_bytes["float32"], array_bytes
+  # On disk each file also holds the checkpoint's own metadata (its size varies with the
+  # writer's threads): the order still holds.
+  assert sizes["int8"] < sizes["bfloat16"] < 0.6 * sizes["float32"], sizes
   _, step = _job_logits(job, np.zeros((1, 4), np.int32))
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   saved = ocp.StandardCheckpointer().restore(
       (job / "checkpoints" / str(step) / "default").absolute())["params"]
   setup = executor.build(config_files.load(tmp_path / "slim_float32" / "config.json"))
