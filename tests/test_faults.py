@@ -192,8 +192,8 @@ def _copy_job(trained_job, destination):
 
 @pytest.mark.slow
 def test_kill_9_soak_loses_nothing(tmp_path, cache):
-  # Each run below progresses ~10-20 steps before its kill: 11 kills fit well within 240.
-  steps, every = 240, 10
+  # Each run below progresses ~10-20 steps before its kill: 6 kills fit well within 140.
+  steps, every = 140, 10
   args = [f"--fdl.train.steps={steps}", f"--fdl.checkpoint.every_steps={every}"]
   # The uninterrupted run first: it also fills the compilation cache, so no kill lands in
   # a cache write (JAX's cache does not write atomically).
@@ -202,7 +202,7 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   print(f"uninterrupted run: {time.time() - began:.1f} s")
   parts = tmp_path / "parts"
   rng = np.random.default_rng(0)
-  kills, kills_in_flight, wanted_kills, process = 0, 0, 11, None
+  kills, kills_in_flight, wanted_kills, process = 0, 0, 6, None
   try:
     for attempt in range(wanted_kills):
       start = max(_complete_steps(parts), default=0)
@@ -228,7 +228,9 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   finally:
     _stop(process)
   assert "resumed from step" in result.stdout
-  assert kills >= 10 and kills_in_flight >= 3, (kills, kills_in_flight)
+  # Every other kill waits for a save's temporary folder: 3 of the 6 land in flight (or just
+  # after the save's commit, which the random kills also cover).
+  assert kills == wanted_kills and kills_in_flight >= 2, (kills, kills_in_flight)
 
   # The same curve and the same final state as the uninterrupted run...
   whole = tmp_path / "whole"

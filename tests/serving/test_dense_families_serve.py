@@ -1,5 +1,5 @@
 """Serve and score today's dense families: PyCodeQwen3Tiny, PyCodeGemma3Tiny and PyCodeOlmo3Tiny
-each train 3 steps on the stdlib data (once per machine and code version: the shared
+each train 3 steps on the stdlib data and evaluate one batch (once per machine and code version: the shared
 trained-job cache, tests/trained_jobs.py), then
 
 - `--mode=serve`'s app and engine (in a thread of this process, over the loaded model a serve
@@ -20,6 +20,7 @@ from tests.serving.server_process import ThreadServer
 FAMILIES = {"gemma3": "PyCodeGemma3Tiny", "olmo3": "PyCodeOlmo3Tiny",
             "qwen3": "PyCodeQwen3Tiny"}
 TRAIN = tuple((f"--exp={experiment}", "--fdl.train.steps=3", "--fdl.checkpoint.every_steps=3",
+               "--fdl.eval_data.num_batches=1",
                f"--job_log_dir=runs/{name}") for name, experiment in FAMILIES.items())
 # A prompt longer than the tiny families' window of 32 positions (a byte a token).
 PROMPT, NEW_TOKENS = "import os\nimport sys\n\n\ndef main(argv):\n  ", 24

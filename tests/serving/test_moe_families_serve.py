@@ -1,6 +1,7 @@
 """Train, evaluate, decode, serve and score the mixture-of-experts families: PyCodeMixtralTiny,
-PyCodeQwen3MoeTiny and PyCodeGptOssTiny each train 3 steps on the stdlib data (once per
-machine and code version: the shared trained-job cache, tests/trained_jobs.py), then
+PyCodeQwen3MoeTiny and PyCodeGptOssTiny each train 3 steps on the stdlib data and evaluate one
+batch (once per machine and code version: the shared trained-job cache, tests/trained_jobs.py),
+then
 
 - each logged row holds the routing statistics (balance loss, router z-loss, each expert's
   share of the choices, which sum to 1);
@@ -23,6 +24,7 @@ from tests.serving.server_process import ThreadServer
 FAMILIES = {"gpt_oss": "PyCodeGptOssTiny", "mixtral": "PyCodeMixtralTiny",
             "qwen3_moe": "PyCodeQwen3MoeTiny"}
 TRAIN = tuple((f"--exp={experiment}", "--fdl.train.steps=3", "--fdl.checkpoint.every_steps=3",
+               "--fdl.eval_data.num_batches=1",
                "--fdl.train.log_every_steps=1", f"--job_log_dir=runs/{name}")
               for name, experiment in FAMILIES.items())
 # Longer than gpt-oss's window of 32 positions (a byte a token).
