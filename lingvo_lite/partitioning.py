@@ -65,9 +65,61 @@ def _device_grid(sizes: tuple[int, ...], devices: Sequence[Any]) -> np.ndarray:
   per_process = _per_process_shape(sizes, devices)
   if per_process is None:
     return mesh_utils.create_device_mesh(sizes, devices, allow_split_physical_axes=True)
+  if sum(size > 1 for size in sizes) > 1:
+    blocks = _same_block_in_every_process(per_process, devices)
+    if blocks is not None:
+      outer = tuple(s // p for s, p in zip(sizes, per_process))
+      # The blocks in process order over the outer grid, as jax's hybrid mesh lays them out.
+      stacked = np.stack(blocks).reshape(outer + per_process)
+      order = [axis for k in range(len(sizes)) for axis in (k, len(sizes) + k)]
+      return stacked.transpose(order).reshape(sizes)
   return mesh_utils.create_hybrid_device_mesh(
       per_process, tuple(s // p for s, p in zip(sizes, per_process)), devices,
       process_is_granule=True, allow_split_physical_axes=True)
+
+
+def _same_block_in_every_process(per_process: tuple[int, ...], devices: Sequence[Any]
+                                 ) -> list[np.ndarray] | None:
+  """Each process's devices as a `per_process` block, in process order, every block the
+  first one's layout moved to its process's chips; None without chip coordinates or when
+  the processes' chips differ in shape.
+
+  jax's v5e mesh rings only the host whose chips include (0, 0) and leaves the others in
+  coordinate order, so the groups of a mesh axis across processes would not be translates of
+  one another, and XLA:TPU's routing on a large slice (v5e-32 and up) refuses their
+  collectives ("Failed to create limited ICI routing replica info table"). With one split axis
+  there is one group of every device, and jax's hybrid mesh is kept as it is.
+  """
+  if not all(hasattr(d, "coords") for d in devices):
+    return None
+  by_process: dict[int, list[Any]] = {}
+  for device in devices:
+    by_process.setdefault(device.process_index, []).append(device)
+
+  def place(device: Any, origin: tuple[int, ...]) -> tuple[int, ...]:
+    """Where `device` sits in its process's chips (and which core of its chip)."""
+    return (*(c - o for c, o in zip(device.coords, origin)),
+            getattr(device, "core_on_chip", 0))
+
+  def at_places(group: list[Any]) -> dict[tuple[int, ...], Any]:
+    origin = tuple(min(coords) for coords in zip(*(d.coords for d in group)))
+    return {place(d, origin): d for d in group}
+
+  groups = [by_process[index] for index in sorted(by_process)]
+  first = at_places(groups[0])
+  inverse = {d: spot for spot, d in first.items()}
+  template = mesh_utils.create_device_mesh(per_process, groups[0],
+                                           allow_split_physical_axes=True)
+  blocks = []
+  for group in groups:
+    spots = at_places(group)
+    if len(spots) != len(group) or spots.keys() != first.keys():
+      return None
+    block = np.empty(template.shape, dtype=object)
+    for index, device in np.ndenumerate(template):
+      block[index] = spots[inverse[device]]
+    blocks.append(block)
+  return blocks
 
 
 def _per_process_shape(sizes: tuple[int, ...], devices: Sequence[Any]

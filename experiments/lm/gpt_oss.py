@@ -1,7 +1,8 @@
 """gpt-oss-shaped models: attention with biases and sinks, sliding and full layers alternating,
 YaRN, and 32 experts (4 per token) with biases and a clamped SwiGLU.
 
-  python -m lingvo_lite --exp=GptOss20B --mode=compile --compile_topology=v5e-256
+  python -m lingvo_lite --exp=GptOss20B --mode=compile --compile_topology=v5e-256 \\
+      --fdl.partitioner.ici_fsdp=64 --fdl.partitioner.ici_tensor=4 --fdl.train.grad_accum_steps=8
   python -m lingvo_lite --exp=PyCodeGptOssTiny --job_log_dir=runs/gpt_oss_tiny
   python -m lingvo_lite --exp=PyCodeTiny --init_from=hf:PATH --mode=decode ...   # a folder
 
@@ -28,9 +29,9 @@ class GptOss20B(Llama7B):
   sinks), windows of 128 on every other layer, 32 experts of 2880 (4 per token), vocabulary
   201,088, YaRN x32 over 4096 positions on a base of 150,000: 20.9B parameters, 3.6B active
   per token. bfloat16 compute, float32 parameters; 512 sequences of 4096 tokens a step as 2
-  micro-batches (a row per chip), fully sharded (FSDP): `--mode=compile
-  --compile_topology=v5e-256`; the experts over the `expert` mesh axis and the rest FSDP:
-  `--fdl.partitioner.ici_expert=8` (README's topology table).
+  micro-batches, fully sharded (FSDP over every device). A v5e-256 is 256 ways, which 2880
+  does not divide: there it fits as fsdp=64 x tensor=4 in 8 micro-batches (the flags in the
+  module's docstring; README's topology table has the layouts tried).
   """
 
   @classmethod

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite import target as targets
+from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.programs.compile import aot, analyses, compile_report
 from lingvo_lite.testing import run_cli, source_root, synthetic_tiny_setup, tree_digest
@@ -180,6 +181,30 @@ def test_tpu_compiles_one_and_two_slices(tmp_path):
     assert report["target"]["platform"] == "tpu"
     assert report["mesh"] == mesh
   assert _report(tmp_path / "two")["target"]["num_slices"] == 2
+
+
+def test_a_two_axis_mesh_across_hosts_compiles_for_a_large_v5e_slice(tmp_path):
+  """A v5e-32's 8 hosts each drive 2x2 chips: every host's block of the mesh is laid out
+  alike, so the groups of an axis across hosts are translates of one another (jax's v5e mesh
+  rings only the first host's chips, and XLA:TPU's limited ICI routing refused the data
+  axis's collectives). A subprocess: XLA aborts the process on that refusal."""
+  _need_libtpu()
+  mesh = Partitioner(ici_data=4, ici_fsdp=8).make_mesh(targets.compile_target("v5e-32").devices)
+  layouts = set()
+  for host_block in mesh.devices.reshape(8, 4):  # [data x fsdp's 2 hosts, a host's 4 chips]
+    assert len({d.process_index for d in host_block}) == 1
+    origin = [min(axis) for axis in zip(*(d.coords for d in host_block))]
+    layouts.add(tuple(tuple(c - o for c, o in zip(d.coords, origin)) for d in host_block))
+  assert len(layouts) == 1, layouts
+  job = tmp_path / "job"
+  completed = _lingvo([*TINY, "--mode=compile", "--compile_topology=v5e-32",
+                       f"--job_log_dir={job}", "--fdl.train_data.global_batch_size=32",
+                       "--fdl.eval_data.global_batch_size=32", "--fdl.partitioner.ici_data=4",
+                       "--fdl.partitioner.ici_fsdp=8"])
+  assert completed.returncode == 0, completed.stderr[-2000:]
+  report = _report(job)
+  assert report["verdict"] == "FITS"
+  assert report["mesh"] == {"data": 4, "fsdp": 8, "expert": 1, "tensor": 1}
 
 
 def test_the_same_compile_again_reads_xlas_analyses_from_the_cache(tmp_path):
