@@ -50,9 +50,12 @@ def _spec(*dims: tuple[str, ...]) -> PartitionSpec:
   return PartitionSpec(*(dim if dim else None for dim in dims))
 
 
-def dropless(x: jax.Array, routing: expert_dispatch.Routing, weights: expert_dispatch.ExpertWeights,
-             activation: expert_dispatch.ExpertActivation, alpha: float, limit: float) -> jax.Array:
-  """`expert_dispatch.dropless` of x [B, L, D] (routing over its B x L tokens), per shard: [B, L, D]."""
+def dropless(x: jax.Array, routing: expert_dispatch.Routing,
+             weights: expert_dispatch.ExpertWeights,
+             activation: expert_dispatch.ExpertActivation, alpha: float, limit: float
+             ) -> jax.Array:
+  """`expert_dispatch.dropless` of x [B, L, D] (routing over its B x L tokens), per shard:
+  [B, L, D]."""
   batch, length, dim = x.shape
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
@@ -89,16 +92,16 @@ def dropless(x: jax.Array, routing: expert_dispatch.Routing, weights: expert_dis
     order, group_sizes, experts_of_rows = expert_dispatch.sorted_by_expert(
         jnp.where(here, local, local_experts), local_experts)
     shard_weights = expert_dispatch.ExpertWeights(wi, wi_gate, wo, wi_bias, wi_gate_bias, None)
-    out = expert_dispatch.run_grouped(jnp.take(tokens, order // k, axis=0), group_sizes, experts_of_rows,
-                          shard_weights, activation, alpha, limit)
+    out = expert_dispatch.run_grouped(jnp.take(tokens, order // k, axis=0), group_sizes,
+                                      experts_of_rows, shard_weights, activation, alpha, limit)
     out = expert_dispatch.unsort(out, order).reshape(-1, k, dim)
     y = jnp.einsum("tkd,tk->td", out, routing_weights)
     if sliced:
       y = jax.lax.psum(y, sliced)
     if wo_bias is not None:  # Each token's share of its experts' biases held here.
       y = y + expert_dispatch.output_bias(shard_weights._replace(wo_bias=wo_bias),
-                              jnp.where(here, local, 0), jnp.where(here, routing_weights, 0),
-                              jnp.float32)
+                                          jnp.where(here, local, 0),
+                                          jnp.where(here, routing_weights, 0), jnp.float32)
     if gathered:
       y = jax.lax.psum_scatter(y, gathered, scatter_dimension=0, tiled=True)
       others = tuple(axis for axis in experts if axis not in gathered)

@@ -30,16 +30,6 @@ CARRIED_MODEL_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
                         "attention_implementation")
 
 
-def from_flag(value: str, flag: str = "--init_from") -> fdl.Config:
-  """The weight source `value` names, as a config part of its format's source class (a job
-  dir's checks name the flag when it is built).
-
-  Raises:
-    UsageError: an empty path after a scheme, or an empty value.
-  """
-  return formats.source_config(value, flag)
-
-
 def describes_model(source: fdl.Config) -> bool:
   """Whether the source's files describe their model (it has `model_fields`; a source over
   another's weights, `peft:`'s, where that one does)."""
@@ -73,7 +63,7 @@ def config_parts(value: str | None, cfg: fdl.Config, flag: str = "--init_from"
   sets one). Empty when the flag is not given."""
   if value is None:
     return {}
-  source = from_flag(value, flag)
+  source = formats.source_config(value, flag)
   parts: dict[str, fdl.Buildable] = {FIELD: source}
   model_config = model_part(source, cfg.__arguments__.get("model"))
   if model_config is not None:

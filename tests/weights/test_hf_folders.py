@@ -29,7 +29,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.models import checkpoint_names
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.testing import kill_9_when, run_cli
-from lingvo_lite.weights import sources
+from lingvo_lite.weights import formats
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint, names_of
 from tasks.pycode import read_documents, stdlib_dir
@@ -283,13 +283,13 @@ def test_unsupported_settings_are_refused_naming_the_key(folders, tmp_path, chan
 
 
 def test_the_flag_names_a_folder_a_job_or_refuses():
-  assert sources.from_flag("hf:some/folder").path == "some/folder"
-  assert sources.from_flag("gguf:a/m.gguf").path == "a/m.gguf"
-  assert sources.from_flag("runs/a@3").step == 3
+  assert formats.source_config("hf:some/folder").path == "some/folder"
+  assert formats.source_config("gguf:a/m.gguf").path == "a/m.gguf"
+  assert formats.source_config("runs/a@3").step == 3
   for value, words in (("hf:", "give the folder after hf:"),
                        ("gguf: ", "give the file after gguf:")):
     with pytest.raises(UsageError) as error:
-      sources.from_flag(value)
+      formats.source_config(value)
     assert words in _one_line(error.value)
 
 
