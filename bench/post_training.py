@@ -4,7 +4,9 @@ instruction set (chat SFT, loss on the assistant's tokens), then DPO with LoRA o
 preference pairs, every number measured before and after by the programs and bin/lm_eval.py:
 
   SFT   validation assistant-token bits/byte (the eval program, the whole split);
-        HumanEval pass@1 through the chat template, greedy (lingvo_lite_humaneval_chat, 164);
+        HumanEval pass@1 through the chat template, greedy (lingvo_lite_humaneval_chat, 164:
+        the answer begun with the problem's prompt; lingvo_lite_humaneval_chat_whole, 164:
+        the model writes the whole function);
         HumanEval pass@1 and pass@10 sampled (lingvo_lite_humaneval_chat_sampled, the first
         --pass10_limit problems, 10 samples each);
         the held-out stdlib functions written exactly, and written as valid Python
@@ -14,7 +16,8 @@ preference pairs, every number measured before and after by the programs and bin
         against its reference (the SFT model), from the eval program.
 
 Each phase is one command of the project's CLI in a child process (its wall time and peak
-RSS recorded); its result is written to OUT/results.json as soon as it ends, and a phase
+RSS recorded; lm_eval's phases keep every completion in WORK/PHASE/*/samples_*.jsonl); its
+result is written to OUT/results.json as soon as it ends, and a phase
 already there is not run again, so the script resumes where a stopped run left off. The
 training phases run first, the generation measures after them.
 
@@ -92,7 +95,7 @@ def _lm_eval(job: str, task: str, out: str, limit: int | None, exp: str | None =
   model_args = f"job_log_dir={job},{DECODE}" + (f",exp={exp}" if exp else "")
   command = [PYTHON, "bin/lm_eval.py", "--model", "lingvo_lite", "--model_args", model_args,
              "--tasks", task, "--include_path", "tasks/lm_eval", "--apply_chat_template",
-             "--confirm_run_unsafe_code", "--output_path", out]
+             "--confirm_run_unsafe_code", "--output_path", out, "--log_samples"]
   return command + (["--limit", str(limit)] if limit else [])
 
 
@@ -125,6 +128,7 @@ def main() -> None:
     """The three lm_eval measures of a model (before or after SFT)."""
     made = []
     for task, limit in (("lingvo_lite_humaneval_chat", args.humaneval_limit),
+                        ("lingvo_lite_humaneval_chat_whole", args.humaneval_limit),
                         ("lingvo_lite_humaneval_chat_sampled", args.pass10_limit),
                         ("lingvo_lite_stdlib_chat", args.stdlib_limit)):
       name = f"{task.replace('lingvo_lite_', '')}_{when}"

@@ -417,7 +417,8 @@ LINGVO = ("python", "-m", "lingvo_lite")
 BENCH = ("python", "bench/step_bench.py")
 TPU_COMMANDS = (("bash", "bench/tpu_check.sh"), ("python3", "bench/tpu_numerics.py"))
 POST_TRAINING_BENCHES = (("python", "bench/post_training.py"),
-                         ("python", "bench/lora_step_bench.py"))
+                         ("python", "bench/lora_step_bench.py"),
+                         ("python", "bench/humaneval_chat_first_token.py"))
 INT8_BENCHES = (("python", "bench/int8_convergence.py"), ("python", "bench/int8_decode.py"),
                 ("python", "bench/int8_step_bench.py"))
 # The commands use the compilation cache as written, that is its default folder: in tests,
@@ -576,8 +577,9 @@ RULES = (
              "by side); the code they drive runs in tests/models/test_quantization.py and "
              "tests/programs/test_quantization_programs.py"),
     Rule("post-training benchmarks", lambda c: c.argv[:2] in POST_TRAINING_BENCHES, None,
-         why="the demonstration's hours (SFT and DPO of SmolLM2 with their evaluations) and "
-             "the LoRA step's memory against the full step's, side by side (README figures); "
+         why="the demonstration's hours (SFT and DPO of SmolLM2 with their evaluations), "
+             "the LoRA step's memory against the full step's, side by side, and transformers' "
+             "look at the chat HumanEval's first token (README figures); "
              "their code runs in the tests named by the rule above"),
     Rule("TPU VM", lambda c: c.argv[:2] in TPU_COMMANDS or c.argv[:4] == (
         "python3", "-m", "pip", "download"), None,

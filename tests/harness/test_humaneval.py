@@ -41,6 +41,16 @@ def test_the_metric_passes_canonical_solutions_and_fails_wrong_ones():
     assert humaneval_metric.process_results(problem, ["    return None\n"]) == {"pass@1": 0.0}
 
 
+def test_a_whole_function_written_after_the_prompt_is_the_one_tested():
+  """lingvo_lite_humaneval_chat_whole's completions are whole functions; the metric runs them
+  after the prompt, so theirs replaces the prompt's docstring-only definition."""
+  for problem in list(read_problems().values())[:3]:
+    whole = problem["prompt"] + problem["canonical_solution"]
+    assert humaneval_metric.process_results(problem, [whole]) == {"pass@1": 1.0}
+    wrong = f"def {problem['entry_point']}(*args):\n    return None\n"
+    assert humaneval_metric.process_results(problem, [wrong]) == {"pass@1": 0.0}
+
+
 def test_pass_at_k_is_the_unbiased_estimate_and_samples_are_scored_each():
   """Chen et al.'s estimator against its definition (1 - C(n-c, k) / C(n, k)); the sampled
   task's metric runs every sample (one right and one wrong: pass@1 0.5, and one passes)."""
