@@ -17,9 +17,9 @@ preference pairs, every number measured before and after by the programs and bin
 
 Each phase is one command of the project's CLI in a child process (its wall time and peak
 RSS recorded; lm_eval's phases keep every completion in WORK/PHASE/*/samples_*.jsonl); its
-result is written to OUT/results.json as soon as it ends, and a phase
-already there is not run again, so the script resumes where a stopped run left off. The
-training phases run first, the generation measures after them.
+result is written to OUT/results.json as soon as it ends, and a phase already there is not
+run again, so the script resumes where a stopped run left off. The training phases run
+first, the generation measures after them.
 
   python bench/post_training.py --out bench/results/DATE/post_training --work /tmp/post
 
