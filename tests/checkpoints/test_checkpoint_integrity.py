@@ -33,7 +33,7 @@ def test_checksums_catch_a_flipped_byte_a_truncation_and_a_missing_file(tmp_path
   (step_dir / "d").mkdir(parents=True)
   (step_dir / "d" / "data").write_bytes(bytes(range(256)) * 64)
   (step_dir / "meta").write_text("{}")
-  checkpoint_integrity.write_checksums(epath.Path(step_dir), 7)
+  checkpoint_integrity.write_checksums(epath.Path(step_dir), 7, "a job")
   recorded = json.loads((step_dir / checkpoint_integrity.CHECKSUMS_FILE).read_text())
   assert recorded["step"] == 7 and sorted(recorded["files"]) == ["d/data", "meta"]
   assert checkpoint_integrity.first_mismatch(epath.Path(step_dir)) is None
@@ -59,7 +59,8 @@ def test_the_record_names_its_step_and_a_record_from_before_that_is_read_as_it_w
   step_dir = epath.Path(tmp_path) / "57"
   step_dir.mkdir()
   (step_dir / "data").write_bytes(b"x" * 100)
-  checkpoint_integrity.write_checksums(step_dir, 55)  # As a copy of step 55's folder has it.
+  # As a copy of step 55's folder has it.
+  checkpoint_integrity.write_checksums(step_dir, 55, "a job")
   expected = ("lingvo_lite_checksums.json was recorded for step 55 (the folder is a copy or a "
               "rename of step 55's)")
   assert checkpoint_integrity.step_mismatch(step_dir, 57) == f"its {expected}"

@@ -81,7 +81,7 @@ def test_other_processes_wait_in_the_checkpoint_for_process_0s_checksums(tmp_pat
   checkpointer._manager.wait_until_finished()  # pylint: disable=protected-access
   monkeypatch.setattr(checkpoints.jax, "process_index", lambda: 1)
   late = threading.Timer(1.0, checkpoint_integrity.write_checksums,
-                         (epath.Path(tmp_path) / "1", 1))
+                         (epath.Path(tmp_path) / "1", 1, checkpointer.job))
   started = time.monotonic()
   late.start()
   assert checkpointer.wait() == [1]
@@ -116,7 +116,7 @@ def test_a_failed_save_leaves_only_the_verified_steps(tmp_path, monkeypatch):
   checkpointer.wait()
   # Step 2's checksums cannot be written (a full disk), and an interrupted write of step 3
   # (orbax's temporary folder) is there too.
-  def no_room(step_dir, step):
+  def no_room(step_dir, step, job):
     (step_dir / (checkpoint_integrity.CHECKSUMS_FILE + ".tmp")).write_text("{")
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
   monkeypatch.setattr(checkpoints.checkpoint_integrity, "write_checksums", no_room)
