@@ -345,7 +345,8 @@ def test_weights_that_cannot_be_read_are_one_line_and_nothing_is_left_listening(
     with socket.socket() as client:
       client.settimeout(5)
       accepting = client.connect_ex(("127.0.0.1", port)) == 0
-    seen.append((accepting, sys._getframe(1).f_locals.get("listener")))  # pylint: disable=protected-access
+    caller = sys._getframe(1)  # pylint: disable=protected-access
+    seen.append((accepting, caller.f_locals.get("listener")))
     return real_load(*args, **kwargs)
 
   monkeypatch.setattr(loaded_model, "load", load)
