@@ -195,8 +195,9 @@ class Checkpointer(Restoring):
   @property
   def job(self) -> str:
     """The id this checkpointer records its steps under: the job's, taken over from the
-    record of the step a training run resumes from (`clean_up_for_training`); new where the
-    run starts over, resumes from a step of an older record form, or saves without saying."""
+    record of the step a training run resumes from (`clean_up_for_training`,
+    `_job_resumed`); new where the run starts over, resumes from a step of an older record
+    form, or saves without saying."""
     if self._job is None:
       self._job = uuid.uuid4().hex
     return self._job
@@ -211,7 +212,7 @@ class Checkpointer(Restoring):
     fails a quick check (checkpoints/tidying.py). One warning line per entry."""
     if jax.process_index() == 0 and self._directory.exists():
       if start is not None:
-        self._job = checkpoint_integrity.recorded_job(self._directory / str(start))
+        self._job = self._job_resumed(start)
       moved = tidying.tidy_for_training(self._directory, start, self._manager.all_steps(),
                                         self.skipped_steps(), self._pending)
       self._reported.update(("skipped", step) for step in moved)
@@ -222,6 +223,17 @@ class Checkpointer(Restoring):
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("lingvo_lite_checkpoint_clean_up")
     self._manager.reload()
+
+  def _job_resumed(self, start: int) -> str | None:
+    """The job id in the record of step `start`; where it has no record of this version's
+    form (restored unverified), the one id that all such records of the earlier steps name,
+    if they agree (a copy from another job among them makes them disagree: then none)."""
+    job = checkpoint_integrity.recorded_job(self._directory / str(start))
+    if job is not None:
+      return job
+    earlier = {checkpoint_integrity.recorded_job(self._directory / str(step))
+               for step in self.all_steps() if step < start} - {None}
+    return earlier.pop() if len(earlier) == 1 else None
 
   def discard_failed_saves(self) -> None:
     """After a failed save and `close`: removes what this checkpointer's saves left that no

@@ -216,3 +216,21 @@ def test_retention_deletes_only_the_jobs_own_steps_and_says_what_it_keeps(tmp_pa
       "its lingvo_lite_checksums.json was recorded by another job (the folder is a copy)), and "
       "retention deletes only the job's own steps: move them out (or delete them) once you no "
       "longer need them"]
+
+
+def test_a_run_resumed_from_an_unverified_step_takes_over_the_job_of_the_earlier_ones(tmp_path):
+  # As a kill between step 2's commit and its checksums leaves it, restored with
+  # checkpoint.restore_unverified: the earlier steps' records say whose job it is.
+  directory = epath.Path(tmp_path)
+  first = Checkpointer(directory, CheckpointSettings(every_steps=1, max_to_keep=None))
+  for step in (1, 2):
+    first.save(step, {"w": jnp.arange(4.0)})
+  first.close()
+  (directory / "2" / checkpoint_integrity.CHECKSUMS_FILE).unlink()
+  resumed = Checkpointer(directory, CheckpointSettings(every_steps=1, max_to_keep=1,
+                                                       restore_unverified=True))
+  resumed.clean_up_for_training(2)
+  assert resumed.job == first.job
+  resumed.save(3, {"w": jnp.arange(4.0)})
+  resumed.close()
+  assert _steps(tmp_path) == [2, 3]  # Step 1 was the job's own; 2 has no record to say so.
