@@ -31,6 +31,10 @@ from lingvo_lite import input_files
 CHECKSUMS_FILE = "lingvo_lite_checksums.json"
 FORMAT = 3  # The record form this version writes (see the module doc).
 _CHUNK_BYTES = 1 << 22
+# What reading a record that is not what this module writes may raise (a crafted or damaged
+# file: JSON nested past the recursion limit, an entry that is no object, a size of 1e400).
+_UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError,
+               RecursionError)
 
 
 def _crc32(path: epath.Path) -> str:
@@ -85,7 +89,7 @@ class Record:
 
 def read_record(step_dir: epath.Path) -> Record:
   """The step's record. Raises what reading or parsing the file raises (OSError,
-  ValueError)."""
+  ValueError, RecursionError)."""
   if input_files.kind_of(step_dir / CHECKSUMS_FILE) is not None:
     raise ValueError(f"{CHECKSUMS_FILE} is not a regular file")  # A FIFO would never end.
   record = json.loads((step_dir / CHECKSUMS_FILE).read_text())
@@ -111,7 +115,7 @@ def step_mismatch(step_dir: epath.Path, step: int) -> str | None:
   (`first_mismatch` reports that)."""
   try:
     recorded = read_record(step_dir).step
-  except (OSError, ValueError):
+  except _UNREADABLE:
     return None
   return None if recorded is None or recorded == step else _another_step(recorded)
 
@@ -121,7 +125,7 @@ def recorded_job(step_dir: epath.Path) -> str | None:
   none."""
   try:
     record = read_record(step_dir)
-  except (OSError, ValueError):
+  except _UNREADABLE:
     return None
   return record.job if record.format == FORMAT else None
 
@@ -149,9 +153,6 @@ def not_own(step_dir: epath.Path, step: int, job: str) -> str | None:
 def _another_step(recorded: int) -> str:
   return (f"its {CHECKSUMS_FILE} was recorded for step {recorded} (the folder is a copy or a "
           f"rename of step {recorded}'s)")
-
-
-_UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError)
 
 
 def first_mismatch(step_dir: epath.Path, contents: bool = True) -> str | None:
