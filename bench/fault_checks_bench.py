@@ -130,7 +130,7 @@ class _Bench:
     step_dir = off._directory / str(off.all_steps()[-1])  # pylint: disable=protected-access
     for _ in range(repeats):
       started = time.perf_counter()
-      checkpoint_integrity.write_checksums(step_dir, off.all_steps()[-1])
+      checkpoint_integrity.write_checksums(step_dir, off.all_steps()[-1], off.job)
       checksums.append(time.perf_counter() - started)
       (step_dir / checkpoint_integrity.CHECKSUMS_FILE).unlink()
     return statistics.median(finite), statistics.median(checksums)

@@ -633,6 +633,32 @@ def test_the_advice_after_a_divergence_names_no_damaged_step(tmp_path, trained_j
   checkpointer.close()
 
 
+def test_an_older_step_folder_that_is_not_the_jobs_own_is_named_and_never_deleted(
+    tmp_path, cache, trained_job, caplog):
+  # Step 2 copied in from another job (its record names that job), step 4 from an older
+  # version's run (a record from before records named their step): the resumed run names each
+  # once, resumes from step 6, and retention (max_to_keep=1) deletes only the job's own steps.
+  job = _copy_job(trained_job, tmp_path / "job")
+  checkpoints = job / "checkpoints"
+  record = checkpoints / "2" / checkpoint_integrity.CHECKSUMS_FILE
+  own_job = checkpoint_integrity.recorded_job(epath.Path(checkpoints / "2"))
+  record.write_text(record.read_text().replace(own_job, "0" * len(own_job)))
+  _as_before_step_records(checkpoints / "4")
+  result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=10",
+                       "--fdl.checkpoint.max_to_keep=1")
+  assert result.code == 0, result.stderr[-3000:]
+  assert "resumed from step 6" in result.stdout
+  warnings = [r.getMessage() for r in caplog.records]  # absl's, in this process.
+  for step, why in ((2, "was recorded by another job"), (4, "is of record format 1, not 3")):
+    named = [line for line in warnings if f"{checkpoints / str(step)}" in line]
+    assert len(named) == 1, warnings
+    assert f"checkpoint step {step} (" in named[0] and why in named[0], named
+    assert f"move it out of {checkpoints} (or delete it)" in named[0], named
+  # Steps 6 and 8 are the job's own: 6 goes once step 8 is the newest healthy one (its first
+  # loss after it is logged), and 8 stays as that one.
+  assert _complete_steps(job) == [2, 4, 8, 10]
+
+
 # 10. A hang-up (the terminal closed, an ssh session dropped) saves, says so, exits 0.
 
 def test_a_hang_up_saves_says_so_in_the_jobs_log_and_exits_0(tmp_path, cache, trained_job):

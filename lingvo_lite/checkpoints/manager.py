@@ -23,8 +23,12 @@ What can go wrong on disk is handled here, not left to orbax's background thread
   checks (`sound`).
 - Old steps are deleted by this class, not by orbax, and only once a newer step is verified,
   so the newest verified step is never deleted, nor the one `also_keep` names (the newest
-  healthy step, which a diverged run resumes from). What a run removes, and what it moves
-  aside instead, is checkpoints/tidying.py's.
+  healthy step, which a diverged run resumes from). Only the job's own steps are deleted:
+  those this run saved, and those whose record is of this version's form, for their step, by
+  this job (`job`: the id a training run takes over from the step it resumes from). A folder
+  copied in (from another job, or with an older version's record) is kept, and said so in
+  one warning line. What a run removes, and what it moves aside or keeps instead, is
+  checkpoints/tidying.py's.
 
 Restoring, and the checks a restore makes, are checkpoints/restoring.py's (a mixin of
 `Checkpointer`: it reads the same record of verified and sound steps).
@@ -39,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import uuid
 from typing import Any, Callable
 
 import jax
@@ -109,6 +114,7 @@ class Checkpointer(Restoring):
     self._verified_steps: set[int] = set()  # Checked against their checksums.
     self._sound: set[int] = set()  # Passed every check of a restore (`sound`).
     self._reported: set[tuple[str, int]] = set()
+    self._job: str | None = None  # See `job`.
     silence_closed_loop_errors()
     self._manager = ocp.CheckpointManager(
         directory,
@@ -186,20 +192,48 @@ class Checkpointer(Restoring):
                         usable[-1])
     return usable[-1]
 
+  @property
+  def job(self) -> str:
+    """The id this checkpointer records its steps under: the job's, taken over from the
+    record of the step a training run resumes from (`clean_up_for_training`,
+    `_job_resumed`); new where the run starts over, resumes from a step of an older record
+    form, or saves without saying."""
+    if self._job is None:
+      self._job = uuid.uuid4().hex
+    return self._job
+
   def clean_up_for_training(self, start: int | None) -> None:
     """Before a training run saves its first step (process 0; it holds the job's lock):
-    removes the folders no run will finish (orbax's temporaries and our interrupted deletes,
-    left by a kill) and moves aside what is in the way of the steps it will save: the steps
-    it skipped (orbax would count those as saved, and refuse to save any step up to theirs),
-    those newer than `start`, and files named like steps (checkpoints/tidying.py). One
-    warning line per entry."""
+    takes over the job id of step `start` (`job`); removes the folders no run will finish
+    (orbax's temporaries and our interrupted deletes, left by a kill) and moves aside what is
+    in the way of the steps it will save: the steps it skipped (orbax would count those as
+    saved, and refuse to save any step up to theirs), those newer than `start`, and files
+    named like steps; warns of each older step folder it keeps that is not the job's own or
+    fails a quick check (checkpoints/tidying.py). One warning line per entry."""
     if jax.process_index() == 0 and self._directory.exists():
+      if start is not None:
+        self._job = self._job_resumed(start)
       moved = tidying.tidy_for_training(self._directory, start, self._manager.all_steps(),
                                         self.skipped_steps(), self._pending)
       self._reported.update(("skipped", step) for step in moved)
+      if start is not None:
+        kept = tidying.warn_of_older_steps(self._directory, start, self.usable_steps(),
+                                           self.job)
+        self._reported.update(("kept", step) for step in kept)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("lingvo_lite_checkpoint_clean_up")
     self._manager.reload()
+
+  def _job_resumed(self, start: int) -> str | None:
+    """The job id in the record of step `start`; where it has no record of this version's
+    form (restored unverified), the one id that all such records of the earlier steps name,
+    if they agree (a copy from another job among them makes them disagree: then none)."""
+    job = checkpoint_integrity.recorded_job(self._directory / str(start))
+    if job is not None:
+      return job
+    earlier = {checkpoint_integrity.recorded_job(self._directory / str(step))
+               for step in self.all_steps() if step < start} - {None}
+    return earlier.pop() if len(earlier) == 1 else None
 
   def discard_failed_saves(self) -> None:
     """After a failed save and `close`: removes what this checkpointer's saves left that no
@@ -277,7 +311,7 @@ class Checkpointer(Restoring):
                                    f"error, but {self._directory / str(step)} is incomplete")
       if self._settings.checksums and jax.process_index() == 0:
         try:
-          checkpoint_integrity.write_checksums(self._directory / str(step), step)
+          checkpoint_integrity.write_checksums(self._directory / str(step), step, self.job)
         except OSError as e:
           raise CheckpointWriteError(f"recording the checksums of checkpoint step {step} "
                                      f"failed: {innermost_cause(e)}", e) from e
@@ -310,19 +344,39 @@ class Checkpointer(Restoring):
     return checkpoint_integrity.step_mismatch(self._directory / str(step), step) is not None
 
   def _delete_old_steps(self) -> None:
-    """Keeps the newest `max_to_keep` complete steps; never the newest verified one, nor the
-    one `also_keep` names."""
+    """Keeps the newest `max_to_keep` of the job's own complete steps (`_own_steps`); never
+    the newest verified one, nor the one `also_keep` names. Older steps that are not its own
+    are kept, in one warning line (once each)."""
     keep = self._settings.max_to_keep
     if keep is None or jax.process_index() != 0:
       return
-    # A folder that holds another step's checkpoint is not this program's to delete.
-    steps = [step for step in self.all_steps() if not self._names_another_step(step)]
+    steps, others = self._own_steps()
     verified = self.verified_steps()
     protected = {verified[-1], self.also_keep(verified)} if verified else set()
     for step in steps[:-keep] if len(steps) > keep else []:
       if step not in protected:
         tidying.delete_step(self._directory, step, f"checkpoint.max_to_keep={keep}")
+    unreported = {step: why for step, why in others.items()
+                  if steps and step < steps[-1] and ("kept", step) not in self._reported}
+    if unreported:
+      tidying.warn_kept(self._directory, unreported, f"checkpoint.max_to_keep={keep}")
+      self._reported.update(("kept", step) for step in unreported)
     self._manager.reload()
+
+  def _own_steps(self) -> tuple[list[int], dict[int, str]]:
+    """(the complete steps retention may delete, oldest first: those this run saved and
+    verified, and those recorded in this version's form, for their step, by this job; the
+    others, each with why it is not the job's own). A folder copied in from another job, or
+    from an older version's run, is not this program's to delete."""
+    own, others = [], {}
+    for step in self.all_steps():
+      why = None if step in self._saved and step in self._verified_steps else (
+          checkpoint_integrity.not_own(self._directory / str(step), step, self.job))
+      if why is None:
+        own.append(step)
+      else:
+        others[step] = why
+    return own, others
 
   def close(self) -> list[int]:
     """Waits for and verifies pending saves, then releases orbax's threads.

@@ -134,7 +134,8 @@ class Restoring:
 
   def _files_problem_here(self, step: int) -> str | None:
     """`damaged: ...` (the checksums were recorded for another step), `corrupt: ...` (a file
-    differs from them), or None (no checksums, or nothing differs), by this process alone."""
+    differs from them), `unreadable: ...` (a file cannot be read: no permission, an I/O
+    error) or None (no checksums, or nothing differs), by this process alone."""
     step_dir = self._directory / str(step)
     if not checkpoint_integrity.has_checksums(step_dir):
       return None
@@ -142,7 +143,10 @@ class Restoring:
     if other is not None:
       return f"damaged: {other}"
     mismatch = checkpoint_integrity.first_mismatch(step_dir)
-    return f"corrupt: {mismatch}" if mismatch is not None else None
+    if mismatch is None:
+      return None
+    unreadable = f" {checkpoint_integrity.CANNOT_BE_READ} (" in mismatch
+    return f"{'unreadable' if unreadable else 'corrupt'}: {mismatch}"
 
   def sound(self, step: int) -> bool:
     """Whether `step` passes every check a restore makes of it (usable, its files, its step

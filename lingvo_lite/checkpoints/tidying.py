@@ -10,6 +10,14 @@ partial copy), a file where a step folder belongs (orbax would save over it). A 
 is renamed `N.unverified-T`, out of orbax's sight, where the user can look at it, rename it
 back, or delete it; it is never touched again. Everything else (a folder or file of another
 name) is left alone.
+
+A step folder older than the one a run resumes from is kept where it is, but never in silence
+when it is not the job's own (a copy from another job, a record of an older version's form or
+of another step: integrity.not_own) or fails a quick check of its files (every recorded file
+there with its size; CRC-32s are checked when a step is restored): one warning line each at
+the start (`warn_of_older_steps`), and one line when retention keeps such steps (`warn_kept`).
+No restore picks it while a newer good step exists, and retention never deletes a step that
+is not the job's own.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from typing import Collection, Mapping
 
 from absl import logging
 from etils import epath
+
+from lingvo_lite.checkpoints import integrity
 
 # Folder-name markers of steps being written (orbax's) or being deleted (ours).
 TEMPORARY_MARKERS = (".orbax-checkpoint-tmp", ".lingvo_lite-deleting")
@@ -83,6 +93,39 @@ def tidy_for_training(directory: epath.Path, start: int | None, step_folders: Co
     set_aside(directory / str(step), f"checkpoint {reason}; {resumed}")
     moved.append(step)
   return moved
+
+
+def warn_of_older_steps(directory: epath.Path, start: int, usable: Collection[int],
+                        job: str) -> list[int]:
+  """Warns (one line each) of the usable step folders older than `start` that are not job
+  `job`'s own or fail a quick check of their files (see the module doc); returns them."""
+  warned = []
+  for step in sorted(s for s in usable if s < start):
+    step_dir = directory / str(step)
+    not_own = integrity.not_own(step_dir, step, job)
+    problem = not_own or integrity.first_mismatch(step_dir, contents=False)
+    if problem is None:
+      continue
+    keeps = ("neither uses nor deletes it" if not_own else "does not use it")
+    logging.warning("checkpoint step %d (%s) is %s: %s; training resumes from step %d and %s: "
+                    "move it out of %s (or delete it) once you no longer need it", step,
+                    step_dir, "not this job's own" if not_own else "damaged", problem, start,
+                    keeps, directory)
+    warned.append(step)
+  return warned
+
+
+def warn_kept(directory: epath.Path, kept: Mapping[int, str], rule: str) -> None:
+  """One warning line: retention (`rule`) keeps the older steps `kept` ({step: why it is not
+  the job's own}), which it deletes none of."""
+  steps = sorted(kept)
+  listed = (f"step {steps[0]}" if len(steps) == 1 else
+            f"steps {', '.join(map(str, steps[:-1]))} and {steps[-1]}")
+  them = "them" if len(steps) > 1 else "it"
+  reasons = "; ".join(f"step {step}: {kept[step]}" for step in steps)
+  logging.warning("%s keeps %s in %s: not this job's own (%s), and retention deletes only the "
+                  "job's own steps: move %s out (or delete %s) once you no longer need %s",
+                  rule, listed, directory, reasons, them, them, them)
 
 
 def delete_step(directory: epath.Path, step: int, why: str) -> None:

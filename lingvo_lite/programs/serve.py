@@ -8,6 +8,12 @@ Routes and request fields: lingvo_lite/serving/app.py and openai_api.py; the eng
 the device: serving/engine.py. One host serves: a multi-host mesh is out of scope (the engine
 thread drives this process's devices only).
 
+The port is taken (bound) before the model loads, so that a port in use is one line, early;
+it starts listening only once the model is loaded and compiled, so that no client waits on a
+server that may never come, and every failure before serving (an unreadable or corrupt weight
+file, a decode state that does not fit) closes it: one line, exit 2 (1 for a failure after
+start, as every program), and nothing is left bound or listening.
+
 Prints `serving MODEL on http://HOST:PORT` once the port is open and the first compiles are
 done. SIGTERM or Ctrl-C stops accepting connections, lets the requests in flight finish for up
 to --shutdown_timeout_s (then cancels the rest), and exits 0.
@@ -69,18 +75,35 @@ def _check(options: Options) -> None:
       raise UsageError(f"--{name}={value}: give a positive number of seconds")
 
 
-def _listen(host: str, port: int) -> socket.socket:
-  """The listening socket, opened before the model loads: a port in use is one line, early."""
+def _cannot_listen(host: str, port: int, error: Exception) -> UsageError:
+  return UsageError(f"--host={host} --port={port}: cannot listen there ({error}); give another "
+                    "--port (0 picks a free one) or --host")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+  """The server's socket, bound and not yet listening (`_listen`): taken before the model
+  loads, so a port in use is one line, early; the caller closes it on every path."""
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
   try:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
+  except OSError as e:
+    raise _cannot_listen(host, port, e) from None
+  try:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host, port))
-    listener.listen(128)
   except (OSError, OverflowError) as e:
-    raise UsageError(f"--host={host} --port={port}: cannot listen there ({e}); give another "
-                     "--port (0 picks a free one) or --host") from None
+    listener.close()
+    raise _cannot_listen(host, port, e) from None
   return listener
+
+
+def _listen(listener: socket.socket, host: str, port: int) -> None:
+  """Starts accepting connections, once the model is ready (another process may have taken
+  the port meanwhile: binding with SO_REUSEADDR reserves it only against listeners)."""
+  try:
+    listener.listen(128)
+  except OSError as e:
+    raise _cannot_listen(host, port, e) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -112,14 +135,22 @@ def _quiet_exit_server_class() -> type:
 
 
 def main(invocation: Invocation) -> None:
+  options: Options = invocation.options
+  _check(options)
+  refuse_model_changes(invocation, "serve")
+  # Closed on every way out: a load that fails (an unreadable weight file) must leave nothing
+  # bound, whatever it raised, in a process that lives on (the harness, tests) as in one that
+  # exits.
+  with _bind(options.host, options.port) as listener:
+    _serve(invocation, options, listener)
+
+
+def _serve(invocation: Invocation, options: Options, listener: socket.socket) -> None:
+  """Loads the model, then serves on the bound `listener` until SIGTERM or Ctrl-C."""
   # Imported here: the HTTP stack is needed by this program only.
   import uvicorn  # pylint: disable=g-import-not-at-top
   from lingvo_lite.serving import app as serving_app, engine as serving_engine, loaded_model  # pylint: disable=g-import-not-at-top
 
-  options: Options = invocation.options
-  _check(options)
-  refuse_model_changes(invocation, "serve")
-  listener = _listen(options.host, options.port)
   if not _is_loopback(options.host):
     print(f"warning: --host={options.host} is not loopback: anyone who can reach it can use "
           "the model (no authentication)", file=sys.stderr, flush=True)
@@ -129,16 +160,17 @@ def main(invocation: Invocation) -> None:
   name = options.served_model_name or invocation.job_dir.name
   with model.generator.activated():
     model.generator.warm([1])  # The generate loop and the smallest prefill, before serving.
+  _listen(listener, options.host, options.port)
   engine = serving_engine.Engine(model, options.max_outstanding)
   engine.start()
-  server = serving_app.Server(engine, name, options.request_timeout_s)
-  config = uvicorn.Config(server.app(), log_level="warning", access_log=False,
-                          timeout_graceful_shutdown=options.shutdown_timeout_s)
-  http = _quiet_exit_server_class()(config)
-  host, port = listener.getsockname()[:2]
-  shown_host = f"[{host}]" if ":" in host else host
-  print(f"serving {name} ({model.weights}) on http://{shown_host}:{port}", flush=True)
   try:
+    server = serving_app.Server(engine, name, options.request_timeout_s)
+    config = uvicorn.Config(server.app(), log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=options.shutdown_timeout_s)
+    http = _quiet_exit_server_class()(config)
+    host, port = listener.getsockname()[:2]
+    shown_host = f"[{host}]" if ":" in host else host
+    print(f"serving {name} ({model.weights}) on http://{shown_host}:{port}", flush=True)
     http.run(sockets=[listener])
   finally:
     engine.stop(timeout=options.shutdown_timeout_s)

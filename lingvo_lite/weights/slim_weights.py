@@ -122,7 +122,8 @@ class SlimCheckpoint:
     """The parameters, in `mesh_params`' shardings and dtypes.
 
     Raises:
-      UsageError: not a slim folder, another layer layout, or shapes this model does not have.
+      UsageError: not a slim folder, another layer layout, shapes this model does not have,
+        or files that cannot be read.
     """
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     folder, manifest = self._manifest()
@@ -150,6 +151,14 @@ class SlimCheckpoint:
       raise UsageError(f"{FIELD}=slim:{self.path}: its parameters do not fit this model "
                        f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
                        "use the config it was exported with (its config.json)") from None
+    except Exception as e:  # pylint: disable=broad-except
+      # orbax wraps tensorstore's failure to read an array (a truncated or unreadable data
+      # file) in a bare Exception; its cause says what the file system said.
+      if not checkpoint_errors.caused_by(e, checkpoint_errors.READ_ERRORS):
+        raise
+      raise UsageError(f"{FIELD}=slim:{self.path}: its parameters cannot be read "
+                       f"({checkpoint_errors.innermost_cause(e)}); the folder is truncated or "
+                       "damaged: copy or export it again") from None
     finally:
       checkpointer.close()
     if saved_dtype == "int8":

@@ -3,6 +3,8 @@ Every path that verifies a step reports it; a failed save leaves only the verifi
 newest healthy step (checkpoints/health.py's rule) is kept too."""
 
 import errno
+import json
+import logging
 import os
 import shutil
 import threading
@@ -81,7 +83,7 @@ def test_other_processes_wait_in_the_checkpoint_for_process_0s_checksums(tmp_pat
   checkpointer._manager.wait_until_finished()  # pylint: disable=protected-access
   monkeypatch.setattr(checkpoints.jax, "process_index", lambda: 1)
   late = threading.Timer(1.0, checkpoint_integrity.write_checksums,
-                         (epath.Path(tmp_path) / "1", 1))
+                         (epath.Path(tmp_path) / "1", 1, checkpointer.job))
   started = time.monotonic()
   late.start()
   assert checkpointer.wait() == [1]
@@ -116,7 +118,7 @@ def test_a_failed_save_leaves_only_the_verified_steps(tmp_path, monkeypatch):
   checkpointer.wait()
   # Step 2's checksums cannot be written (a full disk), and an interrupted write of step 3
   # (orbax's temporary folder) is there too.
-  def no_room(step_dir, step):
+  def no_room(step_dir, step, job):
     (step_dir / (checkpoint_integrity.CHECKSUMS_FILE + ".tmp")).write_text("{")
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
   monkeypatch.setattr(checkpoints.checkpoint_integrity, "write_checksums", no_room)
@@ -159,3 +161,76 @@ def test_retention_keeps_the_newest_healthy_step(tmp_path):
     checkpointer.wait()
   assert _steps(tmp_path) == [2, 4]
   checkpointer.close()
+
+
+def test_retention_deletes_only_the_jobs_own_steps_and_says_what_it_keeps(tmp_path, caplog):
+  """Steps 1-4 of a job; then step 1's record rewritten in format 1 (an older version's), step
+  2's as another job's (a copied folder), a file of step 3 cut short. The next run resumes
+  from step 4 and takes over its job: one line for each of steps 1-3 at its start, and
+  max_to_keep=1 deletes only the job's own steps (3 and 4, then 5). A run that did not take
+  over the job (no clean-up, a new id) deletes none of them, in one line."""
+  directory = epath.Path(tmp_path)
+  state = {"w": jnp.arange(4.0)}
+  first = Checkpointer(directory, CheckpointSettings(every_steps=1, max_to_keep=None))
+  for step in (1, 2, 3, 4):
+    first.save(step, state)
+  first.close()
+  record = lambda step: directory / str(step) / checkpoint_integrity.CHECKSUMS_FILE
+  record(1).write_text(json.dumps(json.loads(record(1).read_text())["files"]))
+  record(2).write_text(record(2).read_text().replace(first.job, "another job"))
+  cut = directory / "3" / "_CHECKPOINT_METADATA"
+  cut.write_text(cut.read_text()[:-1])
+  caplog.set_level(logging.WARNING)
+
+  resumed = Checkpointer(directory, CheckpointSettings(every_steps=1, max_to_keep=1))
+  resumed.clean_up_for_training(4)
+  assert resumed.job == first.job
+  for step in (5, 6):
+    resumed.save(step, state)
+  resumed.close()
+  lines = [r.getMessage() for r in caplog.records]
+  about = lambda step: [line for line in lines if f"step {step} " in line]
+  assert about(1) == [f"checkpoint step 1 ({directory / '1'}) is not this job's own: its "
+                      "lingvo_lite_checksums.json is of record format 1, not 3 (written by "
+                      "another version of lingvo_lite, or copied from a job it wrote); training "
+                      "resumes from step 4 and neither uses nor deletes it: move it out of "
+                      f"{directory} (or delete it) once you no longer need it"], lines
+  assert len(about(2)) == 1 and "was recorded by another job" in about(2)[0], lines
+  assert about(3)[0].startswith(f"checkpoint step 3 ({directory / '3'}) is damaged: "
+                                "_CHECKPOINT_METADATA has "), lines
+  assert "does not use it" in about(3)[0]
+  assert [line for line in lines if line.startswith("deleting")] == [
+      f"deleting checkpoint step {step}: checkpoint.max_to_keep=1" for step in (3, 4, 5)]
+  assert _steps(tmp_path) == [1, 2, 6]
+
+  caplog.clear()
+  other = Checkpointer(directory, CheckpointSettings(every_steps=1, max_to_keep=1))
+  other.save(7, state)
+  other.close()
+  assert _steps(tmp_path) == [1, 2, 6, 7]
+  assert [r.getMessage() for r in caplog.records] == [
+      f"checkpoint.max_to_keep=1 keeps steps 1, 2 and 6 in {directory}: not this job's own "
+      "(step 1: its lingvo_lite_checksums.json is of record format 1, not 3 (written by another "
+      "version of lingvo_lite, or copied from a job it wrote); step 2: its "
+      "lingvo_lite_checksums.json was recorded by another job (the folder is a copy); step 6: "
+      "its lingvo_lite_checksums.json was recorded by another job (the folder is a copy)), and "
+      "retention deletes only the job's own steps: move them out (or delete them) once you no "
+      "longer need them"]
+
+
+def test_a_run_resumed_from_an_unverified_step_takes_over_the_job_of_the_earlier_ones(tmp_path):
+  # As a kill between step 2's commit and its checksums leaves it, restored with
+  # checkpoint.restore_unverified: the earlier steps' records say whose job it is.
+  directory = epath.Path(tmp_path)
+  first = Checkpointer(directory, CheckpointSettings(every_steps=1, max_to_keep=None))
+  for step in (1, 2):
+    first.save(step, {"w": jnp.arange(4.0)})
+  first.close()
+  (directory / "2" / checkpoint_integrity.CHECKSUMS_FILE).unlink()
+  resumed = Checkpointer(directory, CheckpointSettings(every_steps=1, max_to_keep=1,
+                                                       restore_unverified=True))
+  resumed.clean_up_for_training(2)
+  assert resumed.job == first.job
+  resumed.save(3, {"w": jnp.arange(4.0)})
+  resumed.close()
+  assert _steps(tmp_path) == [2, 3]  # Step 1 was the job's own; 2 has no record to say so.

@@ -102,7 +102,7 @@ def test_a_checkpoint_in_the_standard_save_format_restores_params_only(tmp_path)
                custom_metadata=jitted.checkpoint_metadata)
   manager.wait_until_finished()
   manager.close()
-  checkpoint_integrity.write_checksums(epath.Path(tmp_path) / "5", 5)
+  checkpoint_integrity.write_checksums(epath.Path(tmp_path) / "5", 5, "a job")
   with jitted.activated():
     params = jitted.restore_params(_reader(tmp_path), 5)
     full = jitted.restore_state(_reader(tmp_path), 5)

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -279,6 +280,35 @@ def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tm
     assert completed.returncode == (0 if per_device <= best else 3), (per_device,
                                                                        completed.stderr)
     assert _report(job)["verdict"] == ("FITS" if per_device <= best else "DOES NOT FIT")
+
+
+def test_remat_policies_alone_show_which_fit_each_as_its_own_compile_says(tmp_path):
+  """--compile_remat_policies needs no other flag: a row per policy at the configured batch,
+  each the report of that policy's own compile. The reference is the plain compile of the
+  same config with --fdl.model.remat_policy=full: it finds the very program the table
+  compiled in the kept analyses (the digest of the lowered program), and says the same."""
+  _need_libtpu()
+  args = [*TINY, "--mode=compile", "--compile_topology=v5e-8"]
+  table = run_cli([*args, "--compile_remat_policies=none,full",
+                   f"--job_log_dir={tmp_path / 'table'}"])
+  assert table.code == 0, table.stderr
+  report = _report(tmp_path / "table")
+  rows = {row["remat_policy"]: row for row in report["remat_policies"]["rows"]}
+  assert list(rows) == ["none", "full"] and report["remat_policy"] == "none"
+  assert rows["none"]["bytes"] == report["memory"]["deciding"]  # The report's own compile.
+  plain = run_cli([*args, "--fdl.model.remat_policy='full'",
+                   f"--job_log_dir={tmp_path / 'full'}"])
+  assert plain.code == 0, plain.stderr
+  full = _report(tmp_path / "full")
+  assert full["compile_cached"], "the table compiled another program than remat_policy=full's"
+  assert (rows["full"]["bytes"], rows["full"]["verdict"], rows["full"]["margin"]) == (
+      full["memory"]["deciding"], full["verdict"], full["margin"])
+  assert rows["full"]["bytes"] != rows["none"]["bytes"]  # Remat changed the program.
+  for policy, row in rows.items():
+    assert re.search(rf"^    {policy} +{re.escape(compile_report.gib(row['bytes']))}  FITS  ",
+                     table.stdout, re.M), table.stdout
+  assert ("  remat policy: full; which policies fit at this batch: "
+          "--compile_remat_policies=all (a compile each)") in plain.stdout
 
 
 def test_out_of_memory_messages_become_bytes():

@@ -8,8 +8,10 @@ model's logits.
 import concurrent.futures
 import json
 import re
+import shutil
 import signal
 import socket
+import sys
 import time
 import urllib.request
 
@@ -20,6 +22,7 @@ import pytest
 
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.serving import loaded_model
+from lingvo_lite.testing import run_cli
 from lingvo_lite.training.train_state import strip_boxes
 from tests.serving.server_process import Server
 
@@ -312,3 +315,53 @@ def test_lm_eval_through_the_server_equals_the_in_process_model(server, offline,
     assert metrics
     for metric in metrics:
       assert theirs[metric] == pytest.approx(ours[metric], rel=1e-5), (task, metric)
+
+
+def _flip_a_byte_of_the_largest_file(step_dir):
+  files = [p for p in step_dir.rglob("*") if p.is_file()
+           and p.name != "lingvo_lite_checksums.json"]
+  largest = max(files, key=lambda p: p.stat().st_size)
+  data = bytearray(largest.read_bytes())
+  data[len(data) // 2] ^= 1
+  largest.write_bytes(bytes(data))
+  return largest.relative_to(step_dir)
+
+
+def test_weights_that_cannot_be_read_are_one_line_and_nothing_is_left_listening(
+    tiny_job, tmp_path, monkeypatch):
+  """A job whose checkpoint is corrupt, served directly or as a new job's train.init_from:
+  one line naming the file, exit 2; the port was not listening while the model loaded, and
+  is closed (not left to the garbage collector) once the load failed."""
+  job = tmp_path / "job"
+  shutil.copytree(tiny_job / "runs" / "tiny", job)
+  damaged = _flip_a_byte_of_the_largest_file(job / "checkpoints" / "20")
+  with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+  seen = []  # (accepting connections while loading, the server's socket)
+  real_load = loaded_model.load
+
+  def load(*args, **kwargs):
+    with socket.socket() as client:
+      client.settimeout(5)
+      accepting = client.connect_ex(("127.0.0.1", port)) == 0
+    caller = sys._getframe(1)  # pylint: disable=protected-access
+    seen.append((accepting, caller.f_locals.get("listener")))
+    return real_load(*args, **kwargs)
+
+  monkeypatch.setattr(loaded_model, "load", load)
+  for args in ([f"--job_log_dir={job}"],
+               ["--exp=PyCodeTiny", "--fiddler=tiny", f"--init_from={job}",
+                f"--job_log_dir={tmp_path / 'new'}"]):
+    result = run_cli(["--mode=serve", f"--port={port}", *args])
+    assert result.code == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lingvo_lite: error: "), result.stderr
+    assert f"checkpoint step 20 is corrupt: {damaged} does not match the CRC-32" in lines[0]
+    accepting, listener = seen[-1]
+    assert not accepting
+    with socket.socket() as again:  # Free while the test still holds the server's socket.
+      again.bind(("127.0.0.1", port))
+      again.listen(1)
+    assert listener is not None and listener.fileno() == -1
+  assert len(seen) == 2 and not (tmp_path / "new").exists()

@@ -651,6 +651,17 @@ def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_jo
   with pytest.raises(UsageError) as error:
     SlimCheckpoint(str(tmp_path / "slim_float32")).load_params(wider)
   assert "do not fit this model" in str(error.value) and "\n" not in str(error.value)
+  # A truncated data file (a copy cut short) is one line too, not orbax's traceback.
+  truncated = shutil.copytree(tmp_path / "slim_float32", tmp_path / "slim_truncated")
+  largest = max((p for p in (truncated / "params").rglob("*") if p.is_file()),
+                key=lambda p: p.stat().st_size)
+  os.truncate(largest, largest.stat().st_size // 2)
+  with pytest.raises(UsageError) as error:
+    SlimCheckpoint(str(truncated)).load_params(mesh_params)
+  message = str(error.value)
+  assert message.startswith(f"train.init_from=slim:{truncated}: its parameters cannot be read "
+                            "(") and "\n" not in message, message
+  assert message.endswith("the folder is truncated or damaged: copy or export it again")
 
 
 @pytest.mark.parametrize("args, words", [

@@ -6,7 +6,8 @@ and JOB/compile/report.txt (the same, for people). All byte counts are per devic
 report.json, schema "lingvo_lite.compile_report/1":
   target:     name, platform, device_kind, num_devices, num_processes, num_slices,
               memory_per_device (bytes or null), memory_source
-  program:    "train" or "eval";  mesh: {axis: size};  parameters: count
+  program:    "train" or "eval";  mesh: {axis: size};  parameters: count;
+              remat_policy (the model's)
               (the decode program's report: programs/compile/decode_compile.py)
   batch:      global_batch_size, per_device_batch_size, sequence_length
   memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
@@ -31,6 +32,9 @@ report.json, schema "lingvo_lite.compile_report/1":
               the bf16 one)
   dots:       {int8, float}: the matmul instructions of the optimized HLO (aot.dot_counts),
               or null (analyses kept by an older version)
+  remat_policies: (with --compile_remat_policies) per_device_batch_size, rows: [{
+              remat_policy, description, bytes (the deciding bytes), available, verdict,
+              margin, compile_seconds, compile_cached}]: programs/compile/remat_table.py
   max_batch:  (with --compile_find_max_batch) see programs/compile/max_batch.py
 
 Longer than 300 lines with a reason: the schema above and the code that fills each of its
@@ -164,6 +168,7 @@ def build(result: CompileResult) -> dict[str, Any]:
       "program": result.program,
       "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
       "parameters": setup.model.num_parameters(),
+      "remat_policy": getattr(setup.model, "remat_policy", None),
       "batch": {"global_batch_size": data.global_batch_size,
                 "per_device_batch_size": data.global_batch_size / target.num_devices,
                 "sequence_length": data.sequence_length},
@@ -297,9 +302,39 @@ def to_text(report: dict[str, Any]) -> str:
                f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
                f"({s['peak_source']})")
   lines += int8_lines(report)
+  lines += _remat_lines(report)
   if "max_batch" in report:
     lines += _max_batch_lines(report["max_batch"])
   return "\n".join(lines) + "\n"
+
+
+def _remat_lines(report: dict[str, Any]) -> list[str]:
+  """The report's remat_policies table (remat_table.py compiles, this only shows), with each
+  policy's largest batch where max_batch.py searched; else, for a train step, the flag that
+  makes it."""
+  data = report.get("remat_policies")
+  if data is None:
+    policy = report.get("remat_policy")
+    return [f"  remat policy: {policy}; which policies fit at this batch: "
+            "--compile_remat_policies=all (a compile each)"] if (
+                policy and report["program"] == "train") else []
+  best = {row["remat_policy"]: row["max_per_device_batch_size"]
+          for row in report.get("max_batch", {}).get("policies", [])}
+  lines = [f"  remat policies at this batch ({data['per_device_batch_size']:g} per device; the "
+           f"verdict above is the config's own, {report.get('remat_policy')}):",
+           "    remat policy                        needs per device  verdict       margin"
+           + ("                    max per device" if best else "")]
+  for row in data["rows"]:
+    margin = row["margin"]
+    shown = ("n/a" if margin is None else
+             f"{margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})")
+    line = (f"    {row['remat_policy']:<35} {gib(row['bytes']):>16}  {row['verdict']:<12}  "
+            f"{shown:<24}")
+    if best:
+      most = best.get(row["remat_policy"])
+      line += f"  {'n/a' if most is None else most:>14}"
+    lines.append(line.rstrip())
+  return lines
 
 
 def int8_lines(report: dict[str, Any]) -> list[str]:
@@ -337,6 +372,4 @@ def _max_batch_lines(data: dict[str, Any]) -> list[str]:
     best = row["max_per_device_batch_size"]
     lines.append(f"    {row['remat_policy']:<35} {'n/a' if best is None else best:>14}  {made}"
                  + (f"  ({row['note']})" if row["note"] else ""))
-  if len(data["policies"]) == 1:
-    lines.append("    (every remat policy, side by side: --compile_remat_policies=all)")
   return lines

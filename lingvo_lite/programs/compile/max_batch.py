@@ -19,29 +19,12 @@ from typing import Any, Callable
 
 from lingvo_lite import target as targets
 from lingvo_lite.training import evaluation
-from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.models import remat
-from lingvo_lite.programs.compile import aot, compile_report
+from lingvo_lite.programs.compile import aot, compile_report, remat_table
 from lingvo_lite.runtime import progress
 
 # A search that has not closed the boundary after this many compiles reports where it is.
 MAX_COMPILES = 16
-
-
-def check_policies(names: list[str], platform: str) -> list[str]:
-  """The policies `--compile_remat_policies` names, in order, once each; "all" stands for
-  every policy the target's platform takes (host offload where there is a host apart from
-  the device)."""
-  valid = (*remat.POLICIES, "all")
-  chosen = []
-  for name in names:
-    if name not in valid:
-      raise UsageError(f"--compile_remat_policies={','.join(names)}: unknown policy {name!r}; "
-                       f"valid: {', '.join(valid)}")
-    chosen += ([p for p in remat.POLICIES if platform != "cpu" or not remat.offloads(p)]
-               if name == "all" else [name])
-  return list(dict.fromkeys(chosen))
 
 
 def _with_batch(setup: Setup, program: str, per_device: int, num_devices: int) -> Setup:
@@ -55,14 +38,16 @@ def _with_batch(setup: Setup, program: str, per_device: int, num_devices: int) -
 
 
 def search(setup: Setup, target: targets.Target, program: str, policies: list[str],
-           first: aot.CompileResult) -> dict[str, Any]:
-  """The search per remat policy (the config's own when none are given), as report data."""
+           first: aot.CompileResult,
+           at_batch: dict[str, aot.CompileResult] | None = None) -> dict[str, Any]:
+  """The search per remat policy (the config's own when none are given), as report data;
+  each starts from its compile at the configured batch where one was made (`first`, the
+  config's own; `at_batch`, remat_table.py's)."""
+  compiled = {setup.model.remat_policy: first, **(at_batch or {})}
   rows = []
   for policy in policies or [setup.model.remat_policy]:
-    searched = setup
-    if policy != setup.model.remat_policy:
-      searched = dataclasses.replace(setup, model=setup.model.clone(remat_policy=policy))
-    rows.append(_search(searched, target, program, first if searched is setup else None))
+    rows.append(_search(remat_table.with_policy(setup, policy), target, program,
+                        compiled.get(policy)))
   return {"policies": rows}
 
 

@@ -4,9 +4,11 @@
       --job_log_dir=runs/gptj_v5e
 
 Prints the report (programs/compile/compile_report.py) and writes it to
-JOB/compile/report.{txt,json} when a job dir is given; `--compile_find_max_batch` adds the
-largest per-device batch that fits, `--compiled_step_out` saves the executable (of a step that
-fits) for `--mode=train --compiled_step_in`. `--compile_program=eval` compiles the eval step;
+JOB/compile/report.{txt,json} when a job dir is given; `--compile_remat_policies=all` (or a
+list) adds which remat policies fit at the configured batch, one compile each
+(programs/compile/remat_table.py); `--compile_find_max_batch` adds the largest per-device batch
+that fits (for each of those policies), `--compiled_step_out` saves the executable (of a step
+that fits) for `--mode=train --compiled_step_in`. `--compile_program=eval` compiles the eval step;
 `=decode` the decode functions (programs/compile/decode_compile.py: the generate loop and the
 largest prefill, with the KV cache per device; `--compile_find_max_batch` then finds the
 largest decode.slots).
@@ -26,7 +28,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.compile import (aot, analyses, compile_report, compiled_steps,
-                                          decode_compile, max_batch)
+                                          decode_compile, max_batch, remat_table)
 from lingvo_lite.runtime import summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.weights import sources
@@ -55,9 +57,10 @@ class Options:
       "--compile_program=decode: the largest decode.slots); two compiles fit a line, then the "
       "prediction is confirmed.")
   compile_remat_policies: list[str] = option(
-      [], "With --compile_find_max_batch: the remat policies to search, as a table (e.g. "
-      "none,full,minimal; 'all': every policy the target takes, models/remat.py).",
-      non_empty=True)
+      [], "Also compile the step once per remat policy at the configured batch and show which "
+      "fit, with the memory per device of each (e.g. none,full,minimal; 'all': every policy "
+      "the target takes, models/remat.py); with --compile_find_max_batch, each one's largest "
+      "batch too.", non_empty=True)
   compiled_step_out: str | None = option(
       None, "--mode=compile: write the compiled train step and its manifest to this folder.")
   init_from: str | None = init_from_option()
@@ -101,10 +104,8 @@ def main(invocation: Invocation) -> int | None:
   if options.compile_remat_policies and program == "decode":
     raise UsageError("--compile_remat_policies: the decode functions take no gradients, so "
                      "remat changes nothing there; drop it (or compile the train step)")
-  if options.compile_remat_policies and not options.compile_find_max_batch:
-    raise UsageError("--compile_remat_policies: only searched with --compile_find_max_batch; "
-                     "add it, or set one policy with --fdl.model.remat_policy=NAME")
-  policies = max_batch.check_policies(options.compile_remat_policies, target.platform)
+  policies = remat_table.check_policies(options.compile_remat_policies, target.platform)
+  remat_table.check_setups(setup, target, policies)
   if options.compiled_step_out and program != "train":
     raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
                      f"drop --compile_program={program}")
@@ -123,8 +124,12 @@ def main(invocation: Invocation) -> int | None:
       # The saved step is the executable itself: compiled, never an earlier compile's analyses.
       result = aot.compile_step(setup, target, program, need_executable=step_out is not None)
       report = compile_report.build(result)
+      at_batch = remat_table.compile_each(setup, target, program, policies, result)
+      if at_batch:
+        report["remat_policies"] = remat_table.build(at_batch)
       if options.compile_find_max_batch:
-        report["max_batch"] = max_batch.search(setup, target, program, policies, result)
+        report["max_batch"] = max_batch.search(setup, target, program, policies, result,
+                                               at_batch)
       text = compile_report.to_text(report)
   printed = _print_report(text)
   fits = report["verdict"] != compile_report.DOES_NOT_FIT
