@@ -30,7 +30,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
 from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm)
 from lingvo_lite.models.transformer import (EmbeddingScale, PositionKind, RotaryScaling,
                                             TransformerLM)
@@ -249,18 +249,6 @@ class Gemma3GgufNames(TransformerGgufNames):
       found.update({"rope.scaling.type": "linear",
                     "rope.scaling.factor": float(model.rotary_scaling_factor)})
     return found
-
-  def sizes(self) -> list[GgufSize]:
-    model = self.model
-    head_count = ("attention.head_count", "attention.key_length")
-    return [*super().sizes(),
-            GgufSize(head_count, "blk.{layer}.attn_q.weight", 0,
-                     model.num_heads * model.resolved_head_dim),
-            GgufSize(("attention.head_count_kv", "attention.key_length"),
-                     "blk.{layer}.attn_k.weight", 0,
-                     model.resolved_num_kv_heads * model.resolved_head_dim),
-            GgufSize(("attention.key_length",), "blk.{layer}.attn_q_norm.weight", 0,
-                     model.resolved_head_dim)]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

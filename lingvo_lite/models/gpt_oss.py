@@ -37,10 +37,10 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
 from lingvo_lite.models import format_names, layers, moe
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm,
                                                  vector)
-from lingvo_lite.models.moe_names import MoeHfNames, expert_sizes, router_aux_loss
+from lingvo_lite.models.moe_names import MoeHfNames, router_aux_loss
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.models.transformer import PositionKind, RotaryScaling
 from lingvo_lite.models.transformer_layers import LayerKind
@@ -249,9 +249,6 @@ class GptOssGgufNames(TransformerGgufNames):
             "attention.sliding_window": model.window, "expert_count": model.num_experts,
             "expert_used_count": model.experts_per_token,
             "expert_feed_forward_length": model.resolved_expert_mlp_dim}
-
-  def sizes(self) -> list[GgufSize]:
-    return [*super().sizes(), *expert_sizes(self.model, "expert_feed_forward_length")]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

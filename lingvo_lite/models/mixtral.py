@@ -20,11 +20,10 @@ from typing import Any, Mapping
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, linear_attention, norm)
 from lingvo_lite.models.llama import LlamaGgufNames
-from lingvo_lite.models.moe_names import (MoeHfNames, expert_sizes, per_expert,
-                                          router_aux_loss)
+from lingvo_lite.models.moe_names import MoeHfNames, per_expert, router_aux_loss
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.models.transformer import PositionKind
 from lingvo_lite.models.transformer_names import rope_scaling, rotary_scaling_fields
@@ -140,9 +139,6 @@ class MixtralGgufNames(LlamaGgufNames):
     model = self.model
     return {**super().metadata(), "feed_forward_length": model.resolved_expert_mlp_dim,
             "expert_count": model.num_experts, "expert_used_count": model.experts_per_token}
-
-  def sizes(self) -> list[GgufSize]:
-    return [*super().sizes(), *expert_sizes(self.model, "feed_forward_length")]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

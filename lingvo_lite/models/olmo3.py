@@ -30,7 +30,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
 from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm,
                                                  vector)
 from lingvo_lite.models.transformer import PositionKind, RotaryScaling, TransformerLM
@@ -224,14 +224,6 @@ class Olmo3GgufNames(TransformerGgufNames):
                     "rope.scaling.yarn_beta_fast": float(beta_fast),
                     "rope.scaling.yarn_beta_slow": float(beta_slow)})
     return found
-
-  def sizes(self) -> list[GgufSize]:
-    model = self.model
-    return [*super().sizes(),
-            GgufSize(("embedding_length",), "blk.{layer}.attn_q.weight", 0, model.dim),
-            GgufSize(("attention.head_count_kv", "embedding_length", "attention.head_count"),
-                     "blk.{layer}.attn_k.weight", 0,
-                     model.resolved_num_kv_heads * model.resolved_head_dim)]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from lingvo_lite.models.checkpoint_names import GgufSize, HfConfig
+from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.format_names import GgufNames, HfNames
 from lingvo_lite.models.transformer_layers import pattern_of
 
@@ -77,19 +77,6 @@ class TransformerGgufNames(GgufNames):
             "embedding_length": model.dim, "block_count": model.num_layers,
             "feed_forward_length": model.resolved_mlp_dim,
             "attention.head_count": model.num_heads}
-
-  def sizes(self) -> list[GgufSize]:
-    """The sizes every llama.cpp architecture's tensors show: the token table [vocabulary,
-    width] (and an untied output matrix's rows), the MLP's input matrix [mlp, width]."""
-    model = self.model
-    sizes = [GgufSize(("vocab_size",), "token_embd.weight", 0, model.vocab_size),
-             GgufSize(("embedding_length",), "token_embd.weight", 1, model.dim),
-             GgufSize(("feed_forward_length",), "blk.{layer}.ffn_up.weight", 0,
-                      model.resolved_mlp_dim),
-             GgufSize(("embedding_length",), "blk.{layer}.ffn_up.weight", 1, model.dim)]
-    if not model.tie_embeddings:
-      sizes.append(GgufSize(("vocab_size",), "output.weight", 0, model.vocab_size))
-    return sizes
 
 
 # Hugging Face's rope types this transformer computes (models/rotary.py).

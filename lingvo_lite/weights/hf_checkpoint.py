@@ -7,8 +7,9 @@ Hugging Face names (models/format_names.py: `HfNames`) read its `model_type` say
 the config sets (`fields`) and which tensor holds which parameter (`tensors`), so this module
 names no family. Tensors are read with `safetensors`' NumPy API (memory-mapped; no torch), one
 at a time, converted to the parameter's layout and dtype, and placed into its sharding at once
-(placing.py, whose rules every format keeps: float widths convert, an integer tensor is
-refused, a tensor no part of the model reads is named in one warning): the host holds about one
+(placing.py, after the checks every weight source gets, tensor_checks.py: float widths
+convert, an integer tensor is refused, a tensor no part of the model reads is named in one
+warning): the host holds about one
 tensor (with scanned layers, one stacked parameter) at any time. Every file is checked to be a
 regular file before it is opened (input_files.py): a FIFO would hang the read.
 
@@ -35,8 +36,8 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families, format_names
 from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.format_names import HfNames
-from lingvo_lite.weights import mxfp4
-from lingvo_lite.weights.placing import Placer, content_crc, warn_unread
+from lingvo_lite.weights import mxfp4, tensor_checks
+from lingvo_lite.weights.placing import Placer, content_crc
 
 FIELD = "train.init_from"
 CONFIG_FILE = "config.json"
@@ -130,15 +131,15 @@ class HfCheckpoint:
     self.config()  # A folder without config.json is not a checkpoint, whatever it holds.
     names = names_of(model)
     digest = hashlib.sha256()
-    placer = Placer(model, abstract, f"hf:{self.path}")
+    placer = Placer(model, abstract, f"hf:{self.path}", names)
     with _Tensors(self.folder(), self.path, names.file_names) as tensors:
       for name in names.tensors():
         tensor, file = tensors.get(name.name)
         digest.update(f"{name.name}|{tensor.dtype}|{tensor.shape}|{content_crc(tensor)}|"
                       .encode())
         placer.put(name, tensor, file)
-      params = placer.finish(names.absent())
-      warn_unread(f"hf:{self.path}", tensors.unread())
+      params = placer.finish()
+      tensor_checks.warn_unread(f"hf:{self.path}", tensors.unread())
     return params, f"hf:{self.path} sha256:{digest.hexdigest()}"
 
 
@@ -298,6 +299,7 @@ class _Tensors:
     packed = self._mxfp4(name)
     if packed is not None:
       return packed
-    raise UsageError(f"hf:{self._shown}: no tensor {name}, which this model needs: its sizes "
-                     "are not the source's; set them as its config.json does (drop the "
-                     "--fdl.model overrides that change them)")
+    raise tensor_checks.missing(f"hf:{self._shown}", name, "the folder lacks it (copy it "
+                                "again), or the model's sizes are not the folder's: set them "
+                                "as its config.json does (drop the --fdl.model overrides that "
+                                "change them)")

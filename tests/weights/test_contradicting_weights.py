@@ -119,13 +119,11 @@ CASES = [
     Case("block_count too large", _gguf(metadata={"block_count": 3}), 2,
          "llama.block_count=3, but the file holds no tensor of block 2 (blk.2.*)"),
     Case("feed_forward_length", _gguf(metadata={"feed_forward_length": 80}), 2,
-         "llama.feed_forward_length=80 makes dimension 0 of tensor blk.0.ffn_up.weight 80"),
+         "llama.feed_forward_length=80 makes dimension 0 of tensor blk.0.ffn_gate.weight 80"),
     Case("head_count", _gguf(metadata={"attention.head_count": 8}), 2,
-         "llama.attention.head_count=8, llama.attention.key_length=16 make dimension 0 of "
-         "tensor blk.0.attn_q.weight 128"),
+         "llama.attention.head_count=8 makes dimension 0 of tensor blk.0.attn_q.weight 128"),
     Case("head_count_kv", _gguf(metadata={"attention.head_count_kv": 1}), 2,
-         "llama.attention.head_count_kv=1, llama.attention.head_count=4, "
-         "llama.attention.key_length=16 make dimension 0 of tensor blk.0.attn_k.weight 16"),
+         "llama.attention.head_count_kv=1 makes dimension 0 of tensor blk.0.attn_k.weight 16"),
 ]
 
 
