@@ -122,6 +122,7 @@ class Gemma3HfNames(TransformerHfNames):
     kinds = layer_kinds(config, ["sliding_attention" if (index + 1) % period
                                  else "full_attention" for index in range(num_layers)],
                         num_layers)
+    max_length = config.get("max_position_embeddings", 131072)
     return {
         "vocab_size": config.get("vocab_size", 262208), "num_layers": num_layers,
         "dim": config.get("hidden_size", 2304),
@@ -130,13 +131,14 @@ class Gemma3HfNames(TransformerHfNames):
         "head_dim": config.get("head_dim", 256),
         "mlp_dim": config.get("intermediate_size", 9216),
         "norm_eps": config.number("rms_norm_eps", 1e-6),
-        "max_length": config.get("max_position_embeddings", 131072),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", True),
         "attention_bias": config.flag("attention_bias", False),
         "query_pre_attention_scalar": config.number("query_pre_attn_scalar", 256),
         "layer_kinds": kinds,
         "window": config.get("sliding_window", 4096) if "sliding" in kinds else None,
-        **per_kind_rotary_fields(config, 1000000.0, "rope_local_base_freq", 10000.0),
+        **per_kind_rotary_fields(config, 1000000.0, "rope_local_base_freq", 10000.0,
+                                 max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:

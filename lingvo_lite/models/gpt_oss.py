@@ -110,6 +110,7 @@ class GptOssHfNames(MoeHfNames):
     default = ["sliding_attention" if (index + 1) % 2 else "full_attention"
                for index in range(layers_count)]
     kinds = layer_kinds(config, default, layers_count)
+    max_length = config.get("max_position_embeddings", 131072)
     return {
         "vocab_size": config.require("vocab_size"),
         "num_layers": layers_count,
@@ -125,13 +126,14 @@ class GptOssHfNames(MoeHfNames):
         "norm_eps": config.number("rms_norm_eps", 1e-5),
         "rotary_base": config.rope_theta(150000.0),
         "rotary_scaling": "none",
-        "max_length": config.get("max_position_embeddings", 131072),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", True),
         "layer_kinds": kinds,
         "window": config.get("sliding_window", 128) if "sliding" in kinds else None,
         **router_aux_loss(config),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
+                                max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:

@@ -58,6 +58,7 @@ class LlamaHfNames(TransformerHfNames):
       raise config.refuse("sliding_window", config.get("sliding_window"),
                           f"the {cls.family.family_name} family attends to the whole context",
                           "use a Mistral config (model_type 'mistral') for a sliding window")
+    max_length = config.get("max_position_embeddings", 2048)
     return {
         "vocab_size": config.require("vocab_size"),
         "num_layers": config.require("num_hidden_layers"),
@@ -68,11 +69,12 @@ class LlamaHfNames(TransformerHfNames):
         "mlp_dim": config.require("intermediate_size"),
         "norm_eps": config.number("rms_norm_eps", 1e-6),
         "rotary_base": config.rope_theta(),
-        "max_length": config.get("max_position_embeddings", 2048),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "mlp_bias": config.flag("mlp_bias", False),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
+                                max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:

@@ -233,6 +233,15 @@ def check_targets(settings: LoraSettings, model: nn.Module, sequence_length: int
   chosen = [p for p in adaptable if pattern.search(p)]
   if chosen:
     return chosen
+  if getattr(model, "scan_layers", False):
+    # Adapters of some layers only (a PEFT folder's layers_to_transform) name unrolled layers.
+    unrolled = [p for p in adaptable_paths(model.clone(scan_layers=False), sequence_length)
+                if pattern.search(p)]
+    if unrolled:
+      raise config_error(f"{path}.targets", settings.targets,
+                         f"names matrices of single layers ({', '.join(unrolled[:3])}), and "
+                         "model.scan_layers=True adapts every layer alike",
+                         "set --fdl.model.scan_layers=False")
   names = ["/".join(re.findall(r"\['([^']*)'\]", shape.path)) or shape.path
            for shape in model.parameter_shapes()]
   others = [name for name in names if pattern.search(name)]

@@ -59,6 +59,7 @@ class MixtralHfNames(MoeHfNames):
   def fields(cls, config: HfConfig) -> dict[str, Any]:
     config.expect("hidden_act", ("silu",), "silu")
     window = config.get("sliding_window")
+    max_length = config.get("max_position_embeddings", 4096 * 32)
     return {
         "vocab_size": config.require("vocab_size"),
         "num_layers": config.require("num_hidden_layers"),
@@ -71,12 +72,13 @@ class MixtralHfNames(MoeHfNames):
         "experts_per_token": config.require("num_experts_per_tok"),
         "norm_eps": config.number("rms_norm_eps", 1e-5),
         "rotary_base": config.rope_theta(1000000.0),
-        "max_length": config.get("max_position_embeddings", 4096 * 32),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "layer_kinds": ("sliding",) if window is not None else ("full",),
         "window": window,
         **router_aux_loss(config),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
+                                max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:

@@ -80,6 +80,7 @@ class Olmo3HfNames(TransformerHfNames):
     num_layers = config.require("num_hidden_layers")
     kinds = layer_kinds(config, ["sliding_attention" if (index + 1) % 4 else "full_attention"
                                  for index in range(num_layers)], num_layers)
+    max_length = config.get("max_position_embeddings", 2048)
     return {
         "vocab_size": config.require("vocab_size"), "num_layers": num_layers,
         "dim": config.require("hidden_size"),
@@ -88,12 +89,12 @@ class Olmo3HfNames(TransformerHfNames):
         "head_dim": config.get("head_dim"),
         "mlp_dim": config.require("intermediate_size"),
         "norm_eps": config.number("rms_norm_eps", 1e-5),
-        "max_length": config.get("max_position_embeddings", 2048),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "layer_kinds": kinds,
         "window": config.get("sliding_window", 4096) if "sliding" in kinds else None,
-        **per_kind_rotary_fields(config, 500000.0, None, 500000.0),
+        **per_kind_rotary_fields(config, 500000.0, None, 500000.0, max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:

@@ -89,6 +89,7 @@ class Qwen3MoeHfNames(MoeHfNames):
                           "use its Qwen3 config (model_type 'qwen3')")
     window = config.get("sliding_window") if config.flag("use_sliding_window", False) else None
     kinds = sparse_layers(config, layers_count)
+    max_length = config.get("max_position_embeddings", 32768)
     return {
         "vocab_size": config.require("vocab_size"),
         "num_layers": layers_count,
@@ -104,13 +105,14 @@ class Qwen3MoeHfNames(MoeHfNames):
         "mlp_kinds": pattern_of(kinds),
         "norm_eps": config.number("rms_norm_eps", 1e-6),
         "rotary_base": config.rope_theta(1000000.0),
-        "max_length": config.get("max_position_embeddings", 32768),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "layer_kinds": ("sliding",) if window is not None else ("full",),
         "window": window,
         **router_aux_loss(config),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
+                                max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:

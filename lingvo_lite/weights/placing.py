@@ -89,7 +89,7 @@ class Placer:
     missing = ["/".join(keys) for keys, _ in _walk(self._abstract) if keys not in covered]
     if missing:
       more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-      raise UsageError(f"{self._where}: no tensor of it holds this model's parameter"
+      raise UsageError(f"{self._where}: the source holds no tensor for this model's parameter"
                        f"{'s' * (len(missing) > 1)} {', '.join(missing[:3])}{more}"
                        f"{_because(names)}; {_AS_THE_SOURCE}")
 
