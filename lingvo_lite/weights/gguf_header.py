@@ -25,6 +25,7 @@ Quantized types (Q4_1, Q8_0, the K-quants) are sized by their blocks, and so pas
 from __future__ import annotations
 
 import functools
+import math
 import re
 from typing import Any, Mapping
 
@@ -69,9 +70,9 @@ def model_fields(family: type, names: type[GgufNames], metadata: Mapping[str, An
   Raises:
     UsageError: a key the family refuses, or one that contradicts the tensors (naming both).
   """
-  fields = _fields(family, names, metadata, shapes, where)
   arch = metadata.get("general.architecture")
   _check_blocks(arch, metadata.get(f"{arch}.block_count"), shapes, where)
+  fields = _fields(family, names, metadata, shapes, where)
   lie = _Lie(family, names, metadata, shapes, where)
   try:
     model = family(**fields)
@@ -85,7 +86,7 @@ def model_fields(family: type, names: type[GgufNames], metadata: Mapping[str, An
     return fields
   wrong = _mismatches(expected, shapes)
   if wrong:
-    raise lie.size_refusal(wrong[0], len(wrong))
+    raise lie.size_refusal(wrong[0], len(wrong), expected)
   written = format_names.bound(model, GgufNames).metadata()
   for key, value in written.items():
     stated = metadata.get(f"{arch}.{key}")
@@ -126,13 +127,15 @@ def _check_blocks(arch: Any, blocks: Any, shapes: Mapping[str, tuple[int, ...]],
                      f"block {missing[0]} (blk.{missing[0]}.*); {CONVERT}")
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=64)
 def expected_shapes(model: Any) -> dict[str, tuple[int, ...]]:
   """Each GGUF tensor of `model` (a family instance with GGUF names) -> its shape, in torch's
   axis order: its Hugging Face tensor's (`TensorName.format_shape` of the parameters it holds,
   from `parameter_shapes`: nothing allocated), as llama.cpp's converter stores it
   (`GgufTensor.shape_from_hf`)."""
-  unrolled = model.clone(parent=None, scan_layers=False)
+  # Every attention kind has the same parameters (`parameter_shapes`' premise): all full,
+  # the layers repeat with the feed-forward kinds alone, and one period is traced.
+  unrolled = model.clone(parent=None, scan_layers=False, layer_kinds=("full",))
   by_path = {"/".join(re.findall(r"\['([^']*)'\]", shape.path)): tuple(shape.shape)
              for shape in unrolled.parameter_shapes()}
   # `parameter_shapes` names one period of the layers: layer_j stands for j, j + P, ...
@@ -156,6 +159,17 @@ def _mismatches(expected: Mapping[str, tuple[int, ...]], shapes: Mapping[str, tu
   another shape (a tensor it lacks is named when the model reads it)."""
   return [(name, shape, tuple(shapes[name])) for name, shape in expected.items()
           if name in shapes and tuple(shapes[name]) != shape]
+
+
+def _shapes_of(model: Any) -> dict[str, tuple[int, ...]] | None:
+  """`expected_shapes(model)`, or None where the model cannot be traced (sizes that do not
+  divide); None for None."""
+  if model is None:
+    return None
+  try:
+    return expected_shapes(model)
+  except _UNBUILDABLE:
+    return None
 
 
 class _Lie:
@@ -185,49 +199,46 @@ class _Lie:
 
   def _model(self, changes: Mapping[str, int | None]) -> Any:
     """The model the metadata describes with `changes` made (None: the key left out), or
-    None where no model has those sizes."""
+    None where no model has those sizes (nothing traced)."""
     changed = dict(self._metadata)
     for key, value in changes.items():
       changed.pop(f"{self._arch}.{key}", None)
       if value is not None:
         changed[f"{self._arch}.{key}"] = value
     try:
-      model = self._family(**_fields(self._family, self._names, changed, self._held,
-                                     self._where))
-      expected_shapes(model)
-      return model
+      return self._family(**_fields(self._family, self._names, changed, self._held,
+                                    self._where))
     except _UNBUILDABLE:
       return None
 
-  def _made(self, changes: Mapping[str, int | None]) -> dict[str, tuple[int, ...]] | None:
-    model = self._model(changes)
-    return None if model is None else expected_shapes(model)
 
   def removed(self) -> tuple[str, int] | None:
     """(the key without which the metadata describes a model that reads every tensor as the
     file holds it, the value that model writes for it), or None."""
     for key in self._keys:
       model = self._model({key: None})
-      if model is None or _mismatches(expected_shapes(model), self._held):
+      shapes = _shapes_of(model)
+      if shapes is None or _mismatches(shapes, self._held):
         continue
       value = format_names.bound(model, GgufNames).metadata().get(key)
       if _is_int(value) and value != self._value(key):
         return key, value
     return None
 
-  def size_refusal(self, wrong: tuple[str, tuple[int, ...], tuple[int, ...]], count: int
-                   ) -> UsageError:
+  def size_refusal(self, wrong: tuple[str, tuple[int, ...], tuple[int, ...]], count: int,
+                   expected: Mapping[str, tuple[int, ...]]) -> UsageError:
     """The one line for a tensor whose shape (`wrong`: name, the model's, the file's) is not
-    the one the metadata makes, one of `count` such: naming the key that, scaled as the
-    dimension is off, makes the most tensors fit; else the key without which all fit; else
-    the shapes alone (a key can hide in a rounded ratio: 64 // 5 * 5 is 64 // 6 * 6)."""
+    the one the metadata makes, one of `count` such: naming the keys that, scaled as the
+    dimension is off, make every tensor fit (or the most); else the key without which all
+    fit; else the shapes alone (a key can hide in a rounded ratio: 64 // 5 * 5 is 64 // 6 * 6).
+    """
     name, made, held = wrong
     axes = [axis for axis in range(min(len(made), len(held))) if made[axis] != held[axis]]
-    key = self._scaled(name, held, made, axes[0], count) if axes else None
-    if key is not None:
-      return UsageError(f"{self._where}: {self._arch}.{key}={self._value(key)} makes "
-                        f"dimension {axes[0]} of tensor {name} {made[axes[0]]}, but its shape "
-                        f"is {list(held)}; {CONVERT}")
+    keys = self._scaled(name, held, made, axes[0], count, expected) if axes else []
+    if keys:
+      given = " or ".join(f"{self._arch}.{key}={self._value(key)}" for key in keys)
+      return UsageError(f"{self._where}: {given} makes dimension {axes[0]} of tensor {name} "
+                        f"{made[axes[0]]}, but its shape is {list(held)}; {CONVERT}")
     found = self.removed()
     if found:
       return self.refusal(*found)
@@ -235,23 +246,56 @@ class _Lie:
                       f"shape is {list(held)}; {CONVERT}")
 
   def _scaled(self, name: str, held: tuple[int, ...], made: tuple[int, ...], axis: int,
-              count: int) -> str | None:
-    """The key that, times the file's size of dimension `axis` over the model's, makes tensor
-    `name` fit and the most others (fewer than `count` left), or None. A key whose value is
-    the dimension is tried first, then those that divide it: the first that leaves no tensor
-    off ends the search."""
+              count: int, expected: Mapping[str, tuple[int, ...]]) -> list[str]:
+    """The keys that, scaled by the file's size of dimension `axis` over the model's (or its
+    inverse: a head count divides the width into heads), make every tensor fit: more than one
+    where the tensors cannot tell (8 heads of 8 with 2 key-value heads, or 4 of 16?). Else
+    [the key that makes tensor `name` fit and the fewest others off, fewer than `count`], or
+    [].
+
+    Each try is a trace, so tries are ordered by their parameter count (`num_parameters`,
+    counted without one): first those with as many more or fewer parameters as the file's
+    tensors have elements beyond the ones the metadata's model (`expected`: its tensors'
+    shapes) makes; none with the metadata's own count (a key that sizes no parameter, a
+    context length, fixes no shape); once one fits, only those with its count."""
+    base = self._model({})
+    base_count = _count(base)
+    target = None if base_count is None else base_count + sum(
+        math.prod(self._held[tensor]) - math.prod(shape)
+        for tensor, shape in expected.items() if tensor in self._held)
+    tries = []
+    for key in self._keys:
+      value = self._value(key)
+      for numerator, denominator in ((held[axis], made[axis]), (made[axis], held[axis])):
+        scaled, remainder = divmod(value * numerator, denominator)
+        if remainder or scaled <= 0 or scaled == value:
+          continue
+        model = self._model({key: scaled})
+        if model is not None and model != base and _count(model) != base_count:
+          tries.append((_count(model) != target, len(tries), key, model))
+    fits: list[str] = []
+    fit_count = None
     best: tuple[int, str] | None = None
-    for key in sorted(self._keys, key=lambda key: (self._value(key) != made[axis],
-                                                   made[axis] % self._value(key) != 0)):
-      scaled, remainder = divmod(self._value(key) * held[axis], made[axis])
-      if remainder or scaled <= 0 or scaled == self._value(key):
+    for _, _, key, model in sorted(tries, key=lambda tried: tried[:2]):
+      if key in fits or (fit_count is not None and _count(model) != fit_count):
         continue
-      tried = self._made({key: scaled})
+      tried = _shapes_of(model)
       if tried is None or tried.get(name) != held:
         continue
       left = len(_mismatches(tried, self._held))
-      if left < count and (best is None or left < best[0]):
-        best = (left, key)
       if left == 0:
-        break
-    return best[1] if best else None
+        fits.append(key)
+        fit_count = _count(model)
+      elif left < count and (best is None or left < best[0]):
+        best = (left, key)
+    if fits:
+      return fits
+    return [best[1]] if best else []
+
+
+def _count(model: Any) -> int | None:
+  """The model's parameter count (from its sizes), or None where it has none."""
+  try:
+    return model.num_parameters()
+  except _UNBUILDABLE:
+    return None
