@@ -84,17 +84,17 @@ ROPE_TYPES = ("llama3", "linear", "yarn")
 
 
 def rotary_scaling_fields(config: HfConfig, scaling: Mapping[str, Any] | None, key: str,
-                          field: str = "rotary_scaling", *, max_length: int,
-                          by_layer_type: bool = False) -> dict[str, Any]:
+                          field: str = "rotary_scaling", *, max_length: int
+                          ) -> dict[str, Any]:
   """The fields of a Hugging Face rope scaling (`rope_scaling`, or an entry of
   `rope_parameters` beyond its base; `key` names it in messages): `field` ("rotary_scaling"
   or "sliding_rotary_scaling") and the settings its kind reads.
 
-  The original context of Llama 3.1's and YaRN's scaling is transformers'
-  (`RotaryEmbeddingConfigMixin.standardize_rope_params`): a top-level
-  `original_max_position_embeddings` of the config, where it has one (Phi-3's; not for
-  `rope_parameters` by layer type, `by_layer_type`), else the scaling's own, else the model's
-  context, `max_length` (its `max_position_embeddings`).
+  The original context of Llama 3.1's and YaRN's scaling is as transformers fills it
+  (`RotaryEmbeddingConfigMixin.standardize_rope_params`): the scaling's own
+  `original_max_position_embeddings`, else the model's context, `max_length` (its
+  `max_position_embeddings`). (A top-level key of that name counts only for a config class
+  that declares it, Phi-3's; no family here.)
 
   Raises:
     UsageError: a kind or setting this transformer does not compute, naming the key.
@@ -110,9 +110,7 @@ def rotary_scaling_fields(config: HfConfig, scaling: Mapping[str, Any] | None, k
                         f"supported: 'default', {', '.join(map(repr, ROPE_TYPES))}")
   settings = HfConfig(scaling, config.where)
   fields = {field: kind, "rotary_scaling_factor": settings.number("factor", 8.0)}
-  top_level = None if by_layer_type else config.get("original_max_position_embeddings")
-  original = (top_level if top_level is not None
-              else settings.get("original_max_position_embeddings", max_length))
+  original = settings.get("original_max_position_embeddings", max_length)
   if kind == "llama3":
     fields.update(rotary_low_freq_factor=settings.number("low_freq_factor", 1.0),
                   rotary_high_freq_factor=settings.number("high_freq_factor", 4.0),
@@ -162,8 +160,7 @@ def per_kind_rotary_fields(config: HfConfig, full_base: float, sliding_base_key:
     UsageError: a setting this transformer does not compute, naming the key.
   """
   by_type = config.mapping("rope_parameters")
-  nested = "full_attention" in by_type or "sliding_attention" in by_type
-  if nested:
+  if "full_attention" in by_type or "sliding_attention" in by_type:
     for layer_type in ("full_attention", "sliding_attention"):
       if not isinstance(by_type.get(layer_type) or {}, dict):
         raise config.refuse(f"rope_parameters.{layer_type}", by_type[layer_type],
@@ -180,10 +177,9 @@ def per_kind_rotary_fields(config: HfConfig, full_base: float, sliding_base_key:
     full, sliding = config.rope_scaling(), None
     keys = ("rope_scaling", "rope_scaling")
   fields = {"rotary_base": bases[0], "sliding_rotary_base": bases[1]}
-  full_fields = rotary_scaling_fields(config, full, keys[0], max_length=max_length,
-                                      by_layer_type=nested)
+  full_fields = rotary_scaling_fields(config, full, keys[0], max_length=max_length)
   sliding_fields = rotary_scaling_fields(config, sliding, keys[1], "sliding_rotary_scaling",
-                                         max_length=max_length, by_layer_type=nested)
+                                         max_length=max_length)
   shared = set(full_fields) & set(sliding_fields) - {"rotary_scaling", "sliding_rotary_scaling"}
   if any(full_fields[key] != sliding_fields[key] for key in shared):
     raise config.refuse(keys[1], sliding, "lingvo_lite's sliding layers scale with the full "

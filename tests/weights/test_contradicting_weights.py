@@ -270,3 +270,23 @@ def test_every_size_key_of_every_family_is_checked_against_the_tensors():
         assert f"{arch}.{key}={lie}" in message and "contradicts itself" in message, message
         continue
       assert names_class(family(**read)).metadata()[key] == lie, (family_name, key)
+
+
+def test_a_model_its_source_cannot_describe_is_one_line_before_a_tensor_is_read(tmp_path):
+  """A model whose fields were set apart from the folder's (what `--fdl.model.output_bias=True`
+  over a Llama folder makes) has parameters no tensor holds: one line naming the source, the
+  parameters and the fields the format cannot say, never "a bug"."""
+  from lingvo_lite.checkpoints.params import MeshParams  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.hf_checkpoint import HfCheckpoint  # pylint: disable=g-import-not-at-top
+  tiny_weights.hf_folder(tmp_path / "hf", tiny_weights.model())
+  model = tiny_weights.model(output_bias=True)
+  partitioner = Partitioner()
+  abstract = MeshParams(model, 16, partitioner, partitioner.make_mesh()).abstract
+  with pytest.raises(UsageError) as error:
+    HfCheckpoint(str(tmp_path / "hf")).read_params(model, abstract)
+  assert str(error.value) == (
+      f"hf:{tmp_path / 'hf'}: the source holds no tensor for this model's parameter output/bias "
+      "(model.output_bias=True: a llama checkpoint cannot say it, so the source is not this "
+      "model); leave the model's fields as the source sets them (drop the --fdl.model "
+      "overrides that change them)")
