@@ -1,15 +1,17 @@
 """Weights that contradict themselves are refused in one line (exit 2), never loaded as garbage;
 tensors that no part of the model reads are named in one warning; nothing is written.
 
-The rule (weights/placing.py, weights/gguf_checkpoint.py): float widths convert; an integer or
-boolean tensor where a float weight belongs is refused, naming the file and the tensor; a GGUF
-tensor whose stored type was changed (its bytes no longer its type's, or a type id that names no
-type) is refused; a GGUF file whose metadata sizes are not its tensors' is refused, naming the
-key and the tensor; GGUF's quantized types load. Each case runs `--mode=export` from the
-weights in this process, as `python -m lingvo_lite` would (the load, then the export: nothing
-compiles); one runs as a user runs it, in a child process from the repository root. Eval and
-decode of a new job dir from such weights leave no job dir behind either.
-"""
+The rule (weights/tensor_checks.py, for every source; weights/gguf_header.py for a GGUF file
+against itself): float widths convert; an integer or boolean tensor where a float weight belongs
+is refused, naming the file and the tensor; a GGUF tensor whose stored type was changed (its
+bytes no longer its type's, or a type id that names no type) is refused; a GGUF file whose
+metadata is not what its tensors and other keys make it is refused, naming the key and the
+tensor (every integer key of every family, in one in-process table); GGUF's quantized types
+load. Each case runs `--mode=export` from the weights in this process, as `python -m
+lingvo_lite` would (the load, then the export: nothing compiles); one runs as a user runs it, in
+a child process from the repository root. Eval and decode of a new job dir from such weights
+leave no job dir behind either. Slim weights and a model its source cannot describe get the
+same checks."""
 
 from __future__ import annotations
 
@@ -290,3 +292,46 @@ def test_a_model_its_source_cannot_describe_is_one_line_before_a_tensor_is_read(
       "(model.output_bias=True: a llama checkpoint cannot say it, so the source is not this "
       "model); leave the model's fields as the source sets them (drop the --fdl.model "
       "overrides that change them)")
+
+
+def test_slim_weights_get_the_checks_every_source_gets(tmp_path, capsys):
+  """Slim weights (an orbax tree of the parameters) against the model: an integer leaf where
+  a float weight belongs is refused naming it; a leaf nothing reads is named in one warning
+  and the rest loads as written."""
+  import json  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from lingvo_lite import outputs  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.checkpoints.params import MeshParams  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights import slim_weights  # pylint: disable=g-import-not-at-top
+  model = tiny_weights.model()
+  partitioner = Partitioner()
+  mesh_params = MeshParams(model, 16, partitioner, partitioner.make_mesh())
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda leaf: rng.standard_normal(leaf.shape).astype(np.float32),
+                        mesh_params.abstract)
+  norm = {"scale": params["final_norm"]["scale"].astype(np.int32)}
+  for name, tree, words in (
+      ("int32", {**params, "final_norm": norm},
+       "slim_int32: tensor final_norm/scale is int32, not floating point, where the model reads "
+       "the float weight final_norm/scale [64]"),
+      ("extra", {**params, "notes": {"scale": np.ones(3, np.float32)}},
+       "slim_extra: 1 tensor that no part of the model reads, left unread: notes/scale")):
+    folder = tmp_path / f"slim_{name}"
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save((folder / slim_weights.PARAMS_DIR).absolute(), tree)
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+    (folder / "manifest.json").write_text(json.dumps({
+        "schema": outputs.schema(slim_weights.KIND), "dtype": "float32", "scan_layers": False}))
+    capsys.readouterr()
+    if name == "int32":
+      with pytest.raises(UsageError) as error:
+        slim_weights.SlimCheckpoint(str(folder)).load_params(mesh_params)
+      assert words in str(error.value) and "\n" not in str(error.value), error.value
+      continue
+    loaded, _ = slim_weights.SlimCheckpoint(str(folder)).load_params(mesh_params)
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, loaded), params)
