@@ -124,57 +124,20 @@ class GgufCheckpoint:
       UsageError: the file is unreadable, lacks a tensor the model needs, holds a
         quantization the `gguf` package cannot dequantize, or a shape that is not the model's.
     """
-    import gguf  # pylint: disable=g-import-not-at-top
     reader = self._reader()
     where = f"gguf:{self.path}"
-    by_name = {tensor.name: tensor for tensor in reader.tensors}
     hf_names = hf_checkpoint.names_of(model)
     # Hugging Face tensor -> the GGUF tensors it is made of: (name, how, which expert's row).
     wanted: dict[str, list[tuple[str, Any, int | None]]] = {}
     for gguf_name, tensor in names_of(model).tensors().items():
       for expert, hf in enumerate(tensor.hf_names()):
         wanted.setdefault(hf, []).append((gguf_name, tensor, expert if tensor.experts else None))
-    digest = hashlib.sha256()
     placer = Placer(model, abstract, where, hf_names)
-    read: dict[str, np.ndarray] = {}  # The last GGUF tensor read (its experts come in a row).
-    kinds = gguf.GGMLQuantizationType
-    integers = {kinds.I8: np.int8, kinds.I16: np.int16, kinds.I32: np.int32,
-                kinds.I64: np.int64}
-
-    def dequantized(gguf_name: str, name: Any) -> np.ndarray:
-      if gguf_name in read:
-        return read[gguf_name]
-      tensor = by_name.get(gguf_name)
-      if tensor is None:
-        raise tensor_checks.missing(where, gguf_name, "the file lacks it (copy it again), or "
-                                    "the model's sizes are not the file's: set them as its "
-                                    "metadata does (drop the --fdl.model overrides that "
-                                    "change them)")
-      # Quantized types dequantize to float32; GGUF's integer types stay integers.
-      placer.check_dtype(name, integers.get(tensor.tensor_type, np.float32),
-                         tensor.tensor_type.name, tensor=gguf_name)
-      try:
-        data = np.asarray(tensor.data)
-        digest.update(f"{gguf_name}|{tensor.tensor_type.name}|{list(tensor.shape)}|"
-                      f"{content_crc(data)}|".encode())
-        values = gguf.quants.dequantize(data, tensor.tensor_type)
-      except NotImplementedError:
-        raise UsageError(f"{where}: tensor {gguf_name} is {tensor.tensor_type.name}, which the "
-                         "gguf package cannot dequantize; convert the model with another "
-                         "quantization (F16, Q8_0, Q4_0, Q4_1, ...)") from None
-      except (ValueError, IndexError) as e:
-        raise UsageError(f"{where}: tensor {gguf_name} cannot be read ({e}); the file may be "
-                         "truncated: copy it again") from None
-      read.clear()
-      read[gguf_name] = values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
-      read_names.add(gguf_name)
-      return read[gguf_name]
-
-    read_names: set[str] = set()
+    tensors = _GgufTensors(reader, where, placer)
     for name in hf_names.tensors():
       hf = None
       for gguf_name, rearranged, expert in wanted[name.name]:
-        values = rearranged.to_hf(dequantized(gguf_name, name))
+        values = rearranged.to_hf(tensors.get(gguf_name, name))
         values = values if expert is None else values[expert]
         if rearranged.columns is None:
           hf = values
@@ -185,8 +148,62 @@ class GgufCheckpoint:
         hf[..., index::count] = values
       placer.put(name, hf)
     params = placer.finish()
-    tensor_checks.warn_unread(where, set(by_name) - read_names)
-    return params, f"gguf:{self.path} sha256:{digest.hexdigest()}"
+    tensor_checks.warn_unread(where, tensors.unread())
+    return params, f"gguf:{self.path} sha256:{tensors.digest.hexdigest()}"
+
+
+class _GgufTensors:
+  """A GGUF file's tensors by name, dequantized to float32 (in torch's axis order) after the
+  checks every source's tensors get, hashed into `digest` as they are read; the last one
+  read is kept (a stacked experts' tensor is asked for once per expert, in a row)."""
+
+  def __init__(self, reader: Any, where: str, placer: Placer):
+    self._by_name = {tensor.name: tensor for tensor in reader.tensors}
+    self._where, self._placer = where, placer
+    self._last: dict[str, np.ndarray] = {}
+    self._read: set[str] = set()
+    self.digest = hashlib.sha256()
+
+  def unread(self) -> set[str]:
+    return set(self._by_name) - self._read
+
+  def get(self, gguf_name: str, name: Any) -> np.ndarray:
+    """The tensor `gguf_name`, which the model reads as (part of) the Hugging Face `name`.
+
+    Raises:
+      UsageError: the file lacks it, it is an integer where a float weight belongs, or the
+        `gguf` package cannot dequantize or read it.
+    """
+    import gguf  # pylint: disable=g-import-not-at-top
+    if gguf_name in self._last:
+      return self._last[gguf_name]
+    where, tensor = self._where, self._by_name.get(gguf_name)
+    if tensor is None:
+      raise tensor_checks.missing(where, gguf_name, "the file lacks it (copy it again), or "
+                                  "the model's sizes are not the file's: set them as its "
+                                  "metadata does (drop the --fdl.model overrides that change "
+                                  "them)")
+    kinds = gguf.GGMLQuantizationType
+    integers = {kinds.I8: np.int8, kinds.I16: np.int16, kinds.I32: np.int32,
+                kinds.I64: np.int64}
+    # Quantized types dequantize to float32; GGUF's integer types stay integers.
+    self._placer.check_dtype(name, integers.get(tensor.tensor_type, np.float32),
+                             tensor.tensor_type.name, tensor=gguf_name)
+    try:
+      data = np.asarray(tensor.data)
+      self.digest.update(f"{gguf_name}|{tensor.tensor_type.name}|{list(tensor.shape)}|"
+                         f"{content_crc(data)}|".encode())
+      values = gguf.quants.dequantize(data, tensor.tensor_type)
+    except NotImplementedError:
+      raise UsageError(f"{where}: tensor {gguf_name} is {tensor.tensor_type.name}, which the "
+                       "gguf package cannot dequantize; convert the model with another "
+                       "quantization (F16, Q8_0, Q4_0, Q4_1, ...)") from None
+    except (ValueError, IndexError) as e:
+      raise UsageError(f"{where}: tensor {gguf_name} cannot be read ({e}); the file may be "
+                       "truncated: copy it again") from None
+    self._last = {gguf_name: values.reshape(tuple(int(d) for d in reversed(tensor.shape)))}
+    self._read.add(gguf_name)
+    return self._last[gguf_name]
 
 
 def family_reading(architecture: Any, where: str, metadata: Any = None
