@@ -76,6 +76,7 @@ def model_fields(family: type, names: type[GgufNames], metadata: Mapping[str, An
   lie = _Lie(family, names, metadata, shapes, where)
   try:
     model = family(**fields)
+    model.check_size()  # Listing an absurd count's tensors would never end.
     expected = expected_shapes(model)
   except _UNBUILDABLE:
     # No model has these sizes (heads that do not group, an odd head width): a key the
@@ -117,14 +118,15 @@ def _check_blocks(arch: Any, blocks: Any, shapes: Mapping[str, tuple[int, ...]],
     match = _BLOCK.match(name)
     if match:
       found.setdefault(int(match.group(1)), name)
-  extra = sorted(set(found) - set(range(blocks)))
-  missing = sorted(set(range(blocks)) - set(found))
+  extra = sorted(block for block in found if block >= blocks)
+  # The first block missing, found without listing an absurd count's range.
+  missing = next((block for block in range(blocks) if block not in found), None)
   if extra:
     raise UsageError(f"{where}: {arch}.block_count={blocks}, but the file holds tensor "
                      f"{found[extra[0]]} of block {extra[0]}; {CONVERT}")
-  if missing:
+  if missing is not None:
     raise UsageError(f"{where}: {arch}.block_count={blocks}, but the file holds no tensor of "
-                     f"block {missing[0]} (blk.{missing[0]}.*); {CONVERT}")
+                     f"block {missing} (blk.{missing}.*); {CONVERT}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -206,8 +208,10 @@ class _Lie:
       if value is not None:
         changed[f"{self._arch}.{key}"] = value
     try:
-      return self._family(**_fields(self._family, self._names, changed, self._held,
-                                    self._where))
+      model = self._family(**_fields(self._family, self._names, changed, self._held,
+                                     self._where))
+      model.check_size()
+      return model
     except _UNBUILDABLE:
       return None
 

@@ -202,13 +202,24 @@ def plan(values: Mapping[str, Any], where: str, ours: Mapping[str, str | None],
       raise UsageError(f"{where}: {key}={values[key]!r} gives {first} {found[first]} and "
                        f"{other} {found[other]}: train.lora holds one rank and one alpha for "
                        f"every adapted matrix; {_MERGE}")
-  rank, alpha = next(iter(ranks.values())), float(next(iter(alphas.values())))
+  rank, alpha = next(iter(ranks.values())), next(iter(alphas.values()))
+  key = "rank_pattern" if values.get("rank_pattern") else "r"
+  if isinstance(rank, float) and rank.is_integer():
+    rank = int(rank)
   if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-    raise UsageError(f"{where}: rank_pattern gives rank {rank!r}: must be a positive integer")
+    raise UsageError(f"{where}: {key} gives rank {rank!r}: must be a positive integer")
+  dropout = values.get("lora_dropout") or 0.0
+  for key, value, low in (("alpha_pattern" if values.get("alpha_pattern") else "lora_alpha",
+                           alpha, 0.0), ("lora_dropout", dropout, None)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        value > 0 if low is not None else 0 <= value < 1):
+      raise UsageError(f"{where}: {key} gives {value!r}: must be "
+                       f"{'a positive number' if low is not None else 'in [0, 1)'}")
+  alpha = float(alpha)
   if values.get("use_rslora"):
     alpha *= math.sqrt(rank)  # Its scale alpha / sqrt(r) is ours, alpha' / r.
   return AdapterPlan(kernels={module: ours[module] for module in chosen}, rank=rank,
-                     alpha=alpha, dropout=float(values.get("lora_dropout") or 0.0))
+                     alpha=alpha, dropout=float(dropout))
 
 
 def _regex_of(paths: Any, num_layers: int) -> str:
