@@ -12,12 +12,19 @@ its format, so a new family cannot forget one):
     `<arch>.block_count`'s, and each tensor's shape is the one the model's parameters make
     (`expected_shapes`: the family's `HfNames.tensors()` over the model's parameter shapes,
     through its `GgufNames.tensors()`). A tensor of another shape is refused naming the key
-    whose value makes it so: the key that, set as the tensors say, makes every tensor fit
-    (`_culprits`), else every key that sizes that dimension.
+    whose value makes it so: the key that, scaled as the dimension is off, makes every tensor
+    fit (each where the tensors cannot tell two apart: `_Lie`), else the key without which
+    the metadata describes the tensors, else the tensor and both shapes.
   - Round trip: every integer key the family writes (`GgufNames.metadata()` of that model)
     that the file holds says what the model has. This catches a key that the family reads
     from elsewhere (`gptj.vocab_size`, taken from the token table) or not at all
     (`llama.rope.dimension_count`), which the sizes alone would let through.
+
+A key the tensors cannot contradict is read as the file says: a context length (rotary
+positions have no table), a window, the experts used per token, or GPT-2's and GPT-J's head
+count (their query is [width, width] whatever the heads). A model no sizes build (heads that do
+not group, an absurd count) is left to the model's field checks, which name the field, unless
+a key without which the metadata describes the tensors is found.
 
 Quantized types (Q4_1, Q8_0, the K-quants) are sized by their blocks, and so pass.
 """
