@@ -287,7 +287,7 @@ class PeftCheckpoint:
                          "folder for another base, or a fused tensor); give its base model "
                          "(base=...)")
     return peft_config.plan(values, os.path.join(self.path, CONFIG_FILE), ours,
-                            lora.adaptable_paths(unrolled, 1), held,
+                            lora.adaptable_kernels(unrolled), held,
                             type(model).family_name)
 
   def load_base(self, mesh_params: Any) -> tuple[Any, str]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import lora
@@ -166,7 +166,7 @@ class AdapterPlan:
 
 
 def plan(values: Mapping[str, Any], where: str, ours: Mapping[str, str | None],
-         adaptable: Sequence[str], held: Sequence[str], family: str) -> AdapterPlan:
+         adaptable: Collection[str], held: Sequence[str], family: str) -> AdapterPlan:
   """The adapters `values` (a checked adapter_config.json) gives a model whose matrix modules
   are `ours` (PEFT module name -> our kernel, None for a tensor that fuses several: GPT-2's
   `c_attn`; the output layer `lm_head` last) and whose LoRA can adapt the kernels `adaptable`;
