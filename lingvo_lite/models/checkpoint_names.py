@@ -318,24 +318,3 @@ class GgufTensor:
     if self.offset:
       values = values + np.asarray(self.offset, values.dtype)
     return values
-
-
-@dataclasses.dataclass(frozen=True)
-class GgufSize:
-  """A dimension of a GGUF file's tensors that its metadata sizes (a file whose two disagree
-  contradicts itself: weights/gguf_checkpoint.py refuses it, naming the key and the tensor).
-
-  Attributes:
-    keys: The metadata keys that make the size, without the `<architecture>.` prefix (the
-      first is the size itself: `feed_forward_length`; the rest enter it: `attention.head_count`
-      with `attention.key_length`). A file that holds none of them is not checked here (its
-      model's size came from the tensors, or from a default the load checks).
-    tensor: The GGUF tensor; `{layer}` stands for each block's index.
-    axis: The dimension, in torch's axis order (the shapes `GgufNames.hf_config` gets).
-    size: What the metadata makes it.
-  """
-
-  keys: tuple[str, ...]
-  tensor: str
-  axis: int
-  size: int

@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families
-from lingvo_lite.models.checkpoint_names import GgufSize, GgufTensor, HfConfig, TensorName
+from lingvo_lite.models.checkpoint_names import GgufTensor, HfConfig, TensorName
 
 # Interface class -> {family class -> its names class}.
 _REGISTERED: dict[type, dict[type, type]] = {}
@@ -101,6 +101,17 @@ class HfNames(FormatNames):
     (derived sizes resolved): export reads `config()` back through `fields` and compares."""
     raise NotImplementedError
 
+  def unexpressed(self) -> dict[str, Any]:
+    """Each field of the model that its config.json cannot say, by name: what the model the
+    config (`config()`, read back through `fields`) describes has instead. Empty where the
+    format describes this very model."""
+    fields = self.fields(HfConfig(self.config(), f"the {self.model_type} config"))
+    described = type(self)(type(self.model)(**{k: v for k, v in fields.items()
+                                                if v is not None}))
+    theirs = described.expressed()
+    return {name: theirs[name] for name, ours in self.expressed().items()
+            if ours != theirs[name]}
+
   def export_params(self, params: dict[str, Any]) -> dict[str, Any]:
     """The host parameters as the format's model computes with them: `absent()`'s folded
     into others where the family can (they must then be zero)."""
@@ -140,11 +151,6 @@ class GgufNames(FormatNames):
     """GGUF tensor name -> the Hugging Face tensor it is, and how llama.cpp's converter
     rearranged it."""
     raise NotImplementedError
-
-  def sizes(self) -> list[GgufSize]:
-    """Each tensor dimension that the model's metadata sizes (the model as `hf_config` read it
-    from a file), for the check that a file's metadata and tensors agree."""
-    return []
 
   def check_writable(self) -> None:
     """Raises UsageError (one line) where a file of `architecture` cannot express the model

@@ -30,7 +30,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
 from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm)
 from lingvo_lite.models.transformer import (EmbeddingScale, PositionKind, RotaryScaling,
                                             TransformerLM)
@@ -122,6 +122,7 @@ class Gemma3HfNames(TransformerHfNames):
     kinds = layer_kinds(config, ["sliding_attention" if (index + 1) % period
                                  else "full_attention" for index in range(num_layers)],
                         num_layers)
+    max_length = config.get("max_position_embeddings", 131072)
     return {
         "vocab_size": config.get("vocab_size", 262208), "num_layers": num_layers,
         "dim": config.get("hidden_size", 2304),
@@ -130,13 +131,14 @@ class Gemma3HfNames(TransformerHfNames):
         "head_dim": config.get("head_dim", 256),
         "mlp_dim": config.get("intermediate_size", 9216),
         "norm_eps": config.number("rms_norm_eps", 1e-6),
-        "max_length": config.get("max_position_embeddings", 131072),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", True),
         "attention_bias": config.flag("attention_bias", False),
         "query_pre_attention_scalar": config.number("query_pre_attn_scalar", 256),
         "layer_kinds": kinds,
         "window": config.get("sliding_window", 4096) if "sliding" in kinds else None,
-        **per_kind_rotary_fields(config, 1000000.0, "rope_local_base_freq", 10000.0),
+        **per_kind_rotary_fields(config, 1000000.0, "rope_local_base_freq", 10000.0,
+                                 max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:
@@ -249,18 +251,6 @@ class Gemma3GgufNames(TransformerGgufNames):
       found.update({"rope.scaling.type": "linear",
                     "rope.scaling.factor": float(model.rotary_scaling_factor)})
     return found
-
-  def sizes(self) -> list[GgufSize]:
-    model = self.model
-    head_count = ("attention.head_count", "attention.key_length")
-    return [*super().sizes(),
-            GgufSize(head_count, "blk.{layer}.attn_q.weight", 0,
-                     model.num_heads * model.resolved_head_dim),
-            GgufSize(("attention.head_count_kv", "attention.key_length"),
-                     "blk.{layer}.attn_k.weight", 0,
-                     model.resolved_num_kv_heads * model.resolved_head_dim),
-            GgufSize(("attention.key_length",), "blk.{layer}.attn_q_norm.weight", 0,
-                     model.resolved_head_dim)]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

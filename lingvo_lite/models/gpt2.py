@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import format_names, layers
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
@@ -127,11 +127,6 @@ class Gpt2GgufNames(TransformerGgufNames):
 
   def metadata(self) -> dict[str, int | float | str]:
     return {**super().metadata(), "attention.layer_norm_epsilon": float(self.model.norm_eps)}
-
-  def sizes(self) -> list[GgufSize]:
-    """And the learned positions' table: [context length, width]."""
-    return [*super().sizes(),
-            GgufSize(("context_length",), "position_embd.weight", 0, self.model.max_length)]
 
   def tensors(self) -> dict[str, GgufTensor]:
     names = {"token_embd.weight": GgufTensor("transformer.wte.weight"),

@@ -37,10 +37,10 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
 from lingvo_lite.models import format_names, layers, moe
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm,
                                                  vector)
-from lingvo_lite.models.moe_names import MoeHfNames, expert_sizes, router_aux_loss
+from lingvo_lite.models.moe_names import MoeHfNames, router_aux_loss
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.models.transformer import PositionKind, RotaryScaling
 from lingvo_lite.models.transformer_layers import LayerKind
@@ -110,6 +110,7 @@ class GptOssHfNames(MoeHfNames):
     default = ["sliding_attention" if (index + 1) % 2 else "full_attention"
                for index in range(layers_count)]
     kinds = layer_kinds(config, default, layers_count)
+    max_length = config.get("max_position_embeddings", 131072)
     return {
         "vocab_size": config.require("vocab_size"),
         "num_layers": layers_count,
@@ -125,13 +126,14 @@ class GptOssHfNames(MoeHfNames):
         "norm_eps": config.number("rms_norm_eps", 1e-5),
         "rotary_base": config.rope_theta(150000.0),
         "rotary_scaling": "none",
-        "max_length": config.get("max_position_embeddings", 131072),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", True),
         "layer_kinds": kinds,
         "window": config.get("sliding_window", 128) if "sliding" in kinds else None,
         **router_aux_loss(config),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
+                                max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:
@@ -249,9 +251,6 @@ class GptOssGgufNames(TransformerGgufNames):
             "attention.sliding_window": model.window, "expert_count": model.num_experts,
             "expert_used_count": model.experts_per_token,
             "expert_feed_forward_length": model.resolved_expert_mlp_dim}
-
-  def sizes(self) -> list[GgufSize]:
-    return [*super().sizes(), *expert_sizes(self.model, "expert_feed_forward_length")]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import format_names, layers
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm)
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.transformer import PositionKind, TransformerLM
@@ -58,6 +58,7 @@ class LlamaHfNames(TransformerHfNames):
       raise config.refuse("sliding_window", config.get("sliding_window"),
                           f"the {cls.family.family_name} family attends to the whole context",
                           "use a Mistral config (model_type 'mistral') for a sliding window")
+    max_length = config.get("max_position_embeddings", 2048)
     return {
         "vocab_size": config.require("vocab_size"),
         "num_layers": config.require("num_hidden_layers"),
@@ -68,11 +69,12 @@ class LlamaHfNames(TransformerHfNames):
         "mlp_dim": config.require("intermediate_size"),
         "norm_eps": config.number("rms_norm_eps", 1e-6),
         "rotary_base": config.rope_theta(),
-        "max_length": config.get("max_position_embeddings", 2048),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "mlp_bias": config.flag("mlp_bias", False),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
+                                max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:
@@ -165,18 +167,6 @@ class LlamaGgufNames(TransformerGgufNames):
             "rope.dimension_count": model.resolved_head_dim,
             "attention.layer_norm_rms_epsilon": float(model.norm_eps),
             "rope.freq_base": float(model.rotary_base)}
-
-  def sizes(self) -> list[GgufSize]:
-    """And the heads: the query's rows are heads x head size, the key's key-value heads x
-    head size (the head size: `attention.key_length`, else the width over the heads)."""
-    model = self.model
-    head_size = "attention.key_length" if model.head_dim is not None else "embedding_length"
-    head_count = ("attention.head_count", head_size)
-    return [*super().sizes(),
-            GgufSize(head_count, "blk.{layer}.attn_q.weight", 0,
-                     model.num_heads * model.resolved_head_dim),
-            GgufSize(("attention.head_count_kv", *head_count), "blk.{layer}.attn_k.weight", 0,
-                     model.resolved_num_kv_heads * model.resolved_head_dim)]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

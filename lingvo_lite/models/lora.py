@@ -224,6 +224,26 @@ def adaptable_paths(model: nn.Module, sequence_length: int) -> list[str]:
   return kernel_paths(shapes.get(COLLECTION, {}))
 
 
+def adaptable_kernels(model: nn.Module) -> set[str]:
+  """`adaptable_paths` of `model` with its layers unrolled (`layer_N/...`), traced over one
+  period of its layers (`variant_period`: layers of one variant have the same kernels), so
+  that a deep model is not traced whole."""
+  unrolled = model.clone(parent=None, scan_layers=False, lora=None)
+  if not hasattr(unrolled, "variant_period"):
+    return set(adaptable_paths(unrolled, 1))
+  period = unrolled.variant_period()
+  sample = unrolled.clone(**unrolled.variant_fields(period))
+  found = set()
+  for path in adaptable_paths(sample, 1):
+    match = re.fullmatch(r"layer_(\d+)/(.+)", path)
+    if match is None:
+      found.add(path)
+      continue
+    found.update(f"layer_{layer}/{match.group(2)}"
+                 for layer in range(int(match.group(1)), unrolled.num_layers, period))
+  return found
+
+
 def check_targets(settings: LoraSettings, model: nn.Module, sequence_length: int,
                   path: str = "train.lora") -> list[str]:
   """The kernel paths `settings.targets` adapts in `model`; UsageError (naming
@@ -233,6 +253,15 @@ def check_targets(settings: LoraSettings, model: nn.Module, sequence_length: int
   chosen = [p for p in adaptable if pattern.search(p)]
   if chosen:
     return chosen
+  if getattr(model, "scan_layers", False):
+    # Adapters of some layers only (a PEFT folder's layers_to_transform) name unrolled layers.
+    unrolled = [p for p in adaptable_paths(model.clone(scan_layers=False), sequence_length)
+                if pattern.search(p)]
+    if unrolled:
+      raise config_error(f"{path}.targets", settings.targets,
+                         f"names matrices of single layers ({', '.join(unrolled[:3])}), and "
+                         "model.scan_layers=True adapts every layer alike",
+                         "set --fdl.model.scan_layers=False")
   names = ["/".join(re.findall(r"\['([^']*)'\]", shape.path)) or shape.path
            for shape in model.parameter_shapes()]
   others = [name for name in names if pattern.search(name)]

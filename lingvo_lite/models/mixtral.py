@@ -20,11 +20,10 @@ from typing import Any, Mapping
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, linear_attention, norm)
 from lingvo_lite.models.llama import LlamaGgufNames
-from lingvo_lite.models.moe_names import (MoeHfNames, expert_sizes, per_expert,
-                                          router_aux_loss)
+from lingvo_lite.models.moe_names import MoeHfNames, per_expert, router_aux_loss
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.models.transformer import PositionKind
 from lingvo_lite.models.transformer_names import rope_scaling, rotary_scaling_fields
@@ -60,6 +59,7 @@ class MixtralHfNames(MoeHfNames):
   def fields(cls, config: HfConfig) -> dict[str, Any]:
     config.expect("hidden_act", ("silu",), "silu")
     window = config.get("sliding_window")
+    max_length = config.get("max_position_embeddings", 4096 * 32)
     return {
         "vocab_size": config.require("vocab_size"),
         "num_layers": config.require("num_hidden_layers"),
@@ -72,12 +72,13 @@ class MixtralHfNames(MoeHfNames):
         "experts_per_token": config.require("num_experts_per_tok"),
         "norm_eps": config.number("rms_norm_eps", 1e-5),
         "rotary_base": config.rope_theta(1000000.0),
-        "max_length": config.get("max_position_embeddings", 4096 * 32),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "layer_kinds": ("sliding",) if window is not None else ("full",),
         "window": window,
         **router_aux_loss(config),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
+                                max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:
@@ -140,9 +141,6 @@ class MixtralGgufNames(LlamaGgufNames):
     model = self.model
     return {**super().metadata(), "feed_forward_length": model.resolved_expert_mlp_dim,
             "expert_count": model.num_experts, "expert_used_count": model.experts_per_token}
-
-  def sizes(self) -> list[GgufSize]:
-    return [*super().sizes(), *expert_sizes(self.model, "feed_forward_length")]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

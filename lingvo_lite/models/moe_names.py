@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from lingvo_lite.models.checkpoint_names import GgufSize, HfConfig, TensorName
+from lingvo_lite.models.checkpoint_names import HfConfig, TensorName
 from lingvo_lite.models.transformer_names import TransformerHfNames
 
 # How tokens reach the experts and what training adds to the objective besides the balance
@@ -59,14 +59,3 @@ def per_expert(hf: str, ours: str, experts: int, projections: Sequence[tuple[str
     names += [TensorName(f"{hf}{expert}.{projection}.weight", (f"{ours}{parameter}",),
                          input_axes, expert=expert) for expert in range(experts)]
   return names
-
-
-def expert_sizes(model: Any, width_key: str) -> list[GgufSize]:
-  """The sizes llama.cpp's stacked experts show: `expert_count` experts (the router's rows),
-  each `width_key` wide (the up projection's rows)."""
-  if "moe" not in model.mlp_kinds_by_layer():
-    return []
-  return [GgufSize(("expert_count",), "blk.{layer}.ffn_gate_inp.weight", 0, model.num_experts),
-          GgufSize(("expert_count",), "blk.{layer}.ffn_up_exps.weight", 0, model.num_experts),
-          GgufSize((width_key,), "blk.{layer}.ffn_up_exps.weight", 1,
-                   model.resolved_expert_mlp_dim)]

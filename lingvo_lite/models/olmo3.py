@@ -30,7 +30,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
 from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm,
                                                  vector)
 from lingvo_lite.models.transformer import PositionKind, RotaryScaling, TransformerLM
@@ -80,6 +80,7 @@ class Olmo3HfNames(TransformerHfNames):
     num_layers = config.require("num_hidden_layers")
     kinds = layer_kinds(config, ["sliding_attention" if (index + 1) % 4 else "full_attention"
                                  for index in range(num_layers)], num_layers)
+    max_length = config.get("max_position_embeddings", 2048)
     return {
         "vocab_size": config.require("vocab_size"), "num_layers": num_layers,
         "dim": config.require("hidden_size"),
@@ -88,12 +89,12 @@ class Olmo3HfNames(TransformerHfNames):
         "head_dim": config.get("head_dim"),
         "mlp_dim": config.require("intermediate_size"),
         "norm_eps": config.number("rms_norm_eps", 1e-5),
-        "max_length": config.get("max_position_embeddings", 2048),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "layer_kinds": kinds,
         "window": config.get("sliding_window", 4096) if "sliding" in kinds else None,
-        **per_kind_rotary_fields(config, 500000.0, None, 500000.0),
+        **per_kind_rotary_fields(config, 500000.0, None, 500000.0, max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:
@@ -224,14 +225,6 @@ class Olmo3GgufNames(TransformerGgufNames):
                     "rope.scaling.yarn_beta_fast": float(beta_fast),
                     "rope.scaling.yarn_beta_slow": float(beta_slow)})
     return found
-
-  def sizes(self) -> list[GgufSize]:
-    model = self.model
-    return [*super().sizes(),
-            GgufSize(("embedding_length",), "blk.{layer}.attn_q.weight", 0, model.dim),
-            GgufSize(("attention.head_count_kv", "embedding_length", "attention.head_count"),
-                     "blk.{layer}.attn_k.weight", 0,
-                     model.resolved_num_kv_heads * model.resolved_head_dim)]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

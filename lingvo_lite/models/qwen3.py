@@ -23,7 +23,7 @@ from typing import Any
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat
 from lingvo_lite.models import format_names, layers
-from lingvo_lite.models.checkpoint_names import GgufSize, GgufTensor, HfConfig, TensorName, norm
+from lingvo_lite.models.checkpoint_names import GgufTensor, HfConfig, TensorName, norm
 from lingvo_lite.models.llama import Llama, LlamaGgufNames, LlamaHfNames
 from lingvo_lite.models.transformer_names import layer_kinds, layer_types
 
@@ -94,14 +94,6 @@ class Qwen3GgufNames(LlamaGgufNames):
                        f"Face's layer_types): a GGUF {self.architecture} model has none and "
                        "would attend to every position; export --export_format=hf")
     super().check_writable()
-
-  def sizes(self) -> list[GgufSize]:
-    """And each head's norms: head size wide."""
-    model = self.model
-    head_size = ("attention.key_length",) if model.head_dim is not None else ()
-    return [*super().sizes(), *(GgufSize(head_size, f"blk.{{layer}}.attn_{kind}_norm.weight", 0,
-                                         model.resolved_head_dim)
-                                for kind in ("q", "k") if head_size)]
 
   def tensors(self) -> dict[str, GgufTensor]:
     names = super().tensors()

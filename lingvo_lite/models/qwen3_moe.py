@@ -25,10 +25,9 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
 from lingvo_lite.models import format_names, layers
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufSize, GgufTensor, HfConfig, TensorName,
+from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
                                                  dense, gguf_config, linear_attention, norm)
-from lingvo_lite.models.moe_names import (MoeHfNames, expert_sizes, per_expert,
-                                          router_aux_loss)
+from lingvo_lite.models.moe_names import MoeHfNames, per_expert, router_aux_loss
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.models.qwen3 import Qwen3GgufNames
 from lingvo_lite.models.transformer import PositionKind
@@ -90,6 +89,7 @@ class Qwen3MoeHfNames(MoeHfNames):
                           "use its Qwen3 config (model_type 'qwen3')")
     window = config.get("sliding_window") if config.flag("use_sliding_window", False) else None
     kinds = sparse_layers(config, layers_count)
+    max_length = config.get("max_position_embeddings", 32768)
     return {
         "vocab_size": config.require("vocab_size"),
         "num_layers": layers_count,
@@ -105,13 +105,14 @@ class Qwen3MoeHfNames(MoeHfNames):
         "mlp_kinds": pattern_of(kinds),
         "norm_eps": config.number("rms_norm_eps", 1e-6),
         "rotary_base": config.rope_theta(1000000.0),
-        "max_length": config.get("max_position_embeddings", 32768),
+        "max_length": max_length,
         "tie_embeddings": config.flag("tie_word_embeddings", False),
         "attention_bias": config.flag("attention_bias", False),
         "layer_kinds": ("sliding",) if window is not None else ("full",),
         "window": window,
         **router_aux_loss(config),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling"),
+        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
+                                max_length=max_length),
     }
 
   def config(self) -> dict[str, Any]:
@@ -203,9 +204,6 @@ class Qwen3MoeGgufNames(Qwen3GgufNames):
     return {**super().metadata(), "expert_count": model.num_experts,
             "expert_used_count": model.experts_per_token,
             "expert_feed_forward_length": model.resolved_expert_mlp_dim}
-
-  def sizes(self) -> list[GgufSize]:
-    return [*super().sizes(), *expert_sizes(self.model, "expert_feed_forward_length")]
 
   def tensors(self) -> dict[str, GgufTensor]:
     model = self.model

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from lingvo_lite.models.checkpoint_names import GgufSize, HfConfig
+from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.format_names import GgufNames, HfNames
 from lingvo_lite.models.transformer_layers import pattern_of
 
@@ -78,29 +78,23 @@ class TransformerGgufNames(GgufNames):
             "feed_forward_length": model.resolved_mlp_dim,
             "attention.head_count": model.num_heads}
 
-  def sizes(self) -> list[GgufSize]:
-    """The sizes every llama.cpp architecture's tensors show: the token table [vocabulary,
-    width] (and an untied output matrix's rows), the MLP's input matrix [mlp, width]."""
-    model = self.model
-    sizes = [GgufSize(("vocab_size",), "token_embd.weight", 0, model.vocab_size),
-             GgufSize(("embedding_length",), "token_embd.weight", 1, model.dim),
-             GgufSize(("feed_forward_length",), "blk.{layer}.ffn_up.weight", 0,
-                      model.resolved_mlp_dim),
-             GgufSize(("embedding_length",), "blk.{layer}.ffn_up.weight", 1, model.dim)]
-    if not model.tie_embeddings:
-      sizes.append(GgufSize(("vocab_size",), "output.weight", 0, model.vocab_size))
-    return sizes
-
 
 # Hugging Face's rope types this transformer computes (models/rotary.py).
 ROPE_TYPES = ("llama3", "linear", "yarn")
 
 
 def rotary_scaling_fields(config: HfConfig, scaling: Mapping[str, Any] | None, key: str,
-                          field: str = "rotary_scaling") -> dict[str, Any]:
+                          field: str = "rotary_scaling", *, max_length: int
+                          ) -> dict[str, Any]:
   """The fields of a Hugging Face rope scaling (`rope_scaling`, or an entry of
   `rope_parameters` beyond its base; `key` names it in messages): `field` ("rotary_scaling"
   or "sliding_rotary_scaling") and the settings its kind reads.
+
+  The original context of Llama 3.1's and YaRN's scaling is as transformers fills it
+  (`RotaryEmbeddingConfigMixin.standardize_rope_params`): the scaling's own
+  `original_max_position_embeddings`, else the model's context, `max_length` (its
+  `max_position_embeddings`). (A top-level key of that name counts only for a config class
+  that declares it, Phi-3's; no family here.)
 
   Raises:
     UsageError: a kind or setting this transformer does not compute, naming the key.
@@ -116,11 +110,11 @@ def rotary_scaling_fields(config: HfConfig, scaling: Mapping[str, Any] | None, k
                         f"supported: 'default', {', '.join(map(repr, ROPE_TYPES))}")
   settings = HfConfig(scaling, config.where)
   fields = {field: kind, "rotary_scaling_factor": settings.number("factor", 8.0)}
+  original = settings.get("original_max_position_embeddings", max_length)
   if kind == "llama3":
     fields.update(rotary_low_freq_factor=settings.number("low_freq_factor", 1.0),
                   rotary_high_freq_factor=settings.number("high_freq_factor", 4.0),
-                  rotary_original_max_length=settings.get("original_max_position_embeddings",
-                                                          8192))
+                  rotary_original_max_length=original)
   elif kind == "yarn":
     for unsupported in ("mscale", "mscale_all_dim"):
       if settings.get(unsupported) is not None:
@@ -128,8 +122,7 @@ def rotary_scaling_fields(config: HfConfig, scaling: Mapping[str, Any] | None, k
                             "lingvo_lite's YaRN takes its attention factor alone",
                             "give attention_factor instead")
     fields.update(rotary_truncate=settings.flag("truncate", True),
-                  rotary_original_max_length=settings.require(
-                      "original_max_position_embeddings"),
+                  rotary_original_max_length=original,
                   rotary_beta_fast=settings.number("beta_fast", 32.0),
                   rotary_beta_slow=settings.number("beta_slow", 1.0),
                   rotary_attention_factor=settings.number("attention_factor"))
@@ -155,13 +148,13 @@ def rope_scaling(settings: tuple[Any, ...]) -> dict[str, Any] | None:
 
 
 def per_kind_rotary_fields(config: HfConfig, full_base: float, sliding_base_key: str | None,
-                           sliding_base: float) -> dict[str, Any]:
+                           sliding_base: float, *, max_length: int) -> dict[str, Any]:
   """The rotary fields of a config whose layer types have rotary settings of their own:
   transformers 5's `rope_parameters` by layer type ({"full_attention": {...},
   "sliding_attention": {...}}), or the older keys (`rope_theta` and `rope_scaling` for the
   full layers; the sliding layers' base under `sliding_base_key`, else the full layers').
   The sliding layers' scaling is set explicitly ("none" where unscaled), since unset it
-  would follow the full layers'.
+  would follow the full layers'. `max_length`: the model's context (`rotary_scaling_fields`).
 
   Raises:
     UsageError: a setting this transformer does not compute, naming the key.
@@ -184,8 +177,9 @@ def per_kind_rotary_fields(config: HfConfig, full_base: float, sliding_base_key:
     full, sliding = config.rope_scaling(), None
     keys = ("rope_scaling", "rope_scaling")
   fields = {"rotary_base": bases[0], "sliding_rotary_base": bases[1]}
-  full_fields = rotary_scaling_fields(config, full, keys[0])
-  sliding_fields = rotary_scaling_fields(config, sliding, keys[1], "sliding_rotary_scaling")
+  full_fields = rotary_scaling_fields(config, full, keys[0], max_length=max_length)
+  sliding_fields = rotary_scaling_fields(config, sliding, keys[1], "sliding_rotary_scaling",
+                                         max_length=max_length)
   shared = set(full_fields) & set(sliding_fields) - {"rotary_scaling", "sliding_rotary_scaling"}
   if any(full_fields[key] != sliding_fields[key] for key in shared):
     raise config.refuse(keys[1], sliding, "lingvo_lite's sliding layers scale with the full "

@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import os
+import re
 from typing import Any, Callable
 
 import fiddle as fdl
@@ -116,14 +118,33 @@ FORMATS: tuple[WeightFormat, ...] = (
 WeightSource = functools.reduce(operator.or_, [f.source for f in FORMATS if f.source])
 
 
-def for_flag(value: str) -> tuple[WeightFormat, str]:
+# A URL's scheme (RFC 3986) and its colon, but not a URL's `://`: what reads as a scheme.
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:(?!//)")
+
+
+def for_flag(value: str, flag: str = "--init_from") -> tuple[WeightFormat, str]:
   """(the format `--init_from=value` names, the value without its scheme): `SCHEME:PATH` for
-  a scheme of the table, else the format without a scheme, with the whole value."""
+  a scheme of the table, else the format without a scheme, with the whole value.
+
+  A value that starts like a scheme (`NAME:`, a letter then letters, digits, `+`, `-` or `.`,
+  as a URL's) that no format has is refused, listing the schemes: `ggml:model.bin` is no job
+  folder. A job folder may still have a `:` in its name: a URL (`gs://bucket/job`, which
+  epath reads), a folder that exists, or one written `./NAME:...` is read as a job.
+
+  Raises:
+    UsageError: an unknown scheme (one line listing the valid values).
+  """
   scheme, colon, rest = value.partition(":")
   for weight_format in FORMATS:
     if colon and weight_format.scheme is not None and weight_format.scheme == scheme:
       return weight_format, rest
   default, = [f for f in FORMATS if f.scheme is None and f.source is not None]
+  if _SCHEME.match(value) and not any(os.path.exists(os.path.expanduser(path))
+                                      for path in (value, value.rpartition("@")[0]) if path):
+    values = [f.flag_value for f in FORMATS if f.source is not None]
+    raise UsageError(f"{flag}={value}: {scheme}: is no weight format's scheme; give "
+                     f"{', '.join(values[:-1])} or {values[-1]} (a job folder whose name has "
+                     f"a ':' must exist, or be written ./{value})")
   return default, value
 
 
@@ -131,9 +152,9 @@ def source_config(value: str, flag: str = "--init_from") -> fdl.Config:
   """The weight source `value` names, as a config part of its format's source class.
 
   Raises:
-    UsageError: an empty path after a scheme, or an empty value.
+    UsageError: an unknown scheme, an empty path after a scheme, or an empty value.
   """
-  weight_format, rest = for_flag(value)
+  weight_format, rest = for_flag(value, flag)
   return fdl.Config(weight_format.source, **weight_format.source_arguments(rest, flag))
 
 

@@ -4,8 +4,9 @@ tensors, dequantized, as the model's parameters.
 A GGUF file is read as the Hugging Face folder it was converted from: the family whose GGUF
 names (models/format_names.py: `GgufNames`) read its `general.architecture` turns the metadata
 into that folder's config.json (`hf_config`, then its Hugging Face names' `fields`) and names
-the Hugging Face tensor each GGUF tensor is (`tensors`); the rest is placing.py's (float widths
-convert, integer tensors are refused, tensors nothing reads are named in a warning). The `gguf`
+the Hugging Face tensor each GGUF tensor is (`tensors`); the rest is placing.py's, with the
+checks every weight source gets (tensor_checks.py: float widths convert, integer tensors are
+refused, tensors nothing reads are named in a warning). The `gguf`
 package reads the file (memory-mapped, opened once per process: gguf_files.py) and dequantizes
 each tensor with NumPy (F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants, ...) to float32, then to
 the parameter's dtype. What llama.cpp's converter rearranged is put back
@@ -13,12 +14,9 @@ the parameter's dtype. What llama.cpp's converter rearranged is put back
 the rotate-half order, GPT-2's `Conv1D` matrices transposed).
 
 A file that contradicts itself is refused in one line before any tensor is read, where the
-`gguf` package would read it without complaint: a tensor whose bytes are not what its type and
-shape take (a type id changed: `_check_layout`; an id that names no type fails the reader), a
-metadata size that is not its tensors' (`<arch>.block_count` against the `blk.N.` blocks held,
-and each size key the family's GGUF names list in `sizes()`: `vocab_size`, `embedding_length`,
-`feed_forward_length`, the head counts, a learned context length), naming the key and the
-tensor. Quantized types (Q4_1, Q8_0, the K-quants) are sized by their blocks, and so pass.
+`gguf` package would read it without complaint (gguf_header.py: a tensor's bytes that are not
+what its type and shape take, a metadata key that is not what the tensors and the other keys
+make it, naming the key and the tensor).
 
 The fingerprint: `sha256:` over every tensor's name, type, shape and the CRC-32 of its stored
 (quantized) bytes.
@@ -29,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
-import re
 from typing import Any
 
 import numpy as np
@@ -37,15 +34,11 @@ import numpy as np
 from lingvo_lite import gguf_files, input_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families, format_names
-from lingvo_lite.models.checkpoint_names import GgufSize, HfConfig
-from lingvo_lite.models.format_names import GgufNames, HfNames
-from lingvo_lite.weights import hf_checkpoint
+from lingvo_lite.models.format_names import GgufNames
+from lingvo_lite.weights import gguf_header, hf_checkpoint, tensor_checks
 from lingvo_lite.weights.hf_checkpoint import FIELD
-from lingvo_lite.weights.placing import Placer, content_crc, not_a_float_weight, warn_unread
+from lingvo_lite.weights.placing import Placer, content_crc
 
-# llama.cpp's names put each block's tensors under `blk.N.`.
-_BLOCK = re.compile(r"^blk\.(\d+)\.")
-_CONVERT = "the file contradicts itself (edited or damaged): convert the model again"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +79,10 @@ class GgufCheckpoint:
       detail = str(e).splitlines()[0] if str(e) else "no detail"
       if "GGMLQuantizationType" in detail:  # A tensor's type id that names no type.
         raise UsageError(f"gguf:{self.path}: a tensor's type id is no GGUF type ({detail}); "
-                         f"{_CONVERT}") from None
+                         f"{gguf_header.CONVERT}") from None
       raise UsageError(f"gguf:{self.path}: not a readable GGUF file ({type(e).__name__}: "
                        f"{detail}); it may be truncated: copy it again") from None
-    _check_layout(reader, f"gguf:{self.path}")
+    gguf_header.check_layout(reader, f"gguf:{self.path}")
     return reader
 
   def metadata(self, reader: Any = None) -> dict[str, Any]:
@@ -116,12 +109,7 @@ class GgufCheckpoint:
     family, names = family_reading(metadata.get("general.architecture"), where, metadata)
     shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
               for tensor in reader.tensors}
-    config = names.hf_config(metadata, shapes)
-    fields = format_names.names_of(family, HfNames).fields(
-        HfConfig(config, f"{where} (its metadata)"))
-    fields = {k: v for k, v in fields.items() if v is not None}
-    _check_sizes(names(family(**fields)), metadata, shapes, where)
-    return family, fields
+    return family, gguf_header.model_fields(family, names, metadata, shapes, where)
 
   def load(self, jitted: Any) -> tuple[Any, str]:
     return self.load_params(jitted.mesh_params())
@@ -136,54 +124,20 @@ class GgufCheckpoint:
       UsageError: the file is unreadable, lacks a tensor the model needs, holds a
         quantization the `gguf` package cannot dequantize, or a shape that is not the model's.
     """
-    import gguf  # pylint: disable=g-import-not-at-top
     reader = self._reader()
     where = f"gguf:{self.path}"
-    by_name = {tensor.name: tensor for tensor in reader.tensors}
     hf_names = hf_checkpoint.names_of(model)
     # Hugging Face tensor -> the GGUF tensors it is made of: (name, how, which expert's row).
     wanted: dict[str, list[tuple[str, Any, int | None]]] = {}
     for gguf_name, tensor in names_of(model).tensors().items():
       for expert, hf in enumerate(tensor.hf_names()):
         wanted.setdefault(hf, []).append((gguf_name, tensor, expert if tensor.experts else None))
-    digest = hashlib.sha256()
-    placer = Placer(model, abstract, where)
-    read: dict[str, np.ndarray] = {}  # The last GGUF tensor read (its experts come in a row).
-    kinds = gguf.GGMLQuantizationType
-    integers = (kinds.I8, kinds.I16, kinds.I32, kinds.I64)
-
-    def dequantized(gguf_name: str, name: Any) -> np.ndarray:
-      if gguf_name in read:
-        return read[gguf_name]
-      tensor = by_name.get(gguf_name)
-      if tensor is None:
-        raise UsageError(f"{where}: no tensor {gguf_name}, which this model needs: its sizes "
-                         "are not the file's; set them as its metadata does (drop the "
-                         "--fdl.model overrides that change them)")
-      if tensor.tensor_type in integers:
-        raise not_a_float_weight(where, gguf_name, tensor.tensor_type.name, name)
-      try:
-        data = np.asarray(tensor.data)
-        digest.update(f"{gguf_name}|{tensor.tensor_type.name}|{list(tensor.shape)}|"
-                      f"{content_crc(data)}|".encode())
-        values = gguf.quants.dequantize(data, tensor.tensor_type)
-      except NotImplementedError:
-        raise UsageError(f"{where}: tensor {gguf_name} is {tensor.tensor_type.name}, which the "
-                         "gguf package cannot dequantize; convert the model with another "
-                         "quantization (F16, Q8_0, Q4_0, Q4_1, ...)") from None
-      except (ValueError, IndexError) as e:
-        raise UsageError(f"{where}: tensor {gguf_name} cannot be read ({e}); the file may be "
-                         "truncated: copy it again") from None
-      read.clear()
-      read[gguf_name] = values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
-      read_names.add(gguf_name)
-      return read[gguf_name]
-
-    read_names: set[str] = set()
+    placer = Placer(model, abstract, where, hf_names)
+    tensors = _GgufTensors(reader, where, placer)
     for name in hf_names.tensors():
       hf = None
       for gguf_name, rearranged, expert in wanted[name.name]:
-        values = rearranged.to_hf(dequantized(gguf_name, name))
+        values = rearranged.to_hf(tensors.get(gguf_name, name))
         values = values if expert is None else values[expert]
         if rearranged.columns is None:
           hf = values
@@ -193,9 +147,63 @@ class GgufCheckpoint:
           hf = np.empty((*values.shape[:-1], values.shape[-1] * count), values.dtype)
         hf[..., index::count] = values
       placer.put(name, hf)
-    params = placer.finish(hf_names.absent())
-    warn_unread(where, set(by_name) - read_names)
-    return params, f"gguf:{self.path} sha256:{digest.hexdigest()}"
+    params = placer.finish()
+    tensor_checks.warn_unread(where, tensors.unread())
+    return params, f"gguf:{self.path} sha256:{tensors.digest.hexdigest()}"
+
+
+class _GgufTensors:
+  """A GGUF file's tensors by name, dequantized to float32 (in torch's axis order) after the
+  checks every source's tensors get, hashed into `digest` as they are read; the last one
+  read is kept (a stacked experts' tensor is asked for once per expert, in a row)."""
+
+  def __init__(self, reader: Any, where: str, placer: Placer):
+    self._by_name = {tensor.name: tensor for tensor in reader.tensors}
+    self._where, self._placer = where, placer
+    self._last: dict[str, np.ndarray] = {}
+    self._read: set[str] = set()
+    self.digest = hashlib.sha256()
+
+  def unread(self) -> set[str]:
+    return set(self._by_name) - self._read
+
+  def get(self, gguf_name: str, name: Any) -> np.ndarray:
+    """The tensor `gguf_name`, which the model reads as (part of) the Hugging Face `name`.
+
+    Raises:
+      UsageError: the file lacks it, it is an integer where a float weight belongs, or the
+        `gguf` package cannot dequantize or read it.
+    """
+    import gguf  # pylint: disable=g-import-not-at-top
+    if gguf_name in self._last:
+      return self._last[gguf_name]
+    where, tensor = self._where, self._by_name.get(gguf_name)
+    if tensor is None:
+      raise tensor_checks.missing(where, gguf_name, "the file lacks it (copy it again), or "
+                                  "the model's sizes are not the file's: set them as its "
+                                  "metadata does (drop the --fdl.model overrides that change "
+                                  "them)")
+    kinds = gguf.GGMLQuantizationType
+    integers = {kinds.I8: np.int8, kinds.I16: np.int16, kinds.I32: np.int32,
+                kinds.I64: np.int64}
+    # Quantized types dequantize to float32; GGUF's integer types stay integers.
+    self._placer.check_dtype(name, integers.get(tensor.tensor_type, np.float32),
+                             tensor.tensor_type.name, tensor=gguf_name)
+    try:
+      data = np.asarray(tensor.data)
+      self.digest.update(f"{gguf_name}|{tensor.tensor_type.name}|{list(tensor.shape)}|"
+                         f"{content_crc(data)}|".encode())
+      values = gguf.quants.dequantize(data, tensor.tensor_type)
+    except NotImplementedError:
+      raise UsageError(f"{where}: tensor {gguf_name} is {tensor.tensor_type.name}, which the "
+                       "gguf package cannot dequantize; convert the model with another "
+                       "quantization (F16, Q8_0, Q4_0, Q4_1, ...)") from None
+    except (ValueError, IndexError) as e:
+      raise UsageError(f"{where}: tensor {gguf_name} cannot be read ({e}); the file may be "
+                       "truncated: copy it again") from None
+    self._last = {gguf_name: values.reshape(tuple(int(d) for d in reversed(tensor.shape)))}
+    self._read.add(gguf_name)
+    return self._last[gguf_name]
 
 
 def family_reading(architecture: Any, where: str, metadata: Any = None
@@ -230,68 +238,3 @@ def names_of(model: Any) -> GgufNames:
     raise UsageError(f"model: a {type(model).family_name} model has no GGUF tensor names; "
                      "export --export_format=hf or slim")
   return names
-
-
-def _check_layout(reader: Any, where: str) -> None:
-  """Refuses a file whose tensors do not fill its data section as their types and shapes say.
-
-  llama.cpp (and the gguf package) write each tensor's bytes at the offset its info gives,
-  padded to the file's alignment, one after the other: the bytes up to the next tensor (or the
-  end of the file) are the tensor's size, plus less than one alignment of padding. A type id
-  changed to another type of another size (F32 to F16, to a K-quant) breaks that; the reader
-  would slice the wrong bytes and dequantize them without complaint.
-  """
-  tensors = sorted(reader.tensors, key=lambda tensor: tensor.data_offset)
-  ends = [tensor.data_offset for tensor in tensors[1:]] + [len(reader.data)]
-  for tensor, end in zip(tensors, ends):
-    room = end - tensor.data_offset
-    if not tensor.n_bytes <= room < tensor.n_bytes + reader.alignment:
-      shape = [int(d) for d in reversed(tensor.shape)]
-      raise UsageError(f"{where}: tensor {tensor.name} is {tensor.tensor_type.name} of shape "
-                       f"{shape}, {tensor.n_bytes} bytes, but the file holds {room} bytes for "
-                       f"it: its type or shape was changed, or {_CONVERT}")
-
-
-def _check_sizes(names: GgufNames, metadata: dict[str, Any], shapes: dict[str, tuple[int, ...]],
-                 where: str) -> None:
-  """Refuses a file whose metadata sizes (`<arch>.block_count`, `<arch>.vocab_size`, ...) are
-  not its tensors' (`names`: the GGUF names of the model the metadata describes), naming the
-  key and the tensor: the model would be built to the metadata
-  and read tensors of other sizes (refused then, but blaming the command line), or read the
-  wrong number of blocks, or split the same rows into other heads. `shapes`: each tensor's, in
-  torch's axis order."""
-  arch = metadata.get("general.architecture")
-  blocks = metadata.get(f"{arch}.block_count")
-  if isinstance(blocks, int) and not isinstance(blocks, bool):
-    found = {}
-    for name in shapes:
-      match = _BLOCK.match(name)
-      if match:
-        found.setdefault(int(match.group(1)), name)
-    extra = sorted(set(found) - set(range(blocks)))
-    missing = sorted(set(range(blocks)) - set(found))
-    if extra:
-      raise UsageError(f"{where}: {arch}.block_count={blocks}, but the file holds tensor "
-                       f"{found[extra[0]]} of block {extra[0]}; {_CONVERT}")
-    if missing:
-      raise UsageError(f"{where}: {arch}.block_count={blocks}, but the file holds no tensor of "
-                       f"block {missing[0]} (blk.{missing[0]}.*); {_CONVERT}")
-  try:
-    sizes: list[GgufSize] = names.sizes()
-  except (ArithmeticError, TypeError):
-    return  # A size that is no positive number: the model's field checks refuse it, by name.
-  for size in sizes:
-    given = [(key, metadata[f"{arch}.{key}"]) for key in size.keys
-             if f"{arch}.{key}" in metadata]
-    if not given:
-      continue
-    layers = range(names.model.num_layers) if "{layer}" in size.tensor else (0,)
-    for layer in layers:
-      name = size.tensor.format(layer=layer)
-      shape = shapes.get(name)
-      if shape is None or len(shape) <= size.axis or shape[size.axis] == size.size:
-        continue  # A missing tensor is named when the model reads it.
-      keys = ", ".join(f"{arch}.{key}={value}" for key, value in given)
-      raise UsageError(f"{where}: {keys} make{'s' * (len(given) == 1)} dimension {size.axis} "
-                       f"of tensor {name} {size.size}, but its shape is {list(shape)}; "
-                       f"{_CONVERT}")

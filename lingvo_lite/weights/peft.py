@@ -14,10 +14,13 @@ same way and transposed. A tensor that fuses several of our kernels (GPT-2's `c_
 and value) has no adapter of ours: refused in one line, both ways (export the adapters merged:
 `--export_format=hf`).
 
-What PEFT's config may say that these adapters do not do is refused in one line, naming the
-key: DoRA, trained biases, `modules_to_save`, rank or alpha patterns. rsLoRA (`use_rslora`:
-scale alpha / sqrt(r)) is read as alpha * sqrt(r) / r. An adapter whose shapes are not this base
-model's kernels' (a folder made for another base) is refused naming the tensor.
+Which modules have adapters, of what rank and scale, is read from adapter_config.json as peft
+reads it (peft_config.py: `target_modules`, `exclude_modules`, `layers_to_transform` and
+`layers_pattern`, rank and alpha patterns that give every module the same, rsLoRA); what these
+adapters do not do (DoRA, `modules_to_save`, trained biases, a rank per module) is refused in one
+line naming the key. Each adapter gets the checks every weight source gets (tensor_checks.py):
+present, a float, of the shape this base's kernel and the rank need (a folder made for another
+base is refused naming the tensor); the file's other tensors are named in one warning.
 """
 
 from __future__ import annotations
@@ -37,22 +40,19 @@ from lingvo_lite import file_writes, input_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import layer_layout, lora
 from lingvo_lite.models.checkpoint_names import TensorName
+from lingvo_lite.weights import peft_config, tensor_checks
 from lingvo_lite.weights.exports import size_text
 from lingvo_lite.weights.hf_checkpoint import names_of
+from lingvo_lite.weights.safetensors_files import SafetensorsFiles
 
 KIND = "peft_export"
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PREFIX = "base_model.model."
 FIELD = "train.init_from"
-# Keys of a PEFT LoraConfig that, when set, ask for something these adapters do not do.
-_UNSUPPORTED = (("use_dora", "DoRA"), ("modules_to_save", "modules saved whole"),
-                ("rank_pattern", "a rank per module"), ("alpha_pattern", "an alpha per module"),
-                ("lora_bias", "trained biases"), ("layer_replication", "replicated layers"),
-                ("target_parameters", "adapters of parameters (not modules)"),
-                ("trainable_token_indices", "trained token embeddings"),
-                ("alora_invocation_tokens", "activated LoRA"), ("use_qalora", "QA-LoRA"),
-                ("use_bdlora", "block-diagonal LoRA"))
+_FOLDER_FIX = "give a PEFT folder"
+# A LoRA adapter's tensor, as peft names it: the module, then lora_A or lora_B.
+_ADAPTER = re.compile(r"(?:base_model\.model\.)?(.+)\.lora_[AB](?:\.[^.]+)?\.weight")
 
 
 def modules(model: Any) -> dict[str, tuple[str, TensorName]]:
@@ -217,7 +217,8 @@ class PeftCheckpoint:
     return folder
 
   def adapter_config(self) -> dict[str, Any]:
-    """The folder's adapter_config.json, checked: LoRA, and nothing these adapters do not do.
+    """The folder's adapter_config.json, checked: LoRA, and nothing these adapters do not do
+    (peft_config.check).
 
     Raises:
       UsageError: one line naming the file and the key.
@@ -227,24 +228,10 @@ class PeftCheckpoint:
     if not file.exists():
       raise UsageError(f"{where}: no such file; a PEFT folder holds its adapter_config.json")
     try:
-      values = json.loads(input_files.read_bytes(file, where, "give a PEFT folder"))
+      values = json.loads(input_files.read_bytes(file, where, _FOLDER_FIX))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
       raise UsageError(f"{where}: not JSON ({e})") from None
-    if not isinstance(values, dict) or values.get("peft_type") != "LORA":
-      raise UsageError(f"{where}: peft_type={values.get('peft_type') if isinstance(values, dict) else None!r}"
-                       "; lingvo_lite reads LoRA adapters (peft_type 'LORA')")
-    for key, what in _UNSUPPORTED:
-      if values.get(key):
-        raise UsageError(f"{where}: {key}={values[key]!r}: {what} is not implemented here; "
-                         "give plain LoRA adapters")
-    if values.get("bias", "none") != "none":
-      raise UsageError(f"{where}: bias={values['bias']!r}: trained biases are not implemented "
-                       "here; give adapters with bias 'none'")
-    for key in ("r", "lora_alpha"):
-      if isinstance(values.get(key), bool) or not isinstance(values.get(key), (int, float)) or (
-          values[key] <= 0):
-        raise UsageError(f"{where}: {key}={values.get(key)!r}: must be a positive number")
-    return values
+    return peft_config.check(values, where)
 
   def base_source(self) -> Any:
     if self.base is not None:
@@ -268,55 +255,40 @@ class PeftCheckpoint:
 
   def lora_settings(self, model: Any) -> lora.LoraSettings:
     """train.lora as the config says, for `model` (the base's family): rank, alpha (rsLoRA's
-    made plain), dropout, and the kernels of the modules the file has adapters for."""
-    values = self.adapter_config()
-    rank, alpha = int(values["r"]), float(values["lora_alpha"])
-    if values.get("use_rslora"):
-      alpha *= math.sqrt(rank)  # Its scale alpha / sqrt(r) is ours, alpha' / r.
-    return lora.LoraSettings(rank=rank, alpha=alpha,
-                             dropout=float(values.get("lora_dropout") or 0.0),
-                             targets=_regex_of(self._kernel_of(model).values()))
+    made plain), dropout, and the kernels of the modules peft adapts."""
+    return self.plan(model).settings(model.num_layers)
 
-  def _tensor_names(self) -> list[str]:
-    from safetensors import SafetensorError, safe_open  # pylint: disable=g-import-not-at-top
-    shown = os.path.join(self.path, WEIGHTS_FILE)
-    file = self.folder() / WEIGHTS_FILE
-    if not file.exists():
-      raise UsageError(f"{shown}: no such file; a PEFT folder holds its adapters there")
-    input_files.check(file, shown, "give a PEFT folder")
-    try:
-      with safe_open(str(file), framework="np") as handle:
-        return list(handle.keys())
-    except (SafetensorError, OSError) as e:
-      raise UsageError(f"{shown}: not a readable safetensors file ({e})") from None
+  def _tensors(self) -> SafetensorsFiles:
+    return SafetensorsFiles(self.folder(), self.path, _file_names, WEIGHTS_FILE, None,
+                            os.path.join(self.path, WEIGHTS_FILE), _FOLDER_FIX,
+                            "the folder lacks it: give the folder peft's save_pretrained wrote")
 
-  def _modules(self) -> list[str]:
-    """The modules the file has adapters for (PEFT's names, without its prefix)."""
-    found = set()
-    for name in self._tensor_names():
-      match = re.fullmatch(r"(?:base_model\.model\.)?(.+)\.lora_[AB](?:\.[^.]+)?\.weight", name)
-      if match is None:
-        raise UsageError(f"{os.path.join(self.path, WEIGHTS_FILE)}: tensor {name} is no LoRA "
-                         "adapter (PEFT names them <module>.lora_A.weight, .lora_B.weight)")
-      found.add(match.group(1))
-    return sorted(found)
-
-  def _kernel_of(self, model: Any) -> dict[str, str]:
-    """PEFT module -> our kernel path (unrolled), for `model`'s family.
+  def plan(self, model: Any) -> peft_config.AdapterPlan:
+    """The adapters this folder gives `model` (peft_config.plan), once the file holds no
+    adapter of a module the model lacks (a folder made for another base).
 
     Raises:
-      UsageError: a module the model has no kernel of its own for.
+      UsageError: naming the file and the module or key.
     """
-    ours = {module_tensor[0]: path for path, module_tensor in modules(_unrolled(model)).items()
-            if module_tensor is not None}
-    found = {}
-    for module in self._modules():
+    values = self.adapter_config()
+    unrolled = _unrolled(model)
+    ours: dict[str, str | None] = {}
+    for tensor in names_of(unrolled).tensors():
+      if tensor.name.endswith(".weight") and tensor.input_axes:
+        ours[tensor.name[:-len(".weight")]] = tensor.paths[0] if len(tensor.paths) == 1 else None
+    shown = os.path.join(self.path, WEIGHTS_FILE)
+    with self._tensors() as tensors:
+      held = sorted({match.group(1) for match in map(_ADAPTER.fullmatch, tensors.held())
+                     if match})
+    for module in held:
       if module not in ours:
-        raise UsageError(f"{FIELD}=peft:{self.path}: adapter of module {module!r}, which this "
+        raise UsageError(f"{shown}: adapter of module {module!r}, which this "
                          f"{type(model).family_name} model has no kernel of its own for (a "
-                         "folder for another base, or a fused tensor); give its base model")
-      found[module] = ours[module]
-    return found
+                         "folder for another base, or a fused tensor); give its base model "
+                         "(base=...)")
+    return peft_config.plan(values, os.path.join(self.path, CONFIG_FILE), ours,
+                            lora.adaptable_kernels(unrolled), held,
+                            type(model).family_name)
 
   def load_base(self, mesh_params: Any) -> tuple[Any, str]:
     """The base model's parameters, into `mesh_params` (the frozen weights of a LoRA job)."""
@@ -326,48 +298,46 @@ class PeftCheckpoint:
     """(the adapters, the `lora` tree of models/lora.py in `adapter_params`' shardings (a
     `MeshParams` of the adapted model's `lora` collection), what was loaded).
 
+    Each adapter gets the checks every weight source's tensors get (tensor_checks.py): it is
+    there, a float, of the shape the model's adapter needs (another base or another rank is
+    refused naming the tensor); the file's tensors no adapter reads are named in a warning.
+
     Raises:
-      UsageError: a module this model has no kernel for, an adapter whose shape is not its
-        kernel's (a folder for another base), a rank other than the model's train.lora.rank.
+      UsageError: one line naming the file and the tensor, or the adapter train.lora names
+        that the folder does not hold.
     """
-    from safetensors import safe_open  # pylint: disable=g-import-not-at-top
     import hashlib  # pylint: disable=g-import-not-at-top
     model = adapter_params.model
-    kernels = self._kernel_of(model)
     abstract = adapter_params.abstract
     unrolled = layer_layout.unstack_layers(abstract) if model.scan_layers else abstract
-    wanted = {path: leaf for path, leaf in lora.flatten(unrolled).items()}
-    shapes = {path: tuple(leaf.shape) for path, leaf in wanted.items()}
+    wanted = lora.flatten(unrolled)
     shown = os.path.join(self.path, WEIGHTS_FILE)
     host: dict[str, np.ndarray] = {}
     digest = hashlib.sha256()
-    with safe_open(str(self.folder() / WEIGHTS_FILE), framework="np") as handle:
-      names = set(handle.keys())
-      for module, path in kernels.items():
+    with self._tensors() as tensors:
+      for module, path in self.plan(model).kernels.items():
         for letter, suffix in (("A", lora.A_SUFFIX), ("B", lora.B_SUFFIX)):
-          candidates = [f"{PREFIX}{module}.lora_{letter}.weight", f"{module}.lora_{letter}.weight",
-                        f"{PREFIX}{module}.lora_{letter}.default.weight"]
-          name = next((c for c in candidates if c in names), None)
-          if name is None:
-            raise UsageError(f"{shown}: has no lora_{letter} for module {module}")
-          if path + suffix not in shapes:
+          if path + suffix not in wanted:
             raise UsageError(f"{FIELD}=peft:{self.path}: module {module} has adapters, but "
                              f"train.lora.targets does not name {path}; leave train.lora as "
                              "the PEFT config sets it")
-          tensor = np.asarray(handle.get_tensor(name), np.float32)
-          ours = shapes[path + suffix]
+          leaf = wanted[path + suffix]
+          tensor, _ = tensors.get(f"{PREFIX}{module}.lora_{letter}.weight")
+          ours = tuple(leaf.shape)
           # A [in..., r] is PEFT's [r, in] transposed; B [r, out...] its [out, r] transposed.
           expected = ((ours[-1], math.prod(ours[:-1])) if letter == "A"
                       else (math.prod(ours[1:]), ours[0]))
-          if tuple(tensor.shape) != expected:
-            raise UsageError(f"{shown}: tensor {name} has shape {list(tensor.shape)}, but this "
-                             f"model's adapter {path + suffix} {list(ours)} needs "
-                             f"{list(expected)}: a folder for another base model, or another "
-                             "rank; give its base (base=...) and leave train.lora.rank as its "
-                             "r")
-          host[path + suffix] = np.ascontiguousarray(tensor.T).reshape(ours)
-          digest.update(f"{name}|{tensor.shape}|".encode() + tensor.tobytes())
-    missing = sorted(set(shapes) - set(host))
+          name = f"{PREFIX}{module}.lora_{letter}.weight"
+          reads = [f"adapter {path + suffix} {list(ours)}"]
+          tensor_checks.check_dtype(shown, name, tensor.dtype, reads, [leaf.dtype])
+          tensor_checks.check_shape(shown, name, tensor.shape, expected, reads,
+                                    "a folder for another base model, or another rank; give "
+                                    "its base (base=...) and leave train.lora.rank as its r")
+          values = np.asarray(tensor, np.float32)
+          host[path + suffix] = np.ascontiguousarray(values.T).reshape(ours)
+          digest.update(f"{name}|{values.shape}|".encode() + values.tobytes())
+      tensor_checks.warn_unread(shown, tensors.unread())
+    missing = sorted(set(wanted) - set(host))
     if missing:
       raise UsageError(f"{FIELD}=peft:{self.path}: train.lora.targets names {missing[0]}, which "
                        "the folder has no adapter for; leave train.lora as the PEFT config "
@@ -393,21 +363,7 @@ class PeftCheckpoint:
     return self.load_params(jitted.mesh_params())
 
 
-def _regex_of(paths_: Any) -> str:
-  """A regex matching exactly these kernel paths, layer numbers folded where every layer has
-  the same kernels: `(attention/query_kernel|attention/value_kernel)$`."""
-  paths_ = sorted(set(paths_))
-  by_layer: dict[str, set[str]] = {}
-  rest = []
-  for path in paths_:
-    match = re.fullmatch(r"layer_(\d+)/(.+)", path)
-    if match:
-      by_layer.setdefault(match.group(1), set()).add(match.group(2))
-    else:
-      rest.append(path)
-  kinds = {frozenset(v) for v in by_layer.values()}
-  if len(kinds) <= 1:
-    suffixes = sorted(next(iter(kinds))) if kinds else []
-    return "(" + "|".join(re.escape(f"/{s}") for s in suffixes) + ")$" if suffixes and not rest \
-        else "^(" + "|".join(re.escape(p) for p in paths_) + ")$"
-  return "^(" + "|".join(re.escape(p) for p in paths_) + ")$"
+def _file_names(name: str) -> list[str]:
+  """The names a PEFT file may give the adapter `name` (`base_model.model.M.lora_A.weight`):
+  itself, without peft's prefix, or with the adapter's name (`default`) in it."""
+  return [name, name[len(PREFIX):], name.replace(".weight", ".default.weight")]

@@ -34,6 +34,7 @@ from lingvo_lite import file_writes, input_files, outputs, paths
 from lingvo_lite.checkpoints import orbax_errors as checkpoint_errors
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
+from lingvo_lite.weights import tensor_checks
 from lingvo_lite.weights.exports import size_text
 
 KIND = "slim_export"
@@ -41,6 +42,7 @@ PARAMS_DIR, CONFIG_FILE = "params", "config.json"
 FILES = (PARAMS_DIR, CONFIG_FILE)
 FIELD = "train.init_from"
 _FOLDER_FIX = "give a folder --mode=export --export_format=slim wrote"
+_CONFIG_FIX = "use the config it was exported with (--fdl_config_file=PATH/config.json)"
 DTYPES = ("float32", "bfloat16", "int8")
 
 
@@ -146,11 +148,14 @@ class SlimCheckpoint:
     input_files.check_folder(folder, f"{FIELD}=slim:{self.path}", _FOLDER_FIX)
     checkpointer = ocp.StandardCheckpointer()
     try:
-      saved = checkpointer.restore(os.fspath(folder / PARAMS_DIR), target)
+      unread = self._check_saved(checkpointer, folder, target)
+      # orbax restores the whole tree: what nothing reads comes along, and is dropped.
+      saved = checkpointer.restore(os.fspath(folder / PARAMS_DIR),
+                                   _nested({**_flat(target), **unread}))
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
       raise UsageError(f"{FIELD}=slim:{self.path}: its parameters do not fit this model "
                        f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
-                       "use the config it was exported with (its config.json)") from None
+                       f"{_CONFIG_FIX}") from None
     except Exception as e:  # pylint: disable=broad-except
       # orbax wraps tensorstore's failure to read an array (a truncated or unreadable data
       # file) in a bare Exception; its cause says what the file system said.
@@ -161,12 +166,37 @@ class SlimCheckpoint:
                        "damaged: copy or export it again") from None
     finally:
       checkpointer.close()
+    saved = _nested({path: leaf for path, leaf in _flat(saved).items() if path not in unread})
     if saved_dtype == "int8":
       shardings = jax.tree.map(lambda leaf: leaf.sharding, mesh_params.abstract)
       saved = jax.jit(quantization.read_stored_int8, out_shardings=shardings)(saved)
     params = jax.tree.map(lambda leaf, want: leaf.astype(want.dtype), saved,
                           mesh_params.abstract)
     return params, f"slim:{self.path} ({manifest.get('dtype')}, step {manifest.get('step')})"
+
+  def _check_saved(self, checkpointer: Any, folder: epath.Path, target: Any) -> dict[str, Any]:
+    """Checks what the folder holds against `target` (the tree to restore, as shapes) by the
+    rules of every weight source (tensor_checks.py): each parameter there, a float where the
+    model reads floats (int8 values where it reads int8), of the model's shape; what no part
+    of the model reads is named in one warning, and returned (path -> its shape and dtype).
+
+    Raises:
+      UsageError: one line naming the folder, the parameter and the fix.
+    """
+    where = f"{FIELD}=slim:{self.path}"
+    metadata = checkpointer.metadata(os.fspath(folder / PARAMS_DIR))
+    held = _flat(getattr(getattr(metadata, "item_metadata", metadata), "tree", metadata))
+    wanted = _flat(target)
+    for path, want in wanted.items():
+      if path not in held:
+        raise tensor_checks.missing(where, path, _CONFIG_FIX)
+      have = held[path]
+      reads = [f"{path} {list(want.shape)}"]
+      tensor_checks.check_dtype(where, path, have.dtype, reads, [want.dtype])
+      tensor_checks.check_shape(where, path, have.shape, want.shape, reads, _CONFIG_FIX)
+    unread = sorted(set(held) - set(wanted))
+    tensor_checks.warn_unread(where, unread)
+    return {path: jax.ShapeDtypeStruct(held[path].shape, held[path].dtype) for path in unread}
 
 
 class SlimExport:
@@ -211,3 +241,25 @@ class SlimExport:
   def details(self, written: dict[str, Any]) -> list[str]:
     del written
     return []
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+  """A nested dict's leaves by their "/"-joined keys."""
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  found = {}
+  for key, value in tree.items():
+    found.update(_flat(value, f"{prefix}/{key}" if prefix else str(key)))
+  return found
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+  """The nested dict of `_flat`'s leaves."""
+  tree: dict[str, Any] = {}
+  for path, leaf in flat.items():
+    node = tree
+    *parents, last = path.split("/")
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[last] = leaf
+  return tree

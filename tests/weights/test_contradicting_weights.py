@@ -1,15 +1,17 @@
 """Weights that contradict themselves are refused in one line (exit 2), never loaded as garbage;
 tensors that no part of the model reads are named in one warning; nothing is written.
 
-The rule (weights/placing.py, weights/gguf_checkpoint.py): float widths convert; an integer or
-boolean tensor where a float weight belongs is refused, naming the file and the tensor; a GGUF
-tensor whose stored type was changed (its bytes no longer its type's, or a type id that names no
-type) is refused; a GGUF file whose metadata sizes are not its tensors' is refused, naming the
-key and the tensor; GGUF's quantized types load. Each case runs `--mode=export` from the
-weights in this process, as `python -m lingvo_lite` would (the load, then the export: nothing
-compiles); one runs as a user runs it, in a child process from the repository root. Eval and
-decode of a new job dir from such weights leave no job dir behind either.
-"""
+The rule (weights/tensor_checks.py, for every source; weights/gguf_header.py for a GGUF file
+against itself): float widths convert; an integer or boolean tensor where a float weight belongs
+is refused, naming the file and the tensor; a GGUF tensor whose stored type was changed (its
+bytes no longer its type's, or a type id that names no type) is refused; a GGUF file whose
+metadata is not what its tensors and other keys make it is refused, naming the key and the
+tensor (every integer key of every family, in one in-process table); GGUF's quantized types
+load. Each case runs `--mode=export` from the weights in this process, as `python -m
+lingvo_lite` would (the load, then the export: nothing compiles); one runs as a user runs it, in
+a child process from the repository root. Eval and decode of a new job dir from such weights
+leave no job dir behind either. Slim weights and a model its source cannot describe get the
+same checks."""
 
 from __future__ import annotations
 
@@ -25,7 +27,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from lingvo_lite.errors import UsageError
+from lingvo_lite.models import format_names
+from lingvo_lite.models.format_names import GgufNames
 from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.weights import gguf_header
 from tests.weights import tiny_weights
 
 F32, F16, I32 = (int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16),
@@ -108,24 +114,13 @@ CASES = [
          "model reads the float weight final_norm/scale"),
     Case("a GGUF type id that names no type", _gguf((NORM[1], NORM[2], 99)), 2,
          "gguf:model.gguf: a tensor's type id is no GGUF type"),
-    # GGUF metadata sizes that are not the tensors'.
+    # GGUF metadata sizes that are not the tensors': as a user meets them (every key of every
+    # family: test_every_size_key_of_every_family_is_checked_against_the_tensors).
     Case("vocab_size", _gguf(metadata={"vocab_size": 300}), 2,
          "gguf:model.gguf: llama.vocab_size=300 makes dimension 0 of tensor token_embd.weight "
          "300, but its shape is [259, 64]; the file contradicts itself"),
-    Case("embedding_length", _gguf(metadata={"embedding_length": 48}), 2,
-         "llama.embedding_length=48 makes dimension 1 of tensor token_embd.weight 48"),
     Case("block_count too small", _gguf(metadata={"block_count": 1}), 2,
          "llama.block_count=1, but the file holds tensor blk.1.attn_norm.weight of block 1"),
-    Case("block_count too large", _gguf(metadata={"block_count": 3}), 2,
-         "llama.block_count=3, but the file holds no tensor of block 2 (blk.2.*)"),
-    Case("feed_forward_length", _gguf(metadata={"feed_forward_length": 80}), 2,
-         "llama.feed_forward_length=80 makes dimension 0 of tensor blk.0.ffn_up.weight 80"),
-    Case("head_count", _gguf(metadata={"attention.head_count": 8}), 2,
-         "llama.attention.head_count=8, llama.attention.key_length=16 make dimension 0 of "
-         "tensor blk.0.attn_q.weight 128"),
-    Case("head_count_kv", _gguf(metadata={"attention.head_count_kv": 1}), 2,
-         "llama.attention.head_count_kv=1, llama.attention.head_count=4, "
-         "llama.attention.key_length=16 make dimension 0 of tensor blk.0.attn_k.weight 16"),
 ]
 
 
@@ -204,3 +199,139 @@ def test_a_gguf_that_contradicts_itself_as_a_user_runs_it(tmp_path):
       "token_embd.weight 300, but its shape is [259, 64]; the file contradicts itself (edited "
       "or damaged): convert the model again\n")
   assert result.stdout == "" and tree_digest(tmp_path) == before
+
+
+# ------------------------------------------------------------------ every size key of every family
+
+# A small model of each family with GGUF names, as its GGUF architecture can write it: sizes
+# all different (a key named wrongly cannot pass by a coincidence of values), heads grouped
+# where the family's metadata says so.
+SIZES = dict(vocab_size=72, num_layers=2, dim=64, num_heads=4, mlp_dim=96, max_length=128)
+FAMILIES = {
+    "gptj": dict(rotary_dim=8), "gpt2": {}, "llama": dict(num_kv_heads=2),
+    "mistral": dict(num_kv_heads=2, window=128),
+    "qwen3": dict(num_kv_heads=2, head_dim=32),
+    "gemma3": dict(num_layers=6, num_kv_heads=2, head_dim=32, window=16,
+                   query_pre_attention_scalar=32.0),
+    "olmo3": dict(num_layers=5, num_kv_heads=2, window=16),
+    "mixtral": dict(num_kv_heads=2, num_experts=4, experts_per_token=2),
+    "qwen3_moe": dict(num_kv_heads=2, num_experts=4, experts_per_token=2, expert_mlp_dim=80),
+    "gpt_oss": dict(num_layers=3, num_kv_heads=2, num_experts=4, experts_per_token=2,
+                    expert_mlp_dim=80, window=16),
+}
+
+
+def _init_shapes(model) -> dict[str, tuple[int, ...]]:
+  """Each GGUF tensor's shape from the model's parameters as its init makes them (the shapes
+  the loader places into), through the family's names: what `expected_shapes` must say."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.models.format_names import HfNames  # pylint: disable=g-import-not-at-top
+  params = nn.meta.unbox(jax.eval_shape(lambda: model.init(
+      jax.random.key(0), np.zeros((1, 1), np.int32)))["params"])
+  flat = {"/".join(str(key.key) for key in path): tuple(leaf.shape)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  hf = {tensor.name: tensor.format_shape([flat[path] for path in tensor.paths])
+        for tensor in format_names.bound(model, HfNames).tensors()}
+  return {name: tensor.shape_from_hf(hf[tensor.hf_names()[0]])
+          for name, tensor in format_names.bound(model, GgufNames).tensors().items()}
+
+
+def test_every_size_key_of_every_family_is_checked_against_the_tensors():
+  """For every family with GGUF names and every integer key its metadata holds, the key
+  doubled is either refused in one line naming the key and its value, or read by the model as
+  the file says (a setting no tensor sizes, a head count that GPT-2's fused matrix hides): the
+  model a file describes never contradicts its tensors or its keys in silence. The shapes the
+  check derives (`expected_shapes`, from `parameter_shapes`) are the model's own init's."""
+  readers = {family.family_name: (family, names)
+             for family, names in format_names.families_with(GgufNames)}
+  assert set(readers) == set(FAMILIES)  # A new family gets a row here.
+  for family_name, changes in FAMILIES.items():
+    family, names_class = readers[family_name]
+    model = family(**{**SIZES, **changes})
+    names = names_class(model)
+    names.check_writable()
+    arch = names.architecture
+    shapes = dict(gguf_header.expected_shapes(model))
+    if family_name == "olmo3":  # One init per kind of family: the slow part of this test.
+      assert shapes == _init_shapes(model)
+    metadata = {"general.architecture": arch,
+                **{f"{arch}.{key}": value for key, value in names.metadata().items()}}
+    fields = gguf_header.model_fields(family, names_class, metadata, shapes, "gguf:m.gguf")
+    assert names_class(family(**fields)).metadata() == names.metadata(), family_name
+    sizes = [key for key, value in names.metadata().items()
+             if isinstance(value, int) and not isinstance(value, bool)]
+    for key in sizes:
+      lie = 2 * metadata[f"{arch}.{key}"]
+      try:
+        read = gguf_header.model_fields(family, names_class, {**metadata, f"{arch}.{key}": lie},
+                                        shapes, "gguf:m.gguf")
+      except UsageError as error:
+        message = str(error)
+        assert "\n" not in message and message.startswith("gguf:m.gguf: "), message
+        assert f"{arch}.{key}={lie}" in message and "contradicts itself" in message, message
+        continue
+      assert names_class(family(**read)).metadata()[key] == lie, (family_name, key)
+
+
+def test_a_model_its_source_cannot_describe_is_one_line_before_a_tensor_is_read(tmp_path):
+  """A model whose fields were set apart from the folder's (what `--fdl.model.output_bias=True`
+  over a Llama folder makes) has parameters no tensor holds: one line naming the source, the
+  parameters and the fields the format cannot say, never "a bug"."""
+  from lingvo_lite.checkpoints.params import MeshParams  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.hf_checkpoint import HfCheckpoint  # pylint: disable=g-import-not-at-top
+  tiny_weights.hf_folder(tmp_path / "hf", tiny_weights.model())
+  model = tiny_weights.model(output_bias=True)
+  partitioner = Partitioner()
+  abstract = MeshParams(model, 16, partitioner, partitioner.make_mesh()).abstract
+  with pytest.raises(UsageError) as error:
+    HfCheckpoint(str(tmp_path / "hf")).read_params(model, abstract)
+  assert str(error.value) == (
+      f"hf:{tmp_path / 'hf'}: the source holds no tensor for this model's parameter output/bias "
+      "(model.output_bias=True: a llama checkpoint cannot say it, so the source is not this "
+      "model); leave the model's fields as the source sets them (drop the --fdl.model "
+      "overrides that change them)")
+
+
+def test_slim_weights_get_the_checks_every_source_gets(tmp_path, capsys):
+  """Slim weights (an orbax tree of the parameters) against the model: an integer leaf where
+  a float weight belongs is refused naming it; a leaf nothing reads is named in one warning
+  and the rest loads as written."""
+  import json  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  from lingvo_lite import outputs  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.checkpoints.params import MeshParams  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights import slim_weights  # pylint: disable=g-import-not-at-top
+  model = tiny_weights.model()
+  partitioner = Partitioner()
+  mesh_params = MeshParams(model, 16, partitioner, partitioner.make_mesh())
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda leaf: rng.standard_normal(leaf.shape).astype(np.float32),
+                        mesh_params.abstract)
+  norm = {"scale": params["final_norm"]["scale"].astype(np.int32)}
+  for name, tree, words in (
+      ("int32", {**params, "final_norm": norm},
+       "slim_int32: tensor final_norm/scale is int32, not floating point, where the model reads "
+       "the float weight final_norm/scale [64]"),
+      ("extra", {**params, "notes": {"scale": np.ones(3, np.float32)}},
+       "slim_extra: 1 tensor that no part of the model reads, left unread: notes/scale")):
+    folder = tmp_path / f"slim_{name}"
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save((folder / slim_weights.PARAMS_DIR).absolute(), tree)
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+    (folder / "manifest.json").write_text(json.dumps({
+        "schema": outputs.schema(slim_weights.KIND), "dtype": "float32", "scan_layers": False}))
+    capsys.readouterr()
+    if name == "int32":
+      with pytest.raises(UsageError) as error:
+        slim_weights.SlimCheckpoint(str(folder)).load_params(mesh_params)
+      assert words in str(error.value) and "\n" not in str(error.value), error.value
+      continue
+    loaded, _ = slim_weights.SlimCheckpoint(str(folder)).load_params(mesh_params)
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, loaded), params)

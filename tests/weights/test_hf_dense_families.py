@@ -373,6 +373,48 @@ def test_rotary_scalings_give_transformers_frequencies(scaling):
                 rotary_beta_slow=scaling.get("beta_slow", 1.0),
                 rotary_attention_factor=scaling.get("attention_factor"))
   settings = model.rotary_scaling_settings()
-  np.testing.assert_array_equal(rotary.inverse_frequencies(32, 5000.0, settings),
-                                theirs.numpy())
+  # Within one float32 ulp, not bitwise: torch computes the base's powers with its vectorized
+  # pow (SLEEF on AVX-512 hosts, 1-ulp error bound), NumPy with libm; the two round apart on
+  # some machines (4 of 16 frequencies 1 ulp off on an AVX-512 EPYC), the same formula both.
+  np.testing.assert_array_max_ulp(rotary.inverse_frequencies(32, 5000.0, settings),
+                                  theirs.numpy(), maxulp=1)
   assert rotary.attention_factor(settings) == pytest.approx(factor, rel=1e-7)
+
+
+_SIZES = dict(vocab_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, intermediate_size=96)
+
+
+def test_a_rope_scaling_without_its_original_context_reads_as_transformers_fills_it():
+  """Llama 3.1's and YaRN's `original_max_position_embeddings`, where a config.json leaves
+  it out, is what transformers' standardized rope parameters hold (the model's
+  `max_position_embeddings`, or the config class's default of it), for flat and by-layer-type
+  scalings; one the scaling gives is kept (a top-level one is not read, as transformers does
+  not for these families)."""
+  from lingvo_lite.models.checkpoint_names import HfConfig  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.hf_checkpoint import family_reading  # pylint: disable=g-import-not-at-top
+  yarn = {"rope_type": "yarn", "factor": 4.0}
+  configs = [
+      {"model_type": "llama", "max_position_embeddings": 1024, "rope_scaling": yarn},
+      {"model_type": "llama", "rope_scaling": {"type": "yarn", "factor": 4.0}},
+      {"model_type": "llama", "max_position_embeddings": 1024, "rope_scaling": {
+          "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}},
+      {"model_type": "llama", "max_position_embeddings": 1024,
+       "original_max_position_embeddings": 256,
+       "rope_scaling": {**yarn, "original_max_position_embeddings": 512}},
+      {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2,
+       "rope_scaling": yarn},
+      {"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
+       "moe_intermediate_size": 32, "max_position_embeddings": 4096, "rope_scaling": yarn},
+      {"model_type": "olmo3", "num_hidden_layers": 4, "max_position_embeddings": 1024,
+       "sliding_window": 16,
+       "rope_parameters": {"full_attention": {**yarn, "rope_theta": 5000.0},
+                           "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0}}},
+  ]
+  for raw in configs:
+    raw = {**_SIZES, **raw}
+    parameters = transformers.AutoConfig.for_model(**raw).rope_parameters
+    theirs = parameters.get("full_attention", parameters)["original_max_position_embeddings"]
+    _, names = family_reading(raw["model_type"], "config.json")
+    ours = names.fields(HfConfig(raw, "config.json"))["rotary_original_max_length"]
+    assert ours == theirs, (raw, ours, theirs)

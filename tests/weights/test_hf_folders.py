@@ -29,7 +29,6 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.models import checkpoint_names
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.testing import kill_9_when, run_cli
-from lingvo_lite.weights import formats
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint, names_of
 from tasks.pycode import read_documents, stdlib_dir
@@ -280,17 +279,6 @@ def test_unsupported_settings_are_refused_naming_the_key(folders, tmp_path, chan
   with pytest.raises(UsageError) as error:
     HfCheckpoint(str(tmp_path / "changed")).model_fields()
   assert words in _one_line(error.value)
-
-
-def test_the_flag_names_a_folder_a_job_or_refuses():
-  assert formats.source_config("hf:some/folder").path == "some/folder"
-  assert formats.source_config("gguf:a/m.gguf").path == "a/m.gguf"
-  assert formats.source_config("runs/a@3").step == 3
-  for value, words in (("hf:", "give the folder after hf:"),
-                       ("gguf: ", "give the file after gguf:")):
-    with pytest.raises(UsageError) as error:
-      formats.source_config(value)
-    assert words in _one_line(error.value)
 
 
 # ------------------------------------------------------------------------------ warm start
@@ -650,7 +638,7 @@ def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_jo
                      other.partitioner.make_mesh())
   with pytest.raises(UsageError) as error:
     SlimCheckpoint(str(tmp_path / "slim_float32")).load_params(wider)
-  assert "do not fit this model" in str(error.value) and "\n" not in str(error.value)
+  assert "tensor embedding has shape" in str(error.value) and "\n" not in str(error.value)
   # A truncated data file (a copy cut short) is one line too, not orbax's traceback.
   truncated = shutil.copytree(tmp_path / "slim_float32", tmp_path / "slim_truncated")
   largest = max((p for p in (truncated / "params").rglob("*") if p.is_file()),

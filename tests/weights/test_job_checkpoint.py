@@ -17,7 +17,8 @@ from etils import epath
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.testing import kill_9_when, run_cli, synthetic_tiny_setup
-from lingvo_lite.weights import job_checkpoint
+from lingvo_lite.errors import UsageError
+from lingvo_lite.weights import formats, job_checkpoint
 from lingvo_lite.weights.job_checkpoint import JobCheckpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,6 +58,29 @@ def test_flag_values_name_a_job_and_perhaps_a_step():
   assert job_checkpoint.flag_arguments("runs/a") == {"job_log_dir": "runs/a", "step": None}
   assert job_checkpoint.flag_arguments("runs/a@20") == {"job_log_dir": "runs/a", "step": 20}
   assert job_checkpoint.flag_arguments("runs/x@y") == {"job_log_dir": "runs/x@y", "step": None}
+
+
+def test_the_flag_names_a_folder_a_job_or_refuses(tmp_path, monkeypatch):
+  """A scheme of the formats' table names its format; a value without one is a job folder,
+  which may have a ':' in its name (a URL, an existing folder, one written ./NAME); a value
+  that starts like another scheme is refused in one line listing the valid ones."""
+  assert formats.source_config("hf:some/folder").path == "some/folder"
+  assert formats.source_config("gguf:a/m.gguf").path == "a/m.gguf"
+  assert formats.source_config("runs/a@3").step == 3
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "exp:1").mkdir()
+  for job in ("gs://bucket/runs/a", "runs/a:b", "exp:1", "exp:1@3", "./ggml:x"):
+    assert formats.source_config(job).job_log_dir == job.removesuffix("@3")
+  for value, words in (("hf:", "give the folder after hf:"),
+                       ("gguf: ", "give the file after gguf:"),
+                       ("ggml:model.bin", "--init_from=ggml:model.bin: ggml: is no weight "
+                        "format's scheme; give JOB, JOB@STEP, hf:PATH, gguf:PATH, slim:PATH or "
+                        "peft:PATH[,base=SOURCE]"),
+                       ("HF:folder", "HF: is no weight format's scheme"),
+                       ("peft:a,base=ggml:b", "ggml: is no weight format's scheme")):
+    with pytest.raises(UsageError) as error:
+      formats.source_config(value)
+    assert words in str(error.value) and "\n" not in str(error.value), error.value
 
 
 def test_the_source_steps_parameters_load_exactly(source):

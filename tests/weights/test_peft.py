@@ -204,3 +204,169 @@ def test_a_peft_folder_for_another_base_is_one_line(tmp_path, damage, message):
   assert result.code == 2, result.stderr
   assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
   assert not (tmp_path / "job").exists()
+
+
+# ------------------------------------------------------------------ peft's options, adapters' lies
+
+# Each LoraConfig option peft writes, with what lingvo_lite does with it: None where the
+# adapters load (then compared with peft's own merge), else the words of the one-line refusal.
+OPTIONS = {
+    "layers_to_transform as a list, rank and alpha patterns that agree": (dict(
+        target_modules=["q_proj", "v_proj"], layers_to_transform=[0],
+        rank_pattern={"q_proj|v_proj": 2}, alpha_pattern={"q_proj|v_proj": 6}), None),
+    "layers_to_transform as an index, layers_pattern, rsLoRA": (dict(
+        target_modules=["q_proj", "down_proj"], layers_to_transform=1,
+        layers_pattern="layers", use_rslora=True), None),
+    "all-linear less exclude_modules": (dict(
+        target_modules="all-linear", exclude_modules=["down_proj"]), None),
+    "use_dora": (dict(target_modules=["q_proj"], use_dora=True),
+                 "use_dora=True asks for DoRA"),
+    "modules_to_save": (dict(target_modules=["q_proj"], modules_to_save=["lm_head"]),
+                        "modules_to_save=['lm_head'] asks for modules trained whole"),
+    "rank_pattern that differs": (dict(target_modules=["q_proj", "v_proj"],
+                                       rank_pattern={"q_proj": 2}),
+                                  "rank_pattern={'q_proj': 2} gives model.layers.0.self_attn."
+                                  "q_proj 2 and model.layers.0.self_attn.v_proj 4"),
+    "alpha_pattern that differs": (dict(target_modules=["q_proj", "v_proj"],
+                                        alpha_pattern={"v_proj": 16}),
+                                   "alpha_pattern={'v_proj': 16} gives"),
+}
+
+
+def _peft_folder(folder, **options):
+  """Adapters peft makes over the base with `options` (r 4, alpha 8 unless they say), A and B
+  random; their folder."""
+  generator = torch.Generator().manual_seed(2)
+  adapted = peft.get_peft_model(_base(), peft.LoraConfig(
+      **{"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, **options}))
+  with torch.no_grad():
+    for name, parameter in adapted.named_parameters():
+      if "lora_" in name:
+        parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+  adapted.save_pretrained(folder)
+  return folder
+
+
+def _merged(checkpoint, model, base_params):
+  """The base's tensors with `checkpoint`'s adapters merged as train.lora says (lora.merge),
+  by Hugging Face name."""
+  from lingvo_lite.checkpoints.params import MeshParams  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.hf_export import NamedTensors  # pylint: disable=g-import-not-at-top
+  settings = checkpoint.lora_settings(model)
+  partitioner = Partitioner()
+  adapted = MeshParams(model.with_adapters(settings), 16, partitioner,
+                       partitioner.make_mesh(), collection=lora.COLLECTION)
+  adapters, _ = checkpoint.load_adapters(adapted)
+  merged = jax.tree.map(np.asarray, lora.merge(base_params, adapters, settings.scale))
+  named = NamedTensors(model, merged)
+  return {name: np.asarray(named[name]) for name in named}
+
+
+def test_every_option_peft_writes_loads_as_peft_merges_it_or_is_one_line(tmp_path):
+  """Adapters peft made with each LoraConfig option it writes: where lingvo_lite reads them,
+  the base with the adapters merged is peft's own `merge_and_unload()` (to float32 rounding);
+  else one line naming the key and the fix."""
+  from lingvo_lite.errors import UsageError  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.hf_checkpoint import HfCheckpoint  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.peft import PeftCheckpoint  # pylint: disable=g-import-not-at-top
+  base = HfCheckpoint(str(FOLDERS["base"]))
+  family, fields = base.model_fields()
+  model = family(**fields)
+  base_params = None
+  for name, (options, refusal) in OPTIONS.items():
+    folder = _peft_folder(tmp_path / name.replace(" ", "_"), **options)
+    checkpoint = PeftCheckpoint(str(folder), base=base)
+    if refusal is not None:
+      with pytest.raises(UsageError) as error:
+        checkpoint.lora_settings(model)
+      assert refusal in str(error.value) and "\n" not in str(error.value), (name, error.value)
+      assert "merge_and_unload" in str(error.value), error.value
+      continue
+    if base_params is None:
+      from lingvo_lite.checkpoints.params import MeshParams  # pylint: disable=g-import-not-at-top
+      from lingvo_lite.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+      partitioner = Partitioner()
+      base_params = jax.tree.map(np.asarray, base.load_params(MeshParams(
+          model, 16, partitioner, partitioner.make_mesh()))[0])
+    ours = _merged(checkpoint, model, base_params)
+    if options.get("layers_to_transform") == [0]:  # Some layers only: a scan adapts all.
+      with pytest.raises(UsageError) as error:
+        lora.check_targets(checkpoint.lora_settings(model), model.clone(scan_layers=True), 1)
+      assert "set --fdl.model.scan_layers=False" in str(error.value), error.value
+    theirs = {key: value.numpy() for key, value in peft.PeftModel.from_pretrained(
+        _base(), str(folder)).merge_and_unload().state_dict().items()}
+    before = _base().state_dict()
+    assert set(ours) <= set(theirs), name
+    assert any(np.abs(theirs[key] - before[key].numpy()).max() > 0.1 for key in ours), name
+    for key in ours:  # W + s B A summed in another order: two float32 ulps of |W| <= 4.
+      np.testing.assert_allclose(ours[key], theirs[key], rtol=0, atol=1e-6, err_msg=name)
+
+
+Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+Q_B = Q_A.replace("lora_A", "lora_B")
+# Edits of the fixture's adapter file -> the words of the one-line refusal, or of the one
+# warning line ("warning", words) where the adapters still load (None: they load in silence).
+LIES = {
+    "an int32 lora_A": (lambda t: {**t, Q_A: t[Q_A].astype(np.int32)},
+                        f"tensor {Q_A} is int32, not floating point, where the model reads the "
+                        "float weight adapter layer_0/attention/query_kernel_lora_a [32, 4]"),
+    "a bool lora_B": (lambda t: {**t, Q_B: t[Q_B] > 0},
+                      f"tensor {Q_B} is bool, not floating point"),
+    "a lora_A of another rank": (lambda t: {**t, Q_A: t[Q_A][:2]},
+                                 f"tensor {Q_A} has shape [2, 32], but this model's adapter "
+                                 "layer_0/attention/query_kernel_lora_a [32, 4] needs [4, 32]"),
+    "no lora_B of a targeted module": (lambda t: {k: v for k, v in t.items() if k != Q_B},
+                                       f"no tensor {Q_B}, which this model needs"),
+    "an adapter of a module the base lacks": (
+        lambda t: {**t, Q_A.replace("self_attn.q_proj", "mlp.fc1"): t[Q_A]},
+        "adapter of module 'model.layers.0.mlp.fc1', which this llama model has no kernel of "
+        "its own for"),
+    "adapters of a module the config does not target, a tensor of no adapter": (
+        lambda t: {**t, Q_A.replace("q_proj", "k_proj"): t[Q_A], "notes.scale": t[Q_A][0]},
+        ("warning", "peft_lies/adapter_model.safetensors: 2 tensors that no part of the model "
+         f"reads, left unread: {Q_A.replace('q_proj', 'k_proj')}, notes.scale")),
+    "a float16 lora_A": (lambda t: {**t, Q_A: t[Q_A].astype(np.float16)}, None),
+}
+
+
+def test_adapter_files_get_the_checks_weights_get(tmp_path, capsys):
+  """Each adapter is a float of the shape the base's kernel and the rank need, and there;
+  what no adapter reads is named in one warning; float widths convert value for value."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load_file, save_file  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.checkpoints.params import MeshParams  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.errors import UsageError  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.partitioning import Partitioner  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.hf_checkpoint import HfCheckpoint  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.peft import PeftCheckpoint  # pylint: disable=g-import-not-at-top
+  base = HfCheckpoint(str(FOLDERS["base"]))
+  family, fields = base.model_fields()
+  model = family(**fields)
+  settings = PeftCheckpoint(str(FOLDERS["adapter"]), base=base).lora_settings(model)
+  partitioner = Partitioner()
+  adapted = MeshParams(model.with_adapters(settings), 16, partitioner, partitioner.make_mesh(),
+                       collection=lora.COLLECTION)
+  held = load_file(str(FOLDERS["adapter"] / "adapter_model.safetensors"))
+  for name, (edit, words) in LIES.items():
+    folder = tmp_path / "peft_lies"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(FOLDERS["adapter"], folder)
+    save_file(edit(dict(held)), str(folder / "adapter_model.safetensors"))
+    checkpoint = PeftCheckpoint(str(folder), base=base)
+    capsys.readouterr()
+    if words is None or isinstance(words, tuple):
+      adapters, _ = checkpoint.load_adapters(adapted)
+      err = capsys.readouterr().err
+      if words is None:
+        assert err == "", (name, err)
+      else:
+        assert f"lingvo_lite: warning: " in err and words[1] in err, (name, err)
+        assert err.count("\n") == 1, err
+      a = np.asarray(lora.flatten(adapters)["layer_0/attention/query_kernel" + lora.A_SUFFIX])
+      np.testing.assert_array_equal(a, edit(dict(held))[Q_A].astype(np.float32).T)
+      continue
+    with pytest.raises(UsageError) as error:
+      checkpoint.load_adapters(adapted)
+    message = str(error.value)
+    assert words in message and "\n" not in message and "peft_lies/" in message, (name, message)
