@@ -319,7 +319,22 @@ def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog:
       f"mesh {mesh_shape}; {jax.process_count()} process(es)")
   tokens_per_step = data.global_batch_size * data.sequence_length
   return summaries.Throughput(start, setup.train.steps, tokens_per_step, flops, num_devices,
-                              peak)
+                              peak, _peak_raiser(peak_source, cache_folder, say))
+
+
+def _peak_raiser(source: str, cache_folder: str | None,
+                 say: Callable[[str], None]) -> Callable[[float], None]:
+  """What the meter calls when steps beat the peak (a host measured while busy): the raised
+  peak is kept (mfu.raised_peak), and said once."""
+  said = []
+
+  def raise_peak(flops: float) -> None:
+    raised = mfu.raised_peak(flops, source, cache_folder)
+    if not said:
+      said.append(True)
+      say(f"peak raised to {flops / 1e12:.3g} TFLOP/s per device ({raised}); MFU is against "
+          "it from here")
+  return raise_peak
 
 
 def _attention_choice(model: Any) -> str:
