@@ -30,7 +30,7 @@ from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.training.jitted import JittedSteps
-from lingvo_lite.programs import Invocation, summarize_changes
+from lingvo_lite.programs import Invocation, recorded_config, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.train.failures import (NonFinite, OutputWriteError, TrainingFailure,
                                                  newest_checkpoint, resume_advice, write_advice)
@@ -91,9 +91,9 @@ def main(invocation: Invocation) -> None:
     changes = invocation.config_changes()
     if changes:
       raise UsageError(
-          f"--job_log_dir={invocation.shown_job_dir}: the config differs from the one this "
-          f"job was trained with ({summarize_changes(changes)}); resume with the same config "
-          "or use a new --job_log_dir")
+          f"--job_log_dir={invocation.shown_job_dir}: the config differs from "
+          f"{recorded_config(invocation)} ({summarize_changes(changes)}); train with the "
+          "job's own config or use a new --job_log_dir")
     job_is_new = not (job_dir / "config.json").exists()
     record_config = invocation.write_config if is_chief else lambda: None
     result = run(setup, job_dir, record_config, job_is_new,
