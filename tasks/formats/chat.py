@@ -35,7 +35,8 @@ from tasks.local_readers import json_records_or_errors
 
 SKIP = Setting("skip_bad_records", False, flag=True,
                help="chat, preference: count a bad record (and the first one's reason) instead "
-               "of stopping the build at it")
+               "of stopping the build at it; preference: also drop a pair whose two sides are "
+               "the same tokens")
 
 # One record's examples (a conversation, or a preference pair's two) from (path, line, record).
 Examples = Callable[[dict], list[tuple[np.ndarray, np.ndarray]]]
