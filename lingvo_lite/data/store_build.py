@@ -342,34 +342,10 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
         keep_log = True  # What the runner said of it is all there is to go on.
         raise DataError(one_line(f"building the token store of {task.name}/{split} failed: "
                                    f"{error_cause(e)}; the pipeline's log is {log}")) from None
-    ledger = token_store.read_ledger(partial)
-    missing = sorted(set(range(num_groups)) - set(ledger))
-    if missing:
-      raise DataError(f"building the token store of {task.name}/{split}: shards {missing[:5]} "
-                      "never finished")
-    shards = [ledger[g] for g in range(num_groups)]
-    tokens = sum(s["tokens"] for s in shards)
-    skips = [s["skipped"] for s in shards if s.get("skipped")]
-    skipped = ({"count": sum(s["count"] for s in skips), "first": skips[0]["first"]} if skips
-               else None)
-    documents = sum(s["documents"] for s in shards)
-    equal_pairs = (sum(s.get("equal_pairs", 0) for s in shards)
-                   if getattr(task, "document_pairs", False) else None)
-    _refuse_nothing_to_learn(f"task={task.name!r}: split {split!r}", tokens, documents,
-                             skipped, sum(s.get("empty_documents", 0) for s in shards),
-                             equal_pairs)
-    has_weights = any((partial / "shards" / token_store.shard_name(g) / "weights").exists()
-                      for g in range(num_groups))
-    manifest = {**key, "dtype": dtype, "tokens": tokens,
-                **({"skipped_records": skipped} if skipped else {}),
-                **({"equal_pairs": equal_pairs} if equal_pairs is not None else {}),
-                "documents": documents,
-                "has_weights": has_weights, "block_tokens": token_store.BLOCK_TOKENS,
-                "shards": [{"tokens": s["tokens"], "documents": s["documents"],
-                            "files": s["files"]} for s in shards],
-                "build": {"seconds": round(time.perf_counter() - started, 2),
-                          "workers": workers, "pipeline_args": list(pipeline_args),
-                          "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    manifest = _manifest(task, split, key, partial, num_groups, dtype)
+    manifest["build"] = {"seconds": round(time.perf_counter() - started, 2), "workers": workers,
+                         "pipeline_args": list(pipeline_args),
+                         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     token_store.publish(partial, path, manifest)
   except BaseException:
     if not keep_log:
@@ -379,6 +355,40 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
   finally:
     store_folders.remove_partial(partial)
   return manifest
+
+
+def _manifest(task: Any, split: str, key: dict[str, Any], partial: epath.Path,
+              num_groups: int, dtype: str) -> dict[str, Any]:
+  """The finished shards' ledger summed into the store's manifest (its `build` apart).
+
+  Raises:
+    DataError: a shard never finished.
+    UsageError: the split holds nothing to train on (`_refuse_nothing_to_learn`).
+  """
+  ledger = token_store.read_ledger(partial)
+  missing = sorted(set(range(num_groups)) - set(ledger))
+  if missing:
+    raise DataError(f"building the token store of {task.name}/{split}: shards {missing[:5]} "
+                    "never finished")
+  shards = [ledger[g] for g in range(num_groups)]
+  tokens = sum(s["tokens"] for s in shards)
+  skips = [s["skipped"] for s in shards if s.get("skipped")]
+  skipped = ({"count": sum(s["count"] for s in skips), "first": skips[0]["first"]} if skips
+             else None)
+  documents = sum(s["documents"] for s in shards)
+  equal_pairs = (sum(s.get("equal_pairs", 0) for s in shards)
+                 if getattr(task, "document_pairs", False) else None)
+  _refuse_nothing_to_learn(f"task={task.name!r}: split {split!r}", tokens, documents, skipped,
+                           sum(s.get("empty_documents", 0) for s in shards), equal_pairs)
+  has_weights = any((partial / "shards" / token_store.shard_name(g) / "weights").exists()
+                    for g in range(num_groups))
+  return {**key, "dtype": dtype, "tokens": tokens,
+          **({"skipped_records": skipped} if skipped else {}),
+          **({"equal_pairs": equal_pairs} if equal_pairs is not None else {}),
+          "documents": documents, "has_weights": has_weights,
+          "block_tokens": token_store.BLOCK_TOKENS,
+          "shards": [{"tokens": s["tokens"], "documents": s["documents"], "files": s["files"]}
+                     for s in shards]}
 
 
 def _refuse_nothing_to_learn(where: str, tokens: int, documents: int,
