@@ -159,7 +159,8 @@ def main(argv: list[str]) -> int:
 def _build(argv: list[str]) -> int:
   args = _parse(argv)
   from lingvo_lite import outputs, paths
-  from lingvo_lite.data import store_build, store_folders, token_store
+  from lingvo_lite.data import (beam_options, preference_data, store_build, store_folders,
+                                token_store)
   if args.workers is not None and args.workers < 1:
     raise config_error("--workers", args.workers, "must be at least 1")
   if args.shard_bytes is not None and args.shard_bytes < 1:
@@ -171,7 +172,7 @@ def _build(argv: list[str]) -> int:
     raise config_error("--out", args.out, "is a file, not a folder", fix)
   outputs.check_creatable(out / "store", f"--out={args.out!r}", fix)
   store_folders.check_outside_stores(out, "--out", args.out)
-  store_build.check_pipeline_args(args.pipeline_arg)
+  beam_options.check_pipeline_args(args.pipeline_arg)
   task = _task(args)
   splits = args.splits.split(",") if args.splits else list(task.splits)
   unknown = [s for s in splits if s not in task.splits]
@@ -197,6 +198,9 @@ def _build(argv: list[str]) -> int:
         f"{len(manifest['shards'])} shards, {time.perf_counter() - started:.1f} s"
         + (f"; {skipped['count']:,} bad records skipped (--skip_bad_records; the first: "
            f"{skipped['first']})" if skipped.get("count") else ""))
+    warning = preference_data.equal_pairs_warning(manifest, split)
+    if warning:
+      print(f"build_store: warning: {warning}", file=sys.stderr, flush=True)
   return 0
 
 

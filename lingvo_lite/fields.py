@@ -95,6 +95,14 @@ class _NonFinite:
 
 
 NonFinite = _NonFinite()
+
+
+@dataclasses.dataclass(frozen=True)
+class NonEmpty:
+  """Marks a string field that must hold something: an empty or blank value (what an unset
+  shell variable gives) is refused as empty, with `fix`, never as a malformed value."""
+
+  fix: str
 Positive = Range(low=0, low_open=True)
 NonNegative = Range(low=0)
 Int32Size = Range(low=1, high=2**31 - 1, note="token ids and positions are int32")
@@ -341,9 +349,12 @@ def _constraints(annotation: Any) -> tuple[list[Any], bool]:
 def value_problem(value: Any, annotation: Any) -> str | None:
   """Why a value of the right type is still refused ("must be ..."), or None.
 
-  Checks the declared `Range`s, that a float is finite (unless `NonFinite`), and that an
-  int fits int64.
+  Checks the declared `Range`s, that a float is finite (unless `NonFinite`), that an int
+  fits int64, and that a `NonEmpty` string is not blank.
   """
+  if isinstance(value, str):
+    empty = [c for c in _constraints(annotation)[0] if isinstance(c, NonEmpty)]
+    return f"is empty; {empty[0].fix}" if empty and not value.strip() else None
   if isinstance(value, bool) or not isinstance(value, numbers.Real):
     return None
   constraints, optional = _constraints(annotation)

@@ -9,11 +9,15 @@ FLOPs per step, as the model's family counts them (models/family.py):
 MaxText counts the same way but prints only TFLOP/s; this module turns it into MFU against
 the device's peak: a datasheet table for accelerators (bf16 dense), and for CPUs the best of
 10 float32 2048^3 matmuls (or a configured value). The measurement takes 2 s of a 2-core host,
-a third of a short run's start, so it is kept beside JAX's compiled programs for a day
+a third of a short run's start, so it is kept beside JAX's compiled programs
 (runtime/kept_results.py), keyed by the CPU model, the cores this process may use, the
-devices JAX splits them into, XLA_FLAGS and the jax/jaxlib versions; a day, so that one
-measurement taken while the host was busy does not stay. Without a compilation cache folder
-each run measures it.
+devices JAX splits them into, XLA_FLAGS and the jax/jaxlib versions.
+
+A peak is the best this host was seen to do, so a measurement taken while the host was busy
+(other processes on its cores) must not stay the peak: the kept one is measured again after a
+day and replaced only by a higher one, and a training step whose achieved FLOP/s beats it
+raises it (`raised_peak`, kept too). MFU is achieved over peak, so it never reads above 100%.
+Without a compilation cache folder each run measures it, and a raise lasts for the run.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from lingvo_lite.runtime import kept_results, run_info
 
 MEASURED = "best of 10 float32 2048^3 matmuls"
 KEPT = MEASURED + ", measured by an earlier run on this host"
+STEP = "a training step's own FLOP/s, faster than this host's measured matmul peak"
 _KIND = "lingvo_lite_matmul_peaks"
 KEPT_SECONDS = 86400
 
@@ -82,10 +87,9 @@ def _cpu_model() -> str | None:
   return None
 
 
-def host_matmul_peak(cache_folder: str | None) -> tuple[float, bool]:
-  """(FLOP/s of `measured_matmul_peak()` on this host, whether an earlier run measured it):
-  kept under `cache_folder` for KEPT_SECONDS (None: measured now, kept nowhere)."""
-  key = kept_results.digest({
+def _host_key() -> str:
+  """What the host's peak depends on: the same CPU, cores, devices, flags and compiler."""
+  return kept_results.digest({
       "cpu": _cpu_model(),
       "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else os.cpu_count(),
@@ -94,15 +98,55 @@ def host_matmul_peak(cache_folder: str | None) -> tuple[float, bool]:
       "xla_flags": os.environ.get("XLA_FLAGS"),
       "versions": run_info.package_versions("jax", "jaxlib"),
   })
+
+
+def _kept_peak(cache_folder: str | None, key: str) -> tuple[float, float, str] | None:
+  """(the kept peak's FLOP/s, when the host was last measured, its source: KEPT or STEP), or
+  None when nothing usable is kept."""
   kept = kept_results.read(cache_folder, _KIND, key) or {}
   flops, measured_at = kept.get("flops_per_second"), kept.get("measured_at")
-  if (isinstance(flops, (int, float)) and flops > 0 and isinstance(measured_at, (int, float))
-      and 0 <= time.time() - measured_at < KEPT_SECONDS):
-    return float(flops), True
-  flops = measured_matmul_peak()
-  kept_results.write(cache_folder, _KIND, key, {"flops_per_second": flops,
-                                                "measured_at": time.time()})
-  return flops, False
+  if not (isinstance(flops, (int, float)) and flops > 0
+          and isinstance(measured_at, (int, float))):
+    return None
+  return float(flops), float(measured_at), STEP if kept.get("source") == "step" else KEPT
+
+
+def _keep(cache_folder: str | None, key: str, flops: float, measured_at: float,
+          source: str) -> None:
+  kept_results.write(cache_folder, _KIND, key, {
+      "flops_per_second": flops, "measured_at": measured_at,
+      "source": "step" if source == STEP else "matmul"})
+
+
+def host_matmul_peak(cache_folder: str | None) -> tuple[float, str]:
+  """(this host's peak FLOP/s, where it comes from: MEASURED, KEPT or STEP): the kept one
+  while the host was measured less than KEPT_SECONDS ago; else `measured_matmul_peak()` now,
+  which replaces the kept one (under `cache_folder`; None: kept nowhere) only if higher."""
+  key = _host_key()
+  kept = _kept_peak(cache_folder, key)
+  if kept is not None and 0 <= time.time() - kept[1] < KEPT_SECONDS:
+    return kept[0], kept[2]
+  measured = measured_matmul_peak()
+  if kept is not None and kept[0] >= measured:  # Measured on a busier host: the best stays.
+    _keep(cache_folder, key, kept[0], time.time(), kept[2])
+    return kept[0], kept[2]
+  _keep(cache_folder, key, measured, time.time(), MEASURED)
+  return measured, MEASURED
+
+
+def raised_peak(achieved: float, source: str, cache_folder: str | None) -> str:
+  """A training step achieved `achieved` FLOP/s per device, above the peak from `source`:
+  the peak is raised to it, since a peak is the best seen. A host's measured peak is kept
+  raised under `cache_folder` for later runs; a configured or datasheet one is not (the
+  step's FLOPs may count work the device does faster, int8 on a TPU say). Returns the raised
+  peak's source."""
+  if source not in (MEASURED, KEPT, STEP):
+    return f"{source}, raised to a training step's own"
+  key = _host_key()
+  kept = _kept_peak(cache_folder, key)
+  if kept is None or achieved > kept[0]:
+    _keep(cache_folder, key, achieved, kept[1] if kept else time.time(), STEP)
+  return STEP
 
 
 def peak_flops_per_device(device: jax.Device, configured_tflops: float | None = None,
@@ -114,5 +158,4 @@ def peak_flops_per_device(device: jax.Device, configured_tflops: float | None = 
   for prefix, tflops in PEAK_BF16_TFLOPS.items():
     if device.device_kind.startswith(prefix):
       return tflops * 1e12, f"{prefix} bf16 datasheet"
-  flops, kept = host_matmul_peak(cache_folder)
-  return flops, KEPT if kept else MEASURED
+  return host_matmul_peak(cache_folder)

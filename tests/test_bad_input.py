@@ -527,11 +527,11 @@ JOBDIR_CASES = [
                                           "--job_log_dir={job}"], "no such file"),
     Case("eval with another model, same shapes", ["--mode=eval", "--job_log_dir={job}",
                                                   "--fdl.model.norm=\"rmsnorm\""],
-         "the model config differs from the one its checkpoints were trained with "
+         "the model config differs from the one this job was trained with "
          "(model.norm: 'layernorm' -> 'rmsnorm')"),
     Case("eval with another model from --exp", ["--mode=eval", "--job_log_dir={job}",
                                                 "--exp=PyCodeTiny"],
-         "the model config differs from the one its checkpoints were trained with"),
+         "the model config differs from the one this job was trained with"),
     Case("eval without config.json, other shapes",
          ["--mode=eval", "--job_log_dir=job", *TRAIN_TINY, "--fdl.model.dim=32"],
          "checkpoint step 2 in", _copy_job(_remove("config.json"))),

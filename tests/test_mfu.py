@@ -122,3 +122,45 @@ def test_throughput_report_over_the_steps_since_the_last_one(monkeypatch):
   assert report.keys() == expected.keys()
   for key, value in expected.items():
     assert report[key] == pytest.approx(value), key
+
+
+def test_a_busy_hosts_low_peak_is_raised_by_a_faster_step_and_kept(tmp_path, monkeypatch):
+  """A peak measured while the host was busy (1 GFLOP/s kept) and steps that do 4: MFU reads
+  100%, not 400%, and the steps' FLOP/s become the kept peak, which a later, lower
+  measurement (a day on) does not replace, and a higher one does."""
+  from lingvo_lite.programs import train  # pylint: disable=import-outside-toplevel
+  measurements = iter([1e9, 2e9, 5e9])
+  monkeypatch.setattr(mfu, "measured_matmul_peak", lambda: next(measurements))
+  cpu = types.SimpleNamespace(device_kind="cpu")
+  folder = str(tmp_path / "cache")
+  peak, source = mfu.peak_flops_per_device(cpu, cache_folder=folder)
+  assert (peak, source) == (1e9, mfu.MEASURED)
+  said = []
+  clock = iter([0.0, 10.0, 20.0])  # Two reports of 10 steps, 1 s a step.
+  monkeypatch.setattr(summaries.time, "perf_counter", lambda: next(clock))
+  throughput = summaries.Throughput(0, 100, 64, 8e9, 2, peak,
+                                    train._peak_raiser(source, folder, said.append))
+  for step in (10, 20):
+    report = throughput.report(step)
+    assert report["tflops_per_device"] == pytest.approx(4e-3)  # 8 GFLOP over 2 devices, 1 s.
+    assert report["mfu"] == pytest.approx(1.0)
+  assert len(said) == 1 and "peak raised to 0.004 TFLOP/s per device" in said[0]
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4e9, mfu.STEP)
+  now = time.time()
+  monkeypatch.setattr(mfu.time, "time", lambda: now + mfu.KEPT_SECONDS + 1)
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (4e9, mfu.STEP)  # 2e9 < 4e9.
+  monkeypatch.setattr(mfu.time, "time", lambda: now + 2 * mfu.KEPT_SECONDS + 2)
+  assert mfu.peak_flops_per_device(cpu, cache_folder=folder) == (5e9, mfu.MEASURED)
+
+
+def test_a_configured_peak_a_step_beats_is_raised_for_the_run_only(tmp_path, monkeypatch):
+  monkeypatch.setattr(mfu, "measured_matmul_peak", lambda: pytest.fail("measured"))
+  clock = iter([0.0, 10.0])
+  monkeypatch.setattr(summaries.time, "perf_counter", lambda: next(clock))
+  raised = []
+  throughput = summaries.Throughput(0, 100, 64, 8e9, 1, 2e9, raised.append)
+  assert throughput.report(10)["mfu"] == pytest.approx(1.0)
+  assert raised == [pytest.approx(8e8 * 10)]
+  assert mfu.raised_peak(8e9, "configured", str(tmp_path)) == (
+      "configured, raised to a training step's own")
+  assert not list(tmp_path.iterdir())

@@ -13,6 +13,10 @@ The rows are fixed by the store and the length alone (their token ranges are com
 the store's document starts: O(pairs) memory, small beside the store), and each epoch visits them
 in a keyed permutation, as `TokenStoreData` visits windows: resume is exact, and a global row is
 the same whatever the number of processes.
+
+A store's pairs whose chosen and rejected sides are the same tokens (counted by the build:
+data/store_build.py's `equal_pair`) give DPO nothing to learn; `equal_pairs_warning` says how
+many, once, when the source is checked (and bin/build_store.py says it after its summary).
 """
 
 from __future__ import annotations
@@ -54,6 +58,17 @@ def _row_ranges(starts: np.ndarray, num_tokens: int, sequence_length: int
       fill = length
   return (np.asarray(row_starts, np.int64), np.asarray(row_lengths, np.int64),
           len(pair_starts) - dropped, dropped)
+
+
+def equal_pairs_warning(manifest: dict[str, Any], where: str) -> str | None:
+  """The warning for a preference store whose manifest counts pairs with equal sides, or
+  None (none, or a store built before they were counted)."""
+  equal, pairs = manifest.get("equal_pairs"), manifest.get("documents", 0) // 2
+  if not isinstance(equal, int) or not equal:
+    return None
+  return (f"{where}: {equal:,} of {pairs:,} preference pairs have 'chosen' equal to "
+          "'rejected' once templated and tokenized; DPO learns nothing from them "
+          "(--skip_bad_records drops them)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,6 +124,9 @@ class PreferenceStoreData(StoreStream):
     """Builds (or checks) the store, packs its pairs (one line saying how many did not fit);
     refuses a store none of whose pairs fit, or an eval pass longer than the split."""
     metric_functions(self.task)
+    warning = equal_pairs_warning(self.store().manifest, f"{self.task.name}/{self.split}")
+    if warning:
+      logging.warning("%s", warning)
     rows, _, packed, dropped = self._rows()
     if not packed:
       raise config_error("sequence_length", self.sequence_length, f"every one of the {dropped} "

@@ -17,21 +17,21 @@ lock file, the log (kept, and named in the message, only when the runner failed 
 worker's message) and the folders it created, once empty.
 
 Longer than 300 lines with a reason: it is one pipeline, read top to bottom: grouping the task's
-files into shards, the worker that writes a shard, the pipeline's options, its run with progress and
-log, and the cleanup of a failed build, which all share the partial store's folders and its
-`errors/` messages.
+files into shards, the worker that writes a shard, its run with progress and log, and the cleanup
+of a failed build, which all share the partial store's folders and its `errors/` messages (Beam's
+options are data/beam_options.py's).
+
+A store of preference pairs (a task with `document_pairs`: each pair two consecutive
+documents, chosen then rejected) counts the pairs whose two sides are the same tokens and
+weights (`equal_pair`): DPO's gradient on such a pair is zero. The count is in the manifest
+(`equal_pairs`; data/preference_data.py warns of it); a split of nothing else is refused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import os
 import re
-import sys
-import tempfile
-import threading
 import time
 import uuid
 from typing import Any, Sequence
@@ -41,11 +41,10 @@ from etils import epath
 
 from lingvo_lite import paths
 from lingvo_lite.runtime import user_code
-from lingvo_lite.data import store_folders, task_facts, token_store, vocabulary
+from lingvo_lite.data import (beam_options, build_output, store_folders, task_facts, token_store,
+                              vocabulary)
 from lingvo_lite.runtime.tensorflow_import import import_tensorflow
-from lingvo_lite.runtime import progress
-from lingvo_lite.errors import (DataError, UsageError, config_error, data_error_from, error_cause,
-                                one_line)
+from lingvo_lite.errors import DataError, UsageError, data_error_from, error_cause, one_line
 
 # A group of input files is one pipeline element and one store shard. Each costs ~0.1 s to set
 # up (a tf.data pipeline over the Task's source and preprocessors), so groups are large: about
@@ -132,13 +131,26 @@ def store_key(task: Any, split: str, shard_bytes: int | None = None) -> dict[str
   }
 
 
+def equal_pair(chosen: tuple[np.ndarray, np.ndarray | None],
+               rejected: tuple[np.ndarray, np.ndarray | None]) -> bool:
+  """Whether a preference pair's two sides, each (token ids, loss weights or None), are the
+  same tokens with the same weights: two answers that differ in text but template and
+  tokenize alike are equal too. DPO learns nothing from such a pair (its loss is log 2 and
+  its gradient zero, whatever the model)."""
+  return bool(np.array_equal(chosen[0], rejected[0]) and (
+      (chosen[1] is None and rejected[1] is None)
+      or (chosen[1] is not None and rejected[1] is not None
+          and np.array_equal(chosen[1], rejected[1]))))
+
+
 def _group_documents(task: Any, split: str, group: int, num_groups: int, vocab_size: int,
-                     files: Sequence[str], skipped: dict[str, Any] | None = None
+                     files: Sequence[str], counts: dict[str, Any]
                      ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
   """Every document of one group of input files, tokenized, in the source's order.
 
   An example whose `skipped` field holds a reason (a format's bad record, with
-  `--skip_bad_records`) is no document: it is counted into `skipped` ({"count", "first"})."""
+  `--skip_bad_records`) is no document: it is counted into `counts["skipped"]` ({"count",
+  "first"}); an empty document is left out and counted into `counts["empty_documents"]`."""
   import_tensorflow()
   import seqio  # pylint: disable=g-import-not-at-top
   dataset = task.source.get_dataset(split=split, shuffle=False,
@@ -149,15 +161,16 @@ def _group_documents(task: Any, split: str, group: int, num_groups: int, vocab_s
   for number, example in enumerate(dataset.as_numpy_iterator()):
     reason = example.get("skipped", b"")
     if reason:
-      if skipped is not None:
-        skipped["count"] = skipped.get("count", 0) + 1
-        skipped.setdefault("first", reason.decode("utf-8", "replace"))
+      skipped = counts.setdefault("skipped", {})
+      skipped["count"] = skipped.get("count", 0) + 1
+      skipped.setdefault("first", reason.decode("utf-8", "replace"))
       continue
     targets = np.asarray(example["targets"])
     if targets.ndim != 1:
       raise DataError(f"{_files_shown(files)}: document {number}: 'targets' has shape "
                       f"{targets.shape}; a token store holds one 1-D token list per document")
     if not targets.size:
+      counts["empty_documents"] = counts.get("empty_documents", 0) + 1
       continue
     if targets.min() < 0 or targets.max() >= vocab_size:
       raise DataError(f"{_files_shown(files)}: document {number}: token id "
@@ -173,6 +186,12 @@ def _group_documents(task: Any, split: str, group: int, num_groups: int, vocab_s
   if weights and len(weights) != len(documents):
     raise DataError(f"{_files_shown(files)}: some documents have 'weights' and some do not")
   return documents, (weights or None)
+
+
+def _equal_pairs(documents: list[np.ndarray], weights: list[np.ndarray] | None) -> int:
+  """How many of the pairs (documents 2p, 2p + 1) are `equal_pair`s."""
+  side = lambda i: (documents[i], weights[i] if weights is not None else None)
+  return sum(equal_pair(side(i), side(i + 1)) for i in range(0, len(documents) - 1, 2))
 
 
 def _files_shown(files: Sequence[str]) -> str:
@@ -199,12 +218,12 @@ def build_group(task: Any, split: str, partial: str, group: int, num_groups: int
     import sentencepiece  # pylint: disable=g-import-not-at-top
     sentencepiece.set_min_log_level(2)
   try:
-    skipped: dict[str, Any] = {}
+    counts: dict[str, Any] = {"files": len(files)}
     documents, weights = _group_documents(task, split, group, num_groups, vocab_size, files,
-                                          skipped)
-    return token_store.write_shard(store, group, documents, weights, np.dtype(dtype),
-                                   {"files": len(files), **({"skipped": skipped} if skipped
-                                                            else {})})
+                                          counts)
+    if getattr(task, "document_pairs", False):
+      counts["equal_pairs"] = _equal_pairs(documents, weights)
+    return token_store.write_shard(store, group, documents, weights, np.dtype(dtype), counts)
   # The task's code runs here: a sys.exit() in it must fail the build, not end the process
   # (the in-process runner's) as if all went well.
   except user_code.USER_CODE_FAILURES as e:  # pylint: disable=broad-except
@@ -215,87 +234,11 @@ def build_group(task: Any, split: str, partial: str, group: int, num_groups: int
     raise DataError(message) from None
 
 
-def _import_beam():
-  import logging  # pylint: disable=g-import-not-at-top
-  root_level = logging.getLogger().level
-  logging.getLogger().setLevel(logging.ERROR)  # "apitools not found" at Beam's import.
-  import apache_beam as beam  # pylint: disable=g-import-not-at-top
-  logging.getLogger().setLevel(root_level)
-  return beam
-
-
-def _pipeline_options(workers: int, pipeline_args: Sequence[str]):
-  # pylint: disable-next=g-import-not-at-top
-  from apache_beam.options.pipeline_options import PipelineOptions
-  args = list(pipeline_args)
-  if not any(a.startswith("--runner") for a in args):
-    args += ["--runner=DirectRunner", f"--direct_num_workers={workers}",
-             "--direct_running_mode=" + ("multi_processing" if workers > 1 else "in_memory")]
-  args.append("--default_sdk_harness_log_level=WARNING")
-  return PipelineOptions(args)
-
-
-def check_pipeline_args(pipeline_args: Sequence[str], flag: str = "--pipeline_arg") -> None:
-  """Refuses Beam pipeline options that Beam would refuse or ignore, before anything runs.
-
-  Beam parses them only once the pipeline starts, where a bad value ends the process with
-  its usage text (on the build's log, not the terminal) and an unknown option is dropped with
-  a warning, so a typo such as `--runer=DataflowRunner` would build on this machine.
-
-  Raises:
-    UsageError: a value Beam's parser refuses, an option no Beam options class defines, an
-      argument that is not an option, or a runner that Beam cannot make here.
-  """
-  if not pipeline_args:
-    return
-  _import_beam()
-  given = pipeline_args[0] if len(pipeline_args) == 1 else " ".join(pipeline_args)
-
-  def refuse(value: str, problem: str, fix: str = "see Beam's pipeline options") -> UsageError:
-    return UsageError(one_line(str(config_error(flag, value, problem, fix))))
-
-  parsers = []
-
-  def capture(parser) -> None:
-    def error(message: str):
-      raise refuse(given, f"Beam refuses it ({message})")
-    parser.error = error  # Beam's own exits the process with its usage text.
-    parsers.append(parser)
-
-  import logging  # pylint: disable=g-import-not-at-top
-  beam_logger = logging.getLogger("apache_beam.options.pipeline_options")
-  level = beam_logger.level
-  beam_logger.setLevel(logging.ERROR)  # Its "Discarding unparseable args" becomes the error.
-  try:
-    with contextlib.redirect_stdout(io.StringIO()):  # What `--help` would print.
-      options = _pipeline_options(1, pipeline_args)
-    options.get_all_options(add_extra_args_fn=capture)
-    _, unknown = parsers[0].parse_known_args(list(pipeline_args))
-    runner = options.get_all_options().get("runner")
-  except SystemExit:  # `--help`: argparse prints the help and exits.
-    raise refuse(given, "asks Beam's option parser to exit (its --help?)") from None
-  finally:
-    beam_logger.setLevel(level)
-  if unknown:
-    raise refuse(unknown[0], "not a Beam pipeline option (Beam would drop it)",
-                 "spell it as Beam does, e.g. --pipeline_arg=--runner=DataflowRunner")
-  if runner:
-    from apache_beam.runners import runner as runners  # pylint: disable=g-import-not-at-top
-    try:
-      runners.create_runner(runner)
-    except (ImportError, ValueError) as e:
-      # Beam's text goes on to list every runner it has.
-      raise refuse(f"--runner={runner}", f"Beam cannot use this runner here "
-                   f"({error_cause(e).split('. ')[0]})",
-                   "give a runner Beam knows, e.g. DirectRunner or DataflowRunner, and install "
-                   "what it needs") from None
-
-
 def _run_pipeline(task: Any, split: str, partial: epath.Path, groups: list[list[str]],
                   vocab_size: int, dtype: str, workers: int,
                   pipeline_args: Sequence[str]) -> None:
   import logging  # pylint: disable=g-import-not-at-top
-  beam = _import_beam()
+  beam = beam_options.import_beam()
   # Worker processes import this project and TensorFlow: find the one and quiet the other.
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -308,7 +251,7 @@ def _run_pipeline(task: Any, split: str, partial: epath.Path, groups: list[list[
   # failure reaches the user as one line from the errors/ folder instead.
   root_logger.setLevel(logging.CRITICAL)
   try:
-    with beam.Pipeline(options=_pipeline_options(workers, pipeline_args)) as pipeline:
+    with beam.Pipeline(options=beam_options.pipeline_options(workers, pipeline_args)) as pipeline:
       _ = (pipeline
            | "groups" >> beam.Create(list(range(num_groups)))
            | "spread" >> beam.Reshuffle()
@@ -317,67 +260,6 @@ def _run_pipeline(task: Any, split: str, partial: epath.Path, groups: list[list[
                                                        groups[g], main_pid)))
   finally:
     root_logger.setLevel(level)
-
-
-@contextlib.contextmanager
-def _worker_logs_to(log_file: str):
-  """Points file descriptor 2 at `log_file` while the pipeline runs, and yields a stream on
-  the real stderr. Beam's worker processes inherit descriptor 2 and log their start-up, their
-  options and TensorFlow's CUDA probe there: pages of lines that are not the user's business.
-  What is (progress, the one-line error, the summary) goes to the yielded stream."""
-  sys.stderr.flush()
-  saved = os.dup(2)
-  stream = os.fdopen(os.dup(saved), "w", buffering=1)
-  try:
-    with open(log_file, "w") as log:
-      os.dup2(log.fileno(), 2)
-      yield stream
-  finally:
-    sys.stderr.flush()
-    os.dup2(saved, 2)
-    os.close(saved)
-    stream.close()
-
-
-class _Progress:
-  """Progress over finished shards (ledger entries), polled while the pipeline runs: a bar on
-  a terminal, a line now and then in a log (lingvo_lite.runtime.progress)."""
-
-  def __init__(self, partial: epath.Path, total: int, label: str, enabled: bool, stream):
-    self._partial, self._total, self._label, self._stream = partial, total, label, stream
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._poll, daemon=True) if enabled else None
-
-  def __enter__(self):
-    if self._thread:
-      self._thread.start()
-    return self
-
-  def __exit__(self, *unused):
-    self._stop.set()
-    if self._thread:
-      self._thread.join()
-
-  def _poll(self):
-    with progress.Progress(self._label, total=self._total, unit="shards",
-                           stream=self._stream) as bar:
-      shown = 0
-      while True:
-        stopped = self._stop.is_set()  # Then this count is the last, and complete.
-        done = len(list((self._partial / "ledger").glob("*.json"))) if (
-            self._partial / "ledger").exists() else 0
-        bar.update(done - shown)  # 0 still redraws: the seconds go on.
-        shown = done
-        if stopped:
-          return
-        self._stop.wait(0.5)
-
-
-def _build_log(path: epath.Path) -> str:
-  """A local file for the pipeline's own log lines, beside the store (or in /tmp)."""
-  if paths.is_remote(os.fspath(path)):
-    return os.path.join(tempfile.gettempdir(), f"lingvo_lite-build-{uuid.uuid4().hex[:8]}.log")
-  return os.fspath(path.parent / f".{path.name}.build.log")
 
 
 def build_store(task: Any, split: str, path: epath.Path, *, workers: int | None = None,
@@ -436,7 +318,7 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
   vocab_size = key["vocabulary"]["size"]
   dtype = token_store.token_dtype(vocab_size).name
   partial = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
-  log = _build_log(path)
+  log = build_output.build_log(path)
   keep_log = False
   started = time.perf_counter()
   try:
@@ -446,7 +328,7 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
     except OSError as e:
       raise DataError(f"building the token store of {task.name}/{split}: cannot write beside "
                       f"{path} ({e.strerror or e})") from None
-    with _worker_logs_to(log) as stream, _Progress(
+    with build_output.worker_logs_to(log) as stream, build_output.ShardProgress(
         partial, num_groups, f"building {task.name}/{split}", progress, stream):
       try:
         _run_pipeline(task, split, partial, groups, vocab_size, dtype, workers, pipeline_args)
@@ -460,30 +342,10 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
         keep_log = True  # What the runner said of it is all there is to go on.
         raise DataError(one_line(f"building the token store of {task.name}/{split} failed: "
                                    f"{error_cause(e)}; the pipeline's log is {log}")) from None
-    ledger = token_store.read_ledger(partial)
-    missing = sorted(set(range(num_groups)) - set(ledger))
-    if missing:
-      raise DataError(f"building the token store of {task.name}/{split}: shards {missing[:5]} "
-                      "never finished")
-    shards = [ledger[g] for g in range(num_groups)]
-    tokens = sum(s["tokens"] for s in shards)
-    if not tokens:
-      raise UsageError(f"task={task.name!r}: split {split!r} holds no tokens (every document "
-                       "is empty)")
-    has_weights = any((partial / "shards" / token_store.shard_name(g) / "weights").exists()
-                      for g in range(num_groups))
-    skips = [s["skipped"] for s in shards if s.get("skipped")]
-    skipped = ({"count": sum(s["count"] for s in skips), "first": skips[0]["first"]} if skips
-               else None)
-    manifest = {**key, "dtype": dtype, "tokens": tokens,
-                **({"skipped_records": skipped} if skipped else {}),
-                "documents": sum(s["documents"] for s in shards),
-                "has_weights": has_weights, "block_tokens": token_store.BLOCK_TOKENS,
-                "shards": [{"tokens": s["tokens"], "documents": s["documents"],
-                            "files": s["files"]} for s in shards],
-                "build": {"seconds": round(time.perf_counter() - started, 2),
-                          "workers": workers, "pipeline_args": list(pipeline_args),
-                          "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    manifest = _manifest(task, split, key, partial, num_groups, dtype)
+    manifest["build"] = {"seconds": round(time.perf_counter() - started, 2), "workers": workers,
+                         "pipeline_args": list(pipeline_args),
+                         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     token_store.publish(partial, path, manifest)
   except BaseException:
     if not keep_log:
@@ -493,6 +355,66 @@ def _build(task: Any, split: str, path: epath.Path, files: list[str], key: dict[
   finally:
     store_folders.remove_partial(partial)
   return manifest
+
+
+def _manifest(task: Any, split: str, key: dict[str, Any], partial: epath.Path,
+              num_groups: int, dtype: str) -> dict[str, Any]:
+  """The finished shards' ledger summed into the store's manifest (its `build` apart).
+
+  Raises:
+    DataError: a shard never finished.
+    UsageError: the split holds nothing to train on (`_refuse_nothing_to_learn`).
+  """
+  ledger = token_store.read_ledger(partial)
+  missing = sorted(set(range(num_groups)) - set(ledger))
+  if missing:
+    raise DataError(f"building the token store of {task.name}/{split}: shards {missing[:5]} "
+                    "never finished")
+  shards = [ledger[g] for g in range(num_groups)]
+  tokens = sum(s["tokens"] for s in shards)
+  skips = [s["skipped"] for s in shards if s.get("skipped")]
+  skipped = ({"count": sum(s["count"] for s in skips), "first": skips[0]["first"]} if skips
+             else None)
+  documents = sum(s["documents"] for s in shards)
+  equal_pairs = (sum(s.get("equal_pairs", 0) for s in shards)
+                 if getattr(task, "document_pairs", False) else None)
+  _refuse_nothing_to_learn(f"task={task.name!r}: split {split!r}", tokens, documents, skipped,
+                           sum(s.get("empty_documents", 0) for s in shards), equal_pairs)
+  has_weights = any((partial / "shards" / token_store.shard_name(g) / "weights").exists()
+                    for g in range(num_groups))
+  return {**key, "dtype": dtype, "tokens": tokens,
+          **({"skipped_records": skipped} if skipped else {}),
+          **({"equal_pairs": equal_pairs} if equal_pairs is not None else {}),
+          "documents": documents, "has_weights": has_weights,
+          "block_tokens": token_store.BLOCK_TOKENS,
+          "shards": [{"tokens": s["tokens"], "documents": s["documents"], "files": s["files"]}
+                     for s in shards]}
+
+
+def _refuse_nothing_to_learn(where: str, tokens: int, documents: int,
+                             skipped: dict[str, Any] | None, empty: int,
+                             equal_pairs: int | None) -> None:
+  """Refuses a split with nothing to train on, naming why: every record bad and skipped,
+  every document empty, or (preference pairs) every pair's sides equal.
+
+  Raises:
+    UsageError: one line; the skipped records' count and the first one's reason.
+  """
+  bad = (f"{skipped['count']:,} bad record{'s' * (skipped['count'] != 1)} skipped "
+         f"(--skip_bad_records; the first: {skipped['first']})") if skipped else ""
+  if not tokens and skipped and not empty:
+    raise UsageError(f"{where}: every record is bad: {bad}; fix the records, or give files "
+                     "with some good ones")
+  if not tokens:
+    raise UsageError(f"{where} holds no tokens: " + (
+        f"{bad}, and the other {empty:,} documents are empty" if skipped
+        else "every document is empty"))
+  pairs = documents // 2
+  if equal_pairs is not None and pairs and equal_pairs == pairs:
+    raise UsageError(
+        f"{where}: every one of its {pairs:,} preference pairs has 'chosen' equal to "
+        "'rejected' once templated and tokenized, so DPO learns nothing from them; give pairs "
+        "whose answers differ")
 
 
 def _worker_message(partial: epath.Path) -> str:

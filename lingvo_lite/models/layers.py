@@ -512,11 +512,11 @@ class Mlp(nn.Module):
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
-    """The input projections' outputs carry a remat name ("mlp_in": models/remat.py)."""
+    """The projections' outputs carry remat names ("mlp_in", "mlp_out": models/remat.py)."""
     hidden = tag(self._dense(x, self.mlp_dim, ("embed", "mlp"), "wi"), "mlp_in")
     hidden = _activate(hidden, self.activation)
     if self.activation in GATED_ACTIVATIONS:
       hidden = hidden * tag(self._dense(x, self.mlp_dim, ("embed", "mlp"), "wi_gate"),
                             "mlp_in")
     hidden = constrain(hidden, "batch", "length", "mlp")
-    return self._dense(hidden, x.shape[-1], ("mlp", "embed"), "wo")
+    return tag(self._dense(hidden, x.shape[-1], ("mlp", "embed"), "wo"), "mlp_out")

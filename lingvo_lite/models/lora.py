@@ -49,7 +49,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lingvo_lite.errors import UsageError, config_error
-from lingvo_lite.fields import PositiveFloat, PositiveInt, Range
+from lingvo_lite import fields
+from lingvo_lite.fields import NonEmpty, PositiveFloat, PositiveInt, Range
 from lingvo_lite.models.weight_matmul import weight_matmul
 
 COLLECTION = "lora"
@@ -75,17 +76,19 @@ class LoraSettings:
   rank: PositiveInt = 8
   alpha: PositiveFloat = 16.0
   dropout: Annotated[float, Range(0, 1, high_open=True)] = 0.0
-  targets: str = DEFAULT_TARGETS
+  targets: Annotated[str, NonEmpty(
+      "give a regular expression of the weight matrices to adapt, e.g. "
+      "'attention/(query|value)_kernel', or leave it out for every attention projection and "
+      "MLP matrix")] = DEFAULT_TARGETS
 
   @property
   def scale(self) -> float:
     return self.alpha / self.rank
 
   def pattern(self, path: str = "train.lora") -> re.Pattern[str]:
-    """`targets` compiled; UsageError naming the field when it is no regular expression."""
-    if not isinstance(self.targets, str) or not self.targets:
-      raise config_error(f"{path}.targets", self.targets, "is not a regular expression",
-                         "give e.g. 'attention/(query|value)_kernel'")
+    """`targets` compiled; UsageError naming the field when it is not a string, is empty or
+    is no regular expression."""
+    fields.check(f"{path}.targets", self.targets, fields.type_hints(LoraSettings)["targets"])
     try:
       return re.compile(self.targets)
     except re.error as e:

@@ -39,7 +39,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import layers, moe_parallel
+from lingvo_lite.models import layers, moe_parallel, remat
 from lingvo_lite.models.expert_dispatch import (ExpertActivation, ExpertWeights, Routing,
                                                 RouterScore, capacity_dispatch, dense_reference,
                                                 dense_weight, expert_counts, load_balance_loss,
@@ -148,7 +148,8 @@ class MoeMlp(nn.Module):
                          quantization=self.quantization, dtype=self.dtype,
                          param_dtype=self.param_dtype, name="shared")(x)
     self._sow_statistics(routing, dropped)
-    return layers.constrain(y, "batch", "length", "embed")
+    # The layer's output, as a dense MLP's (models/remat.py's "mlp_out").
+    return remat.tag(layers.constrain(y, "batch", "length", "embed"), "mlp_out")
 
   def _sow_statistics(self, routing: Routing, dropped: jax.Array) -> None:
     if not self.is_mutable_collection(STATISTICS):

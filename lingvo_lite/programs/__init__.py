@@ -131,15 +131,32 @@ def summarize_changes(changes: list[str]) -> str:
                                    else "")
 
 
+def recorded_config(invocation: Invocation) -> str:
+  """The job's recorded config (JOB/config.json) in words, for a message refusing another:
+  the one this job was trained with; or, for a job that has no checkpoint (one that
+  decode, serve, eval or export made from `train.init_from`, or a training that saved none
+  yet), the one it recorded when first run, and where its parameters come from."""
+  checkpoints = invocation.job_dir / "checkpoints" if invocation.job_dir is not None else None
+  if checkpoints is not None and checkpoints.is_dir() and any(
+      step.name.isdigit() for step in checkpoints.iterdir()):
+    return "the one this job was trained with"
+  source = getattr(getattr(invocation.setup, "train", None), "init_from", None)
+  described = getattr(source, "describe", None)
+  if callable(described):
+    return (f"the one it was first run with, on train.init_from={described()}, having no "
+            "checkpoint of its own")
+  return "the one it was first run with, having no checkpoint"
+
+
 def refuse_model_changes(invocation: Invocation, verb: str) -> None:
-  """A model config other than the job's would read its checkpoints as another model's, even
-  where the shapes agree (another norm, activation or rotary setting): one line instead."""
+  """A model config other than the job's would read its parameters (its checkpoints, or its
+  `train.init_from`) as another model's, even where the shapes agree (another norm,
+  activation or rotary setting): one line instead."""
   changes = [c for c in invocation.config_changes() if c.startswith("model.")]
   if changes:
     raise UsageError(f"--job_log_dir={invocation.shown_job_dir}: the model config differs "
-                     f"from the one its checkpoints were trained with "
-                     f"({summarize_changes(changes)}); {verb} with the job's own config "
-                     "(drop the --exp and model overrides)")
+                     f"from {recorded_config(invocation)} ({summarize_changes(changes)}); "
+                     f"{verb} with the job's own config (drop the --exp and model overrides)")
 
 
 def record_config_where_missing(invocation: Invocation) -> None:

@@ -91,8 +91,9 @@ JOB_FILES = JobFiles(
 
 
 def main(invocation: Invocation) -> None:
-  """Refuses a model config other than the job's: its checkpoints would score another model,
-  even where the shapes agree (another norm, activation or rotary setting)."""
+  """Refuses a model config other than the job's: its parameters (its checkpoints, or a job
+  without any: its train.init_from's) would score another model, even where the shapes agree
+  (another norm, activation or rotary setting)."""
   options: Options = invocation.options
   refuse_model_changes(invocation, "evaluate")
   _check_options(options)

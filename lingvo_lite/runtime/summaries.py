@@ -334,18 +334,23 @@ def _row_step(line: str) -> int | None:
 class Throughput:
   """Steps/s, tokens/s, model TFLOP per step, TFLOP/s per device, MFU, data wait and ETA,
   over the steps since the last report, not counting the time spent off the steps
-  (`excluded`: compiling, checkpointing, evaluating), which each report gives by kind."""
+  (`excluded`: compiling, checkpointing, evaluating), which each report gives by kind.
+
+  A peak is the best the device was seen to do: steps whose FLOP/s beat it raise it to theirs
+  (and `on_new_peak(flops)` is told, to keep it), so MFU never reads above 1."""
 
   # What the train loop does besides steps; each report row has `<kind>_s` for each.
   OFF_STEP_KINDS = ("compile", "checkpoint", "eval")
 
   def __init__(self, start_step: int, total_steps: int, tokens_per_step: int,
-               flops_per_step: float, num_devices: int, peak_flops_per_device: float):
+               flops_per_step: float, num_devices: int, peak_flops_per_device: float,
+               on_new_peak: Callable[[float], None] | None = None):
     self._total_steps = total_steps
     self._tokens_per_step = tokens_per_step
     self._flops_per_step = flops_per_step
     self._flops_per_device_step = flops_per_step / num_devices
     self._peak = peak_flops_per_device
+    self._on_new_peak = on_new_peak
     self._last_step = start_step
     self._last_time = time.perf_counter()
     self._data_wait = 0.0
@@ -373,13 +378,18 @@ class Throughput:
     steps = max(step - self._last_step, 1)
     elapsed = max(now - self._last_time - sum(self._excluded.values()), 1e-9)
     step_time = elapsed / steps
+    achieved = self._flops_per_device_step / step_time
+    if achieved > self._peak:
+      self._peak = achieved
+      if self._on_new_peak is not None:
+        self._on_new_peak(achieved)
     report = {
         "step_time_s": step_time,
         "steps_per_s": 1.0 / step_time,
         "tokens_per_s": self._tokens_per_step / step_time,
         "model_tflop_per_step": self._flops_per_step / 1e12,
-        "tflops_per_device": self._flops_per_device_step / step_time / 1e12,
-        "mfu": self._flops_per_device_step / step_time / self._peak,
+        "tflops_per_device": achieved / 1e12,
+        "mfu": achieved / self._peak,
         "data_wait_s": self._data_wait / steps,
         "eta_s": (self._total_steps - step) * step_time,
         **{f"{kind}_s": seconds for kind, seconds in self._excluded.items()},

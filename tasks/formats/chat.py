@@ -35,7 +35,8 @@ from tasks.local_readers import json_records_or_errors
 
 SKIP = Setting("skip_bad_records", False, flag=True,
                help="chat, preference: count a bad record (and the first one's reason) instead "
-               "of stopping the build at it")
+               "of stopping the build at it; preference: also drop a pair whose two sides are "
+               "the same tokens")
 
 # One record's examples (a conversation, or a preference pair's two) from (path, line, record).
 Examples = Callable[[dict], list[tuple[np.ndarray, np.ndarray]]]
@@ -82,8 +83,10 @@ def records(path: str, examples: Examples, skip: bool) -> Iterator[dict]:
 
 
 def templated_task(kind: str, files: Files, vocabulary: Any, examples_of: Callable[
-    [pretrained_tokenizer.TokenizerFiles], Examples], skip: bool) -> DeferredTask:
-  """The task over JSON lines whose records `examples_of(tokenizer)` makes into examples.
+    [pretrained_tokenizer.TokenizerFiles], Examples], skip: bool,
+                   naming: dict[str, Any] | None = None) -> DeferredTask:
+  """The task over JSON lines whose records `examples_of(tokenizer)` makes into examples;
+  `naming`: what else of the format's reading the task's name (and so its stores) records.
 
   Raises:
     UsageError: a bad vocabulary, a pattern that matches no file.
@@ -92,7 +95,7 @@ def templated_task(kind: str, files: Files, vocabulary: Any, examples_of: Callab
   vocabulary = local_files.checked_vocabulary(vocabulary, {})
   matched = local_files.match_files(files, local_files.file_is_empty)
   name = local_files.task_name(kind, matched, {"vocabulary": files_.fingerprint(),
-                                               "skip_bad_records": bool(skip)})
+                                               "skip_bad_records": bool(skip), **(naming or {})})
   examples = examples_of(files_)
   reader = lambda path: records(path, examples, bool(skip))
 

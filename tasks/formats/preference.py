@@ -13,8 +13,13 @@ its answer, weighted 1 on the answer's assistant tokens and their end-of-turn to
 (lingvo_lite/data/chat_template.py), and stored as a document: a pair is two consecutive
 documents, chosen then rejected. `data/preference_data.PreferenceStoreData` packs whole pairs
 into rows, so a pair never splits across rows. Bad records are one line naming the file and
-the line, or counted with `--skip_bad_records`. A row of the formats' table
-(tasks/formats/__init__.py).
+the line, or counted with `--skip_bad_records`.
+
+A pair whose two sides template and tokenize to the same tokens (the same answer twice, or
+two that differ only where the template does not look: `data/store_build.equal_pair`) gives
+DPO nothing to learn: the build counts such pairs (a warning line says how many), refuses a
+split of nothing else, and with `--skip_bad_records` drops them as bad records. A row of the
+formats' table (tasks/formats/__init__.py).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from lingvo_lite.data import chat_template, pretrained_tokenizer
+from lingvo_lite.data import chat_template, pretrained_tokenizer, store_build
 from tasks.deferred import DeferredTask
 from tasks.formats.chat import SKIP, Examples, templated_task
 from tasks.formats.row import Files, Format
@@ -53,7 +58,8 @@ def _prompt(record: dict) -> list[dict[str, str]]:
       "has neither a string 'prompt' nor a list of 'messages' before the answers")
 
 
-def _pair(files: pretrained_tokenizer.TokenizerFiles) -> Examples:
+def _pair(files: pretrained_tokenizer.TokenizerFiles, skip: bool) -> Examples:
+  """A record's two sides; under `skip`, an equal pair is a bad record (dropped, counted)."""
   def examples(record: dict) -> list[tuple[np.ndarray, np.ndarray]]:
     prompt = _prompt(record)
     sides = []
@@ -66,6 +72,10 @@ def _pair(files: pretrained_tokenizer.TokenizerFiles) -> Examples:
       if not answer:
         raise chat_template.ConversationError(f"{field!r} has no assistant message")
       sides.append(chat_template.conversation_tokens(files, messages, answer))
+    if skip and store_build.equal_pair(*sides):
+      raise chat_template.ConversationError(
+          "'chosen' and 'rejected' are the same tokens once templated (DPO learns nothing "
+          "from the pair)")
     return sides
   return examples
 
@@ -79,7 +89,9 @@ def preference_task(files: Files, vocabulary: Any,
     vocabulary: A `PretrainedTokenizer` whose tokenizer carries a chat template.
     skip_bad_records: Count bad records instead of failing on the first.
   """
-  task = templated_task("preference", files, vocabulary, _pair, skip_bad_records)
+  task = templated_task("preference", files, vocabulary,
+                        lambda tokenizer: _pair(tokenizer, bool(skip_bad_records)),
+                        skip_bad_records, {"equal_pairs": "counted"})
   task.document_pairs = True  # What data/preference_data.py reads it for.
   return task
 

@@ -9,6 +9,7 @@ The stores build in this process (bin/build_store.py's main)."""
 
 import importlib.util
 import json
+import re
 import os
 import sys
 
@@ -200,3 +201,76 @@ def test_bad_records_are_counted_with_skip_and_pairs_pack_whole(tmp_path, capfd,
                                       lengths[2 * index[0]][1])
         seen.append(index[0])
   assert sorted(seen) == list(range(12))
+
+
+# Pairs with nothing to learn: the same answer twice, and two answers that differ only where
+# Llama 3's template does not look (it trims the content).
+_GOOD_PAIRS = [{"prompt": f"Add {i} and {i}.", "chosen": str(2 * i), "rejected": str(2 * i + 1)}
+               for i in range(3)]
+_EQUAL_PAIRS = [{"prompt": "Say 42.", "chosen": "42", "rejected": "42"},
+                {"prompt": "Say 7.", "chosen": "7", "rejected": [{"role": "assistant",
+                                                                  "content": " 7 \n"}]}]
+_SAME_TOKENS = "'chosen' and 'rejected' are the same tokens once templated"
+_EQUAL_CASES = {
+    # name: (format, records, --skip_bad_records, exit code, stdout has, stderr has).
+    "some equal: built, one warning line": (
+        "preference", _GOOD_PAIRS + _EQUAL_PAIRS, False, 0, "10 documents",
+        "build_store: warning: train: 2 of 5 preference pairs have 'chosen' equal to 'rejected' "
+        "once templated and tokenized; DPO learns nothing from them (--skip_bad_records drops "
+        "them)\n"),
+    "some equal, skipped: dropped as bad records": (
+        "preference", _GOOD_PAIRS + _EQUAL_PAIRS, True, 0,
+        f"6 documents, .* 2 bad records skipped \\(--skip_bad_records; the first: .*pairs.jsonl: "
+        f"line 4: {_SAME_TOKENS}", ""),
+    "all equal: refused": (
+        "preference", _EQUAL_PAIRS, False, 2, "",
+        "split 'train': every one of its 2 preference pairs has 'chosen' equal to 'rejected' "
+        "once templated and tokenized, so DPO learns nothing from them; give pairs whose answers "
+        "differ\n"),
+    "all equal, skipped: every record bad": (
+        "preference", _EQUAL_PAIRS, True, 2, "",
+        "split 'train': every record is bad: 2 bad records skipped (--skip_bad_records; the "
+        f"first: {{tmp}}/pairs.jsonl: line 1: {_SAME_TOKENS} (DPO learns nothing from the "
+        "pair)); fix the records"),
+    "every chat record bad, skipped": (
+        "chat", [{"messages": [{"role": "user", "content": "hi"}]}, [1]], True, 2, "",
+        "split 'train': every record is bad: 2 bad records skipped (--skip_bad_records; the "
+        "first: {tmp}/pairs.jsonl: line 1: has no assistant message"),
+}
+
+
+@pytest.mark.parametrize("name", list(_EQUAL_CASES))
+def test_pairs_with_nothing_to_learn_are_counted_dropped_or_refused(name, tmp_path, capfd,
+                                                                     monkeypatch, caplog):
+  """A pair whose sides template to the same tokens: counted with a warning line, dropped as a
+  bad record with --skip_bad_records, and a split of nothing else refused in one line, exit 2
+  (as is a split whose every record was skipped, whatever the format). A preference source
+  over the store warns of them too."""
+  kind, records, skip, code, out_has, err_has = _EQUAL_CASES[name]
+  monkeypatch.chdir(tmp_path)
+  # What the tool sets for itself when run: its TensorFlow neither probes for a GPU nor logs.
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+  chat_tokenizers.byte_level_folder(tmp_path / "tok", template="llama3")
+  (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  got = _build_store().main([f"--format={kind}", "--files=train=pairs.jsonl",
+                             "--vocabulary=tokenizer:tok", "--out=pairs", "--no_progress",
+                             *["--skip_bad_records"] * skip])
+  out, err = capfd.readouterr()
+  assert got == code, err
+  assert re.search(out_has, out) if out_has else not out, out
+  if code:
+    assert err.startswith("build_store: ") and err.count("\n") == 1, err
+    assert err_has.format(tmp=tmp_path) in err, err
+    assert not (tmp_path / "pairs").exists()
+    return
+  assert err == err_has
+  manifest = token_store.read_manifest(epath.Path(tmp_path / "pairs" / "train"))
+  assert manifest["equal_pairs"] == (0 if skip else 2)
+  task = preference_task({"train": "pairs.jsonl"}, PretrainedTokenizer("tok"),
+                         skip_bad_records=skip)
+  PreferenceStoreData(task=task, split="train", store_dir="pairs/train",
+                      sequence_length=512, global_batch_size=1).check()
+  warned = [r.getMessage() for r in caplog.records if "preference pairs have" in r.getMessage()]
+  assert warned == ([] if skip else [f"{task.name}/train: " + err_has[len(
+      "build_store: warning: train: "):-1]])

@@ -230,6 +230,11 @@ def test_qlora_adapts_a_base_held_in_int8():
              "(final_norm/scale, layer_0/attention_norm/scale, layer_0/mlp_norm/scale: it "
              "adapts the blocks' weight matrices"),
     ("(", "train.lora.targets='(': is not a regular expression"),
+    # Empty (an unset shell variable) is said as such, with what to write.
+    ("", "train.lora.targets='': is empty; give a regular expression of the weight matrices "
+         "to adapt, e.g. 'attention/(query|value)_kernel', or leave it out for every "
+         "attention projection and MLP matrix"),
+    (" ", "train.lora.targets=' ': is empty; give a regular expression"),
     # A mixture of experts' experts and router are no targets (models/lora.py).
     ("mlp/(wi|wo|router)", "train.lora.targets='mlp/(wi|wo|router)': matches only parameters "
                            "LoRA does not adapt (layer_0/mlp/router_kernel, layer_0/mlp/wi, "

@@ -5,6 +5,7 @@ where there is no host memory apart from the device's."""
 import contextlib
 import io
 import re
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +25,14 @@ KEPT = {
     "save_attention": {"query_proj", "key_proj", "value_proj", "attention_out"},
     "save_dot_except_mlp": {"query_proj", "key_proj", "value_proj", "attention_out",
                             "out_proj"},
+    # Llama's MLP output is only added into the block's output: the backward never reads it.
+    "save_dot_except_mlp_in": {"query_proj", "key_proj", "value_proj", "out_proj"},
     "full": set(),
 }
 
 
-def _model_and_params(policy):
-  setup = synthetic_tiny_setup("PyCodeLlamaTiny", f"model.remat_policy='{policy}'")
+def _model_and_params(policy, *sets):
+  setup = synthetic_tiny_setup("PyCodeLlamaTiny", f"model.remat_policy='{policy}'", *sets)
   model = setup.model
   tokens = jnp.asarray(np.random.default_rng(0).integers(3, 250, (2, 16)), jnp.int32)
   params = strip_boxes(jax.jit(model.init)(jax.random.key(0), tokens)["params"])
@@ -42,24 +45,37 @@ def _loss(model, tokens):
 
 @pytest.mark.parametrize("policy", sorted(KEPT))
 def test_a_policy_keeps_exactly_the_activations_it_names(policy):
-  model, params, tokens = _model_and_params(policy)
+  assert _saved_names(*_model_and_params(policy)) == KEPT[policy]
+
+
+def _saved_names(model, params, tokens):
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
     jax.ad_checkpoint.print_saved_residuals(_loss(model, tokens), params)
-  assert set(re.findall(r"named '(\w+)'", printed.getvalue())) == KEPT[policy]
+  return set(re.findall(r"named '(\w+)'", printed.getvalue()))
+
+
+def test_the_mlp_output_is_kept_where_a_norm_reads_it_in_the_backward():
+  """After a post-MLP norm (OLMo's block), the backward reads the MLP's output: the policy
+  that names it keeps it there, and a policy that does not recomputes it."""
+  for policy, kept in (("save_dot_except_mlp_in", {"query_proj", "key_proj", "value_proj",
+                                                   "out_proj", "mlp_out"}),
+                       ("minimal", KEPT["minimal"])):
+    assert _saved_names(*_model_and_params(policy, "model.block='post_norm'")) == kept
 
 
 def test_remat_changes_no_loss_and_no_gradient():
   losses = {}
-  for policy in ("none", "minimal"):
+  for policy in ("none", "minimal", "save_dot_except_mlp_in"):
     model, params, tokens = _model_and_params(policy)
     losses[policy] = jax.jit(jax.value_and_grad(_loss(model, tokens)))(params)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-               losses["minimal"], losses["none"])
+  for policy in ("minimal", "save_dot_except_mlp_in"):
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+                 losses[policy], losses["none"])
 
 
-def test_every_policy_is_described_and_has_a_function():
-  assert set(remat.DESCRIPTIONS) == set(remat.POLICIES)
+def test_the_field_accepts_exactly_the_policies_the_table_implements():
+  assert typing.get_args(remat.RematPolicy) == tuple(remat.POLICIES)
   for policy in remat.POLICIES:
     assert (remat.policy_function(policy) is None) == (policy == "none")
   assert [p for p in remat.POLICIES if remat.offloads(p)] == ["qkv_proj_offloaded",

@@ -352,8 +352,14 @@ BAD = {
     "negative_checkpoint_step": (DECODE + SMALL + ["--prompt=a", "--checkpoint_step=-1"], None,
                                  "--checkpoint_step=-1: must be a step number >= 0"),
     "model_override": (DECODE + SMALL + ["--fdl.model.num_layers=3", "--prompt=a"], None,
-                       "the model config differs from the one its checkpoints were trained "
-                       "with (model.num_layers: 2 -> 3)"),
+                       "the model config differs from the one this job was trained with "
+                       "(model.num_layers: 2 -> 3)"),
+    # A job with no checkpoint (a decode from --init_from made it): none to speak of.
+    "model_override_on_a_job_without_checkpoints": (
+        ["--mode=decode", "--job_log_dir=runs/config_only", "--fdl.model.num_layers=3",
+         "--prompt=a"] + SMALL, None,
+        "the model config differs from the one it was first run with, having no checkpoint "
+        "(model.num_layers: 2 -> 3); decode with the job's own config"),
     "prompt_given_to_train": (TRAIN + ["--prompt=a"], None,
                               "--prompt: --mode=train does not use this flag"),
     "job_without_checkpoints": (

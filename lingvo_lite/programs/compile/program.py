@@ -25,7 +25,7 @@ from etils import epath
 
 from lingvo_lite import outputs, paths, target as targets, topologies
 from lingvo_lite.errors import UsageError
-from lingvo_lite.programs import Invocation, ProgramFailure, summarize_changes
+from lingvo_lite.programs import Invocation, ProgramFailure, recorded_config, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.compile import (aot, analyses, compile_report, compiled_steps,
                                           decode_compile, max_batch, remat_table)
@@ -95,9 +95,9 @@ def main(invocation: Invocation) -> int | None:
   changes = invocation.config_changes()
   if changes:  # JOB/compile/ would describe another model than the job's.
     raise UsageError(
-        f"--job_log_dir={invocation.shown_job_dir}: the config differs from the one this job "
-        f"was trained with ({summarize_changes(changes)}); compile the job's own config (drop the "
-        "overrides), or give another --job_log_dir (or none) for this one")
+        f"--job_log_dir={invocation.shown_job_dir}: the config differs from "
+        f"{recorded_config(invocation)} ({summarize_changes(changes)}); compile the job's own "
+        "config (drop the overrides), or give another --job_log_dir (or none) for this one")
   if program == "eval" and setup.eval_data is None:
     raise UsageError("--compile_program=eval: this config has no eval_data; compile the "
                      "train step or set eval_data")

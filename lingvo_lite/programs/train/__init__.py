@@ -30,7 +30,7 @@ from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.training.jitted import JittedSteps
-from lingvo_lite.programs import Invocation, summarize_changes
+from lingvo_lite.programs import Invocation, recorded_config, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.train.failures import (NonFinite, OutputWriteError, TrainingFailure,
                                                  newest_checkpoint, resume_advice, write_advice)
@@ -91,9 +91,9 @@ def main(invocation: Invocation) -> None:
     changes = invocation.config_changes()
     if changes:
       raise UsageError(
-          f"--job_log_dir={invocation.shown_job_dir}: the config differs from the one this "
-          f"job was trained with ({summarize_changes(changes)}); resume with the same config "
-          "or use a new --job_log_dir")
+          f"--job_log_dir={invocation.shown_job_dir}: the config differs from "
+          f"{recorded_config(invocation)} ({summarize_changes(changes)}); train with the "
+          "job's own config or use a new --job_log_dir")
     job_is_new = not (job_dir / "config.json").exists()
     record_config = invocation.write_config if is_chief else lambda: None
     result = run(setup, job_dir, record_config, job_is_new,
@@ -319,7 +319,22 @@ def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog:
       f"mesh {mesh_shape}; {jax.process_count()} process(es)")
   tokens_per_step = data.global_batch_size * data.sequence_length
   return summaries.Throughput(start, setup.train.steps, tokens_per_step, flops, num_devices,
-                              peak)
+                              peak, _peak_raiser(peak_source, cache_folder, say))
+
+
+def _peak_raiser(source: str, cache_folder: str | None,
+                 say: Callable[[str], None]) -> Callable[[float], None]:
+  """What the meter calls when steps beat the peak (a host measured while busy): the raised
+  peak is kept (mfu.raised_peak), and said once."""
+  said = []
+
+  def raise_peak(flops: float) -> None:
+    raised = mfu.raised_peak(flops, source, cache_folder)
+    if not said:
+      said.append(True)
+      say(f"peak raised to {flops / 1e12:.3g} TFLOP/s per device ({raised}); MFU is against "
+          "it from here")
+  return raise_peak
 
 
 def _attention_choice(model: Any) -> str:
