@@ -86,7 +86,7 @@ def build(compiled: dict[str, aot.CompileResult]) -> dict[str, Any]:
 
 
 def _row(policy: str, report: dict[str, Any]) -> dict[str, Any]:
-  return {"remat_policy": policy, "description": remat.DESCRIPTIONS[policy],
+  return {"remat_policy": policy, "description": remat.POLICIES[policy].description,
           "bytes": report["memory"]["deciding"], "available": report["memory"]["available"],
           "verdict": report["verdict"], "margin": report["margin"],
           "compile_seconds": report["compile_seconds"],
