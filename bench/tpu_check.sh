@@ -10,7 +10,7 @@
 #
 # then, on the TPU VM, from the repository root:
 #
-#   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train decode tests moe
+#   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train decode tests moe profile int8
 #                                           (default: numerics train decode)
 #
 # numerics: bench/tpu_numerics.py: splash against einsum on the chip, a 50-step tiny training
@@ -23,6 +23,9 @@
 #         against the copy bandwidth measured in the same run.
 # moe:    bench/moe_bench.py mfu: a small mixture-of-experts train step's MFU (active FLOPs),
 #         dropless and capacity, beside a dense model of the same active size: $OUT/moe_mfu.json.
+# profile: bench/tpu_profile.py: traces of batch-64 decode (both shapes) and the best
+#         Llama1BOneChip row, summed by op: $OUT/<name>.json and <name>.xplane.pb.
+# int8:   Llama1BOneChip's minimal row in bfloat16 and with model.quantization='int8'.
 # tests:  the suite's model, decode and step tests on the chip, one pytest process, float32
 #         comparisons at the highest matmul precision (tests/conftest.py sets it on TPUs).
 # Output: stdout, and $OUT/*.txt / *.jsonl when $OUT is set.
@@ -86,10 +89,29 @@ for stage in "${stages[@]}"; do
           --deselect tests/decode/test_decode.py::test_text_through_a_sentencepiece_vocabulary_and_stop_strings \
           2>&1 | tail -40 | tee "$out/tests.txt"
       ;;
+    profile)
+      # Where the device time goes (bench/tpu_profile.py): batch-64 decode of both decode
+      # shapes, and the best Llama1BOneChip training row; each trace and op summary in $out.
+      python3 bench/tpu_profile.py decode --shape smollm2 --batch 64 --name decode_smollm2_b64 \
+          --out "$out" 2>&1 | grep -v "^[WI]0" | head -30 | tee "$out/profile.txt"
+      python3 bench/tpu_profile.py decode --shape head128 --batch 64 --name decode_head128_b64 \
+          --out "$out" 2>&1 | grep -v "^[WI]0" | head -30 | tee -a "$out/profile.txt"
+      python3 bench/tpu_profile.py train --experiment Llama1BOneChip --name train_minimal_b4 \
+          --set "model.remat_policy='minimal'" --out "$out" 2>&1 | grep -v "^[WI]0" \
+          | head -45 | tee -a "$out/profile.txt"
+      ;;
+    int8)
+      # int8 training (Qwix) against bfloat16 on the 552M shape, same batch and policy, one run.
+      python3 bench/accelerator_mfu.py --experiment Llama1BOneChip --steps 10 \
+          --json "$out/int8.jsonl" \
+          --variant "bf16_minimal_b4:model.remat_policy='minimal'" \
+          --variant "int8_minimal_b4:model.remat_policy='minimal';model.quantization='int8'" \
+          2>&1 | grep -v "^[WI]0" | tee "$out/int8.txt"
+      ;;
     moe)
       python3 bench/moe_bench.py mfu --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/moe.txt"
       ;;
-    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, decode, tests, moe)" >&2
+    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, decode, tests, moe, profile, int8)" >&2
        exit 2 ;;
   esac
 done
