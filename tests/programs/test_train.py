@@ -91,11 +91,12 @@ def test_rerun_hits_the_persistent_compilation_cache(tmp_path):
 
 
 def test_compile_checkpoint_and_eval_time_stay_out_of_the_step_time(tmp_path, monkeypatch):
-  """Saves and evaluations made to take 0.6 s each: counted as such in each row, not in the
-  step time, tokens/s or MFU (with them, a 5-step window would be >= 0.12 s a step)."""
+  """Saves and evaluations made to take 1.5 s each: counted as such in each row, not in the
+  step time, tokens/s or MFU (with them, a 5-step window would be >= 0.3 s a step; a tiny
+  step takes ~0.01 s quiet and stayed under 0.15 s at a load of 8 on 2 cores)."""
   from lingvo_lite.training import evaluation  # pylint: disable=g-import-not-at-top
   from lingvo_lite.checkpoints.manager import Checkpointer  # pylint: disable=g-import-not-at-top
-  slow = 0.6
+  slow = 1.5
 
   def slowly(function):
     def wrapper(*args, **kwargs):
@@ -110,7 +111,7 @@ def test_compile_checkpoint_and_eval_time_stay_out_of_the_step_time(tmp_path, mo
   with open(tmp_path / "metrics.jsonl") as f:
     first, second = [json.loads(line) for line in f]
   for row in (first, second):
-    assert row["step_time_s"] < 0.1, row
+    assert row["step_time_s"] < slow / 10, row
     # tokens/s and TFLOP/s come from that step time (one device here).
     assert row["tokens_per_s"] == pytest.approx(256 / row["step_time_s"])
     assert row["tflops_per_device"] == pytest.approx(
