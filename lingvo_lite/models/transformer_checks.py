@@ -1,6 +1,6 @@
 """The checks of a `TransformerLM`'s fields that its field annotations cannot make (sizes that
-must divide, the attention kernel the target runs, the sequence its positions cover) and the
-changes that make it tiny. A mixin of `TransformerLM` (models/transformer.py): the family
+must divide, the attention kernel the target runs: its row's refusal, models/attention_kernels;
+the sequence its positions cover) and the changes that make it tiny. A mixin of `TransformerLM` (models/transformer.py): the family
 interface's answers about checks (models/family.py), reading the transformer's fields.
 """
 
@@ -12,7 +12,7 @@ import flax.linen as nn
 
 from lingvo_lite import target as targets
 from lingvo_lite.errors import config_error
-from lingvo_lite.models import remat
+from lingvo_lite.models import attention_kernels, remat
 
 
 class TransformerChecks:
@@ -30,12 +30,11 @@ class TransformerChecks:
       raise config_error(f"{path}.num_kv_heads", self.num_kv_heads,
                          f"does not divide {path}.num_heads={self.num_heads}",
                          "grouped-query attention needs num_heads % num_kv_heads == 0")
-    if self.attention_implementation == "cudnn":
-      self._check_cudnn_attention(target, path)
-    if self.attention_implementation == "splash" and target.platform == "gpu":
-      raise config_error(f"{path}.attention_implementation", "splash",
-                         "is the TPU's kernel (a GPU cannot run it)",
-                         "use 'auto', 'cudnn' or 'xla'")
+    refused = attention_kernels.refusal(self.attention_implementation,
+                                        self.attention_call(target, path))
+    if refused:
+      raise config_error(f"{path}.attention_implementation", self.attention_implementation,
+                         *refused)
     if remat.offloads(self.remat_policy) and target.platform == "cpu":
       raise config_error(f"{path}.remat_policy", self.remat_policy,
                          "moves activations to host memory, which a CPU target does not have "
@@ -60,26 +59,6 @@ class TransformerChecks:
     if "sliding" in self.layer_kinds[:self.num_layers] and self.window is None:
       raise config_error(f"{path}.window", None, "a layer of layer_kinds slides but the "
                          "window is not set", f"set {path}.window or drop 'sliding'")
-
-  @nn.nowrap
-  def _check_cudnn_attention(self, target: targets.Target, path: str) -> None:
-    """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device
-    time."""
-    problem = None
-    device = target.devices[0]
-    # Hopper (compute capability 9.0) and newer take heads up to 256 wide, older GPUs 128.
-    capability = getattr(device, "compute_capability", "0")
-    widest_head = 256 if float(capability) >= 9.0 else 128
-    if target.platform != "gpu" or "NVIDIA" not in device.device_kind.upper():
-      problem = f"needs an NVIDIA GPU (this device: {device.device_kind})"
-    elif self.dtype not in ("bfloat16", "float16"):
-      problem = f"needs {path}.dtype 'bfloat16' or 'float16' (got {self.dtype!r})"
-    elif self.resolved_head_dim % 8 or self.resolved_head_dim > widest_head:
-      problem = (f"needs a head_dim that is a multiple of 8 and at most {widest_head} on "
-                 f"{device.device_kind} (got {self.resolved_head_dim})")
-    if problem:
-      raise config_error(f"{path}.attention_implementation", "cudnn", problem,
-                         "or use 'einsum' or 'xla'")
 
   @nn.nowrap
   def check_sequence_length(self, path: str, sequence_length: int) -> None:
