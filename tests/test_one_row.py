@@ -120,4 +120,5 @@ def test_an_attention_kernel_is_one_row(tmp_path, monkeypatch):
   # Out of the table, the name is no value of the field.
   gone = run_cli([*_TRAIN, "--job_log_dir=gone",
                   f"--fdl.model.attention_implementation='{_KERNEL}'"])
-  assert gone.code == 2 and "valid choices: 'auto', 'splash'" in gone.stderr, gone.stderr
+  choices = ", ".join(map(repr, ("auto", *attention_kernels.KERNELS)))
+  assert gone.code == 2 and f"must be one of {choices}, got" in gone.stderr, gone.stderr
