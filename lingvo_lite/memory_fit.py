@@ -15,13 +15,13 @@ The count is a lower bound, per device, at the program's largest step:
   within training, the moments) plus the eval step's activations.
 The activations counted are the int32/float32 batch, the float32 logits of the rows one step
 computes (a micro-batch in training), and, where the model's attention kernel holds them (its
-row says: models/attention_kernels; the written-out einsum does), one layer's float32
-attention scores (rows x heads x length x length for the transformer families:
-`attention_scores_shape`): every layer materializes them, so at least one layer's worth is
-live. Other activations, which remat policies trade, are not counted, nor are the scores of a
-fused kernel ("xla", "cudnn", "splash"), which XLA or the kernel may never hold whole. The decode program's bound counts the KV cache as the family
-sizes it (`cache_bytes`). A CPU's devices share the host's RAM, so their needs add up; an
-accelerator is compared with its own memory (`memory_stats()["bytes_limit"]`).
+row says: models/attention_kernels; the written-out einsum does), one layer's float32 attention
+scores (rows x heads x length x length for the transformer families: `attention_scores_shape`):
+every layer materializes them, so at least one layer's worth is live. Other activations, which
+remat policies trade, are not counted, nor are the scores of a fused kernel ("xla", "cudnn",
+"splash"), which XLA or the kernel may never hold whole. The decode program's bound counts the
+KV cache as the family sizes it (`cache_bytes`). A CPU's devices share the host's RAM, so their
+needs add up; an accelerator is compared with its own memory (`memory_stats()["bytes_limit"]`).
 """
 
 from __future__ import annotations

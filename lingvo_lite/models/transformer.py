@@ -33,10 +33,11 @@ A config naming `TransformerLM` itself (an older job's config.json) builds the s
 the family class with the same fields.
 
 The family interface's answers about sizes and FLOPs (models/transformer_sizes.py), about
-checks and `tiny` (models/transformer_checks.py) and the layer stack with its attention kinds,
-scanning and decode cache (models/transformer_layers.py) are mixins of the class, reading its
-fields; its names in other weight formats are models/transformer_names.py's. This module is
-the fields and the network's ends (embedding, output), its memory and layout answers.
+checks, the attention kernel and `tiny` (models/transformer_checks.py) and the layer stack with
+its attention kinds, scanning and decode cache (models/transformer_layers.py) are mixins of the
+class, reading its fields; its names in other weight formats are models/transformer_names.py's.
+This module is the fields and the network's ends (embedding, output), its memory and layout
+answers.
 
 Longer than 300 lines with a reason: the fields' documentation is a third of it.
 """
@@ -255,32 +256,6 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
             "layers": "num_layers"}
 
   # ---------------------------------------------------------------------------- memory
-
-  @nn.nowrap
-  def attention_call(self, target: targets.Target | None = None, path: str = "model"
-                     ) -> attention_kernels.Call:
-    """The facts of this model's attention calls on `target` (the active one by default) that
-    the kernels' rules read: the device (read on a GPU, or for a target's check), the dtype,
-    the head width, and the masks every call holds (a window, the sinks); `path` names the
-    model in a refusal."""
-    platform = target.platform if target is not None else targets.current_platform()
-    device = None
-    if target is not None or platform == "gpu":
-      device = (target or targets.current()).devices[0]
-    attention_type, _ = self.attention_module()
-    windowed = any(self.kind_fields(kind)["window"] is not None
-                   for kind in set(self.kinds_by_layer()))
-    masks = {"window"} if windowed else set()
-    if attention_type.has_sinks():
-      masks.add("sinks")
-    return attention_kernels.Call(
-        platform=platform, device_kind=getattr(device, "device_kind", ""),
-        compute_capability=str(getattr(device, "compute_capability", "0")), dtype=self.dtype,
-        head_dim=self.resolved_head_dim, masks=frozenset(masks), path=path)
-
-  @nn.nowrap
-  def attention_choice(self) -> attention_kernels.Choice:
-    return attention_kernels.choose(self.attention_implementation, self.attention_call())
 
   @nn.nowrap
   def attention_scores_shape(self, rows: int, length: int

@@ -1,7 +1,9 @@
 """The checks of a `TransformerLM`'s fields that its field annotations cannot make (sizes that
 must divide, the attention kernel the target runs: its row's refusal, models/attention_kernels;
-the sequence its positions cover) and the changes that make it tiny. A mixin of `TransformerLM` (models/transformer.py): the family
-interface's answers about checks (models/family.py), reading the transformer's fields.
+the sequence its positions cover), the attention kernel its calls run (from the facts of its
+calls that the kernels' rows read), and the changes that make it tiny. A mixin of
+`TransformerLM` (models/transformer.py): the family interface's answers about checks and the
+attention kernel (models/family.py), reading the transformer's fields.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from lingvo_lite.models import attention_kernels, remat
 
 
 class TransformerChecks:
-  """`validate`, `check_sequence_length` and `tiny` of a `TransformerLM` (its fields are read;
-  none is declared here)."""
+  """`validate`, `check_sequence_length`, the attention kernel (`attention_choice`) and `tiny`
+  of a `TransformerLM` (its fields are read; none is declared here)."""
 
   @nn.nowrap
   def validate(self, target: targets.Target, path: str = "model") -> None:
@@ -45,6 +47,32 @@ class TransformerChecks:
       raise config_error(f"{path}.rotary_dim", self.rotary_dim,
                          f"must be even and at most head_dim={self.resolved_head_dim}")
     self._check_layer_kinds(path)
+
+  @nn.nowrap
+  def attention_call(self, target: targets.Target | None = None, path: str = "model"
+                     ) -> attention_kernels.Call:
+    """The facts of this model's attention calls on `target` (the active one by default) that
+    the kernels' rules read: the device (read on a GPU, or for a target's check), the dtype,
+    the head width, and the masks every call holds (a window, the sinks); `path` names the
+    model in a refusal."""
+    platform = target.platform if target is not None else targets.current_platform()
+    device = None
+    if target is not None or platform == "gpu":
+      device = (target or targets.current()).devices[0]
+    attention_type, _ = self.attention_module()
+    windowed = any(self.kind_fields(kind)["window"] is not None
+                   for kind in set(self.kinds_by_layer()))
+    masks = {"window"} if windowed else set()
+    if attention_type.has_sinks():
+      masks.add("sinks")
+    return attention_kernels.Call(
+        platform=platform, device_kind=getattr(device, "device_kind", ""),
+        compute_capability=str(getattr(device, "compute_capability", "0")), dtype=self.dtype,
+        head_dim=self.resolved_head_dim, masks=frozenset(masks), path=path)
+
+  @nn.nowrap
+  def attention_choice(self) -> attention_kernels.Choice:
+    return attention_kernels.choose(self.attention_implementation, self.attention_call())
 
   @nn.nowrap
   def _check_layer_kinds(self, path: str) -> None:
