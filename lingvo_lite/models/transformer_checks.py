@@ -58,7 +58,8 @@ class TransformerChecks:
     platform = target.platform if target is not None else targets.current_platform()
     device = None
     if target is not None or platform == "gpu":
-      device = (target or targets.current()).devices[0]
+      devices = (target or targets.current()).devices
+      device = devices[0] if devices else None
     attention_type, _ = self.attention_module()
     windowed = any(self.kind_fields(kind)["window"] is not None
                    for kind in set(self.kinds_by_layer()))
