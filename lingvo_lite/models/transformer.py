@@ -51,7 +51,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite import target as targets
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.models import attention_kernels, layers
 from lingvo_lite.models.lora import LoraSettings
