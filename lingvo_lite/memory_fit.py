@@ -14,14 +14,14 @@ The count is a lower bound, per device, at the program's largest step:
 - an evaluation (the eval program's, or the one a training run does): the parameters (and,
   within training, the moments) plus the eval step's activations.
 The activations counted are the int32/float32 batch, the float32 logits of the rows one step
-computes (a micro-batch in training), and, where the model's family holds them (the written-
-out "einsum" attention), one layer's float32 attention scores (rows x heads x length x length
-for the transformer families: `attention_scores_shape`): every layer materializes them, so at
-least one layer's worth is live. Other activations, which remat policies trade, are not
-counted, nor are the scores of jax.nn.dot_product_attention ("xla", "cudnn"), which XLA or the
-kernel may never hold whole. The decode program's bound counts the KV cache as the family
-sizes it (`cache_bytes`). A CPU's devices share the host's RAM, so their needs add up; an
-accelerator is compared with its own memory (`memory_stats()["bytes_limit"]`).
+computes (a micro-batch in training), and, where the model's attention kernel holds them (its
+row says: models/attention_kernels; the written-out einsum does), one layer's float32 attention
+scores (rows x heads x length x length for the transformer families: `attention_scores_shape`):
+every layer materializes them, so at least one layer's worth is live. Other activations, which
+remat policies trade, are not counted, nor are the scores of a fused kernel ("xla", "cudnn",
+"splash"), which XLA or the kernel may never hold whole. The decode program's bound counts the
+KV cache as the family sizes it (`cache_bytes`). A CPU's devices share the host's RAM, so their
+needs add up; an accelerator is compared with its own memory (`memory_stats()["bytes_limit"]`).
 """
 
 from __future__ import annotations
@@ -273,9 +273,10 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
     elif setup.train.grad_accum_steps * 2 <= data.global_batch_size:
       fix += ", more train.grad_accum_steps"
     fix += ", or more devices"
-    if need.attention:
-      fix += ("; model.attention_implementation='cudnn' (NVIDIA GPUs) never holds the "
-              "attention scores")
+    scoreless = model.attention_choice().scoreless if need.attention else ()
+    if scoreless:
+      fix += (f"; model.attention_implementation={' or '.join(map(repr, scoreless))} never "
+              "holds the attention scores")
     fixes.append(fix)
   raise UsageError(
       f"model: {_count(model.num_parameters())} parameters (num_layers={model.num_layers}, "

@@ -19,7 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import layers
+from lingvo_lite.models import attention_kernels, layers
 from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models.quantization import Quantization
 
@@ -62,7 +62,7 @@ class Block(nn.Module):
   rotary_style: layers.RotaryStyle
   rotary_base: float
   rotary_scaling: tuple[Any, ...]
-  attention_implementation: layers.AttentionImplementation
+  attention_implementation: attention_kernels.AttentionImplementation
   mlp_dim: int
   mlp_activation: layers.Activation
   mlp_bias: bool

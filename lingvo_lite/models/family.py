@@ -11,8 +11,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
 
 - Fields, as its dataclass fields: `vocab_size`, `num_layers`, `dim`, `max_length` (the context
   a request may reach when decoding), `dtype`, `param_dtype`, `scan_layers`, `remat_policy`
-  (one of `models/remat.py`'s `POLICIES`) and `attention_implementation` ("auto", "einsum",
-  "xla", "cudnn", "splash"). Programs read these by name; every other field is the family's own.
+  (one of `models/remat.py`'s `POLICIES`) and `attention_implementation` ("auto" or a row of
+  `models/attention_kernels`). Programs read these by name; every other field is the family's.
 - Sizes: `num_parameters()`, `parameter_shapes()` (every parameter's path, logical axes, shape,
   dtype, from shapes alone), `matmul_parameters()` and `size_fields()` (`check_size()` is
   shared).
@@ -42,7 +42,7 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
 - Decoding: `for_decoding(platform)`, the model the decode functions run (another layer
   layout where that is faster); `decode_params`, the parameters' form there.
 - Memory: `attention_scores_shape(rows, length)` and `holds_attention_scores`; the attention
-  that runs, `resolved_attention_implementation()` ("auto" resolved on the active target).
+  that runs, `attention_choice()` (its kernel, "auto" resolved on the active target, and why).
 - Checkpoint layout: `layout_metadata()`, `in_saved_layout(metadata)`, `to_own_layout(tree)`.
 - Names: `family_name` (registers the class in `FAMILIES` when its module is imported; each
   family sets its own), `same_model_as` (the classes whose configs build this very model: the
@@ -108,7 +108,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.errors import config_error
-from lingvo_lite.models import lora as lora_lib
+from lingvo_lite.models import attention_kernels, lora as lora_lib
 from lingvo_lite.models import quantization as quantizing
 
 # No machine holds the training state of more parameters: 1e14 float32 parameters with their
@@ -370,15 +370,21 @@ class LanguageModel(nn.Module):
 
   # ---------------------------------------------------------------------------- memory
 
+  @nn.nowrap
+  def attention_choice(self) -> attention_kernels.Choice:
+    """The attention kernel the model's training calls run on the active target: the row
+    `attention_implementation` names or "auto" picks, and why (models/attention_kernels)."""
+    raise NotImplementedError
+
   @property
   def holds_attention_scores(self) -> bool:
-    """Whether training materializes `attention_scores_shape` (a fused kernel may never)."""
-    raise NotImplementedError
+    """Whether training materializes `attention_scores_shape` (its kernel's row says)."""
+    return self.attention_choice().runs.holds_scores
 
   @nn.nowrap
   def resolved_attention_implementation(self) -> str:
     """What `attention_implementation` runs as on the active target ("auto" resolved)."""
-    raise NotImplementedError
+    return self.attention_choice().name
 
   @nn.nowrap
   def attention_scores_shape(self, rows: int, length: int

@@ -5,9 +5,10 @@ Every parameter is created with logical axis names (`embed`, `heads`, `kv`, `mlp
 `norm`) so the partitioner can map them to mesh axes; key activations carry logical
 constraints (`batch`, `length`, ...) that are no-ops unless a mesh and rules are active.
 
-Longer than 300 lines with a reason: attention is most of it (einsum, fused, splash and cached
-paths over one set of projections), and the paths must stay beside each other to stay equal
-(the layer and decode tests compare them).
+The attention layer here is its projections, its hooks (what a query sees, where the cache
+holds a token) and the cache write; how it attends is its kernel's, a row of
+models/attention_kernels/ (the written-out einsum, the fused and TPU kernels, the decode
+kernel), which it asks by the facts of the call, never by a kernel's name.
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import decode_attention, flash_attention, lora as adapters, rotary
+from lingvo_lite.models import attention_kernels, lora as adapters, rotary
 from lingvo_lite.models import quantization as quantizing
+# The written-out attention's mask and softmax and "auto"'s choice, where callers of the layers
+# have reached them.
+# pylint: disable=unused-import
+from lingvo_lite.models.attention_kernels import resolve_implementation
+from lingvo_lite.models.attention_kernels.einsum import attention_mask, unnormalized_softmax
+# pylint: enable=unused-import
 from lingvo_lite.models.kv_cache import ring_positions
 from lingvo_lite.models.quantization import Quantization
 from lingvo_lite.models.remat import tag
@@ -36,11 +43,6 @@ RotaryStyle = rotary.RotaryStyle
 # (one scale of head_dim, Qwen3 and Gemma 3), "projection" over the whole projection (a scale
 # per head and feature, OLMo 2 and 3).
 QkNorm = Literal["none", "head", "projection"]
-# "einsum": the attention written out below. "xla" and "cudnn": jax.nn.dot_product_attention
-# with that implementation; "cudnn" is the fused flash-attention kernel of NVIDIA GPUs.
-# "splash": the Pallas flash-attention kernel of TPUs (models/flash_attention.py). "auto": the
-# target's fastest, resolved when the model is traced (`resolve_implementation`).
-AttentionImplementation = Literal["auto", "einsum", "xla", "cudnn", "splash"]
 
 # Gated activations need two input projections (value and gate).
 GATED_ACTIVATIONS = ("swiglu", "geglu")
@@ -143,79 +145,20 @@ class Norm(nn.Module):
     return y.astype(self.dtype)
 
 
-def attention_mask(segment_ids: jax.Array | None, length: int) -> jax.Array:
-  """Boolean [batch or 1, 1, 1, length, length] mask: causal, and within one segment."""
-  causal = jnp.tril(jnp.ones((length, length), dtype=jnp.bool_))[None, None, None]
-  if segment_ids is None:
-    return causal
-  same_segment = segment_ids[:, :, None] == segment_ids[:, None, :]
-  return causal & same_segment[:, None, None]
-
-
-def band_mask(length: int, window: int) -> jax.Array:
-  """Boolean [1, 1, 1, length, length]: query i sees key j where 0 <= i - j < window."""
-  index = jnp.arange(length, dtype=jnp.int32)
-  offset = index[:, None] - index[None, :]
-  return ((offset >= 0) & (offset < window))[None, None, None]
-
-
-def resolve_implementation(requested: AttentionImplementation, platform: str,
-                           device_kind: str = "", dtype: str = "float32",
-                           head_dim: int = 0) -> AttentionImplementation:
-  """The implementation "auto" stands for on `platform` (a target's: an AOT compile for a TPU
-  topology resolves to the TPU's kernel): "splash" on TPUs; cuDNN's flash kernel on NVIDIA
-  GPUs where it takes the dtype and head width, else XLA's; the written-out einsum on CPUs
-  (fastest there, measured). Any other request is returned as it is."""
-  if requested != "auto":
-    return requested
-  if platform == "tpu":
-    return "splash"
-  if platform == "gpu":
-    fits_cudnn = (dtype in ("bfloat16", "float16") and head_dim % 8 == 0 and head_dim <= 128
-                  and "NVIDIA" in device_kind.upper())
-    return "cudnn" if fits_cudnn else "xla"
-  return "einsum"
-
-
-def unnormalized_softmax(logits: jax.Array, mask: jax.Array, sinks: jax.Array | None = None
-                         ) -> tuple[jax.Array, jax.Array]:
-  """exp(logits - max) over the keys where `mask` holds (0 elsewhere), and its sum.
-
-  The caller divides the attention output by the sum instead of dividing the probabilities:
-  [.., t, head_dim] values instead of [.., t, t], in the forward and the backward pass
-  (measured: about 3% of a BenchSmall train step on 8 CPU devices). Every query sees at
-  least itself, so the sum is at least 1. The un-normalized output is a sum over up to t
-  values, so it is accumulated and divided in float32 (float16 would overflow).
-
-  `sinks` (float32, broadcasting against logits without their key axis): a logit each
-  query's softmax also sums over, with no value (gpt-oss's attention sinks): it enters the
-  sum, and the shift, alone.
-  """
-  logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
-  # The softmax does not depend on the shift, so no gradient flows through it.
-  shift = jnp.max(logits, axis=-1, keepdims=True)
-  if sinks is not None:
-    shift = jnp.maximum(shift, sinks[..., None])
-  shift = jax.lax.stop_gradient(shift)
-  weights = jnp.exp(logits - shift)
-  denominator = jnp.sum(weights, axis=-1)
-  if sinks is not None:
-    denominator = denominator + jnp.exp(sinks - shift[..., 0])
-  return weights, denominator
-
-
 class Attention(nn.Module):
   """Causal multi-head attention with grouped-query support, optional rotary embedding, an
   optional sliding window and an optional RMSNorm of queries and keys.
 
-  What a query sees goes through hooks, which every path asks: `sliding_window()` (the
-  positions a query sees; every training and prefill path takes it: the einsum's mask, the
-  fused kernels' local window, splash's band), and for decoding `_cache_entry` (where a new
-  token's keys and values go in the cache), `_cache_mask` (which entries a query sees) and
+  How it attends is its kernel's (`implementation`, a row of models/attention_kernels/); what
+  a query sees goes through hooks, which every kernel asks: `sliding_window()` (the positions
+  a query sees; every training and prefill kernel takes it: the einsum's mask, the fused
+  kernels' local window, splash's band), `sinks()`, and for decoding `_cache_entry` (where a
+  new token's keys and values go in the cache), `_cache_mask` (which entries a query sees) and
   `_cache_prefix` (the same as a count of leading entries, for the TPU's decode kernel). With
   a `window` the decode cache is a ring of the last entries (position p at entry p % entries,
   models/kv_cache.py); a family whose attention differs otherwise overrides the hooks rather
-  than a path.
+  than a kernel. `cache_layout` names what its cache holds ("heads": the keys and values of
+  every key/value head): a decode step takes a kernel's form that reads that layout.
 
   Attributes:
     window: Positions each query sees, its own included (a sliding window); None: every
@@ -239,13 +182,21 @@ class Attention(nn.Module):
   qk_norm: QkNorm = "none"
   norm_kind: NormKind = "rmsnorm"
   norm_eps: float = 1e-6
-  # Resolved by the model ("auto" is resolved before a layer is built; left here, it is the
-  # einsum path).
-  implementation: AttentionImplementation = "einsum"
+  # A row of models/attention_kernels/, resolved by the model ("auto" is resolved before a
+  # layer is built; left here, it is the einsum row).
+  implementation: attention_kernels.AttentionImplementation = "einsum"
   quantization: Quantization | None = None  # Of the projections (models/quantization.py).
   lora: adapters.LoraSettings | None = None  # The projections' adapters (models/lora.py).
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+
+  # The decode cache's layout its kernels' decode forms read (models/attention_kernels/row.py).
+  cache_layout = "heads"
+
+  @classmethod
+  def has_sinks(cls) -> bool:
+    """Whether `sinks()` is a family's own (then "auto" passes by the kernels taking none)."""
+    return cls.sinks is not Attention.sinks
 
   def sliding_window(self) -> int | None:
     """Positions each query sees, its own included; None: every earlier position."""
@@ -256,16 +207,6 @@ class Attention(nn.Module):
     over, taking weight from the keys without a value (gpt-oss's attention sinks); None for
     none. Called once per call (it may create a parameter); every path takes its value."""
     return None
-
-  def _head_sinks(self, sinks: jax.Array | None, grouped: bool) -> jax.Array | None:
-    """`sinks` laid out as the scores' [batch, heads, query] (or grouped: [batch, kv_heads,
-    group, query]) for `unnormalized_softmax`."""
-    if sinks is None:
-      return None
-    sinks = sinks.astype(jnp.float32)
-    if grouped:
-      return sinks.reshape(self.num_kv_heads, -1)[None, :, :, None]
-    return sinks[None, :, None]
 
   def scale(self) -> float:
     """What queries are multiplied by before their scores."""
@@ -290,71 +231,6 @@ class Attention(nn.Module):
     if self.use_bias:
       y = y + self._bias(f"{name}_bias", (heads, self.head_dim), ("heads", "kv"))
     return y
-
-  def _mask(self, segment_ids: jax.Array | None, length: int) -> jax.Array:
-    """The written-out path's boolean mask [batch or 1, 1, 1, t, t]: causal, within a
-    segment, within the window."""
-    mask = attention_mask(segment_ids, length)
-    window = self.sliding_window()
-    return mask if window is None else mask & band_mask(length, window)
-
-  def _einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                        segment_ids: jax.Array | None, sinks: jax.Array | None = None
-                        ) -> jax.Array:
-    batch, length = q.shape[:2]
-    mask = self._mask(segment_ids, length)
-    q = q * jnp.asarray(self.scale(), self.dtype)
-    group = self.num_heads // self.num_kv_heads
-    if group == 1:
-      # Plain multi-head attention: 4-D einsums are measurably faster on CPU than the
-      # grouped 5-D form with a unit group axis.
-      logits = jnp.einsum("bthd,bshd->bhts", q, k).astype(jnp.float32)
-      weights, denominator = unnormalized_softmax(logits, mask[:, :, 0],
-                                                  self._head_sinks(sinks, False))
-      out = jnp.einsum("bhts,bshd->bthd", weights.astype(self.dtype), v,
-                       preferred_element_type=jnp.float32)
-      return (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
-    # Grouped-query: query heads grouped by the key/value head they share, so k and v are
-    # never copied per query head: [b, t, kv_heads, group, d].
-    q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
-    logits = jnp.einsum("btkgd,bskd->bkgts", q, k).astype(jnp.float32)
-    weights, denominator = unnormalized_softmax(logits, mask, self._head_sinks(sinks, True))
-    out = jnp.einsum("bkgts,bskd->btkgd", weights.astype(self.dtype), v,
-                     preferred_element_type=jnp.float32)
-    out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
-    return out.reshape(batch, length, self.num_heads, self.head_dim)
-
-  def _fused_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                       segment_ids: jax.Array | None) -> jax.Array:
-    """jax.nn.dot_product_attention with `implementation` ("xla", or cuDNN's flash kernel):
-    causal as a flag without segments (the kernel skips the masked blocks), and the window as
-    the kernel's own local window."""
-    mask = None if segment_ids is None else attention_mask(segment_ids, q.shape[1])[:, :, 0]
-    window = self.sliding_window()
-    return jax.nn.dot_product_attention(
-        q, k, v, mask=mask, is_causal=mask is None, scale=self.scale(),
-        local_window_size=None if window is None else (window - 1, 0),
-        implementation=self.implementation)
-
-  def _splash_attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                        segment_ids: jax.Array | None, sinks: jax.Array | None = None
-                        ) -> jax.Array:
-    """The TPU's flash kernel (models/flash_attention.py), per shard (it takes sinks)."""
-    q = q * jnp.asarray(self.scale(), self.dtype)
-    return flash_attention.splash_attention(q, k, v, segment_ids, self.sliding_window(),
-                                            sinks=sinks)
-
-  def _attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
-                 segment_ids: jax.Array | None, sinks: jax.Array | None = None) -> jax.Array:
-    """Training's and prefill's attention by `implementation`. Splash needs a length its
-    blocks divide (a multiple of 128); other lengths (a short prefill bucket) are written
-    out, the same function. jax.nn.dot_product_attention ("xla", "cudnn") takes no sinks:
-    with them, the written-out path."""
-    if self.implementation == "splash" and flash_attention.supports_length(q.shape[1]):
-      return self._splash_attention(q, k, v, segment_ids, sinks)
-    if self.implementation in ("xla", "cudnn") and sinks is None:
-      return self._fused_attention(q, k, v, segment_ids)
-    return self._einsum_attention(q, k, v, segment_ids, sinks)
 
   def _cache_entry(self, positions: jax.Array, entries: int) -> jax.Array:
     """int32 [batch, length]: the cache entry each new token's keys and values go to (of the
@@ -388,11 +264,24 @@ class Attention(nn.Module):
       return None
     return jnp.minimum(positions + 1, entries)
 
+  def _attention(self, q: jax.Array, k: jax.Array, v: jax.Array,
+                 segment_ids: jax.Array | None, sinks: jax.Array | None = None) -> jax.Array:
+    """Training's and prefill's attention: `implementation`'s kernel, or the one it falls
+    back to for a call it has no form for (a mask it does not apply, a length its blocks do
+    not divide)."""
+    needs = (("segments", segment_ids is not None),
+             ("window", self.sliding_window() is not None), ("sinks", sinks is not None))
+    call = attention_kernels.Call(current_platform(), length=q.shape[1],
+                                  masks=frozenset(mask for mask, needed in needs if needed))
+    kernel = attention_kernels.for_training(self.implementation, call)
+    return kernel.attend(self, q, k, v, segment_ids, sinks)
+
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                         context: Context, sinks: jax.Array | None = None
                         ) -> tuple[jax.Array, Context]:
     """Decoding: writes the new tokens' keys and values into the cache at their entries
-    (`_cache_entry`), then attends to the entries each query sees (`_cache_mask`).
+    (`_cache_entry`), then attends to the entries each query sees (`_cache_mask`) through the
+    decode form of `implementation`'s kernel that reads this cache and fits the step.
 
     Writing first, then reading, lets XLA update the cache in place: attending to the old
     cache and writing after made it copy the whole cache twice per step (measured).
@@ -407,29 +296,14 @@ class Attention(nn.Module):
       where = (context.layer, *where)
     keys = context.keys.at[where].set(k.astype(context.keys.dtype))
     values = context.values.at[where].set(v.astype(context.values.dtype))
-    layer_keys, layer_values = (keys, values) if context.layer is None else (
+    layer_cache = (keys, values) if context.layer is None else (
         keys[context.layer], values[context.layer])
     q = q * jnp.asarray(self.scale(), self.dtype)
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
-    prefix = self._cache_prefix(positions[:, 0], entries)
-    if (self.implementation == "splash" and prefix is not None
-        and decode_attention.supports(length, entries, self.head_dim, layer_keys.dtype)):
-      # The TPU's decode kernel: reads only the entries each slot filled.
-      out = decode_attention.attend(q[:, 0], layer_keys, layer_values, prefix)
-      return out.reshape(batch, length, self.num_heads, self.head_dim), context._replace(
-          keys=keys, values=values)
-    logits = jnp.einsum("btkgd,bksd->bkgts", q, layer_keys.astype(self.dtype)
-                        ).astype(jnp.float32)
-    mask = self._cache_mask(positions, entries)[:, None, None]
-    weights, denominator = unnormalized_softmax(logits, mask, self._head_sinks(sinks, True))
-    # XLA:CPU has no bfloat16 x bfloat16 -> float32 dot of this shape for a few query
-    # positions: there, float32 operands (the cache of one layer, converted as it is read).
-    operands = jnp.float32 if current_platform() == "cpu" else self.dtype
-    out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(operands),
-                     layer_values.astype(operands), preferred_element_type=jnp.float32)
-    out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(self.dtype)
-    return out.reshape(batch, length, self.num_heads, self.head_dim), context._replace(
-        keys=keys, values=values)
+    step = attention_kernels.DecodeStep(self, q, layer_cache, positions, sinks)
+    out = attention_kernels.for_decoding(self.implementation, self.cache_layout, step).attend(
+        step)
+    return out, context._replace(keys=keys, values=values)
 
   @nn.compact
   def __call__(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,

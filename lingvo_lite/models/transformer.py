@@ -33,10 +33,11 @@ A config naming `TransformerLM` itself (an older job's config.json) builds the s
 the family class with the same fields.
 
 The family interface's answers about sizes and FLOPs (models/transformer_sizes.py), about
-checks and `tiny` (models/transformer_checks.py) and the layer stack with its attention kinds,
-scanning and decode cache (models/transformer_layers.py) are mixins of the class, reading its
-fields; its names in other weight formats are models/transformer_names.py's. This module is
-the fields and the network's ends (embedding, output), its memory and layout answers.
+checks, the attention kernel and `tiny` (models/transformer_checks.py) and the layer stack with
+its attention kinds, scanning and decode cache (models/transformer_layers.py) are mixins of the
+class, reading its fields; its names in other weight formats are models/transformer_names.py's.
+This module is the fields and the network's ends (embedding, output), its memory and layout
+answers.
 
 Longer than 300 lines with a reason: the fields' documentation is a third of it.
 """
@@ -50,9 +51,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite import target as targets
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
-from lingvo_lite.models import layers
+from lingvo_lite.models import attention_kernels, layers
 from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import BlockKind
@@ -131,11 +131,10 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
     max_length: The model's context: rows of the learned position table, and the positions
       a decode request may reach (decode.cache_length's default).
     attention_bias: Bias on q, k, v and output projections.
-    attention_implementation: "auto" (the default: the target's fastest, resolved when the
-      model is traced: "splash" on TPUs, "cudnn" or "xla" on GPUs, "einsum" on CPUs), "einsum"
-      (written out), jax.nn.dot_product_attention's "xla" or "cudnn" (flash attention;
-      NVIDIA GPUs only), or "splash" (Pallas's TPU flash kernel, models/flash_attention.py;
-      elsewhere interpreted, for tests).
+    attention_implementation: A kernel of models/attention_kernels/ ("einsum": written out,
+      "xla", "cudnn", "splash", "paged": the TPU's decode kernel), or "auto" (the default: the
+      target's fastest that takes the model, resolved when the model is traced: "splash" on
+      TPUs, "cudnn" or "xla" on GPUs, "einsum" on CPUs).
     mlp_bias: Bias on the MLP projections.
     embedding_bias: A learned bias added to every token embedding (mesh-transformer-jax
       implements the embedding as one-hot times a biased Linear).
@@ -196,7 +195,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
   embedding_scale: EmbeddingScale = "one"
   max_length: Annotated[int, Int32Size] = 2048
   attention_bias: bool = False
-  attention_implementation: layers.AttentionImplementation = "auto"
+  attention_implementation: attention_kernels.AttentionImplementation = "auto"
   mlp_bias: bool = False
   embedding_bias: bool = False
   tie_embeddings: bool = False
@@ -256,22 +255,6 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
             "layers": "num_layers"}
 
   # ---------------------------------------------------------------------------- memory
-
-  @property
-  def holds_attention_scores(self) -> bool:
-    # jax.nn.dot_product_attention ("xla", "cudnn") may fuse the scores away; splash never
-    # writes them out.
-    return self.resolved_attention_implementation() == "einsum"
-
-  @nn.nowrap
-  def resolved_attention_implementation(self) -> layers.AttentionImplementation:
-    """What `attention_implementation` runs as on the active target ("auto" resolved)."""
-    device_kind = ""
-    if self.attention_implementation == "auto" and targets.current_platform() == "gpu":
-      device_kind = targets.current().devices[0].device_kind
-    return layers.resolve_implementation(self.attention_implementation,
-                                         targets.current_platform(), device_kind, self.dtype,
-                                         self.resolved_head_dim)
 
   @nn.nowrap
   def attention_scores_shape(self, rows: int, length: int

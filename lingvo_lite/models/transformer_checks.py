@@ -1,7 +1,9 @@
 """The checks of a `TransformerLM`'s fields that its field annotations cannot make (sizes that
-must divide, the attention kernel the target runs, the sequence its positions cover) and the
-changes that make it tiny. A mixin of `TransformerLM` (models/transformer.py): the family
-interface's answers about checks (models/family.py), reading the transformer's fields.
+must divide, the attention kernel the target runs: its row's refusal, models/attention_kernels;
+the sequence its positions cover), the attention kernel its calls run (from the facts of its
+calls that the kernels' rows read), and the changes that make it tiny. A mixin of
+`TransformerLM` (models/transformer.py): the family interface's answers about checks and the
+attention kernel (models/family.py), reading the transformer's fields.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import flax.linen as nn
 
 from lingvo_lite import target as targets
 from lingvo_lite.errors import config_error
-from lingvo_lite.models import remat
+from lingvo_lite.models import attention_kernels, remat
 
 
 class TransformerChecks:
-  """`validate`, `check_sequence_length` and `tiny` of a `TransformerLM` (its fields are read;
-  none is declared here)."""
+  """`validate`, `check_sequence_length`, the attention kernel (`attention_choice`) and `tiny`
+  of a `TransformerLM` (its fields are read; none is declared here)."""
 
   @nn.nowrap
   def validate(self, target: targets.Target, path: str = "model") -> None:
@@ -30,12 +32,11 @@ class TransformerChecks:
       raise config_error(f"{path}.num_kv_heads", self.num_kv_heads,
                          f"does not divide {path}.num_heads={self.num_heads}",
                          "grouped-query attention needs num_heads % num_kv_heads == 0")
-    if self.attention_implementation == "cudnn":
-      self._check_cudnn_attention(target, path)
-    if self.attention_implementation == "splash" and target.platform == "gpu":
-      raise config_error(f"{path}.attention_implementation", "splash",
-                         "is the TPU's kernel (a GPU cannot run it)",
-                         "use 'auto', 'cudnn' or 'xla'")
+    refused = attention_kernels.refusal(self.attention_implementation,
+                                        self.attention_call(target, path))
+    if refused:
+      raise config_error(f"{path}.attention_implementation", self.attention_implementation,
+                         *refused)
     if remat.offloads(self.remat_policy) and target.platform == "cpu":
       raise config_error(f"{path}.remat_policy", self.remat_policy,
                          "moves activations to host memory, which a CPU target does not have "
@@ -46,6 +47,33 @@ class TransformerChecks:
       raise config_error(f"{path}.rotary_dim", self.rotary_dim,
                          f"must be even and at most head_dim={self.resolved_head_dim}")
     self._check_layer_kinds(path)
+
+  @nn.nowrap
+  def attention_call(self, target: targets.Target | None = None, path: str = "model"
+                     ) -> attention_kernels.Call:
+    """The facts of this model's attention calls on `target` (the active one by default) that
+    the kernels' rules read: the device (read on a GPU, or for a target's check), the dtype,
+    the head width, and the masks every call holds (a window, the sinks); `path` names the
+    model in a refusal."""
+    platform = target.platform if target is not None else targets.current_platform()
+    device = None
+    if target is not None or platform == "gpu":
+      devices = (target or targets.current()).devices
+      device = devices[0] if devices else None
+    attention_type, _ = self.attention_module()
+    windowed = any(self.kind_fields(kind)["window"] is not None
+                   for kind in set(self.kinds_by_layer()))
+    masks = {"window"} if windowed else set()
+    if attention_type.has_sinks():
+      masks.add("sinks")
+    return attention_kernels.Call(
+        platform=platform, device_kind=getattr(device, "device_kind", ""),
+        compute_capability=str(getattr(device, "compute_capability", "0")), dtype=self.dtype,
+        head_dim=self.resolved_head_dim, masks=frozenset(masks), path=path)
+
+  @nn.nowrap
+  def attention_choice(self) -> attention_kernels.Choice:
+    return attention_kernels.choose(self.attention_implementation, self.attention_call())
 
   @nn.nowrap
   def _check_layer_kinds(self, path: str) -> None:
@@ -60,26 +88,6 @@ class TransformerChecks:
     if "sliding" in self.layer_kinds[:self.num_layers] and self.window is None:
       raise config_error(f"{path}.window", None, "a layer of layer_kinds slides but the "
                          "window is not set", f"set {path}.window or drop 'sliding'")
-
-  @nn.nowrap
-  def _check_cudnn_attention(self, target: targets.Target, path: str) -> None:
-    """What jax.nn.dot_product_attention's cuDNN kernel accepts, checked before any device
-    time."""
-    problem = None
-    device = target.devices[0]
-    # Hopper (compute capability 9.0) and newer take heads up to 256 wide, older GPUs 128.
-    capability = getattr(device, "compute_capability", "0")
-    widest_head = 256 if float(capability) >= 9.0 else 128
-    if target.platform != "gpu" or "NVIDIA" not in device.device_kind.upper():
-      problem = f"needs an NVIDIA GPU (this device: {device.device_kind})"
-    elif self.dtype not in ("bfloat16", "float16"):
-      problem = f"needs {path}.dtype 'bfloat16' or 'float16' (got {self.dtype!r})"
-    elif self.resolved_head_dim % 8 or self.resolved_head_dim > widest_head:
-      problem = (f"needs a head_dim that is a multiple of 8 and at most {widest_head} on "
-                 f"{device.device_kind} (got {self.resolved_head_dim})")
-    if problem:
-      raise config_error(f"{path}.attention_implementation", "cudnn", problem,
-                         "or use 'einsum' or 'xla'")
 
   @nn.nowrap
   def check_sequence_length(self, path: str, sequence_length: int) -> None:

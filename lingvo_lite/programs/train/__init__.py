@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from lingvo_lite import memory_fit, mfu, target as targets
+from lingvo_lite import memory_fit, mfu
 from lingvo_lite.training import evaluation
 from lingvo_lite.checkpoints import health as checkpoint_health
 from lingvo_lite.checkpoints import selection as checkpoint_selection
@@ -312,7 +312,7 @@ def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog:
                                                   cache_folder)
   say(f"model: {num_params / 1e6:.2f}M parameters{trained}, {flops / 1e12:.3g} TFLOP per step; "
       f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
-  say(f"blocks: attention {_attention_choice(setup.model)}, remat "
+  say(f"blocks: attention {setup.model.attention_choice()}, remat "
       f"{setup.model.remat_policy}")
   say(f"batch: global {data.global_batch_size} x {data.sequence_length} tokens = "
       f"{data.global_batch_size / num_devices:g} per device x {num_devices} devices; "
@@ -335,11 +335,3 @@ def _peak_raiser(source: str, cache_folder: str | None,
       say(f"peak raised to {flops / 1e12:.3g} TFLOP/s per device ({raised}); MFU is against "
           "it from here")
   return raise_peak
-
-
-def _attention_choice(model: Any) -> str:
-  """The attention implementation the step is traced with, and "auto"'s reason."""
-  chosen = model.resolved_attention_implementation()
-  if model.attention_implementation == "auto":
-    return f"{chosen} (auto on {targets.current_platform()})"
-  return chosen
