@@ -15,19 +15,14 @@ from typing import Any, Sequence
 from lingvo_lite.models.checkpoint_names import HfConfig, TensorName
 from lingvo_lite.models.transformer_names import TransformerHfNames
 
-# How tokens reach the experts and what training adds to the objective besides the balance
-# loss: no Hugging Face key for them, none needed to compute the model.
-MOE_RUN_FIELDS = ("dispatch", "capacity_factor", "router_z_loss_coefficient")
-
 
 class MoeHfNames(TransformerHfNames):
-  """A mixture-of-experts family's Hugging Face names: the transformer's, with the fields of
-  how its experts are run left out, and the feed-forward kinds compared layer by layer."""
+  """A mixture-of-experts family's Hugging Face names: the transformer's, with the
+  feed-forward kinds compared layer by layer."""
 
   def expressed(self) -> dict[str, Any]:
     model = self.model
-    found = {name: value for name, value in super().expressed().items()
-             if name not in MOE_RUN_FIELDS}
+    found = super().expressed()
     found.update(mlp_kinds=model.mlp_kinds_by_layer(),
                  expert_mlp_dim=model.resolved_expert_mlp_dim)
     if "moe" not in model.mlp_kinds_by_layer():  # Then no expert's setting is in the model.

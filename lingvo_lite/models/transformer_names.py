@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from lingvo_lite import run_fields
 from lingvo_lite.models.checkpoint_names import HfConfig
 from lingvo_lite.models.format_names import GgufNames, HfNames
 from lingvo_lite.models.transformer_layers import pattern_of
 
-# How a model is run, not what it computes: no Hugging Face key for them, none needed.
-_RUN_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
-               "attention_implementation", "embedding_init_stddev", "parent", "name")
+# Flax's own bookkeeping fields: no setting.
+_FRAMEWORK_FIELDS = ("parent", "name")
 # Sizes a config may leave to their derivation (None) or give: compared as derived.
 _DERIVED = {"num_kv_heads": "resolved_num_kv_heads", "head_dim": "resolved_head_dim",
             "mlp_dim": "resolved_mlp_dim", "rotary_dim": "resolved_rotary_dim"}
@@ -32,9 +32,10 @@ class TransformerHfNames(HfNames):
 
   def expressed(self) -> dict[str, Any]:
     model = self.model
+    unsaid = run_fields.names(type(model))  # How it is run or trained: no format says it.
     found = {field.name: getattr(model, _DERIVED.get(field.name, field.name))
              for field in dataclasses.fields(model)
-             if field.name not in _RUN_FIELDS + _SCALING_SETTINGS}
+             if field.name not in _FRAMEWORK_FIELDS + _SCALING_SETTINGS + unsaid}
     sliding = "sliding" in model.kinds_by_layer()
     found.update(
         layer_kinds=model.kinds_by_layer(), window=model.window if sliding else None,

@@ -7,8 +7,9 @@ class the part builds. A Hugging Face folder's config.json and a GGUF file's met
 their model; slim weights and a job's checkpoint do not (the model stays the experiment's).
 
 A source that describes its model replaces the experiment's `model` with its family and the
-fields its header sets; the experiment's choices of how to run that model (dtypes, layer layout,
-rematerialization, attention implementation) carry over where the family has them. The
+fields its header sets; the experiment's choices of how to run that model (the family's fields
+marked `run_fields.Run(carried=True)`: dtypes, layer layout, rematerialization, attention
+implementation, quantization, the experts' dispatch) carry over where the experiment sets them. The
 executor sets these parts before the fiddlers and `--fdl.*` overrides, so an override still
 changes any field (one that contradicts the weights' shapes is refused when they load).
 """
@@ -21,13 +22,10 @@ from typing import Any
 import fiddle as fdl
 from fiddle import history
 
+from lingvo_lite import run_fields
 from lingvo_lite.errors import UsageError
 from lingvo_lite.weights import formats
 from lingvo_lite.weights.job_checkpoint import FIELD
-
-# How to run a model, not what it computes: kept from the experiment's model.
-CARRIED_MODEL_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
-                        "attention_implementation")
 
 
 def describes_model(source: fdl.Config) -> bool:
@@ -50,8 +48,8 @@ def model_part(source: fdl.Config, model: Any) -> fdl.Config | None:
   with history.custom_location(lambda: origin):
     part = fdl.Config(family, **fields)
   arguments = model.__arguments__ if isinstance(model, fdl.Buildable) else {}
-  for name in CARRIED_MODEL_FIELDS:
-    if name in arguments and name in family.__dataclass_fields__:
+  for name in run_fields.names(family, carried=True):  # How to run it: the experiment's.
+    if name in arguments:
       setattr(part, name, arguments[name])
   return part
 
