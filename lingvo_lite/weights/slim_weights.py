@@ -36,6 +36,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
 from lingvo_lite.weights import tensor_checks
 from lingvo_lite.weights.exports import size_text
+from lingvo_lite.weights.weight_source import PathSource
 
 KIND = "slim_export"
 PARAMS_DIR, CONFIG_FILE = "params", "config.json"
@@ -85,21 +86,15 @@ def write(folder: epath.Path, params: Any, dtype: str, config_json: str,
 
 
 @dataclasses.dataclass(frozen=True)
-class SlimCheckpoint:
+class SlimCheckpoint(PathSource):
   """Parameters from a slim-weights folder (`--mode=export --export_format=slim`).
 
   Attributes:
     path: The folder (relative to the working directory).
   """
 
-  path: str
-
-  def __post_init__(self):
-    if not isinstance(self.path, str) or not self.path.strip():
-      raise UsageError(f"path={self.path!r}: must name a slim-weights folder")
-
-  def describe(self) -> str:
-    return f"slim:{self.path}"
+  scheme = "slim"
+  holds = "a slim-weights folder"
 
   def _manifest(self) -> tuple[epath.Path, dict[str, Any]]:
     folder = paths.resolve(self.path, f"{FIELD}.path")
@@ -116,9 +111,6 @@ class SlimCheckpoint:
       raise UsageError(f"{FIELD}=slim:{self.path}: its manifest.json is {schema!r}, not "
                        f"{outputs.schema(KIND)!r} (slim weights)")
     return folder, data
-
-  def load(self, jitted: Any) -> tuple[Any, str]:
-    return self.load_params(jitted.mesh_params())
 
   def load_params(self, mesh_params: Any) -> tuple[Any, str]:
     """The parameters, in `mesh_params`' shardings and dtypes.
