@@ -11,8 +11,10 @@ both ways with the same fields, so import and export cannot disagree:
 
 A fused tensor (GPT-2's `c_attn`: query, key and value along its output axis) names several
 parameters; a mixture of experts' per-expert tensor (`block_sparse_moe.experts.3.w1.weight`)
-is one row of a parameter stacked over the experts (`expert`). `HfConfig` reads a source's config.json for a family's `HfNames.fields`, and refuses
-in one line a setting the family does not implement, naming the key.
+is one row of a parameter stacked over the experts (`expert`). A family names its tensors as
+rows (models/tensor_rows.py), which make these. `HfConfig` reads a source's config.json for a
+family's `HfNames.fields`, and refuses in one line a setting the family does not implement,
+naming the key.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   three families name `TransformerLM`, which older jobs' config.json files name; a family with
   computation of its own names none).
 - Other weight formats: not here. A family's module registers its names in a format that
-  stores models by name (models/format_names.py: `HfNames`, `GgufNames`) beside its class;
+  stores models by name (models/format_names.py: `HfNames`, `GgufNames`; for a transformer,
+  the rows of its kind's tables it changes, models/transformer_names.py) beside its class;
   the weight formats (lingvo_lite/weights/) ask for them, and a family without them has no such
   format.
 
