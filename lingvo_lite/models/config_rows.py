@@ -194,32 +194,29 @@ class Rows(tuple):
       found[keys[0]] = dataclasses.replace(found[keys[0]], default=default)
     return Rows(found)
 
-  def fields(self, config: HfConfig) -> dict[str, Any]:
-    """The fields a config.json sets, row by row."""
-    found: dict[str, Any] = {}
+  def _collected(self, found: dict[str, Any], say: Callable[[Any, dict], dict[str, Any]]
+                 ) -> dict[str, Any]:
+    """`found` updated with what each row says, in order (`say(row, found so far)`)."""
     for row in self:
-      found.update(row.fields(config, found))
+      found.update(say(row, found))
     return found
 
+  def fields(self, config: HfConfig) -> dict[str, Any]:
+    """The fields a config.json sets."""
+    return self._collected({}, lambda row, found: row.fields(config, found))
+
   def config(self, model: Any) -> dict[str, Any]:
-    """The config.json entries of `model`, row by row."""
-    found: dict[str, Any] = {}
-    for row in self:
-      found.update(row.config(model))
-    return found
+    """The config.json entries of `model`."""
+    return self._collected({}, lambda row, found: row.config(model))
 
   def from_metadata(self, metadata: Mapping[str, Any], tensors: Mapping[str, tuple[int, ...]],
                     config: dict[str, Any]) -> dict[str, Any]:
     """`config` (the entries a file without any key has) updated with what a GGUF file's
-    metadata and tensors say, row by row."""
+    metadata and tensors say."""
     arch = metadata.get("general.architecture")
-    for row in self:
-      config.update(row.from_metadata(metadata, arch, tensors, config))
-    return config
+    return self._collected(config, lambda row, found: row.from_metadata(
+        metadata, arch, tensors, found))
 
   def metadata(self, model: Any) -> dict[str, Any]:
-    """The GGUF metadata of `model` (keys without the prefix), row by row."""
-    found: dict[str, Any] = {}
-    for row in self:
-      found.update(row.metadata(model))
-    return found
+    """The GGUF metadata of `model` (keys without the prefix)."""
+    return self._collected({}, lambda row, found: row.metadata(model))

@@ -27,9 +27,7 @@ import json
 import os
 from typing import Any
 
-from etils import epath
-
-from lingvo_lite import input_files, paths
+from lingvo_lite import input_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families, format_names
 from lingvo_lite.models.checkpoint_names import HfConfig
@@ -59,6 +57,8 @@ class HfCheckpoint(PathSource):
 
   scheme = "hf"
   holds = "a Hugging Face folder (config.json and model.safetensors)"
+  folder_fix = ("give a folder that transformers' save_pretrained wrote (config.json, "
+                "model.safetensors)")
 
   def describes_model(self) -> bool:
     return True
@@ -66,13 +66,6 @@ class HfCheckpoint(PathSource):
   def origin(self) -> str:
     """The file the model's fields come from, for config.txt."""
     return os.path.join(self.path, CONFIG_FILE)
-
-  def folder(self) -> epath.Path:
-    folder = paths.resolve(self.path, f"{FIELD}.path")
-    if not folder.is_dir():
-      raise UsageError(f"hf:{self.path}: no such folder; give a folder that transformers' "
-                       "save_pretrained wrote (config.json, model.safetensors)")
-    return folder
 
   def config(self) -> HfConfig:
     """The folder's config.json.

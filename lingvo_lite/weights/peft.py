@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from lingvo_lite import file_writes, input_files, paths
+from lingvo_lite import file_writes, input_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import layer_layout, lora
 from lingvo_lite.models.checkpoint_names import TensorName
@@ -208,14 +208,8 @@ class PeftCheckpoint(PathSource):
 
   scheme = "peft"
   holds = "a PEFT folder (adapter_config.json, adapter_model.safetensors)"
+  folder_fix = "give the folder peft's save_pretrained (or --export_format=peft) wrote"
   brings_adapters = True
-
-  def folder(self) -> epath.Path:
-    folder = paths.resolve(self.path, f"{FIELD}.path")
-    if not folder.is_dir():
-      raise UsageError(f"peft:{self.path}: no such folder; give the folder peft's "
-                       "save_pretrained (or --export_format=peft) wrote")
-    return folder
 
   def adapter_config(self) -> dict[str, Any]:
     """The folder's adapter_config.json, checked: LoRA, and nothing these adapters do not do

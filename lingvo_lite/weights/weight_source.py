@@ -22,6 +22,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from etils import epath
+
+from lingvo_lite import paths
 from lingvo_lite.errors import UsageError
 
 
@@ -87,11 +90,13 @@ class PathSource(Source):
     path: The folder or file (relative to the working directory).
     scheme: Its `--init_from` scheme, which `describe()` writes.
     holds: What `path` names, for the refusal of an empty one.
+    folder_fix: What to give instead of a folder that is not there (`folder()`).
   """
 
   path: str
   scheme: ClassVar[str]
   holds: ClassVar[str]
+  folder_fix: ClassVar[str] = "give the folder the source's writer made"
 
   def __post_init__(self):
     if not isinstance(self.path, str) or not self.path.strip():
@@ -102,3 +107,14 @@ class PathSource(Source):
 
   def base_model_path(self) -> str | None:
     return self.path
+
+  def folder(self) -> epath.Path:
+    """`path` as the folder it names (resolved against the working directory).
+
+    Raises:
+      UsageError: there is no such folder.
+    """
+    folder = paths.resolve(self.path, "train.init_from.path")
+    if not folder.is_dir():
+      raise UsageError(f"{self.scheme}:{self.path}: no such folder; {self.folder_fix}")
+    return folder

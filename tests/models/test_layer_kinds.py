@@ -26,6 +26,7 @@ import pytest
 from lingvo_lite.models import layer_layout, transformer_layers
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mixtral import Mixtral
+from tests.models.decode_steps import assert_decode_equals_teacher_forcing
 
 WINDOW = 4
 SIZES = dict(vocab_size=61, num_layers=5, dim=32, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -197,10 +198,6 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
   params = model.to_own_layout(_params(_model("sandwich")))
   total, cache_length = 3 * WINDOW + 5, 64
   sequences = _tokens(4, (2, total))
-  full = np.asarray(jax.jit(model.apply)({"params": params}, sequences))
-  prompt_lengths = jnp.asarray([3, 7], jnp.int32)
-  bucket = 8
-  prompts = jnp.where(jnp.arange(bucket) < prompt_lengths[:, None], sequences[:, :bucket], 0)
   cache = model.empty_cache(2, cache_length)
   entries = [(array.kind, array.stacked, keys.shape[-2])
              for array, keys in zip(model.cache_arrays(cache_length), cache.keys)]
@@ -211,24 +208,7 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
   else:
     assert entries == [(kind, False, WINDOW if kind == "sliding" else cache_length)
                        for kind in ("sliding", "sliding", "full", "sliding", "sliding")]
-  # A cache written by an earlier request: stale entries must stay unseen.
-  cache = jax.tree.map(lambda x: x + 5.0, cache)
-  logits, cache = jax.jit(model.prefill)(params, prompts, prompt_lengths, cache,
-                                         jnp.ones(2, bool))
-  np.testing.assert_allclose(logits[:, 0], full[jnp.arange(2), prompt_lengths - 1],
-                             rtol=1e-5, atol=1e-5)
-  extend = jax.jit(model.extend)
-  positions, checked = prompt_lengths, 0
-  while int(positions.min()) < total:
-    fed = jnp.take_along_axis(sequences, jnp.minimum(positions, total - 1)[:, None], axis=1)
-    logits, cache = extend(params, fed, positions[:, None], cache)
-    for row in range(2):
-      if positions[row] < total:
-        np.testing.assert_allclose(logits[row, 0], full[row, positions[row]],
-                                   rtol=1e-5, atol=1e-5)
-        checked += 1
-    positions = positions + 1
-  assert checked == 2 * total - 3 - 7
+  _, extend = assert_decode_equals_teacher_forcing(model, params, sequences, cache)
   # Every step past the window had the shapes of the first: one compile.
   assert extend._cache_size() == 1  # pylint: disable=protected-access
 

@@ -12,23 +12,20 @@ writes them, or gpt-oss's stacked and interleaved):
   line naming the key.
 """
 
-import math
 
-import jax
 import numpy as np
 import pytest
 
-from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.errors import UsageError
-from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.testing import run_cli
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+from tests.weights import hf_reference
+from tests.weights.hf_reference import (assert_close as _assert_close, export as _export,
+                                        our_logits as _ours, their_logits as _theirs)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 320  # At least PyCodeTiny's 259 (export runs it with these folders).
-TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
 SHAPES = {"long": (1, 48), "batch": (3, 20)}
 WINDOW = 16
 
@@ -67,22 +64,8 @@ CASES = {
 
 
 def _reference_model(case: str):
-  config_class, model_class, fields = CASES[case]
-  torch.manual_seed(0)
-  config = getattr(transformers, config_class)(vocab_size=VOCAB, bos_token_id=0,
-                                               eos_token_id=1, pad_token_id=0, **fields)
-  config._attn_implementation = "eager"  # pylint: disable=protected-access
-  model = getattr(transformers, model_class)(config).eval()
-  generator = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for _, parameter in model.named_parameters():
-      noise = torch.randn(parameter.shape, generator=generator)
-      if parameter.ndim == 1:  # Norm scales, biases, sinks.
-        parameter.add_(0.2 * noise)
-      else:  # Kernels, tables and stacked experts: ~1/sqrt(fan-in), for O(1) logits.
-        fan_in = parameter.shape[-2] if _stored_in_out(model, parameter) else parameter.shape[-1]
-        parameter.copy_(noise / math.sqrt(fan_in) * 1.5)
-  return model
+  return hf_reference.reference_model(CASES[case], VOCAB, _stored_in_out, bos_token_id=0,
+                                      eos_token_id=1, pad_token_id=0)
 
 
 def _stored_in_out(model, parameter) -> bool:
@@ -94,11 +77,6 @@ def _stored_in_out(model, parameter) -> bool:
 
 def _tokens(shape_name: str) -> np.ndarray:
   return np.random.default_rng(0).integers(0, VOCAB, SHAPES[shape_name])
-
-
-def _theirs(model, tokens: np.ndarray) -> np.ndarray:
-  with torch.no_grad():
-    return model(torch.tensor(tokens)).logits.numpy()
 
 
 @pytest.fixture(scope="module")
@@ -114,22 +92,7 @@ def folders(tmp_path_factory):
 
 
 def _load(path, source=HfCheckpoint, **changes):
-  family, fields = source(str(path)).model_fields()
-  model = family(**dict(fields, **changes))
-  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
-  params, _ = source(str(path)).read_params(model, abstract)
-  return model, params
-
-
-def _ours(model, params, tokens) -> np.ndarray:
-  with jax.default_matmul_precision("highest"):  # Read when the function is traced.
-    return np.asarray(jax.jit(model.apply)({"params": params}, tokens))
-
-
-def _assert_close(got, expected, what):
-  assert np.std(expected) > 0.5, "logits too small to show an error"
-  error = np.abs(got - expected).max()
-  assert error < TOLERANCE, f"{what}: max abs logit difference {error:.2e}"
+  return hf_reference.load(path, source, **changes)[:2]
 
 
 # The cases a family's numbers are tested on (the GGUF case is Qwen3-MoE's again).
@@ -161,11 +124,6 @@ def _tensors(folder):
   for file in sorted(folder.glob("*.safetensors")):
     found.update(load_file(str(file)))
   return found
-
-
-def _export(job, out, *extra):
-  return run_cli(["--mode=export", "--exp=PyCodeTiny", f"--job_log_dir={job}",
-                  f"--export_dir={out}", *extra])
 
 
 @pytest.mark.parametrize("case", ("mixtral", "qwen3_moe", "gpt_oss"))
@@ -304,9 +262,7 @@ def test_what_a_gguf_architecture_cannot_hold_is_one_line(folders, tmp_path, cas
                                                           words):
   result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folders[case][0]}",
                    "--export_format=gguf", *change)
-  assert result.code == 2 and words in result.stderr, result.stderr
-  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-  assert not (tmp_path / "out").exists()
+  hf_reference.assert_refused_in_one_line(result, words, tmp_path / "out")
 
 
 def test_a_gpt_oss_gguf_file_with_mxfp4_experts_reads_through_the_gguf_package(folders,
