@@ -26,7 +26,7 @@ import pytest
 from lingvo_lite.models import layer_layout, transformer_layers
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mixtral import Mixtral
-from tests.models.decode_steps import assert_decode_equals_teacher_forcing
+from tests.models.references import assert_decode_equals_teacher_forcing, rotate_half
 
 WINDOW = 4
 SIZES = dict(vocab_size=61, num_layers=5, dim=32, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -73,16 +73,6 @@ def _norm(x, scale, kind, axes=1, eps=1e-5):
   return y * ((1.0 + scale) if kind == "rmsnorm_plus_one" else scale)
 
 
-def _rope(x, positions, base):
-  """x [t, heads, d] rotated at `positions` [t]: feature i pairs with i + d/2."""
-  half = x.shape[-1] // 2
-  frequencies = base ** (-np.arange(half) * 2.0 / x.shape[-1])
-  angle = positions[:, None, None] * frequencies
-  a, b = x[..., :half], x[..., half:]
-  return jnp.concatenate([a * jnp.cos(angle) - b * jnp.sin(angle),
-                          b * jnp.cos(angle) + a * jnp.sin(angle)], axis=-1)
-
-
 def _reference_logits(model: Llama, params, tokens) -> jax.Array:
   """One sequence [t] -> logits [t, vocab], every layer written out with its kind's mask and
   rotary base, the norms where the block kind puts them."""
@@ -108,7 +98,7 @@ def _reference_logits(model: Llama, params, tokens) -> jax.Array:
       q, k = norm(q, attention["query_norm"], axes), norm(k, attention["key_norm"], axes)
     if kind != "no_rotary":
       base = model.sliding_rotary_base if kind == "sliding" else model.rotary_base
-      q, k = _rope(q, positions, base), _rope(k, positions, base)
+      q, k = rotate_half(q, positions, base), rotate_half(k, positions, base)
     group = model.num_heads // model.num_kv_heads
     k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)  # Head h reads h // g.
     scale = (model.query_pre_attention_scalar ** -0.5 if model.query_pre_attention_scalar

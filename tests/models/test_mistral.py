@@ -28,7 +28,7 @@ from lingvo_lite.models import family
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mistral import Mistral
 from lingvo_lite.training.train_state import strip_boxes
-from tests.models.decode_steps import assert_decode_equals_teacher_forcing
+from tests.models.references import assert_decode_equals_teacher_forcing, rotate_half
 
 SIZES = dict(vocab_size=61, num_layers=2, dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
              mlp_dim=48, max_length=64)
@@ -55,16 +55,6 @@ def _rms_norm(x, scale, eps=1e-5):
   return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
-def _rope(x, positions, base=10000.0):
-  """x [t, heads, d] rotated at `positions` [t]: feature i pairs with i + d/2."""
-  half = x.shape[-1] // 2
-  frequencies = base ** (-np.arange(half) * 2.0 / x.shape[-1])
-  angle = positions[:, None, None] * frequencies
-  a, b = x[..., :half], x[..., half:]
-  return jnp.concatenate([a * jnp.cos(angle) - b * jnp.sin(angle),
-                          b * jnp.cos(angle) + a * jnp.sin(angle)], axis=-1)
-
-
 def _reference_logits(params, tokens, window: int) -> jax.Array:
   """One sequence [t] -> logits [t, vocab], written out with its own banded causal mask."""
   length = tokens.shape[0]
@@ -76,8 +66,8 @@ def _reference_logits(params, tokens, window: int) -> jax.Array:
     layer = params[f"layer_{index}"]
     attention = layer["attention"]
     h = _rms_norm(x, layer["attention_norm"]["scale"])
-    q = _rope(jnp.einsum("td,dhk->thk", h, attention["query_kernel"]), positions)
-    k = _rope(jnp.einsum("td,dhk->thk", h, attention["key_kernel"]), positions)
+    q = rotate_half(jnp.einsum("td,dhk->thk", h, attention["query_kernel"]), positions)
+    k = rotate_half(jnp.einsum("td,dhk->thk", h, attention["key_kernel"]), positions)
     v = jnp.einsum("td,dhk->thk", h, attention["value_kernel"])
     group = SIZES["num_heads"] // SIZES["num_kv_heads"]
     k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)  # Head h reads h // g.

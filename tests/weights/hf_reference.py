@@ -40,7 +40,14 @@ def reference_model(spec: tuple[str, str, dict[str, Any]], vocab: int,
   config = getattr(transformers, config_class)(vocab_size=vocab, **ids, **fields)
   config._attn_implementation = "eager"  # pylint: disable=protected-access
   model = getattr(transformers, model_class)(config).eval()
-  generator = torch.Generator().manual_seed(1)
+  perturb(model, torch.Generator().manual_seed(1), in_out)
+  return model
+
+
+def perturb(model: Any, generator: Any, in_out: Callable[[Any, Any], bool] | None = None
+            ) -> None:
+  """`reference_model`'s weights drawn from `generator`, in the model's parameter order."""
+  import torch  # pylint: disable=g-import-not-at-top
   with torch.no_grad():
     for _, parameter in model.named_parameters():
       noise = torch.randn(parameter.shape, generator=generator)
@@ -50,7 +57,18 @@ def reference_model(spec: tuple[str, str, dict[str, Any]], vocab: int,
         stored_in_out = in_out is not None and in_out(model, parameter)
         fan_in = parameter.shape[-2] if stored_in_out else parameter.shape[-1]
         parameter.copy_(noise / math.sqrt(fan_in) * 1.5)
-  return model
+
+
+def saved(root: Any, cases: Any, make: Callable[[str], Any],
+          logits: Callable[[str, Any], Any]) -> dict[str, tuple[Any, Any]]:
+  """case -> (its folder under `root`, `logits(case, model)`), each case's model (`make`)
+  written there by `save_pretrained`."""
+  found = {}
+  for case in cases:
+    model = make(case)
+    model.save_pretrained(root / case)
+    found[case] = (root / case, logits(case, model))
+  return found
 
 
 def their_logits(model: Any, tokens: np.ndarray) -> np.ndarray:

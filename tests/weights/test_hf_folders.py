@@ -77,15 +77,9 @@ def _reference_model(case: str):
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
   """case -> (its folder, transformers' float32 logits of the prompt)."""
-  root = tmp_path_factory.mktemp("hf")
-  prompt = _prompt()
-  made = {}
-  for case in CASES:
-    model = _reference_model(case)
-    model.save_pretrained(root / case)
-    with torch.no_grad():
-      made[case] = (root / case, model(torch.tensor(prompt)).logits.numpy())
-  return made
+  return hf_reference.saved(
+      tmp_path_factory.mktemp("hf"), CASES, _reference_model,
+      lambda case, model: hf_reference.their_logits(model, _prompt()))
 
 
 def _prompt() -> np.ndarray:

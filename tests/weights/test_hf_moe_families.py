@@ -82,13 +82,9 @@ def _tokens(shape_name: str) -> np.ndarray:
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
   """case -> (its folder, {shape: transformers' float32 logits})."""
-  root = tmp_path_factory.mktemp("hf")
-  made = {}
-  for case in CASES:
-    model = _reference_model(case)
-    model.save_pretrained(root / case)
-    made[case] = (root / case, {shape: _theirs(model, _tokens(shape)) for shape in SHAPES})
-  return made
+  return hf_reference.saved(
+      tmp_path_factory.mktemp("hf"), CASES, _reference_model,
+      lambda case, model: {shape: _theirs(model, _tokens(shape)) for shape in SHAPES})
 
 
 def _load(path, source=HfCheckpoint, **changes):

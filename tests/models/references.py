@@ -1,6 +1,7 @@
-"""A model's decode steps checked against its forward pass over the whole sequence (teacher
-forcing), for the families whose caches hold less than the whole context (tests/models/
-test_mistral.py, test_layer_kinds.py)."""
+"""Written-out references the family tests compare with (tests/models/test_mistral.py,
+test_layer_kinds.py): rotate-half rotary positions, and a model's decode steps against its
+forward pass over the whole sequence (teacher forcing), for the families whose caches hold
+less than the whole context."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def rotate_half(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+  """x [t, heads, d] rotated at `positions` [t]: feature i pairs with i + d/2."""
+  half = x.shape[-1] // 2
+  frequencies = base ** (-np.arange(half) * 2.0 / x.shape[-1])
+  angle = positions[:, None, None] * frequencies
+  a, b = x[..., :half], x[..., half:]
+  return jnp.concatenate([a * jnp.cos(angle) - b * jnp.sin(angle),
+                          b * jnp.cos(angle) + a * jnp.sin(angle)], axis=-1)
 
 
 def assert_decode_equals_teacher_forcing(model: Any, params: Any, sequences: jax.Array,
