@@ -131,6 +131,23 @@ def assert_greedy_decode_equals_generate(model: Any, folder: Any, prompt: list[i
                             f"(< {NEAR_TIE})")
 
 
+def tensors(folder: Any) -> dict[str, np.ndarray]:
+  """Every tensor of a folder's safetensors files, by name."""
+  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+  found = {}
+  for file in sorted(folder.glob("*.safetensors")):
+    found.update(load_file(str(file)))
+  return found
+
+
+def assert_same_tensors(folder: Any, out: Any) -> None:
+  """`out` holds the tensors of `folder`, name for name, dtype for dtype, bit for bit."""
+  expected, got = tensors(folder), tensors(out)
+  assert sorted(got) == sorted(expected)
+  for name, tensor in expected.items():
+    assert got[name].dtype == tensor.dtype and got[name].tobytes() == tensor.tobytes(), name
+
+
 def export(job: Any, out: Any, *extra: str) -> Any:
   return run_cli(["--mode=export", "--exp=PyCodeTiny", f"--job_log_dir={job}",
                   f"--export_dir={out}", *extra])

@@ -148,25 +148,13 @@ def test_the_kinds_and_their_rotary_settings_are_read(folders):
 
 # ------------------------------------------------------------------------------ export
 
-def _tensors(folder):
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  found = {}
-  for file in sorted(folder.glob("*.safetensors")):
-    found.update(load_file(str(file)))
-  return found
-
-
 @pytest.mark.parametrize("case", FAMILIES)
 def test_export_is_bit_for_bit_and_from_pretrained_computes_the_same(folders, case,
                                                                        tmp_path):
   folder, expected = folders[case]
   result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
   assert result.code == 0, result.stderr[-3000:]
-  source, exported = _tensors(folder), _tensors(tmp_path / "out")
-  assert sorted(exported) == sorted(source)
-  for name, tensor in source.items():
-    assert exported[name].dtype == tensor.dtype
-    assert exported[name].tobytes() == tensor.tobytes(), name
+  hf_reference.assert_same_tensors(folder, tmp_path / "out")
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(
       tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
   assert type(reloaded).__name__ == CASES[case][1]
@@ -239,7 +227,7 @@ def test_a_gemma3_multimodal_checkpoint_reads_as_its_text_model(folders, tmp_pat
   multimodal.save_pretrained(tmp_path / "mm")
   saved = json.loads((tmp_path / "mm" / "config.json").read_text())
   assert saved["model_type"] == "gemma3" and any(
-      name.startswith("language_model.") for name in _tensors(tmp_path / "mm"))
+      name.startswith("language_model.") for name in hf_reference.tensors(tmp_path / "mm"))
   model, params = _load(tmp_path / "mm")
   assert model.family_name == "gemma3" and model.num_layers == 6
   _assert_close(_ours(model, params, _tokens("long")), folders["gemma3"][1]["long"],

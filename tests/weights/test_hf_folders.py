@@ -308,14 +308,6 @@ def test_32_greedy_tokens_through_decode_equal_transformers_generate(folders, ca
 
 # ------------------------------------------------------------------------------ export
 
-def _tensors(folder):
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  found = {}
-  for file in sorted(folder.glob("*.safetensors")):
-    found.update(load_file(str(file)))
-  return found
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hf_in_then_out_gives_the_same_tensors_bit_for_bit(folders, case, tmp_path):
   # A job dir without a checkpoint exports its source's parameters (train.init_from).
@@ -323,10 +315,7 @@ def test_hf_in_then_out_gives_the_same_tensors_bit_for_bit(folders, case, tmp_pa
   result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
   assert result.code == 0, result.stderr[-3000:]
   assert "train.init_from" in result.stdout and "has no checkpoint yet" in result.stdout
-  expected, got = _tensors(folder), _tensors(tmp_path / "out")
-  assert sorted(got) == sorted(expected)
-  for name, tensor in expected.items():
-    assert got[name].dtype == tensor.dtype and got[name].tobytes() == tensor.tobytes(), name
+  hf_reference.assert_same_tensors(folder, tmp_path / "out")
   config = json.loads((tmp_path / "out" / "config.json").read_text())
   assert config["model_type"] == json.loads((folder / "config.json").read_text())["model_type"]
   # The job dir records the config it exported with: a later program names just the job.
@@ -341,9 +330,7 @@ def test_a_bfloat16_folder_exports_bit_for_bit_in_bfloat16_and_sharded(tmp_path)
   assert result.code == 0, result.stderr[-3000:]
   index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
   assert len(set(index["weight_map"].values())) > 1
-  expected, got = _tensors(tmp_path / "bf16"), _tensors(tmp_path / "out")
-  assert all(got[k].dtype == expected[k].dtype and got[k].tobytes() == expected[k].tobytes()
-             for k in expected) and sorted(got) == sorted(expected)
+  hf_reference.assert_same_tensors(tmp_path / "bf16", tmp_path / "out")
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
   assert reloaded.dtype == torch.bfloat16
 

@@ -114,25 +114,14 @@ def test_logits_equal_transformers(folders, case):
 
 # ------------------------------------------------------------------------------ export
 
-def _tensors(folder):
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  found = {}
-  for file in sorted(folder.glob("*.safetensors")):
-    found.update(load_file(str(file)))
-  return found
-
-
 @pytest.mark.parametrize("case", ("mixtral", "qwen3_moe", "gpt_oss"))
 def test_export_writes_save_pretrained_s_tensors_and_from_pretrained_computes_the_same(
     folders, case, tmp_path):
   folder, expected = folders[case]
   result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
   assert result.code == 0, result.stderr[-3000:]
-  source, exported = _tensors(folder), _tensors(tmp_path / "out")
-  assert sorted(exported) == sorted(source)  # The names save_pretrained wrote, per expert.
-  for name, tensor in source.items():
-    assert exported[name].dtype == tensor.dtype
-    assert exported[name].tobytes() == tensor.tobytes(), name
+  # The names save_pretrained wrote, per expert, and their bytes.
+  hf_reference.assert_same_tensors(folder, tmp_path / "out")
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(
       tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
   assert type(reloaded).__name__ == CASES[case][1]
@@ -196,8 +185,8 @@ def test_mxfp4_experts_as_the_released_checkpoints_store_them_read_dequantized(f
   import json  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   folder = folders["gpt_oss"][0]
-  tensors, decoded = _tensors(folder), {}
-  for name in [n for n in _tensors(folder) if n.endswith(("gate_up_proj", "down_proj"))]:
+  tensors, decoded = hf_reference.tensors(folder), {}
+  for name in [n for n in list(tensors) if n.endswith(("gate_up_proj", "down_proj"))]:
     blocks, scales, decoded[name] = _mxfp4_as_released(tensors.pop(name), gguf)
     tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
   save_file(tensors, str(tmp_path / "model.safetensors"))
