@@ -153,6 +153,21 @@ def export(job: Any, out: Any, *extra: str) -> Any:
                   f"--export_dir={out}", *extra])
 
 
+def exported_again(folder: Any, tmp_path: Any, model_class: str) -> Any:
+  """transformers' `from_pretrained` of `--mode=export` of a new job over `folder`
+  (`--init_from`), once the export holds the folder's tensors bit for bit (the names
+  `save_pretrained` wrote) and loads as `model_class`."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  result = export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
+  assert result.code == 0, result.stderr[-3000:]
+  assert_same_tensors(folder, tmp_path / "out")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+      tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
+  assert type(reloaded).__name__ == model_class
+  return reloaded
+
+
 def assert_refused_in_one_line(result: Any, words: str, out: Any) -> None:
   """An export refused with exit 2, one line holding `words`, and nothing written."""
   assert result.code == 2 and words in result.stderr, result.stderr

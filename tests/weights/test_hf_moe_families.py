@@ -118,13 +118,7 @@ def test_logits_equal_transformers(folders, case):
 def test_export_writes_save_pretrained_s_tensors_and_from_pretrained_computes_the_same(
     folders, case, tmp_path):
   folder, expected = folders[case]
-  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
-  assert result.code == 0, result.stderr[-3000:]
-  # The names save_pretrained wrote, per expert, and their bytes.
-  hf_reference.assert_same_tensors(folder, tmp_path / "out")
-  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-      tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
-  assert type(reloaded).__name__ == CASES[case][1]
+  reloaded = hf_reference.exported_again(folder, tmp_path, CASES[case][1])
   for shape in SHAPES:
     _assert_close(_theirs(reloaded, _tokens(shape)), expected[shape], f"{case} {shape}")
 
