@@ -11,8 +11,10 @@ both ways with the same fields, so import and export cannot disagree:
 
 A fused tensor (GPT-2's `c_attn`: query, key and value along its output axis) names several
 parameters; a mixture of experts' per-expert tensor (`block_sparse_moe.experts.3.w1.weight`)
-is one row of a parameter stacked over the experts (`expert`). `HfConfig` reads a source's config.json for a family's `HfNames.fields`, and refuses
-in one line a setting the family does not implement, naming the key.
+is one row of a parameter stacked over the experts (`expert`). A family names its tensors as
+rows (models/tensor_rows.py), which make these. `HfConfig` reads a source's config.json for a
+family's `HfNames.fields`, and refuses in one line a setting the family does not implement,
+naming the key.
 """
 
 from __future__ import annotations
@@ -193,37 +195,6 @@ class HfConfig:
     return None if kind == "default" else dict(scaling, rope_type=kind)
 
 
-def linear_attention(hf: str, ours: str, projections: Sequence[str], bias: bool
-                     ) -> list[TensorName]:
-  """Query, key, value and output projections stored as four `nn.Linear`s (Llama, GPT-J):
-  `projections` are their names under the `hf` prefix, in that order."""
-  names = []
-  for projection, kind in zip(projections, ("query", "key", "value", "out")):
-    input_axes = 2 if kind == "out" else 1
-    names.append(TensorName(f"{hf}{projection}.weight", (f"{ours}{kind}_kernel",), input_axes))
-    if bias:
-      names.append(TensorName(f"{hf}{projection}.bias", (f"{ours}{kind}_bias",), 0, False))
-  return names
-
-
-def vector(name: str, path: str) -> TensorName:
-  """A vector stored as it is (a norm's scale or offset, a bias)."""
-  return TensorName(name, (path,), 0, False)
-
-
-def norm(hf: str, ours: str, with_bias: bool) -> list[TensorName]:
-  """A norm's scale (`hf`.weight) and, for a LayerNorm, its offset (`hf`.bias)."""
-  names = [vector(f"{hf}.weight", f"{ours}/scale")]
-  return names + [vector(f"{hf}.bias", f"{ours}/bias")] if with_bias else names
-
-
-def dense(hf: str, ours: str, bias: bool, transposed: bool = True) -> list[TensorName]:
-  """A dense layer's kernel (`hf`.weight) and bias: torch's `nn.Linear` (stored [out, in]),
-  or GPT-2's `Conv1D` (`transposed=False`: stored [in, out])."""
-  names = [TensorName(f"{hf}.weight", (f"{ours}/kernel",), 1, transposed)]
-  return names + [vector(f"{hf}.bias", f"{ours}/bias")] if bias else names
-
-
 def rotary_pairs_to_halves(weight: np.ndarray, heads: int) -> np.ndarray:
   """A query or key projection [heads * head_dim, in] whose rows hold each head's rotary
   pairs side by side (GGML's rope, which llama.cpp's converter arranges Llama weights for)
@@ -243,15 +214,6 @@ def rotary_halves_to_pairs(weight: np.ndarray, heads: int) -> np.ndarray:
   half = rows // heads // 2
   return (weight.reshape(heads, 2, half, *weight.shape[1:]).swapaxes(1, 2)
           .reshape(weight.shape))
-
-
-def gguf_config(metadata: Mapping[str, Any], keys: Mapping[str, str]) -> dict[str, Any]:
-  """The Hugging Face config.json entries a GGUF file's metadata holds: `keys` maps each
-  config.json key to its metadata key without the `<general.architecture>.` prefix; keys the
-  file lacks are left out."""
-  arch = metadata.get("general.architecture")
-  found = {hf: metadata.get(f"{arch}.{key}") for hf, key in keys.items()}
-  return {hf: value for hf, value in found.items() if value is not None}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,7 +38,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   `decode_params(params, specs)` quantizes the weights once for decoding.
 - `tiny(fields, sequence_length)`: a classmethod returning the field changes that shrink the
   model to run in seconds on one CPU (models never import Fiddle; `config/fiddlers.py` applies
-  them). `resumable_fields`: the fields a resumed run may change.
+  them). `resumable_fields`: the fields a resumed run may change (derived from the fields'
+  `run_fields.Run` marks).
 - Decoding: `for_decoding(platform)`, the model the decode functions run (another layer
   layout where that is faster); `decode_params`, the parameters' form there.
 - Memory: `attention_scores_shape(rows, length)` and `holds_attention_scores`; the attention
@@ -49,7 +50,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   three families name `TransformerLM`, which older jobs' config.json files name; a family with
   computation of its own names none).
 - Other weight formats: not here. A family's module registers its names in a format that
-  stores models by name (models/format_names.py: `HfNames`, `GgufNames`) beside its class;
+  stores models by name (models/format_names.py: `HfNames`, `GgufNames`; for a transformer,
+  the rows of its kind's tables it changes, models/transformer_names.py) beside its class;
   the weight formats (lingvo_lite/weights/) ask for them, and a family without them has no such
   format.
 
@@ -107,6 +109,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from lingvo_lite import run_fields
 from lingvo_lite.errors import config_error
 from lingvo_lite.models import attention_kernels, lora as lora_lib
 from lingvo_lite.models import quantization as quantizing
@@ -163,8 +166,9 @@ class LanguageModel(nn.Module):
   # family's fields came from): a job written with one resumes and evaluates with the other.
   same_model_as: ClassVar[tuple[str, ...]] = ()
   # Fields a resumed run may change: they leave the parameters and what they compute as they
-  # are (how layers are laid out, rematerialized, or attention executed).
-  resumable_fields: ClassVar[tuple[str, ...]] = ()
+  # are (how layers are laid out, rematerialized, or attention executed): those marked
+  # `run_fields.Run(resumable=True)` on their annotation.
+  resumable_fields: ClassVar[tuple[str, ...]] = run_fields.Marked(resumable=True)
   # The settings of its `quantization` field it implements (models/quantization.py): none
   # for a family without the field.
   quantizations: ClassVar[tuple[str, ...]] = ()

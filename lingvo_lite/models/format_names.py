@@ -12,8 +12,9 @@ one model, registered for its model class:
     model_type = "gptj"
     ...
 
-so the format modules (lingvo_lite/weights/) name no family and read no family's field: they
-ask `bound(model, HfNames)` or `families_with(HfNames)`. A subclass of a family that registers
+(a transformer family's names implement the interfaces from its tables of rows:
+models/transformer_names.py), so the format modules (lingvo_lite/weights/) name no family and
+read no family's field: they ask `bound(model, HfNames)` or `families_with(HfNames)`. A subclass of a family that registers
 no names of its own answers with its parent's (the nearest registered class of its MRO); a
 family that registers none has no such format. A format that reads a model whole (a job's
 checkpoint, slim weights) needs no names and has no interface here.

@@ -35,18 +35,16 @@ import jax.numpy as jnp
 
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
-from lingvo_lite.models import format_names, layers, moe
-from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
-                                                 dense, gguf_config, linear_attention, norm,
-                                                 vector)
-from lingvo_lite.models.moe_names import MoeHfNames, router_aux_loss
+from lingvo_lite.models import dense_names, format_names, layers, moe, moe_names
+from lingvo_lite.models.checkpoint_names import HfConfig
+from lingvo_lite.models.config_rows import NUMBER, ROPE_THETA, Fixed, Key, Rule
+from lingvo_lite.models.dense_names import BLOCK, LAYER, norm
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
-from lingvo_lite.models.transformer import PositionKind, RotaryScaling
+from lingvo_lite.models.rope_names import rope_scaling, rotary_scaling_fields
+from lingvo_lite.models.tensor_rows import Tensor, vector
+from lingvo_lite.models.transformer import RotaryScaling
 from lingvo_lite.models.transformer_layers import LayerKind
-from lingvo_lite.models.transformer_names import (TransformerGgufNames, layer_kinds,
-                                                  layer_types, rope_scaling,
-                                                  rotary_scaling_fields)
+from lingvo_lite.models.transformer_names import TransformerGgufNames, sliding_pattern
 
 # llama.cpp's gpt-oss: the first layer slides, then every other one.
 _GGUF_PATTERN = ("sliding", "full")
@@ -63,14 +61,10 @@ class SinkAttention(layers.Attention):
 
 class GptOss(MoeTransformerLM):
   """gpt-oss: `MoeTransformerLM`'s fields (their docs are there and `TransformerLM`'s) with
-  gpt-oss's choices as defaults (gpt-oss-20b's)."""
+  gpt-oss's choices as defaults (gpt-oss-20b's) where they are not `TransformerLM`'s."""
 
-  block: BlockKind = "sequential"
   norm: layers.NormKind = "rmsnorm"
-  norm_eps: PositiveFloat = 1e-5
   mlp_activation: layers.Activation = "swiglu"
-  position: PositionKind = "rotary"
-  rotary_style: layers.RotaryStyle = "half"
   rotary_base: PositiveFloat = 150000.0
   rotary_scaling: RotaryScaling = "yarn"
   rotary_scaling_factor: PositiveFloat = 32.0
@@ -97,90 +91,79 @@ class GptOss(MoeTransformerLM):
     return super().num_parameters() + self.num_layers * self.num_heads  # The sinks.
 
 
+def _rope_fields(config: HfConfig, found: dict[str, Any]) -> dict[str, Any]:
+  return {"rotary_scaling": "none", **rotary_scaling_fields(
+      config, config.rope_scaling(), "rope_scaling", max_length=found["max_length"])}
+
+
+def _rope_config(model: Any) -> dict[str, Any]:
+  scaling = rope_scaling(model.rotary_scaling_settings("full")) or {"rope_type": "default"}
+  return {"rope_parameters": {**scaling, "rope_theta": model.rotary_base}}
+
+
+def _rope_from_metadata(metadata: Mapping[str, Any], arch: str, tensors: Any, config: dict
+                        ) -> dict[str, Any]:
+  """YaRN as llama.cpp's gpt-oss fixes it: its factor and original length alone."""
+  del tensors, config
+  if metadata.get(f"{arch}.rope.scaling.type") != "yarn":
+    return {}
+  return {"rope_parameters": {
+      "rope_type": "yarn", "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+      "factor": metadata.get(f"{arch}.rope.scaling.factor", 32.0),
+      "original_max_position_embeddings": metadata.get(
+          f"{arch}.rope.scaling.original_context_length", 4096)}}
+
+
+def _rope_metadata(model: Any) -> dict[str, Any]:
+  settings = model.rotary_scaling_settings("full")
+  if not settings:
+    return {}
+  return {"rope.scaling.type": "yarn", "rope.scaling.factor": float(settings[1]),
+          "rope.scaling.original_context_length": int(settings[2])}
+
+
 @format_names.names_for(GptOss)
-class GptOssHfNames(MoeHfNames):
-  """gpt-oss's Hugging Face names (unquantized; MXFP4 experts read dequantized)."""
+class GptOssHfNames(moe_names.MoeHfNames):
+  """gpt-oss's Hugging Face names (unquantized; MXFP4 experts read dequantized):
+  `intermediate_size` is the experts' width, the rotary base and YaRN one `rope_parameters`;
+  the experts stacked [experts, in, out], the gate and up columns alternating in
+  `gate_up_proj`, which llama.cpp splits in two."""
 
   model_type = "gpt_oss"
   architecture = "GptOssForCausalLM"
-
-  @classmethod
-  def fields(cls, config: HfConfig) -> dict[str, Any]:
-    layers_count = config.require("num_hidden_layers")
-    default = ["sliding_attention" if (index + 1) % 2 else "full_attention"
-               for index in range(layers_count)]
-    kinds = layer_kinds(config, default, layers_count)
-    max_length = config.get("max_position_embeddings", 131072)
-    return {
-        "vocab_size": config.require("vocab_size"),
-        "num_layers": layers_count,
-        "dim": config.require("hidden_size"),
-        "num_heads": config.require("num_attention_heads"),
-        "num_kv_heads": config.get("num_key_value_heads"),
-        "head_dim": config.get("head_dim", 64),
-        "mlp_dim": config.require("intermediate_size"),
-        "num_experts": config.require("num_local_experts"),
-        "experts_per_token": config.require("num_experts_per_tok"),
-        "swiglu_alpha": config.number("swiglu_alpha", 1.702),
-        "swiglu_limit": config.number("swiglu_limit", 7.0),
-        "norm_eps": config.number("rms_norm_eps", 1e-5),
-        "rotary_base": config.rope_theta(150000.0),
-        "rotary_scaling": "none",
-        "max_length": max_length,
-        "tie_embeddings": config.flag("tie_word_embeddings", False),
-        "attention_bias": config.flag("attention_bias", True),
-        "layer_kinds": kinds,
-        "window": config.get("sliding_window", 128) if "sliding" in kinds else None,
-        **router_aux_loss(config),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
-                                max_length=max_length),
-    }
-
-  def config(self) -> dict[str, Any]:
-    model = self.model
-    sliding = "sliding" in model.kinds_by_layer()
-    scaling = rope_scaling(model.rotary_scaling_settings("full")) or {"rope_type": "default"}
-    return {
-        "model_type": self.model_type, "architectures": [self.architecture],
-        "vocab_size": model.vocab_size, "num_hidden_layers": model.num_layers,
-        "hidden_size": model.dim, "num_attention_heads": model.num_heads,
-        "num_key_value_heads": model.resolved_num_kv_heads, "head_dim": model.resolved_head_dim,
-        "intermediate_size": model.resolved_expert_mlp_dim, "hidden_act": "silu",
-        "num_local_experts": model.num_experts, "num_experts_per_tok": model.experts_per_token,
-        "swiglu_alpha": model.swiglu_alpha, "swiglu_limit": model.swiglu_limit,
-        "router_aux_loss_coef": model.load_balance_coefficient, "output_router_logits": False,
-        "rms_norm_eps": model.norm_eps, "max_position_embeddings": model.max_length,
-        "attention_bias": model.attention_bias, "layer_types": layer_types(model),
-        "sliding_window": model.window if sliding else None,
-        "tie_word_embeddings": model.tie_embeddings,
-        "rope_parameters": {**scaling, "rope_theta": model.rotary_base},
-    }
-
-  def tensors(self) -> list[TensorName]:
-    model = self.model
-    names = [TensorName("model.embed_tokens.weight", ("embedding",), transposed=False)]
-    for index in range(model.num_layers):
-      hf, ours = f"model.layers.{index}.", f"layer_{index}/"
-      experts, mlp = f"{hf}mlp.experts.", f"{ours}mlp/"
-      names += norm(f"{hf}input_layernorm", f"{ours}attention_norm", False)
-      names += linear_attention(f"{hf}self_attn.", f"{ours}attention/",
-                                ("q_proj", "k_proj", "v_proj", "o_proj"), model.attention_bias)
-      names.append(vector(f"{hf}self_attn.sinks", f"{ours}attention/sinks"))
-      names += norm(f"{hf}post_attention_layernorm", f"{ours}mlp_norm", False)
-      names.append(TensorName(f"{hf}mlp.router.weight", (f"{mlp}router_kernel",)))
-      names.append(vector(f"{hf}mlp.router.bias", f"{mlp}router_bias"))
-      # Stacked [experts, in, out]; the gate and up columns alternate.
-      names += [
-          TensorName(f"{experts}gate_up_proj", (f"{mlp}wi", f"{mlp}wi_gate"), 1, False,
-                     interleaved=True, stacked=1),
-          TensorName(f"{experts}gate_up_proj_bias", (f"{mlp}wi_bias", f"{mlp}wi_gate_bias"), 0,
-                     False, interleaved=True, stacked=1),
-          TensorName(f"{experts}down_proj", (f"{mlp}wo",), 1, False, stacked=1),
-          TensorName(f"{experts}down_proj_bias", (f"{mlp}wo_bias",), 0, False, stacked=1)]
-    names += norm("model.norm", "final_norm", False)
-    if not model.tie_embeddings:
-      names += dense("lm_head", "output", False)
-    return names
+  config_rows = moe_names.CONFIG.changed(
+      Fixed("hidden_act", "silu", checked=False),
+      Key("mlp_dim", "intermediate_size", "expert_feed_forward_length",
+          source="resolved_expert_mlp_dim"),
+      Key("mlp_dim", None, "feed_forward_length", source="resolved_expert_mlp_dim"),
+      Key("rotary_base", "rope_theta", "rope.freq_base", 150000.0, ROPE_THETA, written=False),
+      Rule("rope_scaling", _rope_fields, _rope_config, _rope_from_metadata, _rope_metadata),
+      Key("swiglu_alpha", "swiglu_alpha", None, 1.702, NUMBER),
+      Key("swiglu_limit", "swiglu_limit", None, 7.0, NUMBER),
+      sliding_pattern(2, 128, gguf_window="attention.sliding_window"),
+      drop=("mlp_bias",),
+      head_dim=64, norm_eps=1e-5, max_length=131072, attention_bias=True)
+  tensor_rows = dense_names.tensors(
+      norm("attention_norm", "input_layernorm", "attn_norm"),
+      dense_names.attention(gguf_bias=True),
+      (vector("layer_{i}/attention/sinks", f"{LAYER}self_attn.sinks",
+              f"{BLOCK}attn_sinks.weight"),),
+      norm("mlp_norm", "post_attention_layernorm", "post_attention_norm"),
+      (Tensor("layer_{i}/mlp/router_kernel", f"{LAYER}mlp.router.weight",
+              f"{BLOCK}ffn_gate_inp.weight"),
+       vector("layer_{i}/mlp/router_bias", f"{LAYER}mlp.router.bias",
+              f"{BLOCK}ffn_gate_inp.bias"),
+       Tensor(("layer_{i}/mlp/wi", "layer_{i}/mlp/wi_gate"), f"{LAYER}mlp.experts.gate_up_proj",
+              (f"{BLOCK}ffn_gate_exps.weight", f"{BLOCK}ffn_up_exps.weight"), transposed=False,
+              interleaved=True, stacked=1),
+       vector(("layer_{i}/mlp/wi_bias", "layer_{i}/mlp/wi_gate_bias"),
+              f"{LAYER}mlp.experts.gate_up_proj_bias",
+              (f"{BLOCK}ffn_gate_exps.bias", f"{BLOCK}ffn_up_exps.bias"), interleaved=True,
+              stacked=1),
+       Tensor("layer_{i}/mlp/wo", f"{LAYER}mlp.experts.down_proj", f"{BLOCK}ffn_down_exps.weight",
+              transposed=False, stacked=1),
+       vector("layer_{i}/mlp/wo_bias", f"{LAYER}mlp.experts.down_proj_bias",
+              f"{BLOCK}ffn_down_exps.bias", stacked=1)))
 
 
 @format_names.names_for(GptOss)
@@ -188,38 +171,7 @@ class GptOssGgufNames(TransformerGgufNames):
   """llama.cpp's `gpt-oss`."""
 
   architecture = "gpt-oss"
-
-  @classmethod
-  def hf_config(cls, metadata: Mapping[str, Any],
-                tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
-    arch = metadata["general.architecture"]
-    config = {
-        "model_type": cls.hf_model_type(),
-        "vocab_size": tensors.get("token_embd.weight", (None,))[0],  # Unless the file says.
-        **gguf_config(metadata, {
-            "vocab_size": "vocab_size", "num_hidden_layers": "block_count",
-            "hidden_size": "embedding_length",
-            "intermediate_size": "expert_feed_forward_length",
-            "num_attention_heads": "attention.head_count",
-            "num_key_value_heads": "attention.head_count_kv", "head_dim": "attention.key_length",
-            "rms_norm_eps": "attention.layer_norm_rms_epsilon",
-            "max_position_embeddings": "context_length", "num_local_experts": "expert_count",
-            "num_experts_per_tok": "expert_used_count",
-            "sliding_window": "attention.sliding_window"}),
-        "tie_word_embeddings": "output.weight" not in tensors,
-    }
-    layers_count = config.get("num_hidden_layers")
-    if isinstance(layers_count, int):
-      config["layer_types"] = ["sliding_attention" if index % 2 == 0 else "full_attention"
-                               for index in range(layers_count)]
-    parameters = {"rope_theta": metadata.get(f"{arch}.rope.freq_base", 150000.0)}
-    if metadata.get(f"{arch}.rope.scaling.type") == "yarn":
-      parameters.update(rope_type="yarn", beta_fast=32.0, beta_slow=1.0, truncate=False,
-                        factor=metadata.get(f"{arch}.rope.scaling.factor", 32.0),
-                        original_max_position_embeddings=metadata.get(
-                            f"{arch}.rope.scaling.original_context_length", 4096))
-    config["rope_parameters"] = parameters
-    return {name: value for name, value in config.items() if value is not None}
+  slides = True
 
   def check_writable(self) -> None:
     model = self.model
@@ -235,52 +187,4 @@ class GptOssGgufNames(TransformerGgufNames):
     if (model.swiglu_alpha, model.swiglu_limit) != (1.702, 7.0) or not model.attention_bias:
       raise UsageError("model: llama.cpp's gpt-oss fixes the clamped SwiGLU (alpha 1.702, "
                        "limit 7) and the attention's biases; export --export_format=hf")
-
-  def metadata(self) -> dict[str, int | float | str]:
-    model = self.model
-    settings = model.rotary_scaling_settings("full")
-    return {**super().metadata(), "feed_forward_length": model.resolved_expert_mlp_dim,
-            "attention.head_count_kv": model.resolved_num_kv_heads,
-            "attention.key_length": model.resolved_head_dim,
-            "attention.value_length": model.resolved_head_dim,
-            "attention.layer_norm_rms_epsilon": float(model.norm_eps),
-            "rope.freq_base": float(model.rotary_base),
-            "rope.dimension_count": model.resolved_head_dim,
-            "rope.scaling.type": "yarn", "rope.scaling.factor": float(settings[1]),
-            "rope.scaling.original_context_length": int(settings[2]),
-            "attention.sliding_window": model.window, "expert_count": model.num_experts,
-            "expert_used_count": model.experts_per_token,
-            "expert_feed_forward_length": model.resolved_expert_mlp_dim}
-
-  def tensors(self) -> dict[str, GgufTensor]:
-    model = self.model
-    names = {"token_embd.weight": GgufTensor("model.embed_tokens.weight"),
-             "output_norm.weight": GgufTensor("model.norm.weight")}
-    if not model.tie_embeddings:
-      names["output.weight"] = GgufTensor("lm_head.weight")
-    for index in range(model.num_layers):
-      gguf, hf = f"blk.{index}.", f"model.layers.{index}."
-      experts = f"{hf}mlp.experts."
-      names.update({
-          f"{gguf}attn_norm.weight": GgufTensor(f"{hf}input_layernorm.weight"),
-          f"{gguf}post_attention_norm.weight": GgufTensor(
-              f"{hf}post_attention_layernorm.weight"),
-          f"{gguf}attn_sinks.weight": GgufTensor(f"{hf}self_attn.sinks"),
-          f"{gguf}ffn_gate_inp.weight": GgufTensor(f"{hf}mlp.router.weight"),
-          f"{gguf}ffn_gate_inp.bias": GgufTensor(f"{hf}mlp.router.bias"),
-          # [experts, in, out] to [experts, out, in]; gate and up columns apart.
-          f"{gguf}ffn_gate_exps.weight": GgufTensor(f"{experts}gate_up_proj", transposed=True,
-                                                    columns=(0, 2)),
-          f"{gguf}ffn_up_exps.weight": GgufTensor(f"{experts}gate_up_proj", transposed=True,
-                                                  columns=(1, 2)),
-          f"{gguf}ffn_down_exps.weight": GgufTensor(f"{experts}down_proj", transposed=True),
-          f"{gguf}ffn_gate_exps.bias": GgufTensor(f"{experts}gate_up_proj_bias",
-                                                  columns=(0, 2)),
-          f"{gguf}ffn_up_exps.bias": GgufTensor(f"{experts}gate_up_proj_bias", columns=(1, 2)),
-          f"{gguf}ffn_down_exps.bias": GgufTensor(f"{experts}down_proj_bias"),
-      })
-      for projection, kind in (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"),
-                               ("o_proj", "output")):
-        for part in ("weight", "bias"):
-          names[f"{gguf}attn_{kind}.{part}"] = GgufTensor(f"{hf}self_attn.{projection}.{part}")
-    return names
+    super().check_writable()

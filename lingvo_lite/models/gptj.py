@@ -15,31 +15,25 @@ no GPT-J GGUF, so lingvo_lite's reader is the other end of its export. `GptJHfNa
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from lingvo_lite.fields import PositiveFloat
-from lingvo_lite.models import format_names, layers
-from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName, dense,
-                                                 gguf_config, linear_attention, norm)
-from lingvo_lite.models.gpt2 import GPT_GGUF_KEYS
+from lingvo_lite.models import format_names, gpt2, layers
 from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.transformer import PositionKind, TransformerLM
+from lingvo_lite.models.config_rows import Fixed, Key
+from lingvo_lite.models.tensor_rows import attention, dense, norm
+from lingvo_lite.models.transformer import TransformerLM
 from lingvo_lite.models.transformer_names import TransformerGgufNames, TransformerHfNames
 
 
 class GptJ(TransformerLM):
-  """GPT-J: `TransformerLM`'s fields (their docs are there), with GPT-J's choices as defaults."""
+  """GPT-J: `TransformerLM`'s fields (their docs are there), with GPT-J's choices as defaults
+  where they are not `TransformerLM`'s (LayerNorm, tanh GELU, no attention biases, an untied
+  output)."""
 
   block: BlockKind = "parallel"
-  norm: layers.NormKind = "layernorm"
-  norm_eps: PositiveFloat = 1e-5
-  mlp_activation: layers.Activation = "gelu_tanh"
-  position: PositionKind = "rotary"
   rotary_style: layers.RotaryStyle = "interleaved"
-  attention_bias: bool = False
   mlp_bias: bool = True
   embedding_bias: bool = True
-  tie_embeddings: bool = False
   output_bias: bool = True
 
   family_name = "gptj"
@@ -48,36 +42,24 @@ class GptJ(TransformerLM):
 
 @format_names.names_for(GptJ)
 class GptJHfNames(TransformerHfNames):
-  """GPT-J's Hugging Face names."""
+  """GPT-J's Hugging Face names: GPT-2's keys, its rotary width, an untied output."""
 
   model_type = "gptj"
   architecture = "GPTJForCausalLM"
-
-  @classmethod
-  def fields(cls, config: HfConfig) -> dict[str, Any]:
-    config.expect("activation_function", ("gelu_new",), "gelu_new")
-    config.expect("tie_word_embeddings", (False,), False)
-    return {
-        "vocab_size": config.require("vocab_size"),
-        "num_layers": config.require("n_layer"),
-        "dim": config.require("n_embd"),
-        "num_heads": config.require("n_head"),
-        "rotary_dim": config.get("rotary_dim"),
-        "mlp_dim": config.get("n_inner"),
-        "norm_eps": config.number("layer_norm_epsilon", 1e-5),
-        "max_length": config.get("n_positions", 2048),
-    }
-
-  def config(self) -> dict[str, Any]:
-    model = self.model
-    return {
-        "model_type": self.model_type, "architectures": [self.architecture],
-        "vocab_size": model.vocab_size, "n_layer": model.num_layers, "n_embd": model.dim,
-        "n_head": model.num_heads, "rotary_dim": model.resolved_rotary_dim,
-        "n_inner": model.resolved_mlp_dim, "layer_norm_epsilon": model.norm_eps,
-        "n_positions": model.max_length, "activation_function": "gelu_new",
-        "tie_word_embeddings": False,
-    }
+  config_rows = gpt2.CONFIG.changed(
+      Fixed("tie_word_embeddings", False),
+      Key("rotary_dim", "rotary_dim", "rope.dimension_count", None,
+          source="resolved_rotary_dim"),
+      max_length=2048)
+  tensor_rows = (
+      gpt2.TOKENS,
+      *norm("layer_{i}/norm", f"{gpt2.LAYER}ln_1", "blk.{i}.attn_norm", bias=True),
+      *attention(f"{gpt2.LAYER}attn.", ("q_proj", "k_proj", "v_proj", "out_proj"), "blk.{i}."),
+      *dense("layer_{i}/mlp/wi", f"{gpt2.LAYER}mlp.fc_in", "blk.{i}.ffn_up", True, gguf_bias=True),
+      *dense("layer_{i}/mlp/wo", f"{gpt2.LAYER}mlp.fc_out", "blk.{i}.ffn_down", True,
+             gguf_bias=True),
+      *gpt2.FINAL_NORM,
+      *dense("output", "lm_head", "output", bias=True, gguf_bias=True))
 
   def export_params(self, params: dict[str, Any]) -> dict[str, Any]:
     """The embedding bias folded into the rows (E[t] + b = (E + b)[t]), as
@@ -85,17 +67,6 @@ class GptJHfNames(TransformerHfNames):
     bias = params["embedding_bias"]
     return dict(params, embedding=params["embedding"] + bias[None, :],
                 embedding_bias=bias * 0)
-
-  def tensors(self) -> list[TensorName]:
-    names = [TensorName("transformer.wte.weight", ("embedding",), transposed=False)]
-    for index in range(self.model.num_layers):
-      hf, ours = f"transformer.h.{index}.", f"layer_{index}/"
-      names += norm(f"{hf}ln_1", f"{ours}norm", True)
-      names += linear_attention(f"{hf}attn.", f"{ours}attention/",
-                                ("q_proj", "k_proj", "v_proj", "out_proj"), False)
-      names += dense(f"{hf}mlp.fc_in", f"{ours}mlp/wi", True)
-      names += dense(f"{hf}mlp.fc_out", f"{ours}mlp/wo", True)
-    return names + norm("transformer.ln_f", "final_norm", True) + dense("lm_head", "output", True)
 
   def absent(self) -> tuple[str, ...]:
     return ("embedding_bias",)
@@ -106,38 +77,3 @@ class GptJGgufNames(TransformerGgufNames):
   """llama.cpp's `gptj`: the Hugging Face tensors in the same layout."""
 
   architecture = "gptj"
-
-  @classmethod
-  def hf_config(cls, metadata: Mapping[str, Any],
-                tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
-    """The config.json of llama.cpp's `gptj` metadata (the vocabulary: the token table's
-    rows)."""
-    return {"model_type": cls.hf_model_type(),
-            **gguf_config(metadata, {**GPT_GGUF_KEYS, "rotary_dim": "rope.dimension_count"}),
-            "vocab_size": tensors.get("token_embd.weight", (None,))[0]}
-
-  def metadata(self) -> dict[str, int | float | str]:
-    return {**super().metadata(), "rope.dimension_count": self.model.resolved_rotary_dim,
-            "attention.layer_norm_epsilon": float(self.model.norm_eps)}
-
-  def tensors(self) -> dict[str, GgufTensor]:
-    names = {"token_embd.weight": GgufTensor("transformer.wte.weight"),
-             "output_norm.weight": GgufTensor("transformer.ln_f.weight"),
-             "output_norm.bias": GgufTensor("transformer.ln_f.bias"),
-             "output.weight": GgufTensor("lm_head.weight"),
-             "output.bias": GgufTensor("lm_head.bias")}
-    for index in range(self.model.num_layers):
-      gguf, hf = f"blk.{index}.", f"transformer.h.{index}."
-      names.update({
-          f"{gguf}attn_norm.weight": GgufTensor(f"{hf}ln_1.weight"),
-          f"{gguf}attn_norm.bias": GgufTensor(f"{hf}ln_1.bias"),
-          f"{gguf}attn_q.weight": GgufTensor(f"{hf}attn.q_proj.weight"),
-          f"{gguf}attn_k.weight": GgufTensor(f"{hf}attn.k_proj.weight"),
-          f"{gguf}attn_v.weight": GgufTensor(f"{hf}attn.v_proj.weight"),
-          f"{gguf}attn_output.weight": GgufTensor(f"{hf}attn.out_proj.weight"),
-          f"{gguf}ffn_up.weight": GgufTensor(f"{hf}mlp.fc_in.weight"),
-          f"{gguf}ffn_up.bias": GgufTensor(f"{hf}mlp.fc_in.bias"),
-          f"{gguf}ffn_down.weight": GgufTensor(f"{hf}mlp.fc_out.weight"),
-          f"{gguf}ffn_down.bias": GgufTensor(f"{hf}mlp.fc_out.bias"),
-      })
-    return names

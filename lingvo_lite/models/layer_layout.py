@@ -6,6 +6,8 @@ Scanned layers of a repeating pattern of P kinds (models/transformer_layers.py) 
 `layers/pattern_j/...` with a leading axis of groups (layer g * P + j at index g), and the
 layers past the last whole group stay unrolled (`layer_N`).
 
+`flatten` and `unflatten` give a tree as its leaves by "/"-joined path and back.
+
 Works on any pytree holding such dicts (parameters, Adam's moments inside an optax state,
 a whole TrainState), so a checkpoint written with one layout can be restored into the other.
 The conversion runs on host (NumPy) arrays: it happens once, at restore, and the caller
@@ -73,3 +75,31 @@ def unstack_layers(tree: Any) -> Any:
             lambda x, g=group: x[g], subtree)
     return rest
   return jax.tree.map(convert, tree, is_leaf=_is_scanned)
+
+
+# ------------------------------------------------------------------------------ paths
+
+def flatten(tree: Any) -> dict[str, Any]:
+  """A nested dict of arrays (or another mapping) as {"a/b/c": leaf}."""
+  out: dict[str, Any] = {}
+
+  def visit(node: Any, prefix: str) -> None:
+    if isinstance(node, dict) or hasattr(node, "items") and not hasattr(node, "shape"):
+      for key, value in node.items():
+        visit(value, f"{prefix}/{key}" if prefix else str(key))
+    else:
+      out[prefix] = node
+  visit(tree, "")
+  return out
+
+
+def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+  """The nested dict of `flatten`'s {"a/b/c": leaf}."""
+  tree: dict[str, Any] = {}
+  for path, leaf in flat.items():
+    node = tree
+    *parents, last = path.split("/")
+    for part in parents:
+      node = node.setdefault(part, {})
+    node[last] = leaf
+  return tree

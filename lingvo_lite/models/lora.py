@@ -51,6 +51,7 @@ import numpy as np
 from lingvo_lite.errors import UsageError, config_error
 from lingvo_lite import fields
 from lingvo_lite.fields import NonEmpty, PositiveFloat, PositiveInt, Range
+from lingvo_lite.models.layer_layout import flatten, unflatten
 from lingvo_lite.models.weight_matmul import weight_matmul
 
 COLLECTION = "lora"
@@ -153,31 +154,6 @@ def adapted(module: nn.Module, kernel_name: str, x: jax.Array, y: jax.Array,
 
 
 # ------------------------------------------------------------------------------ trees
-
-
-def flatten(tree: Any) -> dict[str, Any]:
-  """A nested dict of arrays as {"a/b/c": leaf}."""
-  out: dict[str, Any] = {}
-
-  def visit(node: Any, prefix: str) -> None:
-    if isinstance(node, dict) or hasattr(node, "items") and not hasattr(node, "shape"):
-      for key, value in node.items():
-        visit(value, f"{prefix}/{key}" if prefix else str(key))
-    else:
-      out[prefix] = node
-  visit(tree, "")
-  return out
-
-
-def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-  tree: dict[str, Any] = {}
-  for path, leaf in flat.items():
-    node = tree
-    *parents, last = path.split("/")
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[last] = leaf
-  return tree
 
 
 def kernel_paths(adapters: Any) -> list[str]:

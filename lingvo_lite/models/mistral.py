@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveInt
 from lingvo_lite.models import format_names
 from lingvo_lite.models.checkpoint_names import HfConfig
+from lingvo_lite.models.config_rows import Rule
 from lingvo_lite.models.llama import Llama, LlamaGgufNames, LlamaHfNames
 from lingvo_lite.models.transformer_layers import LayerKind
 
@@ -39,37 +39,25 @@ class Mistral(Llama):
   same_model_as = ()
 
 
+def _window(config: HfConfig, found: dict[str, Any]) -> dict[str, Any]:
+  """Hugging Face's `sliding_window` (query i sees key j where i - j < sliding_window, this
+  band); none means the whole context."""
+  window = config.get("sliding_window")
+  return {"window": window if window is not None else found["max_length"]}
+
+
 @format_names.names_for(Mistral)
 class MistralHfNames(LlamaHfNames):
   """Mistral's Hugging Face names: Llama's, and the window as `sliding_window`."""
 
   model_type = "mistral"
   architecture = "MistralForCausalLM"
-
-  @classmethod
-  def fields(cls, config: HfConfig) -> dict[str, Any]:
-    """Llama's fields and the window: Hugging Face's `sliding_window` (query i sees key j
-    where i - j < sliding_window, this band); none means the whole context."""
-    window = config.get("sliding_window")
-    fields = super().fields(HfConfig({k: v for k, v in config.values.items()
-                                      if k != "sliding_window"}, config.where))
-    return dict(fields, window=window if window is not None else fields["max_length"])
-
-  def config(self) -> dict[str, Any]:
-    return dict(super().config(), sliding_window=self.model.window)
+  config_rows = LlamaHfNames.config_rows.changed(
+      Rule("sliding_window", _window, lambda model: {"sliding_window": model.window}))
 
 
 @format_names.names_for(Mistral)
 class MistralGgufNames(LlamaGgufNames):
   """llama.cpp converts Mistral-7B to its `llama` architecture, whose files have no window: a
   reader takes a `llama` file as Llama's (models/format_names.py), and only a model whose
-  window covers its whole context is written as one."""
-
-  def check_writable(self) -> None:
-    model = self.model
-    if model.window < model.max_length:
-      raise UsageError(f"model: a {model.family_name} model with a sliding window of "
-                       f"{model.window} (Hugging Face's sliding_window): a GGUF "
-                       f"{self.architecture} model has none and would attend to every "
-                       "position; export --export_format=hf")
-    super().check_writable()
+  window covers its whole context is written as one (`check_writable`)."""

@@ -32,7 +32,7 @@ What the family interface asks, answered for experts:
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import flax.linen as nn
 import jax
@@ -43,6 +43,7 @@ from lingvo_lite.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, 
 from lingvo_lite.models import moe
 from lingvo_lite.models.transformer import TransformerLM
 from lingvo_lite.models.transformer_layers import count_per_layer, per_layer
+from lingvo_lite.run_fields import RUN, TRAINING
 
 MlpKind = Literal["dense", "moe"]
 # Each expert's share of the assignments is logged under this prefix, one key per expert.
@@ -77,8 +78,8 @@ class MoeTransformerLM(TransformerLM):
   experts_per_token: PositiveInt = 2
   expert_mlp_dim: PositiveInt | None = None
   mlp_kinds: tuple[MlpKind, ...] = ("moe",)
-  dispatch: moe.Dispatch = "dropless"
-  capacity_factor: PositiveFloat = 1.25
+  dispatch: Annotated[moe.Dispatch, RUN] = "dropless"
+  capacity_factor: Annotated[PositiveFloat, RUN] = 1.25
   router_score: moe.RouterScore = "softmax"
   renormalize_top_k: bool = True
   router_bias: bool = False
@@ -87,12 +88,8 @@ class MoeTransformerLM(TransformerLM):
   swiglu_alpha: PositiveFloat = 1.702
   swiglu_limit: PositiveFloat = 7.0
   shared_expert_mlp_dim: NonNegativeInt = 0
-  load_balance_coefficient: NonNegativeFloat = 0.01
-  router_z_loss_coefficient: NonNegativeFloat = 0.0
-
-  # How tokens reach the experts and what the objective adds: the parameters stay.
-  resumable_fields = TransformerLM.resumable_fields + (
-      "dispatch", "capacity_factor", "load_balance_coefficient", "router_z_loss_coefficient")
+  load_balance_coefficient: Annotated[NonNegativeFloat, TRAINING] = 0.01
+  router_z_loss_coefficient: Annotated[NonNegativeFloat, TRAINING] = 0.0
 
   @property
   def resolved_expert_mlp_dim(self) -> int:

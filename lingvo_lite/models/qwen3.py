@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat
-from lingvo_lite.models import format_names, layers
-from lingvo_lite.models.checkpoint_names import GgufTensor, HfConfig, TensorName, norm
+from lingvo_lite.models import dense_names, format_names, layers
+from lingvo_lite.models.checkpoint_names import HfConfig
+from lingvo_lite.models.config_rows import Rule
 from lingvo_lite.models.llama import Llama, LlamaGgufNames, LlamaHfNames
 from lingvo_lite.models.transformer_names import layer_kinds, layer_types
 
@@ -39,45 +39,35 @@ class Qwen3(Llama):
   same_model_as = ()
 
 
-def _without(config: HfConfig, *keys: str) -> HfConfig:
-  return HfConfig({k: v for k, v in config.values.items() if k not in keys}, config.where)
+def _upper_layers_slide(config: HfConfig, found: dict[str, Any]) -> dict[str, Any]:
+  """The window where a layer slides: Hugging Face's `layer_types`, or its rule (with
+  `use_sliding_window`, the layers from `max_window_layers` on slide)."""
+  count = found["num_layers"]
+  window = config.get("sliding_window") if config.flag("use_sliding_window", False) else None
+  first_sliding = config.get("max_window_layers", 28)
+  default = ["sliding_attention" if window is not None and index >= first_sliding
+             else "full_attention" for index in range(count)]
+  kinds = layer_kinds(config, default, count)
+  return {"qk_norm": "head", "layer_kinds": kinds,
+          "window": window if "sliding" in kinds else None}
+
+
+def _sliding_upper_layers(model: Any) -> dict[str, Any]:
+  sliding = "sliding" in model.kinds_by_layer()
+  return {"use_sliding_window": sliding, "sliding_window": model.window if sliding else None,
+          "max_window_layers": model.num_layers, "layer_types": layer_types(model)}
 
 
 @format_names.names_for(Qwen3)
 class Qwen3HfNames(LlamaHfNames):
-  """Qwen3's Hugging Face names: Llama's, and each layer's `q_norm` and `k_norm`."""
+  """Qwen3's Hugging Face names: Llama's, each layer's `q_norm` and `k_norm` (after every
+  other tensor: the order the fingerprint of a folder's tensors has kept), and its windows."""
 
   model_type = "qwen3"
   architecture = "Qwen3ForCausalLM"
-
-  @classmethod
-  def fields(cls, config: HfConfig) -> dict[str, Any]:
-    """Llama's fields, and the window where a layer slides: Hugging Face's `layer_types`, or
-    its rule (with `use_sliding_window`, the layers from `max_window_layers` on slide)."""
-    layers_count = config.require("num_hidden_layers")
-    window = config.get("sliding_window") if config.flag("use_sliding_window", False) else None
-    first_sliding = config.get("max_window_layers", 28)
-    default = ["sliding_attention" if window is not None and index >= first_sliding
-               else "full_attention" for index in range(layers_count)]
-    kinds = layer_kinds(config, default, layers_count)
-    fields = super().fields(_without(config, "sliding_window", "use_sliding_window"))
-    return dict(fields, qk_norm="head", layer_kinds=kinds,
-                window=window if "sliding" in kinds else None)
-
-  def config(self) -> dict[str, Any]:
-    model = self.model
-    sliding = "sliding" in model.kinds_by_layer()
-    return dict(super().config(), use_sliding_window=sliding,
-                sliding_window=model.window if sliding else None,
-                max_window_layers=model.num_layers, layer_types=layer_types(model))
-
-  def tensors(self) -> list[TensorName]:
-    names = super().tensors()
-    for index in range(self.model.num_layers):
-      hf, ours = f"model.layers.{index}.self_attn.", f"layer_{index}/attention/"
-      names += norm(f"{hf}q_norm", f"{ours}query_norm", False)
-      names += norm(f"{hf}k_norm", f"{ours}key_norm", False)
-    return names
+  config_rows = LlamaHfNames.config_rows.changed(
+      Rule("sliding_window", _upper_layers_slide, _sliding_upper_layers))
+  tensor_rows = LlamaHfNames.tensor_rows + dense_names.QK_NORMS
 
 
 @format_names.names_for(Qwen3)
@@ -86,21 +76,4 @@ class Qwen3GgufNames(LlamaGgufNames):
   rearranged (GGML's rope there is rotate-half, as Hugging Face's)."""
 
   architecture = "qwen3"
-
-  def check_writable(self) -> None:
-    model = self.model
-    if "sliding" in model.kinds_by_layer():
-      raise UsageError(f"model: a {model.family_name} model with sliding layers (Hugging "
-                       f"Face's layer_types): a GGUF {self.architecture} model has none and "
-                       "would attend to every position; export --export_format=hf")
-    super().check_writable()
-
-  def tensors(self) -> dict[str, GgufTensor]:
-    names = super().tensors()
-    for index in range(self.model.num_layers):
-      gguf, hf = f"blk.{index}.", f"model.layers.{index}.self_attn."
-      names[f"{gguf}attn_q.weight"] = GgufTensor(f"{hf}q_proj.weight")
-      names[f"{gguf}attn_k.weight"] = GgufTensor(f"{hf}k_proj.weight")
-      names[f"{gguf}attn_q_norm.weight"] = GgufTensor(f"{hf}q_norm.weight")
-      names[f"{gguf}attn_k_norm.weight"] = GgufTensor(f"{hf}k_norm.weight")
-    return names
+  rotary_pairs = False

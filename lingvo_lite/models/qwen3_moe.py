@@ -19,34 +19,28 @@ GGUF file in one line.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import PositiveFloat, PositiveInt
-from lingvo_lite.models import format_names, layers
-from lingvo_lite.models.block import BlockKind
-from lingvo_lite.models.checkpoint_names import (GgufTensor, HfConfig, TensorName,
-                                                 dense, gguf_config, linear_attention, norm)
-from lingvo_lite.models.moe_names import MoeHfNames, per_expert, router_aux_loss
+from lingvo_lite.models import dense_names, format_names, layers, moe_names
+from lingvo_lite.models.checkpoint_names import HfConfig
+from lingvo_lite.models.config_rows import FLAG, Key, Rule
+from lingvo_lite.models.dense_names import ATTENTION, BLOCK, LAYER, QK_NORMS, norm, swiglu
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.models.qwen3 import Qwen3GgufNames
-from lingvo_lite.models.transformer import PositionKind
+from lingvo_lite.models.tensor_rows import Tensor, where
 from lingvo_lite.models.transformer_layers import pattern_of
-from lingvo_lite.models.transformer_names import rope_scaling, rotary_scaling_fields
-
-_PROJECTIONS = (("gate_proj", "wi"), ("up_proj", "wi_gate"), ("down_proj", "wo"))
+from lingvo_lite.models.transformer_names import uniform_window
 
 
 class Qwen3Moe(MoeTransformerLM):
   """Qwen3-MoE: `MoeTransformerLM`'s fields (their docs are there and `TransformerLM`'s) with
-  Qwen3-MoE's choices as defaults."""
+  Qwen3-MoE's choices as defaults where they are not `TransformerLM`'s."""
 
-  block: BlockKind = "sequential"
   norm: layers.NormKind = "rmsnorm"
   norm_eps: PositiveFloat = 1e-6
   mlp_activation: layers.Activation = "swiglu"
-  position: PositionKind = "rotary"
-  rotary_style: layers.RotaryStyle = "half"
   rotary_base: PositiveFloat = 1000000.0
   qk_norm: layers.QkNorm = "head"
   num_experts: PositiveInt = 128
@@ -71,96 +65,65 @@ def sparse_layers(config: HfConfig, layers_count: int) -> tuple[str, ...]:
                for index in range(layers_count))
 
 
+def _sparse_fields(config: HfConfig, found: dict[str, Any]) -> dict[str, Any]:
+  return {"mlp_kinds": pattern_of(sparse_layers(config, found["num_layers"]))}
+
+
+def _sparse_config(model: Any) -> dict[str, Any]:
+  kinds = model.mlp_kinds_by_layer()
+  return {"decoder_sparse_step": 1,
+          "mlp_only_layers": [index for index, kind in enumerate(kinds) if kind == "dense"]}
+
+
+# Which layers are MoE, by Hugging Face's rule; llama.cpp's qwen3moe has no dense layers.
+_SPARSE = Rule("decoder_sparse_step", _sparse_fields, _sparse_config,
+               lambda *_: {"decoder_sparse_step": 1, "mlp_only_layers": []})
+
+
+def _experts(config: HfConfig, key: str, default: int) -> int:
+  """`num_experts` (transformers 5 saves it as `num_local_experts`, its attribute map); none
+  is refused."""
+  experts = config.get(key, config.get("num_local_experts", default))
+  if experts == 0:
+    raise config.refuse(key, 0, "a Qwen3-MoE without experts is a dense Qwen3",
+                        "use its Qwen3 config (model_type 'qwen3')")
+  return experts
+
+
+def _moe_layer(model: Any, layer: int | None) -> bool:
+  return model.mlp_kinds_by_layer()[layer] == "moe"
+
+
+def _dense_layer(model: Any, layer: int | None) -> bool:
+  return not _moe_layer(model, layer)
+
+
 @format_names.names_for(Qwen3Moe)
-class Qwen3MoeHfNames(MoeHfNames):
-  """Qwen3-MoE's Hugging Face names."""
+class Qwen3MoeHfNames(moe_names.MoeHfNames):
+  """Qwen3-MoE's Hugging Face names: `intermediate_size` is the dense layers' width,
+  `moe_intermediate_size` the experts'; the router `mlp.gate`, each expert's gate_proj (our
+  `wi`), up_proj (`wi_gate`) and down_proj (`wo`)."""
 
   model_type = "qwen3_moe"
   architecture = "Qwen3MoeForCausalLM"
-
-  @classmethod
-  def fields(cls, config: HfConfig) -> dict[str, Any]:
-    config.expect("hidden_act", ("silu",), "silu")
-    layers_count = config.require("num_hidden_layers")
-    # transformers 5 saves `num_experts` as `num_local_experts` (its attribute map).
-    experts = config.get("num_experts", config.get("num_local_experts", 128))
-    if experts == 0:
-      raise config.refuse("num_experts", 0, "a Qwen3-MoE without experts is a dense Qwen3",
-                          "use its Qwen3 config (model_type 'qwen3')")
-    window = config.get("sliding_window") if config.flag("use_sliding_window", False) else None
-    kinds = sparse_layers(config, layers_count)
-    max_length = config.get("max_position_embeddings", 32768)
-    return {
-        "vocab_size": config.require("vocab_size"),
-        "num_layers": layers_count,
-        "dim": config.require("hidden_size"),
-        "num_heads": config.require("num_attention_heads"),
-        "num_kv_heads": config.get("num_key_value_heads"),
-        "head_dim": config.get("head_dim"),
-        "mlp_dim": config.require("intermediate_size"),
-        "expert_mlp_dim": config.get("moe_intermediate_size", 768),
-        "num_experts": experts,
-        "experts_per_token": config.get("num_experts_per_tok", 8),
-        "renormalize_top_k": config.flag("norm_topk_prob", False),
-        "mlp_kinds": pattern_of(kinds),
-        "norm_eps": config.number("rms_norm_eps", 1e-6),
-        "rotary_base": config.rope_theta(1000000.0),
-        "max_length": max_length,
-        "tie_embeddings": config.flag("tie_word_embeddings", False),
-        "attention_bias": config.flag("attention_bias", False),
-        "layer_kinds": ("sliding",) if window is not None else ("full",),
-        "window": window,
-        **router_aux_loss(config),
-        **rotary_scaling_fields(config, config.rope_scaling(), "rope_scaling",
-                                max_length=max_length),
-    }
-
-  def config(self) -> dict[str, Any]:
-    model = self.model
-    sliding = "sliding" in model.kinds_by_layer()
-    kinds = model.mlp_kinds_by_layer()
-    return {
-        "model_type": self.model_type, "architectures": [self.architecture],
-        "vocab_size": model.vocab_size, "num_hidden_layers": model.num_layers,
-        "hidden_size": model.dim, "num_attention_heads": model.num_heads,
-        "num_key_value_heads": model.resolved_num_kv_heads, "head_dim": model.resolved_head_dim,
-        "intermediate_size": model.resolved_mlp_dim,
-        "moe_intermediate_size": model.resolved_expert_mlp_dim, "hidden_act": "silu",
-        "num_experts": model.num_experts, "num_experts_per_tok": model.experts_per_token,
-        "norm_topk_prob": model.renormalize_top_k, "decoder_sparse_step": 1,
-        "mlp_only_layers": [index for index, kind in enumerate(kinds) if kind == "dense"],
-        "router_aux_loss_coef": model.load_balance_coefficient, "output_router_logits": False,
-        "rms_norm_eps": model.norm_eps, "rope_theta": model.rotary_base,
-        "max_position_embeddings": model.max_length, "attention_bias": model.attention_bias,
-        "use_sliding_window": sliding, "sliding_window": model.window if sliding else None,
-        "tie_word_embeddings": model.tie_embeddings,
-        **({} if model.rotary_scaling == "none" else {
-            "rope_scaling": rope_scaling(model.rotary_scaling_settings("full"))}),
-    }
-
-  def tensors(self) -> list[TensorName]:
-    model = self.model
-    kinds = model.mlp_kinds_by_layer()
-    names = [TensorName("model.embed_tokens.weight", ("embedding",), transposed=False)]
-    for index in range(model.num_layers):
-      hf, ours = f"model.layers.{index}.", f"layer_{index}/"
-      names += norm(f"{hf}input_layernorm", f"{ours}attention_norm", False)
-      names += linear_attention(f"{hf}self_attn.", f"{ours}attention/",
-                                ("q_proj", "k_proj", "v_proj", "o_proj"), model.attention_bias)
-      names += norm(f"{hf}self_attn.q_norm", f"{ours}attention/query_norm", False)
-      names += norm(f"{hf}self_attn.k_norm", f"{ours}attention/key_norm", False)
-      names += norm(f"{hf}post_attention_layernorm", f"{ours}mlp_norm", False)
-      if kinds[index] == "moe":
-        names.append(TensorName(f"{hf}mlp.gate.weight", (f"{ours}mlp/router_kernel",)))
-        names += per_expert(f"{hf}mlp.experts.", f"{ours}mlp/", model.num_experts,
-                            _PROJECTIONS)
-      else:
-        for projection, parameter in _PROJECTIONS:
-          names += dense(f"{hf}mlp.{projection}", f"{ours}mlp/{parameter}", False)
-    names += norm("model.norm", "final_norm", False)
-    if not model.tie_embeddings:
-      names += dense("lm_head", "output", False)
-    return names
+  config_rows = moe_names.CONFIG.changed(
+      Key("num_experts", "num_experts", "expert_count", 128, _experts),
+      Key("expert_mlp_dim", "moe_intermediate_size", "expert_feed_forward_length", 768,
+          source="resolved_expert_mlp_dim"),
+      # llama.cpp's qwen3moe renormalizes the chosen experts' weights whatever the file says.
+      Key("renormalize_top_k", "norm_topk_prob", lambda *_: True, False, FLAG),
+      _SPARSE, uniform_window("use_sliding_window"),
+      drop=("num_local_experts", "mlp_bias"),
+      experts_per_token=8, rotary_base=1000000.0, max_length=32768)
+  tensor_rows = dense_names.tensors(
+      norm("attention_norm", "input_layernorm", "attn_norm"), ATTENTION, QK_NORMS,
+      norm("mlp_norm", "post_attention_layernorm", "ffn_norm"),
+      where(_moe_layer, (Tensor("layer_{i}/mlp/router_kernel", f"{LAYER}mlp.gate.weight",
+                                f"{BLOCK}ffn_gate_inp.weight"),) + moe_names.experts(
+          f"{LAYER}mlp.experts.{{expert}}.{{projection}}.weight", BLOCK,
+          (("gate_proj", "wi", "gate"), ("up_proj", "wi_gate", "up"),
+           ("down_proj", "wo", "down")))),
+      where(_dense_layer, swiglu(bias=False)))
 
 
 @format_names.names_for(Qwen3Moe)
@@ -171,21 +134,9 @@ class Qwen3MoeGgufNames(Qwen3GgufNames):
   architecture = "qwen3moe"
 
   @classmethod
-  def reads_file(cls, metadata: Mapping[str, Any]) -> bool:
+  def reads_file(cls, metadata: Any) -> bool:
     del metadata
     return True
-
-  @classmethod
-  def hf_config(cls, metadata: Mapping[str, Any],
-                tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
-    config = super().hf_config(metadata, tensors)
-    config.update(gguf_config(metadata, {
-        "num_experts": "expert_count", "num_experts_per_tok": "expert_used_count",
-        "moe_intermediate_size": "expert_feed_forward_length"}))
-    # llama.cpp's qwen3moe renormalizes the chosen experts' weights whatever the file says.
-    config.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
-    config.setdefault("rope_theta", 1000000.0)
-    return config
 
   def check_writable(self) -> None:
     model = self.model
@@ -198,21 +149,3 @@ class Qwen3MoeGgufNames(Qwen3GgufNames):
                        "llama.cpp's qwen3moe always renormalizes the chosen experts' weights; "
                        "export --export_format=hf")
     super().check_writable()
-
-  def metadata(self) -> dict[str, int | float | str]:
-    model = self.model
-    return {**super().metadata(), "expert_count": model.num_experts,
-            "expert_used_count": model.experts_per_token,
-            "expert_feed_forward_length": model.resolved_expert_mlp_dim}
-
-  def tensors(self) -> dict[str, GgufTensor]:
-    model = self.model
-    names = {name: tensor for name, tensor in super().tensors().items()
-             if ".ffn_gate." not in name and ".ffn_up." not in name and ".ffn_down." not in name}
-    for index in range(model.num_layers):
-      gguf, hf = f"blk.{index}.", f"model.layers.{index}.mlp."
-      names[f"{gguf}ffn_gate_inp.weight"] = GgufTensor(f"{hf}gate.weight")
-      for kind, projection in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-        names[f"{gguf}ffn_{kind}_exps.weight"] = GgufTensor(
-            f"{hf}experts.{{expert}}.{projection}.weight", experts=model.num_experts)
-    return names

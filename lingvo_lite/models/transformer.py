@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
+from lingvo_lite.run_fields import RUN, TRAINING, Run
 from lingvo_lite.models import attention_kernels, layers
 from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models import quantization as quantizing
@@ -82,6 +83,10 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
 
 class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, LanguageModel):
   """Decoder-only transformer LM: tokens [batch, length] -> float32 logits [batch, length, vocab].
+
+  The fields of how the model is run or trained are marked `RUN` / `TRAINING` (run_fields.py):
+  weight formats leave them out, `--init_from` keeps the experiment's, a resume may change
+  them (the dtypes excepted).
 
   Attributes:
     vocab_size: Size of the output softmax (may include padding rows, as GPT-J's 50400).
@@ -195,26 +200,20 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
   embedding_scale: EmbeddingScale = "one"
   max_length: Annotated[int, Int32Size] = 2048
   attention_bias: bool = False
-  attention_implementation: attention_kernels.AttentionImplementation = "auto"
+  attention_implementation: Annotated[attention_kernels.AttentionImplementation, RUN] = "auto"
   mlp_bias: bool = False
   embedding_bias: bool = False
   tie_embeddings: bool = False
   tied_output_scale: TiedOutputScale = "one"
-  embedding_init_stddev: PositiveFloat = 0.02
+  embedding_init_stddev: Annotated[PositiveFloat, TRAINING] = 0.02
   output_bias: bool = False
-  quantization: quantizing.Quantization | None = None
-  dtype: layers.DType = "float32"
-  param_dtype: layers.DType = "float32"
-  scan_layers: bool = False
-  remat_policy: RematPolicy = "none"
+  quantization: Annotated[quantizing.Quantization | None, RUN] = None
+  dtype: Annotated[layers.DType, Run(resumable=False)] = "float32"
+  param_dtype: Annotated[layers.DType, Run(resumable=False)] = "float32"
+  scan_layers: Annotated[bool, RUN] = False
+  remat_policy: Annotated[RematPolicy, RUN] = "none"
   lora: LoraSettings | None = None
 
-  # How layers are laid out, rematerialized, and attention executed: the parameters and the
-  # function they compute stay (a checkpoint's layer layout is converted on restore). The
-  # embedding's initialization is used only by a fresh start. Quantization lives in the step,
-  # not the parameters.
-  resumable_fields = ("scan_layers", "remat_policy", "attention_implementation",
-                      "embedding_init_stddev", "quantization")
   quantizations = quantizing.QUANTIZATIONS
 
   @classmethod

@@ -1,19 +1,38 @@
-"""What every family built on `TransformerLM` shares in other weight formats: the bases of the
-names classes of models/gptj.py, llama.py, gpt2.py and mistral.py (models/format_names.py).
+"""A transformer family's names in other weight formats, read from its tables: the bases every
+family's names classes subclass (models/format_names.py's interfaces), implemented once over
+the family's config rows (models/config_rows.py) and tensor rows (models/tensor_rows.py), and
+the rows of its attention kinds that several families share (`sliding_pattern`,
+`uniform_window`).
+
+A family's names class is its tables and its quirks:
+
+  @format_names.names_for(Llama)
+  class LlamaHfNames(TransformerHfNames):
+    model_type = "llama"
+    architecture = "LlamaForCausalLM"
+    config_rows = dense_names.CONFIG.changed(...)
+    tensor_rows = dense_names.tensors(...)
+
+and its GGUF names take both from it: the architecture's name, how llama.cpp's converter
+rearranged its tensors (`rotary_pairs`, `norm_offset`), what it cannot hold (`check_writable`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
-from lingvo_lite.models.checkpoint_names import HfConfig
-from lingvo_lite.models.format_names import GgufNames, HfNames
+from lingvo_lite import run_fields
+from lingvo_lite.errors import UsageError
+from lingvo_lite.models import tensor_rows as tensor_rows_lib
+from lingvo_lite.models.checkpoint_names import GgufTensor, HfConfig, TensorName
+from lingvo_lite.models.config_rows import Rows, Rule
+from lingvo_lite.models.format_names import GgufNames, HfNames, names_of
+from lingvo_lite.models.tensor_rows import Tensor
 from lingvo_lite.models.transformer_layers import pattern_of
 
-# How a model is run, not what it computes: no Hugging Face key for them, none needed.
-_RUN_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
-               "attention_implementation", "embedding_init_stddev", "parent", "name")
+# Flax's own bookkeeping fields: no setting.
+_FRAMEWORK_FIELDS = ("parent", "name")
 # Sizes a config may leave to their derivation (None) or give: compared as derived.
 _DERIVED = {"num_kv_heads": "resolved_num_kv_heads", "head_dim": "resolved_head_dim",
             "mlp_dim": "resolved_mlp_dim", "rotary_dim": "resolved_rotary_dim"}
@@ -26,15 +45,37 @@ _SCALING_SETTINGS = ("rotary_scaling_factor", "rotary_low_freq_factor",
 
 
 class TransformerHfNames(HfNames):
-  """A transformer family's Hugging Face names: every field but how the model is run must
-  read back from its config.json, as the model computes with it (the attention kinds layer
-  by layer, the window and the sliding layers' rotary settings where a layer slides)."""
+  """A transformer family's Hugging Face names, from its tables. Every field but how the model
+  is run must read back from its config.json, as the model computes with it (the attention
+  kinds layer by layer, the window and the sliding layers' rotary settings where a layer
+  slides).
+
+  Attributes:
+    config_rows: Its settings: our field, config.json key, GGUF key (models/config_rows.py).
+    tensor_rows: Its tensors: our parameters, Hugging Face's and GGUF's tensor
+      (models/tensor_rows.py).
+  """
+
+  config_rows: ClassVar[Rows]
+  tensor_rows: ClassVar[tuple[Tensor, ...]]
+
+  @classmethod
+  def fields(cls, config: HfConfig) -> dict[str, Any]:
+    return cls.config_rows.fields(config)
+
+  def config(self) -> dict[str, Any]:
+    return {"model_type": self.model_type, "architectures": [self.architecture],
+            **self.config_rows.config(self.model)}
+
+  def tensors(self) -> list[TensorName]:
+    return tensor_rows_lib.hf_tensors(self.tensor_rows, self.model)
 
   def expressed(self) -> dict[str, Any]:
     model = self.model
+    unsaid = run_fields.names(type(model))  # How it is run or trained: no format says it.
     found = {field.name: getattr(model, _DERIVED.get(field.name, field.name))
              for field in dataclasses.fields(model)
-             if field.name not in _RUN_FIELDS + _SCALING_SETTINGS}
+             if field.name not in _FRAMEWORK_FIELDS + _SCALING_SETTINGS + unsaid}
     sliding = "sliding" in model.kinds_by_layer()
     found.update(
         layer_kinds=model.kinds_by_layer(), window=model.window if sliding else None,
@@ -42,6 +83,67 @@ class TransformerHfNames(HfNames):
         sliding_rotary_base=model.kind_fields("sliding")["rotary_base"] if sliding else None,
         sliding_rotary_scaling=model.rotary_scaling_settings("sliding") if sliding else None)
     return found
+
+
+class TransformerGgufNames(GgufNames):
+  """A transformer family's GGUF names: its Hugging Face names' tables, as llama.cpp's
+  converter writes them for `architecture`.
+
+  Attributes:
+    rotary_pairs: The converter puts each head's rotary pairs side by side in the query and
+      key rows (GGML's rope; its `llama`), where Hugging Face's rotate-half keeps them apart.
+    norm_offset: What the converter adds to every norm's scale (Gemma's 1: the scale it
+      computes with, 1 + weight).
+    defaults: The config.json entries a file without their keys means (llama.cpp's defaults,
+      where they are not transformers').
+    slides: The architecture has sliding-window layers; one that has none cannot hold a model
+      whose window is shorter than its context.
+  """
+
+  rotary_pairs: ClassVar[bool] = False
+  norm_offset: ClassVar[float] = 0.0
+  defaults: ClassVar[Mapping[str, Any]] = {}
+  slides: ClassVar[bool] = False
+
+  @classmethod
+  def hf_names(cls) -> type[TransformerHfNames]:
+    return names_of(cls.family, HfNames)
+
+  @classmethod
+  def hf_config(cls, metadata: Mapping[str, Any],
+                tensors: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+    """The config.json its rows read from a file's metadata; the vocabulary is the token
+    table's rows unless a key says."""
+    config = {"model_type": cls.hf_model_type(), **cls.defaults,
+              "vocab_size": tensors.get("token_embd.weight", (None,))[0]}
+    config = cls.hf_names().config_rows.from_metadata(metadata, tensors, config)
+    return {name: value for name, value in config.items() if value is not None}
+
+  def _tables(self) -> type[TransformerHfNames]:
+    """The model's Hugging Face names (a subclass of the family may have its own)."""
+    return names_of(type(self.model), HfNames)
+
+  def metadata(self) -> dict[str, Any]:
+    return self._tables().config_rows.metadata(self.model)
+
+  def tensors(self) -> dict[str, GgufTensor]:
+    return tensor_rows_lib.gguf_tensors(self._tables().tensor_rows, self.model,
+                                        self.architecture, self.rotary_pairs, self.norm_offset)
+
+  def check_writable(self) -> None:
+    """Refuses a model with a tensor the architecture has no name for, or a window shorter
+    than its context where the architecture has none."""
+    model = self.model
+    self.tensors()
+    if (not self.slides and "sliding" in model.kinds_by_layer()
+        and model.window < model.max_length):
+      raise UsageError(f"model: a {model.family_name} model with a sliding window of "
+                       f"{model.window} (Hugging Face's sliding_window): a GGUF "
+                       f"{self.architecture} model has none and would attend to every "
+                       "position; export --export_format=hf")
+
+
+# ------------------------------------------------------------------------------ attention kinds
 
 
 def layer_types(model: Any) -> list[str]:
@@ -66,133 +168,48 @@ def layer_kinds(config: HfConfig, default: Sequence[str], num_layers: int
   return pattern_of([kinds[t] for t in types])
 
 
-class TransformerGgufNames(GgufNames):
-  """A transformer family's GGUF names: the sizes every architecture's metadata holds."""
+def sliding_pattern(period: int, window: int, period_keys: tuple[str, ...] = (),
+                    gguf_window: str | None = None, **gguf: Any) -> Rule:
+  """Layers that slide but for every `period`-th (a config's `period_keys` may give the
+  period), unless `layer_types` lists them; the window `sliding_window` (`window` where the
+  config has none) where a layer slides. `gguf_window`: the GGUF key of the window, read and
+  written as it is; or `gguf`: the rule's own GGUF reading and writing (`Rule` fields)."""
 
-  def metadata(self) -> dict[str, int | float | str]:
-    """The sizes llama.cpp's converters write for every transformer architecture (keys without
-    the architecture's prefix); each family adds its own settings."""
-    model = self.model
-    return {"vocab_size": model.vocab_size, "context_length": model.max_length,
-            "embedding_length": model.dim, "block_count": model.num_layers,
-            "feed_forward_length": model.resolved_mlp_dim,
-            "attention.head_count": model.num_heads}
+  def fields(config: HfConfig, found: dict[str, Any]) -> dict[str, Any]:
+    every = next((config.get(key) for key in period_keys if config.get(key) is not None),
+                 period)
+    count = found["num_layers"]
+    kinds = layer_kinds(config, ["sliding_attention" if (index + 1) % every else
+                                 "full_attention" for index in range(count)], count)
+    return {"layer_kinds": kinds,
+            "window": config.get("sliding_window", window) if "sliding" in kinds else None}
 
+  def written(model: Any) -> dict[str, Any]:
+    sliding = "sliding" in model.kinds_by_layer()
+    return {"sliding_window": model.window if sliding else None,
+            "layer_types": layer_types(model)}
 
-# Hugging Face's rope types this transformer computes (models/rotary.py).
-ROPE_TYPES = ("llama3", "linear", "yarn")
-
-
-def rotary_scaling_fields(config: HfConfig, scaling: Mapping[str, Any] | None, key: str,
-                          field: str = "rotary_scaling", *, max_length: int
-                          ) -> dict[str, Any]:
-  """The fields of a Hugging Face rope scaling (`rope_scaling`, or an entry of
-  `rope_parameters` beyond its base; `key` names it in messages): `field` ("rotary_scaling"
-  or "sliding_rotary_scaling") and the settings its kind reads.
-
-  The original context of Llama 3.1's and YaRN's scaling is as transformers fills it
-  (`RotaryEmbeddingConfigMixin.standardize_rope_params`): the scaling's own
-  `original_max_position_embeddings`, else the model's context, `max_length` (its
-  `max_position_embeddings`). (A top-level key of that name counts only for a config class
-  that declares it, Phi-3's; no family here.)
-
-  Raises:
-    UsageError: a kind or setting this transformer does not compute, naming the key.
-  """
-  if scaling is None:
-    return {}
-  kind = scaling.get("rope_type", scaling.get("type", "default"))
-  if kind == "default":
-    return {}
-  if kind not in ROPE_TYPES:
-    raise config.refuse(f"{key}.rope_type", kind, "lingvo_lite's rotary positions implement "
-                        "only Llama 3.1's, linear and YaRN scaling",
-                        f"supported: 'default', {', '.join(map(repr, ROPE_TYPES))}")
-  settings = HfConfig(scaling, config.where)
-  fields = {field: kind, "rotary_scaling_factor": settings.number("factor", 8.0)}
-  original = settings.get("original_max_position_embeddings", max_length)
-  if kind == "llama3":
-    fields.update(rotary_low_freq_factor=settings.number("low_freq_factor", 1.0),
-                  rotary_high_freq_factor=settings.number("high_freq_factor", 4.0),
-                  rotary_original_max_length=original)
-  elif kind == "yarn":
-    for unsupported in ("mscale", "mscale_all_dim"):
-      if settings.get(unsupported) is not None:
-        raise config.refuse(f"{key}.{unsupported}", settings.get(unsupported),
-                            "lingvo_lite's YaRN takes its attention factor alone",
-                            "give attention_factor instead")
-    fields.update(rotary_truncate=settings.flag("truncate", True),
-                  rotary_original_max_length=original,
-                  rotary_beta_fast=settings.number("beta_fast", 32.0),
-                  rotary_beta_slow=settings.number("beta_slow", 1.0),
-                  rotary_attention_factor=settings.number("attention_factor"))
-  return fields
+  if gguf_window is not None:
+    gguf = dict(
+        from_metadata=lambda metadata, arch, tensors, config: {
+            "sliding_window": metadata.get(f"{arch}.{gguf_window}")},
+        metadata=lambda model: {gguf_window: model.window})
+  return Rule("sliding_window", fields, written, **gguf)
 
 
-def rope_scaling(settings: tuple[Any, ...]) -> dict[str, Any] | None:
-  """Hugging Face's rope scaling of a layer kind's `rotary_scaling_settings` (None for none):
-  the inverse of `rotary_scaling_fields`."""
-  if not settings:
-    return None
-  kind, factor = settings[0], settings[1]
-  if kind == "linear":
-    return {"rope_type": "linear", "factor": factor}
-  if kind == "yarn":
-    _, _, original, beta_fast, beta_slow, attention, truncate = settings
-    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
-            "beta_fast": beta_fast, "beta_slow": beta_slow, "attention_factor": attention,
-            **({} if truncate else {"truncate": False})}
-  _, _, low, high, original = settings
-  return {"rope_type": kind, "factor": factor, "low_freq_factor": low,
-          "high_freq_factor": high, "original_max_position_embeddings": original}
+def uniform_window(switch: str | None = None) -> Rule:
+  """Every layer slides over `sliding_window` where a config gives one (and its `switch` key
+  is true), else every layer attends to the whole context."""
 
+  def fields(config: HfConfig, found: dict[str, Any]) -> dict[str, Any]:
+    del found
+    on = switch is None or config.flag(switch, False)
+    window = config.get("sliding_window") if on else None
+    return {"layer_kinds": ("sliding",) if window is not None else ("full",), "window": window}
 
-def per_kind_rotary_fields(config: HfConfig, full_base: float, sliding_base_key: str | None,
-                           sliding_base: float, *, max_length: int) -> dict[str, Any]:
-  """The rotary fields of a config whose layer types have rotary settings of their own:
-  transformers 5's `rope_parameters` by layer type ({"full_attention": {...},
-  "sliding_attention": {...}}), or the older keys (`rope_theta` and `rope_scaling` for the
-  full layers; the sliding layers' base under `sliding_base_key`, else the full layers').
-  The sliding layers' scaling is set explicitly ("none" where unscaled), since unset it
-  would follow the full layers'. `max_length`: the model's context (`rotary_scaling_fields`).
+  def written(model: Any) -> dict[str, Any]:
+    sliding = "sliding" in model.kinds_by_layer()
+    return {**({switch: sliding} if switch else {}),
+            "sliding_window": model.window if sliding else None}
 
-  Raises:
-    UsageError: a setting this transformer does not compute, naming the key.
-  """
-  by_type = config.mapping("rope_parameters")
-  if "full_attention" in by_type or "sliding_attention" in by_type:
-    for layer_type in ("full_attention", "sliding_attention"):
-      if not isinstance(by_type.get(layer_type) or {}, dict):
-        raise config.refuse(f"rope_parameters.{layer_type}", by_type[layer_type],
-                            "must be a JSON object", "fix the file")
-    full = by_type.get("full_attention") or {}
-    sliding = by_type.get("sliding_attention") or {}
-    bases = (HfConfig(full, config.where).number("rope_theta", full_base),
-             HfConfig(sliding, config.where).number("rope_theta", sliding_base))
-    keys = ("rope_parameters.full_attention", "rope_parameters.sliding_attention")
-  else:
-    base = config.rope_theta(full_base)
-    bases = (base, config.number(sliding_base_key, sliding_base) if sliding_base_key
-             else base)
-    full, sliding = config.rope_scaling(), None
-    keys = ("rope_scaling", "rope_scaling")
-  fields = {"rotary_base": bases[0], "sliding_rotary_base": bases[1]}
-  full_fields = rotary_scaling_fields(config, full, keys[0], max_length=max_length)
-  sliding_fields = rotary_scaling_fields(config, sliding, keys[1], "sliding_rotary_scaling",
-                                         max_length=max_length)
-  shared = set(full_fields) & set(sliding_fields) - {"rotary_scaling", "sliding_rotary_scaling"}
-  if any(full_fields[key] != sliding_fields[key] for key in shared):
-    raise config.refuse(keys[1], sliding, "lingvo_lite's sliding layers scale with the full "
-                        "layers' factor and lengths", "give both the same settings")
-  return {**fields, **full_fields, **sliding_fields,
-          "sliding_rotary_scaling": sliding_fields.get("sliding_rotary_scaling", "none")}
-
-
-def per_kind_rope_parameters(model: Any) -> dict[str, Any]:
-  """transformers 5's `rope_parameters` by layer type of a model: the inverse of
-  `per_kind_rotary_fields`."""
-  found = {}
-  for layer_type, kind in (("full_attention", "full"), ("sliding_attention", "sliding")):
-    scaling = rope_scaling(model.rotary_scaling_settings(kind)) or {"rope_type": "default"}
-    found[layer_type] = {**scaling, "rope_theta": model.kind_fields(kind)["rotary_base"]}
-  return {"rope_parameters": found}
+  return Rule("sliding_window", fields, written)

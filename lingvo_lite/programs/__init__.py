@@ -140,11 +140,10 @@ def recorded_config(invocation: Invocation) -> str:
   if checkpoints is not None and checkpoints.is_dir() and any(
       step.name.isdigit() for step in checkpoints.iterdir()):
     return "the one this job was trained with"
-  source = getattr(getattr(invocation.setup, "train", None), "init_from", None)
-  described = getattr(source, "describe", None)
-  if callable(described):
-    return (f"the one it was first run with, on train.init_from={described()}, having no "
-            "checkpoint of its own")
+  source = invocation.setup.train.init_from if invocation.setup is not None else None
+  if source is not None:
+    return (f"the one it was first run with, on train.init_from={source.describe()}, having "
+            "no checkpoint of its own")
   return "the one it was first run with, having no checkpoint"
 
 

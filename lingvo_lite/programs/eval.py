@@ -296,9 +296,8 @@ def _starting_params(jitted: JittedSteps, source: Any, frozen: Any) -> Any:
   full DPO job's policy (a copy of its reference)."""
   if not jitted.adapters:
     return jax.tree.map(jnp.copy, frozen)
-  load_adapters = getattr(source, "load_adapters", None)
-  if load_adapters is not None:
-    return load_adapters(jitted.mesh_params())[0]
+  if source is not None and source.brings_adapters:
+    return source.load_adapters(jitted.mesh_params())[0]
   return jitted.init_state().params
 
 

@@ -90,8 +90,7 @@ class FrozenWeights:
       what = f"a fresh initialization (train.seed={seed})"
       self.fingerprint = f"seed:{seed}"
       return params, what
-    load = getattr(source, "load_base", source.load_params)
-    params, what = load(self.source_shapes)
+    params, what = source.load_base(self.source_shapes)
     self.fingerprint = fingerprint_of(what)
     return params, what
 

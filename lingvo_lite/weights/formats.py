@@ -9,9 +9,10 @@ type and `--mode=export` (its `--export_format` choices, their dtypes) look form
   peft    peft:PATH[,base=SOURCE]  peft.PeftCheckpoint  peft.PeftExport
 
 A format is its module(s) and its row in `FORMATS`; nothing else names it. Its source is a config
-part with `describe()` and `load_params(mesh_params)` (and `load(jitted)` for training); one that
-describes its model (a Hugging Face folder's config.json, a GGUF file's metadata) also has
-`model_fields()` and `origin()`, and `--init_from` then sets `model` too (weights/sources.py).
+part that subclasses weight_source.py's `Source`: whole weights (`describe()`,
+`load_params(mesh_params)`), and what more it brings declared there with defaults (a description
+of its model: `describes_model()`, `model_fields()`, `origin()`, and `--init_from` then sets
+`model` too, weights/sources.py; LoRA adapters over a base: `brings_adapters`).
 Its writer is made from an `ExportRequest` before anything is read, and answers the `Export`
 protocol (weights/exports.py). A format that stores a model by its own names asks each family
 for them (models/format_names.py), so no module here names a family.

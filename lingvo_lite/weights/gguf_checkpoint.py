@@ -38,25 +38,22 @@ from lingvo_lite.models.format_names import GgufNames
 from lingvo_lite.weights import gguf_header, hf_checkpoint, tensor_checks
 from lingvo_lite.weights.hf_checkpoint import FIELD
 from lingvo_lite.weights.placing import Placer, content_crc
-
+from lingvo_lite.weights.weight_source import PathSource
 
 
 @dataclasses.dataclass(frozen=True)
-class GgufCheckpoint:
+class GgufCheckpoint(PathSource):
   """The parameters (and model config) of a GGUF file.
 
   Attributes:
     path: The .gguf file (relative to the working directory).
   """
 
-  path: str
+  scheme = "gguf"
+  holds = "a GGUF file"
 
-  def __post_init__(self):
-    if not isinstance(self.path, str) or not self.path.strip():
-      raise UsageError(f"path={self.path!r}: must name a GGUF file")
-
-  def describe(self) -> str:
-    return f"gguf:{self.path}"
+  def describes_model(self) -> bool:
+    return True
 
   def origin(self) -> str:
     """The file the model's fields come from (its metadata), for config.txt."""
@@ -110,9 +107,6 @@ class GgufCheckpoint:
     shapes = {tensor.name: tuple(int(d) for d in reversed(tensor.shape))
               for tensor in reader.tensors}
     return family, gguf_header.model_fields(family, names, metadata, shapes, where)
-
-  def load(self, jitted: Any) -> tuple[Any, str]:
-    return self.load_params(jitted.mesh_params())
 
   def load_params(self, mesh_params: Any) -> tuple[Any, str]:
     return self.read_params(mesh_params.model, mesh_params.abstract)

@@ -27,9 +27,7 @@ import json
 import os
 from typing import Any
 
-from etils import epath
-
-from lingvo_lite import input_files, paths
+from lingvo_lite import input_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import family as families, format_names
 from lingvo_lite.models.checkpoint_names import HfConfig
@@ -37,6 +35,7 @@ from lingvo_lite.models.format_names import HfNames
 from lingvo_lite.weights import tensor_checks
 from lingvo_lite.weights.placing import Placer, content_crc
 from lingvo_lite.weights.safetensors_files import SafetensorsFiles
+from lingvo_lite.weights.weight_source import PathSource
 
 FIELD = "train.init_from"
 CONFIG_FILE = "config.json"
@@ -49,33 +48,24 @@ _MISSING_FIX = ("the folder lacks it (copy it again), or the model's sizes are n
 
 
 @dataclasses.dataclass(frozen=True)
-class HfCheckpoint:
+class HfCheckpoint(PathSource):
   """The parameters (and model config) of a Hugging Face folder.
 
   Attributes:
     path: The folder: config.json and its safetensors (relative to the working directory).
   """
 
-  path: str
+  scheme = "hf"
+  holds = "a Hugging Face folder (config.json and model.safetensors)"
+  folder_fix = ("give a folder that transformers' save_pretrained wrote (config.json, "
+                "model.safetensors)")
 
-  def __post_init__(self):
-    if not isinstance(self.path, str) or not self.path.strip():
-      raise UsageError(f"path={self.path!r}: must name a Hugging Face folder (config.json and "
-                       "model.safetensors)")
-
-  def describe(self) -> str:
-    return f"hf:{self.path}"
+  def describes_model(self) -> bool:
+    return True
 
   def origin(self) -> str:
     """The file the model's fields come from, for config.txt."""
     return os.path.join(self.path, CONFIG_FILE)
-
-  def folder(self) -> epath.Path:
-    folder = paths.resolve(self.path, f"{FIELD}.path")
-    if not folder.is_dir():
-      raise UsageError(f"hf:{self.path}: no such folder; give a folder that transformers' "
-                       "save_pretrained wrote (config.json, model.safetensors)")
-    return folder
 
   def config(self) -> HfConfig:
     """The folder's config.json.
@@ -108,14 +98,10 @@ class HfCheckpoint:
     fields = {k: v for k, v in names.fields(config).items() if v is not None}
     return family, fields
 
-  def load(self, jitted: Any) -> tuple[Any, str]:
-    """(this folder's parameters in `jitted`'s model layout and shardings, what was loaded as
-    `hf:PATH sha256:<digest of the tensors>`)."""
-    return self.load_params(jitted.mesh_params())
-
   def load_params(self, mesh_params: Any) -> tuple[Any, str]:
-    """`load`'s answer for a program without a train state, into `mesh_params` (a
-    `checkpoints.params.MeshParams`)."""
+    """(this folder's parameters in `mesh_params`' model layout and shardings (a
+    `checkpoints.params.MeshParams`), what was loaded as `hf:PATH sha256:<digest of the
+    tensors>`)."""
     return self.read_params(mesh_params.model, mesh_params.abstract)
 
   def read_params(self, model: Any, abstract: Any) -> tuple[Any, str]:

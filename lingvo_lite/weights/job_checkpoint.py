@@ -30,12 +30,13 @@ from lingvo_lite.checkpoints import integrity, selection
 from lingvo_lite.checkpoints.manager import CheckpointSettings
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import NonNegativeInt
+from lingvo_lite.weights.weight_source import Source
 
 FIELD = "train.init_from"
 
 
 @dataclasses.dataclass(frozen=True)
-class JobCheckpoint:
+class JobCheckpoint(Source):
   """Parameters from a step of another job's checkpoints.
 
   Attributes:
@@ -72,19 +73,15 @@ class JobCheckpoint:
                                  step_name=f"{FIELD}.step", job_name=f"{FIELD}.job_log_dir")
     return checkpointer, checkpoint_dir, step
 
-  def load(self, jitted: Any) -> tuple[Any, str]:
-    """(the source step's parameters in `jitted`'s shardings and layer layout, what was
-    loaded as `JOB@STEP sha256:<digest of its checksums>`).
+  def load_params(self, mesh_params: Any) -> tuple[Any, str]:
+    """(the source step's parameters restored into `mesh_params` (a
+    `checkpoints.params.MeshParams`: the model, its shapes, shardings and layer layout), what
+    was loaded as `JOB@STEP sha256:<digest of its checksums>`).
 
     Raises:
       UsageError: see `chosen_step`; the step fails its checksums, or its parameters do not
         fit this model (named as this field's, in one line).
     """
-    return self.load_params(jitted.mesh_params())
-
-  def load_params(self, mesh_params: Any) -> tuple[Any, str]:
-    """`load`'s answer for a program without a train state: the parameters restored into
-    `mesh_params` (a `checkpoints.params.MeshParams`: the model, its shapes and shardings)."""
     checkpointer, checkpoint_dir, step = self.chosen_step()
     try:
       params = mesh_params.restore(

@@ -229,9 +229,8 @@ class JobParams:
       adapters = adapter_shapes.restore(choice.checkpointer, choice.step)
       return params, adapters, (f"step {choice.step} of {choice.shown_job} (LoRA adapters over "
                                 f"{base_what})")
-    load_adapters = getattr(choice.source, "load_adapters", None)
-    if load_adapters is None:
+    if choice.source is None or not choice.source.brings_adapters:
       return params, None, f"{base_what} (train.init_from: {choice.shown_job} has no " \
           "checkpoint yet)"
-    adapters, what = load_adapters(adapter_shapes)
+    adapters, what = choice.source.load_adapters(adapter_shapes)
     return params, adapters, f"{what} (train.init_from: {choice.shown_job} has no checkpoint yet)"

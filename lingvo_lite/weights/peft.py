@@ -36,7 +36,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from lingvo_lite import file_writes, input_files, paths
+from lingvo_lite import file_writes, input_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import layer_layout, lora
 from lingvo_lite.models.checkpoint_names import TensorName
@@ -44,6 +44,7 @@ from lingvo_lite.weights import peft_config, tensor_checks
 from lingvo_lite.weights.exports import size_text
 from lingvo_lite.weights.hf_checkpoint import names_of
 from lingvo_lite.weights.safetensors_files import SafetensorsFiles
+from lingvo_lite.weights.weight_source import PathSource
 
 KIND = "peft_export"
 CONFIG_FILE = "adapter_config.json"
@@ -122,7 +123,8 @@ class PeftExport:
 
   def _config(self, targets: list[str]) -> dict[str, Any]:
     settings, source = self._settings, self._request.setup.train.init_from
-    base = getattr(source, "path", None) or str(self._request.export_dir)
+    base = (source.base_model_path() if source is not None else None) or str(
+        self._request.export_dir)
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base,
             "r": settings.rank, "lora_alpha": settings.alpha, "lora_dropout": settings.dropout,
             "target_modules": sorted(targets), "bias": "none", "fan_in_fan_out": False,
@@ -192,8 +194,9 @@ def _base_from(name: Any, shown: str) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class PeftCheckpoint:
-  """A PEFT folder's LoRA adapters over a base model's weights.
+class PeftCheckpoint(PathSource):
+  """A PEFT folder's LoRA adapters over a base model's weights (weight_source.py: it brings
+  adapters, and describes its model where its base does).
 
   Attributes:
     path: The folder (adapter_config.json, adapter_model.safetensors).
@@ -201,20 +204,12 @@ class PeftCheckpoint:
       `base_model_name_or_path` names (a local folder or file).
   """
 
-  path: str
   base: Any = None
 
-  def __post_init__(self):
-    if not isinstance(self.path, str) or not self.path.strip():
-      raise UsageError(f"path={self.path!r}: must name a PEFT folder (adapter_config.json, "
-                       "adapter_model.safetensors)")
-
-  def folder(self) -> epath.Path:
-    folder = paths.resolve(self.path, f"{FIELD}.path")
-    if not folder.is_dir():
-      raise UsageError(f"peft:{self.path}: no such folder; give the folder peft's "
-                       "save_pretrained (or --export_format=peft) wrote")
-    return folder
+  scheme = "peft"
+  holds = "a PEFT folder (adapter_config.json, adapter_model.safetensors)"
+  folder_fix = "give the folder peft's save_pretrained (or --export_format=peft) wrote"
+  brings_adapters = True
 
   def adapter_config(self) -> dict[str, Any]:
     """The folder's adapter_config.json, checked: LoRA, and nothing these adapters do not do
@@ -239,10 +234,9 @@ class PeftCheckpoint:
     return _base_from(self.adapter_config().get("base_model_name_or_path"),
                       os.path.join(self.path, CONFIG_FILE))
 
-  @property
-  def describes_its_model(self) -> bool:
-    """Whether the base's files describe the model (sources.model_part asks)."""
-    return hasattr(self.base_source(), "model_fields")
+  def describes_model(self) -> bool:
+    """Whether the base's files describe the model."""
+    return self.base_source().describes_model()
 
   def model_fields(self) -> tuple[type, dict[str, Any]]:
     return self.base_source().model_fields()
@@ -252,6 +246,9 @@ class PeftCheckpoint:
 
   def describe(self) -> str:
     return f"peft:{self.path} over {self.base_source().describe()}"
+
+  def base_model_path(self) -> str | None:
+    return self.base_source().base_model_path()
 
   def lora_settings(self, model: Any) -> lora.LoraSettings:
     """train.lora as the config says, for `model` (the base's family): rank, alpha (rsLoRA's
@@ -358,9 +355,6 @@ class PeftCheckpoint:
                      out_shardings=jax.tree.map(lambda leaf: leaf.sharding,
                                                 mesh_params.abstract))(params, adapters)
     return merged, f"{what} over {base_what}"
-
-  def load(self, jitted: Any) -> tuple[Any, str]:
-    return self.load_params(jitted.mesh_params())
 
 
 def _file_names(name: str) -> list[str]:

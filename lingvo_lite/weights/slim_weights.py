@@ -34,8 +34,10 @@ from lingvo_lite import file_writes, input_files, outputs, paths
 from lingvo_lite.checkpoints import orbax_errors as checkpoint_errors
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
+from lingvo_lite.models.layer_layout import flatten, unflatten
 from lingvo_lite.weights import tensor_checks
 from lingvo_lite.weights.exports import size_text
+from lingvo_lite.weights.weight_source import PathSource
 
 KIND = "slim_export"
 PARAMS_DIR, CONFIG_FILE = "params", "config.json"
@@ -85,21 +87,15 @@ def write(folder: epath.Path, params: Any, dtype: str, config_json: str,
 
 
 @dataclasses.dataclass(frozen=True)
-class SlimCheckpoint:
+class SlimCheckpoint(PathSource):
   """Parameters from a slim-weights folder (`--mode=export --export_format=slim`).
 
   Attributes:
     path: The folder (relative to the working directory).
   """
 
-  path: str
-
-  def __post_init__(self):
-    if not isinstance(self.path, str) or not self.path.strip():
-      raise UsageError(f"path={self.path!r}: must name a slim-weights folder")
-
-  def describe(self) -> str:
-    return f"slim:{self.path}"
+  scheme = "slim"
+  holds = "a slim-weights folder"
 
   def _manifest(self) -> tuple[epath.Path, dict[str, Any]]:
     folder = paths.resolve(self.path, f"{FIELD}.path")
@@ -116,9 +112,6 @@ class SlimCheckpoint:
       raise UsageError(f"{FIELD}=slim:{self.path}: its manifest.json is {schema!r}, not "
                        f"{outputs.schema(KIND)!r} (slim weights)")
     return folder, data
-
-  def load(self, jitted: Any) -> tuple[Any, str]:
-    return self.load_params(jitted.mesh_params())
 
   def load_params(self, mesh_params: Any) -> tuple[Any, str]:
     """The parameters, in `mesh_params`' shardings and dtypes.
@@ -151,7 +144,7 @@ class SlimCheckpoint:
       unread = self._check_saved(checkpointer, folder, target)
       # orbax restores the whole tree: what nothing reads comes along, and is dropped.
       saved = checkpointer.restore(os.fspath(folder / PARAMS_DIR),
-                                   _nested({**_flat(target), **unread}))
+                                   unflatten({**flatten(target), **unread}))
     except (ValueError, KeyError, TypeError, FileNotFoundError) as e:
       raise UsageError(f"{FIELD}=slim:{self.path}: its parameters do not fit this model "
                        f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); "
@@ -166,7 +159,7 @@ class SlimCheckpoint:
                        "damaged: copy or export it again") from None
     finally:
       checkpointer.close()
-    saved = _nested({path: leaf for path, leaf in _flat(saved).items() if path not in unread})
+    saved = unflatten({path: leaf for path, leaf in flatten(saved).items() if path not in unread})
     if saved_dtype == "int8":
       shardings = jax.tree.map(lambda leaf: leaf.sharding, mesh_params.abstract)
       saved = jax.jit(quantization.read_stored_int8, out_shardings=shardings)(saved)
@@ -185,8 +178,8 @@ class SlimCheckpoint:
     """
     where = f"{FIELD}=slim:{self.path}"
     metadata = checkpointer.metadata(os.fspath(folder / PARAMS_DIR))
-    held = _flat(getattr(getattr(metadata, "item_metadata", metadata), "tree", metadata))
-    wanted = _flat(target)
+    held = flatten(getattr(getattr(metadata, "item_metadata", metadata), "tree", metadata))
+    wanted = flatten(target)
     for path, want in wanted.items():
       if path not in held:
         raise tensor_checks.missing(where, path, _CONFIG_FIX)
@@ -241,25 +234,3 @@ class SlimExport:
   def details(self, written: dict[str, Any]) -> list[str]:
     del written
     return []
-
-
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-  """A nested dict's leaves by their "/"-joined keys."""
-  if not isinstance(tree, dict):
-    return {prefix: tree}
-  found = {}
-  for key, value in tree.items():
-    found.update(_flat(value, f"{prefix}/{key}" if prefix else str(key)))
-  return found
-
-
-def _nested(flat: dict[str, Any]) -> dict[str, Any]:
-  """The nested dict of `_flat`'s leaves."""
-  tree: dict[str, Any] = {}
-  for path, leaf in flat.items():
-    node = tree
-    *parents, last = path.split("/")
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[last] = leaf
-  return tree

@@ -7,10 +7,13 @@ class the part builds. A Hugging Face folder's config.json and a GGUF file's met
 their model; slim weights and a job's checkpoint do not (the model stays the experiment's).
 
 A source that describes its model replaces the experiment's `model` with its family and the
-fields its header sets; the experiment's choices of how to run that model (dtypes, layer layout,
-rematerialization, attention implementation) carry over where the family has them. The
-executor sets these parts before the fiddlers and `--fdl.*` overrides, so an override still
-changes any field (one that contradicts the weights' shapes is refused when they load).
+fields its header sets (weights/weight_source.py: `describes_model()`); the experiment's
+choices of how to run that model (the family's fields marked `run_fields.Run(carried=True)`:
+dtypes, layer layout, rematerialization, attention implementation, quantization, the experts'
+dispatch) carry over where the experiment sets them. A source that brings LoRA adapters sets
+`train.lora` as they were made. The executor sets these parts before the fiddlers and `--fdl.*`
+overrides, so an override still changes any field (one that contradicts the weights' shapes is
+refused when they load).
 """
 
 from __future__ import annotations
@@ -21,37 +24,26 @@ from typing import Any
 import fiddle as fdl
 from fiddle import history
 
+from lingvo_lite import run_fields
 from lingvo_lite.errors import UsageError
 from lingvo_lite.weights import formats
 from lingvo_lite.weights.job_checkpoint import FIELD
-
-# How to run a model, not what it computes: kept from the experiment's model.
-CARRIED_MODEL_FIELDS = ("dtype", "param_dtype", "scan_layers", "remat_policy",
-                        "attention_implementation")
-
-
-def describes_model(source: fdl.Config) -> bool:
-  """Whether the source's files describe their model (it has `model_fields`; a source over
-  another's weights, `peft:`'s, where that one does)."""
-  if not hasattr(fdl.get_callable(source), "model_fields"):
-    return False
-  return getattr(fdl.build(source), "describes_its_model", True)
 
 
 def model_part(source: fdl.Config, model: Any) -> fdl.Config | None:
   """The `model` part of a source that describes its model (its family, its header's fields,
   and the experiment `model`'s carried fields); None for one that does not."""
-  if not describes_model(source):
-    return None
   checkpoint = fdl.build(source)
+  if not checkpoint.describes_model():
+    return None
   family, fields = checkpoint.model_fields()
   # config.txt names the file each field came from (config/files.py: a line number of 0).
   origin = history.Location(checkpoint.origin(), 0, None)
   with history.custom_location(lambda: origin):
     part = fdl.Config(family, **fields)
   arguments = model.__arguments__ if isinstance(model, fdl.Buildable) else {}
-  for name in CARRIED_MODEL_FIELDS:
-    if name in arguments and name in family.__dataclass_fields__:
+  for name in run_fields.names(family, carried=True):  # How to run it: the experiment's.
+    if name in arguments:
       setattr(part, name, arguments[name])
   return part
 
@@ -68,12 +60,12 @@ def config_parts(value: str | None, cfg: fdl.Config, flag: str = "--init_from"
   model_config = model_part(source, cfg.__arguments__.get("model"))
   if model_config is not None:
     parts["model"] = model_config
-  lora_settings = getattr(fdl.build(source), "lora_settings", None)
-  if lora_settings is not None:  # Adapters (peft:): train.lora as their config says.
+  built = fdl.build(source)
+  if built.brings_adapters:  # Adapters (peft:): train.lora as their config says.
     model = model_config if model_config is not None else cfg.__arguments__.get("model")
     if model is None:
       raise UsageError(f"{flag}={value}: the base does not describe its model and the "
                        "experiment names none; give a base folder or file (base=hf:...)")
-    settings = lora_settings(fdl.build(model))
+    settings = built.lora_settings(fdl.build(model))
     parts["train.lora"] = fdl.Config(type(settings), **dataclasses.asdict(settings))
   return parts

@@ -26,6 +26,7 @@ import pytest
 from lingvo_lite.models import layer_layout, transformer_layers
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mixtral import Mixtral
+from tests.models.references import assert_decode_equals_teacher_forcing, rotate_half
 
 WINDOW = 4
 SIZES = dict(vocab_size=61, num_layers=5, dim=32, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -72,16 +73,6 @@ def _norm(x, scale, kind, axes=1, eps=1e-5):
   return y * ((1.0 + scale) if kind == "rmsnorm_plus_one" else scale)
 
 
-def _rope(x, positions, base):
-  """x [t, heads, d] rotated at `positions` [t]: feature i pairs with i + d/2."""
-  half = x.shape[-1] // 2
-  frequencies = base ** (-np.arange(half) * 2.0 / x.shape[-1])
-  angle = positions[:, None, None] * frequencies
-  a, b = x[..., :half], x[..., half:]
-  return jnp.concatenate([a * jnp.cos(angle) - b * jnp.sin(angle),
-                          b * jnp.cos(angle) + a * jnp.sin(angle)], axis=-1)
-
-
 def _reference_logits(model: Llama, params, tokens) -> jax.Array:
   """One sequence [t] -> logits [t, vocab], every layer written out with its kind's mask and
   rotary base, the norms where the block kind puts them."""
@@ -107,7 +98,7 @@ def _reference_logits(model: Llama, params, tokens) -> jax.Array:
       q, k = norm(q, attention["query_norm"], axes), norm(k, attention["key_norm"], axes)
     if kind != "no_rotary":
       base = model.sliding_rotary_base if kind == "sliding" else model.rotary_base
-      q, k = _rope(q, positions, base), _rope(k, positions, base)
+      q, k = rotate_half(q, positions, base), rotate_half(k, positions, base)
     group = model.num_heads // model.num_kv_heads
     k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)  # Head h reads h // g.
     scale = (model.query_pre_attention_scalar ** -0.5 if model.query_pre_attention_scalar
@@ -197,10 +188,6 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
   params = model.to_own_layout(_params(_model("sandwich")))
   total, cache_length = 3 * WINDOW + 5, 64
   sequences = _tokens(4, (2, total))
-  full = np.asarray(jax.jit(model.apply)({"params": params}, sequences))
-  prompt_lengths = jnp.asarray([3, 7], jnp.int32)
-  bucket = 8
-  prompts = jnp.where(jnp.arange(bucket) < prompt_lengths[:, None], sequences[:, :bucket], 0)
   cache = model.empty_cache(2, cache_length)
   entries = [(array.kind, array.stacked, keys.shape[-2])
              for array, keys in zip(model.cache_arrays(cache_length), cache.keys)]
@@ -211,24 +198,7 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
   else:
     assert entries == [(kind, False, WINDOW if kind == "sliding" else cache_length)
                        for kind in ("sliding", "sliding", "full", "sliding", "sliding")]
-  # A cache written by an earlier request: stale entries must stay unseen.
-  cache = jax.tree.map(lambda x: x + 5.0, cache)
-  logits, cache = jax.jit(model.prefill)(params, prompts, prompt_lengths, cache,
-                                         jnp.ones(2, bool))
-  np.testing.assert_allclose(logits[:, 0], full[jnp.arange(2), prompt_lengths - 1],
-                             rtol=1e-5, atol=1e-5)
-  extend = jax.jit(model.extend)
-  positions, checked = prompt_lengths, 0
-  while int(positions.min()) < total:
-    fed = jnp.take_along_axis(sequences, jnp.minimum(positions, total - 1)[:, None], axis=1)
-    logits, cache = extend(params, fed, positions[:, None], cache)
-    for row in range(2):
-      if positions[row] < total:
-        np.testing.assert_allclose(logits[row, 0], full[row, positions[row]],
-                                   rtol=1e-5, atol=1e-5)
-        checked += 1
-    positions = positions + 1
-  assert checked == 2 * total - 3 - 7
+  _, extend = assert_decode_equals_teacher_forcing(model, params, sequences, cache)
   # Every step past the window had the shapes of the first: one compile.
   assert extend._cache_size() == 1  # pylint: disable=protected-access
 

@@ -28,6 +28,7 @@ from lingvo_lite.models import family
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mistral import Mistral
 from lingvo_lite.training.train_state import strip_boxes
+from tests.models.references import assert_decode_equals_teacher_forcing, rotate_half
 
 SIZES = dict(vocab_size=61, num_layers=2, dim=32, num_heads=4, num_kv_heads=2, head_dim=8,
              mlp_dim=48, max_length=64)
@@ -54,16 +55,6 @@ def _rms_norm(x, scale, eps=1e-5):
   return x / jnp.sqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
-def _rope(x, positions, base=10000.0):
-  """x [t, heads, d] rotated at `positions` [t]: feature i pairs with i + d/2."""
-  half = x.shape[-1] // 2
-  frequencies = base ** (-np.arange(half) * 2.0 / x.shape[-1])
-  angle = positions[:, None, None] * frequencies
-  a, b = x[..., :half], x[..., half:]
-  return jnp.concatenate([a * jnp.cos(angle) - b * jnp.sin(angle),
-                          b * jnp.cos(angle) + a * jnp.sin(angle)], axis=-1)
-
-
 def _reference_logits(params, tokens, window: int) -> jax.Array:
   """One sequence [t] -> logits [t, vocab], written out with its own banded causal mask."""
   length = tokens.shape[0]
@@ -75,8 +66,8 @@ def _reference_logits(params, tokens, window: int) -> jax.Array:
     layer = params[f"layer_{index}"]
     attention = layer["attention"]
     h = _rms_norm(x, layer["attention_norm"]["scale"])
-    q = _rope(jnp.einsum("td,dhk->thk", h, attention["query_kernel"]), positions)
-    k = _rope(jnp.einsum("td,dhk->thk", h, attention["key_kernel"]), positions)
+    q = rotate_half(jnp.einsum("td,dhk->thk", h, attention["query_kernel"]), positions)
+    k = rotate_half(jnp.einsum("td,dhk->thk", h, attention["key_kernel"]), positions)
     v = jnp.einsum("td,dhk->thk", h, attention["value_kernel"])
     group = SIZES["num_heads"] // SIZES["num_kv_heads"]
     k, v = jnp.repeat(k, group, axis=1), jnp.repeat(v, group, axis=1)  # Head h reads h // g.
@@ -135,30 +126,9 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
   params = _params(model)
   total = 3 * WINDOW + 5
   sequences = _tokens(4, (2, total))
-  full = np.asarray(jax.jit(model.apply)({"params": params}, sequences))
-  prompt_lengths = jnp.asarray([3, 7], jnp.int32)
-  bucket = 8
-  prompts = jnp.where(jnp.arange(bucket) < prompt_lengths[:, None], sequences[:, :bucket], 0)
-  cache = model.empty_cache(2, 64)
-  # A cache written by an earlier request: the ring's stale entries must stay unseen.
-  cache = jax.tree.map(lambda x: x + 5.0, cache)
-  logits, cache = jax.jit(model.prefill)(params, prompts, prompt_lengths, cache,
-                                         jnp.ones(2, bool))
-  np.testing.assert_allclose(logits[:, 0], full[jnp.arange(2), prompt_lengths - 1],
-                             rtol=1e-5, atol=1e-5)
-  extend = jax.jit(model.extend)
-  positions = prompt_lengths
-  checked = 0
-  while int(positions.min()) < total:
-    fed = jnp.take_along_axis(sequences, jnp.minimum(positions, total - 1)[:, None], axis=1)
-    logits, cache = extend(params, fed, positions[:, None], cache)
-    for row in range(2):
-      if positions[row] < total:
-        np.testing.assert_allclose(logits[row, 0], full[row, positions[row]],
-                                   rtol=1e-5, atol=1e-5)
-        checked += 1
-    positions = positions + 1
-  assert checked == 2 * total - 3 - 7
+  # The ring's stale entries stay unseen.
+  cache, _ = assert_decode_equals_teacher_forcing(model, params, sequences,
+                                                  model.empty_cache(2, 64))
   # Held to the window: every array's entry axis is WINDOW long.
   assert {leaf.shape[-2] for leaf in jax.tree.leaves(cache)} == {WINDOW}
 

@@ -13,26 +13,25 @@ off its initial value, written by `save_pretrained`:
 - a Gemma 3 multimodal checkpoint (`Gemma3ForConditionalGeneration`) reads as its text model;
 - what a format cannot express is one line.
 
-The models follow tests/weights/test_hf_folders.py's recipe: weights scaled for O(1) logits,
+The models follow tests/weights/hf_reference.py's recipe: weights scaled for O(1) logits,
 norms and biases perturbed (ones and zeros hide a swapped scale).
 """
 
 import json
-import math
 import shutil
 
-import jax
 import numpy as np
 import pytest
 
-from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import rotary
 from lingvo_lite.models.llama import Llama
-from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.testing import run_cli
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+from tests.weights import hf_reference
+from tests.weights.hf_reference import (TOLERANCE, assert_close as _assert_close,
+                                        export as _export, our_logits as _ours,
+                                        their_logits as _theirs)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -41,7 +40,6 @@ transformers = pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
 VOCAB = 320  # At least PyCodeTiny's 259 (export and decode run it with these folders).
-TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
 WINDOW = 16
 # Rows longer than the window, in two batch shapes.
 SHAPES = {"long": (1, 120), "batch": (3, 40)}
@@ -83,62 +81,25 @@ FAMILIES = ("qwen3", "gemma3", "olmo3")
 
 
 def _reference_model(case: str):
-  config_class, model_class, fields = CASES[case]
-  torch.manual_seed(0)
-  config = getattr(transformers, config_class)(vocab_size=VOCAB, bos_token_id=0,
-                                               eos_token_id=1, pad_token_id=0, **fields)
-  config._attn_implementation = "eager"  # pylint: disable=protected-access
-  model = getattr(transformers, model_class)(config).eval()
-  generator = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for _, parameter in model.named_parameters():
-      noise = torch.randn(parameter.shape, generator=generator)
-      if parameter.ndim == 1:  # Norm scales and offsets.
-        parameter.add_(0.2 * noise)
-      else:  # Kernels and tables: ~1/sqrt(fan-in) rather than 0.02, for O(1) logits.
-        parameter.copy_(noise / math.sqrt(parameter.shape[-1]) * 1.5)
-  return model
+  return hf_reference.reference_model(CASES[case], VOCAB, bos_token_id=0, eos_token_id=1,
+                                      pad_token_id=0)
 
 
 def _tokens(shape_name: str) -> np.ndarray:
   return np.random.default_rng(0).integers(0, VOCAB, SHAPES[shape_name])
 
 
-def _theirs(model, tokens: np.ndarray) -> np.ndarray:
-  with torch.no_grad():
-    return model(torch.tensor(tokens)).logits.numpy()
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
   """case -> (its folder, {shape: transformers' float32 logits})."""
-  root = tmp_path_factory.mktemp("hf")
-  made = {}
-  for case in CASES:
-    model = _reference_model(case)
-    model.save_pretrained(root / case)
-    shapes = SHAPES if case in FAMILIES else ("long",)
-    made[case] = (root / case, {shape: _theirs(model, _tokens(shape)) for shape in shapes})
-  return made
+  return hf_reference.saved(
+      tmp_path_factory.mktemp("hf"), CASES, _reference_model, lambda case, model: {
+          shape: _theirs(model, _tokens(shape))
+          for shape in (SHAPES if case in FAMILIES else ("long",))})
 
 
 def _load(path, source=HfCheckpoint, **changes):
-  family, fields = source(str(path)).model_fields()
-  model = family(**dict(fields, **changes))
-  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
-  params, _ = source(str(path)).read_params(model, abstract)
-  return model, params
-
-
-def _ours(model, params, tokens) -> np.ndarray:
-  with jax.default_matmul_precision("highest"):  # Read when the function is traced.
-    return np.asarray(jax.jit(model.apply)({"params": params}, tokens))
-
-
-def _assert_close(got, expected, what):
-  assert np.std(expected) > 0.5, "logits too small to show an error"
-  error = np.abs(got - expected).max()
-  assert error < TOLERANCE, f"{what}: max abs logit difference {error:.2e}"
+  return hf_reference.load(path, source, **changes)[:2]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -187,69 +148,23 @@ def test_the_kinds_and_their_rotary_settings_are_read(folders):
 
 # ------------------------------------------------------------------------------ export
 
-def _tensors(folder):
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  found = {}
-  for file in sorted(folder.glob("*.safetensors")):
-    found.update(load_file(str(file)))
-  return found
-
-
-def _export(job, out, *extra):
-  return run_cli(["--mode=export", "--exp=PyCodeTiny", f"--job_log_dir={job}",
-                  f"--export_dir={out}", *extra])
-
-
 @pytest.mark.parametrize("case", FAMILIES)
 def test_export_is_bit_for_bit_and_from_pretrained_computes_the_same(folders, case,
                                                                        tmp_path):
   folder, expected = folders[case]
-  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
-  assert result.code == 0, result.stderr[-3000:]
-  source, exported = _tensors(folder), _tensors(tmp_path / "out")
-  assert sorted(exported) == sorted(source)
-  for name, tensor in source.items():
-    assert exported[name].dtype == tensor.dtype
-    assert exported[name].tobytes() == tensor.tobytes(), name
-  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-      tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
-  assert type(reloaded).__name__ == CASES[case][1]
+  reloaded = hf_reference.exported_again(folder, tmp_path, CASES[case][1])
   for shape in SHAPES:
     _assert_close(_theirs(reloaded, _tokens(shape)), expected[shape], f"{case} {shape}")
 
 
 # ------------------------------------------------------------------------------ decode
 
-GREEDY_TOKENS, NEAR_TIE = 32, 1e-4
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", FAMILIES)
 def test_32_greedy_tokens_through_decode_equal_transformers_generate(folders, case, tmp_path):
-  folder = folders[case][0]
-  prompt = _tokens("long")[0, :24].tolist()  # The 56 positions go past the window.
-  (tmp_path / "requests.jsonl").write_text(json.dumps(
-      {"prompt_ids": prompt, "max_new_tokens": GREEDY_TOKENS, "temperature": 0.0}) + "\n")
-  result = run_cli(["--mode=decode", "--exp=PyCodeTiny", "--fiddler=synthetic_data",
-                    f"--init_from=hf:{folder}", f"--job_log_dir={tmp_path / 'job'}",
-                    f"--prompts_file={tmp_path / 'requests.jsonl'}", "--decode_out=-",
-                    "--fdl.decode.stop_at_eos=False", "--fdl.decode.slots=1"])
-  assert result.code == 0, result.stderr[-3000:]
-  ours = json.loads(result.stdout.strip().splitlines()[-1])["completion_ids"]
-  model = _reference_model(case)
-  model.generation_config.eos_token_id = None
-  with torch.no_grad():
-    generated = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(
-        1, len(prompt), dtype=torch.long), max_new_tokens=GREEDY_TOKENS, do_sample=False,
-                               pad_token_id=0)
-  theirs = generated[0, len(prompt):].tolist()
-  assert len(ours) == len(theirs) == GREEDY_TOKENS
-  if ours != theirs:  # Only a near-tie of float32 noise may pick the other token.
-    at = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-    with torch.no_grad():
-      logits = model(torch.tensor([prompt + theirs[:at]])).logits[0, -1].numpy()
-    top2 = np.sort(logits)[-2:]
-    assert top2[1] - top2[0] < NEAR_TIE, (case, at, ours[at], theirs[at])
+  # The 56 positions go past the window.
+  hf_reference.assert_greedy_decode_equals_generate(
+      _reference_model(case), folders[case][0], _tokens("long")[0, :24].tolist(), tmp_path)
 
 
 # ------------------------------------------------------------------------------ GGUF
@@ -286,9 +201,7 @@ def test_what_gguf_cannot_express_is_one_line(folders, tmp_path, case, change, w
   if words is None:
     assert result.code == 0, result.stderr[-2000:]
     return
-  assert result.code == 2 and words in result.stderr, result.stderr
-  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-  assert not (tmp_path / "out").exists()
+  hf_reference.assert_refused_in_one_line(result, words, tmp_path / "out")
 
 
 # ------------------------------------------------------------------------------ multimodal
@@ -309,7 +222,7 @@ def test_a_gemma3_multimodal_checkpoint_reads_as_its_text_model(folders, tmp_pat
   multimodal.save_pretrained(tmp_path / "mm")
   saved = json.loads((tmp_path / "mm" / "config.json").read_text())
   assert saved["model_type"] == "gemma3" and any(
-      name.startswith("language_model.") for name in _tensors(tmp_path / "mm"))
+      name.startswith("language_model.") for name in hf_reference.tensors(tmp_path / "mm"))
   model, params = _load(tmp_path / "mm")
   assert model.family_name == "gemma3" and model.num_layers == 6
   _assert_close(_ours(model, params, _tokens("long")), folders["gemma3"][1]["long"],

@@ -11,7 +11,6 @@ the default 0.02 initialization they are ~1e-2 and any error looks small), and t
 """
 
 import json
-import math
 import os
 import re
 import shutil
@@ -32,13 +31,14 @@ from lingvo_lite.testing import kill_9_when, run_cli
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint, names_of
 from tasks.pycode import read_documents, stdlib_dir
+from tests.weights import hf_reference
+from tests.weights.hf_reference import TOLERANCE, export as _export, load as _load
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 PROMPT_LENGTH = 600
 VOCAB = 320  # At least PyCodeTiny's 259 (the export tests run it with these folders).
-TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
 
 # Each family's tiny config: grouped-query heads where the family has them, a partial rotary
 # for GPT-J, a window shorter than the prompt for Mistral, biases and tied embeddings on one
@@ -71,52 +71,23 @@ CASES = {
 
 
 def _reference_model(case: str):
-  config_class, model_class, fields = CASES[case]
-  torch.manual_seed(0)
-  config = getattr(transformers, config_class)(vocab_size=VOCAB, bos_token_id=0,
-                                               eos_token_id=1, **fields)
-  config._attn_implementation = "eager"  # pylint: disable=protected-access
-  model = getattr(transformers, model_class)(config).eval()
-  generator = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for name, parameter in model.named_parameters():
-      noise = torch.randn(parameter.shape, generator=generator)
-      if parameter.ndim == 1:  # Norm scales and offsets, biases.
-        parameter.add_(0.2 * noise)
-      else:  # Kernels and tables: ~1/sqrt(fan-in) rather than 0.02, for O(1) logits.
-        parameter.copy_(noise / math.sqrt(parameter.shape[-1]) * 1.5)
-  return model
+  return hf_reference.reference_model(CASES[case], VOCAB, bos_token_id=0, eos_token_id=1)
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
   """case -> (its folder, transformers' float32 logits of the prompt)."""
-  root = tmp_path_factory.mktemp("hf")
-  prompt = _prompt()
-  made = {}
-  for case in CASES:
-    model = _reference_model(case)
-    model.save_pretrained(root / case)
-    with torch.no_grad():
-      made[case] = (root / case, model(torch.tensor(prompt)).logits.numpy())
-  return made
+  return hf_reference.saved(
+      tmp_path_factory.mktemp("hf"), CASES, _reference_model,
+      lambda case, model: hf_reference.their_logits(model, _prompt()))
 
 
 def _prompt() -> np.ndarray:
   return np.random.default_rng(0).integers(0, VOCAB, (1, PROMPT_LENGTH))
 
 
-def _load(folder, **changes):
-  family, fields = HfCheckpoint(str(folder)).model_fields()
-  model = family(**dict(fields, **changes))
-  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
-  params, loaded = HfCheckpoint(str(folder)).read_params(model, abstract)
-  return model, params, loaded
-
-
 def _logits(model, params) -> np.ndarray:
-  with jax.default_matmul_precision("highest"):  # Read when the function is traced.
-    return np.asarray(jax.jit(model.apply)({"params": params}, _prompt()))
+  return hf_reference.our_logits(model, params, _prompt())
 
 
 @pytest.mark.parametrize("scan_layers", [False, True], ids=["unrolled", "scanned"])
@@ -126,10 +97,7 @@ def test_logits_equal_transformers(folders, case, scan_layers):
   model, params, _ = _load(folder, scan_layers=scan_layers)
   assert names_of(model).model_type == json.loads((folder / "config.json").read_text())[
       "model_type"]
-  got = _logits(model, params)
-  assert np.std(expected) > 0.5, "logits too small to show an error"
-  error = np.abs(got - expected).max()
-  assert error < TOLERANCE, f"{case}: max abs logit difference {error:.2e}"
+  hf_reference.assert_close(_logits(model, params), expected, case)
 
 
 def test_the_mistral_window_is_read_and_matters(folders):
@@ -331,64 +299,14 @@ def test_a_warm_start_from_hf_then_kill_9_resumes_from_the_jobs_own_checkpoint(t
 
 # ------------------------------------------------------------------------------ decode
 
-GREEDY_TOKENS, NEAR_TIE = 32, 1e-4
-
-
-def _first_difference_gap(model, prompt, ours, theirs):
-  """The index of the first token where two greedy continuations differ, and transformers'
-  top-2 logit gap there (a near-tie: float32 noise may pick either)."""
-  at = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
-  with torch.no_grad():
-    logits = model(torch.tensor([prompt + theirs[:at]])).logits[0, -1].numpy()
-  top2 = np.sort(logits)[-2:]
-  return at, float(top2[1] - top2[0])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["llama", "mistral", "gptj", "gpt2"])
 def test_32_greedy_tokens_through_decode_equal_transformers_generate(folders, case, tmp_path):
-  folder = folders[case][0]
-  prompt = _prompt()[0, :40].tolist()
-  (tmp_path / "requests.jsonl").write_text(json.dumps(
-      {"prompt_ids": prompt, "max_new_tokens": GREEDY_TOKENS, "temperature": 0.0}) + "\n")
-  # A new job dir: the model and its parameters are the folder's (--init_from), the ids are
-  # given as ids (synthetic data: no text vocabulary); no stop at EOS, as generate below.
-  result = run_cli(["--mode=decode", "--exp=PyCodeTiny", "--fiddler=synthetic_data",
-                    f"--init_from=hf:{folder}", f"--job_log_dir={tmp_path / 'job'}",
-                    f"--prompts_file={tmp_path / 'requests.jsonl'}", "--decode_out=-",
-                    "--fdl.decode.stop_at_eos=False", "--fdl.decode.slots=1"])
-  assert result.code == 0, result.stderr[-3000:]
-  ours = json.loads(result.stdout.strip().splitlines()[-1])["completion_ids"]
-  model = _reference_model(case)
-  model.generation_config.eos_token_id = None
-  with torch.no_grad():
-    # The attention mask given: inferred, it would mask the prompt's ids equal to pad's.
-    generated = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(
-        1, len(prompt), dtype=torch.long), max_new_tokens=GREEDY_TOKENS, do_sample=False,
-                               pad_token_id=0)
-  theirs = generated[0, len(prompt):].tolist()
-  assert len(ours) == len(theirs) == GREEDY_TOKENS
-  if ours != theirs:
-    at, gap = _first_difference_gap(model, prompt, ours, theirs)
-    assert gap < NEAR_TIE, (f"{case}: token {at} differs ({ours[at]} vs {theirs[at]}) where "
-                            f"transformers' top-2 logit gap is {gap:.2e}, not a near-tie "
-                            f"(< {NEAR_TIE})")
+  hf_reference.assert_greedy_decode_equals_generate(
+      _reference_model(case), folders[case][0], _prompt()[0, :40].tolist(), tmp_path)
 
 
 # ------------------------------------------------------------------------------ export
-
-def _export(job, out, *extra):
-  return run_cli(["--mode=export", "--exp=PyCodeTiny", f"--job_log_dir={job}",
-                  f"--export_dir={out}", *extra])
-
-
-def _tensors(folder):
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  found = {}
-  for file in sorted(folder.glob("*.safetensors")):
-    found.update(load_file(str(file)))
-  return found
-
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hf_in_then_out_gives_the_same_tensors_bit_for_bit(folders, case, tmp_path):
@@ -397,10 +315,7 @@ def test_hf_in_then_out_gives_the_same_tensors_bit_for_bit(folders, case, tmp_pa
   result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
   assert result.code == 0, result.stderr[-3000:]
   assert "train.init_from" in result.stdout and "has no checkpoint yet" in result.stdout
-  expected, got = _tensors(folder), _tensors(tmp_path / "out")
-  assert sorted(got) == sorted(expected)
-  for name, tensor in expected.items():
-    assert got[name].dtype == tensor.dtype and got[name].tobytes() == tensor.tobytes(), name
+  hf_reference.assert_same_tensors(folder, tmp_path / "out")
   config = json.loads((tmp_path / "out" / "config.json").read_text())
   assert config["model_type"] == json.loads((folder / "config.json").read_text())["model_type"]
   # The job dir records the config it exported with: a later program names just the job.
@@ -415,9 +330,7 @@ def test_a_bfloat16_folder_exports_bit_for_bit_in_bfloat16_and_sharded(tmp_path)
   assert result.code == 0, result.stderr[-3000:]
   index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
   assert len(set(index["weight_map"].values())) > 1
-  expected, got = _tensors(tmp_path / "bf16"), _tensors(tmp_path / "out")
-  assert all(got[k].dtype == expected[k].dtype and got[k].tobytes() == expected[k].tobytes()
-             for k in expected) and sorted(got) == sorted(expected)
+  hf_reference.assert_same_tensors(tmp_path / "bf16", tmp_path / "out")
   reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
   assert reloaded.dtype == torch.bfloat16
 
@@ -574,9 +487,7 @@ def test_what_gguf_cannot_express_is_one_line_and_writes_nothing(folders, tmp_pa
                                                                  words):
   result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folders[case][0]}",
                    "--export_format=gguf", *args)
-  assert result.code == 2 and words in result.stderr, result.stderr
-  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-  assert not (tmp_path / "out").exists()
+  hf_reference.assert_refused_in_one_line(result, words, tmp_path / "out")
 
 
 def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_job, tmp_path):

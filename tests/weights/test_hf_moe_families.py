@@ -12,23 +12,20 @@ writes them, or gpt-oss's stacked and interleaved):
   line naming the key.
 """
 
-import math
 
-import jax
 import numpy as np
 import pytest
 
-from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.errors import UsageError
-from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.testing import run_cli
 from lingvo_lite.weights.hf_checkpoint import HfCheckpoint
+from tests.weights import hf_reference
+from tests.weights.hf_reference import (assert_close as _assert_close, export as _export,
+                                        our_logits as _ours, their_logits as _theirs)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 320  # At least PyCodeTiny's 259 (export runs it with these folders).
-TOLERANCE = 1e-4  # Max abs over every position's float32 logits.
 SHAPES = {"long": (1, 48), "batch": (3, 20)}
 WINDOW = 16
 
@@ -67,22 +64,8 @@ CASES = {
 
 
 def _reference_model(case: str):
-  config_class, model_class, fields = CASES[case]
-  torch.manual_seed(0)
-  config = getattr(transformers, config_class)(vocab_size=VOCAB, bos_token_id=0,
-                                               eos_token_id=1, pad_token_id=0, **fields)
-  config._attn_implementation = "eager"  # pylint: disable=protected-access
-  model = getattr(transformers, model_class)(config).eval()
-  generator = torch.Generator().manual_seed(1)
-  with torch.no_grad():
-    for _, parameter in model.named_parameters():
-      noise = torch.randn(parameter.shape, generator=generator)
-      if parameter.ndim == 1:  # Norm scales, biases, sinks.
-        parameter.add_(0.2 * noise)
-      else:  # Kernels, tables and stacked experts: ~1/sqrt(fan-in), for O(1) logits.
-        fan_in = parameter.shape[-2] if _stored_in_out(model, parameter) else parameter.shape[-1]
-        parameter.copy_(noise / math.sqrt(fan_in) * 1.5)
-  return model
+  return hf_reference.reference_model(CASES[case], VOCAB, _stored_in_out, bos_token_id=0,
+                                      eos_token_id=1, pad_token_id=0)
 
 
 def _stored_in_out(model, parameter) -> bool:
@@ -96,40 +79,16 @@ def _tokens(shape_name: str) -> np.ndarray:
   return np.random.default_rng(0).integers(0, VOCAB, SHAPES[shape_name])
 
 
-def _theirs(model, tokens: np.ndarray) -> np.ndarray:
-  with torch.no_grad():
-    return model(torch.tensor(tokens)).logits.numpy()
-
-
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
   """case -> (its folder, {shape: transformers' float32 logits})."""
-  root = tmp_path_factory.mktemp("hf")
-  made = {}
-  for case in CASES:
-    model = _reference_model(case)
-    model.save_pretrained(root / case)
-    made[case] = (root / case, {shape: _theirs(model, _tokens(shape)) for shape in SHAPES})
-  return made
+  return hf_reference.saved(
+      tmp_path_factory.mktemp("hf"), CASES, _reference_model,
+      lambda case, model: {shape: _theirs(model, _tokens(shape)) for shape in SHAPES})
 
 
 def _load(path, source=HfCheckpoint, **changes):
-  family, fields = source(str(path)).model_fields()
-  model = family(**dict(fields, **changes))
-  abstract = MeshParams(model, 16, Partitioner(), Partitioner().make_mesh()).abstract
-  params, _ = source(str(path)).read_params(model, abstract)
-  return model, params
-
-
-def _ours(model, params, tokens) -> np.ndarray:
-  with jax.default_matmul_precision("highest"):  # Read when the function is traced.
-    return np.asarray(jax.jit(model.apply)({"params": params}, tokens))
-
-
-def _assert_close(got, expected, what):
-  assert np.std(expected) > 0.5, "logits too small to show an error"
-  error = np.abs(got - expected).max()
-  assert error < TOLERANCE, f"{what}: max abs logit difference {error:.2e}"
+  return hf_reference.load(path, source, **changes)[:2]
 
 
 # The cases a family's numbers are tested on (the GGUF case is Qwen3-MoE's again).
@@ -155,33 +114,11 @@ def test_logits_equal_transformers(folders, case):
 
 # ------------------------------------------------------------------------------ export
 
-def _tensors(folder):
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-  found = {}
-  for file in sorted(folder.glob("*.safetensors")):
-    found.update(load_file(str(file)))
-  return found
-
-
-def _export(job, out, *extra):
-  return run_cli(["--mode=export", "--exp=PyCodeTiny", f"--job_log_dir={job}",
-                  f"--export_dir={out}", *extra])
-
-
 @pytest.mark.parametrize("case", ("mixtral", "qwen3_moe", "gpt_oss"))
 def test_export_writes_save_pretrained_s_tensors_and_from_pretrained_computes_the_same(
     folders, case, tmp_path):
   folder, expected = folders[case]
-  result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folder}")
-  assert result.code == 0, result.stderr[-3000:]
-  source, exported = _tensors(folder), _tensors(tmp_path / "out")
-  assert sorted(exported) == sorted(source)  # The names save_pretrained wrote, per expert.
-  for name, tensor in source.items():
-    assert exported[name].dtype == tensor.dtype
-    assert exported[name].tobytes() == tensor.tobytes(), name
-  reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-      tmp_path / "out", dtype=torch.float32, attn_implementation="eager").eval()
-  assert type(reloaded).__name__ == CASES[case][1]
+  reloaded = hf_reference.exported_again(folder, tmp_path, CASES[case][1])
   for shape in SHAPES:
     _assert_close(_theirs(reloaded, _tokens(shape)), expected[shape], f"{case} {shape}")
 
@@ -242,8 +179,8 @@ def test_mxfp4_experts_as_the_released_checkpoints_store_them_read_dequantized(f
   import json  # pylint: disable=g-import-not-at-top
   from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
   folder = folders["gpt_oss"][0]
-  tensors, decoded = _tensors(folder), {}
-  for name in [n for n in _tensors(folder) if n.endswith(("gate_up_proj", "down_proj"))]:
+  tensors, decoded = hf_reference.tensors(folder), {}
+  for name in [n for n in list(tensors) if n.endswith(("gate_up_proj", "down_proj"))]:
     blocks, scales, decoded[name] = _mxfp4_as_released(tensors.pop(name), gguf)
     tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
   save_file(tensors, str(tmp_path / "model.safetensors"))
@@ -304,9 +241,7 @@ def test_what_a_gguf_architecture_cannot_hold_is_one_line(folders, tmp_path, cas
                                                           words):
   result = _export(tmp_path / "job", tmp_path / "out", f"--init_from=hf:{folders[case][0]}",
                    "--export_format=gguf", *change)
-  assert result.code == 2 and words in result.stderr, result.stderr
-  assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-  assert not (tmp_path / "out").exists()
+  hf_reference.assert_refused_in_one_line(result, words, tmp_path / "out")
 
 
 def test_a_gpt_oss_gguf_file_with_mxfp4_experts_reads_through_the_gguf_package(folders,

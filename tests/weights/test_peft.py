@@ -6,9 +6,7 @@ merged `--export_format=hf` computes what the unmerged adapters do; decode runs 
 itself.
 
 Weights are scaled for O(1) logits and the adapters made non-zero (a zero B hides every layout
-error), as tests/weights/test_hf_folders.py does for plain weights."""
-
-import math
+error), as tests/weights/hf_reference.py does for plain weights."""
 
 import fiddle as fdl
 import jax
@@ -26,6 +24,7 @@ from lingvo_lite.training.jitted import JittedSteps
 from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.weights import sources
 from lingvo_lite.weights.job_params import JobParams
+from tests.weights import hf_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -42,16 +41,6 @@ def config() -> fdl.Config:
       train_data=fdl.Config(SyntheticData, vocab_size=VOCAB, sequence_length=32,
                             global_batch_size=2),
       train=fdl.Config(TrainLoop, steps=3, log_every_steps=1))
-
-
-def _perturbed(model, generator):
-  with torch.no_grad():
-    for _, parameter in model.named_parameters():
-      noise = torch.randn(parameter.shape, generator=generator)
-      if parameter.ndim == 1:
-        parameter.add_(0.2 * noise)
-      else:
-        parameter.copy_(noise / math.sqrt(parameter.shape[-1]) * 1.5)
 
 
 def _base():
@@ -75,7 +64,7 @@ def folders(tmp_path_factory):
   config_._attn_implementation = "eager"  # pylint: disable=protected-access
   model = transformers.LlamaForCausalLM(config_).eval()
   generator = torch.Generator().manual_seed(1)
-  _perturbed(model, generator)
+  hf_reference.perturb(model, generator)
   model.save_pretrained(root / "base")
   adapted = peft.get_peft_model(model, peft.LoraConfig(
       r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "down_proj"]))

@@ -228,8 +228,7 @@ def _warm_start(jitted: JittedSteps, job_dir: epath.Path) -> tuple[Any, str] | N
     return None
   with jitted.activated():
     if jitted.adapters:
-      load_adapters = getattr(source, "load_adapters", None)
-      return None if load_adapters is None else load_adapters(jitted.mesh_params())
+      return source.load_adapters(jitted.mesh_params()) if source.brings_adapters else None
     if jitted.frozen is not None:
       return None
     return source.load(jitted)
