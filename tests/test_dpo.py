@@ -1,7 +1,8 @@
-"""DPO (training/dpo.py) against the published formula in NumPy: from the policy's and the
+"""DPO (training/objectives/dpo.py) against the published formula in NumPy: from the policy's and the
 reference's log-probabilities of each sequence run alone, the loss
 -(1 - e) log sigmoid(b * margin) - e log sigmoid(-b * margin) and the rewards b * (log pi - log
-pi_ref) equal what the train step reports on the same pairs packed two and one to a row."""
+pi_ref) equal what the train step and the eval step report on the same pairs packed two and
+one to a row."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,8 @@ import pytest
 
 from lingvo_lite.data.packing import packed_batch
 from lingvo_lite.models.llama import Llama
-from lingvo_lite.training import dpo, steps
+from lingvo_lite.training import steps
+from lingvo_lite.training.objectives import dpo
 from lingvo_lite.training.train_state import TrainState
 
 LENGTH = 32
@@ -96,17 +98,17 @@ def test_dpo_loss_and_rewards_equal_the_published_formula(smoothing):
     chosen_rewards.append(chosen_reward)
     rejected_rewards.append(rejected_reward)
 
-  settings = dpo.DpoSettings(beta=beta, label_smoothing=smoothing)
+  settings = dpo.Dpo(beta=beta, label_smoothing=smoothing)
   batch = _packed(pairs)
   sgd = optax.sgd(0.0)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=policy, opt_state=sgd.init(policy),
                      frozen=reference)
   with jax.default_matmul_precision("highest"):
     _, metrics = jax.jit(lambda s, b: steps.train_step(
-        s, b, model=MODEL, optimizer=sgd, schedule=lambda _: 0.0, dpo=settings,
+        s, b, model=MODEL, optimizer=sgd, schedule=lambda _: 0.0, objective=settings,
         ravel_norm=False))(state, batch)
-    sums = jax.jit(lambda p, b, f: steps.preference_eval_step(
-        p, b, f, model=MODEL, settings=settings))(policy, batch, reference)
+    sums = jax.jit(lambda p, b, f: steps.eval_step(
+        p, b, f, model=MODEL, objective=settings))(policy, batch, reference)
   assert float(metrics["pairs"]) == 3 and float(sums["pairs"]) == 3
   np.testing.assert_allclose(float(metrics["loss"]), np.mean(losses), rtol=1e-5)
   np.testing.assert_allclose(float(metrics["reward_chosen"]), np.mean(chosen_rewards),

@@ -93,7 +93,7 @@ def test_rerun_hits_the_persistent_compilation_cache(tmp_path):
 def test_compile_checkpoint_and_eval_time_stay_out_of_the_step_time(tmp_path, monkeypatch):
   """Saves and evaluations made to take 0.6 s each: counted as such in each row, not in the
   step time, tokens/s or MFU (with them, a 5-step window would be >= 0.12 s a step)."""
-  from lingvo_lite.training import evaluation  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.on_mesh import evaluation  # pylint: disable=g-import-not-at-top
   from lingvo_lite.checkpoints.manager import Checkpointer  # pylint: disable=g-import-not-at-top
   slow = 0.6
 
