@@ -22,6 +22,7 @@ from lingvo_lite.data.synthetic import SyntheticData
 from lingvo_lite.experiment import TrainLoop, setup_config
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.on_mesh.jitted import JittedSteps
+from lingvo_lite.programs.compile import compiled_steps
 from lingvo_lite.testing import run_cli
 from lingvo_lite.training.objectives.objective import Forward, Objective, Plotted, token_losses
 from lingvo_lite.training.optimizers import AdamW
@@ -79,7 +80,7 @@ def objective_config() -> fdl.Config:
                        mlp_dim=32, max_length=32),
       optimizer=fdl.Config(AdamW, peak_learning_rate=1e-2, warmup_steps=0),
       train_data=data(0), eval_data=data(1, num_batches=1),
-      train=fdl.Config(TrainLoop, steps=2, log_every_steps=1,
+      train=fdl.Config(TrainLoop, steps=2, log_every_steps=1, peak_tflops_per_device=1.0,
                        objective=fdl.Config(LabelSmoothedLm, smoothing=0.25)),
       checkpoint=fdl.Config(CheckpointSettings, every_steps=2))
 
@@ -137,9 +138,12 @@ def test_an_objective_defined_here_trains_evaluates_decodes_compiles_and_exports
   assert exported.code == 0, exported.stderr[-2000:]
   assert os.path.getsize("hf/model.safetensors") > 0
 
-  # Compile: the verdict counts what the objective holds beside the policy's pass.
+  # Compile: the verdict counts what the objective holds beside the policy's pass, and a saved
+  # step records the objective it was compiled with.
   compiled = run_cli(["--mode=compile", "--job_log_dir=job", "--compile_topology=cpu:1"])
   assert compiled.code == 0, compiled.stderr[-2000:]
+  assert compiled_steps.step_config(jitted)["train.objective"] == (
+      "LabelSmoothedLm(smoothing=0.25)")
   logits_bytes = 4 * 4 * 16 * 64  # float32 [rows, length, vocab] of the train batch.
   plain = dataclasses.replace(setup, train=dataclasses.replace(
       setup.train, objective=Objective()))
