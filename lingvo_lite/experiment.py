@@ -197,7 +197,7 @@ def _check_post_training(setup: Setup) -> None:
     adapted = setup.model.with_adapters(train.lora)
     del adapted  # A family without adapters refuses above, naming train.lora.
     lora_lib.check_targets(train.lora, setup.model, setup.train_data.sequence_length)
-  train.objective.check_data("train.objective", setup.train_data)
+  train.objective.check("train.objective", setup.train_data)
 
 
 def _check_eval_set_names(eval_data: Any) -> None:

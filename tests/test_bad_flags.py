@@ -163,6 +163,11 @@ def config():
   cfg.eval_data = None
   return cfg
 """
+# A config whose objective is the base class, which computes nothing.
+_BARE_OBJECTIVE = ("import fiddle as fdl\nfrom experiments.lm.pycode import PyCodeTiny\n"
+                   "from lingvo_lite.training.objectives.objective import Objective\n"
+                   "def config():\n  cfg = PyCodeTiny.config()\n"
+                   "  cfg.train.objective = fdl.Config(Objective)\n  return cfg\n")
 
 # (args, the one line's expected text, what to write into the working directory first).
 CASES = {
@@ -367,6 +372,11 @@ CASES = {
         ["--fdl_config=lk51_pairs.config", "--job_log_dir=job"],
         "train.objective=LanguageModelling(): reads documents, but train_data (a "
         "PreferenceStoreData of local_preference_", _write("lk51_pairs.py", _PAIRS_CONFIG)),
+    "an objective that computes no loss": (
+        ["--fdl_config=lk51_bare_objective.config", "--job_log_dir=job"],
+        "train.objective=Objective(): Objective does not define loss, train_metrics, "
+        "eval_sums, eval_metrics; give an objective of training/objectives/",
+        _write("lk51_bare_objective.py", _BARE_OBJECTIVE)),
     # The objective's former spellings (a name, train.dpo), refused naming the new ones.
     "objective as a name": (
         [*TRAIN, "--fdl.train.objective='dpo'"],

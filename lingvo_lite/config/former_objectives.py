@@ -76,7 +76,8 @@ def upgrade(cfg: Any, origins: dict[str, Any] | None = None) -> list[str]:
   for field, value in held.items():
     said.append(f"train.{field}")
     delattr(train, field)
-    if _SETTINGS_FIELDS[field] is kind and isinstance(value, fdl.Buildable):
+    if (_SETTINGS_FIELDS[field] is kind and isinstance(value, fdl.Buildable)
+        and fdl.get_callable(value) is kind):
       settings = value
       _move_origins(origins, f"train.{field}", "train.objective")
     else:

@@ -203,7 +203,7 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
       metrics[key if key not in metrics else f"task_{key}"] = value
   seconds = time.perf_counter() - started
   metrics["seconds"] = seconds
-  metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
+  metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)  # eval_metrics' count.
   return metrics
 
 

@@ -5,7 +5,7 @@ fields declared with their constraints through lingvo_lite/fields.py) that says 
 program needs to know about it, so that the train step, the jitted programs, evaluation, the
 compile program and the report take the part and never ask for its name:
 
-  what it reads      `rows` (the kind of rows of the train data, checked by `check_data` in
+  what it reads      `rows` (the kind of rows of the train data, checked by `check` in
                      `Setup.validate()`), `needs_reference` (a frozen copy of the model as it
                      started, which the step's state holds), `training_batch` and
                      `training_batch_spec` (the batch a step takes, made from the data's:
@@ -142,8 +142,11 @@ class Objective:
   # How `train.objective` named it when it was a name ('lm', 'dpo'), for config files written
   # then (config/former_objectives.py); None for an objective that came after.
   former_name: ClassVar[str | None] = None
-  # What `check_data` tells a user whose train data holds other rows.
+  # What `check` tells a user whose train data holds other rows.
   data_fix: ClassVar[str] = "give train_data of such rows, or another train.objective"
+
+  def __repr__(self) -> str:  # A dataclass subclass writes its fields.
+    return f"{type(self).__name__}()"
 
   @property
   def needs_reference(self) -> bool:
@@ -151,9 +154,16 @@ class Objective:
     with its adapters off, else a frozen copy of the starting parameters)."""
     return False
 
-  def check_data(self, path: str, train_data: Any) -> None:
-    """Raises UsageError (one line, naming `path`: `train.objective`) where the train data
-    does not hold the rows this objective reads."""
+  def check(self, path: str, train_data: Any) -> None:
+    """Raises UsageError (one line, naming `path`: `train.objective`) where this objective
+    cannot train on `train_data`: it is a class that computes no loss (this base), or the
+    train data does not hold the rows it reads."""
+    missing = [name for name in ("loss", "train_metrics", "eval_sums", "eval_metrics")
+               if getattr(type(self), name) is getattr(Objective, name)]
+    if missing:
+      raise config_error(path, self, f"{type(self).__name__} does not define "
+                         f"{', '.join(missing)}", "give an objective of training/objectives/ "
+                         "(LanguageModelling, Dpo) or a subclass of Objective that defines them")
     held = rows_of(train_data)
     if held == self.rows:
       return
