@@ -5,6 +5,7 @@ their config.json to the very numbers they logged.
 tests/fixtures/README.md says how `tests/fixtures/jobs_before_objective_parts/` was made.
 """
 
+import importlib
 import json
 import os
 import shutil
@@ -51,6 +52,14 @@ def test_their_configs_read_as_the_objectives_they_named(capsys):
   lm = config_files.load(epath.Path("lm/config.json"))
   assert fdl.get_callable(lm.train.objective) is LanguageModelling
   assert lm.train.z_loss == 1e-4
+
+
+def test_every_renamed_class_resolves_in_one_step():
+  """Each class a config.json may name by its old path is found at its new one."""
+  for old, new in moved_modules.MOVED_NAMES.items():
+    module, _, name = new.rpartition(".")
+    assert new not in moved_modules.MOVED_NAMES and isinstance(
+        getattr(importlib.import_module(module), name), type), (old, new)
 
 
 def test_a_stray_dpo_setting_beside_the_next_token_loss_is_dropped():
