@@ -33,7 +33,7 @@ import jax
 import numpy as np
 
 from lingvo_lite import executor, mfu
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 # pylint: enable=wrong-import-position
 
 

@@ -33,7 +33,7 @@ from etils import epath
 from lingvo_lite import executor
 from lingvo_lite.data import packing, store_build, token_store
 from lingvo_lite.data.prefetch import Prefetcher
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 
 
 def _rss_mb() -> float:

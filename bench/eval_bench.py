@@ -41,8 +41,8 @@ import time
 import jax
 
 from lingvo_lite import executor
-from lingvo_lite.training import evaluation
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh import evaluation
+from lingvo_lite.on_mesh.jitted import JittedSteps
 
 # Model sizes as overrides of PyCodeTiny (4 layers, width 128, byte vocabulary); heads of 64
 # wide in the larger ones, where PyCodeTiny's rotary_dim=16 still fits. The table prints the
@@ -148,7 +148,7 @@ class _Case:
       evaluation.evaluate_set(jitted, self.params, source, self.set_name)
     elif kind == "step":
       for _ in range(count):
-        sums = jitted.eval_step(self.params, self.batch)
+        sums = jitted.eval_step(jitted.scorer(self.source))(self.params, self.batch)
       jax.block_until_ready(sums)
     elif kind == "forward":
       for _ in range(count):

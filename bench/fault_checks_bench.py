@@ -43,7 +43,7 @@ from etils import epath
 from lingvo_lite import executor
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.checkpoints.manager import Checkpointer
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 # pylint: enable=wrong-import-position
 
 _EVERY_STEPS = 10

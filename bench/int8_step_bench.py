@@ -45,18 +45,19 @@ def _step(experiment: str, sets: list[str]):
   initial parameters; and a function of parameters giving their gradients on that batch."""
   import jax  # pylint: disable=g-import-not-at-top
   from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
-  from lingvo_lite.training.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.on_mesh.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
   setup = executor.build_experiment(experiment, sets)
   jitted = JittedSteps(setup)
-  from lingvo_lite.training import steps  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.training.objectives import lm  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.training.objectives.objective import Forward  # pylint: disable=g-import-not-at-top
   with jitted.activated():
     state = jitted.init_state()
     batch = jitted.global_batch(setup.train_data.batch(0))
     initial = jax.tree.map(lambda x: x.copy(), state.params)  # The steps donate the state.
-  loss = steps._loss_sums  # pylint: disable=protected-access
   tokens = float(batch["weights"].sum())  # The step's normalizer: gradients of the mean loss.
-  gradients = jax.jit(lambda params: jax.grad(loss, has_aux=True)(
-      params, setup.model, batch, 0.0, tokens)[0])
+  gradients = jax.jit(lambda params: jax.grad(
+      lambda p: lm.loss_sums(Forward(setup.model), p, batch, 0.0, tokens), has_aux=True)(
+          params)[0])
 
   def run(num_steps: int) -> float:
     nonlocal state

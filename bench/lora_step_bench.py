@@ -64,7 +64,7 @@ def _child(args: argparse.Namespace) -> None:
   """One side: its step times, the state's bytes, the memory verdict's terms."""
   import jax  # pylint: disable=g-import-not-at-top
   from lingvo_lite import memory_fit  # pylint: disable=g-import-not-at-top
-  from lingvo_lite.training.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.on_mesh.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
   setup = _setup(args.side, args)
   need = memory_fit.per_device_need(setup, 1)
   jitted = JittedSteps(setup)

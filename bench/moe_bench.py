@@ -52,7 +52,7 @@ from lingvo_lite import mfu
 from lingvo_lite.config import building, registry
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mixtral import Mixtral
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 # pylint: enable=wrong-import-position
 
 

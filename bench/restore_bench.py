@@ -49,7 +49,7 @@ def _status_kb(field: str) -> int:
 
 
 def _jitted(sets: list[str]):
-  from lingvo_lite.training.jitted import JittedSteps
+  from lingvo_lite.on_mesh.jitted import JittedSteps
   from lingvo_lite.testing import synthetic_tiny_setup
   return JittedSteps(synthetic_tiny_setup("PyCodeTiny", *sets))
 

@@ -52,7 +52,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bench.reference_step import Shapes, make_reference
 from lingvo_lite import executor, mfu
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 # pylint: enable=wrong-import-position
 
 

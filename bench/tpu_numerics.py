@@ -41,7 +41,7 @@ jax.config.update("jax_default_matmul_precision", "highest")
 from lingvo_lite import testing
 from lingvo_lite.decode import generator as generation
 from lingvo_lite.decode.requests import Request
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.models import layers
 from lingvo_lite.training.train_state import strip_boxes
 # pylint: enable=wrong-import-position

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Mapping
 
 import fiddle as fdl
 
@@ -24,7 +24,8 @@ from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Ran
 from lingvo_lite.models import lora as lora_lib
 from lingvo_lite.models.family import ArrayShape, LanguageModel
 from lingvo_lite.models.lora import LoraSettings
-from lingvo_lite.training.dpo import DpoSettings
+from lingvo_lite.training.objectives.lm import LanguageModelling
+from lingvo_lite.training.objectives.objective import Objective
 from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.runtime.watchdog import WatchdogSettings
@@ -41,7 +42,8 @@ class TrainLoop:
     log_every_steps: Steps between metric logs.
     eval_every_steps: Steps between evaluations; 0 evaluates only at the end.
     grad_accum_steps: Micro-batches per step (each global_batch / k rows).
-    z_loss: Weight of the auxiliary loss z_loss * log(Z)^2 (GPT-J used 1e-4).
+    z_loss: Weight of the auxiliary loss z_loss * log(Z)^2 per weighted token (GPT-J used
+      1e-4), for an objective that adds it (the next-token loss; DPO's has no such term).
     profile_start_step: First step of a profiler trace window; -1 disables tracing.
     profile_steps: Steps in the trace window (written under JOB/summaries/train/, where
       TensorBoard's Profile tab finds it).
@@ -57,10 +59,10 @@ class TrainLoop:
       they are trained, over the frozen base model, and only they are checkpointed; None
       trains every parameter. With `model.quantization="int8_weights"`, the base is held in
       int8 (QLoRA).
-    objective: "lm", the next-token loss on the weighted tokens; or "dpo", DPO's loss
-      (training/dpo.py) on the train data's preference pairs, against the frozen reference:
-      the base with adapters off (LoRA), else a frozen copy of the starting parameters.
-    dpo: DPO's beta and label smoothing (read when `objective="dpo"`).
+    objective: What a step minimizes, a part (training/objectives/): the next-token loss on
+      the weighted tokens (`LanguageModelling`, the default), or DPO's on the train data's
+      preference pairs against a frozen reference (`fdl.Config(Dpo, beta=0.1)`, or
+      `--fiddler=dpo`: training/objectives/dpo.py), or any `Objective` subclass.
   """
 
   steps: PositiveInt = 1000
@@ -75,13 +77,12 @@ class TrainLoop:
   peak_tflops_per_device: PositiveFloat | None = None
   init_from: WeightSource | None = None
   lora: LoraSettings | None = None
-  objective: Literal["lm", "dpo"] = "lm"
-  dpo: DpoSettings = DpoSettings()
+  objective: Objective = LanguageModelling()
 
   @property
   def has_frozen(self) -> bool:
-    """Whether a train step reads frozen parameters (a LoRA base, a DPO reference)."""
-    return self.lora is not None or self.objective == "dpo"
+    """Whether a train step reads frozen parameters (a LoRA base, an objective's reference)."""
+    return self.lora is not None or self.objective.needs_reference
 
 
 # The name a single eval source (not a mapping) is reported under.
@@ -189,19 +190,14 @@ class Setup:
 
 
 def _check_post_training(setup: Setup) -> None:
-  """LoRA's targets, and DPO's data: what `train.lora` and `train.objective` need."""
+  """LoRA's targets, and the objective's rows: what `train.lora` and `train.objective` need."""
   lora_lib.refuse_direct_setting(setup.model)
   train = setup.train
   if train.lora is not None:
     adapted = setup.model.with_adapters(train.lora)
     del adapted  # A family without adapters refuses above, naming train.lora.
     lora_lib.check_targets(train.lora, setup.model, setup.train_data.sequence_length)
-  if train.objective == "dpo" and not getattr(setup.train_data, "document_pairs", False):
-    task = getattr(getattr(setup.train_data, "task", None), "name", None)
-    raise config_error("train.objective", "dpo", f"needs preference pairs, but train_data (a "
-                       f"{type(setup.train_data).__name__}" + (f" of {task}" if task else "")
-                       + ") holds documents", "give a PreferenceStoreData of a store built "
-                       "with bin/build_store.py --format=preference, or objective='lm'")
+  train.objective.check("train.objective", setup.train_data)
 
 
 def _check_eval_set_names(eval_data: Any) -> None:

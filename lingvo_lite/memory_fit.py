@@ -111,9 +111,9 @@ def per_device_need(setup: Setup, num_devices: int) -> Need:
   train = setup.train_data
   rows = train.global_batch_size // setup.train.grad_accum_steps
   batch, attention = _step_bytes(setup, train, rows, shard)
-  if setup.train.objective == "dpo":  # The reference's logits beside the policy's.
-    batch += 4 * shard((rows, train.sequence_length, setup.model.vocab_size),
-                       ("batch", "length", "vocab"))
+  # What the objective holds beside the policy's pass (DPO: the reference's logits).
+  batch += setup.train.objective.step_bytes(4 * shard(
+      (rows, train.sequence_length, setup.model.vocab_size), ("batch", "length", "vocab")))
   need = Need(parameters=parameters, gradients=parameters, moments=moments, batch=batch,
               attention=attention, frozen=frozen)
   for name, data in setup.data_sources(train=False):
@@ -145,11 +145,12 @@ def _parameter_bytes(setup: Setup, shard) -> int:
 def _trained_and_frozen_bytes(setup: Setup, shard) -> tuple[int, int]:
   """(the trained parameters' bytes, the frozen ones') per device: the model's and none; a
   LoRA job's float32 adapters and its base (its weight matrices int8 with their scales under
-  "int8_weights": QLoRA); a full DPO job's parameters and its reference's copy of them."""
+  "int8_weights": QLoRA); a full fine-tune's parameters and, where its objective needs a
+  reference (DPO), the reference's copy of them."""
   model, train = setup.model, setup.train
   if train.lora is None:
     parameters = _parameter_bytes(setup, shard)
-    return parameters, parameters if train.objective == "dpo" else 0
+    return parameters, parameters if train.objective.needs_reference else 0
   from lingvo_lite.models import lora  # pylint: disable=g-import-not-at-top
   adapters = sum(4 * shard(shape, axes) for _, axes, shape in
                  lora.adapter_shapes(model, train.lora, setup.train_data.sequence_length))

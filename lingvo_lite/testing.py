@@ -31,7 +31,7 @@ from absl import flags
 
 from lingvo_lite.config import building, fiddlers, overrides, registry
 from lingvo_lite.experiment import Setup
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 
 
 def tiny_config(experiment: str, *sets: str, synthetic: bool = False) -> fdl.Config:

@@ -95,7 +95,7 @@ def pycode_task(source_dir: str | None = None, vocabulary: Any = None,
       `vocabulary.SentencePieceModel`, trained from this task's train split on first use; or a
       `vocabulary.PretrainedTokenizer` (a pretrained model's own tokenizer).
     metric_fns: seqio metric functions: `(targets, scores)` ones run on every whole-split
-      eval pass, with each file's text and log-likelihood (lingvo_lite.training.evaluation).
+      eval pass, with each file's text and log-likelihood (lingvo_lite.on_mesh.evaluation).
 
   Raises:
     UsageError: when `source_dir` is not a folder or holds no `.py` file, or `vocabulary`

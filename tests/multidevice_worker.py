@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from lingvo_lite.decode import jitted as decode_steps, steps as decoding
 from lingvo_lite.models import decode_attention
 from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
 
 SETS = ("model.vocab_size=256", "train_data.vocab_size=256", "eval_data.vocab_size=256",
@@ -196,7 +196,8 @@ def _mesh_sets(axes):
 def _moe_gradients(axes):
   """The loss, the objective's gradients (every parameter, flattened) and the experts'
   PartitionSpecs of one batch of PyCodeMixtralTiny on one device or a mesh."""
-  from lingvo_lite.training import steps as training_steps  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.training.objectives import lm  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.training.objectives.objective import Forward  # pylint: disable=g-import-not-at-top
   setup = synthetic_tiny_setup("PyCodeMixtralTiny", *SETS, *_mesh_sets(axes))
   devices = jax.devices()[:1] if not axes else jax.devices()
   jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
@@ -206,8 +207,7 @@ def _moe_gradients(axes):
 
     def objective(params):
       total = jnp.maximum(jnp.sum(batch["weights"]), 1.0)
-      value, sums = training_steps._loss_sums(  # pylint: disable=protected-access
-          params, setup.model, batch, 0.0, total)
+      value, sums = lm.loss_sums(Forward(setup.model), params, batch, 0.0, total)
       return value, sums["cross_entropy_sum"] / total
 
     with jax.default_matmul_precision("highest"):

@@ -147,6 +147,27 @@ MODEL_JOB = _both(_config_json("job/config.json", fdl.Config(GptJ, vocab_size=16
 # User modules of config functions, each under a name of its own (modules stay imported).
 _SETUP_WITHOUT = ("from experiments.lm.pycode import PyCodeTiny\ndef config():\n"
                   "  cfg = PyCodeTiny.config()\n  del cfg.{}\n  return cfg\n")
+# A config training the next-token loss on preference pairs (the fixture jobs' data).
+_PAIRS_CONFIG = f"""import fiddle as fdl
+from experiments.lm.pycode import PyCodeTiny
+from lingvo_lite.data.preference_data import PreferenceStoreData
+from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
+from tasks.formats.preference import preference_task
+DATA = {str(source_root() / "tests" / "fixtures" / "jobs_before_objective_parts" / "data")!r}
+def config():
+  cfg = PyCodeTiny.config()
+  task = fdl.Config(preference_task, files={{"train": DATA + "/train.jsonl"}},
+                    vocabulary=fdl.Config(PretrainedTokenizer, path=DATA + "/tok"))
+  cfg.train_data = fdl.Config(PreferenceStoreData, task=task, split="train", store_dir="pairs",
+                              sequence_length=256, global_batch_size=2)
+  cfg.eval_data = None
+  return cfg
+"""
+# A config whose objective is the base class, which computes nothing.
+_BARE_OBJECTIVE = ("import fiddle as fdl\nfrom experiments.lm.pycode import PyCodeTiny\n"
+                   "from lingvo_lite.training.objectives.objective import Objective\n"
+                   "def config():\n  cfg = PyCodeTiny.config()\n"
+                   "  cfg.train.objective = fdl.Config(Objective)\n  return cfg\n")
 
 # (args, the one line's expected text, what to write into the working directory first).
 CASES = {
@@ -344,9 +365,32 @@ CASES = {
         "train.lora.targets='attention/qkv': matches none of the model's weight matrices; "
         "name some of layer_N/attention/key_kernel, layer_N/attention/out_kernel", None),
     "dpo on a text store": (
-        ["--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.train.objective='dpo'", "--job_log_dir=job"],
-        "train.objective='dpo': needs preference pairs, but train_data (a TokenStoreData of "
-        "pycode_bytes_", None),
+        ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=dpo", "--job_log_dir=job"],
+        "train.objective=Dpo(beta=0.1, label_smoothing=0.0): reads preference pairs, but "
+        "train_data (a TokenStoreData of pycode_bytes_", None),
+    "the next-token loss on preference pairs": (
+        ["--fdl_config=lk51_pairs.config", "--job_log_dir=job"],
+        "train.objective=LanguageModelling(): reads documents, but train_data (a "
+        "PreferenceStoreData of local_preference_", _write("lk51_pairs.py", _PAIRS_CONFIG)),
+    "an objective that computes no loss": (
+        ["--fdl_config=lk51_bare_objective.config", "--job_log_dir=job"],
+        "train.objective=Objective(): Objective does not define loss, train_metrics, "
+        "eval_sums, eval_metrics; give an objective of training/objectives/",
+        _write("lk51_bare_objective.py", _BARE_OBJECTIVE)),
+    # The objective's former spellings (a name, train.dpo), refused naming the new ones.
+    "objective as a name": (
+        [*TRAIN, "--fdl.train.objective='dpo'"],
+        "--fdl.train.objective='dpo': train.objective is a config part now, not a name; give "
+        "--fiddler=dpo (lingvo_lite.training.objectives.dpo.Dpo), then its fields as "
+        "--fdl.train.objective.FIELD=VALUE", None),
+    "objective as the default's name": (
+        [*TRAIN, "--fdl_set=train.objective='lm'"],
+        "--fdl_set=train.objective='lm': train.objective is a config part now, and "
+        "LanguageModelling (the next-token loss) its default; leave the flag out", None),
+    "dpo's settings where they were": (
+        [*TRAIN, "--fdl.train.dpo.beta=0.2"],
+        "--fdl.train.dpo.beta=0.2: train.dpo is gone: Dpo's settings are train.objective's "
+        "fields now; give --fiddler=dpo --fdl.train.objective.beta=VALUE", None),
     "setup without an optimizer, compile": (
         ["--mode=compile", "--fdl_config=lk39_no_optimizer.config", "--compile_topology=v5e-8"],
         "optimizer: required by Setup and not set",

@@ -1,7 +1,8 @@
-"""DPO (training/dpo.py) against the published formula in NumPy: from the policy's and the
-reference's log-probabilities of each sequence run alone, the loss
+"""DPO (training/objectives/dpo.py) against the published formula in NumPy: from the policy's
+and the reference's log-probabilities of each sequence run alone, the loss
 -(1 - e) log sigmoid(b * margin) - e log sigmoid(-b * margin) and the rewards b * (log pi - log
-pi_ref) equal what the train step reports on the same pairs packed two and one to a row."""
+pi_ref) equal what the train step and the eval step report on the same pairs packed two and
+one to a row."""
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,9 @@ import pytest
 
 from lingvo_lite.data.packing import packed_batch
 from lingvo_lite.models.llama import Llama
-from lingvo_lite.training import dpo, steps
+from lingvo_lite.training import objectives, steps
+from lingvo_lite.training.objectives import dpo
+from lingvo_lite.training.objectives.lm import LanguageModelling
 from lingvo_lite.training.train_state import TrainState
 
 LENGTH = 32
@@ -96,17 +99,17 @@ def test_dpo_loss_and_rewards_equal_the_published_formula(smoothing):
     chosen_rewards.append(chosen_reward)
     rejected_rewards.append(rejected_reward)
 
-  settings = dpo.DpoSettings(beta=beta, label_smoothing=smoothing)
+  settings = dpo.Dpo(beta=beta, label_smoothing=smoothing)
   batch = _packed(pairs)
   sgd = optax.sgd(0.0)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=policy, opt_state=sgd.init(policy),
                      frozen=reference)
   with jax.default_matmul_precision("highest"):
     _, metrics = jax.jit(lambda s, b: steps.train_step(
-        s, b, model=MODEL, optimizer=sgd, schedule=lambda _: 0.0, dpo=settings,
+        s, b, model=MODEL, optimizer=sgd, schedule=lambda _: 0.0, objective=settings,
         ravel_norm=False))(state, batch)
-    sums = jax.jit(lambda p, b, f: steps.preference_eval_step(
-        p, b, f, model=MODEL, settings=settings))(policy, batch, reference)
+    sums = jax.jit(lambda p, b, f: steps.eval_step(
+        p, b, f, model=MODEL, objective=settings))(policy, batch, reference)
   assert float(metrics["pairs"]) == 3 and float(sums["pairs"]) == 3
   np.testing.assert_allclose(float(metrics["loss"]), np.mean(losses), rtol=1e-5)
   np.testing.assert_allclose(float(metrics["reward_chosen"]), np.mean(chosen_rewards),
@@ -120,3 +123,27 @@ def test_dpo_loss_and_rewards_equal_the_published_formula(smoothing):
   np.testing.assert_allclose(float(metrics["reward_accuracy"]), expected_accuracy)
   assert 0 < np.mean(losses) and min(abs(m) for m in np.subtract(chosen_rewards,
                                                                  rejected_rewards)) > 1e-3
+
+
+class _PairSet:
+  """An eval set of preference pairs, as the scorer tells one (data/preference_data.py)."""
+  document_pairs = True
+
+
+def test_a_language_modelling_job_scores_pairs_by_dpo_against_the_policy_itself():
+  """A job without a reference evaluates a set of pairs with DPO's measures (the objective
+  that reads pairs, training/objectives/__init__.py): every reward is 0, and the preference
+  accuracy is how often the policy itself gives the chosen answer the larger log-probability."""
+  scorer = objectives.scorer(LanguageModelling(), _PairSet())
+  assert scorer == dpo.Dpo() and objectives.scorer(LanguageModelling(), object()) == (
+      LanguageModelling())
+  pairs = _pairs(np.random.default_rng(3))
+  policy = _params(4)
+  prefers = [_log_prob(policy, *_sequence(prompt, chosen)) >
+             _log_prob(policy, *_sequence(prompt, rejected)) for prompt, chosen, rejected in pairs]
+  with jax.default_matmul_precision("highest"):
+    sums = jax.jit(lambda p, b: steps.eval_step(p, b, None, model=MODEL, objective=scorer))(
+        policy, _packed(pairs))
+  assert float(sums["pairs"]) == 3 and float(sums["chosen_reward_sum"]) == 0.0
+  assert float(sums["rejected_reward_sum"]) == 0.0 and float(sums["reward_accuracy_sum"]) == 0
+  assert float(sums["preference_accuracy_sum"]) == sum(prefers) and 0 < sum(prefers) < 3

@@ -6,7 +6,7 @@ import pytest
 
 from lingvo_lite import executor
 from lingvo_lite.config import registry
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.testing import assert_experiment_lowers, tiny_config
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import optax
 
 from lingvo_lite.training import steps, train_state
+from lingvo_lite.training.objectives import lm
+from lingvo_lite.training.objectives.objective import Forward
 from lingvo_lite.testing import synthetic_tiny_setup
 
 SETUP = synthetic_tiny_setup("PyCodeTiny", "train_data.global_batch_size=8")
@@ -56,9 +58,9 @@ def test_gradient_accumulation_equals_one_big_batch():
 
 def test_z_loss_adds_weighted_log_partition_squared():
   optimizer, state, batch = _state_and_batch()
-  plain = jax.jit(jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 0.0)[0]))(
+  plain = jax.jit(jax.grad(lambda p: lm.loss_sums(Forward(SETUP.model), p, batch, 0.0)[0]))(
       state.params)
-  with_z = jax.jit(jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 1e-2)[0]))(
+  with_z = jax.jit(jax.grad(lambda p: lm.loss_sums(Forward(SETUP.model), p, batch, 1e-2)[0]))(
       state.params)
 
   def reference(params):
@@ -100,9 +102,8 @@ def test_grad_norm_metric_is_the_global_norm_and_optional():
       steps.train_step, model=SETUP.model, optimizer=optimizer,
       schedule=SETUP.optimizer.schedule(SETUP.train.steps), log_grad_norm=log))
   _, metrics = step(True)(jax.tree.map(jnp.array, state), batch)
-  grads = jax.jit(jax.grad(lambda p: steps._loss_sums(p, SETUP.model, batch, 0.0,
-                                                      jnp.sum(batch["weights"]))[0]))(
-                                                          state.params)
+  grads = jax.jit(jax.grad(lambda p: lm.loss_sums(Forward(SETUP.model), p, batch, 0.0,
+                                                  jnp.sum(batch["weights"]))[0]))(state.params)
   np.testing.assert_allclose(metrics["grad_norm"], optax.tree.norm(grads), rtol=1e-5)
   _, metrics = step(False)(jax.tree.map(jnp.array, state), batch)
   assert "grad_norm" not in metrics

@@ -21,7 +21,7 @@ from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
 from lingvo_lite.data.store_data import TokenStoreData
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.lora import LoraSettings
-from lingvo_lite.training.dpo import DpoSettings
+from lingvo_lite.training.objectives.dpo import Dpo
 from lingvo_lite.training.optimizers import AdamW
 from tasks import stdlib_chat
 
@@ -82,7 +82,6 @@ class SmolLM2Dpo(SmolLM2ChatSft):
                                sequence_length=DPO_LENGTH, global_batch_size=DPO_BATCH,
                                shuffle=False)
     cfg.optimizer.peak_learning_rate = 5e-5
-    cfg.train.objective = "dpo"
-    cfg.train.dpo = fdl.Config(DpoSettings, beta=0.1)
+    cfg.train.objective = fdl.Config(Dpo, beta=0.1)
     cfg.train.steps = 30
     return cfg

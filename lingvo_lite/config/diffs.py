@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+import fiddle as fdl
 from etils import epath
 from fiddle import daglish, diffing
 
@@ -65,6 +66,15 @@ class JobConfig:
   @property
   def changed(self) -> list[Field]:
     return [field for field in self.fields if field.changed]
+
+  @property
+  def objective(self) -> Any:
+    """The class of the job's `train.objective` (training/objectives/), or None where the
+    config holds none that can be told (the report then draws the known objectives' plots)."""
+    train = getattr(self.cfg, "train", None)
+    objective = getattr(train, "objective", None) if isinstance(train, fdl.Buildable) else None
+    return fdl.get_callable(objective) if isinstance(objective, fdl.Buildable) else (
+        None if objective is None else type(objective))
 
 
 def load(job_dir: epath.Path, flag: str) -> tuple[Any, str | None]:

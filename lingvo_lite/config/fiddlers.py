@@ -106,3 +106,13 @@ def qlora(cfg: fdl.Config) -> None:
   project's own int8 weights, models/quantization.py)."""
   lora(cfg)
   cfg.model.quantization = "int8_weights"
+
+
+def dpo(cfg: fdl.Config) -> None:
+  """Trains with DPO on the train data's preference pairs (train.objective: training/
+  objectives/dpo.py: beta 0.1, against the model as it started); set its fields after it,
+  e.g. `--fiddler=dpo --fdl.train.objective.beta=0.2`."""
+  from lingvo_lite.training.objectives.dpo import Dpo  # pylint: disable=g-import-not-at-top
+  objective = cfg.train.objective
+  if not (isinstance(objective, fdl.Config) and fdl.get_callable(objective) is Dpo):
+    cfg.train.objective = fdl.Config(Dpo)

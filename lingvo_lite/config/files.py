@@ -30,7 +30,7 @@ from fiddle import history
 from fiddle.experimental import serialization
 
 from lingvo_lite import file_writes, input_files, paths
-from lingvo_lite.config import moved_modules
+from lingvo_lite.config import former_objectives, moved_modules
 from lingvo_lite.errors import UsageError
 from lingvo_lite.fields import entries, key_text, path_join
 
@@ -247,6 +247,12 @@ def load(path: epath.Path, flag: str = "--fdl_config_file") -> fdl.Buildable:
   if not isinstance(cfg, fdl.Buildable):
     raise UsageError(f"{flag}={path}: holds a {type(cfg).__name__}, not a config")
   extra = data.get(_EXTRA_KEY)
+  origins = extra.get("origins") if isinstance(extra, dict) else None
+  upgraded = former_objectives.upgrade(cfg, origins if isinstance(origins, dict) else None)
+  if upgraded and f"objective {path}" not in _MIGRATION_SAID:
+    _MIGRATION_SAID.add(f"objective {path}")
+    print(f"lingvo_lite: note: {path} was written when train.objective was a name; read as "
+          f"its part ({'; '.join(upgraded)})", file=sys.stderr, flush=True)
   if not (isinstance(extra, dict) and extra.get("format") == CONFIG_FORMAT):
     kept = _keep_former_defaults(cfg)
     if kept and f"defaults {path}" not in _MIGRATION_SAID:

@@ -5,8 +5,10 @@ A job's `config.json` names the class or function of every part by import path
 lingvo_lite import from the old places (`from lingvo_lite.registry import register`). The
 house was rebuilt into packages (`config/`, `decode/`, `report/`, `runtime/`,
 `checkpoints/`, `programs/compile/`, then `training/`, with modules renamed where two of
-different layers shared a name); `MOVED_MODULES` maps each old path to the new one, in one
-step (an entry names where the module is now, never another old path).
+different layers shared a name; then training's running code into `on_mesh/`, its frozen
+weights into `weights/` and DPO into `training/objectives/`); `MOVED_MODULES` maps each old
+path to the new one, in one step (an entry names where the module is now, never another old
+path). A class that moved and was renamed too is in `MOVED_NAMES` (old import path -> new).
 
 - `config.json` is migrated on read (`config/files.py` calls `migrate`), which says so.
 - `import lingvo_lite.registry` (any old path that is not also a new package's name) gets
@@ -46,13 +48,13 @@ MOVED_MODULES = {
     "lingvo_lite.decode_steps": "lingvo_lite.decode.jitted",
     "lingvo_lite.decoding": "lingvo_lite.decode.steps",
     "lingvo_lite.distributed": "lingvo_lite.runtime.distributed",
-    "lingvo_lite.evaluation": "lingvo_lite.training.evaluation",
+    "lingvo_lite.evaluation": "lingvo_lite.on_mesh.evaluation",
     "lingvo_lite.event_files": "lingvo_lite.runtime.event_files",
     "lingvo_lite.experiment_modules": "lingvo_lite.runtime.user_code",
     "lingvo_lite.fiddlers": "lingvo_lite.config.fiddlers",
     "lingvo_lite.generation": "lingvo_lite.decode.generator",
     "lingvo_lite.harness.requests": "lingvo_lite.harness.request_kinds",
-    "lingvo_lite.jitted": "lingvo_lite.training.jitted",
+    "lingvo_lite.jitted": "lingvo_lite.on_mesh.jitted",
     "lingvo_lite.job_dirs": "lingvo_lite.runtime.job_dirs",
     "lingvo_lite.job_lock": "lingvo_lite.runtime.lock",
     "lingvo_lite.optimizers": "lingvo_lite.training.optimizers",
@@ -64,7 +66,7 @@ MOVED_MODULES = {
     "lingvo_lite.programs.compile_report": "lingvo_lite.programs.compile.compile_report",
     "lingvo_lite.programs.compiled_steps": "lingvo_lite.programs.compile.compiled_steps",
     "lingvo_lite.programs.decode_compile": "lingvo_lite.programs.compile.decode_compile",
-    "lingvo_lite.programs.jitted": "lingvo_lite.training.jitted",
+    "lingvo_lite.programs.jitted": "lingvo_lite.on_mesh.jitted",
     "lingvo_lite.programs.max_batch": "lingvo_lite.programs.compile.max_batch",
     "lingvo_lite.programs.stop_request": "lingvo_lite.runtime.stop_request",
     "lingvo_lite.programs.train.outputs": "lingvo_lite.programs.train.run_outputs",
@@ -83,7 +85,17 @@ MOVED_MODULES = {
     "lingvo_lite.summaries": "lingvo_lite.runtime.summaries",
     "lingvo_lite.supervisor": "lingvo_lite.runtime.supervisor",
     "lingvo_lite.train_state": "lingvo_lite.training.train_state",
+    "lingvo_lite.training.dpo": "lingvo_lite.training.objectives.dpo",
+    "lingvo_lite.training.evaluation": "lingvo_lite.on_mesh.evaluation",
+    "lingvo_lite.training.frozen_weights": "lingvo_lite.weights.frozen_weights",
+    "lingvo_lite.training.jitted": "lingvo_lite.on_mesh.jitted",
     "lingvo_lite.watchdog": "lingvo_lite.runtime.watchdog",
+}
+
+# Classes that moved and were renamed: DPO's settings (`train.dpo`) are its objective's fields
+# now (config/former_objectives.py reads the configs that held them).
+MOVED_NAMES = {
+    "lingvo_lite.training.dpo.DpoSettings": "lingvo_lite.training.objectives.dpo.Dpo",
 }
 
 # Old module paths that are now packages of their own (`lingvo_lite.checkpoints`): the package
@@ -120,14 +132,19 @@ def install() -> None:
 
 
 def migrate(data: Any) -> list[str]:
-  """Rewrites, in place, every `{"module": OLD, ...}` reference of a deserialized config.json
-  to the module's new path; returns `OLD -> NEW` for each path it changed."""
+  """Rewrites, in place, every `{"module": OLD, "name": NAME}` reference of a deserialized
+  config.json to where it is now (`MOVED_NAMES`, else the module's new path); returns
+  `OLD -> NEW` for each path it changed."""
   moved: set[str] = set()
 
   def walk(value: Any) -> None:
     if isinstance(value, dict):
-      module = value.get("module")
-      if isinstance(module, str) and module in MOVED_MODULES and "name" in value:
+      module, name = value.get("module"), value.get("name")
+      renamed = MOVED_NAMES.get(f"{module}.{name}")
+      if isinstance(module, str) and isinstance(name, str) and renamed is not None:
+        value["module"], value["name"] = renamed.rsplit(".", 1)
+        moved.add(f"{module}.{name} -> {renamed}")
+      elif isinstance(module, str) and module in MOVED_MODULES and "name" in value:
         value["module"] = MOVED_MODULES[module]
         moved.add(f"{module} -> {MOVED_MODULES[module]}")
       for item in value.values():

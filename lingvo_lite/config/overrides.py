@@ -44,6 +44,7 @@ from fiddle import history
 
 from lingvo_lite import fields
 from lingvo_lite.config import checks as config_checks, fiddlers as generic_fiddlers
+from lingvo_lite.config import former_objectives
 from lingvo_lite.runtime import user_code
 from lingvo_lite.errors import SHOWN_LIMIT, UsageError, shown
 
@@ -242,6 +243,10 @@ def set_field(cfg: fdl.Buildable, directive: Directive) -> None:
   type fits."""
   steps = _split_path(directive)
   value = parse_value(directive)
+  former = former_objectives.refusal(steps, value) if former_objectives.holds_train_loop(
+      cfg) else None
+  if former:  # `train.objective='dpo'`, `train.dpo.beta`: spelled as before objectives were parts.
+    raise UsageError(f"{directive.flag}: {former}")
   parent, walked, annotation = cfg, "", None
   holder = None  # (config, field) of the field that holds `parent` when it is a container.
   for step in steps[:-1]:

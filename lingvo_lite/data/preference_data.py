@@ -6,8 +6,9 @@ which would cut pairs; here the pairs are packed into rows of `sequence_length` 
 in store order: a row takes the next pairs while both their sequences fit, and the rest of the
 row is padding. Within a row each sequence is its own segment (document masking, positions from
 0), so segment 2p + 1 is the row's pair p's chosen sequence and 2p + 2 its rejected one, which is
-how training/dpo.py reads a batch. A pair longer than a row (both sequences together) cannot be
-packed: it is left out, and the count is said once, in one line, when the source is checked.
+how training/objectives/dpo.py reads a batch. A pair longer than a row (both sequences
+together) cannot be packed: it is left out, and the count is said once, in one line, when the
+source is checked.
 
 The rows are fixed by the store and the length alone (their token ranges are computed once from
 the store's document starts: O(pairs) memory, small beside the store), and each epoch visits them
@@ -88,7 +89,7 @@ class PreferenceStoreData(StoreStream):
   per_device_batch_size: PositiveInt | None = None
   num_batches: PositiveInt | None = None
 
-  # What a DPO objective and an eval pass ask a source for (training/dpo.py's layout).
+  # What a DPO objective and an eval pass ask a source for (training/objectives/dpo.py's layout).
   document_pairs: ClassVar[bool] = True
 
   def __post_init__(self):

@@ -223,7 +223,8 @@ class TokenStoreData(StoreStream):
     rows = local_rows(self.global_batch_size, process_index, process_count)
     return self.windows(step * self.global_batch_size + rows, self.sequence_length)
 
-  # Per-document scores (lingvo_lite.training.evaluation runs a task's seqio score metrics with them).
+  # Per-document scores (lingvo_lite.on_mesh.evaluation runs a task's seqio score metrics with
+  # them).
 
   @property
   def metric_fns(self) -> tuple[tuple[Any, ...], tuple[Any, ...]]:

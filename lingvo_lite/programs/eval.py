@@ -39,13 +39,13 @@ from absl import logging
 from etils import epath
 
 from lingvo_lite import memory_fit, outputs, paths
-from lingvo_lite.training import evaluation
+from lingvo_lite.on_mesh import evaluation
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
                                  refuse_model_changes)
 from lingvo_lite.programs.options import checkpoint_step_option, init_from_option, option

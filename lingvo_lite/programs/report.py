@@ -163,7 +163,8 @@ def write_index(job_dir: epath.Path, shown: str) -> None:
   job = report_data.read(job_dir, shown, cached, now)
   config = config_diffs.job_config(job_dir, "--job_log_dir")
   graph, graph_note = _graph(config.cfg)
-  page = report_html.index_page(job, config, report_plots.plots([job]), _total_steps(config),
+  plots = report_plots.plots([job], [config.objective])
+  page = report_html.index_page(job, config, plots, _total_steps(config),
                                 GRAPH if graph else None, graph_note, now)
   files = [(GRAPH, graph)] if graph else []  # Before the page that links it.
   if job.checked != cached:
@@ -194,8 +195,8 @@ def write_compare(job_dir: epath.Path, shown: str,
   configs = [config_diffs.job_config(path, flag) for path, _, flag in listed]
   differences = config_diffs.differences([config.cfg for config in configs])
   links = [_report_link(folder, path) for path, _, _ in listed]
-  page = report_html.compare_page(jobs, configs, differences, report_plots.plots(jobs), links,
-                                  now)
+  plots = report_plots.plots(jobs, [config.objective for config in configs])
+  page = report_html.compare_page(jobs, configs, differences, plots, links, now)
   _write(folder, shown, [(COMPARE, page)])
   outputs.print_summary(f"comparison: {_shown(shown, COMPARE)}")
 

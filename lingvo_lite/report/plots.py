@@ -19,11 +19,12 @@ import colorsys
 import dataclasses
 import io
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from lingvo_lite.report.job_data import Job, number, printable
+from lingvo_lite.training import objectives as objectives_lib
 
 MAX_POINTS = 2000
 _WIDTH_IN, _HEIGHT_IN = 6.0, 3.2
@@ -147,8 +148,8 @@ class Quantity:
     train: Drawn from the train rows.
     evals: Drawn from every eval set's rows (the training run's and the eval program's).
     scale: Multiplies the values (MFU as a percentage).
-    optional: Drawn only for a job that has such rows (DPO's rewards), with no note
-      otherwise.
+    optional: Drawn only for a job that has such rows (an objective's own metrics: DPO's
+      rewards), with no note otherwise.
   """
 
   key: str
@@ -169,13 +170,20 @@ QUANTITIES = (
     Quantity("tokens_per_s", "Throughput", "tokens per second"),
     Quantity("mfu", "MFU", "model FLOPs utilization (%)", scale=100.0),
     Quantity("data_wait_s", "Data wait", "seconds per step waiting for data"),
-    # A DPO run's (training/dpo.py): the chosen reward minus the rejected, and how often it
-    # is positive.
-    Quantity("reward_margin", "DPO reward margin", "chosen - rejected reward", evals=True,
-             optional=True),
-    Quantity("reward_accuracy", "DPO reward accuracy", "pairs with chosen reward > rejected",
-             evals=True, optional=True),
 )
+
+
+def objective_quantities(objectives: Sequence[Any] = ()) -> list[Quantity]:
+  """The plots the objectives declare (`plots`: training/objectives/objective.py), each drawn
+  where a job has such rows: of the objectives that score eval sets
+  (`training.objectives.SCORERS`) and of `objectives` (the jobs' own, classes or parts)."""
+  found: list[Quantity] = []
+  for objective in [*objectives_lib.SCORERS, *objectives]:
+    for plotted in getattr(objective, "plots", ()):
+      if plotted.key not in {q.key for q in QUANTITIES} | {q.key for q in found}:
+        found.append(Quantity(plotted.key, plotted.title, plotted.ylabel, train=plotted.train,
+                              evals=plotted.evals, optional=True))
+  return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,11 +290,12 @@ def heat_map_svg(title: str, steps: np.ndarray, shares: np.ndarray,
   return buffer.getvalue()
 
 
-def plots(jobs: Sequence[Job]) -> list[Plot]:
-  """Every quantity's plot of `jobs` (one job, or several overlaid), and one job's expert
-  shares where it has experts."""
+def plots(jobs: Sequence[Job], objectives: Sequence[Any] = ()) -> list[Plot]:
+  """Every quantity's plot of `jobs` (one job, or several overlaid), the objectives' own
+  where the jobs have their rows (`objective_quantities`: `objectives` are the jobs'), and one
+  job's expert shares where it has experts."""
   made = []
-  for quantity in QUANTITIES:
+  for quantity in [*QUANTITIES, *objective_quantities(objectives)]:
     found = curves(quantity, jobs)
     labels = tuple(curve.label for curve in found)
     if not has_points(found):

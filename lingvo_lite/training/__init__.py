@@ -1,3 +1,3 @@
-"""Training: optimizers, the train state and its shapes, the pure train and eval steps, their
-jitted and sharded forms, and one pass over the eval sets (decode/ is its mirror for decoding).
+"""Training's parts: optimizers, the train state and its shapes, the objectives, and the pure
+train and eval steps (on_mesh/ runs them: jitted with their shardings, and the eval passes).
 """

@@ -35,6 +35,7 @@ from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import lora
+from lingvo_lite.weights import frozen_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +212,6 @@ class JobParams:
   def _adapted(self, shapes: MeshParams, base: bool = True) -> tuple[Any, Any, str]:
     """(the base's float parameters (None unless `base`), the adapters or None, what they
     are), the checkpoint's record of its base checked against the base loaded."""
-    from lingvo_lite.training import frozen_weights  # pylint: disable=g-import-not-at-top
     setup, choice = self.setup, self.choose()
     frozen = frozen_weights.FrozenWeights(setup, self.mesh)
     params, base_what = frozen.load_float()

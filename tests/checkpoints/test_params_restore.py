@@ -19,7 +19,7 @@ from lingvo_lite.checkpoints import integrity as checkpoint_integrity, saved_sta
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.errors import UsageError
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.models.layer_layout import stack_layers
 from lingvo_lite.testing import synthetic_tiny_setup
 
@@ -235,7 +235,7 @@ import json, sys
 import jax
 from etils import epath
 from lingvo_lite.checkpoints.manager import Checkpointer
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.testing import synthetic_tiny_setup
 directory, kind, sets = sys.argv[1], sys.argv[2], sys.argv[3:]
 setup = synthetic_tiny_setup("PyCodeTiny", *sets)

@@ -25,7 +25,6 @@ _REFUSED_ON_CPU = {
     ("remat_policy", "minimal_offloaded"): "moves activations to host memory",
     # Not the CPU's doing: the one field alone cannot make these.
     ("layer_kinds", ("sliding",)): "a layer of layer_kinds slides but the window is not set",
-    ("objective", "dpo"): "needs preference pairs",
 }
 
 
@@ -80,7 +79,7 @@ def _lowered_or_refused(setup, path: str) -> str | None:
   """None once the program the field belongs to lowers (the train step, or decoding's
   generate loop for decode.*); the one line validate() refused it with."""
   from lingvo_lite.decode.jitted import DecodeSteps  # pylint: disable=g-import-not-at-top
-  from lingvo_lite.training.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.on_mesh.jitted import JittedSteps  # pylint: disable=g-import-not-at-top
   try:
     setup.validate()
   except UsageError as e:

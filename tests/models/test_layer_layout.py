@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.models.layer_layout import stack_layers, unstack_layers
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
 

@@ -16,7 +16,7 @@ import pytest
 
 from lingvo_lite import target as targets
 from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.compile import aot, analyses, compile_report
 from lingvo_lite.testing import run_cli, source_root, synthetic_tiny_setup, tree_digest
 

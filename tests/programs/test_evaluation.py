@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 from etils import epath
 
-from lingvo_lite.training import evaluation
+from lingvo_lite.on_mesh import evaluation
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.config import building
 from lingvo_lite.data.sentencepiece_training import train_sentencepiece
 from lingvo_lite.data.store_data import TokenStoreData
 from lingvo_lite.errors import UsageError
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs import eval as eval_program, train as train_program
 from lingvo_lite.runtime import summaries
 from lingvo_lite.testing import run_cli, tiny_config, tree_digest

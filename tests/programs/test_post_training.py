@@ -20,11 +20,11 @@ from lingvo_lite.data.synthetic import SyntheticData
 from lingvo_lite.experiment import TrainLoop, setup_config
 from lingvo_lite.models import lora
 from lingvo_lite.models.llama import Llama
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, tree_digest
-from lingvo_lite.training import frozen_weights
-from lingvo_lite.training.dpo import DpoSettings
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.training.objectives.dpo import Dpo
 from lingvo_lite.training.optimizers import AdamW
+from lingvo_lite.weights import frozen_weights
 from lingvo_lite.weights.job_params import JobParams
 from tasks.formats.preference import preference_task
 from tests.data import chat_tokenizers
@@ -115,8 +115,8 @@ def dpo_config() -> fdl.Config:
       # The eval reads the train pairs: a second store would cost its build, and tests nothing
       # the first does not.
       train_data=stream("train"), eval_data=stream("train", shuffle=False),
-      train=fdl.Config(TrainLoop, steps=2, log_every_steps=1, objective="dpo",
-                       dpo=fdl.Config(DpoSettings, beta=0.5),
+      train=fdl.Config(TrainLoop, steps=2, log_every_steps=1,
+                       objective=fdl.Config(Dpo, beta=0.5),
                        lora=fdl.Config(lora.LoraSettings, rank=2)),
       checkpoint=fdl.Config(CheckpointSettings, every_steps=2))
 
@@ -165,7 +165,7 @@ def test_the_memory_verdict_counts_adapters_a_frozen_base_and_a_reference():
   assert qlora.frozen == full_params - 4 * matrices + matrices + 4 * scales
   cfg.model.quantization = None
   cfg.train.lora = None
-  cfg.train.objective = "dpo"  # A full fine-tune: its reference is a copy of the parameters.
+  cfg.train.objective = fdl.Config(Dpo)  # A full fine-tune: its reference is a copy.
   dpo = memory_fit.per_device_need(fdl.build(cfg), 1)
   assert (dpo.parameters, dpo.frozen, dpo.moments) == (full_params, full_params,
                                                        2 * full_params)

@@ -94,7 +94,7 @@ def test_compile_checkpoint_and_eval_time_stay_out_of_the_step_time(tmp_path, mo
   """Saves and evaluations made to take 1.5 s each: counted as such in each row, not in the
   step time, tokens/s or MFU (with them, a 5-step window would be >= 0.3 s a step; a tiny
   step takes ~0.01 s quiet and stayed under 0.15 s at a load of 8 on 2 cores)."""
-  from lingvo_lite.training import evaluation  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.on_mesh import evaluation  # pylint: disable=g-import-not-at-top
   from lingvo_lite.checkpoints.manager import Checkpointer  # pylint: disable=g-import-not-at-top
   slow = 1.5
 

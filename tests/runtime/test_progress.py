@@ -7,9 +7,10 @@ import jax
 import numpy as np
 import pytest
 
-from lingvo_lite.training import evaluation
 from lingvo_lite.data.synthetic import SyntheticData
+from lingvo_lite.on_mesh import evaluation
 from lingvo_lite.runtime import progress
+from lingvo_lite.training.objectives.lm import LanguageModelling
 
 
 class _Clock:
@@ -128,10 +129,18 @@ class _SummingSteps:
   def global_batch(self, local):
     return local
 
-  def eval_step(self, params, batch, frozen=None):
-    del params, frozen
-    weight = float(np.sum(batch["weights"]))
-    return {"cross_entropy_sum": weight, "weight_sum": weight, "correct_sum": weight}
+  def scorer(self, source):
+    del source
+    return LanguageModelling()
+
+  def eval_step(self, objective, per_token=False):
+    del objective, per_token
+
+    def sums(params, batch, frozen=None):
+      del params, frozen
+      weight = float(np.sum(batch["weights"]))
+      return {"cross_entropy_sum": weight, "weight_sum": weight, "correct_sum": weight}
+    return sums
 
 
 def test_an_eval_pass_reports_each_batch_when_the_environment_asks(monkeypatch, capsys):

@@ -170,7 +170,7 @@ def test_values_past_float32_reach_tensorboard_as_inf_and_the_rows_as_they_are(t
 def test_train_and_every_eval_set_are_scalars_tensorboard_lists(tmp_path):
   """TensorBoard's standard scalar reader (`EventAccumulator.Scalars`, what its scalar
   dashboard reads) lists every metric of the train writer and of each eval set's."""
-  from lingvo_lite.training import evaluation  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.on_mesh import evaluation  # pylint: disable=g-import-not-at-top
   job = epath.Path(tmp_path)
   train = _writer(job)
   train.write(10, {"loss": 2.5, "learning_rate": 1e-3})

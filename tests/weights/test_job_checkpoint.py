@@ -15,7 +15,7 @@ import pytest
 from etils import epath
 
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.testing import kill_9_when, run_cli, synthetic_tiny_setup
 from lingvo_lite.errors import UsageError
 from lingvo_lite.weights import formats, job_checkpoint
@@ -199,7 +199,7 @@ _RESHARD_CHILD = textwrap.dedent("""
     import jax, numpy as np
     from etils import epath
     from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
-    from lingvo_lite.training.jitted import JittedSteps
+    from lingvo_lite.on_mesh.jitted import JittedSteps
     from lingvo_lite.testing import synthetic_tiny_setup
     from lingvo_lite.weights.job_checkpoint import JobCheckpoint
 

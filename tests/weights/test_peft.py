@@ -18,9 +18,9 @@ from lingvo_lite.config import building
 from lingvo_lite.data.synthetic import SyntheticData
 from lingvo_lite.experiment import TrainLoop, setup_config
 from lingvo_lite.models import lora
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.testing import run_cli
-from lingvo_lite.training import steps
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.training.objectives.objective import Forward
 from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.weights import sources
 from lingvo_lite.weights.job_params import JobParams
@@ -110,8 +110,8 @@ def _ours(setup, job_dir):
         adapters = jitted.restore_params(choice.checkpointer, choice.step)
       else:
         adapters, _ = choice.source.load_adapters(jitted.mesh_params())
-      unmerged = np.asarray(jax.jit(lambda a, f: steps.logits_of(
-          jitted.model, a, {"inputs": tokens}, f, adapters=True))(adapters, frozen))
+      unmerged = np.asarray(jax.jit(lambda a, f: Forward(jitted.model, f, adapters=True).logits(
+          a, {"inputs": tokens}))(adapters, frozen))
   return merged_logits, unmerged
 
 

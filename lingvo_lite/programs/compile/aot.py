@@ -17,9 +17,9 @@ from typing import Any
 import jax
 
 from lingvo_lite import target as targets
-from lingvo_lite.training import evaluation
 from lingvo_lite.experiment import Setup
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh import evaluation
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.compile import analyses
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -123,11 +123,13 @@ def lower(jitted: JittedSteps, program: str) -> Any:
   if program == "train":
     return jitted.lower_train_step()
   with jitted.activated():
+    source = evaluation.largest_set(jitted.setup)[1]
     eval_batch = {key: jax.ShapeDtypeStruct(shape, dtype, sharding=jitted.batch_sharding)
-                  for key, (shape, dtype) in
-                  evaluation.largest_set(jitted.setup)[1].batch_spec().items()}
+                  for key, (shape, dtype) in source.batch_spec().items()}
     abstract = jitted.sharded_state.abstract
-    return jitted.eval_step.lower(abstract.params, eval_batch, abstract.frozen)
+    # The eval step of the objective that scores the set (training/objectives/).
+    return jitted.eval_step(jitted.scorer(source)).lower(abstract.params, eval_batch,
+                                                         abstract.frozen)
 
 
 def compile_step(setup: Setup, target: targets.Target, program: str = "train",

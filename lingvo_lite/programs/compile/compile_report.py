@@ -51,7 +51,7 @@ import jax
 import numpy as np
 
 from lingvo_lite import mfu
-from lingvo_lite.training import evaluation
+from lingvo_lite.on_mesh import evaluation
 from lingvo_lite.programs.compile import analyses
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 
@@ -84,7 +84,7 @@ def analytic_bytes(result: CompileResult) -> dict[str, Any]:
   jitted = result.jitted
   if result.program == "train":
     state = jitted.sharded_state.abstract
-    spec = jitted.setup.train_data.batch_spec()
+    spec = jitted.train_batch_spec()
   else:
     abstract = jitted.sharded_state.abstract
     state = {"params": abstract.params, "frozen": abstract.frozen}

@@ -33,14 +33,14 @@ from jax.experimental import serialize_executable
 
 from lingvo_lite import outputs, paths, target as targets
 from lingvo_lite.errors import UsageError, shown
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.compile.aot import CompileResult
 
 KIND = "compiled_step"
 SCHEMA = outputs.schema(KIND, 1)  # "lingvo_lite.compiled_step/1"
 MANIFEST, EXECUTABLE = outputs.MANIFEST, "executable.bin"
 # Train-loop fields compiled into the step (the others never reach it).
-_STEP_TRAIN_FIELDS = ("steps", "grad_accum_steps", "z_loss", "log_grad_norm")
+_STEP_TRAIN_FIELDS = ("steps", "grad_accum_steps", "z_loss", "log_grad_norm", "objective")
 # XLA flags that say how many devices exist, which the device list already compares.
 _DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 # jax settings that change what a step computes.
@@ -68,7 +68,7 @@ def step_config(jitted: JittedSteps) -> dict[str, str]:
     fields.update(_dataclass_fields(getattr(setup, part), f"{part}."))
   fields.update({f"train.{name}": repr(getattr(setup.train, name))
                  for name in _STEP_TRAIN_FIELDS})
-  for key, (shape, dtype) in sorted(setup.train_data.batch_spec().items()):
+  for key, (shape, dtype) in sorted(jitted.train_batch_spec().items()):
     fields[f"train_data batch {key}"] = f"{dtype}{list(shape)}"
   return fields
 

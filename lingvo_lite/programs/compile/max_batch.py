@@ -18,8 +18,8 @@ import math
 from typing import Any, Callable
 
 from lingvo_lite import target as targets
-from lingvo_lite.training import evaluation
 from lingvo_lite.experiment import Setup
+from lingvo_lite.on_mesh import evaluation
 from lingvo_lite.programs.compile import aot, compile_report, remat_table
 from lingvo_lite.runtime import progress
 

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 from etils import epath
 
 from lingvo_lite import memory_fit, mfu
-from lingvo_lite.training import evaluation
 from lingvo_lite.checkpoints import health as checkpoint_health
 from lingvo_lite.checkpoints import selection as checkpoint_selection
 from lingvo_lite.checkpoints.orbax_errors import CheckpointWriteError
@@ -29,7 +28,8 @@ from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh import evaluation
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs import Invocation, recorded_config, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.train.failures import (NonFinite, OutputWriteError, TrainingFailure,
@@ -110,14 +110,9 @@ def _summary(result: TrainResult, eval_sets: Iterable[str], shown: epath.Path) -
   lines = [f"done: step {result.step}" + (" (stopped by signal)" if result.interrupted else "")]
   if result.train_loss is not None:
     lines.append(f"  final train loss: {result.train_loss:.4f}")
-  for name, metrics in (result.eval_results or {}).items():
+  for name in result.eval_results or {}:
     label = "final eval loss: " if len(result.eval_results) == 1 else f"final eval loss ({name}):"
-    if "reward_margin" in metrics:  # Preference pairs: DPO's measures.
-      lines.append(f"  {label} {evaluation.summary(metrics)}")
-      continue
-    lines.append(f"  {label} {metrics['loss']:.4f} ({metrics['bits_per_token']:.4f} bits/token"
-                 + (f", {metrics['bits_per_byte']:.4f} bits/byte)"
-                    if "bits_per_byte" in metrics else ")"))
+    lines.append(f"  {label} {result.eval_results.final_summary(name)}")
   eval_files = ", ".join(str(evaluation.jsonl_path(shown, name)) for name in eval_sets)
   lines += [f"  config:      {shown / 'config.txt'} (reload: "
             f"--fdl_config_file={shown / 'config.json'})",
@@ -207,8 +202,9 @@ def run(setup: Setup, job_dir: epath.Path,
 
 
 def _frozen(jitted: JittedSteps) -> tuple[Any, str] | None:
-  """(the frozen parameters a step reads, what they are): a LoRA job's base or a DPO job's
-  reference (training/frozen_weights.py), loaded on every start; None for a job without."""
+  """(the frozen parameters a step reads, what they are): a LoRA job's base or the reference
+  of a job whose objective needs one (weights/frozen_weights.py), loaded on every start; None
+  for a job without."""
   if jitted.frozen is None:
     return None
   with jitted.activated():
@@ -242,7 +238,8 @@ def _restore_or_init(jitted: JittedSteps, checkpointer: Checkpointer, start: int
   the job's own checkpoint `start` restored (and verified); else a new state at step 0 with
   the `warm_start` parameters (`train.init_from`'s, loaded already) and a fresh optimizer;
   else a new state. `frozen` (loaded already) joins the state: a LoRA job's fresh adapters
-  start at zero update over it, a full DPO job's parameters as a copy of it."""
+  start at zero update over it, a full fine-tune's parameters (whose objective needs a
+  reference) as a copy of it."""
   frozen_tree, frozen_what = frozen if frozen is not None else (None, "")
   if start is None:
     if warm_start is not None:
@@ -252,10 +249,11 @@ def _restore_or_init(jitted: JittedSteps, checkpointer: Checkpointer, start: int
           f"{'adapters' if jitted.adapters else 'parameters'} of {loaded} ({FIELD}); the "
           "optimizer starts fresh")
       return state, 0
-    if frozen is not None and not jitted.adapters:  # DPO's policy starts as its reference.
+    if frozen is not None and not jitted.adapters:  # The policy starts as its reference.
       state = jitted.state_with_params(jax.tree.map(jnp.copy, frozen_tree), frozen_tree)
       say(f"initialized a new state in {job_dir} with the parameters of {frozen_what} "
-          f"({FIELD}), and a frozen copy of them as DPO's reference")
+          f"({FIELD}), and a frozen copy of them as the reference of train.objective "
+          f"({type(jitted.objective).__name__})")
       return state, 0
     state = jitted.init_state(frozen_tree)
     say(f"initialized a new state in {job_dir}" + (

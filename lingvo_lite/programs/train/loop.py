@@ -11,12 +11,12 @@ from typing import Any, Callable, Iterator
 import jax
 from etils import epath
 
-from lingvo_lite.training import evaluation
 from lingvo_lite.checkpoints import health as checkpoint_health
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.data.prefetch import Prefetcher
 from lingvo_lite.experiment import Setup
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh import evaluation
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.train.failures import NonFinite, check_finite
 from lingvo_lite.programs.train.run_outputs import RunOutputs
 from lingvo_lite.runtime import summaries
@@ -32,7 +32,7 @@ PROFILE_DIR = "summaries/train"
 class TrainResult:
   step: int
   train_loss: float | None
-  eval_results: dict[str, dict[str, float]] | None  # By eval set name.
+  eval_results: evaluation.SetResults | None  # By eval set name.
   interrupted: bool
 
 
@@ -124,7 +124,8 @@ class TrainLoop:
     # Each traced step is marked, so the profile splits into steps.
     with (jax.profiler.StepTraceAnnotation("train", step_num=step_index) if self._profiling
           else contextlib.nullcontext()):
-      self._state, metrics = train_step(self._state, self._jitted.global_batch(local_batch))
+      self._state, metrics = train_step(self._state,
+                                        self._jitted.training_batch(local_batch, self._state))
     self._watchdog.step_done()  # Dispatched (see Watchdog on what that measures).
     self._step = step_index + 1
     return metrics
@@ -174,7 +175,7 @@ class TrainLoop:
     with self._throughput.excluded(kind), self._watchdog.excused(kind):
       yield
 
-  def _evaluate(self) -> dict[str, dict[str, float]] | None:
+  def _evaluate(self) -> evaluation.SetResults | None:
     """Every eval set on the current parameters (off the steps), written and printed."""
     if not self._setup.eval_sets:
       return None
@@ -184,7 +185,7 @@ class TrainLoop:
                                          frozen=self._state.frozen)
       self._outputs.write_eval(step, results)
     for name, metrics in results.items():
-      self._say(f"eval  step {step} {name}: {evaluation.summary(metrics)}  "
+      self._say(f"eval  step {step} {name}: {results.summary(name)}  "
                 f"({metrics['seconds']:.1f} s, {metrics['tokens_per_s']:,.0f} tokens/s)")
     return results
 

@@ -10,9 +10,9 @@ import jax
 from absl import logging
 from etils import epath
 
-from lingvo_lite.training import evaluation
 from lingvo_lite.config import files as config_files
-from lingvo_lite.training.jitted import JittedSteps
+from lingvo_lite.on_mesh import evaluation
+from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.train.failures import OutputWriteError
 from lingvo_lite.runtime import hangup, run_info, summaries
 

@@ -1,28 +1,24 @@
 """One pass over each eval set of a Setup: the metrics, their table, and the files they go to.
 
-A set's pass sums the eval step's per-token statistics over its batches, on the devices, and
-divides once at the end, so every token weighs the same whatever batch it fell in:
+A set is scored by an objective (training/objectives/: the job's own where it reads the set's
+rows, a language-modelling job's set of preference pairs by DPO's measures): its eval step's
+sums are added up over the set's batches, on the devices, and divided once at the end, so
+every token (or pair) weighs the same whatever batch it fell in. The objective says what the
+metrics are (lm.py: loss, perplexity, accuracy, bits per token and byte; dpo.py: the loss, the
+rewards and accuracies); every pass adds
 
-  loss            mean next-token cross-entropy in nats over the weighted (non-padding) tokens
-  perplexity      exp(loss) (inf past float64's range)
-  accuracy        fraction of weighted tokens whose target's logit is the largest (ties count)
-  bits_per_token  loss / ln 2
-  tokens          weighted tokens evaluated
-  bytes           UTF-8 bytes of text those tokens stand for (sources with `token_bytes`)
-  bits_per_byte   total nats / ln 2 / bytes: comparable across vocabularies (bytes vs
-                  SentencePiece), since both sides count the same text
+  tokens          weighted tokens evaluated (the objective's count)
   seconds         wall time of the pass, which the train program keeps out of its step time
   tokens_per_s    tokens / seconds
 
-A pass with no weighted token (or no text byte) reports NaN for the means it cannot take.
-
 A set with `num_batches=None` is its whole split: ceil(examples / batch) batches, the rows of
 the last one past the split's end weighing 0, so no example counts twice. Such a pass visits
-every document, so it also runs the seqio score metric functions its task defines (`(targets,
-scores)`), as seqio's evaluator would: `targets` each document's text (decoded, through the
-task's postprocessor), `scores` its log-likelihood (the sum over its weighted tokens, in
-nats). Their results join the set's metrics. Prediction metrics need generated text, which an
-eval pass does not make; they are left out with a note, as score metrics are on a sampled pass.
+every document, so an objective that scores documents (`scores_documents`) also runs the
+seqio score metric functions its task defines (`(targets, scores)`), as seqio's evaluator
+would: `targets` each document's text (decoded, through the task's postprocessor), `scores`
+its log-likelihood (the sum over its weighted tokens, in nats). Their results join the set's
+metrics. Prediction metrics need generated text, which an eval pass does not make; they are
+left out with a note, as score metrics are on a sampled pass.
 """
 
 from __future__ import annotations
@@ -40,13 +36,33 @@ from etils import epath
 
 from lingvo_lite.data.source import DataSource, local_rows
 from lingvo_lite.runtime import progress, summaries
-from lingvo_lite.training.steps import model_statistics
+from lingvo_lite.training import objectives
+from lingvo_lite.training.objectives.objective import Objective
 
-# The metrics a results table shows, with their headings (others stay in the files).
-_SHOWN = (("loss", "loss"), ("perplexity", "perplexity"), ("accuracy", "accuracy"),
-          ("bits_per_token", "bits/token"), ("bits_per_byte", "bits/byte"),
-          ("reward_margin", "margin"), ("reward_accuracy", "reward acc."),
-          ("preference_accuracy", "pref. acc."), ("tokens", "tokens"), ("seconds", "seconds"))
+# What every results table shows after the objectives' own metrics, with their headings.
+_ALWAYS_SHOWN = (("tokens", "tokens"), ("seconds", "seconds"))
+
+
+class SetResults(dict):
+  """Each eval set's metrics by name (a dict), and the objective that scored each: what its
+  results table and lines show.
+
+  Attributes:
+    scorers: The objective that scored each set, by name.
+  """
+
+  def __init__(self, metrics: Mapping[str, Mapping[str, float]],
+               scorers: Mapping[str, Objective]):
+    super().__init__(metrics)
+    self.scorers = dict(scorers)
+
+  def summary(self, name: str) -> str:
+    """Set `name`'s metrics in one line."""
+    return self.scorers[name].eval_summary(self[name])
+
+  def final_summary(self, name: str) -> str:
+    """Set `name`'s metrics on the line a finished run ends with."""
+    return self.scorers[name].final_summary(self[name])
 
 
 def largest_set(setup: Any) -> tuple[str, DataSource]:
@@ -143,17 +159,18 @@ def _document_scores(source: DataSource, set_name: str, whole_split: bool
 
 
 def evaluate_set(jitted: Any, params: Any, source: DataSource,
-                 set_name: str = "", frozen: Any = None) -> dict[str, float]:
-  """One pass of `source` with `jitted`'s eval step (a jitted.JittedSteps); `frozen`: the
-  frozen parameters its steps read (a LoRA base, a DPO reference), or None. A set of
-  preference pairs (data/preference_data.py) is scored by DPO's measures instead
-  (`_evaluate_pairs`)."""
-  if getattr(source, "document_pairs", False):
-    return _evaluate_pairs(jitted, params, source, set_name, frozen)
+                 set_name: str = "", frozen: Any = None,
+                 scorer: Objective | None = None) -> dict[str, float]:
+  """One pass of `source` with `jitted`'s eval step (a jitted.JittedSteps) of the objective
+  that scores it (`scorer`, else `jitted.scorer(source)`); `frozen`: the frozen parameters
+  its steps read (a LoRA base, an objective's reference), or None."""
+  objective = scorer if scorer is not None else jitted.scorer(source)
   started = time.perf_counter()
   num_batches, examples = pass_length(source)
-  scores, score_fns = _document_scores(source, set_name, examples is not None)
-  token_bytes = getattr(source, "token_bytes", None)
+  scores, score_fns = (_document_scores(source, set_name, examples is not None)
+                       if objective.scores_documents else (None, ()))
+  token_bytes = getattr(source, "token_bytes", None) if objective.measures_bytes else None
+  eval_step = jitted.eval_step(objective, per_token=scores is not None)
   process, processes = jax.process_index(), jax.process_count()
   rows = local_rows(source.global_batch_size, process, processes)
   totals: dict[str, float] = {}
@@ -163,15 +180,13 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
     for step in range(num_batches):
       local = source.batch(step, process, processes)
       if examples is not None and (step + 1) * source.global_batch_size > examples:
-        past_end = step * source.global_batch_size + rows >= examples
+        past_end = step * source.global_batch_size + rows >= examples  # Weighing nothing.
         local = {**local, "weights": np.where(past_end[:, None], 0.0, local["weights"]).astype(
             np.float32)}
       if token_bytes is not None:
         text_bytes += float(np.sum(token_bytes[local["targets"]] * (local["weights"] > 0)))
-      if scores is None:
-        sums = jitted.eval_step(params, jitted.global_batch(local), frozen)
-      else:
-        sums = dict(jitted.eval_token_step(params, jitted.global_batch(local), frozen))
+      sums = dict(eval_step(params, jitted.global_batch(local), frozen))
+      if scores is not None:
         token_nats = sums.pop("token_nats")
         if processes > 1:  # Every process scores every row: the documents need them all.
           from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
@@ -180,68 +195,15 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
       for key, value in jax.device_get(sums).items():
         totals[key] = totals.get(key, 0.0) + float(value)
       bar.update()
-  weight = totals["weight_sum"]
-  # A pass without a weighted token (or text byte) has no mean: NaN, not a perfect score.
-  loss = totals["cross_entropy_sum"] / weight if weight else math.nan
-  metrics = {
-      "loss": loss,
-      "perplexity": math.exp(loss) if loss < 709.0 else math.inf,  # float64's largest exp.
-      "accuracy": totals["correct_sum"] / weight if weight else math.nan,
-      "bits_per_token": loss / math.log(2.0),
-      "tokens": weight,
-      **(model_statistics(totals, weight) if weight else {}),
-  }
-  if token_bytes is not None:
-    if processes > 1:
-      text_bytes = _sum_over_processes(int(text_bytes))
-    metrics["bytes"] = text_bytes
-    metrics["bits_per_byte"] = (totals["cross_entropy_sum"] / math.log(2.0) / text_bytes
-                                if text_bytes else math.nan)
+  if token_bytes is not None and processes > 1:
+    text_bytes = _sum_over_processes(int(text_bytes))
+  metrics = objective.eval_metrics(totals, text_bytes if token_bytes is not None else None)
   if scores is not None:
     for key, value in scores.metrics(score_fns, set_name).items():
       metrics[key if key not in metrics else f"task_{key}"] = value
   seconds = time.perf_counter() - started
   metrics["seconds"] = seconds
-  metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)
-  return metrics
-
-
-def _evaluate_pairs(jitted: Any, params: Any, source: DataSource, set_name: str,
-                    frozen: Any) -> dict[str, float]:
-  """One pass over a set of preference pairs: DPO's loss, rewards, margin and reward accuracy
-  against the job's reference (training/dpo.py), and the policy's own preference accuracy
-  (log p(chosen) > log p(rejected)); without a reference (a job that is not DPO's) the
-  rewards are 0 and only the preference accuracy says anything. `tokens` counts the scored
-  (response) tokens."""
-  from lingvo_lite.training import dpo  # pylint: disable=g-import-not-at-top
-  started = time.perf_counter()
-  num_batches, examples = pass_length(source)
-  reference = frozen if jitted.setup.train.objective == "dpo" or jitted.adapters else None
-  process, processes = jax.process_index(), jax.process_count()
-  rows = local_rows(source.global_batch_size, process, processes)
-  totals: dict[str, float] = {}
-  tokens = 0.0
-  with progress.Progress(f"eval {set_name}" if set_name else "eval", total=num_batches,
-                         unit="batches") as bar:
-    for step in range(num_batches):
-      local = source.batch(step, process, processes)
-      if examples is not None and (step + 1) * source.global_batch_size > examples:
-        past_end = step * source.global_batch_size + rows >= examples  # Their pairs drop out.
-        local = {**local, "weights": np.where(past_end[:, None], 0.0, local["weights"]).astype(
-            np.float32)}
-      tokens += float(np.sum(local["weights"]))
-      sums = jitted.preference_eval_step(params, jitted.global_batch(local), reference)
-      for key, value in jax.device_get(sums).items():
-        totals[key] = totals.get(key, 0.0) + float(value)
-      bar.update()
-  if processes > 1:
-    tokens = _sum_over_processes(int(tokens))
-  metrics = {key: float(value) for key, value in dpo.metrics(totals).items()}
-  if not totals["pairs"]:
-    metrics = {key: (math.nan if key != "pairs" else 0.0) for key in metrics}
-  metrics["tokens"] = tokens
-  metrics["seconds"] = time.perf_counter() - started
-  metrics["tokens_per_s"] = tokens / max(metrics["seconds"], 1e-9)
+  metrics["tokens_per_s"] = metrics["tokens"] / max(seconds, 1e-9)  # eval_metrics' count.
   return metrics
 
 
@@ -254,29 +216,27 @@ def _sum_over_processes(count: int) -> float:
 
 
 def evaluate_sets(jitted: Any, params: Any, sets: Mapping[str, DataSource],
-                  frozen: Any = None) -> dict[str, dict[str, float]]:
-  """Each set's metrics, by name, in the sets' order (`frozen`: as for `evaluate_set`)."""
-  return {name: evaluate_set(jitted, params, source, name, frozen)
-          for name, source in sets.items()}
-
-
-def summary(metrics: Mapping[str, float]) -> str:
-  """A set's metrics in one line: loss, bits per token and byte, accuracy; for preference
-  pairs, DPO's loss, reward margin and accuracy, and the policy's preference accuracy."""
-  if "reward_margin" in metrics:
-    return (f"DPO loss {metrics['loss']:.4f}  reward margin {metrics['reward_margin']:.4f}  "
-            f"reward accuracy {metrics['reward_accuracy']:.4f}  preference accuracy "
-            f"{metrics['preference_accuracy']:.4f} ({metrics['pairs']:,.0f} pairs)")
-  return (f"loss {metrics['loss']:.4f}  bits/token {metrics['bits_per_token']:.4f}  "
-          + (f"bits/byte {metrics['bits_per_byte']:.4f}  " if "bits_per_byte" in metrics
-             else "")
-          + f"accuracy {metrics['accuracy']:.4f}")
+                  frozen: Any = None) -> SetResults:
+  """Each set's metrics, by name, in the sets' order (`frozen`: as for `evaluate_set`), with
+  the objective that scored each."""
+  scorers = {name: jitted.scorer(source) for name, source in sets.items()}
+  return SetResults({name: evaluate_set(jitted, params, source, name, frozen, scorers[name])
+                     for name, source in sets.items()}, scorers)
 
 
 def table(results: Mapping[str, Mapping[str, float]]) -> str:
-  """The results as an aligned table, one row per set (missing metrics shown as '-')."""
-  columns = [(key, heading) for key, heading in _SHOWN
-             if any(key in metrics for metrics in results.values())]
+  """The results as an aligned table, one row per set (missing metrics shown as '-'): the
+  metrics of the objectives that scored them (`SetResults`; of every objective's metrics the
+  sets have, for a plain mapping), then tokens and seconds."""
+  scorers = getattr(results, "scorers", None)
+  if scorers is None:
+    scorers = {kind.__name__: kind() for kind in objectives.SCORERS}
+  columns: list[tuple[str, str]] = []
+  for key, heading in [c for scorer in scorers.values() for c in scorer.eval_columns] + list(
+      _ALWAYS_SHOWN):
+    if key not in {shown for shown, _ in columns} and any(
+        key in metrics for metrics in results.values()):
+      columns.append((key, heading))
   rows = [["set"] + [heading for _, heading in columns]]
   for name, metrics in results.items():
     rows.append([name] + [_format(key, metrics.get(key)) for key, _ in columns])

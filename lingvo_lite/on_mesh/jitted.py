@@ -16,13 +16,15 @@ import numpy as np
 from jax.sharding import Mesh
 
 from lingvo_lite import target as targets
-from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
-from lingvo_lite.training import frozen_weights, steps, train_state
 from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import Batch, local_rows
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
+from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
+from lingvo_lite.training import objectives, steps, train_state
+from lingvo_lite.training.objectives.objective import Objective
+from lingvo_lite.weights import frozen_weights
 
 
 def _check_process_rows(batch_sharding: jax.sharding.Sharding, global_batch_size: int) -> None:
@@ -52,8 +54,9 @@ class JittedSteps:
   Attributes:
     model: The model the steps apply: the Setup's, with LoRA adapters where `train.lora` asks
       (models/lora.py).
-    frozen: The frozen parameters' shapes, loading and placing (training/frozen_weights.py),
-      where a step reads any (`train.lora`, DPO); else None.
+    objective: What the train step minimizes (`train.objective`: training/objectives/).
+    frozen: The frozen parameters' shapes, loading and placing (weights/frozen_weights.py),
+      where a step reads any (`train.lora`, an objective's reference); else None.
   """
 
   def __init__(self, setup: Setup, mesh: Mesh | None = None,
@@ -74,7 +77,7 @@ class JittedSteps:
     base = None
     if self.adapters:  # The base's shapes came from the same trace as the adapters'.
       trained, base = trained
-    elif setup.train.has_frozen:  # A full DPO job's reference: the parameters' shapes.
+    elif setup.train.has_frozen:  # A full fine-tune's reference: the parameters' shapes.
       base = trained.abstract.params
     self.frozen = (frozen_weights.FrozenWeights(setup, self.mesh, base)
                    if setup.train.has_frozen else None)
@@ -86,34 +89,20 @@ class JittedSteps:
     self.batch_sharding = setup.partitioner.batch_sharding(self.mesh)
     _check_process_rows(self.batch_sharding, setup.train_data.global_batch_size)
     state_shardings = self.sharded_state.shardings
-    dpo = setup.train.dpo if setup.train.objective == "dpo" else None
+    self.objective = setup.train.objective
     dropout = lora is not None and lora.dropout > 0
     self.train_step = jax.jit(
         functools.partial(
             steps.train_step, model=self.model, optimizer=self.optimizer,
-            schedule=self.schedule, z_loss=setup.train.z_loss,
+            schedule=self.schedule, objective=self.objective, z_loss=setup.train.z_loss,
             grad_accum_steps=setup.train.grad_accum_steps,
             log_grad_norm=setup.train.log_grad_norm,
             ravel_norm=self.mesh.size == 1 and self.target.platform == "cpu",
-            adapters=self.adapters, dpo=dpo,
-            dropout_seed=setup.train.seed if dropout else None),
+            adapters=self.adapters, dropout_seed=setup.train.seed if dropout else None),
         in_shardings=(state_shardings, self.batch_sharding),
         out_shardings=(state_shardings, None),
         donate_argnums=(0,))
-    eval_shardings = (state_shardings.params, self.batch_sharding, state_shardings.frozen)
-    self.eval_step = jax.jit(
-        functools.partial(steps.eval_step, model=self.model, adapters=self.adapters),
-        in_shardings=eval_shardings)
-    # The same step, also returning each token's loss: for eval sets scored per document.
-    self.eval_token_step = jax.jit(
-        functools.partial(steps.eval_step, model=self.model, per_token=True,
-                          adapters=self.adapters),
-        in_shardings=eval_shardings)
-    # DPO's sums over an eval set of preference pairs (training/evaluation.py).
-    self.preference_eval_step = jax.jit(
-        functools.partial(steps.preference_eval_step, model=self.model,
-                          settings=setup.train.dpo, adapters=self.adapters),
-        in_shardings=eval_shardings)
+    self._eval_steps: list[tuple[Objective, bool, Any]] = []
     # Checked before every save, so only finite states are ever written.
     self.state_is_finite = jax.jit(
         steps.is_finite, in_shardings=(state_shardings.replace(frozen=None),))
@@ -126,10 +115,40 @@ class JittedSteps:
         nn.logical_axis_rules(list(self.setup.partitioner.rules)):
       yield
 
+  def scorer(self, source: Any) -> Objective:
+    """The objective that scores eval set `source` (training/objectives/: the job's own, or
+    the one that reads such rows)."""
+    return objectives.scorer(self.objective, source)
+
+  def eval_step(self, objective: Objective, per_token: bool = False) -> Any:
+    """The jitted eval step of `objective`'s sums, `(params, batch, frozen) -> sums`; with
+    `per_token`, also each token's loss (for eval sets scored per document). Jitted once
+    per objective and kind, in the eval shardings."""
+    for known, known_per_token, step in self._eval_steps:  # Equal settings: one jit.
+      if known == objective and known_per_token == per_token:
+        return step
+    shardings = self.sharded_state.shardings
+    step = jax.jit(functools.partial(steps.eval_step, model=self.model, objective=objective,
+                                     per_token=per_token, adapters=self.adapters),
+                   in_shardings=(shardings.params, self.batch_sharding, shardings.frozen))
+    self._eval_steps.append((objective, per_token, step))
+    return step
+
+  def train_batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The global batch a train step takes, as {key: (shape, dtype)}: the train data's, as
+    the objective makes its batch from it."""
+    return dict(self.objective.training_batch_spec(self.setup.train_data.batch_spec()))
+
   def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
-    """The train data's global batch as shapes with the batch sharding (no data read)."""
+    """The train step's global batch as shapes with the batch sharding (no data read)."""
     return {key: jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=self.batch_sharding)
-            for key, (shape, dtype) in self.setup.train_data.batch_spec().items()}
+            for key, (shape, dtype) in self.train_batch_spec().items()}
+
+  def training_batch(self, local_batch: Batch, state: train_state.TrainState
+                     ) -> dict[str, jax.Array]:
+    """This process's rows of the data's batch, made into the train step's global batch by
+    the objective (before the step from `state`)."""
+    return self.global_batch(self.objective.training_batch(local_batch, state, self))
 
   def lower_train_step(self) -> Any:
     """The train step lowered from shapes only: what `--mode=compile` compiles and saves."""

@@ -1,5 +1,6 @@
-"""The parameters a train step reads and never changes: a LoRA job's base model, or a full
-fine-tune's DPO reference (a frozen copy of its starting parameters).
+"""The parameters a train step reads and never changes: a LoRA job's base model, or the
+reference of a full fine-tune whose objective needs one (a frozen copy of its starting
+parameters: DPO's, training/objectives/).
 
 They are the weights `train.init_from` names (a fresh initialization from `train.seed`
 without one), loaded on every start, a resume's included: a checkpoint holds only what is
