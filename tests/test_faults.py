@@ -368,7 +368,7 @@ def test_asyncio_reports_of_orbax_write_tasks_are_kept_off_stderr():
   # traceback) for each write task whenever the garbage collector meets it: in some runs of
   # the test above, not others. The failure is already the run's one line.
   import logging  # pylint: disable=g-import-not-at-top
-  from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.runtime import library_logs  # pylint: disable=g-import-not-at-top
   orbax_task = logging.LogRecord(
       "asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1771,
       "Task exception was never retrieved\nfuture: <Task finished coro=<write_fragment() done, "
@@ -399,8 +399,8 @@ def test_asyncio_reports_of_orbax_write_tasks_are_kept_off_stderr():
                                      "finished exception=ValueError('OUT_OF_RANGE')>", None,
                                      (ValueError, sys.exc_info()[1], None))
   for record in (orbax_task, gathering, failed_write):
-    assert not executor._quiet_orbax(record)  # pylint: disable=protected-access
-  assert executor._quiet_orbax(other_task)  # pylint: disable=protected-access
+    assert not library_logs.quiet_orbax(record)
+  assert library_logs.quiet_orbax(other_task)
 
 
 def test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume(tmp_path,
