@@ -48,8 +48,9 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
                "config/diffs.py", "config/fiddlers.py", "config/files.py", "config/graph.py",
                "config/help.py", "config/overrides.py", "config/registry.py", "report/")),
     ("running", ("training/jitted.py", "training/evaluation.py", "decode/generator.py",
-                 "decode/jitted.py", "decode/steps.py", "decode/sampling.py",
-                 "decode/requests.py", "decode/records.py", "scoring/", "memory_fit.py")),
+                 "decode/request_resolver.py", "decode/jitted.py", "decode/steps.py",
+                 "decode/sampling.py", "decode/requests.py", "decode/records.py", "scoring/",
+                 "memory_fit.py")),
     ("setup", ("experiment.py", "decode/settings.py")),
     ("parts", ("models/", "data/", "tasks/", "checkpoints/", "weights/",
                "training/__init__.py", "training/optimizers.py", "training/train_state.py",
@@ -57,7 +58,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
                "partitioning.py", "mfu.py", "decode/__init__.py", "decode/sampling_checks.py")),
     ("runtime", ("runtime/", "target.py", "topologies.py")),
     ("ground", ("__init__.py", "errors.py", "fields.py", "paths.py", "outputs.py",
-                "file_writes.py", "gguf_files.py", "input_files.py", "config/__init__.py",
+                "output_folders.py", "file_writes.py", "gguf_files.py", "input_files.py", "config/__init__.py",
                 "config/moved_modules.py")),
 )
 
