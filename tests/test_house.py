@@ -356,8 +356,30 @@ def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
   return found
 
 
+def _one_circle(edges: dict[str, set[str]], part: list[str]) -> list[str]:
+  """A shortest way around `part` (one of `_circles`), from its first node back to it."""
+  start, inside = part[0], set(part)
+  came_from, frontier = {start: None}, [start]
+  while frontier:
+    following = []
+    for node in frontier:
+      for child in sorted(edges.get(node, ())):
+        if child == start:
+          path = [node]
+          while came_from[path[-1]] is not None:
+            path.append(came_from[path[-1]])
+          return [start, *reversed(path[:-1]), start]
+        if child in inside and child not in came_from:
+          came_from[child] = node
+          following.append(child)
+    frontier = following
+  return part
+
+
 def test_circles_are_found():
-  assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+  assert _circles(edges) == [["a", "b", "c"]]
+  assert _one_circle(edges, ["a", "b", "c"]) == ["a", "b", "c", "a"]
   assert _circles({"a": {"b"}, "b": set()}) == []
 
 
@@ -365,7 +387,8 @@ def test_no_modules_import_each_other_in_a_circle():
   edges = collections.defaultdict(set)
   for importer, imported, _ in arrows():
     edges[importer].add(imported)
-  assert not _circles(edges), f"import circles between modules: {_circles(edges)}"
+  found = [" -> ".join(_one_circle(edges, part)) for part in _circles(edges)]
+  assert not found, "import circles between modules:\n  " + "\n  ".join(found)
 
 
 def test_the_rooms_of_a_floor_import_each_other_in_no_circle():
@@ -374,17 +397,29 @@ def test_the_rooms_of_a_floor_import_each_other_in_no_circle():
   belongs a floor higher (training/ importing checkpoints/ that imports training/)."""
   table = floor_table()
   pending = {what for rule, what in PENDING_OTHER_PARTS if rule == "circle"}
+  names = [name for name, _ in FLOORS]
+
+  def rooms(importer: str, imported: str) -> tuple[str, str] | None:
+    """The two rooms an arrow joins, where they differ and are on one floor."""
+    (a, floor), (b, other) = _room(importer, table), _room(imported, table)
+    if a == b or floor != other or floor is None:
+      return None
+    return f"{a} ({names[floor]})", f"{b} ({names[floor]})"
 
   def circles(skipped: set[str]) -> list[list[str]]:
     edges = collections.defaultdict(set)
     for importer, imported, _ in arrows():
-      a, b = _room(importer, table), _room(imported, table)
-      if a != b and a[1] == b[1] and f"{importer} -> {imported}" not in skipped:
-        edges[f"{a[0]} (floor {a[1]})"].add(f"{b[0]} (floor {b[1]})")
+      joined = rooms(importer, imported)
+      if joined and f"{importer} -> {imported}" not in skipped:
+        edges[joined[0]].add(joined[1])
     return _circles(edges)
 
   found = circles(pending)
-  assert not found, f"rooms of one floor that import each other around: {found}"
+  inside = {room for part in found for room in part}
+  between = [f"{importer} -> {imported}" for importer, imported, _ in arrows()
+             if set(rooms(importer, imported) or ("",)) <= inside]
+  assert not found, (f"rooms of one floor that import each other around: {found}; the arrows "
+                     "between them:\n  " + "\n  ".join(between))
   kept = [arrow for arrow in sorted(pending) if not circles(pending - {arrow})]
   assert not kept, ("listed in PENDING_OTHER_PARTS as closing a circle, which they do not (any "
                     "more); remove them from the list:\n  " + "\n  ".join(kept))
