@@ -190,10 +190,16 @@ def _copy_job(trained_job, destination):
 
 # 1. Kill -9, again and again, also while a save is in flight.
 
+# The soak's size: here 2 kills, one the moment a save is in flight and one at a random
+# moment (each class of kill once); bench/kill_soak.sh runs the same soak with 6 kills over
+# 140 steps (these variables), a sweep rather than a check.
+SOAK_KILLS = int(os.environ.get("LINGVO_LITE_SOAK_KILLS", "2"))
+
+
 @pytest.mark.slow
 def test_kill_9_soak_loses_nothing(tmp_path, cache):
-  # Each run below progresses ~10-20 steps before its kill: 6 kills fit well within 140.
-  steps, every = 140, 10
+  # Each run below progresses ~10-20 steps before its kill: 20 steps a kill and 20 more fit.
+  steps, every = 20 * SOAK_KILLS + 20, 10
   args = [f"--fdl.train.steps={steps}", f"--fdl.checkpoint.every_steps={every}"]
   # The uninterrupted run first: it also fills the compilation cache, so no kill lands in
   # a cache write (JAX's cache does not write atomically).
@@ -202,7 +208,7 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   print(f"uninterrupted run: {time.time() - began:.1f} s")
   parts = tmp_path / "parts"
   rng = np.random.default_rng(0)
-  kills, kills_in_flight, wanted_kills, process = 0, 0, 6, None
+  kills, kills_in_flight, wanted_kills, process = 0, 0, SOAK_KILLS, None
   try:
     for attempt in range(wanted_kills):
       start = max(_complete_steps(parts), default=0)
@@ -228,9 +234,10 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   finally:
     _stop(process)
   assert "resumed from step" in result.stdout
-  # Every other kill waits for a save's temporary folder: 3 of the 6 land in flight (or just
-  # after the save's commit, which the random kills also cover).
-  assert kills == wanted_kills and kills_in_flight >= 2, (kills, kills_in_flight)
+  # Every other kill waits for a save's temporary folder: most of those land in flight (the
+  # rest just after the save's commit, which the random kills also cover): 1 of 2, 2 of 6.
+  assert kills == wanted_kills and kills_in_flight >= max(1, wanted_kills // 3), (
+      kills, kills_in_flight)
 
   # The same curve and the same final state as the uninterrupted run...
   whole = tmp_path / "whole"
