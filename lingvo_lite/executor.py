@@ -15,28 +15,23 @@ their one-line errors), and the one that assembles a config from them.
 
 from __future__ import annotations
 
-import logging as std_logging
-import os
 import sys
-import traceback
-import warnings
 from typing import Any, Sequence
 
-from absl import app, flags, logging
+from absl import app, flags
 
 import fiddle as fdl
 import jax
 from etils import epath
 
-from lingvo_lite import (command_line, outputs, partitioning, paths, programs, target as targets,
-                         topologies)
+from lingvo_lite import command_line, outputs, paths, programs, target as targets
 from lingvo_lite.config import (building, files as config_files, graph as config_graph,
                                 help as config_help, overrides, registry)
 from lingvo_lite.errors import DataError, OutputFailure, UsageError, one_line
 from lingvo_lite.experiment import Setup
 from lingvo_lite.programs import options as program_options
-from lingvo_lite.runtime import (compilation_cache, distributed, job_dirs, stack_dumps,
-                                 supervisor)
+from lingvo_lite.runtime import (compilation_cache, distributed, job_dirs, library_logs,
+                                 stack_dumps, supervisor)
 
 MODES = tuple(programs.PROGRAMS)
 # What --help prints first: the docstring's usage, without its note to readers of the code.
@@ -289,29 +284,6 @@ def _config_changes(job_dir: epath.Path | None, cfg: fdl.Buildable) -> list[str]
   return config_files.incompatible_changes(config_files.load(existing, "--job_log_dir"), cfg)
 
 
-def _spread_over_slices(cfg: fdl.Buildable, target: targets.Target) -> None:
-  """On several TPU slices, a config that sets no axis across slices gets
-  `partitioner.dcn_data` = the slice count (data parallel over the data-center network, as
-  MaxText's default)."""
-  partitioner = getattr(cfg, "partitioner", None)
-  if target.num_slices > 1 and isinstance(partitioner, fdl.Config) and all(
-      getattr(partitioner, f"dcn_{axis}", 1) == 1 for axis in partitioning.MESH_AXES):
-    partitioner.dcn_data = target.num_slices
-
-
-def _arrange_cpu_devices(count: int | None) -> None:
-  """A target of `count` CPU devices (`--compile_topology=cpu:N`) needs them from JAX, which
-  fixes their number when its backend starts: asked for here, before anything touches a
-  device."""
-  if not count or not 1 <= count <= topologies.MAX_CPU_DEVICES:
-    return
-  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
-    return  # The user's own count; the target takes the first N (or says there are too few).
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  if not xla_bridge.backends_are_initialized():
-    jax.config.update("jax_num_cpu_devices", count)
-
-
 def _compilation_cache(program: programs.Program) -> compilation_cache.CompilationCache:
   """The run's compilation cache, checked before anything runs: used by the programs whose
   compiles it serves (Program.compilation_cache: JAX's; Program.keeps_compile_analyses: the
@@ -325,42 +297,11 @@ def _compilation_cache(program: programs.Program) -> compilation_cache.Compilati
                                   for_jax=program.compilation_cache)
 
 
-def _quiet_orbax(record: std_logging.LogRecord) -> bool:
-  """Drops orbax's own warnings and errors: lingvo_lite reports what they are about (a failed
-  save, an incomplete step) in one line of its own, where orbax logs hundreds of lines of
-  tracebacks from its background threads. asyncio's "Task exception was never retrieved"
-  about one of orbax's write tasks is the same failure again, logged whenever the garbage
-  collector meets the task (so only in some runs). `--verbosity` (`-v 0`) shows them again."""
-  orbax = f"{os.sep}orbax{os.sep}"
-  if orbax in record.pathname:
-    return False
-  if record.name != "asyncio":
-    return True
-  # A task's coroutine is named in the message, a gathering future's only in the traceback,
-  # and a plain future that tensorstore failed only in its exception's text, which quotes the
-  # checkpoint's temporary folder ("3.orbax-checkpoint-tmp"): any mention of orbax will do.
-  error = record.exc_info[1] if record.exc_info else None
-  trace = record.exc_info[2] if record.exc_info else None
-  frames = traceback.extract_tb(trace) if trace is not None else []
-  return not ("orbax" in record.getMessage() or "orbax" in str(error)
-              or any(orbax in f.filename for f in frames))
-
-
 def main(argv: Sequence[str]) -> None:
   """Runs the program of --mode. `argv` is the command line as `parse_flags` parsed it, for
   the programs that record it (train's run_info.jsonl)."""
   if not flags.FLAGS["verbosity"].present:
-    # orbax and jax log every checkpoint step at INFO; -v 0 brings them back.
-    logging.set_verbosity(logging.WARNING)
-    logging.get_absl_handler().addFilter(_quiet_orbax)
-    # On asyncio's own logger too: a task collected at interpreter exit, after absl's handler
-    # is gone, reaches logging's last-resort handler, which no handler filter sees.
-    std_logging.getLogger("asyncio").addFilter(_quiet_orbax)
-    # A save that failed (a full disk) leaves the writes orbax had queued unstarted; Python
-    # warns of each at interpreter exit, after the one error line that already says what
-    # happened.
-    warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited",
-                            category=RuntimeWarning)
+    library_logs.quiet()  # -v 0 shows what it quiets.
   try:
     program = programs.PROGRAMS[_MODE.value]
     options = program.options_class(**{name: flags.FLAGS[name].value for name in program.flags})
@@ -382,7 +323,7 @@ def main(argv: Sequence[str]) -> None:
     stack_dumps.set_folder(None)
     stack_dumps.install_signal_handler()
     if program.target_from_options:
-      _arrange_cpu_devices(options.cpu_devices())
+      targets.arrange_cpu_devices(options.cpu_devices())
     try:
       with outputs.stdout_failures():
         code = _run_mode(program, options, cache, list(argv))
@@ -452,7 +393,7 @@ def _run_mode(program: programs.Program, options: Any,
     print(config_help.describe(cfg, overrides.fiddlers_for(experiment)), end="")
     return None
   target = options.target() if program.target_from_options else targets.host()
-  _spread_over_slices(cfg, target)
+  building.spread_over_slices(cfg, target.num_slices)
   with targets.active(target):  # Batch sizes per device and validation count its devices.
     setup = build(cfg)
     if job_dir is not None and program.job_files.depend_on_config:

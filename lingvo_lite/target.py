@@ -217,3 +217,16 @@ def _quiet_stderr() -> Iterator[None]:
     finally:
       os.dup2(saved, 2)
       os.close(saved)
+
+
+def arrange_cpu_devices(count: int | None) -> None:
+  """A target of `count` CPU devices (`--compile_topology=cpu:N`) needs them from JAX, which
+  fixes their number when its backend starts: asked for before anything touches a device."""
+  if not count or not 1 <= count <= topologies.MAX_CPU_DEVICES:
+    return
+  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    return  # The user's own count; the target takes the first N (or says there are too few).
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  if not xla_bridge.backends_are_initialized():
+    jax.config.update("jax_num_cpu_devices", count)

@@ -190,10 +190,16 @@ def _copy_job(trained_job, destination):
 
 # 1. Kill -9, again and again, also while a save is in flight.
 
+# The soak's size: here 2 kills, one the moment a save is in flight and one at a random
+# moment (each class of kill once); bench/kill_soak.sh runs the same soak with 6 kills over
+# 140 steps (these variables), a sweep rather than a check.
+SOAK_KILLS = int(os.environ.get("LINGVO_LITE_SOAK_KILLS", "2"))
+
+
 @pytest.mark.slow
 def test_kill_9_soak_loses_nothing(tmp_path, cache):
-  # Each run below progresses ~10-20 steps before its kill: 6 kills fit well within 140.
-  steps, every = 140, 10
+  # Each run below progresses ~10-20 steps before its kill: 20 steps a kill and 20 more fit.
+  steps, every = 20 * SOAK_KILLS + 20, 10
   args = [f"--fdl.train.steps={steps}", f"--fdl.checkpoint.every_steps={every}"]
   # The uninterrupted run first: it also fills the compilation cache, so no kill lands in
   # a cache write (JAX's cache does not write atomically).
@@ -202,7 +208,7 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   print(f"uninterrupted run: {time.time() - began:.1f} s")
   parts = tmp_path / "parts"
   rng = np.random.default_rng(0)
-  kills, kills_in_flight, wanted_kills, process = 0, 0, 6, None
+  kills, kills_in_flight, wanted_kills, process = 0, 0, SOAK_KILLS, None
   try:
     for attempt in range(wanted_kills):
       start = max(_complete_steps(parts), default=0)
@@ -228,9 +234,10 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   finally:
     _stop(process)
   assert "resumed from step" in result.stdout
-  # Every other kill waits for a save's temporary folder: 3 of the 6 land in flight (or just
-  # after the save's commit, which the random kills also cover).
-  assert kills == wanted_kills and kills_in_flight >= 2, (kills, kills_in_flight)
+  # Every other kill waits for a save's temporary folder: most of those land in flight (the
+  # rest just after the save's commit, which the random kills also cover): 1 of 2, 2 of 6.
+  assert kills == wanted_kills and kills_in_flight >= max(1, wanted_kills // 3), (
+      kills, kills_in_flight)
 
   # The same curve and the same final state as the uninterrupted run...
   whole = tmp_path / "whole"
@@ -368,7 +375,7 @@ def test_asyncio_reports_of_orbax_write_tasks_are_kept_off_stderr():
   # traceback) for each write task whenever the garbage collector meets it: in some runs of
   # the test above, not others. The failure is already the run's one line.
   import logging  # pylint: disable=g-import-not-at-top
-  from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.runtime import library_logs  # pylint: disable=g-import-not-at-top
   orbax_task = logging.LogRecord(
       "asyncio", logging.ERROR, "/usr/lib/python3.11/asyncio/base_events.py", 1771,
       "Task exception was never retrieved\nfuture: <Task finished coro=<write_fragment() done, "
@@ -399,8 +406,8 @@ def test_asyncio_reports_of_orbax_write_tasks_are_kept_off_stderr():
                                      "finished exception=ValueError('OUT_OF_RANGE')>", None,
                                      (ValueError, sys.exc_info()[1], None))
   for record in (orbax_task, gathering, failed_write):
-    assert not executor._quiet_orbax(record)  # pylint: disable=protected-access
-  assert executor._quiet_orbax(other_task)  # pylint: disable=protected-access
+    assert not library_logs.quiet_orbax(record)
+  assert library_logs.quiet_orbax(other_task)
 
 
 def test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume(tmp_path,

@@ -1,7 +1,7 @@
-"""Where programs put results (lingvo_lite/outputs.py): a failed write is named by its errno,
-leaves the earlier output whole and nothing of its own behind; nothing the user made is ever
-replaced, even when it appears after the check. The programs' own cases (decode, compile) are
-in test_bad_input.py, test_decode_program.py and test_compile.py."""
+"""Where programs put results (lingvo_lite/outputs.py, output_folders.py): a failed write is
+named by its errno, leaves the earlier output whole and nothing of its own behind; nothing the
+user made is ever replaced, even when it appears after the check. The programs' own cases
+(decode, compile) are in test_bad_input.py, test_decode_program.py and test_compile.py."""
 
 import errno
 import io
@@ -11,7 +11,7 @@ import sys
 import pytest
 from etils import epath
 
-from lingvo_lite import outputs
+from lingvo_lite import output_folders, outputs
 from lingvo_lite.decode.records import CompletionWriter
 from lingvo_lite.errors import OutputFailure, UsageError, os_error_text
 from lingvo_lite.testing import tree_digest
@@ -41,7 +41,7 @@ def _step(folder, files):
 
 
 def _output(path):
-  return outputs.check_folder(epath.Path(path), f"--out={path}", "compiled_step", FILES,
+  return output_folders.check_folder(epath.Path(path), f"--out={path}", "compiled_step", FILES,
                               "the compiled step")
 
 
@@ -56,19 +56,19 @@ def _write(text, fail=False):
 
 def test_its_own_output_is_replaced_whole_and_a_failed_write_leaves_it_as_it_was(tmp_path):
   step = tmp_path / "step"
-  assert outputs.write_folder(_output(step), _write("first")) is False
-  assert outputs.write_folder(_output(step), _write("second")) is True
+  assert output_folders.write_folder(_output(step), _write("first")) is False
+  assert output_folders.write_folder(_output(step), _write("second")) is True
   assert (step / "executable.bin").read_text() == "second"
   before = tree_digest(tmp_path)
   with pytest.raises(OSError) as error:
-    outputs.write_folder(_output(step), _write("third", fail=True))
+    output_folders.write_folder(_output(step), _write("third", fail=True))
   assert error.value.errno == errno.ENOSPC
   assert tree_digest(tmp_path) == before  # The second step whole; no staging folder left.
 
 
 def test_a_failed_write_removes_the_folders_it_created(tmp_path):
   with pytest.raises(OSError):
-    outputs.write_folder(_output(tmp_path / "a" / "b" / "step"), _write("x", fail=True))
+    output_folders.write_folder(_output(tmp_path / "a" / "b" / "step"), _write("x", fail=True))
   assert not os.listdir(tmp_path)
 
 
@@ -79,13 +79,13 @@ def test_what_the_user_put_there_after_the_check_is_not_replaced(tmp_path):
   before = tree_digest(tmp_path)
   with pytest.raises(UsageError, match="holds notes.txt besides the compiled step lingvo_lite "
                      "wrote"):
-    outputs.write_folder(checked, _write("x"))
+    output_folders.write_folder(checked, _write("x"))
   assert tree_digest(tmp_path) == before
 
 
 def test_an_empty_folder_takes_the_output(tmp_path):
   (tmp_path / "step").mkdir()
-  assert outputs.write_folder(_output(tmp_path / "step"), _write("x")) is False
+  assert output_folders.write_folder(_output(tmp_path / "step"), _write("x")) is False
   assert sorted(os.listdir(tmp_path / "step")) == sorted(FILES)
 
 

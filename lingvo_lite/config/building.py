@@ -10,6 +10,9 @@ line naming the field, before any device time is spent. A constructor that rejec
 raises `UsageError` naming its own field (`source_dir=...: no such folder`); the config path
 of that constructor, which Fiddle appends to the exception, is put in front of it. Any other
 exception from a constructor is a bug, not the user's mistake: it keeps its traceback.
+
+On several TPU slices a config that spreads no axis across them is spread over the data axis
+(`spread_over_slices`), before it is built.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 import fiddle as fdl
 
-from lingvo_lite import fields
+from lingvo_lite import fields, partitioning
 from lingvo_lite.config import checks as config_checks
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup, is_setup_class, with_default_parts
@@ -120,3 +123,13 @@ def _with_config_path(error: UsageError) -> str:
   if not path:
     return message
   return f"{path}.{message}" if _FIELD_FIRST.match(message) else f"{path}: {message}"
+
+
+def spread_over_slices(cfg: fdl.Buildable, num_slices: int) -> None:
+  """On several TPU slices, a config that sets no axis across slices gets
+  `partitioner.dcn_data` = the slice count (data parallel over the data-center network, as
+  MaxText's default)."""
+  partitioner = getattr(cfg, "partitioner", None)
+  if num_slices > 1 and isinstance(partitioner, fdl.Config) and all(
+      getattr(partitioner, f"dcn_{axis}", 1) == 1 for axis in partitioning.MESH_AXES):
+    partitioner.dcn_data = num_slices

@@ -27,6 +27,7 @@ map back to (GPT-2's byte-to-character table); a SentencePiece-style token (`▁
 Longer than 300 lines with a reason: reading (a folder, a GGUF file's metadata), the bytes each
 token stands for, and writing back (a folder's tokenizer files, a GGUF file's keys) are the same
 format's two directions, and each direction must invert the other (tests compare round trips).
+seqio sees a pretrained tokenizer through data/tokenizer_vocabulary.py.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ import numpy as np
 
 from lingvo_lite import file_writes, gguf_files, input_files, paths
 from lingvo_lite.errors import UsageError
-from lingvo_lite.runtime.tensorflow_import import import_seqio
 
 FIELD = "vocabulary"
 # tokenizer.ggml.pre -> whether every Unicode number is split off first (llama.cpp's regex
@@ -306,11 +306,11 @@ def gguf_metadata(path: str, given: str) -> dict[str, Any]:
                      "truncated: copy it again") from None
 
 
-def _read_gguf(path: str, given: str) -> TokenizerFiles:
+def _gguf_bpe(meta: dict[str, Any], where: str) -> tuple[Any, list[str]]:
+  """(the `tokenizers` Tokenizer a GGUF file's byte-level BPE metadata describes, its tokens
+  without the padding past it)."""
   import tokenizers  # pylint: disable=g-import-not-at-top
   from tokenizers import decoders, models, pre_tokenizers  # pylint: disable=g-import-not-at-top
-  meta = gguf_metadata(path, given)
-  where = f"{FIELD}.path={given!r}"
   kind = meta.get("tokenizer.ggml.model")
   if kind != "gpt2":
     raise UsageError(f"{where}: tokenizer.ggml.model={kind!r} is not implemented; byte-level "
@@ -346,6 +346,13 @@ def _read_gguf(path: str, given: str) -> TokenizerFiles:
                    for token, kind_ in zip(tokens, types) if kind_ == _USER_DEFINED])
   made.add_special_tokens([tokenizers.AddedToken(token, special=True, normalized=False)
                            for token, kind_ in zip(tokens, types) if kind_ == _CONTROL])
+  return made, tokens
+
+
+def _read_gguf(path: str, given: str) -> TokenizerFiles:
+  meta = gguf_metadata(path, given)
+  where = f"{FIELD}.path={given!r}"
+  made, tokens = _gguf_bpe(meta, where)
 
   def token_id(name: str) -> int | None:
     value = meta.get(f"tokenizer.ggml.{name}_token_id")
@@ -428,65 +435,3 @@ def gguf_tokenizer(files: TokenizerFiles, vocab_size: int) -> dict[str, Any] | N
   tokens += [f"[PAD{i}]" for i in range(size, vocab_size)]
   types += [_UNUSED] * max(vocab_size - size, 0)
   return {"pre": pre_name, "tokens": tokens, "types": types, "merges": merges}
-
-
-@functools.lru_cache(maxsize=None)
-def seqio_vocabulary_class() -> type:
-  """seqio's Vocabulary over a pretrained tokenizer (made on first use: seqio imports
-  TensorFlow)."""
-  tf, seqio = import_seqio()
-
-  class TokenizerVocabulary(seqio.Vocabulary):
-    """A `TokenizerFiles` as a seqio Vocabulary: its ids, EOS, BOS and UNK, no extra ids."""
-
-    def __init__(self, files: TokenizerFiles):
-      self.files = files
-      self.tokenizer = files  # As TextVocabulary names it.
-      super().__init__(extra_ids=0)
-
-    @property
-    def eos_id(self) -> int:
-      return self.files.eos_id
-
-    @property
-    def bos_id(self) -> int | None:
-      return self.files.bos_id
-
-    @property
-    def unk_id(self) -> int | None:
-      return self.files.unk_id
-
-    @property
-    def _base_vocab_size(self) -> int:
-      return self.files.vocab_size
-
-    def _encode(self, s):
-      return self.files.encode(s)
-
-    def _decode(self, ids):
-      return self.files.decode(ids)
-
-    def _encode_tf(self, s):
-      ids = tf.numpy_function(  # `text` arrives as a 0-d array of bytes.
-          lambda text: np.asarray(self.files.encode(np.asarray(text).item()), np.int32), [s],
-          tf.int32, stateful=False)
-      ids.set_shape([None])
-      return ids
-
-    def _decode_tf(self, ids):
-      def decode_rows(array):
-        rows = array.reshape(-1, array.shape[-1]) if array.ndim else array.reshape(1, 1)
-        texts = [self.files.decode(row.tolist()).encode("utf-8") for row in rows]
-        return np.asarray(texts, dtype=object).reshape(array.shape[:-1])
-
-      texts = tf.numpy_function(decode_rows, [ids], tf.string, stateful=False)
-      texts.set_shape(ids.shape[:-1])
-      return texts
-
-    def __eq__(self, other):
-      return isinstance(other, TokenizerVocabulary) and other.files == self.files
-
-    def __hash__(self):
-      return hash(self.files)
-
-  return TokenizerVocabulary

@@ -4,8 +4,9 @@ pretrained models' tokenizers.
 A task tokenizes with raw bytes (None), an existing SentencePiece `.model` file (a path), a
 `SentencePieceModel`, which is trained from the task's training split on first use, or a
 `PretrainedTokenizer` (a Hugging Face folder's tokenizer.json or a GGUF file's tokenizer,
-data/pretrained_tokenizer.py), which seqio sees as a `TokenizerVocabulary`. The trainer of
-SentencePiece models, and their checked loading, is data/sentencepiece_training.py. Only
+data/pretrained_tokenizer.py), which seqio sees as a `TokenizerVocabulary`
+(data/tokenizer_vocabulary.py). The trainer of SentencePiece models, and their checked loading,
+is data/sentencepiece_training.py. Only
 `resolve_vocabulary`, `token_byte_lengths`, `fingerprint` and `task_texts` import seqio (and
 so TensorFlow); `vocabulary_facts` says what the first two would, without it.
 """
@@ -28,7 +29,8 @@ from lingvo_lite import paths
 from lingvo_lite.runtime import user_code
 from lingvo_lite.data import locations
 from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer, TokenizerFiles
-from lingvo_lite.data import pretrained_tokenizer, sentencepiece_training as spm_training
+from lingvo_lite.data import (pretrained_tokenizer, sentencepiece_training as spm_training,
+                              tokenizer_vocabulary)
 from lingvo_lite.data.sentencepiece_training import BYTE_VOCAB_SIZE
 from lingvo_lite.runtime.tensorflow_import import import_seqio, import_tensorflow
 from lingvo_lite.errors import DataError, UsageError, config_error, data_error_from, error_cause
@@ -68,7 +70,7 @@ def _not_a_vocabulary(vocabulary: Any) -> UsageError:
 
 
 def _tokenizer_vocabulary_class() -> type:
-  return pretrained_tokenizer.seqio_vocabulary_class()
+  return tokenizer_vocabulary.seqio_class()
 
 
 def resolve_vocabulary(vocabulary: "SentencePieceModel | str | None", task_name: str,

@@ -18,10 +18,8 @@ settings, prompt lengths within a bucket and the number of requests change no sh
 server's engine (serving/engine.py) keeps one open, adding and cancelling requests between
 rounds (continuous batching).
 
-Longer than 300 lines with a reason: resolving a request (its settings, its prompt, whether it
-fits the cache), running the slots that decode it and the batch that refills them share the
-slots' shapes, the cache length and the slot bookkeeping; split, each part would have to
-restate the others' limits.
+A request is resolved by request_resolver.py (its settings, its prompt as ids, whether it fits
+the cache), which needs no device.
 """
 
 from __future__ import annotations
@@ -38,159 +36,19 @@ from jax.sharding import Mesh
 from lingvo_lite.decode import sampling, steps as decoding
 from lingvo_lite.decode.jitted import DecodeSteps, end_token
 from lingvo_lite.decode.records import Completion
+from lingvo_lite.decode.request_resolver import RequestResolver, Resolved
 from lingvo_lite.decode.requests import Request
-from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
-
-
-class DoesNotFit(UsageError):
-  """A request longer than the decode cache holds (one line, as any UsageError).
-
-  Attributes:
-    field: The request field that must shrink: `max_new_tokens` when the prompt alone fits
-      (with room for a token), else `prompt`. A caller with other names for them (the
-      server's `max_tokens`, `messages`) names the field its client gave.
-  """
-
-  def __init__(self, message: str, field: str):
-    super().__init__(message)
-    self.field = field
-
-
-@dataclasses.dataclass(frozen=True)
-class _Resolved:
-  """A request with every setting decided and its prompt as ids."""
-
-  index: int
-  request: Request
-  prompt_ids: tuple[int, ...]
-  prompt_text: str | None
-  max_new_tokens: int
-  temperature: float
-  top_k: int
-  top_p: float
-  seed: int
-  stop: tuple[str, ...]
-
-  @property
-  def settings(self) -> dict[str, Any]:
-    return {"max_new_tokens": self.max_new_tokens, "temperature": self.temperature,
-            "top_k": self.top_k, "top_p": self.top_p, "seed": self.seed, "stop": self.stop}
 
 
 @dataclasses.dataclass
 class _Slot:
   """A request being decoded in one slot."""
 
-  job: _Resolved
+  job: Resolved
   started: float
   first_token: float
   checked: int = 0  # Completion tokens already searched for stop strings.
-
-
-class RequestResolver:
-  """Turns requests into jobs for the slots: settings from the config's `decode.*` defaults,
-  the prompt as ids, and the lengths checked against the cache. Needs no device."""
-
-  def __init__(self, setup: Setup, vocabulary: Any = None):
-    self.model = setup.model
-    self.settings = setup.decode
-    self.vocabulary = vocabulary
-    self.cache_length = self.settings.resolved_cache_length(self.model.max_length)
-
-  def resolve(self, index: int, request: Request) -> _Resolved:
-    """The request with the config's defaults filled in and its prompt as ids.
-
-    Raises:
-      UsageError: one line naming the request (its source) and the problem.
-    """
-    settings = self.settings
-    given = request.overrides()
-    where = f"{request.source}: "
-    if request.prompt is not None:
-      if self.vocabulary is None:
-        raise UsageError(f"{where}prompt: this experiment's data has no text vocabulary "
-                         "(its ids are not text); give prompt_ids (in a --prompts_file line)")
-      ids = tuple(int(i) for i in self.vocabulary.encode(request.prompt))
-      if not ids:
-        raise UsageError(f"{where}prompt={request.prompt!r}: tokenizes to no token; give "
-                         "some text")
-      text = request.prompt
-    else:
-      ids = tuple(request.prompt_ids)
-      text = self.text(ids)
-    bad = [i for i in ids if not 0 <= i < self.model.vocab_size]
-    if bad:
-      raise UsageError(f"{where}prompt_ids: token id {bad[0]} is outside the model's "
-                       f"vocabulary [0, {self.model.vocab_size}); give ids below "
-                       f"model.vocab_size={self.model.vocab_size}")
-    max_new = given.get("max_new_tokens", settings.max_new_tokens)
-    largest_bucket = settings.resolved_buckets(self.model.max_length)[-1]
-    if len(ids) > largest_bucket or len(ids) + max_new > self.cache_length:
-      prompt_fits = len(ids) <= largest_bucket and len(ids) < self.cache_length
-      raise DoesNotFit(f"{where}the prompt's {len(ids)} tokens and max_new_tokens={max_new} "
-                       f"do not fit the decode cache (decode.cache_length={self.cache_length}"
-                       f", longest prefill bucket {largest_bucket}); "
-                       + self._fit_fixes(len(ids), max_new, largest_bucket),
-                       "max_new_tokens" if prompt_fits else "prompt")
-    stop = tuple(given.get("stop", settings.stop))
-    if stop and self.vocabulary is None:
-      named = "stop" if "stop" in given else "decode.stop"
-      raise UsageError(f"{where}{named}={list(stop)!r}: stop strings are matched in the "
-                       "text, and this experiment's data has no text vocabulary; drop them "
-                       "(stop: [] in a --prompts_file line) or use max_new_tokens")
-    return _Resolved(
-        index=index, request=request, prompt_ids=ids, prompt_text=text,
-        max_new_tokens=max_new,
-        temperature=float(given.get("temperature", settings.temperature)),
-        top_k=int(given.get("top_k", settings.top_k)),
-        top_p=float(given.get("top_p", settings.top_p)),
-        seed=int(given.get("seed", settings.seed)), stop=stop)
-
-  def _fit_fixes(self, prompt_length: int, max_new: int, largest_bucket: int) -> str:
-    """The changes that would make a request fit, only those that can."""
-    fixes = []
-    longest_prompt = min(largest_bucket, self.cache_length - max_new)
-    if longest_prompt > 0:
-      fixes.append(f"shorten the prompt to at most {longest_prompt} tokens")
-    if prompt_length <= largest_bucket and self.cache_length - prompt_length > 0:
-      fixes.append(f"lower max_new_tokens to at most {self.cache_length - prompt_length}")
-    context = self.model.max_length
-    if self.cache_length < context:
-      fixes.append(f"raise --fdl.decode.cache_length (up to model.max_length={context}, the "
-                   "model's context)")
-    if prompt_length > largest_bucket and largest_bucket < self.cache_length:
-      fixes.append(f"add a prefill bucket of at least {prompt_length} "
-                   "(--fdl.decode.prefill_buckets)")
-    if not fixes:
-      fixes.append(f"shorten the prompt: the model's context is model.max_length={context}")
-    return ", or ".join(fixes)
-
-  def text(self, ids: Sequence[int]) -> str | None:
-    """The text of `ids` (None without a text vocabulary). EOS ids are dropped, not ends:
-    seqio's decode stops at the first, which would lose what follows when
-    `decode.stop_at_eos` is off."""
-    if self.vocabulary is None:
-      return None
-    eos = getattr(self.vocabulary, "eos_id", None)
-    pieces, current = [], []
-    for token in ids:
-      if token == eos:
-        pieces.append(current)
-        current = []
-      else:
-        current.append(int(token))
-    pieces.append(current)
-    return "".join(self.vocabulary.decode(piece) for piece in pieces if piece)
-
-  def completion_text(self, prompt_ids: Sequence[int], ids: Sequence[int]) -> str | None:
-    """The text `ids` add after the prompt: the text of prompt + ids past the prompt's own,
-    so a character whose bytes straddle the two, or a tokenizer's leading-space rule, comes
-    out as in the whole; the completion's own text where the prompt's is not a prefix."""
-    if self.vocabulary is None:
-      return None
-    whole, prompt = self.text(list(prompt_ids) + list(ids)), self.text(prompt_ids)
-    return whole[len(prompt):] if whole.startswith(prompt) else self.text(ids)
 
 
 class Generator:
@@ -272,7 +130,7 @@ class Generator:
       batch.end_all()
     return results
 
-  def _prefill_slots(self, chosen: list[tuple[int, _Resolved]],
+  def _prefill_slots(self, chosen: list[tuple[int, Resolved]],
                      slots: list[_Slot | None]) -> None:
     """One prefill call for the jobs of `chosen` (slot, job); times it to the first token."""
     bucket = self.settings.bucket_for(max(len(job.prompt_ids) for _, job in chosen),
@@ -369,8 +227,8 @@ class StepResult:
     running: (job, completion ids so far) for each request still in a slot.
   """
 
-  finished: list[tuple[_Resolved, Completion]]
-  running: list[tuple[_Resolved, list[int]]]
+  finished: list[tuple[Resolved, Completion]]
+  running: list[tuple[Resolved, list[int]]]
 
 
 class SlotBatch:
@@ -385,7 +243,7 @@ class SlotBatch:
 
   def __init__(self, generator: Generator):
     self.generator = generator
-    self.pending: collections.deque[_Resolved] = collections.deque()
+    self.pending: collections.deque[Resolved] = collections.deque()
     self.slots: list[_Slot | None] = [None] * generator.slots
     # Slots the host finished since the last call (a stop string, a cancel): the next call
     # marks them done on the device, so they do not run on.
@@ -395,12 +253,12 @@ class SlotBatch:
   def busy(self) -> bool:
     return bool(self.pending) or any(slot is not None for slot in self.slots)
 
-  def add(self, job: _Resolved) -> None:
+  def add(self, job: Resolved) -> None:
     """Queues a resolved request (RequestResolver.resolve); its prefill bucket must have been
     warmed, or is compiled at its first use."""
     self.pending.append(job)
 
-  def cancel(self, job: _Resolved) -> bool:
+  def cancel(self, job: Resolved) -> bool:
     """Drops `job`, waiting or in a slot (its slot is freed). False if it is not here."""
     for waiting in self.pending:
       if waiting is job:  # Identity: two requests alike are still two.

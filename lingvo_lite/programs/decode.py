@@ -23,14 +23,14 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from absl import logging
 from etils import epath
 
 from lingvo_lite import outputs
 from lingvo_lite.checkpoints import selection as checkpoint_selection
-from lingvo_lite.decode import (generator as generation, records as decode_records,
+from lingvo_lite.decode import (records as decode_records, request_resolver,
                                 requests as decode_requests)
 from lingvo_lite.errors import os_error_text
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
@@ -116,44 +116,20 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   # allocated.
   loader = ModelLoader(JobParams(setup, invocation.job_dir, shown, step,
                                  devices=invocation.target.devices))
-  checker = generation.RequestResolver(setup, loader.vocabulary)
+  checker = request_resolver.RequestResolver(setup, loader.vocabulary)
   prompt_lengths = [len(checker.resolve(index, request).prompt_ids)
                     for index, request in enumerate(requests)]
+
+  def shown_path() -> str:  # The name is chosen at the first completion (a -2 suffix, ...).
+    return "stdout" if to_stdout else str(options.decode_out
+                                          or shown / "decode" / writer.path.name)
+
   with writer:
-
-    def shown_path() -> str:  # The name is chosen at the first completion (a -2 suffix, ...).
-      return "stdout" if to_stdout else str(options.decode_out
-                                            or shown / "decode" / writer.path.name)
-
     generator = loader.load().generator  # The target is active already (the executor's).
     # Once the weights are in hand: a source that cannot be read leaves a new job dir unmade.
     record_config_where_missing(invocation)
-    in_order = _InOrder(writer)
-    with generator.activated():
-      generator.warm(prompt_lengths)  # Compiles now: the time below is decoding's.
-    started = time.perf_counter()
-    try:
-      completions = generator.generate(requests, on_completion=in_order.add,
-                                       should_stop=lambda: stop.should_stop(0))
-    except OSError as e:  # A full disk, a read-only remount, a reader that closed the pipe.
-      writer.close(succeeded=False)
-      kept = f"; the {writer.count} finished are in {shown_path()}.partial" if (
-          writer.count and not to_stdout) else ""
-      raise ProgramFailure(outputs.failed_write(f"the completions to {shown_path()}", e,
-                                                "decode again", to_stdout) + kept) from None
-    seconds = time.perf_counter() - started
-    if stop.signal_name is not None:
-      writer.close(succeeded=False)
-      where = "on stdout" if to_stdout else f"in {shown_path()}.partial"
-      kept = f"; the {writer.count} written are {where}" if writer.count else ""
-      raise ProgramFailure(f"decode stopped by {stop.signal_name} after {len(in_order.done)} "
-                           f"of {len(requests)} completions{kept}")
-    try:
-      writer.close()
-    except OSError as e:  # The final name was taken meanwhile, or the last write failed.
-      problem, fix = os_error_text(e, "rename the .partial yourself")
-      raise ProgramFailure(f"cannot name the completions {shown_path()}: {problem}; they are "
-                           f"in {shown_path()}.partial: {fix}") from None
+    completions, seconds = _generate(generator, requests, prompt_lengths, writer, stop,
+                                     shown_path, to_stdout)
   tokens = sum(len(c.completion_ids) for c in completions)
   try:
     say(f"decoded {len(completions)} prompt(s) with {loader.params.describe()}: {tokens} tokens "
@@ -162,3 +138,38 @@ def _decode(invocation: Invocation, stop: StopRequest) -> None:
   except OSError:  # Stdout carried only this message: the completions are written.
     outputs.silence_stdout()
   logging.info("decode: prefill buckets used %s", sorted(generator.compiled_prefill_buckets))
+
+
+def _generate(generator: Any, requests: list[Any], prompt_lengths: list[int],
+              writer: decode_records.CompletionWriter, stop: StopRequest,
+              shown_path: Callable[[], str], to_stdout: bool) -> tuple[list[Any], float]:
+  """(the completions, the seconds decoding took), each written as soon as those before it
+  are, the file named once all are; a failed write, or a stop, is one line keeping what was
+  finished in `.partial`."""
+  in_order = _InOrder(writer)
+  with generator.activated():
+    generator.warm(prompt_lengths)  # Compiles now: the time below is decoding's.
+  started = time.perf_counter()
+  try:
+    completions = generator.generate(requests, on_completion=in_order.add,
+                                     should_stop=lambda: stop.should_stop(0))
+  except OSError as e:  # A full disk, a read-only remount, a reader that closed the pipe.
+    writer.close(succeeded=False)
+    kept = f"; the {writer.count} finished are in {shown_path()}.partial" if (
+        writer.count and not to_stdout) else ""
+    raise ProgramFailure(outputs.failed_write(f"the completions to {shown_path()}", e,
+                                              "decode again", to_stdout) + kept) from None
+  seconds = time.perf_counter() - started
+  if stop.signal_name is not None:
+    writer.close(succeeded=False)
+    where = "on stdout" if to_stdout else f"in {shown_path()}.partial"
+    kept = f"; the {writer.count} written are {where}" if writer.count else ""
+    raise ProgramFailure(f"decode stopped by {stop.signal_name} after {len(in_order.done)} "
+                         f"of {len(requests)} completions{kept}")
+  try:
+    writer.close()
+  except OSError as e:  # The final name was taken meanwhile, or the last write failed.
+    problem, fix = os_error_text(e, "rename the .partial yourself")
+    raise ProgramFailure(f"cannot name the completions {shown_path()}: {problem}; they are "
+                         f"in {shown_path()}.partial: {fix}") from None
+  return completions, seconds

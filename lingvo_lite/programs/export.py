@@ -23,7 +23,7 @@ from typing import Any
 
 from etils import epath
 
-from lingvo_lite import file_writes, outputs, paths
+from lingvo_lite import file_writes, output_folders, outputs, paths
 from lingvo_lite.config import files as config_files
 from lingvo_lite.errors import UsageError, os_error_text, shown
 from lingvo_lite.programs import (Invocation, ProgramFailure, record_config_where_missing,
@@ -106,9 +106,9 @@ def main(invocation: Invocation) -> None:
   # Checked before the parameters are read: an earlier export of lingvo_lite's (its files
   # only) is replaced, anything else refused.
   flag = f"--export_dir={shown(options.export_dir)}"
-  output = outputs.check_folder(paths.resolve(options.export_dir, "--export_dir"), flag,
-                                export.kind, export.names + (outputs.MANIFEST,), "the export",
-                                invocation.job_dir)
+  output = output_folders.check_folder(paths.resolve(options.export_dir, "--export_dir"),
+                                       flag, export.kind, export.names + (outputs.MANIFEST,),
+                                       "the export", invocation.job_dir)
   # A LoRA job's adapters alone (peft), or its parameters with them merged (the others).
   params, what = (opened.load_adapters() if getattr(export, "reads_adapters", False)
                   else opened.load())
@@ -141,9 +141,10 @@ def _write_manifest(folder: epath.Path, kind: str, shown_job: epath.Path, step: 
 
 
 def _write_folder(output: Any, write: Any, flag: str, export_dir: str) -> bool:
-  """outputs.write_folder, a failed write one line naming the file (nothing is left there)."""
+  """output_folders.write_folder, a failed write one line naming the file (nothing is left
+  there)."""
   try:
-    return outputs.write_folder(output, write)
+    return output_folders.write_folder(output, write)
   except OSError as e:
     problem, fix = os_error_text(e, "export again")
     raise ProgramFailure(f"{flag}: cannot write {_failed_file(e, output.path, export_dir)}: "

@@ -39,7 +39,7 @@ class QueueFull(RuntimeError):
 class Ticket:
   """One request given to the engine; the handle to cancel it."""
 
-  job: Any  # The resolved request (decode/generator._Resolved).
+  job: Any  # The resolved request (decode/request_resolver.Resolved).
   on_tokens: Callable[[list[int]], None] | None
   on_done: Callable[[Any], None]
   on_error: Callable[[str], None]

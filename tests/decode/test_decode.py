@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from lingvo_lite import testing
-from lingvo_lite.decode import generator as generation, steps as decoding
+from lingvo_lite.decode import (generator as generation, request_resolver, steps as
+                                decoding)
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
@@ -277,7 +278,7 @@ class _Bytes:
 
 def test_completion_text_keeps_what_follows_an_eos_and_characters_across_the_prompt():
   setup = testing.synthetic_tiny_setup("PyCodeTiny", *DECODE_SETS)
-  resolver = generation.RequestResolver(setup, _Bytes())
+  resolver = request_resolver.RequestResolver(setup, _Bytes())
   vocab = _Bytes()
   # decode.stop_at_eos=False lets a completion run past EOS: its text keeps what follows.
   assert resolver.text(vocab.encode("ab") + [1] + vocab.encode("cd")) == "abcd"
@@ -289,7 +290,7 @@ def test_completion_text_keeps_what_follows_an_eos_and_characters_across_the_pro
 
 def test_stop_strings_without_a_text_vocabulary_are_one_line():
   setup = testing.synthetic_tiny_setup("PyCodeTiny", *DECODE_SETS)
-  resolver = generation.RequestResolver(setup, None)
+  resolver = request_resolver.RequestResolver(setup, None)
   with pytest.raises(UsageError, match=r"r: stop=\['x'\]: stop strings are matched in the "
                      r"text, and this experiment's data has no text vocabulary"):
     resolver.resolve(0, Request(source="r", prompt_ids=(5, 6), stop=("x",)))

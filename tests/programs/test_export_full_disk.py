@@ -2,7 +2,7 @@
 file that could not be written and ENOSPC, exit 1, and leaves nothing behind: no partial
 export, no staging folder, an earlier export byte for byte as it was, no job dir made, the
 weights untouched. Every format (hf, gguf, slim) fails alike; the export writes through
-outputs.write_folder, the training side's writer of whole folders.
+output_folders.write_folder, the training side's writer of whole folders.
 
 The model: a tiny Llama's Hugging Face folder (tests/weights/tiny_weights.py) that a new job
 dir exports (--init_from): nothing to train. The cases run in this process where the disk is

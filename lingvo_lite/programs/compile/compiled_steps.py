@@ -31,7 +31,7 @@ import jax
 from etils import epath
 from jax.experimental import serialize_executable
 
-from lingvo_lite import outputs, paths, target as targets
+from lingvo_lite import output_folders, outputs, paths, target as targets
 from lingvo_lite.errors import UsageError, shown
 from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.compile.aot import CompileResult
@@ -139,11 +139,11 @@ def manifest(jitted: JittedSteps, trees: _StepTrees | None = None) -> dict[str, 
 
 
 def check_out_path(value: str | None,
-                   job_dir: epath.Path | None = None) -> outputs.FolderOutput | None:
+                   job_dir: epath.Path | None = None) -> output_folders.FolderOutput | None:
   """The --compiled_step_out folder, refused before compiling where the step cannot go there:
   a file, a place where no folder can be created, a folder with anything but a compiled step
   lingvo_lite wrote (that one is replaced), or inside a job's checkpoints (lingvo_lite/
-  outputs.py)."""
+  output_folders.py)."""
   if value is None:
     return None
   flag = f"--compiled_step_out={shown(value)}"
@@ -151,14 +151,14 @@ def check_out_path(value: str | None,
     raise UsageError(f"{flag}: empty; give a folder for the compiled step, e.g. "
                      "--compiled_step_out=runs/step")
   path = paths.resolve(value, "--compiled_step_out")
-  return outputs.check_folder(path, flag, KIND, (MANIFEST, EXECUTABLE), "the compiled step",
-                              job_dir)
+  return output_folders.check_folder(path, flag, KIND, (MANIFEST, EXECUTABLE),
+                                     "the compiled step", job_dir)
 
 
-def save(output: outputs.FolderOutput, result: CompileResult) -> bool:
+def save(output: output_folders.FolderOutput, result: CompileResult) -> bool:
   """Writes the executable and its manifest into a new folder, renamed into place whole
-  (outputs.write_folder): over an earlier compiled step lingvo_lite wrote there, never over
-  anything else. The manifest names the executable's checksum, so a copy that lost a file is
+  (output_folders.write_folder): over an earlier compiled step lingvo_lite wrote there, never
+  over anything else. The manifest names the executable's checksum, so a copy that lost a file is
   refused on load.
 
   Returns:
@@ -176,7 +176,7 @@ def save(output: outputs.FolderOutput, result: CompileResult) -> bool:
     (folder / EXECUTABLE).write_bytes(serialized)
     (folder / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
 
-  return outputs.write_folder(output, write)
+  return output_folders.write_folder(output, write)
 
 
 def _differences(saved: Any, current: Any, where: str) -> list[tuple[str, Any, Any]]:

@@ -127,44 +127,56 @@ def find_largest(measure: Callable[[int], dict[str, Any]], compiles: dict[int, d
   if not measure(1)["fits"]:
     return 0, None, smallest_does_not_fit
 
-  def bounds() -> tuple[int, int | None]:
-    fitting = max(k for k, c in compiles.items() if c["fits"])
-    failing = min((k for k, c in compiles.items() if not c["fits"]), default=None)
-    return fitting, failing
-
-  fitting, failing = bounds()
+  fitting, failing = _bounds(compiles)
   line = None
   crept = False  # The last prediction fit without closing the boundary.
   while (failing is None or failing > fitting + 1) and len(compiles) < MAX_COMPILES:
-    if failing is not None:  # The line through the two measurements around the boundary.
-      k1, k2 = fitting, failing
-    else:
-      k1, k2 = sorted(compiles)[-2:]
-    y1, y2 = compiles[k1]["bytes"], compiles[k2]["bytes"]
-    slope = (y2 - y1) / (k2 - k1)
-    if slope > 0:
-      line = {"bytes_at_zero": y1 - slope * k1, "bytes_per_unit": slope}
-      # The least memory any compile was given: XLA:TPU's own limit (15.75 of a v5e's
-      # 16 GiB) comes with the first compile it refuses.
-      available = min(c["available"] for c in compiles.values())
-      guess = int((available - line["bytes_at_zero"]) // slope)
-    else:  # Tiny batches are all fixed cost: step out until memory grows.
-      guess = fitting * 4
-    high = failing if failing is not None else max(guess + 2, fitting * 2)
-    guess = min(max(guess, fitting + 1), high - 1)
-    bisect = guess in compiles or crept
-    if bisect:
-      # Where the line misleads (XLA's choices change with the shape) its predictions creep
-      # a unit or two a compile: after one that fit without closing the boundary, halve.
-      guess = (fitting + high) // 2
+    guess, slope, fitted, bisect = _next_guess(compiles, fitting, failing, crept)
+    line = fitted or line
     fits = measure(guess)["fits"]
     if fits and slope > 0 and guess + 1 not in compiles and (
         failing is None or guess + 1 < failing):
       fits = measure(guess + 1)["fits"]  # The prediction and one step beyond it.
     crept = not bisect and fits and failing is not None
-    fitting, failing = bounds()
+    fitting, failing = _bounds(compiles)
   note = "" if failing == fitting + 1 else f"boundary not closed after {len(compiles)} compiles"
   return fitting, line, note
+
+
+def _bounds(compiles: dict[int, dict[str, Any]]) -> tuple[int, int | None]:
+  """(the largest k that fits, the smallest that does not or None) of the compiles so far."""
+  fitting = max(k for k, c in compiles.items() if c["fits"])
+  failing = min((k for k, c in compiles.items() if not c["fits"]), default=None)
+  return fitting, failing
+
+
+def _next_guess(compiles: dict[int, dict[str, Any]], fitting: int, failing: int | None,
+                crept: bool) -> tuple[int, float, dict[str, float] | None, bool]:
+  """(the k to compile next, the slope of the line through two measurements, that line where
+  memory grows with k (else None), whether k halves the interval instead of following it)."""
+  if failing is not None:  # The line through the two measurements around the boundary.
+    k1, k2 = fitting, failing
+  else:
+    k1, k2 = sorted(compiles)[-2:]
+  y1, y2 = compiles[k1]["bytes"], compiles[k2]["bytes"]
+  slope = (y2 - y1) / (k2 - k1)
+  line = None
+  if slope > 0:
+    line = {"bytes_at_zero": y1 - slope * k1, "bytes_per_unit": slope}
+    # The least memory any compile was given: XLA:TPU's own limit (15.75 of a v5e's
+    # 16 GiB) comes with the first compile it refuses.
+    available = min(c["available"] for c in compiles.values())
+    guess = int((available - line["bytes_at_zero"]) // slope)
+  else:  # Tiny batches are all fixed cost: step out until memory grows.
+    guess = fitting * 4
+  high = failing if failing is not None else max(guess + 2, fitting * 2)
+  guess = min(max(guess, fitting + 1), high - 1)
+  bisect = guess in compiles or crept
+  if bisect:
+    # Where the line misleads (XLA's choices change with the shape) its predictions creep
+    # a unit or two a compile: after one that fit without closing the boundary, halve.
+    guess = (fitting + high) // 2
+  return guess, slope, line, bisect
 
 
 def _finish(setup: Setup, unit: int, compiles: dict[int, dict[str, Any]], best: int | None,

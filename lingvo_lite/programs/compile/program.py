@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from etils import epath
 
-from lingvo_lite import outputs, paths, target as targets, topologies
+from lingvo_lite import output_folders, outputs, paths, target as targets, topologies
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure, recorded_config, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
@@ -153,7 +153,7 @@ def _print_report(text: str) -> OSError | None:
   return None
 
 
-def _write_outputs(invocation: Invocation, step_out: outputs.FolderOutput | None,
+def _write_outputs(invocation: Invocation, step_out: output_folders.FolderOutput | None,
                    result: aot.CompileResult, report: dict, text: str, fits: bool) -> None:
   """The saved step (of a step that fits), then JOB/compile/report.{json,txt}: a step folder
   that fails leaves the job's report as it was, and a failed report removes the folder it

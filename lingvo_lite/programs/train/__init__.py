@@ -146,14 +146,8 @@ def run(setup: Setup, job_dir: epath.Path,
     TrainingFailure: a non-finite loss or state, or a failed save (one-line message).
     UsageError: the saved step was compiled for something else.
   """
-  # A LoRA job's base is frozen: it may be held in int8 (QLoRA).
-  setup.model.check_quantization("model", training=setup.train.lora is None)
-  memory_fit.check_fits(setup)  # Before anything is allocated or written.
   is_chief = jax.process_index() == 0
-  jitted = JittedSteps(setup)
-  if compiled_step_in is not None:
-    from lingvo_lite.programs.compile import compiled_steps  # pylint: disable=g-import-not-at-top
-    jitted.train_step = compiled_steps.load(compiled_step_in, jitted)
+  jitted = _jitted_steps(setup, compiled_step_in)
   # Before anything is made in the job dir: a source that cannot be read leaves it as it was.
   frozen = _frozen(jitted)
   warm_start = _warm_start(jitted, job_dir)
@@ -172,20 +166,8 @@ def run(setup: Setup, job_dir: epath.Path,
       state, start = _restore_or_init(jitted, checkpointer, start, job_dir, say, warm_start,
                                       frozen)
       checkpointer.clean_up_for_training(start)
-      try:
-        outputs = RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
-                              eval_sets=list(setup.eval_sets), jitted=jitted,
-                              command_line=command_line, initialized_from=initialized_from)
-      except OutputWriteError as e:
-        raise TrainingFailure(f"{e}; {write_advice(e.errno)}") from e
-      # The health of the steps saved so far: from the rows of the verified checkpoints.
-      health = checkpoint_health.TrainingHealth(
-          summaries.read_rows(job_dir / "metrics.jsonl", lambda step: step <= start)
-          if is_chief and not job_is_new else ())
-    # The outputs a checkpoint covers are kept the moment it is verified, on every path; and
-    # retention keeps the step a diverged run would be told to resume from.
-    checkpointer.on_verified = outputs.commit
-    checkpointer.also_keep = health.newest_healthy
+      outputs, health = _run_files(jitted, checkpointer, job_dir, start, job_is_new,
+                                   record_config, command_line, initialized_from)
     try:
       throughput = _start_meter(setup, jitted, state, start, watchdog, say, cache_folder)
       loop = TrainLoop(setup=setup, jitted=jitted, checkpointer=checkpointer, outputs=outputs,
@@ -199,6 +181,43 @@ def run(setup: Setup, job_dir: epath.Path,
       outputs.rollback()  # An internal error or an interrupt: it goes on as it is.
       raise
   return result
+
+
+def _jitted_steps(setup: Setup, compiled_step_in: str | None) -> JittedSteps:
+  """The jitted steps, checked to fit before anything is allocated or written; the train step
+  a `--mode=compile --compiled_step_out` folder holds where one is given."""
+  # A LoRA job's base is frozen: it may be held in int8 (QLoRA).
+  setup.model.check_quantization("model", training=setup.train.lora is None)
+  memory_fit.check_fits(setup)  # Before anything is allocated or written.
+  jitted = JittedSteps(setup)
+  if compiled_step_in is not None:
+    from lingvo_lite.programs.compile import compiled_steps  # pylint: disable=g-import-not-at-top
+    jitted.train_step = compiled_steps.load(compiled_step_in, jitted)
+  return jitted
+
+
+def _run_files(jitted: JittedSteps, checkpointer: Checkpointer, job_dir: epath.Path, start: int,
+               job_is_new: bool, record_config: Callable[[], None],
+               command_line: Sequence[str] | None, initialized_from: str | None
+               ) -> tuple[RunOutputs, checkpoint_health.TrainingHealth]:
+  """What the run writes besides checkpoints (run_outputs.py), from `start`, and the health of
+  the steps saved so far, read from the rows of the verified checkpoints; both tied to the
+  checkpoints as they are verified."""
+  is_chief = jax.process_index() == 0
+  try:
+    outputs = RunOutputs(job_dir, start, job_is_new, record_config, enabled=is_chief,
+                         eval_sets=list(jitted.setup.eval_sets), jitted=jitted,
+                         command_line=command_line, initialized_from=initialized_from)
+  except OutputWriteError as e:
+    raise TrainingFailure(f"{e}; {write_advice(e.errno)}") from e
+  health = checkpoint_health.TrainingHealth(
+      summaries.read_rows(job_dir / "metrics.jsonl", lambda step: step <= start)
+      if is_chief and not job_is_new else ())
+  # The outputs a checkpoint covers are kept the moment it is verified, on every path; and
+  # retention keeps the step a diverged run would be told to resume from.
+  checkpointer.on_verified = outputs.commit
+  checkpointer.also_keep = health.newest_healthy
+  return outputs, health
 
 
 def _frozen(jitted: JittedSteps) -> tuple[Any, str] | None:
