@@ -20,9 +20,11 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# pylint: disable=wrong-import-position
+from bench import timed_steps
+# pylint: enable=wrong-import-position
 
 
 def _args() -> argparse.Namespace:
@@ -58,16 +60,7 @@ def _step(experiment: str, sets: list[str]):
   gradients = jax.jit(lambda params: jax.grad(
       lambda p: lm.loss_sums(Forward(setup.model), p, batch, 0.0, tokens), has_aux=True)(
           params)[0])
-
-  def run(num_steps: int) -> float:
-    nonlocal state
-    with jitted.activated():
-      started = time.perf_counter()
-      for _ in range(num_steps):
-        state, metrics = jitted.train_step(state, batch)
-      jax.block_until_ready(metrics["loss"])
-    return (time.perf_counter() - started) / num_steps
-  return run, initial, gradients
+  return timed_steps.timed_train_steps(jitted, state, batch), initial, gradients
 
 
 def main() -> None:

@@ -50,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bench import timed_steps
 from bench.reference_step import Shapes, make_reference
 from lingvo_lite import executor, mfu
 from lingvo_lite.on_mesh.jitted import JittedSteps
@@ -62,16 +63,7 @@ def _lingvo_step(experiment: str, sets: list[str]):
   with jitted.activated():
     state = jitted.init_state()
     batch = jitted.global_batch(setup.train_data.batch(0))
-
-  def run(num_steps: int) -> float:
-    nonlocal state
-    with jitted.activated():
-      started = time.perf_counter()
-      for _ in range(num_steps):
-        state, metrics = jitted.train_step(state, batch)
-      jax.block_until_ready(metrics["loss"])
-    return (time.perf_counter() - started) / num_steps
-  return setup, jitted, run
+  return setup, jitted, timed_steps.timed_train_steps(jitted, state, batch)
 
 
 def _reference_shardings(mesh, shapes: Shapes, params, opt_state, mesh_kind: str):

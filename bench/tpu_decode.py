@@ -93,6 +93,19 @@ def _timed(function) -> float:
   return time.perf_counter() - started
 
 
+def prefilled(steps: DecodeSteps, params, batch: int, prompt_length: int, cache_length: int):
+  """The decode state with every slot holding a random prompt of `prompt_length` tokens,
+  greedy, allowed to run to the end of its cache."""
+  prompts = np.random.default_rng(0).integers(17, steps.model.vocab_size,
+                                              (batch, prompt_length))
+  lengths = np.full((batch,), prompt_length, np.int32)
+  sampling = decoding.sampling.sampling_params(batch, temperature=[0.0] * batch)
+  seeds = np.stack([decoding.key_data(seed) for seed in range(batch)])
+  with steps.activated():
+    return steps.prefill(params, steps.empty_state(), prompts, lengths, np.ones(batch, bool),
+                         np.full((batch,), cache_length - 1, np.int32), sampling, seeds)
+
+
 # model.scan_layers of each layout.
 LAYOUTS = {"unrolled": False, "scanned": True}
 
@@ -116,14 +129,9 @@ def measure(shape: str, batch: int, layout: str, attention: str, prompt_length: 
   started = time.perf_counter()
   generate = steps.lower_generate().compile()
   compile_s = time.perf_counter() - started
-  prompts = np.random.default_rng(0).integers(17, model.vocab_size, (batch, prompt_length))
-  lengths = np.full((batch,), prompt_length, np.int32)
-  sampling = decoding.sampling.sampling_params(batch, temperature=[0.0] * batch)
-  seeds = np.stack([decoding.key_data(seed) for seed in range(batch)])
+  state = prefilled(steps, params, batch, prompt_length, cache_length)
   finished = jnp.zeros((batch,), bool)
   with steps.activated():
-    state = steps.prefill(params, steps.empty_state(), prompts, lengths, np.ones(batch, bool),
-                          np.full((batch,), cache_length - 1, np.int32), sampling, seeds)
     state = generate(params, state, jnp.int32(warm), finished)
     state.tokens.block_until_ready()
     started = time.perf_counter()

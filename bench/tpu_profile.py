@@ -35,11 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bench import tpu_decode
 from lingvo_lite import executor
-from lingvo_lite.decode import steps as decoding
 from lingvo_lite.decode.jitted import DecodeSteps
 from lingvo_lite.training.jitted import JittedSteps
 # pylint: enable=wrong-import-position
@@ -96,17 +94,9 @@ def _decode_calls(args: argparse.Namespace):
   params = steps.decode_form(jax.jit(setup.model.init)(
       jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"])
   generate = steps.lower_generate().compile()
-  batch = args.batch
-  prompts = np.random.default_rng(0).integers(17, setup.model.vocab_size,
-                                              (batch, args.prompt_length))
-  lengths = np.full((batch,), args.prompt_length, np.int32)
-  sampling = decoding.sampling.sampling_params(batch, temperature=[0.0] * batch)
-  seeds = np.stack([decoding.key_data(seed) for seed in range(batch)])
-  finished = jnp.zeros((batch,), bool)
-  with steps.activated():
-    state = steps.prefill(params, steps.empty_state(), prompts, lengths, np.ones(batch, bool),
-                          np.full((batch,), cache_length - 1, np.int32), sampling, seeds)
-  holder = {"state": state}
+  finished = jnp.zeros((args.batch,), bool)
+  holder = {"state": tpu_decode.prefilled(steps, params, args.batch, args.prompt_length,
+                                          cache_length)}
 
   def call():
     with steps.activated():

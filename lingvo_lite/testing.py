@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import io
 import os
 import pathlib
@@ -110,19 +109,6 @@ def override_directives(args: Sequence[str]) -> list[overrides.Directive]:
     return list(executor.override_log().directives)
   finally:
     flags.FLAGS.unparse_flags()
-
-def tree_digest(root: str | os.PathLike) -> str:
-  """SHA-256 over every path, file size and file content under `root`."""
-  digest = hashlib.sha256()
-  for directory, subdirectories, files in os.walk(root):
-    subdirectories.sort()
-    for name in sorted(files) + sorted(subdirectories):
-      path = os.path.join(directory, name)
-      digest.update(os.path.relpath(path, root).encode() + b"\0")
-      if os.path.isfile(path):
-        with open(path, "rb") as f:
-          digest.update(f.read())
-  return digest.hexdigest()
 
 # What a fresh clone needs to run the README's commands (bin/demo.sh, `python -m lingvo_lite`,
 # bench/step_bench.py). Under `bazel test` each of these must be in the test's runfiles: the

@@ -1,5 +1,13 @@
 """`py_pytest_test`: a py_test that runs pytest on one test file."""
 
+# What a test that runs `python -m lingvo_lite`'s programs in its own process
+# (`lingvo_lite.testing.run_cli`) on the registered experiments imports.
+CLI_DEPS = [
+    "//experiments",
+    "//lingvo_lite:main",
+    "//lingvo_lite:testing",
+]
+
 def py_pytest_test(name, src = None, deps = [], args = [], data = [], **kwargs):
     """One test file, run by pytest (so fixtures, parametrize and markers work as usual), with
     tests/conftest.py.
@@ -27,4 +35,13 @@ def py_pytest_test(name, src = None, deps = [], args = [], data = [], **kwargs):
         # tests/conftest.py: the caches every test process shares (standard library only).
         deps = deps + ["//tests:conftest"],
         **kwargs
+    )
+
+def python_files():
+    """This package's Python files as the filegroup `python_files`, for //tests:test_house (its
+    function rule reads every test file)."""
+    native.filegroup(
+        name = "python_files",
+        srcs = native.glob(["*.py"]),
+        visibility = ["//tests:__pkg__"],
     )

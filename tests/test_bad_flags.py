@@ -16,7 +16,8 @@ from lingvo_lite import executor  # pylint: disable=unused-import  # Defines the
 from lingvo_lite.config import files as config_files
 from lingvo_lite.models.gptj import GptJ
 from lingvo_lite.runtime import supervisor
-from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.testing import run_cli, source_root
+from tests.trained_jobs import tree_digest
 
 PRINT = ["--mode=print", "--exp=PyCodeTiny"]
 TRAIN = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data", "--job_log_dir=job"]

@@ -17,7 +17,8 @@ import pytest
 from experiments.lm import architectures
 from lingvo_lite import paths, target
 from lingvo_lite.errors import UsageError
-from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.testing import run_cli, source_root
+from tests.trained_jobs import tree_digest
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Callable
 import pytest
 
 from lingvo_lite.data import sentencepiece_training, store_build, token_store
-from lingvo_lite.testing import tree_digest
 from tests.data import chat_tokenizers
+from tests.trained_jobs import tree_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

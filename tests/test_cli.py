@@ -11,7 +11,8 @@ import time
 import pytest
 
 from lingvo_lite.config import files as config_files, overrides, registry
-from lingvo_lite.testing import override_directives, tree_digest
+from lingvo_lite.testing import override_directives
+from tests.trained_jobs import tree_digest
 from etils import epath
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny"]

@@ -13,6 +13,7 @@ the first run of each model, batch and optimizer setting compiles.
 import functools
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -29,7 +30,8 @@ from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.programs.train import failures
 from lingvo_lite.runtime import small_disk, summaries
-from lingvo_lite.testing import Terminal, run_cli, source_root, tree_digest
+from lingvo_lite.testing import Terminal, run_cli, source_root
+from tests.trained_jobs import tree_digest
 
 ROOT = str(source_root())
 BASE = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
@@ -586,16 +588,22 @@ def _as_before_step_records(step_dir):
   record.write_text(json.dumps(json.loads(record.read_text())["files"]))
 
 
-def test_a_step_folder_holding_another_step_is_refused_and_the_advice_skips_damaged_ones(
-    tmp_path, cache, trained_job):
-  job = _copy_job(trained_job, tmp_path / "job")
+def _copies_of_step_2(job: pathlib.Path) -> pathlib.Path:
+  """A user's copies of step 2 over steps 6 and 4 of `job`: as 6 (its checksums say step 2),
+  and as 4 with checksums as code before this check wrote them (no step: only its state's step
+  counter tells). Returns the checkpoints folder."""
   checkpoints = job / "checkpoints"
-  # A user's copies of step 2: as 6 (its checksums say step 2), and as 4 with checksums as
-  # code before this check wrote them (no step: only its state's step counter tells).
   for step in ("6", "4"):
     shutil.rmtree(checkpoints / step)
     shutil.copytree(checkpoints / "2", checkpoints / step)
   _as_before_step_records(checkpoints / "4")
+  return checkpoints
+
+
+def test_a_step_folder_holding_another_step_is_refused_and_the_advice_skips_damaged_ones(
+    tmp_path, cache, trained_job):
+  job = _copy_job(trained_job, tmp_path / "job")
+  checkpoints = _copies_of_step_2(job)
   before = tree_digest(job)
   result = _run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=6")
   assert result.returncode == 2, (result.returncode, result.stderr[-3000:])
@@ -626,11 +634,7 @@ def test_the_advice_after_a_divergence_names_no_damaged_step(tmp_path, trained_j
   # Healthy by the rows, steps 6 and 4 are copies of step 2's folder (6 with checksums that
   # say so, 4 with checksums from before they named their step): step 2 is the one to name.
   job = _copy_job(trained_job, tmp_path / "job")
-  checkpoints = job / "checkpoints"
-  for step in ("6", "4"):
-    shutil.rmtree(checkpoints / step)
-    shutil.copytree(checkpoints / "2", checkpoints / step)
-  _as_before_step_records(checkpoints / "4")
+  checkpoints = _copies_of_step_2(job)
   rows = [{"step": step, "loss": 2.0} for step in range(1, 8)] + [{"step": 8, "loss": 1e9}]
   checkpointer = Checkpointer(epath.Path(checkpoints), CheckpointSettings(), create=False)
   advice = failures.resume_advice(checkpointer, health.TrainingHealth(rows), checkpoints)

@@ -15,7 +15,8 @@ from experiments.lm import architectures
 from lingvo_lite import memory_fit
 from lingvo_lite.errors import UsageError
 from lingvo_lite.partitioning import Partitioner
-from lingvo_lite.testing import run_cli, synthetic_tiny_setup, tree_digest
+from lingvo_lite.testing import run_cli, synthetic_tiny_setup
+from tests.trained_jobs import tree_digest
 
 _FAMILIES = {"gptj": architectures.gptj, "llama": architectures.llama,
              "gpt2": architectures.gpt2}

@@ -14,7 +14,7 @@ from etils import epath
 from lingvo_lite import output_folders, outputs
 from lingvo_lite.decode.records import CompletionWriter
 from lingvo_lite.errors import OutputFailure, UsageError, os_error_text
-from lingvo_lite.testing import tree_digest
+from tests.trained_jobs import tree_digest
 
 FILES = ("manifest.json", "executable.bin")
 OWN = '{"schema": "lingvo_lite.compiled_step/1"}'

@@ -25,9 +25,10 @@ import pytest
 
 from lingvo_lite import input_files, outputs
 from lingvo_lite.errors import UsageError
-from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.testing import run_cli, source_root
 from lingvo_lite.weights import slim_weights
 from tests.weights import tiny_weights
+from tests.trained_jobs import tree_digest
 
 FIFO = "is a FIFO (named pipe), not a regular file (reading it could wait or run for ever)"
 UNWRITTEN = "is a FIFO (named pipe) that no program is writing to (reading it would wait for ever)"

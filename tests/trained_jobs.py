@@ -164,8 +164,8 @@ def copy_workdir(prepared: Prepared, destination: pathlib.Path) -> pathlib.Path:
 
 
 def tree_digest(root: pathlib.Path) -> str:
-  """SHA-256 over every path and file content under `root` (as lingvo_lite.testing's, which
-  this module cannot import)."""
+  """SHA-256 over every path and file content under `root` (a job dir before and after a run
+  that must not touch it, too)."""
   digest = hashlib.sha256()
   for directory, subdirectories, files in os.walk(root):
     subdirectories.sort()

@@ -58,40 +58,11 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
 `tests/models/test_family.py` imports every module of this package and runs each registered
 family through the interface, so a new family's module is covered there without an edit.
 
-The decode cache, and how to give a family another one
--------------------------------------------------------
-Decode code (`lingvo_lite/decode/`) holds the cache as an opaque pytree in its state, shards it
-by `cache_logical_specs()` and changes it only through the family:
-
-  empty_cache(slots, cache_length)      a fresh cache for `slots` requests, each of which may
-                                        reach position cache_length - 1
-  cache_logical_specs()                 the same pytree of PartitionSpecs of logical axes
-  cache_shapes(slots, cache_length)     its arrays as `ArrayShape`s; `cache_bytes` counts
-                                        them (whole, or one device's shard: the decode memory
-                                        check and the decode compile report)
-  prefill(params, tokens, lengths, cache, insert)
-                                        tokens [slots, bucket] (prompts from index 0, padded),
-                                        lengths [slots]: the prompts' logits at lengths - 1
-                                        [slots, 1, vocab], and the cache with the prompts of
-                                        the slots `insert` (bool [slots]) names written; other
-                                        slots keep theirs
-  extend(params, tokens, positions, cache)
-                                        one step: each slot's token [slots, 1] at its position
-                                        [slots, 1]; returns (logits [slots, 1, vocab], the
-                                        cache with its keys and values written)
-
-`TransformerLM` implements them with `models/kv_cache.py` over its layers' attention kinds
-(models/transformer_layers.py: a full layer keeps position p of a slot at entry p, a sliding
-layer a ring of min(window, cache_length) entries) and attention that writes, then reads, the
-cache (`layers.Attention._cached_attention`, which gets a `layers.Context`: this layer's keys
-and values [slots, kv_heads, entries, head_dim], or a stack of layers' with the layer's
-index). A sliding window is such a kind, not a family's own cache (Mistral sets every layer
-"sliding", Gemma 3 five of six). A family with another cache overrides the attention's hooks
-in its own module (`attention_module()` returns its subclass of `layers.Attention` and its
-further fields' values; the subclass overrides `sliding_window()` for training and prefill,
-`_cache_entry(positions, entries)`, `_cache_mask(positions, entries)` and, for the TPU's
-decode kernel, `_cache_prefix(positions, entries)` for decoding, never the paths), and the cache methods above where its entries differ; `attention_flops_per_token`
-and `decode_attention_flops` count what it attends to.
+The decode cache: decode code (`lingvo_lite/decode/`) holds it as an opaque pytree and changes
+it only through the family's `empty_cache`, `cache_logical_specs`, `cache_shapes` /
+`cache_bytes`, `prefill` and `extend` (each method's docstring is its contract); docs/DESIGN.md
+("The decode cache, and how to give a family another one") says how `TransformerLM` implements
+them and how a family with another cache overrides the attention's hooks.
 
 Longer than 300 lines with a reason: it is the whole interface a family implements, with the
 contract of each method beside it; the docstrings are most of its length.
@@ -172,6 +143,9 @@ class LanguageModel(nn.Module):
   # The settings of its `quantization` field it implements (models/quantization.py): none
   # for a family without the field.
   quantizations: ClassVar[tuple[str, ...]] = ()
+  # The collections its layers sow statistics into in a forward pass (a mixture of experts'
+  # routing), which `logits_and_losses` keeps for `auxiliary_and_statistics`.
+  sown_collections: ClassVar[tuple[str, ...]] = ()
 
   @classmethod
   def former_defaults(cls, arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -275,10 +249,23 @@ class LanguageModel(nn.Module):
     training step adds to its mean token loss, already weighted by the family's coefficients
     (a float32 scalar), the scalar statistics to log beside the loss by name). By default
     the plain logits, no auxiliary objective and nothing to log. `adapters`: a LoRA model's
-    adapters over `params` (models/lora.py); `rngs`: their dropout's keys."""
-    logits = self.apply(self.variables_of(params, adapters), tokens, segment_ids, positions,
-                        rngs=rngs)
-    return logits, jnp.zeros((), jnp.float32), {}
+    adapters over `params` (models/lora.py); `rngs`: their dropout's keys. A family whose
+    layers sow statistics names their collections (`sown_collections`) and reads them
+    (`auxiliary_and_statistics`)."""
+    variables = self.variables_of(params, adapters)
+    if not self.sown_collections:
+      logits = self.apply(variables, tokens, segment_ids, positions, rngs=rngs)
+      return logits, *self.auxiliary_and_statistics({})
+    logits, sown = self.apply(variables, tokens, segment_ids, positions, rngs=rngs,
+                              mutable=list(self.sown_collections))
+    return logits, *self.auxiliary_and_statistics(sown)
+
+  @nn.nowrap
+  def auxiliary_and_statistics(self, sown: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(the auxiliary objective, the statistics by name) from what the forward pass sowed
+    into `sown_collections`: none and nothing by default."""
+    del sown
+    return jnp.zeros((), jnp.float32), {}
 
   @staticmethod
   def variables_of(params: Any, adapters: Any = None) -> dict[str, Any]:

@@ -32,7 +32,7 @@ What the family interface asks, answered for experts:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, ClassVar, Literal, Mapping
 
 import flax.linen as nn
 import jax
@@ -90,6 +90,9 @@ class MoeTransformerLM(TransformerLM):
   shared_expert_mlp_dim: NonNegativeInt = 0
   load_balance_coefficient: Annotated[NonNegativeFloat, TRAINING] = 0.01
   router_z_loss_coefficient: Annotated[NonNegativeFloat, TRAINING] = 0.0
+
+  # The routers' statistics (models/moe.py), for `auxiliary_and_statistics`.
+  sown_collections: ClassVar[tuple[str, ...]] = (moe.STATISTICS,)
 
   @property
   def resolved_expert_mlp_dim(self) -> int:
@@ -208,16 +211,12 @@ class MoeTransformerLM(TransformerLM):
   # ---------------------------------------------------------------------------- objective
 
   @nn.nowrap
-  def logits_and_losses(self, params: Any, tokens: jax.Array,
-                        segment_ids: jax.Array | None = None,
-                        positions: jax.Array | None = None, adapters: Any = None,
-                        rngs: dict[str, jax.Array] | None = None
-                        ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-    logits, state = self.apply(self.variables_of(params, adapters), tokens, segment_ids,
-                               positions, rngs=rngs, mutable=[moe.STATISTICS])
-    sown = layer_statistics(state.get(moe.STATISTICS, {}))
+  def auxiliary_and_statistics(self, sown: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The routers' balance and z-losses, weighted by their coefficients, and the routing's
+    statistics by name (each layer's sown rows averaged)."""
+    sown = layer_statistics(sown.get(moe.STATISTICS, {}))
     if not sown:
-      return logits, jnp.zeros((), jnp.float32), {}
+      return jnp.zeros((), jnp.float32), {}
     means = {name: jnp.mean(values, axis=0) for name, values in sown.items()}
     auxiliary = (self.load_balance_coefficient * means["load_balance"]
                  + self.router_z_loss_coefficient * means["router_z"])
@@ -225,7 +224,7 @@ class MoeTransformerLM(TransformerLM):
                   "moe_router_z": means["router_z"], "moe_dropped": means["dropped"]}
     statistics.update({f"{EXPERT_FRACTION}{index:03d}": share
                        for index, share in enumerate(means["expert_fraction"])})
-    return logits, auxiliary, statistics
+    return auxiliary, statistics
 
 
 def layer_statistics(tree: Any) -> dict[str, jax.Array]:

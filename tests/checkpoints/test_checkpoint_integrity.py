@@ -8,7 +8,8 @@ import shutil
 from etils import epath
 
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
-from lingvo_lite.testing import run_cli, tree_digest
+from lingvo_lite.testing import run_cli
+from tests.trained_jobs import tree_digest
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
         "--fdl.checkpoint.every_steps=2"]

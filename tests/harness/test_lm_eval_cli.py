@@ -20,7 +20,7 @@ import sys
 import pytest
 
 from lingvo_lite.harness import lm_eval_cli
-from lingvo_lite.testing import tree_digest
+from tests.trained_jobs import tree_digest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LINGVO = ["--model", "lingvo_lite"]

@@ -18,7 +18,8 @@ from lingvo_lite import target as targets
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.compile import aot, analyses, compile_report
-from lingvo_lite.testing import run_cli, source_root, synthetic_tiny_setup, tree_digest
+from lingvo_lite.testing import run_cli, source_root, synthetic_tiny_setup
+from tests.trained_jobs import tree_digest
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
         "--fdl.train_data.global_batch_size=8", "--fdl.eval_data.global_batch_size=8"]
@@ -336,7 +337,8 @@ def test_no_memory_analysis_is_unknown_never_fits():
   Stats.temp_size_in_bytes = -1
   assert aot._memory(Executable()) is None  # pylint: disable=protected-access
   setup = synthetic_tiny_setup()
-  result = aot.CompileResult(JittedSteps(setup), "train", object(), 1.0, None, None, None, [])
+  result = aot.CompileResult(object(), 1.0, None, None, None, [], jitted=JittedSteps(setup),
+                             program="train")
   report = compile_report.build(result)
   assert report["verdict"] == "UNKNOWN" and report["margin"] is None
   assert "verdict: UNKNOWN: XLA reported no memory analysis" in compile_report.to_text(report)

@@ -21,8 +21,9 @@ import pytest
 
 from lingvo_lite.training import optimizers
 from lingvo_lite.decode.records import STOP_REASONS
-from lingvo_lite.testing import run_cli, tree_digest
+from lingvo_lite.testing import run_cli
 from tests import trained_jobs
+from tests.trained_jobs import tree_digest
 
 # The shared tiny trained job (tests/trained_jobs.py: 20 steps of a quick rise, so its samples
 # are not uniform noise; checkpoints 10 and 20), at a relative path: every test runs in the

@@ -33,7 +33,8 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs import eval as eval_program, train as train_program
 from lingvo_lite.runtime import summaries
-from lingvo_lite.testing import run_cli, tiny_config, tree_digest
+from lingvo_lite.testing import run_cli, tiny_config
+from tests.trained_jobs import tree_digest
 from tasks import pycode
 
 LENGTH = 64

@@ -18,8 +18,9 @@ import sys
 import pytest
 
 from lingvo_lite.runtime import small_disk
-from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.testing import run_cli, source_root
 from tests.weights import tiny_weights
+from tests.trained_jobs import tree_digest
 
 FULL = "64k"  # Room for the folders, none for the model's 380 KB.
 ERROR = ("lingvo_lite: error: --export_dir='{out}': cannot write {file}: the disk is full "

@@ -21,7 +21,7 @@ from lingvo_lite.experiment import TrainLoop, setup_config
 from lingvo_lite.models import lora
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.on_mesh.jitted import JittedSteps
-from lingvo_lite.testing import run_cli, tree_digest
+from lingvo_lite.testing import run_cli
 from lingvo_lite.training.objectives.dpo import Dpo
 from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.weights import frozen_weights
@@ -29,6 +29,7 @@ from lingvo_lite.weights.job_params import JobParams
 from tasks.formats.preference import preference_task
 from tests.data import chat_tokenizers
 from tests.weights import tiny_weights
+from tests.trained_jobs import tree_digest
 
 PROGRAM = ["--fdl_config=tests.programs.test_post_training.lora_config"]
 

@@ -15,8 +15,9 @@ import os
 
 import pytest
 
-from lingvo_lite.testing import run_cli, tree_digest
+from lingvo_lite.testing import run_cli
 from tests import trained_jobs
+from tests.trained_jobs import tree_digest
 
 JOB = trained_jobs.TINY_JOB
 TRAIN = list(trained_jobs.TINY_TRAIN)

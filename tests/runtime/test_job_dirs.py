@@ -9,7 +9,7 @@ from etils import epath
 from lingvo_lite import paths, programs
 from lingvo_lite.errors import UsageError
 from lingvo_lite.runtime import job_dirs
-from lingvo_lite.testing import tree_digest
+from tests.trained_jobs import tree_digest
 
 
 def _files(mode):

@@ -10,7 +10,7 @@ import pytest
 from etils import epath
 
 from lingvo_lite.runtime import event_files, small_disk, summaries
-from lingvo_lite.testing import tree_digest
+from tests.trained_jobs import tree_digest
 
 
 def _rows(path):

@@ -30,9 +30,10 @@ from safetensors.numpy import load_file
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import format_names
 from lingvo_lite.models.format_names import GgufNames
-from lingvo_lite.testing import run_cli, source_root, tree_digest
+from lingvo_lite.testing import run_cli, source_root
 from lingvo_lite.weights import gguf_header
 from tests.weights import tiny_weights
+from tests.trained_jobs import tree_digest
 
 F32, F16, I32 = (int(gguf.GGMLQuantizationType.F32), int(gguf.GGMLQuantizationType.F16),
                  int(gguf.GGMLQuantizationType.I32))

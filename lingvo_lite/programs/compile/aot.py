@@ -103,19 +103,12 @@ class Compiled:
 
 
 @dataclasses.dataclass
-class CompileResult:
-  """One compile: the executable (None when XLA refused it for memory) and its analyses."""
+class CompileResult(Compiled):
+  """One train or eval step's compile: what `Compiled` holds, with the jitted steps it came
+  from and which step (`program`: "train" or "eval")."""
 
-  jitted: JittedSteps
-  program: str
-  executable: Any
-  seconds: float
-  memory: MemoryBytes | None
-  out_of_memory: OutOfMemory | None
-  xla_flops_per_device: float | None
-  largest_buffers: list[Buffer]
-  dots: dict[str, int] | None = None
-  cached: bool = False
+  jitted: JittedSteps = dataclasses.field(kw_only=True)
+  program: str = dataclasses.field(kw_only=True)
 
 
 def lower(jitted: JittedSteps, program: str) -> Any:
@@ -142,9 +135,9 @@ def compile_step(setup: Setup, target: targets.Target, program: str = "train",
   with targets.active(target):
     jitted = JittedSteps(setup, target=target)
     compiled = compile_lowered(lower(jitted, program), started, need_executable)
-  return CompileResult(jitted, program, compiled.executable, compiled.seconds, compiled.memory,
-                       compiled.out_of_memory, compiled.xla_flops_per_device,
-                       compiled.largest_buffers, compiled.dots, compiled.cached)
+  return CompileResult(**{field.name: getattr(compiled, field.name)
+                          for field in dataclasses.fields(compiled)},
+                       jitted=jitted, program=program)
 
 
 def compile_lowered(lowered: Any, started: float, need_executable: bool = False) -> Compiled:
