@@ -1,7 +1,8 @@
 """Decode step time against the memory roofline: SmolLM2-135M's shape and one with heads of 128.
 
   python bench/tpu_decode.py [--batches 1,8,64] [--layouts unrolled,scanned]
-      [--attention einsum,auto] [--shapes smollm2,head128] [--prompt_length 128] [--new_tokens 128] [--json FILE]
+      [--attention einsum,auto] [--shapes smollm2,head128] [--prompt_length 128] [--new_tokens 128]
+      [--xla project,none] [--json FILE]
 
 Layouts: "unrolled" (model.scan_layers=False) and "scanned" (model.scan_layers=True, which a
 decode on an accelerator unrolls: `LanguageModel.for_decoding`). Attention: each
@@ -40,6 +41,7 @@ import numpy as np
 
 from lingvo_lite import executor
 from lingvo_lite.decode import steps as decoding
+from lingvo_lite.decode import jitted as decode_jitted
 from lingvo_lite.decode.jitted import DecodeSteps
 # pylint: enable=wrong-import-position
 
@@ -70,6 +72,9 @@ def _args() -> argparse.Namespace:
   parser.add_argument("--batches", default="1,8,64")
   parser.add_argument("--layouts", default="unrolled,scanned")
   parser.add_argument("--attention", default="einsum,auto")
+  parser.add_argument("--xla", default="project",
+                      help="project: the decode functions compiled with decode/jitted.py's "
+                           "COMPILER_OPTIONS for the platform; none: with XLA's defaults")
   parser.add_argument("--shapes", default="smollm2,head128")
   parser.add_argument("--prompt_length", type=int, default=128)
   parser.add_argument("--new_tokens", type=int, default=112)
@@ -120,7 +125,8 @@ def measure(shape: str, batch: int, layout: str, attention: str, prompt_length: 
   setup = executor.build_experiment("Llama1B", [
       *SHAPES[shape], f"model.scan_layers={scanned}", f"decode.slots={batch}",
       f"decode.cache_length={cache_length}", f"decode.prefill_buckets=({prompt_length},)",
-      "decode.stop_at_eos=False", f"decode.max_new_tokens={new_tokens}", *sets])
+      "decode.stop_at_eos=False", f"decode.max_new_tokens={new_tokens}",
+      f"model.attention_implementation='{attention}'", *sets])
   model = setup.model
   steps = DecodeSteps(setup)
   params = steps.decode_form(jax.jit(model.init)(jax.random.key(0),
@@ -160,16 +166,21 @@ def main() -> None:
   print(f"jax {jax.__version__}, {device.device_kind}; copy bandwidth measured here "
         f"{copy:.0f} GB/s; datasheet {datasheet or '?'} GB/s", flush=True)
   rows = []
-  runs = [(shape, layout, attention, batch) for shape in args.shapes.split(",")
+  runs = [(shape, layout, attention, xla, batch) for shape in args.shapes.split(",")
           for layout in args.layouts.split(",") for attention in args.attention.split(",")
-          for batch in (int(b) for b in args.batches.split(","))]
-  for shape, layout, attention, batch in runs:
+          for xla in args.xla.split(",") for batch in (int(b) for b in args.batches.split(","))]
+  project_options = dict(decode_jitted.COMPILER_OPTIONS)
+  for shape, layout, attention, xla, batch in runs:
+    decode_jitted.COMPILER_OPTIONS.clear()
+    if xla == "project":
+      decode_jitted.COMPILER_OPTIONS.update(project_options)
     row = measure(shape, batch, layout, attention, args.prompt_length, args.new_tokens,
                   args.set)
-    row.update(shape=shape, layout=layout, attention=attention,
+    row.update(shape=shape, layout=layout, attention=attention, xla=xla,
                of_copy=row["bandwidth_gbs"] / copy)
     rows.append(row)
-    print(f"{shape} {layout:<9} {attention:<7} batch {batch:>3}: step {row['step_ms']:.3f} "
+    print(f"{shape} {layout:<9} {attention:<7} xla {xla:<7} batch {batch:>3}: step "
+          f"{row['step_ms']:.3f} "
           f"ms, {row['tokens_per_s']:,.0f} tokens/s, {row['bandwidth_gbs']:.0f} GB/s = "
           f"{row['of_copy']:.0%} of the measured copy bandwidth (parameters "
           f"{row['param_bytes'] / 1e6:.0f} MB + filled KV {row['kv_bytes'] / 1e6:.0f} MB); "

@@ -71,12 +71,15 @@ class Generator:
       steps: The jitted functions, if already made for this setup, mesh and vocabulary.
     """
     self.setup = setup
-    self.model = setup.model
     self.settings = setup.decode
     self.vocabulary = vocabulary
     self.checkpoint_step = checkpoint_step
     eos_id = end_token(setup, vocabulary)
     self.steps = steps or DecodeSteps(setup, mesh, eos_id)
+    # The model `params` fit: the decode functions' (the setup's, or on an accelerator its
+    # scanned layers unrolled, `LanguageModel.for_decoding`), so applying one to the other
+    # holds on every backend.
+    self.model = self.steps.model
     self.resolver = RequestResolver(setup, vocabulary)
     self.eos_id = eos_id
     self.slots = self.steps.slots

@@ -23,6 +23,7 @@ from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import quantization
 from lingvo_lite.models.transformer import TransformerLM
+from lingvo_lite.target import current_platform
 from lingvo_lite.training.train_state import strip_boxes
 
 # Small shapes: prompts up to 20 tokens pad to bucket 16 or 32; 12 new tokens fit in 48.
@@ -109,10 +110,17 @@ def test_reported_log_probs_equal_teacher_forcing(family):
 
 
 def test_int8_weights_are_quantized_once_when_the_generator_takes_them():
-  params = _generator("llama_int8_weights_scanned").params
-  kernel = params["layers"]["attention"]["query_kernel"]  # [layers, embed, heads, kv]
+  generator = _generator("llama_int8_weights_scanned")
+  params = generator.params
+  # The decode functions' layout: scanned on a CPU ([layers, embed, heads, kv]), unrolled on
+  # an accelerator (`for_decoding`: layer 0's [embed, heads, kv]).
+  if generator.model.scan_layers:
+    kernel = params["layers"]["attention"]["query_kernel"]
+    lead = (kernel.qvalue.shape[0],)
+  else:
+    kernel, lead = params["layer_0"]["attention"]["query_kernel"], ()
   assert quantization.is_quantized(kernel) and kernel.qvalue.dtype == jnp.int8
-  assert kernel.scale.shape == (kernel.qvalue.shape[0], 1, *kernel.qvalue.shape[2:])
+  assert kernel.scale.shape == (*lead, 1, *kernel.qvalue.shape[len(lead) + 1:])
   assert quantization.is_quantized(params["embedding"])
   assert not quantization.is_quantized(_generator("llama_gqa").params["embedding"])
 
@@ -122,7 +130,9 @@ def test_scanned_layers_decoded_unrolled_as_on_an_accelerator(monkeypatch):
   loaded parameters are sliced into layers once and every decode function, the cache and the
   scorer run unrolled. Forced here on the CPU: the same completions and log-probabilities as
   the scanned decode, int8 weights quantized after the slicing."""
-  assert _generator("gptj_scanned").steps.model is _generator("gptj_scanned").setup.model
+  on_cpu = current_platform() == "cpu"
+  assert (_generator("gptj_scanned").steps.model is _generator("gptj_scanned").setup.model) \
+      == on_cpu
   family = "llama_int8_weights_scanned"
   scanned = _generator(family)
   monkeypatch.setattr(TransformerLM, "for_decoding",

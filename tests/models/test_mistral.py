@@ -160,7 +160,7 @@ def test_greedy_decode_past_the_window_through_the_generator_equals_teacher_forc
   completion, = generator.generate([Request(source="far", prompt_ids=prompt, temperature=0.0)])
   ids = completion.prompt_ids + completion.completion_ids
   assert len(completion.completion_ids) == 50 and len(ids) > 3 * window
-  full = jax.jit(setup.model.apply)({"params": generator.params},
+  full = jax.jit(generator.model.apply)({"params": generator.params},
                                     jnp.asarray([ids], jnp.int32))[0]
   assert tuple(int(t) for t in jnp.argmax(full[len(prompt) - 1:-1], axis=-1)) == \
       completion.completion_ids

@@ -87,5 +87,5 @@ def test_host_offload_is_refused_on_a_cpu_and_accepted_for_a_tpu():
   offloaded = setup.model.clone(remat_policy="minimal_offloaded")
   with pytest.raises(UsageError, match=r"model.remat_policy='minimal_offloaded': moves "
                                        r"activations to host memory"):
-    offloaded.validate(targets.current())
+    offloaded.validate(targets.compile_target("cpu:1"))
   offloaded.validate(targets.compile_target("v5e-8"))
