@@ -78,6 +78,11 @@ POLICIES: dict[str, Policy] = {
     # a weight matmul's).
     "minimal": Policy("keep the q/k/v, output and MLP projections (by name)",
                       kept=(*_QKV, "out_proj", "mlp_in")),
+    # MaxText's minimal_with_context: minimal's and the attention's output, so the backward
+    # runs no attention forward again (a splash forward was 10% of a Llama1BOneChip step under
+    # `minimal`, bench/tpu_profile.py), for [tokens, heads x head_dim] more a layer.
+    "minimal_with_context": Policy("keep minimal's projections and the attention's output",
+                                   kept=(*_QKV, "attention_out", "out_proj", "mlp_in")),
     "save_qkv_proj": Policy("keep the q/k/v projections", kept=_QKV),
     # The projections and the attention's output: no attention recomputed; the MLP is.
     "save_attention": Policy("keep the q/k/v projections and the attention's output",

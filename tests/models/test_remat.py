@@ -21,6 +21,8 @@ from lingvo_lite.training.train_state import strip_boxes
 # The names each policy keeps (on the device or moved to the host), from the module's table.
 KEPT = {
     "minimal": {"query_proj", "key_proj", "value_proj", "out_proj", "mlp_in"},
+    "minimal_with_context": {"query_proj", "key_proj", "value_proj", "attention_out",
+                             "out_proj", "mlp_in"},
     "save_qkv_proj": {"query_proj", "key_proj", "value_proj"},
     "save_attention": {"query_proj", "key_proj", "value_proj", "attention_out"},
     "save_dot_except_mlp": {"query_proj", "key_proj", "value_proj", "attention_out",
