@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from lingvo_lite import executor, mfu
+from lingvo_lite.models import flash_attention
 from lingvo_lite.on_mesh.jitted import JittedSteps
 # pylint: enable=wrong-import-position
 
@@ -48,6 +49,9 @@ def _parse_args() -> argparse.Namespace:
                       help="NAME:PATH=VALUE;PATH=VALUE: a row measured with these overrides "
                            "on top of --set; repeatable")
   parser.add_argument("--json", help="also write the rows to this file (JSON lines)")
+  parser.add_argument("--splash_block", type=int,
+                      help="the splash kernel's block edge (models/flash_attention.py's "
+                           "BLOCK_SIZES, largest first, default 512), for every row")
   return parser.parse_args()
 
 
@@ -106,6 +110,9 @@ def measure(experiment: str, sets: list[str], steps: int) -> dict:
 
 def main() -> None:
   args = _parse_args()
+  if args.splash_block:
+    flash_attention.BLOCK_SIZES = (args.splash_block, *(
+        size for size in flash_attention.BLOCK_SIZES if size < args.splash_block))
   device = jax.devices()[0]
   print(f"jax {jax.__version__}, {jax.device_count()} x {device.device_kind}; "
         f"{args.experiment} with {args.set or 'no overrides'}", flush=True)
