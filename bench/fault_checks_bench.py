@@ -40,6 +40,7 @@ import jax
 from absl import logging
 from etils import epath
 
+from bench import timed_steps
 from lingvo_lite import executor
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.checkpoints.manager import Checkpointer
@@ -51,22 +52,13 @@ _MAX_TO_KEEP = 2
 
 
 def _parse_args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiment", default="BenchSmall")
-  parser.add_argument("--pairs", type=int, default=7,
-                      help="rounds; each times every variant once and `with both` twice")
-  parser.add_argument("--steps", type=int, default=20,
-                      help="train steps per timed block (saves every 10 of them)")
-  parser.add_argument("--warmup", type=int, default=10,
-                      help="untimed steps each variant runs first (10: one save, compiles all)")
+  parser = timed_steps.paired_parser(__doc__, "BenchSmall", steps=20, warmup=10, helps={
+      "pairs": "rounds; each times every variant once and `with both` twice",
+      "steps": "train steps per timed block (saves every 10 of them)",
+      "warmup": "untimed steps each variant runs first (10: one save, compiles all)"})
   parser.add_argument("--dir", default=None,
                       help="parent of the two checkpoint folders (default: a new temp folder)")
-  parser.add_argument("--set", action="append", default=[],
-                      help="PATH=VALUE override of the lingvo_lite config (repeatable)")
-  args = parser.parse_args()
-  if args.pairs < 1 or args.steps < 1 or args.warmup < 1:
-    parser.error("--pairs, --steps and --warmup must be at least 1")
-  return args
+  return timed_steps.parse_paired(parser)
 
 
 class _Bench:

@@ -28,18 +28,9 @@ from bench import timed_steps
 
 
 def _args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiment", default="PyCodeSpTiny")
-  parser.add_argument("--pairs", type=int, default=7)
-  parser.add_argument("--steps", type=int, default=10)
-  parser.add_argument("--warmup", type=int, default=2,
-                      help="untimed steps each side runs first (at least 1: it compiles)")
-  parser.add_argument("--set", action="append", default=[],
-                      help="PATH=VALUE override of the config, for both (repeatable)")
-  args = parser.parse_args()
-  if args.warmup < 1 or args.pairs < 1 or args.steps < 1:
-    parser.error("--warmup, --pairs and --steps must be at least 1")
-  return args
+  return timed_steps.parse_paired(timed_steps.paired_parser(
+      __doc__, "PyCodeSpTiny", steps=10,
+      helps={"set": "PATH=VALUE override of the config, for both (repeatable)"}))
 
 
 def _step(experiment: str, sets: list[str]):

@@ -20,37 +20,29 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# timed_steps imports no jax: the arguments, parsed first, say how many devices jax starts with.
+from bench import timed_steps  # pylint: disable=wrong-import-position
+
 
 def _parse_args() -> argparse.Namespace:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--experiment", default="BenchSmall")
-  parser.add_argument("--pairs", type=int, default=7)
-  parser.add_argument("--steps", type=int, default=5)
   # The first warm-up step compiles; a second settles caches. `--pairs 1 --steps 1 --warmup 1`
   # is a smoke run (tests/test_readme.py runs the README's bench commands so).
-  parser.add_argument("--warmup", type=int, default=2,
-                      help="untimed steps each side runs first (at least 1: it compiles)")
+  parser = timed_steps.paired_parser(__doc__, "BenchSmall", steps=5)
   parser.add_argument("--devices", type=int, default=1)
   parser.add_argument("--mesh", choices=("data", "fsdp"), default="data")
-  parser.add_argument("--set", action="append", default=[],
-                      help="PATH=VALUE override of the lingvo_lite config (repeatable)")
-  args = parser.parse_args()
-  if args.warmup < 1 or args.pairs < 1 or args.steps < 1:
-    parser.error("--warmup, --pairs and --steps must be at least 1")
-  return args
+  return timed_steps.parse_paired(parser)
 
 
 ARGS = _parse_args()
 if ARGS.devices > 1:  # Must precede the first jax import.
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                              f" --xla_force_host_platform_device_count={ARGS.devices}")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=wrong-import-position
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bench import timed_steps
 from bench.reference_step import Shapes, make_reference
 from lingvo_lite import executor, mfu
 from lingvo_lite.on_mesh.jitted import JittedSteps

@@ -76,6 +76,15 @@ def run_cli(args: Sequence[str]) -> CliResult:
   flags.FLAGS.unparse_flags()
   return CliResult(code, stdout.getvalue(), stderr.getvalue())
 
+def run_process(args: Sequence[str], timeout: float = 600,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+  """Runs `python -m lingvo_lite ARGS` in a child process from the repository root, as a user
+  runs it, its output captured as text: what a test needs a process of its own for (its
+  device count, its exit, a command line exactly as typed)."""
+  return subprocess.run([sys.executable, "-m", "lingvo_lite", *args], cwd=source_root(),
+                        capture_output=True, text=True, timeout=timeout, check=False, env=env)
+
+
 def kill_9_when(args: Sequence[str], ready: os.PathLike, timeout: float = 240) -> None:
   """Runs `python -m lingvo_lite ARGS` in a child process (from the repository root) and
   kills it with SIGKILL as soon as the path `ready` exists (a checkpoint step's folder).

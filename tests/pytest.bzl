@@ -8,6 +8,24 @@ CLI_DEPS = [
     "//lingvo_lite:testing",
 ]
 
+# What a test that runs the README's commands, or bin/demo.sh, in a working copy of the
+# repository reads: the README, the lock (setup), bench/ and bin/ ...
+README_DATA = [
+    "//:readme",
+    "//:requirements_lock",
+    "//bench:files",
+    "//bin:scripts",
+]
+
+# ... and what those commands import.
+README_DEPS = [
+    "//bin:tools",
+    "//lingvo_lite:tool_arguments",
+    "//experiments",
+    "//lingvo_lite",
+    "//tasks",
+]
+
 def py_pytest_test(name, src = None, deps = [], args = [], data = [], **kwargs):
     """One test file, run by pytest (so fixtures, parametrize and markers work as usual), with
     tests/conftest.py.
@@ -36,6 +54,24 @@ def py_pytest_test(name, src = None, deps = [], args = [], data = [], **kwargs):
         deps = deps + ["//tests:conftest"],
         **kwargs
     )
+
+def py_pytest_shards(name, shards, **kwargs):
+    """One test file as several targets, each running the tests a `-k` expression selects, so
+    that no one of them is a long tail of the suite.
+
+    Args:
+      name: the file is `<name>.py`; each target is `<name><suffix>`.
+      shards: suffix -> pytest `-k` expression (Bazel splits args as a shell does: quote an
+        expression with spaces).
+      **kwargs: passed to py_pytest_test (size, timeout, deps, ...).
+    """
+    for suffix, expression in shards.items():
+        py_pytest_test(
+            name = name + suffix,
+            src = name + ".py",
+            args = ["-k", expression],
+            **kwargs
+        )
 
 def python_files():
     """This package's Python files as the filegroup `python_files`, for //tests:test_house (its

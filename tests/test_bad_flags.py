@@ -5,7 +5,6 @@ something other than a Setup's config (a model, a data source, a task, a config.
 in every mode. Nothing is written, and a job dir that exists stays byte for byte the same."""
 
 import os
-import subprocess
 import sys
 
 import fiddle as fdl
@@ -16,7 +15,7 @@ from lingvo_lite import executor  # pylint: disable=unused-import  # Defines the
 from lingvo_lite.config import files as config_files
 from lingvo_lite.models.gptj import GptJ
 from lingvo_lite.runtime import supervisor
-from lingvo_lite.testing import run_cli, source_root
+from lingvo_lite.testing import run_cli, run_process, source_root
 from tests.trained_jobs import tree_digest
 
 PRINT = ["--mode=print", "--exp=PyCodeTiny"]
@@ -28,10 +27,9 @@ MOE = ["--exp=PyCodeMixtralTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
 
 def test_an_empty_flagfile_as_a_user_types_it_is_one_line_exit_2(tmp_path):
   """`--flagfile=$UNSET`, run from the repository root as the README does."""
-  result = subprocess.run([sys.executable, "-m", "lingvo_lite", *TRAIN, "--flagfile=",
-                           f"--job_log_dir={os.path.relpath(tmp_path / 'job', source_root())}"],
-                          cwd=source_root(), capture_output=True, text=True, timeout=120,
-                          check=False)
+  result = run_process([*TRAIN, "--flagfile=",
+                        f"--job_log_dir={os.path.relpath(tmp_path / 'job', source_root())}"],
+                       timeout=120)
   assert result.returncode == 2, result.stderr
   assert result.stderr == ("lingvo_lite: error: --flagfile=: empty file name (an unset shell "
                            "variable gives one); name a text file of flags, one per line, or "
@@ -43,11 +41,8 @@ def test_a_model_config_as_a_user_types_it_is_one_line_exit_2(tmp_path):
   """The issue's command: a config function that builds a model, not a Setup, from the
   repository root; it wrote nothing (the job dir is not made)."""
   job = os.path.relpath(tmp_path / "runs" / "x", source_root())
-  result = subprocess.run([sys.executable, "-m", "lingvo_lite",
-                           "--fdl_config=experiments.lm.architectures.gptj(vocab_size=16, "
-                           "num_layers=2)", f"--job_log_dir={job}"],
-                          cwd=source_root(), capture_output=True, text=True, timeout=120,
-                          check=False)
+  result = run_process(["--fdl_config=experiments.lm.architectures.gptj(vocab_size=16, "
+                        "num_layers=2)", f"--job_log_dir={job}"], timeout=120)
   assert result.returncode == 2, result.stderr
   assert result.stderr == (
       "lingvo_lite: error: --fdl_config=experiments.lm.architectures.gptj(vocab_size=16, "
@@ -62,10 +57,8 @@ def test_a_bad_moe_setting_as_a_user_types_it_is_one_line_exit_2(tmp_path):
   """A mixture of experts' setting the model cannot run (the table has the rest), from the
   repository root: one line naming the field, and no job dir."""
   job = os.path.relpath(tmp_path / "job", source_root())
-  result = subprocess.run([sys.executable, "-m", "lingvo_lite", "--exp=PyCodeMixtralTiny",
-                           "--fdl.model.experts_per_token=9", f"--job_log_dir={job}"],
-                          cwd=source_root(), capture_output=True, text=True, timeout=120,
-                          check=False)
+  result = run_process(["--exp=PyCodeMixtralTiny", "--fdl.model.experts_per_token=9",
+                        f"--job_log_dir={job}"], timeout=120)
   assert result.returncode == 2, result.stderr
   assert result.stderr == ("lingvo_lite: error: model.experts_per_token=9: is more than "
                            "model.num_experts=8; route each token to at most every expert\n")

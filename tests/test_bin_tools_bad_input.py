@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from typing import Callable
 import pytest
 
 from lingvo_lite.data import sentencepiece_training, store_build, token_store
+from tests import bin_tools
 from tests.data import chat_tokenizers
 from tests.trained_jobs import tree_digest
 
@@ -84,22 +84,6 @@ def user_modules(tmp_path_factory):
   sys.path.remove(str(folder))
   for name in MODULES:
     sys.modules.pop(name[:-3], None)
-
-
-def _tool(name: str):
-  """bin/<name>.py as a module, imported once, leaving this process's environment as it was
-  (the tools hide GPUs from their TensorFlow)."""
-  module_name = f"bin_{name}_under_test"
-  if module_name not in sys.modules:
-    saved = dict(os.environ)
-    spec = importlib.util.spec_from_file_location(module_name,
-                                                  os.path.join(ROOT, "bin", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[module_name] = module
-    os.environ.clear()
-    os.environ.update(saved)
-  return sys.modules[module_name]
 
 
 def _store(folder, task="another task"):
@@ -345,7 +329,7 @@ def test_hostile_input_is_one_line_with_its_exit_code_and_leaves_nothing_behind(
   if case.setup:
     case.setup(work, monkeypatch)
   before = tree_digest(work)
-  code = _tool(case.tool).main(list(case.args))
+  code = bin_tools.tool(case.tool).main(list(case.args))
   out, err = capfd.readouterr()
   assert code == case.code, err
   assert err.count("\n") == 1 and err.endswith("\n"), err

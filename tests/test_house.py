@@ -61,25 +61,6 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "config/moved_modules.py")),
 )
 
-# Known breaches of the rules above that other parts of issue 51 remove (the objectives, the
-# attention kernels, the family names), each with its reason. Exact: a breach not listed fails,
-# and so does a listed one that is gone. The lead empties this at the merge.
-PENDING_OTHER_PARTS: dict[tuple[str, str], str] = {
-    ("function", "lingvo_lite/models/transformer.py::TransformerLM.__call__"):
-        "the attention kernels' part (transformer.py)",
-    ("function", "lingvo_lite/models/transformer_layers.py::TransformerLayers._layers"):
-        "models/, which the attention kernels' and family names' parts rework",
-    ("function", "lingvo_lite/models/moe_parallel.py::dropless"):
-        "models/, which the attention kernels' and family names' parts rework",
-    ("function", "tests/weights/test_hf_folders.py::"
-                 "test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh"):
-        "tests/weights/ belong to the family names' part",
-    ("function", "tests/programs/test_evaluation.py::"
-                 "test_the_packed_whole_split_equals_each_document_chunk_run_alone"):
-        "tests training/evaluation.py, which the objectives' part rewrites",
-}
-
-
 def _path(entry: str) -> str:
   """A FLOORS entry as a path from the repository root."""
   return entry if entry.startswith(_OUTSIDE_PACKAGE) else "lingvo_lite/" + entry
@@ -126,23 +107,17 @@ def test_the_house_is_here():
   assert os.path.isfile(DESIGN)
 
 
-def _checked(breaches: dict[tuple[str, str], str], rule: str) -> None:
-  """Fails on every breach of `rule` that PENDING_OTHER_PARTS does not list, and on every
-  listed one of `rule` that is no breach (any more)."""
-  pending = {key for key in PENDING_OTHER_PARTS if key[0] == rule}
-  new = [f"{what}: {why}" for (r, what), why in sorted(breaches.items())
-         if (r, what) not in pending]
-  gone = [what for (_, what) in sorted(pending - set(breaches))]
-  assert not new, f"{len(new)} breach(es) of the {rule} rule:\n  " + "\n  ".join(new)
-  assert not gone, ("listed in PENDING_OTHER_PARTS but kept now, remove them from the list:\n  "
-                    + "\n  ".join(gone))
+def _checked(breaches: dict[str, str], rule: str) -> None:
+  """Fails on every breach of `rule` (what breaks it -> why), each on a line of its own."""
+  found = [f"{what}: {why}" for what, why in sorted(breaches.items())]
+  assert not found, f"{len(found)} breach(es) of the {rule} rule:\n  " + "\n  ".join(found)
 
 
 # ----------------------------------------------------------------------------- sizes
 
 
 def test_no_module_is_over_450_lines():
-  breaches = {("lines", m.path): f"{m.lines} lines (at most {MAX_MODULE_LINES}: split it by "
+  breaches = {m.path: f"{m.lines} lines (at most {MAX_MODULE_LINES}: split it by "
               "concept, DESIGN rule 6)"
               for m in modules(HOUSE).values() if m.lines > MAX_MODULE_LINES}
   _checked(breaches, "lines")
@@ -167,7 +142,7 @@ def test_no_function_is_over_60_lines():
     for name, node in _functions(module.tree):
       length = node.end_lineno - node.lineno + 1
       if length > MAX_FUNCTION_LINES:
-        breaches[("function", f"{module.path}::{name}")] = (
+        breaches[f"{module.path}::{name}"] = (
             f"{length} lines (at most {MAX_FUNCTION_LINES}: split it into named steps)")
   _checked(breaches, "function")
 
@@ -286,7 +261,7 @@ def test_no_import_climbs_a_floor():
   for importer, imported, line in arrows():
     above, below = floor_of(importer, table), floor_of(imported, table)
     if above is not None and below is not None and below < above:
-      breaches[("climb", f"{importer} -> {imported}")] = (
+      breaches[f"{importer} -> {imported}"] = (
           f"line {line}: from the {names[above]} floor up to the {names[below]} floor")
   _checked(breaches, "climb")
 
@@ -382,7 +357,6 @@ def test_the_rooms_of_a_floor_import_each_other_in_no_circle():
   import each other (directly or around) would be one concept split in two, or one that
   belongs a floor higher (training/ importing checkpoints/ that imports training/)."""
   table = floor_table()
-  pending = {what for rule, what in PENDING_OTHER_PARTS if rule == "circle"}
   names = [name for name, _ in FLOORS]
 
   def rooms(importer: str, imported: str) -> tuple[str, str] | None:
@@ -392,23 +366,17 @@ def test_the_rooms_of_a_floor_import_each_other_in_no_circle():
       return None
     return f"{a} ({names[floor]})", f"{b} ({names[floor]})"
 
-  def circles(skipped: set[str]) -> list[list[str]]:
-    edges = collections.defaultdict(set)
-    for importer, imported, _ in arrows():
-      joined = rooms(importer, imported)
-      if joined and f"{importer} -> {imported}" not in skipped:
-        edges[joined[0]].add(joined[1])
-    return _circles(edges)
-
-  found = circles(pending)
+  edges = collections.defaultdict(set)
+  for importer, imported, _ in arrows():
+    joined = rooms(importer, imported)
+    if joined:
+      edges[joined[0]].add(joined[1])
+  found = _circles(edges)
   inside = {room for part in found for room in part}
   between = [f"{importer} -> {imported}" for importer, imported, _ in arrows()
              if set(rooms(importer, imported) or ("",)) <= inside]
   assert not found, (f"rooms of one floor that import each other around: {found}; the arrows "
                      "between them:\n  " + "\n  ".join(between))
-  kept = [arrow for arrow in sorted(pending) if not circles(pending - {arrow})]
-  assert not kept, ("listed in PENDING_OTHER_PARTS as closing a circle, which they do not (any "
-                    "more); remove them from the list:\n  " + "\n  ".join(kept))
 
 
 # ----------------------------------------------------------------------------- DESIGN.md

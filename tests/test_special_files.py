@@ -14,8 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import termios
 import threading
 import time
@@ -25,7 +23,7 @@ import pytest
 
 from lingvo_lite import input_files, outputs
 from lingvo_lite.errors import UsageError
-from lingvo_lite.testing import run_cli, source_root
+from lingvo_lite.testing import run_cli, run_process, source_root
 from lingvo_lite.weights import slim_weights
 from tests.weights import tiny_weights
 from tests.trained_jobs import tree_digest
@@ -189,9 +187,7 @@ def test_a_fifo_as_a_user_gives_it(tmp_path):
   """`--fdl_config_file=` a FIFO, from the repository root: one line, exit 2, at once."""
   os.mkfifo(tmp_path / "config.json")
   relative = os.path.relpath(tmp_path / "config.json", source_root())
-  result = subprocess.run([sys.executable, "-m", "lingvo_lite", "--mode=print",
-                           f"--fdl_config_file={relative}"], cwd=source_root(),
-                          capture_output=True, text=True, timeout=HANG_SECONDS, check=False)
+  result = run_process(["--mode=print", f"--fdl_config_file={relative}"], timeout=HANG_SECONDS)
   assert result.returncode == 2, result.stderr
   assert result.stderr == (f"lingvo_lite: error: --fdl_config_file={tmp_path}/config.json: "
                            f"{FIFO}; give the config.json a run wrote\n")

@@ -12,7 +12,7 @@ import fiddle as fdl
 
 from experiments.lm.llama import Llama1B, Llama7B
 from experiments.lm.pycode import PyCodeTiny
-from experiments.lm.synthetic import synthetic_lm_data
+from experiments.lm.synthetic import full_size
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.gemma3 import Gemma3
@@ -23,12 +23,8 @@ def _shapes(cfg: fdl.Config[Setup], vocab: int, sequence_length: int, **sizes
             ) -> fdl.Config[Setup]:
   """`cfg` with a Gemma 3 of `sizes` (bfloat16 compute, scanned, fully rematerialized) on
   synthetic tokens of its vocabulary, `sequence_length` long (past the window)."""
-  cfg.model = fdl.Config(Gemma3, vocab_size=vocab, head_dim=256, dtype="bfloat16",
-                         param_dtype="float32", scan_layers=True, remat_policy="full", **sizes)
-  batch = cfg.train_data.global_batch_size
-  cfg.train_data = synthetic_lm_data(vocab, sequence_length, batch)
-  cfg.eval_data = synthetic_lm_data(vocab, sequence_length, batch, eval_batches=10)
-  return cfg
+  return full_size(cfg, Gemma3, sequence_length, cfg.train_data.global_batch_size,
+                   vocab_size=vocab, head_dim=256, **sizes)
 
 
 @register

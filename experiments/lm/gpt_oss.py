@@ -14,7 +14,7 @@ import fiddle as fdl
 
 from experiments.lm.llama import Llama7B
 from experiments.lm.pycode import PyCodeTiny
-from experiments.lm.synthetic import synthetic_lm_data
+from experiments.lm.synthetic import full_size
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.gpt_oss import GptOss
@@ -36,14 +36,9 @@ class GptOss20B(Llama7B):
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = super().config()
-    sequence_length, batch = 4096, 512
-    cfg.model = fdl.Config(GptOss, vocab_size=VOCAB, num_layers=24, dim=2880, num_heads=64,
-                           num_kv_heads=8, head_dim=64, mlp_dim=2880, num_experts=32,
-                           experts_per_token=4, max_length=131072, dtype="bfloat16",
-                           param_dtype="float32", scan_layers=True, remat_policy="full")
-    cfg.train_data = synthetic_lm_data(VOCAB, sequence_length, batch)
-    cfg.eval_data = synthetic_lm_data(VOCAB, sequence_length, batch, eval_batches=10)
+    cfg = full_size(super().config(), GptOss, 4096, 512, vocab_size=VOCAB, num_layers=24,
+                    dim=2880, num_heads=64, num_kv_heads=8, head_dim=64, mlp_dim=2880,
+                    num_experts=32, experts_per_token=4, max_length=131072)
     cfg.train.grad_accum_steps = 2
     return cfg
 

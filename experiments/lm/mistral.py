@@ -6,7 +6,7 @@
 import fiddle as fdl
 
 from experiments.lm.llama import Llama7B
-from experiments.lm.synthetic import synthetic_lm_data
+from experiments.lm.synthetic import full_size
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.mistral import Mistral
@@ -26,13 +26,7 @@ class Mistral7B(Llama7B):
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = super().config()
-    vocab, sequence_length, batch = 32000, 8192, 64
-    cfg.model = fdl.Config(Mistral, vocab_size=vocab, num_layers=32, dim=4096, num_heads=32,
-                           num_kv_heads=8, head_dim=128, mlp_dim=14336, window=4096,
-                           rotary_base=10000.0, max_length=sequence_length,
-                           dtype="bfloat16", param_dtype="float32", scan_layers=True,
-                           remat_policy="full")
-    cfg.train_data = synthetic_lm_data(vocab, sequence_length, batch)
-    cfg.eval_data = synthetic_lm_data(vocab, sequence_length, batch, eval_batches=10)
-    return cfg
+    length = 8192
+    return full_size(super().config(), Mistral, length, 64, vocab_size=32000, num_layers=32,
+                     dim=4096, num_heads=32, num_kv_heads=8, head_dim=128, mlp_dim=14336,
+                     window=4096, rotary_base=10000.0, max_length=length)

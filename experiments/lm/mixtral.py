@@ -12,7 +12,7 @@ import fiddle as fdl
 
 from experiments.lm.llama import Llama7B
 from experiments.lm.pycode import PyCodeTiny
-from experiments.lm.synthetic import synthetic_lm_data
+from experiments.lm.synthetic import full_size
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.mixtral import Mixtral
@@ -31,14 +31,9 @@ class Mixtral8x7B(Llama7B):
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = super().config()
-    vocab, sequence_length, batch = 32000, 4096, 256
-    cfg.model = fdl.Config(Mixtral, vocab_size=vocab, num_layers=32, dim=4096, num_heads=32,
-                           num_kv_heads=8, head_dim=128, mlp_dim=14336, num_experts=8,
-                           experts_per_token=2, max_length=32768, dtype="bfloat16",
-                           param_dtype="float32", scan_layers=True, remat_policy="full")
-    cfg.train_data = synthetic_lm_data(vocab, sequence_length, batch)
-    cfg.eval_data = synthetic_lm_data(vocab, sequence_length, batch, eval_batches=10)
+    cfg = full_size(super().config(), Mixtral, 4096, 256, vocab_size=32000, num_layers=32,
+                    dim=4096, num_heads=32, num_kv_heads=8, head_dim=128, mlp_dim=14336,
+                    num_experts=8, experts_per_token=2, max_length=32768)
     cfg.train.grad_accum_steps = 4
     return cfg
 

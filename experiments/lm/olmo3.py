@@ -11,7 +11,7 @@ import fiddle as fdl
 
 from experiments.lm.llama import Llama7B
 from experiments.lm.pycode import PyCodeTiny
-from experiments.lm.synthetic import synthetic_lm_data
+from experiments.lm.synthetic import full_size
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.olmo3 import Olmo3
@@ -29,16 +29,10 @@ class Olmo3_7B(Llama7B):  # pylint: disable=invalid-name  # The model's own name
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = super().config()
-    vocab, sequence_length, batch = 100278, 8192, 64
-    cfg.model = fdl.Config(Olmo3, vocab_size=vocab, num_layers=32, dim=4096, num_heads=32,
-                           num_kv_heads=32, mlp_dim=11008, window=4096, max_length=65536,
-                           rotary_scaling="yarn", rotary_scaling_factor=8.0,
-                           rotary_original_max_length=8192, dtype="bfloat16",
-                           param_dtype="float32", scan_layers=True, remat_policy="full")
-    cfg.train_data = synthetic_lm_data(vocab, sequence_length, batch)
-    cfg.eval_data = synthetic_lm_data(vocab, sequence_length, batch, eval_batches=10)
-    return cfg
+    return full_size(super().config(), Olmo3, 8192, 64, vocab_size=100278, num_layers=32,
+                     dim=4096, num_heads=32, num_kv_heads=32, mlp_dim=11008, window=4096,
+                     max_length=65536, rotary_scaling="yarn", rotary_scaling_factor=8.0,
+                     rotary_original_max_length=8192)
 
 
 @register

@@ -12,7 +12,7 @@ import fiddle as fdl
 
 from experiments.lm.llama import Llama7B
 from experiments.lm.pycode import PyCodeTiny
-from experiments.lm.synthetic import synthetic_lm_data
+from experiments.lm.synthetic import full_size
 from lingvo_lite.config.registry import register
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.qwen3_moe import Qwen3Moe
@@ -34,15 +34,10 @@ class Qwen3_30B_A3B(Llama7B):  # pylint: disable=invalid-name  # The model's own
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = super().config()
-    sequence_length, batch = 4096, 512
-    cfg.model = fdl.Config(Qwen3Moe, vocab_size=VOCAB, num_layers=48, dim=2048, num_heads=32,
-                           num_kv_heads=4, head_dim=128, mlp_dim=6144, expert_mlp_dim=768,
-                           num_experts=128, experts_per_token=8, renormalize_top_k=True,
-                           max_length=40960, dtype="bfloat16", param_dtype="float32",
-                           scan_layers=True, remat_policy="full")
-    cfg.train_data = synthetic_lm_data(VOCAB, sequence_length, batch)
-    cfg.eval_data = synthetic_lm_data(VOCAB, sequence_length, batch, eval_batches=10)
+    cfg = full_size(super().config(), Qwen3Moe, 4096, 512, vocab_size=VOCAB, num_layers=48,
+                    dim=2048, num_heads=32, num_kv_heads=4, head_dim=128, mlp_dim=6144,
+                    expert_mlp_dim=768, num_experts=128, experts_per_token=8,
+                    renormalize_top_k=True, max_length=40960)
     cfg.train.grad_accum_steps = 2
     return cfg
 

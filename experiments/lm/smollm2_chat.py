@@ -11,6 +11,8 @@ both with the model's own tokenizer and chat template.
 bench/post_training.py runs both with their evaluations (README, "Post-training").
 """
 
+from typing import Any, Callable
+
 import fiddle as fdl
 
 from experiments.lm.smollm2 import SmolLM2_135M, smollm2_gguf
@@ -36,6 +38,19 @@ DPO_LENGTH, DPO_BATCH = 1024, 4
 MICRO_BATCHES = 2
 
 
+def _stdlib_chat_data(cfg: fdl.Config[Setup], data: type, task: Callable[..., Any],
+                      sequence_length: int, batch: int) -> None:
+  """Sets `cfg`'s train and eval data: `task` (a tasks/stdlib_chat.py task) with SmolLM2's
+  tokenizer, its train split shuffled and its validation split in order, as `data`."""
+  tokenizer = fdl.Config(PretrainedTokenizer, path=smollm2_gguf())
+  made = fdl.Config(task, vocabulary=tokenizer)
+  cfg.train_data = fdl.Config(data, task=made, split="train", sequence_length=sequence_length,
+                              global_batch_size=batch, seed=0)
+  cfg.eval_data = fdl.Config(data, task=made, split="validation",
+                             sequence_length=sequence_length, global_batch_size=batch,
+                             shuffle=False)
+
+
 @register
 class SmolLM2ChatSft(SmolLM2_135M):
   """LoRA (rank 16, alpha 32, every attention projection and MLP matrix: 4.88M trained
@@ -47,13 +62,7 @@ class SmolLM2ChatSft(SmolLM2_135M):
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     cfg = super().config()
-    tokenizer = fdl.Config(PretrainedTokenizer, path=smollm2_gguf())
-    task = fdl.Config(stdlib_chat.instruction_task, vocabulary=tokenizer)
-    cfg.train_data = fdl.Config(TokenStoreData, task=task, split="train",
-                                sequence_length=SFT_LENGTH, global_batch_size=SFT_BATCH, seed=0)
-    cfg.eval_data = fdl.Config(TokenStoreData, task=task, split="validation",
-                               sequence_length=SFT_LENGTH, global_batch_size=SFT_BATCH,
-                               shuffle=False)
+    _stdlib_chat_data(cfg, TokenStoreData, stdlib_chat.instruction_task, SFT_LENGTH, SFT_BATCH)
     cfg.optimizer = fdl.Config(AdamW, peak_learning_rate=5e-4, warmup_steps=5,
                                weight_decay=0.0, clip_grad_norm=1.0)
     cfg.train.lora = fdl.Config(LoraSettings, rank=16, alpha=32.0)
@@ -74,13 +83,8 @@ class SmolLM2Dpo(SmolLM2ChatSft):
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
     cfg = super().config()
-    tokenizer = fdl.Config(PretrainedTokenizer, path=smollm2_gguf())
-    task = fdl.Config(stdlib_chat.preference_task, vocabulary=tokenizer)
-    cfg.train_data = fdl.Config(PreferenceStoreData, task=task, split="train",
-                                sequence_length=DPO_LENGTH, global_batch_size=DPO_BATCH, seed=0)
-    cfg.eval_data = fdl.Config(PreferenceStoreData, task=task, split="validation",
-                               sequence_length=DPO_LENGTH, global_batch_size=DPO_BATCH,
-                               shuffle=False)
+    _stdlib_chat_data(cfg, PreferenceStoreData, stdlib_chat.preference_task, DPO_LENGTH,
+                      DPO_BATCH)
     cfg.optimizer.peak_learning_rate = 5e-5
     cfg.train.objective = fdl.Config(Dpo, beta=0.1)
     cfg.train.steps = 30

@@ -26,6 +26,9 @@ that never depend on the routing. Without a mesh of more than one device it is
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -50,6 +53,36 @@ def _spec(*dims: tuple[str, ...]) -> PartitionSpec:
   return PartitionSpec(*(dim if dim else None for dim in dims))
 
 
+class _Shards(NamedTuple):
+  """How `dropless`'s operands lie on the mesh: the mesh axes (of more than one device) each
+  dimension is split over."""
+  rows: tuple[str, ...]  # The tokens' rows (the batch).
+  experts: tuple[str, ...]  # The stacked experts.
+  sliced: tuple[str, ...]  # Each expert's hidden width.
+  # The weights' model width as the parameters lie (FSDP), gathered inside: the gradient of
+  # an all-gather is a reduce-scatter, where a width gathered at the boundary would make the
+  # backward pass all-reduce whole expert weights.
+  width: tuple[str, ...]
+  gathered: tuple[str, ...]  # The expert axes the rows are split over too: an expert group.
+  local_experts: int  # The experts each device holds.
+
+
+def _shards(x: jax.Array, weights: expert_dispatch.ExpertWeights,
+            mesh: jax.sharding.AbstractMesh) -> _Shards:
+  """Where x [B, L, D] and the experts' `weights` are split on `mesh`."""
+  batch, _, dim = x.shape
+  num_experts, _, hidden = weights.wi.shape
+  rows = _axes("batch", batch, mesh)
+  experts = _axes("experts", num_experts, mesh)
+  sliced = _axes("mlp", hidden, mesh)
+  width = tuple(axis for axis in _axes("embed", dim, mesh) if axis not in experts + sliced)
+  ways = 1
+  for axis in experts:
+    ways *= mesh.shape[axis]
+  return _Shards(rows, experts, sliced, width, tuple(axis for axis in experts if axis in rows),
+                 num_experts // ways)
+
+
 def dropless(x: jax.Array, routing: expert_dispatch.Routing,
              weights: expert_dispatch.ExpertWeights,
              activation: expert_dispatch.ExpertActivation, alpha: float, limit: float
@@ -60,67 +93,69 @@ def dropless(x: jax.Array, routing: expert_dispatch.Routing,
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or mesh.size == 1:
     return expert_dispatch.dropless(x.reshape(-1, dim), routing, weights, activation, alpha, limit)
-  num_experts, _, hidden = weights.wi.shape
   k = routing.experts.shape[-1]
-  rows = _axes("batch", batch, mesh)
-  experts = _axes("experts", num_experts, mesh)
-  sliced = _axes("mlp", hidden, mesh)
-  # The weights' model width as the parameters lie (FSDP), gathered inside: the gradient of
-  # an all-gather is a reduce-scatter, where a width gathered at the boundary would make the
-  # backward pass all-reduce whole expert weights.
-  width = tuple(axis for axis in _axes("embed", dim, mesh) if axis not in experts + sliced)
-  gathered = tuple(axis for axis in experts if axis in rows)
-  ways = 1
-  for axis in experts:
-    ways *= mesh.shape[axis]
-  local_experts = num_experts // ways
-
-  def per_shard(x, chosen, routing_weights, wi, wi_gate, wo, wi_bias, wi_gate_bias, wo_bias):
-    if width:
-      wi, wi_gate = (jax.lax.all_gather(w, width, axis=1, tiled=True) for w in (wi, wi_gate))
-      wo = jax.lax.all_gather(wo, width, axis=2, tiled=True)
-      if wo_bias is not None:
-        wo_bias = jax.lax.all_gather(wo_bias, width, axis=1, tiled=True)
-    if gathered:
-      x, chosen, routing_weights = (jax.lax.all_gather(a, gathered, axis=0, tiled=True)
-                                    for a in (x, chosen, routing_weights))
-    tokens = x.reshape(-1, dim)
-    chosen, routing_weights = chosen.reshape(-1, k), routing_weights.reshape(-1, k)
-    first = jax.lax.axis_index(experts) * local_experts if experts else 0
-    local = chosen - first
-    here = (local >= 0) & (local < local_experts)
-    order, group_sizes, experts_of_rows = expert_dispatch.sorted_by_expert(
-        jnp.where(here, local, local_experts), local_experts)
-    shard_weights = expert_dispatch.ExpertWeights(wi, wi_gate, wo, wi_bias, wi_gate_bias, None)
-    out = expert_dispatch.run_grouped(jnp.take(tokens, order // k, axis=0), group_sizes,
-                                      experts_of_rows, shard_weights, activation, alpha, limit)
-    out = expert_dispatch.unsort(out, order).reshape(-1, k, dim)
-    y = jnp.einsum("tkd,tk->td", out, routing_weights)
-    if sliced:
-      y = jax.lax.psum(y, sliced)
-    if wo_bias is not None:  # Each token's share of its experts' biases held here.
-      y = y + expert_dispatch.output_bias(shard_weights._replace(wo_bias=wo_bias),
-                                          jnp.where(here, local, 0),
-                                          jnp.where(here, routing_weights, 0), jnp.float32)
-    if gathered:
-      y = jax.lax.psum_scatter(y, gathered, scatter_dimension=0, tiled=True)
-      others = tuple(axis for axis in experts if axis not in gathered)
-      if others:
-        y = jax.lax.psum(y, others)
-    elif experts:
-      y = jax.lax.psum(y, experts)
-    return y.astype(x.dtype).reshape(-1, length, dim)
-
+  shards = _shards(x, weights, mesh)
+  rows, experts, sliced, width = shards.rows, shards.experts, shards.sliced, shards.width
   chosen = routing.experts.reshape(batch, length, k)
   routing_weights = routing.weights.reshape(batch, length, k)
   token_spec = _spec(rows, (), ())
   bias_specs = (_spec(experts, sliced), _spec(experts, sliced), _spec(experts, width))
   run = jax.shard_map(
-      per_shard, in_specs=(token_spec, token_spec, token_spec, _spec(experts, width, sliced),
-                           _spec(experts, width, sliced), _spec(experts, sliced, width),
-                           *(None if b is None else spec for b, spec in zip(
-                               (weights.wi_bias, weights.wi_gate_bias, weights.wo_bias),
-                               bias_specs))),
+      functools.partial(_per_shard, shards, activation, alpha, limit),
+      in_specs=(token_spec, token_spec, token_spec, _spec(experts, width, sliced),
+                _spec(experts, width, sliced), _spec(experts, sliced, width),
+                *(None if b is None else spec for b, spec in zip(
+                    (weights.wi_bias, weights.wi_gate_bias, weights.wo_bias), bias_specs))),
       out_specs=token_spec, check_vma=False)
   return run(x, chosen, routing_weights, weights.wi, weights.wi_gate, weights.wo,
              weights.wi_bias, weights.wi_gate_bias, weights.wo_bias)
+
+
+def _per_shard(shards: _Shards, activation: expert_dispatch.ExpertActivation, alpha: float,
+               limit: float, x: jax.Array, chosen: jax.Array, routing_weights: jax.Array,
+               wi: jax.Array, wi_gate: jax.Array, wo: jax.Array, wi_bias: jax.Array | None,
+               wi_gate_bias: jax.Array | None, wo_bias: jax.Array | None) -> jax.Array:
+  """One device's part of `dropless`: its expert group's tokens through the experts it holds,
+  the partial outputs summed back onto its own rows [rows here, L, D]."""
+  length, dim, k = x.shape[1], x.shape[2], chosen.shape[-1]
+  if shards.width:
+    wi, wi_gate = (jax.lax.all_gather(w, shards.width, axis=1, tiled=True)
+                   for w in (wi, wi_gate))
+    wo = jax.lax.all_gather(wo, shards.width, axis=2, tiled=True)
+    if wo_bias is not None:
+      wo_bias = jax.lax.all_gather(wo_bias, shards.width, axis=1, tiled=True)
+  if shards.gathered:
+    x, chosen, routing_weights = (jax.lax.all_gather(a, shards.gathered, axis=0, tiled=True)
+                                  for a in (x, chosen, routing_weights))
+  tokens = x.reshape(-1, dim)
+  chosen, routing_weights = chosen.reshape(-1, k), routing_weights.reshape(-1, k)
+  first = jax.lax.axis_index(shards.experts) * shards.local_experts if shards.experts else 0
+  local = chosen - first
+  here = (local >= 0) & (local < shards.local_experts)
+  order, group_sizes, experts_of_rows = expert_dispatch.sorted_by_expert(
+      jnp.where(here, local, shards.local_experts), shards.local_experts)
+  shard_weights = expert_dispatch.ExpertWeights(wi, wi_gate, wo, wi_bias, wi_gate_bias, None)
+  out = expert_dispatch.run_grouped(jnp.take(tokens, order // k, axis=0), group_sizes,
+                                    experts_of_rows, shard_weights, activation, alpha, limit)
+  out = expert_dispatch.unsort(out, order).reshape(-1, k, dim)
+  y = jnp.einsum("tkd,tk->td", out, routing_weights)
+  if shards.sliced:
+    y = jax.lax.psum(y, shards.sliced)
+  if wo_bias is not None:  # Each token's share of its experts' biases held here.
+    y = y + expert_dispatch.output_bias(shard_weights._replace(wo_bias=wo_bias),
+                                        jnp.where(here, local, 0),
+                                        jnp.where(here, routing_weights, 0), jnp.float32)
+  return _summed_back(shards, y).astype(x.dtype).reshape(-1, length, dim)
+
+
+def _summed_back(shards: _Shards, y: jax.Array) -> jax.Array:
+  """The partial outputs of an expert group's tokens [tokens, D] summed over the devices of
+  the group and scattered back to their rows' devices (or summed where rows are not split)."""
+  if shards.gathered:
+    y = jax.lax.psum_scatter(y, shards.gathered, scatter_dimension=0, tiled=True)
+    others = tuple(axis for axis in shards.experts if axis not in shards.gathered)
+    if others:
+      y = jax.lax.psum(y, others)
+  elif shards.experts:
+    y = jax.lax.psum(y, shards.experts)
+  return y

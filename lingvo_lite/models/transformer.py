@@ -359,12 +359,22 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
       return_kv: Also return the tokens' keys and values (a prefill's, for the cache),
         [layers, batch, length, kv_heads, head_dim] each: `(logits, (keys, values))`.
     """
-    dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
-    batch, length = tokens.shape
     if positions is None:
+      length = tokens.shape[1]
       positions = (positions_from_segments(segment_ids) if segment_ids is not None
                    else jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape))
+    x, embedding = self._embedded(tokens, positions)
+    x, extra = self._layers(x, positions, segment_ids, cache, return_kv)
+    if output_index is not None:
+      x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
+    logits = self._logits(x, embedding)
+    return (logits, extra) if (return_kv or cache is not None) else logits
 
+  def _embedded(self, tokens: jax.Array, positions: jax.Array) -> tuple[jax.Array, Any]:
+    """The tokens' embeddings [batch, length, dim] in the compute dtype (scaled, biased and
+    positioned as the fields say), and the embedding table (quantized under "int8_weights")
+    that a tied output reads."""
+    dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
     embedding = self.param(
         "embedding",
         nn.with_logical_partitioning(nn.initializers.normal(stddev=self.embedding_init_stddev),
@@ -391,12 +401,12 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
           nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), ("position", "embed")),
           (self.max_length, self.dim), param_dtype)
       x = x + jnp.take(table, positions, axis=0).astype(dtype)
-    x = layers.constrain(x, "batch", "length", "embed")
+    return layers.constrain(x, "batch", "length", "embed"), embedding
 
-    x, extra = self._layers(x, positions, segment_ids, cache, return_kv)
-    if output_index is not None:
-      x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
-
+  def _logits(self, x: jax.Array, embedding: Any) -> jax.Array:
+    """The final norm and the output projection (the embedding table's, where tied): float32
+    logits [batch, length, vocab]."""
+    dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
     # "int8" training quantizes the blocks only; "int8_weights" the output projection too.
     output_quantization = "int8_weights" if self.quantization == "int8_weights" else None
@@ -414,5 +424,4 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
           self.vocab_size, kernel_axes=("embed", "vocab"), use_bias=self.output_bias,
           quantization=output_quantization, lora=self.lora, dtype=dtype,
           param_dtype=param_dtype, name="output")(x)
-    logits = layers.constrain(logits, "batch", "length", "vocab").astype(jnp.float32)
-    return (logits, extra) if (return_kv or cache is not None) else logits
+    return layers.constrain(logits, "batch", "length", "vocab").astype(jnp.float32)

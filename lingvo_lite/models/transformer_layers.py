@@ -170,60 +170,81 @@ class TransformerLayers:
     `cache_arrays`), the cache with the new tokens written; with `return_kv`, every layer's
     new (keys, values) stacked on a leading layer axis, in layer order; else None.
     """
-    kinds = self.kinds_by_layer()
-    mlp_kinds = self.mlp_kinds_by_layer()
     wants_kv = return_kv and cache is None
-    period, groups = self.scan_plan()
-    scanned = period * groups
     caches = None if cache is None else list(zip(*cache))  # (keys, values) per array.
-    new_kv, new_caches = [], []
-    if scanned:
-      index = jnp.arange(groups, dtype=jnp.int32)
-      if period == 1:
-        body = self._block_class(True)
-        fields = dict(self._block_fields(kinds[0], mlp_kinds[0]), return_kv=wants_kv,
-                      scan_carry=True)
-      else:
-        body = BlockGroup
-        fields = {"members": tuple(tuple(sorted(self._block_fields(kind, mlp_kind).items()))
-                                   for kind, mlp_kind in zip(kinds[:period],
-                                                             mlp_kinds[:period])),
-                  "block_class": self._block_class(True), "return_kv": wants_kv}
-      # The adapters (models/lora.py) are stacked like the parameters, and so are a layer's
-      # statistics (a mixture of experts' routing); each layer draws its own LoRA dropout.
-      stack = nn.scan(body, variable_axes={"params": 0, LORA_COLLECTION: 0, STATISTICS: 0},
-                      split_rngs={"params": True, "dropout": True},
-                      in_axes=(nn.broadcast, nn.broadcast, 0), length=groups,
-                      metadata_params={nn.PARTITION_NAME: "layers"})(**fields, name="layers")
-      if caches is not None:
-        carried = caches[0] if period == 1 else tuple(caches[:period])
-        (x, carried), _ = stack((x, carried), positions, segment_ids, index)
-        new_caches += [carried] if period == 1 else list(carried)
-      else:
-        x, kv = stack(x, positions, segment_ids, index)
-        if wants_kv and period == 1:
-          new_kv.append(kv)
-        elif wants_kv:  # Each member's [groups, ...]: interleaved back into layer order.
-          new_kv.append(jax.tree.map(
-              lambda *members: jnp.stack(members, 1).reshape(-1, *members[0].shape[1:]),
-              *kv))
+    x, scanned = self._scanned_layers(x, positions, segment_ids, caches, wants_kv)
+    left = None if caches is None else caches[len(scanned):]
+    x, unrolled = self._unrolled_layers(x, positions, segment_ids, left, wants_kv)
+    if caches is not None:
+      return x, tuple(tuple(part) for part in zip(*scanned, *unrolled))
+    if wants_kv:
+      return x, jax.tree.map(lambda *parts: jnp.concatenate(parts), *scanned, *unrolled)
+    return x, None
+
+  def _scanned_layers(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
+                      caches: list[Any] | None, wants_kv: bool) -> tuple[jax.Array, list[Any]]:
+    """The scanned groups of layers (none where the layers are unrolled): their output, and
+    their arrays of the decode cache with the new tokens written (`caches`, the cache's
+    (keys, values) per array), or their new (keys, values) on a layer axis (`wants_kv`)."""
+    period, groups = self.scan_plan()
+    if not period * groups:
+      return x, []
+    index = jnp.arange(groups, dtype=jnp.int32)
+    stack = self._scan(period, groups, wants_kv)
+    if caches is not None:
+      carried = caches[0] if period == 1 else tuple(caches[:period])
+      (x, carried), _ = stack((x, carried), positions, segment_ids, index)
+      return x, [carried] if period == 1 else list(carried)
+    x, kv = stack(x, positions, segment_ids, index)
+    if not wants_kv:
+      return x, []
+    if period == 1:
+      return x, [kv]
+    # Each member's [groups, ...]: interleaved back into layer order.
+    return x, [jax.tree.map(
+        lambda *members: jnp.stack(members, 1).reshape(-1, *members[0].shape[1:]), *kv)]
+
+  def _scan(self, period: int, groups: int, wants_kv: bool) -> Any:
+    """The `layers` scan over `groups` steps: a block a step (`period` 1), else a group of
+    `period` blocks, the pattern's."""
+    kinds, mlp_kinds = self.kinds_by_layer(), self.mlp_kinds_by_layer()
+    if period == 1:
+      body = self._block_class(True)
+      fields = dict(self._block_fields(kinds[0], mlp_kinds[0]), return_kv=wants_kv,
+                    scan_carry=True)
+    else:
+      body = BlockGroup
+      fields = {"members": tuple(tuple(sorted(self._block_fields(kind, mlp_kind).items()))
+                                 for kind, mlp_kind in zip(kinds[:period],
+                                                           mlp_kinds[:period])),
+                "block_class": self._block_class(True), "return_kv": wants_kv}
+    # The adapters (models/lora.py) are stacked like the parameters, and so are a layer's
+    # statistics (a mixture of experts' routing); each layer draws its own LoRA dropout.
+    return nn.scan(body, variable_axes={"params": 0, LORA_COLLECTION: 0, STATISTICS: 0},
+                   split_rngs={"params": True, "dropout": True},
+                   in_axes=(nn.broadcast, nn.broadcast, 0), length=groups,
+                   metadata_params={nn.PARTITION_NAME: "layers"})(**fields, name="layers")
+
+  def _unrolled_layers(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
+                       caches: list[Any] | None, wants_kv: bool) -> tuple[jax.Array, list[Any]]:
+    """The layers after the scanned groups (every layer, unscanned), each its own `layer_N`:
+    their output, and as `_scanned_layers` their cache arrays (one a layer) or (keys, values)."""
+    kinds, mlp_kinds = self.kinds_by_layer(), self.mlp_kinds_by_layer()
+    period, groups = self.scan_plan()
     leftover = self._block_class(False)
-    for layer in range(scanned, self.num_layers):
+    added = []
+    for layer in range(period * groups, self.num_layers):
       block = leftover(**self._block_fields(kinds[layer], mlp_kinds[layer]),
                        return_kv=wants_kv, name=f"layer_{layer}")
       if caches is not None:
-        x, layer_cache = block((x, caches[len(new_caches)]), positions, segment_ids)
-        new_caches.append(layer_cache)
+        x, layer_cache = block((x, caches[len(added)]), positions, segment_ids)
+        added.append(layer_cache)
       elif wants_kv:
         x, kv = block(x, positions, segment_ids)
-        new_kv.append(jax.tree.map(lambda a: a[None], kv))
+        added.append(jax.tree.map(lambda a: a[None], kv))
       else:
         x = block(x, positions, segment_ids)
-    if caches is not None:
-      return x, tuple(tuple(part) for part in zip(*new_caches))
-    if wants_kv:
-      return x, jax.tree.map(lambda *parts: jnp.concatenate(parts), *new_kv)
-    return x, None
+    return x, added
 
   # ---------------------------------------------------------------------------- layout
 

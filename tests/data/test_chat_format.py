@@ -7,11 +7,8 @@ pairs are packed whole, each in one row. An answer begun (lm_eval's gen_prefix) 
 
 The stores build in this process (bin/build_store.py's main)."""
 
-import importlib.util
 import json
 import re
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -22,9 +19,9 @@ from lingvo_lite.data import chat_template, pretrained_tokenizer, token_store
 from lingvo_lite.data.preference_data import PreferenceStoreData
 from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
 from tasks.formats.preference import preference_task
+from tests import bin_tools
 from tests.data import chat_tokenizers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPEN, CLOSE = "\u27e6", "\u27e7"  # Around the tokens that count.
 
 
@@ -124,21 +121,6 @@ def dataclasses_replace(files, **changes):
   return dataclasses.replace(files, **changes)
 
 
-def _build_store():
-  """bin/build_store.py as a module (its main), imported once."""
-  name = "bin_build_store_for_chat"
-  if name not in sys.modules:
-    saved = dict(os.environ)
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bin",
-                                                                     "build_store.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[name] = module
-    os.environ.clear()
-    os.environ.update(saved)
-  return sys.modules[name]
-
-
 def _pairs(count):
   """Pairs of one length (a byte-level tokenizer: one token a byte), so three fill a row."""
   return [{"prompt": f"Add {i:02d} and {i + 1:02d}.", "chosen": f"{2 * i + 1:03d}",
@@ -156,7 +138,7 @@ def test_bad_records_are_counted_with_skip_and_pairs_pack_whole(tmp_path, capfd,
   lines = [json.dumps(good), json.dumps({"messages": CONVERSATION[1:2]}), "{oops",
            json.dumps([1]), json.dumps(good)]
   (tmp_path / "chat.jsonl").write_text("\n".join(lines) + "\n")
-  main = _build_store().main
+  main = bin_tools.tool("build_store").main
   code = main(["--format=chat", "--files=train=chat.jsonl", "--vocabulary=tokenizer:tok",
                "--out=chat", "--skip_bad_records", "--no_progress"])
   out, err = capfd.readouterr()
@@ -253,7 +235,7 @@ def test_pairs_with_nothing_to_learn_are_counted_dropped_or_refused(name, tmp_pa
   monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
   chat_tokenizers.byte_level_folder(tmp_path / "tok", template="llama3")
   (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-  got = _build_store().main([f"--format={kind}", "--files=train=pairs.jsonl",
+  got = bin_tools.tool("build_store").main([f"--format={kind}", "--files=train=pairs.jsonl",
                              "--vocabulary=tokenizer:tok", "--out=pairs", "--no_progress",
                              *["--skip_bad_records"] * skip])
   out, err = capfd.readouterr()

@@ -18,19 +18,13 @@ from lingvo_lite import target as targets
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.compile import aot, analyses, compile_report
-from lingvo_lite.testing import run_cli, source_root, synthetic_tiny_setup
+from lingvo_lite.testing import run_cli, run_process, source_root, synthetic_tiny_setup
 from tests.trained_jobs import tree_digest
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
         "--fdl.train_data.global_batch_size=8", "--fdl.eval_data.global_batch_size=8"]
 # A mesh with every kind of split: parameters over fsdp, the batch over data x fsdp.
 SHARDED = ["--fdl.partitioner.ici_data=2", "--fdl.partitioner.ici_fsdp=4"]
-
-
-def _lingvo(args, env=None, timeout=600):
-  return subprocess.run([sys.executable, "-m", "lingvo_lite", *args], cwd=source_root(),
-                        capture_output=True, text=True, timeout=timeout, check=False,
-                        env=env or dict(os.environ))
 
 
 def _eight_cpu_env():
@@ -51,7 +45,7 @@ def _need_libtpu():
 
 def test_cpu8_argument_bytes_equal_an_independent_count(tmp_path):
   job = tmp_path / "job"
-  completed = _lingvo([*TINY, *SHARDED, "--mode=compile", "--compile_topology=cpu:8",
+  completed = run_process([*TINY, *SHARDED, "--mode=compile", "--compile_topology=cpu:8",
                        f"--job_log_dir={job}"])
   assert completed.returncode == 0, completed.stderr
   report = _report(job)
@@ -90,7 +84,7 @@ def test_cpu8_argument_bytes_equal_an_independent_count(tmp_path):
 @pytest.mark.slow
 def test_saved_step_trains_exactly_and_refuses_what_differs(tmp_path):
   step = tmp_path / "step"
-  completed = _lingvo([*TINY, *SHARDED, "--fdl.train.steps=4", "--mode=compile",
+  completed = run_process([*TINY, *SHARDED, "--fdl.train.steps=4", "--mode=compile",
                        "--compile_topology=cpu:8", f"--compiled_step_out={step}"],
                       env=_eight_cpu_env())
   assert completed.returncode == 0, completed.stderr
@@ -174,7 +168,7 @@ def test_tpu_compiles_one_and_two_slices(tmp_path):
                "--fdl.train_data.global_batch_size=32", "--fdl.eval_data.global_batch_size=32"],
        32, {"data": 32, "fsdp": 1, "expert": 1, "tensor": 1})):
     job = tmp_path / name
-    completed = _lingvo([*TINY, "--mode=compile", f"--job_log_dir={job}", *args])
+    completed = run_process([*TINY, "--mode=compile", f"--job_log_dir={job}", *args])
     assert completed.returncode == 0, completed.stderr
     assert completed.stderr.strip() == "", completed.stderr  # libtpu's warnings kept out
     report = _report(job)
@@ -199,7 +193,7 @@ def test_a_two_axis_mesh_across_hosts_compiles_for_a_large_v5e_slice(tmp_path):
     layouts.add(tuple(tuple(c - o for c, o in zip(d.coords, origin)) for d in host_block))
   assert len(layouts) == 1, layouts
   job = tmp_path / "job"
-  completed = _lingvo([*TINY, "--mode=compile", "--compile_topology=v5e-32",
+  completed = run_process([*TINY, "--mode=compile", "--compile_topology=v5e-32",
                        f"--job_log_dir={job}", "--fdl.train_data.global_batch_size=32",
                        "--fdl.eval_data.global_batch_size=32", "--fdl.partitioner.ici_data=4",
                        "--fdl.partitioner.ici_fsdp=8"])
@@ -264,7 +258,7 @@ def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tm
            "--fdl.eval_data.sequence_length=2048", "--fiddler=no_eval", "--mode=compile",
            "--compile_topology=cpu:8", "--fdl.partitioner.ici_data=8"]
   job = tmp_path / "search"
-  completed = _lingvo([*heavy, f"--job_log_dir={job}", "--compile_find_max_batch"])
+  completed = run_process([*heavy, f"--job_log_dir={job}", "--compile_find_max_batch"])
   assert completed.returncode == 0, completed.stderr
   search = _report(job)["max_batch"]["policies"][0]
   best = search["max_per_device_batch_size"]
@@ -276,7 +270,7 @@ def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tm
   # with the batch, so these two decide where the boundary lies.
   for per_device in (best, best + 1):
     job = tmp_path / f"b{per_device}"
-    completed = _lingvo([*heavy, f"--job_log_dir={job}", "--compilation_cache_dir=",
+    completed = run_process([*heavy, f"--job_log_dir={job}", "--compilation_cache_dir=",
                          f"--fdl.train_data.global_batch_size={8 * per_device}"])
     assert completed.returncode == (0 if per_device <= best else 3), (per_device,
                                                                        completed.stderr)
@@ -399,7 +393,7 @@ def test_a_saved_step_never_replaces_the_users_folder(tmp_path):
     (theirs / name).write_text(text)
   before = tree_digest(tmp_path)
   relative = os.path.relpath(theirs, source_root())
-  completed = _lingvo([*TINY, "--mode=compile", "--compile_topology=cpu:1",
+  completed = run_process([*TINY, "--mode=compile", "--compile_topology=cpu:1",
                        "--compilation_cache_dir=", f"--compiled_step_out={relative}"])
   assert completed.returncode == 2, completed.stderr
   assert completed.stderr.splitlines() == [

@@ -3,14 +3,11 @@ KV cache per device against a count by hand, the verdict, the largest decode.slo
 command lines it refuses."""
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
-from lingvo_lite.testing import source_root, synthetic_tiny_setup
+from lingvo_lite.testing import run_process, synthetic_tiny_setup
 
 TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
         "--fdl.train_data.global_batch_size=8", "--fdl.eval_data.global_batch_size=8",
@@ -19,12 +16,6 @@ TINY = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
 # and a prefill of 16 tokens, so the cache is what grows with the slots.
 LONG_CACHE = ["--fdl.model.max_length=4096", "--fdl.decode.cache_length=4096",
               "--fdl.decode.prefill_buckets=(16,)"]
-
-
-def _lingvo(args, timeout=600):
-  return subprocess.run([sys.executable, "-m", "lingvo_lite", *args], cwd=source_root(),
-                        capture_output=True, text=True, timeout=timeout, check=False,
-                        env=dict(os.environ))
 
 
 def _report(job: pathlib.Path) -> dict:
@@ -45,7 +36,7 @@ def test_cpu8_data_by_tensor_reports_both_functions_and_the_cache_per_device(tmp
   job = tmp_path / "job"
   # The vocabulary splits over tensor=2 (PyCode's 259 ids do not).
   vocab = [f"--fdl.{part}.vocab_size=260" for part in ("model", "train_data", "eval_data")]
-  completed = _lingvo([*TINY, *vocab, "--fdl.partitioner.ici_tensor=2",
+  completed = run_process([*TINY, *vocab, "--fdl.partitioner.ici_tensor=2",
                        "--compile_topology=cpu:8", f"--job_log_dir={job}"])
   assert completed.returncode == 0, completed.stderr
   report = _report(job)
@@ -83,7 +74,7 @@ def test_cpu8_data_by_tensor_reports_both_functions_and_the_cache_per_device(tmp
 def test_cache_larger_than_the_target_does_not_fit(tmp_path):
   job = tmp_path / "job"
   # 262144 slots over 8 devices: 128 GiB of cache per device.
-  completed = _lingvo([*TINY, *LONG_CACHE, "--fdl.decode.slots=262144",
+  completed = run_process([*TINY, *LONG_CACHE, "--fdl.decode.slots=262144",
                        "--compile_topology=cpu:8", f"--job_log_dir={job}"])
   assert completed.returncode == 3, completed.stderr
   report = _report(job)
@@ -99,7 +90,7 @@ def test_refused_command_lines_are_one_line(tmp_path):
            ([f"--compiled_step_out={tmp_path / 'step'}"],
             "--compiled_step_out: only the train step is saved")]
   for extra, fragment in cases:
-    completed = _lingvo([*TINY, "--compile_topology=cpu:8", *extra])
+    completed = run_process([*TINY, "--compile_topology=cpu:8", *extra])
     lines = completed.stderr.strip().splitlines()
     assert completed.returncode == 2 and len(lines) == 1, (extra, completed.stderr)
     assert fragment in lines[0], (extra, lines[0])
@@ -109,7 +100,7 @@ def test_refused_command_lines_are_one_line(tmp_path):
 @pytest.mark.slow
 def test_find_max_batch_finds_the_largest_slots_with_compiles_on_both_sides(tmp_path):
   job = tmp_path / "job"
-  completed = _lingvo([*TINY, *LONG_CACHE, "--compile_topology=cpu:8",
+  completed = run_process([*TINY, *LONG_CACHE, "--compile_topology=cpu:8",
                        "--compile_find_max_batch", f"--job_log_dir={job}"])
   assert completed.returncode == 0, completed.stderr
   search = _report(job)["max_slots"]
@@ -129,7 +120,7 @@ def test_tpu_v5e8_decode_compile(tmp_path):
   except ImportError as e:
     pytest.fail(f"libtpu is not installed ({e}): bin/setup.sh installs it")
   job = tmp_path / "job"
-  completed = _lingvo([*TINY, "--compile_topology=v5e-8", f"--job_log_dir={job}"])
+  completed = run_process([*TINY, "--compile_topology=v5e-8", f"--job_log_dir={job}"])
   assert completed.returncode == 0, completed.stderr
   assert completed.stderr.strip() == "", completed.stderr  # libtpu's warnings kept out
   report = _report(job)

@@ -2,12 +2,10 @@
 state: the sharding and remat settings they carry are what makes them fit."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-from lingvo_lite.testing import CliResult, run_cli, source_root
+from lingvo_lite.testing import CliResult, run_cli, run_process
 
 # (experiment, topology, verdict, exit code). GPT-J-6B's float32 state is 97 GB: 0.38 GB a
 # chip on a v5e-256, 12 GB a device on 8 virtual CPU devices sharing 24 GiB. Llama7B's
@@ -37,8 +35,7 @@ def test_experiment_verdict(tmp_path, experiment, topology, verdict, code):
           f"--job_log_dir={job}"]
   if topology.startswith("cpu"):
     # A process's CPU device count is fixed when its JAX backend starts: a child of its own.
-    process = subprocess.run([sys.executable, "-m", "lingvo_lite", *args], cwd=source_root(),
-                             capture_output=True, text=True, timeout=600, check=False)
+    process = run_process(args)
     completed = CliResult(process.returncode, process.stdout, process.stderr)
   else:
     # TPU targets compile from this process as in a child: no second import of the stack.

@@ -175,49 +175,12 @@ def _target_nats(log_probs, targets):
 def test_the_packed_whole_split_equals_each_document_chunk_run_alone(trained, corpus):
   setup, job = trained
   got = eval_program.run(eval_program.selected_sets(setup, ["whole"]), job, checkpoint_step=30)[30]["whole"]
-  source = setup.eval_sets["whole"]
   params = _params(setup, job, 30)
-  # Every row's pieces by segment, in stream order (unshuffled), with each token's nats as
-  # the packed row scores it, and as the row scores it run without its segments (one causal
-  # sequence: a document then sees the one before it).
-  pieces, packed, leaky = [], [], []
-  num_batches, examples = evaluation.pass_length(source)
-  for step in range(num_batches):
-    batch = source.batch(step)
-    with_segments = _target_nats(_token_nats(setup, params, batch["inputs"],
-                                             batch["segment_ids"], batch["positions"]),
-                                 batch["targets"])
-    without = _target_nats(_token_nats(setup, params, batch["inputs"]), batch["targets"])
-    for row in range(source.global_batch_size):
-      if step * source.global_batch_size + row >= examples:
-        continue  # Past the split's end: the eval pass weighs it 0.
-      segments = batch["segment_ids"][row]
-      for segment in np.unique(segments[segments > 0]):
-        where = segments == segment
-        pieces.append(batch["targets"][row][where].tolist())
-        packed.append(with_segments[row][where])
-        leaky.append(without[row][where])
+  pieces, packed, leaky = _packed_pieces(setup, params, setup.eval_sets["whole"])
   # The pieces, joined where no document ends, are exactly the files' documents.
-  joined, current, starts = [], [], []
-  for index, piece in enumerate(pieces):
-    if not current:
-      starts.append(index)
-    current += piece
-    if current[-1] == 1:
-      joined.append(tuple(current))
-      current = []
-  assert not current and sorted(joined) == _documents(corpus)
-  # Each piece alone: inputs are its tokens shifted right behind a 0, positions from 0.
-  alone = []
-  for start in range(0, len(pieces), 64):
-    group = pieces[start:start + 64]
-    inputs = np.zeros((64, LENGTH), np.int32)  # Rows past the group: all padding, unread.
-    targets = np.zeros((64, LENGTH), np.int32)
-    for i, piece in enumerate(group):
-      targets[i, :len(piece)] = piece
-      inputs[i, 1:len(piece)] = piece[:-1]
-    nats = _target_nats(_token_nats(setup, params, inputs), targets)
-    alone += [nats[i, :len(piece)] for i, piece in enumerate(group)]
+  joined, starts = _joined(pieces)
+  assert sorted(joined) == _documents(corpus)
+  alone = _pieces_alone(setup, params, pieces)
   # The task's score metric got each document's text and the log-likelihood of its chunks.
   text_of = lambda ids: bytes(i - 3 for i in ids[:-1]).decode()
   expected = {text_of(doc): -float(sum(np.sum(alone[i]) for i in range(first, last)))
@@ -235,6 +198,61 @@ def test_the_packed_whole_split_equals_each_document_chunk_run_alone(trained, co
   # The check can tell: without the segments, tokens that see another document score
   # clearly otherwise.
   assert np.max(np.abs(leaky - alone)) > 0.05
+
+
+def _packed_pieces(setup, params, source):
+  """Every row's pieces by segment, in stream order (unshuffled), with each token's nats as
+  the packed row scores it, and as the row scores it run without its segments (one causal
+  sequence: a document then sees the one before it): (pieces, packed, leaky)."""
+  pieces, packed, leaky = [], [], []
+  num_batches, examples = evaluation.pass_length(source)
+  for step in range(num_batches):
+    batch = source.batch(step)
+    with_segments = _target_nats(_token_nats(setup, params, batch["inputs"],
+                                             batch["segment_ids"], batch["positions"]),
+                                 batch["targets"])
+    without = _target_nats(_token_nats(setup, params, batch["inputs"]), batch["targets"])
+    for row in range(source.global_batch_size):
+      if step * source.global_batch_size + row >= examples:
+        continue  # Past the split's end: the eval pass weighs it 0.
+      segments = batch["segment_ids"][row]
+      for segment in np.unique(segments[segments > 0]):
+        where = segments == segment
+        pieces.append(batch["targets"][row][where].tolist())
+        packed.append(with_segments[row][where])
+        leaky.append(without[row][where])
+  return pieces, packed, leaky
+
+
+def _joined(pieces):
+  """The pieces joined into documents where one ends (EOS, 1), and the index of each
+  document's first piece; every piece belongs to a document that ends."""
+  joined, current, starts = [], [], []
+  for index, piece in enumerate(pieces):
+    if not current:
+      starts.append(index)
+    current += piece
+    if current[-1] == 1:
+      joined.append(tuple(current))
+      current = []
+  assert not current
+  return joined, starts
+
+
+def _pieces_alone(setup, params, pieces):
+  """Each piece's token nats with the piece run alone: inputs are its tokens shifted right
+  behind a 0, positions from 0."""
+  alone = []
+  for start in range(0, len(pieces), 64):
+    group = pieces[start:start + 64]
+    inputs = np.zeros((64, LENGTH), np.int32)  # Rows past the group: all padding, unread.
+    targets = np.zeros((64, LENGTH), np.int32)
+    for i, piece in enumerate(group):
+      targets[i, :len(piece)] = piece
+      inputs[i, 1:len(piece)] = piece[:-1]
+    nats = _target_nats(_token_nats(setup, params, inputs), targets)
+    alone += [nats[i, :len(piece)] for i, piece in enumerate(group)]
+  return alone
 
 
 def test_whole_split_pass_counts_each_example_once(trained, corpus):

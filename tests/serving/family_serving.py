@@ -24,6 +24,19 @@ def train_commands(families: Mapping[str, str], *more: str) -> tuple[tuple[str, 
                for name, experiment in families.items())
 
 
+def trained_families(folder: str, families: Mapping[str, str], *more: str):
+  """A module-scoped fixture `jobs`: a working directory of the module's own (named after
+  `folder`) holding the families' jobs as `train_commands(families, *more)` leaves them."""
+  commands = train_commands(families, *more)
+
+  @pytest.fixture(scope="module")
+  def jobs(tmp_path_factory, prepare_workdir) -> pathlib.Path:
+    workdir = tmp_path_factory.mktemp(folder)
+    prepare_workdir(commands, workdir)
+    return workdir
+  return jobs
+
+
 def serve_decode_and_score(job: pathlib.Path, name: str, score: bool = True) -> None:
   """One load of the job (the harness's model): `--mode=serve`'s answer to a greedy request
   past the window is the generator's offline decode, and (`score`) the harness scores a task

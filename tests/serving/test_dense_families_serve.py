@@ -12,18 +12,11 @@ trained-job cache, tests/trained_jobs.py), then
 
 import pytest
 
-from tests.serving.family_serving import serve_decode_and_score, train_commands
+from tests.serving.family_serving import serve_decode_and_score, trained_families
 
 FAMILIES = {"gemma3": "PyCodeGemma3Tiny", "olmo3": "PyCodeOlmo3Tiny",
             "qwen3": "PyCodeQwen3Tiny"}
-TRAIN = train_commands(FAMILIES)
-
-
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory, prepare_workdir):
-  workdir = tmp_path_factory.mktemp("dense_families")
-  prepare_workdir(TRAIN, workdir)
-  return workdir
+jobs = trained_families("dense_families", FAMILIES)
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

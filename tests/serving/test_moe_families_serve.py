@@ -18,18 +18,11 @@ import math
 import pytest
 
 from lingvo_lite.testing import run_cli
-from tests.serving.family_serving import serve_decode_and_score, train_commands
+from tests.serving.family_serving import serve_decode_and_score, trained_families
 
 FAMILIES = {"gpt_oss": "PyCodeGptOssTiny", "mixtral": "PyCodeMixtralTiny",
             "qwen3_moe": "PyCodeQwen3MoeTiny"}
-TRAIN = train_commands(FAMILIES, "--fdl.train.log_every_steps=1")
-
-
-@pytest.fixture(scope="module")
-def jobs(tmp_path_factory, prepare_workdir):
-  workdir = tmp_path_factory.mktemp("moe_families")
-  prepare_workdir(TRAIN, workdir)
-  return workdir
+jobs = trained_families("moe_families", FAMILIES, "--fdl.train.log_every_steps=1")
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

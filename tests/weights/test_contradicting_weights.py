@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 from typing import Callable
 
 import gguf
@@ -30,7 +28,7 @@ from safetensors.numpy import load_file
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import format_names
 from lingvo_lite.models.format_names import GgufNames
-from lingvo_lite.testing import run_cli, source_root
+from lingvo_lite.testing import run_cli, run_process, source_root
 from lingvo_lite.weights import gguf_header
 from tests.weights import tiny_weights
 from tests.trained_jobs import tree_digest
@@ -190,10 +188,8 @@ def test_a_gguf_that_contradicts_itself_as_a_user_runs_it(tmp_path):
   tiny_weights.gguf_file(tmp_path / "model.gguf", metadata={"vocab_size": 300})
   before = tree_digest(tmp_path)
   relative = os.path.relpath(tmp_path / "model.gguf", source_root())
-  result = subprocess.run([sys.executable, "-m", "lingvo_lite", "--mode=print",
-                           "--exp=PyCodeTiny", f"--init_from=gguf:{relative}"],
-                          cwd=source_root(), capture_output=True, text=True, timeout=120,
-                          check=False)
+  result = run_process(["--mode=print", "--exp=PyCodeTiny", f"--init_from=gguf:{relative}"],
+                       timeout=120)
   assert result.returncode == 2, result.stderr
   assert result.stderr == (
       f"lingvo_lite: error: gguf:{relative}: llama.vocab_size=300 makes dimension 0 of tensor "

@@ -498,21 +498,9 @@ def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_jo
   weight's channel)."""
   from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
   from lingvo_lite.config import files as config_files  # pylint: disable=g-import-not-at-top
-  from lingvo_lite.weights.slim_weights import SlimCheckpoint  # pylint: disable=g-import-not-at-top
   import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
   job = tiny_job / "runs" / "tiny"
-  sizes, array_bytes = {}, {}
-  for dtype in ("float32", "bfloat16", "int8"):
-    out = tmp_path / f"slim_{dtype}"
-    result = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}",
-                      "--export_format=slim", f"--export_dtype={dtype}"])
-    assert result.code == 0, result.stderr[-3000:]
-    assert "(the checkpoint step: " in result.stdout and "on disk" in result.stdout
-    manifest = json.loads((out / "manifest.json").read_text())
-    sizes[dtype] = manifest["files"]["params"]
-    assert manifest["dtype"] == dtype and (out / "config.json").exists()
-    array_bytes[dtype] = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(
-        ocp.StandardCheckpointer().restore((out / "params").absolute())))
+  sizes, array_bytes = _slim_exports(job, tmp_path)
   # The arrays themselves: bfloat16 half the bytes; int8 the weight matrices at a quarter, with
   # the tiny model's norms, biases and scales beside them (not quite a quarter in all).
   assert array_bytes["bfloat16"] * 2 == array_bytes["float32"], array_bytes
@@ -527,22 +515,55 @@ def test_slim_weights_are_the_parameters_alone_and_read_back_onto_a_mesh(tiny_jo
   mesh_params = MeshParams(setup.model, setup.train_data.sequence_length, setup.partitioner,
                            setup.partitioner.make_mesh())
   for dtype in ("float32", "bfloat16", "int8"):
-    params, what = SlimCheckpoint(str(tmp_path / f"slim_{dtype}")).load_params(mesh_params)
-    assert what.startswith("slim:") and f"step {step}" in what
-    rounded = 0
-    for ours, theirs in zip(jax.tree.leaves(params), jax.tree.leaves(saved)):
-      ours, theirs = np.asarray(ours), np.asarray(theirs)
-      assert ours.dtype == np.float32 and ours.shape == theirs.shape
-      if dtype == "int8" and theirs.ndim >= 2:  # A weight matrix: rounded per channel.
-        step_size = np.max(np.abs(theirs)) / 127.5  # At least each channel's own step.
-        assert np.all(np.abs(ours - theirs) <= step_size * 0.5 * (1 + 1e-5)), ours.shape
-        rounded += not np.array_equal(ours, theirs)
-        continue
-      expected = theirs if dtype != "bfloat16" else np.asarray(
-          jnp.asarray(theirs, jnp.bfloat16).astype(np.float32))
-      np.testing.assert_array_equal(ours, expected)
-    assert (rounded > 0) == (dtype == "int8")
-  # A model of other shapes is refused in one line.
+    _assert_slim_reads_back(tmp_path / f"slim_{dtype}", dtype, mesh_params, saved, step)
+  _assert_slim_refusals(tmp_path, mesh_params)
+
+
+def _slim_exports(job, tmp_path):
+  """The job exported as slim weights in each dtype, to tmp_path/slim_<dtype>: each file's
+  bytes on disk and its arrays' bytes, by dtype."""
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  sizes, array_bytes = {}, {}
+  for dtype in ("float32", "bfloat16", "int8"):
+    out = tmp_path / f"slim_{dtype}"
+    result = run_cli(["--mode=export", f"--job_log_dir={job}", f"--export_dir={out}",
+                      "--export_format=slim", f"--export_dtype={dtype}"])
+    assert result.code == 0, result.stderr[-3000:]
+    assert "(the checkpoint step: " in result.stdout and "on disk" in result.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    sizes[dtype] = manifest["files"]["params"]
+    assert manifest["dtype"] == dtype and (out / "config.json").exists()
+    array_bytes[dtype] = sum(np.asarray(leaf).nbytes for leaf in jax.tree.leaves(
+        ocp.StandardCheckpointer().restore((out / "params").absolute())))
+  return sizes, array_bytes
+
+
+def _assert_slim_reads_back(folder, dtype, mesh_params, saved, step):
+  """The slim `folder` of `dtype` read onto the mesh: the `saved` parameters of checkpoint
+  `step`, float32 exactly, bfloat16 rounded, int8 within half a step of each channel."""
+  from lingvo_lite.weights.slim_weights import SlimCheckpoint  # pylint: disable=g-import-not-at-top
+  params, what = SlimCheckpoint(str(folder)).load_params(mesh_params)
+  assert what.startswith("slim:") and f"step {step}" in what
+  rounded = 0
+  for ours, theirs in zip(jax.tree.leaves(params), jax.tree.leaves(saved)):
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    if dtype == "int8" and theirs.ndim >= 2:  # A weight matrix: rounded per channel.
+      step_size = np.max(np.abs(theirs)) / 127.5  # At least each channel's own step.
+      assert np.all(np.abs(ours - theirs) <= step_size * 0.5 * (1 + 1e-5)), ours.shape
+      rounded += not np.array_equal(ours, theirs)
+      continue
+    expected = theirs if dtype != "bfloat16" else np.asarray(
+        jnp.asarray(theirs, jnp.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(ours, expected)
+  assert (rounded > 0) == (dtype == "int8")
+
+
+def _assert_slim_refusals(tmp_path, mesh_params):
+  """A model of other shapes, and a truncated copy of tmp_path/slim_float32: one line each."""
+  from lingvo_lite import executor  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.config import files as config_files  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.weights.slim_weights import SlimCheckpoint  # pylint: disable=g-import-not-at-top
   other = executor.build(config_files.load(tmp_path / "slim_float32" / "config.json"))
   wider = MeshParams(other.model.clone(parent=None, dim=other.model.dim * 2),
                      other.train_data.sequence_length, other.partitioner,

@@ -252,6 +252,16 @@ def verdict_lines(report: dict[str, Any]) -> list[str]:
           f"  decided by: {m['deciding_rule']}"]
 
 
+def argument_bytes_line(report: dict[str, Any], of: str = "") -> str:
+  """The analytic argument bytes per device, by part, beside XLA's count of them; `of` says
+  whose they are where a report compiles several functions."""
+  a = report["analytic"]
+  parts = ", ".join(f"{name} {gib(size)}" for name, size in a["by_part"].items())
+  padding = "; XLA:TPU pads arrays to its tiles" if report["target"]["platform"] == "tpu" else ""
+  return (f"  analytic argument bytes per device{of}: {parts}; total {gib(a['total'])} "
+          f"(XLA arguments: {gib(a['xla_arguments'])}{padding})")
+
+
 def memory_text(m: dict[str, Any]) -> str:
   """XLA's memory analysis of one compile (a report's `memory`), in words."""
   return (f"arguments {gib(m['arguments'])}, outputs {gib(m['outputs'])}, aliased (donated) "
@@ -272,8 +282,7 @@ def buffer_lines(buffers: list[dict[str, Any]], where: str = "") -> list[str]:
 
 def to_text(report: dict[str, Any]) -> str:
   """The report for people: the verdict first, then what it rests on."""
-  t, m, a, f, s = (report["target"], report["memory"], report["analytic"], report["flops"],
-                   report["step_time"])
+  t, m, f, s = report["target"], report["memory"], report["flops"], report["step_time"]
   batch = report["batch"]
   lines = [f"compile of the {report['program']} step for {t['name']} ({t['num_devices']} x "
            f"{t['device_kind']}, {t['num_processes']} process(es), {t['num_slices']} "
@@ -285,10 +294,7 @@ def to_text(report: dict[str, Any]) -> str:
     lines.append(f"  XLA memory analysis per device: {memory_text(m)}")
   if m.get("xla_error"):
     lines.append(f"  XLA: {m['xla_error']}")
-  parts = ", ".join(f"{name} {gib(size)}" for name, size in a["by_part"].items())
-  padding = "; XLA:TPU pads arrays to its tiles" if t["platform"] == "tpu" else ""
-  lines.append(f"  analytic argument bytes per device: {parts}; total {gib(a['total'])} "
-               f"(XLA arguments: {gib(a['xla_arguments'])}{padding})")
+  lines.append(argument_bytes_line(report))
   lines += buffer_lines(report["largest_buffers"])
   xla_flops = f["xla_per_device"]
   lines.append(f"  FLOPs per step: model {f['model_per_step']:.4g} ({f['model_per_device']:.4g} "

@@ -234,10 +234,7 @@ def to_text(report: dict[str, Any]) -> str:
                  f"{f['compile_seconds']:.1f} s")
     if f.get("xla_error"):
       lines.append(f"    XLA: {f['xla_error']}")
-  parts = ", ".join(f"{name} {gib(size)}" for name, size in a["by_part"].items())
-  padding = "; XLA:TPU pads arrays to its tiles" if t["platform"] == "tpu" else ""
-  lines.append(f"  analytic argument bytes per device of the generate loop: {parts}; total "
-               f"{gib(a['total'])} (XLA arguments: {gib(a['xla_arguments'])}{padding})")
+  lines.append(compile_report.argument_bytes_line(report, " of the generate loop"))
   decider = report["memory"]["deciding_function"]
   lines += compile_report.buffer_lines(
       report["largest_buffers"], f" of the {'generate loop' if decider == 'generate' else decider}")
