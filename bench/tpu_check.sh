@@ -26,8 +26,8 @@
 # profile: bench/tpu_profile.py: traces of batch-64 decode (both shapes) and the best
 #         Llama1BOneChip row, summed by op: $OUT/<name>.json and <name>.xplane.pb.
 # int8:   Llama1BOneChip's minimal row in bfloat16 and with model.quantization='int8'.
-# tests:  the suite's model, decode and step tests on the chip, one pytest process, float32
-#         comparisons at the highest matmul precision (tests/conftest.py sets it on TPUs).
+# tests:  the suite's model, decode, step, training and weights tests on the chip, in parts
+#         (bench/tpu_test_parts.py): a JUnit file each, one summary line across them.
 # Output: stdout, and $OUT/*.txt / *.jsonl when $OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -82,12 +82,9 @@ for stage in "${stages[@]}"; do
           --json "$out/decode.jsonl" 2>&1 | grep -v "^[WI]0" | tee -a "$out/decode.txt"
       ;;
     tests)
-      # Float32 comparisons at the highest matmul precision (a TPU's default is three digits).
-      # Deselected: the SentencePiece test, which needs seqio and TensorFlow (not carried).
-      JAX_DEFAULT_MATMUL_PRECISION=highest python3 -m pytest -q -p no:cacheprovider \
-          tests/models tests/decode tests/test_steps.py \
-          --deselect tests/decode/test_decode.py::test_text_through_a_sentencepiece_vocabulary_and_stop_strings \
-          2>&1 | tail -40 | tee "$out/tests.txt"
+      # The on-device tests in parts, each a pytest process with a JUnit file under $out and
+      # a summary line (bench/tpu_test_parts.py says which parts and why a test is left out).
+      python3 bench/tpu_test_parts.py --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/tests.txt"
       ;;
     profile)
       # Where the device time goes (bench/tpu_profile.py): batch-64 decode of both decode

@@ -1,0 +1,97 @@
+"""The suite's on-device tests, run on a TPU in parts, each its own pytest process with a JUnit
+file, and one summary line across the parts.
+
+  python3 bench/tpu_test_parts.py --out DIR [PART ...]     (bash bench/tpu_check.sh tests)
+
+Parts (each under 8 minutes on one v5e chip: a command may run 10):
+  models    tests/models: layers, kernels, families, remat, quantization, LoRA, MoE
+  decode    tests/decode: cached decoding against teacher forcing, sampling, requests
+  training  the step, DPO and optimizer tests (tests/test_steps.py, test_dpo.py,
+            test_optimizers.py)
+  weights   tests/weights: Hugging Face, GGUF, PEFT, slim and job weights against
+            transformers and peft (needs torch, transformers, peft and gguf installed there)
+
+Float32 comparisons run at the highest matmul precision (a TPU's default keeps three digits).
+The chip takes one process at a time, so the parts run one after another. Each skip is listed
+with its reason in DIR/tests_summary.txt, and so is each deselected test (`DESELECTED`: what
+the TPU machine cannot run, with why). New on 2026-12-07 and not yet run on a chip as parts:
+the 15 cases that failed there on 2026-12-06 pass on it (run singly), but a test that starts
+`python -m lingvo_lite` as a child while this process holds the chip is yet to be seen there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+PARTS = {
+    "models": ["tests/models"],
+    "decode": ["tests/decode"],
+    "training": ["tests/test_steps.py", "tests/test_dpo.py", "tests/test_optimizers.py"],
+    "weights": ["tests/weights"],
+}
+# Tests that need what the TPU machine does not carry (seqio and TensorFlow), by node id.
+DESELECTED = {
+    "tests/decode/test_decode.py::test_text_through_a_sentencepiece_vocabulary_and_stop_strings":
+        "a SentencePiece vocabulary needs seqio and TensorFlow, which the TPU machine lacks",
+}
+PART_SECONDS = 480
+
+
+def _run(part: str, out: str) -> str:
+  """Runs one part; returns its JUnit file's path."""
+  junit = os.path.join(out, f"tests_{part}.xml")
+  command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+             f"--junitxml={junit}", *PARTS[part],
+             *(f"--deselect={node}" for node in DESELECTED)]
+  env = dict(os.environ, JAX_DEFAULT_MATMUL_PRECISION="highest")
+  with open(os.path.join(out, f"tests_{part}.txt"), "w", encoding="utf-8") as log:
+    try:
+      subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                     timeout=PART_SECONDS, check=False)
+    except subprocess.TimeoutExpired:
+      log.write(f"\ntpu_test_parts: part {part} ran past {PART_SECONDS} s and was stopped\n")
+  return junit
+
+
+def _counts(junit: str) -> tuple[int, int, int, list[str]]:
+  """(passed, failed, skipped, the skips' 'node: reason' lines) of one JUnit file; a part
+  that left none counts as one failure."""
+  if not os.path.exists(junit):
+    return 0, 1, 0, []
+  suite = ET.parse(junit).getroot()
+  suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+  failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+  skipped_cases = [case for case in suite.iter("testcase") if case.find("skipped") is not None]
+  skips = [f"{case.get('classname')}::{case.get('name')}: "
+           f"{case.find('skipped').get('message', '')}" for case in skipped_cases]
+  total = int(suite.get("tests", 0))
+  return total - failed - len(skips), failed, len(skips), skips
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("parts", nargs="*", default=list(PARTS), choices=[*PARTS, []])
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args()
+  os.makedirs(args.out, exist_ok=True)
+  lines, totals = [], [0, 0, 0]
+  for part in args.parts or list(PARTS):
+    passed, failed, skipped, skips = _counts(_run(part, args.out))
+    totals = [totals[0] + passed, totals[1] + failed, totals[2] + skipped]
+    lines.append(f"{part}: {passed} passed, {failed} failed, {skipped} skipped")
+    lines += [f"  skipped {line}" for line in skips]
+    print(lines[-1 - len(skips)], flush=True)
+  lines += [f"deselected {node}: {why}" for node, why in DESELECTED.items()]
+  lines.append(f"tests on the chip: {totals[0]} passed, {totals[1]} failed, "
+               f"{totals[2]} skipped")
+  with open(os.path.join(args.out, "tests_summary.txt"), "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  print(lines[-1], flush=True)
+
+
+if __name__ == "__main__":
+  main()
