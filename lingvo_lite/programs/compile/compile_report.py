@@ -12,14 +12,16 @@ report.json, schema "lingvo_lite.compile_report/1":
   batch:      global_batch_size, per_device_batch_size, sequence_length
   memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
               outputs - aliased + temporaries + generated code), peak (XLA's peak of live
-              buffers where it reports one; it decides only on TPU),
+              buffers where it reports one; it decides only on TPU), host: {arguments,
+              outputs, aliased, temporaries} (in host memory: optimizer.offload_state),
               deciding (the number the verdict compares), deciding_rule (which and why),
               source: "memory_analysis" | "resource_exhausted" | "none"
   verdict:    "FITS" | "DOES NOT FIT" | "UNKNOWN" (XLA reported no memory analysis)
   margin:     bytes (available - deciding, negative when it does not fit), fraction
   largest_buffers: [{bytes, shape, instruction, op_name}], ten at most
-  analytic:   parameters, optimizer (by moment name), other_state, batch, total, and
-              xla_arguments beside it
+  analytic:   by_part: parameters, optimizer (by moment name), other_state, batch; total, and
+              xla_arguments beside it; host_by_part, host_total, xla_host_arguments: the
+              same of what lives in host memory (an offloaded optimizer state)
   flops:      xla_per_device, model_per_step, model_per_device
   compile_seconds, compile_cached (the analyses are an earlier compile's of the same program,
               read from the compilation cache: programs/compile/analyses.py; compile_seconds is
@@ -54,6 +56,7 @@ from lingvo_lite import mfu
 from lingvo_lite.on_mesh import evaluation
 from lingvo_lite.programs.compile import analyses
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
+from lingvo_lite.training.train_state import HOST_MEMORY
 
 SCHEMA = "lingvo_lite.compile_report/1"
 FITS, DOES_NOT_FIT, UNKNOWN = "FITS", "DOES NOT FIT", "UNKNOWN"
@@ -90,17 +93,23 @@ def analytic_bytes(result: CompileResult) -> dict[str, Any]:
     state = {"params": abstract.params, "frozen": abstract.frozen}
     spec = evaluation.largest_set(jitted.setup)[1].batch_spec()
   groups: dict[str, int] = {"parameters": 0}
+  host: dict[str, int] = {}  # What lives in host memory (an offloaded optimizer state).
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
     group = _state_group(path)
-    groups[group] = groups.get(group, 0) + shard_bytes(leaf)
+    kept = host if leaf.sharding.memory_kind == HOST_MEMORY else groups
+    kept[group] = kept.get(group, 0) + shard_bytes(leaf)
   batch = sum(math.prod(jitted.batch_sharding.shard_shape(shape)) * np.dtype(dtype).itemsize
               for shape, dtype in spec.values())
-  other = groups.pop("other_state", None)
-  if other is not None:
-    groups["other_state"] = other  # Step counters, after the parameters and moments.
+  for kept in (groups, host):
+    other = kept.pop("other_state", None)
+    if other is not None:
+      kept["other_state"] = other  # Step counters, after the parameters and moments.
   groups["batch"] = batch
+  memory = result.memory
   return {"by_part": groups, "total": sum(groups.values()),
-          "xla_arguments": result.memory.arguments if result.memory else None}
+          "xla_arguments": memory.arguments if memory else None,
+          "host_by_part": host, "host_total": sum(host.values()),
+          "xla_host_arguments": memory.host_arguments if memory else None}
 
 
 def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
@@ -112,6 +121,13 @@ def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
             "(a TPU compile that does not fit gives no memory analysis)", "resource_exhausted")
   if memory is None:
     return None, "XLA reported no memory analysis (0 or -1) on this backend", "none"
+  if platform == "tpu" and memory.peak and memory.host_state:
+    return (memory.peak - memory.host_state,
+            "XLA:TPU's peak of live buffers (its heap simulation) less the arguments and "
+            "outputs it keeps in host memory, which that peak counts (arguments + outputs - "
+            "aliased + temporaries is not the device's own then: XLA:TPU compiles such steps "
+            "whose sum exceeds its memory); XLA:TPU itself refuses a step above its own limit, "
+            "a little under the datasheet's (15.75 of a v5e's 16 GiB)", "memory_analysis")
   if platform == "tpu" and memory.peak:
     return (max(memory.peak, memory.total),
             "the larger of XLA:TPU's peak of live buffers (its heap simulation) and "
@@ -176,7 +192,10 @@ def build(result: CompileResult) -> dict[str, Any]:
           **({"arguments": memory.arguments, "outputs": memory.outputs,
               "aliased": memory.aliased, "temporaries": memory.temporaries,
               "generated_code": memory.generated_code, "total": memory.total,
-              "peak": memory.peak} if memory else {}),
+              "peak": memory.peak,
+              "host": {"arguments": memory.host_arguments, "outputs": memory.host_outputs,
+                       "aliased": memory.host_aliased,
+                       "temporaries": memory.host_temporaries}} if memory else {}),
           "deciding": deciding_bytes, "deciding_rule": rule, "source": source,
           "available": available,
           **({"xla_error": result.out_of_memory.message} if result.out_of_memory else {})},
@@ -254,10 +273,14 @@ def verdict_lines(report: dict[str, Any]) -> list[str]:
 
 def memory_text(m: dict[str, Any]) -> str:
   """XLA's memory analysis of one compile (a report's `memory`), in words."""
+  host = m.get("host") or {}
   return (f"arguments {gib(m['arguments'])}, outputs {gib(m['outputs'])}, aliased (donated) "
           f"{gib(m['aliased'])}, temporaries {gib(m['temporaries'])}, generated code "
           f"{gib(m['generated_code'])}; total {gib(m['total'])}"
-          + (f"; XLA peak {gib(m['peak'])}" if m.get("peak") else ""))
+          + (f"; XLA peak {gib(m['peak'])}" if m.get("peak") else "")
+          + (f"; in host memory: arguments {gib(host['arguments'])}, outputs "
+             f"{gib(host['outputs'])}, aliased {gib(host['aliased'])}, temporaries "
+             f"{gib(host['temporaries'])}" if any(host.values()) else ""))
 
 
 def buffer_lines(buffers: list[dict[str, Any]], where: str = "") -> list[str]:
@@ -289,6 +312,11 @@ def to_text(report: dict[str, Any]) -> str:
   padding = "; XLA:TPU pads arrays to its tiles" if t["platform"] == "tpu" else ""
   lines.append(f"  analytic argument bytes per device: {parts}; total {gib(a['total'])} "
                f"(XLA arguments: {gib(a['xla_arguments'])}{padding})")
+  if a.get("host_by_part"):
+    parts = ", ".join(f"{name} {gib(size)}" for name, size in a["host_by_part"].items())
+    lines.append(f"  analytic bytes in host memory per device (not in the total above): {parts}; total "
+                 f"{gib(a['host_total'])} (XLA host arguments: "
+                 f"{gib(a['xla_host_arguments'])})")
   lines += buffer_lines(report["largest_buffers"])
   xla_flops = f["xla_per_device"]
   lines.append(f"  FLOPs per step: model {f['model_per_step']:.4g} ({f['model_per_device']:.4g} "
