@@ -34,9 +34,13 @@ report.json, schema "lingvo_lite.compile_report/1":
               the bf16 one)
   dots:       {int8, float}: the matmul instructions of the optimized HLO (aot.dot_counts),
               or null (analyses kept by an older version)
-  remat_policies: (with --compile_remat_policies) per_device_batch_size, rows: [{
-              remat_policy, description, bytes (the deciding bytes), available, verdict,
-              margin, compile_seconds, compile_cached}]: programs/compile/remat_table.py
+  optimizer:  moment_dtype, offload_state (the optimizer's)
+  remat_policies, optimizer_options: (with --compile_remat_policies,
+              --compile_optimizer_options) column (each row's name field: remat_policy,
+              optimizer_option), title, heading, own (the config's own choice, or null),
+              per_device_batch_size, rows: [{<column>, description, bytes (the deciding
+              bytes), available, host_bytes (in host memory), verdict, margin,
+              compile_seconds, compile_cached}]: programs/compile/setting_tables.py
   max_batch:  (with --compile_find_max_batch) see programs/compile/max_batch.py
 
 Longer than 300 lines with a reason: the schema above and the code that fills each of its
@@ -185,6 +189,8 @@ def build(result: CompileResult) -> dict[str, Any]:
       "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
       "parameters": setup.model.num_parameters(),
       "remat_policy": getattr(setup.model, "remat_policy", None),
+      "optimizer": {"moment_dtype": getattr(setup.optimizer, "moment_dtype", None),
+                    "offload_state": getattr(setup.optimizer, "offload_state", False)},
       "batch": {"global_batch_size": data.global_batch_size,
                 "per_device_batch_size": data.global_batch_size / target.num_devices,
                 "sequence_length": data.sequence_length},
@@ -330,38 +336,59 @@ def to_text(report: dict[str, Any]) -> str:
                f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
                f"({s['peak_source']})")
   lines += int8_lines(report)
-  lines += _remat_lines(report)
+  lines += _hint_lines(report) + _table_lines(report)
   if "max_batch" in report:
     lines += _max_batch_lines(report["max_batch"])
   return "\n".join(lines) + "\n"
 
 
-def _remat_lines(report: dict[str, Any]) -> list[str]:
-  """The report's remat_policies table (remat_table.py compiles, this only shows), with each
-  policy's largest batch where max_batch.py searched; else, for a train step, the flag that
-  makes it."""
-  data = report.get("remat_policies")
-  if data is None:
-    policy = report.get("remat_policy")
-    return [f"  remat policy: {policy}; which policies fit at this batch: "
-            "--compile_remat_policies=all (a compile each)"] if (
-                policy and report["program"] == "train") else []
-  best = {row["remat_policy"]: row["max_per_device_batch_size"]
-          for row in report.get("max_batch", {}).get("policies", [])}
-  lines = [f"  remat policies at this batch ({data['per_device_batch_size']:g} per device; the "
-           f"verdict above is the config's own, {report.get('remat_policy')}):",
-           "    remat policy                        needs per device  verdict       margin"
-           + ("                    max per device" if best else "")]
-  for row in data["rows"]:
-    margin = row["margin"]
-    shown = ("n/a" if margin is None else
-             f"{margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})")
-    line = (f"    {row['remat_policy']:<35} {gib(row['bytes']):>16}  {row['verdict']:<12}  "
-            f"{shown:<24}")
-    if best:
-      most = best.get(row["remat_policy"])
-      line += f"  {'n/a' if most is None else most:>14}"
-    lines.append(line.rstrip())
+def _hint_lines(report: dict[str, Any]) -> list[str]:
+  """For a train step, the settings the config chose that a table could compare, each with
+  the flag that makes its table (where that table is not in the report)."""
+  if report["program"] != "train":
+    return []
+  lines = []
+  policy = report.get("remat_policy")
+  if policy and "remat_policies" not in report:
+    lines.append(f"  remat policy: {policy}; which policies fit at this batch: "
+                 "--compile_remat_policies=all (a compile each)")
+  optimizer = report.get("optimizer")
+  if optimizer and "optimizer_options" not in report:
+    dtype = optimizer["moment_dtype"] or "the parameters' dtype"
+    where = "host memory between steps" if optimizer["offload_state"] else "the device"
+    lines.append(f"  optimizer moments: {dtype}, on {where}; which ways of keeping them fit: "
+                 "--compile_optimizer_options=all (a compile each)")
+  return lines
+
+
+def _table_lines(report: dict[str, Any]) -> list[str]:
+  """The report's setting tables (setting_tables.py compiles, this only shows), with each
+  choice's largest batch where max_batch.py searched."""
+  lines = []
+  for data in report.values():
+    if not (isinstance(data, dict) and "column" in data and "rows" in data):
+      continue
+    column = data["column"]
+    best = {row[column]: row["max_per_device_batch_size"]
+            for row in report.get("max_batch", {}).get("policies", []) if column in row}
+    host = any(row.get("host_bytes") for row in data["rows"])
+    own = data["own"] if data["own"] is not None else "none of these"
+    lines += [f"  {data['heading']} at this batch ({data['per_device_batch_size']:g} per "
+              f"device; the verdict above is the config's own, {own}):",
+              f"    {data['title']:<35} needs per device"
+              + ("    in host memory" if host else "") + "  verdict       margin"
+              + ("                    max per device" if best else "")]
+    for row in data["rows"]:
+      margin = row["margin"]
+      shown = ("n/a" if margin is None else
+               f"{margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})")
+      line = (f"    {row[column]:<35} {gib(row['bytes']):>16}"
+              + (f"  {gib(row.get('host_bytes') or 0):>16}" if host else "")
+              + f"  {row['verdict']:<12}  {shown:<24}")
+      if best:
+        most = best.get(row[column])
+        line += f"  {'n/a' if most is None else most:>14}"
+      lines.append(line.rstrip())
   return lines
 
 
@@ -392,12 +419,16 @@ def int8_lines(report: dict[str, Any]) -> list[str]:
 
 def _max_batch_lines(data: dict[str, Any]) -> list[str]:
   """The report's max_batch section: max_batch.py searches, this only shows."""
+  titles = {"remat_policy": "remat policy", "optimizer_option": "optimizer option"}
+  columns = {next(key for key in titles if key in row) for row in data["policies"]}
+  title = titles[columns.pop()] if len(columns) == 1 else "setting"
   lines = ["  largest per-device batch that fits:",
-           "    remat policy                        max per device  compiles (batch: GiB, fits)"]
+           f"    {title:<35} max per device  compiles (batch: GiB, fits)"]
   for row in data["policies"]:
     made = ", ".join(f"{c['per_device_batch_size']}: {c['bytes'] / 2**30:.2f} "
                      f"{'yes' if c['fits'] else 'no'}" for c in row["compiles"])
     best = row["max_per_device_batch_size"]
-    lines.append(f"    {row['remat_policy']:<35} {'n/a' if best is None else best:>14}  {made}"
+    name = next(row[key] for key in titles if key in row)
+    lines.append(f"    {name:<35} {'n/a' if best is None else best:>14}  {made}"
                  + (f"  ({row['note']})" if row["note"] else ""))
   return lines
