@@ -78,11 +78,11 @@ class JittedSteps:
     base = None
     if self.adapters:  # The base's shapes came from the same trace as the adapters'.
       trained, base = trained
+    elif setup.train.has_frozen:  # A full fine-tune's reference: the parameters' shapes.
+      base = trained.abstract.params
     self.offload_state = setup.optimizer.offload_state
     if self.offload_state:
       trained = train_state.offloaded(trained)
-    elif setup.train.has_frozen:  # A full fine-tune's reference: the parameters' shapes.
-      base = trained.abstract.params
     self.frozen = (frozen_weights.FrozenWeights(setup, self.mesh, base)
                    if setup.train.has_frozen else None)
     if self.frozen is not None:  # The step's state holds them too; a checkpoint does not.
@@ -119,7 +119,7 @@ class JittedSteps:
     """Whether every float of `state` (but its frozen parameters) is finite, as one scalar on
     the device. An offloaded optimizer state is brought to the device an array per call
     (XLA computes only on the device's memory), never whole: beside the parameters it may not
-    fit, where the step's update streams it."""
+    fit."""
     state = state.replace(frozen=None)
     if not self.offload_state:
       return self._is_finite(state)

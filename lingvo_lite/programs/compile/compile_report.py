@@ -320,8 +320,8 @@ def to_text(report: dict[str, Any]) -> str:
                f"(XLA arguments: {gib(a['xla_arguments'])}{padding})")
   if a.get("host_by_part"):
     parts = ", ".join(f"{name} {gib(size)}" for name, size in a["host_by_part"].items())
-    lines.append(f"  analytic bytes in host memory per device (not in the total above): {parts}; total "
-                 f"{gib(a['host_total'])} (XLA host arguments: "
+    lines.append(f"  analytic bytes in host memory per device (not in the total above): "
+                 f"{parts}; total {gib(a['host_total'])} (XLA host arguments: "
                  f"{gib(a['xla_host_arguments'])})")
   lines += buffer_lines(report["largest_buffers"])
   xla_flops = f["xla_per_device"]
