@@ -127,6 +127,9 @@ class Setup:
     fields.check_part("", self)
     model = self.model
     model.validate(target, "model")
+    validate_optimizer = getattr(self.optimizer, "validate", None)
+    if validate_optimizer is not None:  # A user's own optimizer part may have no checks.
+      validate_optimizer(target, "optimizer")
     _check_post_training(self)
     self.decode.validate(model.max_length)
     _check_eval_set_names(self.eval_data)

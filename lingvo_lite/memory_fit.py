@@ -9,7 +9,9 @@ with one line naming the sizes and the fixes.
 
 The count is a lower bound, per device, at the program's largest step:
 - training: each device's shard of the parameters, their gradients and the optimizer's
-  moments (`model.parameter_shapes()`, split as the partitioner's rules split them), plus the
+  moments (`model.parameter_shapes()`, split as the partitioner's rules split them; the moments
+  in `optimizer.moment_dtype`, and none on the device where `optimizer.offload_state` keeps
+  them in host memory between steps: the update brings them in array by array), plus the
   step's activations;
 - an evaluation (the eval program's, or the one a training run does): the parameters (and,
   within training, the moments) plus the eval step's activations.
@@ -32,6 +34,7 @@ import os
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from lingvo_lite import target as targets
 from lingvo_lite.errors import UsageError
@@ -47,13 +50,16 @@ class Need:
   Attributes:
     parameters: The device's shard of the trained parameters (a LoRA job's adapters).
     gradients: Of the gradients (0 where the peak is an evaluation).
-    moments: Of the optimizer's moments (0 in the eval program).
+    moments: Of the optimizer's moments on the device (0 in the eval program, and where
+      they are offloaded).
     batch: The batch's arrays and the float32 logits of the rows one step computes.
     attention: One layer's float32 attention scores for those rows.
     step: What the peak is: "training step" or "eval step".
     data: The config path of the data that step reads ("train_data" or "eval_data").
     frozen: Of the frozen parameters: a LoRA job's base (int8 for QLoRA), a full DPO job's
       reference copy; no gradients, no moments.
+    host_moments: Of the optimizer's moments kept in host memory between steps
+      (`optimizer.offload_state`): not in the device's `total`.
   """
 
   parameters: int
@@ -64,6 +70,7 @@ class Need:
   step: str = "training step"
   data: str = "train_data"
   frozen: int = 0
+  host_moments: int = 0
 
   @property
   def total(self) -> int:
@@ -106,8 +113,10 @@ def per_device_need(setup: Setup, num_devices: int) -> Need:
   """The training lower bound described above, for one of `num_devices` devices: the larger
   of a training step and the evaluations the run does."""
   shard = _sharder(setup, num_devices)
-  parameters, frozen = _trained_and_frozen_bytes(setup, shard)
-  moments = getattr(setup.optimizer, "moments_per_parameter", 2) * parameters
+  parameters, frozen, moments = _trained_and_frozen_bytes(setup, shard)
+  host_moments = 0
+  if getattr(setup.optimizer, "offload_state", False):
+    moments, host_moments = 0, moments
   train = setup.train_data
   rows = train.global_batch_size // setup.train.grad_accum_steps
   batch, attention = _step_bytes(setup, train, rows, shard)
@@ -115,12 +124,13 @@ def per_device_need(setup: Setup, num_devices: int) -> Need:
   batch += setup.train.objective.step_bytes(4 * shard(
       (rows, train.sequence_length, setup.model.vocab_size), ("batch", "length", "vocab")))
   need = Need(parameters=parameters, gradients=parameters, moments=moments, batch=batch,
-              attention=attention, frozen=frozen)
+              attention=attention, frozen=frozen, host_moments=host_moments)
   for name, data in setup.data_sources(train=False):
     # The gradients are gone between steps, when the run evaluates; the state is not.
     batch, attention = _step_bytes(setup, data, data.global_batch_size, shard)
     evaluation = Need(parameters=parameters, gradients=0, moments=moments, batch=batch,
-                      attention=attention, step="eval step", data=name, frozen=frozen)
+                      attention=attention, step="eval step", data=name, frozen=frozen,
+                      host_moments=host_moments)
     need = max(need, evaluation, key=lambda n: n.total)
   return need
 
@@ -142,20 +152,30 @@ def _parameter_bytes(setup: Setup, shard) -> int:
              for p in setup.model.parameter_shapes())
 
 
-def _trained_and_frozen_bytes(setup: Setup, shard) -> tuple[int, int]:
-  """(the trained parameters' bytes, the frozen ones') per device: the model's and none; a
-  LoRA job's float32 adapters and its base (its weight matrices int8 with their scales under
-  "int8_weights": QLoRA); a full fine-tune's parameters and, where its objective needs a
-  reference (DPO), the reference's copy of them."""
-  model, train = setup.model, setup.train
+def _moment_bytes(optimizer: Any, elements: int, dtype: Any) -> int:
+  """The optimizer's moments of `elements` trained parameters of `dtype`, in bytes (each of
+  the parameter's dtype, or of `optimizer.moment_dtype`'s)."""
+  itemsize = getattr(optimizer, "moment_itemsize", lambda d: d.itemsize)(dtype)
+  return getattr(optimizer, "moments_per_parameter", 2) * elements * itemsize
+
+
+def _trained_and_frozen_bytes(setup: Setup, shard) -> tuple[int, int, int]:
+  """(the trained parameters' bytes, the frozen ones', the trained ones' optimizer moments')
+  per device: the model's and none; a LoRA job's float32 adapters and its base (its weight
+  matrices int8 with their scales under "int8_weights": QLoRA); a full fine-tune's parameters
+  and, where its objective needs a reference (DPO), the reference's copy of them."""
+  model, train, optimizer = setup.model, setup.train, setup.optimizer
   if train.lora is None:
     parameters = _parameter_bytes(setup, shard)
-    return parameters, parameters if train.objective.needs_reference else 0
+    moments = sum(_moment_bytes(optimizer, p.repeats * shard(p.shape, p.axes), p.dtype)
+                  for p in model.parameter_shapes())
+    return parameters, parameters if train.objective.needs_reference else 0, moments
   from lingvo_lite.models import lora  # pylint: disable=g-import-not-at-top
-  adapters = sum(4 * shard(shape, axes) for _, axes, shape in
+  elements = sum(shard(shape, axes) for _, axes, shape in
                  lora.adapter_shapes(model, train.lora, setup.train_data.sequence_length))
+  adapters, moments = 4 * elements, _moment_bytes(optimizer, elements, np.dtype(np.float32))
   if model.quantization != "int8_weights":
-    return adapters, _parameter_bytes(setup, shard)
+    return adapters, _parameter_bytes(setup, shard), moments
   contractions = model.int8_weight_contractions()
   frozen = 0
   for p in model.parameter_shapes():
@@ -167,7 +187,7 @@ def _trained_and_frozen_bytes(setup: Setup, shard) -> tuple[int, int]:
                   for size, name in zip(p.shape, p.axes))
     frozen += p.repeats * (shard(p.shape, p.axes)
                            + shard(scale, p.axes) * p.dtype.itemsize)
-  return adapters, frozen
+  return adapters, frozen, moments
 
 
 def host_available_bytes() -> int | None:
@@ -257,6 +277,8 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
            ("gradients", need.gradients), ("optimizer moments", need.moments),
            ("batch and logits", need.batch), ("attention scores", need.attention)]
   breakdown = " + ".join(f"{name} {_gib(size)}" for name, size in parts if size)
+  if need.host_moments:
+    breakdown += f"; optimizer moments in host memory {_gib(need.host_moments)}"
   model, activations = setup.model, need.batch + need.attention
   data = dict(setup.data_sources())[need.data]
   # The fixes for each part that is too large alone, else for the larger part.
@@ -266,7 +288,7 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
   if state_too_large or (not activations_too_large and need.state >= activations):
     fixes.append("use fewer layers (model.num_layers) or a smaller model.dim, more devices, "
                  "or shard the weights over them (FSDP: --fdl.partitioner.ici_fsdp=-1 "
-                 "--fdl.partitioner.ici_data=1)")
+                 "--fdl.partitioner.ici_data=1)" + _moment_fixes(setup, need, memory))
   if activations_too_large or (not state_too_large and activations > need.state):
     fix = f"use a smaller {need.data}.global_batch_size or {need.data}.sequence_length"
     if need.data != "train_data":
@@ -285,6 +307,18 @@ def _check(setup: Setup, need_of: Callable[[Setup, int], Need], program: str) ->
       f"{data.sequence_length} tokens do not fit: {program} needs at least {_gib(needed)} of "
       f"{where[0]} (per device, in one {need.step}: {breakdown}) and {where[1]}; "
       f"{'; '.join(fixes)}")
+
+
+def _moment_fixes(setup: Setup, need: Need, memory: _Memory) -> str:
+  """The optimizer's settings that would take moments off the device, where they hold some:
+  bfloat16 moments, and (with a host apart from the devices) offloading them."""
+  optimizer = setup.optimizer
+  fixes = []
+  if need.moments and getattr(optimizer, "moment_dtype", "") is None:
+    fixes.append("--fdl.optimizer.moment_dtype='bfloat16' (half the moments' bytes)")
+  if need.moments and not memory.on_host and hasattr(optimizer, "offload_state"):
+    fixes.append("--fdl.optimizer.offload_state=True (the moments in host memory)")
+  return f"; or {' or '.join(fixes)}" if fixes else ""
 
 
 def decode_need(setup: Setup, num_devices: int) -> dict[str, int]:

@@ -396,6 +396,12 @@ VALUES_CASES = [
                                 "--fdl.eval_data.split=\"valid\""],
      "eval_data.split='valid': the task has no such split; valid choices: 'train', "
      "'validation'"),
+    Case("moments in float16", ["--job_log_dir={job}", "--fdl.optimizer.moment_dtype='float16'"],
+     "optimizer.moment_dtype must be one of 'float32', 'bfloat16' or None"),
+    Case("optimizer state offloaded on a CPU", [*TRAIN_TINY, "--job_log_dir=new",
+                                                "--fdl.optimizer.offload_state=True"],
+     "optimizer.offload_state=True: moves the optimizer state to host memory, which a CPU "
+     "target does not have apart from its own"),
     Case("zero learning rate", ["--job_log_dir={job}", "--fdl.optimizer.peak_learning_rate=0.0"],
      "--fdl.optimizer.peak_learning_rate=0.0: must be a positive number"),
     Case("negative learning rate set by a fiddler", ["--job_log_dir={job}", "--fiddler=mod.fiddle"],
@@ -492,6 +498,10 @@ JOBDIR_CASES = [
      "not a config.json written by lingvo_lite"),
     Case("resume with another model", ["--job_log_dir={job}", "--fdl.model.dim=32"],
      "the config differs from the one this job was trained with (model.dim: 64 -> 32)"),
+    Case("resume with bfloat16 moments", ["--job_log_dir={job}",
+                                          "--fdl.optimizer.moment_dtype='bfloat16'"],
+     "the config differs from the one this job was trained with (optimizer.moment_dtype: "
+     "None -> 'bfloat16')"),
     Case("eval without eval data", ["--mode=eval", "--job_log_dir={job}", "--fdl.eval_data=None"],
      "this config has no eval data"),
     Case("job dir is a file", [*TRAIN_TINY, "--job_log_dir=job"],
@@ -664,6 +674,19 @@ COMPILE_CASES = [
     Case("unknown remat policy", [*COMPILE_TINY, "--compile_topology=v5e-8",
                                   "--compile_find_max_batch", "--compile_remat_policies=bogus"],
          "unknown policy 'bogus'; valid: none, full"),
+    Case("unknown optimizer option", [*COMPILE_TINY, "--compile_topology=v5e-8",
+                                      "--compile_optimizer_options=bf16"],
+         "unknown option 'bf16'; valid: param_dtype, bfloat16, offload, bfloat16_offload, all"),
+    Case("an optimizer option the target cannot run, before any compile",
+         [*COMPILE_TINY, "--compile_topology=cpu:1",
+          "--compile_optimizer_options=bfloat16,offload"],
+         "--compile_optimizer_options: option 'offload': optimizer.offload_state=True: moves "
+         "the optimizer state to host memory, which a CPU target does not have"),
+    Case("optimizer options of the decode functions",
+         [*COMPILE_TINY, "--compile_topology=v5e-8", "--compile_program=decode",
+          "--compile_optimizer_options=all"],
+         "--compile_optimizer_options: the decode functions take no gradients and no "
+         "optimizer step"),
     Case("a remat policy the target cannot run, before any compile",
          [*COMPILE_TINY, "--compile_topology=cpu:1",
           "--compile_remat_policies=full,minimal_offloaded"],

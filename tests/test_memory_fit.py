@@ -48,6 +48,59 @@ def test_a_tiny_state_fits_and_is_counted_per_device():
   assert need.gradients == need.parameters and need.moments == 2 * need.parameters
 
 
+@pytest.mark.parametrize("moment_dtype, offload", [("bfloat16", False), (None, True),
+                                                   ("bfloat16", True), ("float32", False)])
+def test_the_moments_are_counted_in_their_dtype_and_where_they_are_kept(moment_dtype, offload):
+  """optimizer.moment_dtype sizes the two Adam moments (2 bytes an element in bfloat16);
+  optimizer.offload_state keeps them in host memory: counted apart, not in the device's
+  total. On 8 devices with FSDP every shard shrinks alike."""
+  setup = synthetic_tiny_setup()
+  count = setup.model.num_parameters()
+  changed = dataclasses.replace(setup, optimizer=dataclasses.replace(
+      setup.optimizer, moment_dtype=moment_dtype, offload_state=offload))
+  plain, need = memory_fit.per_device_need(setup, 1), memory_fit.per_device_need(changed, 1)
+  moments = 2 * count * (2 if moment_dtype == "bfloat16" else 4)  # The float32 model's.
+  assert (need.moments, need.host_moments) == ((0, moments) if offload else (moments, 0))
+  assert need.total == plain.total - plain.moments + need.moments
+  assert (need.parameters, need.gradients) == (plain.parameters, plain.gradients)
+  fsdp = Partitioner(ici_data=1, ici_fsdp=-1)
+  sharded = memory_fit.per_device_need(dataclasses.replace(changed, partitioner=fsdp), 8)
+  whole = memory_fit.per_device_need(dataclasses.replace(setup, partitioner=fsdp), 8)
+  in_bfloat16 = whole.moments // 2 if moment_dtype == "bfloat16" else whole.moments
+  assert sharded.moments + sharded.host_moments == in_bfloat16 < moments
+
+
+def test_a_refusal_names_host_moments_and_the_moment_settings(monkeypatch):
+  """An accelerator's refusal of a state too large says what the host holds and which
+  optimizer settings take moments off the device (offload only where there is a host apart
+  from the device, and neither once they are taken)."""
+  setup = synthetic_tiny_setup()
+  need = memory_fit.per_device_need(setup, 1)
+  gpu = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200",
+                              memory_stats=lambda: {"bytes_limit": need.state // 8})
+  monkeypatch.setattr(jax, "local_devices", lambda: [gpu])
+  with pytest.raises(UsageError) as error:
+    memory_fit.check_fits(setup)
+  assert ("; or --fdl.optimizer.moment_dtype='bfloat16' (half the moments' bytes) or "
+          "--fdl.optimizer.offload_state=True (the moments in host memory)") in str(error.value)
+  offloaded = dataclasses.replace(setup, optimizer=dataclasses.replace(
+      setup.optimizer, moment_dtype="bfloat16", offload_state=True))
+  with pytest.raises(UsageError) as error:
+    memory_fit.check_fits(offloaded)
+  text = str(error.value)
+  host = 2 * 2 * setup.model.num_parameters()  # bfloat16 mu and nu.
+  breakdown = text.split("(per device, in one training step: ")[1].split(")")[0]
+  assert breakdown.endswith(f"; optimizer moments in host memory {host / 2**20:.3g} MiB"), text
+  assert "optimizer moments" not in breakdown.split(";")[0]  # None on the device.
+  assert "--fdl.optimizer" not in text
+  monkeypatch.setattr(memory_fit, "host_available_bytes", lambda: need.state // 8)
+  monkeypatch.setattr(jax, "local_devices", jax.devices)  # A CPU: its RAM is the host's.
+  with pytest.raises(UsageError) as error:
+    memory_fit.check_fits(setup)
+  assert ("; or --fdl.optimizer.moment_dtype='bfloat16' (half the moments' bytes)"
+          in str(error.value) and "offload_state" not in str(error.value))
+
+
 def test_fsdp_divides_each_device_s_share():
   setup = synthetic_tiny_setup()
   replicated = memory_fit.per_device_need(setup, 8)

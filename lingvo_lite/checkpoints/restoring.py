@@ -39,7 +39,7 @@ class Restoring:
     its step counter against the folder's name (UsageError naming the first file, parameter
     or step that differs)."""
     self._verify(step)
-    self._check_tree(step, abstract_state)
+    self._check_tree(step, abstract_state, dtypes=True)
     with self._reading(step):
       restored = saved_state.from_disk(self._manager.restore(
           step, args=ocp.args.StandardRestore(saved_state.on_disk(abstract_state))),
@@ -94,10 +94,12 @@ class Restoring:
                        f"({innermost_cause(e)}); {self._way_out(step)}") from None
 
   def _check_tree(self, step: int, abstract_state: Any, subtree: str | None = None,
-                  fix: str | None = None) -> None:
-    """The saved arrays' paths and shapes must be the state's (saved_state.misfit)."""
+                  fix: str | None = None, dtypes: bool = False) -> None:
+    """The saved arrays' paths and shapes (and, with `dtypes`, dtypes: a whole state's) must
+    be the state's (saved_state.misfit)."""
     with self._reading(step):
-      problem = saved_state.misfit(self._manager.item_metadata(step), abstract_state, subtree)
+      problem = saved_state.misfit(self._manager.item_metadata(step), abstract_state, subtree,
+                                   dtypes)
     if problem:
       differs = "model" if subtree else "model or optimizer"  # A params read skips the rest.
       fix = fix or ("use the job's own config (its config.json), or a new --job_log_dir")

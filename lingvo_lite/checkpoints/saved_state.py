@@ -41,22 +41,35 @@ def from_disk(restored: Any, like: Any) -> Any:
   return restored
 
 
-def shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
-  """'params/layers_0/attention/query/kernel' -> shape, for any pytree of arrays or metadata
-  (a TrainState's attributes and a restored dict's keys name a leaf alike)."""
-  shapes = {}
+def _by_path(tree: Any, value: Any) -> dict[str, Any]:
+  """'params/layers_0/attention/query/kernel' -> value(leaf), for any pytree of arrays or
+  metadata (a TrainState's attributes and a restored dict's keys name a leaf alike)."""
+  found = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     names = [str(getattr(key, "key", getattr(key, "name", getattr(key, "idx", key))))
              for key in path]
-    shapes["/".join(names)] = tuple(getattr(leaf, "shape", ()))
-  return shapes
+    found["/".join(names)] = value(leaf)
+  return found
 
 
-def misfit(saved_metadata: Any, abstract_state: Any, subtree: str | None = None) -> str | None:
+def shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
+  """Each leaf's shape by its path (`_by_path`)."""
+  return _by_path(tree, lambda leaf: tuple(getattr(leaf, "shape", ())))
+
+
+def dtypes_by_path(tree: Any) -> dict[str, str | None]:
+  """Each leaf's dtype name by its path (None where it has none)."""
+  return _by_path(tree, lambda leaf: None if getattr(leaf, "dtype", None) is None
+                  else np.dtype(leaf.dtype).name)
+
+
+def misfit(saved_metadata: Any, abstract_state: Any, subtree: str | None = None,
+           dtypes: bool = False) -> str | None:
   """How the saved tree differs from `abstract_state` (the first path missing, of another
-  shape, or extra), or None. With `subtree`, only the saved arrays under that top-level key
-  are compared. orbax would otherwise fail deep inside tensorstore, or silently broadcast or
-  truncate."""
+  shape, or extra; with `dtypes`, of another dtype), or None. With `subtree`, only the saved
+  arrays under that top-level key are compared. orbax would otherwise fail deep inside
+  tensorstore, or silently broadcast, truncate or cast (float32 Adam moments read as
+  bfloat16 ones, or back)."""
   saved = shapes_by_path(saved_metadata)
   if subtree is not None:
     saved = {path: shape for path, shape in saved.items()
@@ -68,7 +81,14 @@ def misfit(saved_metadata: Any, abstract_state: Any, subtree: str | None = None)
     if saved[path] != shape:
       return f"its {path} has shape {saved[path]}, this config's has {shape}"
   extra = [path for path in saved if path not in wanted]
-  return f"it holds {extra[0]}, which this config's state has no place for" if extra else None
+  if extra:
+    return f"it holds {extra[0]}, which this config's state has no place for"
+  if dtypes:
+    saved_dtypes = dtypes_by_path(saved_metadata)
+    for path, dtype in dtypes_by_path(abstract_state).items():
+      if None not in (dtype, saved_dtypes.get(path)) and saved_dtypes[path] != dtype:
+        return f"its {path} is {saved_dtypes[path]}, this config's is {dtype}"
+  return None
 
 
 def entry(tree: Any, name: str) -> Any:

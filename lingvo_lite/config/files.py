@@ -48,13 +48,14 @@ _MIGRATION_SAID: set[str] = set()
 # model fields its family names resumable (`resumable_fields`: how layers and attention are
 # executed; a checkpoint's layer layout is converted on restore), and the optimizer's
 # hyperparameters, which leave its state's tree as it is (the way back from a divergence is
-# a lower learning rate or clipping). Everything else (the model, the optimizer's kind, the
-# training data) shapes the state or the data a step sees.
+# a lower learning rate or clipping), and where its state is kept between steps (device or host
+# memory: the same arrays). Everything else (the model, the optimizer's kind and its moments'
+# dtype, the training data) shapes the state or the data a step sees.
 RESUMABLE_SECTIONS = (
     "train.", "checkpoint.", "partitioner.", "eval_data.", "decode.", "watchdog.",
     "optimizer.peak_learning_rate", "optimizer.warmup_steps", "optimizer.decay_steps",
     "optimizer.final_learning_rate_ratio", "optimizer.b1", "optimizer.b2", "optimizer.eps",
-    "optimizer.weight_decay", "optimizer.clip_grad_norm")
+    "optimizer.weight_decay", "optimizer.clip_grad_norm", "optimizer.offload_state")
 
 
 def _last_location(buildable: fdl.Buildable, name: str) -> history.Location | None:

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
@@ -79,6 +80,9 @@ class JittedSteps:
       trained, base = trained
     elif setup.train.has_frozen:  # A full fine-tune's reference: the parameters' shapes.
       base = trained.abstract.params
+    self.offload_state = setup.optimizer.offload_state
+    if self.offload_state:
+      trained = train_state.offloaded(trained)
     self.frozen = (frozen_weights.FrozenWeights(setup, self.mesh, base)
                    if setup.train.has_frozen else None)
     if self.frozen is not None:  # The step's state holds them too; a checkpoint does not.
@@ -98,14 +102,30 @@ class JittedSteps:
             grad_accum_steps=setup.train.grad_accum_steps,
             log_grad_norm=setup.train.log_grad_norm,
             ravel_norm=self.mesh.size == 1 and self.target.platform == "cpu",
-            adapters=self.adapters, dropout_seed=setup.train.seed if dropout else None),
+            adapters=self.adapters, dropout_seed=setup.train.seed if dropout else None,
+            offload_state=self.offload_state),
         in_shardings=(state_shardings, self.batch_sharding),
         out_shardings=(state_shardings, None),
         donate_argnums=(0,))
     self._eval_steps: list[tuple[Objective, bool, Any]] = []
     # Checked before every save, so only finite states are ever written.
-    self.state_is_finite = jax.jit(
-        steps.is_finite, in_shardings=(state_shardings.replace(frozen=None),))
+    checked = state_shardings.replace(frozen=None)
+    self._is_finite = jax.jit(steps.is_finite, in_shardings=(
+        checked.replace(opt_state=None) if self.offload_state else checked,))
+    self._offloaded_is_finite = jax.jit(
+        lambda leaf: steps.is_finite(jax.device_put(leaf, jax.memory.Space.Device)))
+
+  def state_is_finite(self, state: train_state.TrainState) -> jax.Array:
+    """Whether every float of `state` (but its frozen parameters) is finite, as one scalar on
+    the device. An offloaded optimizer state is brought to the device an array per call
+    (XLA computes only on the device's memory), never whole: beside the parameters it may not
+    fit."""
+    state = state.replace(frozen=None)
+    if not self.offload_state:
+      return self._is_finite(state)
+    checks = [self._is_finite(state.replace(opt_state=None))]
+    checks += [self._offloaded_is_finite(leaf) for leaf in jax.tree.leaves(state.opt_state)]
+    return jnp.all(jnp.stack(checks))
 
   @contextlib.contextmanager
   def activated(self) -> Iterator[None]:
@@ -193,10 +213,11 @@ class JittedSteps:
     saved_model = self.model.in_saved_layout(checkpointer.metadata(step))
     if saved_model is None:
       return None
-    return train_state.sharded_abstract_state(
+    saved = train_state.sharded_abstract_state(
         saved_model, self.optimizer, self.setup.train_data.sequence_length,
         self.setup.partitioner, self.mesh,
         collection=LORA_COLLECTION if self.adapters else "params")
+    return train_state.offloaded(saved) if self.offload_state else saved
 
   def _to_this_layout(self, tree: Any) -> Any:
     """A restored state or params tree in the other layer layout -> host arrays in this

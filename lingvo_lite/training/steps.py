@@ -60,8 +60,8 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                objective: Objective = _NEXT_TOKEN, z_loss: float = 0.0,
                grad_accum_steps: int = 1, log_grad_norm: bool = True, ravel_norm: bool = True,
-               adapters: bool = False, dropout_seed: int | None = None
-               ) -> tuple[TrainState, dict[str, jax.Array]]:
+               adapters: bool = False, dropout_seed: int | None = None,
+               offload_state: bool = False) -> tuple[TrainState, dict[str, jax.Array]]:
   """One optimizer update on `objective`'s loss of `batch` (its mean over the batch's tokens,
   or pairs: `objective.normalizer`).
 
@@ -72,7 +72,9 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   one reduction over the concatenated gradients (fastest on one CPU device; see
   `_global_norm`). `adapters`: `state.params` are LoRA adapters over `state.frozen`;
   `dropout_seed`: the root of their dropout's keys, fold_in(seed, step) (and the micro-batch),
-  so a resumed run draws the same masks.
+  so a resumed run draws the same masks. `offload_state`: `state.opt_state` lives in host
+  memory (the jit's shardings say so: train_state.offloaded); it is brought to the device for
+  the update and the new one sent back, so between steps the device holds none of it.
   """
   total = objective.normalizer(batch)
 
@@ -100,7 +102,12 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
     (grads, sums), _ = jax.lax.scan(
         accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
 
-  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  opt_state = state.opt_state
+  if offload_state:  # XLA computes only on the device's memory.
+    opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
+  updates, opt_state = optimizer.update(grads, opt_state, state.params)
+  if offload_state:
+    opt_state = jax.device_put(opt_state, jax.memory.Space.Host)
   params = optax.apply_updates(state.params, updates)
   metrics = objective.train_metrics(sums, total, batch)
   metrics["learning_rate"] = schedule(state.step)

@@ -93,6 +93,26 @@ def sharded_abstract_state(model: nn.Module, optimizer: optax.GradientTransforma
   return ShardedState(abstract=abstract[0], shardings=shardings[0]), abstract[1]
 
 
+# Where an offloaded optimizer state lives between steps (`AdamW.offload_state`): host memory
+# the device can copy to and from directly.
+HOST_MEMORY = "pinned_host"
+
+
+def offloaded(sharded: ShardedState) -> ShardedState:
+  """`sharded` with its optimizer state in the host's pinned memory: its shardings (and the
+  abstract arrays' ones, which a restore and an AOT compile read) of that memory kind, the
+  same devices and partition. The train step brings it to the device for the update
+  (`steps.train_step`'s `offload_state`)."""
+  def on_host(leaf: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                sharding=leaf.sharding.with_memory_kind(HOST_MEMORY))
+  opt_state = jax.tree.map(on_host, sharded.abstract.opt_state)
+  return ShardedState(
+      abstract=sharded.abstract.replace(opt_state=opt_state),
+      shardings=sharded.shardings.replace(
+          opt_state=jax.tree.map(lambda leaf: leaf.sharding, opt_state)))
+
+
 def create_state(model: nn.Module, optimizer: optax.GradientTransformation, seed: int,
                  sequence_length: int, shardings: TrainState,
                  collection: str = "params") -> TrainState:

@@ -306,6 +306,44 @@ def test_remat_policies_alone_show_which_fit_each_as_its_own_compile_says(tmp_pa
           "--compile_remat_policies=all (a compile each)") in plain.stdout
 
 
+def test_optimizer_options_count_an_offloaded_state_in_host_memory(tmp_path):
+  """--compile_optimizer_options: a row per way of keeping the moments, each its own compile
+  (the offloaded one is the very program --fdl.optimizer.offload_state=True compiles). XLA's
+  device arguments of the offloaded step are the plain step's less the state it keeps in
+  host memory; that state, counted from shapes, is Adam's two float32 moments of every
+  parameter (replicated over 8 data-parallel chips), and the verdict compares device bytes."""
+  _need_libtpu()
+  args = [*TINY, "--mode=compile", "--compile_topology=v5e-8"]
+  table = run_cli([*args, "--compile_optimizer_options=param_dtype,offload",
+                   f"--job_log_dir={tmp_path / 'table'}"])
+  assert table.code == 0, table.stderr
+  report = _report(tmp_path / "table")
+  section = report["optimizer_options"]
+  rows = {row["optimizer_option"]: row for row in section["rows"]}
+  assert list(rows) == ["param_dtype", "offload"] and section["own"] == "param_dtype"
+  assert rows["param_dtype"]["bytes"] == report["memory"]["deciding"]
+  assert rows["param_dtype"]["host_bytes"] == 0 < rows["offload"]["host_bytes"]
+  offloaded = run_cli([*args, "--fdl.optimizer.offload_state=True",
+                       f"--job_log_dir={tmp_path / 'offload'}"])
+  assert offloaded.code == 0, offloaded.stderr
+  plain, moved = report["memory"], _report(tmp_path / "offload")
+  assert moved["compile_cached"], "the table compiled another program than offload_state's"
+  assert rows["offload"]["bytes"] == moved["memory"]["deciding"] < plain["deciding"]
+  host = moved["memory"]["host"]
+  assert moved["memory"]["arguments"] == plain["arguments"] - host["arguments"]
+  assert host["arguments"] == host["outputs"] == host["aliased"]  # Donated, given back.
+  count = synthetic_tiny_setup("PyCodeTiny").model.num_parameters()
+  analytic = moved["analytic"]
+  assert analytic["host_by_part"] == {"optimizer first moment (mu)": 4 * count,
+                                      "optimizer second moment (nu)": 4 * count,
+                                      "other_state": 8}  # Adam's and the schedule's counts.
+  assert analytic["xla_host_arguments"] == host["arguments"] >= analytic["host_total"]
+  assert "optimizer first moment" not in str(analytic["by_part"])
+  assert "analytic bytes in host memory per device (not in the total above)" in offloaded.stdout
+  assert re.search(r"^    offload +[\d.]+ [KM]iB +[\d.]+ [KM]iB  FITS  ", table.stdout,
+                   re.M), table.stdout
+
+
 def test_out_of_memory_messages_become_bytes():
   # XLA:TPU's two phrasings (the first as MaxText quotes it).
   first = aot.parse_out_of_memory(

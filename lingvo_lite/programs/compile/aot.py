@@ -46,9 +46,13 @@ class MemoryBytes:
   """XLA's memory analysis of one device's program, in bytes.
 
   Attributes:
-    arguments, outputs, aliased, temporaries, generated_code: As XLA reports them; aliased
-      outputs reuse donated arguments' buffers.
+    arguments, outputs, aliased, temporaries, generated_code: As XLA reports them, in the
+      device's memory; aliased outputs reuse donated arguments' buffers.
     peak: XLA's own peak of live buffers where the backend computes one (TPU), else None.
+      XLA:TPU counts the arguments and outputs it keeps in host memory in it too.
+    host_arguments, host_outputs, host_aliased, host_temporaries: The same in the host's
+      memory (an offloaded optimizer state: `optimizer.offload_state`; activations a remat
+      policy offloads).
   """
 
   arguments: int
@@ -57,12 +61,21 @@ class MemoryBytes:
   temporaries: int
   generated_code: int
   peak: int | None
+  host_arguments: int = 0
+  host_outputs: int = 0
+  host_aliased: int = 0
+  host_temporaries: int = 0
 
   @property
   def total(self) -> int:
-    """What the program holds at once: donated state counted once."""
+    """What the program holds at once on the device: donated state counted once."""
     return (self.arguments + self.outputs - self.aliased + self.temporaries
             + self.generated_code)
+
+  @property
+  def host_state(self) -> int:
+    """The host memory the program's arguments and outputs hold: donated ones once."""
+    return self.host_arguments + self.host_outputs - self.host_aliased
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,7 +225,11 @@ def _memory(executable: Any) -> MemoryBytes | None:
   if any(v is None or v < 0 for v in values) or not any(values):
     return None
   peak = getattr(stats, "peak_memory_in_bytes", None)
-  return MemoryBytes(*map(int, values), peak=int(peak) if peak and peak > 0 else None)
+  host = [max(int(getattr(stats, f"host_{name}_size_in_bytes", 0) or 0), 0)
+          for name in ("argument", "output", "alias", "temp")]
+  return MemoryBytes(*map(int, values), peak=int(peak) if peak and peak > 0 else None,
+                     host_arguments=host[0], host_outputs=host[1], host_aliased=host[2],
+                     host_temporaries=host[3])
 
 
 def _flops(executable: Any) -> float | None:

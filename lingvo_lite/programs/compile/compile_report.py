@@ -12,14 +12,16 @@ report.json, schema "lingvo_lite.compile_report/1":
   batch:      global_batch_size, per_device_batch_size, sequence_length
   memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
               outputs - aliased + temporaries + generated code), peak (XLA's peak of live
-              buffers where it reports one; it decides only on TPU),
+              buffers where it reports one; it decides only on TPU), host: {arguments,
+              outputs, aliased, temporaries} (in host memory: optimizer.offload_state),
               deciding (the number the verdict compares), deciding_rule (which and why),
               source: "memory_analysis" | "resource_exhausted" | "none"
   verdict:    "FITS" | "DOES NOT FIT" | "UNKNOWN" (XLA reported no memory analysis)
   margin:     bytes (available - deciding, negative when it does not fit), fraction
   largest_buffers: [{bytes, shape, instruction, op_name}], ten at most
-  analytic:   parameters, optimizer (by moment name), other_state, batch, total, and
-              xla_arguments beside it
+  analytic:   by_part: parameters, optimizer (by moment name), other_state, batch; total, and
+              xla_arguments beside it; host_by_part, host_total, xla_host_arguments: the
+              same of what lives in host memory (an offloaded optimizer state)
   flops:      xla_per_device, model_per_step, model_per_device
   compile_seconds, compile_cached (the analyses are an earlier compile's of the same program,
               read from the compilation cache: programs/compile/analyses.py; compile_seconds is
@@ -32,9 +34,13 @@ report.json, schema "lingvo_lite.compile_report/1":
               the bf16 one)
   dots:       {int8, float}: the matmul instructions of the optimized HLO (aot.dot_counts),
               or null (analyses kept by an older version)
-  remat_policies: (with --compile_remat_policies) per_device_batch_size, rows: [{
-              remat_policy, description, bytes (the deciding bytes), available, verdict,
-              margin, compile_seconds, compile_cached}]: programs/compile/remat_table.py
+  optimizer:  moment_dtype, offload_state (the optimizer's)
+  remat_policies, optimizer_options: (with --compile_remat_policies,
+              --compile_optimizer_options) column (each row's name field: remat_policy,
+              optimizer_option), title, heading, own (the config's own choice, or null),
+              per_device_batch_size, rows: [{<column>, description, bytes (the deciding
+              bytes), available, host_bytes (in host memory), verdict, margin,
+              compile_seconds, compile_cached}]: programs/compile/setting_tables.py
   max_batch:  (with --compile_find_max_batch) see programs/compile/max_batch.py
 
 Longer than 300 lines with a reason: the schema above and the code that fills each of its
@@ -54,6 +60,7 @@ from lingvo_lite import mfu
 from lingvo_lite.on_mesh import evaluation
 from lingvo_lite.programs.compile import analyses
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
+from lingvo_lite.training.train_state import HOST_MEMORY
 
 SCHEMA = "lingvo_lite.compile_report/1"
 FITS, DOES_NOT_FIT, UNKNOWN = "FITS", "DOES NOT FIT", "UNKNOWN"
@@ -90,17 +97,23 @@ def analytic_bytes(result: CompileResult) -> dict[str, Any]:
     state = {"params": abstract.params, "frozen": abstract.frozen}
     spec = evaluation.largest_set(jitted.setup)[1].batch_spec()
   groups: dict[str, int] = {"parameters": 0}
+  host: dict[str, int] = {}  # What lives in host memory (an offloaded optimizer state).
   for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
     group = _state_group(path)
-    groups[group] = groups.get(group, 0) + shard_bytes(leaf)
+    kept = host if leaf.sharding.memory_kind == HOST_MEMORY else groups
+    kept[group] = kept.get(group, 0) + shard_bytes(leaf)
   batch = sum(math.prod(jitted.batch_sharding.shard_shape(shape)) * np.dtype(dtype).itemsize
               for shape, dtype in spec.values())
-  other = groups.pop("other_state", None)
-  if other is not None:
-    groups["other_state"] = other  # Step counters, after the parameters and moments.
+  for kept in (groups, host):
+    other = kept.pop("other_state", None)
+    if other is not None:
+      kept["other_state"] = other  # Step counters, after the parameters and moments.
   groups["batch"] = batch
+  memory = result.memory
   return {"by_part": groups, "total": sum(groups.values()),
-          "xla_arguments": result.memory.arguments if result.memory else None}
+          "xla_arguments": memory.arguments if memory else None,
+          "host_by_part": host, "host_total": sum(host.values()),
+          "xla_host_arguments": memory.host_arguments if memory else None}
 
 
 def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
@@ -112,6 +125,13 @@ def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
             "(a TPU compile that does not fit gives no memory analysis)", "resource_exhausted")
   if memory is None:
     return None, "XLA reported no memory analysis (0 or -1) on this backend", "none"
+  if platform == "tpu" and memory.peak and memory.host_state:
+    return (memory.peak - memory.host_state,
+            "XLA:TPU's peak of live buffers (its heap simulation) less the arguments and "
+            "outputs it keeps in host memory, which that peak counts (arguments + outputs - "
+            "aliased + temporaries is not the device's own then: XLA:TPU compiles such steps "
+            "whose sum exceeds its memory); XLA:TPU itself refuses a step above its own limit, "
+            "a little under the datasheet's (15.75 of a v5e's 16 GiB)", "memory_analysis")
   if platform == "tpu" and memory.peak:
     return (max(memory.peak, memory.total),
             "the larger of XLA:TPU's peak of live buffers (its heap simulation) and "
@@ -169,6 +189,8 @@ def build(result: CompileResult) -> dict[str, Any]:
       "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
       "parameters": setup.model.num_parameters(),
       "remat_policy": getattr(setup.model, "remat_policy", None),
+      "optimizer": {"moment_dtype": getattr(setup.optimizer, "moment_dtype", None),
+                    "offload_state": getattr(setup.optimizer, "offload_state", False)},
       "batch": {"global_batch_size": data.global_batch_size,
                 "per_device_batch_size": data.global_batch_size / target.num_devices,
                 "sequence_length": data.sequence_length},
@@ -176,7 +198,10 @@ def build(result: CompileResult) -> dict[str, Any]:
           **({"arguments": memory.arguments, "outputs": memory.outputs,
               "aliased": memory.aliased, "temporaries": memory.temporaries,
               "generated_code": memory.generated_code, "total": memory.total,
-              "peak": memory.peak} if memory else {}),
+              "peak": memory.peak,
+              "host": {"arguments": memory.host_arguments, "outputs": memory.host_outputs,
+                       "aliased": memory.host_aliased,
+                       "temporaries": memory.host_temporaries}} if memory else {}),
           "deciding": deciding_bytes, "deciding_rule": rule, "source": source,
           "available": available,
           **({"xla_error": result.out_of_memory.message} if result.out_of_memory else {})},
@@ -262,12 +287,26 @@ def argument_bytes_line(report: dict[str, Any], of: str = "") -> str:
           f"(XLA arguments: {gib(a['xla_arguments'])}{padding})")
 
 
+def host_bytes_lines(report: dict[str, Any]) -> list[str]:
+  """The state kept in host memory between steps (an offloaded optimizer state), by part."""
+  a = report["analytic"]
+  if not a.get("host_by_part"):
+    return []
+  parts = ", ".join(f"{name} {gib(size)}" for name, size in a["host_by_part"].items())
+  return [f"  analytic bytes in host memory per device (not in the total above): {parts}; "
+          f"total {gib(a['host_total'])} (XLA host arguments: {gib(a['xla_host_arguments'])})"]
+
+
 def memory_text(m: dict[str, Any]) -> str:
   """XLA's memory analysis of one compile (a report's `memory`), in words."""
+  host = m.get("host") or {}
   return (f"arguments {gib(m['arguments'])}, outputs {gib(m['outputs'])}, aliased (donated) "
           f"{gib(m['aliased'])}, temporaries {gib(m['temporaries'])}, generated code "
           f"{gib(m['generated_code'])}; total {gib(m['total'])}"
-          + (f"; XLA peak {gib(m['peak'])}" if m.get("peak") else ""))
+          + (f"; XLA peak {gib(m['peak'])}" if m.get("peak") else "")
+          + (f"; in host memory: arguments {gib(host['arguments'])}, outputs "
+             f"{gib(host['outputs'])}, aliased {gib(host['aliased'])}, temporaries "
+             f"{gib(host['temporaries'])}" if any(host.values()) else ""))
 
 
 def buffer_lines(buffers: list[dict[str, Any]], where: str = "") -> list[str]:
@@ -295,6 +334,7 @@ def to_text(report: dict[str, Any]) -> str:
   if m.get("xla_error"):
     lines.append(f"  XLA: {m['xla_error']}")
   lines.append(argument_bytes_line(report))
+  lines += host_bytes_lines(report)
   lines += buffer_lines(report["largest_buffers"])
   xla_flops = f["xla_per_device"]
   lines.append(f"  FLOPs per step: model {f['model_per_step']:.4g} ({f['model_per_device']:.4g} "
@@ -308,38 +348,59 @@ def to_text(report: dict[str, Any]) -> str:
                f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
                f"({s['peak_source']})")
   lines += int8_lines(report)
-  lines += _remat_lines(report)
+  lines += _hint_lines(report) + _table_lines(report)
   if "max_batch" in report:
     lines += _max_batch_lines(report["max_batch"])
   return "\n".join(lines) + "\n"
 
 
-def _remat_lines(report: dict[str, Any]) -> list[str]:
-  """The report's remat_policies table (remat_table.py compiles, this only shows), with each
-  policy's largest batch where max_batch.py searched; else, for a train step, the flag that
-  makes it."""
-  data = report.get("remat_policies")
-  if data is None:
-    policy = report.get("remat_policy")
-    return [f"  remat policy: {policy}; which policies fit at this batch: "
-            "--compile_remat_policies=all (a compile each)"] if (
-                policy and report["program"] == "train") else []
-  best = {row["remat_policy"]: row["max_per_device_batch_size"]
-          for row in report.get("max_batch", {}).get("policies", [])}
-  lines = [f"  remat policies at this batch ({data['per_device_batch_size']:g} per device; the "
-           f"verdict above is the config's own, {report.get('remat_policy')}):",
-           "    remat policy                        needs per device  verdict       margin"
-           + ("                    max per device" if best else "")]
-  for row in data["rows"]:
-    margin = row["margin"]
-    shown = ("n/a" if margin is None else
-             f"{margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})")
-    line = (f"    {row['remat_policy']:<35} {gib(row['bytes']):>16}  {row['verdict']:<12}  "
-            f"{shown:<24}")
-    if best:
-      most = best.get(row["remat_policy"])
-      line += f"  {'n/a' if most is None else most:>14}"
-    lines.append(line.rstrip())
+def _hint_lines(report: dict[str, Any]) -> list[str]:
+  """For a train step, the settings the config chose that a table could compare, each with
+  the flag that makes its table (where that table is not in the report)."""
+  if report["program"] != "train":
+    return []
+  lines = []
+  policy = report.get("remat_policy")
+  if policy and "remat_policies" not in report:
+    lines.append(f"  remat policy: {policy}; which policies fit at this batch: "
+                 "--compile_remat_policies=all (a compile each)")
+  optimizer = report.get("optimizer")
+  if optimizer and "optimizer_options" not in report:
+    dtype = optimizer["moment_dtype"] or "the parameters' dtype"
+    where = "host memory between steps" if optimizer["offload_state"] else "the device"
+    lines.append(f"  optimizer moments: {dtype}, on {where}; which ways of keeping them fit: "
+                 "--compile_optimizer_options=all (a compile each)")
+  return lines
+
+
+def _table_lines(report: dict[str, Any]) -> list[str]:
+  """The report's setting tables (setting_tables.py compiles, this only shows), with each
+  choice's largest batch where max_batch.py searched."""
+  lines = []
+  for data in report.values():
+    if not (isinstance(data, dict) and "column" in data and "rows" in data):
+      continue
+    column = data["column"]
+    best = {row[column]: row["max_per_device_batch_size"]
+            for row in report.get("max_batch", {}).get("policies", []) if column in row}
+    host = any(row.get("host_bytes") for row in data["rows"])
+    own = data["own"] if data["own"] is not None else "none of these"
+    lines += [f"  {data['heading']} at this batch ({data['per_device_batch_size']:g} per "
+              f"device; the verdict above is the config's own, {own}):",
+              f"    {data['title']:<35} needs per device"
+              + ("    in host memory" if host else "") + "  verdict       margin"
+              + ("                    max per device" if best else "")]
+    for row in data["rows"]:
+      margin = row["margin"]
+      shown = ("n/a" if margin is None else
+               f"{margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})")
+      line = (f"    {row[column]:<35} {gib(row['bytes']):>16}"
+              + (f"  {gib(row.get('host_bytes') or 0):>16}" if host else "")
+              + f"  {row['verdict']:<12}  {shown:<24}")
+      if best:
+        most = best.get(row[column])
+        line += f"  {'n/a' if most is None else most:>14}"
+      lines.append(line.rstrip())
   return lines
 
 
@@ -370,12 +431,16 @@ def int8_lines(report: dict[str, Any]) -> list[str]:
 
 def _max_batch_lines(data: dict[str, Any]) -> list[str]:
   """The report's max_batch section: max_batch.py searches, this only shows."""
+  titles = {"remat_policy": "remat policy", "optimizer_option": "optimizer option"}
+  columns = {next(key for key in titles if key in row) for row in data["policies"]}
+  title = titles[columns.pop()] if len(columns) == 1 else "setting"
   lines = ["  largest per-device batch that fits:",
-           "    remat policy                        max per device  compiles (batch: GiB, fits)"]
+           f"    {title:<35} max per device  compiles (batch: GiB, fits)"]
   for row in data["policies"]:
     made = ", ".join(f"{c['per_device_batch_size']}: {c['bytes'] / 2**30:.2f} "
                      f"{'yes' if c['fits'] else 'no'}" for c in row["compiles"])
     best = row["max_per_device_batch_size"]
-    lines.append(f"    {row['remat_policy']:<35} {'n/a' if best is None else best:>14}  {made}"
+    name = next(row[key] for key in titles if key in row)
+    lines.append(f"    {name:<35} {'n/a' if best is None else best:>14}  {made}"
                  + (f"  ({row['note']})" if row["note"] else ""))
   return lines

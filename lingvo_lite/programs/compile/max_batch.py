@@ -20,7 +20,7 @@ from typing import Any, Callable
 from lingvo_lite import target as targets
 from lingvo_lite.experiment import Setup
 from lingvo_lite.on_mesh import evaluation
-from lingvo_lite.programs.compile import aot, compile_report, remat_table
+from lingvo_lite.programs.compile import aot, compile_report
 from lingvo_lite.runtime import progress
 
 # A search that has not closed the boundary after this many compiles reports where it is.
@@ -37,18 +37,29 @@ def _with_batch(setup: Setup, program: str, per_device: int, num_devices: int) -
       data, global_batch_size=per_device * num_devices, per_device_batch_size=None))
 
 
-def search(setup: Setup, target: targets.Target, program: str, policies: list[str],
-           first: aot.CompileResult,
-           at_batch: dict[str, aot.CompileResult] | None = None) -> dict[str, Any]:
-  """The search per remat policy (the config's own when none are given), as report data;
-  each starts from its compile at the configured batch where one was made (`first`, the
-  config's own; `at_batch`, remat_table.py's)."""
-  compiled = {setup.model.remat_policy: first, **(at_batch or {})}
-  rows = []
-  for policy in policies or [setup.model.remat_policy]:
-    rows.append(_search(remat_table.with_policy(setup, policy), target, program,
-                        compiled.get(policy)))
-  return {"policies": rows}
+@dataclasses.dataclass(frozen=True)
+class Row:
+  """One setup to search: a choice of a setting (setting_tables.py: a remat policy, an optimizer
+  option), or the config's own.
+
+  Attributes:
+    column: The setting's field in the report ("remat_policy", "optimizer_option").
+    name: The choice.
+    setup: The config with it.
+    first: Its compile at the configured batch, where one was made.
+  """
+
+  column: str
+  name: str
+  setup: Setup
+  first: aot.CompileResult | None = None
+
+
+def search(target: targets.Target, program: str, rows: list[Row]) -> dict[str, Any]:
+  """The search for each row, as report data; each starts from its compile at the
+  configured batch where one was made."""
+  return {"policies": [{row.column: row.name, **_search(row, target, program)}
+                       for row in rows]}
 
 
 def _unit(setup: Setup, program: str, target: targets.Target) -> int:
@@ -62,15 +73,15 @@ def _unit(setup: Setup, program: str, target: targets.Target) -> int:
   return rows // math.gcd(rows, target.num_devices)
 
 
-def _search(setup: Setup, target: targets.Target, program: str,
-            first: aot.CompileResult | None) -> dict[str, Any]:
+def _search(row: Row, target: targets.Target, program: str) -> dict[str, Any]:
   """Searches k, the per-device batch in units of `_unit` (1 for plain data parallelism)."""
+  setup, first = row.setup, row.first
   data = setup.train_data if program == "train" else evaluation.largest_set(setup)[1]
   num_devices, unit = target.num_devices, _unit(setup, program, target)
   compiles: dict[int, dict[str, Any]] = {}  # By k.
   # A compile can take a minute: after the first seconds, a line per compile made.
-  searching = progress.Progress(f"max batch search ({setup.model.remat_policy})",
-                                unit="compiles", interval=0)
+  searching = progress.Progress(f"max batch search ({row.name})", unit="compiles",
+                                interval=0)
 
   def record(k: int, result: aot.CompileResult) -> dict[str, Any]:
     report = compile_report.build(result)
@@ -99,7 +110,7 @@ def _search(setup: Setup, target: targets.Target, program: str,
   if line is not None:
     line = {"bytes_at_zero": line["bytes_at_zero"],
             "bytes_per_row": line["bytes_per_unit"] / unit}
-  return _finish(setup, unit, compiles, best, line, note)
+  return _finish(unit, compiles, best, line, note)
 
 
 def find_largest(measure: Callable[[int], dict[str, Any]], compiles: dict[int, dict[str, Any]],
@@ -179,12 +190,11 @@ def _next_guess(compiles: dict[int, dict[str, Any]], fitting: int, failing: int 
   return guess, slope, line, bisect
 
 
-def _finish(setup: Setup, unit: int, compiles: dict[int, dict[str, Any]], best: int | None,
+def _finish(unit: int, compiles: dict[int, dict[str, Any]], best: int | None,
             line: dict[str, float] | None, note: str) -> dict[str, Any]:
   """The search's result: the largest fitting per-device batch (rows), the fitted line
   (bytes at zero rows and per row, per device) and every compile made."""
-  return {"remat_policy": setup.model.remat_policy,
-          "max_per_device_batch_size": None if best is None else best * unit,
+  return {"max_per_device_batch_size": None if best is None else best * unit,
           "per_device_unit": unit, "line": line, "note": note,
           "compiles": [compiles[k] for k in sorted(compiles)]}
 

@@ -5,9 +5,10 @@
 
 Prints the report (programs/compile/compile_report.py) and writes it to
 JOB/compile/report.{txt,json} when a job dir is given; `--compile_remat_policies=all` (or a
-list) adds which remat policies fit at the configured batch, one compile each
-(programs/compile/remat_table.py); `--compile_find_max_batch` adds the largest per-device batch
-that fits (for each of those policies), `--compiled_step_out` saves the executable (of a step
+list) adds which remat policies fit at the configured batch, one compile each, and
+`--compile_optimizer_options=all` which ways of keeping the optimizer's moments do
+(programs/compile/setting_tables.py); `--compile_find_max_batch` adds the largest per-device
+batch that fits (for each of those choices), `--compiled_step_out` saves the executable (of a step
 that fits) for `--mode=train --compiled_step_in`. `--compile_program=eval` compiles the eval step;
 `=decode` the decode functions (programs/compile/decode_compile.py: the generate loop and the
 largest prefill, with the KV cache per device; `--compile_find_max_batch` then finds the
@@ -28,7 +29,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure, recorded_config, summarize_changes
 from lingvo_lite.programs.options import init_from_option, option
 from lingvo_lite.programs.compile import (aot, analyses, compile_report, compiled_steps,
-                                          decode_compile, max_batch, remat_table)
+                                          decode_compile, max_batch, setting_tables)
 from lingvo_lite.runtime import summaries
 from lingvo_lite.runtime.job_dirs import FILE, FOLDER, JobFiles
 from lingvo_lite.weights import sources
@@ -61,6 +62,12 @@ class Options:
       "fit, with the memory per device of each (e.g. none,full,minimal; 'all': every policy "
       "the target takes, models/remat.py); with --compile_find_max_batch, each one's largest "
       "batch too.", non_empty=True)
+  compile_optimizer_options: list[str] = option(
+      [], "Also compile the step once per way of keeping the optimizer's moments at the "
+      "configured batch and show which fit: param_dtype (AdamW's default), bfloat16 "
+      "(optimizer.moment_dtype), offload (optimizer.offload_state: in host memory between "
+      "steps; TPU and GPU targets), bfloat16_offload; 'all': every one the target takes. With "
+      "--compile_find_max_batch, each one's largest batch too.", non_empty=True)
   compiled_step_out: str | None = option(
       None, "--mode=compile: write the compiled train step and its manifest to this folder.")
   init_from: str | None = init_from_option()
@@ -101,11 +108,7 @@ def main(invocation: Invocation) -> int | None:
   if program == "eval" and setup.eval_data is None:
     raise UsageError("--compile_program=eval: this config has no eval_data; compile the "
                      "train step or set eval_data")
-  if options.compile_remat_policies and program == "decode":
-    raise UsageError("--compile_remat_policies: the decode functions take no gradients, so "
-                     "remat changes nothing there; drop it (or compile the train step)")
-  policies = remat_table.check_policies(options.compile_remat_policies, target.platform)
-  remat_table.check_setups(setup, target, policies)
+  tables = _tables(options, setup, target)
   if options.compiled_step_out and program != "train":
     raise UsageError("--compiled_step_out: only the train step is saved (train loads it); "
                      f"drop --compile_program={program}")
@@ -123,13 +126,7 @@ def main(invocation: Invocation) -> int | None:
     else:
       # The saved step is the executable itself: compiled, never an earlier compile's analyses.
       result = aot.compile_step(setup, target, program, need_executable=step_out is not None)
-      report = compile_report.build(result)
-      at_batch = remat_table.compile_each(setup, target, program, policies, result)
-      if at_batch:
-        report["remat_policies"] = remat_table.build(at_batch)
-      if options.compile_find_max_batch:
-        report["max_batch"] = max_batch.search(setup, target, program, policies, result,
-                                               at_batch)
+      report = _step_report(options, setup, target, tables, result)
       text = compile_report.to_text(report)
   printed = _print_report(text)
   fits = report["verdict"] != compile_report.DOES_NOT_FIT
@@ -140,6 +137,44 @@ def main(invocation: Invocation) -> int | None:
     raise ProgramFailure(outputs.failed_write("the report to stdout", printed,
                                               "compile again", to_stdout=True) + where)
   return None if fits else EXIT_DOES_NOT_FIT
+
+
+def _tables(options: Options, setup: Any, target: targets.Target
+            ) -> list[tuple[setting_tables.Table, list[str]]]:
+  """The setting tables asked for (setting_tables.py), each with the choices it names, checked
+  and their setups validated before any compile."""
+  asked = [(table, getattr(options, table.flag.lstrip("-"))) for table in setting_tables.TABLES]
+  tables = []
+  for table, names in asked:
+    if names and options.compile_program == "decode":
+      raise UsageError(f"{table.flag}: the decode functions take no gradients and no "
+                       "optimizer step, so it changes nothing there; drop it (or compile the "
+                       "train step)")
+    chosen = table.check_names(names, target.platform)
+    table.check_setups(setup, target, chosen)
+    if chosen:
+      tables.append((table, chosen))
+  return tables
+
+
+def _step_report(options: Options, setup: Any, target: targets.Target,
+                 tables: list[tuple[setting_tables.Table, list[str]]],
+                 result: aot.CompileResult) -> dict[str, Any]:
+  """The train or eval step's report: the config's own compile, each table's compiles at the
+  configured batch and, with --compile_find_max_batch, the largest batch of each choice (of the
+  config's own where no table is asked for)."""
+  program = options.compile_program
+  report = compile_report.build(result)
+  rows = []
+  for table, names in tables:
+    compiled = table.compile_each(setup, target, program, names, result)
+    report[table.key] = table.build(setup, compiled)
+    rows += [max_batch.Row(table.column, name, table.apply(setup, name), compiled[name])
+             for name in names]
+  if options.compile_find_max_batch:
+    rows = rows or [max_batch.Row("remat_policy", setup.model.remat_policy, setup, result)]
+    report["max_batch"] = max_batch.search(target, program, rows)
+  return report
 
 
 def _print_report(text: str) -> OSError | None:
