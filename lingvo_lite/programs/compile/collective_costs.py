@@ -21,6 +21,7 @@ ids in replica groups are the program's logical ids: positions in the mesh's dev
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Sequence
 
 from lingvo_lite import chips
@@ -39,12 +40,20 @@ class Network:
   slices: tuple[int, ...]
   coords: tuple[tuple[int, ...] | None, ...]
 
+  slice_count: int = 1
+
   @classmethod
-  def of(cls, devices: Sequence[Any]) -> "Network":
-    """The network of `devices` in the program's order (the mesh's, flattened)."""
-    return cls(tuple(int(getattr(d, "slice_index", 0) or 0) for d in devices),
-               tuple(tuple(c) if (c := getattr(d, "coords", None)) is not None else None
-                     for d in devices))
+  def of(cls, devices: Sequence[Any], partitions: int | None = None) -> "Network":
+    """The network of `devices` in the program's order (the mesh's, flattened). A
+    multi-slice program is partitioned over one slice's devices (`partitions` of them: its
+    replica groups name those), and crosses slices through the DCN runtime's transfers."""
+    slices = [int(getattr(d, "slice_index", 0) or 0) for d in devices]
+    count = len(set(slices)) or 1
+    if partitions and partitions < len(devices):
+      devices = [d for d, s in zip(devices, slices) if s == slices[0]][:partitions]
+      slices = slices[:1] * len(devices)
+    return cls(tuple(slices), tuple(tuple(c) if (c := getattr(d, "coords", None)) is not None
+                                    else None for d in devices), count)
 
   @property
   def size(self) -> int:
@@ -110,6 +119,21 @@ def transfer(module: hlo_text.Module, instruction: Instruction, kind: str,
   links = min(max(2 * _axes_spanned(local, network), 2), chip.ici_links)
   dcn_bytes = factor(kind, s) * size / (m if kind in _REDUCING else 1)
   return _timed(kind, len(group), ici_bytes, dcn_bytes, links, chip)
+
+
+def megascale_transfer(module: hlo_text.Module, send: Instruction, network: Network,
+                       chip: chips.Chip) -> Transfer | None:
+  """A multi-slice program's DCN collective: a `send` to the DCN runtime (XLA:TPU's
+  megascale host transfer, its kind in `_xla_megascale_transfer_type`) across the program's
+  slices, or None for any other send."""
+  kind = re.search(r'_xla_megascale_transfer_type="(\w+)"', send.attributes)
+  if not kind:
+    return None
+  name = kind.group(1).lower().replace("_", "-")
+  name = name if name in KINDS else "all-reduce"
+  size = input_bytes(module, dataclasses.replace(send, operands=send.operands[:1]))
+  return _timed(name, network.slice_count, 0.0, factor(name, network.slice_count) * size, 2,
+                chip)
 
 
 def _permute(instruction: Instruction, size: float, network: Network,

@@ -47,7 +47,8 @@ from lingvo_lite.programs.compile.hlo_text import Array, Instruction
 # Instructions that emit no kernel: layout, tuple and control plumbing.
 FREE = frozenset({
     "parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
-    "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain", "iota"})
+    "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain", "iota", "send",
+    "recv", "send-done", "recv-done"})
 # Custom calls that move no data (XLA:TPU's own markers and buffer plumbing).
 _FREE_CUSTOM_CALLS = ("AllocateBuffer", "ConcatBitcast", "AssumeGatherIndicesInBound",
                       "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape")
@@ -188,6 +189,18 @@ def fused_matmuls(module: hlo_text.Module, computation: str) -> list[Instruction
     elif instruction.opcode == "fusion":
       for called in instruction.called():
         found += fused_matmuls(module, called)
+  return found
+
+
+def fused_collectives(module: hlo_text.Module, computation: str) -> list[Instruction]:
+  """The collectives inside a fused (or async-wrapped) computation, nested fusions' too."""
+  found = []
+  for instruction in module.computations[computation].instructions:
+    if instruction.opcode in COLLECTIVES:
+      found.append(instruction)
+    elif instruction.opcode == "fusion":
+      for called in instruction.called():
+        found += fused_collectives(module, called)
   return found
 
 

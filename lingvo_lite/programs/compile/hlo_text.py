@@ -247,9 +247,11 @@ def parse(text: str) -> Module:
 
 
 def replica_groups(instruction: Instruction) -> list[list[int]] | None:
-  """A collective's groups of devices: `{{0,1},{2,3}}`, or the iota form `[2,2]<=[4]` (the
-  iota over the device count, reshaped, optionally transposed `T(1,0)`, and read as rows).
-  None where the instruction names none (then all devices form one group)."""
+  """A collective's groups of devices: `{{0,1},{2,3}}`; the iota form `[2,2]<=[4]` (the
+  iota over the device count, reshaped, optionally transposed `T(1,0)`, read as rows); or
+  the mesh form `mesh['axis_0'=2,'axis_1'=4] {'axis_1'}` (the devices of a mesh in iota
+  order, a group per position of the axes not named). None where the instruction names none
+  or a form this does not read (then all devices form one group)."""
   value = instruction.attribute("replica_groups")
   if value is None:
     match = re.search(r"replica_groups=(\[[\d,]+\]<=\[[\d,]+\](?:T\([\d,]+\))?)",
@@ -261,14 +263,32 @@ def replica_groups(instruction: Instruction) -> list[list[int]] | None:
     groups = [[int(d) for d in group.split(",") if d.strip()]
               for group in re.findall(r"\{([\d,\s]*)\}", value[1:-1])]
     return [g for g in groups if g] or None
-  shape, reshape, transpose = re.fullmatch(
-      r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", value).groups()
+  if value.startswith("mesh"):
+    return _mesh_groups(value)
+  iota = re.fullmatch(r"\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", value)
+  if not iota:
+    return None
+  shape, reshape, transpose = iota.groups()
   dims = [int(d) for d in reshape.split(",")]
   ids = np.arange(math.prod(dims)).reshape(dims)
   if transpose:
     ids = ids.transpose([int(d) for d in transpose.split(",")])
   rows = [int(d) for d in shape.split(",")]
   return ids.reshape(rows[0], -1).tolist()
+
+
+def _mesh_groups(value: str) -> list[list[int]] | None:
+  match = re.fullmatch(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}", value.strip())
+  if not match:
+    return None
+  axes = re.findall(r"'([^']+)'=(\d+)", match.group(1))
+  names = [name for name, _ in axes]
+  grouped = [names.index(n) for n in re.findall(r"'([^']+)'", match.group(2)) if n in names]
+  ids = np.arange(math.prod(int(size) for _, size in axes)).reshape(
+      [int(size) for _, size in axes])
+  kept = [axis for axis in range(len(axes)) if axis not in grouped]
+  size = math.prod(int(axes[axis][1]) for axis in grouped)
+  return ids.transpose(kept + grouped).reshape(-1, size).tolist()
 
 
 def source_target_pairs(instruction: Instruction) -> list[tuple[int, int]]:

@@ -25,6 +25,7 @@ The estimate is per device: every device runs the same program.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Sequence
 
 from lingvo_lite import chips
@@ -33,6 +34,8 @@ from lingvo_lite.programs.compile.hlo_costs import Cost
 from lingvo_lite.programs.compile.hlo_text import Instruction
 
 PARTS = ("compute", "memory", "ici", "dcn", "bubble")
+# Kept estimates of another version are not read (analyses.py compiles again).
+MODEL_VERSION = 1
 _COUNTS = ("flops", "hbm_bytes", "ici_bytes", "dcn_bytes", "kernels", "hbm_busy")
 _COPIES = ("copy-start", "slice-start")
 
@@ -80,24 +83,46 @@ class _Walker:
       return self._done[name]
     totals, pending = Totals(), {}
     for instruction in self.module.computations[name].instructions:
-      if instruction.opcode.endswith("-start"):
-        pending[instruction.name] = (self._started(instruction), totals.total,
-                                     totals.hbm_busy)
-      elif instruction.opcode.endswith("-done") and instruction.operands and \
-          instruction.operands[0] in pending:
-        started, at, busy = pending.pop(instruction.operands[0])
+      role, key = self._role(instruction, pending)
+      if role == "start":
+        pending[key] = (self._started(instruction), totals.total, totals.hbm_busy)
+      elif role == "done":
+        started, at, busy = pending.pop(key)
         # A transfer over HBM runs in the time the kernels between leave HBM idle; one over
         # ICI or DCN beside all of their time.
         window = totals.total - at
         if started.seconds["memory"] >= max(started.seconds["ici"], started.seconds["dcn"]):
           window -= totals.hbm_busy - busy
         _overlap(totals, started, max(window, 0.0))
+      elif role == "continued":  # A kernel that also advances a pending collective.
+        _add_cost(totals, self.cost(instruction))
       else:
         self._synchronous(instruction, totals)
     for started, _, _ in pending.values():  # Never waited for here: counted whole.
       totals.add(started)
     self._done[name] = totals
     return totals
+
+  def _role(self, instruction: Instruction, pending: dict) -> tuple[str, Any]:
+    """("start" | "done" | "continued" | "sync", the key pairing a start with its done).
+    Pairs: `X-start` ... `X-done(X-start)`, `async-start` ... `async-done`, a DCN `send` ...
+    `send-done`, and XLA:TPU's asynchronous collective fusions (`async-collective-start`,
+    kernels fused with the collective's progress, `async-collective-done`), paired by the
+    collective's channel."""
+    opcode, name = instruction.opcode, instruction.name
+    if opcode.endswith("-start") or (opcode == "send" and "megascale" in instruction.attributes):
+      return "start", name
+    if opcode.endswith("-done") and instruction.operands and instruction.operands[0] in pending:
+      return "done", instruction.operands[0]
+    if opcode == "fusion":
+      inner = hlo_costs.fused_collectives(self.module, instruction.called()[0])
+      if inner:
+        key = ("channel", inner[0].attribute("channel_id") or inner[0].name)
+        if name.startswith("async-collective-start"):
+          return "start", key
+        if key in pending:
+          return ("done" if name.startswith("async-collective-done") else "continued"), key
+    return "sync", None
 
   def _synchronous(self, instruction: Instruction, totals: Totals) -> None:
     opcode = instruction.opcode
@@ -113,6 +138,11 @@ class _Walker:
         totals.add(branches[0] if opcode == "call" else max(branches, key=lambda t: t.total))
     elif collective_costs.kind_of(opcode):
       totals.add(self._collective(instruction, collective_costs.kind_of(opcode)))
+    elif opcode == "fusion" and hlo_costs.fused_collectives(self.module,
+                                                            instruction.called()[0]):
+      # A collective fused into a kernel: its transfer, then the kernel's own work.
+      totals.add(self._collective_of(instruction))
+      _add_cost(totals, self.cost(instruction))
     else:
       _add_cost(totals, self.cost(instruction))
 
@@ -121,25 +151,33 @@ class _Walker:
     kind = collective_costs.kind_of(start.opcode)
     if kind:
       return self._collective(start, kind)
-    if start.opcode in _COPIES:
-      totals = Totals()
-      _add_cost(totals, self._copy(start))
-      return totals
-    if start.opcode == "async-start" and start.called():
-      inner = self.module.computations[start.called()[0]].root
-      inner_kind = collective_costs.kind_of(inner.opcode)
-      if inner_kind:
-        return self._collective(dataclasses.replace(inner, operands=start.operands),
-                                inner_kind)
-      return self.computation(start.called()[0])
+    if start.opcode == "send":
+      return self._moved(collective_costs.megascale_transfer(self.module, start, self.network,
+                                                             self.chip))
+    if start.opcode == "fusion":
+      return self._collective_of(start)
     totals = Totals()
-    _add_cost(totals, self.cost(start))
+    if start.opcode in _COPIES:
+      _add_cost(totals, self._copy(start))
+    elif start.opcode == "async-start" and start.called():
+      totals.add(self._collective_of(start) if hlo_costs.fused_collectives(
+          self.module, start.called()[0]) else self.computation(start.called()[0]))
+    else:
+      _add_cost(totals, self.cost(start))
     return totals
 
+  def _collective_of(self, caller: Instruction) -> Totals:
+    """The transfer of the collective inside a fusion or an async computation."""
+    inner = hlo_costs.fused_collectives(self.module, caller.called()[0])[0]
+    return self._collective(inner, collective_costs.kind_of(inner.opcode))
+
   def _collective(self, instruction: Instruction, kind: str) -> Totals:
-    moved = collective_costs.transfer(self.module, instruction, kind, self.network, self.chip)
+    return self._moved(collective_costs.transfer(self.module, instruction, kind,
+                                                 self.network, self.chip))
+
+  def _moved(self, moved: collective_costs.Transfer | None) -> Totals:
     totals = Totals()
-    if moved.group_size > 1:
+    if moved is not None and moved.group_size > 1:
       totals.seconds["ici"] += moved.ici_seconds + (self.overhead if moved.ici_bytes else 0.0)
       totals.seconds["dcn"] += moved.dcn_seconds + (self.overhead if moved.dcn_bytes else 0.0)
       totals.ici_bytes, totals.dcn_bytes = moved.ici_bytes, moved.dcn_bytes
@@ -227,18 +265,37 @@ def bubble_seconds(pipelined: float, stages: int, microbatches: int, repeats: in
   return pipelined * (stages - 1) / (repeats * microbatches)
 
 
-def estimate(hlo: str, chip: chips.Chip, devices: Sequence[Any], stages: int = 1,
-             microbatches: int = 1, repeats: int = 1) -> Totals:
+def estimate(hlo: str, chip: chips.Chip, devices: Sequence[Any]) -> Totals:
   """The step's time by part, from its optimized HLO text, for `devices` in the program's
-  order (the mesh's, flattened) and a pipeline of `stages` x `microbatches` (x `repeats`)."""
+  order (the mesh's, flattened); no pipeline bubble (`summary` takes the pipeline)."""
   module = hlo_text.parse(hlo)
+  partitions = re.search(r"num_partitions=(\d+)", hlo[:hlo.find("\n")])
+  network = collective_costs.Network.of(devices, int(partitions.group(1)) if partitions
+                                        else None)
   totals = Totals()
-  totals.add(_Walker(module, chip, collective_costs.Network.of(devices)).computation(
-      module.entry))
-  bubble = bubble_seconds(totals.total, stages, microbatches, repeats)
-  if bubble:
-    busy = sum(totals.seconds[p] for p in ("compute", "memory"))
-    for part in ("compute", "memory"):
-      totals.seconds[part] -= bubble * totals.seconds[part] / busy if busy else 0.0
-    totals.seconds["bubble"] = bubble
+  totals.add(_Walker(module, chip, network).computation(module.entry))
   return totals
+
+
+def as_dict(totals: Totals) -> dict[str, Any]:
+  """What the compile keeps of an estimate (analyses.py), JSON-ready."""
+  return {"version": MODEL_VERSION, "seconds": dict(totals.seconds),
+          "hidden": dict(totals.hidden), "flops": totals.flops, "hbm_bytes": totals.hbm_bytes,
+          "ici_bytes": totals.ici_bytes, "dcn_bytes": totals.dcn_bytes,
+          "kernels": totals.kernels, "unknown_dcn": totals.unknown_dcn}
+
+
+def pipelined(kept: dict[str, Any], stages: int = 1, microbatches: int = 1,
+              repeats: int = 1) -> dict[str, float]:
+  """A kept estimate's parts with a pipeline of `stages` x `microbatches` (x `repeats`)
+  taken into account: the bubble's share of the compute and memory time moved into
+  "bubble" (the SPMD pipeline's loop computes its bubble iterations)."""
+  parts = {part: float(kept["seconds"].get(part, 0.0)) for part in PARTS}
+  bubble = bubble_seconds(sum(parts.values()), stages, microbatches, repeats)
+  busy = parts["compute"] + parts["memory"]
+  if bubble and busy:
+    moved = min(bubble, busy)
+    for part in ("compute", "memory"):
+      parts[part] -= moved * parts[part] / busy
+    parts["bubble"] += moved
+  return parts
