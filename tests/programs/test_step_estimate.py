@@ -163,6 +163,9 @@ def test_a_loop_counts_its_body_once_per_trip():
   assert bounds.kernels == 5
   known = _estimate(LOOP.replace("%CONFIG%", ', backend_config={"known_trip_count":{"n":"7"}}'))
   assert known.seconds["memory"] == pytest.approx(7 * kernel)
+  # XLA unrolls a loop by stepping its counter by 2: 0, 2, 4 are below 5.
+  unrolled = _estimate(LOOP.replace("%CONFIG%", "").replace("constant(1)", "constant(2)"))
+  assert unrolled.seconds["memory"] == pytest.approx(3 * kernel)
   module = hlo_text.parse(LOOP.replace("%CONFIG%", "").replace("constant(5)", "constant(-5)"))
   assert hlo_text.trip_count(module, module.instructions["loop"]) == 0
 

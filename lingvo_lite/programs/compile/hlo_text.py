@@ -300,13 +300,12 @@ def source_target_pairs(instruction: Instruction) -> list[tuple[int, int]]:
 def trip_count(module: Module, loop: Instruction) -> int | None:
   """How many times a while loop runs: XLA's `known_trip_count` where the backend config
   states it, else read from the loop's bounds (a condition comparing the counter with a
-  constant, the counter starting from a constant and the body adding one); None if neither."""
+  constant, the counter starting from a constant, the body adding a constant step to it: XLA
+  unrolls a loop by stepping its counter by 2); None if neither."""
   known = re.search(r'"known_trip_count":\{"n":"(\d+)"', loop.attributes)
   if known:
     return int(known.group(1))
-  names = dict(zip(("condition", "body"), (loop.attribute("condition"),
-                                            loop.attribute("body"))))
-  condition = module.computations.get((names["condition"] or "").lstrip("%"))
+  condition = module.computations.get((loop.attribute("condition") or "").lstrip("%"))
   if condition is None:
     return None
   compare = condition.root
@@ -319,11 +318,29 @@ def trip_count(module: Module, loop: Instruction) -> int | None:
   limit = _constant(module, bound)
   index = int(counter.attribute("index") or 0)
   start = _start_value(module, loop, index)
-  if limit is None or start is None:
+  step = _step(module, loop, index)
+  if limit is None or start is None or not step:
     return None
-  trips = {"LT": limit - start, "LE": limit - start + 1, "GT": start - limit,
-           "GE": start - limit + 1, "NE": abs(limit - start)}.get(direction.group(1))
-  return max(trips, 0) if trips is not None else None
+  span = {"LT": limit - start, "LE": limit - start + 1, "GT": start - limit,
+          "GE": start - limit + 1, "NE": abs(limit - start)}.get(direction.group(1))
+  return max(-(-span // abs(step)), 0) if span is not None else None
+
+
+def _step(module: Module, loop: Instruction, index: int) -> int | None:
+  """What the loop's body adds to tuple element `index` each trip (1 where it is not an
+  addition of a constant)."""
+  body = module.computations.get((loop.attribute("body") or "").lstrip("%"))
+  if body is None or body.root.opcode != "tuple" or index >= len(body.root.operands):
+    return 1
+  update = module.instructions.get(body.root.operands[index])
+  if update is None or update.opcode not in ("add", "subtract"):
+    return 1
+  for name in update.operands:
+    operand = module.instructions.get(name)
+    value = None if operand is None else _constant(module, operand)
+    if value is not None:
+      return value if update.opcode == "add" else -value
+  return 1
 
 
 def _constant(module: Module, instruction: Instruction, depth: int = 0) -> int | None:

@@ -277,6 +277,31 @@ def estimate(hlo: str, chip: chips.Chip, devices: Sequence[Any]) -> Totals:
   return totals
 
 
+def kernel_times(hlo: str, chip: chips.Chip, devices: Sequence[Any]) -> dict[str, Cost]:
+  """Each kernel's own cost by instruction name, times the trips of the loops around it
+  (asynchronous transfers and collectives left out): for setting beside a profile."""
+  module = hlo_text.parse(hlo)
+  walker = _Walker(module, chip, collective_costs.Network.of(devices))
+  found: dict[str, Cost] = {}
+
+  def walk(name: str, times: float) -> None:
+    for instruction in module.computations[name].instructions:
+      if instruction.opcode == "while":
+        trips = hlo_text.trip_count(module, instruction) or 1
+        walk(instruction.attribute("body").lstrip("%"), times * trips)
+      elif instruction.opcode in ("call", "conditional"):
+        for called in instruction.called():
+          walk(called, times)
+      elif not instruction.opcode.endswith(("-start", "-done")):
+        cost = walker.cost(instruction)
+        if cost.part != "free":
+          found[instruction.name] = dataclasses.replace(
+              cost, seconds=cost.seconds * times, flops=cost.flops * times,
+              hbm_bytes=cost.hbm_bytes * times, hbm_seconds=cost.hbm_seconds * times)
+  walk(module.entry, 1.0)
+  return found
+
+
 def as_dict(totals: Totals) -> dict[str, Any]:
   """What the compile keeps of an estimate (analyses.py), JSON-ready."""
   return {"version": MODEL_VERSION, "seconds": dict(totals.seconds),
