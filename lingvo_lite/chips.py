@@ -6,12 +6,20 @@ command that measured it. Where a generation has no measurement, its rate is the
 times the fraction v5e's measurement reached of v5e's datasheet (said so in its source), the
 one assumption the table makes: the same compiler on the same kind of systolic array and HBM.
 
-  | generation | bf16 peak | matmul rate used | HBM used (datasheet) | ICI per link, one way | links | DCN per chip |
+  | chip | bf16 peak | matmul used | HBM copy / reads (datasheet) | ICI link | links | DCN/chip |
   |---|---|---|---|---|---|---|
-  | v5e | 197 TFLOP/s | 167.9 (measured) | 554 GB/s measured (819) | 50 GB/s | 4 (2D torus) | 3.125 GB/s |
-  | v5p | 459 | 391 (scaled) | 1,870 scaled (2,765) | 100 GB/s | 6 (3D torus) | 6.25 GB/s |
-  | v4 | 275 | 234 (scaled) | 812 scaled (1,200) | 50 GB/s | 6 (3D torus) | unknown |
-  | v6e | 918 | 782 (scaled) | 1,108 scaled (1,638) | 100 GB/s | 4 (2D torus) | 12.5 GB/s |
+  | v5e | 197 TFLOP/s | 167.9 measured | 554 / 698 GB/s measured (819) | 50 GB/s | 4 | 3.125 GB/s |
+  | v5p | 459 | 391 scaled | 1,870 / 2,357 scaled (2,765) | 100 GB/s | 6 | 6.25 GB/s |
+  | v4 | 275 | 234 scaled | 812 / 1,023 scaled (1,200) | 50 GB/s | 6 | unpublished |
+  | v6e | 918 | 782 scaled | 1,108 / 1,396 scaled (1,638) | 100 GB/s | 4 | 12.5 GB/s |
+
+(An ICI link's bandwidth is one way; v5e and v6e are 2D tori, v4 and v5p 3D.)
+"Copy" is bytes read plus written by an elementwise copy; "reads" is a kernel that only reads
+(HBM turns around between reads and writes: the copy's writes are the slower part, so a
+kernel's time is its reads at the read bandwidth plus its writes at what the copy leaves for
+them). The per-kernel overhead (1.2 us) is XLA:TPU's own cost model's until the chip measures
+it (bench/estimate_calibration.py). The MXUs: v4, v5e and v5p have 128 x 128 systolic arrays,
+v6e 256 x 256; a matmul's contraction and output width are padded to that edge.
 
 ICI per link and direction is the datasheet's bidirectional bandwidth per chip divided by its
 ports and two directions (v5e: 400 GB/s / 4 ports / 2). DCN per chip is the host's NICs shared

@@ -47,7 +47,8 @@ DOT = """HloModule m, is_scheduled=true
 ENTRY %main (a: bf16[256,512], b: bf16[512,64]) -> bf16[256,64] {
   %a = bf16[256,512]{1,0:T(8,128)(2,1)} parameter(0)
   %b = bf16[512,64]{1,0:T(8,128)(2,1)S(1)} parameter(1)
-  ROOT %dot = bf16[256,64]{1,0:T(8,128)(2,1)} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %dot = bf16[256,64]{1,0:T(8,128)(2,1)} dot(%a, %b), lhs_contracting_dims={1},
+      rhs_contracting_dims={0}
 }
 """
 
@@ -213,7 +214,9 @@ def test_a_multi_slice_programs_dcn_transfer_counts_across_its_slices():
 ENTRY %main (p: f32[1024]) -> f32[1024] {
   %p = f32[1024]{0} parameter(0)
   %tok = token[] after-all()
-  %send = (f32[1024]{0}, u32[], token[]) send(%p, %tok), channel_id=3, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %send = (f32[1024]{0}, u32[], token[]) send(%p, %tok), channel_id=3, is_host_transfer=true,
+      frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",
+      _xla_megascale_transfer_type="ALL_REDUCE"}
   %sd = token[] send-done(%send), channel_id=3, is_host_transfer=true
   ROOT %copy = f32[1024]{0} copy(%p)
 }
@@ -238,11 +241,13 @@ def test_replica_groups_in_every_printed_form():
 def test_an_attention_kernel_counts_its_causal_blocks_at_the_head_widths_tile():
   totals = _estimate("""HloModule m
 
-ENTRY %main (q: bf16[1,4,1024,64], k: bf16[1,1,1024,64], v: bf16[1,1,1024,64]) -> bf16[1,4,1024,64] {
+ENTRY %main (q: bf16[1,4,1024,64], k: bf16[1,1,1024,64], v: bf16[1,1,1024,64])
+    -> bf16[1,4,1024,64] {
   %q = bf16[1,4,1024,64]{3,2,1,0:T(8,128)(2,1)} parameter(0)
   %k = bf16[1,1,1024,64]{3,2,1,0:T(8,128)(2,1)} parameter(1)
   %v = bf16[1,1,1024,64]{3,2,1,0:T(8,128)(2,1)} parameter(2)
-  ROOT %splash_mha_fwd.1 = bf16[1,4,1024,64]{3,2,1,0:T(8,128)(2,1)} custom-call(%q, %k, %v), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+  ROOT %splash_mha_fwd.1 = bf16[1,4,1024,64]{3,2,1,0:T(8,128)(2,1)} custom-call(%q, %k, %v),
+      custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
 "xprof_metadata":"{\\"block_q\\": 512, \\"block_kv\\": 512}"
 }}, metadata={op_name="jit(f)/splash_mha_fwd/pallas_call"}
 }
@@ -296,6 +301,17 @@ def test_the_report_names_the_dominant_part_and_the_next_knob_of_a_bound_config(
   assert "step time estimate: none: the optimized HLO could not be counted" in text
   section = estimate_report.section(_kept(compute=1.0), "cpu", 1.0, 1.0)
   assert not section["made"] and "no chip constants for cpu" in section["reason"]
+  section = estimate_report.section(_kept(), "TPU v5 lite", 1.0, 1.0)
+  assert not section["made"] and "no kernel to count" in section["reason"]
+
+
+def test_text_that_is_no_hlo_module_counts_nothing_and_raises_nothing():
+  for text in ("", "not HLO at all\n}\n", "ENTRY %e (a: f32[?,3]) -> f32[] {\n"
+               "  %a = f32[?,3]{1,0} parameter(0)\n  %f = f32[2]{0} fusion(%a), calls=%gone\n"
+               "  %w = f32[2]{0} while(%f), condition=%nowhere\n"
+               "  ROOT %c = f32[2]{0} convolution(%a, %missing), dim_labels=zz\n}\n"):
+    totals = _estimate(text)
+    assert totals.flops == 0 and totals.seconds["compute"] == 0
 
 
 def test_every_chip_constant_says_where_it_comes_from():

@@ -93,7 +93,7 @@ def input_bytes(module: hlo_text.Module, instruction: Instruction) -> float:
   for name in instruction.operands:
     operand = module.instructions.get(name)
     for array in operand.shape if operand is not None else []:
-      total += array.elements * hlo_text._DTYPE_BYTES.get(array.dtype, 4)  # pylint: disable=protected-access
+      total += array.logical_bytes
   return total
 
 

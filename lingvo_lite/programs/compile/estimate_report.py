@@ -71,11 +71,13 @@ def section(kept: dict[str, Any] | None, device_kind: str, model_flops_per_devic
   stages, microbatches, repeats = pipeline
   parts = step_estimate.pipelined(kept, stages, microbatches, repeats)
   seconds = sum(parts.values())
+  if seconds <= 0:
+    return _not_made("the optimized HLO holds no kernel to count")
   dominant = max(parts, key=lambda part: parts[part])
   return {
       "made": True, "seconds": seconds,
-      "tokens_per_s_per_device": tokens_per_device / seconds if seconds else None,
-      "mfu": model_flops_per_device / (seconds * chip.peak_flops.value) if seconds else None,
+      "tokens_per_s_per_device": tokens_per_device / seconds,
+      "mfu": model_flops_per_device / (seconds * chip.peak_flops.value),
       "parts": parts, "overlapped": {k: v for k, v in kept["hidden"].items() if v},
       "dominant": dominant, "bound": None if dominant == "compute" else dominant,
       "next_knob": KNOBS.get(dominant),
@@ -83,7 +85,7 @@ def section(kept: dict[str, Any] | None, device_kind: str, model_flops_per_devic
                   "ici_bytes": kept["ici_bytes"], "dcn_bytes": kept["dcn_bytes"],
                   "kernels": kept["kernels"]},
       "pipeline": {"stages": stages, "microbatches": microbatches, "repeats": repeats,
-                   "bubble_fraction": parts["bubble"] / seconds if seconds else 0.0},
+                   "bubble_fraction": parts["bubble"] / seconds},
       "chip": _constants(chip), "dcn_unknown": bool(kept.get("unknown_dcn")),
   }
 

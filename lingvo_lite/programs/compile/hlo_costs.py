@@ -50,7 +50,7 @@ FREE = frozenset({
     "add-dependency", "opt-barrier", "partition-id", "replica-id", "domain", "iota", "send",
     "recv", "send-done", "recv-done"})
 # Custom calls that move no data (XLA:TPU's own markers and buffer plumbing).
-_FREE_CUSTOM_CALLS = ("AllocateBuffer", "ConcatBitcast", "AssumeGatherIndicesInBound",
+FREE_CUSTOM_CALLS = ("AllocateBuffer", "ConcatBitcast", "AssumeGatherIndicesInBound",
                       "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape")
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
                "collective-permute", "collective-broadcast")
@@ -172,18 +172,29 @@ def _passes(module: hlo_text.Module, matmul: Instruction, chip: chips.Chip) -> f
 
 def matmul_seconds(module: hlo_text.Module, matmul: Instruction,
                    chip: chips.Chip) -> tuple[float, float]:
-  """(FLOPs, MXU seconds) of one dot or convolution, tile padding included."""
+  """(FLOPs, MXU seconds) of one dot or convolution, tile padding included; (0, 0) for one
+  whose operands or dimension labels the text does not give."""
   count = dot_flops if matmul.opcode == "dot" else convolution_flops
-  flops, k, n, m = count(module, matmul)
+  try:
+    flops, k, n, m = count(module, matmul)
+  except (KeyError, ValueError, IndexError):
+    return 0.0, 0.0
   efficiency = (tile_efficiency(k, chip.mxu_edge) * tile_efficiency(n, chip.mxu_edge)
                 * tile_efficiency(m, 8))
+  if not flops:
+    return 0.0, 0.0
   return flops, flops / efficiency * _passes(module, matmul, chip) / chip.matmul_flops.value
 
 
-def fused_matmuls(module: hlo_text.Module, computation: str) -> list[Instruction]:
+def _instructions(module: hlo_text.Module, computation: str | None) -> list[Instruction]:
+  held = module.computations.get(computation) if computation else None
+  return held.instructions if held is not None else []
+
+
+def fused_matmuls(module: hlo_text.Module, computation: str | None) -> list[Instruction]:
   """The dots and convolutions of a fused computation, nested fusions' included."""
   found = []
-  for instruction in module.computations[computation].instructions:
+  for instruction in _instructions(module, computation):
     if instruction.opcode in ("dot", "convolution"):
       found.append(instruction)
     elif instruction.opcode == "fusion":
@@ -192,10 +203,11 @@ def fused_matmuls(module: hlo_text.Module, computation: str) -> list[Instruction
   return found
 
 
-def fused_collectives(module: hlo_text.Module, computation: str) -> list[Instruction]:
+def fused_collectives(module: hlo_text.Module,
+                      computation: str | None) -> list[Instruction]:
   """The collectives inside a fused (or async-wrapped) computation, nested fusions' too."""
   found = []
-  for instruction in module.computations[computation].instructions:
+  for instruction in _instructions(module, computation):
     if instruction.opcode in COLLECTIVES:
       found.append(instruction)
     elif instruction.opcode == "fusion":
@@ -205,8 +217,8 @@ def fused_collectives(module: hlo_text.Module, computation: str) -> list[Instruc
 
 
 def _parameters(module: hlo_text.Module, computation: str) -> dict[int, str]:
-  return {int(p.literal): p.name for p in module.computations[computation].instructions
-          if p.opcode == "parameter"}
+  return {int(number.group()): p.name for p in _instructions(module, computation)
+          if p.opcode == "parameter" and (number := re.match(r"\s*\d+", p.literal))}
 
 
 def _parameter_reads(module: hlo_text.Module, computation: str, name: str,
@@ -226,8 +238,12 @@ def _parameter_reads(module: hlo_text.Module, computation: str, name: str,
     elif use.opcode in ("bitcast", "reshape"):
       total += _parameter_reads(module, computation, use.name, full, depth + 1)
     elif use.opcode == "fusion":
-      nested, parameters = use.called()[0], _parameters(module, use.called()[0])
+      nested = module.called(use)
+      parameters = _parameters(module, nested)
+      if not parameters:
+        return hbm(full)
       total += sum(_parameter_reads(module, nested, parameters[index], full, depth + 1)
+                   if index in parameters else hbm(full)
                    for index, operand in enumerate(use.operands) if operand == name)
     else:
       return hbm(full)
@@ -236,7 +252,10 @@ def _parameter_reads(module: hlo_text.Module, computation: str, name: str,
 
 def fusion_bytes(module: hlo_text.Module, fusion: Instruction) -> tuple[float, float]:
   """(HBM bytes read, HBM bytes written) by a fusion."""
-  called = fusion.called()[0]
+  called = module.called(fusion)
+  if called is None:  # Not a fusion this module prints: all it touches.
+    return (sum(hbm(module.instructions[name].shape) for name in fusion.operands
+                if name in module.instructions), hbm(fusion.shape))
   parameters = _parameters(module, called)
   read = written = 0.0
   for index, operand in enumerate(fusion.operands):

@@ -22,7 +22,7 @@ from typing import Iterator
 import numpy as np
 
 # Bytes per element of each element type (4-bit types rounded up: XLA packs two a byte).
-_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
+DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
                 "f8e4m3b11fnuz": 1, "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "bf16": 2, "f16": 2,
                 "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s64": 8, "u64": 8,
                 "c64": 8, "c128": 16, "token": 0}
@@ -56,13 +56,18 @@ class Array:
     return math.prod(self.dims)
 
   @property
+  def logical_bytes(self) -> float:
+    """Bytes of the elements themselves, no tile padding."""
+    return self.elements * DTYPE_BYTES.get(self.dtype, 4)
+
+  @property
   def bytes(self) -> float:
     """Bytes as stored: the tiled dimensions padded up to the tile."""
     dims = list(self.dims)
     if self.tile and self.minor_to_major and dims:
       for tile_size, dim in zip(reversed(self.tile), self.minor_to_major):
         dims[dim] = -(-dims[dim] // tile_size) * tile_size
-    return math.prod(dims) * _DTYPE_BYTES.get(self.dtype, 4)
+    return math.prod(dims) * DTYPE_BYTES.get(self.dtype, 4)
 
 
 @dataclasses.dataclass
@@ -129,6 +134,10 @@ class Module:
 
   _users: dict[str, dict[str, list[Instruction]]] = dataclasses.field(default_factory=dict)
 
+  def called(self, instruction: Instruction) -> str | None:
+    """The first computation `instruction` calls that the module holds, or None."""
+    return next((name for name in instruction.called() if name in self.computations), None)
+
   def users(self, computation: str) -> dict[str, list[Instruction]]:
     """Each instruction of `computation`'s users within it."""
     if computation not in self._users:
@@ -156,7 +165,9 @@ def _closing(text: str, start: int, opening: str, closing: str) -> int:
 def parse_array(match: re.Match) -> Array:
   """An `Array` of a `_ARRAY` match."""
   dtype, dims_text, layout = match.groups()
-  dims = tuple(int(d.lstrip("<=")) for d in dims_text.split(",") if d.strip())
+  # A bounded dynamic dimension prints as `<=8`: its bound is what a buffer holds.
+  dims = tuple(int(found.group()) if (found := re.search(r"\d+", d)) else 0
+               for d in dims_text.split(",") if d.strip())
   minor_to_major = tile = None
   memory_space = 0
   if layout:

@@ -78,7 +78,9 @@ class _Walker:
     self.overhead = chip.op_overhead_s.value
     self._done: dict[str, Totals] = {}
 
-  def computation(self, name: str) -> Totals:
+  def computation(self, name: str | None) -> Totals:
+    if name not in self.module.computations:
+      return Totals()  # Nothing this module prints: nothing counted.
     if name in self._done:
       return self._done[name]
     totals, pending = Totals(), {}
@@ -115,7 +117,7 @@ class _Walker:
     if opcode.endswith("-done") and instruction.operands and instruction.operands[0] in pending:
       return "done", instruction.operands[0]
     if opcode == "fusion":
-      inner = hlo_costs.fused_collectives(self.module, instruction.called()[0])
+      inner = hlo_costs.fused_collectives(self.module, self.module.called(instruction))
       if inner:
         key = ("channel", inner[0].attribute("channel_id") or inner[0].name)
         if name.startswith("async-collective-start"):
@@ -129,9 +131,10 @@ class _Walker:
     if opcode == "while":
       trips = hlo_text.trip_count(self.module, instruction)
       trips = 1 if trips is None else trips
-      body, condition = (instruction.attribute(k) for k in ("body", "condition"))
-      totals.add(self.computation(body.lstrip("%")), trips)
-      totals.add(self.computation(condition.lstrip("%")), trips + 1)
+      body, condition = ((instruction.attribute(k) or "").lstrip("%")
+                         for k in ("body", "condition"))
+      totals.add(self.computation(body), trips)
+      totals.add(self.computation(condition), trips + 1)
     elif opcode in ("call", "conditional"):
       branches = [self.computation(c) for c in instruction.called()]
       if branches:
@@ -139,7 +142,7 @@ class _Walker:
     elif collective_costs.kind_of(opcode):
       totals.add(self._collective(instruction, collective_costs.kind_of(opcode)))
     elif opcode == "fusion" and hlo_costs.fused_collectives(self.module,
-                                                            instruction.called()[0]):
+                                                            self.module.called(instruction)):
       # A collective fused into a kernel: its transfer, then the kernel's own work.
       totals.add(self._collective_of(instruction))
       _add_cost(totals, self.cost(instruction))
@@ -159,16 +162,17 @@ class _Walker:
     totals = Totals()
     if start.opcode in _COPIES:
       _add_cost(totals, self._copy(start))
-    elif start.opcode == "async-start" and start.called():
+    elif start.opcode == "async-start" and self.module.called(start):
+      called = self.module.called(start)
       totals.add(self._collective_of(start) if hlo_costs.fused_collectives(
-          self.module, start.called()[0]) else self.computation(start.called()[0]))
+          self.module, called) else self.computation(called))
     else:
       _add_cost(totals, self.cost(start))
     return totals
 
   def _collective_of(self, caller: Instruction) -> Totals:
     """The transfer of the collective inside a fusion or an async computation."""
-    inner = hlo_costs.fused_collectives(self.module, caller.called()[0])[0]
+    inner = hlo_costs.fused_collectives(self.module, self.module.called(caller))[0]
     return self._collective(inner, collective_costs.kind_of(inner.opcode))
 
   def _collective(self, instruction: Instruction, kind: str) -> Totals:
@@ -206,14 +210,14 @@ class _Walker:
     matmul = None
     if opcode == "custom-call":
       target = instruction.attribute("custom_call_target") or ""
-      if any(name in target for name in hlo_costs._FREE_CUSTOM_CALLS):  # pylint: disable=protected-access
+      if any(name in target for name in hlo_costs.FREE_CUSTOM_CALLS):
         return hlo_costs.FREE_COST
       matmul = hlo_costs.attention_flops(self.module, instruction, self.chip)
     elif opcode in ("dot", "convolution"):
       matmul = hlo_costs.matmul_seconds(self.module, instruction, self.chip)
     elif opcode == "fusion":
       found = [hlo_costs.matmul_seconds(self.module, m, self.chip)
-               for m in hlo_costs.fused_matmuls(self.module, instruction.called()[0])]
+               for m in hlo_costs.fused_matmuls(self.module, self.module.called(instruction))]
       matmul = (sum(f for f, _ in found), sum(s for _, s in found)) if found else None
     read, written = hlo_costs.instruction_bytes(self.module, instruction)
     moved = read + written
@@ -288,10 +292,13 @@ def kernel_times(hlo: str, chip: chips.Chip, devices: Sequence[Any]) -> dict[str
     for instruction in module.computations[name].instructions:
       if instruction.opcode == "while":
         trips = hlo_text.trip_count(module, instruction) or 1
-        walk(instruction.attribute("body").lstrip("%"), times * trips)
+        body = (instruction.attribute("body") or "").lstrip("%")
+        if body in module.computations:
+          walk(body, times * trips)
       elif instruction.opcode in ("call", "conditional"):
         for called in instruction.called():
-          walk(called, times)
+          if called in module.computations:
+            walk(called, times)
       elif not instruction.opcode.endswith(("-start", "-done")):
         cost = walker.cost(instruction)
         if cost.part != "free":
