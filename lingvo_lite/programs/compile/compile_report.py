@@ -28,8 +28,9 @@ report.json, schema "lingvo_lite.compile_report/1":
               each part's time and the dominant one (programs/compile/estimate_report.py)
   step_time:  a bound for comparison, not an estimate: peak_flops_per_device, peak_source,
               seconds_at_100_mfu, seconds_at_50_mfu, tokens_per_s_per_device_at_50_mfu; for
-              a train step under model.quantization "int8" also int8: {peak_ops_per_device (null where none is known),
-              int8_flops_per_step (the blocks' weight matmuls), seconds_at_50_mfu,
+              a train step under model.quantization "int8" also int8: {peak_ops_per_device
+              (null where none is known), int8_flops_per_step (the blocks' weight matmuls),
+              seconds_at_50_mfu,
               tokens_per_s_per_device_at_50_mfu} (those matmuls at the int8 peak, the rest at
               the bf16 one)
   dots:       {int8, float}: the matmul instructions of the optimized HLO (aot.dot_counts),
