@@ -77,6 +77,8 @@ def _args() -> argparse.Namespace:
   parser.add_argument("--profile", help="also trace a step per row; per-kernel files here")
   parser.add_argument("--json", help="append the rows (and constants) as JSON lines")
   parser.add_argument("--no_constants", action="store_true")
+  parser.add_argument("--chip", choices=tuple(chips.CHIPS),
+                      help="count on this chip's constants (default: this host's chip)")
   return parser.parse_args()
 
 
@@ -112,7 +114,7 @@ def aot_row(name: str) -> dict:
   return _row(name, estimate, measured, "README measured")
 
 
-def chip_row(name: str, steps: int, profile: str | None) -> dict:
+def chip_row(name: str, steps: int, profile: str | None, chip_name: str | None = None) -> dict:
   """A row compiled, timed and estimated on this host's chip, one executable for both."""
   from lingvo_lite.on_mesh.jitted import JittedSteps  # pylint: disable=import-outside-toplevel
   experiment, sets, readme = ROWS[name]
@@ -134,7 +136,8 @@ def chip_row(name: str, steps: int, profile: str | None) -> dict:
       jax.block_until_ready(metrics["loss"])
       times.append(time.perf_counter() - started)
     hlo = compiled.as_text()
-    chip = chips.chip_of(jax.devices()[0].device_kind)
+    chip = (chips.CHIPS[chip_name] if chip_name
+            else chips.chip_of(jax.devices()[0].device_kind))
     devices = tuple(jitted.mesh.devices.flat)
     row = _row(name, step_estimate.estimate(hlo, chip, devices),
                statistics.median(times) * 1e3, "measured")
@@ -263,7 +266,8 @@ def main() -> None:
   rows = []
   for name in names:
     try:
-      rows.append(aot_row(name) if args.aot else chip_row(name, args.steps, args.profile))
+      rows.append(aot_row(name) if args.aot else chip_row(name, args.steps, args.profile,
+                                                            args.chip))
     except Exception as e:  # pylint: disable=broad-except  # A row per variant, whatever fails.
       print(f"{name:<28} FAILED: {str(e).splitlines()[0][:300] if str(e) else e!r}", flush=True)
       rows.append({"row": name, "failed": str(e)[:300]})
