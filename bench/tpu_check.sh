@@ -11,7 +11,7 @@
 # then, on the TPU VM, from the repository root:
 #
 #   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train decode tests moe profile int8
-#                                           (default: numerics train decode)
+#                                           estimate (default: numerics train decode)
 #
 # numerics: bench/tpu_numerics.py: splash against einsum on the chip, a 50-step tiny training
 #         run and greedy decode of the tiny families, written for --compare with a CPU run.
@@ -26,6 +26,10 @@
 # profile: bench/tpu_profile.py: traces of batch-64 decode (both shapes) and the best
 #         Llama1BOneChip row, summed by op: $OUT/<name>.json and <name>.xplane.pb.
 # int8:   Llama1BOneChip's minimal row in bfloat16 and with model.quantization='int8'.
+# estimate: bench/estimate_calibration.py: the compile report's step-time estimate beside the
+#         measured step for every train row (the same executable), a traced step per row with
+#         each kernel's measured time beside its estimate ($OUT/estimate_profile/<row>.json),
+#         and the chip constants lingvo_lite/chips.py takes, measured: $OUT/estimate.jsonl.
 # tests:  the suite's model, decode, step, training and weights tests on the chip, in parts
 #         (bench/tpu_test_parts.py): a JUnit file each, one summary line across them.
 # Output: stdout, and $OUT/*.txt / *.jsonl when $OUT is set.
@@ -105,10 +109,14 @@ for stage in "${stages[@]}"; do
           --variant "int8_minimal_b4:model.remat_policy='minimal';model.quantization='int8'" \
           2>&1 | grep -v "^[WI]0" | tee "$out/int8.txt"
       ;;
+    estimate)
+      python3 bench/estimate_calibration.py --profile "$out/estimate_profile" \
+          --json "$out/estimate.jsonl" 2>&1 | grep -v "^[WI]0" | tee "$out/estimate.txt"
+      ;;
     moe)
       python3 bench/moe_bench.py mfu --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/moe.txt"
       ;;
-    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, decode, tests, moe, profile, int8)" >&2
+    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, decode, tests, moe, profile, int8, estimate)" >&2
        exit 2 ;;
   esac
 done

@@ -55,7 +55,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("setup", ("experiment.py", "decode/settings.py")),
     ("parts", ("models/", "data/", "tasks/", "checkpoints/", "weights/", "training/",
                "partitioning.py", "mfu.py", "decode/__init__.py", "decode/sampling_checks.py")),
-    ("runtime", ("runtime/", "target.py", "topologies.py")),
+    ("runtime", ("runtime/", "target.py", "topologies.py", "chips.py")),
     ("ground", ("__init__.py", "errors.py", "fields.py", "run_fields.py", "paths.py", "outputs.py",
                 "output_folders.py", "file_writes.py", "gguf_files.py", "input_files.py", "config/__init__.py",
                 "config/moved_modules.py")),

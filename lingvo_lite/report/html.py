@@ -312,8 +312,14 @@ def _compile(report: dict[str, Any]) -> str:
                       f"({100 * (fraction or 0):.1f}%)"
             if isinstance(get("margin"), dict) else "-"),
            ("compile time", f"{seconds:.1f} s" if finite(seconds) else "-")]
+  estimated = num("estimate", "seconds")
+  if finite(estimated):
+    mfu_estimated = num("estimate", "mfu")
+    pairs.append(("estimated step time", f"{estimated * 1000:.4g} ms, "
+                  f"{get('estimate', 'dominant')} dominates"
+                  + (f", MFU {100 * mfu_estimated:.1f}%" if finite(mfu_estimated) else "")))
   if finite(at_50):
-    pairs.append(("step time at 50% MFU", f"{at_50 * 1000:.3g} ms "
+    pairs.append(("step time at 50% MFU (a bound)", f"{at_50 * 1000:.3g} ms "
                   f"({number_text(num('step_time', 'tokens_per_s_per_device_at_50_mfu'))} "
                   "tokens/s per device)"))
   return _kv([(k, "-" if v is None else str(v)) for k, v in pairs]) + (

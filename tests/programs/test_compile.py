@@ -176,6 +176,14 @@ def test_tpu_compiles_one_and_two_slices(tmp_path):
     assert report["target"]["num_devices"] == devices
     assert report["target"]["platform"] == "tpu"
     assert report["mesh"] == mesh
+    # The step time counted from the optimized HLO: data parallelism's gradients cross ICI
+    # (and, over two slices, the data-center network too).
+    estimate = report["estimate"]
+    assert estimate["made"] and estimate["chip"]["name"] == "v5e"
+    assert estimate["seconds"] == pytest.approx(sum(estimate["parts"].values()))
+    assert estimate["counted"]["ici_bytes"] > 0 and estimate["counted"]["kernels"] > 0
+    assert (estimate["counted"]["dcn_bytes"] > 0) == (name == "two")
+    assert "  step time estimate: " in completed.stdout
   assert _report(tmp_path / "two")["target"]["num_slices"] == 2
 
 
@@ -216,7 +224,8 @@ def test_the_same_compile_again_reads_xlas_analyses_from_the_cache(tmp_path):
   assert not first["compile_cached"] and again["compile_cached"]
   assert "read XLA's analyses of the same program from the compilation cache" in completed.stdout
   # Everything XLA said, and the first compile's seconds, as the first compile reported them.
-  for field in ("verdict", "memory", "margin", "largest_buffers", "flops", "compile_seconds"):
+  for field in ("verdict", "memory", "margin", "largest_buffers", "flops", "compile_seconds",
+                "estimate"):
     assert again[field] == first[field], field
   kept = list((cache / analyses.KIND).iterdir())
   assert len(kept) == 1

@@ -424,7 +424,7 @@ def _compile_report_of_wrong_types(job):
   (job / "compile" / "report.json").write_text(json.dumps(
       {"target": 5, "mesh": ["data"], "verdict": "fits", "memory": {"deciding": "x"},
        "margin": {"fraction": "x", "bytes": 10**400}, "compile_seconds": "x",
-       "step_time": {"seconds_at_50_mfu": "x"}}))
+       "step_time": {"seconds_at_50_mfu": "x"}, "estimate": {"seconds": "x", "mfu": [1]}}))
   def check(document):
     rows = dict([cell.text for cell in tr.all()] for tr in document.one(id="compile").all("tr"))
     assert rows == {"target": "None (None x None)", "program": "-", "mesh": "-",

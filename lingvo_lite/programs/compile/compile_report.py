@@ -26,10 +26,13 @@ report.json, schema "lingvo_lite.compile_report/1":
   compile_seconds, compile_cached (the analyses are an earlier compile's of the same program,
               read from the compilation cache: programs/compile/analyses.py; compile_seconds is
               that compile's)
-  step_time:  peak_flops_per_device, peak_source, seconds_at_100_mfu, seconds_at_50_mfu,
-              tokens_per_s_per_device_at_50_mfu; for a train step under model.quantization
-              "int8" also int8: {peak_ops_per_device (null where none is known),
-              int8_flops_per_step (the blocks' weight matmuls), seconds_at_50_mfu,
+  estimate:   the step time counted from the optimized HLO on the chip's constants, its MFU,
+              each part's time and the dominant one (programs/compile/estimate_report.py)
+  step_time:  a bound for comparison, not an estimate: peak_flops_per_device, peak_source,
+              seconds_at_100_mfu, seconds_at_50_mfu, tokens_per_s_per_device_at_50_mfu; for
+              a train step under model.quantization "int8" also int8: {peak_ops_per_device
+              (null where none is known), int8_flops_per_step (the blocks' weight matmuls),
+              seconds_at_50_mfu,
               tokens_per_s_per_device_at_50_mfu} (those matmuls at the int8 peak, the rest at
               the bf16 one)
   dots:       {int8, float}: the matmul instructions of the optimized HLO (aot.dot_counts),
@@ -58,7 +61,7 @@ import numpy as np
 
 from lingvo_lite import mfu
 from lingvo_lite.on_mesh import evaluation
-from lingvo_lite.programs.compile import analyses
+from lingvo_lite.programs.compile import analyses, estimate_report
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 from lingvo_lite.training.train_state import HOST_MEMORY
 
@@ -213,6 +216,10 @@ def build(result: CompileResult) -> dict[str, Any]:
                 "model_per_device": model_flops / target.num_devices},
       "compile_seconds": result.seconds,
       "compile_cached": result.cached,
+      "estimate": estimate_report.section(
+          result.estimate if result.out_of_memory is None else None, target.device_kind,
+          model_flops / target.num_devices, tokens / target.num_devices,
+          estimate_report.pipeline_of(setup)),
       "step_time": step_time,
       "dots": result.dots,
   }
@@ -343,7 +350,9 @@ def to_text(report: dict[str, Any]) -> str:
                "a loop body once: a scan over layers or micro-batches counts one iteration)")
   lines.append(f"  compile time: {report['compile_seconds']:.1f} s{cached_note(report)}")
   tokens = s["tokens_per_s_per_device_at_50_mfu"]
-  lines.append(f"  step time at 100% MFU {s['seconds_at_100_mfu'] * 1e3:.4g} ms, at 50% "
+  lines += estimate_report.lines(report.get("estimate"))
+  lines.append(f"  bound for comparison (not an estimate): at 100% MFU "
+               f"{s['seconds_at_100_mfu'] * 1e3:.4g} ms, at 50% "
                f"{s['seconds_at_50_mfu'] * 1e3:.4g} ms ({tokens:,.0f} tokens/s per device); "
                f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
                f"({s['peak_source']})")
