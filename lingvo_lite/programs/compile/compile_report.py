@@ -28,7 +28,8 @@ report.json, schema "lingvo_lite.compile_report/1":
               that compile's)
   estimate:   the step time counted from the optimized HLO on the chip's constants, its MFU,
               each part's time and the dominant one (programs/compile/estimate_report.py)
-  step_time:  a bound for comparison, not an estimate: peak_flops_per_device, peak_source,
+  step_time:  a bound for comparison, not an estimate (programs/compile/step_bound.py):
+              peak_flops_per_device, peak_source,
               seconds_at_100_mfu, seconds_at_50_mfu, tokens_per_s_per_device_at_50_mfu; for
               a train step under model.quantization "int8" also int8: {peak_ops_per_device
               (null where none is known), int8_flops_per_step (the blocks' weight matmuls),
@@ -47,7 +48,7 @@ report.json, schema "lingvo_lite.compile_report/1":
   max_batch:  (with --compile_find_max_batch) see programs/compile/max_batch.py
 
 Longer than 300 lines with a reason: the schema above and the code that fills each of its
-sections (memory verdict, analytic bytes, FLOPs, step times, matmul counts) live together, so a
+sections (memory verdict, analytic bytes, FLOPs) live together, so a
 change of one is seen beside the other; the search for a largest batch is its own module.
 """
 
@@ -61,7 +62,7 @@ import numpy as np
 
 from lingvo_lite import mfu
 from lingvo_lite.on_mesh import evaluation
-from lingvo_lite.programs.compile import analyses, estimate_report
+from lingvo_lite.programs.compile import estimate_report, step_bound
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 from lingvo_lite.training.train_state import HOST_MEMORY
 
@@ -177,14 +178,8 @@ def build(result: CompileResult) -> dict[str, Any]:
                                          data.sequence_length)
   if result.program == "eval":
     model_flops /= 3  # Forward only: the 6N of training counts forward and backward.
-  peak, peak_source = _peak(target, setup)
-  at_full = model_flops / (target.num_devices * peak)
   tokens = data.global_batch_size * data.sequence_length
-  step_time = {"peak_flops_per_device": peak, "peak_source": peak_source,
-               "seconds_at_100_mfu": at_full, "seconds_at_50_mfu": 2 * at_full,
-               "tokens_per_s_per_device_at_50_mfu": tokens / (2 * at_full) / target.num_devices}
-  if result.program == "train" and getattr(setup.model, "quantization", None) == "int8":
-    step_time["int8"] = _int8_step_time(setup.model, target, model_flops, tokens, peak)
+  step_time = step_bound.section(target, setup, result.program, model_flops, tokens)
   return {
       "schema": SCHEMA,
       "target": target_fields(target),
@@ -225,39 +220,10 @@ def build(result: CompileResult) -> dict[str, Any]:
   }
 
 
-def _int8_step_time(model: Any, target: Any, model_flops: float, tokens: int,
-                    peak: float) -> dict[str, Any]:
-  """An "int8" train step's time at 50% of the peaks: the blocks' weight matmuls (forward
-  and both gradients: 6 FLOPs per weight and token) at the target's int8 peak, the rest
-  (attention's scores and values, the unembedding, in the compute dtype) at `peak`."""
-  int8_peak = (target.peak_int8_tops or 0) * 1e12 or None
-  int8_flops = 6.0 * model.block_matmul_parameters() * tokens
-  if int8_peak is None:
-    return {"peak_ops_per_device": None, "int8_flops_per_step": int8_flops,
-            "seconds_at_50_mfu": None, "tokens_per_s_per_device_at_50_mfu": None}
-  at_full = (int8_flops / int8_peak + (model_flops - int8_flops) / peak) / target.num_devices
-  return {"peak_ops_per_device": int8_peak, "int8_flops_per_step": int8_flops,
-          "seconds_at_50_mfu": 2 * at_full,
-          "tokens_per_s_per_device_at_50_mfu": tokens / (2 * at_full) / target.num_devices}
-
-
 def cached_note(report: dict) -> str:
   """What the compile time line adds where XLA's analyses came from the cache."""
   return (" (the first compile's; this run read XLA's analyses of the same program from the "
           "compilation cache)" if report.get("compile_cached") else "")
-
-
-def _peak(target, setup) -> tuple[float, str]:
-  """Datasheet peak per device; virtual CPU devices share this host's measured peak."""
-  if setup.train.peak_tflops_per_device:
-    return setup.train.peak_tflops_per_device * 1e12, "configured"
-  if target.peak_bf16_tflops:
-    return target.peak_bf16_tflops * 1e12, f"{target.device_kind} bf16 datasheet"
-  if target.platform == "cpu":
-    flops, _ = mfu.host_matmul_peak(analyses.cache_folder())
-    return (flops / target.num_devices,
-            f"this host's best float32 2048^3 matmul shared by {target.num_devices} devices")
-  return mfu.peak_flops_per_device(target.devices[0])
 
 
 def gib(n: float | None) -> str:
@@ -328,7 +294,7 @@ def buffer_lines(buffers: list[dict[str, Any]], where: str = "") -> list[str]:
 
 def to_text(report: dict[str, Any]) -> str:
   """The report for people: the verdict first, then what it rests on."""
-  t, m, f, s = report["target"], report["memory"], report["flops"], report["step_time"]
+  t, m, f = report["target"], report["memory"], report["flops"]
   batch = report["batch"]
   lines = [f"compile of the {report['program']} step for {t['name']} ({t['num_devices']} x "
            f"{t['device_kind']}, {t['num_processes']} process(es), {t['num_slices']} "
@@ -349,14 +315,8 @@ def to_text(report: dict[str, Any]) -> str:
                f"{'n/a' if xla_flops is None else f'{xla_flops:.4g}'} per device (it counts "
                "a loop body once: a scan over layers or micro-batches counts one iteration)")
   lines.append(f"  compile time: {report['compile_seconds']:.1f} s{cached_note(report)}")
-  tokens = s["tokens_per_s_per_device_at_50_mfu"]
   lines += estimate_report.lines(report.get("estimate"))
-  lines.append(f"  bound for comparison (not an estimate): at 100% MFU "
-               f"{s['seconds_at_100_mfu'] * 1e3:.4g} ms, at 50% "
-               f"{s['seconds_at_50_mfu'] * 1e3:.4g} ms ({tokens:,.0f} tokens/s per device); "
-               f"peak {s['peak_flops_per_device'] / 1e12:.4g} TFLOP/s per device "
-               f"({s['peak_source']})")
-  lines += int8_lines(report)
+  lines += step_bound.lines(report)
   lines += _hint_lines(report) + _table_lines(report)
   if "max_batch" in report:
     lines += _max_batch_lines(report["max_batch"])
@@ -410,31 +370,6 @@ def _table_lines(report: dict[str, Any]) -> list[str]:
         most = best.get(row[column])
         line += f"  {'n/a' if most is None else most:>14}"
       lines.append(line.rstrip())
-  return lines
-
-
-def int8_lines(report: dict[str, Any]) -> list[str]:
-  """The matmuls' kinds in the optimized HLO, and an "int8" step's time."""
-  lines = []
-  dots = report.get("dots")
-  if dots:
-    lines.append(f"  matmuls in the optimized HLO: {dots['int8']} int8, {dots['float']} float "
-                 "(instructions; a loop body counts once)")
-  int8 = report["step_time"].get("int8")
-  if int8 is not None:
-    if int8["seconds_at_50_mfu"] is None:
-      lines.append(f"  int8 step time: n/a (no int8 peak known for "
-                   f"{report['target']['device_kind']})")
-    else:
-      seconds = int8["seconds_at_50_mfu"]
-      tokens = int8["tokens_per_s_per_device_at_50_mfu"]
-      speedup = report["step_time"]["seconds_at_50_mfu"] / seconds
-      lines.append(f"  int8 step time at 50% of the peaks {seconds * 1e3:.4g} ms ({tokens:,.0f} "
-                   f"tokens/s per device; {speedup:.2f}x the step at the bf16 peak): the "
-                   "blocks' weight matmuls "
-                   f"({int8['int8_flops_per_step']:.4g} FLOPs per step) at the int8 peak of "
-                   f"{int8['peak_ops_per_device'] / 1e12:.4g} TOP/s per device, the rest at "
-                   "the bf16 peak")
   return lines
 
 
