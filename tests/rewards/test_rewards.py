@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lingvo_lite.errors import UsageError
-from lingvo_lite.rewards import registry
+from lingvo_lite.rewards import code_tests, registry
 from lingvo_lite.rewards.answer_format import answer_format
 from lingvo_lite.rewards.exact_answer import exact_answer
 
@@ -209,3 +209,28 @@ def test_ctrl_c_in_a_reward_still_stops_the_run():
   registry.register("tests.interrupted")(interrupted)
   with pytest.raises(KeyboardInterrupt):
     registry.score([("tests.interrupted", 1.0)], RECORD, "")
+
+
+@pytest.mark.parametrize("completion, code", [
+    ("Here:\n```js\nx()\n```\nand\n```python\ndef f():\n    pass\n```\n", "def f():\n    pass\n"),
+    ("```\nA = 1\n```", "A = 1\n"),
+    ("```Python  extra words\nA = 1\n```", "A = 1\n"),
+    ("```python\nA = 1\n", "A = 1\n"),  # Left open: to the end.
+    ("def f():\n    return 1\n", "def f():\n    return 1\n"),  # No fence: all of it.
+    ("```python", "```python"),  # No line after the fence: no block.
+])
+def test_the_code_of_a_completion(completion, code):
+  assert code_tests.completion_code(completion) == code
+
+
+def test_finding_code_takes_linear_time_on_hostile_text():
+  start = time.monotonic()
+  code_tests.completion_code("```\n" * 50_000 + "x" * 200_000)
+  code_tests.completion_code("``` " * 50_000)
+  assert time.monotonic() - start < 1.0
+
+
+def test_a_weighted_sum_that_overflows_scores_0_as_a_failure():
+  scored = registry.score([("tests.value_field", 1e308), ("tests.length", 1e308)],
+                          {**RECORD, "value": 10.0}, "x" * 100)
+  assert scored.total == 0.0 and "overflows" in scored.failures[0]
