@@ -10,9 +10,10 @@
 `--task=arithmetic` is tasks/arithmetic_problems.py (multi-step word problems, the answer in a
 tag; `--min_steps`, `--max_steps`, `--max_number`), `--task=code` tasks/code_problems.py
 (standard-library functions with generated tests; `--tests_per_problem`). The held-out split
-never shares a problem with the train split, whatever the seeds. The file is written whole or
-not at all (a temporary file and a rename), each record checked as a run reads it
-(lingvo_lite/data/prompt_data.py).
+never shares a problem with the train split, whatever the seeds. Each record is checked as a
+run reads it (lingvo_lite/data/prompt_data.py); the file is written whole or not at all (a
+temporary file, then published under its name), and never over a file this tool did not
+write: an existing --out that holds exactly this set is kept, anything else there is refused.
 
 `--check` reads files as a run's `PromptData` does: a bad record is one line naming the file
 and the line (exit 1), or with `--skip_bad_records` counted in the summary; `--rewards` names
@@ -89,21 +90,47 @@ def _generate(args: argparse.Namespace) -> list[dict]:
     raise UsageError(f"--task=code: {e}") from None
 
 
-def _write(args: argparse.Namespace) -> None:
-  from etils import epath
-  from lingvo_lite import file_writes, paths
+def _text(args: argparse.Namespace) -> bytes:
+  """The set's JSON lines, each record checked as a run reads it."""
   from lingvo_lite.data import prompt_data
-  out = paths.resolve(args.out, "--out")
-  if os.path.isdir(out):
-    raise config_error("--out", args.out, "is a folder", "give the file to write")
   records = _generate(args)
   for record in records:  # Our own records: a failure here is a bug of the generator.
     prompt_data.checked_record(record)
   text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-  os.makedirs(os.path.dirname(str(out)) or ".", exist_ok=True)
-  file_writes.replace(epath.Path(out), text.encode("utf-8"))
-  print(f"wrote {len(records):,} {args.task} prompt records ({args.split}, seed {args.seed}) "
-        f"to {args.out}", flush=True)
+  return text.encode("utf-8")
+
+
+def _write(args: argparse.Namespace) -> None:
+  """Writes the set to --out, never over a file it did not write: an existing file that holds
+  exactly this set is kept, any other is refused (the house's rule for outputs)."""
+  from etils import epath
+  from lingvo_lite import input_files, outputs, paths
+  out = paths.resolve(args.out, "--out")
+  if paths.is_remote(str(out)):
+    raise config_error("--out", args.out, "is not a local path", "write it here, then copy it")
+  path, fix = str(out), "give a new path, or move the file away"
+  if os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+    raise config_error("--out", args.out, "already exists and is not a regular file, and it "
+                       "is never replaced", fix)
+  outputs.check_creatable(out, f"--out={args.out!r}", fix)
+  data = _text(args)
+  count = data.count(b"\n")
+  summary = f"{count:,} {args.task} prompt records ({args.split}, seed {args.seed})"
+  if os.path.lexists(path):
+    if input_files.read_bytes(path, f"--out={args.out!r}") != data:
+      raise config_error("--out", args.out, "already exists and holds something else (a "
+                         "file is never overwritten)", fix)
+    print(f"kept {args.out} (up to date): {summary}", flush=True)
+    return
+  partial = epath.Path(f"{path}.partial-{os.getpid()}")
+  with outputs.created_folders(out.parent):
+    try:
+      partial.write_bytes(data)
+      outputs.publish(partial, out)
+    finally:
+      if os.path.lexists(str(partial)):
+        os.remove(str(partial))
+  print(f"wrote {summary} to {args.out}", flush=True)
 
 
 def _check(args: argparse.Namespace) -> None:

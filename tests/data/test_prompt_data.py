@@ -192,6 +192,10 @@ def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
   written = [json.loads(line) for line in open("sets/held_out.jsonl")]
   assert written == arithmetic_problems.generate("held_out", 30, seed=0)
   assert make_prompts.main(["--task=code", "--out=sets/code.jsonl"]) == 0
+  assert make_prompts.main(["--task=code", "--out=sets/code.jsonl"]) == 0  # The same set: kept.
+  assert capsys.readouterr().out.endswith("kept sets/code.jsonl (up to date): 14 code prompt "
+                                          "records (train, seed 0)\n")
+  (tmp_path / "mine.jsonl").write_text("the user's own\n")
   assert make_prompts.main(["--check=sets/*.jsonl", "--rewards=code_tests"]) == 1
   assert capsys.readouterr().err == ("make_prompts: sets/held_out.jsonl: line 1: has no field "
                                      "'tests', which the run's rewards read\n")
@@ -203,7 +207,12 @@ def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
       (["--task=arithmetic", "--out=x.jsonl", "--count=0"], "--count=0: must be at least 1"),
       (["--task=arithmetic", "--out=x.jsonl", "--min_steps=4"], "min_steps=4, max_steps=3"),
       (["--check=sets/code.jsonl", "--rewards=exact_answr"], "did you mean exact_answer?"),
-      (["--task=sudoku", "--out=x.jsonl"], "invalid choice: 'sudoku'")):
+      (["--task=sudoku", "--out=x.jsonl"], "invalid choice: 'sudoku'"),
+      (["--task=code", "--seed=1", "--out=sets/code.jsonl"], "holds something else"),
+      (["--task=code", "--out=mine.jsonl"], "holds something else"),
+      (["--task=code", "--out=sets"], "not a regular file")):
     assert make_prompts.main(argv) == 2, argv
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, (argv, err)
+  assert (tmp_path / "mine.jsonl").read_text() == "the user's own\n"
+  assert sorted(p.name for p in (tmp_path / "sets").iterdir()) == ["code.jsonl", "held_out.jsonl"]
