@@ -114,7 +114,9 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
     process = subprocess.Popen(
         [sys.executable, "-I", "-S", _CHILD], stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
-        env={"LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"},
+        # TMPDIR: the tempfile module's files go in the folder, where writing is allowed.
+        env={"LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
+             "TMPDIR": folder},
         close_fds=True, start_new_session=True)
     timed_out = _wait(process, limits.time_s + _START_S)
     seconds = time.monotonic() - start
@@ -146,6 +148,8 @@ def _wait(process: subprocess.Popen, timeout_s: float) -> bool:
         return True
       time.sleep(delay)
       delay = min(2 * delay, 0.02)
+    return False
+  except ChildProcessError:  # Reaped already: a caller that ignores SIGCHLD.
     return False
   finally:
     # Its group: the child, and whatever it started, which must not outlive it (on a timeout,

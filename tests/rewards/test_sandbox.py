@@ -82,7 +82,18 @@ def _hostile(listener_port: int, outside: str) -> dict[str, tuple[str, str]]:
       "signals its parent": ("import os\nos.kill(os.getppid(), 0)",
                            "sandbox: os.kill"),
       "writes outside its folder": (f"open({outside!r}, 'w').write('x')",
-                                    "outside the sandbox folder is refused"),
+                                    "writing outside the sandbox folder, is refused"),
+      "makes a FIFO outside its folder": (f"import os\nos.mkfifo({outside!r})",
+                                          "sandbox: creating a FIFO"),
+      "makes a database outside its folder": (
+          f"import sqlite3\nsqlite3.connect({outside!r}).execute('create table t(x)')",
+          "sandbox: a database outside"),
+      "writes through dbm": (f"import dbm\ndbm.open({outside!r}, 'c')", "importing _dbm"),
+      "opens a folder for its descriptor": (
+          f"import os\nos.open({os.path.dirname(outside)!r}, os.O_RDONLY)",
+          "a folder, or writing outside"),
+      "moves its result out": (f"import os\nos.rename('result', {outside!r})",
+                               "sandbox: os.rename outside"),
       "raises its limits": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, "
                             "(resource.RLIM_INFINITY, resource.RLIM_INFINITY))",
                             "sandbox: resource.setrlimit"),
@@ -120,8 +131,12 @@ def test_hostile_completions_score_0_within_their_limits(tmp_path, network_names
   listener.close()
   assert not os.path.exists(outside)
   assert _children() == [] and _sandbox_folders() == folders
-  # What the fences allow passes: memory below the limit, a file in its own folder.
-  assert code_tests.code_tests(record, "x = bytearray(1 << 24)\nopen('mine', 'w').write('x')") == 1.0
+  # What the fences allow passes: memory below the limit, files in its own folder.
+  allowed = ("import os, tempfile\nx = bytearray(1 << 24)\nopen('mine', 'w').write('x')\n"
+             "os.rename('mine', 'yours')\nos.remove('yours')\n"
+             "with tempfile.NamedTemporaryFile() as f:\n    f.write(b'x')\n"
+             "assert open('/proc/self/status').read()\n")
+  assert code_tests.code_tests(record, allowed) == 1.0
 
 
 def test_where_the_kernel_allows_the_program_has_no_network_but_its_own_loopback():
