@@ -184,6 +184,33 @@ def messages_of(record: dict) -> list[dict[str, str]]:
   return system + [{"role": "user", "content": record["prompt"]}]
 
 
+def prompt_text(record: dict, tokenizer: Any = None) -> str:
+  """The text a policy continues for `record`: its conversation (`messages_of`) rendered with
+  the tokenizer's chat template up to where the assistant speaks, as the server's chat
+  completions render it (data/chat_template.py); with no tokenizer or no template, the
+  record's `prompt` as it is.
+
+  Args:
+    record: A checked prompt record.
+    tokenizer: A `pretrained_tokenizer.TokenizerFiles`, or None.
+
+  Raises:
+    RecordError: a record of `messages` or a `system` string, with no chat template to
+      render it; the template failed on it or refused it.
+  """
+  if tokenizer is not None and tokenizer.chat_template:
+    from lingvo_lite.data import chat_template  # pylint: disable=g-import-not-at-top
+    try:
+      return chat_template.render_with(tokenizer, messages_of(record),
+                                       add_generation_prompt=True)
+    except chat_template.TemplateError as e:
+      raise RecordError(str(e)) from None
+  if "messages" in record or "system" in record:
+    raise RecordError("holds a conversation ('messages' or 'system'), which takes a tokenizer "
+                      "with a chat template to render")
+  return record["prompt"]
+
+
 def _lines(path: str) -> list[tuple[int, bytes]]:
   data = input_files.read_bytes(path, f"prompt file {path}")
   found = []

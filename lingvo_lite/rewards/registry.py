@@ -39,7 +39,7 @@ import threading
 import time
 from typing import Callable, Sequence, TypeVar
 
-from lingvo_lite.errors import UsageError, config_error, one_line, shown
+from lingvo_lite.errors import config_error, message_of, one_line, shown
 from lingvo_lite.runtime import user_code
 
 RewardFn = Callable[[dict, str], float]
@@ -266,14 +266,14 @@ def _call(found: Reward, record: dict, completion: str) -> tuple[float, str | No
   elapsed = time.monotonic() - start
   if elapsed > found.limit_s:
     return 0.0, f"ran {elapsed:.1f} s, past its {found.limit_s:g} s limit"
-  if isinstance(value, bool):
-    return float(value), None
-  if not isinstance(value, numbers.Real):
+  # A real number: Python's, NumPy's, or a one-element array of them (a jnp scalar); not
+  # text, which float() would parse, nor complex.
+  if isinstance(value, (str, bytes, complex)) or not hasattr(type(value), "__float__"):
     return 0.0, f"returned {shown(value, 80)}, not a number"
   try:
     value = float(value)
-  except (TypeError, ValueError, OverflowError) as e:
-    return 0.0, f"returned {shown(value, 80)}, not a float ({e})"
+  except Exception as e:  # pylint: disable=broad-except
+    return 0.0, f"returned {shown(value, 80)}, not a real number ({message_of(e)[:80]})"
   if not math.isfinite(value):
     return 0.0, f"returned {value}, not a finite number"
   return value, None

@@ -119,6 +119,23 @@ def test_the_order_is_a_function_of_seed_and_position(tmp_path):
                                               {"role": "user", "content": "hi"}]
 
 
+def test_prompt_text_is_the_conversation_through_the_chat_template(tmp_path):
+  import jinja2  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.data import pretrained_tokenizer  # pylint: disable=g-import-not-at-top
+  from tests.data import chat_tokenizers  # pylint: disable=g-import-not-at-top
+  files = pretrained_tokenizer.read(chat_tokenizers.byte_level_folder(tmp_path, "llama3"))
+  for record in GOOD[:2]:
+    expected = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(
+        chat_tokenizers.LLAMA3_TEMPLATE).render(
+            messages=prompt_data.messages_of(record), add_generation_prompt=True,
+            bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+    assert prompt_data.prompt_text(record, files) == expected
+    assert expected.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+  assert prompt_data.prompt_text(GOOD[0]) == "2 + 2?"  # No template: the prompt as it is.
+  with pytest.raises(prompt_data.RecordError, match="takes a tokenizer with a chat template"):
+    prompt_data.prompt_text(GOOD[1])
+
+
 # The problems' own words, read back with no code of the generator: each sentence's number
 # and what it does to the quantity.
 _SENTENCES = [

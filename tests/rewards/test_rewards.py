@@ -169,6 +169,8 @@ FAILING = {
     "tests.inf": (lambda r, c: -math.inf, "returned -inf, not a finite number"),
     "tests.none": (lambda r, c: None, "returned None, not a number"),
     "tests.text": (lambda r, c: "1", "returned '1', not a number"),
+    "tests.complex": (lambda r, c: 1j, "returned 1j, not a number"),
+    "tests.array": (lambda r, c: np.array([1.0, 2.0]), "returned array([1., 2.]), not a real"),
     "tests.loops": (_swallows_and_loops, "ran past its 0.2 s limit"),
 }
 for _name, (_fn, _) in FAILING.items():
@@ -234,3 +236,12 @@ def test_a_weighted_sum_that_overflows_scores_0_as_a_failure():
   scored = registry.score([("tests.value_field", 1e308), ("tests.length", 1e308)],
                           {**RECORD, "value": 10.0}, "x" * 100)
   assert scored.total == 0.0 and "overflows" in scored.failures[0]
+
+
+def test_real_numbers_of_numpy_and_bools_are_values():
+  cases = ((np.float32(0.5), 0.5), (np.array(2.0), 2.0), (True, 1.0), (np.int64(3), 3.0),
+           (False, 0.0))
+  for index, (value, expected) in enumerate(cases):
+    registry.register(f"tests.value_{index}")(lambda r, c, value=value: value)
+    scored = registry.score([(f"tests.value_{index}", 1.0)], RECORD, "")
+    assert (scored.total, scored.failures) == (expected, []), value
