@@ -11,7 +11,7 @@
 tag; `--min_steps`, `--max_steps`, `--max_number`), `--task=code` tasks/code_problems.py
 (standard-library functions with generated tests; `--tests_per_problem`). The held-out split
 never shares a problem with the train split, whatever the seeds. Each record is checked as a
-run reads it (lingvo_lite/data/prompt_data.py); the file is written whole or not at all (a
+run reads it (lingvo_lite/data/prompt_records.py); the file is written whole or not at all (a
 temporary file, then published under its name), and never over a file this tool did not
 write: an existing --out that holds exactly this set is kept, anything else there is refused.
 
@@ -92,10 +92,10 @@ def _generate(args: argparse.Namespace) -> list[dict]:
 
 def _text(args: argparse.Namespace) -> bytes:
   """The set's JSON lines, each record checked as a run reads it."""
-  from lingvo_lite.data import prompt_data
+  from lingvo_lite.data import prompt_records
   records = _generate(args)
   for record in records:  # Our own records: a failure here is a bug of the generator.
-    prompt_data.checked_record(record)
+    prompt_records.checked_record(record)
   text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
   return text.encode("utf-8")
 

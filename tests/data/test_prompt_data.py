@@ -1,5 +1,6 @@
-"""Prompt records for reinforcement learning (data/prompt_data.py): bad records refused in one
-line or skipped and counted, a deterministic resumable order; the generated sets
+"""Prompt records for reinforcement learning (data/prompt_records.py, data/prompt_data.py): bad
+records refused in one line or skipped and counted, a deterministic resumable order, the text
+a policy continues; the generated sets
 (tasks/arithmetic_problems.py, tasks/code_problems.py) deterministic by seed, their splits
 disjoint, the arithmetic answers those of the problems' own words; bin/make_prompts.py."""
 
@@ -11,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from lingvo_lite.data import prompt_data
+from lingvo_lite.data import prompt_data, prompt_records
 from lingvo_lite.data.prompt_data import PromptData
 from lingvo_lite.errors import DataError, UsageError
 from tasks import arithmetic_problems, code_problems
@@ -115,7 +116,7 @@ def test_the_order_is_a_function_of_seed_and_position(tmp_path):
   plain = PromptData(files=str(tmp_path / "*.jsonl"), prompts_per_step=4, shuffle=False)
   assert [r["id"] for r in plain.step_records(6)] == [24 % 23, 25 % 23, 26 % 23, 27 % 23]
   assert data.fingerprint == other.fingerprint and len(data.fingerprint) == 16
-  assert prompt_data.messages_of(GOOD[1]) == [{"role": "system", "content": "Be brief."},
+  assert prompt_records.messages_of(GOOD[1]) == [{"role": "system", "content": "Be brief."},
                                               {"role": "user", "content": "hi"}]
 
 
@@ -127,13 +128,13 @@ def test_prompt_text_is_the_conversation_through_the_chat_template(tmp_path):
   for record in GOOD[:2]:
     expected = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(
         chat_tokenizers.LLAMA3_TEMPLATE).render(
-            messages=prompt_data.messages_of(record), add_generation_prompt=True,
+            messages=prompt_records.messages_of(record), add_generation_prompt=True,
             bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
-    assert prompt_data.prompt_text(record, files) == expected
+    assert prompt_records.prompt_text(record, files) == expected
     assert expected.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
-  assert prompt_data.prompt_text(GOOD[0]) == "2 + 2?"  # No template: the prompt as it is.
-  with pytest.raises(prompt_data.RecordError, match="takes a tokenizer with a chat template"):
-    prompt_data.prompt_text(GOOD[1])
+  assert prompt_records.prompt_text(GOOD[0]) == "2 + 2?"  # No template: the prompt as it is.
+  with pytest.raises(prompt_records.RecordError, match="takes a tokenizer with a chat template"):
+    prompt_records.prompt_text(GOOD[1])
 
 
 # The problems' own words, read back with no code of the generator: each sentence's number
@@ -184,7 +185,7 @@ def test_arithmetic_problems_are_deterministic_disjoint_and_right():
     assert len(arithmetic(records)) == len(records)  # Each problem once.
     assert len({r["id"] for r in records}) == len(records)
     for record in records:
-      prompt_data.checked_record(record, ("answer",))
+      prompt_records.checked_record(record, ("answer",))
       assert _solve(record["prompt"])[0] == record["answer"], record["prompt"]
       assert 2 <= record["steps"] <= 3
       assert record["completion"].endswith(f"<answer>{record['answer']}</answer>")
@@ -198,7 +199,7 @@ def test_code_problems_are_deterministic_with_a_fixed_held_out_set():
   assert not {r["id"] for r in train} & {r["id"] for r in held_out}
   assert len(train) + len(held_out) == len(code_problems.PROBLEMS)
   for record in train + held_out:
-    prompt_data.checked_record(record, ("tests",))
+    prompt_records.checked_record(record, ("tests",))
 
 
 def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
