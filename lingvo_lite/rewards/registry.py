@@ -20,10 +20,9 @@ reward that fails for every completion shows as its per-function mean pinned at 
 count equal to the completions, in the first step's log line.
 
 The time limit (`register(..., limit_s=)`) is kept two ways. Called from the main thread, a
-timer (SIGALRM) interrupts the function's Python code at the limit, and again every
-`_REPEAT_S` after, in case it swallowed the first interruption; the caller's own timer, if one
-is running, is left alone and only the second way applies. Whatever the thread, a call that
-took longer than its limit scores 0 whatever it returned. Neither stops code that never returns
+SIGALRM sent to that thread interrupts the function's Python code at the limit, and again every
+`_REPEAT_S` after, in case it swallowed the first interruption (`_limited`). Whatever the
+thread, a call that took longer than its limit scores 0 whatever it returned. Neither stops code that never returns
 to Python (a C loop); code that may run away (a completion's program) belongs in a subprocess
 with limits of its own, as `code_tests` runs it (`sandbox.py`).
 """
@@ -265,7 +264,7 @@ def _call(found: Reward, record: dict, completion: str) -> tuple[float, str | No
     return 0.0, f"raised {user_code.describe(e)[:_REASON_CHARS]}"
   elapsed = time.monotonic() - start
   if elapsed > found.limit_s:
-    return 0.0, f"ran {elapsed:.1f} s, past its {found.limit_s:g} s limit"
+    return 0.0, f"ran {elapsed:.3g} s, past its {found.limit_s:g} s limit"
   # A real number: Python's, NumPy's, or a one-element array of them (a jnp scalar); not
   # text, which float() would parse, nor complex.
   if isinstance(value, (str, bytes, complex)) or not hasattr(type(value), "__float__"):
@@ -280,24 +279,41 @@ def _call(found: Reward, record: dict, completion: str) -> tuple[float, str | No
 
 
 def _limited(fn: RewardFn, record: dict, completion: str, limit_s: float) -> object:
-  """`fn(record, completion)`, interrupted at `limit_s` where a timer can be set (the main
-  thread, no timer of the caller's running)."""
-  if (threading.current_thread() is not threading.main_thread()
-      or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0)):
+  """`fn(record, completion)`, interrupted at `limit_s` on the main thread (module doc).
+
+  The interruption is a SIGALRM sent to the main thread alone (`pthread_kill` from a watcher
+  thread), not a process timer: a process-directed signal may land on any thread, and a
+  library's thread (XLA's, say) blocked in a system call would see EINTR. An alarm that is not
+  ours, met during the call, goes to the caller's handler.
+  """
+  if threading.current_thread() is not threading.main_thread():
     return fn(record, completion)
-  armed = [True]
+  main, done = threading.get_ident(), threading.Event()
+  armed, fired = [True], [False]
+  previous = signal.getsignal(signal.SIGALRM)
 
   def on_alarm(signum, frame):
-    del signum, frame
-    if armed[0]:  # A tick that lands after the call returned is ignored.
-      raise _PastLimit()
+    if fired[0]:
+      if armed[0]:  # One that lands after the call returned is dropped.
+        raise _PastLimit()
+    elif callable(previous):
+      previous(signum, frame)
 
-  previous = signal.signal(signal.SIGALRM, on_alarm)
+  def watch():
+    waited = limit_s
+    while not done.wait(waited):
+      fired[0] = True
+      signal.pthread_kill(main, signal.SIGALRM)
+      waited = _REPEAT_S
+
+  signal.signal(signal.SIGALRM, on_alarm)
+  watcher = threading.Thread(target=watch, name="reward-limit", daemon=True)
   try:
-    signal.setitimer(signal.ITIMER_REAL, limit_s, _REPEAT_S)
+    watcher.start()
     return fn(record, completion)
   finally:
-    armed[0] = False
-    signal.setitimer(signal.ITIMER_REAL, 0)
+    armed[0] = False  # First, with no call before it: no handler can raise past this point.
+    done.set()
+    watcher.join()
     # None: a handler installed outside Python, which Python cannot put back; the default.
     signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)

@@ -188,9 +188,9 @@ def test_a_failing_reward_scores_0_with_a_counted_failure_naming_it_and_the_prom
   assert len(scored.failures) == len(FAILING)
   for line, (name, (_, why)) in zip(scored.failures, FAILING.items()):
     assert line.startswith(f"reward {name} on prompt 'p-7': {why}") and "\n" not in line
-  # The timer and the handler are the caller's again.
+  # The handler is the caller's again, and no watcher thread is left.
   assert signal.getsignal(signal.SIGALRM) is handler
-  assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+  assert not [t for t in threading.enumerate() if t.name == "reward-limit"]
   warning = registry.failure_warning([scored, scored])
   assert warning.startswith(f"{2 * len(FAILING)} reward call(s) of 2 completion(s) failed")
 
@@ -245,3 +245,18 @@ def test_real_numbers_of_numpy_and_bools_are_values():
     registry.register(f"tests.value_{index}")(lambda r, c, value=value: value)
     scored = registry.score([(f"tests.value_{index}", 1.0)], RECORD, "")
     assert (scored.total, scored.failures) == (expected, []), value
+
+
+def test_the_callers_own_alarm_reaches_its_handler_during_a_reward():
+  """The limit is a signal to the main thread alone; another's SIGALRM (a process timer set by
+  the caller) still reaches the caller's handler while a reward runs."""
+  received = []
+  previous = signal.signal(signal.SIGALRM, lambda signum, frame: received.append(signum))
+  try:
+    registry.register("tests.waits", limit_s=2.0)(lambda r, c: time.sleep(0.3) or 1.0)
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    scored = registry.score([("tests.waits", 1.0)], RECORD, "")
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+  assert (scored.total, scored.failures, received) == (1.0, [], [signal.SIGALRM])
