@@ -17,6 +17,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.rewards import code_tests, registry
 from lingvo_lite.rewards.answer_format import answer_format
 from lingvo_lite.rewards.exact_answer import exact_answer
+from tasks import code_problems
 
 RECORD = {"id": "p-7", "prompt": "2 + 40?", "answer": 42}
 
@@ -260,3 +261,15 @@ def test_the_callers_own_alarm_reaches_its_handler_during_a_reward():
     signal.setitimer(signal.ITIMER_REAL, 0)
     signal.signal(signal.SIGALRM, previous)
   assert (scored.total, scored.failures, received) == (1.0, [], [signal.SIGALRM])
+
+
+def test_score_many_equals_score_one_by_one_with_the_code_reward_on_threads():
+  records = code_problems.generate("held_out") * 2
+  completions = [r["completion"] if i % 2 else "```python\ndef f():\n    pass\n```"
+                 for i, r in enumerate(records)]
+  specs = [("code_tests", 1.0), ("tests.length", 0.01), ("tests.raises", 1.0)]
+  many = registry.score_many(specs, records, completions, workers=4)
+  assert many == [registry.score(specs, r, c) for r, c in zip(records, completions)]
+  assert [s.per_function["code_tests"] for s in many] == [float(i % 2) for i in range(8)]
+  with pytest.raises(ValueError, match="2 records for 1 completions"):
+    registry.score_many(specs, records[:2], completions[:1])
