@@ -25,7 +25,9 @@ nothing the untrusted code could reach), then, before the untrusted code runs:
    importing `_ctypes`: raw system calls); signalling other processes; raising limits again;
    writing, truncating, creating, removing or renaming a file outside the folder, a database
    outside it, opening any folder (the "open" event does not say `dir_fd`, so a folder's
-   descriptor would let a relative path mean another place), and links. What creates files with no audit event is fenced too:
+   descriptor would let a relative path mean another place), links, and more than
+   `_MAX_WRITABLE_OPENS` files opened for writing (with the file size limit, a bound on what
+   it can put on the disk). What creates files with no audit event is fenced too:
    `mkfifo` and `mknod` are replaced, and the C modules `_dbm` and `_gdbm` (and `posix` again)
    cannot be imported. The refusal is a PermissionError, so the program fails and scores 0.
    Reading is not fenced: the program may read what the training process may, but it has no
@@ -65,6 +67,9 @@ _REFUSED_IMPORTS = frozenset(("_posixsubprocess", "_ctypes", "ctypes", "_dbm", "
 # hang it), replaced in `os` and `posix` alike.
 _UNAUDITED = ("mkfifo", "mknod")
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# Files opened for writing, at most: with the file size limit, what a program can put on the
+# disk (64 x 1 MiB by default), since no audit event counts the bytes written.
+_MAX_WRITABLE_OPENS = 64
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 
 
@@ -86,8 +91,7 @@ def _open_allowed(path, mode, flags, folder):
   """
   if isinstance(path, int):
     return True  # A descriptor already open: one this process was given, or opened here.
-  writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-      isinstance(flags, int) and flags & _WRITES)
+  writes = _writes(mode, flags)
   tmpfile = getattr(os, "O_TMPFILE", 0)
   if tmpfile and isinstance(flags, int) and flags & tmpfile == tmpfile:
     return _inside(path, folder)  # A nameless file in the folder (tempfile's), not a folder.
@@ -111,15 +115,26 @@ def _changes_inside(event, args, folder):
              for i in paths)
 
 
+def _writes(mode, flags):
+  return (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
+      isinstance(flags, int) and flags & _WRITES)
+
+
 def _guard(folder):
   """The audit hook of step 4 (module doc) for the sandbox folder `folder`."""
   refused, prefixes, imports = _REFUSED, _REFUSED_PREFIXES, _REFUSED_IMPORTS
+  writable_opens = [0]
 
   def hook(event, args):
     if event == "open":
       if not _open_allowed(args[0], args[1], args[2], folder):
         raise PermissionError(f"sandbox: opening {args[0]!r} (mode {args[1] or args[2]}): a "
                               "folder, or writing outside the sandbox folder, is refused")
+      if not isinstance(args[0], int) and _writes(args[1], args[2]):
+        writable_opens[0] += 1
+        if writable_opens[0] > _MAX_WRITABLE_OPENS:
+          raise PermissionError(f"sandbox: more than {_MAX_WRITABLE_OPENS} files opened for "
+                                "writing is refused")
       return
     if event == "import":
       if args[0] in imports:

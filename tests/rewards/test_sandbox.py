@@ -92,6 +92,8 @@ def _hostile(listener_port: int, outside: str) -> dict[str, tuple[str, str]]:
       "opens a folder for its descriptor": (
           f"import os\nos.open({os.path.dirname(outside)!r}, os.O_RDONLY)",
           "a folder, or writing outside"),
+      "fills the disk": ("for i in range(10**6):\n    open(f'f{i}', 'wb').write(bytes(1 << 19))",
+                         "more than 64 files opened for writing"),
       "moves its result out": (f"import os\nos.rename('result', {outside!r})",
                                "sandbox: os.rename outside"),
       "raises its limits": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, "
