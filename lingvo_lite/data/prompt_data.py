@@ -135,6 +135,10 @@ class PromptData:
   required_fields: tuple[str, ...] = ()
 
   def __post_init__(self):
+    for name, low in (("prompts_per_step", 1), ("seed", 0)):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise config_error(name, value, f"is not an integer of at least {low}")
     if isinstance(self.files, list):  # As a config or JSON may give it.
       object.__setattr__(self, "files", tuple(self.files))
     if not all(isinstance(p, str) and p.strip() for p in self.patterns) or not self.patterns:

@@ -64,15 +64,17 @@ class Limits:
   network_namespace: bool = True
 
   def __post_init__(self):
-    if not (isinstance(self.time_s, (int, float)) and math.isfinite(self.time_s)
-            and self.time_s > 0):
-      raise ValueError(f"Limits.time_s={shown(self.time_s)}: not a positive number of seconds")
+    if isinstance(self.time_s, bool) or not (
+        isinstance(self.time_s, (int, float)) and math.isfinite(self.time_s)
+        and 0 < self.time_s <= 86400):
+      raise ValueError(f"Limits.time_s={shown(self.time_s)}: not a number of seconds in (0, "
+                       "86400]")
     for name in ("memory_bytes", "file_bytes"):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < (
-          64 << 20 if name == "memory_bytes" else 1):
-        raise ValueError(f"Limits.{name}={shown(value)}: give an int of at least "
-                         f"{64 << 20 if name == 'memory_bytes' else 1} bytes")
+      low = 64 << 20 if name == "memory_bytes" else 1
+      if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 1 << 62:
+        raise ValueError(f"Limits.{name}={shown(value)}: give an int of at least {low} bytes "
+                         "(and below 2**62)")
 
 
 @dataclasses.dataclass(frozen=True)

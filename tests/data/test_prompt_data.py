@@ -86,8 +86,12 @@ def test_required_fields_and_empty_or_missing_sets(tmp_path):
   empty = _write(tmp_path / "empty.jsonl", [b"[1]"])
   with pytest.raises(UsageError, match=r"holds no usable prompt record \(1 bad\)"):
     PromptData(files=empty, prompts_per_step=1, skip_bad_records=True).check()
-  with pytest.raises(UsageError, match=r"^files=''"):
-    PromptData(files="", prompts_per_step=1)
+  for bad, message in (({"files": ""}, r"^files=''"), ({"files": [path, 3]}, r"^files=\("),
+                       ({"prompts_per_step": 0}, r"^prompts_per_step=0: is not an integer"),
+                       ({"prompts_per_step": True}, r"^prompts_per_step=True"),
+                       ({"seed": -1}, r"^seed=-1")):
+    with pytest.raises(UsageError, match=message):
+      PromptData(**{"files": path, "prompts_per_step": 1, **bad})
 
 
 def test_the_order_is_a_function_of_seed_and_position(tmp_path):

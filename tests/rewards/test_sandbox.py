@@ -47,12 +47,12 @@ def _fast_limits(monkeypatch):
 
 
 def test_reference_solutions_pass_and_wrong_ones_fail():
-  for split in code_problems.SPLITS:
-    for record in code_problems.generate(split):
-      right = registry.score([("code_tests", 1.0)], record, record["completion"])
-      wrong = registry.score([("code_tests", 1.0)], record,
-                             f"```python\ndef {record['entry_point']}(*args):\n    return None\n```")
-      assert (right.total, right.failures, wrong.total) == (1.0, [], 0.0), record["id"]
+  records = [r for split in code_problems.SPLITS for r in code_problems.generate(split)]
+  wrong = [f"```python\ndef {r['entry_point']}(*args):\n    return None\n```" for r in records]
+  scored = registry.score_many([("code_tests", 1.0)], records * 2,
+                               [r["completion"] for r in records] + wrong, workers=4)
+  assert [(s.total, s.failures) for s in scored] == [(1.0, [])] * len(records) + [
+      (0.0, [])] * len(records)
 
 
 def test_an_object_that_equals_anything_does_not_pass():
@@ -161,3 +161,11 @@ def test_outcomes_say_why():
   for program, reason in cases.items():
     outcome = sandbox.run_program(program, sandbox.Limits(time_s=0.5))
     assert not outcome.passed and outcome.reason.startswith(reason), (program, outcome)
+
+
+@pytest.mark.parametrize("bad", [{"time_s": 0}, {"time_s": float("inf")}, {"time_s": True},
+                                 {"memory_bytes": 1 << 20}, {"memory_bytes": 1 << 70},
+                                 {"file_bytes": 0}, {"file_bytes": 1.5}])
+def test_bad_limits_are_refused(bad):
+  with pytest.raises(ValueError, match=f"^Limits.{next(iter(bad))}="):
+    sandbox.Limits(**bad)
