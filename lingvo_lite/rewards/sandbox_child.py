@@ -28,8 +28,8 @@ nothing the untrusted code could reach), then, before the untrusted code runs:
    descriptor would let a relative path mean another place), links, and more than
    `_MAX_WRITABLE_OPENS` files opened for writing (with the file size limit, a bound on what
    it can put on the disk). What creates files with no audit event is fenced too:
-   `mkfifo` and `mknod` are replaced, and the C modules `_dbm` and `_gdbm` (and `posix` again)
-   cannot be imported. The refusal is a PermissionError, so the program fails and scores 0.
+   `mkfifo` and `mknod` are replaced, and the C modules `_dbm`, `_gdbm` and `_posixshmem`
+   (shared memory that outlives the process), and `posix` again, cannot be imported. The refusal is a PermissionError, so the program fails and scores 0.
    Reading is not fenced: the program may read what the training process may, but it has no
    way to send it anywhere but its own pass or fail.
 
@@ -60,9 +60,11 @@ _INSIDE_ONLY = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)),
                 "os.rename": ((0, 1), (2, 3)), "os.mkdir": ((0,), (2,)),
                 "os.chmod": ((0,), (2,)), "os.utime": ((0,), (3,)), "os.truncate": ((0,), ())}
 _REFUSED_PREFIXES = ("socket.", "ctypes.", "ssl.", "_ssl.")
-# `_dbm` and `_gdbm` write files from C with no audit event; `posix` imported again would
-# bring back the functions `_fence_unaudited` replaced.
-_REFUSED_IMPORTS = frozenset(("_posixsubprocess", "_ctypes", "ctypes", "_dbm", "_gdbm", "posix"))
+# `_dbm` and `_gdbm` write files from C with no audit event, `_posixshmem` makes shared memory
+# that outlives the process (in /dev/shm); `posix` imported again would bring back the
+# functions `_fence_unaudited` replaced.
+_REFUSED_IMPORTS = frozenset(("_posixsubprocess", "_ctypes", "ctypes", "_dbm", "_gdbm",
+                              "_posixshmem", "posix"))
 # Functions that create files with no audit event (a FIFO where the trainer opens a file would
 # hang it), replaced in `os` and `posix` alike.
 _UNAUDITED = ("mkfifo", "mknod")

@@ -89,6 +89,9 @@ def _hostile(listener_port: int, outside: str) -> dict[str, tuple[str, str]]:
           f"import sqlite3\nsqlite3.connect({outside!r}).execute('create table t(x)')",
           "sandbox: a database outside"),
       "writes through dbm": (f"import dbm\ndbm.open({outside!r}, 'c')", "importing _dbm"),
+      "keeps shared memory": ("from multiprocessing import shared_memory\n"
+                              "shared_memory.SharedMemory(create=True, size=1 << 20)",
+                              "importing _posixshmem"),
       "opens a folder for its descriptor": (
           f"import os\nos.open({os.path.dirname(outside)!r}, os.O_RDONLY)",
           "a folder, or writing outside"),
