@@ -214,6 +214,13 @@ def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
   written = [json.loads(line) for line in open("sets/held_out.jsonl")]
   assert written == arithmetic_problems.generate("held_out", 30, seed=0)
   assert make_prompts.main(["--task=code", "--out=sets/code.jsonl"]) == 0
+  assert make_prompts.main(["--task=arithmetic", "--count=5", "--form=chat",
+                            "--out=chat/sft.jsonl"]) == 0
+  from lingvo_lite.data import chat_template  # pylint: disable=g-import-not-at-top
+  for line, problem in zip(open("chat/sft.jsonl"), arithmetic_problems.generate("train", 5)):
+    messages = chat_template.checked_messages(json.loads(line)["messages"])
+    assert messages == [{"role": "user", "content": problem["prompt"]},
+                        {"role": "assistant", "content": problem["completion"]}]
   assert make_prompts.main(["--task=code", "--out=sets/code.jsonl"]) == 0  # The same set: kept.
   assert capsys.readouterr().out.endswith("kept sets/code.jsonl (up to date): 14 code prompt "
                                           "records (train, seed 0)\n")
@@ -238,3 +245,4 @@ def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
     assert message in err and err.count("\n") == 1, (argv, err)
   assert (tmp_path / "mine.jsonl").read_text() == "the user's own\n"
   assert sorted(p.name for p in (tmp_path / "sets").iterdir()) == ["code.jsonl", "held_out.jsonl"]
+  assert [p.name for p in (tmp_path / "chat").iterdir()] == ["sft.jsonl"]
