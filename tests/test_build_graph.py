@@ -77,6 +77,8 @@ def test_every_library_of_the_framework_is_in_its_target():
 
 
 def test_every_module_of_the_framework_is_in_a_library():
+  """Under Bazel the BUILD files are this test's data: a package left out of that list shows
+  here as its modules in no rule."""
   rules = _framework_rules()
   # A source is a file of the rule's package, or a label of another's (`//a/b:c.py`).
   listed = {_label(label.split(":")[0], src).replace(":", "/") if src.startswith("//")
@@ -87,3 +89,4 @@ def test_every_module_of_the_framework_is_in_a_library():
              if "__pycache__" not in folder
              for name in files if re.fullmatch(r"[a-z_0-9]+\.py", name)}
   assert not sorted(modules - listed), f"modules in no BUILD rule: {sorted(modules - listed)}"
+
