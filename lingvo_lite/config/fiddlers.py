@@ -116,3 +116,14 @@ def dpo(cfg: fdl.Config) -> None:
   objective = cfg.train.objective
   if not (isinstance(objective, fdl.Config) and fdl.get_callable(objective) is Dpo):
     cfg.train.objective = fdl.Config(Dpo)
+
+
+def grpo(cfg: fdl.Config) -> None:
+  """Trains with GRPO on the policy's own completions of the train data's prompt records
+  (train.objective: training/objectives/grpo.py: G=8, the exact-answer reward, no reference);
+  set its fields after it, e.g. `--fiddler=grpo --fdl.train.objective.group_size=4
+  --fdl.train.objective.kl_coef=0.04`."""
+  from lingvo_lite.training.objectives.grpo import Grpo  # pylint: disable=g-import-not-at-top
+  objective = cfg.train.objective
+  if not (isinstance(objective, fdl.Config) and fdl.get_callable(objective) is Grpo):
+    cfg.train.objective = fdl.Config(Grpo)
