@@ -114,7 +114,7 @@ class Grpo(Objective):
     cache = setup.decode.resolved_cache_length(setup.model.max_length)
     if self.max_new_tokens > cache - 1:
       raise config_error(f"{path}.max_new_tokens", self.max_new_tokens,
-                         f"with a prompt's first token exceeds the decode cache "
+                         f"leaves no position for a prompt's tokens in the decode cache "
                          f"(decode.cache_length={cache})", f"use at most {cache - 1}")
     length = setup.train_data.sequence_length
     if self.max_new_tokens > length:
