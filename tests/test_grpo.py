@@ -163,34 +163,45 @@ def _state(jitted, perturb_adapters=False):
   return state
 
 
-def test_rollout_log_probs_equal_a_teacher_forced_forward(monkeypatch):
+def _teacher_forced(jitted, state, batch):
+  """Each target's log-probability under `state`'s policy, the rows run whole (no cache)."""
+  forward = Forward(jitted.model, state.frozen, jitted.adapters)
+  logits = forward.logits(state.params, {"inputs": jnp.asarray(batch["inputs"])})
+  return -np.asarray(token_losses(logits, jnp.asarray(batch["targets"]))[0])
+
+
+def test_lora_rollout_log_probs_equal_a_teacher_forced_forward(monkeypatch):
+  """The adapters as decode applies them (merged into the base) sample with the log-probs of
+  the adapted model the loss runs."""
   monkeypatch.setattr(rollouts.Rollouts, "score", staticmethod(_stub_score))
   objective = Grpo(rewards=(("stub", 1.0),), group_size=3, max_new_tokens=6)
-  for lora in (None, LoraSettings(rank=2)):
-    setup = _grpo_setup(objective, lora)
-    jitted = JittedSteps(setup)
-    with jitted.activated():
-      state = _state(jitted, perturb_adapters=lora is not None)
-      batch = objective.training_batch(setup.train_data.batch(0), state, jitted)
-      forward = Forward(jitted.model, state.frozen, lora is not None)
-      logits = forward.logits(state.params, {"inputs": jnp.asarray(batch["inputs"])})
-      log_probs = -np.asarray(token_losses(logits, jnp.asarray(batch["targets"]))[0])
-    weights = batch["weights"]
-    assert weights.sum() > 0 and batch["inputs"].shape[0] == 6
-    np.testing.assert_allclose(batch["old_log_probs"] * weights, log_probs * weights,
-                               rtol=1e-5, atol=1e-5, err_msg=f"lora={lora}")
+  setup = _grpo_setup(objective, LoraSettings(rank=2))
+  jitted = JittedSteps(setup)
+  with jitted.activated():
+    state = _state(jitted, perturb_adapters=True)
+    batch = objective.training_batch(setup.train_data.batch(0), state, jitted)
+    teacher_forced = _teacher_forced(jitted, state, batch)
+    base_only = _teacher_forced(jitted, state.replace(params=jax.tree.map(
+        jnp.zeros_like, state.params)), batch)
+  weights = batch["weights"]
+  assert weights.sum() > 0 and batch["inputs"].shape[0] == 6
+  np.testing.assert_allclose(batch["old_log_probs"] * weights, teacher_forced * weights,
+                             rtol=1e-5, atol=1e-5)
+  assert np.abs((base_only - teacher_forced) * weights).max() > 1e-2  # The adapters count.
 
 
-def test_a_resumed_rollout_equals_the_uninterrupted_one(monkeypatch):
-  """Steps 0..3 with two updates per rollout, against steps 2..3 from step 2's state in a new
-  JittedSteps (nothing remembered): the same rollout, the same updates."""
+def test_rollouts_are_the_policys_and_resume_exactly(monkeypatch):
+  """Full fine-tune, two updates per rollout, KL to the reference: the rollout's log-probs are
+  a teacher-forced forward's; steps 2..3 from step 2's state with nothing remembered (a
+  resumed process) sample and train exactly as the uninterrupted run."""
   monkeypatch.setattr(rollouts.Rollouts, "score", staticmethod(_stub_score))
   objective = Grpo(rewards=(("stub", 1.0),), group_size=3, max_new_tokens=6,
                    updates_per_batch=2, kl_coef=0.05)
   setup = _grpo_setup(objective)
   source = setup.train_data
+  jitted = JittedSteps(setup)
 
-  def run(jitted, state, steps):
+  def run(state, steps):
     rows = []
     for step in steps:
       batch = jitted.training_batch(source.batch(step), state)
@@ -198,15 +209,19 @@ def test_a_resumed_rollout_equals_the_uninterrupted_one(monkeypatch):
       rows.append((jax.device_get(batch), jax.device_get(metrics)))
     return state, rows
 
-  jitted = JittedSteps(setup)
   with jitted.activated():
-    state, _ = run(jitted, _state(jitted), [0, 1])
+    state = _state(jitted)
+    first = objective.training_batch(source.batch(0), state, jitted)
+    weights = first["weights"]
+    np.testing.assert_allclose(first["old_log_probs"] * weights,
+                               _teacher_forced(jitted, state, first) * weights,
+                               rtol=1e-5, atol=1e-5)
+    state, _ = run(state, [0, 1])
     saved = jax.device_get(state)
-    whole, rows = run(jitted, state, [2, 3])
-  resumed_jitted = JittedSteps(setup)
-  with resumed_jitted.activated():
-    restored = jax.device_put(saved, resumed_jitted.sharded_state.shardings)
-    resumed, resumed_rows = run(resumed_jitted, restored, [2, 3])
+    whole, rows = run(state, [2, 3])
+    jitted.rollouts.memo = None  # What a new process has: no rollout in memory.
+    restored = jax.device_put(saved, jitted.sharded_state.shardings)
+    resumed, resumed_rows = run(restored, [2, 3])
   for (batch, metrics), (again, again_metrics) in zip(rows, resumed_rows):
     for key in batch:
       if key != "rollout_seconds":
