@@ -53,7 +53,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
                  "decode/sampling.py", "decode/requests.py", "decode/records.py", "scoring/",
                  "memory_fit.py")),
     ("setup", ("experiment.py", "decode/settings.py")),
-    ("parts", ("models/", "data/", "tasks/", "checkpoints/", "weights/", "training/",
+    ("parts", ("models/", "data/", "tasks/", "checkpoints/", "weights/", "training/", "rewards/",
                "partitioning.py", "mfu.py", "decode/__init__.py", "decode/sampling_checks.py")),
     ("runtime", ("runtime/", "target.py", "topologies.py", "chips.py")),
     ("ground", ("__init__.py", "errors.py", "fields.py", "run_fields.py", "paths.py", "outputs.py",

@@ -1,0 +1,348 @@
+"""Prompts for reinforcement learning: JSON-lines records a policy answers and rewards score.
+
+A record is one prompt, with what its rewards read (lingvo_lite/rewards/):
+
+  {"id": "arith-train-0", "prompt": "Mia has 12 apples ... <answer></answer> tags.",
+   "answer": 20}
+  {"id": 7, "system": "You write Python.", "messages": [{"role": "user", "content": "..."}],
+   "tests": "assert add(2, 3) == 5"}
+
+- `id`: a non-empty string or an integer, unique in the set (a reward's failure names it).
+- `prompt` (a string: one user message) or `messages` (the conversation so far, ending with
+  the user's turn: the policy writes the next assistant message), not both; an optional
+  `system` string, as the chat and preference formats take it (tasks/formats/chat.py).
+- The fields the rewards read (`FIELDS`: `answer`, `tests`, `entry_point`, `code_prefix`), of
+  the kinds the built-in rewards take; any other field is kept as it is (a reference
+  `completion`, for SFT on the same set). `required_fields` names those a run's rewards need
+  (`rewards.registry.required_fields`), which every record must then have.
+
+A record that breaks these is refused in one line naming the file, the line and why
+(DataError), or, with `skip_bad_records`, left out and counted: `check()` says how many and the
+first one's reason in one warning. Records are not tokenized here: the rollout renders them
+(the chat template for `messages`) and the rewards read them whole.
+
+The set is every record of the files the patterns match, files in sorted order and each in
+line order, read once. Stream position p (the p-th prompt the run draws) is record
+`permutation(seed, epoch)(p mod n)` of epoch p // n (data/permutation.py's keyed permutation,
+as token stores shuffle), or record p mod n unshuffled: any step's prompts are computed
+directly, so a checkpoint need store only the position (`position_after`), or the step where
+the number of prompts per step is fixed, and `fingerprint` tells a resume that the set changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import math
+import numbers
+from typing import Any, Sequence
+
+import numpy as np
+from absl import logging
+
+from lingvo_lite import input_files
+from lingvo_lite.data.permutation import KeyedPermutation
+from lingvo_lite.data.source import local_rows
+from lingvo_lite.errors import DataError, config_error, one_line, shown
+from lingvo_lite.fields import NonNegativeInt, PositiveInt
+
+ROLES = ("system", "user", "assistant")
+PROMPT_FIELDS = ("id", "prompt", "messages", "system")
+
+
+class RecordError(Exception):
+  """Why one record cannot be used (one line, without the file and line)."""
+
+
+def _answer(value: Any) -> None:
+  if isinstance(value, str):
+    if not value.strip():
+      raise RecordError("'answer' is empty")
+    return
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise RecordError(f"'answer' holds a {type(value).__name__}, not a string or a number")
+  if not math.isfinite(value):
+    raise RecordError(f"'answer' is {value}, not a finite number")
+
+
+def _tests(value: Any) -> None:
+  lines = value if isinstance(value, list) else [value]
+  if not lines or not all(isinstance(line, str) for line in lines):
+    raise RecordError("'tests' is neither Python source nor a list of lines")
+  if not "".join(lines).strip():
+    raise RecordError("'tests' is empty")
+
+
+def _entry_point(value: Any) -> None:
+  if not isinstance(value, str) or not value.isidentifier():
+    raise RecordError(f"'entry_point' {shown(value, 60)} is not a Python name")
+
+
+def _string(field: str):
+  def check(value: Any) -> None:
+    if not isinstance(value, str):
+      raise RecordError(f"{field!r} holds a {type(value).__name__}, not a string")
+  return check
+
+
+# The fields the built-in rewards read, and the kinds they take (rewards/: exact_answer,
+# code_tests).
+FIELDS = {"answer": _answer, "tests": _tests, "entry_point": _entry_point,
+          "code_prefix": _string("code_prefix")}
+
+
+def _messages(value: Any) -> None:
+  if not isinstance(value, list) or not value:
+    raise RecordError("'messages' is not a non-empty list of messages")
+  for index, message in enumerate(value):
+    if not isinstance(message, dict):
+      raise RecordError(f"message {index} is a {type(message).__name__}, not an object")
+    role, content = message.get("role"), message.get("content")
+    if role not in ROLES:
+      raise RecordError(f"message {index} has role {shown(role, 40)}; valid roles: "
+                        f"{', '.join(ROLES)}")
+    if role == "system" and index:
+      raise RecordError(f"message {index} has role 'system'; only the first may")
+    if not isinstance(content, str):
+      raise RecordError(f"message {index} has no string 'content'")
+  if value[-1]["role"] != "user":
+    raise RecordError(f"the last message's role is {value[-1]['role']!r}, not 'user' (the "
+                      "policy answers the user's last message)")
+
+
+def _prompt(record: dict) -> None:
+  has_prompt, has_messages = "prompt" in record, "messages" in record
+  if has_prompt == has_messages:
+    raise RecordError("has both 'prompt' and 'messages'; give one" if has_prompt else
+                      "has neither a string 'prompt' nor a list of 'messages' "
+                      f"(its fields: {shown(sorted(map(str, record)))})")
+  if has_prompt:
+    if not isinstance(record["prompt"], str):
+      raise RecordError(f"'prompt' holds a {type(record['prompt']).__name__}, not a string")
+    if not record["prompt"].strip():
+      raise RecordError("'prompt' is empty")
+  else:
+    _messages(record["messages"])
+  if "system" in record:
+    if not isinstance(record["system"], str):
+      raise RecordError(f"'system' holds a {type(record['system']).__name__}, not a string")
+    if has_messages and record["messages"][0]["role"] == "system":
+      raise RecordError("has both 'system' and a first message of role 'system'")
+
+
+def _unicode(value: Any) -> None:
+  """Refuses a string JSON escapes made of a lone surrogate (`"\\ud800"`): no tokenizer or
+  file takes it."""
+  pending = [value]
+  while pending:
+    item = pending.pop()
+    if isinstance(item, str):
+      try:
+        item.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise RecordError(f"holds text that is not valid Unicode ({e.reason})") from None
+    elif isinstance(item, dict):
+      pending.extend(item.keys())
+      pending.extend(item.values())
+    elif isinstance(item, list):
+      pending.extend(item)
+
+
+def checked_record(record: Any, required_fields: Sequence[str] = ()) -> dict:
+  """`record` if it is a usable prompt record (module doc).
+
+  Raises:
+    RecordError: why it is not.
+  """
+  if not isinstance(record, dict):
+    raise RecordError(f"not a JSON object but a {type(record).__name__}")
+  _unicode(record)
+  if "id" not in record:
+    raise RecordError(f"has no field 'id' (its fields: {shown(sorted(record))})")
+  key = record["id"]
+  if isinstance(key, bool) or not isinstance(key, (str, int)) or (
+      isinstance(key, str) and not key.strip()):
+    raise RecordError(f"'id' {shown(key, 60)} is not a non-empty string or an integer")
+  _prompt(record)
+  for field in required_fields:
+    if field not in record:
+      raise RecordError(f"has no field {field!r}, which the run's rewards read")
+  for field, check in FIELDS.items():
+    if field in record:
+      check(record[field])
+  return record
+
+
+def messages_of(record: dict) -> list[dict[str, str]]:
+  """The conversation a record's prompt is: its `system` string first, then its `messages`, or
+  its `prompt` as one user message."""
+  system = [{"role": "system", "content": record["system"]}] if "system" in record else []
+  if "messages" in record:
+    return system + [dict(m) for m in record["messages"]]
+  return system + [{"role": "user", "content": record["prompt"]}]
+
+
+def _lines(path: str) -> list[tuple[int, bytes]]:
+  data = input_files.read_bytes(path, f"prompt file {path}")
+  found = []
+  for number, line in enumerate(data.split(b"\n"), 1):
+    line = line[:-1] if line.endswith(b"\r") else line
+    if line.strip():
+      found.append((number, line))
+  return found
+
+
+def _constant(name: str) -> None:
+  raise RecordError(f"holds {name}, which JSON does not allow")
+
+
+def _parsed(line: bytes) -> Any:
+  try:
+    return json.loads(line.decode("utf-8"), parse_constant=_constant)
+  except UnicodeDecodeError as e:
+    raise RecordError(f"not valid UTF-8 (byte 0x{line[e.start]:02x} at offset {e.start})"
+                      ) from None
+  except json.JSONDecodeError as e:
+    raise RecordError(f"not valid JSON ({e.msg} at column {e.colno})") from None
+  except RecursionError:
+    raise RecordError("nested too deeply to read") from None
+  except ValueError as e:  # An integer of more digits than Python converts.
+    raise RecordError(f"not readable JSON ({one_line(str(e))[:120]})") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedPrompts:
+  """A prompt set as read: its records, and what was left out."""
+  records: tuple[dict, ...]
+  skipped: int
+  first_skipped: str | None
+  fingerprint: str
+
+
+def load(patterns: Sequence[str], skip_bad_records: bool = False,
+         required_fields: Sequence[str] = (), field: str = "files") -> LoadedPrompts:
+  """Every record of the files `patterns` match (module doc), checked.
+
+  Raises:
+    UsageError: naming `field`: a pattern that matches no file; no usable record.
+    DataError: `<path>: line N: <why>` for the first bad record (without `skip_bad_records`),
+      or a file that cannot be read.
+  """
+  paths = []
+  for pattern in patterns:
+    matched = sorted(glob.glob(pattern))
+    if not matched:
+      raise config_error(field, pattern, "matches no file", "give JSON-lines files of prompt "
+                         "records (bin/make_prompts.py writes some)")
+    paths.extend(path for path in matched if path not in paths)
+  records, skipped, first, seen = [], 0, None, {}
+  digest = hashlib.sha256()
+  for path in paths:
+    try:
+      lines = _lines(path)
+    except OSError as e:
+      raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+    for number, line in lines:
+      where = f"{path}: line {number}"
+      try:
+        record = checked_record(_parsed(line), required_fields)
+        key = (type(record["id"]).__name__, record["id"])
+        if key in seen:
+          raise RecordError(f"'id' {shown(record['id'], 60)} is also {seen[key]}'s")
+      except RecordError as e:
+        if not skip_bad_records:
+          raise DataError(one_line(f"{where}: {e}")) from None
+        skipped, first = skipped + 1, first or one_line(f"{where}: {e}")
+        continue
+      seen[key] = where
+      records.append(record)
+      digest.update(json.dumps(record, sort_keys=True).encode() + b"\n")
+  if not records:
+    raise config_error(field, list(patterns), f"holds no usable prompt record ({skipped} bad)"
+                       + (f"; the first: {first}" if first else ""), "give prompt records")
+  return LoadedPrompts(tuple(records), skipped, first, digest.hexdigest()[:16])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptData:
+  """A prompt set as a stream of records (see the module doc).
+
+  Attributes:
+    files: A glob pattern, or several, of JSON-lines files of prompt records.
+    prompts_per_step: Prompts drawn per step, over all processes.
+    shuffle: Visit each epoch in a fresh permutation seeded by (seed, epoch); False: in order.
+    seed: Root of the shuffle.
+    skip_bad_records: Leave out (and count) bad records instead of refusing the set.
+    required_fields: Fields every record must have (what the run's rewards read).
+  """
+
+  files: str | tuple[str, ...]
+  prompts_per_step: PositiveInt
+  shuffle: bool = True
+  seed: NonNegativeInt = 0
+  skip_bad_records: bool = False
+  required_fields: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if isinstance(self.files, list):  # As a config or JSON may give it.
+      object.__setattr__(self, "files", tuple(self.files))
+    if not all(isinstance(p, str) and p.strip() for p in self.patterns) or not self.patterns:
+      raise config_error("files", self.files, "is not a glob pattern or a tuple of them",
+                         "e.g. files='data/arithmetic/train.jsonl'")
+    object.__setattr__(self, "required_fields", tuple(self.required_fields))
+
+  @property
+  def patterns(self) -> tuple[str, ...]:
+    return (self.files,) if isinstance(self.files, str) else tuple(
+        self.files if isinstance(self.files, tuple) else (self.files,))
+
+  def loaded(self) -> LoadedPrompts:
+    """The set, read and checked once per source."""
+    cached = self.__dict__.get("_loaded")
+    if cached is None:
+      cached = load(self.patterns, self.skip_bad_records, self.required_fields)
+      object.__setattr__(self, "_loaded", cached)
+    return cached
+
+  def check(self) -> None:
+    """Reads the set before a run starts: a bad record is one line (module doc), the count of
+    those skipped one warning."""
+    loaded = self.loaded()
+    if loaded.skipped:
+      logging.warning("%s: %d of %d prompt records are bad and left out (the first: %s)",
+                      ", ".join(self.patterns), loaded.skipped,
+                      loaded.skipped + len(loaded.records), loaded.first_skipped)
+
+  @property
+  def records(self) -> tuple[dict, ...]:
+    return self.loaded().records
+
+  @property
+  def fingerprint(self) -> str:
+    """A hash of the records kept, for a checkpoint to tell that its set changed."""
+    return self.loaded().fingerprint
+
+  def records_at(self, positions: np.ndarray | Sequence[int]) -> list[dict]:
+    """The records at stream positions `positions` (module doc)."""
+    records = self.records
+    count = len(records)
+    epochs, offsets = np.divmod(np.asarray(positions, dtype=np.int64), count)
+    chosen = offsets.copy()
+    if self.shuffle:
+      for epoch in np.unique(epochs):
+        selected = epochs == epoch
+        chosen[selected] = KeyedPermutation(count, self.seed, int(epoch))(offsets[selected])
+    return [records[int(index)] for index in chosen]
+
+  def step_records(self, step: int, process_index: int = 0, process_count: int = 1
+                   ) -> list[dict]:
+    """This process's records of step `step`: positions step * prompts_per_step + its rows."""
+    rows = local_rows(self.prompts_per_step, process_index, process_count)
+    return self.records_at(step * self.prompts_per_step + rows)
+
+  def position_after(self, step: int) -> int:
+    """The stream position after `step` steps: what a checkpoint stores to resume the order
+    even if `prompts_per_step` changes (`records_at(range(p, p + n))`)."""
+    return step * self.prompts_per_step

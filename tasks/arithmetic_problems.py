@@ -1,0 +1,168 @@
+"""Procedurally generated multi-step arithmetic word problems, with the answer in a tag: a
+verifiable task for reinforcement learning (the `exact_answer` and `answer_format` rewards).
+
+  Mia has 12 apples. She buys 3 bags with 5 apples in each. She gives 7 apples to Leo. How
+  many apples does Mia have now? Work it out step by step, then give the final answer as a
+  number inside <answer></answer> tags.                                       (answer: 20)
+
+A problem starts from a quantity and applies `steps` operations to it (add, take away, add
+equal groups, multiply, split into equal piles and keep one), each a sentence, every intermediate
+a whole number from 0 to `_MAX_QUANTITY`. Its record (data/prompt_data.py's format) holds the
+prompt, the integer `answer`, the step count and a reference `completion` that works it out and
+ends with the tagged answer (for SFT on the same problems, or a check of the rewards).
+
+Splits are disjoint by construction, whatever the seeds and counts: a problem's arithmetic
+(its numbers and operations, names and items apart) is hashed, and one bucket in
+`HELD_OUT_BUCKETS` is held out: a held-out problem never shares its arithmetic with any train
+problem. Within a split the seed chooses the problems (`random.Random` seeded with the split
+and the seed: the same on every machine and Python version 3.2 on), each problem once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from typing import Callable
+
+SPLITS = ("train", "held_out")
+HELD_OUT_BUCKETS = 10  # One hash bucket in ten is held out.
+INSTRUCTION = ("Work it out step by step, then give the final answer as a number inside "
+               "<answer></answer> tags.")
+_MAX_QUANTITY = 999
+_NAMES = (("Mia", "She"), ("Leo", "He"), ("Ava", "She"), ("Noah", "He"), ("Zoe", "She"),
+          ("Omar", "He"), ("Lena", "She"), ("Ravi", "He"), ("Iris", "She"), ("Tom", "He"))
+_ITEMS = ("apples", "marbles", "stickers", "pencils", "coins", "cookies", "books", "stamps",
+          "shells", "cards")
+
+
+def _add(rng, quantity, max_number):
+  return ("add", rng.randint(2, max_number))
+
+
+def _take(rng, quantity, max_number):
+  return ("take", rng.randint(1, min(quantity, max_number))) if quantity >= 2 else None
+
+
+def _groups(rng, quantity, max_number):
+  return ("groups", rng.randint(2, 5), rng.randint(2, max_number))
+
+
+def _times(rng, quantity, max_number):
+  return ("times", rng.randint(2, 3)) if quantity else None
+
+
+def _share(rng, quantity, max_number):
+  divisors = [k for k in range(2, 7) if quantity and quantity % k == 0]
+  return ("share", rng.choice(divisors)) if divisors else None
+
+
+_OPERATIONS: tuple[Callable, ...] = (_add, _take, _groups, _times, _share)
+
+
+def _apply(quantity: int, operation: tuple) -> tuple[int, str]:
+  """The quantity after `operation`, and the line of the reference solution that computes it."""
+  kind, *numbers = operation
+  if kind == "add":
+    value, line = quantity + numbers[0], f"{quantity} + {numbers[0]}"
+  elif kind == "take":
+    value, line = quantity - numbers[0], f"{quantity} - {numbers[0]}"
+  elif kind == "groups":
+    value = quantity + numbers[0] * numbers[1]
+    line = f"{quantity} + {numbers[0]} * {numbers[1]}"
+  elif kind == "times":
+    value, line = quantity * numbers[0], f"{quantity} * {numbers[0]}"
+  else:
+    value, line = quantity // numbers[0], f"{quantity} / {numbers[0]}"
+  return value, f"{line} = {value}."
+
+
+def _sentence(operation: tuple, pronoun: str, items: str, friend: str) -> str:
+  kind, *numbers = operation
+  if kind == "add":
+    return f"{pronoun} finds {numbers[0]} more {items}."
+  if kind == "take":
+    return f"{pronoun} gives {numbers[0]} {items} to {friend}."
+  if kind == "groups":
+    return f"{pronoun} buys {numbers[0]} bags with {numbers[1]} {items} in each."
+  if kind == "times":
+    change = "doubles" if numbers[0] == 2 else "triples"
+    return f"Then the number of {items} {pronoun.lower()} has {change}."
+  return (f"{pronoun} splits the {items} into {numbers[0]} equal piles and keeps one "
+          "pile.")
+
+
+def _arithmetic(rng: random.Random, steps: int, max_number: int) -> tuple[int, list[tuple]]:
+  """A start and `steps` operations, every intermediate in [0, _MAX_QUANTITY]."""
+  start = rng.randint(2, max_number)
+  quantity, operations = start, []
+  while len(operations) < steps:
+    operation = rng.choice(_OPERATIONS)(rng, quantity, max_number)
+    if operation is None:
+      continue
+    value, _ = _apply(quantity, operation)
+    if 0 <= value <= _MAX_QUANTITY:
+      operations.append(operation)
+      quantity = value
+  return start, operations
+
+
+def bucket(start: int, operations: list[tuple]) -> int:
+  """The hash bucket of a problem's arithmetic: 0 is held out."""
+  text = json.dumps([start, [list(op) for op in operations]])
+  return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % HELD_OUT_BUCKETS
+
+
+def _record(split: str, seed: int, index: int, rng: random.Random, start: int,
+            operations: list[tuple]) -> dict:
+  (name, pronoun), items = rng.choice(_NAMES), rng.choice(_ITEMS)
+  friend = rng.choice([other for other, _ in _NAMES if other != name])
+  sentences = [f"{name} has {start} {items}."]
+  lines = [f"{name} starts with {start} {items}."]
+  quantity = start
+  for operation in operations:
+    sentences.append(_sentence(operation, pronoun, items, friend))
+    quantity, line = _apply(quantity, operation)
+    lines.append(line)
+  sentences.append(f"How many {items} does {name} have now? {INSTRUCTION}")
+  return {"id": f"arithmetic-{split}-{seed}-{index}", "prompt": " ".join(sentences),
+          "answer": quantity, "steps": len(operations),
+          "completion": "\n".join(lines) + f"\n<answer>{quantity}</answer>"}
+
+
+def generate(split: str, count: int, seed: int = 0, min_steps: int = 2, max_steps: int = 3,
+             max_number: int = 20) -> list[dict]:
+  """`count` distinct problems of `split` (module doc), the same for the same arguments.
+
+  Args:
+    split: "train" or "held_out".
+    count: Problems to make.
+    seed: Chooses the problems within the split.
+    min_steps, max_steps: Operations per problem, drawn uniformly from this range.
+    max_number: The largest number a sentence introduces (the start, an amount added).
+
+  Raises:
+    ValueError: a bad argument, or fewer distinct problems of the split than `count`.
+  """
+  if split not in SPLITS:
+    raise ValueError(f"split={split!r}: valid splits: {', '.join(SPLITS)}")
+  if not 1 <= min_steps <= max_steps:
+    raise ValueError(f"min_steps={min_steps}, max_steps={max_steps}: need 1 <= min <= max")
+  if max_number < 2 or count < 0:
+    raise ValueError(f"max_number={max_number}, count={count}: need max_number >= 2, count "
+                     ">= 0")
+  rng = random.Random(f"arithmetic/{split}/{seed}")
+  records, seen, attempts = [], set(), 0
+  while len(records) < count:
+    attempts += 1
+    if attempts > 50 * count + 10_000:
+      raise ValueError(f"only {len(records)} distinct {split} problems found for count={count} "
+                       f"(max_number={max_number}, steps {min_steps}-{max_steps}); raise "
+                       "max_number or max_steps, or ask for fewer")
+    start, operations = _arithmetic(rng, rng.randint(min_steps, max_steps), max_number)
+    key = json.dumps([start, [list(op) for op in operations]])
+    if key in seen or (bucket(start, operations) == 0) != (split == "held_out"):
+      continue
+    seen.add(key)
+    records.append(_record(split, seed, len(records), rng, start, operations))
+  return records
