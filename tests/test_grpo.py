@@ -17,11 +17,14 @@ from lingvo_lite import testing
 from lingvo_lite.config import fiddlers, overrides
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models.lora import LoraSettings
-from lingvo_lite.on_mesh import rollouts
+from lingvo_lite.rewards import registry
 from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.training.objectives import grpo_math
 from lingvo_lite.training.objectives.grpo import Grpo
 from lingvo_lite.training.objectives.objective import Forward, token_losses
+
+
+_REWARD = "test_grpo_length_mod_3"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,11 +46,11 @@ class _Prompts:
     return {}
 
 
-def _stub_score(specs, record, text):
+@registry.register(_REWARD)
+def _length_mod_3(record, completion):
   """A reward that varies within a group: the completion's text length mod 3."""
-  del specs, record
-  value = float(len(text) % 3)
-  return rollouts.Scored(value, {"stub": value}, [])
+  del record
+  return float(len(completion) % 3)
 
 
 # ------------------------------------------------------------------------------- TRL's loss
@@ -170,11 +173,10 @@ def _teacher_forced(jitted, state, batch):
   return -np.asarray(token_losses(logits, jnp.asarray(batch["targets"]))[0])
 
 
-def test_lora_rollout_log_probs_equal_a_teacher_forced_forward(monkeypatch):
+def test_lora_rollout_log_probs_equal_a_teacher_forced_forward():
   """The adapters as decode applies them (merged into the base) sample with the log-probs of
   the adapted model the loss runs."""
-  monkeypatch.setattr(rollouts.Rollouts, "score", staticmethod(_stub_score))
-  objective = Grpo(rewards=(("stub", 1.0),), group_size=3, max_new_tokens=6)
+  objective = Grpo(rewards=((_REWARD, 1.0),), group_size=3, max_new_tokens=6)
   setup = _grpo_setup(objective, LoraSettings(rank=2))
   jitted = JittedSteps(setup)
   with jitted.activated():
@@ -190,12 +192,11 @@ def test_lora_rollout_log_probs_equal_a_teacher_forced_forward(monkeypatch):
   assert np.abs((base_only - teacher_forced) * weights).max() > 1e-2  # The adapters count.
 
 
-def test_rollouts_are_the_policys_and_resume_exactly(monkeypatch):
+def test_rollouts_are_the_policys_and_resume_exactly():
   """Full fine-tune, two updates per rollout, KL to the reference: the rollout's log-probs are
   a teacher-forced forward's; steps 2..3 from step 2's state with nothing remembered (a
   resumed process) sample and train exactly as the uninterrupted run."""
-  monkeypatch.setattr(rollouts.Rollouts, "score", staticmethod(_stub_score))
-  objective = Grpo(rewards=(("stub", 1.0),), group_size=3, max_new_tokens=6,
+  objective = Grpo(rewards=((_REWARD, 1.0),), group_size=3, max_new_tokens=6,
                    updates_per_batch=2, kl_coef=0.05)
   setup = _grpo_setup(objective)
   source = setup.train_data
@@ -257,3 +258,6 @@ def test_bad_settings_name_their_field():
       Grpo(**fields).check_setup("train.objective", setup)
     assert str(raised.value).startswith(f"train.objective.{named}:"), str(raised.value)
   Grpo(max_new_tokens=32, updates_per_batch=2).check_setup("train.objective", setup)
+  with pytest.raises(UsageError) as raised:
+    Grpo(rewards=(("no_such_reward", 1.0),)).check("train.objective", _Prompts())
+  assert str(raised.value).startswith("train.objective.rewards[0]="), str(raised.value)

@@ -25,14 +25,15 @@ from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
+from absl import logging
 
-from lingvo_lite.data import chat_template
 from lingvo_lite.data.source import text_vocabulary
 from lingvo_lite.decode.generator import Generator
 from lingvo_lite.decode.records import Completion
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import lora
+from lingvo_lite.rewards import registry
 
 # Seeds lie in [0, 2**63) (decode/requests.py's bound).
 _SEED_RANGE = 2**63
@@ -47,15 +48,6 @@ class Sampling:
   temperature: float
   top_p: float
   seed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Scored:
-  """One completion's rewards (rewards/registry.py's ScoredCompletion, by value)."""
-
-  total: float
-  per_function: Mapping[str, float]
-  failures: Sequence[str]
 
 
 def rollout_seeds(seed: int, rollout: int, first_row: int, rows: int) -> list[int]:
@@ -75,13 +67,17 @@ def prompt_records(batch: Any) -> list[dict[str, Any]]:
   return [dict(r) for r in records]
 
 
-def score(specs: Sequence[tuple[str, float]], record: Mapping[str, Any], completion: str
-          ) -> Scored:
-  """The rewards `specs` ((name, weight) pairs) give `completion` of `record`
-  (rewards/registry.py: its failure policy decides what a reward that fails scores)."""
-  from lingvo_lite.rewards import registry  # pylint: disable=g-import-not-at-top
-  scored = registry.score(list(specs), dict(record), completion)
-  return Scored(float(scored.total), dict(scored.per_function), list(scored.failures))
+def score_all(specs: Sequence[tuple[str, float]], records: Sequence[Mapping[str, Any]],
+              completions: Sequence[str]) -> list[Any]:
+  """The rewards `specs` ((name, weight) pairs) give each completion of its record
+  (rewards/registry.py's ScoredCompletion: a reward that fails scores 0 and is counted); the
+  step's failures are one warning (how many, and the first)."""
+  scored = [registry.score(list(specs), dict(record), completion)
+            for record, completion in zip(records, completions)]
+  warning = registry.failure_warning(scored)
+  if warning is not None:
+    logging.warning("%s", warning)
+  return scored
 
 
 class Rollouts:
@@ -95,7 +91,7 @@ class Rollouts:
 
   records = staticmethod(prompt_records)
   sampling = Sampling
-  score = staticmethod(score)
+  score_all = staticmethod(score_all)
 
   def __init__(self, jitted: Any):
     self._jitted = jitted
@@ -124,20 +120,15 @@ class Rollouts:
     return self._generator
 
   def prompt(self, record: Mapping[str, Any]) -> dict[str, Any]:
-    """The request fields of `record`'s prompt: its text, its ids, or its chat messages
-    rendered by the tokenizer's template with the assistant's turn opened."""
+    """The request fields of `record`'s prompt: its ids (a prompt source's, rendered and
+    tokenized), else its text."""
     if record.get("prompt_ids") is not None:
       return {"prompt_ids": tuple(int(i) for i in record["prompt_ids"])}
     if isinstance(record.get("prompt"), str):
       return {"prompt": record["prompt"]}
-    files = getattr(self._setup.train_data, "tokenizer_files", None)
-    if record.get("messages") is not None and files is not None:
-      try:
-        return {"prompt": chat_template.render_with(files, record["messages"], True)}
-      except chat_template.TemplateError as e:
-        raise UsageError(f"train_data: record {record.get('id')!r}: {e}") from None
-    raise UsageError(f"train_data: record {record.get('id')!r} has no prompt (text, ids, or "
-                     "messages with a tokenizer that has a chat template); give one")
+    raise UsageError(f"train_data: record {record.get('id')!r} has no prompt text or ids "
+                     "(a prompt source, data/prompt_source.py, renders chat messages); give "
+                     "one")
 
   def complete(self, state: Any, records: Sequence[Mapping[str, Any]], sampling: Sampling,
                rollout: int) -> list[Completion]:

@@ -41,8 +41,10 @@ from typing import Annotated, Any, ClassVar, Literal, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lingvo_lite.errors import UsageError, config_error
+from lingvo_lite.rewards import registry
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Range
 from lingvo_lite.training.objectives import grpo_batch, grpo_math
 from lingvo_lite.training.objectives.objective import (PROMPTS, Batch, Forward, Objective,
@@ -193,7 +195,8 @@ class Grpo(Objective):
         "reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards),
         "pass_rate": jnp.mean(batch["passed"]),
         "zero_variance": jnp.mean(batch["zero_variance"]),
-        "rollout_s": jnp.mean(batch["rollout_seconds"])}
+        "rollout_s": jnp.mean(batch["rollout_seconds"]),
+        "reward_failures": jnp.sum(batch["reward_failures"])}
     for index, (name, _) in enumerate(self.rewards):
       metrics[f"reward:{name}"] = jnp.mean(batch[grpo_batch.reward_column(index)])
     return metrics
@@ -216,24 +219,9 @@ class Grpo(Objective):
 
 
 def check_rewards(path: str, rewards: Any) -> None:
-  """Each of `rewards` is a (name, finite weight) of a registered reward; there is one."""
-  from lingvo_lite.rewards import registry  # pylint: disable=g-import-not-at-top
-  if not rewards:
-    raise config_error(path, rewards, "names no reward", "give (name, weight) pairs, e.g. "
-                       "(('exact_answer', 1.0),)")
-  for entry in rewards:
-    if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
-            and isinstance(entry[1], (int, float)) and not isinstance(entry[1], bool)
-            and math.isfinite(entry[1])):
-      raise config_error(path, rewards, f"the entry {entry!r} is not a (name, finite weight) "
-                         "pair", "e.g. (('exact_answer', 1.0), ('format', 0.1))")
-    try:
-      registry.get(entry[0])
-    except Exception:  # pylint: disable=broad-except
-      names = sorted(getattr(registry, "names", lambda: [])())
-      raise config_error(path, entry[0], "is not a registered reward",
-                         f"give one of {names}" if names else
-                         "register it (rewards/registry.py)") from None
+  """Each of `rewards` is a (name, finite weight) of a registered reward, each name once,
+  and there is one (rewards/registry.py's `check`, naming `path[i]`)."""
+  registry.check(rewards, path)
 
 
 def rollout_batch(objective: Grpo, batch: Mapping[str, Any], state: Any, steps: Any,
@@ -248,8 +236,8 @@ def rollout_batch(objective: Grpo, batch: Mapping[str, Any], state: Any, steps: 
   completions = rollouts.complete(state, records, sampling, rollout)
   group = objective.group_size
   owners = [records[row // group] for row in range(len(completions))]
-  scored = [rollouts.score(objective.rewards, owner, rollouts.text(completion))
-            for owner, completion in zip(owners, completions)]
+  scored = rollouts.score_all(objective.rewards, owners,
+                              [rollouts.text(completion) for completion in completions])
   rows = grpo_batch.token_rows(
       [c.prompt_ids for c in completions], [c.completion_ids for c in completions],
       [c.logprobs for c in completions], steps.setup.train_data.sequence_length,
@@ -258,4 +246,5 @@ def rollout_batch(objective: Grpo, batch: Mapping[str, Any], state: Any, steps: 
                   for name, _ in objective.rewards]
   columns = grpo_batch.row_columns([s.total for s in scored], per_function, group,
                                    objective.advantage_scale, time.perf_counter() - started)
+  columns["reward_failures"] = np.asarray([len(s.failures) for s in scored], np.float32)
   return {**rows, **columns}

@@ -11,7 +11,8 @@ log-probability under the policy that sampled it (decode/steps.py: before temper
 top-p, the model's own distribution), which the loss's importance ratio divides by.
 
 The per-row columns (`advantages`, `rewards`, one `reward_<i>` per reward of the objective's
-list, `passed`, `zero_variance`, `rollout_seconds`) are the same in every process's batch
+list, `passed`, `zero_variance`, `rollout_seconds`, `reward_failures`: the rewards that failed
+and scored 0) are the same in every process's batch
 layout, so the train step's metrics average them as it averages the loss.
 """
 
@@ -24,7 +25,8 @@ import numpy as np
 from lingvo_lite.errors import UsageError
 from lingvo_lite.training.objectives import grpo_math
 
-ROW_COLUMNS = ("advantages", "rewards", "passed", "zero_variance", "rollout_seconds")
+ROW_COLUMNS = ("advantages", "rewards", "passed", "zero_variance", "rollout_seconds",
+               "reward_failures")
 
 
 def reward_column(index: int) -> str:
