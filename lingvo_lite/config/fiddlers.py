@@ -56,6 +56,9 @@ def tiny(cfg: fdl.Config) -> None:
     cfg.decode.cache_length = None
   cfg.train.eval_every_steps = 0
   cfg.train.grad_accum_steps = 1
+  objective = getattr(cfg.train, "objective", None)
+  if isinstance(objective, fdl.Buildable):  # An objective that samples: short completions.
+    _set_if_accepted(objective, max_new_tokens=16)
   cfg.checkpoint.every_steps = 10
   sequence_length = min(cfg.train_data.sequence_length, 64)
   family = fdl.get_callable(model)
@@ -65,7 +68,8 @@ def tiny(cfg: fdl.Config) -> None:
   eval_configs = list(_eval_configs(cfg).values())
   for data in [cfg.train_data, *eval_configs]:
     data.sequence_length = sequence_length
-    data.global_batch_size = 4
+    # A source of prompt records has no rows of its own (its prompts per step are its set's).
+    _set_if_accepted(data, global_batch_size=4)
     _set_if_accepted(data, per_device_batch_size=None)
     _set_if_accepted(data, max_examples=256)
   for data in eval_configs:
