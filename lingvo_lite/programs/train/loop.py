@@ -157,7 +157,8 @@ class TrainLoop:
     off_steps = ", ".join(f"{kind} {values[f'{kind}_s']:.2f} s"
                           for kind in summaries.Throughput.OFF_STEP_KINDS
                           if values[f"{kind}_s"] > 0)
-    self._say(f"train step {step}/{self._settings.steps}: loss {values['loss']:.4f}  "
+    own = self._settings.objective.train_summary(values)
+    self._say(f"train step {step}/{self._settings.steps}: loss {values['loss']:.4f}  {own}"
               f"lr {values['learning_rate']:.2e}  {grad_norm}"
               f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
               f"{values['model_tflop_per_step']:.3g} TFLOP/step  "

@@ -201,6 +201,11 @@ class Grpo(Objective):
       metrics[f"reward:{name}"] = jnp.mean(batch[grpo_batch.reward_column(index)])
     return metrics
 
+  def train_summary(self, metrics: Mapping[str, float]) -> str:
+    return (f"reward {metrics['reward_mean']:.3f}  pass {metrics['pass_rate']:.3f}  "
+            f"kl {metrics['kl']:.4f}  clip {metrics['clip_fraction']:.3f}  "
+            f"length {metrics['response_length']:.1f}  rollout {metrics['rollout_s']:.1f} s  ")
+
   # ---------------------------------------------------------------------------- evaluation
 
   def eval_sums(self, forward: Forward, params: Any, batch: Batch, per_token: bool = False

@@ -221,6 +221,12 @@ class Objective:
     whole `batch`."""
     raise NotImplementedError
 
+  def train_summary(self, metrics: Mapping[str, float]) -> str:
+    """What a train step's log line says of its own metrics beyond the loss (ending in two
+    spaces), or "" for nothing."""
+    del metrics
+    return ""
+
   # ---------------------------------------------------------------------------- evaluation
 
   def eval_sums(self, forward: Forward, params: Any, batch: Batch, per_token: bool = False
