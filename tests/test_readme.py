@@ -315,6 +315,15 @@ def _check_built(command: Command, results: Results, session: Session, flag: str
   assert results[0].stdout.strip(), "no summary printed"
 
 
+def _check_prompts(command: Command, results: Results, session: Session) -> None:
+  """bin/make_prompts.py wrote its --out, or checked its --check and counted the records."""
+  if command.flag("check") is None:
+    _check_built(command, results, session, "out", "")
+  else:
+    _search(r"^\d[\d,]* prompt records, fingerprint [0-9a-f]{16}$", results[0].stdout,
+            "make_prompts --check")
+
+
 def _check_train(command: Command, results: Results, session: Session) -> None:
   out = results[0].stdout
   steps = _flag(results[0].args, "fdl.train.steps")
@@ -455,7 +464,7 @@ def standalone(command: Command) -> bool:
   tests/test_readme_standalone.py runs those, in a target of their own beside this one, so
   that neither target is a long tail of the suite."""
   if command.argv[:2] in (("python", "bin/build_store.py"), ("python", "bin/train_vocab.py"),
-                          BENCH):
+                          ("python", "bin/make_prompts.py"), BENCH):
     return True
   return (_lingvo(command, "compile") or command.flag("compiled_step_in") is not None
           or command.flag("num_processes") is not None)
@@ -572,6 +581,8 @@ RULES = (
          lambda c, r, s: _check_built(c, r, s, "out", "validation/manifest.json")),
     Rule("train_vocab", lambda c: c.argv[:2] == ("python", "bin/train_vocab.py"),
          lambda c, r, s: _check_built(c, r, s, "output", "")),
+    Rule("make_prompts", lambda c: c.argv[:2] == ("python", "bin/make_prompts.py"),
+         _check_prompts),
     Rule("int8 benchmarks", lambda c: c.argv[:2] in INT8_BENCHES, None,
          why="benchmark runs of minutes to half an hour each (the README's int8 figures, side "
              "by side); the code they drive runs in tests/models/test_quantization.py and "

@@ -328,7 +328,10 @@ class PromptData:
     """The records at stream positions `positions` (module doc)."""
     records = self.records
     count = len(records)
-    epochs, offsets = np.divmod(np.asarray(positions, dtype=np.int64), count)
+    positions = np.asarray(positions, dtype=np.int64)
+    if positions.size and positions.min() < 0:
+      raise ValueError(f"stream positions start at 0, not {int(positions.min())}")
+    epochs, offsets = np.divmod(positions, count)
     chosen = offsets.copy()
     if self.shuffle:
       for epoch in np.unique(epochs):
@@ -339,6 +342,10 @@ class PromptData:
   def step_records(self, step: int, process_index: int = 0, process_count: int = 1
                    ) -> list[dict]:
     """This process's records of step `step`: positions step * prompts_per_step + its rows."""
+    if self.prompts_per_step % process_count:
+      raise config_error("prompts_per_step", self.prompts_per_step,
+                         f"not divisible by {process_count} processes",
+                         f"use a multiple of {process_count}")
     rows = local_rows(self.prompts_per_step, process_index, process_count)
     return self.records_at(step * self.prompts_per_step + rows)
 

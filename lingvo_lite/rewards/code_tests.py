@@ -4,8 +4,9 @@ The record gives `tests`: Python source (or a list of lines) that raises when th
 wrong (`assert add(2, 3) == 5`); optionally `entry_point`, the function's name, when the tests
 define HumanEval's `check(candidate)` (then `check(<entry_point>)` is called after them), and
 `code_prefix`, text put before the completion's code (HumanEval's prompt, for a model that
-continues a function's signature). The completion's code is its first fenced block
-(```` ```python ... ``` ````, or any fence) when it has one, else the whole completion.
+continues a function's signature). The completion's code is its first ```` ```python ````
+block (or its first fenced block of any language) when it has one, a fence left open running
+to the end, else the whole completion.
 
 The program (prefix, code, tests, the check call) runs in `sandbox.run_program` with `LIMITS`:
 a fresh interpreter with time, memory and file limits, no network and no process creation
@@ -17,8 +18,6 @@ record without usable `tests`, or a child that cannot be started, is the reward'
 
 from __future__ import annotations
 
-import re
-
 from lingvo_lite.rewards import sandbox
 from lingvo_lite.rewards.registry import register
 
@@ -26,14 +25,34 @@ LIMITS = sandbox.Limits()
 # The reward's own limit (registry.py): the program's, its interpreter's start, and slack; met
 # only if the sandbox itself hangs.
 _LIMIT_S = LIMITS.time_s + 10.0
-_FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_FENCE = "```"
+_PYTHON = ("python", "py", "python3")
+
+
+def _blocks(text: str) -> list[tuple[str, str]]:
+  """(language, body) of each fenced block, in order: a scan, linear in the text (a lazy
+  regular expression would rescan the rest of the text from every unclosed fence)."""
+  blocks, position = [], 0
+  while (start := text.find(_FENCE, position)) >= 0:
+    line_end = text.find("\n", start)
+    if line_end < 0:
+      break
+    end = text.find(_FENCE, line_end + 1)
+    header = text[start + len(_FENCE):line_end].strip()
+    # A fence left open (a completion that stopped before closing it) runs to the end.
+    body = text[line_end + 1:] if end < 0 else text[line_end + 1:end]
+    blocks.append((header.split()[0].lower() if header else "", body))
+    if end < 0:
+      break
+    position = end + len(_FENCE)
+  return blocks
 
 
 def completion_code(completion: str) -> str:
   """The code of a completion: its first ```python (or first fenced) block, else all of it."""
-  blocks = _FENCE.findall(completion) if "```" in completion else []
+  blocks = _blocks(completion)
   for language, body in blocks:
-    if language.lower() in ("python", "py", "python3"):
+    if language in _PYTHON:
       return body
   return blocks[0][1] if blocks else completion
 

@@ -212,8 +212,9 @@ def score(specs: Sequence[tuple[str, float]], record: dict, completion: str
   value weighted and added; a failure scores 0 and is one line of `failures` (module doc).
 
   Raises:
-    UsageError: a name not registered (check specs once with `check` before scoring).
+    UsageError: specs that `check` refuses.
   """
+  check(specs)
   per_function: dict[str, float] = {}
   failures: list[str] = []
   total = 0.0
@@ -225,6 +226,10 @@ def score(specs: Sequence[tuple[str, float]], record: dict, completion: str
       value = 0.0
     per_function[name] = value
     total += float(weight) * value
+  if not math.isfinite(total):  # Finite values and weights whose products overflow.
+    failures.append(one_line(f"rewards on prompt {_prompt_id(record)}: the weighted sum of "
+                             f"{shown(per_function, 120)} overflows; scored 0"))
+    total = 0.0
   return ScoredCompletion(total, per_function, failures)
 
 
@@ -294,4 +299,5 @@ def _limited(fn: RewardFn, record: dict, completion: str, limit_s: float) -> obj
   finally:
     armed[0] = False
     signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, previous)
+    # None: a handler installed outside Python, which Python cannot put back; the default.
+    signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
