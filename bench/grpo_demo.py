@@ -8,10 +8,11 @@ and after by greedy decoding through the project's CLI.
 Phases, each one command of the CLI in a child process (wall time recorded), each result
 written to OUT/results.json as it ends (a phase already there is not run again):
 
-  problems  the train split (2,000) and the held-out split (--held_out, 200) of
-            tasks/arithmetic_problems.py (seed 0; disjoint by construction) written as prompt
-            records to experiments/lm/smollm2_grpo.py's PROBLEMS_DIR, and the held-out
-            prompts, rendered with the chat template, as a --prompts_file (greedy)
+  problems  the train split (2,000) and the held-out split (500) of
+            tasks/arithmetic_problems.py (seed 0; disjoint by construction) written by
+            bin/make_prompts.py to experiments/lm/smollm2_grpo.py's PROBLEMS_DIR, and the
+            first --held_out (200) held-out prompts, rendered with the chat template, as a
+            --prompts_file (greedy)
   before    --mode=decode of the untrained policy (the base: new adapters are zero)
   train     the GRPO run (its metrics.jsonl: reward, pass rate, KL, clip fraction, entropy,
             length, rollout seconds per step)
@@ -36,6 +37,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 LINGVO = [sys.executable, "-m", "lingvo_lite"]
 EXPERIMENT = "--exp=SmolLM2Grpo"
+# The README's prompt sets (bin/make_prompts.py, seed 0): the held-out measure is their first
+# --held_out problems.
+TRAIN_PROBLEMS, HELD_OUT_PROBLEMS = 2000, 500
 
 
 def _args() -> argparse.Namespace:
@@ -43,7 +47,6 @@ def _args() -> argparse.Namespace:
   parser.add_argument("--out", required=True, help="folder for results.json and the logs")
   parser.add_argument("--work", required=True, help="folder for the jobs")
   parser.add_argument("--held_out", type=int, default=200, help="held-out problems")
-  parser.add_argument("--train_problems", type=int, default=2000, help="train problems")
   parser.add_argument("--extra", action="append", default=[],
                       help="more flags for the train run (e.g. --fdl.train.steps=8)")
   return parser.parse_args()
@@ -60,30 +63,34 @@ def _run(name: str, command: list[str], out: str) -> float:
   return time.perf_counter() - started
 
 
-def _problems(work: str, held_out: int, train: int) -> dict:
-  """Writes the splits and the held-out prompts file; returns where they are."""
+def _problems(work: str, held_out: int, out: str) -> dict:
+  """Writes the splits with bin/make_prompts.py (the README's sets: an identical file is
+  kept) and the prompts file of the first `held_out` held-out problems; returns where they
+  are."""
   from experiments.lm import smollm2_grpo  # pylint: disable=import-outside-toplevel
   from experiments.lm.smollm2 import smollm2_gguf  # pylint: disable=import-outside-toplevel
   from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer  # pylint: disable=import-outside-toplevel
   from lingvo_lite.data.prompt_data import PromptData  # pylint: disable=import-outside-toplevel
   from lingvo_lite.data.prompt_source import PromptSource  # pylint: disable=import-outside-toplevel
-  from tasks import arithmetic_problems  # pylint: disable=import-outside-toplevel
-  folder = os.path.join(ROOT, smollm2_grpo.PROBLEMS_DIR)
-  os.makedirs(folder, exist_ok=True)
-  for split, count in (("train", train), ("held_out", held_out)):
-    with open(os.path.join(folder, f"{split}.jsonl"), "w", encoding="utf-8") as f:
-      for record in arithmetic_problems.generate(split, count, seed=0):
-        f.write(json.dumps(record) + "\n")
-  held = os.path.join(folder, "held_out.jsonl")
-  source = PromptSource(prompts=PromptData(files=held, prompts_per_step=1, shuffle=False),
-                        tokenizer=PretrainedTokenizer(path=smollm2_gguf()),
-                        sequence_length=smollm2_grpo.SEQUENCE_LENGTH)
+  folder = smollm2_grpo.PROBLEMS_DIR
+  for split, count in (("train", TRAIN_PROBLEMS), ("held_out", HELD_OUT_PROBLEMS)):
+    _run(f"problems_{split}", [sys.executable, "bin/make_prompts.py", "--task=arithmetic",
+                               f"--split={split}", f"--count={count}", "--seed=0",
+                               f"--out={folder}/{split}.jsonl"], out)
+  source = PromptSource(
+      prompts=PromptData(files=os.path.join(ROOT, folder, "held_out.jsonl"),
+                         prompts_per_step=1, shuffle=False),
+      tokenizer=PretrainedTokenizer(path=smollm2_gguf()),
+      sequence_length=smollm2_grpo.SEQUENCE_LENGTH)
+  records = source.prompts.records[:held_out]
+  held = os.path.join(work, "held_out.jsonl")
   prompts = os.path.join(work, "held_out_prompts.jsonl")
-  with open(prompts, "w", encoding="utf-8") as f:
-    for record in source.prompts.records:
-      f.write(json.dumps({"prompt_ids": source.prompt_ids(record), "temperature": 0.0,
+  with open(held, "w", encoding="utf-8") as f, open(prompts, "w", encoding="utf-8") as p:
+    for record in records:
+      f.write(json.dumps(record) + "\n")
+      p.write(json.dumps({"prompt_ids": source.prompt_ids(record), "temperature": 0.0,
                           "max_new_tokens": smollm2_grpo.MAX_NEW_TOKENS}) + "\n")
-  return {"held_out": held, "prompts": prompts, "count": held_out}
+  return {"held_out": held, "prompts": prompts}
 
 
 def _accuracy(completions: str, held_out: str) -> dict:
@@ -113,7 +120,7 @@ def main() -> None:
     with open(path, "w", encoding="utf-8") as f:
       json.dump(results, f, indent=2)
 
-  files = _problems(args.work, args.held_out, args.train_problems)
+  files = _problems(args.work, args.held_out, args.out)
   job = os.path.join(args.work, "job")
   for phase, command in (
       ("before", [*LINGVO, "--mode=decode", EXPERIMENT, f"--job_log_dir={args.work}/base",

@@ -1,9 +1,10 @@
 """Reinforcement learning from verifiable rewards on SmolLM2-135M-Instruct: GRPO with LoRA on
 multi-step arithmetic word problems (tasks/arithmetic_problems.py), the answer in a tag.
 
-  python bench/grpo_demo.py                  # writes the problems, trains, measures accuracy
-  python -m lingvo_lite --exp=SmolLM2Grpo --job_log_dir=runs/smol_grpo   # the run alone,
-                                             # once bench/grpo_demo.py wrote the problems
+  python bin/make_prompts.py --task=arithmetic --split=train --count=2000 \\
+      --out=prompts/arithmetic/train.jsonl
+  python -m lingvo_lite --exp=SmolLM2Grpo --job_log_dir=runs/smol_grpo
+  python bench/grpo_demo.py --out OUT --work WORK   # the above, and accuracy before/after
 
 The rollouts are sampled in-process by the decode engine from the adapted policy, scored by
 `exact_answer` (the tagged answer equals the record's) and `answer_format` (a tagged number is
@@ -23,9 +24,9 @@ from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.training.objectives.grpo import Grpo
 from lingvo_lite.training.optimizers import AdamW
 
-# Where bench/grpo_demo.py writes the problems (train and held-out splits, disjoint by
-# construction): JSON lines of data/prompt_data.py's format.
-PROBLEMS_DIR = "runs/grpo_arithmetic"
+# Where the README's `bin/make_prompts.py` commands (and bench/grpo_demo.py) write the
+# problems: JSON lines of data/prompt_data.py's format, train and held-out splits disjoint.
+PROBLEMS_DIR = "prompts/arithmetic"
 # A problem renders to ~100 tokens with the chat template; a worked answer is 40-90 tokens.
 # Rows of 224 hold both; the decode cache holds the same.
 SEQUENCE_LENGTH, MAX_NEW_TOKENS = 224, 112
