@@ -19,7 +19,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.rewards import registry
 from lingvo_lite.on_mesh.jitted import JittedSteps
-from lingvo_lite.training.objectives import grpo_math
+from lingvo_lite.training.objectives import grpo_batch, grpo_math
 from lingvo_lite.training.objectives.grpo import Grpo
 from lingvo_lite.training.objectives.objective import Forward, token_losses
 
@@ -213,10 +213,17 @@ def test_rollouts_are_the_policys_and_resume_exactly():
   with jitted.activated():
     state = _state(jitted)
     first = objective.training_batch(source.batch(0), state, jitted)
+    records = source.batch(0)["records"]
+    sampled = jitted.rollouts.complete(state, records, jitted.rollouts.sampling(
+        3, 6, 1.0, 1.0, setup.train.seed), 0)  # The decode engine's own log-probs.
+    decoded = grpo_batch.token_rows(
+        [c.prompt_ids for c in sampled], [c.completion_ids for c in sampled],
+        [c.logprobs for c in sampled], source.sequence_length, ["-"] * len(sampled))
+    teacher_forced = _teacher_forced(jitted, state, first)
     weights = first["weights"]
-    np.testing.assert_allclose(first["old_log_probs"] * weights,
-                               _teacher_forced(jitted, state, first) * weights,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(decoded["inputs"], first["inputs"])
+    for old in (decoded["old_log_probs"], first["old_log_probs"]):
+      np.testing.assert_allclose(old * weights, teacher_forced * weights, rtol=1e-5, atol=1e-5)
     state, _ = run(state, [0, 1])
     saved = jax.device_get(state)
     whole, rows = run(state, [2, 3])

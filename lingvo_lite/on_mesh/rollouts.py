@@ -32,8 +32,9 @@ from lingvo_lite.decode.generator import Generator
 from lingvo_lite.decode.records import Completion
 from lingvo_lite.decode.requests import Request
 from lingvo_lite.errors import UsageError
-from lingvo_lite.models import lora
+from lingvo_lite.models import lora, quantization
 from lingvo_lite.rewards import registry
+from lingvo_lite.training.objectives.objective import Forward, token_losses
 
 # Seeds lie in [0, 2**63) (decode/requests.py's bound).
 _SEED_RANGE = 2**63
@@ -80,6 +81,15 @@ def score_all(specs: Sequence[tuple[str, float]], records: Sequence[Mapping[str,
   return scored
 
 
+def _merged(base: Any, adapters: Any, scale: float) -> Any:
+  """A LoRA job's base with its adapters merged in, as float weights: a QLoRA base's int8
+  weights dequantized first (the decode functions quantize the merged weights again, as
+  `--mode=decode` quantizes a QLoRA job's merged parameters)."""
+  base = jax.tree.map(lambda w: quantization.dequantize(w) if quantization.is_quantized(w)
+                      else w, base, is_leaf=quantization.is_quantized)
+  return lora.merge(base, adapters, scale)
+
+
 class Rollouts:
   """Samples and scores completions of prompt records for one job's JittedSteps (their model,
   mesh and train data); made once per job, its decode functions compiled at the first rollout.
@@ -99,9 +109,10 @@ class Rollouts:
     self._vocabulary = text_vocabulary(self._setup.train_data)
     self._generator: Generator | None = None
     self.memo: tuple[Any, Any] | None = None
+    self._log_probs: Any = None  # The jitted teacher-forced forward, made at first use.
     lora_settings = self._setup.train.lora
     self._merge = None if lora_settings is None else jax.jit(functools.partial(
-        lora.merge, scale=lora_settings.scale))
+        _merged, scale=lora_settings.scale))
 
   def policy_params(self, state: Any) -> Any:
     """The parameters the policy decodes with: the trained ones, or a LoRA job's base with its
@@ -148,6 +159,26 @@ class Rollouts:
     generator = self._decoder(self.policy_params(state))
     completions = generator.generate(requests)
     return [c for c in completions if c is not None]
+
+  def log_probs(self, state: Any, rows: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Each target's log-probability under `state`'s policy by the train step's own forward
+    (teacher-forced, whole rows), this process's rows [rows, length]: the denominators of an
+    objective's ratio over several updates, free of what decoding computes otherwise (a
+    QLoRA job decodes its merged weights quantized again)."""
+    if self._log_probs is None:
+      jitted = self._jitted
+
+      def log_probs(params, frozen, inputs, targets):
+        logits = Forward(jitted.model, frozen, jitted.adapters).logits(params,
+                                                                       {"inputs": inputs})
+        return -token_losses(logits, targets)[0]
+
+      self._log_probs = jax.jit(log_probs)
+    batch = self._jitted.global_batch({key: rows[key] for key in ("inputs", "targets")})
+    found = self._log_probs(state.params, state.frozen, batch["inputs"], batch["targets"])
+    shards = {shard.index[0].start or 0: np.asarray(shard.data)
+              for shard in found.addressable_shards}
+    return np.concatenate([shards[start] for start in sorted(shards)], axis=0)
 
   def text(self, completion: Completion) -> str:
     """The completion as the rewards read it: its text (its ids in a list, where the data has

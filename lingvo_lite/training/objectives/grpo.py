@@ -13,9 +13,11 @@ over a constant length (Dr. GRPO), with advantages scaled by the group's std (GR
 (Dr. GRPO). `--fiddler=grpo` sets it; its fields follow as `--fdl.train.objective.FIELD=`.
 
 Several updates on one batch of rollouts (`updates_per_batch` = mu): rollout r is sampled at
-step r * mu from that step's prompts and trained on for mu steps, its log-probabilities at
-sampling the ratio's denominator; with mu = 1 the ratio is exp(log pi - stop_gradient(log pi))
-(1, as TRL's when old and current policy are one). Every save falls on a rollout's first step
+step r * mu from that step's prompts and trained on for mu steps, the ratio's denominator the
+log-probabilities of the policy that sampled it, by the train step's own forward (as TRL
+computes them: decoding's own are the same model's, tests/test_grpo.py checks, but a QLoRA
+job decodes its merged weights quantized again); with mu = 1 the ratio is
+exp(log pi - stop_gradient(log pi)) (1, as TRL's when old and current policy are one). Every save falls on a rollout's first step
 (train.steps and checkpoint.every_steps are multiples of mu, checked), so a resumed run samples
 rollout r again from the same parameters with the same seeds (`train.seed`, the rollout, the
 row): exactly what the uninterrupted run sampled. A run stopped by a signal mid-rollout saves
@@ -247,6 +249,8 @@ def rollout_batch(objective: Grpo, batch: Mapping[str, Any], state: Any, steps: 
       [c.prompt_ids for c in completions], [c.completion_ids for c in completions],
       [c.logprobs for c in completions], steps.setup.train_data.sequence_length,
       [str(owner.get("id")) for owner in owners])
+  if objective.updates_per_batch > 1:  # The ratio's denominators: the train step's forward.
+    rows["old_log_probs"] = rollouts.log_probs(state, rows) * rows["weights"]
   per_function = [[s.per_function.get(name, 0.0) for s in scored]
                   for name, _ in objective.rewards]
   columns = grpo_batch.row_columns([s.total for s in scored], per_function, group,

@@ -8,7 +8,8 @@ sequence_length + 1 tokens; `inputs` is s[:-1] and `targets` s[1:], padded with 
 (a causal model's earlier positions never see the padding), and `weights` is 1 on the targets
 that are the completion's tokens. `old_log_probs` holds, at those positions, each token's
 log-probability under the policy that sampled it (decode/steps.py: before temperature and
-top-p, the model's own distribution), which the loss's importance ratio divides by.
+top-p, the model's own distribution; the objective replaces them by the train step's forward
+where several updates divide by them).
 
 The per-row columns (`advantages`, `rewards`, one `reward_<i>` per reward of the objective's
 list, `passed`, `zero_variance`, `rollout_seconds`, `reward_failures`: the rewards that failed
