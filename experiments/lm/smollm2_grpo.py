@@ -30,8 +30,10 @@ PROBLEMS_DIR = "prompts/arithmetic"
 # A problem renders to ~100 tokens with the chat template; a worked answer is 40-90 tokens.
 # Rows of 224 hold both; the decode cache holds the same.
 SEQUENCE_LENGTH, MAX_NEW_TOKENS = 224, 112
-# 4 prompts x 8 completions a step: 32 rows of 224 tokens (7,168 tokens a step).
-PROMPTS_PER_STEP, GROUP_SIZE = 4, 8
+# 4 prompts x 8 completions a step: 32 rows of 224 tokens (7,168 tokens a step), in four
+# micro-batches of 8 rows: with the 49,152-way logits (and the entropy's log-softmax beside
+# them) a micro-batch holds about what SmolLM2ChatSft's of 4 x 512 does.
+PROMPTS_PER_STEP, GROUP_SIZE, MICRO_BATCHES = 4, 8, 4
 STEPS = 24
 
 
@@ -59,6 +61,7 @@ class SmolLM2Grpo(SmolLM2_135M):
         epsilon_low=0.2, epsilon_high=0.28, aggregation="token")
     cfg.train.lora = fdl.Config(LoraSettings, rank=16, alpha=32.0)
     cfg.train.steps = STEPS
+    cfg.train.grad_accum_steps = MICRO_BATCHES
     cfg.train.log_every_steps = 1
     cfg.optimizer = fdl.Config(AdamW, peak_learning_rate=2e-4, warmup_steps=2,
                                weight_decay=0.0, clip_grad_norm=1.0)
