@@ -243,7 +243,7 @@ def test_rollouts_are_the_policys_and_resume_exactly():
 # ------------------------------------------------------------------------------- bad settings
 
 
-def test_bad_settings_name_their_field():
+def test_bad_settings_name_their_field(tmp_path):
   """The fields' own ranges (at build), then the settings that must fit the rest of the setup
   (Setup.validate: `check_setup`)."""
   ranges = ("group_size=1", "kl_coef=-0.1", "epsilon_low=0.0", "epsilon_high=1.0",
@@ -268,3 +268,10 @@ def test_bad_settings_name_their_field():
   with pytest.raises(UsageError) as raised:
     Grpo(rewards=(("no_such_reward", 1.0),)).check("train.objective", _Prompts())
   assert str(raised.value).startswith("train.objective.rewards[0]="), str(raised.value)
+  # From the command line: one line, exit 2, nothing written.
+  result = testing.run_cli(["--exp=SmolLM2Grpo", f"--job_log_dir={tmp_path}/job",
+                            "--fdl.train.objective.rewards=(('nope', 1.0),)"])
+  assert result.code == 2, result
+  assert result.stderr.count("\n") == 1, result.stderr
+  assert "train.objective.rewards[0]='nope'" in result.stderr, result.stderr
+  assert not (tmp_path / "job").exists()

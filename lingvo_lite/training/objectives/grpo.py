@@ -104,6 +104,11 @@ class Grpo(Objective):
   data_fix: ClassVar[str] = ("give a source of prompt records (data/prompt_data.py), or "
                              "another train.objective")
 
+  def __post_init__(self):
+    if isinstance(self.rewards, list):  # As a command line or config.json may give it.
+      object.__setattr__(self, "rewards", tuple(
+          tuple(entry) if isinstance(entry, list) else entry for entry in self.rewards))
+
   @property
   def needs_reference(self) -> bool:
     return self.kl_coef > 0
