@@ -106,7 +106,9 @@ class TrainLoop:
         if settings.eval_every_steps and step % settings.eval_every_steps == 0 and (
             step < settings.steps):
           self._evaluate()
-        if self._stop.should_stop(step):
+        # Asked every step (every process at the same point); a stop waits for a step the
+        # objective can resume from exactly (GRPO: a rollout's last update).
+        if self._stop.should_stop(step) and settings.objective.can_stop_after(step):
           break
         if step < settings.steps:
           self.save()

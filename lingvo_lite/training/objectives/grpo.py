@@ -18,10 +18,10 @@ log-probabilities of the policy that sampled it, by the train step's own forward
 computes them: decoding's own are the same model's, tests/test_grpo.py checks, but a QLoRA
 job decodes its merged weights quantized again); with mu = 1 the ratio is
 exp(log pi - stop_gradient(log pi)) (1, as TRL's when old and current policy are one). Every save falls on a rollout's first step
-(train.steps and checkpoint.every_steps are multiples of mu, checked), so a resumed run samples
-rollout r again from the same parameters with the same seeds (`train.seed`, the rollout, the
-row): exactly what the uninterrupted run sampled. A run stopped by a signal mid-rollout saves
-where it is; its resumption samples that rollout anew from the parameters it has (not exact).
+(train.steps and checkpoint.every_steps are multiples of mu, checked; a signal's stop waits
+for the rollout's last update, `can_stop_after`), so a resumed run samples rollout r again
+from the same parameters with the same seeds (`train.seed`, the rollout, the row): exactly
+what the uninterrupted run sampled.
 
 Logged per step: loss, kl (mean k3 per completion token), clip_fraction (tokens whose clip is
 active), entropy (nats per completion token), response_length (completion tokens per row),
@@ -207,6 +207,10 @@ class Grpo(Objective):
     for index, (name, _) in enumerate(self.rewards):
       metrics[f"reward:{name}"] = jnp.mean(batch[grpo_batch.reward_column(index)])
     return metrics
+
+  def can_stop_after(self, step: int) -> bool:
+    """Only after a rollout's last update: the next step samples anew."""
+    return step % self.updates_per_batch == 0
 
   def train_summary(self, metrics: Mapping[str, float]) -> str:
     return (f"reward {metrics['reward_mean']:.3f}  pass {metrics['pass_rate']:.3f}  "

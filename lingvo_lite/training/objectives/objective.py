@@ -221,6 +221,12 @@ class Objective:
     whole `batch`."""
     raise NotImplementedError
 
+  def can_stop_after(self, step: int) -> bool:
+    """Whether a run asked to stop (a signal) may stop and save after `step` steps and resume
+    from there exactly; else it runs on to the next such step. By default after any."""
+    del step
+    return True
+
   def train_summary(self, metrics: Mapping[str, float]) -> str:
     """What a train step's log line says of its own metrics beyond the loss (ending in two
     spaces), or "" for nothing."""
