@@ -94,6 +94,8 @@ class Grpo(Objective):
   eval_columns: ClassVar[tuple[tuple[str, str], ...]] = ()
   plots: ClassVar[tuple[Plotted, ...]] = (
       Plotted("reward_mean", "GRPO reward", "mean total reward", evals=False),
+      # One plot per reward function (the report expands the `*`).
+      Plotted("reward:*", "GRPO reward", "mean score", evals=False),
       Plotted("pass_rate", "GRPO pass rate", "completions passing", evals=False),
       Plotted("kl", "GRPO KL to the reference", "k3 per token", evals=False),
       Plotted("clip_fraction", "GRPO clip fraction", "tokens clipped", evals=False),

@@ -112,7 +112,8 @@ class Plotted:
   """A metric an objective logs that the run report plots (where a job has such rows).
 
   Attributes:
-    key: The row key (in metrics.jsonl and eval_<set>.jsonl).
+    key: The row key (in metrics.jsonl and eval_<set>.jsonl); ending in `*`, every key that
+      begins with what precedes it (one plot each).
     title: The plot's title.
     ylabel: The y axis's label.
     train: Drawn from the train rows.
