@@ -69,7 +69,8 @@ def _problems(work: str, held_out: int, out: str) -> dict:
   are."""
   from experiments.lm import smollm2_grpo  # pylint: disable=import-outside-toplevel
   from experiments.lm.smollm2 import smollm2_gguf  # pylint: disable=import-outside-toplevel
-  from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
   from lingvo_lite.data.prompt_data import PromptData  # pylint: disable=import-outside-toplevel
   from lingvo_lite.data.prompt_source import PromptSource  # pylint: disable=import-outside-toplevel
   folder = smollm2_grpo.PROBLEMS_DIR

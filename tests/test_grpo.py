@@ -87,7 +87,8 @@ def _trl_loss(log_probs, old, reference, advantages, mask, loss_type, level, eps
     inputs["old_per_token_logps"] = as_tensor(old)
   if beta:
     inputs["ref_per_token_logps"] = as_tensor(reference)
-  loss = grpo_trainer.GRPOTrainer._compute_loss(trainer, None, inputs)  # pylint: disable=protected-access
+  compute_loss = grpo_trainer.GRPOTrainer._compute_loss  # pylint: disable=protected-access
+  loss = compute_loss(trainer, None, inputs)
   loss.backward()
   return loss.item(), leaf.grad.numpy()
 
@@ -275,3 +276,16 @@ def test_bad_settings_name_their_field(tmp_path):
   assert result.stderr.count("\n") == 1, result.stderr
   assert "train.objective.rewards[0]='nope'" in result.stderr, result.stderr
   assert not (tmp_path / "job").exists()
+
+
+def test_the_report_draws_each_reward_function():
+  """`reward:*` becomes one plot per reward the job's rows hold, beside GRPO's other plots."""
+  from lingvo_lite.report import plots  # pylint: disable=import-outside-toplevel
+  job = types.SimpleNamespace(train=[
+      {"step": 1, "reward:exact_answer": 0.0, "reward:answer_format": 0.5, "loss": 0.1},
+      {"step": 2, "reward:exact_answer": 0.25, "reward:answer_format": 0.75, "loss": 0.0}])
+  keys = [q.key for q in plots.expanded(plots.objective_quantities([Grpo]), [job])]
+  assert "reward:*" not in keys
+  assert keys.index("reward:answer_format") + 1 == keys.index("reward:exact_answer")
+  assert {"pass_rate", "kl", "clip_fraction", "entropy", "zero_variance",
+          "rollout_s"} <= set(keys)

@@ -64,7 +64,7 @@ def prompt_records(batch: Any) -> list[dict[str, Any]]:
   records = batch.get("records") if isinstance(batch, Mapping) else batch
   if records is None or not all(isinstance(r, Mapping) for r in records):
     raise UsageError("train_data: the batch holds no prompt records (a 'records' list of "
-                     "dicts); give a prompt source (data/prompt_data.py)")
+                     "dicts); give a PromptSource (data/prompt_source.py)")
   return [dict(r) for r in records]
 
 

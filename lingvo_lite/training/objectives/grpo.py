@@ -3,8 +3,9 @@ variants as a training objective: reinforcement learning from verifiable rewards
 policy's own completions.
 
 Each train step's rows come from the policy itself (`training_batch`): for the train data's
-prompt records (data/prompt_data.py), G completions each, sampled in-process from the current
-parameters through the decode engine (on_mesh/rollouts.py), scored by the registered rewards
+prompt records (data/prompt_source.py over a data/prompt_data.py set), G completions each,
+sampled in-process from the current parameters through the decode engine
+(on_mesh/rollouts.py), scored by the registered rewards
 `rewards` names with their weights (rewards/), and turned into one row per completion with its
 group's advantage (grpo_batch.py). The loss is grpo_math.py's: the clipped surrogate with token
 or sequence (GSPO) ratios, DAPO's two epsilons, the k3 KL to the frozen reference (the model as
@@ -17,11 +18,12 @@ step r * mu from that step's prompts and trained on for mu steps, the ratio's de
 log-probabilities of the policy that sampled it, by the train step's own forward (as TRL
 computes them: decoding's own are the same model's, tests/test_grpo.py checks, but a QLoRA
 job decodes its merged weights quantized again); with mu = 1 the ratio is
-exp(log pi - stop_gradient(log pi)) (1, as TRL's when old and current policy are one). Every save falls on a rollout's first step
-(train.steps and checkpoint.every_steps are multiples of mu, checked; a signal's stop waits
-for the rollout's last update, `can_stop_after`), so a resumed run samples rollout r again
-from the same parameters with the same seeds (`train.seed`, the rollout, the row): exactly
-what the uninterrupted run sampled.
+exp(log pi - stop_gradient(log pi)) (1, as TRL's when old and current policy are one).
+
+Every save falls on a rollout's first step (train.steps and checkpoint.every_steps are
+multiples of mu, checked; a signal's stop waits for the rollout's last update,
+`can_stop_after`), so a resumed run samples rollout r again from the same parameters with the
+same seeds (`train.seed`, the rollout, the row): exactly what the uninterrupted run sampled.
 
 Logged per step: loss, kl (mean k3 per completion token), clip_fraction (tokens whose clip is
 active), entropy (nats per completion token), response_length (completion tokens per row),
@@ -103,7 +105,7 @@ class Grpo(Objective):
       Plotted("response_length", "GRPO response length", "tokens", evals=False),
       Plotted("zero_variance", "GRPO groups with zero variance", "share", evals=False),
       Plotted("rollout_s", "GRPO rollout time per step", "seconds", evals=False))
-  data_fix: ClassVar[str] = ("give a source of prompt records (data/prompt_data.py), or "
+  data_fix: ClassVar[str] = ("give a PromptSource (data/prompt_source.py) of a prompt set, or "
                              "another train.objective")
 
   def __post_init__(self):
