@@ -269,6 +269,12 @@ def test_bad_settings_name_their_field(tmp_path):
   with pytest.raises(UsageError) as raised:
     Grpo(rewards=(("no_such_reward", 1.0),)).check("train.objective", _Prompts())
   assert str(raised.value).startswith("train.objective.rewards[0]="), str(raised.value)
+  # An eval set of prompt records: nothing scores it, refused before the run.
+  setup = _grpo_setup(Grpo(rewards=((_REWARD, 1.0),), max_new_tokens=16))
+  with pytest.raises(UsageError) as raised:
+    dataclasses.replace(setup, eval_data=_Prompts()).validate()
+  assert str(raised.value).startswith("eval_data='_Prompts': holds prompt records"), (
+      str(raised.value))
   # From the command line: one line, exit 2, nothing written.
   result = testing.run_cli(["--exp=SmolLM2Grpo", f"--job_log_dir={tmp_path}/job",
                             "--fdl.train.objective.rewards=(('nope', 1.0),)"])
