@@ -5,15 +5,18 @@
   python bin/make_prompts.py --task=arithmetic --split=held_out --count=500 \\
       --out=data/arithmetic/held_out.jsonl
   python bin/make_prompts.py --task=code --split=train --out=data/code/train.jsonl
+  python bin/make_prompts.py --task=arithmetic --form=chat --out=data/arithmetic/sft.jsonl
   python bin/make_prompts.py --check='data/arithmetic/*.jsonl' --rewards=exact_answer
 
 `--task=arithmetic` is tasks/arithmetic_problems.py (multi-step word problems, the answer in a
 tag; `--min_steps`, `--max_steps`, `--max_number`), `--task=code` tasks/code_problems.py
 (standard-library functions with generated tests; `--tests_per_problem`). The held-out split
 never shares a problem with the train split, whatever the seeds. Each record is checked as a
-run reads it (lingvo_lite/data/prompt_data.py); the file is written whole or not at all (a
+run reads it (lingvo_lite/data/prompt_records.py); the file is written whole or not at all (a
 temporary file, then published under its name), and never over a file this tool did not
 write: an existing --out that holds exactly this set is kept, anything else there is refused.
+`--form=chat` writes each problem with its reference answer as a conversation instead, for SFT
+on the same problems (`bin/build_store.py --format=chat`).
 
 `--check` reads files as a run's `PromptData` does: a bad record is one line naming the file
 and the line (exit 1), or with `--skip_bad_records` counted in the summary; `--rewards` names
@@ -56,6 +59,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--tests_per_problem", type=int, default=8,
                       help="code: drawn test cases per problem, beside the edge cases")
   parser.add_argument("--out", help="the JSON-lines file to write")
+  parser.add_argument("--form", choices=("prompts", "chat"), default="prompts",
+                      help="prompts: prompt records, for RL; chat: each problem with its "
+                      "reference answer as a conversation, for SFT (build_store.py "
+                      "--format=chat)")
   parser.add_argument("--check", action="append", default=[], metavar="GLOB",
                       help="instead of --task: prompt files to check; repeat for more")
   parser.add_argument("--skip_bad_records", action="store_true",
@@ -91,11 +98,15 @@ def _generate(args: argparse.Namespace) -> list[dict]:
 
 
 def _text(args: argparse.Namespace) -> bytes:
-  """The set's JSON lines, each record checked as a run reads it."""
-  from lingvo_lite.data import prompt_data
+  """The set's JSON lines, each record checked as a run reads it; as conversations with their
+  reference answers under --form=chat."""
+  from lingvo_lite.data import prompt_records
   records = _generate(args)
   for record in records:  # Our own records: a failure here is a bug of the generator.
-    prompt_data.checked_record(record)
+    prompt_records.checked_record(record)
+  if args.form == "chat":
+    records = [{"id": r["id"], "messages": prompt_records.messages_of(r) + [
+        {"role": "assistant", "content": r["completion"]}]} for r in records]
   text = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
   return text.encode("utf-8")
 
@@ -115,7 +126,8 @@ def _write(args: argparse.Namespace) -> None:
   outputs.check_creatable(out, f"--out={args.out!r}", fix)
   data = _text(args)
   count = data.count(b"\n")
-  summary = f"{count:,} {args.task} prompt records ({args.split}, seed {args.seed})"
+  kind = "prompt records" if args.form == "prompts" else "conversations"
+  summary = f"{count:,} {args.task} {kind} ({args.split}, seed {args.seed})"
   if os.path.lexists(path):
     if input_files.read_bytes(path, f"--out={args.out!r}") != data:
       raise config_error("--out", args.out, "already exists and holds something else (a "

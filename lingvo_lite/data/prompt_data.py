@@ -1,32 +1,18 @@
-"""Prompts for reinforcement learning: JSON-lines records a policy answers and rewards score.
-
-A record is one prompt, with what its rewards read (lingvo_lite/rewards/):
-
-  {"id": "arith-train-0", "prompt": "Mia has 12 apples ... <answer></answer> tags.",
-   "answer": 20}
-  {"id": 7, "system": "You write Python.", "messages": [{"role": "user", "content": "..."}],
-   "tests": "assert add(2, 3) == 5"}
-
-- `id`: a non-empty string or an integer, unique in the set (a reward's failure names it).
-- `prompt` (a string: one user message) or `messages` (the conversation so far, ending with
-  the user's turn: the policy writes the next assistant message), not both; an optional
-  `system` string, as the chat and preference formats take it (tasks/formats/chat.py).
-- The fields the rewards read (`FIELDS`: `answer`, `tests`, `entry_point`, `code_prefix`), of
-  the kinds the built-in rewards take; any other field is kept as it is (a reference
-  `completion`, for SFT on the same set). `required_fields` names those a run's rewards need
-  (`rewards.registry.required_fields`), which every record must then have.
-
-A record that breaks these is refused in one line naming the file, the line and why
-(DataError), or, with `skip_bad_records`, left out and counted: `check()` says how many and the
-first one's reason in one warning. Records are not tokenized here: the rollout renders them
-(the chat template for `messages`) and the rewards read them whole.
+"""Prompts for reinforcement learning: a set of prompt records (data/prompt_records.py) read
+from JSON lines, as a stream a run draws from.
 
 The set is every record of the files the patterns match, files in sorted order and each in
-line order, read once. Stream position p (the p-th prompt the run draws) is record
-`permutation(seed, epoch)(p mod n)` of epoch p // n (data/permutation.py's keyed permutation,
-as token stores shuffle), or record p mod n unshuffled: any step's prompts are computed
-directly, so a checkpoint need store only the position (`position_after`), or the step where
-the number of prompts per step is fixed, and `fingerprint` tells a resume that the set changed.
+line order, read once and checked: a record that breaks the format is refused in one line
+naming the file, the line and why (DataError), or, with `skip_bad_records`, left out and
+counted (`check()` says how many, and the first one's reason, in one warning), as the chat and
+preference formats treat theirs; an `id` is unique in the set. Records are not tokenized here:
+the rollout renders them (`prompt_records.prompt_text`) and the rewards read them whole.
+
+Stream position p (the p-th prompt the run draws) is record `permutation(seed, epoch)(p mod n)`
+of epoch p // n (data/permutation.py's keyed permutation, as token stores shuffle), or record
+p mod n unshuffled: any step's prompts are computed directly, so a checkpoint need store only
+the position (`position_after`), or the step where the prompts per step stay fixed, and
+`fingerprint` tells a resume that the set changed.
 """
 
 from __future__ import annotations
@@ -35,8 +21,6 @@ import dataclasses
 import glob
 import hashlib
 import json
-import math
-import numbers
 from typing import Any, Sequence
 
 import numpy as np
@@ -44,145 +28,10 @@ from absl import logging
 
 from lingvo_lite import input_files
 from lingvo_lite.data.permutation import KeyedPermutation
+from lingvo_lite.data.prompt_records import RecordError, checked_record
 from lingvo_lite.data.source import local_rows
 from lingvo_lite.errors import DataError, config_error, one_line, shown
 from lingvo_lite.fields import NonNegativeInt, PositiveInt
-
-ROLES = ("system", "user", "assistant")
-PROMPT_FIELDS = ("id", "prompt", "messages", "system")
-
-
-class RecordError(Exception):
-  """Why one record cannot be used (one line, without the file and line)."""
-
-
-def _answer(value: Any) -> None:
-  if isinstance(value, str):
-    if not value.strip():
-      raise RecordError("'answer' is empty")
-    return
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise RecordError(f"'answer' holds a {type(value).__name__}, not a string or a number")
-  if not math.isfinite(value):
-    raise RecordError(f"'answer' is {value}, not a finite number")
-
-
-def _tests(value: Any) -> None:
-  lines = value if isinstance(value, list) else [value]
-  if not lines or not all(isinstance(line, str) for line in lines):
-    raise RecordError("'tests' is neither Python source nor a list of lines")
-  if not "".join(lines).strip():
-    raise RecordError("'tests' is empty")
-
-
-def _entry_point(value: Any) -> None:
-  if not isinstance(value, str) or not value.isidentifier():
-    raise RecordError(f"'entry_point' {shown(value, 60)} is not a Python name")
-
-
-def _string(field: str):
-  def check(value: Any) -> None:
-    if not isinstance(value, str):
-      raise RecordError(f"{field!r} holds a {type(value).__name__}, not a string")
-  return check
-
-
-# The fields the built-in rewards read, and the kinds they take (rewards/: exact_answer,
-# code_tests).
-FIELDS = {"answer": _answer, "tests": _tests, "entry_point": _entry_point,
-          "code_prefix": _string("code_prefix")}
-
-
-def _messages(value: Any) -> None:
-  if not isinstance(value, list) or not value:
-    raise RecordError("'messages' is not a non-empty list of messages")
-  for index, message in enumerate(value):
-    if not isinstance(message, dict):
-      raise RecordError(f"message {index} is a {type(message).__name__}, not an object")
-    role, content = message.get("role"), message.get("content")
-    if role not in ROLES:
-      raise RecordError(f"message {index} has role {shown(role, 40)}; valid roles: "
-                        f"{', '.join(ROLES)}")
-    if role == "system" and index:
-      raise RecordError(f"message {index} has role 'system'; only the first may")
-    if not isinstance(content, str):
-      raise RecordError(f"message {index} has no string 'content'")
-  if value[-1]["role"] != "user":
-    raise RecordError(f"the last message's role is {value[-1]['role']!r}, not 'user' (the "
-                      "policy answers the user's last message)")
-
-
-def _prompt(record: dict) -> None:
-  has_prompt, has_messages = "prompt" in record, "messages" in record
-  if has_prompt == has_messages:
-    raise RecordError("has both 'prompt' and 'messages'; give one" if has_prompt else
-                      "has neither a string 'prompt' nor a list of 'messages' "
-                      f"(its fields: {shown(sorted(map(str, record)))})")
-  if has_prompt:
-    if not isinstance(record["prompt"], str):
-      raise RecordError(f"'prompt' holds a {type(record['prompt']).__name__}, not a string")
-    if not record["prompt"].strip():
-      raise RecordError("'prompt' is empty")
-  else:
-    _messages(record["messages"])
-  if "system" in record:
-    if not isinstance(record["system"], str):
-      raise RecordError(f"'system' holds a {type(record['system']).__name__}, not a string")
-    if has_messages and record["messages"][0]["role"] == "system":
-      raise RecordError("has both 'system' and a first message of role 'system'")
-
-
-def _unicode(value: Any) -> None:
-  """Refuses a string JSON escapes made of a lone surrogate (`"\\ud800"`): no tokenizer or
-  file takes it."""
-  pending = [value]
-  while pending:
-    item = pending.pop()
-    if isinstance(item, str):
-      try:
-        item.encode("utf-8")
-      except UnicodeEncodeError as e:
-        raise RecordError(f"holds text that is not valid Unicode ({e.reason})") from None
-    elif isinstance(item, dict):
-      pending.extend(item.keys())
-      pending.extend(item.values())
-    elif isinstance(item, list):
-      pending.extend(item)
-
-
-def checked_record(record: Any, required_fields: Sequence[str] = ()) -> dict:
-  """`record` if it is a usable prompt record (module doc).
-
-  Raises:
-    RecordError: why it is not.
-  """
-  if not isinstance(record, dict):
-    raise RecordError(f"not a JSON object but a {type(record).__name__}")
-  _unicode(record)
-  if "id" not in record:
-    raise RecordError(f"has no field 'id' (its fields: {shown(sorted(record))})")
-  key = record["id"]
-  if isinstance(key, bool) or not isinstance(key, (str, int)) or (
-      isinstance(key, str) and not key.strip()):
-    raise RecordError(f"'id' {shown(key, 60)} is not a non-empty string or an integer")
-  _prompt(record)
-  for field in required_fields:
-    if field not in record:
-      raise RecordError(f"has no field {field!r}, which the run's rewards read")
-  for field, check in FIELDS.items():
-    if field in record:
-      check(record[field])
-  return record
-
-
-def messages_of(record: dict) -> list[dict[str, str]]:
-  """The conversation a record's prompt is: its `system` string first, then its `messages`, or
-  its `prompt` as one user message."""
-  system = [{"role": "system", "content": record["system"]}] if "system" in record else []
-  if "messages" in record:
-    return system + [dict(m) for m in record["messages"]]
-  return system + [{"role": "user", "content": record["prompt"]}]
-
 
 def _lines(path: str) -> list[tuple[int, bytes]]:
   data = input_files.read_bytes(path, f"prompt file {path}")
@@ -286,6 +135,10 @@ class PromptData:
   required_fields: tuple[str, ...] = ()
 
   def __post_init__(self):
+    for name, low in (("prompts_per_step", 1), ("seed", 0)):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise config_error(name, value, f"is not an integer of at least {low}")
     if isinstance(self.files, list):  # As a config or JSON may give it.
       object.__setattr__(self, "files", tuple(self.files))
     if not all(isinstance(p, str) and p.strip() for p in self.patterns) or not self.patterns:

@@ -80,7 +80,7 @@ def program(record: dict, completion: str) -> str:
   return source
 
 
-@register("code_tests", limit_s=_LIMIT_S, fields=("tests",))
+@register("code_tests", limit_s=_LIMIT_S, fields=("tests",), parallel=True)
 def code_tests(record: dict, completion: str) -> float:
   """1.0 when the completion's code passes the record's tests in the sandbox, else 0.0."""
   return float(sandbox.run_program(program(record, completion), LIMITS).passed)

@@ -10,36 +10,24 @@ project's own rewards need no edit here. The built-ins are one module each in th
 imported by its `__init__`: `exact_answer`, `answer_format`, `code_tests`.
 
 `score(specs, record, completion)` calls each `(name, weight)` of `specs` and adds the weighted
-values. A reward that fails scores 0 and is counted, never raised and never NaN: one that raises
-(anything but Ctrl-C), returns something other than a real number, returns a non-finite value,
-or runs past its time limit. Each failure is one line in `ScoredCompletion.failures` naming the
-function, the prompt's id and why; the caller counts them per step and warns once
-(`failure_warning`). Why 0 and go on rather than stop the run: one bad completion (a regex
-that meets text nobody foresaw, a test that hangs) would otherwise end hours of training, and a
-reward that fails for every completion shows as its per-function mean pinned at 0 and a failure
-count equal to the completions, in the first step's log line.
-
-The time limit (`register(..., limit_s=)`) is kept two ways. Called from the main thread, a
-timer (SIGALRM) interrupts the function's Python code at the limit, and again every
-`_REPEAT_S` after, in case it swallowed the first interruption; the caller's own timer, if one
-is running, is left alone and only the second way applies. Whatever the thread, a call that
-took longer than its limit scores 0 whatever it returned. Neither stops code that never returns
-to Python (a C loop); code that may run away (a completion's program) belongs in a subprocess
-with limits of its own, as `code_tests` runs it (`sandbox.py`).
+values; `score_many` scores a batch, calling the rewards that run their work in a subprocess
+(`parallel=True`: `code_tests`) from several threads. A reward that fails (raises, returns no
+finite real number, runs past its `limit_s`) scores 0 and is one line of
+`ScoredCompletion.failures`, never raised and never NaN (calls.py: the policy, and why);
+`failure_warning` makes a step's one warning of a batch's failures.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import difflib
 import math
 import numbers
-import signal
-import threading
-import time
 from typing import Callable, Sequence, TypeVar
 
-from lingvo_lite.errors import UsageError, config_error, one_line, shown
+from lingvo_lite.errors import config_error, shown
+from lingvo_lite.rewards import calls
 from lingvo_lite.runtime import user_code
 
 RewardFn = Callable[[dict, str], float]
@@ -48,10 +36,6 @@ F = TypeVar("F", bound=Callable[..., float])
 # Seconds a reward may take per completion unless it registers a limit of its own: a string
 # check takes microseconds, so this only ever meets a function that hangs.
 DEFAULT_LIMIT_S = 10.0
-# After the first interruption, again this often, for a function that caught the first.
-_REPEAT_S = 0.25
-# Longest failure reason kept (a raised message can be any length).
-_REASON_CHARS = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +47,14 @@ class Reward:
     fn: `fn(record, completion) -> float`.
     limit_s: Seconds one call may take before it scores 0 as a failure.
     fields: The record fields it reads (beyond `id`), for a prompt set's check.
+    parallel: Its calls may run on several threads at once (`score_many`): its work runs in
+      a subprocess with a limit of its own, which a thread cannot interrupt.
   """
   name: str
   fn: RewardFn
   limit_s: float = DEFAULT_LIMIT_S
   fields: tuple[str, ...] = ()
+  parallel: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +74,15 @@ class ScoredCompletion:
 _REGISTRY: dict[str, Reward] = {}
 
 
-def register(name: str, *, limit_s: float = DEFAULT_LIMIT_S,
-             fields: Sequence[str] = ()) -> Callable[[F], F]:
+def register(name: str, *, limit_s: float = DEFAULT_LIMIT_S, fields: Sequence[str] = (),
+             parallel: bool = False) -> Callable[[F], F]:
   """Decorator that registers `fn(record, completion) -> float` under `name`.
 
   Args:
     name: The name configs use: a Python identifier, or dotted identifiers.
     limit_s: Seconds one call may take (see the module doc).
     fields: The record fields the function reads, checked by a prompt set's `check`.
+    parallel: `score_many` may call it from several threads at once (`Reward.parallel`).
 
   Raises:
     ValueError: a bad name or limit, or a second function under one name (a programming
@@ -104,13 +92,15 @@ def register(name: str, *, limit_s: float = DEFAULT_LIMIT_S,
     raise ValueError(f"reward name {shown(name)} is not an identifier or dotted identifiers")
   if not (isinstance(limit_s, numbers.Real) and math.isfinite(limit_s) and limit_s > 0):
     raise ValueError(f"reward {name}: limit_s={shown(limit_s)} is not a positive number")
+  if isinstance(fields, str) or not all(isinstance(field, str) for field in fields):
+    raise ValueError(f"reward {name}: fields={shown(fields)} is not a sequence of field names")
 
   def decorate(fn: F) -> F:
     existing = _REGISTRY.get(name)
     if existing is not None and _qualified(existing.fn) != _qualified(fn):
       raise ValueError(f"reward name {name!r} is registered twice: by "
                        f"{_qualified(existing.fn)} and {_qualified(fn)}")
-    _REGISTRY[name] = Reward(name, fn, float(limit_s), tuple(fields))
+    _REGISTRY[name] = Reward(name, fn, float(limit_s), tuple(fields), bool(parallel))
     return fn
 
   return decorate
@@ -215,22 +205,39 @@ def score(specs: Sequence[tuple[str, float]], record: dict, completion: str
     UsageError: specs that `check` refuses.
   """
   check(specs)
-  per_function: dict[str, float] = {}
-  failures: list[str] = []
-  total = 0.0
-  for name, weight in specs:
-    value, why = _call(reward(name), record, completion)
-    if why is not None:
-      failures.append(one_line(f"reward {name} on prompt {_prompt_id(record)}: {why}; "
-                               "scored 0"))
-      value = 0.0
-    per_function[name] = value
-    total += float(weight) * value
-  if not math.isfinite(total):  # Finite values and weights whose products overflow.
-    failures.append(one_line(f"rewards on prompt {_prompt_id(record)}: the weighted sum of "
-                             f"{shown(per_function, 120)} overflows; scored 0"))
-    total = 0.0
-  return ScoredCompletion(total, per_function, failures)
+  found = [reward(name) for name, _ in specs]
+  return ScoredCompletion(*calls.combined(specs, record, [
+      calls.call(r.fn, r.limit_s, record, completion) for r in found]))
+
+
+def score_many(specs: Sequence[tuple[str, float]], records: Sequence[dict],
+               completions: Sequence[str], workers: int = 1) -> list[ScoredCompletion]:
+  """`score` of each (record, completion) pair, the same results in the same order.
+
+  The rewards registered `parallel=True` (those whose work runs in a subprocess of its own,
+  as `code_tests`') are called from `workers` threads at once; the others on this thread one
+  by one, where their time limit can interrupt them (module doc).
+
+  Raises:
+    UsageError: specs that `check` refuses.
+    ValueError: as many records as completions are needed.
+  """
+  check(specs)
+  if len(records) != len(completions):
+    raise ValueError(f"{len(records)} records for {len(completions)} completions")
+  found = [reward(name) for name, _ in specs]
+  results = {(i, j): None for i in range(len(completions)) for j in range(len(found))}
+  pooled = [(i, j) for i, j in results if found[j].parallel and workers > 1]
+  with concurrent.futures.ThreadPoolExecutor(max(workers, 1)) as pool:
+    futures = {(i, j): pool.submit(calls.call, found[j].fn, found[j].limit_s, records[i],
+                                   completions[i]) for i, j in pooled}
+    for i, j in results:
+      if (i, j) not in futures:
+        results[i, j] = calls.call(found[j].fn, found[j].limit_s, records[i], completions[i])
+    for key, future in futures.items():
+      results[key] = future.result()
+  return [ScoredCompletion(*calls.combined(specs, records[i], [
+      results[i, j] for j in range(len(found))])) for i in range(len(completions))]
 
 
 def failure_warning(scored: Sequence[ScoredCompletion]) -> str | None:
@@ -240,64 +247,3 @@ def failure_warning(scored: Sequence[ScoredCompletion]) -> str | None:
     return None
   return (f"{len(failures)} reward call(s) of {len(scored)} completion(s) failed and scored 0 "
           f"(first: {failures[0]})")
-
-
-def _prompt_id(record: object) -> str:
-  return shown(record.get("id", "?") if isinstance(record, dict) else "?", 80)
-
-
-class _PastLimit(BaseException):
-  """Raised into a reward at its limit; a BaseException, so `except Exception` in it won't
-  swallow it."""
-
-
-def _call(found: Reward, record: dict, completion: str) -> tuple[float, str | None]:
-  """(value, None), or (0, why it failed)."""
-  start = time.monotonic()
-  try:
-    value = _limited(found.fn, record, completion, found.limit_s)
-  except _PastLimit:
-    return 0.0, f"ran past its {found.limit_s:g} s limit"
-  except KeyboardInterrupt:
-    raise
-  except BaseException as e:  # pylint: disable=broad-except
-    # Anything of the function's: SystemExit and GeneratorExit too, never the run's end.
-    return 0.0, f"raised {user_code.describe(e)[:_REASON_CHARS]}"
-  elapsed = time.monotonic() - start
-  if elapsed > found.limit_s:
-    return 0.0, f"ran {elapsed:.1f} s, past its {found.limit_s:g} s limit"
-  if isinstance(value, bool):
-    return float(value), None
-  if not isinstance(value, numbers.Real):
-    return 0.0, f"returned {shown(value, 80)}, not a number"
-  try:
-    value = float(value)
-  except (TypeError, ValueError, OverflowError) as e:
-    return 0.0, f"returned {shown(value, 80)}, not a float ({e})"
-  if not math.isfinite(value):
-    return 0.0, f"returned {value}, not a finite number"
-  return value, None
-
-
-def _limited(fn: RewardFn, record: dict, completion: str, limit_s: float) -> object:
-  """`fn(record, completion)`, interrupted at `limit_s` where a timer can be set (the main
-  thread, no timer of the caller's running)."""
-  if (threading.current_thread() is not threading.main_thread()
-      or signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0)):
-    return fn(record, completion)
-  armed = [True]
-
-  def on_alarm(signum, frame):
-    del signum, frame
-    if armed[0]:  # A tick that lands after the call returned is ignored.
-      raise _PastLimit()
-
-  previous = signal.signal(signal.SIGALRM, on_alarm)
-  try:
-    signal.setitimer(signal.ITIMER_REAL, limit_s, _REPEAT_S)
-    return fn(record, completion)
-  finally:
-    armed[0] = False
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    # None: a handler installed outside Python, which Python cannot put back; the default.
-    signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)

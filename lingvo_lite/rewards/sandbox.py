@@ -64,15 +64,17 @@ class Limits:
   network_namespace: bool = True
 
   def __post_init__(self):
-    if not (isinstance(self.time_s, (int, float)) and math.isfinite(self.time_s)
-            and self.time_s > 0):
-      raise ValueError(f"Limits.time_s={shown(self.time_s)}: not a positive number of seconds")
+    if isinstance(self.time_s, bool) or not (
+        isinstance(self.time_s, (int, float)) and math.isfinite(self.time_s)
+        and 0 < self.time_s <= 86400):
+      raise ValueError(f"Limits.time_s={shown(self.time_s)}: not a number of seconds in (0, "
+                       "86400]")
     for name in ("memory_bytes", "file_bytes"):
       value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < (
-          64 << 20 if name == "memory_bytes" else 1):
-        raise ValueError(f"Limits.{name}={shown(value)}: give an int of at least "
-                         f"{64 << 20 if name == 'memory_bytes' else 1} bytes")
+      low = 64 << 20 if name == "memory_bytes" else 1
+      if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 1 << 62:
+        raise ValueError(f"Limits.{name}={shown(value)}: give an int of at least {low} bytes "
+                         "(and below 2**62)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +116,9 @@ def run_program(source: str, limits: Limits = Limits()) -> Outcome:
     process = subprocess.Popen(
         [sys.executable, "-I", "-S", _CHILD], stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=folder,
-        env={"LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"},
+        # TMPDIR: the tempfile module's files go in the folder, where writing is allowed.
+        env={"LC_ALL": "C.UTF-8", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
+             "TMPDIR": folder},
         close_fds=True, start_new_session=True)
     timed_out = _wait(process, limits.time_s + _START_S)
     seconds = time.monotonic() - start
@@ -146,6 +150,8 @@ def _wait(process: subprocess.Popen, timeout_s: float) -> bool:
         return True
       time.sleep(delay)
       delay = min(2 * delay, 0.02)
+    return False
+  except ChildProcessError:  # Reaped already: a caller that ignores SIGCHLD.
     return False
   finally:
     # Its group: the child, and whatever it started, which must not outlive it (on a timeout,

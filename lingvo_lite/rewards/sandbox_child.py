@@ -23,9 +23,15 @@ nothing the untrusted code could reach), then, before the untrusted code runs:
    resolving any socket; starting processes (fork, exec, spawn, system, Popen, and importing
    `_posixsubprocess`, whose fork_exec is not audited); ctypes (every ctypes event, and
    importing `_ctypes`: raw system calls); signalling other processes; raising limits again;
-   writing, truncating or creating a file outside the folder, opening a folder outside it
-   (whose descriptor would let a relative path escape), and removing, renaming or re-linking
-   any file. The refusal is a PermissionError, so the program fails and scores 0.
+   writing, truncating, creating, removing or renaming a file outside the folder, a database
+   outside it, opening any folder (the "open" event does not say `dir_fd`, so a folder's
+   descriptor would let a relative path mean another place), links, and more than
+   `_MAX_WRITABLE_OPENS` files opened for writing (with the file size limit, a bound on what
+   it can put on the disk). What creates files with no audit event is fenced too:
+   `mkfifo` and `mknod` are replaced, and the C modules `_dbm`, `_gdbm` and `_posixshmem`
+   (shared memory that outlives the process), and `posix` again, cannot be imported. The refusal is a PermissionError, so the program fails and scores 0.
+   Reading is not fenced: the program may read what the training process may, but it has no
+   way to send it anywhere but its own pass or fail.
 
 The result file gets `passed <token>` only after the program (the completion and its tests)
 ran to its end without raising: a program that exits early (`sys.exit(0)`, `os._exit(0)`), is
@@ -45,13 +51,27 @@ import sys
 _REFUSED = frozenset((
     "os.system", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn",
     "os.startfile", "subprocess.Popen", "pty.spawn", "os.kill", "os.killpg",
-    "signal.pthread_kill", "resource.setrlimit", "resource.prlimit", "os.remove",
-    "os.rmdir", "os.rename", "os.link", "os.symlink", "os.chmod", "os.chown", "os.chflags",
-    "os.truncate", "os.utime", "os.setxattr", "os.removexattr", "shutil.rmtree",
+    "signal.pthread_kill", "resource.setrlimit", "resource.prlimit", "os.link", "os.symlink",
+    "os.chown", "os.chflags", "os.setxattr", "os.removexattr", "shutil.rmtree",
     "shutil.move", "shutil.chown", "webbrowser.open", "sys.remote_exec"))
+# Events that change files, allowed inside the folder alone: event -> (positions of its paths,
+# positions of its directory descriptors, which must be unset).
+_INSIDE_ONLY = {"os.remove": ((0,), (1,)), "os.rmdir": ((0,), (1,)),
+                "os.rename": ((0, 1), (2, 3)), "os.mkdir": ((0,), (2,)),
+                "os.chmod": ((0,), (2,)), "os.utime": ((0,), (3,)), "os.truncate": ((0,), ())}
 _REFUSED_PREFIXES = ("socket.", "ctypes.", "ssl.", "_ssl.")
-_REFUSED_IMPORTS = frozenset(("_posixsubprocess", "_ctypes", "ctypes"))
+# `_dbm` and `_gdbm` write files from C with no audit event, `_posixshmem` makes shared memory
+# that outlives the process (in /dev/shm); `posix` imported again would bring back the
+# functions `_fence_unaudited` replaced.
+_REFUSED_IMPORTS = frozenset(("_posixsubprocess", "_ctypes", "ctypes", "_dbm", "_gdbm",
+                              "_posixshmem", "posix"))
+# Functions that create files with no audit event (a FIFO where the trainer opens a file would
+# hang it), replaced in `os` and `posix` alike.
+_UNAUDITED = ("mkfifo", "mknod")
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+# Files opened for writing, at most: with the file size limit, what a program can put on the
+# disk (64 x 1 MiB by default), since no audit event counts the bytes written.
+_MAX_WRITABLE_OPENS = 64
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 
 
@@ -64,39 +84,88 @@ def _inside(path, folder):
 
 
 def _open_allowed(path, mode, flags, folder):
+  """Reading any file; writing one inside `folder`; never a descriptor of a folder.
+
+  The audit event does not carry `dir_fd`, so a folder's descriptor (which would make a checked
+  relative path mean another place) is never handed out: `os.open` (mode None) of a folder is
+  refused. The built-in `open` (mode a string) of a folder either fails (EISDIR) or hands the
+  opening to its `opener`, whose own `os.open` is checked (tempfile names the folder so).
+  """
   if isinstance(path, int):
     return True  # A descriptor already open: one this process was given, or opened here.
-  writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-      isinstance(flags, int) and flags & _WRITES)
-  if _inside(path, folder):
-    return True
+  writes = _writes(mode, flags)
+  tmpfile = getattr(os, "O_TMPFILE", 0)
+  if tmpfile and isinstance(flags, int) and flags & tmpfile == tmpfile:
+    return _inside(path, folder)  # A nameless file in the folder (tempfile's), not a folder.
   try:
-    is_folder = os.path.isdir(os.fsdecode(path))
+    is_folder = os.path.isdir(os.fsdecode(path)) or (
+        mode is None and isinstance(flags, int) and flags & os.O_DIRECTORY)
   except (TypeError, ValueError):
     return False
-  return not writes and not is_folder
+  if is_folder and mode is None:
+    return False
+  return not writes or _inside(path, folder)
+
+
+def _changes_inside(event, args, folder):
+  """Whether a file-changing event (`_INSIDE_ONLY`) touches only paths inside `folder`."""
+  paths, descriptors = _INSIDE_ONLY[event]
+  if any(args[i] not in (None, -1) for i in descriptors if i < len(args)):
+    return False
+  return all(isinstance(args[i], int) and event == "os.truncate" or (
+      isinstance(args[i], (str, bytes, os.PathLike)) and _inside(args[i], folder))
+             for i in paths)
+
+
+def _writes(mode, flags):
+  return (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
+      isinstance(flags, int) and flags & _WRITES)
 
 
 def _guard(folder):
   """The audit hook of step 4 (module doc) for the sandbox folder `folder`."""
   refused, prefixes, imports = _REFUSED, _REFUSED_PREFIXES, _REFUSED_IMPORTS
+  writable_opens = [0]
 
   def hook(event, args):
     if event == "open":
       if not _open_allowed(args[0], args[1], args[2], folder):
-        raise PermissionError(f"sandbox: opening {args[0]!r} for {args[1] or 'writing'} "
-                              "outside the sandbox folder is refused")
+        raise PermissionError(f"sandbox: opening {args[0]!r} (mode {args[1] or args[2]}): a "
+                              "folder, or writing outside the sandbox folder, is refused")
+      if not isinstance(args[0], int) and _writes(args[1], args[2]):
+        writable_opens[0] += 1
+        if writable_opens[0] > _MAX_WRITABLE_OPENS:
+          raise PermissionError(f"sandbox: more than {_MAX_WRITABLE_OPENS} files opened for "
+                                "writing is refused")
       return
     if event == "import":
       if args[0] in imports:
         raise PermissionError(f"sandbox: importing {args[0]} is refused")
       return
-    if event == "os.mkdir" and not _inside(args[0], folder):
-      raise PermissionError("sandbox: creating a folder outside the sandbox folder is refused")
+    if event in _INSIDE_ONLY:
+      if not _changes_inside(event, args, folder):
+        raise PermissionError(f"sandbox: {event} outside the sandbox folder is refused")
+      return
+    if event == "sqlite3.connect" and args[0] not in (":memory:", b":memory:", "") and not (
+        isinstance(args[0], (str, bytes, os.PathLike)) and _inside(args[0], folder)):
+      raise PermissionError("sandbox: a database outside the sandbox folder is refused")
     if event in refused or event.startswith(prefixes):
       raise PermissionError(f"sandbox: {event} is refused")
 
   return hook
+
+
+def _fence_unaudited():
+  """Replaces the file-creating functions no audit event covers (`_UNAUDITED`)."""
+  import posix  # pylint: disable=g-import-not-at-top
+
+  def refused(*args, **kwargs):
+    raise PermissionError("sandbox: creating a FIFO or a device node is refused")
+
+  for name in _UNAUDITED:
+    for module in (os, posix):
+      if hasattr(module, name):
+        setattr(module, name, refused)
 
 
 def _unshare():
@@ -141,6 +210,7 @@ def main():
   note = _unshare() if request["network_namespace"] else ""
   _limit(request)
   folder = os.path.realpath(os.getcwd())
+  _fence_unaudited()
   sys.addaudithook(_guard(folder))
   write, leave, token, source = os.write, os._exit, request["token"], request["source"]
   del request

@@ -1,5 +1,6 @@
-"""Prompt records for reinforcement learning (data/prompt_data.py): bad records refused in one
-line or skipped and counted, a deterministic resumable order; the generated sets
+"""Prompt records for reinforcement learning (data/prompt_records.py, data/prompt_data.py): bad
+records refused in one line or skipped and counted, a deterministic resumable order, the text
+a policy continues; the generated sets
 (tasks/arithmetic_problems.py, tasks/code_problems.py) deterministic by seed, their splits
 disjoint, the arithmetic answers those of the problems' own words; bin/make_prompts.py."""
 
@@ -11,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from lingvo_lite.data import prompt_data
+from lingvo_lite.data import prompt_data, prompt_records
 from lingvo_lite.data.prompt_data import PromptData
 from lingvo_lite.errors import DataError, UsageError
 from tasks import arithmetic_problems, code_problems
@@ -85,8 +86,12 @@ def test_required_fields_and_empty_or_missing_sets(tmp_path):
   empty = _write(tmp_path / "empty.jsonl", [b"[1]"])
   with pytest.raises(UsageError, match=r"holds no usable prompt record \(1 bad\)"):
     PromptData(files=empty, prompts_per_step=1, skip_bad_records=True).check()
-  with pytest.raises(UsageError, match=r"^files=''"):
-    PromptData(files="", prompts_per_step=1)
+  for bad, message in (({"files": ""}, r"^files=''"), ({"files": [path, 3]}, r"^files=\("),
+                       ({"prompts_per_step": 0}, r"^prompts_per_step=0: is not an integer"),
+                       ({"prompts_per_step": True}, r"^prompts_per_step=True"),
+                       ({"seed": -1}, r"^seed=-1")):
+    with pytest.raises(UsageError, match=message):
+      PromptData(**{"files": path, "prompts_per_step": 1, **bad})
 
 
 def test_the_order_is_a_function_of_seed_and_position(tmp_path):
@@ -115,8 +120,25 @@ def test_the_order_is_a_function_of_seed_and_position(tmp_path):
   plain = PromptData(files=str(tmp_path / "*.jsonl"), prompts_per_step=4, shuffle=False)
   assert [r["id"] for r in plain.step_records(6)] == [24 % 23, 25 % 23, 26 % 23, 27 % 23]
   assert data.fingerprint == other.fingerprint and len(data.fingerprint) == 16
-  assert prompt_data.messages_of(GOOD[1]) == [{"role": "system", "content": "Be brief."},
+  assert prompt_records.messages_of(GOOD[1]) == [{"role": "system", "content": "Be brief."},
                                               {"role": "user", "content": "hi"}]
+
+
+def test_prompt_text_is_the_conversation_through_the_chat_template(tmp_path):
+  import jinja2  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.data import pretrained_tokenizer  # pylint: disable=g-import-not-at-top
+  from tests.data import chat_tokenizers  # pylint: disable=g-import-not-at-top
+  files = pretrained_tokenizer.read(chat_tokenizers.byte_level_folder(tmp_path, "llama3"))
+  for record in GOOD[:2]:
+    expected = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(
+        chat_tokenizers.LLAMA3_TEMPLATE).render(
+            messages=prompt_records.messages_of(record), add_generation_prompt=True,
+            bos_token="<|begin_of_text|>", eos_token="<|eot_id|>")
+    assert prompt_records.prompt_text(record, files) == expected
+    assert expected.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+  assert prompt_records.prompt_text(GOOD[0]) == "2 + 2?"  # No template: the prompt as it is.
+  with pytest.raises(prompt_records.RecordError, match="takes a tokenizer with a chat template"):
+    prompt_records.prompt_text(GOOD[1])
 
 
 # The problems' own words, read back with no code of the generator: each sentence's number
@@ -167,7 +189,7 @@ def test_arithmetic_problems_are_deterministic_disjoint_and_right():
     assert len(arithmetic(records)) == len(records)  # Each problem once.
     assert len({r["id"] for r in records}) == len(records)
     for record in records:
-      prompt_data.checked_record(record, ("answer",))
+      prompt_records.checked_record(record, ("answer",))
       assert _solve(record["prompt"])[0] == record["answer"], record["prompt"]
       assert 2 <= record["steps"] <= 3
       assert record["completion"].endswith(f"<answer>{record['answer']}</answer>")
@@ -181,7 +203,7 @@ def test_code_problems_are_deterministic_with_a_fixed_held_out_set():
   assert not {r["id"] for r in train} & {r["id"] for r in held_out}
   assert len(train) + len(held_out) == len(code_problems.PROBLEMS)
   for record in train + held_out:
-    prompt_data.checked_record(record, ("tests",))
+    prompt_records.checked_record(record, ("tests",))
 
 
 def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
@@ -192,6 +214,13 @@ def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
   written = [json.loads(line) for line in open("sets/held_out.jsonl")]
   assert written == arithmetic_problems.generate("held_out", 30, seed=0)
   assert make_prompts.main(["--task=code", "--out=sets/code.jsonl"]) == 0
+  assert make_prompts.main(["--task=arithmetic", "--count=5", "--form=chat",
+                            "--out=chat/sft.jsonl"]) == 0
+  from lingvo_lite.data import chat_template  # pylint: disable=g-import-not-at-top
+  for line, problem in zip(open("chat/sft.jsonl"), arithmetic_problems.generate("train", 5)):
+    messages = chat_template.checked_messages(json.loads(line)["messages"])
+    assert messages == [{"role": "user", "content": problem["prompt"]},
+                        {"role": "assistant", "content": problem["completion"]}]
   assert make_prompts.main(["--task=code", "--out=sets/code.jsonl"]) == 0  # The same set: kept.
   assert capsys.readouterr().out.endswith("kept sets/code.jsonl (up to date): 14 code prompt "
                                           "records (train, seed 0)\n")
@@ -216,3 +245,4 @@ def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
     assert message in err and err.count("\n") == 1, (argv, err)
   assert (tmp_path / "mine.jsonl").read_text() == "the user's own\n"
   assert sorted(p.name for p in (tmp_path / "sets").iterdir()) == ["code.jsonl", "held_out.jsonl"]
+  assert [p.name for p in (tmp_path / "chat").iterdir()] == ["sft.jsonl"]

@@ -17,6 +17,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.rewards import code_tests, registry
 from lingvo_lite.rewards.answer_format import answer_format
 from lingvo_lite.rewards.exact_answer import exact_answer
+from tasks import code_problems
 
 RECORD = {"id": "p-7", "prompt": "2 + 40?", "answer": 42}
 
@@ -169,6 +170,8 @@ FAILING = {
     "tests.inf": (lambda r, c: -math.inf, "returned -inf, not a finite number"),
     "tests.none": (lambda r, c: None, "returned None, not a number"),
     "tests.text": (lambda r, c: "1", "returned '1', not a number"),
+    "tests.complex": (lambda r, c: 1j, "returned 1j, not a number"),
+    "tests.array": (lambda r, c: np.array([1.0, 2.0]), "returned array([1., 2.]), not a real"),
     "tests.loops": (_swallows_and_loops, "ran past its 0.2 s limit"),
 }
 for _name, (_fn, _) in FAILING.items():
@@ -186,9 +189,9 @@ def test_a_failing_reward_scores_0_with_a_counted_failure_naming_it_and_the_prom
   assert len(scored.failures) == len(FAILING)
   for line, (name, (_, why)) in zip(scored.failures, FAILING.items()):
     assert line.startswith(f"reward {name} on prompt 'p-7': {why}") and "\n" not in line
-  # The timer and the handler are the caller's again.
+  # The handler is the caller's again, and no watcher thread is left.
   assert signal.getsignal(signal.SIGALRM) is handler
-  assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+  assert not [t for t in threading.enumerate() if t.name == "reward-limit"]
   warning = registry.failure_warning([scored, scored])
   assert warning.startswith(f"{2 * len(FAILING)} reward call(s) of 2 completion(s) failed")
 
@@ -234,3 +237,39 @@ def test_a_weighted_sum_that_overflows_scores_0_as_a_failure():
   scored = registry.score([("tests.value_field", 1e308), ("tests.length", 1e308)],
                           {**RECORD, "value": 10.0}, "x" * 100)
   assert scored.total == 0.0 and "overflows" in scored.failures[0]
+
+
+def test_real_numbers_of_numpy_and_bools_are_values():
+  cases = ((np.float32(0.5), 0.5), (np.array(2.0), 2.0), (True, 1.0), (np.int64(3), 3.0),
+           (False, 0.0))
+  for index, (value, expected) in enumerate(cases):
+    registry.register(f"tests.value_{index}")(lambda r, c, value=value: value)
+    scored = registry.score([(f"tests.value_{index}", 1.0)], RECORD, "")
+    assert (scored.total, scored.failures) == (expected, []), value
+
+
+def test_the_callers_own_alarm_reaches_its_handler_during_a_reward():
+  """The limit is a signal to the main thread alone; another's SIGALRM (a process timer set by
+  the caller) still reaches the caller's handler while a reward runs."""
+  received = []
+  previous = signal.signal(signal.SIGALRM, lambda signum, frame: received.append(signum))
+  try:
+    registry.register("tests.waits", limit_s=2.0)(lambda r, c: time.sleep(0.3) or 1.0)
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
+    scored = registry.score([("tests.waits", 1.0)], RECORD, "")
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+  assert (scored.total, scored.failures, received) == (1.0, [], [signal.SIGALRM])
+
+
+def test_score_many_equals_score_one_by_one_with_the_code_reward_on_threads():
+  records = code_problems.generate("held_out") * 2
+  completions = [r["completion"] if i % 2 else "```python\ndef f():\n    pass\n```"
+                 for i, r in enumerate(records)]
+  specs = [("code_tests", 1.0), ("tests.length", 0.01), ("tests.raises", 1.0)]
+  many = registry.score_many(specs, records, completions, workers=4)
+  assert many == [registry.score(specs, r, c) for r, c in zip(records, completions)]
+  assert [s.per_function["code_tests"] for s in many] == [float(i % 2) for i in range(8)]
+  with pytest.raises(ValueError, match="2 records for 1 completions"):
+    registry.score_many(specs, records[:2], completions[:1])

