@@ -5,7 +5,7 @@ A step's batch is `{"records": [...]}`: this process's records of the prompt set
 (data/prompt_data.py: a deterministic, resumable order, so the data position is the step),
 each with its prompt's token ids added as `prompt_ids`. With a pretrained tokenizer that
 carries a chat template (and `chat`), the prompt is the record's conversation
-(`prompt_data.messages_of`: its system string, then its messages or its prompt as one user
+(`prompt_records.messages_of`: its system string, then its messages or its prompt as one user
 message) rendered with the assistant's turn opened, its markers read as their special tokens,
 as the server renders a chat request; otherwise the `prompt` text tokenized as it is.
 
@@ -21,7 +21,8 @@ from typing import Any, ClassVar
 
 from lingvo_lite.data import chat_template, pretrained_tokenizer
 from lingvo_lite.data.pretrained_tokenizer import PretrainedTokenizer
-from lingvo_lite.data.prompt_data import PromptData, messages_of
+from lingvo_lite.data.prompt_data import PromptData
+from lingvo_lite.data.prompt_records import messages_of
 from lingvo_lite.data.text_vocabulary import TextVocabulary
 from lingvo_lite.data.vocabulary import VocabularyFacts
 from lingvo_lite.errors import DataError

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -73,8 +74,9 @@ def score_all(specs: Sequence[tuple[str, float]], records: Sequence[Mapping[str,
   """The rewards `specs` ((name, weight) pairs) give each completion of its record
   (rewards/registry.py's ScoredCompletion: a reward that fails scores 0 and is counted); the
   step's failures are one warning (how many, and the first)."""
-  scored = [registry.score(list(specs), dict(record), completion)
-            for record, completion in zip(records, completions)]
+  # A reward whose work runs in a subprocess (code_tests) scores several completions at once.
+  scored = registry.score_many(list(specs), [dict(r) for r in records], list(completions),
+                               workers=os.cpu_count() or 1)
   warning = registry.failure_warning(scored)
   if warning is not None:
     logging.warning("%s", warning)
