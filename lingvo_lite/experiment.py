@@ -24,8 +24,9 @@ from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Ran
 from lingvo_lite.models import lora as lora_lib
 from lingvo_lite.models.family import ArrayShape, LanguageModel
 from lingvo_lite.models.lora import LoraSettings
+from lingvo_lite.training import objectives
 from lingvo_lite.training.objectives.lm import LanguageModelling
-from lingvo_lite.training.objectives.objective import Objective
+from lingvo_lite.training.objectives.objective import Objective, rows_of
 from lingvo_lite.training.optimizers import AdamW
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.runtime.watchdog import WatchdogSettings
@@ -201,6 +202,14 @@ def _check_post_training(setup: Setup) -> None:
     del adapted  # A family without adapters refuses above, naming train.lora.
     lora_lib.check_targets(train.lora, setup.model, setup.train_data.sequence_length)
   train.objective.check("train.objective", setup.train_data)
+  train.objective.check_setup("train.objective", setup)
+  for name, data in setup.data_sources(train=False):
+    # Refused now, not when the first evaluation comes (GRPO's prompt records are sampled,
+    # not scored).
+    if not objectives.scorer(train.objective, data).scores(data):
+      raise config_error(name, type(data).__name__, f"holds {rows_of(data)}, which no "
+                         "objective scores", "give eval sets of documents or preference "
+                         "pairs, or none")
 
 
 def _check_eval_set_names(eval_data: Any) -> None:

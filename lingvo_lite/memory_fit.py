@@ -97,11 +97,13 @@ def _sharder(setup: Setup, num_devices: int) -> Callable[[tuple[int, ...], tuple
   return shard
 
 
-def _step_bytes(setup: Setup, data: Any, rows: int, shard) -> tuple[int, int]:
-  """(batch and logits, attention scores) of one step computing `rows` rows of `data`."""
-  length = data.sequence_length
+def _step_bytes(setup: Setup, batch_shape: tuple[int, int], rows: int, shard
+                ) -> tuple[int, int]:
+  """(batch and logits, attention scores) of one step computing `rows` rows of a batch of
+  `batch_shape` (rows, length)."""
+  length = batch_shape[1]
   # int32 inputs and targets and float32 weights of the whole batch, float32 logits of `rows`.
-  batch = (12 * shard((data.global_batch_size, length), ("batch", "length"))
+  batch = (12 * shard(batch_shape, ("batch", "length"))
            + 4 * shard((rows, length, setup.model.vocab_size), ("batch", "length", "vocab")))
   attention = 0
   if setup.model.holds_attention_scores:
@@ -118,16 +120,20 @@ def per_device_need(setup: Setup, num_devices: int) -> Need:
   if getattr(setup.optimizer, "offload_state", False):
     moments, host_moments = 0, moments
   train = setup.train_data
-  rows = train.global_batch_size // setup.train.grad_accum_steps
-  batch, attention = _step_bytes(setup, train, rows, shard)
+  # The rows a step trains on: the data's, or those the objective makes (GRPO's completions).
+  spec = setup.train.objective.training_batch_spec(train).get("inputs")
+  shape = tuple(spec[0]) if spec else (train.global_batch_size, train.sequence_length)
+  rows = shape[0] // setup.train.grad_accum_steps
+  batch, attention = _step_bytes(setup, shape, rows, shard)
   # What the objective holds beside the policy's pass (DPO: the reference's logits).
   batch += setup.train.objective.step_bytes(4 * shard(
-      (rows, train.sequence_length, setup.model.vocab_size), ("batch", "length", "vocab")))
+      (rows, shape[1], setup.model.vocab_size), ("batch", "length", "vocab")))
   need = Need(parameters=parameters, gradients=parameters, moments=moments, batch=batch,
               attention=attention, frozen=frozen, host_moments=host_moments)
   for name, data in setup.data_sources(train=False):
     # The gradients are gone between steps, when the run evaluates; the state is not.
-    batch, attention = _step_bytes(setup, data, data.global_batch_size, shard)
+    batch, attention = _step_bytes(setup, (data.global_batch_size, data.sequence_length),
+                                   data.global_batch_size, shard)
     evaluation = Need(parameters=parameters, gradients=0, moments=moments, batch=batch,
                       attention=attention, step="eval step", data=name, frozen=frozen,
                       host_moments=host_moments)
@@ -141,7 +147,8 @@ def eval_need(setup: Setup, num_devices: int) -> Need:
   shard = _sharder(setup, num_devices)
   needs = []
   for name, data in setup.data_sources(train=False):
-    batch, attention = _step_bytes(setup, data, data.global_batch_size, shard)
+    batch, attention = _step_bytes(setup, (data.global_batch_size, data.sequence_length),
+                                   data.global_batch_size, shard)
     needs.append(Need(parameters=_parameter_bytes(setup, shard), gradients=0, moments=0,
                       batch=batch, attention=attention, step="eval step", data=name))
   return max(needs, key=lambda n: n.total)

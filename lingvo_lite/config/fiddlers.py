@@ -56,6 +56,9 @@ def tiny(cfg: fdl.Config) -> None:
     cfg.decode.cache_length = None
   cfg.train.eval_every_steps = 0
   cfg.train.grad_accum_steps = 1
+  objective = getattr(cfg.train, "objective", None)
+  if isinstance(objective, fdl.Buildable):  # An objective that samples: short completions.
+    _set_if_accepted(objective, max_new_tokens=16)
   cfg.checkpoint.every_steps = 10
   sequence_length = min(cfg.train_data.sequence_length, 64)
   family = fdl.get_callable(model)
@@ -65,7 +68,8 @@ def tiny(cfg: fdl.Config) -> None:
   eval_configs = list(_eval_configs(cfg).values())
   for data in [cfg.train_data, *eval_configs]:
     data.sequence_length = sequence_length
-    data.global_batch_size = 4
+    # A source of prompt records has no rows of its own (its prompts per step are its set's).
+    _set_if_accepted(data, global_batch_size=4)
     _set_if_accepted(data, per_device_batch_size=None)
     _set_if_accepted(data, max_examples=256)
   for data in eval_configs:
@@ -116,3 +120,14 @@ def dpo(cfg: fdl.Config) -> None:
   objective = cfg.train.objective
   if not (isinstance(objective, fdl.Config) and fdl.get_callable(objective) is Dpo):
     cfg.train.objective = fdl.Config(Dpo)
+
+
+def grpo(cfg: fdl.Config) -> None:
+  """Trains with GRPO on the policy's own completions of the train data's prompt records
+  (train.objective: training/objectives/grpo.py: G=8, the exact-answer reward, no reference);
+  set its fields after it, e.g. `--fiddler=grpo --fdl.train.objective.group_size=4
+  --fdl.train.objective.kl_coef=0.04`."""
+  from lingvo_lite.training.objectives.grpo import Grpo  # pylint: disable=g-import-not-at-top
+  objective = cfg.train.objective
+  if not (isinstance(objective, fdl.Config) and fdl.get_callable(objective) is Grpo):
+    cfg.train.objective = fdl.Config(Grpo)

@@ -23,6 +23,7 @@ from lingvo_lite.data.source import Batch, local_rows
 from lingvo_lite.errors import UsageError
 from lingvo_lite.experiment import Setup
 from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
+from lingvo_lite.on_mesh import rollouts as rollouts_lib
 from lingvo_lite.training import objectives, steps, train_state
 from lingvo_lite.training.objectives.objective import Objective
 from lingvo_lite.weights import frozen_weights
@@ -157,12 +158,18 @@ class JittedSteps:
   def train_batch_spec(self) -> dict[str, tuple[tuple[int, ...], str]]:
     """The global batch a train step takes, as {key: (shape, dtype)}: the train data's, as
     the objective makes its batch from it."""
-    return dict(self.objective.training_batch_spec(self.setup.train_data.batch_spec()))
+    return dict(self.objective.training_batch_spec(self.setup.train_data))
 
   def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
     """The train step's global batch as shapes with the batch sharding (no data read)."""
     return {key: jax.ShapeDtypeStruct(shape, np.dtype(dtype), sharding=self.batch_sharding)
             for key, (shape, dtype) in self.train_batch_spec().items()}
+
+  @functools.cached_property
+  def rollouts(self) -> rollouts_lib.Rollouts:
+    """The policy's own completions of prompt records, sampled through the decode engine on
+    this mesh and scored (on_mesh/rollouts.py): for an objective whose rows are sampled."""
+    return rollouts_lib.Rollouts(self)
 
   def training_batch(self, local_batch: Batch, state: train_state.TrainState
                      ) -> dict[str, jax.Array]:

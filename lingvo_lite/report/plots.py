@@ -290,12 +290,30 @@ def heat_map_svg(title: str, steps: np.ndarray, shares: np.ndarray,
   return buffer.getvalue()
 
 
+def expanded(quantities: Sequence[Quantity], jobs: Sequence[Job]) -> list[Quantity]:
+  """`quantities` with each whose key ends in `*` (a family of metrics: GRPO's `reward:*`,
+  one per reward function) replaced by one per key of the jobs' train rows it matches, in
+  sorted order, titled with the part the `*` stands for."""
+  found = []
+  for quantity in quantities:
+    if not quantity.key.endswith("*"):
+      found.append(quantity)
+      continue
+    prefix = quantity.key[:-1]
+    keys = sorted({key for job in jobs for row in job.train for key in row
+                   if key.startswith(prefix) and len(key) > len(prefix)})
+    found += [dataclasses.replace(quantity, key=key,
+                                  title=f"{quantity.title}: {key[len(prefix):]}")
+              for key in keys]
+  return found
+
+
 def plots(jobs: Sequence[Job], objectives: Sequence[Any] = ()) -> list[Plot]:
   """Every quantity's plot of `jobs` (one job, or several overlaid), the objectives' own
   where the jobs have their rows (`objective_quantities`: `objectives` are the jobs'), and one
   job's expert shares where it has experts."""
   made = []
-  for quantity in [*QUANTITIES, *objective_quantities(objectives)]:
+  for quantity in expanded([*QUANTITIES, *objective_quantities(objectives)], jobs):
     found = curves(quantity, jobs)
     labels = tuple(curve.label for curve in found)
     if not has_points(found):

@@ -321,7 +321,11 @@ def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog:
     trained = f" (LoRA: {num_params / 1e6:.3g}M trained, the rest frozen)"
     num_params = setup.model.num_parameters() + num_params
   mesh_shape = " ".join(f"{axis}={size}" for axis, size in jitted.mesh.shape.items())
-  flops = mfu.model_flops_per_step(setup.model, data.global_batch_size, data.sequence_length)
+  # The rows the step trains on: the data's, or those an objective makes of them (GRPO's
+  # G completions per prompt).
+  (rows, length), _ = jitted.train_batch_spec().get(
+      "inputs", ((data.global_batch_size, data.sequence_length), "int32"))
+  flops = mfu.model_flops_per_step(setup.model, rows, length)
   with watchdog.excused("measuring the peak"):  # On a CPU: a compile and 11 big matmuls.
     peak, peak_source = mfu.peak_flops_per_device(jitted.target.devices[0],
                                                   setup.train.peak_tflops_per_device,
@@ -330,10 +334,9 @@ def _start_meter(setup: Setup, jitted: JittedSteps, state, start: int, watchdog:
       f"peak {peak / 1e12:.3g} TFLOP/s per device ({peak_source})")
   say(f"blocks: attention {setup.model.attention_choice()}, remat "
       f"{setup.model.remat_policy}")
-  say(f"batch: global {data.global_batch_size} x {data.sequence_length} tokens = "
-      f"{data.global_batch_size / num_devices:g} per device x {num_devices} devices; "
-      f"mesh {mesh_shape}; {jax.process_count()} process(es)")
-  tokens_per_step = data.global_batch_size * data.sequence_length
+  say(f"batch: global {rows} x {length} tokens = {rows / num_devices:g} per device x "
+      f"{num_devices} devices; mesh {mesh_shape}; {jax.process_count()} process(es)")
+  tokens_per_step = rows * length
   return summaries.Throughput(start, setup.train.steps, tokens_per_step, flops, num_devices,
                               peak, _peak_raiser(peak_source, cache_folder, say))
 

@@ -106,7 +106,9 @@ class TrainLoop:
         if settings.eval_every_steps and step % settings.eval_every_steps == 0 and (
             step < settings.steps):
           self._evaluate()
-        if self._stop.should_stop(step):
+        # Asked every step (every process at the same point); a stop waits for a step the
+        # objective can resume from exactly (GRPO: a rollout's last update).
+        if self._stop.should_stop(step) and settings.objective.can_stop_after(step):
           break
         if step < settings.steps:
           self.save()
@@ -157,7 +159,8 @@ class TrainLoop:
     off_steps = ", ".join(f"{kind} {values[f'{kind}_s']:.2f} s"
                           for kind in summaries.Throughput.OFF_STEP_KINDS
                           if values[f"{kind}_s"] > 0)
-    self._say(f"train step {step}/{self._settings.steps}: loss {values['loss']:.4f}  "
+    own = self._settings.objective.train_summary(values)
+    self._say(f"train step {step}/{self._settings.steps}: loss {values['loss']:.4f}  {own}"
               f"lr {values['learning_rate']:.2e}  {grad_norm}"
               f"{values['steps_per_s']:.2f} steps/s  {values['tokens_per_s']:,.0f} tokens/s  "
               f"{values['model_tflop_per_step']:.3g} TFLOP/step  "

@@ -1,5 +1,6 @@
-"""Training objectives: one module each (lm: the next-token loss; dpo: DPO on preference pairs),
-each a config part that `train.objective` holds (objective.py says what one declares).
+"""Training objectives: one module each (lm: the next-token loss; dpo: DPO on preference pairs;
+grpo: GRPO on the policy's own completions of prompts), each a config part that
+`train.objective` holds (objective.py says what one declares).
 
 A job's eval set is scored by the job's own objective where it reads the set's rows; else by
 the first of `SCORERS` that does, with its default settings (a language-modelling job's set of

@@ -43,13 +43,17 @@ from lingvo_lite.errors import config_error
 
 Batch = dict[str, jax.Array]
 
-# The kinds of rows a data source holds: documents (token streams, `data/source.py`), or
-# preference pairs packed whole (`data/preference_data.py`'s `document_pairs`).
-DOCUMENTS, PAIRS = "documents", "preference pairs"
+# The kinds of rows a data source holds: documents (token streams, `data/source.py`),
+# preference pairs packed whole (`data/preference_data.py`'s `document_pairs`), or prompt
+# records to sample completions of (`data/prompt_data.py`'s `prompt_records`).
+DOCUMENTS, PAIRS, PROMPTS = "documents", "preference pairs", "prompt records"
 
 
 def rows_of(source: Any) -> str:
-  """The kind of rows `source` holds: PAIRS for a source of preference pairs, else DOCUMENTS."""
+  """The kind of rows `source` holds: PAIRS for a source of preference pairs, PROMPTS for one
+  of prompt records, else DOCUMENTS."""
+  if getattr(source, "prompt_records", False):
+    return PROMPTS
   return PAIRS if getattr(source, "document_pairs", False) else DOCUMENTS
 
 
@@ -108,7 +112,8 @@ class Plotted:
   """A metric an objective logs that the run report plots (where a job has such rows).
 
   Attributes:
-    key: The row key (in metrics.jsonl and eval_<set>.jsonl).
+    key: The row key (in metrics.jsonl and eval_<set>.jsonl); ending in `*`, every key that
+      begins with what precedes it (one plot each).
     title: The plot's title.
     ylabel: The y axis's label.
     train: Drawn from the train rows.
@@ -172,6 +177,12 @@ class Objective:
                        f"{type(train_data).__name__}" + (f" of {task}" if task else "")
                        + f") holds {held}", self.data_fix)
 
+  def check_setup(self, path: str, setup: Any) -> None:
+    """Raises UsageError (one line naming a field under `path`) where this objective's
+    settings do not fit the rest of the validated `setup` (its decode cache, its train rows,
+    its checkpoints); by default nothing to check."""
+    del path, setup
+
   def scores(self, source: Any) -> bool:
     """Whether this objective scores eval set `source` (it reads such rows)."""
     return rows_of(source) == self.rows
@@ -187,11 +198,10 @@ class Objective:
     del state, steps
     return batch
 
-  def training_batch_spec(self, data_spec: Mapping[str, tuple[tuple[int, ...], str]]
-                          ) -> Mapping[str, tuple[tuple[int, ...], str]]:
-    """The global batch `training_batch` makes, as {key: (shape, dtype)}, from the train
-    data's `batch_spec()`: what a train step is compiled for."""
-    return data_spec
+  def training_batch_spec(self, train_data: Any) -> Mapping[str, tuple[tuple[int, ...], str]]:
+    """The global batch `training_batch` makes from `train_data`'s, as {key: (shape, dtype)}:
+    what a train step is compiled for. By default the data's `batch_spec()`."""
+    return train_data.batch_spec()
 
   def normalizer(self, batch: Batch) -> jax.Array:
     """What the summed loss of the whole `batch` is divided by (at least 1): by default its
@@ -211,6 +221,18 @@ class Objective:
     """The metrics a train step logs (`loss` among them) from the sums of `loss` over the
     whole `batch`."""
     raise NotImplementedError
+
+  def can_stop_after(self, step: int) -> bool:
+    """Whether a run asked to stop (a signal) may stop and save after `step` steps and resume
+    from there exactly; else it runs on to the next such step. By default after any."""
+    del step
+    return True
+
+  def train_summary(self, metrics: Mapping[str, float]) -> str:
+    """What a train step's log line says of its own metrics beyond the loss (ending in two
+    spaces), or "" for nothing."""
+    del metrics
+    return ""
 
   # ---------------------------------------------------------------------------- evaluation
 
