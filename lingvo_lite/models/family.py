@@ -269,11 +269,12 @@ class LanguageModel(nn.Module):
     return jnp.zeros((), jnp.float32), {}
 
   @nn.nowrap
-  def after_step(self, params: Any, loads: Any) -> Any:
-    """The parameters after a train step's optimizer update, given the step's `loads` (the
-    statistic `expert_balance.LOADS`, summed over micro-batches): a mixture of experts'
-    selection biases moved against them; by default `params` as they are."""
-    del loads
+  def after_step(self, before: Any, params: Any, loads: Any) -> Any:
+    """The parameters a train step ends with, from those it began with (`before`), the
+    optimizer's update of them (`params`) and the step's `loads` (the statistic
+    `expert_balance.LOADS`, summed over micro-batches): a mixture of experts' selection
+    biases moved against the loads; by default `params`."""
+    del before, loads
     return params
 
   @staticmethod

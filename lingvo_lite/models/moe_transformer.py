@@ -304,11 +304,12 @@ class MoeTransformerLM(TransformerLM):
     return auxiliary, statistics
 
   @nn.nowrap
-  def after_step(self, params: Any, loads: Any) -> Any:
-    """Each selection bias moved by its layer's load (models/expert_balance.py)."""
-    if not self.selection_bias or not self.selection_bias_rate:
+  def after_step(self, before: Any, params: Any, loads: Any) -> Any:
+    """Each selection bias its value before the step moved by its layer's load
+    (models/expert_balance.py); a rate of 0 keeps it."""
+    if not self.selection_bias:
       return params
-    return expert_balance.with_updated_biases(params, loads, self.selection_bias_rate)
+    return expert_balance.with_updated_biases(before, params, loads, self.selection_bias_rate)
 
 
 # The statistics sown with a value per expert.

@@ -112,7 +112,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
     opt_state = jax.device_put(opt_state, jax.memory.Space.Host)
   params = optax.apply_updates(state.params, updates)
   if loads is not None and not adapters:  # A LoRA job's base (its biases too) stays frozen.
-    params = model.after_step(params, loads)
+    params = model.after_step(state.params, params, loads)
   metrics = objective.train_metrics(sums, total, batch)
   metrics["learning_rate"] = schedule(state.step)
   if log_grad_norm:
