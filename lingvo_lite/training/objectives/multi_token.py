@@ -58,9 +58,10 @@ class MultiTokenPrediction(lm.LanguageModelling):
     return f"MultiTokenPrediction(weight={self.weight!r})"
 
   def check_model(self, path: str, model: Any) -> None:
-    if not model.multi_token_depth():
-      raise config_error(path, self, "trains multi-token modules, and model has none",
-                         "set model.multi_token_layers (1, as DeepSeek-V3), or train with "
+    if not getattr(model, "multi_token_depth", lambda: 0)():
+      raise config_error(path, self, f"trains multi-token modules, and the model (a "
+                         f"{type(model).__name__}) has none", "set model.multi_token_layers "
+                         "(1, as DeepSeek-V3) on a mixture-of-experts family, or train with "
                          "LanguageModelling")
 
   def loss(self, forward: Forward, params: Any, batch: Batch, normalizer: jax.Array | float,
