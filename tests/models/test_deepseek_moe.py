@@ -6,6 +6,7 @@ bias and scaling; models/expert_balance.py) against independent references:
   weight (and V3's `e_score_correction_bias`) random, within 1e-5 in float32;
 - the bias update equals a NumPy of the paper's rule, through a real train step (scanned
   and unrolled, micro-batches summed, AdamW's weight decay kept off it);
+- a run resumed from a checkpoint (orbax, in this process) continues the biases exactly;
 - multi-token prediction's loss (models/multi_token.py, training/objectives/multi_token.py)
   equals a hand-written one in plain JAX on a tiny packed batch;
 - bad group settings are one line naming the field.
@@ -20,7 +21,9 @@ import numpy as np
 import optax
 import pytest
 
-from lingvo_lite.errors import UsageError
+from etils import epath
+
+from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.models import expert_balance, expert_dispatch, moe
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.training import steps
@@ -324,3 +327,33 @@ def test_multi_token_prediction_loss_equals_a_hand_written_one():
   np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5)
   assert plain.shape == (2, 12, 40) and float(sums["cross_entropy_sum"]) == float(next_token)
   assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(grads["multi_token_1"]))
+
+
+def test_a_run_resumed_from_a_checkpoint_continues_the_biases_exactly(tmp_path):
+  """2 steps, a checkpoint, 2 more: the restored run's parameters (the biases among them,
+  which moved) equal the uninterrupted run's bit for bit."""
+  model = _model()
+  optimizer = optax.adamw(1e-2)
+  batches = [_batch(seed=seed) for seed in range(4)]
+  params = nn.meta.unbox(model.init(jax.random.key(0), batches[0]["inputs"])["params"])
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                     opt_state=optimizer.init(params))
+  step = jax.jit(lambda s, b: steps.train_step(s, b, model=model, optimizer=optimizer,
+                                               schedule=lambda _: 1e-2)[0])
+  for batch in batches[:2]:
+    state = step(state, batch)
+  checkpointer = Checkpointer(epath.Path(tmp_path), CheckpointSettings(async_save=False))
+  checkpointer.save(2, state)
+  assert checkpointer.wait() == [2]
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+                          state)
+  resumed = checkpointer.restore(2, abstract)
+  checkpointer.close()
+  bias = lambda s: np.asarray(s.params["layer_1"]["mlp"]["selection_bias"])
+  saved_bias = bias(state)
+  np.testing.assert_array_equal(bias(resumed), saved_bias)
+  for batch in batches[2:]:
+    state, resumed = step(state, batch), step(resumed, batch)
+  assert not np.array_equal(bias(state), saved_bias)  # It moved after the resume.
+  for key, value in _flat(state.params).items():
+    np.testing.assert_array_equal(_flat(resumed.params)[key], value, err_msg=key)
