@@ -55,6 +55,8 @@ from lingvo_lite.models.transformer_layers import count_per_layer, per_layer, sh
 from lingvo_lite.run_fields import RUN, TRAINING
 
 MlpKind = Literal["dense", "moe"]
+# The deepest stack with dense first layers whose layers' variants are listed.
+_LISTED = 1_000_000
 # Each expert's share of the assignments is logged under this prefix, one key per expert.
 EXPERT_FRACTION = "expert_fraction/"
 
@@ -143,11 +145,14 @@ class MoeTransformerLM(TransformerLM):
 
   @nn.nowrap
   def variant_period(self) -> int:
-    """The patterns' period, or with dense first layers the whole stack's (listed: their
-    count is checked first, and such a stack has no shorter period once it has an MoE
-    layer after them)."""
+    """The patterns' period, or with dense first layers the whole stack's, listed (in linear
+    time; a stack deeper than `_LISTED` layers, which no memory holds, is taken as one
+    period, unlisted). A stack of dense layers and then MoE layers has no shorter period:
+    scanned, it is one group of all its layers."""
     if not self.first_dense_layers:
       return super().variant_period()
+    if self.num_layers > _LISTED:
+      return self.num_layers
     return shortest_period(self.layer_variants())
 
   @nn.nowrap
