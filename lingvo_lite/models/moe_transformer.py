@@ -303,8 +303,11 @@ class MoeTransformerLM(TransformerLM):
       changes.update(first_dense_layers=1, num_layers=max(changes["num_layers"], 2))
     if fields.get("multi_token_layers"):
       changes["multi_token_layers"] = 1
-    if fields.get("expert_groups", 1) > 1:  # 2 groups of 2, a token's experts from 1.
-      changes.update(expert_groups=2, expert_groups_per_token=1)
+    if fields.get("expert_groups", 1) > 1:  # 2 groups, a token's experts from 1 if they hold k.
+      experts, k = changes["num_experts"], changes["experts_per_token"]
+      groups = 2 if experts % 2 == 0 else 1
+      changes.update(expert_groups=groups,
+                     expert_groups_per_token=1 if experts // groups >= k else groups)
     return changes
 
   # ---------------------------------------------------------------------------- objective
