@@ -167,6 +167,7 @@ def test_a_train_step_moves_each_bias_by_the_papers_rule(layout):
            _model(first_dense_layers=0, num_layers=2, scan_layers=True))
   batch = _batch()
   params = nn.meta.unbox(model.init(jax.random.key(0), batch["inputs"])["params"])
+  assert model.num_parameters() == sum(p.size for p in jax.tree.leaves(params))  # Biases in.
   generator = np.random.default_rng(5)
   params = jax.tree_util.tree_map_with_path(
       lambda path, p: jnp.asarray(generator.normal(size=p.shape) * 0.1, p.dtype)
@@ -330,6 +331,10 @@ def test_multi_token_prediction_loss_equals_a_hand_written_one():
   np.testing.assert_allclose(float(sums["cross_entropy_sum"]),
                              np.sum(next_token * np.asarray(batch["weights"])), rtol=1e-5)
   assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(grads["multi_token_1"]))
+  # The modules are parameters: counted from the sizes alone as `init` makes them.
+  assert model.num_parameters() == sum(p.size for p in jax.tree.leaves(params))
+  assert sum(math.prod(shape.shape) * shape.repeats for shape in model.parameter_shapes()) == (
+      model.num_parameters())
 
 
 def test_a_run_resumed_from_a_checkpoint_continues_the_biases_exactly(tmp_path):
