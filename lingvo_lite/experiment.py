@@ -202,6 +202,7 @@ def _check_post_training(setup: Setup) -> None:
     del adapted  # A family without adapters refuses above, naming train.lora.
     lora_lib.check_targets(train.lora, setup.model, setup.train_data.sequence_length)
   train.objective.check("train.objective", setup.train_data)
+  train.objective.check_model("train.objective", setup.model)
   train.objective.check_setup("train.objective", setup)
   for name, data in setup.data_sources(train=False):
     # Refused now, not when the first evaluation comes (GRPO's prompt records are sampled,

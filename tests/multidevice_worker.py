@@ -1,8 +1,10 @@
 """Runs in a child process with 8 forced CPU devices (XLA_FLAGS set by the parent test) and
 prints one JSON object: per-mesh losses and parameter PartitionSpecs, and the outcome of
-bad partitioning commands. The parent (tests/test_partitioning.py) asserts on it.
+bad partitioning commands. The parent (tests/test_partitioning.py) asserts on it. With the
+argument `deepseek`, 16 devices: a tiny DeepSeek-style MoE on data x fsdp x tensor x expert.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.multidevice_worker
+  XLA_FLAGS=--xla_force_host_platform_device_count=16 python -m tests.multidevice_worker deepseek
 """
 
 import functools
@@ -219,7 +221,51 @@ def _moe_gradients(axes):
           "specs": {name: str(experts[name].spec) for name in ("wi", "wo", "router_kernel")}}
 
 
+# DeepSeek's mixture of experts (issue 55) on a tiny Mixtral: sigmoid scores, 4 groups of 2
+# experts (a token's 2 from its best 2 groups), routed scaling, shared experts, the first
+# layer dense, the selection bias moved each step (rate 0.01, no balance loss) and a
+# multi-token module trained beside: 3 train steps on 16 devices, data=2 x fsdp=2 x tensor=2 x
+# expert=2 (the rows over data x fsdp x expert: what the loads are summed over), against one
+# device.
+DEEPSEEK_SETS = ("model.router_score='sigmoid'", "model.num_experts=8", "model.expert_groups=4",
+                 "model.expert_groups_per_token=2", "model.group_score='top2_sum'",
+                 "model.routed_scaling_factor=2.5", "model.shared_expert_mlp_dim=32",
+                 "model.first_dense_layers=1", "model.selection_bias=True",
+                 "model.selection_bias_rate=0.01", "model.load_balance_coefficient=0.0",
+                 "train_data.global_batch_size=16", "eval_data.global_batch_size=16")
+DEEPSEEK_MESHES = {"single": {}, "data2_fsdp2_tensor2_expert2": {
+    "data": 2, "fsdp": 2, "tensor": 2, "expert": 2}}
+
+
+def _deepseek_steps(axes):
+  """The losses of 3 train steps and each layer's selection bias after them."""
+  from lingvo_lite.config import building, fiddlers  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.testing import tiny_config  # pylint: disable=g-import-not-at-top
+  cfg = tiny_config("PyCodeMixtralTiny", *SETS, *DEEPSEEK_SETS, *_mesh_sets(axes),
+                    synthetic=True)
+  fiddlers.multi_token_prediction(cfg)
+  setup = building.build(cfg)
+  devices = jax.devices()[:1] if not axes else jax.devices()
+  jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
+  losses, multi_token = [], []
+  with jitted.activated(), jax.default_matmul_precision("highest"):
+    state = jitted.init_state()
+    for step in range(3):
+      state, metrics = jitted.train_step(state, jitted.global_batch(setup.train_data.batch(step)))
+      losses.append(float(metrics["loss"]))
+      multi_token.append(float(metrics["multi_token_loss"]))
+  biases = {jax.tree_util.keystr(path): np.asarray(leaf).ravel().tolist()
+            for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]
+            if "selection_bias" in jax.tree_util.keystr(path)}
+  return {"losses": losses, "multi_token": multi_token, "biases": biases}
+
+
 def main():
+  if sys.argv[1:] == ["deepseek"]:
+    assert jax.device_count() == 16, jax.device_count()
+    json.dump({name: _deepseek_steps(axes) for name, axes in DEEPSEEK_MESHES.items()},
+              sys.stdout)
+    return
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
   result["splash"] = {

@@ -27,7 +27,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   adapters, rngs)`, the
   logits with an auxiliary objective that training adds to the mean token loss and the
   statistics logged beside it (a mixture of experts' load balance and router z-loss, each
-  expert's share of the tokens: models/moe_transformer.py); by default none.
+  expert's share of the tokens: models/moe_transformer.py); by default none. `after_step`:
+  what a train step does to the parameters after the optimizer (DeepSeek's selection bias).
 - Checks: `validate(target)` raises `UsageError` with one line naming `model.<field>`, the value
   and the fix; `check_sequence_length(path, length)` refuses data longer than the model takes.
 - LoRA (models/lora.py): `with_adapters(settings)`, the model whose weight matmuls add the
@@ -243,21 +244,23 @@ class LanguageModel(nn.Module):
   def logits_and_losses(self, params: Any, tokens: jax.Array,
                         segment_ids: jax.Array | None = None,
                         positions: jax.Array | None = None, adapters: Any = None,
-                        rngs: dict[str, jax.Array] | None = None
-                        ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+                        rngs: dict[str, jax.Array] | None = None, multi_token: bool = False
+                        ) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
     """Training's and evaluation's forward pass: (the logits, the auxiliary objective a
     training step adds to its mean token loss, already weighted by the family's coefficients
     (a float32 scalar), the scalar statistics to log beside the loss by name). By default
     the plain logits, no auxiliary objective and nothing to log. `adapters`: a LoRA model's
     adapters over `params` (models/lora.py); `rngs`: their dropout's keys. A family whose
     layers sow statistics names their collections (`sown_collections`) and reads them
-    (`auxiliary_and_statistics`)."""
+    (`auxiliary_and_statistics`). `multi_token`: the logits are (the logits, the multi-token
+    modules' [depths, ...]: models/multi_token.py)."""
     variables = self.variables_of(params, adapters)
+    options = {"multi_token": True} if multi_token else {}
     if not self.sown_collections:
-      logits = self.apply(variables, tokens, segment_ids, positions, rngs=rngs)
+      logits = self.apply(variables, tokens, segment_ids, positions, rngs=rngs, **options)
       return logits, *self.auxiliary_and_statistics({})
     logits, sown = self.apply(variables, tokens, segment_ids, positions, rngs=rngs,
-                              mutable=list(self.sown_collections))
+                              mutable=list(self.sown_collections), **options)
     return logits, *self.auxiliary_and_statistics(sown)
 
   @nn.nowrap
@@ -266,6 +269,13 @@ class LanguageModel(nn.Module):
     into `sown_collections`: none and nothing by default."""
     del sown
     return jnp.zeros((), jnp.float32), {}
+
+  @nn.nowrap
+  def after_step(self, before: Any, params: Any, loads: Any) -> Any:
+    """A train step's final parameters from its first (`before`), the optimizer's update
+    (`params`) and the step's `loads` (models/expert_balance.py): by default `params`."""
+    del before, loads
+    return params
 
   @staticmethod
   def variables_of(params: Any, adapters: Any = None) -> dict[str, Any]:
