@@ -83,9 +83,9 @@ ATTENTION = (
 
 
 def layer(mlp: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
-  """A layer's rows: its norms, the latent attention and `mlp`."""
-  return (*dense_names.norm("attention_norm", "input_layernorm", "attn_norm"), *ATTENTION,
-          *dense_names.norm("mlp_norm", "post_attention_layernorm", "ffn_norm"), *mlp)
+  """A layer's rows: the latent attention, `mlp`, then its norms (transformers' order)."""
+  return (*ATTENTION, *mlp, *dense_names.norm("attention_norm", "input_layernorm", "attn_norm"),
+          *dense_names.norm("mlp_norm", "post_attention_layernorm", "ffn_norm"))
 
 
 # ------------------------------------------------------------------------------ config
