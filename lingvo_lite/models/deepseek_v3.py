@@ -65,8 +65,13 @@ def dense_layers(first_dense_default: int) -> Rule:
                           f"({found['num_layers']})")
     return {}
 
+  def from_metadata(metadata: Any, arch: str, tensors: Any, config: dict) -> dict[str, Any]:
+    del tensors, config
+    return {"first_k_dense_replace": metadata.get(f"{arch}.leading_dense_block_count"),
+            "n_routed_experts": metadata.get(f"{arch}.expert_count", 0)}
+
   return Rule("first_k_dense_replace", fields,
-              lambda model: {"first_k_dense_replace": model.num_layers}, lambda *_: {},
+              lambda model: {"first_k_dense_replace": model.num_layers}, from_metadata,
               lambda model: {"leading_dense_block_count": model.num_layers})
 
 
@@ -120,6 +125,12 @@ class DeepSeekV3GgufNames(TransformerGgufNames):
       problem = "rotary features in halves (Hugging Face's rope_interleave=false)"
     elif model.rotary_scaling not in ("none", "yarn"):
       problem = f"rope scaling {model.rotary_scaling!r}"
+    elif model.rotary_scaling == "yarn" and (
+        model.rotary_scaling_settings()[3:] != (32.0, 1.0, 1.0, True)):
+      # llama.cpp's deepseek2 scales sin and cos by 1 (its YaRN magnitude cancels its
+      # attn_factor), i.e. Hugging Face's mscale equal to mscale_all_dim, with YaRN's slopes.
+      problem = ("YaRN other than llama.cpp's (attention factor 1: mscale equal to "
+                 "mscale_all_dim; slopes 32 and 1; a truncated correction range)")
     if problem:
       raise UsageError(f"model: {problem}: a GGUF {self.architecture} model cannot express "
                        "it; export --export_format=hf")
