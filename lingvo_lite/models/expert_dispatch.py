@@ -6,7 +6,11 @@ router logits x @ W_r (+ b_r), scores softmax(logits) over the E experts (or sig
 DeepSeek's), the k highest, and their weights: the scores of the chosen k, divided by their
 sum when `renormalize` (Mixtral always; Qwen3-MoE per its `norm_topk_prob`). gpt-oss's
 softmax over the chosen k logits is exactly softmax-then-renormalize: exp(l_i) / sum over
-the chosen k of exp(l_j) is p_i / sum of p_j.
+the chosen k of exp(l_j) is p_i / sum of p_j. DeepSeek's choices on top (transformers'
+DeepseekV3TopkRouter and DeepseekV2TopkRouter): a per-expert selection bias added to the
+scores for choosing only (V3's auxiliary-loss-free balance, models/expert_balance.py moves
+it), the choice limited to a token's best groups of experts (`ExpertGroups`), and the
+weights times a routed scaling factor.
 
 Dispatch (the layer's `dispatch`):
 
@@ -51,6 +55,7 @@ from lingvo_lite.target import current_platform
 
 RouterScore = Literal["softmax", "sigmoid"]
 ExpertActivation = Literal["swiglu", "clamped_swiglu"]
+GroupScore = Literal["max", "top2_sum"]
 
 
 class Routing(NamedTuple):
@@ -60,7 +65,7 @@ class Routing(NamedTuple):
     logits: float32 [T, E], the router's.
     scores: float32 [T, E], softmax (or sigmoid) of the logits.
     weights: float32 [T, k], each chosen expert's weight in the token's output.
-    experts: int32 [T, k], the chosen experts, highest score first.
+    experts: int32 [T, k], the chosen experts, highest (biased) score first.
   """
 
   logits: jax.Array
@@ -69,14 +74,58 @@ class Routing(NamedTuple):
   experts: jax.Array
 
 
+class ExpertGroups(NamedTuple):
+  """Group-limited routing (DeepSeek's): the E experts in `count` groups of E / count, each
+  token choosing among the experts of its `chosen` best groups only.
+
+  Attributes:
+    count: The groups (n_group); 1: no limit.
+    chosen: The groups a token's experts come from (topk_group).
+    score: How a group scores for a token: "max", its best expert's score (DeepSeek-V2's
+      group_limited_greedy), or "top2_sum", its two best (DeepSeek-V3's, of the biased
+      scores; a group of one expert scores its one).
+  """
+
+  count: int = 1
+  chosen: int = 1
+  score: GroupScore = "max"
+
+
+def _within_groups(choice: jax.Array, groups: ExpertGroups) -> jax.Array:
+  """`choice` [T, E] with -inf outside each token's `groups.chosen` best groups."""
+  tokens, experts = choice.shape
+  if groups.count == 1 or groups.chosen >= groups.count:
+    return choice
+  size = experts // groups.count
+  grouped = choice.reshape(tokens, groups.count, size)
+  if groups.score == "max":
+    group_scores = jnp.max(grouped, axis=-1)
+  else:
+    group_scores = jnp.sum(jax.lax.top_k(grouped, min(2, size))[0], axis=-1)
+  best = jax.lax.top_k(group_scores, groups.chosen)[1]
+  kept = jnp.any(jax.nn.one_hot(best, groups.count, dtype=jnp.bool_), axis=-2)  # [T, groups]
+  return jnp.where(jnp.repeat(kept, size, axis=-1), choice, -jnp.inf)
+
+
 def route(logits: jax.Array, k: int, score: RouterScore = "softmax",
-          renormalize: bool = True) -> Routing:
-  """The k highest-scoring experts of each token (rows of float32 `logits` [T, E])."""
+          renormalize: bool = True, groups: ExpertGroups = ExpertGroups(),
+          selection_bias: jax.Array | None = None, scaling: float = 1.0) -> Routing:
+  """The k experts of each token (rows of float32 `logits` [T, E]): the highest scores, or
+  with `selection_bias` [E] the highest scores plus the bias (DeepSeek-V3's auxiliary-loss-
+  free balance: the bias chooses, it never weighs, and no gradient reaches it), among the
+  experts of the token's best `groups`. Each chosen expert weighs its score (renormalized
+  over the k where asked), times `scaling` (routed_scaling_factor)."""
   logits = logits.astype(jnp.float32)
   scores = jax.nn.softmax(logits, axis=-1) if score == "softmax" else jax.nn.sigmoid(logits)
-  weights, experts = jax.lax.top_k(scores, k)
-  if renormalize:
-    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+  choice = scores
+  if selection_bias is not None:
+    choice = scores + jax.lax.stop_gradient(selection_bias.astype(jnp.float32))
+  experts = jax.lax.top_k(_within_groups(choice, groups), k)[1]
+  weights = jnp.take_along_axis(scores, experts, axis=-1)
+  if renormalize:  # DeepSeek-V3's 1e-20 keeps sigmoid scores that all round to 0 finite.
+    weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+  if scaling != 1.0:
+    weights = weights * scaling
   return Routing(logits, scores, weights, experts.astype(jnp.int32))
 
 

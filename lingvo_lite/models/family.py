@@ -27,7 +27,8 @@ What a family provides (a `TransformerLM` subclass gets all of it; it overrides 
   adapters, rngs)`, the
   logits with an auxiliary objective that training adds to the mean token loss and the
   statistics logged beside it (a mixture of experts' load balance and router z-loss, each
-  expert's share of the tokens: models/moe_transformer.py); by default none.
+  expert's share of the tokens: models/moe_transformer.py); by default none. `after_step`:
+  what a train step does to the parameters after the optimizer (DeepSeek's selection bias).
 - Checks: `validate(target)` raises `UsageError` with one line naming `model.<field>`, the value
   and the fix; `check_sequence_length(path, length)` refuses data longer than the model takes.
 - LoRA (models/lora.py): `with_adapters(settings)`, the model whose weight matmuls add the
@@ -266,6 +267,14 @@ class LanguageModel(nn.Module):
     into `sown_collections`: none and nothing by default."""
     del sown
     return jnp.zeros((), jnp.float32), {}
+
+  @nn.nowrap
+  def after_step(self, params: Any, loads: Any) -> Any:
+    """The parameters after a train step's optimizer update, given the step's `loads` (the
+    statistic `expert_balance.LOADS`, summed over micro-batches): a mixture of experts'
+    selection biases moved against them; by default `params` as they are."""
+    del loads
+    return params
 
   @staticmethod
   def variables_of(params: Any, adapters: Any = None) -> dict[str, Any]:

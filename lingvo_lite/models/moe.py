@@ -16,9 +16,18 @@ logits_and_losses` reads; nothing is kept when the model is applied without it):
 - `router_z`: ST-MoE's router z-loss, the mean over tokens of logsumexp(router logits)^2.
 - `expert_fraction` [E]: each expert's share of the T x k assignments (they sum to 1).
 - `dropped`: the fraction of assignments dropped (0 but under "capacity").
+- With `selection_bias` only: `expert_load` [E], each expert's assignments (counts, for the
+  bias's update after the step: models/expert_balance.py), and `selection_bias` [E], the
+  bias as it chose (logged).
 
 Shared experts (DeepSeek, Qwen2-MoE): `shared_mlp_dim` > 0 adds one SwiGLU MLP of that width
 that every token goes through (several shared experts are one MLP of their summed width).
+
+DeepSeek's routing (expert_dispatch.route): `expert_groups` of which a token's experts come
+from its best `groups_per_token`, `routed_scaling`, and `selection_bias`: a float32 parameter
+`selection_bias` [experts] (Hugging Face's `e_score_correction_bias`) added to the scores to
+choose the experts, never to weigh them; it gets no gradient (a train step moves it by the
+step's loads instead).
 
 Parameters: `router_kernel` [embed, experts] (and `router_bias`),
 `wi` (the activated projection, Hugging Face's gate_proj / w1), `wi_gate` (the multiplied one,
@@ -40,8 +49,9 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.models import layers, moe_parallel, remat
-from lingvo_lite.models.expert_dispatch import (ExpertActivation, ExpertWeights, Routing,
-                                                RouterScore, capacity_dispatch, dense_reference,
+from lingvo_lite.models.expert_dispatch import (ExpertActivation, ExpertGroups, ExpertWeights,
+                                                GroupScore, Routing, RouterScore,
+                                                capacity_dispatch, dense_reference,
                                                 dense_weight, expert_counts, load_balance_loss,
                                                 route, router_z_loss)
 from lingvo_lite.models.quantization import Quantization
@@ -68,6 +78,11 @@ class MoeMlp(nn.Module):
     expert_bias: Biases on the experts' projections (gpt-oss).
     activation: "swiglu" or "clamped_swiglu" (gpt-oss), with `swiglu_alpha`, `swiglu_limit`.
     shared_mlp_dim: The width of the shared experts' MLP every token goes through; 0: none.
+    expert_groups: The groups the experts are in (DeepSeek's n_group; 1: no groups).
+    groups_per_token: The groups a token's experts come from (topk_group; None: all).
+    group_score: How a group scores for a token: "max" (DeepSeek-V2) or "top2_sum" (V3).
+    routed_scaling: The routed experts' weights are multiplied by it (routed_scaling_factor).
+    selection_bias: A per-expert bias on the scores for choosing only (the module doc).
     quantization: The model's (models/quantization.py): an int8 expert weight is multiplied
       dequantized; the router always in float32.
   """
@@ -85,6 +100,11 @@ class MoeMlp(nn.Module):
   swiglu_alpha: float = 1.702
   swiglu_limit: float = 7.0
   shared_mlp_dim: int = 0
+  expert_groups: int = 1
+  groups_per_token: int | None = None
+  group_score: GroupScore = "max"
+  routed_scaling: float = 1.0
+  selection_bias: bool = False
   quantization: Quantization | None = None
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
@@ -132,7 +152,15 @@ class MoeMlp(nn.Module):
     batch, length, dim = x.shape
     x = x.astype(self.dtype)
     logits = self.router_logits(x).reshape(batch * length, self.num_experts)
-    routing = route(logits, self.experts_per_token, self.router_score, self.renormalize)
+    bias = None
+    if self.selection_bias:
+      # float32 whatever param_dtype: a bfloat16 bias of 0.5 does not move by a 1e-3 step.
+      bias = self.param("selection_bias", nn.with_logical_partitioning(
+          nn.initializers.zeros, ("experts",)), (self.num_experts,), jnp.float32)
+    groups = ExpertGroups(self.expert_groups, self.groups_per_token or self.expert_groups,
+                          self.group_score)
+    routing = route(logits, self.experts_per_token, self.router_score, self.renormalize,
+                    groups, bias, self.routed_scaling)
     weights = self.expert_weights(dim)
     settings = (self.activation, self.swiglu_alpha, self.swiglu_limit)
     dropped = jnp.zeros((), jnp.float32)
@@ -147,16 +175,20 @@ class MoeMlp(nn.Module):
       y = y + layers.Mlp(mlp_dim=self.shared_mlp_dim, activation="swiglu", use_bias=False,
                          quantization=self.quantization, dtype=self.dtype,
                          param_dtype=self.param_dtype, name="shared")(x)
-    self._sow_statistics(routing, dropped)
+    self._sow_statistics(routing, dropped, bias)
     # The layer's output, as a dense MLP's (models/remat.py's "mlp_out").
     return remat.tag(layers.constrain(y, "batch", "length", "embed"), "mlp_out")
 
-  def _sow_statistics(self, routing: Routing, dropped: jax.Array) -> None:
+  def _sow_statistics(self, routing: Routing, dropped: jax.Array,
+                      bias: jax.Array | None) -> None:
     if not self.is_mutable_collection(STATISTICS):
       return
     counts = expert_counts(routing.experts, self.num_experts)
     balance = load_balance_loss(routing, self.router_score)
-    for name, value in (("load_balance", balance), ("router_z", router_z_loss(routing.logits)),
-                        ("expert_fraction", counts / jnp.sum(counts)), ("dropped", dropped)):
+    sown = [("load_balance", balance), ("router_z", router_z_loss(routing.logits)),
+            ("expert_fraction", counts / jnp.sum(counts)), ("dropped", dropped)]
+    if bias is not None:
+      sown += [("expert_load", counts), ("selection_bias", jax.lax.stop_gradient(bias))]
+    for name, value in sown:
       self.sow(STATISTICS, name, value)
 

@@ -24,6 +24,15 @@ What the family interface asks, answered for experts:
   both (`moe_load_balance`, `moe_router_z`), the fraction of assignments dropped
   (`moe_dropped`), and each expert's share of the assignments, averaged over the layers
   (`expert_fraction/NNN`: the run report's heat map).
+- DeepSeek (models/expert_dispatch.py, expert_balance.py): `expert_groups` limited to
+  `expert_groups_per_token` per token (scored by `group_score`), `routed_scaling_factor`,
+  shared experts (`shared_expert_mlp_dim`: DeepSeek's n_shared_experts x
+  moe_intermediate_size), the first `first_dense_layers` layers dense (DeepSeek's
+  first_k_dense_replace: a dense MLP of `mlp_dim`), and `selection_bias`: the auxiliary-loss-
+  free balance, each MoE layer's bias moved after every train step by
+  `selection_bias_rate` x sign(mean load - load) (`after_step`). It logs `moe_load_cv` (the
+  coefficient of variation of the experts' loads, averaged over the layers) and
+  `moe_selection_bias_spread` (the bias's max - min, averaged over the layers).
 - int8: the router is never quantized. Under "int8_weights" the stacked experts are int8
   with a scale per expert and output channel, multiplied dequantized; under "int8" training
   the attention's and dense layers' matmuls run in int8, the experts' grouped matmuls in the
@@ -40,9 +49,9 @@ import jax.numpy as jnp
 
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
-from lingvo_lite.models import moe
+from lingvo_lite.models import expert_balance, expert_dispatch, moe
 from lingvo_lite.models.transformer import TransformerLM
-from lingvo_lite.models.transformer_layers import count_per_layer, per_layer
+from lingvo_lite.models.transformer_layers import count_per_layer, per_layer, shortest_period
 from lingvo_lite.run_fields import RUN, TRAINING
 
 MlpKind = Literal["dense", "moe"]
@@ -70,6 +79,17 @@ class MoeTransformerLM(TransformerLM):
     expert_activation: "swiglu", or gpt-oss's "clamped_swiglu" (`swiglu_alpha`,
       `swiglu_limit`).
     shared_expert_mlp_dim: The width of shared experts every token goes through (0: none).
+    expert_groups: The groups the experts are in (n_group); 1: no groups.
+    expert_groups_per_token: The groups a token's experts come from (topk_group); None: all.
+    group_score: How a group scores for a token: "max" (DeepSeek-V2's best expert) or
+      "top2_sum" (DeepSeek-V3's two best biased scores).
+    routed_scaling_factor: The routed experts' weights are multiplied by it.
+    selection_bias: A per-expert bias on the scores for choosing the experts only, moved
+      after each train step against the experts' load (models/expert_balance.py).
+    selection_bias_rate: The bias's step per train step (the paper's update speed gamma);
+      0: the bias stays as loaded (a fine-tune).
+    first_dense_layers: The first layers are dense whatever `mlp_kinds` says
+      (first_k_dense_replace); the others follow `mlp_kinds`.
     load_balance_coefficient: The load-balancing loss's weight in the training objective.
     router_z_loss_coefficient: The router z-loss's weight.
   """
@@ -88,6 +108,13 @@ class MoeTransformerLM(TransformerLM):
   swiglu_alpha: PositiveFloat = 1.702
   swiglu_limit: PositiveFloat = 7.0
   shared_expert_mlp_dim: NonNegativeInt = 0
+  expert_groups: PositiveInt = 1
+  expert_groups_per_token: PositiveInt | None = None
+  group_score: expert_dispatch.GroupScore = "max"
+  routed_scaling_factor: PositiveFloat = 1.0
+  selection_bias: bool = False
+  selection_bias_rate: Annotated[NonNegativeFloat, TRAINING] = 0.001
+  first_dense_layers: NonNegativeInt = 0
   load_balance_coefficient: Annotated[NonNegativeFloat, TRAINING] = 0.01
   router_z_loss_coefficient: Annotated[NonNegativeFloat, TRAINING] = 0.0
 
@@ -105,6 +132,21 @@ class MoeTransformerLM(TransformerLM):
     return tuple(self.mlp_kinds)
 
   @nn.nowrap
+  def mlp_kinds_by_layer(self) -> tuple[str, ...]:
+    kinds = per_layer(self.mlp_kinds, self.num_layers)
+    first = min(self.first_dense_layers, self.num_layers)
+    return ("dense",) * first + kinds[first:]
+
+  @nn.nowrap
+  def variant_period(self) -> int:
+    """The patterns' period, or with dense first layers the whole stack's (listed: their
+    count is checked first, and such a stack has no shorter period once it has an MoE
+    layer after them)."""
+    if not self.first_dense_layers:
+      return super().variant_period()
+    return shortest_period(self.layer_variants())
+
+  @nn.nowrap
   def variant_fields(self, period: int) -> dict[str, Any]:
     return dict(super().variant_fields(period),
                 mlp_kinds=per_layer(self.mlp_kinds, min(period, self.num_layers)))
@@ -120,11 +162,15 @@ class MoeTransformerLM(TransformerLM):
         "renormalize": self.renormalize_top_k, "router_bias": self.router_bias,
         "expert_bias": self.expert_bias, "activation": self.expert_activation,
         "swiglu_alpha": self.swiglu_alpha, "swiglu_limit": self.swiglu_limit,
-        "shared_mlp_dim": self.shared_expert_mlp_dim}
+        "shared_mlp_dim": self.shared_expert_mlp_dim, "expert_groups": self.expert_groups,
+        "groups_per_token": self.expert_groups_per_token, "group_score": self.group_score,
+        "routed_scaling": self.routed_scaling_factor, "selection_bias": self.selection_bias}
 
   @nn.nowrap
   def moe_layers(self) -> int:
-    return count_per_layer(self.mlp_kinds, self.num_layers, "moe")
+    first = min(self.first_dense_layers, self.num_layers)
+    return (count_per_layer(self.mlp_kinds, self.num_layers, "moe")
+            - count_per_layer(self.mlp_kinds, first, "moe"))
 
   # ---------------------------------------------------------------------------- sizes
 
@@ -146,7 +192,7 @@ class MoeTransformerLM(TransformerLM):
       return router + self.experts_per_token * 3 * dim * hidden + shared
     biases = experts * (2 * hidden + dim) if self.expert_bias else 0
     return (router + (experts if self.router_bias else 0) + experts * 3 * dim * hidden
-            + biases + shared)
+            + biases + shared + (experts if self.selection_bias else 0))
 
   @nn.nowrap
   def num_parameters(self) -> int:
@@ -192,6 +238,26 @@ class MoeTransformerLM(TransformerLM):
       raise config_error(f"{path}.experts_per_token", self.experts_per_token,
                          f"is more than {path}.num_experts={self.num_experts}",
                          "route each token to at most every expert")
+    self._check_groups(path)
+
+  @nn.nowrap
+  def _check_groups(self, path: str) -> None:
+    """Refuses groups of experts that do not split the experts evenly, more groups per token
+    than groups, or too few experts in a token's groups for its k."""
+    groups, chosen = self.expert_groups, self.expert_groups_per_token or self.expert_groups
+    if self.num_experts % groups:
+      raise config_error(f"{path}.expert_groups", groups, f"does not divide "
+                         f"{path}.num_experts={self.num_experts} into equal groups",
+                         "give a divisor of num_experts (1: no groups)")
+    if chosen > groups:
+      raise config_error(f"{path}.expert_groups_per_token", chosen, f"is more than "
+                         f"{path}.expert_groups={groups}", "choose at most every group")
+    reachable = chosen * (self.num_experts // groups)
+    if self.experts_per_token > reachable:
+      raise config_error(f"{path}.experts_per_token", self.experts_per_token,
+                         f"is more than the {reachable} experts of {chosen} of "
+                         f"{path}.expert_groups={groups} groups a token chooses from",
+                         "raise expert_groups_per_token or lower experts_per_token")
 
   @classmethod
   def tiny(cls, fields: Mapping[str, Any], sequence_length: int) -> dict[str, Any]:
@@ -206,6 +272,10 @@ class MoeTransformerLM(TransformerLM):
     kinds = tuple(dict.fromkeys(fields.get("mlp_kinds") or ("moe",)))
     if len(kinds) > 1:
       changes.update(mlp_kinds=kinds, num_layers=max(changes["num_layers"], len(kinds) + 1))
+    if fields.get("first_dense_layers"):  # One dense layer, then the MoE layers.
+      changes.update(first_dense_layers=1, num_layers=max(changes["num_layers"], 2))
+    if fields.get("expert_groups", 1) > 1:  # 2 groups of 2, a token's experts from 1.
+      changes.update(expert_groups=2, expert_groups_per_token=1)
     return changes
 
   # ---------------------------------------------------------------------------- objective
@@ -214,7 +284,8 @@ class MoeTransformerLM(TransformerLM):
   def auxiliary_and_statistics(self, sown: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The routers' balance and z-losses, weighted by their coefficients, and the routing's
     statistics by name (each layer's sown rows averaged)."""
-    sown = layer_statistics(sown.get(moe.STATISTICS, {}))
+    collection = sown.get(moe.STATISTICS, {})
+    sown = layer_statistics(collection)
     if not sown:
       return jnp.zeros((), jnp.float32), {}
     means = {name: jnp.mean(values, axis=0) for name, values in sown.items()}
@@ -224,18 +295,35 @@ class MoeTransformerLM(TransformerLM):
                   "moe_router_z": means["router_z"], "moe_dropped": means["dropped"]}
     statistics.update({f"{EXPERT_FRACTION}{index:03d}": share
                        for index, share in enumerate(means["expert_fraction"])})
+    if expert_balance.BIAS in sown:  # Rows of the layers with a selection bias.
+      loads = sown[expert_balance.LOAD]
+      statistics.update(moe_load_cv=jnp.mean(
+          jnp.std(loads, axis=-1) / jnp.maximum(jnp.mean(loads, axis=-1), 1e-9)),
+          moe_selection_bias_spread=jnp.mean(jnp.ptp(sown[expert_balance.BIAS], axis=-1)))
+      statistics[expert_balance.LOADS] = expert_balance.loads_of(collection)
     return auxiliary, statistics
+
+  @nn.nowrap
+  def after_step(self, params: Any, loads: Any) -> Any:
+    """Each selection bias moved by its layer's load (models/expert_balance.py)."""
+    if not self.selection_bias or not self.selection_bias_rate:
+      return params
+    return expert_balance.with_updated_biases(params, loads, self.selection_bias_rate)
+
+
+# The statistics sown with a value per expert.
+_PER_EXPERT = ("expert_fraction", expert_balance.LOAD, expert_balance.BIAS)
 
 
 def layer_statistics(tree: Any) -> dict[str, jax.Array]:
   """Each statistic the MoE layers sowed (moe.py), one row per layer: [layers] for a scalar,
-  [layers, E] for the expert shares (scanned layers sow a stacked row per member)."""
+  [layers, E] for the values per expert (scanned layers sow a stacked row per member)."""
   found: dict[str, list[jax.Array]] = {}
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     name = next(key.key for key in reversed(path) if isinstance(key, jax.tree_util.DictKey))
     found.setdefault(name, []).append(leaf)
   rows = {}
   for name, leaves in found.items():
-    width = leaves[0].shape[-1:] if name == "expert_fraction" else ()
+    width = leaves[0].shape[-1:] if name in _PER_EXPERT else ()
     rows[name] = jnp.concatenate([leaf.reshape(-1, *width) for leaf in leaves])
   return rows

@@ -79,27 +79,29 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   total = objective.normalizer(batch)
 
   def loss(params, micro_batch, rng):
-    forward = Forward(model, state.frozen, adapters, rng)
-    return objective.loss(forward, params, micro_batch, total, z_loss)
+    loads = []
+    forward = Forward(model, state.frozen, adapters, rng, loads)
+    value, sums = objective.loss(forward, params, micro_batch, total, z_loss)
+    return value, (sums, jax.tree.map(lambda *each: sum(each), *loads) if loads else None)
 
   grad_fn = jax.grad(loss, has_aux=True)
   step_key = (None if dropout_seed is None
               else jax.random.fold_in(jax.random.key(dropout_seed), state.step))
 
   if grad_accum_steps == 1:
-    grads, sums = grad_fn(state.params, batch, step_key)
+    grads, (sums, loads) = grad_fn(state.params, batch, step_key)
   else:
     def accumulate(carry, indexed):
       index, micro_batch = indexed
       key = None if step_key is None else jax.random.fold_in(step_key, index)
-      grads, sums = grad_fn(state.params, micro_batch, key)
-      return jax.tree.map(jnp.add, carry, (grads, sums)), None
+      grads, sums_and_loads = grad_fn(state.params, micro_batch, key)
+      return jax.tree.map(jnp.add, carry, (grads, sums_and_loads)), None
 
     micro_batches = _split_micro_batches(batch, grad_accum_steps)
     shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro_batches),
                             step_key)
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-    (grads, sums), _ = jax.lax.scan(
+    (grads, (sums, loads)), _ = jax.lax.scan(
         accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
 
   opt_state = state.opt_state
@@ -109,6 +111,8 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   if offload_state:
     opt_state = jax.device_put(opt_state, jax.memory.Space.Host)
   params = optax.apply_updates(state.params, updates)
+  if loads is not None and not adapters:  # A LoRA job's base (its biases too) stays frozen.
+    params = model.after_step(params, loads)
   metrics = objective.train_metrics(sums, total, batch)
   metrics["learning_rate"] = schedule(state.step)
   if log_grad_norm:

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from lingvo_lite.errors import config_error
+from lingvo_lite.models.expert_balance import LOADS
 
 Batch = dict[str, jax.Array]
 
@@ -63,20 +64,35 @@ class Forward:
       reference of an objective that needs one; None for neither.
     adapters: Whether the trained parameters are LoRA adapters over `frozen`.
     rng: The key of the adapters' dropout (training only), or None.
+    loads: Where a train step collects the experts' loads of each forward pass (the
+      statistic `expert_balance.LOADS`, for `after_step`), or None: the loads are dropped.
+      Objectives never see them.
   """
 
   model: nn.Module
   frozen: Any = None
   adapters: bool = False
   rng: jax.Array | None = None
+  loads: list[Any] | None = dataclasses.field(default=None, compare=False)
 
   def outputs(self, params: Any, batch: Batch) -> tuple[jax.Array, jax.Array, dict[str, Any]]:
     """The model's `logits_and_losses` on `batch` (its logits, auxiliary objective and
     statistics: models/family.py) with the trained `params`."""
     base, lora = (self.frozen, params) if self.adapters else (params, None)
-    return self.model.logits_and_losses(
+    logits, auxiliary, statistics = self.model.logits_and_losses(
         base, batch["inputs"], batch.get("segment_ids"), batch.get("positions"), adapters=lora,
         rngs=None if self.rng is None else {"dropout": self.rng})
+    return logits, auxiliary, self._set_aside_loads(statistics)
+
+  def _set_aside_loads(self, statistics: dict[str, Any]) -> dict[str, Any]:
+    """`statistics` without the loads (a tree, not a metric), kept in `loads` if asked."""
+    if LOADS not in statistics:
+      return statistics
+    statistics = dict(statistics)
+    loads = statistics.pop(LOADS)
+    if self.loads is not None:
+      self.loads.append(loads)
+    return statistics
 
   def logits(self, params: Any, batch: Batch) -> jax.Array:
     """The model's logits on `batch` with the trained `params`."""
