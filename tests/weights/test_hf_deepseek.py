@@ -1,6 +1,6 @@
 """DeepSeek-V3 and DeepSeek-V2 against transformers' own: tiny random `DeepseekV3ForCausalLM`
 (a query bottleneck, YaRN with DeepSeek's mscale and mscale_all_dim, values narrower than the
-keys) and `DeepseekV2ForCausalLM` (V2-Lite's full query projection, values wider than the
+keys, experts in groups with a selection bias) and `DeepseekV2ForCausalLM` (V2-Lite's full query projection, values wider than the
 keys; once more with attention and MLP biases) built from configs (offline), every norm and
 bias moved off its initial value, written by `save_pretrained`:
 
@@ -12,7 +12,8 @@ bias moved off its initial value, written by `save_pretrained`:
   parameters;
 - 32 greedy tokens through `--mode=decode` (the absorbed decode over the latent cache) equal
   transformers' `generate`;
-- a config with expert layers is refused in one line (until the mixture is read).
+- the routing of each is read (V3's sigmoid over groups with its selection bias, moved off
+  zero here; V2's softmax over groups), and one it does not compute is one line.
 """
 
 import json
@@ -40,28 +41,43 @@ torch.set_num_threads(1)  # As test_hf_dense_families.py: tiny models, one threa
 
 VOCAB = 320  # At least PyCodeTiny's 259 (decode runs it with these folders).
 SHAPES = {"long": (1, 120), "batch": (3, 40)}
-_LATENT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=4, intermediate_size=96, kv_lora_rank=32,
-               qk_nope_head_dim=16, qk_rope_head_dim=8, first_k_dense_replace=2,
+_LATENT = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+               intermediate_size=96, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8,
                max_position_embeddings=1024)
+# One dense layer, then two of 8 experts in 4 groups (2 per token from 2 groups), 2 shared.
+_EXPERTS = dict(num_hidden_layers=3, first_k_dense_replace=1, moe_intermediate_size=24,
+                n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2, n_group=4,
+                topk_group=2)
 CASES = {
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
-        _LATENT, q_lora_rank=24, v_head_dim=12, rope_parameters={
+        _LATENT, **_EXPERTS, q_lora_rank=24, v_head_dim=12, routed_scaling_factor=2.5,
+        rope_parameters={
             "rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0,
             "original_max_position_embeddings": 256, "mscale": 0.8, "mscale_all_dim": 0.8})),
     "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
-        _LATENT, q_lora_rank=None, v_head_dim=40,
+        _LATENT, **_EXPERTS, q_lora_rank=None, v_head_dim=40, routed_scaling_factor=1.5,
+        topk_method="group_limited_greedy",
         rope_parameters={"rope_type": "default", "rope_theta": 5000.0})),
-    # Biases on the latent's and the query's down projections, the output and the MLP.
+    # Every layer dense, with biases on the latent's and the query's down projections, the
+    # output and the MLP.
     "deepseek_v2_biased": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
-        _LATENT, q_lora_rank=24, v_head_dim=12, attention_bias=True, mlp_bias=True)),
+        _LATENT, num_hidden_layers=2, first_k_dense_replace=2, q_lora_rank=24, v_head_dim=12,
+        attention_bias=True, mlp_bias=True)),
 }
 FAMILIES = ("deepseek_v2", "deepseek_v3")
 
 
 def _reference_model(case: str):
-  return hf_reference.reference_model(CASES[case], VOCAB, bos_token_id=0, eos_token_id=1,
-                                      pad_token_id=0)
+  model = hf_reference.reference_model(CASES[case], VOCAB, bos_token_id=0, eos_token_id=1,
+                                       pad_token_id=0)
+  # V3's selection bias is a buffer, not a parameter: moved off zero here (it chooses the
+  # experts and groups, and never weighs them).
+  generator = torch.Generator().manual_seed(2)
+  with torch.no_grad():
+    for name, buffer in model.named_buffers():
+      if name.endswith("e_score_correction_bias"):
+        buffer.add_(0.3 * torch.randn(buffer.shape, generator=generator))
+  return model
 
 
 def _tokens(shape_name: str) -> np.ndarray:
@@ -83,9 +99,10 @@ def test_logits_equal_transformers(folders, case):
   assert model.family_name == case[:len("deepseek_vN")]
   for shape in SHAPES:
     _assert_close(_ours(model, params, _tokens(shape)), expected[shape], f"{case} {shape}")
-  scanned, scanned_params, _ = hf_reference.load(folder, scan_layers=True)
-  _assert_close(_ours(scanned, scanned_params, _tokens("batch")), expected["batch"],
-                f"{case} scanned")
+  if case == "deepseek_v3":  # Scanned: the dense layer and the two MoE layers unrolled.
+    scanned, scanned_params, _ = hf_reference.load(folder, scan_layers=True)
+    _assert_close(_ours(scanned, scanned_params, _tokens("batch")), expected["batch"],
+                  f"{case} scanned")
 
 
 def test_the_latent_sizes_and_yarn_magnitudes_are_read(folders):
@@ -171,11 +188,24 @@ def test_what_gguf_cannot_express_is_one_line(folders, case, changes, words):
   assert "\n" not in str(refused.value)
 
 
-def test_a_config_with_expert_layers_is_refused_in_one_line(folders, tmp_path):
-  folder = tmp_path / "moe"
+def test_the_routing_is_read(folders):
+  v3, _, _ = hf_reference.load(folders["deepseek_v3"][0])
+  assert (v3.mlp_kinds_by_layer(), v3.num_experts, v3.experts_per_token, v3.expert_mlp_dim,
+          v3.shared_expert_mlp_dim, v3.router_score, v3.renormalize_top_k, v3.expert_groups,
+          v3.expert_groups_per_token, v3.group_score, v3.routed_scaling_factor,
+          v3.selection_bias) == (("dense", "moe", "moe"), 8, 2, 24, 48, "sigmoid", True, 4, 2,
+                                 "top2_sum", 2.5, True)
+  v2, _, _ = hf_reference.load(folders["deepseek_v2"][0])
+  assert (v2.router_score, v2.renormalize_top_k, v2.expert_groups, v2.group_score,
+          v2.routed_scaling_factor, v2.selection_bias) == ("softmax", False, 4, "max", 1.5,
+                                                           False)
+
+
+def test_a_routing_not_computed_is_refused_in_one_line(folders, tmp_path):
+  folder = tmp_path / "noaux"
   folder.mkdir()
-  config = json.loads((folders["deepseek_v3"][0] / "config.json").read_text())
-  (folder / "config.json").write_text(json.dumps(dict(config, first_k_dense_replace=1)))
-  with pytest.raises(UsageError, match="first_k_dense_replace=1") as refused:
+  config = json.loads((folders["deepseek_v2"][0] / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps(dict(config, topk_method="noaux_tc")))
+  with pytest.raises(UsageError, match="topk_method='noaux_tc'") as refused:
     HfCheckpoint(str(folder)).model_fields()
   assert "\n" not in str(refused.value)
