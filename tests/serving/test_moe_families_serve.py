@@ -50,8 +50,8 @@ def test_training_logs_the_routing_statistics(jobs, name):
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_serve_and_lm_eval_run_on_each_family(jobs, name):
   """One load of the job (the harness's model) serves and decodes offline; gpt-oss's (sinks,
-  a sliding ring cache, experts with biases) scores too (the harness only forwards to the
-  scorer the server's model runs)."""
+  a sliding ring cache, experts with biases) and DeepSeek-V3's (the latent cache) score too
+  (the harness only forwards to the scorer the server's model runs)."""
   serve_decode_and_score(jobs / "runs" / name, name, score=name in ("deepseek_v3", "gpt_oss"))
 
 
