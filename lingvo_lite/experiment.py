@@ -201,6 +201,7 @@ def _check_post_training(setup: Setup) -> None:
     del adapted  # A family without adapters refuses above, naming train.lora.
     lora_lib.check_targets(train.lora, setup.model, setup.train_data.sequence_length)
   train.objective.check("train.objective", setup.train_data)
+  train.objective.check_model("train.objective", setup.model)
 
 
 def _check_eval_set_names(eval_data: Any) -> None:

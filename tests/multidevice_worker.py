@@ -219,6 +219,43 @@ def _moe_gradients(axes):
           "specs": {name: str(experts[name].spec) for name in ("wi", "wo", "router_kernel")}}
 
 
+# DeepSeek's mixture of experts (issue 55) on a tiny Mixtral: sigmoid scores, 4 groups of 2
+# experts (a token's 2 from its best 2 groups), routed scaling, shared experts, the first
+# layer dense, the selection bias moved each step (rate 0.01, no balance loss) and a
+# multi-token module trained beside: 3 train steps with the experts over the expert axis, the
+# rows over fsdp x expert, the weights over fsdp and tensor (8 devices: no data axis of 2
+# beside them; the rows' split is what the loads are summed over), against one device.
+DEEPSEEK_SETS = ("model.router_score='sigmoid'", "model.num_experts=8", "model.expert_groups=4",
+                 "model.expert_groups_per_token=2", "model.group_score='top2_sum'",
+                 "model.routed_scaling_factor=2.5", "model.shared_expert_mlp_dim=32",
+                 "model.first_dense_layers=1", "model.selection_bias=True",
+                 "model.selection_bias_rate=0.01", "model.load_balance_coefficient=0.0")
+DEEPSEEK_MESHES = {"single": {}, "expert2_fsdp2_tensor2": {"expert": 2, "fsdp": 2, "tensor": 2}}
+
+
+def _deepseek_steps(axes):
+  """The losses of 3 train steps and each layer's selection bias after them."""
+  from lingvo_lite.config import building, fiddlers  # pylint: disable=g-import-not-at-top
+  from lingvo_lite.testing import tiny_config  # pylint: disable=g-import-not-at-top
+  cfg = tiny_config("PyCodeMixtralTiny", *SETS, *DEEPSEEK_SETS, *_mesh_sets(axes),
+                    synthetic=True)
+  fiddlers.multi_token_prediction(cfg)
+  setup = building.build(cfg)
+  devices = jax.devices()[:1] if not axes else jax.devices()
+  jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
+  losses, multi_token = [], []
+  with jitted.activated(), jax.default_matmul_precision("highest"):
+    state = jitted.init_state()
+    for step in range(3):
+      state, metrics = jitted.train_step(state, jitted.global_batch(setup.train_data.batch(step)))
+      losses.append(float(metrics["loss"]))
+      multi_token.append(float(metrics["multi_token_loss"]))
+  biases = {jax.tree_util.keystr(path): np.asarray(leaf).ravel().tolist()
+            for path, leaf in jax.tree_util.tree_flatten_with_path(state.params)[0]
+            if "selection_bias" in jax.tree_util.keystr(path)}
+  return {"losses": losses, "multi_token": multi_token, "biases": biases}
+
+
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
@@ -238,6 +275,7 @@ def main():
   result["moe"] = {name: _moe_gradients(axes) for name, axes in MOE_MESHES.items()}
   result["moe_decode"] = {name: _decode_logits(shape, experiment="PyCodeMixtralTiny")
                           for name, shape in MOE_DECODE_MESHES.items()}
+  result["deepseek_moe"] = {name: _deepseek_steps(axes) for name, axes in DEEPSEEK_MESHES.items()}
   result["bad"] = {}
   with tempfile.TemporaryDirectory() as job:
     for name, args in BAD_PARTITIONING.items():

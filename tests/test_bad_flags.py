@@ -404,6 +404,33 @@ CASES = {
                               "got str 'megablox'", None),
     "moe: no feed-forward kind": ([*MOE, "--fdl.model.mlp_kinds=()"],
                                   "model.mlp_kinds=(): names no feed-forward kind", None),
+    # DeepSeek's groups of experts and multi-token prediction (issue 55).
+    "moe: groups that do not divide the experts": (
+        [*MOE, "--fdl.model.expert_groups=3"],
+        "model.expert_groups=3: does not divide model.num_experts=4 into equal groups; give a "
+        "divisor of num_experts (1: no groups)", None),
+    "moe: more groups per token than groups": (
+        [*MOE, "--fdl.model.expert_groups=2", "--fdl.model.expert_groups_per_token=3"],
+        "model.expert_groups_per_token=3: is more than model.expert_groups=2; choose at most "
+        "every group", None),
+    "moe: top-k past the experts of the chosen groups": (
+        [*MOE, "--fdl.model.expert_groups=4", "--fdl.model.expert_groups_per_token=1"],
+        "model.experts_per_token=2: is more than the 1 experts of 1 of model.expert_groups=4 "
+        "groups a token chooses from; raise expert_groups_per_token or lower "
+        "experts_per_token", None),
+    "moe: an unknown group score": (
+        [*MOE, "--fdl.model.group_score='sum'"],
+        "model.group_score must be one of 'max', 'top2_sum', got str 'sum'", None),
+    "multi-token prediction on a dense family": (
+        [*TRAIN, "--fiddler=multi_token_prediction"],
+        "train.objective=MultiTokenPrediction(weight=0.3): trains multi-token modules, and the "
+        "model (a GptJ) has none; set model.multi_token_layers (1, as DeepSeek-V3) on a "
+        "mixture-of-experts family, or train with LanguageModelling", None),
+    "multi-token prediction without modules": (
+        [*MOE, "--fiddler=multi_token_prediction", "--fdl.model.multi_token_layers=0"],
+        "train.objective=MultiTokenPrediction(weight=0.3): trains multi-token modules, and the "
+        "model (a Mixtral) has none; set model.multi_token_layers (1, as DeepSeek-V3) on a "
+        "mixture-of-experts family, or train with LanguageModelling", None),
     "moe: an expert axis that does not divide the experts, compile": (
         ["--mode=compile", "--exp=PyCodeMixtralTiny", "--compile_topology=v5e-8",
          "--fdl.partitioner.ici_expert=4", "--fdl.model.num_experts=6"],

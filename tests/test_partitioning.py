@@ -118,6 +118,22 @@ def test_decode_with_experts_sharded_gives_the_logits_of_one_device(worker):
   _assert_same_logits_while_tokens_agree(runs["single"], runs["expert4_data2"])
 
 
+def test_deepseek_moe_trains_on_a_mesh_as_on_one_device(worker):
+  """DeepSeek's routing (sigmoid, groups, scaling, shared experts, a dense first layer), its
+  selection bias moved each step by the step's loads and a multi-token module: 3 steps with
+  the experts over the expert axis, the rows over fsdp x expert and the weights over fsdp and
+  tensor give one device's losses, and the same biases (a load counted differently would
+  move a bias the other way)."""
+  runs = worker["deepseek_moe"]
+  single, sharded = runs["single"], runs["expert2_fsdp2_tensor2"]
+  np.testing.assert_allclose(sharded["losses"], single["losses"], rtol=1e-5)
+  np.testing.assert_allclose(sharded["multi_token"], single["multi_token"], rtol=1e-5)
+  assert set(sharded["biases"]) == set(single["biases"]) and single["biases"]
+  for path, values in single["biases"].items():
+    assert np.abs(values).max() > 0, path  # The biases moved.
+    np.testing.assert_allclose(sharded["biases"][path], values, atol=1e-6, err_msg=path)
+
+
 @pytest.mark.parametrize("mesh", sorted(EXPECTED_SPECS))
 def test_parameter_partition_specs(worker, mesh):
   got = {path: spec.replace("PartitionSpec", "P") for path, spec in

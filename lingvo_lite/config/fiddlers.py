@@ -116,3 +116,21 @@ def dpo(cfg: fdl.Config) -> None:
   objective = cfg.train.objective
   if not (isinstance(objective, fdl.Config) and fdl.get_callable(objective) is Dpo):
     cfg.train.objective = fdl.Config(Dpo)
+
+
+def multi_token_prediction(cfg: fdl.Config) -> None:
+  """Trains with DeepSeek-V3's multi-token prediction beside the next-token loss
+  (train.objective: training/objectives/multi_token.py, weight 0.3) on the model's
+  multi-token modules (one where a model of such a family has none: model.multi_token_layers);
+  set its weight after it, e.g. `--fiddler=multi_token_prediction
+  --fdl.train.objective.weight=0.1`."""
+  # pylint: disable-next=g-import-not-at-top
+  from lingvo_lite.training.objectives.multi_token import MultiTokenPrediction
+  objective = cfg.train.objective
+  if not (isinstance(objective, fdl.Config)
+          and fdl.get_callable(objective) is MultiTokenPrediction):
+    cfg.train.objective = fdl.Config(MultiTokenPrediction)
+  # A family without the field is refused by the objective's check, in one line.
+  if hasattr(fdl.get_callable(cfg.model), "multi_token_layers") and not getattr(
+      cfg.model, "multi_token_layers", 0):
+    cfg.model.multi_token_layers = 1

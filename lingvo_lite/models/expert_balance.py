@@ -47,13 +47,15 @@ def loads_of(sown: Any) -> dict[str, Any]:
        for path, value in flat.items() if path[-1] == LOAD})
 
 
-def with_updated_biases(params: Any, loads: Any, rate: float) -> Any:
-  """`params` with each layer's selection bias moved by its load (`loads_of`'s tree)."""
+def with_updated_biases(before: Any, params: Any, loads: Any, rate: float) -> Any:
+  """`params` (the optimizer's update of `before`) with each layer's selection bias its
+  value in `before` moved by its load (`loads_of`'s tree): the optimizer's take on it (a
+  weight decay) is dropped."""
   flat_loads = traverse_util.flatten_dict(loads) if loads else {}
   if not flat_loads:
     return params
-  flat = traverse_util.flatten_dict(params)
+  flat, flat_before = traverse_util.flatten_dict(params), traverse_util.flatten_dict(before)
   for path, load in flat_loads.items():
     where = path[:-1] + (BIAS,)
-    flat[where] = updated_bias(flat[where], load, rate)
+    flat[where] = updated_bias(flat_before[where], load, rate)
   return traverse_util.unflatten_dict(flat)

@@ -244,21 +244,23 @@ class LanguageModel(nn.Module):
   def logits_and_losses(self, params: Any, tokens: jax.Array,
                         segment_ids: jax.Array | None = None,
                         positions: jax.Array | None = None, adapters: Any = None,
-                        rngs: dict[str, jax.Array] | None = None
-                        ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+                        rngs: dict[str, jax.Array] | None = None, multi_token: bool = False
+                        ) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
     """Training's and evaluation's forward pass: (the logits, the auxiliary objective a
     training step adds to its mean token loss, already weighted by the family's coefficients
     (a float32 scalar), the scalar statistics to log beside the loss by name). By default
     the plain logits, no auxiliary objective and nothing to log. `adapters`: a LoRA model's
     adapters over `params` (models/lora.py); `rngs`: their dropout's keys. A family whose
     layers sow statistics names their collections (`sown_collections`) and reads them
-    (`auxiliary_and_statistics`)."""
+    (`auxiliary_and_statistics`). `multi_token`: the logits are (the logits, the multi-token
+    modules' [depths, ...]: models/multi_token.py)."""
     variables = self.variables_of(params, adapters)
+    options = {"multi_token": True} if multi_token else {}
     if not self.sown_collections:
-      logits = self.apply(variables, tokens, segment_ids, positions, rngs=rngs)
+      logits = self.apply(variables, tokens, segment_ids, positions, rngs=rngs, **options)
       return logits, *self.auxiliary_and_statistics({})
     logits, sown = self.apply(variables, tokens, segment_ids, positions, rngs=rngs,
-                              mutable=list(self.sown_collections))
+                              mutable=list(self.sown_collections), **options)
     return logits, *self.auxiliary_and_statistics(sown)
 
   @nn.nowrap
@@ -269,11 +271,10 @@ class LanguageModel(nn.Module):
     return jnp.zeros((), jnp.float32), {}
 
   @nn.nowrap
-  def after_step(self, params: Any, loads: Any) -> Any:
-    """The parameters after a train step's optimizer update, given the step's `loads` (the
-    statistic `expert_balance.LOADS`, summed over micro-batches): a mixture of experts'
-    selection biases moved against them; by default `params` as they are."""
-    del loads
+  def after_step(self, before: Any, params: Any, loads: Any) -> Any:
+    """A train step's final parameters from its first (`before`), the optimizer's update
+    (`params`) and the step's `loads` (models/expert_balance.py): by default `params`."""
+    del before, loads
     return params
 
   @staticmethod

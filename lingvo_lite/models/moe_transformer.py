@@ -90,6 +90,9 @@ class MoeTransformerLM(TransformerLM):
       0: the bias stays as loaded (a fine-tune).
     first_dense_layers: The first layers are dense whatever `mlp_kinds` says
       (first_k_dense_replace); the others follow `mlp_kinds`.
+    multi_token_layers: D, DeepSeek-V3's multi-token prediction modules (num_nextn_predict_
+      layers; models/multi_token.py), each a block of the last layer's kinds predicting one
+      token further ahead; trained by training/objectives/multi_token.py, ignored in decoding.
     load_balance_coefficient: The load-balancing loss's weight in the training objective.
     router_z_loss_coefficient: The router z-loss's weight.
   """
@@ -115,6 +118,7 @@ class MoeTransformerLM(TransformerLM):
   selection_bias: bool = False
   selection_bias_rate: Annotated[NonNegativeFloat, TRAINING] = 0.001
   first_dense_layers: NonNegativeInt = 0
+  multi_token_layers: NonNegativeInt = 0
   load_balance_coefficient: Annotated[NonNegativeFloat, TRAINING] = 0.01
   router_z_loss_coefficient: Annotated[NonNegativeFloat, TRAINING] = 0.0
 
@@ -195,10 +199,28 @@ class MoeTransformerLM(TransformerLM):
             + biases + shared + (experts if self.selection_bias else 0))
 
   @nn.nowrap
+  def multi_token_depth(self) -> int:
+    return self.multi_token_layers
+
+  @nn.nowrap
   def num_parameters(self) -> int:
     moe_layers = self.moe_layers()
-    return (super().num_parameters()
+    return (super().num_parameters() + self._multi_token_parameters()
             + moe_layers * (self._moe_parameters(False) - self._dense_mlp_parameters()))
+
+  @nn.nowrap
+  def _multi_token_parameters(self) -> int:
+    """The multi-token modules': each a block of the last layer's kinds (one layer's
+    parameters, counted as the difference of two stacks), the projection and three norms."""
+    if not self.multi_token_layers:
+      return 0
+    last = self.clone(parent=None, first_dense_layers=0, multi_token_layers=0,
+                      mlp_kinds=(self.mlp_kinds_by_layer()[-1],),
+                      layer_kinds=(self.kinds_by_layer()[-1],))
+    block = (last.clone(parent=None, num_layers=2).num_parameters()
+             - last.clone(parent=None, num_layers=1).num_parameters())
+    norm = 2 * self.dim if self.norm == "layernorm" else self.dim
+    return self.multi_token_layers * (block + 2 * self.dim * self.dim + 3 * norm)
 
   @nn.nowrap
   def block_matmul_parameters(self) -> int:
@@ -274,6 +296,8 @@ class MoeTransformerLM(TransformerLM):
       changes.update(mlp_kinds=kinds, num_layers=max(changes["num_layers"], len(kinds) + 1))
     if fields.get("first_dense_layers"):  # One dense layer, then the MoE layers.
       changes.update(first_dense_layers=1, num_layers=max(changes["num_layers"], 2))
+    if fields.get("multi_token_layers"):
+      changes["multi_token_layers"] = 1
     if fields.get("expert_groups", 1) > 1:  # 2 groups of 2, a token's experts from 1.
       changes.update(expert_groups=2, expert_groups_per_token=1)
     return changes
@@ -304,11 +328,12 @@ class MoeTransformerLM(TransformerLM):
     return auxiliary, statistics
 
   @nn.nowrap
-  def after_step(self, params: Any, loads: Any) -> Any:
-    """Each selection bias moved by its layer's load (models/expert_balance.py)."""
-    if not self.selection_bias or not self.selection_bias_rate:
+  def after_step(self, before: Any, params: Any, loads: Any) -> Any:
+    """Each selection bias its value before the step moved by its layer's load
+    (models/expert_balance.py); a rate of 0 keeps it."""
+    if not self.selection_bias:
       return params
-    return expert_balance.with_updated_biases(params, loads, self.selection_bias_rate)
+    return expert_balance.with_updated_biases(before, params, loads, self.selection_bias_rate)
 
 
 # The statistics sown with a value per expert.

@@ -60,6 +60,7 @@ from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.family import LanguageModel
 from lingvo_lite.models.remat import RematPolicy
 from lingvo_lite.models.transformer_checks import TransformerChecks
+from lingvo_lite.models.multi_token import MultiTokenPrediction
 from lingvo_lite.models.transformer_layers import LayerKind, TransformerLayers
 from lingvo_lite.models.transformer_sizes import TransformerSizes
 
@@ -81,7 +82,8 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
   return index - segment_start
 
 
-class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, LanguageModel):
+class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, MultiTokenPrediction,
+                    LanguageModel):
   """Decoder-only transformer LM: tokens [batch, length] -> float32 logits [batch, length, vocab].
 
   The fields of how the model is run or trained are marked `RUN` / `TRAINING` (run_fields.py):
@@ -342,7 +344,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
   @nn.compact
   def __call__(self, tokens: jax.Array, segment_ids: jax.Array | None = None,
                positions: jax.Array | None = None, cache: Any = None,
-               output_index: jax.Array | None = None, return_kv: bool = False) -> Any:
+               output_index: jax.Array | None = None, return_kv: bool = False,
+               multi_token: bool = False) -> Any:
     """Logits of `tokens` [batch, length]; see the class doc.
 
     Decoding uses the last three arguments (lingvo_lite/decode/steps.py):
@@ -358,6 +361,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
         projection of every position).
       return_kv: Also return the tokens' keys and values (a prefill's, for the cache),
         [layers, batch, length, kv_heads, head_dim] each: `(logits, (keys, values))`.
+      multi_token: Also the multi-token modules' logits (training: models/multi_token.py),
+        [depths, batch, length, vocab]: `(logits, those)`.
     """
     if positions is None:
       length = tokens.shape[1]
@@ -367,7 +372,16 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
     x, extra = self._layers(x, positions, segment_ids, cache, return_kv)
     if output_index is not None:
       x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
-    logits = self._logits(x, embedding)
+    depth = self.multi_token_depth() if (multi_token or self.is_initializing()) else 0
+    ahead = None
+    if depth and output_index is None and cache is None:  # models/multi_token.py
+      ahead = lambda normed: self._multi_token_hidden(normed, tokens, positions, segment_ids,
+                                                      embedding)
+    logits = self._logits(x, embedding, ahead)
+    if ahead is not None:  # The main rows, then each depth's: [D, B, T, vocab].
+      rows = tokens.shape[0]
+      logits, extra = logits[:rows], logits[rows:].reshape(depth, rows, *logits.shape[1:])
+      return (logits, extra) if multi_token else logits
     return (logits, extra) if (return_kv or cache is not None) else logits
 
   def _embedded(self, tokens: jax.Array, positions: jax.Array) -> tuple[jax.Array, Any]:
@@ -403,11 +417,13 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Lang
       x = x + jnp.take(table, positions, axis=0).astype(dtype)
     return layers.constrain(x, "batch", "length", "embed"), embedding
 
-  def _logits(self, x: jax.Array, embedding: Any) -> jax.Array:
+  def _logits(self, x: jax.Array, embedding: Any, ahead: Any = None) -> jax.Array:
     """The final norm and the output projection (the embedding table's, where tied): float32
     logits [batch, length, vocab]."""
     dtype, param_dtype = jnp.dtype(self.dtype), jnp.dtype(self.param_dtype)
     x = layers.Norm(kind=self.norm, eps=self.norm_eps, dtype=dtype, name="final_norm")(x)
+    if ahead is not None:  # The multi-token rows after the main ones: one shared projection.
+      x = jnp.concatenate([x, ahead(x)], axis=0)
     # "int8" training quantizes the blocks only; "int8_weights" the output projection too.
     output_quantization = "int8_weights" if self.quantization == "int8_weights" else None
     if self.tie_embeddings:

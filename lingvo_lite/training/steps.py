@@ -56,6 +56,26 @@ def _split_micro_batches(batch: Batch, num_micro_batches: int) -> Batch:
       batch)
 
 
+def _summed_gradients(grad_fn: Any, params: Any, batch: Batch, step_key: jax.Array | None,
+                      grad_accum_steps: int) -> tuple[Any, Any]:
+  """`grad_fn(params, batch, key)`'s (gradients, auxiliary outputs), summed over
+  `grad_accum_steps` micro-batches of `batch` (each its own dropout key) where more than 1."""
+  if grad_accum_steps == 1:
+    return grad_fn(params, batch, step_key)
+
+  def accumulate(carry, indexed):
+    index, micro_batch = indexed
+    key = None if step_key is None else jax.random.fold_in(step_key, index)
+    return jax.tree.map(jnp.add, carry, grad_fn(params, micro_batch, key)), None
+
+  micro_batches = _split_micro_batches(batch, grad_accum_steps)
+  shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro_batches),
+                          step_key)
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+  summed, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
+  return summed
+
+
 def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                objective: Objective = _NEXT_TOKEN, z_loss: float = 0.0,
@@ -75,6 +95,8 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
   so a resumed run draws the same masks. `offload_state`: `state.opt_state` lives in host
   memory (the jit's shardings say so: train_state.offloaded); it is brought to the device for
   the update and the new one sent back, so between steps the device holds none of it.
+  Then the model moves what it measured (`after_step`: a mixture of experts' selection biases
+  by the loads of the step's forward passes, summed over the micro-batches).
   """
   total = objective.normalizer(batch)
 
@@ -84,25 +106,10 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
     value, sums = objective.loss(forward, params, micro_batch, total, z_loss)
     return value, (sums, jax.tree.map(lambda *each: sum(each), *loads) if loads else None)
 
-  grad_fn = jax.grad(loss, has_aux=True)
   step_key = (None if dropout_seed is None
               else jax.random.fold_in(jax.random.key(dropout_seed), state.step))
-
-  if grad_accum_steps == 1:
-    grads, (sums, loads) = grad_fn(state.params, batch, step_key)
-  else:
-    def accumulate(carry, indexed):
-      index, micro_batch = indexed
-      key = None if step_key is None else jax.random.fold_in(step_key, index)
-      grads, sums_and_loads = grad_fn(state.params, micro_batch, key)
-      return jax.tree.map(jnp.add, carry, (grads, sums_and_loads)), None
-
-    micro_batches = _split_micro_batches(batch, grad_accum_steps)
-    shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro_batches),
-                            step_key)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-    (grads, (sums, loads)), _ = jax.lax.scan(
-        accumulate, zeros, (jnp.arange(grad_accum_steps), micro_batches))
+  grads, (sums, loads) = _summed_gradients(jax.grad(loss, has_aux=True), state.params, batch,
+                                           step_key, grad_accum_steps)
 
   opt_state = state.opt_state
   if offload_state:  # XLA computes only on the device's memory.
@@ -112,7 +119,7 @@ def train_step(state: TrainState, batch: Batch, *, model: nn.Module,
     opt_state = jax.device_put(opt_state, jax.memory.Space.Host)
   params = optax.apply_updates(state.params, updates)
   if loads is not None and not adapters:  # A LoRA job's base (its biases too) stays frozen.
-    params = model.after_step(params, loads)
+    params = model.after_step(state.params, params, loads)
   metrics = objective.train_metrics(sums, total, batch)
   metrics["learning_rate"] = schedule(state.step)
   if log_grad_norm:

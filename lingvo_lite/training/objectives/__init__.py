@@ -1,4 +1,5 @@
-"""Training objectives: one module each (lm: the next-token loss; dpo: DPO on preference pairs),
+"""Training objectives: one module each (lm: the next-token loss; dpo: DPO on preference pairs;
+multi_token: the next-token loss with DeepSeek-V3's multi-token modules'),
 each a config part that `train.objective` holds (objective.py says what one declares).
 
 A job's eval set is scored by the job's own objective where it reads the set's rows; else by
@@ -12,10 +13,12 @@ from typing import Any
 
 from lingvo_lite.training.objectives.dpo import Dpo
 from lingvo_lite.training.objectives.lm import LanguageModelling
+from lingvo_lite.training.objectives.multi_token import MultiTokenPrediction
 from lingvo_lite.training.objectives.objective import Objective
 
 # The objectives that score an eval set of their rows in a job whose objective reads others.
 SCORERS: tuple[type[Objective], ...] = (LanguageModelling, Dpo)
+__all__ = ["Dpo", "LanguageModelling", "MultiTokenPrediction", "Objective", "SCORERS", "scorer"]
 
 
 def scorer(objective: Objective, source: Any) -> Objective:

@@ -51,7 +51,15 @@ def loss_sums(forward: Forward, params: Any, batch: Batch, z_loss: float,
   sums (with `per_token`, also each token's weighted cross-entropy, `token_nats`). The
   model's statistics are summed weighted by the batch's tokens, so micro-batches and eval
   batches average them as they do the loss."""
-  logits, auxiliary, statistics = forward.outputs(params, batch)
+  return sums_of_outputs(forward.outputs(params, batch), batch, z_loss, normalizer, per_token)
+
+
+def sums_of_outputs(outputs: tuple[jax.Array, jax.Array, dict[str, Any]], batch: Batch,
+                    z_loss: float, normalizer: jax.Array | float = 1.0, per_token: bool = False
+                    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """`loss_sums` of the model's outputs on `batch` (`Forward.outputs`: its logits, auxiliary
+  objective and statistics)."""
+  logits, auxiliary, statistics = outputs
   cross_entropy, log_z, correct = token_losses(logits, batch["targets"])
   # One reduction for the three sums: on CPU each separate reduction is its own kernel.
   ce_sum, z_sum, correct_sum = jnp.sum(

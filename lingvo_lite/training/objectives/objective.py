@@ -75,13 +75,15 @@ class Forward:
   rng: jax.Array | None = None
   loads: list[Any] | None = dataclasses.field(default=None, compare=False)
 
-  def outputs(self, params: Any, batch: Batch) -> tuple[jax.Array, jax.Array, dict[str, Any]]:
+  def outputs(self, params: Any, batch: Batch, multi_token: bool = False
+              ) -> tuple[Any, jax.Array, dict[str, Any]]:
     """The model's `logits_and_losses` on `batch` (its logits, auxiliary objective and
-    statistics: models/family.py) with the trained `params`."""
+    statistics: models/family.py) with the trained `params`; `multi_token`: the logits
+    with the multi-token modules' (models/multi_token.py)."""
     base, lora = (self.frozen, params) if self.adapters else (params, None)
     logits, auxiliary, statistics = self.model.logits_and_losses(
         base, batch["inputs"], batch.get("segment_ids"), batch.get("positions"), adapters=lora,
-        rngs=None if self.rng is None else {"dropout": self.rng})
+        rngs=None if self.rng is None else {"dropout": self.rng}, multi_token=multi_token)
     return logits, auxiliary, self._set_aside_loads(statistics)
 
   def _set_aside_loads(self, statistics: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +189,11 @@ class Objective:
     raise config_error(path, self, f"reads {self.rows}, but train_data (a "
                        f"{type(train_data).__name__}" + (f" of {task}" if task else "")
                        + f") holds {held}", self.data_fix)
+
+  def check_model(self, path: str, model: Any) -> None:
+    """Raises UsageError (one line naming `path`) where `model` lacks what this objective
+    trains (multi-token modules); by default every model serves."""
+    del path, model
 
   def scores(self, source: Any) -> bool:
     """Whether this objective scores eval set `source` (it reads such rows)."""
