@@ -220,6 +220,16 @@ class DeepSeekV3GgufNames(TransformerGgufNames):
     """A deepseek2 file whose experts are gated by a sigmoid (V3's; V2's by a softmax)."""
     return metadata.get(f"{cls.architecture}.expert_gating_func") == SIGMOID_GATING
 
+  @classmethod
+  def hf_config(cls, metadata: Any, tensors: Any) -> dict[str, Any]:
+    """Refuses a file of newer llama.cpp converters, which split attn_kv_b into attn_k_b and
+    attn_v_b and leave attn_kv_b out (latent_names.py)."""
+    if "blk.0.attn_kv_b.weight" not in tensors and "blk.0.attn_k_b.weight" in tensors:
+      raise UsageError(f"{cls.architecture}: the file holds the latent's up projection as "
+                       "attn_k_b and attn_v_b (newer llama.cpp converters), which lingvo_lite "
+                       "does not read; read the model's Hugging Face folder (hf:PATH)")
+    return super().hf_config(metadata, tensors)
+
   def check_writable(self) -> None:
     model = self.model
     problem = None

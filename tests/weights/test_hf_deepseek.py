@@ -26,7 +26,8 @@ from etils import epath
 from lingvo_lite.errors import UsageError
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.models.checkpoint_names import HfConfig
-from lingvo_lite.models.deepseek_v3 import DeepSeekV3HfNames
+from lingvo_lite.models.deepseek_v3 import DeepSeekV3, DeepSeekV3HfNames
+from lingvo_lite.models.format_names import GgufNames, bound as names_of_gguf
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.weights import gguf_export, hf_export
 from lingvo_lite.weights.gguf_checkpoint import GgufCheckpoint
@@ -167,6 +168,12 @@ def test_a_gguf_export_reads_back_the_same_model(folders, tmp_path):
       np.testing.assert_array_equal(np.asarray(ours), np.asarray(original))
     # The norms' epsilon went through float32 (GGUF's): the logits, not the config, agree.
     _assert_close(_ours(again, read, _tokens("batch")), folders[case][1]["batch"], case)
+  # Newer llama.cpp converters' split of attn_kv_b: one line.
+  shapes = {"blk.0.attn_k_b.weight": (4, 32, 16)}
+  with pytest.raises(UsageError, match="attn_k_b and attn_v_b") as refused:
+    names_of_gguf(DeepSeekV3(), GgufNames).hf_config(
+        {"general.architecture": "deepseek2"}, shapes)
+  assert "\n" not in str(refused.value)
 
 
 @pytest.mark.slow
