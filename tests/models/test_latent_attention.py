@@ -75,14 +75,16 @@ def test_the_absorbed_decode_equals_the_expanded_forward():
   """V3: scanned layers (the cache stacked), YaRN with DeepSeek's magnitudes, LoRA adapters
   on every projection (the up projection's merged into the absorbed matmuls); V2: unrolled,
   int8 weights (dequantized in the absorbed matmuls as the expanded form's)."""
+  # Dense layers (the experts are the feed-forward's, decoded as they are trained).
   v3 = MODELS["v3"](scan_layers=True, rotary_scaling="yarn", rotary_scaling_factor=4.0,
-                    rotary_original_max_length=16, rotary_mscale_all_dim=0.8)
+                    rotary_original_max_length=16, rotary_mscale_all_dim=0.8,
+                    first_dense_layers=2)
   adapted = v3.with_adapters(lora.LoraSettings(rank=4))
   variables = _params(adapted)
   # B starts at zero: nonzero adapters, or the case would pass without them.
   adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.key(3), x.shape),
                           variables[lora.COLLECTION])
-  v2 = MODELS["v2"]()
+  v2 = MODELS["v2"](first_dense_layers=2)
   int8 = v2.clone(quantization="int8_weights")
   quantized = int8.decode_params(_params(v2)["params"], v2.parameter_logical_specs())
   with jax.default_matmul_precision("highest"):
@@ -124,8 +126,8 @@ def test_training_kernels_take_the_values_width(implementation, value_width):
   """splash takes the narrower values as they are; XLA's fused attention (one width) gets
   them padded, or wider values with the queries and keys padded; each equals the einsum
   row, forward and gradients."""
-  x = jax.random.normal(jax.random.key(1), (2, 128, 32))
-  positions = jnp.broadcast_to(jnp.arange(128), (2, 128))
+  x = jax.random.normal(jax.random.key(1), (1, 128, 32))
+  positions = jnp.arange(128)[None]
   reference = _layer("einsum", value_width)
   params = reference.init(jax.random.key(0), x, positions, None)
 
