@@ -111,7 +111,7 @@ class DeepSeekV2HfNames(moe_names.MoeHfNames):
   model_type = "deepseek_v2"
   architecture = "DeepseekV2ForCausalLM"
   config_rows = latent_names.config_rows(
-      _PAIRS, dense_first(0), *EXPERTS, ROUTING, q_lora_rank=None, max_length=2048,
+      _PAIRS, dense_first(0), *EXPERTS, ROUTING, max_length=2048,
       num_experts=64, experts_per_token=None, expert_mlp_dim=1407, routed_scaling_factor=1.0)
   tensor_rows = dense_names.tensors(latent_names.layer(feed_forward(dense_names.swiglu())))
 

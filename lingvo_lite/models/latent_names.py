@@ -160,34 +160,84 @@ def _rope_metadata(model: Any) -> dict[str, Any]:
 ROPE = Rule("rope_scaling", _rope_fields, _rope_config, _rope_from_metadata, _rope_metadata)
 
 
-def _mla_key_length(metadata: Mapping[str, Any], arch: str, tensors: Any, config: dict) -> Any:
-  """qk_nope from llama.cpp's key width with MLA less the rotary width."""
-  del tensors
-  length = metadata.get(f"{arch}.attention.key_length_mla")
-  rope = config.get("qk_rope_head_dim", metadata.get(f"{arch}.rope.dimension_count"))
-  return None if length is None or rope is None else length - rope
+def _sizes(defaults: Mapping[str, Any]):
+  """Reads the sizes (a family's `defaults` where a config has none; a `q_lora_rank` of null
+  is no bottleneck, not the default)."""
+  def fields(config: HfConfig, found: dict[str, Any]) -> dict[str, Any]:
+    del found
+    read = {field: config.get(key, defaults.get(field, default))
+            for field, key, default in _SIZE_KEYS}
+    if "q_lora_rank" in config.values:
+      read["q_lora_rank"] = config.values["q_lora_rank"]
+    if read["q_lora_rank"] == 0:  # A GGUF file's word for none (its config drops nulls).
+      read["q_lora_rank"] = None
+    return read
+  return fields
 
 
-# The latent attention's sizes: config.json's keys, llama.cpp's (its key and value widths
-# are the "MQA" latent form, kv_lora_rank + qk_rope and kv_lora_rank; with MLA, per head).
-SIZES = (
-    Key("q_lora_rank", "q_lora_rank", "attention.q_lora_rank", None),
-    Key("kv_lora_rank", "kv_lora_rank", "attention.kv_lora_rank", 512),
-    Key("qk_rope_head_dim", "qk_rope_head_dim", "rope.dimension_count", 64),
-    Key("qk_nope_head_dim", "qk_nope_head_dim", _mla_key_length, 128),
-    Key("v_head_dim", "v_head_dim", "attention.value_length_mla", 128),
-    Rule("attention.key_length", metadata=lambda model: {
-        "attention.key_length": model.kv_lora_rank + model.qk_rope_head_dim,
-        "attention.value_length": model.kv_lora_rank,
-        "attention.key_length_mla": model.resolved_head_dim}),
-    KV_HEADS,
-)
+def _size_config(model: Any) -> dict[str, Any]:
+  return {key: getattr(model, field) for field, key, _ in _SIZE_KEYS}
+
+
+def _size_metadata(model: Any) -> dict[str, Any]:
+  """llama.cpp's keys: the latent ranks, the rotary width, the heads' widths with MLA, and
+  the "MQA" form's key and value widths (kv_lora_rank + qk_rope, kv_lora_rank)."""
+  found = {"attention.kv_lora_rank": model.kv_lora_rank,
+           "rope.dimension_count": model.qk_rope_head_dim,
+           "attention.key_length_mla": model.resolved_head_dim,
+           "attention.value_length_mla": model.v_head_dim,
+           "attention.key_length": model.kv_lora_rank + model.qk_rope_head_dim,
+           "attention.value_length": model.kv_lora_rank}
+  if model.q_lora_rank is not None:
+    found["attention.q_lora_rank"] = model.q_lora_rank
+  return found
+
+
+def _size_from_metadata(metadata: Mapping[str, Any], arch: str,
+                        tensors: Mapping[str, tuple[int, ...]], config: dict
+                        ) -> dict[str, Any]:
+  """Each size from its key, or where the file has none from the first layer's tensors (so a
+  key that contradicts them is found and named: weights/gguf_header.py)."""
+  def key(name: str) -> Any:
+    return metadata.get(f"{arch}.{name}")
+
+  def width(tensor: str, axis: int) -> int | None:
+    shape = tensors.get(f"blk.0.{tensor}.weight")
+    return None if shape is None else shape[axis]
+
+  heads = key("attention.head_count") or 1
+  rank = key("attention.kv_lora_rank") or width("attn_kv_a_norm", 0)
+  q_rank = key("attention.q_lora_rank") or width("attn_q_a_norm", 0)
+  latent = width("attn_kv_a_mqa", 0)
+  rope = key("rope.dimension_count") or (
+      None if latent is None or rank is None else latent - rank)
+  query = width("attn_q_b" if q_rank else "attn_q", 0)
+  head = key("attention.key_length_mla") or (None if query is None else query // heads)
+  output = width("attn_output", 1)
+  found = {"kv_lora_rank": rank, "q_lora_rank": q_rank or 0, "qk_rope_head_dim": rope,
+           "qk_nope_head_dim": None if head is None or rope is None else head - rope,
+           "v_head_dim": key("attention.value_length_mla") or (
+               None if output is None else output // heads)}
+  del config
+  return {name: value for name, value in found.items() if value is not None}
+
+
+# The latent attention's sizes (field, config.json key, transformers' default).
+_SIZE_KEYS = (("q_lora_rank", "q_lora_rank", 1536), ("kv_lora_rank", "kv_lora_rank", 512),
+              ("qk_rope_head_dim", "qk_rope_head_dim", 64),
+              ("qk_nope_head_dim", "qk_nope_head_dim", 128), ("v_head_dim", "v_head_dim", 128))
+
+
 # What the dense table says that latent attention derives or says otherwise.
 DROPPED = ("head_dim", "attention.value_length", "rope.dimension_count",
            "num_key_value_heads", "rope_scaling")
 
 
 def config_rows(*rows: Any, **defaults: Any) -> Rows:
-  """The dense transformer's rows with latent attention's sizes and rotary settings, then
-  `rows` (a family's), each field of `defaults` read with that default."""
-  return dense_names.CONFIG.changed(drop=DROPPED).changed(*SIZES, ROPE, *rows, **defaults)
+  """The dense transformer's rows with latent attention's sizes (read from config.json,
+  llama.cpp's keys or its tensors, and written to both) and rotary settings, then `rows` (a
+  family's); each field of `defaults` read with that default."""
+  sizes = {field: defaults.pop(field) for field, _, _ in _SIZE_KEYS if field in defaults}
+  return dense_names.CONFIG.changed(drop=DROPPED).changed(
+      Rule("kv_lora_rank", _sizes(sizes), _size_config, _size_from_metadata, _size_metadata),
+      KV_HEADS, ROPE, *rows, **defaults)
