@@ -1,8 +1,9 @@
 """DeepSeek-V3 and DeepSeek-V2 against transformers' own: tiny random `DeepseekV3ForCausalLM`
 (a query bottleneck, YaRN with DeepSeek's mscale and mscale_all_dim, values narrower than the
-keys, experts in groups with a selection bias) and `DeepseekV2ForCausalLM` (V2-Lite's full query projection, values wider than the
-keys; once more with attention and MLP biases) built from configs (offline), every norm and
-bias moved off its initial value, written by `save_pretrained`:
+keys, a dense layer then experts in groups with a selection bias) and `DeepseekV2ForCausalLM`
+(V2-Lite's full query projection, values wider than the keys, softmax routing over groups;
+once more, every layer dense, with attention and MLP biases) built from configs (offline),
+every norm and bias moved off its initial value, written by `save_pretrained`:
 
 - our import computes transformers' float32 logits within 1e-4 on two batch shapes, with
   unrolled and scanned layers;
