@@ -9,7 +9,11 @@ head's k_nope then v rows), `o_proj`; the down projections and the output have b
 `attention_bias`. llama.cpp (gguf 0.19's tensor names): attn_q or attn_q_a, attn_q_a_norm,
 attn_q_b; attn_kv_a_mqa, attn_kv_a_norm, attn_kv_b, attn_output. Newer llama.cpp converters
 also split attn_kv_b into attn_k_b and attn_v_b (and its loader asks for them); gguf 0.19
-names both forms, and these tables write and read attn_kv_b.
+names both forms, and these tables write and read attn_kv_b. llama.cpp's metadata holds the
+sizes (`attention.q_lora_rank`, `attention.kv_lora_rank`, `rope.dimension_count`, the heads'
+widths with MLA `attention.key_length_mla` / `value_length_mla`, and its "MQA" form's
+`attention.key_length` = kv_lora_rank + qk_rope, `value_length` = kv_lora_rank); a file
+without one is read from its first layer's tensors, so a key that contradicts them is named.
 
 YaRN in a DeepSeek config carries `mscale` and `mscale_all_dim` (DeepSeek-V3: both 1.0):
 transformers scales the rotary sin and cos by mscale(factor, mscale) / mscale(factor,
@@ -23,7 +27,7 @@ from typing import Any, Mapping
 
 from lingvo_lite.models import dense_names
 from lingvo_lite.models.checkpoint_names import HfConfig
-from lingvo_lite.models.config_rows import Key, Rows, Rule
+from lingvo_lite.models.config_rows import Rows, Rule
 from lingvo_lite.models.dense_names import BLOCK, LAYER
 from lingvo_lite.models.latent_attention import yarn_mscale
 from lingvo_lite.models.rope_names import rope_scaling, rotary_scaling_fields
