@@ -1,8 +1,10 @@
 """Runs in a child process with 8 forced CPU devices (XLA_FLAGS set by the parent test) and
 prints one JSON object: per-mesh losses and parameter PartitionSpecs, and the outcome of
-bad partitioning commands. The parent (tests/test_partitioning.py) asserts on it.
+bad partitioning commands. The parent (tests/test_partitioning.py) asserts on it. With the
+argument `deepseek`, 16 devices: a tiny DeepSeek-style MoE on data x fsdp x tensor x expert.
 
   XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.multidevice_worker
+  XLA_FLAGS=--xla_force_host_platform_device_count=16 python -m tests.multidevice_worker deepseek
 """
 
 import functools
@@ -223,15 +225,17 @@ def _moe_gradients(axes):
 # query, latent and up projections over fsdp and tensor): sigmoid scores, 4 groups of 2
 # experts (a token's 2 from its best 2 groups), routed scaling, shared experts, the first
 # layer dense, the selection bias moved each step (rate 0.01, no balance loss) and a
-# multi-token module trained beside: 3 train steps with the experts over the expert axis, the
-# rows over fsdp x expert, the weights over fsdp and tensor (8 devices: no data axis of 2
-# beside them; the rows' split is what the loads are summed over), against one device.
+# multi-token module trained beside: 3 train steps on 16 devices, data=2 x fsdp=2 x tensor=2 x
+# expert=2 (the rows over data x fsdp x expert: what the loads are summed over), against one
+# device.
 DEEPSEEK_SETS = ("model.router_score='sigmoid'", "model.num_experts=8", "model.expert_groups=4",
                  "model.expert_groups_per_token=2", "model.group_score='top2_sum'",
                  "model.routed_scaling_factor=2.5", "model.shared_expert_mlp_dim=32",
                  "model.first_dense_layers=1", "model.selection_bias=True",
-                 "model.selection_bias_rate=0.01", "model.load_balance_coefficient=0.0")
-DEEPSEEK_MESHES = {"single": {}, "expert2_fsdp2_tensor2": {"expert": 2, "fsdp": 2, "tensor": 2}}
+                 "model.selection_bias_rate=0.01", "model.load_balance_coefficient=0.0",
+                 "train_data.global_batch_size=16", "eval_data.global_batch_size=16")
+DEEPSEEK_MESHES = {"single": {}, "data2_fsdp2_tensor2_expert2": {
+    "data": 2, "fsdp": 2, "tensor": 2, "expert": 2}}
 
 
 def _deepseek_steps(axes):
@@ -258,6 +262,11 @@ def _deepseek_steps(axes):
 
 
 def main():
+  if sys.argv[1:] == ["deepseek"]:
+    assert jax.device_count() == 16, jax.device_count()
+    json.dump({name: _deepseek_steps(axes) for name, axes in DEEPSEEK_MESHES.items()},
+              sys.stdout)
+    return
   assert jax.device_count() == 8, jax.device_count()
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
   result["splash"] = {
@@ -276,7 +285,6 @@ def main():
   result["moe"] = {name: _moe_gradients(axes) for name, axes in MOE_MESHES.items()}
   result["moe_decode"] = {name: _decode_logits(shape, experiment="PyCodeMixtralTiny")
                           for name, shape in MOE_DECODE_MESHES.items()}
-  result["deepseek_moe"] = {name: _deepseek_steps(axes) for name, axes in DEEPSEEK_MESHES.items()}
   result["bad"] = {}
   with tempfile.TemporaryDirectory() as job:
     for name, args in BAD_PARTITIONING.items():

@@ -2,7 +2,8 @@
 gets, and one-line errors for partitioning settings that cannot work.
 
 The multi-device part runs tests/multidevice_worker.py in a child process with 8 forced CPU
-devices (the device count is fixed when JAX starts, and this process keeps one device).
+devices (the device count is fixed when JAX starts, and this process keeps one device), and
+once more with 16 for a mesh of every axis at 2.
 """
 
 import json
@@ -21,14 +22,25 @@ from lingvo_lite.partitioning import Partitioner
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module", name="worker")
-def fixture_worker():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+def _run_worker(devices, *args):
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-  completed = subprocess.run([sys.executable, "-m", "tests.multidevice_worker"], env=env,
-                             cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
+  completed = subprocess.run([sys.executable, "-m", "tests.multidevice_worker", *args],
+                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                             check=False)
   assert completed.returncode == 0, completed.stderr[-3000:]
   return json.loads(completed.stdout)
+
+
+@pytest.fixture(scope="module", name="worker")
+def fixture_worker():
+  return _run_worker(8)
+
+
+@pytest.fixture(scope="module", name="deepseek_worker")
+def fixture_deepseek_worker():
+  """The worker on 16 devices: every mesh axis at 2 (issue 55's DeepSeek-style MoE)."""
+  return _run_worker(16, "deepseek")
 
 
 def _layer_specs(attention_in, attention_out, mlp_in, mlp_out):
@@ -118,14 +130,12 @@ def test_decode_with_experts_sharded_gives_the_logits_of_one_device(worker):
   _assert_same_logits_while_tokens_agree(runs["single"], runs["expert4_data2"])
 
 
-def test_deepseek_moe_trains_on_a_mesh_as_on_one_device(worker):
+def test_deepseek_moe_trains_on_a_mesh_as_on_one_device(deepseek_worker):
   """DeepSeek's routing (sigmoid, groups, scaling, shared experts, a dense first layer), its
-  selection bias moved each step by the step's loads and a multi-token module: 3 steps with
-  the experts over the expert axis, the rows over fsdp x expert and the weights over fsdp and
-  tensor give one device's losses, and the same biases (a load counted differently would
-  move a bias the other way)."""
-  runs = worker["deepseek_moe"]
-  single, sharded = runs["single"], runs["expert2_fsdp2_tensor2"]
+  selection bias moved each step by the step's loads and a multi-token module: 3 steps on
+  data=2 x fsdp=2 x tensor=2 x expert=2 (16 devices) give one device's losses, and the same
+  biases (a load counted differently would move a bias the other way)."""
+  single, sharded = deepseek_worker["single"], deepseek_worker["data2_fsdp2_tensor2_expert2"]
   np.testing.assert_allclose(sharded["losses"], single["losses"], rtol=1e-5)
   np.testing.assert_allclose(sharded["multi_token"], single["multi_token"], rtol=1e-5)
   assert set(sharded["biases"]) == set(single["biases"]) and single["biases"]

@@ -55,6 +55,8 @@ from lingvo_lite.models.transformer_layers import count_per_layer, per_layer, sh
 from lingvo_lite.run_fields import RUN, TRAINING
 
 MlpKind = Literal["dense", "moe"]
+# The deepest stack with dense first layers whose layers' variants are listed.
+_LISTED = 1_000_000
 # Each expert's share of the assignments is logged under this prefix, one key per expert.
 EXPERT_FRACTION = "expert_fraction/"
 
@@ -143,11 +145,14 @@ class MoeTransformerLM(TransformerLM):
 
   @nn.nowrap
   def variant_period(self) -> int:
-    """The patterns' period, or with dense first layers the whole stack's (listed: their
-    count is checked first, and such a stack has no shorter period once it has an MoE
-    layer after them)."""
+    """The patterns' period, or with dense first layers the whole stack's, listed (in linear
+    time; a stack deeper than `_LISTED` layers, which no memory holds, is taken as one
+    period, unlisted). A stack of dense layers and then MoE layers has no shorter period:
+    scanned, it is one group of all its layers."""
     if not self.first_dense_layers:
       return super().variant_period()
+    if self.num_layers > _LISTED:
+      return self.num_layers
     return shortest_period(self.layer_variants())
 
   @nn.nowrap
@@ -298,8 +303,11 @@ class MoeTransformerLM(TransformerLM):
       changes.update(first_dense_layers=1, num_layers=max(changes["num_layers"], 2))
     if fields.get("multi_token_layers"):
       changes["multi_token_layers"] = 1
-    if fields.get("expert_groups", 1) > 1:  # 2 groups of 2, a token's experts from 1.
-      changes.update(expert_groups=2, expert_groups_per_token=1)
+    if fields.get("expert_groups", 1) > 1:  # 2 groups, a token's experts from 1 if they hold k.
+      experts, k = changes["num_experts"], changes["experts_per_token"]
+      groups = 2 if experts % 2 == 0 else 1
+      changes.update(expert_groups=groups,
+                     expert_groups_per_token=1 if experts // groups >= k else groups)
     return changes
 
   # ---------------------------------------------------------------------------- objective

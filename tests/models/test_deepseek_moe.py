@@ -167,6 +167,7 @@ def test_a_train_step_moves_each_bias_by_the_papers_rule(layout):
            _model(first_dense_layers=0, num_layers=2, scan_layers=True))
   batch = _batch()
   params = nn.meta.unbox(model.init(jax.random.key(0), batch["inputs"])["params"])
+  assert model.num_parameters() == sum(p.size for p in jax.tree.leaves(params))  # Biases in.
   generator = np.random.default_rng(5)
   params = jax.tree_util.tree_map_with_path(
       lambda path, p: jnp.asarray(generator.normal(size=p.shape) * 0.1, p.dtype)
@@ -318,15 +319,22 @@ def test_multi_token_prediction_loss_equals_a_hand_written_one():
   objective = MultiTokenPrediction(weight=0.3)
   total = jnp.sum(batch["weights"])
   with jax.default_matmul_precision("highest"):
-    (loss, sums), grads = jax.value_and_grad(
-        lambda p: objective.loss(Forward(model), p, batch, total), has_aux=True)(params)
-    expected = _multi_token_loss_by_hand(params, batch, 0.3, 2)
-    plain = model.apply({"params": params}, batch["inputs"], batch["segment_ids"],
-                        batch["positions"])
-    next_token = objective.loss(Forward(model), params, batch, total)[1]["cross_entropy_sum"]
+    (loss, sums), grads = jax.jit(jax.value_and_grad(
+        lambda p: objective.loss(Forward(model), p, batch, total), has_aux=True))(params)
+    expected = jax.jit(lambda p: _multi_token_loss_by_hand(p, batch, 0.3, 2))(params)
+    plain = jax.jit(model.apply)({"params": params}, batch["inputs"], batch["segment_ids"],
+                                 batch["positions"])
   np.testing.assert_allclose(float(loss), float(expected), rtol=1e-5)
-  assert plain.shape == (2, 12, 40) and float(sums["cross_entropy_sum"]) == float(next_token)
+  # The logged loss is the next-token one, of the logits decoding gets.
+  next_token = -np.take_along_axis(np.asarray(jax.nn.log_softmax(plain)),
+                                   np.asarray(batch["targets"])[..., None], -1)[..., 0]
+  np.testing.assert_allclose(float(sums["cross_entropy_sum"]),
+                             np.sum(next_token * np.asarray(batch["weights"])), rtol=1e-5)
   assert all(np.abs(g).max() > 0 for g in jax.tree.leaves(grads["multi_token_1"]))
+  # The modules are parameters: counted from the sizes alone as `init` makes them.
+  assert model.num_parameters() == sum(p.size for p in jax.tree.leaves(params))
+  assert sum(math.prod(shape.shape) * shape.repeats for shape in model.parameter_shapes()) == (
+      model.num_parameters())
 
 
 def test_a_run_resumed_from_a_checkpoint_continues_the_biases_exactly(tmp_path):
