@@ -33,7 +33,7 @@ DATA_AXES = ("batch", "length")
 # The logical axis names the default rules map: the batch's, and those the transformer
 # families name their parameters' axes by. A model's own are its family's `logical_axes()`.
 LOGICAL_AXES = DATA_AXES + ("embed", "mlp", "heads", "kv", "vocab", "norm", "position",
-                            "layers", "experts")
+                            "layers", "experts", "latent")
 
 # Logical axis -> mesh axes. The batch is split over every data-parallel axis (FSDP and the
 # expert axis are data parallel for activations, as in MaxText); weights are split over fsdp on
@@ -51,6 +51,9 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("position", None),
     ("layers", None),
     ("experts", "expert"),
+    # Latent attention's compressed width (models/latent_attention.py): small (512), shared
+    # by every head, so kept whole like a head's features.
+    ("latent", None),
 )
 
 

@@ -221,7 +221,8 @@ def _moe_gradients(axes):
           "specs": {name: str(experts[name].spec) for name in ("wi", "wo", "router_kernel")}}
 
 
-# DeepSeek's mixture of experts (issue 55) on a tiny Mixtral: sigmoid scores, 4 groups of 2
+# DeepSeek's mixture of experts (issue 55) on the tiny DeepSeek-V3 (latent attention: its
+# query, latent and up projections over fsdp and tensor): sigmoid scores, 4 groups of 2
 # experts (a token's 2 from its best 2 groups), routed scaling, shared experts, the first
 # layer dense, the selection bias moved each step (rate 0.01, no balance loss) and a
 # multi-token module trained beside: 3 train steps on 16 devices, data=2 x fsdp=2 x tensor=2 x
@@ -241,7 +242,7 @@ def _deepseek_steps(axes):
   """The losses of 3 train steps and each layer's selection bias after them."""
   from lingvo_lite.config import building, fiddlers  # pylint: disable=g-import-not-at-top
   from lingvo_lite.testing import tiny_config  # pylint: disable=g-import-not-at-top
-  cfg = tiny_config("PyCodeMixtralTiny", *SETS, *DEEPSEEK_SETS, *_mesh_sets(axes),
+  cfg = tiny_config("PyCodeDeepSeekV3Tiny", *SETS, *DEEPSEEK_SETS, *_mesh_sets(axes),
                     synthetic=True)
   fiddlers.multi_token_prediction(cfg)
   setup = building.build(cfg)

@@ -104,6 +104,8 @@ class Key:
     if not isinstance(self.gguf, str):
       return {}
     value = self.value(model)
+    if value is None:  # A setting left unset (no query bottleneck): GGUF has no null.
+      return {}
     return {self.gguf: float(value) if self.read in (NUMBER, ROPE_THETA) else value}
 
 

@@ -29,6 +29,11 @@ attended to.
 
 The axes have logical names, so the partitioner shards the cache as it shards activations:
 slots over the data-parallel axes (`batch`), key/value heads over `tensor` (`heads`).
+
+What an entry holds is the model's `cache_widths()`: (heads, key width, value width), the
+key/value heads and head width here; latent attention's (models/latent_attention.py) is one
+"head" of its latent (as keys) and its rotary key (as values), unsharded over heads
+(`cache_axes()`).
 """
 
 from __future__ import annotations
@@ -81,8 +86,14 @@ def ring_positions(last: jax.Array, entries: int) -> jax.Array:
   return last - (last - jnp.arange(entries, dtype=jnp.int32)) % entries
 
 
-def _shape(model: Any, array: CacheArray, slots: int) -> tuple[int, ...]:
-  shape = (slots, model.resolved_num_kv_heads, array.entries, model.resolved_head_dim)
+def _shapes(model: Any, entries: int, slots: int) -> tuple[tuple[int, ...], ...]:
+  """One layer's keys' and values' shapes, [slots, heads, entries, width] each."""
+  heads, key_width, value_width = model.cache_widths()
+  return tuple((slots, heads, entries, width) for width in (key_width, value_width))
+
+
+def _shape(model: Any, array: CacheArray, slots: int, part: int) -> tuple[int, ...]:
+  shape = _shapes(model, array.entries, slots)[part]
   return (len(array.layers), *shape) if array.stacked else shape
 
 
@@ -97,10 +108,9 @@ def array_shapes(model: Any, arrays: Sequence[CacheArray], slots: int) -> list[A
   dtype = jnp.dtype(model.dtype)
   found = []
   for (kind, entries), count in layers_by_size.items():
-    shape = (slots, model.resolved_num_kv_heads, entries, model.resolved_head_dim)
     suffix = "" if len(layers_by_size) == 1 else f"[{kind}]"
-    found += [ArrayShape(f"{name}{suffix}", AXES, shape, dtype, repeats=count)
-              for name in ("keys", "values")]
+    found += [ArrayShape(f"{name}{suffix}", model.cache_axes(), shape, dtype, repeats=count)
+              for name, shape in zip(("keys", "values"), _shapes(model, entries, slots))]
   return found
 
 
@@ -108,12 +118,13 @@ def empty(model: Any, arrays: Sequence[CacheArray], slots: int) -> KVCache:
   """Zeros, a fresh buffer for each array (the state is donated, and one buffer given for
   two donated arguments is refused)."""
   dtype = jnp.dtype(model.dtype)
-  return KVCache(*(tuple(jnp.zeros(_shape(model, array, slots), dtype) for array in arrays)
-                   for _ in range(2)))
+  return KVCache(*(tuple(jnp.zeros(_shape(model, array, slots, part), dtype)
+                         for array in arrays) for part in range(2)))
 
 
-def logical_specs(arrays: Sequence[CacheArray]) -> KVCache:
-  specs = tuple(PartitionSpec("layers", *AXES) if array.stacked else PartitionSpec(*AXES)
+def logical_specs(model: Any, arrays: Sequence[CacheArray]) -> KVCache:
+  axes = model.cache_axes()
+  specs = tuple(PartitionSpec("layers", *axes) if array.stacked else PartitionSpec(*axes)
                 for array in arrays)
   return KVCache(specs, specs)
 

@@ -269,12 +269,17 @@ class Attention(nn.Module):
     """Training's and prefill's attention: `implementation`'s kernel, or the one it falls
     back to for a call it has no form for (a mask it does not apply, a length its blocks do
     not divide)."""
+    return self._training_kernel(q.shape[1], segment_ids, sinks).attend(
+        self, q, k, v, segment_ids, sinks)
+
+  def _training_kernel(self, length: int, segment_ids: jax.Array | None,
+                       sinks: jax.Array | None) -> attention_kernels.Kernel:
+    """The row that attends a training or prefill call of `length` queries."""
     needs = (("segments", segment_ids is not None),
              ("window", self.sliding_window() is not None), ("sinks", sinks is not None))
-    call = attention_kernels.Call(current_platform(), length=q.shape[1],
+    call = attention_kernels.Call(current_platform(), length=length,
                                   masks=frozenset(mask for mask, needed in needs if needed))
-    kernel = attention_kernels.for_training(self.implementation, call)
-    return kernel.attend(self, q, k, v, segment_ids, sinks)
+    return attention_kernels.for_training(self.implementation, call)
 
   def _cached_attention(self, q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array,
                         context: Context, sinks: jax.Array | None = None

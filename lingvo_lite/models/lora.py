@@ -57,8 +57,11 @@ from lingvo_lite.models.weight_matmul import weight_matmul
 COLLECTION = "lora"
 A_SUFFIX, B_SUFFIX = "_lora_a", "_lora_b"
 # Every attention projection and MLP matrix of the blocks (PEFT's "all-linear" for these
-# families, less the output projection): what QLoRA's paper found best.
-DEFAULT_TARGETS = r"attention/(query|key|value|out)_kernel|mlp/wi(_gate)?/kernel|mlp/wo/kernel"
+# families, less the output projection): what QLoRA's paper found best. Latent attention's
+# (models/latent_attention.py) are its query (or query down and up), latent down
+# (`kv_a`) and latent up (`kv_b`) projections and its output.
+DEFAULT_TARGETS = (r"attention/(query|key|value|out|query_b|kv_b)_kernel"
+                   r"|attention/(query_a|kv_a)/kernel|mlp/wi(_gate)?/kernel|mlp/wo/kernel")
 
 
 @dataclasses.dataclass(frozen=True)

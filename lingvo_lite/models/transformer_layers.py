@@ -293,12 +293,22 @@ class TransformerLayers:
     return arrays + [array((layer,), False) for layer in range(scanned, self.num_layers)]
 
   @nn.nowrap
+  def cache_widths(self) -> tuple[int, int, int]:
+    """What a cache entry holds (models/kv_cache.py): (heads, key width, value width)."""
+    return self.resolved_num_kv_heads, self.resolved_head_dim, self.resolved_head_dim
+
+  @nn.nowrap
+  def cache_axes(self) -> tuple[str | None, ...]:
+    """The logical axes of each layer's keys and values."""
+    return kv_cache.AXES
+
+  @nn.nowrap
   def empty_cache(self, slots: int, cache_length: int) -> kv_cache.KVCache:
     return kv_cache.empty(self, self.cache_arrays(cache_length), slots)
 
   @nn.nowrap
   def cache_logical_specs(self) -> kv_cache.KVCache:
-    return kv_cache.logical_specs(self.cache_arrays(1))
+    return kv_cache.logical_specs(self, self.cache_arrays(1))
 
   @nn.nowrap
   def cache_shapes(self, slots: int, cache_length: int) -> list[ArrayShape]:

@@ -25,16 +25,9 @@ class TransformerSizes:
   def num_parameters(self) -> int:
     """The parameter count, from the sizes alone (nothing is traced), so that an absurd size
     is refused before JAX is asked to shape it. Exact: a test compares it with `init`."""
-    dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
-    head_dim, mlp_dim, vocab = self.resolved_head_dim, self.resolved_mlp_dim, self.vocab_size
+    dim, mlp_dim, vocab = self.dim, self.resolved_mlp_dim, self.vocab_size
     norm = 2 * dim if self.norm == "layernorm" else dim  # Scale, and LayerNorm's offset.
-    attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q and out; k and v.
-    if self.attention_bias:
-      attention += head_dim * (heads + 2 * kv_heads) + dim
-    # A query and a key norm: of one head's features, or of each head's.
-    norm_width = norm // dim
-    attention += {"none": 0, "head": 2 * head_dim,
-                  "projection": (heads + kv_heads) * head_dim}[self.qk_norm] * norm_width
+    attention = self.attention_parameters()
     mlp_inputs = 2 if self.mlp_activation in layers.GATED_ACTIVATIONS else 1
     mlp = (mlp_inputs + 1) * dim * mlp_dim + (
         mlp_inputs * mlp_dim + dim if self.mlp_bias else 0)
@@ -45,6 +38,30 @@ class TransformerSizes:
     if not self.tie_embeddings:
       total += dim * vocab + (vocab if self.output_bias else 0)
     return total
+
+  @nn.nowrap
+  def attention_parameters(self) -> int:
+    """One layer's attention parameters (a family with other attention counts its own)."""
+    dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
+    head_dim = self.resolved_head_dim
+    attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q and out; k and v.
+    if self.attention_bias:
+      attention += head_dim * (heads + 2 * kv_heads) + dim
+    # A query and a key norm: of one head's features, or of each head's.
+    norm_width = 2 if self.norm == "layernorm" else 1
+    return attention + {"none": 0, "head": 2 * head_dim,
+                        "projection": (heads + kv_heads) * head_dim}[self.qk_norm] * norm_width
+
+  @nn.nowrap
+  def attention_matmul_parameters(self) -> int:
+    """One layer's attention weight matrices (biases and norms excluded)."""
+    return self.dim * self.resolved_head_dim * (
+        2 * self.num_heads + 2 * self.resolved_num_kv_heads)  # q, out; k, v
+
+  @nn.nowrap
+  def attention_head_widths(self) -> int:
+    """A query head's score width plus its value width (the attention FLOPs' factor)."""
+    return 2 * self.resolved_head_dim
 
   @nn.nowrap
   def parameter_shapes(self) -> list[ArrayShape]:
@@ -102,12 +119,9 @@ class TransformerSizes:
   @nn.nowrap
   def block_matmul_parameters(self) -> int:
     """The blocks' weight matrices (what "int8" training quantizes)."""
-    dim, heads, kv_heads = self.dim, self.num_heads, self.resolved_num_kv_heads
-    head_dim, mlp_dim = self.resolved_head_dim, self.resolved_mlp_dim
-    attention = dim * head_dim * (2 * heads + 2 * kv_heads)  # q, out; k, v
     mlp_inputs = 2 if self.mlp_activation in layers.GATED_ACTIVATIONS else 1
-    mlp = (mlp_inputs + 1) * dim * mlp_dim
-    return self.num_layers * (attention + mlp)
+    mlp = (mlp_inputs + 1) * self.dim * self.resolved_mlp_dim
+    return self.num_layers * (self.attention_matmul_parameters() + mlp)
 
   @nn.nowrap
   def size_fields(self) -> dict[str, int]:
@@ -132,17 +146,17 @@ class TransformerSizes:
     per token (a window of at least the sequence is the causal count exactly)."""
     full, sliding = self._layers_by_window()
     length, window = sequence_length, self.window
-    per_layer = self.num_heads * self.resolved_head_dim
+    per_layer = self.num_heads * self.attention_head_widths()  # 2 H d: scores and values.
     if not sliding or length <= window:
-      return 2 * self.num_layers * length * per_layer
-    return (2 * full * length * per_layer
-            + sliding * 4 * per_layer * (window - window * window / (2 * length)))
+      return self.num_layers * length * per_layer
+    return (full * length * per_layer
+            + sliding * 2 * per_layer * (window - window * window / (2 * length)))
 
   @nn.nowrap
   def decode_attention_flops(self, context_length: int) -> int:
     """One new token's scores and weighted values against `context_length` positions (a
     sliding layer's against its window at most, however long the context)."""
     full, sliding = self._layers_by_window()
-    per_position = 4 * self.num_heads * self.resolved_head_dim
+    per_position = 2 * self.num_heads * self.attention_head_widths()
     seen = context_length if not sliding else min(context_length, self.window)
     return per_position * (full * context_length + sliding * seen)

@@ -38,6 +38,8 @@ FAMILIES = {
     # the reference pass multiplies the same int8 weights.
     "llama_int8_weights_scanned": ("PyCodeLlamaTiny", ('model.quantization="int8_weights"',
                                                        "model.scan_layers=True")),
+    # Latent attention: slots over a cache of latents and rotary keys, the absorbed decode.
+    "deepseek_v3_latent": ("PyCodeDeepSeekV3Tiny", ()),
 }
 
 

@@ -90,7 +90,7 @@ def test_the_field_accepts_exactly_the_tables_names():
     return fields.matches(value, hints["attention_implementation"])
 
   assert typing.get_args(attention_kernels.AttentionImplementation) == (
-      "auto", "splash", "cudnn", "xla", "einsum", "paged")
+      "auto", "splash", "cudnn", "xla", "einsum", "paged", "latent")
   assert not accepted("ours")
   with attention_kernels.registered(_row("ours")):
     assert accepted("ours") and attention_kernels.KERNELS["ours"].name == "ours"
@@ -122,9 +122,12 @@ def test_a_decode_step_takes_the_first_form_that_reads_its_cache_layout_and_fits
   # splash decodes through the paged kernel where it fits, here not (no prefix): written out.
   assert (attention_kernels.for_decoding("splash", "heads", step)
           is attention_kernels.KERNELS["einsum"].decode)
-  latent = DecodeForm(layout="latent", attend=lambda step: step.q)
-  with attention_kernels.registered(_row("latent_attention", decode=latent)):
+  # Latent attention's cache takes the table's row that reads it, whatever is named.
+  assert (attention_kernels.for_decoding("splash", "latent", step)
+          is attention_kernels.KERNELS["latent"].decode)
+  other = DecodeForm(layout="other", attend=lambda step: step.q)
+  with attention_kernels.registered(_row("other_cache", decode=other)):
     # A layer with a cache of another layout takes the row that reads it, whatever is named.
-    assert attention_kernels.for_decoding("splash", "latent", step) is latent
+    assert attention_kernels.for_decoding("splash", "other", step) is other
   with pytest.raises(ValueError, match="end in no kernel"):
-    attention_kernels.for_decoding("splash", "latent", step)
+    attention_kernels.for_decoding("splash", "other", step)

@@ -75,7 +75,7 @@ def test_every_hf_family_names_a_tensor_for_each_parameter_once(name, fields):
     pytest.skip(f"{name} reads no Hugging Face checkpoint")
   if name == "gptj" and fields:
     fields = {"mlp_bias": True}  # GPT-J's Hugging Face model has no tied or biased attention.
-  if name in ("gemma3", "olmo3", "qwen3_moe") and fields:
+  if name in ("gemma3", "olmo3", "qwen3_moe", "deepseek_v3") and fields:
     fields = {"tie_embeddings": True, "attention_bias": True}  # Theirs have no MLP biases.
   if name in ("mixtral", "gpt_oss") and fields:
     fields = {"tie_embeddings": True}  # Their biases are fixed: none, or every one.
@@ -116,9 +116,9 @@ def test_every_registered_family_implements_the_interface(name):
   used = {a for p in shapes for a in p.axes if a}
   assert used <= set(axes), used - set(axes)
   assert all(hasattr(model, field) for field in axes.values())
-  assert set(model.size_fields()) <= {f for f in SIZES} | {"mlp_dim", "num_kv_heads",
-                                                          "head_dim", "num_experts",
-                                                          "expert_mlp_dim"}
+  assert set(model.size_fields()) <= {f for f in SIZES} | {
+      "mlp_dim", "num_kv_heads", "head_dim", "num_experts", "expert_mlp_dim",
+      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"}  # Latent attention's.
   assert all(hasattr(model, field) for field in cls.resumable_fields)
   assert model.train_flops_per_token(8) > model.decode_flops_per_token(1) > 0
   model.validate(target.host())

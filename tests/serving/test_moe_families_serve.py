@@ -1,5 +1,6 @@
 """Train, evaluate, decode, serve and score the mixture-of-experts families: PyCodeMixtralTiny,
-PyCodeQwen3MoeTiny and PyCodeGptOssTiny each train 3 steps on the stdlib data and evaluate one
+PyCodeQwen3MoeTiny, PyCodeGptOssTiny and PyCodeDeepSeekV3Tiny (latent attention, its
+selection bias) each train 3 steps on the stdlib data and evaluate one
 batch (once per machine and code version: the shared trained-job cache, tests/trained_jobs.py),
 then
 
@@ -20,8 +21,10 @@ import pytest
 from lingvo_lite.testing import run_cli
 from tests.serving.family_serving import serve_decode_and_score, trained_families
 
-FAMILIES = {"gpt_oss": "PyCodeGptOssTiny", "mixtral": "PyCodeMixtralTiny",
-            "qwen3_moe": "PyCodeQwen3MoeTiny"}
+FAMILIES = {"deepseek_v3": "PyCodeDeepSeekV3Tiny", "gpt_oss": "PyCodeGptOssTiny",
+            "mixtral": "PyCodeMixtralTiny", "qwen3_moe": "PyCodeQwen3MoeTiny"}
+# Experts per token of each (the balance loss's value under an even routing).
+PER_TOKEN = {"deepseek_v3": 2, "gpt_oss": 4, "mixtral": 2, "qwen3_moe": 4}
 jobs = trained_families("moe_families", FAMILIES, "--fdl.train.log_every_steps=1")
 
 
@@ -30,22 +33,26 @@ def test_training_logs_the_routing_statistics(jobs, name):
   rows = [json.loads(line) for line in
           (jobs / "runs" / name / "metrics.jsonl").read_text().splitlines()]
   assert [row["step"] for row in rows] == [1, 2, 3]
-  experts = {"gpt_oss": 8, "mixtral": 8, "qwen3_moe": 8}[name]
+  experts = 8
   for row in rows:
     shares = [row[f"expert_fraction/{e:03d}"] for e in range(experts)]
     assert math.isclose(sum(shares), 1.0, rel_tol=1e-5) and f"expert_fraction/{experts:03d}" \
         not in row
     # Balance gives k (the experts per token), and any routing at least about that.
-    assert row["moe_load_balance"] > 0.9 * {"gpt_oss": 4, "mixtral": 2, "qwen3_moe": 4}[name]
+    assert row["moe_load_balance"] > 0.9 * PER_TOKEN[name]
     assert row["moe_router_z"] >= 0 and row["moe_dropped"] == 0
+    # DeepSeek-V3's selection bias: its loads' spread, and the bias moved by the rule.
+    assert ("moe_load_cv" in row) == (name == "deepseek_v3")
+  if name == "deepseek_v3":
+    assert rows[-1]["moe_selection_bias_spread"] > 0
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_serve_and_lm_eval_run_on_each_family(jobs, name):
   """One load of the job (the harness's model) serves and decodes offline; gpt-oss's (sinks,
-  a sliding ring cache, experts with biases) scores too (the harness only forwards to the
-  scorer the server's model runs)."""
-  serve_decode_and_score(jobs / "runs" / name, name, score=name == "gpt_oss")
+  a sliding ring cache, experts with biases) and DeepSeek-V3's (the latent cache) score too
+  (the harness only forwards to the scorer the server's model runs)."""
+  serve_decode_and_score(jobs / "runs" / name, name, score=name in ("deepseek_v3", "gpt_oss"))
 
 
 def test_eval_reports_the_statistics_and_decode_runs_with_int8_expert_weights(jobs,

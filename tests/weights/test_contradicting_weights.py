@@ -215,6 +215,16 @@ FAMILIES = {
     "qwen3_moe": dict(num_kv_heads=2, num_experts=4, experts_per_token=2, expert_mlp_dim=80),
     "gpt_oss": dict(num_layers=3, num_kv_heads=2, num_experts=4, experts_per_token=2,
                     expert_mlp_dim=80, window=16),
+    # Latent attention's sizes all different; one dense layer, then experts in groups.
+    "deepseek_v3": dict(num_layers=3, q_lora_rank=24, kv_lora_rank=40, qk_nope_head_dim=20,
+                        qk_rope_head_dim=12, v_head_dim=28, num_experts=8, experts_per_token=2,
+                        expert_mlp_dim=80, shared_expert_mlp_dim=160, expert_groups=4,
+                        expert_groups_per_token=2, first_dense_layers=1,
+                        rotary_scaling="none"),
+    "deepseek_v2": dict(num_layers=3, kv_lora_rank=40, qk_nope_head_dim=20,
+                        qk_rope_head_dim=12, v_head_dim=28, num_experts=8, experts_per_token=2,
+                        expert_mlp_dim=80, shared_expert_mlp_dim=160, first_dense_layers=1,
+                        rotary_scaling="none"),
 }
 
 

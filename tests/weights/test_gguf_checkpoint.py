@@ -235,5 +235,6 @@ def test_an_unknown_architecture_is_one_line(tmp_path):
   writer.close()
   with pytest.raises(UsageError) as error:
     GgufCheckpoint(str(tmp_path / "bert.gguf")).model_fields()
-  assert ("general.architecture='bert': no lingvo_lite family reads it; supported: gemma3, "
-          "gpt-oss, gpt2, gptj, llama, olmo2, qwen3, qwen3moe") in str(error.value)
+  assert ("general.architecture='bert': no lingvo_lite family reads it; supported: "
+          "deepseek2, gemma3, gpt-oss, gpt2, gptj, llama, olmo2, qwen3, qwen3moe"
+          ) in str(error.value)

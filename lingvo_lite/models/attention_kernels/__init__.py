@@ -9,6 +9,11 @@
 | einsum | any                   | everything                               | yes    | its own   |
 | paged  | TPU (CPU interpreted) | decoding only: a token per slot over a   | -      | its own   |
 |        |                       | bf16 cache, heads of 128k, a prefix      |        |           |
+| latent | any                   | decoding only: latent attention's cache  | -      | its own   |
+|        |                       | of latents and rotary keys               |        |           |
+
+Values of another width than the keys' (latent attention's) go as they are to the rows that
+take them (einsum, splash: `Kernel.value_width`), padded to the keys' width to the others.
 
 `model.attention_implementation` names a row or "auto": its accepted values are this table's
 names (`AttentionImplementation`, rebuilt when a row is registered), so a name no row
@@ -27,7 +32,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, Literal
 
-from lingvo_lite.models.attention_kernels import einsum, fused, paged, splash
+from lingvo_lite.models.attention_kernels import einsum, fused, latent, paged, splash
 from lingvo_lite.models.attention_kernels.row import (MASKS, Call, Choice, DecodeForm,
                                                       DecodeStep, Kernel)
 
@@ -36,7 +41,7 @@ __all__ = ["KERNELS", "MASKS", "AttentionImplementation", "Call", "Choice", "Dec
            "register", "registered", "resolve_implementation"]
 
 # In "auto"'s order of preference: a target's kernel before the written-out one.
-_ROWS = (splash.ROW, fused.CUDNN, fused.XLA, einsum.ROW, paged.ROW)
+_ROWS = (splash.ROW, fused.CUDNN, fused.XLA, einsum.ROW, paged.ROW, latent.ROW)
 KERNELS: dict[str, Kernel] = {row.name: row for row in _ROWS}
 
 

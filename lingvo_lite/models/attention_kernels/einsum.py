@@ -132,5 +132,5 @@ ROW = Kernel(
     name="einsum",
     description="the attention written out (any platform, mask, length and decode step; "
                 "holds the scores; the fastest on CPUs)",
-    platforms=PLATFORMS, auto_on=PLATFORMS, holds_scores=True, attend=attend,
+    platforms=PLATFORMS, auto_on=PLATFORMS, holds_scores=True, attend=attend, value_width=True,
     decode=DecodeForm(layout="heads", attend=attend_cached), decode_fallback=None)

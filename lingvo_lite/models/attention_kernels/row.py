@@ -123,6 +123,9 @@ class Kernel:
       or None: a named kernel that refuses is a one-line config error, and "auto" passes it by.
     auto_refusal: Why "auto" passes it by though it takes the calls (a limit it is not
       measured beyond), or None.
+    value_width: Whether its training form takes values of another width than the queries'
+      and keys' (latent attention's: DeepSeek-V3's keys are 192 wide, its values 128); a
+      layer with such values pads them to the keys' width for a row that does not.
   """
 
   name: str
@@ -139,6 +142,7 @@ class Kernel:
   decode_fallback: str | None = "einsum"
   refusal: Callable[[Call], str | None] = _refuses_nothing
   auto_refusal: Callable[[Call], str | None] = _refuses_nothing
+  value_width: bool = False
 
   def runs_on(self, platform: str) -> bool:
     return platform in self.platforms or platform in self.interpreted_on

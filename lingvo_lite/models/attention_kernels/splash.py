@@ -31,4 +31,5 @@ ROW = Kernel(
     description="Pallas's splash flash-attention kernel for TPUs (any mask; lengths its "
                 "blocks of 512, 256 or 128 divide; decodes with 'paged')",
     platforms=("tpu",), interpreted_on=("cpu",), auto_on=("tpu",), holds_scores=False,
-    attend=attend, takes_length=flash_attention.supports_length, decode_fallback="paged")
+    attend=attend, takes_length=flash_attention.supports_length, decode_fallback="paged",
+    value_width=True)
