@@ -18,6 +18,8 @@ report.json, schema "lingvo_lite.compile_report/1":
               source: "memory_analysis" | "resource_exhausted" | "none"
   verdict:    "FITS" | "DOES NOT FIT" | "UNKNOWN" (XLA reported no memory analysis)
   margin:     bytes (available - deciding, negative when it does not fit), fraction
+  next_knob:  for a step that does not fit, one line naming the field to change first
+              (programs/compile/fit_advice.py); null otherwise
   largest_buffers: [{bytes, shape, instruction, op_name}], ten at most
   analytic:   by_part: parameters, optimizer (by moment name), other_state, batch; total, and
               xla_arguments beside it; host_by_part, host_total, xla_host_arguments: the
@@ -62,7 +64,7 @@ import numpy as np
 
 from lingvo_lite import mfu
 from lingvo_lite.on_mesh import evaluation
-from lingvo_lite.programs.compile import estimate_report, step_bound
+from lingvo_lite.programs.compile import estimate_report, fit_advice, step_bound
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 from lingvo_lite.training.train_state import HOST_MEMORY
 
@@ -180,11 +182,17 @@ def build(result: CompileResult) -> dict[str, Any]:
     model_flops /= 3  # Forward only: the 6N of training counts forward and backward.
   tokens = data.global_batch_size * data.sequence_length
   step_time = step_bound.section(target, setup, result.program, model_flops, tokens)
+  mesh = {axis: int(size) for axis, size in jitted.mesh.shape.items()}
+  analytic = analytic_bytes(result)
+  knob = None
+  if verdict == DOES_NOT_FIT:
+    knob = fit_advice.next_knob(setup, target, result.program, mesh,
+                                analytic["total"] - analytic["by_part"]["batch"], available)
   return {
       "schema": SCHEMA,
       "target": target_fields(target),
       "program": result.program,
-      "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
+      "mesh": mesh,
       "parameters": setup.model.num_parameters(),
       "remat_policy": getattr(setup.model, "remat_policy", None),
       "optimizer": {"moment_dtype": getattr(setup.optimizer, "moment_dtype", None),
@@ -205,8 +213,9 @@ def build(result: CompileResult) -> dict[str, Any]:
           **({"xla_error": result.out_of_memory.message} if result.out_of_memory else {})},
       "verdict": verdict,
       "margin": margin,
+      "next_knob": knob,
       "largest_buffers": [vars(b) for b in result.largest_buffers],
-      "analytic": analytic_bytes(result),
+      "analytic": analytic,
       "flops": {"xla_per_device": result.xla_flops_per_device, "model_per_step": model_flops,
                 "model_per_device": model_flops / target.num_devices},
       "compile_seconds": result.seconds,
@@ -247,7 +256,8 @@ def verdict_lines(report: dict[str, Any]) -> list[str]:
   return [f"verdict: {verdict}: needs {gib(m['deciding'])} per device of "
           f"{gib(m['available'])} ({source}); "
           f"margin {margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})",
-          f"  decided by: {m['deciding_rule']}"]
+          f"  decided by: {m['deciding_rule']}"] + (
+              [f"  {report['next_knob']}"] if report.get("next_knob") else [])
 
 
 def argument_bytes_line(report: dict[str, Any], of: str = "") -> str:
