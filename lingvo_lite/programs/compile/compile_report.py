@@ -184,10 +184,6 @@ def build(result: CompileResult) -> dict[str, Any]:
   step_time = step_bound.section(target, setup, result.program, model_flops, tokens)
   mesh = {axis: int(size) for axis, size in jitted.mesh.shape.items()}
   analytic = analytic_bytes(result)
-  knob = None
-  if verdict == DOES_NOT_FIT:
-    knob = fit_advice.next_knob(setup, target, result.program, mesh,
-                                analytic["total"] - analytic["by_part"]["batch"], available)
   return {
       "schema": SCHEMA,
       "target": target_fields(target),
@@ -213,7 +209,7 @@ def build(result: CompileResult) -> dict[str, Any]:
           **({"xla_error": result.out_of_memory.message} if result.out_of_memory else {})},
       "verdict": verdict,
       "margin": margin,
-      "next_knob": knob,
+      "next_knob": _next_knob(result, verdict, mesh, analytic, available),
       "largest_buffers": [vars(b) for b in result.largest_buffers],
       "analytic": analytic,
       "flops": {"xla_per_device": result.xla_flops_per_device, "model_per_step": model_flops,
@@ -227,6 +223,16 @@ def build(result: CompileResult) -> dict[str, Any]:
       "step_time": step_time,
       "dots": result.dots,
   }
+
+
+def _next_knob(result: CompileResult, verdict: str, mesh: dict[str, int],
+               analytic: dict[str, Any], available: int | None) -> str | None:
+  """The one line naming what to change first, for a step that does not fit."""
+  if verdict != DOES_NOT_FIT:
+    return None
+  state = analytic["total"] - analytic["by_part"]["batch"]
+  return fit_advice.next_knob(result.jitted.setup, result.jitted.target, result.program, mesh,
+                              state, available)
 
 
 def cached_note(report: dict) -> str:
