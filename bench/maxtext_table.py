@@ -151,6 +151,8 @@ def compile_row(row: str, slices: int, limit_s: float) -> dict:
   out.update(verdict=report["verdict"], deciding_gib=(report["memory"]["deciding"] or 0) / 2**30,
              available_gib=(report["memory"]["available"] or 0) / 2**30,
              mesh=report["mesh"], compile_seconds=report["compile_seconds"],
+             fit_knob=report.get("next_knob"), peak_gib=(report["memory"].get("peak") or 0)
+             / 2**30, largest_buffers=report["largest_buffers"][:3],
              model_flops_per_chip=report["flops"]["model_per_device"])
   if estimate.get("made"):
     out.update(estimate_s=estimate["seconds"], estimate_mfu=estimate["mfu"],
