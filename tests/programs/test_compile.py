@@ -363,7 +363,8 @@ def test_optimizer_options_count_an_offloaded_state_in_host_memory(tmp_path):
 def _advice_setup(remat="full", batch=1024, accumulate=1, dcn_fsdp=1, moments=None,
                   offload=False):
   return SimpleNamespace(
-      model=SimpleNamespace(remat_policy=remat), partitioner=SimpleNamespace(dcn_fsdp=dcn_fsdp),
+      model=SimpleNamespace(remat_policy=remat),
+      partitioner=SimpleNamespace(dcn_fsdp=dcn_fsdp, dcn_data=1),
       optimizer=SimpleNamespace(moment_dtype=moments, offload_state=offload),
       train=SimpleNamespace(grad_accum_steps=accumulate),
       train_data=SimpleNamespace(global_batch_size=batch))
@@ -378,7 +379,9 @@ ADVICE = [
     ("state over two slices, fsdp within each", _advice_setup(), _TWO_V5E_256, "train",
      {"data": 2, "fsdp": 256}, 20 * _GIB, "partitioner.dcn_fsdp=2, partitioner.dcn_data=1"),
     ("state, fsdp over a quarter of the slice", _advice_setup(), _V5E_256, "train",
-     {"data": 4, "fsdp": 64}, 20 * _GIB, "partitioner.ici_fsdp=-1"),
+     {"data": 4, "fsdp": 64}, 20 * _GIB, "(partitioner.ici_fsdp=-1, partitioner.ici_data=1)"),
+    ("state, fsdp x tensor short of the slice", _advice_setup(), _V5E_256, "train",
+     {"fsdp": 16, "tensor": 4}, 20 * _GIB, "(partitioner.ici_fsdp=-1)"),
     ("state, fsdp over every chip already", _advice_setup(dcn_fsdp=2), _TWO_V5E_256, "train",
      {"fsdp": 512}, 20 * _GIB, "optimizer.moment_dtype='bfloat16'"),
     ("state, bfloat16 moments already", _advice_setup(moments="bfloat16"), _V5E_256, "train",

@@ -29,8 +29,10 @@ def _state_knob(setup: Any, target: Any, mesh: dict[str, int]) -> str | None:
   per_slice = target.num_devices // max(slices, 1)
   within = mesh.get("fsdp", 1) // max(getattr(partitioner, "dcn_fsdp", 1), 1)
   if within * mesh.get("tensor", 1) * mesh.get("expert", 1) < per_slice:
+    # Data parallelism within a slice holds the rest of its chips: it gives them up.
+    data = mesh.get("data", 1) // max(getattr(partitioner, "dcn_data", 1), 1)
     return ("shard the parameters and optimizer over every chip of a slice "
-            "(partitioner.ici_fsdp=-1)")
+            "(partitioner.ici_fsdp=-1" + (", partitioner.ici_data=1)" if data > 1 else ")"))
   if hasattr(optimizer, "moment_dtype") and optimizer.moment_dtype is None:
     return "keep Adam's moments in bfloat16 (optimizer.moment_dtype='bfloat16')"
   if (hasattr(optimizer, "offload_state") and not optimizer.offload_state
