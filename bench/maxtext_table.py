@@ -2,7 +2,7 @@
 for 1, 2, 4, 8, 16 and 32 slices of v5e-256, beside MaxText's measured TFLOP/s/chip and MFU.
 
   python bench/maxtext_table.py [--rows MaxText16B,...] [--slices 1,2,4] [--limit_s 900]
-      [--out bench/results/2026-12-07/maxtext_table]
+      [--out bench/results/2026-12-07/maxtext_table] [--markdown_only]
 
 Each row is `python -m lingvo_lite --exp=ROW --mode=compile --compile_topology=v5e-256
 --compile_num_slices=K` in its own process (the batch K x the script's per-slice batch, the
@@ -184,6 +184,8 @@ def to_markdown(rows: list[dict]) -> str:
                    f"{maxtext_cell} | | {cost} | |")
       continue
     verdict = f"{r['verdict']}, {r['deciding_gib']:.2f} of {r['available_gib']:.2f}"
+    if r.get("peak_gib"):  # XLA's heap-simulation peak, where it is not what decided.
+      verdict += f" (XLA peak {r['peak_gib']:.2f})"
     if "estimate_s" in r:
       estimate = (f"{r['estimate_s'] * 1e3:.0f} ms, {r['estimate_mfu']:.1%} "
                   f"({r['dominant']})")
@@ -202,12 +204,18 @@ def main() -> None:
   parser.add_argument("--limit_s", type=float, default=900.0)
   parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "2026-12-07",
                                                     "maxtext_table"))
+  parser.add_argument("--markdown_only", action="store_true",
+                      help="rewrite OUT.md from OUT.jsonl and compile nothing")
   args = parser.parse_args()
   done = []
   if os.path.exists(args.out + ".jsonl"):
     with open(args.out + ".jsonl", encoding="utf-8") as f:
       done = [json.loads(line) for line in f if line.strip()]
   seen = {(r["row"], r["slices"]) for r in done}
+  if args.markdown_only:
+    with open(args.out + ".md", "w", encoding="utf-8") as f:
+      f.write(to_markdown(done))
+    return
   for row in args.rows.split(","):
     for slices in map(int, args.slices.split(",")):
       if (row, slices) in seen:
