@@ -149,8 +149,8 @@ class MaxText1024B(Llama1B):
   and 256 key-value heads of 128 (32768 wide), SwiGLU 114688, vocabulary 32000:
   997,485,199,360 parameters. per_device_batch_size=2 on a v5p-2048 (1024 chips: 2048 x
   2048 a step), remat_policy=full, ici_fsdp_parallelism=-1 (64) x ici_tensor_parallelism=16
-  (`ON_TPU`). MaxText's table:
-  254 TFLOP/s/chip, 55.35% MFU on one v5p-2048.
+  (`ON_TPU`). MaxText's v5p table (configs/v5p/README.md): 254 TFLOP/s/chip, 55.35% MFU on one
+  v5p-2048. No pipeline stages in any of these scripts: FSDP and tensor axes only.
 
     python -m lingvo_lite --exp=MaxText1024B --mode=compile --compile_topology=v5p-2048 \\
         --fdl.partitioner.ici_tensor=16
