@@ -420,6 +420,15 @@ def test_out_of_memory_messages_become_bytes():
   second = aot.parse_out_of_memory("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G hbm. Exceeded")
   assert (second.required, second.available) == (int(20.5 * 2**30), int(15.48 * 2**30))
   assert aot.parse_out_of_memory("INVALID_ARGUMENT: bad shape") is None
+  # XLA refused the step though its rounded figures are equal (MaxText128B on a v5e-256 with
+  # FSDP over every chip): never FITS.
+  equal = aot.parse_out_of_memory(
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+      "temporaries (15.75G) exceeds available HBM (15.75G).")
+  needed, _, source = compile_report.deciding(None, equal, "tpu")
+  assert needed == equal.available
+  assert compile_report.judge(needed, equal.available, source)[0] == compile_report.DOES_NOT_FIT
+  assert compile_report.judge(needed, equal.available)[0] == compile_report.FITS
 
 
 def test_no_memory_analysis_is_unknown_never_fits():

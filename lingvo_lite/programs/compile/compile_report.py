@@ -149,11 +149,15 @@ def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
           "memory_analysis")
 
 
-def judge(needed: int | None, available: int | None) -> tuple[str, dict[str, float] | None]:
-  """(verdict, margin) of `needed` bytes per device against `available`."""
+def judge(needed: int | None, available: int | None,
+          source: str = "memory_analysis") -> tuple[str, dict[str, float] | None]:
+  """(verdict, margin) of `needed` bytes per device against `available`; `source` is
+  `deciding`'s. A compile XLA refused (RESOURCE_EXHAUSTED) never fits, whatever its rounded
+  figures say: "temporaries (15.75G) exceeds available HBM (15.75G)" parses to equal bytes."""
   if needed is None or available is None:
     return UNKNOWN, None
-  verdict = FITS if needed <= available else DOES_NOT_FIT
+  exhausted = source == "resource_exhausted"
+  verdict = FITS if needed <= available and not exhausted else DOES_NOT_FIT
   return verdict, {"bytes": available - needed, "fraction": (available - needed) / available}
 
 
@@ -174,7 +178,7 @@ def build(result: CompileResult) -> dict[str, Any]:
   available = target.memory_per_device
   if result.out_of_memory is not None:
     available = result.out_of_memory.available
-  verdict, margin = judge(deciding_bytes, available)
+  verdict, margin = judge(deciding_bytes, available, source)
   memory = result.memory
   model_flops = mfu.model_flops_per_step(setup.model, data.global_batch_size,
                                          data.sequence_length)
