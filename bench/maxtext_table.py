@@ -145,7 +145,8 @@ def compile_row(row: str, slices: int, limit_s: float) -> dict:
          "maxtext_flops_per_chip": maxtext_flops(_scale(row), per_device),
          "maxtext_step_s": maxtext_seconds}
   if report is None:
-    out["error"] = "timed out" if timed_out else stderr.strip().splitlines()[-1:]
+    out["error"] = ("timed out" if timed_out else
+                    (stderr.strip().splitlines() or ["no report"])[-1])
     return out
   estimate = report["estimate"] or {"made": False}
   out.update(verdict=report["verdict"], deciding_gib=(report["memory"]["deciding"] or 0) / 2**30,
@@ -180,7 +181,10 @@ def to_markdown(rows: list[dict]) -> str:
                     f"{r['maxtext_mfu']:.2%}")
     cost = f"{r['wall_s']:.0f} s, {r['peak_rss_gib']:.2f} GiB"
     if "verdict" not in r:
-      lines.append(f"| {r['row']} | {where} | not compiled: {r.get('error')} | | "
+      error = r.get("error")
+      error = " ".join(error) if isinstance(error, list) else error  # Older rows: a list.
+      error = str(error).removeprefix("lingvo_lite: error: ")
+      lines.append(f"| {r['row']} | {where} | refused before compiling: {error} | | "
                    f"{maxtext_cell} | | {cost} | |")
       continue
     verdict = f"{r['verdict']}, {r['deciding_gib']:.2f} of {r['available_gib']:.2f}"
