@@ -184,7 +184,9 @@ def to_markdown(rows: list[dict]) -> str:
       error = r.get("error")
       error = " ".join(error) if isinstance(error, list) else error  # Older rows: a list.
       error = str(error).removeprefix("lingvo_lite: error: ")
-      lines.append(f"| {r['row']} | {where} | refused before compiling: {error} | | "
+      what = (f"not compiled in {r['limit_s']:.0f} s" if r.get("timed_out")
+              else f"refused before compiling: {error}")
+      lines.append(f"| {r['row']} | {where} | {what} | | "
                    f"{maxtext_cell} | | {cost} | |")
       continue
     verdict = f"{r['verdict']}, {r['deciding_gib']:.2f} of {r['available_gib']:.2f}"
