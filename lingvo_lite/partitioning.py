@@ -205,12 +205,16 @@ class Partitioner:
     On CPUs and GPUs the dcn axes are outer mesh axes (across processes, in device order)."""
     across = math.prod(self.dcn_shape)
     if (num_slices > 1 or platform == "tpu") and across != num_slices:
+      # The example completes the other axes with dcn_data where they divide the slices (a
+      # set dcn_fsdp=2 over 4 slices needs dcn_data=2, not 4); else they all go back to 1.
+      others = across // self.dcn_data
+      example = (f"--fdl.partitioner.dcn_data={num_slices // others}" if num_slices % others == 0
+                 else f"--fdl.partitioner.dcn_data={num_slices} and the other dcn_* axes 1")
       raise config_error(
           "partitioner.dcn_*", self.dcn_shape,
           f"the mesh axes across slices multiply to {across}, but {target_name} has "
           f"{num_slices} slice{'s' if num_slices > 1 else ''}", f"make their product "
-          f"{num_slices} (e.g. "
-          f"--fdl.partitioner.dcn_data={num_slices})")
+          f"{num_slices} (e.g. {example})")
 
   def mesh_axis_sizes(self, num_devices: int) -> dict[str, int]:
     """Size of each mesh axis (within-slice size x across-slice size)."""

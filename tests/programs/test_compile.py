@@ -9,6 +9,7 @@ import pathlib
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 from lingvo_lite import target as targets
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.on_mesh.jitted import JittedSteps
-from lingvo_lite.programs.compile import aot, analyses, compile_report
+from lingvo_lite.programs.compile import aot, analyses, compile_report, fit_advice
 from lingvo_lite.testing import run_cli, run_process, source_root, synthetic_tiny_setup
 from tests.trained_jobs import tree_digest
 
@@ -283,7 +284,13 @@ def test_too_large_reports_does_not_fit_and_max_batch_agrees_with_brute_force(tm
                          f"--fdl.train_data.global_batch_size={8 * per_device}"])
     assert completed.returncode == (0 if per_device <= best else 3), (per_device,
                                                                        completed.stderr)
-    assert _report(job)["verdict"] == ("FITS" if per_device <= best else "DOES NOT FIT")
+    report = _report(job)
+    assert report["verdict"] == ("FITS" if per_device <= best else "DOES NOT FIT")
+    if per_device > best:  # The state fits; the activations do not: their knob, in one line.
+      assert report["next_knob"].startswith("does not fit: the activations"), report
+      assert f"  {report['next_knob']}\n" in completed.stdout
+    else:
+      assert report["next_knob"] is None
 
 
 def test_remat_policies_alone_show_which_fit_each_as_its_own_compile_says(tmp_path):
@@ -353,6 +360,56 @@ def test_optimizer_options_count_an_offloaded_state_in_host_memory(tmp_path):
                    re.M), table.stdout
 
 
+def _advice_setup(remat="full", batch=1024, accumulate=1, dcn_fsdp=1, moments=None,
+                  offload=False):
+  return SimpleNamespace(
+      model=SimpleNamespace(remat_policy=remat),
+      partitioner=SimpleNamespace(dcn_fsdp=dcn_fsdp, dcn_data=1),
+      optimizer=SimpleNamespace(moment_dtype=moments, offload_state=offload),
+      train=SimpleNamespace(grad_accum_steps=accumulate),
+      train_data=SimpleNamespace(global_batch_size=batch))
+
+
+_V5E_256 = SimpleNamespace(num_slices=1, num_devices=256, platform="tpu")
+_TWO_V5E_256 = SimpleNamespace(num_slices=2, num_devices=512, platform="tpu")
+_GIB = 2**30
+# (case, setup, target, program, mesh, state bytes, the knob named): the state's knobs when
+# the parameters and moments alone exceed the device's 16 GiB, else the activations'.
+ADVICE = [
+    ("state over two slices, fsdp within each", _advice_setup(), _TWO_V5E_256, "train",
+     {"data": 2, "fsdp": 256}, 20 * _GIB, "partitioner.dcn_fsdp=2, partitioner.dcn_data=1"),
+    ("state, fsdp over a quarter of the slice", _advice_setup(), _V5E_256, "train",
+     {"data": 4, "fsdp": 64}, 20 * _GIB, "(partitioner.ici_fsdp=-1, partitioner.ici_data=1)"),
+    ("state, fsdp x tensor short of the slice", _advice_setup(), _V5E_256, "train",
+     {"fsdp": 16, "tensor": 4}, 20 * _GIB, "(partitioner.ici_fsdp=-1)"),
+    ("state, fsdp over every chip already", _advice_setup(dcn_fsdp=2), _TWO_V5E_256, "train",
+     {"fsdp": 512}, 20 * _GIB, "optimizer.moment_dtype='bfloat16'"),
+    ("state, bfloat16 moments already", _advice_setup(moments="bfloat16"), _V5E_256, "train",
+     {"fsdp": 256}, 20 * _GIB, "optimizer.offload_state=True"),
+    ("state, moments offloaded already", _advice_setup(moments="bfloat16", offload=True),
+     _V5E_256, "train", {"fsdp": 256}, 20 * _GIB, "partitioner.ici_tensor"),
+    ("activations under a policy that keeps some", _advice_setup(remat="minimal"), _V5E_256,
+     "train", {"fsdp": 256}, 8 * _GIB, "model.remat_policy='full' (now 'minimal'"),
+    ("activations, fully rematerialized", _advice_setup(accumulate=2), _V5E_256, "train",
+     {"fsdp": 256}, 8 * _GIB, "train.grad_accum_steps=4 (each micro-batch 256 rows"),
+    ("activations, one row a device", _advice_setup(batch=256), _V5E_256, "train",
+     {"fsdp": 256}, 8 * _GIB, "partitioner.ici_tensor"),
+    ("eval activations", _advice_setup(), _V5E_256, "eval", {"fsdp": 256}, 8 * _GIB,
+     "eval_data.global_batch_size"),
+]
+
+
+@pytest.mark.parametrize("case,setup,target,program,mesh,state,knob", ADVICE,
+                         ids=[case[0] for case in ADVICE])
+def test_a_step_that_does_not_fit_names_its_next_knob(case, setup, target, program, mesh,
+                                                      state, knob):
+  del case
+  line = fit_advice.next_knob(setup, target, program, mesh, state, 16 * _GIB)
+  assert line.startswith("does not fit: ") and "\n" not in line
+  assert ("state alone exceed" in line) == (state > 16 * _GIB), line
+  assert "next knob: " in line and knob in line.split("next knob: ")[1], line
+
+
 def test_out_of_memory_messages_become_bytes():
   # XLA:TPU's two phrasings (the first as MaxText quotes it).
   first = aot.parse_out_of_memory(
@@ -363,6 +420,15 @@ def test_out_of_memory_messages_become_bytes():
   second = aot.parse_out_of_memory("RESOURCE_EXHAUSTED: Used 20.5G of 15.48G hbm. Exceeded")
   assert (second.required, second.available) == (int(20.5 * 2**30), int(15.48 * 2**30))
   assert aot.parse_out_of_memory("INVALID_ARGUMENT: bad shape") is None
+  # XLA refused the step though its rounded figures are equal (MaxText128B on a v5e-256 with
+  # FSDP over every chip): never FITS.
+  equal = aot.parse_out_of_memory(
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+      "temporaries (15.75G) exceeds available HBM (15.75G).")
+  needed, _, source = compile_report.deciding(None, equal, "tpu")
+  assert needed == equal.available
+  assert compile_report.judge(needed, equal.available, source)[0] == compile_report.DOES_NOT_FIT
+  assert compile_report.judge(needed, equal.available)[0] == compile_report.FITS
 
 
 def test_no_memory_analysis_is_unknown_never_fits():

@@ -18,6 +18,8 @@ report.json, schema "lingvo_lite.compile_report/1":
               source: "memory_analysis" | "resource_exhausted" | "none"
   verdict:    "FITS" | "DOES NOT FIT" | "UNKNOWN" (XLA reported no memory analysis)
   margin:     bytes (available - deciding, negative when it does not fit), fraction
+  next_knob:  for a step that does not fit, one line naming the field to change first
+              (programs/compile/fit_advice.py); null otherwise
   largest_buffers: [{bytes, shape, instruction, op_name}], ten at most
   analytic:   by_part: parameters, optimizer (by moment name), other_state, batch; total, and
               xla_arguments beside it; host_by_part, host_total, xla_host_arguments: the
@@ -62,7 +64,7 @@ import numpy as np
 
 from lingvo_lite import mfu
 from lingvo_lite.on_mesh import evaluation
-from lingvo_lite.programs.compile import estimate_report, step_bound
+from lingvo_lite.programs.compile import estimate_report, fit_advice, step_bound
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 from lingvo_lite.training.train_state import HOST_MEMORY
 
@@ -147,11 +149,15 @@ def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
           "memory_analysis")
 
 
-def judge(needed: int | None, available: int | None) -> tuple[str, dict[str, float] | None]:
-  """(verdict, margin) of `needed` bytes per device against `available`."""
+def judge(needed: int | None, available: int | None,
+          source: str = "memory_analysis") -> tuple[str, dict[str, float] | None]:
+  """(verdict, margin) of `needed` bytes per device against `available`; `source` is
+  `deciding`'s. A compile XLA refused (RESOURCE_EXHAUSTED) never fits, whatever its rounded
+  figures say: "temporaries (15.75G) exceeds available HBM (15.75G)" parses to equal bytes."""
   if needed is None or available is None:
     return UNKNOWN, None
-  verdict = FITS if needed <= available else DOES_NOT_FIT
+  exhausted = source == "resource_exhausted"
+  verdict = FITS if needed <= available and not exhausted else DOES_NOT_FIT
   return verdict, {"bytes": available - needed, "fraction": (available - needed) / available}
 
 
@@ -172,7 +178,7 @@ def build(result: CompileResult) -> dict[str, Any]:
   available = target.memory_per_device
   if result.out_of_memory is not None:
     available = result.out_of_memory.available
-  verdict, margin = judge(deciding_bytes, available)
+  verdict, margin = judge(deciding_bytes, available, source)
   memory = result.memory
   model_flops = mfu.model_flops_per_step(setup.model, data.global_batch_size,
                                          data.sequence_length)
@@ -180,11 +186,13 @@ def build(result: CompileResult) -> dict[str, Any]:
     model_flops /= 3  # Forward only: the 6N of training counts forward and backward.
   tokens = data.global_batch_size * data.sequence_length
   step_time = step_bound.section(target, setup, result.program, model_flops, tokens)
+  mesh = {axis: int(size) for axis, size in jitted.mesh.shape.items()}
+  analytic = analytic_bytes(result)
   return {
       "schema": SCHEMA,
       "target": target_fields(target),
       "program": result.program,
-      "mesh": {axis: int(size) for axis, size in jitted.mesh.shape.items()},
+      "mesh": mesh,
       "parameters": setup.model.num_parameters(),
       "remat_policy": getattr(setup.model, "remat_policy", None),
       "optimizer": {"moment_dtype": getattr(setup.optimizer, "moment_dtype", None),
@@ -205,8 +213,9 @@ def build(result: CompileResult) -> dict[str, Any]:
           **({"xla_error": result.out_of_memory.message} if result.out_of_memory else {})},
       "verdict": verdict,
       "margin": margin,
+      "next_knob": _next_knob(result, verdict, mesh, analytic, available),
       "largest_buffers": [vars(b) for b in result.largest_buffers],
-      "analytic": analytic_bytes(result),
+      "analytic": analytic,
       "flops": {"xla_per_device": result.xla_flops_per_device, "model_per_step": model_flops,
                 "model_per_device": model_flops / target.num_devices},
       "compile_seconds": result.seconds,
@@ -218,6 +227,16 @@ def build(result: CompileResult) -> dict[str, Any]:
       "step_time": step_time,
       "dots": result.dots,
   }
+
+
+def _next_knob(result: CompileResult, verdict: str, mesh: dict[str, int],
+               analytic: dict[str, Any], available: int | None) -> str | None:
+  """The one line naming what to change first, for a step that does not fit."""
+  if verdict != DOES_NOT_FIT:
+    return None
+  state = analytic["total"] - analytic["by_part"]["batch"]
+  return fit_advice.next_knob(result.jitted.setup, result.jitted.target, result.program, mesh,
+                              state, available)
 
 
 def cached_note(report: dict) -> str:
@@ -247,7 +266,8 @@ def verdict_lines(report: dict[str, Any]) -> list[str]:
   return [f"verdict: {verdict}: needs {gib(m['deciding'])} per device of "
           f"{gib(m['available'])} ({source}); "
           f"margin {margin['bytes'] / _GIB:+.3f} GiB ({margin['fraction']:+.1%})",
-          f"  decided by: {m['deciding_rule']}"]
+          f"  decided by: {m['deciding_rule']}"] + (
+              [f"  {report['next_knob']}"] if report.get("next_knob") else [])
 
 
 def argument_bytes_line(report: dict[str, Any], of: str = "") -> str:

@@ -100,7 +100,7 @@ def _function(compiled: aot.Compiled, target: targets.Target) -> dict[str, Any]:
           "temporaries": memory.temporaries, "generated_code": memory.generated_code,
           "total": memory.total, "peak": memory.peak} if memory else {}),
       "deciding": deciding, "deciding_rule": rule, "source": source, "available": available,
-      "verdict": compile_report.judge(deciding, available)[0],
+      "verdict": compile_report.judge(deciding, available, source)[0],
       "compile_seconds": compiled.seconds,
       "xla_flops_per_device": compiled.xla_flops_per_device,
       **({"xla_error": compiled.out_of_memory.message} if compiled.out_of_memory else {})}
@@ -131,7 +131,8 @@ def build(result: DecodeCompileResult) -> dict[str, Any]:
   functions = {name: _function(result.compiled[name], target) for name in FUNCTIONS}
   decider = _deciding_function(functions)
   chosen = functions[decider]
-  verdict, margin = compile_report.judge(chosen["deciding"], chosen["available"])
+  verdict, margin = compile_report.judge(chosen["deciding"], chosen["available"],
+                                         chosen["source"])
   other = "prefill" if decider == "generate" else "generate"
   what = {"generate": "the generate loop", "prefill": f"the prefill at bucket "
           f"{result.prefill_bucket}"}
