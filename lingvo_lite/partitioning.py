@@ -5,7 +5,9 @@ The model names the axes of its parameters and activations logically (`embed`, `
 `fsdp`, `expert`, `tensor`) and turns an abstract state tree into NamedShardings. Pure data
 parallelism is the default: every parameter replicated, the batch split over all devices.
 The `expert` axis splits a mixture of experts' stacked experts (expert parallelism,
-models/moe_parallel.py) and, like every data-parallel axis, the batch.
+models/moe_parallel.py) and, like every data-parallel axis, the batch. The `stage` axis splits
+the scanned layer stack (its `layers` axis) into pipeline stages (models/pipeline.py); the
+batch is not split over it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from lingvo_lite.fields import PositiveInt, Range
 
 IciSize = Annotated[int, Range(1, also=(-1,), note="-1 takes the devices left over")]
 
-# Outer to inner: the tensor axis, whose collectives run every layer, innermost (nearest
-# devices); the expert axis's all-gathers and reduce-scatters of activations next to it.
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+# Outer to inner: the pipeline's stages outermost (one collective-permute of activations per
+# pipeline iteration, the cheapest traffic to send farthest), the tensor axis, whose
+# collectives run every layer, innermost (nearest devices); the expert axis's all-gathers and
+# reduce-scatters of activations next to it.
+MESH_AXES = ("stage", "data", "fsdp", "expert", "tensor")
 # The logical axes of the batch and of activations along it, whatever the model.
 DATA_AXES = ("batch", "length")
 # The logical axis names the default rules map: the batch's, and those the transformer
@@ -49,7 +53,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("vocab", "tensor"),
     ("norm", None),
     ("position", None),
-    ("layers", None),
+    ("layers", "stage"),
     ("experts", "expert"),
 )
 
@@ -148,10 +152,12 @@ class Partitioner:
   """Mesh shape and sharding rules.
 
   Attributes:
-    ici_data, ici_fsdp, ici_expert, ici_tensor: Mesh axis sizes within a slice; one may be -1
-      to take the devices left over. `expert` splits a mixture's experts (and the batch).
-    dcn_data, dcn_fsdp, dcn_expert, dcn_tensor: Mesh axis sizes across slices (multi-slice
-      jobs).
+    ici_stage, ici_data, ici_fsdp, ici_expert, ici_tensor: Mesh axis sizes within a slice; one
+      may be -1 to take the devices left over. `expert` splits a mixture's experts (and the
+      batch); `stage` the scanned layers into pipeline stages (models/pipeline.py: with
+      `train.pipeline_microbatches` and `train.pipeline_repeats`).
+    dcn_stage, dcn_data, dcn_fsdp, dcn_expert, dcn_tensor: Mesh axis sizes across slices
+      (multi-slice jobs).
     rules: Logical axis name -> mesh axis (or tuple of axes, or None for replicated).
   """
 
@@ -159,21 +165,30 @@ class Partitioner:
   ici_fsdp: IciSize = 1
   ici_tensor: IciSize = 1
   ici_expert: IciSize = 1
+  ici_stage: IciSize = 1
   dcn_data: PositiveInt = 1
   dcn_fsdp: PositiveInt = 1
   dcn_tensor: PositiveInt = 1
   dcn_expert: PositiveInt = 1
+  dcn_stage: PositiveInt = 1
   rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
 
   @property
-  def ici_shape(self) -> tuple[int, int, int, int]:
+  def ici_shape(self) -> tuple[int, ...]:
     """Sizes within a slice, in `MESH_AXES`' order."""
-    return (self.ici_data, self.ici_fsdp, self.ici_expert, self.ici_tensor)
+    return (self.ici_stage, self.ici_data, self.ici_fsdp, self.ici_expert, self.ici_tensor)
 
   @property
-  def dcn_shape(self) -> tuple[int, int, int, int]:
+  def dcn_shape(self) -> tuple[int, ...]:
     """Sizes across slices, in `MESH_AXES`' order."""
-    return (self.dcn_data, self.dcn_fsdp, self.dcn_expert, self.dcn_tensor)
+    return (self.dcn_stage, self.dcn_data, self.dcn_fsdp, self.dcn_expert, self.dcn_tensor)
+
+  def without_stages(self) -> Partitioner:
+    """This partitioner with the stage axis folded into the data axis (its devices kept):
+    what decode and serve run a pipelined job's parameters on (they run no pipeline)."""
+    return dataclasses.replace(
+        self, ici_stage=1, dcn_stage=1, dcn_data=self.dcn_data * self.dcn_stage,
+        ici_data=-1 if -1 in (self.ici_data, self.ici_stage) else self.ici_data * self.ici_stage)
 
   def resolved_ici_shape(self, num_devices: int) -> tuple[int, ...]:
     """ICI sizes with a -1 replaced by the devices left over; raises if they don't fit."""

@@ -21,7 +21,7 @@ from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import Batch, local_rows
 from lingvo_lite.errors import UsageError
-from lingvo_lite.experiment import Setup
+from lingvo_lite.experiment import Setup, pipeline_settings
 from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
 from lingvo_lite.training import objectives, steps, train_state
 from lingvo_lite.training.objectives.objective import Objective
@@ -70,6 +70,9 @@ class JittedSteps:
     self.schedule = setup.optimizer.schedule(total_steps)
     lora = setup.train.lora
     self.model = setup.model.with_adapters(lora) if lora is not None else setup.model
+    self.pipeline = pipeline_settings(setup, self.mesh.size)
+    if self.pipeline is not None:  # The parameters are the same: only the steps change.
+      self.model = self.model.with_pipeline(self.pipeline)
     self.adapters = lora is not None
     trained = train_state.sharded_abstract_state(
         self.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
