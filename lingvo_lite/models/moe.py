@@ -15,6 +15,9 @@ logits_and_losses` reads; nothing is kept when the model is applied without it):
   Perfect balance makes it k; every token of the batch counts (padding too).
 - `router_z`: ST-MoE's router z-loss, the mean over tokens of logsumexp(router logits)^2.
 - `expert_fraction` [E]: each expert's share of the T x k assignments (they sum to 1).
+- `router_probability` [E]: each expert's mean router score (the balance loss's second
+  factor): with `expert_fraction`, what a pipeline's microbatches average into the batch's
+  balance loss exactly (both are means over the tokens; the loss, their product, is not).
 - `dropped`: the fraction of assignments dropped (0 but under "capacity").
 
 Shared experts (DeepSeek, Qwen2-MoE): `shared_mlp_dim` > 0 adds one SwiGLU MLP of that width
@@ -43,6 +46,7 @@ from lingvo_lite.models import layers, moe_parallel, remat
 from lingvo_lite.models.expert_dispatch import (ExpertActivation, ExpertWeights, Routing,
                                                 RouterScore, capacity_dispatch, dense_reference,
                                                 dense_weight, expert_counts, load_balance_loss,
+                                                mean_probabilities,
                                                 route, router_z_loss)
 from lingvo_lite.models.quantization import Quantization
 
@@ -157,6 +161,7 @@ class MoeMlp(nn.Module):
     counts = expert_counts(routing.experts, self.num_experts)
     balance = load_balance_loss(routing, self.router_score)
     for name, value in (("load_balance", balance), ("router_z", router_z_loss(routing.logits)),
-                        ("expert_fraction", counts / jnp.sum(counts)), ("dropped", dropped)):
+                        ("expert_fraction", counts / jnp.sum(counts)), ("dropped", dropped),
+                        ("router_probability", mean_probabilities(routing, self.router_score))):
       self.sow(STATISTICS, name, value)
 

@@ -217,6 +217,11 @@ class MoeTransformerLM(TransformerLM):
     sown = layer_statistics(sown.get(moe.STATISTICS, {}))
     if not sown:
       return jnp.zeros((), jnp.float32), {}
+    if "router_probability" in sown:
+      # Each layer's balance loss from its two factors, means over the tokens: exact where a
+      # pipeline's microbatches averaged them (models/pipeline.py), the same number elsewhere.
+      sown["load_balance"] = self.num_experts * self.experts_per_token * jnp.sum(
+          sown["expert_fraction"] * sown.pop("router_probability"), axis=-1)
     means = {name: jnp.mean(values, axis=0) for name, values in sown.items()}
     auxiliary = (self.load_balance_coefficient * means["load_balance"]
                  + self.router_z_loss_coefficient * means["router_z"])
@@ -236,6 +241,6 @@ def layer_statistics(tree: Any) -> dict[str, jax.Array]:
     found.setdefault(name, []).append(leaf)
   rows = {}
   for name, leaves in found.items():
-    width = leaves[0].shape[-1:] if name == "expert_fraction" else ()
+    width = leaves[0].shape[-1:] if name in ("expert_fraction", "router_probability") else ()
     rows[name] = jnp.concatenate([leaf.reshape(-1, *width) for leaf in leaves])
   return rows
