@@ -249,6 +249,8 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
   used = {"batch", "length"} | {name for p in parameters for name in p.axes if name}
   axis_fields = model.logical_axes()
   partitioner.check_rules(used, model_axes=axis_fields)
+  data_parallel = partitioner.data_parallel_size(axis_sizes)
+  _check_pipeline(setup, target, data_parallel)
   for parameter in parameters:
     _check_distinct_mesh_axes(partitioner, parameter)
     for size, name, mesh_axes in zip(parameter.shape, parameter.axes,
@@ -260,16 +262,6 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
             field, size, f"the {name!r} dimension of parameter {parameter.path} is not "
             f"divisible by mesh axes {' x '.join(mesh_axes)} = {ways}",
             "change the size or the partitioner's axis sizes or rules")
-  data_parallel = partitioner.data_parallel_size(axis_sizes)
-  pipeline = pipeline_settings(setup, target.num_devices)
-  if pipeline is not None:
-    if not hasattr(model, "with_pipeline"):
-      raise config_error("partitioner.ici_stage", pipeline.stages,
-                         f"{type(model).__name__} has no scanned layer stack to pipeline",
-                         "leave ici_stage and dcn_stage 1")
-    check_pipeline(pipeline, model.scan_layers, model.num_layers, model.variant_period(),
-                   setup.train_data.global_batch_size
-                   // (setup.train.grad_accum_steps * data_parallel))
   batch_axes = " x ".join(partitioner.mesh_axes_of(("batch",))[0]) or "none"
   for name, data in setup.data_sources():
     rows = data.global_batch_size // (setup.train.grad_accum_steps if name == "train_data" else 1)
@@ -280,6 +272,24 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
           f"evenly over the data-parallel size {data_parallel} (mesh axes {batch_axes}) and "
           f"{target.num_processes} processes",
           f"use a multiple of {math.lcm(data_parallel, target.num_processes)}")
+
+
+def _check_pipeline(setup: Setup, target: targets.Target, data_parallel: int) -> None:
+  """A pipeline's stages against the layers and its microbatches against the batch (before
+  the parameters' divisibility, whose message would not name the pipeline's fields)."""
+  pipeline = pipeline_settings(setup, target.num_devices)
+  if pipeline is None:
+    return
+  model = setup.model
+  if not hasattr(model, "with_pipeline"):
+    raise config_error("partitioner.ici_stage", pipeline.stages,
+                       f"{type(model).__name__} has no scanned layer stack to pipeline",
+                       "leave ici_stage and dcn_stage 1")
+  rows, left = divmod(setup.train_data.global_batch_size,
+                      setup.train.grad_accum_steps * data_parallel)
+  # A batch the data axes do not divide is refused below, naming the batch size.
+  check_pipeline(pipeline, model.scan_layers, model.num_layers, model.variant_period(),
+                 None if left else rows)
 
 
 def pipeline_settings(setup: Setup, num_devices: int) -> PipelineSettings | None:

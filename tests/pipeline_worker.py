@@ -7,13 +7,16 @@ from one device's over 3 steps, and the stacked parameters' PartitionSpecs. The 
 """
 
 import json
+import os
+import tempfile
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
+from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.on_mesh.jitted import JittedSteps
-from lingvo_lite.testing import synthetic_tiny_setup
+from lingvo_lite.testing import run_cli, synthetic_tiny_setup
 from lingvo_lite.training.objectives.objective import Forward
 
 SETS = ("model.vocab_size=256", "train_data.vocab_size=256", "eval_data.vocab_size=256",
@@ -83,6 +86,77 @@ def _distance(reference, case):
           "same_names": all(set(s) == set(r) for s, r in zip(grads, ref_grads))}
 
 
+# Settings a pipeline refuses, each one line on stderr and exit 2 (the parent names the field
+# each must name). Every case has a mesh of 8 devices and scanned layers unless it says not.
+STAGE4 = ("--fdl.partitioner.ici_stage=4", "--fdl.partitioner.ici_data=2",
+          "--fdl.model.scan_layers=True")
+BAD_SETTINGS = {
+    "stages_vs_layers": [*STAGE4, "--fdl.model.num_layers=6"],
+    "stages_vs_kind_period": [*STAGE4, "--fdl.model.num_layers=4",
+                              "--fdl.model.layer_kinds=('sliding', 'full')",
+                              "--fdl.model.window=16"],
+    "microbatches_vs_rows": [*STAGE4, "--fdl.model.num_layers=4",
+                             "--fdl.train.pipeline_microbatches=3"],
+    "unscanned": ["--fdl.partitioner.ici_stage=2", "--fdl.model.num_layers=4",
+                  "--fdl.model.scan_layers=False"],
+    "circular_microbatches": [*STAGE4, "--fdl.model.num_layers=8",
+                              "--fdl.train.pipeline_repeats=2",
+                              "--fdl.train.pipeline_microbatches=2"],
+}
+
+
+def _bad_settings(folder):
+  outcomes = {}
+  for name, args in BAD_SETTINGS.items():
+    outcome = run_cli(["--exp=PyCodeLlamaTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+                       "--fdl.train_data.global_batch_size=8",
+                       "--fdl.eval_data.global_batch_size=8", "--mode=train",
+                       f"--job_log_dir={folder}/{name}", *args])
+    outcomes[name] = {"code": outcome.code, "stderr": outcome.stderr}
+  return outcomes
+
+
+def _leaves(tree):
+  return {jax.tree_util.keystr(k): np.asarray(v)
+          for k, v in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]}
+
+
+def _resume(folder):
+  """A state trained 2 steps at 4 stages (x 2 data) and saved, restored at 2 stages (x 4
+  data) and at 1 (x 8 data): whether each restore holds bitwise the saved arrays, and how far
+  each one's next step is from the 4-stage run's own next step."""
+  sets = ("train.pipeline_microbatches=2",)
+  setup, jitted = _jitted("PyCodeLlamaTiny", sets, MESHES["stage4_data2"], 1, 2)
+  batches = [setup.train_data.batch(index) for index in range(3)]
+  with jitted.activated():
+    state = jitted.init_state()
+    for batch in batches[:2]:
+      state, _ = jitted.train_step(state, jitted.global_batch(batch))
+    saved = _leaves(state)
+    checkpointer = Checkpointer(epath.Path(folder), CheckpointSettings(every_steps=1))
+    checkpointer.save(2, state, force=True, metadata=jitted.checkpoint_metadata)
+    checkpointer.close()
+    continued, metrics = jitted.train_step(state, jitted.global_batch(batches[2]))
+    want, want_loss = _leaves(continued.params), float(metrics["loss"])
+  result = {}
+  for stages in (2, 1):
+    setup, jitted = _jitted("PyCodeLlamaTiny", sets, dict(stage=stages, data=8 // stages), 1, 2)
+    reader = Checkpointer(epath.Path(folder), CheckpointSettings(), create=False)
+    with jitted.activated():
+      restored = jitted.restore_state(reader, 2)
+      got = _leaves(restored)
+      stage_split = [str(leaf.sharding.spec) for leaf in jax.tree.leaves(
+          restored.params["layers"])]
+      resumed, metrics = jitted.train_step(restored, jitted.global_batch(batches[2]))
+    params = _leaves(resumed.params)
+    result[f"stage{stages}"] = {
+        "bitwise": got.keys() == saved.keys() and all(
+            np.array_equal(got[k], saved[k]) for k in saved),
+        "stage_split": stage_split, "loss": abs(float(metrics["loss"]) - want_loss),
+        "params": max(float(np.max(np.abs(params[k] - want[k]))) for k in want)}
+  return result
+
+
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {}
@@ -93,6 +167,9 @@ def main():
         case = _trajectory(experiment, sets, axes, repeats, microbatches, reference[3])
         result[f"{family}/{mesh}/{schedule}"] = dict(_distance(reference, case),
                                                       specs=case[2])
+  with tempfile.TemporaryDirectory() as folder:
+    result["resume"] = _resume(os.path.join(folder, "checkpoints"))
+    result["bad"] = _bad_settings(folder)
   print(json.dumps(result))
 
 

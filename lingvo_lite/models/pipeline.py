@@ -69,7 +69,7 @@ class PipelineSettings:
 
 
 def check(settings: PipelineSettings, scan_layers: bool, num_layers: int, period: int,
-          rows: int) -> None:
+          rows: int | None) -> None:
   """Raises UsageError (naming the field) where the pipeline cannot run this model and batch.
 
   Args:
@@ -77,7 +77,8 @@ def check(settings: PipelineSettings, scan_layers: bool, num_layers: int, period
     scan_layers: model.scan_layers (the pipeline cuts the scanned stack).
     num_layers: model.num_layers.
     period: The layers of one scanned group (the kind pattern's period).
-    rows: The rows of one data-parallel replica's (accumulation) batch.
+    rows: The rows of one data-parallel replica's (accumulation) batch; None where the batch
+      does not split over the replicas (refused by the caller, naming the batch size).
   """
   stages, micro, repeats = settings.stages, settings.microbatches, settings.repeats
   if not scan_layers:
@@ -91,7 +92,7 @@ def check(settings: PipelineSettings, scan_layers: bool, num_layers: int, period
                        f"{repeats} repeats (train.pipeline_repeats) do not divide "
                        f"model.num_layers={num_layers}{kinds}",
                        f"make num_layers a multiple of {period * pieces}")
-  if rows % micro:
+  if rows is not None and rows % micro:
     raise config_error("train.pipeline_microbatches", micro, f"does not divide the {rows} "
                        "rows of each data-parallel replica's batch",
                        "use a divisor of global_batch_size / (grad_accum_steps x "
