@@ -86,6 +86,52 @@ def _distance(reference, case):
           "same_names": all(set(s) == set(r) for s, r in zip(grads, ref_grads))}
 
 
+# The pipeline composed with the rest (a kind pattern's groups, remat policies, LoRA over a
+# frozen base, experts split over their own axis): 3 train steps' losses against one device.
+COMPOSED = {
+    "gemma3_remat_full": ("PyCodeGemma3Tiny", ("model.num_layers=4", "model.remat_policy='full'"),
+                          dict(stage=2, data=2, fsdp=2), 1, 2, False),
+    "llama_lora_remat_minimal": ("PyCodeLlamaTiny", ("model.remat_policy='minimal'",),
+                                 dict(stage=4, data=2), 2, 4, True),
+    "mixtral_expert_axis": ("PyCodeMixtralTiny", MOE_SETS, dict(stage=2, data=2, expert=2),
+                            1, 2, False),
+}
+
+
+def _train_losses(experiment, sets, mesh_axes, repeats, microbatches, lora):
+  """3 train steps' losses (Adam, the train program's step) on the mesh, or one device."""
+  from lingvo_lite.config import building, fiddlers  # pylint: disable=import-outside-toplevel
+  from lingvo_lite.testing import tiny_config  # pylint: disable=import-outside-toplevel
+  extra = ()
+  if mesh_axes:
+    extra = tuple(f"partitioner.ici_{axis}={size}" for axis, size in mesh_axes.items()) + (
+        f"train.pipeline_repeats={repeats}", f"train.pipeline_microbatches={microbatches}")
+  cfg = tiny_config(experiment, *SETS, *sets, *extra, synthetic=True)
+  if lora:
+    fiddlers.lora(cfg)
+    cfg.train.lora.rank = 4
+  setup = building.build(cfg)
+  devices = jax.devices() if mesh_axes else jax.devices()[:1]
+  jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
+  losses = []
+  with jitted.activated():
+    frozen = jitted.frozen.load()[0] if jitted.frozen is not None else None
+    state = jitted.init_state(frozen)
+    for step in range(STEPS):
+      state, metrics = jitted.train_step(state, jitted.global_batch(setup.train_data.batch(step)))
+      losses.append(float(metrics["loss"]))
+  return losses
+
+
+def _composed():
+  result = {}
+  for name, (experiment, sets, axes, repeats, microbatches, lora) in COMPOSED.items():
+    result[name] = {"single": _train_losses(experiment, sets, None, 1, 1, lora),
+                    "pipelined": _train_losses(experiment, sets, axes, repeats, microbatches,
+                                               lora)}
+  return result
+
+
 # Settings a pipeline refuses, each one line on stderr and exit 2 (the parent names the field
 # each must name). Every case has a mesh of 8 devices and scanned layers unless it says not.
 STAGE4 = ("--fdl.partitioner.ici_stage=4", "--fdl.partitioner.ici_data=2",
@@ -157,6 +203,26 @@ def _resume(folder):
   return result
 
 
+def _compile_report(folder):
+  """The compile program's report of a 4-stage train step (x 2 data), and the bytes of one
+  stage's share of the stacked layers counted from the model's parameter shapes."""
+  job = f"{folder}/compiled"
+  outcome = run_cli(["--exp=PyCodeLlamaTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+                     "--fdl.train_data.global_batch_size=8",
+                     "--fdl.eval_data.global_batch_size=8", *STAGE4,
+                     "--fdl.model.num_layers=4", "--fdl.train.pipeline_microbatches=2",
+                     "--mode=compile", "--compile_topology=cpu:8", f"--job_log_dir={job}"])
+  setup = synthetic_tiny_setup("PyCodeLlamaTiny", "model.scan_layers=True", "model.num_layers=4")
+  stacked = sum(np.prod(p.shape) * p.repeats * np.dtype(p.dtype).itemsize
+                for p in setup.model.parameter_shapes() if p.path.startswith("['layers']"))
+  with open(f"{job}/compile/report.json", encoding="utf-8") as f:
+    report = json.load(f)
+  with open(f"{job}/compile/report.txt", encoding="utf-8") as f:
+    text = f.read()
+  return {"code": outcome.code, "stderr": outcome.stderr, "report": report, "text": text,
+          "stage_layer_bytes": int(stacked) // 4}
+
+
 def main():
   assert jax.device_count() == 8, jax.device_count()
   result = {}
@@ -170,6 +236,8 @@ def main():
   with tempfile.TemporaryDirectory() as folder:
     result["resume"] = _resume(os.path.join(folder, "checkpoints"))
     result["bad"] = _bad_settings(folder)
+    result["compile"] = _compile_report(folder)
+  result["composed"] = _composed()
   print(json.dumps(result))
 
 
