@@ -277,6 +277,11 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
 def _check_pipeline(setup: Setup, target: targets.Target, data_parallel: int) -> None:
   """A pipeline's stages against the layers and its microbatches against the batch (before
   the parameters' divisibility, whose message would not name the pipeline's fields)."""
+  if setup.partitioner.mesh_axis_sizes(target.num_devices)["stage"] > 1 and (
+      not setup.partitioner.pipelines()):
+    raise config_error("partitioner.rules", dict(setup.partitioner.rules).get("layers"),
+                       "a stage axis (partitioner.ici_stage x dcn_stage > 1) needs the "
+                       "'layers' axis split over it", "map ('layers', 'stage')")
   pipeline = pipeline_settings(setup, target.num_devices)
   if pipeline is None:
     return
@@ -290,6 +295,13 @@ def _check_pipeline(setup: Setup, target: targets.Target, data_parallel: int) ->
   # A batch the data axes do not divide is refused below, naming the batch size.
   check_pipeline(pipeline, model.scan_layers, model.num_layers, model.variant_period(),
                  None if left else rows)
+  for name, data in setup.data_sources(train=False):  # Evaluated in training, pipelined.
+    rows, left = divmod(data.global_batch_size, data_parallel)
+    if not left and rows % pipeline.microbatches:
+      raise config_error(f"{name}.global_batch_size", data.global_batch_size,
+                         f"its {rows} rows per data-parallel replica do not split into "
+                         f"train.pipeline_microbatches={pipeline.microbatches}",
+                         f"use a multiple of {data_parallel * pipeline.microbatches}")
 
 
 def pipeline_settings(setup: Setup, num_devices: int) -> PipelineSettings | None:
@@ -297,7 +309,7 @@ def pipeline_settings(setup: Setup, num_devices: int) -> PipelineSettings | None
   `stage` mesh axis's size with `train.pipeline_*`; None for one stage (the microbatch and
   repeat settings then do nothing, so a pipelined job resumes on one stage as it is)."""
   stages = setup.partitioner.mesh_axis_sizes(num_devices)["stage"]
-  if stages == 1:
+  if stages == 1 or not setup.partitioner.pipelines():
     return None
   return PipelineSettings(stages, setup.train.pipeline_microbatches,
                           setup.train.pipeline_repeats)

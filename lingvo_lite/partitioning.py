@@ -184,11 +184,18 @@ class Partitioner:
     return (self.dcn_stage, self.dcn_data, self.dcn_fsdp, self.dcn_expert, self.dcn_tensor)
 
   def without_stages(self) -> Partitioner:
-    """This partitioner with the stage axis folded into the data axis (its devices kept):
-    what decode and serve run a pipelined job's parameters on (they run no pipeline)."""
-    return dataclasses.replace(
-        self, ici_stage=1, dcn_stage=1, dcn_data=self.dcn_data * self.dcn_stage,
-        ici_data=-1 if -1 in (self.ici_data, self.ici_stage) else self.ici_data * self.ici_stage)
+    """This partitioner with the stage axis folded away: the same mesh, the stacked layers
+    replicated over the `stage` axis instead of split (its devices then hold copies, as the
+    data axis's do). What eval, decode, serve and export run a pipelined job's parameters
+    with: they run no pipeline, and the batch's split is the one training checked."""
+    if not self.pipelines():
+      return self
+    rules = tuple((name, None if name == "layers" else target) for name, target in self.rules)
+    return dataclasses.replace(self, rules=rules)
+
+  def pipelines(self) -> bool:
+    """Whether the rules split the stacked layers over the `stage` axis (a pipeline)."""
+    return "stage" in self.mesh_axes_of(("layers",))[0]
 
   def resolved_ici_shape(self, num_devices: int) -> tuple[int, ...]:
     """ICI sizes with a -1 replaced by the devices left over; raises if they don't fit."""

@@ -63,7 +63,8 @@ def _trajectory(experiment, sets, mesh_axes=None, repeats=1, microbatches=1, sta
       return value, sums["cross_entropy_sum"] / total
 
     step = jax.jit(jax.value_and_grad(objective, has_aux=True),
-                   in_shardings=(jitted.sharded_state.shardings.params, jitted.batch_sharding))
+                   in_shardings=(jitted.sharded_state.shardings.params, jitted.batch_sharding),
+                   compiler_options=jitted.compiler_options)
     for index in range(STEPS):
       (_, loss), g = step(params, jitted.global_batch(setup.train_data.batch(index)))
       losses.append(float(loss))
@@ -212,7 +213,8 @@ def _compile_report(folder):
                      "--fdl.eval_data.global_batch_size=8", *STAGE4,
                      "--fdl.model.num_layers=4", "--fdl.train.pipeline_microbatches=2",
                      "--mode=compile", "--compile_topology=cpu:8", f"--job_log_dir={job}"])
-  setup = synthetic_tiny_setup("PyCodeLlamaTiny", "model.scan_layers=True", "model.num_layers=4")
+  setup = synthetic_tiny_setup("PyCodeLlamaTiny", "model.scan_layers=True", "model.num_layers=4",
+                               "train_data.global_batch_size=8", "eval_data.global_batch_size=8")
   stacked = sum(np.prod(p.shape) * p.repeats * np.dtype(p.dtype).itemsize
                 for p in setup.model.parameter_shapes() if p.path.startswith("['layers']"))
   with open(f"{job}/compile/report.json", encoding="utf-8") as f:
@@ -221,6 +223,31 @@ def _compile_report(folder):
     text = f.read()
   return {"code": outcome.code, "stderr": outcome.stderr, "report": report, "text": text,
           "stage_layer_bytes": int(stacked) // 4}
+
+
+def _folded_programs(folder):
+  """A job trained 2 steps at 2 stages (x 4 data), with its eval at the end (pipelined), then
+  the eval program (the stage axis folded away) on its last checkpoint, and decode."""
+  job = f"{folder}/folded"
+  common = ["--fdl.model.scan_layers=True", "--fdl.model.num_layers=4",
+            "--fdl.partitioner.ici_stage=2", "--fdl.partitioner.ici_data=4"]
+  trained = run_cli(["--exp=PyCodeLlamaTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
+                     "--fdl.train_data.global_batch_size=8",
+                     "--fdl.eval_data.global_batch_size=8", "--fdl.eval_data.num_batches=1",
+                     "--fdl.train.steps=2", "--fdl.checkpoint.every_steps=2", *common,
+                     "--mode=train", f"--job_log_dir={job}"])
+  evaluated = run_cli(["--mode=eval", f"--job_log_dir={job}"])
+  decoded = run_cli(["--mode=decode", f"--job_log_dir={job}", "--prompt=def f(",
+                     "--fdl.decode.max_new_tokens=4"])
+
+  def rows(path):
+    with open(path, encoding="utf-8") as f:
+      return [json.loads(line) for line in f]
+  return {"codes": [trained.code, evaluated.code, decoded.code],
+          "stderr": trained.stderr + evaluated.stderr + decoded.stderr,
+          "train_eval": rows(f"{job}/eval_validation.jsonl") if not trained.code else [],
+          "eval": (rows(f"{job}/eval/eval_validation.jsonl") if not evaluated.code else []),
+          "decoded": os.path.exists(f"{job}/decode")}
 
 
 def main():
@@ -237,6 +264,7 @@ def main():
     result["resume"] = _resume(os.path.join(folder, "checkpoints"))
     result["bad"] = _bad_settings(folder)
     result["compile"] = _compile_report(folder)
+    result["folded"] = _folded_programs(folder)
   result["composed"] = _composed()
   print(json.dumps(result))
 

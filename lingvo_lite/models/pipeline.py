@@ -12,9 +12,11 @@ microbatch keeps the batch's sharding over the data axes). One loop of M x R + S
 iterations runs every stage at once (`jax.vmap` over the stage axis, sharded on the `stage`
 mesh axis): at iteration t stage s computes microbatch (t - s) mod M of its repeat
 (t - s) // M, then the activations shift one stage on (`jnp.roll` over the stage-sharded
-buffer: a collective-permute). Stage 0 reads a new microbatch while t < M, after that (the
-circular schedule) the last stage's output of the previous repeat, held in a buffer of M
-microbatches until read (so the circular schedule needs M >= S). Iterations where a stage has
+buffer: a collective-permute, the loop's only transfer between stages). The shift brings
+stage 0 the last stage's output, which stage 0 holds (a buffer of M microbatches) until the
+next repeat reads it or the loop returns it. Stage 0 reads a new microbatch while t < M, after
+that (the circular schedule) the held output of the previous repeat (so the circular schedule
+needs M >= S). Iterations where a stage has
 nothing to do (t < s, or t - s >= M x R) compute on stale activations and are thrown away: the
 bubble, (S - 1) / (M x R + S - 1) of the loop.
 
@@ -185,9 +187,9 @@ def run(group: GroupFunction, variables: Any, x: jax.Array, positions: jax.Array
     return None if tree is None else jnp.take(tree, index, axis=0)
 
   def iteration(carry, t):
-    buffer, outputs, sums = carry
-    first = jnp.where(t < micro, inputs[t % micro], outputs[t % micro])
-    buffer = jnp.where((stage_index == 0)[:, None, None, None], first[None], buffer)
+    buffer, held, sums = carry
+    first = jnp.where(t < micro, inputs[t % micro][None], held[:, t % micro])
+    buffer = jnp.where((stage_index == 0)[:, None, None, None], first, buffer)
     done = t - stage_index  # Each stage's count of (microbatch, repeat) pairs before this one.
     valid = (done >= 0) & (done < micro * repeats)
     mb, repeat = done % micro, jnp.clip(done // micro, 0, repeats - 1)
@@ -197,25 +199,33 @@ def run(group: GroupFunction, variables: Any, x: jax.Array, positions: jax.Array
         lambda m, r: jax.random.fold_in(key, r * micro + m))(mb, repeat)
     out, stats = stage_fn(stage_variables, _on_stages(buffer, 0), pick(positions, mb),
                           pick(segment_ids, mb), keys)
-    last = stages - 1
-    outputs = outputs.at[mb[last]].set(
-        jnp.where(valid[last], out[last], outputs[mb[last]]))
+    # The shift brings stage 0 the last stage's output: held there (and only there) until a
+    # later repeat reads it, or the loop returns it. No other transfer between stages happens
+    # inside the loop, so each iteration's collectives follow one another (on XLA:CPU, whose
+    # thunks run concurrently, two independent ones could wait on each other forever).
+    buffer = jnp.roll(out, 1, axis=0)
+    finished = t - (stages - 1)
+    keep = (stage_index == 0) & (finished >= 0) & (finished < micro * repeats)
+    held = held.at[:, finished % micro].set(
+        jnp.where(keep[:, None, None, None], buffer, held[:, finished % micro]))
     # Each stage's statistics, kept where it computed something, into its repeat's row.
     chosen = valid[None, :] & (jnp.arange(repeats)[:, None] == repeat[None, :])
     sums = jax.tree.map(
         lambda total, s: total + jnp.where(
             chosen.reshape(chosen.shape + (1,) * (s.ndim - 1)), s[None], 0).astype(total.dtype),
         sums, stats)
-    return (jnp.roll(out, 1, axis=0), outputs, sums), None
+    return (buffer, held, sums), None
 
   buffer = _on_stages(jnp.zeros((stages,) + inputs.shape[1:], x.dtype), 0)
+  held = _on_stages(jnp.zeros((stages,) + inputs.shape, x.dtype), 0)
   stat_shapes = jax.eval_shape(stage_fn, jax.tree.map(lambda a: a[0], staged),
                                buffer, pick(positions, stage_index % micro),
                                pick(segment_ids, stage_index % micro),
                                None if key is None else jax.random.split(key, stages))[1]
   sums = jax.tree.map(lambda s: jnp.zeros((repeats,) + s.shape, jnp.float32), stat_shapes)
-  (_, outputs, sums), _ = jax.lax.scan(
-      iteration, (buffer, jnp.zeros_like(inputs), sums), jnp.arange(settings.iterations))
+  (_, held, sums), _ = jax.lax.scan(iteration, (buffer, held, sums),
+                                    jnp.arange(settings.iterations))
+  outputs = held[0]
   statistics = jax.tree.map(
       lambda total, s: (total / micro).reshape(groups, *s.shape[2:]).astype(s.dtype),
       sums, stat_shapes)

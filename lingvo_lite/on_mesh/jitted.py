@@ -28,6 +28,14 @@ from lingvo_lite.training.objectives.objective import Objective
 from lingvo_lite.weights import frozen_weights
 
 
+# XLA:CPU's concurrency-optimized scheduler may put a pipeline loop's collective-permutes and
+# an all-reduce it does not depend on (the output layer's gradients over the data axis) in
+# different orders on different devices, which then wait on each other until the 40 s
+# rendezvous timeout kills the process (seen on 8 forced CPU devices, stage 2 x data 4). An
+# accelerator runs each device's collectives in one stream, in program order.
+PIPELINE_CPU_OPTIONS = {"xla_cpu_enable_concurrency_optimized_scheduler": False}
+
+
 def _check_process_rows(batch_sharding: jax.sharding.Sharding, global_batch_size: int) -> None:
   """Each process's devices must hold the block of rows its data source reads.
 
@@ -71,8 +79,11 @@ class JittedSteps:
     lora = setup.train.lora
     self.model = setup.model.with_adapters(lora) if lora is not None else setup.model
     self.pipeline = pipeline_settings(setup, self.mesh.size)
+    self.compiler_options = None
     if self.pipeline is not None:  # The parameters are the same: only the steps change.
       self.model = self.model.with_pipeline(self.pipeline)
+      if self.target.platform == "cpu":
+        self.compiler_options = PIPELINE_CPU_OPTIONS
     self.adapters = lora is not None
     trained = train_state.sharded_abstract_state(
         self.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
@@ -109,7 +120,7 @@ class JittedSteps:
             offload_state=self.offload_state),
         in_shardings=(state_shardings, self.batch_sharding),
         out_shardings=(state_shardings, None),
-        donate_argnums=(0,))
+        donate_argnums=(0,), compiler_options=self.compiler_options)
     self._eval_steps: list[tuple[Objective, bool, Any]] = []
     # Checked before every save, so only finite states are ever written.
     checked = state_shardings.replace(frozen=None)
@@ -153,7 +164,8 @@ class JittedSteps:
     shardings = self.sharded_state.shardings
     step = jax.jit(functools.partial(steps.eval_step, model=self.model, objective=objective,
                                      per_token=per_token, adapters=self.adapters),
-                   in_shardings=(shardings.params, self.batch_sharding, shardings.frozen))
+                   in_shardings=(shardings.params, self.batch_sharding, shardings.frozen),
+                   compiler_options=self.compiler_options)
     self._eval_steps.append((objective, per_token, step))
     return step
 
