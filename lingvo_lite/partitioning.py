@@ -298,8 +298,10 @@ class Partitioner:
       devices = target.current().devices
     devices = list(devices)
     ici = self.resolved_ici_shape(len(devices))
-    if math.prod(self.dcn_shape) > 1 and hasattr(devices[0], "slice_index"):
-      # TPU slices: the dcn axes run across slices, the ici axes within one.
+    if math.prod(self.dcn_shape) > 1 and len(
+        {getattr(d, "slice_index", 0) for d in devices}) > 1:
+      # TPU slices: the dcn axes run across slices, the ici axes within one. (CPU processes
+      # may carry one slice_index for all: their dcn axes are outer axes across processes.)
       slices = sorted({d.slice_index for d in devices})
       grids = np.stack([_device_grid(ici, [d for d in devices if d.slice_index == index])
                         for index in slices]).reshape(*self.dcn_shape, *ici)

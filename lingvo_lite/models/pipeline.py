@@ -12,7 +12,8 @@ microbatch keeps the batch's sharding over the data axes). One loop of M x R + S
 iterations runs every stage at once (`jax.vmap` over the stage axis, sharded on the `stage`
 mesh axis): at iteration t stage s computes microbatch (t - s) mod M of its repeat
 (t - s) // M, then the activations shift one stage on (`jnp.roll` over the stage-sharded
-buffer: a collective-permute, the loop's only transfer between stages). The shift brings
+buffer: a collective-permute, the loop's only transfer between stages; on XLA:CPU the loops
+are unrolled, `_unrolled`). The shift brings
 stage 0 the last stage's output, which stage 0 holds (a buffer of M microbatches) until the
 next repeat reads it or the loop returns it. Stage 0 reads a new microbatch while t < M, after
 that (the circular schedule) the held output of the previous repeat (so the circular schedule
@@ -36,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from lingvo_lite import target as targets
 from lingvo_lite.errors import config_error
 
 STAGE_AXIS = "stage"
@@ -141,6 +143,17 @@ def _unmicrobatched(a: jax.Array) -> jax.Array:
   return jnp.swapaxes(a, 0, 1).reshape(-1, *a.shape[2:])
 
 
+def _unrolled() -> bool:
+  """Whether the loops are unrolled: on XLA:CPU, whose thunks run concurrently, a while loop
+  holding collectives (the shift, a layer's gradient reduction over the data axis) is not
+  ordered against a collective outside it that it does not depend on (the output layer's
+  gradient reduction); devices met the two in different orders and waited on each other
+  until the 40 s rendezvous timeout killed the process (8 forced CPU devices, stage 2 x
+  data 4). Unrolled, every collective is in one sequence, which XLA:CPU runs in order. An
+  accelerator runs each device's collectives in one stream, and keeps the loops."""
+  return _stage_mesh_size() > 1 and targets.current_platform() == "cpu"
+
+
 def _stage_function(group: GroupFunction) -> Callable[..., tuple[jax.Array, Any]]:
   """One stage's work at one iteration: its groups of layers in order (a scan over them),
   the statistics stacked over its groups."""
@@ -151,8 +164,52 @@ def _stage_function(group: GroupFunction) -> Callable[..., tuple[jax.Array, Any]
       group_key = None if key is None else jax.random.fold_in(key, index)
       return group(group_variables, carry, positions, segment_ids, group_key)
     count = jax.tree.leaves(variables)[0].shape[0]
-    return jax.lax.scan(one, x, (jnp.arange(count), variables))
+    return jax.lax.scan(one, x, (jnp.arange(count), variables), unroll=_unrolled())
   return stage
+
+
+def _iteration(stage_fn: Callable[..., Any], staged: Any, inputs: jax.Array,
+               positions: jax.Array, segment_ids: Any, settings: PipelineSettings,
+               key: Any) -> Callable[..., Any]:
+  """One iteration of the loop (the module doc) as a scan body over the carry (the stages'
+  inputs, the outputs stage 0 holds, the statistics' sums) and the iteration's index t."""
+  stages, micro, repeats = settings.stages, settings.microbatches, settings.repeats
+  stage_index = jnp.arange(stages)
+
+  def iteration(carry, t):
+    buffer, held, sums = carry
+    first = jnp.where(t < micro, inputs[t % micro][None], held[:, t % micro])
+    buffer = jnp.where((stage_index == 0)[:, None, None, None], first, buffer)
+    done = t - stage_index  # Each stage's count of (microbatch, repeat) pairs before this one.
+    valid = (done >= 0) & (done < micro * repeats)
+    mb, repeat = done % micro, jnp.clip(done // micro, 0, repeats - 1)
+    stage_variables = jax.vmap(lambda v, r: jax.tree.map(lambda a: a[r], v),
+                               in_axes=(1, 0))(staged, repeat)
+    keys = None if key is None else jax.vmap(
+        lambda m, r: jax.random.fold_in(key, r * micro + m))(mb, repeat)
+    out, stats = stage_fn(stage_variables, _on_stages(buffer, 0), _pick(positions, mb),
+                          _pick(segment_ids, mb), keys)
+    # The shift brings stage 0 the last stage's output: held there (and only there) until a
+    # later repeat reads it, or the loop returns it. No other transfer between stages happens
+    # inside the loop, so each iteration's collectives follow one another (on XLA:CPU, whose
+    # thunks run concurrently, two independent ones could wait on each other forever).
+    buffer = jnp.roll(out, 1, axis=0)
+    finished = t - (stages - 1)
+    keep = (stage_index == 0) & (finished >= 0) & (finished < micro * repeats)
+    held = held.at[:, finished % micro].set(
+        jnp.where(keep[:, None, None, None], buffer, held[:, finished % micro]))
+    # Each stage's statistics, kept where it computed something, into its repeat's row.
+    chosen = valid[None, :] & (jnp.arange(repeats)[:, None] == repeat[None, :])
+    sums = jax.tree.map(
+        lambda total, s: total + jnp.where(
+            chosen.reshape(chosen.shape + (1,) * (s.ndim - 1)), s[None], 0).astype(total.dtype),
+        sums, stats)
+    return (buffer, held, sums), None
+  return iteration
+
+
+def _pick(tree: Any, index: jax.Array) -> Any:
+  return None if tree is None else jnp.take(tree, index, axis=0)
 
 
 def run(group: GroupFunction, variables: Any, x: jax.Array, positions: jax.Array,
@@ -183,48 +240,16 @@ def run(group: GroupFunction, variables: Any, x: jax.Array, positions: jax.Array
   stage_fn = jax.vmap(_stage_function(group),
                       spmd_axis_name=STAGE_AXIS if _stage_mesh_size() > 1 else None)
 
-  def pick(tree: Any, index: jax.Array) -> Any:
-    return None if tree is None else jnp.take(tree, index, axis=0)
-
-  def iteration(carry, t):
-    buffer, held, sums = carry
-    first = jnp.where(t < micro, inputs[t % micro][None], held[:, t % micro])
-    buffer = jnp.where((stage_index == 0)[:, None, None, None], first, buffer)
-    done = t - stage_index  # Each stage's count of (microbatch, repeat) pairs before this one.
-    valid = (done >= 0) & (done < micro * repeats)
-    mb, repeat = done % micro, jnp.clip(done // micro, 0, repeats - 1)
-    stage_variables = jax.vmap(lambda v, r: jax.tree.map(lambda a: a[r], v),
-                               in_axes=(1, 0))(staged, repeat)
-    keys = None if key is None else jax.vmap(
-        lambda m, r: jax.random.fold_in(key, r * micro + m))(mb, repeat)
-    out, stats = stage_fn(stage_variables, _on_stages(buffer, 0), pick(positions, mb),
-                          pick(segment_ids, mb), keys)
-    # The shift brings stage 0 the last stage's output: held there (and only there) until a
-    # later repeat reads it, or the loop returns it. No other transfer between stages happens
-    # inside the loop, so each iteration's collectives follow one another (on XLA:CPU, whose
-    # thunks run concurrently, two independent ones could wait on each other forever).
-    buffer = jnp.roll(out, 1, axis=0)
-    finished = t - (stages - 1)
-    keep = (stage_index == 0) & (finished >= 0) & (finished < micro * repeats)
-    held = held.at[:, finished % micro].set(
-        jnp.where(keep[:, None, None, None], buffer, held[:, finished % micro]))
-    # Each stage's statistics, kept where it computed something, into its repeat's row.
-    chosen = valid[None, :] & (jnp.arange(repeats)[:, None] == repeat[None, :])
-    sums = jax.tree.map(
-        lambda total, s: total + jnp.where(
-            chosen.reshape(chosen.shape + (1,) * (s.ndim - 1)), s[None], 0).astype(total.dtype),
-        sums, stats)
-    return (buffer, held, sums), None
-
+  iteration = _iteration(stage_fn, staged, inputs, positions, segment_ids, settings, key)
   buffer = _on_stages(jnp.zeros((stages,) + inputs.shape[1:], x.dtype), 0)
   held = _on_stages(jnp.zeros((stages,) + inputs.shape, x.dtype), 0)
   stat_shapes = jax.eval_shape(stage_fn, jax.tree.map(lambda a: a[0], staged),
-                               buffer, pick(positions, stage_index % micro),
-                               pick(segment_ids, stage_index % micro),
+                               buffer, _pick(positions, stage_index % micro),
+                               _pick(segment_ids, stage_index % micro),
                                None if key is None else jax.random.split(key, stages))[1]
   sums = jax.tree.map(lambda s: jnp.zeros((repeats,) + s.shape, jnp.float32), stat_shapes)
   (_, held, sums), _ = jax.lax.scan(iteration, (buffer, held, sums),
-                                    jnp.arange(settings.iterations))
+                                    jnp.arange(settings.iterations), unroll=_unrolled())
   outputs = held[0]
   statistics = jax.tree.map(
       lambda total, s: (total / micro).reshape(groups, *s.shape[2:]).astype(s.dtype),
