@@ -63,8 +63,7 @@ def _trajectory(experiment, sets, mesh_axes=None, repeats=1, microbatches=1, sta
       return value, sums["cross_entropy_sum"] / total
 
     step = jax.jit(jax.value_and_grad(objective, has_aux=True),
-                   in_shardings=(jitted.sharded_state.shardings.params, jitted.batch_sharding),
-                   compiler_options=jitted.compiler_options)
+                   in_shardings=(jitted.sharded_state.shardings.params, jitted.batch_sharding))
     for index in range(STEPS):
       (_, loss), g = step(params, jitted.global_batch(setup.train_data.batch(index)))
       losses.append(float(loss))

@@ -28,14 +28,6 @@ from lingvo_lite.training.objectives.objective import Objective
 from lingvo_lite.weights import frozen_weights
 
 
-# XLA:CPU's concurrency-optimized scheduler may put a pipeline loop's collective-permutes and
-# an all-reduce it does not depend on (the output layer's gradients over the data axis) in
-# different orders on different devices, which then wait on each other until the 40 s
-# rendezvous timeout kills the process (seen on 8 forced CPU devices, stage 2 x data 4). An
-# accelerator runs each device's collectives in one stream, in program order.
-PIPELINE_CPU_OPTIONS = {"xla_cpu_enable_concurrency_optimized_scheduler": False}
-
-
 def data_blocks(batch_sharding: jax.sharding.Sharding, global_batch_size: int
                 ) -> dict[int, tuple[int, int]]:
   """Which block of the batch each process reads: {process: (block index, blocks)}, so its
@@ -129,7 +121,7 @@ class JittedSteps:
             offload_state=self.offload_state),
         in_shardings=(state_shardings, self.batch_sharding),
         out_shardings=(state_shardings, None),
-        donate_argnums=(0,), compiler_options=self.compiler_options)
+        donate_argnums=(0,))
     self._eval_steps: list[tuple[Objective, bool, Any]] = []
     # Checked before every save, so only finite states are ever written.
     checked = state_shardings.replace(frozen=None)
@@ -139,14 +131,11 @@ class JittedSteps:
         lambda leaf: steps.is_finite(jax.device_put(leaf, jax.memory.Space.Device)))
 
   def _pipelined(self) -> None:
-    """The steps' model runs the setup's pipeline, if any (the parameters are the same: only
-    the steps change); `pipeline` and the steps' `compiler_options` say which."""
+    """The steps' model runs the setup's pipeline, if any (`pipeline`: the parameters are the
+    same, only the steps change)."""
     self.pipeline = pipeline_settings(self.setup, self.mesh.size)
-    self.compiler_options = None
     if self.pipeline is not None:
       self.model = self.model.with_pipeline(self.pipeline)
-      if self.target.platform == "cpu":
-        self.compiler_options = PIPELINE_CPU_OPTIONS
 
   def state_is_finite(self, state: train_state.TrainState) -> jax.Array:
     """Whether every float of `state` (but its frozen parameters) is finite, as one scalar on
@@ -183,8 +172,7 @@ class JittedSteps:
     shardings = self.sharded_state.shardings
     step = jax.jit(functools.partial(steps.eval_step, model=self.model, objective=objective,
                                      per_token=per_token, adapters=self.adapters),
-                   in_shardings=(shardings.params, self.batch_sharding, shardings.frozen),
-                   compiler_options=self.compiler_options)
+                   in_shardings=(shardings.params, self.batch_sharding, shardings.frozen))
     self._eval_steps.append((objective, per_token, step))
     return step
 
