@@ -88,15 +88,15 @@ def test_stage_axes_across_slices_must_multiply_to_the_slices():
   Partitioner(dcn_stage=2, dcn_data=2).check_slices(4, "2xv5e-8", "tpu")
 
 
-def test_folding_the_stage_axis_keeps_the_devices():
-  for partitioner in (Partitioner(ici_stage=4, ici_data=2), Partitioner(ici_stage=-1, ici_data=2),
+def test_folding_the_stage_axis_keeps_the_mesh_and_replicates_the_layers():
+  for partitioner in (Partitioner(ici_stage=4), Partitioner(ici_stage=-1, ici_data=2),
                       Partitioner(ici_stage=2, ici_tensor=2), Partitioner(dcn_stage=2)):
     folded = partitioner.without_stages()
-    sizes = folded.mesh_axis_sizes(16)
-    assert sizes["stage"] == 1
-    assert sizes == {**partitioner.mesh_axis_sizes(16), "stage": 1,
-                     "data": partitioner.mesh_axis_sizes(16)["data"]
-                     * partitioner.mesh_axis_sizes(16)["stage"]}
+    assert partitioner.pipelines() and not folded.pipelines()
+    assert folded.mesh_axis_sizes(16) == partitioner.mesh_axis_sizes(16)
+    assert folded.mesh_axes_of(("layers", "embed", "mlp")) == [(), ("fsdp",), ("tensor",)]
+  unstaged = Partitioner()
+  assert unstaged.without_stages() is unstaged
 
 
 @pytest.mark.parametrize("stages,micro,repeats", [(4, 1, 1), (4, 8, 1), (4, 4, 2), (2, 6, 3)])
