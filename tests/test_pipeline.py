@@ -95,8 +95,8 @@ def test_folding_the_stage_axis_keeps_the_mesh_and_replicates_the_layers():
     assert partitioner.pipelines() and not folded.pipelines()
     assert folded.mesh_axis_sizes(16) == partitioner.mesh_axis_sizes(16)
     assert folded.mesh_axes_of(("layers", "embed", "mlp")) == [(), ("fsdp",), ("tensor",)]
-  unstaged = Partitioner()
-  assert unstaged.without_stages() is unstaged
+  replicated = Partitioner(rules=(("layers", None),)).without_stages()
+  assert replicated.rules == (("layers", None),)
 
 
 @pytest.mark.parametrize("stages,micro,repeats", [(4, 1, 1), (4, 8, 1), (4, 4, 2), (2, 6, 3)])
