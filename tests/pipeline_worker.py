@@ -236,8 +236,10 @@ def _folded_programs(folder):
                      "--fdl.train.steps=2", "--fdl.checkpoint.every_steps=2", *common,
                      "--mode=train", f"--job_log_dir={job}"])
   evaluated = run_cli(["--mode=eval", f"--job_log_dir={job}"])
-  decoded = run_cli(["--mode=decode", f"--job_log_dir={job}", "--prompt=def f(",
-                     "--fdl.decode.max_new_tokens=4"])
+  prompts = f"{folder}/prompts.jsonl"
+  with open(prompts, "w", encoding="utf-8") as f:  # Synthetic data: ids, not text.
+    f.write(json.dumps({"prompt_ids": [5, 6, 7], "max_new_tokens": 4}) + "\n")
+  decoded = run_cli(["--mode=decode", f"--job_log_dir={job}", f"--prompts_file={prompts}"])
 
   def rows(path):
     with open(path, encoding="utf-8") as f:

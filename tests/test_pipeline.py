@@ -66,6 +66,17 @@ def test_a_checkpoint_of_4_stages_restores_bitwise_at_fewer(worker, stages):
   assert resumed["loss"] <= TOLERANCE and resumed["params"] <= TOLERANCE, resumed
 
 
+def test_eval_and_decode_run_a_pipelined_jobs_checkpoint_with_the_stages_folded(worker):
+  folded = worker["folded"]
+  assert folded["codes"] == [0, 0, 0], folded["stderr"]
+  # Training evaluated its last step pipelined; the eval program, the stage axis folded away,
+  # gives the same numbers from the checkpoint.
+  (trained,), (evaluated,) = folded["train_eval"], folded["eval"]
+  assert trained["step"] == evaluated["step"] == 2
+  assert abs(trained["loss"] - evaluated["loss"]) <= TOLERANCE * max(1.0, trained["loss"])
+  assert folded["decoded"]
+
+
 @pytest.mark.parametrize("case,message", [
     ("stages_vs_layers", "partitioner.ici_stage=4: 4 stages x 1 repeats "
                          "(train.pipeline_repeats) do not divide model.num_layers=6"),
