@@ -24,6 +24,7 @@ from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt, Ran
 from lingvo_lite.models import lora as lora_lib
 from lingvo_lite.models.family import ArrayShape, LanguageModel
 from lingvo_lite.models.lora import LoraSettings
+from lingvo_lite.models.pipeline import PipelineSettings, check as check_pipeline
 from lingvo_lite.training import objectives
 from lingvo_lite.training.objectives.lm import LanguageModelling
 from lingvo_lite.training.objectives.objective import Objective, rows_of
@@ -43,6 +44,12 @@ class TrainLoop:
     log_every_steps: Steps between metric logs.
     eval_every_steps: Steps between evaluations; 0 evaluates only at the end.
     grad_accum_steps: Micro-batches per step (each global_batch / k rows).
+    pipeline_microbatches: With a pipeline (partitioner.ici_stage x dcn_stage > 1), the
+      microbatches each (accumulation) batch streams through the stages
+      (models/pipeline.py); it divides each data-parallel replica's rows. More shrink the
+      bubble, (stages - 1) / (microbatches x repeats + stages - 1) of the loop.
+    pipeline_repeats: The layer blocks each stage holds: 1 is GPipe, more the circular
+      schedule (stage s holds blocks s, s + stages, ...; needs microbatches >= stages).
     z_loss: Weight of the auxiliary loss z_loss * log(Z)^2 per weighted token (GPT-J used
       1e-4), for an objective that adds it (the next-token loss; DPO's has no such term).
     profile_start_step: First step of a profiler trace window; -1 disables tracing.
@@ -71,6 +78,8 @@ class TrainLoop:
   log_every_steps: PositiveInt = 10
   eval_every_steps: Annotated[int, Range(0, note="0 evaluates only at the end")] = 0
   grad_accum_steps: PositiveInt = 1
+  pipeline_microbatches: PositiveInt = 1
+  pipeline_repeats: PositiveInt = 1
   z_loss: NonNegativeFloat = 0.0
   profile_start_step: Annotated[int, Range(-1, note="-1 disables tracing")] = -1
   profile_steps: PositiveInt = 3
@@ -250,6 +259,8 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
   used = {"batch", "length"} | {name for p in parameters for name in p.axes if name}
   axis_fields = model.logical_axes()
   partitioner.check_rules(used, model_axes=axis_fields)
+  data_parallel = partitioner.data_parallel_size(axis_sizes)
+  _check_pipeline(setup, target, data_parallel)
   for parameter in parameters:
     _check_distinct_mesh_axes(partitioner, parameter)
     for size, name, mesh_axes in zip(parameter.shape, parameter.axes,
@@ -261,7 +272,6 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
             field, size, f"the {name!r} dimension of parameter {parameter.path} is not "
             f"divisible by mesh axes {' x '.join(mesh_axes)} = {ways}",
             "change the size or the partitioner's axis sizes or rules")
-  data_parallel = partitioner.data_parallel_size(axis_sizes)
   batch_axes = " x ".join(partitioner.mesh_axes_of(("batch",))[0]) or "none"
   for name, data in setup.data_sources():
     rows = data.global_batch_size // (setup.train.grad_accum_steps if name == "train_data" else 1)
@@ -272,6 +282,47 @@ def _check_partitioning(setup: Setup, target: targets.Target) -> None:
           f"evenly over the data-parallel size {data_parallel} (mesh axes {batch_axes}) and "
           f"{target.num_processes} processes",
           f"use a multiple of {math.lcm(data_parallel, target.num_processes)}")
+
+
+def _check_pipeline(setup: Setup, target: targets.Target, data_parallel: int) -> None:
+  """A pipeline's stages against the layers and its microbatches against the batch (before
+  the parameters' divisibility, whose message would not name the pipeline's fields)."""
+  if setup.partitioner.mesh_axis_sizes(target.num_devices)["stage"] > 1 and (
+      not setup.partitioner.pipelines()):
+    raise config_error("partitioner.rules", dict(setup.partitioner.rules).get("layers"),
+                       "a stage axis (partitioner.ici_stage x dcn_stage > 1) needs the "
+                       "'layers' axis split over it", "map ('layers', 'stage')")
+  pipeline = pipeline_settings(setup, target.num_devices)
+  if pipeline is None:
+    return
+  model = setup.model
+  if not hasattr(model, "with_pipeline"):
+    raise config_error("partitioner.ici_stage", pipeline.stages,
+                       f"{type(model).__name__} has no scanned layer stack to pipeline",
+                       "leave ici_stage and dcn_stage 1")
+  rows, left = divmod(setup.train_data.global_batch_size,
+                      setup.train.grad_accum_steps * data_parallel)
+  # A batch the data axes do not divide is refused below, naming the batch size.
+  check_pipeline(pipeline, model.scan_layers, model.num_layers, model.variant_period(),
+                 None if left else rows)
+  for name, data in setup.data_sources(train=False):  # Evaluated in training, pipelined.
+    rows, left = divmod(data.global_batch_size, data_parallel)
+    if not left and rows % pipeline.microbatches:
+      raise config_error(f"{name}.global_batch_size", data.global_batch_size,
+                         f"its {rows} rows per data-parallel replica do not split into "
+                         f"train.pipeline_microbatches={pipeline.microbatches}",
+                         f"use a multiple of {data_parallel * pipeline.microbatches}")
+
+
+def pipeline_settings(setup: Setup, num_devices: int) -> PipelineSettings | None:
+  """The pipeline a train step of `setup` runs on `num_devices` (models/pipeline.py): the
+  `stage` mesh axis's size with `train.pipeline_*`; None for one stage (the microbatch and
+  repeat settings then do nothing, so a pipelined job resumes on one stage as it is)."""
+  stages = setup.partitioner.mesh_axis_sizes(num_devices)["stage"]
+  if stages == 1 or not setup.partitioner.pipelines():
+    return None
+  return PipelineSettings(stages, setup.train.pipeline_microbatches,
+                          setup.train.pipeline_repeats)
 
 
 def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ArrayShape) -> None:

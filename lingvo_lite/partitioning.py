@@ -5,7 +5,9 @@ The model names the axes of its parameters and activations logically (`embed`, `
 `fsdp`, `expert`, `tensor`) and turns an abstract state tree into NamedShardings. Pure data
 parallelism is the default: every parameter replicated, the batch split over all devices.
 The `expert` axis splits a mixture of experts' stacked experts (expert parallelism,
-models/moe_parallel.py) and, like every data-parallel axis, the batch.
+models/moe_parallel.py) and, like every data-parallel axis, the batch. The `stage` axis splits
+the scanned layer stack (its `layers` axis) into pipeline stages (models/pipeline.py); the
+batch is not split over it.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from lingvo_lite.fields import PositiveInt, Range
 
 IciSize = Annotated[int, Range(1, also=(-1,), note="-1 takes the devices left over")]
 
-# Outer to inner: the tensor axis, whose collectives run every layer, innermost (nearest
-# devices); the expert axis's all-gathers and reduce-scatters of activations next to it.
-MESH_AXES = ("data", "fsdp", "expert", "tensor")
+# Outer to inner: the pipeline's stages outermost (one collective-permute of activations per
+# pipeline iteration, the cheapest traffic to send farthest), the tensor axis, whose
+# collectives run every layer, innermost (nearest devices); the expert axis's all-gathers and
+# reduce-scatters of activations next to it.
+MESH_AXES = ("stage", "data", "fsdp", "expert", "tensor")
 # The logical axes of the batch and of activations along it, whatever the model.
 DATA_AXES = ("batch", "length")
 # The logical axis names the default rules map: the batch's, and those the transformer
@@ -49,7 +53,7 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("vocab", "tensor"),
     ("norm", None),
     ("position", None),
-    ("layers", None),
+    ("layers", "stage"),
     ("experts", "expert"),
     # Latent attention's compressed width (models/latent_attention.py): small (512), shared
     # by every head, so kept whole like a head's features.
@@ -151,10 +155,12 @@ class Partitioner:
   """Mesh shape and sharding rules.
 
   Attributes:
-    ici_data, ici_fsdp, ici_expert, ici_tensor: Mesh axis sizes within a slice; one may be -1
-      to take the devices left over. `expert` splits a mixture's experts (and the batch).
-    dcn_data, dcn_fsdp, dcn_expert, dcn_tensor: Mesh axis sizes across slices (multi-slice
-      jobs).
+    ici_stage, ici_data, ici_fsdp, ici_expert, ici_tensor: Mesh axis sizes within a slice; one
+      may be -1 to take the devices left over. `expert` splits a mixture's experts (and the
+      batch); `stage` the scanned layers into pipeline stages (models/pipeline.py: with
+      `train.pipeline_microbatches` and `train.pipeline_repeats`).
+    dcn_stage, dcn_data, dcn_fsdp, dcn_expert, dcn_tensor: Mesh axis sizes across slices
+      (multi-slice jobs).
     rules: Logical axis name -> mesh axis (or tuple of axes, or None for replicated).
   """
 
@@ -162,21 +168,37 @@ class Partitioner:
   ici_fsdp: IciSize = 1
   ici_tensor: IciSize = 1
   ici_expert: IciSize = 1
+  ici_stage: IciSize = 1
   dcn_data: PositiveInt = 1
   dcn_fsdp: PositiveInt = 1
   dcn_tensor: PositiveInt = 1
   dcn_expert: PositiveInt = 1
+  dcn_stage: PositiveInt = 1
   rules: tuple[tuple[str, Any], ...] = DEFAULT_RULES
 
   @property
-  def ici_shape(self) -> tuple[int, int, int, int]:
+  def ici_shape(self) -> tuple[int, ...]:
     """Sizes within a slice, in `MESH_AXES`' order."""
-    return (self.ici_data, self.ici_fsdp, self.ici_expert, self.ici_tensor)
+    return (self.ici_stage, self.ici_data, self.ici_fsdp, self.ici_expert, self.ici_tensor)
 
   @property
-  def dcn_shape(self) -> tuple[int, int, int, int]:
+  def dcn_shape(self) -> tuple[int, ...]:
     """Sizes across slices, in `MESH_AXES`' order."""
-    return (self.dcn_data, self.dcn_fsdp, self.dcn_expert, self.dcn_tensor)
+    return (self.dcn_stage, self.dcn_data, self.dcn_fsdp, self.dcn_expert, self.dcn_tensor)
+
+  def without_stages(self) -> Partitioner:
+    """This partitioner with the stage axis folded away: the same mesh, the stacked layers
+    replicated over the `stage` axis instead of split (its devices then hold copies, as the
+    data axis's do). What eval, decode, serve and export run a pipelined job's parameters
+    with: they run no pipeline, and the batch's split is the one training checked."""
+    if not self.pipelines():
+      return self
+    rules = tuple((name, None if name == "layers" else target) for name, target in self.rules)
+    return dataclasses.replace(self, rules=rules)
+
+  def pipelines(self) -> bool:
+    """Whether the rules split the stacked layers over the `stage` axis (a pipeline)."""
+    return "stage" in self.mesh_axes_of(("layers",))[0]
 
   def resolved_ici_shape(self, num_devices: int) -> tuple[int, ...]:
     """ICI sizes with a -1 replaced by the devices left over; raises if they don't fit."""
@@ -283,8 +305,10 @@ class Partitioner:
       devices = target.current().devices
     devices = list(devices)
     ici = self.resolved_ici_shape(len(devices))
-    if math.prod(self.dcn_shape) > 1 and hasattr(devices[0], "slice_index"):
-      # TPU slices: the dcn axes run across slices, the ici axes within one.
+    if math.prod(self.dcn_shape) > 1 and len(
+        {getattr(d, "slice_index", 0) for d in devices}) > 1:
+      # TPU slices: the dcn axes run across slices, the ici axes within one. (CPU processes
+      # may carry one slice_index for all: their dcn axes are outer axes across processes.)
       slices = sorted({d.slice_index for d in devices})
       grids = np.stack([_device_grid(ici, [d for d in devices if d.slice_index == index])
                         for index in slices]).reshape(*self.dcn_shape, *ici)

@@ -228,9 +228,9 @@ def test_qlora_trains_on_a_mesh_as_on_one_device(worker):
 
 
 def test_one_axis_takes_the_remaining_devices():
-  assert Partitioner(ici_data=-1, ici_tensor=2).resolved_ici_shape(8) == (4, 1, 1, 2)
+  assert Partitioner(ici_data=-1, ici_tensor=2).resolved_ici_shape(8) == (1, 4, 1, 1, 2)
   assert Partitioner(ici_data=1, ici_fsdp=-1, dcn_data=2).mesh_axis_sizes(8) == {
-      "data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
+      "stage": 1, "data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
   with pytest.raises(UsageError, match="at most one mesh axis may be -1"):
     Partitioner(ici_data=-1, ici_fsdp=-1).resolved_ici_shape(8)
   with pytest.raises(UsageError, match="do not divide the 8 devices"):
@@ -240,8 +240,8 @@ def test_one_axis_takes_the_remaining_devices():
 def test_single_device_mesh_and_batch_sharding():
   partitioner = Partitioner()
   mesh = partitioner.make_mesh(jax.devices()[:1])
-  assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
-  assert partitioner.data_parallel_size({"data": 4, "fsdp": 2, "expert": 1, "tensor": 2}) == 8
+  assert dict(mesh.shape) == {"stage": 1, "data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+  assert partitioner.data_parallel_size({"stage": 1, "data": 4, "fsdp": 2, "expert": 1, "tensor": 2}) == 8
 
 
 @pytest.mark.parametrize("target, message", [

@@ -85,7 +85,8 @@ class DecodeSteps:
     self.cache_length = settings.resolved_cache_length(model.max_length)
     self.buckets = settings.resolved_buckets(model.max_length)
     self.eos_id = eos_id
-    partitioner = setup.partitioner
+    # Decoding runs no pipeline: a pipelined job's stacked layers replicated over its stage axis.
+    partitioner = setup.partitioner.without_stages()
     self.state_shardings = partitioner.logical_to_sharding(decoding.logical_specs(model),
                                                          self.mesh)
     # The parameters' logical axes as loaded (the setup's layout) and in the decoding
@@ -119,7 +120,8 @@ class DecodeSteps:
   @contextlib.contextmanager
   def activated(self) -> Iterator[None]:
     """The mesh and the logical-axis rules, so the model's activation constraints apply."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(self.setup.partitioner.rules)):
+    rules = self.setup.partitioner.without_stages().rules
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(list(rules)):
       yield
 
   def empty_state(self) -> decoding.DecodeState:

@@ -134,15 +134,20 @@ def expert_counts(experts: jax.Array, num_experts: int) -> jax.Array:
   return jnp.sum(jax.nn.one_hot(experts.reshape(-1), num_experts, dtype=jnp.float32), axis=0)
 
 
-def load_balance_loss(routing: Routing, score: RouterScore = "softmax") -> jax.Array:
-  """E x sum_e (tokens that chose e / T) x mean score of e (the module doc): k at balance.
+def mean_probabilities(routing: Routing, score: RouterScore = "softmax") -> jax.Array:
+  """[E]: each expert's mean score over the tokens, the balance loss's second factor.
   Sigmoid scores are normalized per token first (as DeepSeek's balance loss does)."""
-  tokens, num_experts = routing.scores.shape
   probabilities = routing.scores
   if score == "sigmoid":
     probabilities = probabilities / jnp.sum(probabilities, axis=-1, keepdims=True)
+  return jnp.mean(probabilities, axis=0)
+
+
+def load_balance_loss(routing: Routing, score: RouterScore = "softmax") -> jax.Array:
+  """E x sum_e (tokens that chose e / T) x mean score of e (the module doc): k at balance."""
+  tokens, num_experts = routing.scores.shape
   fraction = expert_counts(routing.experts, num_experts) / tokens
-  return num_experts * jnp.sum(fraction * jnp.mean(probabilities, axis=0))
+  return num_experts * jnp.sum(fraction * mean_probabilities(routing, score))
 
 
 def router_z_loss(logits: jax.Array) -> jax.Array:

@@ -15,6 +15,9 @@ logits_and_losses` reads; nothing is kept when the model is applied without it):
   Perfect balance makes it k; every token of the batch counts (padding too).
 - `router_z`: ST-MoE's router z-loss, the mean over tokens of logsumexp(router logits)^2.
 - `expert_fraction` [E]: each expert's share of the T x k assignments (they sum to 1).
+- `router_probability` [E]: each expert's mean router score (the balance loss's second
+  factor): with `expert_fraction`, what a pipeline's microbatches average into the batch's
+  balance loss exactly (both are means over the tokens; the loss, their product, is not).
 - `dropped`: the fraction of assignments dropped (0 but under "capacity").
 - With `selection_bias` only: `expert_load` [E], each expert's assignments (counts, for the
   bias's update after the step: models/expert_balance.py), and `selection_bias` [E], the
@@ -53,6 +56,7 @@ from lingvo_lite.models.expert_dispatch import (ExpertActivation, ExpertGroups, 
                                                 GroupScore, Routing, RouterScore,
                                                 capacity_dispatch, dense_reference,
                                                 dense_weight, expert_counts, load_balance_loss,
+                                                mean_probabilities,
                                                 route, router_z_loss)
 from lingvo_lite.models.quantization import Quantization
 
@@ -186,7 +190,8 @@ class MoeMlp(nn.Module):
     counts = expert_counts(routing.experts, self.num_experts)
     balance = load_balance_loss(routing, self.router_score)
     sown = [("load_balance", balance), ("router_z", router_z_loss(routing.logits)),
-            ("expert_fraction", counts / jnp.sum(counts)), ("dropped", dropped)]
+            ("expert_fraction", counts / jnp.sum(counts)), ("dropped", dropped),
+            ("router_probability", mean_probabilities(routing, self.router_score))]
     if bias is not None:
       sown += [("expert_load", counts), ("selection_bias", jax.lax.stop_gradient(bias))]
     for name, value in sown:

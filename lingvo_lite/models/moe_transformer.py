@@ -320,6 +320,11 @@ class MoeTransformerLM(TransformerLM):
     sown = layer_statistics(collection)
     if not sown:
       return jnp.zeros((), jnp.float32), {}
+    if "router_probability" in sown:
+      # Each layer's balance loss from its two factors, means over the tokens: exact where a
+      # pipeline's microbatches averaged them (models/pipeline.py), the same number elsewhere.
+      sown["load_balance"] = self.num_experts * self.experts_per_token * jnp.sum(
+          sown["expert_fraction"] * sown.pop("router_probability"), axis=-1)
     means = {name: jnp.mean(values, axis=0) for name, values in sown.items()}
     auxiliary = (self.load_balance_coefficient * means["load_balance"]
                  + self.router_z_loss_coefficient * means["router_z"])
@@ -345,7 +350,7 @@ class MoeTransformerLM(TransformerLM):
 
 
 # The statistics sown with a value per expert.
-_PER_EXPERT = ("expert_fraction", expert_balance.LOAD, expert_balance.BIAS)
+_PER_EXPERT = ("expert_fraction", "router_probability", expert_balance.LOAD, expert_balance.BIAS)
 
 
 def layer_statistics(tree: Any) -> dict[str, jax.Array]:

@@ -55,6 +55,7 @@ from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, Positiv
 from lingvo_lite.run_fields import RUN, TRAINING, Run
 from lingvo_lite.models import attention_kernels, layers
 from lingvo_lite.models.lora import LoraSettings
+from lingvo_lite.models.pipeline import PipelineSettings
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.family import LanguageModel
@@ -167,6 +168,9 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       "*_offloaded" to host memory): models/remat.py lists them.
     lora: The LoRA adapters' settings (models/lora.py). Set by the programs from
       `train.lora` (`with_adapters`), never by a config: leave it None.
+    pipeline: The pipeline the scanned stack runs as (models/pipeline.py). Set by the
+      programs from the partitioner's stage axis and `train.pipeline_*` (`with_pipeline`),
+      never by a config: leave it None.
   """
 
   vocab_size: Annotated[int, Int32Size]
@@ -215,6 +219,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
   scan_layers: Annotated[bool, RUN] = False
   remat_policy: Annotated[RematPolicy, RUN] = "none"
   lora: LoraSettings | None = None
+  pipeline: PipelineSettings | None = None
 
   quantizations = quantizing.QUANTIZATIONS
 
@@ -305,6 +310,12 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
     """This model with LoRA adapters on the weight matrices `settings` target (models/lora.py):
     its `lora` variables are the adapters; applied without them it is this model."""
     return self.clone(parent=None, lora=settings)
+
+  @nn.nowrap
+  def with_pipeline(self, settings: PipelineSettings | None) -> TransformerLM:
+    """This model with its scanned stack run as `settings`' pipeline (models/pipeline.py):
+    the same parameters, the same function."""
+    return self.clone(parent=None, pipeline=settings)
 
   # ---------------------------------------------------------------------------- the network
 

@@ -37,7 +37,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import kv_cache, layer_layout, remat
+from lingvo_lite.models import kv_cache, layer_layout, pipeline, remat
 from lingvo_lite.models.block import Block, BlockGroup
 from lingvo_lite.models.family import ArrayShape
 from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
@@ -196,6 +196,9 @@ class TransformerLayers:
     period, groups = self.scan_plan()
     if not period * groups:
       return x, []
+    if (self.pipeline is not None and caches is None and not wants_kv
+        and not self.is_initializing()):
+      return self._pipelined(period, x, positions, segment_ids), []
     index = jnp.arange(groups, dtype=jnp.int32)
     stack = self._scan(period, groups, wants_kv)
     if caches is not None:
@@ -211,8 +214,35 @@ class TransformerLayers:
     return x, [jax.tree.map(
         lambda *members: jnp.stack(members, 1).reshape(-1, *members[0].shape[1:]), *kv)]
 
-  def _scan(self, period: int, groups: int, wants_kv: bool) -> Any:
-    """The `layers` scan over `groups` steps: a block a step (`period` 1), else a group of
+  def _pipelined(self, period: int, x: jax.Array, positions: jax.Array,
+                 segment_ids: jax.Array | None) -> jax.Array:
+    """The scanned groups run as `self.pipeline`'s schedule (models/pipeline.py) on the
+    variables the `layers` scan holds (initializing, the scan itself makes them, so the
+    parameters are the same whatever the stages)."""
+    body, fields = self._scan_body(period, False)
+    group_module = body(**fields, parent=None)
+    stack = {name: self.variables[name]["layers"] for name in ("params", LORA_COLLECTION)
+             if "layers" in self.variables.get(name, {})}
+    collect = self.is_mutable_collection(STATISTICS)
+
+    def group(variables, h, group_positions, group_segments, key):
+      rngs = None if key is None else {"dropout": key}
+      if not collect:
+        h, _ = group_module.apply(variables, h, group_positions, group_segments, rngs=rngs)
+        return h, {}
+      (h, _), sown = group_module.apply(variables, h, group_positions, group_segments,
+                                        rngs=rngs, mutable=[STATISTICS])
+      return h, sown.get(STATISTICS, {})
+
+    key = self.make_rng("dropout") if self.has_rng("dropout") else None
+    x, statistics = pipeline.run(group, stack, x, positions, segment_ids, self.pipeline, key)
+    if collect and statistics:
+      self.put_variable(STATISTICS, "layers", statistics)
+    return x
+
+  @nn.nowrap
+  def _scan_body(self, period: int, wants_kv: bool) -> tuple[Any, dict[str, Any]]:
+    """The module a scan step runs, and its fields: a block (`period` 1), else a group of
     `period` blocks, the pattern's."""
     kinds, mlp_kinds = self.kinds_by_layer(), self.mlp_kinds_by_layer()
     if period == 1:
@@ -225,6 +255,11 @@ class TransformerLayers:
                                  for kind, mlp_kind in zip(kinds[:period],
                                                            mlp_kinds[:period])),
                 "block_class": self._block_class(True), "return_kv": wants_kv}
+    return body, fields
+
+  def _scan(self, period: int, groups: int, wants_kv: bool) -> Any:
+    """The `layers` scan over `groups` steps of `_scan_body`'s module."""
+    body, fields = self._scan_body(period, wants_kv)
     # The adapters (models/lora.py) are stacked like the parameters, and so are a layer's
     # statistics (a mixture of experts' routing); each layer draws its own LoRA dropout.
     return nn.scan(body, variable_axes={"params": 0, LORA_COLLECTION: 0, STATISTICS: 0},

@@ -171,7 +171,8 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
                        if objective.scores_documents else (None, ()))
   token_bytes = getattr(source, "token_bytes", None) if objective.measures_bytes else None
   eval_step = jitted.eval_step(objective, per_token=scores is not None)
-  process, processes = jax.process_index(), jax.process_count()
+  # This process's block of the rows (a process per block, or several: JittedSteps.data_block).
+  process, processes = jitted.data_block[0], jitted.data_block[1]
   rows = local_rows(source.global_batch_size, process, processes)
   totals: dict[str, float] = {}
   text_bytes = 0.0
@@ -196,7 +197,8 @@ def evaluate_set(jitted: Any, params: Any, source: DataSource,
         totals[key] = totals.get(key, 0.0) + float(value)
       bar.update()
   if token_bytes is not None and processes > 1:
-    text_bytes = _sum_over_processes(int(text_bytes))
+    # Processes that read one block (a pipeline's stages across them) count its bytes once.
+    text_bytes = _sum_over_processes(int(text_bytes)) * processes / jax.process_count()
   metrics = objective.eval_metrics(totals, text_bytes if token_bytes is not None else None)
   if scores is not None:
     for key, value in scores.metrics(score_fns, set_name).items():

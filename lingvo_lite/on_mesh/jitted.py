@@ -21,7 +21,7 @@ from lingvo_lite.checkpoints.manager import Checkpointer
 from lingvo_lite.checkpoints.params import MeshParams
 from lingvo_lite.data.source import Batch, local_rows
 from lingvo_lite.errors import UsageError
-from lingvo_lite.experiment import Setup
+from lingvo_lite.experiment import Setup, pipeline_settings
 from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
 from lingvo_lite.on_mesh import rollouts as rollouts_lib
 from lingvo_lite.training import objectives, steps, train_state
@@ -29,25 +29,37 @@ from lingvo_lite.training.objectives.objective import Objective
 from lingvo_lite.weights import frozen_weights
 
 
-def _check_process_rows(batch_sharding: jax.sharding.Sharding, global_batch_size: int) -> None:
-  """Each process's devices must hold the block of rows its data source reads.
+def data_blocks(batch_sharding: jax.sharding.Sharding, global_batch_size: int
+                ) -> dict[int, tuple[int, int]]:
+  """Which block of the batch each process reads: {process: (block index, blocks)}, so its
+  data source reads `local_rows(global_batch_size, index, blocks)`.
 
-  Sources hand process p the rows [p * B/P, (p + 1) * B/P); a mesh whose batch axes put
-  other rows on p's devices would silently train on the wrong examples. Checked for every
-  process of the target (a compile for a 64-host pod checks all 64), from the sharding alone.
+  Processes whose devices hold the same rows read the same block: one per process normally,
+  fewer where a mesh axis the batch is not split over spans processes (a pipeline's stages
+  across processes hold every row of their replica). Checked for every process of the target
+  (a compile for a 64-host pod checks all 64), from the sharding alone: sources hand out
+  contiguous blocks, and a mesh whose batch axes put other rows on a process's devices would
+  silently train on the wrong examples.
   """
   rows_of: dict[int, set[int]] = {}
   for device, index in batch_sharding.devices_indices_map((global_batch_size, 1)).items():
     rows_of.setdefault(device.process_index, set()).update(
         range(*index[0].indices(global_batch_size)))
-  for rank, process in enumerate(sorted(rows_of)):
+  starts = sorted({min(rows) for rows in rows_of.values()})
+  blocks = {}
+  for process in sorted(rows_of):
     rows = sorted(rows_of[process])
-    expected = list(local_rows(global_batch_size, rank, len(rows_of)))
+    block = starts.index(rows[0])
+    expected = (list(local_rows(global_batch_size, block, len(starts)))
+                if global_batch_size % len(starts) == 0 else [])
     if rows != expected:
       raise UsageError(
           f"partitioner: the mesh puts batch rows {rows[0]}..{rows[-1]} on process "
-          f"{process}, which reads rows {expected[0]}..{expected[-1]}; order the mesh so "
-          "each process's devices hold one contiguous block of the batch axes")
+          f"{process}, which is not one of {len(starts)} equal contiguous blocks of the "
+          f"{global_batch_size} rows; order the mesh so each process's devices hold one "
+          "contiguous block of the batch axes")
+    blocks[process] = (block, len(starts))
+  return blocks
 
 
 class JittedSteps:
@@ -71,6 +83,7 @@ class JittedSteps:
     self.schedule = setup.optimizer.schedule(total_steps)
     lora = setup.train.lora
     self.model = setup.model.with_adapters(lora) if lora is not None else setup.model
+    self._pipelined()
     self.adapters = lora is not None
     trained = train_state.sharded_abstract_state(
         self.model, self.optimizer, setup.train_data.sequence_length, setup.partitioner,
@@ -92,7 +105,9 @@ class JittedSteps:
           shardings=trained.shardings.replace(frozen=self.frozen.shardings))
     self.sharded_state = trained
     self.batch_sharding = setup.partitioner.batch_sharding(self.mesh)
-    _check_process_rows(self.batch_sharding, setup.train_data.global_batch_size)
+    # This process's block of every batch (its data source's rows).
+    self.data_blocks = data_blocks(self.batch_sharding, setup.train_data.global_batch_size)
+    self.data_block = self.data_blocks[jax.process_index()]
     state_shardings = self.sharded_state.shardings
     self.objective = setup.train.objective
     dropout = lora is not None and lora.dropout > 0
@@ -115,6 +130,13 @@ class JittedSteps:
         checked.replace(opt_state=None) if self.offload_state else checked,))
     self._offloaded_is_finite = jax.jit(
         lambda leaf: steps.is_finite(jax.device_put(leaf, jax.memory.Space.Device)))
+
+  def _pipelined(self) -> None:
+    """The steps' model runs the setup's pipeline, if any (`pipeline`: the parameters are the
+    same, only the steps change)."""
+    self.pipeline = pipeline_settings(self.setup, self.mesh.size)
+    if self.pipeline is not None:
+      self.model = self.model.with_pipeline(self.pipeline)
 
   def state_is_finite(self, state: train_state.TrainState) -> jax.Array:
     """Whether every float of `state` (but its frozen parameters) is finite, as one scalar on
@@ -258,7 +280,10 @@ class JittedSteps:
 
   def global_batch(self, local_batch: Batch) -> dict[str, jax.Array]:
     """Assembles this process's rows into global arrays sharded over the batch axes."""
+    blocks = self.data_block[1]
     return {
-        key: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(value))
+        key: jax.make_array_from_process_local_data(
+            self.batch_sharding, np.asarray(value),
+            (np.shape(value)[0] * blocks, *np.shape(value)[1:]))
         for key, value in local_batch.items()
     }

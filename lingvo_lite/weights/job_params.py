@@ -132,7 +132,8 @@ class JobParams:
       UsageError: `wanted_step` is not a step number.
     """
     checkpoint_selection.check_wanted(wanted_step)
-    self.setup = setup
+    # These programs run no pipeline: the stacked layers replicated over a stage axis.
+    self.setup = dataclasses.replace(setup, partitioner=setup.partitioner.without_stages())
     self.job_dir = job_dir
     self.shown_job = shown_job if shown_job is not None else job_dir
     self._wanted_step = wanted_step

@@ -50,14 +50,14 @@ def test_cpu8_argument_bytes_equal_an_independent_count(tmp_path):
                        f"--job_log_dir={job}"])
   assert completed.returncode == 0, completed.stderr
   report = _report(job)
-  assert report["mesh"] == {"data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
+  assert report["mesh"] == {"stage": 1, "data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
   assert report["verdict"] == "FITS" and report["target"]["num_devices"] == 8
   # Independently: each parameter's shard from its logical axes and the rules' mesh axes,
   # three copies (parameters, Adam's mu and nu), three int32 counters (the state's step,
   # Adam's count, the learning-rate schedule's count), and this device's rows of the batch.
   setup = synthetic_tiny_setup("PyCodeTiny", "train_data.global_batch_size=8",
                                "eval_data.global_batch_size=8")
-  sizes = {"data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
+  sizes = {"stage": 1, "data": 2, "fsdp": 4, "expert": 1, "tensor": 1}
   rules = dict(setup.partitioner.rules)
   parameters = 0
   for p in setup.model.parameter_shapes():
@@ -164,10 +164,10 @@ def test_tpu_compile_lowers_the_tpu_form_of_the_model():
 def test_tpu_compiles_one_and_two_slices(tmp_path):
   _need_libtpu()
   for name, args, devices, mesh in (
-      ("one", ["--compile_topology=v5e-8"], 8, {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}),
+      ("one", ["--compile_topology=v5e-8"], 8, {"stage": 1, "data": 8, "fsdp": 1, "expert": 1, "tensor": 1}),
       ("two", ["--compile_topology=v5e-16", "--compile_num_slices=2",
                "--fdl.train_data.global_batch_size=32", "--fdl.eval_data.global_batch_size=32"],
-       32, {"data": 32, "fsdp": 1, "expert": 1, "tensor": 1})):
+       32, {"stage": 1, "data": 32, "fsdp": 1, "expert": 1, "tensor": 1})):
     job = tmp_path / name
     completed = run_process([*TINY, "--mode=compile", f"--job_log_dir={job}", *args])
     assert completed.returncode == 0, completed.stderr
@@ -209,7 +209,7 @@ def test_a_two_axis_mesh_across_hosts_compiles_for_a_large_v5e_slice(tmp_path):
   assert completed.returncode == 0, completed.stderr[-2000:]
   report = _report(job)
   assert report["verdict"] == "FITS"
-  assert report["mesh"] == {"data": 4, "fsdp": 8, "expert": 1, "tensor": 1}
+  assert report["mesh"] == {"stage": 1, "data": 4, "fsdp": 8, "expert": 1, "tensor": 1}
 
 
 def test_the_same_compile_again_reads_xlas_analyses_from_the_cache(tmp_path):

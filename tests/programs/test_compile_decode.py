@@ -41,7 +41,7 @@ def test_cpu8_data_by_tensor_reports_both_functions_and_the_cache_per_device(tmp
   assert completed.returncode == 0, completed.stderr
   report = _report(job)
   assert report["program"] == "decode" and report["verdict"] == "FITS"
-  assert report["mesh"] == {"data": 4, "fsdp": 1, "expert": 1, "tensor": 2}
+  assert report["mesh"] == {"stage": 1, "data": 4, "fsdp": 1, "expert": 1, "tensor": 2}
   assert report["decode"] == {"slots": 8, "slots_per_device": 2, "cache_length": 64,
                               "prefill_bucket": 64, "prefill_buckets": [16, 32, 64]}
   # Slots over the 4 data-parallel ways, the 4 kv heads over the 2 tensor ways.
@@ -125,6 +125,6 @@ def test_tpu_v5e8_decode_compile(tmp_path):
   assert completed.stderr.strip() == "", completed.stderr  # libtpu's warnings kept out
   report = _report(job)
   assert report["target"]["platform"] == "tpu" and report["verdict"] == "FITS"
-  assert report["mesh"] == {"data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
+  assert report["mesh"] == {"stage": 1, "data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
   assert report["kv_cache"]["bytes_per_device"] == _cache_bytes(8, 64) // 8
   assert all(f["peak"] for f in report["functions"].values())

@@ -128,7 +128,7 @@ def test_compile_checkpoint_and_eval_time_stay_out_of_the_step_time(tmp_path, mo
   # The run's identity, for the report: one row for this start.
   (identity,) = run_info.read(epath.Path(tmp_path))
   assert identity["experiment"] == "experiments.lm.pycode.PyCodeTiny"
-  assert identity["start_step"] == 0 and identity["mesh"] == {"data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
+  assert identity["start_step"] == 0 and identity["mesh"] == {"stage": 1, "data": 1, "fsdp": 1, "expert": 1, "tensor": 1}
   assert identity["device_count"] == 1 and identity["process_count"] == 1
   assert identity["versions"]["jax"] == jax.__version__
   assert "--fdl.train.eval_every_steps=5" in identity["argv"]

@@ -164,6 +164,23 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
   assert record["evaluated"] == {"5": ["validation"], "7": ["validation"]}
 
 
+def test_pipeline_stages_across_two_processes_match_one_process(tmp_path):
+  """A pipeline of 2 stages across 2 processes (dcn_stage=2: each process one stage, its 4
+  devices the data axis): each process reads every row of the batch (its stage's replica
+  holds them all), and the losses are one 8-device process's with the stages within it."""
+  staged = ["--fdl.model.scan_layers=True", "--fdl.model.num_layers=4",
+            "--fdl.train.pipeline_microbatches=2", "--fdl.partitioner.ici_fsdp=1",
+            "--fdl.partitioner.ici_tensor=1", "--fdl.train.steps=3", "--fdl.eval_data=None"]
+  single = _start(tmp_path / "single", 8, [*staged, "--fdl.partitioner.ici_stage=2"])
+  _, err = single.communicate(timeout=300)
+  assert single.returncode == 0, err[-2000:]
+  outputs = _run_two_processes(tmp_path / "multi", [*staged, "--fdl.partitioner.dcn_stage=2"])
+  assert "mesh stage=2 data=4 fsdp=1 expert=1 tensor=1; 2 process(es)" in outputs[0]
+  assert len(_losses(tmp_path / "multi")) == 3
+  np.testing.assert_allclose(_losses(tmp_path / "multi"), _losses(tmp_path / "single"),
+                             rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_killing_a_peer_stops_the_survivor_within_60_seconds(tmp_path):
   job = tmp_path / "job"

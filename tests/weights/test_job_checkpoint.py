@@ -258,7 +258,7 @@ def test_a_state_saved_with_fsdp_8_loads_equal_on_one_device_and_on_a_2x2x2_mesh
                          check=False)
   assert child.returncode == 0, child.stderr[-3000:]
   report = json.loads(child.stdout.strip().splitlines()[-1])
-  assert report["mesh"] == {"data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
+  assert report["mesh"] == {"stage": 1, "data": 2, "fsdp": 2, "expert": 1, "tensor": 2}
   assert report["sharded"] > 0 and report["equal"] and report["state_equal"], report
   # One device, this process.
   jitted = JittedSteps(synthetic_tiny_setup("PyCodeTiny", "model.vocab_size=260"))

@@ -28,6 +28,8 @@ report.json, schema "lingvo_lite.compile_report/1":
   compile_seconds, compile_cached (the analyses are an earlier compile's of the same program,
               read from the compilation cache: programs/compile/analyses.py; compile_seconds is
               that compile's)
+  pipeline:   null without a stage axis; else the schedule, its bubble fraction and formula,
+              and one stage's bytes per device (programs/compile/pipeline_report.py)
   estimate:   the step time counted from the optimized HLO on the chip's constants, its MFU,
               each part's time and the dominant one (programs/compile/estimate_report.py)
   step_time:  a bound for comparison, not an estimate (programs/compile/step_bound.py):
@@ -64,7 +66,7 @@ import numpy as np
 
 from lingvo_lite import mfu
 from lingvo_lite.on_mesh import evaluation
-from lingvo_lite.programs.compile import estimate_report, fit_advice, step_bound
+from lingvo_lite.programs.compile import estimate_report, fit_advice, pipeline_report, step_bound
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 from lingvo_lite.training.train_state import HOST_MEMORY
 
@@ -223,7 +225,8 @@ def build(result: CompileResult) -> dict[str, Any]:
       "estimate": estimate_report.section(
           result.estimate if result.out_of_memory is None else None, target.device_kind,
           model_flops / target.num_devices, tokens / target.num_devices,
-          estimate_report.pipeline_of(setup)),
+          estimate_report.pipeline_of(setup, target.num_devices)),
+      "pipeline": pipeline_report.section(jitted, deciding_bytes),
       "step_time": step_time,
       "dots": result.dots,
   }
@@ -335,6 +338,7 @@ def to_text(report: dict[str, Any]) -> str:
                f"{'n/a' if xla_flops is None else f'{xla_flops:.4g}'} per device (it counts "
                "a loop body once: a scan over layers or micro-batches counts one iteration)")
   lines.append(f"  compile time: {report['compile_seconds']:.1f} s{cached_note(report)}")
+  lines += pipeline_report.lines(report.get("pipeline"), report.get("estimate"))
   lines += estimate_report.lines(report.get("estimate"))
   lines += step_bound.lines(report)
   lines += _hint_lines(report) + _table_lines(report)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from lingvo_lite import chips
+from lingvo_lite.experiment import pipeline_settings
 from lingvo_lite.programs.compile import step_estimate
 
 # What moves a step bound by each part, in the config's own fields.
@@ -40,16 +41,14 @@ KNOBS = {
 }
 
 
-def pipeline_of(setup: Any) -> tuple[int, int, int]:
-  """(stages, microbatches, repeats) of a setup's pipeline: `partitioner.ici_stage` x
-  `dcn_stage` stages over `train.pipeline_microbatches` (1, 1, 1 without one)."""
-  partitioner, train = setup.partitioner, setup.train
-  stages = (int(getattr(partitioner, "ici_stage", 1) or 1)
-            * int(getattr(partitioner, "dcn_stage", 1) or 1))
-  microbatches = int(getattr(train, "pipeline_microbatches", 1) or 1)
-  repeats = int(getattr(partitioner, "pipeline_repeats", None)
-                or getattr(train, "pipeline_repeats", 1) or 1)
-  return stages, microbatches, repeats
+def pipeline_of(setup: Any, num_devices: int) -> tuple[int, int, int]:
+  """(stages, microbatches, repeats) of a setup's pipeline on `num_devices`: the `stage` mesh
+  axis (`partitioner.ici_stage` x `dcn_stage`) over `train.pipeline_microbatches`, with
+  `train.pipeline_repeats` (1, 1, 1 without one: experiment.pipeline_settings)."""
+  pipeline = pipeline_settings(setup, num_devices)
+  if pipeline is None:
+    return 1, 1, 1
+  return pipeline.stages, pipeline.microbatches, pipeline.repeats
 
 
 def _not_made(reason: str) -> dict[str, Any]:

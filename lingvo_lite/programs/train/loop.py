@@ -94,7 +94,7 @@ class TrainLoop:
     a log row, an evaluation, a stop, a save."""
     settings = self._settings
     prefetcher = Prefetcher(self._setup.train_data, self._start, settings.steps,
-                            jax.process_index(), jax.process_count())
+                            *self._jitted.data_block)
     try:
       for step_index, local_batch in () if stopped else prefetcher:
         metrics = self._take_step(train_step, step_index, local_batch)
