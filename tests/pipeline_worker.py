@@ -3,11 +3,15 @@ prints one JSON object: for each pipelined case of CASES, how far its loss and g
 from one device's over 3 steps, and the stacked parameters' PartitionSpecs. The parent
 (tests/test_pipeline.py) asserts on it.
 
-  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.pipeline_worker
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.pipeline_worker [--all]
+
+The suite runs SUITE_CASES, a covering set of the family x mesh x schedule matrix (each pair of
+values in some case, 4 compiles of the 8); `--all` runs all 8 (bench/pipeline_numerics.py).
 """
 
 import json
 import os
+import sys
 import tempfile
 
 import jax
@@ -30,6 +34,10 @@ MESHES = {"stage4_data2": dict(stage=4, data=2),
 # (name, repeats, microbatches): GPipe, and circular with 2 repeats (microbatches >= stages).
 SCHEDULES = {"gpipe": (1, 2), "circular": (2, 4)}
 FAMILIES = {"llama": ("PyCodeLlamaTiny", ()), "mixtral": ("PyCodeMixtralTiny", MOE_SETS)}
+# Every pair of the three settings' values appears in one of these (an orthogonal array).
+SUITE_CASES = (("llama", "stage4_data2", "gpipe"), ("llama", "stage2_fsdp2_tensor2", "circular"),
+               ("mixtral", "stage4_data2", "circular"),
+               ("mixtral", "stage2_fsdp2_tensor2", "gpipe"))
 STEPS = 3
 LEARNING_RATE = 0.1
 
@@ -253,11 +261,14 @@ def _folded_programs(folder):
 
 def main():
   assert jax.device_count() == 8, jax.device_count()
+  every = "--all" in sys.argv[1:]
   result = {}
   for family, (experiment, sets) in FAMILIES.items():
     reference = _trajectory(experiment, sets)
     for mesh, axes in MESHES.items():
       for schedule, (repeats, microbatches) in SCHEDULES.items():
+        if not every and (family, mesh, schedule) not in SUITE_CASES:
+          continue
         case = _trajectory(experiment, sets, axes, repeats, microbatches, reference[3])
         result[f"{family}/{mesh}/{schedule}"] = dict(_distance(reference, case),
                                                       specs=case[2])

@@ -16,6 +16,7 @@ from lingvo_lite.errors import UsageError
 from lingvo_lite.models.pipeline import PipelineSettings
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.programs.compile import pipeline_report, step_estimate
+from tests import pipeline_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # float32: one device's numbers up to summation order.
@@ -32,9 +33,8 @@ def fixture_worker():
   return json.loads(completed.stdout)
 
 
-@pytest.mark.parametrize("family", ["llama", "mixtral"])
-@pytest.mark.parametrize("mesh", ["stage4_data2", "stage2_fsdp2_tensor2"])
-@pytest.mark.parametrize("schedule", ["gpipe", "circular"])
+# A covering set of the 8 (bench/pipeline_numerics.py runs all of them).
+@pytest.mark.parametrize("family,mesh,schedule", pipeline_worker.SUITE_CASES)
 def test_pipelined_loss_and_gradients_equal_one_device(worker, family, mesh, schedule):
   case = worker[f"{family}/{mesh}/{schedule}"]
   assert case["same_names"]

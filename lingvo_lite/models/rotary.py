@@ -129,3 +129,15 @@ def apply(x: jax.Array, sin: jax.Array, cos: jax.Array, style: RotaryStyle) -> j
   if rest.shape[-1] == 0:
     return rotated
   return jnp.concatenate([rotated, rest], axis=-1)
+
+
+def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
+  """Position of each token within its segment (restarts at 0 where the segment changes): the
+  positions a packed row's rotation (or learned embedding) reads."""
+  length = segment_ids.shape[-1]
+  index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), segment_ids.shape)
+  starts = jnp.concatenate(
+      [jnp.ones_like(segment_ids[:, :1], dtype=jnp.bool_),
+       segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+  segment_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+  return index - segment_start

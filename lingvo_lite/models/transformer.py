@@ -60,6 +60,7 @@ from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.block import BlockKind
 from lingvo_lite.models.family import LanguageModel
 from lingvo_lite.models.remat import RematPolicy
+from lingvo_lite.models.rotary import positions_from_segments
 from lingvo_lite.models.transformer_checks import TransformerChecks
 from lingvo_lite.models.multi_token import MultiTokenPrediction
 from lingvo_lite.models.transformer_layers import LayerKind, TransformerLayers
@@ -70,17 +71,6 @@ RotaryScaling = Literal["none", "llama3", "linear", "yarn"]
 EmbeddingScale = Literal["one", "sqrt_dim"]
 TiedOutputScale = Literal["one", "rsqrt_dim"]
 __all__ = ["TransformerLM", "positions_from_segments"]
-
-
-def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
-  """Position of each token within its segment (restarts at 0 where the segment changes)."""
-  length = segment_ids.shape[-1]
-  index = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), segment_ids.shape)
-  starts = jnp.concatenate(
-      [jnp.ones_like(segment_ids[:, :1], dtype=jnp.bool_),
-       segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
-  segment_start = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
-  return index - segment_start
 
 
 class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, MultiTokenPrediction,
