@@ -37,22 +37,23 @@ PROBLEMS = {"min_steps": 1, "max_steps": 2, "max_number": 20, "operations": ("ad
 PROBLEM_FLAGS = (*(f"--{key}={PROBLEMS[key]}" for key in ("min_steps", "max_steps", "max_number")),
                  "--operations=" + ",".join(PROBLEMS["operations"]),
                  *(("--one_shot",) if PROBLEMS["one_shot"] else ()))
-# A problem with the system string renders to ~200 tokens with the chat template; a worked
-# answer of two steps is ~30 tokens, and 64 leave room to reason. Rows of 288 hold both; the
-# decode cache the same.
-SEQUENCE_LENGTH, MAX_NEW_TOKENS = 288, 64
-# 4 prompts x 8 completions a step: 32 rows of 288 tokens, in four micro-batches of 8 rows:
+# A problem with the system string renders to 166-181 tokens with the chat template (the
+# 2,000 train problems); a worked answer of two steps is ~30 tokens, and 64 leave room to
+# reason. Rows of 256 hold both; the decode cache the same.
+SEQUENCE_LENGTH, MAX_NEW_TOKENS = 256, 64
+# 2 prompts x 8 completions a step: 16 rows of 256 tokens, in two micro-batches of 8 rows:
 # with the 49,152-way logits (and the entropy's log-softmax beside them) a micro-batch holds
-# about what SmolLM2ChatSft's of 4 x 512 does.
-PROMPTS_PER_STEP, GROUP_SIZE, MICRO_BATCHES = 4, 8, 4
-STEPS = 30
+# about what SmolLM2ChatSft's of 4 x 512 does. Measured at 32 rows of 288 (README, "GRPO"), a
+# step took 229-270 s at a load of ~5.5: half the rows, and 20 steps, for 30 idle minutes.
+PROMPTS_PER_STEP, GROUP_SIZE, MICRO_BATCHES = 2, 8, 2
+STEPS = 20
 
 
 @register
 class SmolLM2Grpo(SmolLM2_135M):
   """GRPO (group of 8, token-level DAPO aggregation with clip-higher 0.2/0.28, no reference)
   with LoRA (rank 16, alpha 32, learning rate 5e-4) on the easy arithmetic problems' train
-  split: 30 steps of 4 prompts x 8 sampled completions (at most 64 new tokens each,
+  split: 20 steps of 2 prompts x 8 sampled completions (at most 64 new tokens each,
   temperature 1), rewarded 1.0 for the right tagged answer and 0.1 for a well-formed one; no
   eval set (bench/grpo_demo.py measures accuracy on the held-out split by greedy decoding)."""
 
@@ -76,7 +77,7 @@ class SmolLM2Grpo(SmolLM2_135M):
     cfg.train.log_every_steps = 1
     cfg.optimizer = fdl.Config(AdamW, peak_learning_rate=5e-4, warmup_steps=2,
                                weight_decay=0.0, clip_grad_norm=1.0)
-    cfg.checkpoint = fdl.Config(CheckpointSettings, every_steps=8, max_to_keep=1)
+    cfg.checkpoint = fdl.Config(CheckpointSettings, every_steps=10, max_to_keep=1)
     cfg.decode.cache_length = SEQUENCE_LENGTH + 32  # A long prompt still fits its answer.
     cfg.decode.slots = PROMPTS_PER_STEP * GROUP_SIZE  # One rollout in one round of slots.
     return cfg
