@@ -9,7 +9,8 @@ Phases, each one command of the CLI in a child process (wall time recorded), eac
 written to OUT/results.json as it ends (a phase already there is not run again):
 
   problems  the train split (2,000) and the held-out split (500) of
-            tasks/arithmetic_problems.py (seed 0; disjoint by construction) written by
+            tasks/arithmetic_problems.py (seed 0; disjoint by construction; the experiment's
+            difficulty and one-shot system string, its PROBLEM_FLAGS) written by
             bin/make_prompts.py to experiments/lm/smollm2_grpo.py's PROBLEMS_DIR, and the
             first --held_out (200) held-out prompts, rendered with the chat template, as a
             --prompts_file (greedy)
@@ -20,7 +21,8 @@ written to OUT/results.json as it ends (a phase already there is not run again):
 
 Accuracy is the `exact_answer` reward's (the tagged number equals the answer), with a Wilson
 95% interval; the rise is given with the normal 95% interval of a difference of two
-proportions. The training run alone is sized for 30 minutes on 2 CPU cores.
+proportions. The training run alone is sized for 30 minutes on 2 idle CPU cores (README,
+"GRPO": the estimate and what it was measured from).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def _problems(work: str, held_out: int, out: str) -> dict:
   for split, count in (("train", TRAIN_PROBLEMS), ("held_out", HELD_OUT_PROBLEMS)):
     _run(f"problems_{split}", [sys.executable, "bin/make_prompts.py", "--task=arithmetic",
                                f"--split={split}", f"--count={count}", "--seed=0",
-                               f"--out={folder}/{split}.jsonl"], out)
+                               *smollm2_grpo.PROBLEM_FLAGS, f"--out={folder}/{split}.jsonl"],
+         out)
   source = PromptSource(
       prompts=PromptData(files=os.path.join(ROOT, folder, "held_out.jsonl"),
                          prompts_per_step=1, shuffle=False),

@@ -9,9 +9,10 @@
   python bin/make_prompts.py --check='data/arithmetic/*.jsonl' --rewards=exact_answer
 
 `--task=arithmetic` is tasks/arithmetic_problems.py (multi-step word problems, the answer in a
-tag; `--min_steps`, `--max_steps`, `--max_number`), `--task=code` tasks/code_problems.py
-(standard-library functions with generated tests; `--tests_per_problem`). The held-out split
-never shares a problem with the train split, whatever the seeds. Each record is checked as a
+tag; `--min_steps`, `--max_steps`, `--max_number`, `--operations`: the difficulty;
+`--one_shot`: a system string with the format and a worked example), `--task=code`
+tasks/code_problems.py (standard-library functions with generated tests;
+`--tests_per_problem`). The held-out split never shares a problem with the train split, whatever the seeds. Each record is checked as a
 run reads it (lingvo_lite/data/prompt_records.py); the file is written whole or not at all (a
 temporary file, then published under its name), and never over a file this tool did not
 write: an existing --out that holds exactly this set is kept, anything else there is refused.
@@ -44,6 +45,11 @@ def _print_error(message: str) -> None:
   print(f"make_prompts: {one_line(message)}", file=sys.stderr, flush=True)
 
 
+def _arithmetic_operations() -> tuple[str, ...]:
+  from tasks import arithmetic_problems
+  return arithmetic_problems.OPERATIONS
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
   parser = ToolArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--task", choices=TASKS, help="the generated set to write (with --out)")
@@ -56,6 +62,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   parser.add_argument("--max_steps", type=int, default=3, help="arithmetic: most operations")
   parser.add_argument("--max_number", type=int, default=20,
                       help="arithmetic: the largest number a sentence introduces")
+  parser.add_argument("--operations", default=",".join(_arithmetic_operations()),
+                      help="arithmetic: comma-separated kinds of operation to draw from")
+  parser.add_argument("--one_shot", action="store_true", help="arithmetic: give each "
+                      "record a system string stating the format, with a worked example")
   parser.add_argument("--tests_per_problem", type=int, default=8,
                       help="code: drawn test cases per problem, beside the edge cases")
   parser.add_argument("--out", help="the JSON-lines file to write")
@@ -84,8 +94,10 @@ def _generate(args: argparse.Namespace) -> list[dict]:
     if args.count < 1:
       raise config_error("--count", args.count, "must be at least 1")
     try:
-      return arithmetic_problems.generate(args.split, args.count, args.seed, args.min_steps,
-                                          args.max_steps, args.max_number)
+      return arithmetic_problems.generate(
+          args.split, args.count, args.seed, args.min_steps, args.max_steps, args.max_number,
+          tuple(kind.strip() for kind in args.operations.split(",") if kind.strip()),
+          args.one_shot)
     except ValueError as e:
       raise UsageError(f"--task=arithmetic: {e}") from None
   from tasks import code_problems

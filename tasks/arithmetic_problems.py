@@ -29,7 +29,19 @@ SPLITS = ("train", "held_out")
 HELD_OUT_BUCKETS = 10  # One hash bucket in ten is held out.
 INSTRUCTION = ("Work it out step by step, then give the final answer as a number inside "
                "<answer></answer> tags.")
+# The optional system string (`generate(one_shot=True)`): the format stated, with one worked
+# example, as R1-Zero-style templates show it. SmolLM2-135M-Instruct never uses the tags from
+# the instruction alone (README, "GRPO"); a worked example makes it use them sometimes, which
+# is what GRPO needs to start from (a group whose completions all score 0 teaches nothing).
+# The example's arithmetic has two steps; it is fixed text, not drawn from either split.
+ONE_SHOT_SYSTEM = (
+    "Solve the word problem step by step, one short line per step, then give the final answer "
+    "as a number inside <answer></answer> tags and stop.\n\nExample:\n"
+    "Problem: Sam has 7 coins. He finds 5 more coins. He gives 3 coins to Kim. How many coins "
+    "does Sam have now?\n"
+    "Solution:\nSam starts with 7 coins.\n7 + 5 = 12.\n12 - 3 = 9.\n<answer>9</answer>")
 _MAX_QUANTITY = 999
+_MAX_DRAWS = 100  # Operations drawn for one problem before it is given up (`_arithmetic`).
 _NAMES = (("Mia", "She"), ("Leo", "He"), ("Ava", "She"), ("Noah", "He"), ("Zoe", "She"),
           ("Omar", "He"), ("Lena", "She"), ("Ravi", "He"), ("Iris", "She"), ("Tom", "He"))
 _ITEMS = ("apples", "marbles", "stickers", "pencils", "coins", "cookies", "books", "stamps",
@@ -57,7 +69,10 @@ def _share(rng, quantity, max_number):
   return ("share", rng.choice(divisors)) if divisors else None
 
 
-_OPERATIONS: tuple[Callable, ...] = (_add, _take, _groups, _times, _share)
+# Each kind of operation by its name (`generate(operations=...)`: easy problems add and take).
+_OPERATIONS: dict[str, Callable] = {"add": _add, "take": _take, "groups": _groups,
+                                    "times": _times, "share": _share}
+OPERATIONS = tuple(_OPERATIONS)
 
 
 def _apply(quantity: int, operation: tuple) -> tuple[int, str]:
@@ -92,19 +107,24 @@ def _sentence(operation: tuple, pronoun: str, items: str, friend: str) -> str:
           "pile.")
 
 
-def _arithmetic(rng: random.Random, steps: int, max_number: int) -> tuple[int, list[tuple]]:
-  """A start and `steps` operations, every intermediate in [0, _MAX_QUANTITY]."""
+def _arithmetic(rng: random.Random, steps: int, max_number: int,
+                kinds: tuple[Callable, ...]) -> tuple[int, list[tuple]] | None:
+  """A start and `steps` operations of `kinds`, every intermediate in [0, _MAX_QUANTITY]; None
+  when `_MAX_DRAWS` draws found no operation that applies (kinds that need what the quantity
+  lacks, e.g. only piles of a prime), so no choice of kinds can loop forever."""
   start = rng.randint(2, max_number)
   quantity, operations = start, []
-  while len(operations) < steps:
-    operation = rng.choice(_OPERATIONS)(rng, quantity, max_number)
+  for _ in range(_MAX_DRAWS):
+    if len(operations) == steps:
+      break
+    operation = rng.choice(kinds)(rng, quantity, max_number)
     if operation is None:
       continue
     value, _ = _apply(quantity, operation)
     if 0 <= value <= _MAX_QUANTITY:
       operations.append(operation)
       quantity = value
-  return start, operations
+  return (start, operations) if len(operations) == steps else None
 
 
 def bucket(start: int, operations: list[tuple]) -> int:
@@ -114,7 +134,7 @@ def bucket(start: int, operations: list[tuple]) -> int:
 
 
 def _record(split: str, seed: int, index: int, rng: random.Random, start: int,
-            operations: list[tuple]) -> dict:
+            operations: list[tuple], one_shot: bool) -> dict:
   (name, pronoun), items = rng.choice(_NAMES), rng.choice(_ITEMS)
   friend = rng.choice([other for other, _ in _NAMES if other != name])
   sentences = [f"{name} has {start} {items}."]
@@ -125,13 +145,15 @@ def _record(split: str, seed: int, index: int, rng: random.Random, start: int,
     quantity, line = _apply(quantity, operation)
     lines.append(line)
   sentences.append(f"How many {items} does {name} have now? {INSTRUCTION}")
-  return {"id": f"arithmetic-{split}-{seed}-{index}", "prompt": " ".join(sentences),
-          "answer": quantity, "steps": len(operations),
-          "completion": "\n".join(lines) + f"\n<answer>{quantity}</answer>"}
+  record = {"id": f"arithmetic-{split}-{seed}-{index}", "prompt": " ".join(sentences),
+            "answer": quantity, "steps": len(operations),
+            "completion": "\n".join(lines) + f"\n<answer>{quantity}</answer>"}
+  return {"system": ONE_SHOT_SYSTEM, **record} if one_shot else record
 
 
 def generate(split: str, count: int, seed: int = 0, min_steps: int = 2, max_steps: int = 3,
-             max_number: int = 20) -> list[dict]:
+             max_number: int = 20, operations: tuple[str, ...] = OPERATIONS,
+             one_shot: bool = False) -> list[dict]:
   """`count` distinct problems of `split` (module doc), the same for the same arguments.
 
   Args:
@@ -140,6 +162,10 @@ def generate(split: str, count: int, seed: int = 0, min_steps: int = 2, max_step
     seed: Chooses the problems within the split.
     min_steps, max_steps: Operations per problem, drawn uniformly from this range.
     max_number: The largest number a sentence introduces (the start, an amount added).
+    operations: The kinds of operation drawn from (`OPERATIONS`; the demo's easy problems:
+      "add", "take"). With steps, max_number, the difficulty.
+    one_shot: Give each record the `system` string `ONE_SHOT_SYSTEM` (the format, with a
+      worked example); the problems themselves are the same.
 
   Raises:
     ValueError: a bad argument, or fewer distinct problems of the split than `count`.
@@ -151,18 +177,27 @@ def generate(split: str, count: int, seed: int = 0, min_steps: int = 2, max_step
   if max_number < 2 or count < 0:
     raise ValueError(f"max_number={max_number}, count={count}: need max_number >= 2, count "
                      ">= 0")
+  unknown = [kind for kind in operations if kind not in _OPERATIONS]
+  if not operations or unknown or isinstance(operations, str):
+    raise ValueError(f"operations={operations!r}: give one or more of "
+                     f"{', '.join(OPERATIONS)}")
+  kinds = tuple(_OPERATIONS[kind] for kind in dict.fromkeys(operations))
   rng = random.Random(f"arithmetic/{split}/{seed}")
   records, seen, attempts = [], set(), 0
   while len(records) < count:
     attempts += 1
     if attempts > 50 * count + 10_000:
       raise ValueError(f"only {len(records)} distinct {split} problems found for count={count} "
-                       f"(max_number={max_number}, steps {min_steps}-{max_steps}); raise "
-                       "max_number or max_steps, or ask for fewer")
-    start, operations = _arithmetic(rng, rng.randint(min_steps, max_steps), max_number)
-    key = json.dumps([start, [list(op) for op in operations]])
-    if key in seen or (bucket(start, operations) == 0) != (split == "held_out"):
+                       f"(max_number={max_number}, steps {min_steps}-{max_steps}, operations "
+                       f"{','.join(operations)}); raise max_number or max_steps, allow more "
+                       "operations, or ask for fewer")
+    drawn = _arithmetic(rng, rng.randint(min_steps, max_steps), max_number, kinds)
+    if drawn is None:
+      continue
+    start, steps = drawn
+    key = json.dumps([start, [list(op) for op in steps]])
+    if key in seen or (bucket(start, steps) == 0) != (split == "held_out"):
       continue
     seen.add(key)
-    records.append(_record(split, seed, len(records), rng, start, operations))
+    records.append(_record(split, seed, len(records), rng, start, steps, one_shot))
   return records

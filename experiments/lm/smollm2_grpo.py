@@ -1,8 +1,9 @@
 """Reinforcement learning from verifiable rewards on SmolLM2-135M-Instruct: GRPO with LoRA on
-multi-step arithmetic word problems (tasks/arithmetic_problems.py), the answer in a tag.
+easy arithmetic word problems (tasks/arithmetic_problems.py: 1-2 steps of adding and taking
+away, numbers up to 20), the answer in a tag, the format shown by a one-shot system string.
 
-  python bin/make_prompts.py --task=arithmetic --split=train --count=2000 \\
-      --out=prompts/arithmetic/train.jsonl
+  python bin/make_prompts.py --task=arithmetic --split=train --count=2000 --min_steps=1 \\
+      --max_steps=2 --operations=add,take --one_shot --out=prompts/arithmetic_easy/train.jsonl
   python -m lingvo_lite --exp=SmolLM2Grpo --job_log_dir=runs/smol_grpo
   python bench/grpo_demo.py --out OUT --work WORK   # the above, and accuracy before/after
 
@@ -26,24 +27,35 @@ from lingvo_lite.training.optimizers import AdamW
 
 # Where the README's `bin/make_prompts.py` commands (and bench/grpo_demo.py) write the
 # problems: JSON lines of data/prompt_data.py's format, train and held-out splits disjoint.
-PROBLEMS_DIR = "prompts/arithmetic"
-# A problem renders to ~100 tokens with the chat template; a worked answer is 40-90 tokens.
-# Rows of 224 hold both; the decode cache holds the same.
-SEQUENCE_LENGTH, MAX_NEW_TOKENS = 224, 112
-# 4 prompts x 8 completions a step: 32 rows of 224 tokens (7,168 tokens a step), in four
-# micro-batches of 8 rows: with the 49,152-way logits (and the entropy's log-softmax beside
-# them) a micro-batch holds about what SmolLM2ChatSft's of 4 x 512 does.
-PROMPTS_PER_STEP, GROUP_SIZE, MICRO_BATCHES = 4, 8, 4
-STEPS = 24
+PROBLEMS_DIR = "prompts/arithmetic_easy"
+# The problems' difficulty, and the one-shot system string (tasks/arithmetic_problems.py's
+# `generate` arguments; `PROBLEM_FLAGS` the same for bin/make_prompts.py). At the default
+# 2-3 steps of five kinds with the instruction alone the untrained model never answers in the
+# tags, and GRPO has nothing to compare (README, "GRPO").
+PROBLEMS = {"min_steps": 1, "max_steps": 2, "max_number": 20, "operations": ("add", "take"),
+            "one_shot": True}
+PROBLEM_FLAGS = (*(f"--{key}={PROBLEMS[key]}" for key in ("min_steps", "max_steps", "max_number")),
+                 "--operations=" + ",".join(PROBLEMS["operations"]),
+                 *(("--one_shot",) if PROBLEMS["one_shot"] else ()))
+# A problem with the system string renders to 166-181 tokens with the chat template (the
+# 2,000 train problems); a worked answer of two steps is ~30 tokens, and 64 leave room to
+# reason. Rows of 256 hold both; the decode cache the same.
+SEQUENCE_LENGTH, MAX_NEW_TOKENS = 256, 64
+# 2 prompts x 8 completions a step: 16 rows of 256 tokens, in two micro-batches of 8 rows:
+# with the 49,152-way logits (and the entropy's log-softmax beside them) a micro-batch holds
+# about what SmolLM2ChatSft's of 4 x 512 does. Measured at 32 rows of 288 (README, "GRPO"), a
+# step took 229-270 s at a load of ~5.5: half the rows, and 20 steps, for 30 idle minutes.
+PROMPTS_PER_STEP, GROUP_SIZE, MICRO_BATCHES = 2, 8, 2
+STEPS = 20
 
 
 @register
 class SmolLM2Grpo(SmolLM2_135M):
   """GRPO (group of 8, token-level DAPO aggregation with clip-higher 0.2/0.28, no reference)
-  with LoRA (rank 16, alpha 32) on the arithmetic problems' train split: 24 steps of 4
-  prompts x 8 sampled completions (at most 112 new tokens each, temperature 1), rewarded 1.0
-  for the right tagged answer and 0.1 for a tagged number; no eval set (bench/grpo_demo.py
-  measures accuracy on the held-out split by greedy decoding)."""
+  with LoRA (rank 16, alpha 32, learning rate 5e-4) on the easy arithmetic problems' train
+  split: 20 steps of 2 prompts x 8 sampled completions (at most 64 new tokens each,
+  temperature 1), rewarded 1.0 for the right tagged answer and 0.1 for a well-formed one; no
+  eval set (bench/grpo_demo.py measures accuracy on the held-out split by greedy decoding)."""
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
@@ -63,9 +75,9 @@ class SmolLM2Grpo(SmolLM2_135M):
     cfg.train.steps = STEPS
     cfg.train.grad_accum_steps = MICRO_BATCHES
     cfg.train.log_every_steps = 1
-    cfg.optimizer = fdl.Config(AdamW, peak_learning_rate=2e-4, warmup_steps=2,
+    cfg.optimizer = fdl.Config(AdamW, peak_learning_rate=5e-4, warmup_steps=2,
                                weight_decay=0.0, clip_grad_norm=1.0)
-    cfg.checkpoint = fdl.Config(CheckpointSettings, every_steps=8, max_to_keep=1)
+    cfg.checkpoint = fdl.Config(CheckpointSettings, every_steps=10, max_to_keep=1)
     cfg.decode.cache_length = SEQUENCE_LENGTH + 32  # A long prompt still fits its answer.
     cfg.decode.slots = PROMPTS_PER_STEP * GROUP_SIZE  # One rollout in one round of slots.
     return cfg

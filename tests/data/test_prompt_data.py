@@ -193,6 +193,22 @@ def test_arithmetic_problems_are_deterministic_disjoint_and_right():
       assert _solve(record["prompt"])[0] == record["answer"], record["prompt"]
       assert 2 <= record["steps"] <= 3
       assert record["completion"].endswith(f"<answer>{record['answer']}</answer>")
+  # The difficulty knobs (the GRPO demo's easy set): steps, number size, kinds of operation;
+  # one_shot adds the system string alone, the problems unchanged.
+  easy = arithmetic_problems.generate("held_out", 200, seed=0, min_steps=1, max_steps=2,
+                                      max_number=20, operations=("add", "take"), one_shot=True)
+  plain = arithmetic_problems.generate("held_out", 200, seed=0, min_steps=1, max_steps=2,
+                                       max_number=20, operations=("add", "take"))
+  assert [{k: v for k, v in r.items() if k != "system"} for r in easy] == plain
+  assert not arithmetic(easy) & arithmetic(arithmetic_problems.generate(
+      "train", 500, seed=0, min_steps=1, max_steps=2, max_number=20, operations=("add", "take")))
+  assert {r["steps"] for r in easy} == {1, 2}
+  for record in easy:
+    assert record["system"] == arithmetic_problems.ONE_SHOT_SYSTEM
+    assert _solve(record["prompt"])[0] == record["answer"], record["prompt"]
+    kinds = {step[0] for step in _solve(record["prompt"])[1]}
+    assert kinds <= {0, 1, 2}, record["prompt"]  # Has, finds more, gives away: no other.
+    assert max(int(n) for n in re.findall(r"\d+", record["prompt"])) <= 20
 
 
 def test_code_problems_are_deterministic_with_a_fixed_held_out_set():
@@ -235,6 +251,8 @@ def test_make_prompts_writes_and_checks_sets(tmp_path, capsys, monkeypatch):
       (["--task=arithmetic"], "--out: required with --task"),
       (["--task=arithmetic", "--out=x.jsonl", "--count=0"], "--count=0: must be at least 1"),
       (["--task=arithmetic", "--out=x.jsonl", "--min_steps=4"], "min_steps=4, max_steps=3"),
+      (["--task=arithmetic", "--out=x.jsonl", "--operations=add,divide"],
+       "operations=('add', 'divide'): give one or more of add, take, groups, times, share"),
       (["--check=sets/code.jsonl", "--rewards=exact_answr"], "did you mean exact_answer?"),
       (["--task=sudoku", "--out=x.jsonl"], "invalid choice: 'sudoku'"),
       (["--task=code", "--seed=1", "--out=sets/code.jsonl"], "holds something else"),
