@@ -233,7 +233,7 @@ class Partitioner:
       example = (f"--fdl.partitioner.dcn_data={num_slices // others}" if num_slices % others == 0
                  else f"--fdl.partitioner.dcn_data={num_slices} and the other dcn_* axes 1")
       raise config_error(
-          "partitioner.dcn_*", self.dcn_shape,
+          "partitioner.dcn_*", dict(zip(MESH_AXES, self.dcn_shape)),
           f"the mesh axes across slices multiply to {across}, but {target_name} has "
           f"{num_slices} slice{'s' if num_slices > 1 else ''}", f"make their product "
           f"{num_slices} (e.g. {example})")

@@ -670,20 +670,22 @@ COMPILE_CASES = [
          [*COMPILE_TINY, "--compile_topology=v5e-8", "--compile_num_slices=2",
           "--fdl.partitioner.dcn_data=4", "--fdl.train_data.global_batch_size=16",
           "--fdl.eval_data.global_batch_size=16"],
-         "partitioner.dcn_*=(4, 1, 1, 1): the mesh axes across slices multiply to 4"),
+         "partitioner.dcn_*={'stage': 1, 'data': 4, 'fsdp': 1, 'expert': 1, 'tensor': 1}: "
+         "the mesh axes across slices multiply to 4"),
     Case("axes across slices on a one-slice TPU target",
          [*COMPILE_TINY, "--compile_topology=v5e-8", "--fdl.partitioner.dcn_data=2",
           "--fdl.train_data.global_batch_size=16", "--fdl.eval_data.global_batch_size=16"],
-         "partitioner.dcn_*=(2, 1, 1, 1): the mesh axes across slices multiply to 2, but v5e-8 "
-         "has 1 slice; make their product 1 (e.g. --fdl.partitioner.dcn_data=1)"),
+         "partitioner.dcn_*={'stage': 1, 'data': 2, 'fsdp': 1, 'expert': 1, 'tensor': 1}: "
+         "the mesh axes across slices multiply to 2, but v5e-8 has 1 slice; make their product "
+         "1 (e.g. --fdl.partitioner.dcn_data=1)"),
     # A set dcn axis keeps the slice count from becoming dcn_data: the fix completes it.
     Case("fsdp across fewer slices than the target has",
          [*COMPILE_TINY, "--compile_topology=v5e-8", "--compile_num_slices=4",
           "--fdl.partitioner.dcn_fsdp=2", "--fdl.train_data.global_batch_size=64",
           "--fdl.eval_data.global_batch_size=64"],
-         "partitioner.dcn_*=(1, 2, 1, 1): the mesh axes across slices multiply to 2, but "
-         "v5e-8 x 4 slices has 4 slices; make their product 4 (e.g. "
-         "--fdl.partitioner.dcn_data=2)"),
+         "partitioner.dcn_*={'stage': 1, 'data': 1, 'fsdp': 2, 'expert': 1, 'tensor': 1}: "
+         "the mesh axes across slices multiply to 2, but v5e-8 x 4 slices has 4 slices; make "
+         "their product 4 (e.g. --fdl.partitioner.dcn_data=2)"),
     Case("unknown remat policy", [*COMPILE_TINY, "--compile_topology=v5e-8",
                                   "--compile_find_max_batch", "--compile_remat_policies=bogus"],
          "unknown policy 'bogus'; valid: none, full"),

@@ -597,6 +597,10 @@ RULES = (
          why="a TPU VM's benchmarks, and the download of the wheels they carry (network); "
              "their code runs here in tests/models/test_flash_attention.py, test_remat.py, "
              "tests/test_partitioning.py (splash on a mesh) and bench/ on a CPU"),
+    Rule("MaxText's table", lambda c: c.argv[:2] == ("python", "bench/maxtext_table.py"), None,
+         why="each row compiles a MaxText shape for 256 to 8,192 chips from this CPU (3-7 "
+             "minutes a row); the experiments' shapes are checked in tests/test_experiments.py "
+             "and the report's next-knob line in tests/programs/test_compile.py"),
     Rule("bench BenchLarge",
          lambda c: c.argv[:2] == BENCH and c.flag("experiment") == "BenchLarge", _check_bench,
          BENCH_SMOKE + ("--set", "train_data.global_batch_size=2"),
