@@ -126,6 +126,9 @@ def test_other_processes_of_a_multi_process_run_show_nothing(monkeypatch):
 class _SummingSteps:
   """The eval step's sums for a batch, without a model: every token right, 1 nat each."""
 
+  # One process reads the whole batch (JittedSteps.data_block: its block index, the blocks).
+  data_block = (0, 1)
+
   def global_batch(self, local):
     return local
 
