@@ -556,6 +556,10 @@ RULES = (
          _check_processes, run=_run_processes,
          why="every process at once (README: 'the same with --process_id=1 in a second "
              "shell'), on a free port"),
+    Rule("GRPO", lambda c: _lingvo(c, "train") and c.flag("exp") == "SmolLM2Grpo", None,
+         why="a GRPO step of SmolLM2 samples 16 completions and trains on them (minutes on 2 "
+             "cores); tests/test_grpo.py runs the objective's rollouts, loss and a resume "
+             "in-process at tiny size, and this experiment through the CLI to its refusals"),
     Rule("train, pretrained", lambda c: _lingvo(c, "train") and _pretrained(c), _check_train,
          ("--fdl.train.steps=1", "--fdl.train_data.global_batch_size=2",
           "--fdl.train_data.sequence_length=64", *SMOL_SHAPES, *SMOL_SCANNED),

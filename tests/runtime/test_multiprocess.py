@@ -127,7 +127,7 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
 
   outputs = _run_two_processes(tmp_path / "multi", ["--fdl.train.steps=5"])
   assert "jax.distributed: process 0 of 2" in outputs[0]
-  assert "mesh data=2 fsdp=2 expert=1 tensor=2; 2 process(es)" in outputs[0]
+  assert "mesh stage=1 data=2 fsdp=2 expert=1 tensor=2; 2 process(es)" in outputs[0]
   # Only process 0 logs. gloo's C++ code prints "[Gloo] Rank R is connected to N peer ranks"
   # lines from several threads at once (so they can arrive split); those are not ours.
   assert [l for l in outputs[1].splitlines()
