@@ -18,6 +18,7 @@ from lingvo_lite.errors import DataError, UsageError
 from tasks import arithmetic_problems, code_problems
 from tests.bin_tools import tool
 
+# Records the format accepts (the tests field is data here: nothing runs it).
 GOOD = [
     {"id": "a", "prompt": "2 + 2?", "answer": 4},
     {"id": 2, "system": "Be brief.", "messages": [{"role": "user", "content": "hi"}],

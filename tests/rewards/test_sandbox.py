@@ -122,6 +122,8 @@ def test_hostile_completions_score_0_within_their_limits(tmp_path, network_names
   listener.settimeout(0)
   outside = str(tmp_path / "written")
   folders = _sandbox_folders()
+  # Tests that pass whatever the completion defines: a 0 can only come from the fence or limit
+  # that stopped the hostile program (its reason is checked below), never from a failed test.
   record = {"id": "hostile", "tests": "assert True"}
   for name, (code, reason) in _hostile(listener.getsockname()[1], outside).items():
     if not network_namespace and "sandbox" not in reason:
@@ -155,6 +157,7 @@ def test_where_the_kernel_allows_the_program_has_no_network_but_its_own_loopback
 
 
 def test_outcomes_say_why():
+  # Programs that fail each its own way; the reason must name the way (a failing assert, too).
   cases = {
       "assert 1 == 2, 'nope'": "failed: AssertionError: nope",
       "while True:\n    pass": "timed out after 0.5 s",
