@@ -192,14 +192,7 @@ class LatentAttention(Attention):
       k = constrain(k, "batch", "length", "heads", "kv")
       v = constrain(kv[..., nope:], "batch", "length", "heads", "kv")
       out = tag(self._training_attention(q, k, v, segment_ids), "attention_out")
-    out = constrain(out, "batch", "length", "heads", "kv")
-    shape, axes = (self.num_heads, self.v_head_dim, dim), ("heads", "kv", "embed")
-    kernel = self._weight("out_kernel", shape, axes, self.num_heads * self.v_head_dim)
-    y = adapters.adapted(self, "out_kernel", out, weight_matmul(out, kernel, 2, self.quantization),
-                         shape, axes, 2, self.lora)
-    y = tag(y, "out_proj")
-    if self.use_bias:
-      y = y + self._bias("out_bias", (dim,), ("embed",))
+    y = self._output(out, self.v_head_dim, dim)
     if context is not None:
       return y, context
     return (y, (latent, rope_key)) if return_kv else y

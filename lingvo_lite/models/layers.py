@@ -350,17 +350,23 @@ class Attention(nn.Module):
       out, context = self._cached_attention(q, k, v, positions, context, sinks)
     else:
       out = tag(self._attention(q, k, v, segment_ids, sinks), "attention_out")
+    y = self._output(out, self.head_dim, dim)
+    if context is not None:
+      return y, context
+    return (y, (k, v)) if return_kv else y
+
+  def _output(self, out: jax.Array, value_width: int, dim: int) -> jax.Array:
+    """The heads' outputs [batch, length, heads, value_width] projected back to `dim` (the
+    output kernel with its adapters, int8 and bias): every attention layer's last step."""
     out = constrain(out, "batch", "length", "heads", "kv")
-    shape, axes = (self.num_heads, self.head_dim, dim), ("heads", "kv", "embed")
-    kernel = self._weight("out_kernel", shape, axes, self.num_heads * self.head_dim)
+    shape, axes = (self.num_heads, value_width, dim), ("heads", "kv", "embed")
+    kernel = self._weight("out_kernel", shape, axes, self.num_heads * value_width)
     y = adapters.adapted(self, "out_kernel", out, weight_matmul(out, kernel, 2, self.quantization),
                          shape, axes, 2, self.lora)
     y = tag(y, "out_proj")
     if self.use_bias:
       y = y + self._bias("out_bias", (dim,), ("embed",))
-    if context is not None:
-      return y, context
-    return (y, (k, v)) if return_kv else y
+    return y
 
 
 def _activate(x: jax.Array, activation: Activation) -> jax.Array:
