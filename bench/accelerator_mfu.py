@@ -32,9 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 import numpy as np
 
-from lingvo_lite import executor, mfu
+from lingvo_lite import chips, executor, mfu
 from lingvo_lite.models import flash_attention
 from lingvo_lite.on_mesh.jitted import JittedSteps
+from lingvo_lite.programs.compile import step_estimate
 # pylint: enable=wrong-import-position
 
 
@@ -103,9 +104,22 @@ def measure(experiment: str, sets: list[str], steps: int) -> dict:
          * data.sequence_length / step_time, "tflops_per_device": achieved / 1e12,
          "mfu": achieved / datasheet, "loss": float(np.asarray(metrics["loss"])),
          "xla_memory_gib": None if predicted is None else predicted / 2**30,
-         "parameters": model.num_parameters()}
+         "parameters": model.num_parameters(), **_estimate(compiled, jitted, step_time)}
   del state, metrics, compiled, jitted
   return row
+
+
+def _estimate(compiled, jitted: JittedSteps, step_time: float) -> dict:
+  """The compile report's step-time estimate of this very executable (its optimized HLO on
+  the chip's constants, programs/compile/step_estimate.py) beside the measured step; {} where
+  lingvo_lite/chips.py has no constants for the device."""
+  chip = chips.chip_of(jax.devices()[0].device_kind)
+  if chip is None:
+    return {}
+  estimate = step_estimate.estimate(compiled.as_text(), chip, tuple(jitted.mesh.devices.flat))
+  return {"estimate_ms": estimate.total * 1e3, "estimate_error": estimate.total / step_time - 1,
+          "estimate_parts_ms": {part: seconds * 1e3 for part, seconds
+                                in estimate.seconds.items() if seconds}}
 
 
 def main() -> None:
@@ -135,7 +149,9 @@ def main() -> None:
             f"{row['remat']}: step {row['step_ms']:.1f} ms, {row['tokens_per_s']:,.0f} "
             f"tokens/s, {row['tflops_per_device']:.1f} TFLOP/s, MFU {row['mfu']:.1%}; "
             f"XLA memory {row['xla_memory_gib'] or 0:.2f} GiB; compile {row['compile_s']:.0f} s;"
-            f" loss {row['loss']:.3f}", flush=True)
+            f" loss {row['loss']:.3f}" + (f"; estimate {row['estimate_ms']:.1f} ms "
+                                            f"({row['estimate_error']:+.1%})"
+                                            if "estimate_ms" in row else ""), flush=True)
   datasheet, source = mfu.peak_flops_per_device(device)
   measured = mfu.measured_matmul_peak(args.matmul_size, 10, "bfloat16")
   print(f"peaks: datasheet {datasheet / 1e12:.0f} TFLOP/s ({source}); best of 10 bfloat16 "

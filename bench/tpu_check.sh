@@ -10,14 +10,17 @@
 #
 # then, on the TPU VM, from the repository root:
 #
-#   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train decode tests moe profile int8
-#                                           estimate (default: numerics train decode)
+#   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train llama1b decode tests moe
+#                                           profile int8 estimate (default: numerics train decode)
 #
 # numerics: bench/tpu_numerics.py: splash against einsum on the chip, a 50-step tiny training
 #         run and greedy decode of the tiny families, written for --compare with a CPU run.
 # train:  bench/accelerator_mfu.py on Llama1BOneChip (552M parameters, sequence 2048): the
-#         baseline rows (written-out attention, full remat) and this project's kernel and
-#         remat policies, side by side in one process; then a SmolLM2-135M fine-tune step.
+#         baseline rows (written-out attention, full remat) and this project's kernel, remat
+#         policies and bfloat16 Adam moments, side by side in one process, each with the
+#         compile report's step-time estimate of the same executable beside its measured
+#         step; then a SmolLM2-135M fine-tune step.
+# llama1b: Llama1B as registered on one chip (bfloat16 moments, offloaded or not).
 # decode: bench/tpu_decode.py: SmolLM2-135M's shape at batch 1, 8 and 64, unrolled and
 #         scanned layers; a shape with heads of 128 with and without the decode kernel;
 #         against the copy bandwidth measured in the same run.
@@ -71,11 +74,23 @@ for stage in "${stages[@]}"; do
           --variant "splash_minimal_b4:model.remat_policy='minimal'" \
           --variant "splash_minimal_b4_unrolled:model.remat_policy='minimal';model.scan_layers=False" \
           --variant "splash_none_b2:model.remat_policy='none';train_data.global_batch_size=2" \
+          --variant "splash_minimal_b4_bf16_moments:model.remat_policy='minimal';optimizer.moment_dtype='bfloat16'" \
+          --variant "splash_minimal_with_context_b4_bf16_moments:model.remat_policy='minimal_with_context';optimizer.moment_dtype='bfloat16'" \
           2>&1 | grep -v "^[WI]0" | tee "$out/train.txt"
       python3 bench/accelerator_mfu.py --experiment Llama1B --steps 10 "${smollm2[@]}" \
           --json "$out/train.jsonl" \
           --variant "smollm2_135m_none_b8:model.remat_policy='none';model.scan_layers=False" \
           2>&1 | grep -v "^[WI]0" | tee -a "$out/train.txt"
+      ;;
+    llama1b)
+      # Llama1B as registered (1.24B parameters, a 128k vocabulary) on one chip: the compile
+      # table's rows that fit (bfloat16 Adam moments, offloaded to host memory or not).
+      python3 bench/accelerator_mfu.py --experiment Llama1B --steps 5 --json "$out/llama1b.jsonl" \
+          --set "train.grad_accum_steps=1" --set "partitioner.ici_fsdp=1" \
+          --set "model.remat_policy='full'" \
+          --variant "bf16_moments_b1:optimizer.moment_dtype='bfloat16';train_data.global_batch_size=1" \
+          --variant "bf16_moments_offloaded_b3:optimizer.moment_dtype='bfloat16';optimizer.offload_state=True;train_data.global_batch_size=3" \
+          2>&1 | grep -v "^[WI]0" | tee "$out/llama1b.txt"
       ;;
     decode)
       # SmolLM2's heads of 64 have no kernel form (the written-out path either way): its
@@ -116,7 +131,7 @@ for stage in "${stages[@]}"; do
     moe)
       python3 bench/moe_bench.py mfu --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/moe.txt"
       ;;
-    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, decode, tests, moe, profile, int8, estimate)" >&2
+    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, llama1b, decode, tests, moe, profile, int8, estimate)" >&2
        exit 2 ;;
   esac
 done
