@@ -86,12 +86,13 @@ def test_dpo_loss_and_rewards_equal_the_published_formula(smoothing):
   pairs = _pairs(rng)
   policy, reference = _params(1), _params(2)
   beta = 0.5
-  chosen_rewards, rejected_rewards, losses = [], [], []
+  chosen_rewards, rejected_rewards, losses, magnitudes = [], [], [], []
   for prompt, chosen, rejected in pairs:
     logps = {}
     for name, answer in (("chosen", chosen), ("rejected", rejected)):
       ids, weights = _sequence(prompt, answer)
       logps[name] = (_log_prob(policy, ids, weights), _log_prob(reference, ids, weights))
+    magnitudes.append(sum(abs(x) for pair_logps in logps.values() for x in pair_logps))
     chosen_reward = beta * (logps["chosen"][0] - logps["chosen"][1])
     rejected_reward = beta * (logps["rejected"][0] - logps["rejected"][1])
     margin = chosen_reward - rejected_reward
@@ -111,14 +112,23 @@ def test_dpo_loss_and_rewards_equal_the_published_formula(smoothing):
     sums = jax.jit(lambda p, b, f: steps.eval_step(
         p, b, f, model=MODEL, objective=settings))(policy, batch, reference)
   assert float(metrics["pairs"]) == 3 and float(sums["pairs"]) == 3
-  np.testing.assert_allclose(float(metrics["loss"]), np.mean(losses), rtol=1e-5)
+  # A pair's loss and rewards are beta x differences of four summed log-probabilities (policy
+  # and reference, chosen and rejected), each of |logp| ~ 10-25 here: the model's float32
+  # carries each to a few ulps, which the differences turn into absolute errors of
+  # beta x sum|logp| x ulps. 2^-20 (8 ulps) bounds what the backends do: a TPU's float32
+  # at the highest matmul precision missed the loss by 1.1e-5 (3.5e-7 of beta x sum|logp|;
+  # bench/results/2026-12-07/tpu2/tests/), a CPU by less. A wrong formula misses by > 1e-2.
+  pair_precision = beta * np.mean(magnitudes) * 2.0**-20
+  np.testing.assert_allclose(float(metrics["loss"]), np.mean(losses), rtol=1e-5,
+                             atol=pair_precision)
   np.testing.assert_allclose(float(metrics["reward_chosen"]), np.mean(chosen_rewards),
-                             rtol=1e-5, atol=1e-6)
+                             rtol=1e-5, atol=pair_precision)
   np.testing.assert_allclose(float(metrics["reward_rejected"]), np.mean(rejected_rewards),
-                             rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(float(sums["dpo_loss_sum"]), np.sum(losses), rtol=1e-5)
+                             rtol=1e-5, atol=pair_precision)
+  np.testing.assert_allclose(float(sums["dpo_loss_sum"]), np.sum(losses), rtol=1e-5,
+                             atol=pair_precision * len(pairs))
   np.testing.assert_allclose(float(sums["chosen_reward_sum"]), np.sum(chosen_rewards),
-                             rtol=1e-5, atol=1e-6)
+                             rtol=1e-5, atol=pair_precision * len(pairs))
   expected_accuracy = np.mean(np.asarray(chosen_rewards) > np.asarray(rejected_rewards))
   np.testing.assert_allclose(float(metrics["reward_accuracy"]), expected_accuracy)
   assert 0 < np.mean(losses) and min(abs(m) for m in np.subtract(chosen_rewards,
