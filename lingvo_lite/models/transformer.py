@@ -340,6 +340,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
         quantization=self.quantization, lora=self.lora, dtype=jnp.dtype(self.dtype),
         param_dtype=jnp.dtype(self.param_dtype),
         attention_type=attention_type, attention_options=tuple(sorted(options.items())),
+        cache_layout=self.cache_layout(),
         mlp_type=mlp_type, mlp_options=tuple(sorted(mlp_options.items())))
 
   @nn.compact

@@ -125,7 +125,7 @@ def test_a_decode_step_takes_the_first_form_that_reads_its_cache_layout_and_fits
   # Latent attention's cache takes the table's row that reads it, whatever is named.
   assert (attention_kernels.for_decoding("splash", "latent", step)
           is attention_kernels.KERNELS["latent"].decode)
-  other = DecodeForm(layout="other", attend=lambda step: step.q)
+  other = DecodeForm(layouts=("other",), attend=lambda step: step.q)
   with attention_kernels.registered(_row("other_cache", decode=other)):
     # A layer with a cache of another layout takes the row that reads it, whatever is named.
     assert attention_kernels.for_decoding("splash", "other", step) is other
