@@ -66,6 +66,9 @@ from lingvo_lite.models.family import ArrayShape
 # with their width, a mesh that divides the heads, which the key projection's check ensures,
 # splits whole heads).
 AXES = {HEADS: ("batch", "heads", "length", "kv"), POSITIONS: ("batch", "length", "heads")}
+# And in words (the decode compile report's).
+DIMENSIONS = {HEADS: ("slots", "kv_heads", "entries", "head_dim"),
+              POSITIONS: ("slots", "entries", "kv_heads * head_dim")}
 
 
 class KVCache(NamedTuple):
@@ -101,6 +104,11 @@ def ring_positions(last: jax.Array, entries: int) -> jax.Array:
   where nothing of this request is there yet (a stale entry)."""
   last = last[..., None]
   return last - (last - jnp.arange(entries, dtype=jnp.int32)) % entries
+
+
+def dimensions(layout: str, stacked: bool = False) -> tuple[str, ...]:
+  """The dimensions of an array of `layout` in words, a stack's layers first."""
+  return ("layers",) * stacked + DIMENSIONS[POSITIONS if layout == POSITIONS else HEADS]
 
 
 def layer_shape(layout: str, slots: int, heads: int, entries: int, width: int
