@@ -354,7 +354,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
 
     Args:
       cache: A decode cache (keys, values) of every layer (models/kv_cache.py): tuples of
-        [batch, kv_heads, entries, head_dim] arrays, or stacked arrays with scanned layers.
+        arrays in the model's `cache_layout()` ([batch, kv_heads, entries, head_dim] or
+        [batch, entries, kv_heads * head_dim]), or stacked arrays with scanned layers.
         Each block's attention writes the tokens' keys and values for their `positions`
         (required) and attends to what the row holds up to each token's own position
         (`layers.Attention._cached_attention`, or a family's own); returns `(logits, cache)`.
