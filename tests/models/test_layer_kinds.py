@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
 
 from lingvo_lite.decode import sampling
 from lingvo_lite.decode import steps as decoding
@@ -209,7 +210,8 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
 def _decode_in_layout(model, params, layout, monkeypatch):
   """Two slots' prompts of 3 and 7 (past the window: the prefill wraps the rings), then
   3 x WINDOW greedy and sampled tokens through decode/steps.py with the cache forced into
-  `layout`: (the first cache array's keys' shape, tokens, log-probabilities)."""
+  `layout`: ((the first cache array's keys' shape, its logical axes), tokens,
+  log-probabilities)."""
   monkeypatch.setattr(type(model), "cache_layout", lambda self: layout)
   slots, cache_length, new = 2, 32, 3 * WINDOW
   lengths = np.array([3, 7], np.int32)
@@ -222,7 +224,8 @@ def _decode_in_layout(model, params, layout, monkeypatch):
   step = jax.jit(functools.partial(decoding.step, model=model))
   for _ in range(new):
     state, _ = step(params, state)
-  return state.cache.keys[0].shape, np.asarray(state.tokens), np.asarray(state.logprobs)
+  return ((state.cache.keys[0].shape, model.cache_logical_specs().keys[0]),
+          np.asarray(state.tokens), np.asarray(state.logprobs))
 
 
 def test_either_cache_layout_decodes_the_same_tokens_and_log_probs(monkeypatch):
@@ -230,16 +233,18 @@ def test_either_cache_layout_decodes_the_same_tokens_and_log_probs(monkeypatch):
   one): the same tokens, greedy and sampled, and the same log-probabilities, through rings
   of sliding layers and a full layer, stacked (a scanned group) and unstacked (the two
   layers left over)."""
-  scan_layers = True
-  model = _model("sandwich", scan_layers=scan_layers)
+  model = _model("sandwich", scan_layers=True)
   params = model.to_own_layout(_params(_model("sandwich")))
-  heads_shape, heads_tokens, heads_logprobs = _decode_in_layout(model, params, "heads",
-                                                                monkeypatch)
-  shape, tokens, logprobs = _decode_in_layout(model, params, "positions", monkeypatch)
-  # Layer 0's (sliding) keys; scanned, stacked over the pattern's one group.
-  stack, kv, width = (1,) * scan_layers, SIZES["num_kv_heads"], SIZES["head_dim"]
-  assert heads_shape == (*stack, 2, kv, WINDOW, width)
-  assert shape == (*stack, 2, WINDOW, kv * width)
+  by_head, heads_tokens, heads_logprobs = _decode_in_layout(model, params, "heads",
+                                                            monkeypatch)
+  by_position, tokens, logprobs = _decode_in_layout(model, params, "positions", monkeypatch)
+  # Layer 0's (sliding) keys, stacked over the pattern's one group; sharded alike: slots over
+  # the data axes, heads (with their width) over `tensor`.
+  kv, width = SIZES["num_kv_heads"], SIZES["head_dim"]
+  assert by_head == ((1, 2, kv, WINDOW, width),
+                     PartitionSpec("layers", "batch", "heads", "length", "kv"))
+  assert by_position == ((1, 2, WINDOW, kv * width),
+                         PartitionSpec("layers", "batch", "length", "heads"))
   np.testing.assert_array_equal(tokens, heads_tokens)
   np.testing.assert_allclose(logprobs, heads_logprobs, rtol=1e-5, atol=1e-5)
 
