@@ -131,4 +131,10 @@ def test_tpu_v5e8_decode_compile(tmp_path):
   assert report["target"]["platform"] == "tpu" and report["verdict"] == "FITS"
   assert report["mesh"] == {"stage": 1, "data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
   assert report["kv_cache"]["bytes_per_device"] == _cache_bytes(8, 64) // 8
+  # On a TPU a float32 cache is decoded written out, so it is by position (unpadded tiles:
+  # models/kv_cache.py): [slots, entries, 4 kv heads x 16], a slot per device.
+  cache = report["kv_cache"]
+  assert (cache["layout"], cache["shape"], cache["shard_shape"]) == (
+      "positions", [8, 64, 64], [1, 64, 64])
+  assert cache["dimensions"] == ["slots", "entries", "kv_heads * head_dim"]
   assert all(f["peak"] for f in report["functions"].values())
