@@ -106,9 +106,19 @@ def ring_positions(last: jax.Array, entries: int) -> jax.Array:
   return last - (last - jnp.arange(entries, dtype=jnp.int32)) % entries
 
 
+def _stored_as(layout: str) -> str:
+  """The order a layout's arrays are in ("heads" for a family's own layout)."""
+  return POSITIONS if layout == POSITIONS else HEADS
+
+
+def axes(layout: str) -> tuple[str, ...]:
+  """The logical axes of one layer's keys (or values) in `layout`."""
+  return AXES[_stored_as(layout)]
+
+
 def dimensions(layout: str, stacked: bool = False) -> tuple[str, ...]:
   """The dimensions of an array of `layout` in words, a stack's layers first."""
-  return ("layers",) * stacked + DIMENSIONS[POSITIONS if layout == POSITIONS else HEADS]
+  return ("layers",) * stacked + DIMENSIONS[_stored_as(layout)]
 
 
 def layer_shape(layout: str, slots: int, heads: int, entries: int, width: int

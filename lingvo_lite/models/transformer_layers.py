@@ -343,7 +343,7 @@ class TransformerLayers:
   @nn.nowrap
   def cache_axes(self) -> tuple[str | None, ...]:
     """The logical axes of each layer's keys and values."""
-    return kv_cache.AXES[self.cache_layout()]
+    return kv_cache.axes(self.cache_layout())
 
   @nn.nowrap
   def empty_cache(self, slots: int, cache_length: int) -> kv_cache.KVCache:

@@ -23,6 +23,12 @@ target or the model is beyond is refused by `Setup.validate()` in one line (`ref
 call a row has no form for (a mask, a length; a decode step it does not fit) goes to the row
 it names (`for_training`, `for_decoding`), so the attention layer never asks for a name.
 
+A model's decode cache is made in the layout its kernel's decode forms keep (`cache_layout`,
+asked once by the model's `cache_layout()`): "heads" where the paged kernel decodes it (it
+reads pages of one head) and on CPUs, "positions" where the written-out form does elsewhere
+(models/kv_cache.py says why); the written-out form reads both, so a step the paged kernel
+does not fit still decodes.
+
 Adding a kernel: a module with its row, and its name in `_ROWS` (or `register(row)` from
 one's own module, as the tests do).
 """
