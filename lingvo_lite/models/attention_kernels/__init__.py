@@ -43,8 +43,9 @@ from lingvo_lite.models.attention_kernels.row import (HEADS, MASKS, POSITIONS, C
                                                       DecodeForm, DecodeStep, Kernel)
 
 __all__ = ["HEADS", "KERNELS", "MASKS", "POSITIONS", "AttentionImplementation", "Call",
-           "Choice", "DecodeForm", "DecodeStep", "Kernel", "cache_layout", "choose", "for_decoding", "for_training",
-           "refusal", "register", "registered", "resolve_implementation"]
+           "Choice", "DecodeForm", "DecodeStep", "Kernel", "cache_layout", "choose",
+           "for_decoding", "for_training", "refusal", "register", "registered",
+           "resolve_implementation"]
 
 # In "auto"'s order of preference: a target's kernel before the written-out one.
 _ROWS = (splash.ROW, fused.CUDNN, fused.XLA, einsum.ROW, paged.ROW, latent.ROW)
