@@ -153,3 +153,7 @@ def test_the_cache_layout_is_the_first_decode_form_that_keeps_one_for_the_model(
     assert attention_kernels.cache_layout("own_cache", Call("cpu")) == "other"
     # Where the row does not run, its fallback's form says.
     assert attention_kernels.cache_layout("own_cache", Call(**tpu)) == "positions"
+  # A chain without a decode form keeps the heads order (a model trains with it; its decode
+  # step is refused where it is taken).
+  with attention_kernels.registered(_row("no_decode", decode_fallback=None)):
+    assert attention_kernels.cache_layout("no_decode", Call("cpu")) == "heads"

@@ -139,11 +139,17 @@ def cache_layout(name: str, call: Call) -> str:
   """The layout a model's decode cache is made in (models/kv_cache.py): the layout of the first
   decode form, along `name`'s decode fallbacks, that runs on `call`'s target and keeps one for
   the model there (`DecodeForm.cache_layout`): by head where the TPU's paged kernel (which
-  reads pages of one head) decodes it, else the written-out form's choice."""
+  reads pages of one head) decodes it, else the written-out form's choice. Where no form
+  along the chain keeps one (a registered row's chain without a decode form), by head: every
+  model asks when its layers are built, training too, and such a decode step is refused
+  where it is taken (`for_decoding`)."""
   keeps = lambda row: (None if row.decode is None or not row.runs_on(call.platform)
                        else row.decode.cache_layout(call))
-  return keeps(_follow(KERNELS[name], lambda row: row.decode_fallback,
-                       lambda row: keeps(row) is not None))
+  try:
+    return keeps(_follow(KERNELS[name], lambda row: row.decode_fallback,
+                         lambda row: keeps(row) is not None))
+  except ValueError:
+    return HEADS
 
 
 def _alternatives(call: Call, refused: str) -> list[str]:
