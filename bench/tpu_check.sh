@@ -22,8 +22,9 @@
 #         step; then a SmolLM2-135M fine-tune step.
 # llama1b: Llama1B as registered on one chip (bfloat16 moments, offloaded or not).
 # decode: bench/tpu_decode.py: SmolLM2-135M's shape at batch 1, 8 and 64, unrolled and
-#         scanned layers; a shape with heads of 128 with and without the decode kernel;
-#         against the copy bandwidth measured in the same run.
+#         scanned layers; a shape with heads of 128 with and without the decode kernel; each
+#         with the model's cache layout and by head; against the copy bandwidth measured in
+#         the same run.
 # moe:    bench/moe_bench.py mfu: a small mixture-of-experts train step's MFU (active FLOPs),
 #         dropless and capacity, beside a dense model of the same active size: $OUT/moe_mfu.json.
 # profile: bench/tpu_profile.py: traces of batch-64 decode (both shapes) and the best
@@ -94,11 +95,14 @@ for stage in "${stages[@]}"; do
       ;;
     decode)
       # SmolLM2's heads of 64 have no kernel form (the written-out path either way): its
-      # layouts; then heads of 128, the written-out path beside the decode kernel.
-      python3 bench/tpu_decode.py --shapes smollm2 --attention auto --json "$out/decode.jsonl" \
-          2>&1 | grep -v "^[WI]0" | tee "$out/decode.txt"
+      # layouts; then heads of 128, the written-out path beside the decode kernel. Each with
+      # the cache as the model keeps it ("auto": by position where the kernel does not read
+      # it) beside the cache by head (models/kv_cache.py), in the same run.
+      python3 bench/tpu_decode.py --shapes smollm2 --attention auto --cache_layouts auto,heads \
+          --json "$out/decode.jsonl" 2>&1 | grep -v "^[WI]0" | tee "$out/decode.txt"
       python3 bench/tpu_decode.py --shapes head128 --layouts scanned --attention einsum,auto \
-          --json "$out/decode.jsonl" 2>&1 | grep -v "^[WI]0" | tee -a "$out/decode.txt"
+          --cache_layouts auto,heads --json "$out/decode.jsonl" 2>&1 | grep -v "^[WI]0" \
+          | tee -a "$out/decode.txt"
       ;;
     tests)
       # The on-device tests in parts, each a pytest process with a JUnit file under $out and

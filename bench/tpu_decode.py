@@ -2,7 +2,7 @@
 
   python bench/tpu_decode.py [--batches 1,8,64] [--layouts unrolled,scanned]
       [--attention einsum,auto] [--shapes smollm2,head128] [--prompt_length 128] [--new_tokens 128]
-      [--xla project,none] [--json FILE]
+      [--xla project,none] [--cache_layouts auto,heads,positions] [--json FILE] [--aot v5e-1]
 
 Layouts: "unrolled" (model.scan_layers=False) and "scanned" (model.scan_layers=True, which a
 decode on an accelerator unrolls: `LanguageModel.for_decoding`). Attention: each
@@ -23,13 +23,19 @@ of time (its compile time is a row of its own), warms it up, then times one call
 bandwidth the step reaches: (parameter bytes as stored + the filled key/value entries, the
 mean over the timed steps) / step time, beside the device's copy bandwidth measured here
 (the best of 10 copies of a 1 GiB array: read once, written once) and the datasheet's.
+
+With `--aot TOPOLOGY` it needs no chip: each row's generate loop is compiled for the topology
+on this host, and it prints the step estimate of the optimized HLO (its HBM bytes and time
+by part) and the layouts XLA keeps one layer's cache in there (`aot`).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import sys
 import time
 
@@ -39,10 +45,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lingvo_lite import executor
+from lingvo_lite import chips, executor
+from lingvo_lite import target as targets
 from lingvo_lite.decode import steps as decoding
 from lingvo_lite.decode import jitted as decode_jitted
 from lingvo_lite.decode.jitted import DecodeSteps
+from lingvo_lite.models import transformer
+from lingvo_lite.programs.compile import step_estimate
+from lingvo_lite.weights import job_params
 # pylint: enable=wrong-import-position
 
 # SmolLM2-135M (experiments/lm/smollm2.py reads it from its GGUF file; its shape, written out).
@@ -80,6 +90,13 @@ def _args() -> argparse.Namespace:
   parser.add_argument("--new_tokens", type=int, default=112)
   parser.add_argument("--set", action="append", default=[])
   parser.add_argument("--json")
+  parser.add_argument("--cache_layouts", default="auto",
+                      help="auto (the model's own), heads, positions: the decode cache's "
+                           "layout, forced (`force_cache_layout`), comma-separated")
+  parser.add_argument("--aot", metavar="TOPOLOGY",
+                      help="no chip: compile the generate loop for TOPOLOGY (v5e-1) here and "
+                           "print the step estimate of its optimized HLO and the layouts of "
+                           "the cache in it (`aot`)")
   return parser.parse_args()
 
 
@@ -115,18 +132,44 @@ def prefilled(steps: DecodeSteps, params, batch: int, prompt_length: int, cache_
 LAYOUTS = {"unrolled": False, "scanned": True}
 
 
-def measure(shape: str, batch: int, layout: str, attention: str, prompt_length: int,
-            new_tokens: int, sets: list[str]) -> dict:
-  warm = 8
+# Greedy steps run before the timed call.
+WARM = 8
+
+
+def _setup(shape: str, batch: int, layout: str, attention: str, prompt_length: int,
+           new_tokens: int, sets: list[str]):
+  """The experiment of one row, and its cache length."""
   # A TPU stores the cache with positions in its 128-wide lanes: a length of a multiple of
   # 128 is not padded.
-  cache_length = -(-(prompt_length + warm + new_tokens + 8) // 128) * 128
-  scanned = LAYOUTS[layout]
+  cache_length = -(-(prompt_length + WARM + new_tokens + 8) // 128) * 128
   setup = executor.build_experiment("Llama1B", [
-      *SHAPES[shape], f"model.scan_layers={scanned}", f"decode.slots={batch}",
+      *SHAPES[shape], f"model.scan_layers={LAYOUTS[layout]}", f"decode.slots={batch}",
       f"decode.cache_length={cache_length}", f"decode.prefill_buckets=({prompt_length},)",
       "decode.stop_at_eos=False", f"decode.max_new_tokens={new_tokens}",
       f"model.attention_implementation='{attention}'", *sets])
+  return setup, cache_length
+
+
+def force_cache_layout(layout: str) -> None:
+  """Every TransformerLM's decode cache in `layout` ("heads", "positions"), whatever its
+  kernel's decode forms keep (models/kv_cache.py), so one run compares both; "auto" leaves
+  the choice to them. A measurement's knob, not the project's: a step the paged kernel would
+  take over "heads" is written out over "positions"."""
+  if layout == "auto":
+    transformer.TransformerLM.cache_layout = _CHOSEN_LAYOUT
+  else:
+    transformer.TransformerLM.cache_layout = lambda self: layout
+
+
+_CHOSEN_LAYOUT = transformer.TransformerLM.cache_layout
+
+
+def measure(shape: str, batch: int, layout: str, attention: str, prompt_length: int,
+            new_tokens: int, sets: list[str]) -> dict:
+  warm = WARM
+  setup, cache_length = _setup(shape, batch, layout, attention, prompt_length, new_tokens,
+                               sets)
+  scanned = LAYOUTS[layout]
   model = setup.model
   steps = DecodeSteps(setup)
   params = steps.decode_form(jax.jit(model.init)(jax.random.key(0),
@@ -152,34 +195,92 @@ def measure(shape: str, batch: int, layout: str, attention: str, prompt_length: 
   mean_filled = prompt_length + warm + (new_tokens - 1) / 2
   kv_bytes = batch * mean_filled * entry_bytes
   return {"batch": batch, "scan_layers": scanned, "compile_s": compile_s,
+          "cache_layout_used": steps.model.cache_layout(),
           "step_ms": step_s * 1e3, "tokens_per_s": batch / step_s,
           "param_bytes": param_bytes, "kv_bytes": kv_bytes,
           "bandwidth_gbs": (param_bytes + kv_bytes) / step_s / 1e9,
           "cache_read_bytes": batch * cache_length * entry_bytes}
 
 
+def aot(shape: str, batch: int, layout: str, attention: str, prompt_length: int,
+        new_tokens: int, sets: list[str], topology: str) -> dict:
+  """The generate loop compiled for `topology` from this host, no chip: the project's step
+  estimate of its optimized HLO (programs/compile/step_estimate.py: the loop's body counted
+  once, as its trip count is not known when it is compiled, so about one step and the
+  loop's entry; not calibrated against the chip for this loop, so compare rows, not
+  seconds) and the layouts XLA gives one layer's cache array there (a tile's padding shows
+  in them: `T(4,128)` over 3 heads of 64 moves 2.67x the bytes)."""
+  setup, cache_length = _setup(shape, batch, layout, attention, prompt_length, new_tokens,
+                               sets)
+  target = targets.compile_target(topology)
+  with targets.active(target):
+    steps = DecodeSteps(setup, job_params.mesh_of(setup, target.devices))
+    started = time.perf_counter()
+    hlo = steps.lower_generate().compile().as_text()
+    compile_s = time.perf_counter() - started
+    model = steps.model
+    array = model.cache_shapes(batch, cache_length)[0]
+    dtype = {"bfloat16": "bf16", "float32": "f32"}[jnp.dtype(array.dtype).name]
+    layout_of_cache = getattr(model, "cache_layout", lambda: None)()
+  text = f"{dtype}[{','.join(map(str, array.shape))}]"
+  layouts = collections.Counter(re.findall(re.escape(text) + r"(\{[^}]*\})", hlo))
+  estimate = step_estimate.estimate(hlo, chips.chip_of(target.device_kind), target.devices)
+  return {"batch": batch, "topology": topology, "compile_s": compile_s,
+          "cache_layout": layout_of_cache, "cache_array": text,
+          "hlo_layouts": dict(layouts.most_common()), "hbm_bytes": estimate.hbm_bytes,
+          "estimate_ms": {part: seconds * 1e3 for part, seconds in estimate.seconds.items()
+                          if seconds}}
+
+
+def _aot_main(args: argparse.Namespace, runs: list[tuple]) -> list[dict]:
+  rows = []
+  for shape, layout, attention, xla, cache, batch in runs:
+    force_cache_layout(cache)
+    row = aot(shape, batch, layout, attention, args.prompt_length, args.new_tokens, args.set,
+              args.aot)
+    row.update(shape=shape, layout=layout, attention=attention, xla=xla, forced=cache)
+    rows.append(row)
+    top = ", ".join(f"{name} x{count}" for name, count in
+                    list(row["hlo_layouts"].items())[:3])
+    print(f"{shape} {layout:<9} {attention:<7} batch {batch:>3} on {args.aot} (compiled here in "
+          f"{row['compile_s']:.0f} s): cache {row['cache_layout']!r} {row['cache_array']}, its "
+          f"layouts in the HLO {top}; estimate of the loop: hbm_bytes {row['hbm_bytes']:.3e}, "
+          + ", ".join(f"{part} {ms:.2f} ms" for part, ms in row["estimate_ms"].items()),
+          flush=True)
+  return rows
+
+
 def main() -> None:
   args = _args()
+  runs = [(shape, layout, attention, xla, cache, batch) for shape in args.shapes.split(",")
+          for layout in args.layouts.split(",") for attention in args.attention.split(",")
+          for xla in args.xla.split(",") for cache in args.cache_layouts.split(",")
+          for batch in (int(b) for b in args.batches.split(","))]
+  if args.aot:
+    rows = _aot_main(args, runs)
+    if args.json:
+      with open(args.json, "a", encoding="utf-8") as f:
+        f.writelines(json.dumps(dict(row, jax=jax.__version__)) + "\n" for row in rows)
+    return
   device = jax.devices()[0]
   copy = copy_bandwidth() / 1e9
   datasheet = DATASHEET_BANDWIDTH.get(device.device_kind)
   print(f"jax {jax.__version__}, {device.device_kind}; copy bandwidth measured here "
         f"{copy:.0f} GB/s; datasheet {datasheet or '?'} GB/s", flush=True)
   rows = []
-  runs = [(shape, layout, attention, xla, batch) for shape in args.shapes.split(",")
-          for layout in args.layouts.split(",") for attention in args.attention.split(",")
-          for xla in args.xla.split(",") for batch in (int(b) for b in args.batches.split(","))]
   project_options = dict(decode_jitted.COMPILER_OPTIONS)
-  for shape, layout, attention, xla, batch in runs:
+  for shape, layout, attention, xla, cache, batch in runs:
+    force_cache_layout(cache)
     decode_jitted.COMPILER_OPTIONS.clear()
     if xla == "project":
       decode_jitted.COMPILER_OPTIONS.update(project_options)
     row = measure(shape, batch, layout, attention, args.prompt_length, args.new_tokens,
                   args.set)
-    row.update(shape=shape, layout=layout, attention=attention, xla=xla,
+    row.update(shape=shape, layout=layout, attention=attention, xla=xla, cache_layout=cache,
                of_copy=row["bandwidth_gbs"] / copy)
     rows.append(row)
-    print(f"{shape} {layout:<9} {attention:<7} xla {xla:<7} batch {batch:>3}: step "
+    print(f"{shape} {layout:<9} {attention:<7} xla {xla:<7} cache {cache:<9} batch "
+          f"{batch:>3}: step "
           f"{row['step_ms']:.3f} "
           f"ms, {row['tokens_per_s']:,.0f} tokens/s, {row['bandwidth_gbs']:.0f} GB/s = "
           f"{row['of_copy']:.0%} of the measured copy bandwidth (parameters "

@@ -20,7 +20,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from lingvo_lite.decode import jitted as decode_steps, steps as decoding
-from lingvo_lite.models import decode_attention
+from lingvo_lite.models import decode_attention, transformer
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.testing import run_cli, synthetic_tiny_setup
@@ -124,6 +124,17 @@ def _decode_logits(mesh_shape, extra_sets=(), experiment="PyCodeLlamaTiny"):
                  if hasattr(query, "qvalue") else [str(query.sharding.spec)])
   return {"logits": logits, "tokens": np.asarray(state.tokens).tolist(),
           "cache_spec": cache_spec, "query_specs": query_specs}
+
+
+def _decode_by_position(mesh_shape):
+  """`_decode_logits` with the cache forced "by position" (models/kv_cache.py: what a TPU
+  keeps where the paged kernel does not decode; a CPU keeps it by head)."""
+  chosen = transformer.TransformerLM.cache_layout
+  transformer.TransformerLM.cache_layout = lambda self: "positions"
+  try:
+    return _decode_logits(mesh_shape)
+  finally:
+    transformer.TransformerLM.cache_layout = chosen
 
 
 def _decode_kernel_on_a_mesh():
@@ -278,6 +289,7 @@ def main():
                    for name, shape in (("single", None), ("data2_fsdp2_tensor2", (2, 2, 2)))}
       for experiment in DENSE_FAMILIES}
   result["decode"] = {name: _decode_logits(shape) for name, shape in DECODE_MESHES.items()}
+  result["decode"]["data4_tensor2_positions"] = _decode_by_position(DECODE_MESHES["data4_tensor2"])
   result["decode_kernel"] = _decode_kernel_on_a_mesh()
   result["decode_int8_weights"] = {name: _decode_logits(shape, INT8_WEIGHTS)
                                    for name, shape in INT8_WEIGHTS_MESHES.items()}

@@ -229,7 +229,7 @@ def _chunked_decode(step):
 _ROW = attention_kernels.Kernel(
     name=_KERNEL, description="a test's chunked-query attention", platforms=("cpu",),
     masks=frozenset({"segments", "window"}), attend=_chunked_attend,
-    decode=attention_kernels.DecodeForm(layout="heads", attend=_chunked_decode))
+    decode=attention_kernels.DecodeForm(layouts=("heads",), attend=_chunked_decode))
 
 _TRAIN = ["--exp=PyCodeLlamaTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
           "--fdl.train.steps=2", "--fdl.train.log_every_steps=1",

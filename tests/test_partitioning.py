@@ -190,6 +190,11 @@ def test_sharded_decode_gives_the_logits_of_one_device(worker):
   # A layer's [slots, kv_heads, length, head_dim]: slots over data, heads over tensor.
   assert sharded["cache_spec"] == str(PartitionSpec("data", "tensor"))
   _assert_same_logits_while_tokens_agree(single, sharded)
+  # The cache by position (forced; a TPU's where the paged kernel does not decode): [slots,
+  # length, kv_heads * head_dim], the merged heads over tensor, whole heads on each device.
+  by_position = worker["decode"]["data4_tensor2_positions"]
+  assert by_position["cache_spec"] == str(PartitionSpec("data", None, "tensor"))
+  _assert_same_logits_while_tokens_agree(single, by_position)
 
 
 def test_the_decode_kernel_placed_per_shard_equals_one_device(worker):

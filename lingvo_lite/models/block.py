@@ -75,6 +75,7 @@ class Block(nn.Module):
   lora: LoraSettings | None = None
   attention_type: type[layers.Attention] = layers.Attention
   attention_options: tuple[tuple[str, Any], ...] = ()
+  cache_layout: str = attention_kernels.HEADS  # The decode cache's (models/kv_cache.py).
   mlp_type: Any = None
   mlp_options: tuple[tuple[str, Any], ...] = ()
   scan_carry: bool = False
@@ -105,7 +106,7 @@ class Block(nn.Module):
         qk_norm=self.qk_norm, norm_kind=self.norm_kind, norm_eps=self.norm_eps,
         implementation=self.attention_implementation, quantization=self.quantization,
         lora=self.lora, dtype=self.dtype, param_dtype=self.param_dtype, name="attention",
-        **dict(self.attention_options))
+        cache_layout=self.cache_layout, **dict(self.attention_options))
     if self.mlp_type is None:
       mlp = layers.Mlp(mlp_dim=self.mlp_dim, activation=self.mlp_activation,
                        use_bias=self.mlp_bias, quantization=self.quantization, lora=self.lora,

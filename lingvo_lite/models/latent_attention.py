@@ -43,7 +43,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import attention_kernels, lora as adapters, rotary
+from lingvo_lite.models import attention_kernels, kv_cache, lora as adapters, rotary
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.attention_kernels.latent import LAYOUT
 from lingvo_lite.models.layers import Attention, Context, Dense, Norm, constrain
@@ -77,7 +77,8 @@ class LatentAttention(Attention):
   v_head_dim: int = 128
   attention_scale: float = 1.0
 
-  cache_layout = LAYOUT
+  # Its own cache (the model's `cache_layout()` says the same), stored as "heads" of one.
+  cache_layout: str = LAYOUT
 
   def scale(self) -> float:
     return self.attention_scale
@@ -147,19 +148,16 @@ class LatentAttention(Attention):
     multi-query attention over the latents (the module doc): [b, t, heads, v_head_dim]."""
     kv_b = self._kv_b_kernel()
     w_uk, w_uv = kv_b[..., :self.nope_dim], kv_b[..., self.nope_dim:]
-    batch = q_nope.shape[0]
-    entries = context.keys.shape[-2]
-    rows = jnp.arange(batch)[:, None]
-    where = (rows, slice(None), self._cache_entry(positions, entries))
-    if context.layer is not None:
-      where = (context.layer, *where)
-    latents = context.keys.at[where].set(latent.astype(context.keys.dtype))
-    rope_keys = context.values.at[where].set(rope_key.astype(context.values.dtype))
+    entry = self._cache_entry(positions, context.keys.shape[-2])
+    latents, rope_keys = (
+        kv_cache.write_tokens(cached, new, entry, self.cache_layout, context.layer)
+        for cached, new in ((context.keys, latent), (context.values, rope_key)))
     layer_cache = (latents, rope_keys) if context.layer is None else (
         latents[context.layer], rope_keys[context.layer])
     q_latent = jnp.einsum("bthn,chn->bthc", q_nope, w_uk)
     q = jnp.concatenate([q_latent, q_rope], axis=-1) * jnp.asarray(self.scale(), self.dtype)
-    step = attention_kernels.DecodeStep(self, q, layer_cache, positions, None)
+    step = attention_kernels.DecodeStep(self, q, layer_cache, positions, None,
+                                        self.cache_layout)
     out = attention_kernels.for_decoding(self.implementation, self.cache_layout, step).attend(
         step)
     out = jnp.einsum("bthc,chv->bthv", out, w_uv)

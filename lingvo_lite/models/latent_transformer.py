@@ -20,6 +20,7 @@ import flax.linen as nn
 from lingvo_lite.errors import config_error
 from lingvo_lite.fields import NonNegativeFloat, PositiveFloat, PositiveInt
 from lingvo_lite.models import layers
+from lingvo_lite.models.attention_kernels.latent import LAYOUT
 from lingvo_lite.models.latent_attention import LatentAttention, yarn_mscale
 from lingvo_lite.models.transformer import TransformerLM
 
@@ -142,6 +143,12 @@ class LatentTransformerLM(TransformerLM):
   def cache_widths(self) -> tuple[int, int, int]:
     """One "head" of the latent (the keys' arrays) and the rotary key (the values')."""
     return 1, self.kv_lora_rank, self.qk_rope_head_dim
+
+  @nn.nowrap
+  def cache_layout(self) -> str:
+    """Its own ("latent": one latent and rotary key per entry, decoded by the `latent` row
+    whatever the kernel), stored as one "head"."""
+    return LAYOUT
 
   @nn.nowrap
   def cache_axes(self) -> tuple[str | None, ...]:

@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import attention_kernels, lora as adapters, rotary
+from lingvo_lite.models import attention_kernels, kv_cache, lora as adapters, rotary
 from lingvo_lite.models import quantization as quantizing
 # The written-out attention's mask and softmax and "auto"'s choice, where callers of the layers
 # have reached them.
@@ -52,10 +52,10 @@ class Context(NamedTuple):
   """The decode cache as one layer's attention sees it (lingvo_lite/models/kv_cache.py).
 
   Attributes:
-    keys, values: This layer's cached keys and values, [batch, kv_heads, entries, head_dim]
-      (rotated keys; heads before positions: the layout the attention's matmuls read without
-      a transpose, 3x faster per decode step on CPU than positions first); or, with `layer`,
-      every layer's, stacked on a leading axis. Which position an entry holds is the
+    keys, values: This layer's cached keys and values (rotated keys) in the layer's
+      `cache_layout` (models/kv_cache.py): [batch, kv_heads, entries, head_dim] or [batch,
+      entries, kv_heads * head_dim]; or, with `layer`, every layer's, stacked on a leading
+      axis. Which position an entry holds is the
       attention's choice: `Attention._cached_attention` keeps position p at entry p (a
       family's subclass may keep a ring of the last few).
     layer: None, or this layer's index in the stacked arrays (a traced scalar inside a scan
@@ -157,8 +157,9 @@ class Attention(nn.Module):
   `_cache_prefix` (the same as a count of leading entries, for the TPU's decode kernel). With
   a `window` the decode cache is a ring of the last entries (position p at entry p % entries,
   models/kv_cache.py); a family whose attention differs otherwise overrides the hooks rather
-  than a kernel. `cache_layout` names what its cache holds ("heads": the keys and values of
-  every key/value head): a decode step takes a kernel's form that reads that layout.
+  than a kernel. `cache_layout` names how its cache holds the keys and values of every
+  key/value head ("heads" or "positions": the model's `cache_layout()`, decided by its
+  kernel's decode forms): a decode step takes a kernel's form that reads that layout.
 
   Attributes:
     window: Positions each query sees, its own included (a sliding window); None: every
@@ -189,9 +190,9 @@ class Attention(nn.Module):
   lora: adapters.LoraSettings | None = None  # The projections' adapters (models/lora.py).
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
-
-  # The decode cache's layout its kernels' decode forms read (models/attention_kernels/row.py).
-  cache_layout = "heads"
+  # The decode cache's layout (models/kv_cache.py), which the model decides
+  # (`cache_layout()`); its kernels' decode forms say which they read.
+  cache_layout: str = attention_kernels.HEADS
 
   @classmethod
   def has_sinks(cls) -> bool:
@@ -293,19 +294,15 @@ class Attention(nn.Module):
     """
     batch, length = q.shape[:2]
     group = self.num_heads // self.num_kv_heads
-    entries = context.keys.shape[-2]
-    rows = jnp.arange(batch)[:, None]
-    # [rows, :, entry] indexes a [batch, t, kv_heads, head_dim] block, k's shape.
-    where = (rows, slice(None), self._cache_entry(positions, entries))
-    if context.layer is not None:
-      where = (context.layer, *where)
-    keys = context.keys.at[where].set(k.astype(context.keys.dtype))
-    values = context.values.at[where].set(v.astype(context.values.dtype))
+    entry = self._cache_entry(positions, context.keys.shape[-2])
+    keys, values = (kv_cache.write_tokens(cached, new, entry, self.cache_layout, context.layer)
+                    for cached, new in ((context.keys, k), (context.values, v)))
     layer_cache = (keys, values) if context.layer is None else (
         keys[context.layer], values[context.layer])
     q = q * jnp.asarray(self.scale(), self.dtype)
     q = q.reshape(batch, length, self.num_kv_heads, group, self.head_dim)
-    step = attention_kernels.DecodeStep(self, q, layer_cache, positions, sinks)
+    step = attention_kernels.DecodeStep(self, q, layer_cache, positions, sinks,
+                                        self.cache_layout)
     out = attention_kernels.for_decoding(self.implementation, self.cache_layout, step).attend(
         step)
     return out, context._replace(keys=keys, values=values)

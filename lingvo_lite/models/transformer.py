@@ -340,6 +340,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
         quantization=self.quantization, lora=self.lora, dtype=jnp.dtype(self.dtype),
         param_dtype=jnp.dtype(self.param_dtype),
         attention_type=attention_type, attention_options=tuple(sorted(options.items())),
+        cache_layout=self.cache_layout(),
         mlp_type=mlp_type, mlp_options=tuple(sorted(mlp_options.items())))
 
   @nn.compact
@@ -353,7 +354,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
 
     Args:
       cache: A decode cache (keys, values) of every layer (models/kv_cache.py): tuples of
-        [batch, kv_heads, entries, head_dim] arrays, or stacked arrays with scanned layers.
+        arrays in the model's `cache_layout()` ([batch, kv_heads, entries, head_dim] or
+        [batch, entries, kv_heads * head_dim]), or stacked arrays with scanned layers.
         Each block's attention writes the tokens' keys and values for their `positions`
         (required) and attends to what the row holds up to each token's own position
         (`layers.Attention._cached_attention`, or a family's own); returns `(logits, cache)`.

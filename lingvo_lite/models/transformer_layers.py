@@ -37,7 +37,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import kv_cache, layer_layout, pipeline, remat
+from lingvo_lite.models import attention_kernels, kv_cache, layer_layout, pipeline, remat
 from lingvo_lite.models.block import Block, BlockGroup
 from lingvo_lite.models.family import ArrayShape
 from lingvo_lite.models.lora import COLLECTION as LORA_COLLECTION
@@ -333,9 +333,17 @@ class TransformerLayers:
     return self.resolved_num_kv_heads, self.resolved_head_dim, self.resolved_head_dim
 
   @nn.nowrap
+  def cache_layout(self) -> str:
+    """How each layer's keys and values are laid out (models/kv_cache.py): decided by the
+    decode forms of its kernel on the active target (`attention_kernels.cache_layout`): by
+    head where the TPU's paged kernel decodes them, by position elsewhere."""
+    return attention_kernels.cache_layout(self.resolved_attention_implementation(),
+                                          self.attention_call())
+
+  @nn.nowrap
   def cache_axes(self) -> tuple[str | None, ...]:
     """The logical axes of each layer's keys and values."""
-    return kv_cache.AXES
+    return kv_cache.axes(self.cache_layout())
 
   @nn.nowrap
   def empty_cache(self, slots: int, cache_length: int) -> kv_cache.KVCache:
@@ -359,7 +367,8 @@ class TransformerLayers:
                                 return_kv=True)
     # Which layers each array holds and whether it is a ring: the same at any length.
     arrays = self.cache_arrays(1)
-    return logits, kv_cache.write_prefix(cache, new_kv, arrays, lengths, insert)
+    return logits, kv_cache.write_prefix(cache, new_kv, arrays, lengths, insert,
+                                         self.cache_layout())
 
   @nn.nowrap
   def extend(self, params: Any, tokens: jax.Array, positions: jax.Array,

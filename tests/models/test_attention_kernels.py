@@ -125,9 +125,35 @@ def test_a_decode_step_takes_the_first_form_that_reads_its_cache_layout_and_fits
   # Latent attention's cache takes the table's row that reads it, whatever is named.
   assert (attention_kernels.for_decoding("splash", "latent", step)
           is attention_kernels.KERNELS["latent"].decode)
-  other = DecodeForm(layout="other", attend=lambda step: step.q)
+  other = DecodeForm(layouts=("other",), attend=lambda step: step.q)
   with attention_kernels.registered(_row("other_cache", decode=other)):
     # A layer with a cache of another layout takes the row that reads it, whatever is named.
     assert attention_kernels.for_decoding("splash", "other", step) is other
   with pytest.raises(ValueError, match="end in no kernel"):
     attention_kernels.for_decoding("splash", "other", step)
+
+
+def test_the_cache_layout_is_the_first_decode_form_that_keeps_one_for_the_model():
+  """By head exactly where the paged kernel decodes the model (bfloat16, heads of a multiple
+  of 128, on a TPU or interpreted on a CPU), and on CPUs; by position elsewhere; a registered
+  form that reads one layout keeps it."""
+  tpu = dict(platform="tpu", device_kind="TPU v5 lite")
+  cases = [("splash", Call(**tpu, dtype="bfloat16", head_dim=128), "heads"),
+           ("paged", Call(**tpu, dtype="bfloat16", head_dim=256), "heads"),
+           ("splash", Call(**tpu, dtype="bfloat16", head_dim=64), "positions"),  # SmolLM2
+           ("splash", Call(**tpu, dtype="float32", head_dim=128), "positions"),
+           ("einsum", Call(**tpu, dtype="bfloat16", head_dim=128), "positions"),
+           ("xla", Call(**_H100, dtype="bfloat16", head_dim=128), "positions"),
+           ("splash", Call("cpu", dtype="bfloat16", head_dim=128), "heads"),  # interpreted
+           ("einsum", Call("cpu", dtype="float32", head_dim=64), "heads")]
+  for name, call, layout in cases:
+    assert attention_kernels.cache_layout(name, call) == layout, (name, call)
+  own = DecodeForm(layouts=("other",), attend=lambda step: step.q)
+  with attention_kernels.registered(_row("own_cache", decode=own)):
+    assert attention_kernels.cache_layout("own_cache", Call("cpu")) == "other"
+    # Where the row does not run, its fallback's form says.
+    assert attention_kernels.cache_layout("own_cache", Call(**tpu)) == "positions"
+  # A chain without a decode form keeps the heads order (a model trains with it; its decode
+  # step is refused where it is taken).
+  with attention_kernels.registered(_row("no_decode", decode_fallback=None)):
+    assert attention_kernels.cache_layout("no_decode", Call("cpu")) == "heads"

@@ -15,6 +15,7 @@ The rotary scalings against transformers' own frequencies: tests/weights/
 test_hf_dense_families.py (one torch import there).
 """
 
+import functools
 import math
 
 import flax.linen as nn
@@ -22,7 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
 
+from lingvo_lite.decode import sampling
+from lingvo_lite.decode import steps as decoding
 from lingvo_lite.models import layer_layout, transformer_layers
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mixtral import Mixtral
@@ -201,6 +205,48 @@ def test_decoding_three_windows_past_equals_teacher_forcing(scan_layers):
   _, extend = assert_decode_equals_teacher_forcing(model, params, sequences, cache)
   # Every step past the window had the shapes of the first: one compile.
   assert extend._cache_size() == 1  # pylint: disable=protected-access
+
+
+def _decode_in_layout(model, params, layout, monkeypatch):
+  """Two slots' prompts of 3 and 7 (past the window: the prefill wraps the rings), then
+  3 x WINDOW greedy and sampled tokens through decode/steps.py with the cache forced into
+  `layout`: ((the first cache array's keys' shape, its logical axes), tokens,
+  log-probabilities)."""
+  monkeypatch.setattr(type(model), "cache_layout", lambda self: layout)
+  slots, cache_length, new = 2, 32, 3 * WINDOW
+  lengths = np.array([3, 7], np.int32)
+  prompts = np.asarray(jnp.where(jnp.arange(8) < lengths[:, None], _tokens(6, (slots, 8)), 0))
+  state = decoding.empty_state(model, slots, cache_length)
+  state = jax.jit(functools.partial(decoding.prefill, model=model))(
+      params, state, prompts, lengths, np.ones(slots, bool), lengths + new,
+      sampling.sampling_params(slots, temperature=[0.0, 1.0]),
+      np.stack([decoding.key_data(seed) for seed in range(slots)]))
+  step = jax.jit(functools.partial(decoding.step, model=model))
+  for _ in range(new):
+    state, _ = step(params, state)
+  return ((state.cache.keys[0].shape, model.cache_logical_specs().keys[0]),
+          np.asarray(state.tokens), np.asarray(state.logprobs))
+
+
+def test_either_cache_layout_decodes_the_same_tokens_and_log_probs(monkeypatch):
+  """The cache by head and by position (models/kv_cache.py; forced here, each target picks
+  one): the same tokens, greedy and sampled, and the same log-probabilities, through rings
+  of sliding layers and a full layer, stacked (a scanned group) and unstacked (the two
+  layers left over)."""
+  model = _model("sandwich", scan_layers=True)
+  params = model.to_own_layout(_params(_model("sandwich")))
+  by_head, heads_tokens, heads_logprobs = _decode_in_layout(model, params, "heads",
+                                                            monkeypatch)
+  by_position, tokens, logprobs = _decode_in_layout(model, params, "positions", monkeypatch)
+  # Layer 0's (sliding) keys, stacked over the pattern's one group; sharded alike: slots over
+  # the data axes, heads (with their width) over `tensor`.
+  kv, width = SIZES["num_kv_heads"], SIZES["head_dim"]
+  assert by_head == ((1, 2, kv, WINDOW, width),
+                     PartitionSpec("layers", "batch", "heads", "length", "kv"))
+  assert by_position == ((1, 2, WINDOW, kv * width),
+                         PartitionSpec("layers", "batch", "length", "heads"))
+  np.testing.assert_array_equal(tokens, heads_tokens)
+  np.testing.assert_allclose(logprobs, heads_logprobs, rtol=1e-5, atol=1e-5)
 
 
 def test_the_cache_holds_each_layers_own_entries():

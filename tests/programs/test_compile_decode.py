@@ -51,6 +51,9 @@ def test_cpu8_data_by_tensor_reports_both_functions_and_the_cache_per_device(tmp
   # One layer's keys [slots, kv_heads, cache_length, head_dim] (the tiny model's layers are
   # unrolled, an array each), this device's shard.
   assert cache["shape"] == [8, 4, 64, 16] and cache["shard_shape"] == [2, 2, 64, 16]
+  # By head on a CPU (the einsum form's choice there: models/attention_kernels/einsum.py).
+  assert cache["layout"] == "heads"
+  assert cache["dimensions"] == ["slots", "kv_heads", "entries", "head_dim"]
   functions = report["functions"]
   for name in ("generate", "prefill"):
     f = functions[name]
@@ -69,6 +72,7 @@ def test_cpu8_data_by_tensor_reports_both_functions_and_the_cache_per_device(tmp
   assert text.startswith("compile of the decode functions")
   assert "decode.slots 8 (2 per device), decode.cache_length 64" in text
   assert "KV cache per device: 64.000 KiB of 512.000 KiB" in text and "verdict: FITS" in text
+  assert ("[slots, kv_heads, entries, head_dim] of layer 0's array (layout 'heads')" in text)
 
 
 def test_cache_larger_than_the_target_does_not_fit(tmp_path):
@@ -127,4 +131,10 @@ def test_tpu_v5e8_decode_compile(tmp_path):
   assert report["target"]["platform"] == "tpu" and report["verdict"] == "FITS"
   assert report["mesh"] == {"stage": 1, "data": 8, "fsdp": 1, "expert": 1, "tensor": 1}
   assert report["kv_cache"]["bytes_per_device"] == _cache_bytes(8, 64) // 8
+  # On a TPU a float32 cache is decoded written out, so it is by position (unpadded tiles:
+  # models/kv_cache.py): [slots, entries, 4 kv heads x 16], a slot per device.
+  cache = report["kv_cache"]
+  assert (cache["layout"], cache["shape"], cache["shard_shape"]) == (
+      "positions", [8, 64, 64], [1, 64, 64])
+  assert cache["dimensions"] == ["slots", "entries", "kv_heads * head_dim"]
   assert all(f["peak"] for f in report["functions"].values())

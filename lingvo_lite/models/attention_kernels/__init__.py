@@ -23,6 +23,12 @@ target or the model is beyond is refused by `Setup.validate()` in one line (`ref
 call a row has no form for (a mask, a length; a decode step it does not fit) goes to the row
 it names (`for_training`, `for_decoding`), so the attention layer never asks for a name.
 
+A model's decode cache is made in the layout its kernel's decode forms keep (`cache_layout`,
+asked once by the model's `cache_layout()`): "heads" where the paged kernel decodes it (it
+reads pages of one head) and on CPUs, "positions" where the written-out form does elsewhere
+(models/kv_cache.py says why); the written-out form reads both, so a step the paged kernel
+does not fit still decodes.
+
 Adding a kernel: a module with its row, and its name in `_ROWS` (or `register(row)` from
 one's own module, as the tests do).
 """
@@ -33,12 +39,13 @@ import contextlib
 from typing import Iterator, Literal
 
 from lingvo_lite.models.attention_kernels import einsum, fused, latent, paged, splash
-from lingvo_lite.models.attention_kernels.row import (MASKS, Call, Choice, DecodeForm,
-                                                      DecodeStep, Kernel)
+from lingvo_lite.models.attention_kernels.row import (HEADS, MASKS, POSITIONS, Call, Choice,
+                                                      DecodeForm, DecodeStep, Kernel)
 
-__all__ = ["KERNELS", "MASKS", "AttentionImplementation", "Call", "Choice", "DecodeForm",
-           "DecodeStep", "Kernel", "choose", "for_decoding", "for_training", "refusal",
-           "register", "registered", "resolve_implementation"]
+__all__ = ["HEADS", "KERNELS", "MASKS", "POSITIONS", "AttentionImplementation", "Call",
+           "Choice", "DecodeForm", "DecodeStep", "Kernel", "cache_layout", "choose",
+           "for_decoding", "for_training", "refusal", "register", "registered",
+           "resolve_implementation"]
 
 # In "auto"'s order of preference: a target's kernel before the written-out one.
 _ROWS = (splash.ROW, fused.CUDNN, fused.XLA, einsum.ROW, paged.ROW, latent.ROW)
@@ -117,7 +124,7 @@ def for_decoding(name: str, layout: str, step: DecodeStep) -> DecodeForm:
   """The decode form a step takes: along `name`'s decode fallbacks, the first that reads the
   layer's cache `layout` and fits the step; where none of them reads that layout, the first
   row of the table whose form does (a family's own layout, as latent attention's)."""
-  fits = lambda row: (row.decode is not None and row.decode.layout == layout
+  fits = lambda row: (row.decode is not None and layout in row.decode.layouts
                       and row.decode.fits(step))
   try:
     return _follow(KERNELS[name], lambda row: row.decode_fallback, fits).decode
@@ -126,6 +133,23 @@ def for_decoding(name: str, layout: str, step: DecodeStep) -> DecodeForm:
       if fits(row):
         return row.decode
     raise
+
+
+def cache_layout(name: str, call: Call) -> str:
+  """The layout a model's decode cache is made in (models/kv_cache.py): the layout of the first
+  decode form, along `name`'s decode fallbacks, that runs on `call`'s target and keeps one for
+  the model there (`DecodeForm.cache_layout`): by head where the TPU's paged kernel (which
+  reads pages of one head) decodes it, else the written-out form's choice. Where no form
+  along the chain keeps one (a registered row's chain without a decode form), by head: every
+  model asks when its layers are built, training too, and such a decode step is refused
+  where it is taken (`for_decoding`)."""
+  keeps = lambda row: (None if row.decode is None or not row.runs_on(call.platform)
+                       else row.decode.cache_layout(call))
+  try:
+    return keeps(_follow(KERNELS[name], lambda row: row.decode_fallback,
+                         lambda row: keeps(row) is not None))
+  except ValueError:
+    return HEADS
 
 
 def _alternatives(call: Call, refused: str) -> list[str]:

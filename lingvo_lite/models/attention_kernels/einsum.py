@@ -13,7 +13,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models.attention_kernels.row import PLATFORMS, DecodeForm, DecodeStep, Kernel
+from lingvo_lite.models.attention_kernels.row import (HEADS, PLATFORMS, POSITIONS, Call,
+                                                      DecodeForm, DecodeStep, Kernel)
 from lingvo_lite.target import current_platform
 
 
@@ -109,23 +110,37 @@ def attend(layer: Any, q: jax.Array, k: jax.Array, v: jax.Array,
 
 def attend_cached(step: DecodeStep) -> jax.Array:
   """A decode step written out: the scores over every entry, masked to those each query sees
-  (the layer's `_cache_mask`)."""
+  (the layer's `_cache_mask`). Reads either layout: "positions" split into its heads by a free
+  reshape, the einsums then contract each layout's axes in place (no transpose is written)."""
   layer, q = step.layer, step.q
   keys, values = step.cache
   batch, length = q.shape[:2]
-  logits = jnp.einsum("btkgd,bksd->bkgts", q, keys.astype(layer.dtype)).astype(jnp.float32)
+  entries = keys.shape[-2]
+  cached = "bksd"
+  if step.layout == POSITIONS:
+    cached = "bskd"
+    keys, values = (x.reshape(batch, entries, layer.num_kv_heads, -1) for x in (keys, values))
+  logits = jnp.einsum(f"btkgd,{cached}->bkgts", q, keys.astype(layer.dtype)).astype(jnp.float32)
   # The layer's hook (a family's subclass may see other entries).
-  mask = layer._cache_mask(step.positions, keys.shape[-2])  # pylint: disable=protected-access
+  mask = layer._cache_mask(step.positions, entries)  # pylint: disable=protected-access
   mask = mask[:, None, None]
   weights, denominator = unnormalized_softmax(
       logits, mask, head_sinks(step.sinks, layer.num_kv_heads, True))
   # XLA:CPU has no bfloat16 x bfloat16 -> float32 dot of this shape for a few query
   # positions: there, float32 operands (the cache of one layer, converted as it is read).
   operands = jnp.float32 if current_platform() == "cpu" else layer.dtype
-  out = jnp.einsum("bkgts,bksd->btkgd", weights.astype(operands), values.astype(operands),
+  out = jnp.einsum(f"bkgts,{cached}->btkgd", weights.astype(operands), values.astype(operands),
                    preferred_element_type=jnp.float32)
   out = (out / jnp.moveaxis(denominator, -1, 1)[..., None]).astype(layer.dtype)
   return out.reshape(batch, length, layer.num_heads, layer.head_dim)
+
+
+def _keeps(call: Call) -> str:
+  """By position, where a TPU tiles few narrow heads without padding (models/kv_cache.py); by
+  head on a CPU, where XLA:CPU's decode step over positions was 1.5x (8 slots) to 2.6x (64)
+  slower (tiny GPT-J, 4 heads of 64, 256 entries; bench/results/2026-12-07/
+  decode_layout_aot.txt)."""
+  return HEADS if call.platform == "cpu" else POSITIONS
 
 
 ROW = Kernel(
@@ -133,4 +148,5 @@ ROW = Kernel(
     description="the attention written out (any platform, mask, length and decode step; "
                 "holds the scores; the fastest on CPUs)",
     platforms=PLATFORMS, auto_on=PLATFORMS, holds_scores=True, attend=attend, value_width=True,
-    decode=DecodeForm(layout="heads", attend=attend_cached), decode_fallback=None)
+    decode=DecodeForm(layouts=(POSITIONS, HEADS), attend=attend_cached, keeps=_keeps),
+    decode_fallback=None)

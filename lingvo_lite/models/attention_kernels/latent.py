@@ -53,4 +53,4 @@ ROW = Kernel(
     description="latent attention's decode step over a cache of compressed latents and "
                 "rotary keys (any platform; no training form)",
     platforms=PLATFORMS, auto_on=(), holds_scores=True,
-    decode=DecodeForm(layout=LAYOUT, attend=attend_cached), decode_fallback=None)
+    decode=DecodeForm(layouts=(LAYOUT,), attend=attend_cached), decode_fallback=None)

@@ -11,7 +11,7 @@ row decodes through this one). Interpreted off a TPU; a GPU cannot run it.
 from __future__ import annotations
 
 from lingvo_lite.models import decode_attention
-from lingvo_lite.models.attention_kernels.row import DecodeForm, DecodeStep, Kernel
+from lingvo_lite.models.attention_kernels.row import HEADS, Call, DecodeForm, DecodeStep, Kernel
 
 
 def _prefix(step: DecodeStep):
@@ -25,6 +25,15 @@ def fits(step: DecodeStep) -> bool:
   return (_prefix(step) is not None
           and decode_attention.supports(step.q.shape[1], keys.shape[-2], keys.shape[-1],
                                         keys.dtype))
+
+
+def keeps(call: Call) -> str | None:
+  """A model's steps are the kernel's where its cache is bfloat16 of heads a multiple of 128
+  (a step may still not fit: `fits`): its cache is then by head, the kernel's pages; else
+  the written-out form decodes it."""
+  if call.dtype == "bfloat16" and call.head_dim % decode_attention.LANES == 0:
+    return HEADS
+  return None
 
 
 def attend(step: DecodeStep):
@@ -41,4 +50,4 @@ ROW = Kernel(
     description="Pallas's paged-attention decode kernel for TPUs (one token per slot over a "
                 "bfloat16 cache, heads a multiple of 128; no training form)",
     platforms=("tpu",), interpreted_on=("cpu",),
-    decode=DecodeForm(layout="heads", attend=attend, fits=fits))
+    decode=DecodeForm(layouts=(HEADS,), attend=attend, fits=fits, keeps=keeps))

@@ -17,6 +17,13 @@ import jax
 # fallback: packed documents (segment ids), a sliding window, gpt-oss's sink logits.
 MASKS = frozenset({"segments", "window", "sinks"})
 PLATFORMS = ("cpu", "gpu", "tpu")
+# The decode cache's layouts of keys and values by head that a form may read
+# (models/kv_cache.py stores them): "heads" [slots, kv_heads, entries, head_dim], each head's
+# entries together (the TPU's paged kernel reads pages of one head); "positions" [slots,
+# entries, kv_heads * head_dim], every head of an entry together (no padding of a few narrow
+# heads in the TPU's tiles). A family's own layout (latent attention's) is another name.
+HEADS = "heads"
+POSITIONS = "positions"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +58,14 @@ class DecodeStep(NamedTuple):
   Attributes:
     layer: The attention layer (`layers.Attention` or a family's subclass): its hooks say which
       entries a query sees (`_cache_mask`, `_cache_prefix`).
-    q: The queries as the cache layout's forms take them; "heads": scaled, [batch, length,
-      kv_heads, group, head_dim].
-    cache: This layer's cache arrays in its layout; "heads": (keys, values), each [batch,
-      kv_heads, entries, head_dim] (models/kv_cache.py).
+    q: The queries as the cache layout's forms take them; "heads" and "positions": scaled,
+      [batch, length, kv_heads, group, head_dim].
+    cache: This layer's cache arrays in `layout`; "heads": (keys, values), each [batch,
+      kv_heads, entries, head_dim]; "positions": each [batch, entries, kv_heads * head_dim]
+      (models/kv_cache.py). Entries are the second last axis in every layout.
     positions: int32 [batch, length], each query's position.
     sinks: The layer's `sinks()`, or None.
+    layout: The cache's layout (the layer's `cache_layout`).
   """
 
   layer: Any
@@ -64,6 +73,7 @@ class DecodeStep(NamedTuple):
   cache: tuple[jax.Array, ...]
   positions: jax.Array
   sinks: jax.Array | None
+  layout: str = HEADS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,17 +81,26 @@ class DecodeForm:
   """How a kernel attends in a decode step.
 
   Attributes:
-    layout: The cache layout it reads: "heads" is the keys and values of every key/value head
-      (models/kv_cache.py); a layer declares its own (`Attention.cache_layout`), and a decode
-      step takes the first form, along its kernel's decode fallbacks, that reads it.
+    layouts: The cache layouts it reads (`HEADS`, `POSITIONS`, or a family's own). A layer
+      declares its cache's (`Attention.cache_layout`), and a decode step takes the first
+      form, along its kernel's decode fallbacks, that reads it.
     attend: The step's output, [batch, length, heads, head_dim] in the layer's dtype.
     fits: Whether this step has the form's shape (a query length, a cache dtype, entries a
       page divides); a step it does not fit goes to the kernel's `decode_fallback`.
+    keeps: The layout a model's cache is made in where this form decodes the model's steps on
+      a target (`Call`: its platform, dtype, head width; before any step), or None where it
+      does not (the next form along the kernel's decode fallbacks says); None: the first of
+      `layouts`, for every model. `attention_kernels.cache_layout` asks it.
   """
 
-  layout: str
+  layouts: tuple[str, ...]
   attend: Callable[[DecodeStep], jax.Array]
   fits: Callable[[DecodeStep], bool] = lambda step: True
+  keeps: Callable[[Call], str | None] | None = None
+
+  def cache_layout(self, call: Call) -> str | None:
+    """The layout a model decoded by this form on `call`'s target keeps, or None."""
+    return self.layouts[0] if self.keeps is None else self.keeps(call)
 
 
 def _takes_every_length(length: int) -> bool:

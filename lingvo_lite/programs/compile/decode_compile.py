@@ -7,8 +7,9 @@ its activations grow with the bucket, the state does not change). Each function'
 device is counted by the rule of the train step's verdict (compile_report.deciding); the
 larger of the two is the peak, and it is compared with the target's memory per device.
 The state both functions hold is the decode state (decoding.DecodeState), mostly the model's
-KV cache (the transformer families': [slots, kv_heads, entries, head_dim] per layer, a
-sliding layer's entries its window, a full layer's cache_length: models/kv_cache.py),
+KV cache (the transformer families': [slots, kv_heads, entries, head_dim] or [slots, entries,
+kv_heads * head_dim] per layer, the model's `cache_layout()`, a sliding layer's entries its
+window, a full layer's cache_length: models/kv_cache.py),
 sharded with the slots over the data-parallel axes and the heads over `tensor`: its bytes per
 device are counted from that sharding, beside the parameters'.
 
@@ -25,8 +26,10 @@ parameters, verdict, margin and largest_buffers, and):
               deciding_rule, source, available
   kv_cache:   bytes_per_device (this device's shard of the keys and values), bytes_total
               (the model family's cache_bytes), shape and shard_shape of the first cache
-              array's keys ([slots, kv_heads, entries, head_dim] of layer 0; with scanned
-              layers, the layers it holds stacked), dtype
+              array's keys (layer 0's; with scanned layers, the layers it holds stacked),
+              dtype; a transformer family's layout ("heads", "positions") and dimensions
+              (their names: slots, kv_heads, entries, head_dim, "kv_heads * head_dim",
+              layers)
   analytic:   by_part (the generate loop's arguments per device: parameters, kv_cache,
               other_state (tokens, log-probabilities, per-slot lengths, sampling, seeds),
               inputs), total, xla_arguments (generate's)
@@ -50,6 +53,7 @@ import numpy as np
 from lingvo_lite import target as targets
 from lingvo_lite.decode.jitted import DecodeSteps
 from lingvo_lite.experiment import Setup
+from lingvo_lite.models import kv_cache
 from lingvo_lite.programs.compile import aot, compile_report, max_batch
 from lingvo_lite.programs.compile.compile_report import DOES_NOT_FIT, FITS, UNKNOWN, gib
 from lingvo_lite.weights import job_params
@@ -118,10 +122,17 @@ def kv_cache_bytes(state: Any, model: Any, slots: int, cache_length: int) -> dic
   """The KV cache of an abstract, sharded decode state: one device's shard and the whole."""
   leaves = jax.tree.leaves(state.cache)
   keys = leaves[0]  # One layer's keys (unrolled), or every layer's (scanned).
-  return {"bytes_per_device": sum(map(compile_report.shard_bytes, leaves)),
-          "bytes_total": model.cache_bytes(slots, cache_length),
-          "shape": list(keys.shape), "shard_shape": list(keys.sharding.shard_shape(keys.shape)),
-          "dtype": np.dtype(keys.dtype).name}
+  found = {"bytes_per_device": sum(map(compile_report.shard_bytes, leaves)),
+           "bytes_total": model.cache_bytes(slots, cache_length),
+           "shape": list(keys.shape), "shard_shape": list(keys.sharding.shard_shape(keys.shape)),
+           "dtype": np.dtype(keys.dtype).name}
+  # A transformer family's layout (models/kv_cache.py), named with its dimensions; another
+  # family's cache is its own.
+  layout = getattr(model, "cache_layout", lambda: None)()
+  if layout is not None:
+    stacked = len(keys.shape) > len(kv_cache.dimensions(layout))
+    found.update(layout=layout, dimensions=list(kv_cache.dimensions(layout, stacked)))
+  return found
 
 
 def build(result: DecodeCompileResult) -> dict[str, Any]:
@@ -221,8 +232,9 @@ def to_text(report: dict[str, Any]) -> str:
   shape = ", ".join(map(str, cache["shape"]))
   # The first array's (layer 0's kind): a sliding layer's entries are its window, a full
   # layer's the cache length, so the shape is named by entries.
-  axes = ("[layers, slots, kv_heads, entries, head_dim] of layer 0's array"
-          if len(cache["shape"]) == 5 else "[slots, kv_heads, entries, head_dim] of layer 0")
+  axes = "of layer 0's array"
+  if "dimensions" in cache:
+    axes = f"[{', '.join(cache['dimensions'])}] {axes} (layout {cache['layout']!r})"
   lines.append(f"  KV cache per device: {gib(cache['bytes_per_device'])} of "
                f"{gib(cache['bytes_total'])} (keys and values {cache['dtype']}[{shape}] "
                f"{axes}, per device [{', '.join(map(str, cache['shard_shape']))}]); "
