@@ -31,14 +31,17 @@ compute dtype.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, Sequence
+import functools
+import sys
+import types
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
-import qwix
 from jax.sharding import PartitionSpec
-# What `qwix.QtProvider.dot_general` runs (qwix is pinned: requirements.lock).
-from qwix._src.core import dot_general_qt
+
+if TYPE_CHECKING:
+  import qwix
 
 Quantization = Literal["int8", "int8_weights"]
 QUANTIZATIONS: tuple[str, ...] = ("int8", "int8_weights")
@@ -46,31 +49,46 @@ QUANTIZATIONS: tuple[str, ...] = ("int8", "int8_weights")
 # weights is flat almost everywhere).
 TRAINABLE: tuple[str | None, ...] = (None, "int8")
 
-# Both operands int8 with absmax scales per channel, and both gradients' dots int8 against
-# the forward pass's int8 operands (`QtRule(weight_qtype=int8, act_qtype=int8,
-# bwd_qtype=int8)`, as `QtProvider` configures it).
-_INT8_TRAINING = dot_general_qt.DotGeneralQtConfig(
-    lhs_qtype=jnp.int8, rhs_qtype=jnp.int8, dlhs_grad_qtype=jnp.int8,
-    drhs_grad_qtype=jnp.int8)
+
+def _qwix() -> types.ModuleType:
+  """qwix, imported at the first int8 weight: it imports flax.nnx, about 0.7 s that every
+  `python -m lingvo_lite` process (and every test process) would pay at start-up without
+  quantizing anything."""
+  import qwix  # pylint: disable=import-outside-toplevel
+  return qwix
+
+
+@functools.cache
+def _int8_training() -> Any:
+  """Both operands int8 with absmax scales per channel, and both gradients' dots int8 against
+  the forward pass's int8 operands (`QtRule(weight_qtype=int8, act_qtype=int8,
+  bwd_qtype=int8)`, as `QtProvider` configures it)."""
+  # What `qwix.QtProvider.dot_general` runs (qwix is pinned: requirements.lock).
+  from qwix._src.core import dot_general_qt  # pylint: disable=import-outside-toplevel
+  return dot_general_qt.DotGeneralQtConfig(
+      lhs_qtype=jnp.int8, rhs_qtype=jnp.int8, dlhs_grad_qtype=jnp.int8,
+      drhs_grad_qtype=jnp.int8)
 
 DimensionNumbers = tuple[tuple[Sequence[int], Sequence[int]], tuple[Sequence[int], Sequence[int]]]
 
 
 def is_quantized(weight: Any) -> bool:
   """Whether `weight` is an int8 weight with its scales (`quantize_weights`' output)."""
-  return isinstance(weight, qwix.QArray)
+  # Before qwix is imported no value can be one of its arrays (and float runs never import it).
+  module = sys.modules.get("qwix")
+  return module is not None and isinstance(weight, module.QArray)
 
 
 def quantize(weight: jax.Array, contracted: Sequence[int]) -> qwix.QArray:
   """int8 values and a scale per channel: every axis but the `contracted` ones, so that the
   scale factors out of the matmul that contracts them. The scale keeps `weight`'s dtype."""
   channels = [axis for axis in range(weight.ndim) if axis not in set(contracted)]
-  return qwix.quantize(weight, jnp.int8, channelwise_axes=channels)
+  return _qwix().quantize(weight, jnp.int8, channelwise_axes=channels)
 
 
 def dequantize(weight: qwix.QArray) -> jax.Array:
   """An int8 weight's values times their scales, in the scales' dtype."""
-  return qwix.dequantize(weight)
+  return _qwix().dequantize(weight)
 
 
 def dot_general(x: jax.Array, weight: Any, dimension_numbers: DimensionNumbers,
@@ -79,10 +97,11 @@ def dot_general(x: jax.Array, weight: Any, dimension_numbers: DimensionNumbers,
   if quantization == "int8_weights" and not is_quantized(weight):
     weight = quantize(weight, dimension_numbers[0][1])  # Float weights: as they multiply.
   if is_quantized(weight):
-    return qwix.dot_general(x, weight, dimension_numbers).astype(x.dtype)
+    return _qwix().dot_general(x, weight, dimension_numbers).astype(x.dtype)
   if quantization == "int8":
+    from qwix._src.core import dot_general_qt  # pylint: disable=import-outside-toplevel
     return dot_general_qt.dot_general_qt(x, weight, dimension_numbers,
-                                         _INT8_TRAINING).astype(x.dtype)
+                                         _int8_training()).astype(x.dtype)
   raise ValueError(f"quantization={quantization!r}: not one of {QUANTIZATIONS}")
 
 
@@ -135,7 +154,7 @@ def quantized_specs(logical_specs: Any,
       return spec
     scale = PartitionSpec(*(None if index in contracted else name
                             for index, name in enumerate(spec)))
-    return qwix.QArray(qvalue=spec, scale=scale, zero_point=None, qtype=jnp.int8)
+    return _qwix().QArray(qvalue=spec, scale=scale, zero_point=None, qtype=jnp.int8)
   return jax.tree.map(one, logical_specs, is_leaf=_is_spec)
 
 

@@ -62,7 +62,7 @@ class TransformerChecks:
       device = devices[0] if devices else None
     attention_type, _ = self.attention_module()
     windowed = any(self.kind_fields(kind)["window"] is not None
-                   for kind in set(self.kinds_by_layer()))
+                   for kind in self.kinds_used())
     masks = {"window"} if windowed else set()
     if attention_type.has_sinks():
       masks.add("sinks")

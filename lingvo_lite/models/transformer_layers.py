@@ -86,6 +86,12 @@ class TransformerLayers:
     return per_layer(self.layer_kinds, self.num_layers)
 
   @nn.nowrap
+  def kinds_used(self) -> frozenset[str]:
+    """The attention kinds some layer has, without listing the layers (the checks run before
+    the memory verdict refuses an absurd depth: a billion-entry list took minutes)."""
+    return frozenset(self.layer_kinds[:max(self.num_layers, 0)])
+
+  @nn.nowrap
   def mlp_kind_pattern(self) -> tuple[str, ...]:
     """The feed-forward kinds' pattern, repeated over the layers: "dense" (`layers.Mlp`) here;
     a family with other feed-forward layers (a mixture of experts) names its kinds and builds

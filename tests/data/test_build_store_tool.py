@@ -10,6 +10,7 @@ import pytest
 from etils import epath
 
 from lingvo_lite.data import token_store
+from tests import bin_tools
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -73,12 +74,19 @@ def test_builds_json_lines_with_two_workers_then_keeps_it_and_refuses_bad_input(
     (["--format=text", "--files=train=data/*.txt", "--out=data/a.txt"],
      "--out='data/a.txt': is a file, not a folder"),
 ])
-def test_bad_command_lines_are_one_line_exit_2_and_touch_nothing(tmp_path, args, expected):
+def test_bad_command_lines_are_one_line_exit_2_and_touch_nothing(tmp_path, args, expected,
+                                                               monkeypatch, capfd):
+  """The tool's main in this process (a process start a case less; the test above runs the
+  tool as a process for this class of failure)."""
   (tmp_path / "data").mkdir()
   (tmp_path / "data" / "a.txt").write_text("the user's own data\n")
-  result = run_tool(tmp_path, *args)
-  assert result.returncode == 2, result.stderr
-  assert result.stderr.count("\n") == 1, result.stderr
-  assert expected.format(tmp=tmp_path) in result.stderr, result.stderr
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")  # As run_tool sets it.
+  code = bin_tools.tool("build_store").main(list(args))
+  out, err = capfd.readouterr()
+  assert code == 2, err
+  assert err.count("\n") == 1, err
+  assert expected.format(tmp=tmp_path) in err, err
+  assert not out
   assert (tmp_path / "data" / "a.txt").read_text() == "the user's own data\n"
   assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]

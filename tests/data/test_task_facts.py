@@ -139,7 +139,8 @@ def test_a_task_beam_sends_to_its_workers_works_out_its_facts_there(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_on_built_stores_never_imports_tensorflow(tmp_path):
-  # The byte PyCode stores are built (once per machine) by this first run if need be.
+  # The byte PyCode stores are built (once per machine) by this first run if need be. Nor does
+  # a float run import qwix (int8 only: its flax.nnx import is start-up time of every process).
   args = ["--exp=PyCodeTiny", "--fiddler=tiny", "--fdl.train.steps=2"]
   decode = ["--mode=decode", "--prompt=def main(", f"--job_log_dir={tmp_path / 'second'}"]
   script = ("import runpy, sys\n"
@@ -147,7 +148,8 @@ def test_a_run_on_built_stores_never_imports_tensorflow(tmp_path):
             "try:\n"
             "  runpy.run_module('lingvo_lite', run_name='__main__')\n"
             "finally:\n"
-            "  print('imported:', sorted(m for m in ('tensorflow', 'seqio') if m in sys.modules))\n")
+            "  print('imported:', sorted(m for m in ('tensorflow', 'seqio', 'qwix')\n"
+            "                            if m in sys.modules))\n")
   env = dict(os.environ)
   for job in ("first", "second"):
     completed = subprocess.run([sys.executable, "-c", script, *args,

@@ -290,7 +290,8 @@ def test_flops_count_a_sliding_layer_over_its_window(length):
 def test_the_scan_period_from_the_patterns_is_the_listed_layers_shortest_period():
   """`variant_period` (from the two patterns, never listing the layers) equals the shortest
   period of the listed (attention, feed-forward) kinds for every depth up to 3 patterns' worth,
-  and a billion layers are counted without listing them."""
+  and a billion layers are counted without listing them; so are the attention kinds used
+  (`kinds_used`, read by the checks before the memory verdict)."""
   attention = [("full",), ("sliding", "full"), ("sliding",) * 5 + ("full",),
                ("full", "no_rotary", "sliding", "full")]
   feed_forward = [("moe",), ("dense", "moe"), ("moe", "moe", "dense")]
@@ -303,7 +304,9 @@ def test_the_scan_period_from_the_patterns_is_the_listed_layers_shortest_period(
         assert model.variant_period() == transformer_layers.shortest_period(listed), (
             kinds, mlp_kinds, depth)
         assert model.moe_layers() == [m for _, m in listed].count("moe")
+        assert model.kinds_used() == {a for a, _ in listed}, (kinds, depth)
   deep = Mixtral(**{**SIZES, "num_layers": 10 ** 9, "layer_kinds": attention[2],
                     "mlp_kinds": feed_forward[2]})
   assert deep.variant_period() == 6
   assert deep.moe_layers() == 2 * 10 ** 9 // 3 + 1  # 10**9 = 3 x 333,333,333 + 1: a "moe".
+  assert deep.kinds_used() == {"sliding", "full"}

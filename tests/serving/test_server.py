@@ -32,11 +32,23 @@ PROMPTS = ("def main(", "import os\n", "class A:\n    def ", "x = [", "for i in 
            "print('", "return ", "if x == ")
 
 
-@pytest.fixture(scope="module")
-def server(tiny_job):
-  running = Server(tiny_job, *SERVER_FLAGS)
-  yield running
-  running.stop()
+@pytest.fixture(scope="module", name="servers")
+def fixture_servers():
+  """The module's server processes: one serves every test, until a test stops it (the
+  SIGTERM test, last in the file, stops the one the others used: a server start less)."""
+  started = []
+  yield started
+  for running in started:
+    if running.process.poll() is None:
+      running.stop()
+
+
+@pytest.fixture
+def server(servers, tiny_job):
+  """The module's server, started anew only where the last one was stopped."""
+  if not servers or servers[-1].process.poll() is not None:
+    servers.append(Server(tiny_job, *SERVER_FLAGS))
+  return servers[-1]
 
 
 @pytest.fixture(scope="module")
@@ -270,25 +282,6 @@ def test_models_tokenizer_and_chat_refusal(server, offline):
   assert code == 400 and json.loads(text)["error"]["param"] == "messages"
 
 
-def test_sigterm_under_load_finishes_what_is_in_flight_and_exits_0(tiny_job):
-  stopping = Server(tiny_job, *SERVER_FLAGS)
-  body = {"prompt": "def ", "max_tokens": 50}
-  with concurrent.futures.ThreadPoolExecutor(8) as pool:
-    futures = [pool.submit(stopping.post, "/v1/completions", body) for _ in range(8)]
-    deadline = time.time() + 30
-    while stopping.get("/health")["outstanding"] < 8 and time.time() < deadline:
-      time.sleep(0.02)
-    stopping.process.send_signal(signal.SIGTERM)
-    answers = [f.result() for f in futures]
-  stdout, stderr = stopping.process.communicate(timeout=120)
-  assert stopping.process.returncode == 0, stderr[-2000:]
-  assert "stopped serving tiny" in stdout
-  assert [code for code, _ in answers] == [200] * 8
-  assert all(json.loads(text)["usage"]["completion_tokens"] == 50 for _, text in answers)
-  with pytest.raises(OSError):
-    stopping.get("/health")
-
-
 def test_lm_eval_through_the_server_equals_the_in_process_model(server, offline, tiny_job):
   import lm_eval  # pylint: disable=g-import-not-at-top
   from lm_eval.tasks import TaskManager  # pylint: disable=g-import-not-at-top
@@ -365,3 +358,31 @@ def test_weights_that_cannot_be_read_are_one_line_and_nothing_is_left_listening(
       again.listen(1)
     assert listener is not None and listener.fileno() == -1
   assert len(seen) == 2 and not (tmp_path / "new").exists()
+
+
+def test_sigterm_under_load_finishes_what_is_in_flight_and_exits_0(server):
+  """The server the other tests used (so it runs last in the file; a test after it gets a new
+  one): SIGTERM with 8 requests in flight answers all of them, then exits 0."""
+  stopping = server
+  # Four prompts a request, 32 in all on 4 slots: a warm server answers a one-prompt request
+  # faster than 8 of them arrive, so 8 were never outstanding at once and the wait below ran
+  # to its deadline (30 s) and signalled an idle server.
+  body = {"prompt": ["def "] * 4, "max_tokens": 50}
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    futures = [pool.submit(stopping.post, "/v1/completions", body) for _ in range(8)]
+    deadline = time.time() + 30
+    while (outstanding := stopping.get("/health")["outstanding"]) < 8:
+      assert time.time() < deadline, f"never 8 prompts outstanding (last {outstanding})"
+      time.sleep(0.02)
+    stopping.process.send_signal(signal.SIGTERM)
+    answers = [f.result() for f in futures]
+  stdout, stderr = stopping.process.communicate(timeout=120)
+  assert stopping.process.returncode == 0, stderr[-2000:]
+  assert "stopped serving tiny" in stdout
+  assert [code for code, _ in answers] == [200] * 8
+  for _, text in answers:
+    answer = json.loads(text)
+    assert answer["usage"]["completion_tokens"] == 4 * 50, answer["usage"]
+    assert [c["finish_reason"] for c in answer["choices"]] == ["length"] * 4, answer
+  with pytest.raises(OSError):
+    stopping.get("/health")
