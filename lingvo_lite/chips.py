@@ -89,14 +89,23 @@ class Chip:
   hbm_read_bytes_per_s: Figure | None = None
 
   def hbm_seconds(self, read: float, written: float) -> float:
-    """Seconds to read and write these bytes of HBM: reads at the read bandwidth where one
-    is known, writes at what the copy bandwidth leaves for them (a copy reads and writes
-    each byte once), else both at the copy bandwidth."""
+    """Seconds to read and write these bytes of HBM. A stream one way (only reads, or the
+    writes beyond what is also read) runs at the read bandwidth where one is known; the bytes
+    read and written in equal share, at the copy bandwidth (a copy reads and writes each byte
+    once); without a read bandwidth, everything at the copy bandwidth.
+
+    Writes alone once went at what the copy left for them (459 GB/s on v5e); the chip
+    measured kernels that only write at 685 GB/s, about the read bandwidth (the written-out
+    attention's score-writing fusions, bench/estimate_calibration.py --profile, 2026-12-07:
+    bench/results/2026-12-07/tpu2/estimate_profile/). Some kernels that read and write alike
+    ran faster than the copy too (671 GB/s); counting those at the read bandwidth as well put
+    two of the README's seven training rows 10-11% under their measured steps, so the copy's
+    rate stays for them until what else those rows miss is found."""
     copy = self.hbm_bytes_per_s.value
     if self.hbm_read_bytes_per_s is None:
       return (read + written) / copy
-    reads = self.hbm_read_bytes_per_s.value
-    return read / reads + written / (1.0 / (2.0 / copy - 1.0 / reads))
+    both = min(read, written)
+    return (read + written - 2 * both) / self.hbm_read_bytes_per_s.value + 2 * both / copy
 
 
 def _scaled(datasheet: float, fraction: float, what: str) -> Figure:

@@ -324,7 +324,12 @@ def test_every_chip_constant_says_where_it_comes_from():
       if isinstance(value, Figure):
         assert value.value > 0 and len(value.source) > 10, (chip.name, field.name)
   v5e = chips.CHIPS["v5e"]
-  # A copy reads and writes each byte once at the measured copy bandwidth.
+  # A copy reads and writes each byte once at the measured copy bandwidth; a stream one way
+  # (reads, or writes alone) at the read bandwidth.
   assert v5e.hbm_seconds(1e9, 1e9) == pytest.approx(2e9 / v5e.hbm_bytes_per_s.value)
+  assert v5e.hbm_seconds(1e9, 0) == pytest.approx(1e9 / v5e.hbm_read_bytes_per_s.value)
+  assert v5e.hbm_seconds(0, 1e9) == pytest.approx(1e9 / v5e.hbm_read_bytes_per_s.value)
+  assert v5e.hbm_seconds(3e9, 1e9) == pytest.approx(
+      2e9 / v5e.hbm_read_bytes_per_s.value + 2e9 / v5e.hbm_bytes_per_s.value)
   network = collective_costs.Network.of(_devices([0, 0, 1, 1]), partitions=2)
   assert (network.size, network.slice_count) == (2, 2)
