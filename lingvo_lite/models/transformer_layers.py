@@ -149,6 +149,12 @@ class TransformerLayers:
                    for j in range(count)]
 
   @nn.nowrap
+  def sample_layer(self, layer: int) -> int:
+    """The layer of `sample_layers`' short stack that stands for `layer`."""
+    start = self.scan_prefix()
+    return layer if layer < start else start + (layer - start) % self.variant_period()
+
+  @nn.nowrap
   def scan_plan(self) -> tuple[int, int]:
     """(P, groups): the scanned layers run as `groups` groups of P layers (P = 1: one block
     per step), the prefix before them and the rest after unrolled; (0, 0) unrolled."""
