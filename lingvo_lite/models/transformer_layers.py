@@ -30,10 +30,9 @@ scanned. The stack is thus [prefix, each its own kind] + [groups of the period] 
 
 The decode cache (models/kv_cache.py) follows the same layout: unrolled, one array per layer;
 scanned, one array per prefix layer, one stacked array per position of the pattern, and one
-per layer left over. A
-sliding layer's array holds min(window, cache_length) entries per slot (a ring), a full
-layer's cache_length; the shapes are fixed when the cache is made, so decoding and serving
-never recompile.
+per layer left over. A sliding layer's array holds min(window, cache_length) entries per slot
+(a ring), a full layer's cache_length; the shapes are fixed when the cache is made, so
+decoding and serving never recompile.
 """
 
 from __future__ import annotations
