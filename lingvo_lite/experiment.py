@@ -304,7 +304,7 @@ def _check_pipeline(setup: Setup, target: targets.Target, data_parallel: int) ->
                       setup.train.grad_accum_steps * data_parallel)
   # A batch the data axes do not divide is refused below, naming the batch size.
   check_pipeline(pipeline, model.scan_layers, model.num_layers, model.variant_period(),
-                 None if left else rows)
+                 None if left else rows, model.scan_prefix())
   for name, data in setup.data_sources(train=False):  # Evaluated in training, pipelined.
     rows, left = divmod(data.global_batch_size, data_parallel)
     if not left and rows % pipeline.microbatches:

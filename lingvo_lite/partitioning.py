@@ -37,7 +37,7 @@ DATA_AXES = ("batch", "length")
 # The logical axis names the default rules map: the batch's, and those the transformer
 # families name their parameters' axes by. A model's own are its family's `logical_axes()`.
 LOGICAL_AXES = DATA_AXES + ("embed", "mlp", "heads", "kv", "vocab", "norm", "position",
-                            "layers", "experts", "latent")
+                            "layers", "experts", "latent", "q_lora", "kv_lora")
 
 # Logical axis -> mesh axes. The batch is split over every data-parallel axis (FSDP and the
 # expert axis are data parallel for activations, as in MaxText); weights are split over fsdp on
@@ -56,8 +56,12 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("layers", "stage"),
     ("experts", "expert"),
     # Latent attention's compressed width (models/latent_attention.py): small (512), shared
-    # by every head, so kept whole like a head's features.
+    # by every head, so kept whole like a head's features...
     ("latent", None),
+    # ...except as the up projections' input: those matrices have no `embed`, and whole on
+    # every chip they were 37 GiB of DeepSeek-V3's float32 state; FSDP splits them here.
+    ("q_lora", "fsdp"),
+    ("kv_lora", "fsdp"),
 )
 
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from lingvo_lite.errors import UsageError
-from lingvo_lite.models.pipeline import PipelineSettings
+from lingvo_lite.models.pipeline import PipelineSettings, check as check_pipeline
 from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.programs.compile import pipeline_report, step_estimate
 from tests import pipeline_worker
@@ -153,3 +153,20 @@ def test_the_compile_report_of_a_pipeline(worker):
   assert "pipeline: gpipe, 4 stages x 2 microbatches x 1 repeat(s), 5 iterations; bubble " \
          "60.0% of the loop" in text
   assert "bubble-bound" in text and "train.pipeline_microbatches" in text
+
+
+def test_a_prefix_before_the_scan_stays_out_of_the_stages():
+  """DeepSeek's dense first layers (`scan_prefix`) run unrolled before the pipeline: the
+  stages divide the layers after them, and a count they do not divide is one line saying so."""
+  settings = PipelineSettings(2, 2)
+  check_pipeline(settings, True, 5, 1, 8, prefix=1)  # 4 scanned layers: 2 a stage.
+  with pytest.raises(UsageError) as raised:
+    check_pipeline(settings, True, 4, 1, 8, prefix=1)
+  message = str(raised.value)
+  assert len(message.splitlines()) == 1
+  assert ("partitioner.ici_stage=2: 2 stages x 1 repeats (train.pipeline_repeats) do not "
+          "divide the 3 layers of model.num_layers=4 after the first 1") in message
+  assert "make num_layers - 1 a multiple of 2" in message
+  with pytest.raises(UsageError, match=r"do not divide model\.num_layers=5; make num_layers a "
+                     "multiple of 2"):
+    check_pipeline(settings, True, 5, 1, 8)  # No prefix: the whole stack's count.

@@ -27,11 +27,14 @@ kv_lora_rank + qk_rope_head_dim values per token and layer, 576 at DeepSeek-V3's
 where its heads' keys and values would be 128 x (192 + 128) = 40,960.
 
 Parameters (logical axes): `query_kernel` [embed, heads, kv] or `query_a` ([embed, latent],
-a Dense with the attention's bias), `query_a_norm`, `query_b_kernel` [latent, heads, kv];
+a Dense with the attention's bias), `query_a_norm`, `query_b_kernel` [q_lora, heads, kv];
 `kv_a` ([embed, latent], kv_lora_rank + qk_rope_head_dim wide, with the bias), `kv_a_norm`,
-`kv_b_kernel` [latent, heads, kv] (each head's k_nope then v columns, Hugging Face's
+`kv_b_kernel` [kv_lora, heads, kv] (each head's k_nope then v columns, Hugging Face's
 kv_b_proj), `out_kernel` [heads, kv, embed]. Each matrix goes through `weight_matmul` (int8)
-and `adapted` (LoRA).
+and `adapted` (LoRA). The up projections' input is `q_lora` / `kv_lora`, not `latent`: they
+have no `embed` axis, so that is the one FSDP splits (partitioning.py); the down projections'
+output and the norms stay `latent`, whole (at DeepSeek-V3's sizes the two up projections
+replicated were 3.3B parameters, 37 GiB of float32 state on every chip).
 """
 
 from __future__ import annotations
@@ -110,13 +113,13 @@ class LatentAttention(Attention):
                       ("embed", "heads", "kv"))
     low = self._norm(self._dense(x, self.q_lora_rank, "query_a"), "query_a_norm")
     return self._up(low, "query_b_kernel", (self.q_lora_rank, self.num_heads, self.head_dim),
-                    ("latent", "heads", "kv"))
+                    ("q_lora", "heads", "kv"))
 
   def _kv_b_kernel(self) -> jax.Array:
     """The latent's up projection [kv_lora_rank, heads, qk_nope + v_head_dim] as decoding's
     absorbed matmuls take it: float (an int8 weight dequantized), its LoRA update merged."""
     shape = (self.kv_lora_rank, self.num_heads, self.nope_dim + self.v_head_dim)
-    axes = ("latent", "heads", "kv")
+    axes = ("kv_lora", "heads", "kv")
     kernel = self._weight("kv_b_kernel", shape, axes, shape[0])
     if quantizing.is_quantized(kernel):
       kernel = quantizing.dequantize(kernel).astype(self.dtype)
@@ -182,7 +185,7 @@ class LatentAttention(Attention):
       out, context = self._absorbed(q_nope, q_rope, latent, rope_key, positions, context)
     else:
       shape = (self.kv_lora_rank, self.num_heads, nope + self.v_head_dim)
-      kv = tag(self._up(latent[:, :, 0], "kv_b_kernel", shape, ("latent", "heads", "kv")),
+      kv = tag(self._up(latent[:, :, 0], "kv_b_kernel", shape, ("kv_lora", "heads", "kv")),
                "value_proj")
       k = jnp.concatenate(
           [kv[..., :nope], jnp.broadcast_to(rope_key, (*kv.shape[:3], self.rotary_dim))], -1)

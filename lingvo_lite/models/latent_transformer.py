@@ -84,13 +84,15 @@ class LatentTransformerLM(TransformerLM):
 
   @classmethod
   def logical_axes(cls) -> dict[str, str]:
-    return dict(super().logical_axes(), latent="kv_lora_rank")
+    return dict(super().logical_axes(), latent="kv_lora_rank", q_lora="q_lora_rank",
+                kv_lora="kv_lora_rank")
 
   @classmethod
   def int8_weight_contractions(cls) -> dict[tuple[str, ...], tuple[str, ...]]:
-    """And the latent's projections: down [embed, latent], up [latent, heads, kv]."""
+    """And the latent's projections: down [embed, latent], up [q_lora or kv_lora, heads,
+    kv]."""
     return {**super().int8_weight_contractions(), ("embed", "latent"): ("embed",),
-            ("latent", "heads", "kv"): ("latent",)}
+            ("q_lora", "heads", "kv"): ("q_lora",), ("kv_lora", "heads", "kv"): ("kv_lora",)}
 
   # ---------------------------------------------------------------------------- sizes
 

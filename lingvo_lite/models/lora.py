@@ -207,14 +207,14 @@ def adaptable_paths(model: nn.Module, sequence_length: int) -> list[str]:
 
 
 def adaptable_kernels(model: nn.Module) -> set[str]:
-  """`adaptable_paths` of `model` with its layers unrolled (`layer_N/...`), traced over one
-  period of its layers (`variant_period`: layers of one variant have the same kernels), so
-  that a deep model is not traced whole."""
+  """`adaptable_paths` of `model` with its layers unrolled (`layer_N/...`), traced over its
+  `sample_layers` (the unrolled prefix and one period of its layers: layers of one variant
+  have the same kernels), so that a deep model is not traced whole."""
   unrolled = model.clone(parent=None, scan_layers=False, lora=None)
-  if not hasattr(unrolled, "variant_period"):
+  if not hasattr(unrolled, "sample_layers"):
     return set(adaptable_paths(unrolled, 1))
-  period = unrolled.variant_period()
-  sample = unrolled.clone(**unrolled.variant_fields(period))
+  count, stands_for = unrolled.sample_layers()
+  sample = unrolled.clone(**unrolled.variant_fields(count))
   found = set()
   for path in adaptable_paths(sample, 1):
     match = re.fullmatch(r"layer_(\d+)/(.+)", path)
@@ -222,7 +222,7 @@ def adaptable_kernels(model: nn.Module) -> set[str]:
       found.add(path)
       continue
     found.update(f"layer_{layer}/{match.group(2)}"
-                 for layer in range(int(match.group(1)), unrolled.num_layers, period))
+                 for layer in stands_for[int(match.group(1))])
   return found
 
 

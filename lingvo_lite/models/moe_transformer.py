@@ -51,12 +51,10 @@ from lingvo_lite.errors import config_error
 from lingvo_lite.fields import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.models import expert_balance, expert_dispatch, moe
 from lingvo_lite.models.transformer import TransformerLM
-from lingvo_lite.models.transformer_layers import count_per_layer, per_layer, shortest_period
+from lingvo_lite.models.transformer_layers import count_per_layer, per_layer
 from lingvo_lite.run_fields import RUN, TRAINING
 
 MlpKind = Literal["dense", "moe"]
-# The deepest stack with dense first layers whose layers' variants are listed.
-_LISTED = 1_000_000
 # Each expert's share of the assignments is logged under this prefix, one key per expert.
 EXPERT_FRACTION = "expert_fraction/"
 
@@ -91,7 +89,8 @@ class MoeTransformerLM(TransformerLM):
     selection_bias_rate: The bias's step per train step (the paper's update speed gamma);
       0: the bias stays as loaded (a fine-tune).
     first_dense_layers: The first layers are dense whatever `mlp_kinds` says
-      (first_k_dense_replace); the others follow `mlp_kinds`.
+      (first_k_dense_replace); the others follow `mlp_kinds`. Scanned, the dense layers run
+      unrolled before the scan of the others (`scan_prefix`).
     multi_token_layers: D, DeepSeek-V3's multi-token prediction modules (num_nextn_predict_
       layers; models/multi_token.py), each a block of the last layer's kinds predicting one
       token further ahead; trained by training/objectives/multi_token.py, ignored in decoding.
@@ -135,6 +134,9 @@ class MoeTransformerLM(TransformerLM):
 
   @nn.nowrap
   def mlp_kind_pattern(self) -> tuple[str, ...]:
+    """`mlp_kinds`, or "dense" where `first_dense_layers` makes every layer dense."""
+    if self.first_dense_layers >= self.num_layers:
+      return ("dense",)
     return tuple(self.mlp_kinds)
 
   @nn.nowrap
@@ -144,16 +146,15 @@ class MoeTransformerLM(TransformerLM):
     return ("dense",) * first + kinds[first:]
 
   @nn.nowrap
-  def variant_period(self) -> int:
-    """The patterns' period, or with dense first layers the whole stack's, listed (in linear
-    time; a stack deeper than `_LISTED` layers, which no memory holds, is taken as one
-    period, unlisted). A stack of dense layers and then MoE layers has no shorter period:
-    scanned, it is one group of all its layers."""
-    if not self.first_dense_layers:
-      return super().variant_period()
-    if self.num_layers > _LISTED:
-      return self.num_layers
-    return shortest_period(self.layer_variants())
+  def scan_prefix(self) -> int:
+    """The dense first layers where they break the patterns' period (a layer among them
+    that `mlp_kinds` makes MoE), unrolled before the scan of the others; else none. A
+    stack of dense layers then MoE layers has no shorter period than its depth: scanned
+    whole, it would be one group of every layer (nothing scanned)."""
+    first = min(self.first_dense_layers, self.num_layers)
+    if first == self.num_layers or not count_per_layer(self.mlp_kinds, first, "moe"):
+      return 0
+    return first
 
   @nn.nowrap
   def variant_fields(self, period: int) -> dict[str, Any]:

@@ -73,7 +73,7 @@ class PipelineSettings:
 
 
 def check(settings: PipelineSettings, scan_layers: bool, num_layers: int, period: int,
-          rows: int | None) -> None:
+          rows: int | None, prefix: int = 0) -> None:
   """Raises UsageError (naming the field) where the pipeline cannot run this model and batch.
 
   Args:
@@ -83,6 +83,8 @@ def check(settings: PipelineSettings, scan_layers: bool, num_layers: int, period
     period: The layers of one scanned group (the kind pattern's period).
     rows: The rows of one data-parallel replica's (accumulation) batch; None where the batch
       does not split over the replicas (refused by the caller, naming the batch size).
+    prefix: The first layers, unrolled before the scanned ones (`scan_prefix`: DeepSeek's
+      dense layers); they run on every stage before the pipeline, as the embedding does.
   """
   stages, micro, repeats = settings.stages, settings.microbatches, settings.repeats
   if not scan_layers:
@@ -90,12 +92,16 @@ def check(settings: PipelineSettings, scan_layers: bool, num_layers: int, period
                        "(partitioner.ici_stage x dcn_stage) cuts the scanned layer stack",
                        "set --fdl.model.scan_layers=True")
   pieces = stages * repeats
-  if num_layers % (period * pieces):
+  if (num_layers - prefix) % (period * pieces):
     kinds = f" in groups of the layer pattern's period {period}" if period > 1 else ""
+    layers = (f"the {num_layers - prefix} layers of model.num_layers={num_layers} after the "
+              f"first {prefix} (unrolled before the scan)" if prefix
+              else f"model.num_layers={num_layers}")
+    fix = (f"make num_layers - {prefix} a multiple of {period * pieces}" if prefix
+           else f"make num_layers a multiple of {period * pieces}")
     raise config_error("partitioner.ici_stage", stages, f"{stages} stages x "
                        f"{repeats} repeats (train.pipeline_repeats) do not divide "
-                       f"model.num_layers={num_layers}{kinds}",
-                       f"make num_layers a multiple of {period * pieces}")
+                       f"{layers}{kinds}", fix)
   if rows is not None and rows % micro:
     raise config_error("train.pipeline_microbatches", micro, f"does not divide the {rows} "
                        "rows of each data-parallel replica's batch",

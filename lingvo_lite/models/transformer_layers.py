@@ -21,11 +21,18 @@ pattern's kind j: parameters `layers/pattern_j/...` with a leading axis of group
 26 layers: 4 groups of 6 and 2 sliding layers). So every layer keeps its own kind's static
 mask and kernel (no per-layer switch inside the scan), and the compiled body is one group.
 
+A family whose first layers break the period (DeepSeek's dense first layers before the MoE
+ones: `scan_prefix`, models/moe_transformer.py) has them unrolled before the scan, each its
+own `layer_N`, and the period is the rest's: DeepSeek-V3's 61 layers are `layer_0..layer_2`
+(dense) and a scan of 58 MoE layers, where the whole stack's period (61) would leave nothing
+scanned. The stack is thus [prefix, each its own kind] + [groups of the period] + [leftover];
+`scanned_span` says which layers the scan holds, and the scanned rows count from its start.
+
 The decode cache (models/kv_cache.py) follows the same layout: unrolled, one array per layer;
-scanned, one stacked array per position of the pattern plus one per layer left over. A
-sliding layer's array holds min(window, cache_length) entries per slot (a ring), a full
-layer's cache_length; the shapes are fixed when the cache is made, so decoding and serving
-never recompile.
+scanned, one array per prefix layer, one stacked array per position of the pattern, and one
+per layer left over. A sliding layer's array holds min(window, cache_length) entries per slot
+(a ring), a full layer's cache_length; the shapes are fixed when the cache is made, so
+decoding and serving never recompile.
 """
 
 from __future__ import annotations
@@ -46,9 +53,10 @@ from lingvo_lite.models.moe import STATISTICS
 LayerKind = Literal["full", "sliding", "no_rotary"]
 
 
-def per_layer(pattern: Sequence[str], num_layers: int) -> tuple[str, ...]:
-  """The kind of each of `num_layers` layers: `pattern` repeated (and cut)."""
-  return tuple(pattern[index % len(pattern)] for index in range(num_layers))
+def per_layer(pattern: Sequence[str], num_layers: int, start: int = 0) -> tuple[str, ...]:
+  """The kind of each of `num_layers` layers from layer `start` on: `pattern` repeated (and
+  cut)."""
+  return tuple(pattern[index % len(pattern)] for index in range(start, start + num_layers))
 
 
 def count_per_layer(pattern: Sequence[str], num_layers: int, kind: str) -> int:
@@ -104,14 +112,22 @@ class TransformerLayers:
     return per_layer(self.mlp_kind_pattern(), self.num_layers)
 
   @nn.nowrap
+  def scan_prefix(self) -> int:
+    """The first layers, before the repeating part: each unrolled as its own `layer_N` ahead
+    of the scanned groups, since they break the stack's period (DeepSeek's dense first
+    layers: models/moe_transformer.py). Always fewer than num_layers; none here."""
+    return 0
+
+  @nn.nowrap
   def variant_period(self) -> int:
-    """`shortest_period(layer_variants())`, from the two patterns alone: the variants repeat
-    with M, the least common multiple of the patterns' lengths, so the first 2M layers have
-    the whole stack's shortest period (by Fine and Wilf's theorem a shorter one would be a
-    period of the patterns); an absurd depth is never listed."""
+    """`shortest_period(layer_variants()[scan_prefix():])`, from the two patterns alone:
+    past the prefix the variants repeat with M, the least common multiple of the patterns'
+    lengths, so its first 2M layers have its shortest period (by Fine and Wilf's theorem a
+    shorter one would be a period of the patterns); an absurd depth is never listed."""
+    start = self.scan_prefix()
     patterns = (tuple(self.layer_kinds), self.mlp_kind_pattern())
-    prefix = min(self.num_layers, 2 * math.lcm(*(len(p) for p in patterns)))
-    return shortest_period(tuple(zip(*(per_layer(p, prefix) for p in patterns))))
+    listed = min(self.num_layers - start, 2 * math.lcm(*(len(p) for p in patterns)))
+    return shortest_period(tuple(zip(*(per_layer(p, listed, start) for p in patterns))))
 
   @nn.nowrap
   def layer_variants(self) -> tuple[tuple[str, str], ...]:
@@ -120,20 +136,45 @@ class TransformerLayers:
     return tuple(zip(self.kinds_by_layer(), self.mlp_kinds_by_layer()))
 
   @nn.nowrap
-  def variant_fields(self, period: int) -> dict[str, Any]:
-    """The field changes that make a model of `period` layers with this one's first `period`
-    variants (what `parameter_shapes` traces)."""
-    return {"num_layers": period,
-            "layer_kinds": per_layer(self.layer_kinds, min(period, self.num_layers))}
+  def variant_fields(self, count: int) -> dict[str, Any]:
+    """The field changes that make a model of `count` layers with this one's first `count`
+    variants (what `parameter_shapes` traces: the prefix and one period)."""
+    return {"num_layers": count,
+            "layer_kinds": per_layer(self.layer_kinds, min(count, self.num_layers))}
+
+  @nn.nowrap
+  def sample_layers(self) -> tuple[int, list[range]]:
+    """A short stack that has every layer's parameters: (its depth, the real layers each of
+    its layers stands for). It is the prefix and one period: sample layer j < prefix is
+    layer j; the next ones are layers j, j + P, j + 2P, ... (tracing the whole stack takes
+    time in proportion to depth: forever, for an absurd one)."""
+    start, period = self.scan_prefix(), self.variant_period()
+    count = start + min(period, self.num_layers - start)
+    return count, [range(j, j + 1) if j < start else range(j, self.num_layers, period)
+                   for j in range(count)]
+
+  @nn.nowrap
+  def sample_layer(self, layer: int) -> int:
+    """The layer of `sample_layers`' short stack that stands for `layer`."""
+    start = self.scan_prefix()
+    return layer if layer < start else start + (layer - start) % self.variant_period()
 
   @nn.nowrap
   def scan_plan(self) -> tuple[int, int]:
-    """(P, groups): scanned layers run as `groups` groups of P layers (P = 1: one block per
-    step), the rest unrolled; (0, 0) for unrolled layers."""
+    """(P, groups): the scanned layers run as `groups` groups of P layers (P = 1: one block
+    per step), the prefix before them and the rest after unrolled; (0, 0) unrolled."""
     if not self.scan_layers:
       return 0, 0
     period = self.variant_period()
-    return period, self.num_layers // period
+    return period, (self.num_layers - self.scan_prefix()) // period
+
+  @nn.nowrap
+  def scanned_span(self) -> tuple[int, int]:
+    """The layers [start, stop) the scan holds (empty where none is scanned): every layer
+    before `start` and from `stop` on is unrolled."""
+    period, groups = self.scan_plan()
+    start = self.scan_prefix() if period * groups else 0
+    return start, start + period * groups
 
   @nn.nowrap
   def rotary_scaling_settings(self, kind: str = "full") -> tuple[Any, ...]:
@@ -185,13 +226,19 @@ class TransformerLayers:
     """
     wants_kv = return_kv and cache is None
     caches = None if cache is None else list(zip(*cache))  # (keys, values) per array.
-    x, scanned = self._scanned_layers(x, positions, segment_ids, caches, wants_kv)
-    left = None if caches is None else caches[len(scanned):]
-    x, unrolled = self._unrolled_layers(x, positions, segment_ids, left, wants_kv)
+    start, stop = self.scanned_span()
+    x, first = self._unrolled_layers(x, positions, segment_ids, range(start), caches,
+                                     wants_kv)
+    x, scanned = self._scanned_layers(x, positions, segment_ids,
+                                      None if caches is None else caches[start:], wants_kv)
+    left = None if caches is None else caches[start + len(scanned):]
+    x, rest = self._unrolled_layers(x, positions, segment_ids, range(stop, self.num_layers),
+                                    left, wants_kv)
+    parts = first + scanned + rest
     if caches is not None:
-      return x, tuple(tuple(part) for part in zip(*scanned, *unrolled))
+      return x, tuple(tuple(part) for part in zip(*parts))
     if wants_kv:
-      return x, jax.tree.map(lambda *parts: jnp.concatenate(parts), *scanned, *unrolled)
+      return x, jax.tree.map(lambda *arrays: jnp.concatenate(arrays), *parts)
     return x, None
 
   def _scanned_layers(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
@@ -249,8 +296,10 @@ class TransformerLayers:
   @nn.nowrap
   def _scan_body(self, period: int, wants_kv: bool) -> tuple[Any, dict[str, Any]]:
     """The module a scan step runs, and its fields: a block (`period` 1), else a group of
-    `period` blocks, the pattern's."""
-    kinds, mlp_kinds = self.kinds_by_layer(), self.mlp_kinds_by_layer()
+    `period` blocks, the pattern's (from the first scanned layer on)."""
+    start = self.scan_prefix()
+    kinds = self.kinds_by_layer()[start:start + period]
+    mlp_kinds = self.mlp_kinds_by_layer()[start:start + period]
     if period == 1:
       body = self._block_class(True)
       fields = dict(self._block_fields(kinds[0], mlp_kinds[0]), return_kv=wants_kv,
@@ -258,8 +307,7 @@ class TransformerLayers:
     else:
       body = BlockGroup
       fields = {"members": tuple(tuple(sorted(self._block_fields(kind, mlp_kind).items()))
-                                 for kind, mlp_kind in zip(kinds[:period],
-                                                           mlp_kinds[:period])),
+                                 for kind, mlp_kind in zip(kinds, mlp_kinds)),
                 "block_class": self._block_class(True), "return_kv": wants_kv}
     return body, fields
 
@@ -274,14 +322,16 @@ class TransformerLayers:
                    metadata_params={nn.PARTITION_NAME: "layers"})(**fields, name="layers")
 
   def _unrolled_layers(self, x: jax.Array, positions: jax.Array, segment_ids: jax.Array | None,
-                       caches: list[Any] | None, wants_kv: bool) -> tuple[jax.Array, list[Any]]:
-    """The layers after the scanned groups (every layer, unscanned), each its own `layer_N`:
-    their output, and as `_scanned_layers` their cache arrays (one a layer) or (keys, values)."""
+                       layers: range, caches: list[Any] | None,
+                       wants_kv: bool) -> tuple[jax.Array, list[Any]]:
+    """The unrolled `layers` (the prefix before the scanned groups, the layers left over after
+    them; every layer, unscanned), each its own `layer_N`: their output, and as
+    `_scanned_layers` their cache arrays (one a layer, `caches` from the first) or (keys,
+    values)."""
     kinds, mlp_kinds = self.kinds_by_layer(), self.mlp_kinds_by_layer()
-    period, groups = self.scan_plan()
     leftover = self._block_class(False)
     added = []
-    for layer in range(period * groups, self.num_layers):
+    for layer in layers:
       block = leftover(**self._block_fields(kinds[layer], mlp_kinds[layer]),
                        return_kv=wants_kv, name=f"layer_{layer}")
       if caches is not None:
@@ -299,21 +349,23 @@ class TransformerLayers:
   @nn.nowrap
   def scanned_position(self, layer: int) -> tuple[tuple[str, ...], int] | None:
     """Where scanned layers keep layer `layer`'s parameters: (the keys of its stacked
-    subtree, its row there), or None where it is unrolled (a layer left over)."""
-    period, groups = self.scan_plan()
-    if layer >= period * groups:
+    subtree, its row there), or None where it is unrolled (the prefix, a layer left over)."""
+    start, stop = self.scanned_span()
+    if not start <= layer < stop:
       return None
+    period, _ = self.scan_plan()
     if period == 1:
-      return ("layers",), layer
-    return ("layers", f"pattern_{layer % period}"), layer // period
+      return ("layers",), layer - start
+    return ("layers", f"pattern_{(layer - start) % period}"), (layer - start) // period
 
   @nn.nowrap
   def to_own_layout(self, tree: Any) -> Any:
     """Stacks unrolled layers (`layer_0`, ...) or slices scanned ones, on host."""
     if not self.scan_layers:
       return layer_layout.unstack_layers(tree)
-    period, groups = self.scan_plan()
-    return layer_layout.stack_layers(tree, period, period * groups)
+    period, _ = self.scan_plan()
+    start, stop = self.scanned_span()
+    return layer_layout.stack_layers(tree, period, stop - start, start)
 
   # ---------------------------------------------------------------------------- decode cache
 
@@ -328,10 +380,12 @@ class TransformerLayers:
       entries = min(self.window, cache_length) if sliding else cache_length
       return kv_cache.CacheArray(tuple(layers), entries, sliding, stacked, kind)
 
-    period, groups = self.scan_plan()
-    scanned = period * groups
-    arrays = [array(range(member, scanned, period), True) for member in range(period)]
-    return arrays + [array((layer,), False) for layer in range(scanned, self.num_layers)]
+    period, _ = self.scan_plan()
+    start, stop = self.scanned_span()
+    first = [array((layer,), False) for layer in range(start)]
+    scanned = [array(range(start + member, stop, period), True)
+               for member in range(period if stop > start else 0)]
+    return first + scanned + [array((layer,), False) for layer in range(stop, self.num_layers)]
 
   @nn.nowrap
   def cache_widths(self) -> tuple[int, int, int]:

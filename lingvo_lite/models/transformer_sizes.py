@@ -67,47 +67,54 @@ class TransformerSizes:
   def parameter_shapes(self) -> list[ArrayShape]:
     """Every parameter's path, logical axes, full shape and dtype, without allocating any.
 
-    Traces a copy with one period P of the layers' variants (`layer_variants`: one layer
-    unless the feed-forward kinds differ; every attention kind has the same shapes), since
-    tracing all of them takes time in proportion to depth (forever, for an absurd depth). A
-    parameter of the copy's `layer_j` stands for layers j, j + P, ... of the real layout:
-    unrolled, as `layer_j` with that many `repeats`; scanned, the `layers` subtree with its
-    leading axis at full size (groups of a pattern: `layers/pattern_j`), and the layers left
-    over unrolled after them (models/transformer_layers.py).
+    Traces a copy of `sample_layers()`: the unrolled prefix (models/transformer_layers.py)
+    and one period P of the layers' variants (`layer_variants`: one layer unless the kinds
+    differ; every attention kind has the same shapes), since tracing all of them takes time
+    in proportion to depth (forever, for an absurd depth). A parameter of the copy's
+    `layer_j` stands for the layers `sample_layers` says: unrolled, as `layer_j` with that
+    many `repeats`; scanned, the `layers` subtree with its leading axis at full size (groups
+    of a pattern: `layers/pattern_j`), and the layers before and after the scanned ones
+    unrolled.
     """
-    period = self.variant_period()
-    sample = self.clone(parent=None, scan_layers=False, **self.variant_fields(period))
+    count, stands_for = self.sample_layers()
+    sample = self.clone(parent=None, scan_layers=False, **self.variant_fields(count))
     tokens = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     boxed = jax.eval_shape(sample.init, jax.random.key(0), tokens)["params"]
-    scan_period, groups = self.scan_plan()
-    scanned = scan_period * groups
     found = []
     for path, leaf in jax.tree_util.tree_flatten_with_path(
         boxed, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))[0]:
       value = leaf.value if isinstance(leaf, nn.meta.AxisMetadata) else leaf
       axes = tuple(getattr(leaf, "names", (None,) * len(value.shape)))
       shape, dtype = tuple(value.shape), jnp.dtype(value.dtype)
-      key = jax.tree_util.keystr(path)
       first = getattr(path[0], "key", "")
       if not first.startswith("layer_"):
-        found.append(ArrayShape(key, axes, shape, dtype))
+        found.append(ArrayShape(jax.tree_util.keystr(path), axes, shape, dtype))
         continue
-      member = int(first[len("layer_"):])  # Stands for layers member, member + period, ...
-      inner = jax.tree_util.keystr(path[1:])
-      layers = range(member, self.num_layers, period)
-      if not self.scan_layers:
-        found.append(ArrayShape(f"['layer_{member}']{inner}", axes, shape, dtype, len(layers)))
-        continue
-      if scan_period == 1:
+      layers = stands_for[int(first[len("layer_"):])]
+      found += self._layer_shapes(layers, jax.tree_util.keystr(path[1:]), axes, shape, dtype)
+    return found
+
+  @nn.nowrap
+  def _layer_shapes(self, layers: range, inner: str, axes: tuple[str | None, ...],
+                    shape: tuple[int, ...], dtype: Any) -> list[ArrayShape]:
+    """A parameter (`inner`: its path in a block) of `layers` (one variant's) as the stack
+    keeps it: stacked where scanned, else one `layer_N` standing for its repeats."""
+    start, stop = self.scanned_span()
+    scanned = [layer for layer in layers if start <= layer < stop]
+    unrolled = [layer for layer in layers if not start <= layer < stop]
+    found = []
+    if scanned:
+      period, groups = self.scan_plan()
+      if period == 1:
         found.append(ArrayShape(f"['layers']{inner}", ("layers", *axes),
-                                (self.num_layers, *shape), dtype))
+                                (stop - start, *shape), dtype))
       else:
-        found.append(ArrayShape(f"['layers']['pattern_{member}']{inner}", ("layers", *axes),
-                                (groups, *shape), dtype))
-      leftover = [layer for layer in layers if layer >= scanned]
-      if leftover:
-        found.append(ArrayShape(f"['layer_{leftover[0]}']{inner}", axes, shape, dtype,
-                                len(leftover)))
+        found.append(ArrayShape(f"['layers']['pattern_{(scanned[0] - start) % period}']{inner}",
+                                ("layers", *axes), (groups, *shape), dtype))
+    if unrolled:  # The prefix, or the layers left over (one each side: a repeat per layer).
+      found += [ArrayShape(f"['layer_{side[0]}']{inner}", axes, shape, dtype, len(side))
+                for side in ([l for l in unrolled if l < start],
+                             [l for l in unrolled if l >= start]) if side]
     return found
 
   @nn.nowrap

@@ -147,13 +147,13 @@ def expected_shapes(model: Any) -> dict[str, tuple[int, ...]]:
   unrolled = model.clone(parent=None, scan_layers=False, layer_kinds=("full",))
   by_path = {"/".join(re.findall(r"\['([^']*)'\]", shape.path)): tuple(shape.shape)
              for shape in unrolled.parameter_shapes()}
-  # `parameter_shapes` names one period of the layers: layer_j stands for j, j + P, ...
-  period = len({path.split("/")[0] for path in by_path if path.startswith("layer_")}) or 1
+  # `parameter_shapes` names the layers of a short stack (models/transformer_layers.py's
+  # `sample_layers`: a prefix and one period), each standing for others.
 
   def shape_of(path: str) -> tuple[int, ...]:
     first, _, rest = path.partition("/")
     if first.startswith("layer_"):
-      return by_path[f"layer_{int(first[len('layer_'):]) % period}/{rest}"]
+      return by_path[f"layer_{unrolled.sample_layer(int(first[len('layer_'):]))}/{rest}"]
     return by_path[path]
 
   hf = {tensor.name: tensor.format_shape([shape_of(path) for path in tensor.paths])

@@ -339,9 +339,8 @@ class PeftCheckpoint(PathSource):
       raise UsageError(f"{FIELD}=peft:{self.path}: train.lora.targets names {missing[0]}, which "
                        "the folder has no adapter for; leave train.lora as the PEFT config "
                        "sets it")
-    tree = lora.unflatten(host)
-    if model.scan_layers:
-      tree = layer_layout.stack_layers(tree)
+    # Stacked as the model's scan holds its layers (a pattern's groups, an unrolled prefix).
+    tree = model.to_own_layout(lora.unflatten(host))
     shardings = jax.tree.map(lambda leaf: leaf.sharding, abstract)
     return jax.device_put(tree, shardings), f"peft:{self.path} sha256:{digest.hexdigest()}"
 

@@ -26,6 +26,7 @@ from lingvo_lite.models.deepseek_v2 import DeepSeekV2
 from lingvo_lite.models.deepseek_v3 import DeepSeekV3
 from lingvo_lite.models.latent_attention import LatentAttention
 from lingvo_lite.models.llama import Llama
+from lingvo_lite.partitioning import Partitioner
 from lingvo_lite.testing import run_cli
 from tests.models.references import assert_decode_equals_teacher_forcing
 
@@ -141,6 +142,25 @@ def test_training_kernels_take_the_values_width(implementation, value_width):
   np.testing.assert_allclose(got, expected, rtol=1e-5)
   for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(expected_grads)):
     np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-4)
+
+
+def test_fsdp_splits_every_weight_matrix_of_deepseek_v3():
+  """Under the default rules every weight matrix of DeepSeek-V3's full shapes (from
+  `parameter_shapes`, nothing allocated) has a dimension on `fsdp`: the up projections,
+  which have no `embed`, by their input (`q_lora`, `kv_lora`); whole on every chip they were
+  3.3B parameters. Their shards at fsdp=128 (a v5p-256) are the matrices over 128."""
+  partitioner = Partitioner()
+  matrices = 0
+  for p in DeepSeekV3(scan_layers=True).parameter_shapes():
+    bare = p.axes[1:] if p.axes[:1] == ("layers",) else p.axes
+    if len(bare) < 2:  # Norms and biases: small, whole.
+      continue
+    matrices += 1
+    assert any("fsdp" in axes for axes in partitioner.mesh_axes_of(p.axes)), (p.path, p.axes)
+    if "q_lora" in p.axes or "kv_lora" in p.axes:
+      split = p.axes.index("q_lora" if "q_lora" in p.axes else "kv_lora")
+      assert p.shape[split] % 128 == 0, p  # 1536 and 512 over a v5p-256's 128 chips.
+  assert matrices >= 12
 
 
 def test_lora_targets_every_latent_projection_by_default():

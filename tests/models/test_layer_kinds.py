@@ -7,6 +7,8 @@ added to its blocks, on the Llama family with those fields set (no new family ne
   a plain jax.numpy forward pass written out below from the model's own parameters;
 - scanned layers of a repeating pattern (groups plus the layers left over) train and decode
   as unrolled ones; the layouts convert both ways;
+- DeepSeek's dense first layers are an unrolled prefix before the scan of the MoE layers
+  (one scan, counted in the traced program), which trains as the unrolled stack;
 - decoding three windows past the prompt equals teacher forcing through a cache whose
   sliding layers hold only their window, and the cache's bytes are counted layer by layer;
 - FLOPs count a sliding layer's attention over its window only (score pairs counted from a
@@ -22,14 +24,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec
 
 from lingvo_lite.decode import sampling
 from lingvo_lite.decode import steps as decoding
 from lingvo_lite.models import layer_layout, transformer_layers
+from lingvo_lite.models.deepseek_v3 import DeepSeekV3
 from lingvo_lite.models.llama import Llama
 from lingvo_lite.models.mixtral import Mixtral
+from lingvo_lite.training import steps
+from lingvo_lite.training.train_state import TrainState
 from tests.models.references import assert_decode_equals_teacher_forcing, rotate_half
 
 WINDOW = 4
@@ -310,3 +316,149 @@ def test_the_scan_period_from_the_patterns_is_the_listed_layers_shortest_period(
   assert deep.variant_period() == 6
   assert deep.moe_layers() == 2 * 10 ** 9 // 3 + 1  # 10**9 = 3 x 333,333,333 + 1: a "moe".
   assert deep.kinds_used() == {"sliding", "full"}
+
+
+def test_dense_first_layers_are_a_prefix_only_where_they_break_the_period():
+  """With `first_dense_layers`, the prefix is those layers where one of them would be MoE by
+  the pattern (else none: they are the pattern's own), and the period is the shortest of the
+  listed layers after it; a billion layers are counted without listing them."""
+  for kinds in [("full",), ("sliding", "full")]:
+    for mlp_kinds in [("moe",), ("dense", "moe"), ("moe", "moe", "dense")]:
+      for first in range(5):
+        for depth in range(1, 9):
+          model = Mixtral(**{**SIZES, "num_layers": depth, "layer_kinds": kinds,
+                             "mlp_kinds": mlp_kinds, "first_dense_layers": first})
+          listed, prefix = model.layer_variants(), model.scan_prefix()
+          pattern = transformer_layers.per_layer(mlp_kinds, min(first, depth))
+          breaks = "moe" in pattern and first < depth
+          assert prefix == (first if breaks else 0), (kinds, mlp_kinds, first, depth)
+          assert [m for _, m in listed[:min(first, depth)]] == ["dense"] * min(first, depth)
+          assert model.variant_period() == transformer_layers.shortest_period(
+              listed[prefix:]), (kinds, mlp_kinds, first, depth)
+  deep = Mixtral(**{**SIZES, "num_layers": 10 ** 9, "layer_kinds": ("sliding", "full"),
+                    "mlp_kinds": ("moe",), "first_dense_layers": 3, "scan_layers": True})
+  assert deep.scan_prefix() == 3 and deep.scan_plan() == (2, (10 ** 9 - 3) // 2)
+  assert deep.scanned_span() == (3, 3 + 2 * ((10 ** 9 - 3) // 2))
+
+
+# ------------------------------------------------------------------ an unrolled prefix
+
+# DeepSeek-V3's layers at tiny sizes: latent attention, experts in groups, a selection bias.
+DEEPSEEK = dict(vocab_size=61, dim=32, num_heads=4, kv_lora_rank=16, q_lora_rank=24,
+                qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, mlp_dim=40,
+                expert_mlp_dim=16, shared_expert_mlp_dim=16, num_experts=4, expert_groups=2,
+                expert_groups_per_token=1, experts_per_token=2, max_length=64,
+                rotary_scaling="none", selection_bias_rate=0.01, load_balance_coefficient=0.01)
+# Each stack: its fields, the layers the scan holds [start, stop), the scan's period.
+PREFIXED = {
+    # DeepSeek's own: dense layers, then MoE layers (period 1 after the prefix; the whole
+    # stack's shortest period is its depth).
+    "deepseek": (dict(num_layers=3, first_dense_layers=1), (1, 3), 1),
+    # A dense prefix before a pattern (dense, moe) of the rest: a group, a layer left over.
+    "prefix_pattern_leftover": (dict(num_layers=4, first_dense_layers=1,
+                                     mlp_kinds=("moe", "dense")), (1, 3), 2),
+}
+
+
+def _random_params(model: nn.Module, seed: int = 0):
+  """Parameters of `model`'s shapes (traced, not run: a run of the initializers outside a
+  compile takes seconds an op), drawn with NumPy: norms' scales about 1, the rest about 0."""
+  shapes = jax.eval_shape(lambda: nn.meta.unbox(model.init(
+      jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))
+  rng = np.random.default_rng(seed)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, leaf: (float(path[-1].key == "scale") + 0.1 * rng.standard_normal(
+          leaf.shape)).astype(leaf.dtype), shapes)
+
+
+def _scan_lengths(jaxpr) -> list[int]:
+  """The length of every outermost scan in `jaxpr` and the calls inside it (not the loops a
+  scan's body runs: the experts' dispatch has its own)."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan":
+      found.append(eqn.params["length"])
+      continue
+    for value in eqn.params.values():
+      for inner in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(inner, "jaxpr", inner)
+        if hasattr(inner, "eqns"):
+          found += _scan_lengths(inner)
+  return found
+
+
+@pytest.mark.parametrize("case", sorted(PREFIXED))
+def test_a_dense_prefix_is_unrolled_and_the_layers_after_it_scanned(case):
+  """The prefix's layers are `layer_N` of their own, the scan holds the others (one scan of
+  `groups` steps in the traced program), the layers left over follow; the layouts convert
+  both ways, and the shapes are what the model initializes (the scanned members' kinds are
+  the rest's, not the prefix's: a dense member where a MoE one belongs would show)."""
+  fields, (start, stop), period = PREFIXED[case]
+  unrolled = DeepSeekV3(**DEEPSEEK, **fields)
+  scanned = unrolled.clone(scan_layers=True)
+  groups = (stop - start) // period
+  assert scanned.scanned_span() == (start, stop) and scanned.scan_plan() == (period, groups)
+  params = _random_params(unrolled)
+  stacked = scanned.to_own_layout(params)
+  layer_keys = {f"layer_{i}" for i in [*range(start), *range(stop, fields["num_layers"])]}
+  assert {k for k in stacked if k.startswith("layer")} == layer_keys | {"layers"}
+  assert {leaf.shape[0] for leaf in jax.tree.leaves(stacked["layers"])} == {groups}
+  assert "router_kernel" not in stacked["layer_0"]["mlp"]  # The prefix: dense.
+  initialized = jax.eval_shape(lambda: nn.meta.unbox(scanned.init(
+      jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]))
+  assert jax.tree.map(jnp.shape, initialized) == jax.tree.map(jnp.shape, stacked)
+  found = {jax.tree_util.keystr(path): leaf.shape
+           for path, leaf in jax.tree_util.tree_flatten_with_path(stacked)[0]}
+  shapes = scanned.parameter_shapes()
+  assert {a.path: a.shape for a in shapes if a.repeats == 1} == {
+      path: shape for path, shape in found.items() if path in {a.path for a in shapes}}
+  assert sum(np.prod(a.shape) * a.repeats for a in shapes) == sum(
+      np.prod(s) for s in found.values()) == unrolled.num_parameters()
+  back = layer_layout.unstack_layers(stacked)
+  assert jax.tree.structure(back) == jax.tree.structure(params)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(back),
+                                                  jax.tree.leaves(params)))
+  jaxpr = jax.make_jaxpr(lambda p: scanned.apply({"params": p}, _tokens(2, (2, 11))))(
+      stacked).jaxpr
+  assert _scan_lengths(jaxpr) == [groups]
+
+
+def test_a_dense_prefix_then_scanned_experts_trains_as_the_unrolled_stack():
+  """DeepSeek's stack, 2 AdamW steps from the same weights: the scanned layout's losses are
+  the unrolled one's, and so is each MoE layer's selection bias after them (moved by its own
+  layer's loads: a load counted for another layer would show)."""
+  fields = PREFIXED["deepseek"][0]
+  unrolled = DeepSeekV3(**DEEPSEEK, **fields)
+  scanned = unrolled.clone(scan_layers=True)
+  rng = np.random.default_rng(3)
+  batches = [{"inputs": jnp.asarray(rng.integers(0, 61, (4, 12))),
+              "targets": jnp.asarray(rng.integers(0, 61, (4, 12))),
+              "weights": jnp.ones((4, 12), jnp.float32)} for _ in range(2)]
+  params = _random_params(unrolled)
+  optimizer = optax.adamw(1e-2)
+
+  def run(model, tree):
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=tree,
+                       opt_state=optimizer.init(tree))
+    step = jax.jit(lambda s, b: steps.train_step(s, b, model=model, optimizer=optimizer,
+                                                 schedule=lambda _: 1e-2))
+    losses = []
+    for batch in batches:
+      state, metrics = step(state, batch)
+      losses.append(float(metrics["loss"]))
+    return losses, state.params
+
+  losses_u, after_u = run(unrolled, params)
+  losses_s, after_s = run(scanned, scanned.to_own_layout(jax.device_get(params)))
+  # Losses, not weights: Adam divides by the root of tiny second moments, so float32
+  # summation-order noise in near-zero gradients moves single weights visibly.
+  np.testing.assert_allclose(losses_s, losses_u, rtol=1e-5)
+  biases = lambda tree: {jax.tree_util.keystr(path): np.asarray(leaf)
+                         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+                         if "selection_bias" in jax.tree_util.keystr(path)}
+  moved, reference = biases(layer_layout.unstack_layers(jax.device_get(after_s))), biases(
+      after_u)
+  assert len(reference) == 2 and moved.keys() == reference.keys()
+  assert any(np.ptp(value) > 0 for value in reference.values())
+  for key, value in reference.items():
+    np.testing.assert_allclose(moved[key], value, rtol=0, atol=1e-7, err_msg=key)

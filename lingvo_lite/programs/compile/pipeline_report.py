@@ -47,6 +47,7 @@ def section(jitted: Any, stage_bytes: int | None) -> dict[str, Any] | None:
     return None
   stacked, other = _parameter_bytes(jitted.sharded_state.abstract.params)
   setup = jitted.setup
+  model = setup.model
   rows = setup.train_data.global_batch_size // (
       setup.train.grad_accum_steps
       * setup.partitioner.data_parallel_size(dict(jitted.mesh.shape)))
@@ -55,7 +56,7 @@ def section(jitted: Any, stage_bytes: int | None) -> dict[str, Any] | None:
           "schedule": "gpipe" if pipeline.repeats == 1 else "circular",
           "iterations": pipeline.iterations, "bubble_fraction": pipeline.bubble_fraction,
           "bubble_formula": BUBBLE_FORMULA,
-          "layers_per_stage": jitted.setup.model.num_layers // pipeline.stages,
+          "layers_per_stage": (model.num_layers - model.scan_prefix()) // pipeline.stages,
           "replica_rows": rows, "stage_bytes": stage_bytes, "stage_layer_parameter_bytes": stacked,
           "other_parameter_bytes": other}
 
