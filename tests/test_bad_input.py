@@ -435,8 +435,15 @@ VALUES_CASES = [
      "--fdl.model.mlp_dim=10000000000000000000: is past int64"),
     Case("absurd depth does not fit this host",
      ["--exp=PyCodeTiny", "--fiddler=tiny", "--fiddler=synthetic_data",
-      "--job_log_dir={tmp}/new", "--fdl.model.num_layers=1000000000"],
+      "--job_log_dir={tmp}/new", "--fdl.model.num_layers=1000000000",
+      "--fdl.model.scan_layers=True"],
      "do not fit: training needs at least"),
+    # The compile program has no memory check before it traces: a million layers unrolled
+    # would be traced one by one for days.
+    Case("absurd unrolled depth to compile",
+     ["--exp=PyCodeTiny", "--mode=compile", "--compile_topology=cpu:1",
+      "--job_log_dir={tmp}/new", "--fdl.model.num_layers=1000000"],
+     "model.num_layers=1000000: unrolled (model.scan_layers=False): more than 1024 layers"),
     # Values Python's parser or repr cannot take: nesting, length, ints of 4300+ digits.
     Case("value nested too deep", ["--job_log_dir={job}", "--fdl.train.steps=" + "-" * 5000 + "1"],
      ": the value is not a Python literal"),

@@ -284,8 +284,7 @@ class SlotBatch:
       self.ended[[slot for slot, _ in chosen]] = False
     generator.state = generator._generate(
         generator.params, generator.state, np.int32(generator.settings.steps_per_call),
-        self.ended)
-    self.ended[:] = False
+        self._take_ended())
     tokens, logprobs, lengths, done = jax.device_get(
         (generator.state.tokens, generator.state.logprobs, generator.state.lengths,
          generator.state.done))
@@ -315,5 +314,15 @@ class SlotBatch:
     self.slots = [None] * generator.slots
     if self.ended.any():
       generator.state = generator._generate(
-          generator.params, generator.state, np.int32(0), self.ended)
+          generator.params, generator.state, np.int32(0), self._take_ended())
     self.ended[:] = False
+
+  def _take_ended(self) -> np.ndarray:
+    """The slots ended since the last call, in an array of their own, and none left ended.
+    A call returns before its host arrays have reached the device (the transfer runs
+    asynchronously; JAX keeps the array alive, not unchanged): clearing the very array it
+    was given could reach the device first, and a slot a stop string ended was then never
+    marked done there (tests/decode/test_decode.py's stop-string test, under load)."""
+    ended = self.ended.copy()
+    self.ended[:] = False
+    return ended

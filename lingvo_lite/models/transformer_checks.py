@@ -16,6 +16,13 @@ from lingvo_lite import target as targets
 from lingvo_lite.errors import config_error
 from lingvo_lite.models import attention_kernels, remat
 
+# The most layers a model traces one by one (`scan_layers=False`): each is traced, lowered and
+# compiled as code of its own, and the time grows faster than the count (`--mode=compile` of
+# PyCodeTiny for cpu:1 on this project's 2-core host: 64 layers 46 s, 256 layers 333 s), so a
+# million never finished. The deepest published models have under 200 layers; a scanned stack
+# traces one body whatever its depth.
+MAX_UNROLLED_LAYERS = 1024
+
 
 class TransformerChecks:
   """`validate`, `check_sequence_length`, the attention kernel (`attention_choice`) and `tiny`
@@ -24,6 +31,11 @@ class TransformerChecks:
   @nn.nowrap
   def validate(self, target: targets.Target, path: str = "model") -> None:
     self.check_size(path)
+    if not self.scan_layers and self.num_layers > MAX_UNROLLED_LAYERS:
+      raise config_error(f"{path}.num_layers", self.num_layers,
+                         f"unrolled ({path}.scan_layers=False): more than {MAX_UNROLLED_LAYERS} layers "
+                         "traced one by one take hours to compile",
+                         f"set {path}.scan_layers=True or use fewer layers")
     if self.head_dim is None and self.dim % self.num_heads:
       raise config_error(f"{path}.num_heads", self.num_heads,
                          f"does not divide {path}.dim={self.dim}",

@@ -100,8 +100,7 @@ class TransformerSizes:
     """A parameter (`inner`: its path in a block) of `layers` (one variant's) as the stack
     keeps it: stacked where scanned, else one `layer_N` standing for its repeats."""
     start, stop = self.scanned_span()
-    scanned = [layer for layer in layers if start <= layer < stop]
-    unrolled = [layer for layer in layers if not start <= layer < stop]
+    scanned = _within(layers, start, stop)
     found = []
     if scanned:
       period, groups = self.scan_plan()
@@ -111,10 +110,11 @@ class TransformerSizes:
       else:
         found.append(ArrayShape(f"['layers']['pattern_{(scanned[0] - start) % period}']{inner}",
                                 ("layers", *axes), (groups, *shape), dtype))
-    if unrolled:  # The prefix, or the layers left over (one each side: a repeat per layer).
-      found += [ArrayShape(f"['layer_{side[0]}']{inner}", axes, shape, dtype, len(side))
-                for side in ([l for l in unrolled if l < start],
-                             [l for l in unrolled if l >= start]) if side]
+    # The prefix, or the layers left over (one each side: a repeat per layer).
+    found += [ArrayShape(f"['layer_{side[0]}']{inner}", axes, shape, dtype, len(side))
+              for side in (_within(layers, layers.start, start) if stop > start else layers,
+                           _within(layers, stop, layers.stop) if stop > start else range(0))
+              if side]
     return found
 
   @nn.nowrap
@@ -167,3 +167,12 @@ class TransformerSizes:
     per_position = 2 * self.num_heads * self.attention_head_widths()
     seen = context_length if not sliding else min(context_length, self.window)
     return per_position * (full * context_length + sliding * seen)
+
+
+def _within(layers: range, low: int, high: int) -> range:
+  """The layers of `layers` in [low, high), as a range: counted, never listed (a billion
+  layers' depth is refused by what counts them, not waited for)."""
+  first = max(0, -(-(low - layers.start) // layers.step))
+  last = max(0, -(-(high - layers.start) // layers.step))
+  return layers[first:last]
+
