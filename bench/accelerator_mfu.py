@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 import numpy as np
 
+from bench import timed_steps
 from lingvo_lite import chips, executor, mfu
 from lingvo_lite.models import flash_attention
 from lingvo_lite.on_mesh.jitted import JittedSteps
@@ -78,15 +79,7 @@ def measure(experiment: str, sets: list[str], steps: int) -> dict:
     compile_s = time.perf_counter() - started
     state = jitted.init_state()
     batch = jitted.global_batch(data.batch(0, jax.process_index(), jax.process_count()))
-    for _ in range(2):  # The first steps settle allocation.
-      state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics["loss"])
-    step_times = []
-    for _ in range(steps):
-      started = time.perf_counter()
-      state, metrics = compiled(state, batch)
-      jax.block_until_ready(metrics["loss"])
-      step_times.append(time.perf_counter() - started)
+    step_times, state, metrics = timed_steps.each_step_seconds(compiled, state, batch, steps)
     attention = model.resolved_attention_implementation()
   step_time = statistics.median(step_times)
   devices = jax.device_count()

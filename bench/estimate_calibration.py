@@ -40,6 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax
 import jax.numpy as jnp
 
+from bench import timed_steps
 from lingvo_lite import chips, executor, mfu, target as targets
 from lingvo_lite.programs.compile import step_estimate
 # pylint: enable=wrong-import-position
@@ -126,15 +127,7 @@ def chip_row(name: str, steps: int, profile: str | None, chip_name: str | None =
     state = jitted.init_state()
     batch = jitted.global_batch(setup.train_data.batch(0, jax.process_index(),
                                                        jax.process_count()))
-    for _ in range(2):
-      state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics["loss"])
-    times = []
-    for _ in range(steps):
-      started = time.perf_counter()
-      state, metrics = compiled(state, batch)
-      jax.block_until_ready(metrics["loss"])
-      times.append(time.perf_counter() - started)
+    times, state, _ = timed_steps.each_step_seconds(compiled, state, batch, steps)
     hlo = compiled.as_text()
     chip = (chips.CHIPS[chip_name] if chip_name
             else chips.chip_of(jax.devices()[0].device_kind))

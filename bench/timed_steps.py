@@ -57,3 +57,21 @@ def timed_train_steps(jitted: Any, state: Any, batch: Any) -> Callable[[int], fl
       jax.block_until_ready(metrics["loss"])
     return (time.perf_counter() - started) / num_steps
   return run
+
+
+def each_step_seconds(step: Callable, state: Any, batch: Any, steps: int, warmup: int = 2
+                      ) -> tuple[list[float], Any, Any]:
+  """`warmup` untimed calls of a compiled train step (the first settle allocation), then the
+  seconds of each of `steps` calls, each waited for: (the seconds, the state, the last
+  metrics). The step donates its state, so the one returned is the one to go on with."""
+  import jax  # pylint: disable=g-import-not-at-top  # The benches set up devices first.
+  for _ in range(warmup):
+    state, metrics = step(state, batch)
+  jax.block_until_ready(metrics["loss"])
+  seconds = []
+  for _ in range(steps):
+    started = time.perf_counter()
+    state, metrics = step(state, batch)
+    jax.block_until_ready(metrics["loss"])
+    seconds.append(time.perf_counter() - started)
+  return seconds, state, metrics

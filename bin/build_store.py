@@ -30,7 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from lingvo_lite.errors import DataError, UsageError, config_error, one_line, os_error_text
+from lingvo_lite.errors import UsageError, config_error, one_line
+from lingvo_lite import tool_arguments
 from lingvo_lite.tool_arguments import ToolArgumentParser
 from tasks.formats import FORMATS, all_settings
 
@@ -136,24 +137,12 @@ def _task(args: argparse.Namespace):
 
 
 def main(argv: list[str]) -> int:
-  """Builds the stores; returns the exit code, any error printed as one line on stderr."""
-  try:
-    return _build(argv)
-  except UsageError as e:
-    _print_error(str(e))
-    return 2
-  except DataError as e:
-    _print_error(str(e))
-    return 1
-  except OSError as e:  # Publishing the store failed (its manifest on a full disk, say).
-    problem, fix = os_error_text(e, "give --out on another disk")
-    where = f" {e.filename}" if e.filename else ""
-    _print_error(f"cannot write{where}: {problem}; {fix}, then build again")
-    return 1
-  except KeyboardInterrupt:
-    # Ctrl-C: the unfinished store, its lock and log and the folders made for it are gone.
-    _print_error("interrupted (Ctrl-C); nothing of the unfinished store is left")
-    return 130
+  """Builds the stores; returns the exit code, any error printed as one line on stderr. A
+  failed write (the manifest on a full disk, say) or Ctrl-C leaves nothing of the unfinished
+  store: its lock, log and the folders made for it are gone."""
+  return tool_arguments.ended(lambda: _build(argv), _print_error,
+                              "interrupted (Ctrl-C); nothing of the unfinished store is left",
+                              ", then build again")
 
 
 def _build(argv: list[str]) -> int:

@@ -35,7 +35,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from lingvo_lite.errors import DataError, UsageError, config_error, one_line, os_error_text
+from lingvo_lite.errors import UsageError, config_error, one_line
+from lingvo_lite import tool_arguments
 from lingvo_lite.tool_arguments import ToolArgumentParser
 
 TASKS = ("arithmetic", "code")
@@ -172,27 +173,14 @@ def _check(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> int:
   """Writes or checks; returns the exit code, any error printed as one line on stderr."""
-  try:
+  def run() -> int:
     args = _parse(argv)
     if args.check:
       _check(args)
     else:
       _write(args)
-  except UsageError as e:
-    _print_error(str(e))
-    return 2
-  except DataError as e:
-    _print_error(str(e))
-    return 1
-  except OSError as e:
-    problem, fix = os_error_text(e, "give --out on another disk")
-    where = f" {e.filename}" if e.filename else ""
-    _print_error(f"cannot write{where}: {problem}; {fix}")
-    return 1
-  except KeyboardInterrupt:
-    _print_error("interrupted (Ctrl-C)")
-    return 130
-  return 0
+    return 0
+  return tool_arguments.ended(run, _print_error, "interrupted (Ctrl-C)")
 
 
 if __name__ == "__main__":

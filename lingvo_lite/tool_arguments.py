@@ -1,5 +1,6 @@
-"""The argument parser of the bin/ tools, under the executor's contract: a mistake is one line
-and exit code 2, and a flag given empty is refused rather than read as left out.
+"""The argument parser of the bin/ tools and how they end, under the executor's contract: a
+mistake is one line and exit code 2, bad data or a failed write one line and 1, Ctrl-C 130;
+and a flag given empty is refused rather than read as left out (`ended`: the exit codes).
 
 argparse prints its usage and exits 2 on a mistake, and takes `--task=` (what `--task=$UNSET`
 gives) as the value '' that a tool would then read as no `--task` at all. The tools catch the
@@ -9,9 +10,9 @@ UsageError this parser raises and print it as their one line.
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+from typing import Callable, NoReturn
 
-from lingvo_lite.errors import EMPTY_VALUE, UsageError
+from lingvo_lite.errors import EMPTY_VALUE, DataError, UsageError, os_error_text
 
 
 class ToolArgumentParser(argparse.ArgumentParser):
@@ -27,3 +28,28 @@ class ToolArgumentParser(argparse.ArgumentParser):
         if isinstance(item, str) and not item.strip():
           self.error(f"--{name}={item}: {EMPTY_VALUE}")
     return parsed
+
+
+def ended(run: Callable[[], int], print_error: Callable[[str], None], interrupted: str,
+          write_again: str = "") -> int:
+  """`run()`'s exit code, or the one its error ends the tool with, the error printed as its
+  one line: a UsageError 2, a DataError 1, an OSError 1 (a write failed: its cause and the fix,
+  then `write_again`, e.g. ", then build again"), Ctrl-C 130 (`interrupted` says what is
+  left)."""
+  try:
+    return run()
+  except UsageError as e:
+    print_error(str(e))
+    return 2
+  except DataError as e:
+    print_error(str(e))
+    return 1
+  except OSError as e:
+    problem, fix = os_error_text(e, "give --out on another disk")
+    where = f" {e.filename}" if e.filename else ""
+    print_error(f"cannot write{where}: {problem}; {fix}{write_again}")
+    return 1
+  except KeyboardInterrupt:
+    print_error(interrupted)
+    return 130
+
