@@ -319,10 +319,11 @@ class SlotBatch:
 
   def _take_ended(self) -> np.ndarray:
     """The slots ended since the last call, in an array of their own, and none left ended.
-    A call returns before its host arrays have reached the device (the transfer runs
-    asynchronously; JAX keeps the array alive, not unchanged): clearing the very array it
-    was given could reach the device first, and a slot a stop string ended was then never
-    marked done there (tests/decode/test_decode.py's stop-string test, under load)."""
+    A call may return before its host arrays have reached the device (the transfer can run
+    asynchronously; JAX keeps the array alive, not unchanged), so clearing the very array it
+    was given could reach the device first. The likely cause of a slot that a stop string
+    ended left not done on the device (tests/decode/test_decode.py's stop-string test, twice
+    under load; not reproduced in isolation)."""
     ended = self.ended.copy()
     self.ended[:] = False
     return ended
