@@ -33,9 +33,9 @@ class TransformerChecks:
     self.check_size(path)
     if not self.scan_layers and self.num_layers > MAX_UNROLLED_LAYERS:
       raise config_error(f"{path}.num_layers", self.num_layers,
-                         f"unrolled ({path}.scan_layers=False): more than {MAX_UNROLLED_LAYERS} layers "
-                         "traced one by one take hours to compile",
-                         f"set {path}.scan_layers=True or use fewer layers")
+                         f"unrolled ({path}.scan_layers=False): more than "
+                         f"{MAX_UNROLLED_LAYERS} layers traced one by one take hours to "
+                         "compile", f"set {path}.scan_layers=True or use fewer layers")
     if self.head_dim is None and self.dim % self.num_heads:
       raise config_error(f"{path}.num_heads", self.num_heads,
                          f"does not divide {path}.dim={self.dim}",
