@@ -169,8 +169,13 @@ def test_absurd_sizes_are_refused_before_anything_is_traced():
 
 def test_a_deep_model_validates_without_tracing_every_layer():
   started = time.perf_counter()
-  _built(model__num_layers=100_000).validate()  # 5e9 parameters: valid, if not for this host.
+  # 5e9 parameters, scanned: valid, if not for this host.
+  _built(model__num_layers=100_000, model__scan_layers=True).validate()
   assert time.perf_counter() - started < 30
+  # Unrolled, each layer would be traced and compiled as its own code: refused in one line.
+  with pytest.raises(UsageError, match=r"model.num_layers=100000: unrolled \(model.scan_layers"
+                                       r"=False\): more than 1024 layers"):
+    _built(model__num_layers=100_000).validate()
 
 
 def test_the_partitioning_check_sees_the_layers_axis_of_a_scanned_model():
