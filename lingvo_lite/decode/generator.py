@@ -315,7 +315,6 @@ class SlotBatch:
     if self.ended.any():
       generator.state = generator._generate(
           generator.params, generator.state, np.int32(0), self._take_ended())
-    self.ended[:] = False
 
   def _take_ended(self) -> np.ndarray:
     """The slots ended since the last call, in an array of their own, and none left ended.

@@ -110,11 +110,11 @@ class TransformerSizes:
       else:
         found.append(ArrayShape(f"['layers']['pattern_{(scanned[0] - start) % period}']{inner}",
                                 ("layers", *axes), (groups, *shape), dtype))
-    # The prefix, or the layers left over (one each side: a repeat per layer).
+    # The prefix, or the layers left over (one each side: a repeat per layer); unscanned, the
+    # span is (0, 0) and every layer is "left over".
     found += [ArrayShape(f"['layer_{side[0]}']{inner}", axes, shape, dtype, len(side))
-              for side in (_within(layers, layers.start, start) if stop > start else layers,
-                           _within(layers, stop, layers.stop) if stop > start else range(0))
-              if side]
+              for side in (_within(layers, layers.start, start),
+                           _within(layers, stop, layers.stop)) if side]
     return found
 
   @nn.nowrap
