@@ -9,13 +9,15 @@ import typing
 
 import fiddle as fdl
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments.lm import architectures
 from lingvo_lite import fields, target
 from lingvo_lite.errors import UsageError
 from lingvo_lite.models import attention_kernels
-from lingvo_lite.models.attention_kernels import Call, DecodeForm, DecodeStep, Kernel
+from lingvo_lite.models import layers
+from lingvo_lite.models.attention_kernels import Call, DecodeForm, DecodeStep, Kernel, einsum
 
 _H100 = dict(platform="gpu", device_kind="NVIDIA H100", compute_capability="9.0")
 
@@ -157,3 +159,46 @@ def test_the_cache_layout_is_the_first_decode_form_that_keeps_one_for_the_model(
   # step is refused where it is taken).
   with attention_kernels.registered(_row("no_decode", decode_fallback=None)):
     assert attention_kernels.cache_layout("no_decode", Call("cpu")) == "heads"
+
+
+@pytest.mark.parametrize("layout, window, positions, span", [
+    ("heads", None, [3, 140, 200], 256),       # The longest slot within 256 of 512 entries.
+    ("positions", None, [3, 60, 127], 128),    # Every slot within the first 128.
+    ("positions", None, [3, 140, 511], 512),   # One slot at the end: all of them.
+    ("heads", 200, [3, 60, 100], 128),         # A ring of 200 not yet full: a prefix.
+    ("positions", 200, [3, 150, 420], 200),    # A ring that wrapped: all of it.
+])
+def test_a_decode_step_reads_the_shortest_span_holding_what_its_slots_see(
+    layout, window, positions, span):
+  """The written-out decode step (einsum's form) over a cache of 512 entries (a ring of 200):
+  the softmax over each slot's visible entries, as a float64 NumPy computation gives it, with
+  only the span of `read_spans` that holds the longest slot's prefix read: the entries past it
+  are NaN, which any read of them would carry into the output (0 x NaN)."""
+  slots, kv_heads, group, head_dim = 3, 2, 2, 16
+  entries = window or 512
+  layer = layers.Attention(num_heads=kv_heads * group, num_kv_heads=kv_heads,
+                           head_dim=head_dim, window=window, implementation="einsum")
+  rng = np.random.default_rng(0)
+  keys, values = (rng.normal(size=(slots, kv_heads, entries, head_dim)) for _ in range(2))
+  q = rng.normal(size=(slots, 1, kv_heads, group, head_dim))
+  poisoned = [x.copy() for x in (keys, values)]
+  for x in poisoned:
+    x[:, :, span:] = np.nan
+  stored = poisoned if layout == "heads" else [
+      np.swapaxes(x, 1, 2).reshape(slots, entries, kv_heads * head_dim) for x in poisoned]
+  position = jnp.asarray(positions, jnp.int32)[:, None]
+  step = DecodeStep(layer, jnp.asarray(q, jnp.float32),
+                    tuple(jnp.asarray(x, jnp.float32) for x in stored), position, None, layout)
+  out = einsum.attend_cached(step)
+  # Which entries each slot sees: a full layer 0..p; a ring (entry e holds the last position
+  # p' <= p with p' % entries == e) those within the window, all of them once it wrapped.
+  seen = np.arange(entries)[None, :] <= np.asarray(positions)[:, None]
+  if window is not None:
+    seen = seen | (np.asarray(positions)[:, None] >= entries)
+  logits = np.einsum("bkgd,bksd->bkgs", q[:, 0], keys)
+  logits = np.where(seen[:, None, None], logits, -np.inf)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  expected = np.einsum("bkgs,bksd->bkgd", weights / weights.sum(-1, keepdims=True), values)
+  np.testing.assert_allclose(np.asarray(out).reshape(expected.shape), expected, rtol=1e-5,
+                             atol=1e-5)
+  assert einsum.read_spans(entries) == ((128, 256, 512) if window is None else (128, 200))

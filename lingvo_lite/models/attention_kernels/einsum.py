@@ -108,21 +108,59 @@ def attend(layer: Any, q: jax.Array, k: jax.Array, v: jax.Array,
   return out.reshape(batch, length, layer.num_heads, layer.head_dim)
 
 
+# A decode step reads the cache in spans: the shortest of READ_SPAN x 1, 2, 4, ... entries (or
+# all of them) that holds every entry its queries see. Reading the whole cache when the slots
+# have filled a fraction of it is the step's largest waste once the layout tiles without
+# padding (models/kv_cache.py): a server's cache is sized for its longest request. Doubling
+# spans keep the branches few (log2 of the cache over 128) and the waste under 2x; 128 is the
+# TPU's lane width, which the cache by position keeps its entries in.
+READ_SPAN = 128
+
+
+def read_spans(entries: int) -> tuple[int, ...]:
+  """The spans a step over `entries` may read: READ_SPAN doubled while shorter, then all."""
+  spans = []
+  span = READ_SPAN
+  while span < entries:
+    spans.append(span)
+    span *= 2
+  return (*spans, entries)
+
+
 def attend_cached(step: DecodeStep) -> jax.Array:
-  """A decode step written out: the scores over every entry, masked to those each query sees
-  (the layer's `_cache_mask`). Reads either layout: "positions" split into its heads by a free
-  reshape, the einsums then contract each layout's axes in place (no transpose is written)."""
+  """A decode step written out: the scores over the cache's entries, masked to those each
+  query sees (the layer's `_cache_mask`). Reads either layout: "positions" split into its
+  heads by a free reshape, the einsums then contract each layout's axes in place (no
+  transpose is written).
+
+  Where what the queries see is a prefix of each slot's entries (`_cache_prefix`), only the
+  shortest span of `read_spans` that holds the longest slot's prefix is read (a `switch`
+  over the spans, on the longest prefix of this step): entries past it are masked out
+  anyway, so the result is the same."""
+  entries = step.cache[0].shape[-2]
+  spans = read_spans(entries)
+  longest = step.positions.max(axis=1)  # A step's last query sees the most.
+  seen = step.layer._cache_prefix(longest, entries)  # pylint: disable=protected-access
+  if seen is None or len(spans) == 1:
+    return _attend_span(step, entries)
+  which = jnp.searchsorted(jnp.asarray(spans, jnp.int32), seen.max())
+  return jax.lax.switch(which, [lambda span=span: _attend_span(step, span) for span in spans])
+
+
+def _attend_span(step: DecodeStep, span: int) -> jax.Array:
+  """`attend_cached` over the first `span` entries of every slot."""
   layer, q = step.layer, step.q
-  keys, values = step.cache
+  keys, values = (jax.lax.slice_in_dim(x, 0, span, axis=x.ndim - 2) for x in step.cache)
   batch, length = q.shape[:2]
-  entries = keys.shape[-2]
+  entries = step.cache[0].shape[-2]
   cached = "bksd"
   if step.layout == POSITIONS:
     cached = "bskd"
-    keys, values = (x.reshape(batch, entries, layer.num_kv_heads, -1) for x in (keys, values))
+    keys, values = (x.reshape(batch, span, layer.num_kv_heads, -1) for x in (keys, values))
   logits = jnp.einsum(f"btkgd,{cached}->bkgts", q, keys.astype(layer.dtype)).astype(jnp.float32)
-  # The layer's hook (a family's subclass may see other entries).
-  mask = layer._cache_mask(step.positions, entries)  # pylint: disable=protected-access
+  # The layer's hook (a family's subclass may see other entries), over every entry: a ring's
+  # positions depend on its size.
+  mask = layer._cache_mask(step.positions, entries)[..., :span]  # pylint: disable=protected-access
   mask = mask[:, None, None]
   weights, denominator = unnormalized_softmax(
       logits, mask, head_sinks(step.sinks, layer.num_kv_heads, True))
