@@ -4,6 +4,10 @@
       [--set "model.attention_implementation='einsum'" ...]
       [--variant "NAME:PATH=VALUE;PATH=VALUE" ...] [--json FILE]
 
+A variant's `splash.FIELD=VALUE` (block_q=1024, block_kv_compute=512, use_fused_bwd_kernel=
+False, k_layout=SEQ_MINOR: a field of the splash kernel's BlockSizes) sets that field over the
+block edge models/flash_attention.py picks, for that row only: how the kernel is tuned here.
+
 Builds the experiment (synthetic data: nothing but jax, flax, optax, orbax and fiddle is
 imported) with the `--set` overrides, then for each `--variant` (default: one, the experiment
 as set) applies the variant's own overrides on top, compiles its train step, runs two warm-up
@@ -67,8 +71,29 @@ def _variants(specs: list[str]) -> list[tuple[str, list[str]]]:
   return variants
 
 
+def _splash_overrides(sets: list[str]) -> tuple[list[str], dict]:
+  """(the config overrides, the splash BlockSizes fields) of one variant's sets."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import (  # pylint: disable=import-outside-toplevel
+      splash_attention_kernel as kernel)
+  overrides, fields = [], {}
+  for item in sets:
+    path, _, value = item.partition("=")
+    if not path.strip().startswith("splash."):
+      overrides.append(item)
+      continue
+    name, value = path.strip()[len("splash."):], value.strip()
+    if name.endswith("_layout"):
+      fields[name] = kernel.QKVLayout[value]
+    elif value in ("True", "False"):
+      fields[name] = value == "True"
+    else:
+      fields[name] = int(value)
+  return overrides, fields
+
+
 def measure(experiment: str, sets: list[str], steps: int) -> dict:
   """One variant's row (raises what the compile or the steps raise)."""
+  sets, flash_attention.BLOCK_OVERRIDES = _splash_overrides(sets)
   setup = executor.build_experiment(experiment, sets)
   jitted = JittedSteps(setup)
   data, model = setup.train_data, setup.model
@@ -99,6 +124,7 @@ def measure(experiment: str, sets: list[str], steps: int) -> dict:
          "xla_memory_gib": None if predicted is None else predicted / 2**30,
          "parameters": model.num_parameters(), **_estimate(compiled, jitted, step_time)}
   del state, metrics, compiled, jitted
+  flash_attention.BLOCK_OVERRIDES = {}
   return row
 
 

@@ -37,6 +37,11 @@ from lingvo_lite.target import current_platform
 # of 2048 splits into 4 x 4 blocks of it.
 BLOCK_SIZES = (512, 256, 128)
 
+# Fields of the kernel's `BlockSizes` set over the edge `block_size` picks (block_q=1024,
+# block_kv_compute=512, use_fused_bwd_kernel=False, k_layout=QKVLayout.SEQ_MINOR, ...): what
+# bench/accelerator_mfu.py tunes the kernel on the chip with; empty in every run.
+BLOCK_OVERRIDES: dict = {}
+
 # The name the kernel's saved residuals (its output and log-sum-exp) carry, so a remat policy
 # can keep them (models/remat.py's "attention_out" covers both paths).
 RESIDUAL_NAME = "attention_out"
@@ -62,9 +67,12 @@ def _kernel(length: int, heads: int, window: int | None, interpret: bool
   else:  # Keys from i - (window - 1) to i: the band, causal on its own.
     mask = splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
   block = block_size(length)
-  sizes = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
-                            block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                            use_fused_bwd_kernel=True)
+  sizes = dict(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
+  sizes.update(BLOCK_OVERRIDES)
+  if not sizes["use_fused_bwd_kernel"]:  # The separate dq kernel's blocks, as the dkv one's.
+    sizes = {"block_q_dq": sizes["block_q_dkv"], "block_kv_dq": sizes["block_kv_dkv"], **sizes}
+  sizes = splash.BlockSizes(**sizes)
   return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=sizes,
                                 head_shards=1, q_seq_shards=1,
                                 residual_checkpoint_name=RESIDUAL_NAME, interpret=interpret)
