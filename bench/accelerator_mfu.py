@@ -56,8 +56,9 @@ def _parse_args() -> argparse.Namespace:
                            "on top of --set; repeatable")
   parser.add_argument("--json", help="also write the rows to this file (JSON lines)")
   parser.add_argument("--splash_block", type=int,
-                      help="the splash kernel's block edge (models/flash_attention.py's "
-                           "BLOCK_SIZES, largest first, default 512), for every row")
+                      help="the splash kernel's largest block edge (models/flash_attention.py's "
+                           "BLOCK_SIZES and NARROW_HEAD_BLOCK_SIZES: 512, and 1024 for heads "
+                           "of 64), for every row")
   return parser.parse_args()
 
 
@@ -144,8 +145,8 @@ def _estimate(compiled, jitted: JittedSteps, step_time: float) -> dict:
 def main() -> None:
   args = _parse_args()
   if args.splash_block:
-    flash_attention.BLOCK_SIZES = (args.splash_block, *(
-        size for size in flash_attention.BLOCK_SIZES if size < args.splash_block))
+    flash_attention.BLOCK_SIZES = flash_attention.NARROW_HEAD_BLOCK_SIZES = (
+        args.splash_block, *(size for size in (512, 256, 128) if size < args.splash_block))
   device = jax.devices()[0]
   print(f"jax {jax.__version__}, {jax.device_count()} x {device.device_kind}; "
         f"{args.experiment} with {args.set or 'no overrides'}", flush=True)

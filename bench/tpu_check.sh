@@ -22,7 +22,7 @@
 #         step; then a SmolLM2-135M fine-tune step.
 # llama1b: Llama1B as registered on one chip (bfloat16 moments, offloaded or not).
 # decode: bench/tpu_decode.py: SmolLM2-135M's shape at batch 1, 8 and 64, unrolled and
-#         scanned layers; a shape with heads of 128 with and without the decode kernel; each
+#         scanned layers; a shape with heads of 128 written out and with the decode kernel; each
 #         with the model's cache layout and by head; against the copy bandwidth measured in
 #         the same run.
 # moe:    bench/moe_bench.py mfu: a small mixture-of-experts train step's MFU (active FLOPs),
@@ -100,7 +100,7 @@ for stage in "${stages[@]}"; do
       # it) beside the cache by head (models/kv_cache.py), in the same run.
       python3 bench/tpu_decode.py --shapes smollm2 --attention auto --cache_layouts auto,heads \
           --json "$out/decode.jsonl" 2>&1 | grep -v "^[WI]0" | tee "$out/decode.txt"
-      python3 bench/tpu_decode.py --shapes head128 --layouts scanned --attention einsum,auto \
+      python3 bench/tpu_decode.py --shapes head128 --layouts scanned --attention einsum,paged \
           --cache_layouts auto,heads --json "$out/decode.jsonl" 2>&1 | grep -v "^[WI]0" \
           | tee -a "$out/decode.txt"
       ;;

@@ -1,14 +1,14 @@
 """Decode step time against the memory roofline: SmolLM2-135M's shape and one with heads of 128.
 
   python bench/tpu_decode.py [--batches 1,8,64] [--layouts unrolled,scanned]
-      [--attention einsum,auto] [--shapes smollm2,head128] [--prompt_length 128] [--new_tokens 128]
+      [--attention einsum,paged] [--shapes smollm2,head128] [--prompt_length 128] [--new_tokens 128]
       [--xla project,none] [--cache_layouts auto,heads,positions] [--json FILE] [--aot v5e-1]
 
 Layouts: "unrolled" (model.scan_layers=False) and "scanned" (model.scan_layers=True, which a
 decode on an accelerator unrolls: `LanguageModel.for_decoding`). Attention: each
 `model.attention_implementation` compared ("einsum": the written-out cache attention, which
-reads every entry; "auto": on a TPU the decode kernel of models/decode_attention.py, which
-reads only the filled pages).
+"auto" decodes with, reading the span of entries the longest slot filled; "paged": on a TPU
+the decode kernel of models/decode_attention.py, which reads only each slot's filled pages).
 
 A decode step must read every parameter once and every filled key/value entry of every slot;
 on an accelerator nothing else should cost as much, so its time is bounded below by those
@@ -81,7 +81,7 @@ def _args() -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batches", default="1,8,64")
   parser.add_argument("--layouts", default="unrolled,scanned")
-  parser.add_argument("--attention", default="einsum,auto")
+  parser.add_argument("--attention", default="einsum,paged")
   parser.add_argument("--xla", default="project",
                       help="project: the decode functions compiled with decode/jitted.py's "
                            "COMPILER_OPTIONS for the platform; none: with XLA's defaults")

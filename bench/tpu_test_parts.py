@@ -3,8 +3,11 @@ file, and one summary line across the parts.
 
   python3 bench/tpu_test_parts.py --out DIR [PART ...]     (bash bench/tpu_check.sh tests)
 
-Parts (each under 8 minutes on one v5e chip: a command may run 10):
-  models    tests/models: layers, kernels, families, remat, quantization, LoRA, MoE
+Parts (each meant to finish under 8 minutes on one v5e chip: a command may run 10; tests/models
+whole ran past 8 minutes there on 2026-12-07, 122 of its 265 tests done, hence three parts):
+  kernels   tests/models' attention kernels, layers and latent attention
+  families  tests/models' families (the family API, dense families, Mistral, DeepSeek's MoE)
+  models    tests/models' LoRA, MoE, quantization, remat, the transformer, layer kinds
   decode    tests/decode: cached decoding against teacher forcing, sampling, requests
   training  the step, DPO and optimizer tests (tests/test_steps.py, test_dpo.py,
             test_optimizers.py)
@@ -23,12 +26,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
+_MODELS = "tests/models/test_"
 PARTS = {
-    "models": ["tests/models"],
+    "kernels": [f"{_MODELS}{name}.py" for name in (
+        "attention_kernels", "decode_attention", "flash_attention", "latent_attention",
+        "gpt_oss", "layers", "layer_layout", "weight_matmul")],
+    "families": [f"{_MODELS}{name}.py" for name in (
+        "family", "dense_families", "mistral", "deepseek_moe")],
+    "models": [f"{_MODELS}{name}.py" for name in (
+        "lora", "moe", "quantization", "remat", "transformer", "layer_kinds")],
     "decode": ["tests/decode"],
     "training": ["tests/test_steps.py", "tests/test_dpo.py", "tests/test_optimizers.py"],
     "weights": ["tests/weights"],
@@ -49,10 +60,19 @@ def _run(part: str, out: str) -> str:
              *(f"--deselect={node}" for node in DESELECTED)]
   env = dict(os.environ, JAX_DEFAULT_MATMUL_PRECISION="highest")
   with open(os.path.join(out, f"tests_{part}.txt"), "w", encoding="utf-8") as log:
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-      subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT,
-                     timeout=PART_SECONDS, check=False)
+      process.wait(timeout=PART_SECONDS)
     except subprocess.TimeoutExpired:
+      # An interrupt, not a kill: pytest then ends its session and still writes the JUnit
+      # file of the tests it ran, so a part that runs long says which of them failed.
+      process.send_signal(signal.SIGINT)
+      try:
+        process.wait(timeout=60)
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+      log.flush()
       log.write(f"\ntpu_test_parts: part {part} ran past {PART_SECONDS} s and was stopped\n")
   return junit
 

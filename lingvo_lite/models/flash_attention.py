@@ -14,7 +14,7 @@ log-sum-exp. This module is the whole bridge between the model's attention and t
   rows (the logical `batch` axis's mesh axes) and heads (`heads`'), so data, FSDP and tensor
   parallelism all work; the sequence is never split (context parallelism is a non-goal).
 - Lengths: the kernel's blocks must divide the sequence. `block_size` takes the largest of
-  512, 256 and 128 that divides it; a length no block divides (a short decode prefill bucket)
+  512, 256 and 128 that divides it (1024 first for heads of 64: `NARROW_HEAD_BLOCK_SIZES`); a length no block divides (a short decode prefill bucket)
   has no splash form, and `supports_length` says so, so the caller takes the written-out path
   for it. A decode step's single query token always takes the cached (written-out) path.
 - Platforms: on a TPU the kernel is compiled by Mosaic; anywhere else it runs in Pallas's
@@ -37,6 +37,18 @@ from lingvo_lite.target import current_platform
 # of 2048 splits into 4 x 4 blocks of it.
 BLOCK_SIZES = (512, 256, 128)
 
+# Heads of 64 (Llama 3.2's, SmolLM2's): blocks of 1024 where they divide the length, and keys
+# and values laid out with the sequence minor. Measured on a v5e (README, "Measured on a TPU
+# v5e"; bench/results/2026-12-07/tpu3/): Llama1BOneChip's best row 266.4 ms a step with 512,
+# 263.9 ms with keys so laid out, 261.9 ms with values too. Wider heads keep the kernel's
+# defaults, as measured: blocks of 1024 over heads of 256 ran out of the kernel's scoped
+# vector memory at 8192 positions in a v5e compile from a CPU host, and the layouts were not
+# timed there.
+NARROW_HEAD = 64
+NARROW_HEAD_BLOCK_SIZES = (1024, *BLOCK_SIZES)
+TUNED_FOR_NARROW_HEADS = dict(k_layout=splash.QKVLayout.SEQ_MINOR,
+                              v_layout=splash.QKVLayout.SEQ_MINOR)
+
 # Fields of the kernel's `BlockSizes` set over the edge `block_size` picks (block_q=1024,
 # block_kv_compute=512, use_fused_bwd_kernel=False, k_layout=QKVLayout.SEQ_MINOR, ...): what
 # bench/accelerator_mfu.py tunes the kernel on the chip with; empty in every run.
@@ -47,16 +59,19 @@ BLOCK_OVERRIDES: dict = {}
 RESIDUAL_NAME = "attention_out"
 
 
-def block_size(length: int) -> int | None:
-  """The kernel's block edge for a sequence of `length`, or None if no block divides it."""
-  return next((block for block in BLOCK_SIZES if length % block == 0), None)
+def block_size(length: int, head_dim: int | None = None) -> int | None:
+  """The kernel's block edge for a sequence of `length` (over heads of `head_dim`), or None
+  if no block divides it."""
+  narrow = head_dim is not None and head_dim <= NARROW_HEAD
+  sizes = NARROW_HEAD_BLOCK_SIZES if narrow else BLOCK_SIZES
+  return next((block for block in sizes if length % block == 0), None)
 
 
 def supports_length(length: int) -> bool:
   return block_size(length) is not None
 
 
-def _kernel(length: int, heads: int, window: int | None, interpret: bool
+def _kernel(length: int, heads: int, head_dim: int, window: int | None, interpret: bool
             ) -> splash.SplashAttentionKernel:
   """A kernel for one shard's `heads` query heads: the same mask for every head. Made anew
   in each trace (its mask tables become constants of that trace: a kernel kept across traces
@@ -66,9 +81,11 @@ def _kernel(length: int, heads: int, window: int | None, interpret: bool
     mask = splash.CausalMask(shape)
   else:  # Keys from i - (window - 1) to i: the band, causal on its own.
     mask = splash.LocalMask(shape, window_size=(window - 1, 0), offset=0)
-  block = block_size(length)
+  block = block_size(length, head_dim)
   sizes = dict(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
+  if head_dim <= NARROW_HEAD:
+    sizes.update(TUNED_FOR_NARROW_HEADS)
   sizes.update(BLOCK_OVERRIDES)
   if not sizes["use_fused_bwd_kernel"]:  # The separate dq kernel's blocks, as the dkv one's.
     sizes = {"block_q_dq": sizes["block_q_dkv"], "block_kv_dq": sizes["block_kv_dkv"], **sizes}
@@ -146,7 +163,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
   q, k, v = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [b, heads, t, d]: the kernel's.
 
   def attend(q, k, v, segment_ids, sinks):
-    kernel = _kernel(length, q.shape[1], window, interpret)
+    kernel = _kernel(length, q.shape[1], q.shape[-1], window, interpret)
     if sinks is not None:  # One per query head, the same for every row.
       kernel = functools.partial(kernel, sinks=sinks.astype(jnp.float32))
     if segment_ids is None:

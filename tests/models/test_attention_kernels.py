@@ -121,7 +121,10 @@ def test_a_decode_step_takes_the_first_form_that_reads_its_cache_layout_and_fits
   heads = jnp.zeros((1, 2, 128, 128), jnp.bfloat16)
   step = DecodeStep(_Layer(), jnp.zeros((1, 1, 2, 1, 128)), (heads, heads),
                     jnp.zeros((1, 1), jnp.int32), None)
-  # splash decodes through the paged kernel where it fits, here not (no prefix): written out.
+  # paged decodes where its kernel fits, here not (no prefix): written out. splash decodes
+  # written out everywhere (it beat the paged kernel on the chip).
+  assert (attention_kernels.for_decoding("paged", "heads", step)
+          is attention_kernels.KERNELS["einsum"].decode)
   assert (attention_kernels.for_decoding("splash", "heads", step)
           is attention_kernels.KERNELS["einsum"].decode)
   # Latent attention's cache takes the table's row that reads it, whatever is named.
@@ -136,11 +139,12 @@ def test_a_decode_step_takes_the_first_form_that_reads_its_cache_layout_and_fits
 
 
 def test_the_cache_layout_is_the_first_decode_form_that_keeps_one_for_the_model():
-  """By head exactly where the paged kernel decodes the model (bfloat16, heads of a multiple
-  of 128, on a TPU or interpreted on a CPU), and on CPUs; by position elsewhere; a registered
-  form that reads one layout keeps it."""
+  """By head exactly where the paged kernel decodes the model (named; bfloat16, heads of a
+  multiple of 128, on a TPU or interpreted on a CPU), and on CPUs; by position elsewhere
+  (splash decodes written out); a registered form that reads one layout keeps it."""
   tpu = dict(platform="tpu", device_kind="TPU v5 lite")
-  cases = [("splash", Call(**tpu, dtype="bfloat16", head_dim=128), "heads"),
+  cases = [("splash", Call(**tpu, dtype="bfloat16", head_dim=128), "positions"),
+           ("paged", Call(**tpu, dtype="bfloat16", head_dim=128), "heads"),
            ("paged", Call(**tpu, dtype="bfloat16", head_dim=256), "heads"),
            ("splash", Call(**tpu, dtype="bfloat16", head_dim=64), "positions"),  # SmolLM2
            ("splash", Call(**tpu, dtype="float32", head_dim=128), "positions"),

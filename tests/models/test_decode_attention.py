@@ -73,8 +73,8 @@ def test_a_decode_step_through_the_kernel_equals_the_written_out_step(window):
   keys = _bfloat16_values(jax.random.key(5), shape)
   values = _bfloat16_values(jax.random.key(6), shape)
   positions = jnp.asarray([[0], [41], [200]], jnp.int32)
-  steps = _decode_steps(window, keys, values, positions, ("einsum", "splash"))
-  einsum, kernel = steps["einsum"], steps["splash"]
+  steps = _decode_steps(window, keys, values, positions, ("einsum", "paged"))
+  einsum, kernel = steps["einsum"], steps["paged"]
   assert kernel[3] and not einsum[3]
   np.testing.assert_array_equal(kernel[1], einsum[1])
   np.testing.assert_array_equal(kernel[2], einsum[2])
@@ -95,7 +95,7 @@ def test_the_kernel_has_no_form_for_a_float32_cache_odd_entries_or_narrow_heads(
   shape = (2, 2, entries, head_dim)
   keys, values = (jnp.zeros(shape, dtype) for _ in range(2))
   positions = jnp.asarray([[3], [9]], jnp.int32)
-  assert not _decode_steps(None, keys, values, positions, ("splash",), run=False)["splash"][3]
+  assert not _decode_steps(None, keys, values, positions, ("paged",), run=False)["paged"][3]
 
 
 @pytest.mark.parametrize("head_dim, kernel", [(128, True), (64, False)])
@@ -108,7 +108,7 @@ def test_a_tpu_compile_from_this_host_lowers_the_kernel_where_it_has_a_form(head
   positions = jax.ShapeDtypeStruct((8, 1), jnp.int32)
   attention = layers.Attention(num_heads=6, num_kv_heads=2, head_dim=head_dim,
                                rotary_dim=head_dim, rotary_style="half", dtype=jnp.bfloat16,
-                               implementation="splash")
+                               implementation="paged")
   x = jax.ShapeDtypeStruct((8, 1, 48), jnp.bfloat16)
   step = lambda p, x, k, v, positions: attention.apply(
       {"params": p}, x, positions, None, layers.Context(k, v))

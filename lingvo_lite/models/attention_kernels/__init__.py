@@ -2,7 +2,7 @@
 
 | row    | runs on               | takes                                    | scores | decode    |
 |--------|-----------------------|------------------------------------------|--------|-----------|
-| splash | TPU (CPU interpreted) | every mask; lengths its blocks divide    | no     | paged's   |
+| splash | TPU (CPU interpreted) | every mask; lengths its blocks divide    | no     | einsum's  |
 | cudnn  | NVIDIA GPUs           | bf16/f16, heads of 8k up to 128 (256 on  | no     | einsum's  |
 |        |                       | Hopper); segments, window; no sinks      |        |           |
 | xla    | any                   | segments, window; no sinks               | no     | einsum's  |
