@@ -35,9 +35,7 @@ class DeepSeekV3_671B(Llama7B):  # pylint: disable=invalid-name  # The model's o
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = full_size(super().config(), DeepSeekV3, 4096, 1024, vocab_size=129280)
-    cfg.train.grad_accum_steps = 4
-    return cfg
+    return full_size(super().config(), DeepSeekV3, 4096, 1024, micro_batches=4, vocab_size=129280)
 
 
 @register
@@ -49,12 +47,10 @@ class KimiK2_1T(DeepSeekV3_671B):  # pylint: disable=invalid-name  # The model's
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = full_size(super().config(), DeepSeekV3, 4096, 1024, vocab_size=163840,
-                    num_heads=64, first_dense_layers=1, num_experts=384, expert_groups=1,
-                    expert_groups_per_token=1, routed_scaling_factor=2.827,
-                    rotary_base=50000.0, rotary_scaling_factor=32.0, max_length=131072)
-    cfg.train.grad_accum_steps = 4
-    return cfg
+    return full_size(super().config(), DeepSeekV3, 4096, 1024, micro_batches=4, vocab_size=163840,
+                     num_heads=64, first_dense_layers=1, num_experts=384, expert_groups=1,
+                     expert_groups_per_token=1, routed_scaling_factor=2.827,
+                     rotary_base=50000.0, rotary_scaling_factor=32.0, max_length=131072)
 
 
 @register
@@ -68,9 +64,7 @@ class DeepSeekV2Lite_16B(Llama7B):  # pylint: disable=invalid-name  # The model'
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = full_size(super().config(), DeepSeekV2, 4096, 256, vocab_size=102400)
-    cfg.train.grad_accum_steps = 2
-    return cfg
+    return full_size(super().config(), DeepSeekV2, 4096, 256, micro_batches=2, vocab_size=102400)
 
 
 @register

@@ -36,11 +36,9 @@ class GptOss20B(Llama7B):
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = full_size(super().config(), GptOss, 4096, 512, vocab_size=VOCAB, num_layers=24,
-                    dim=2880, num_heads=64, num_kv_heads=8, head_dim=64, mlp_dim=2880,
-                    num_experts=32, experts_per_token=4, max_length=131072)
-    cfg.train.grad_accum_steps = 2
-    return cfg
+    return full_size(super().config(), GptOss, 4096, 512, micro_batches=2, vocab_size=VOCAB,
+                     num_layers=24, dim=2880, num_heads=64, num_kv_heads=8, head_dim=64,
+                     mlp_dim=2880, num_experts=32, experts_per_token=4, max_length=131072)
 
 
 @register

@@ -31,11 +31,9 @@ class Mixtral8x7B(Llama7B):
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = full_size(super().config(), Mixtral, 4096, 256, vocab_size=32000, num_layers=32,
-                    dim=4096, num_heads=32, num_kv_heads=8, head_dim=128, mlp_dim=14336,
-                    num_experts=8, experts_per_token=2, max_length=32768)
-    cfg.train.grad_accum_steps = 4
-    return cfg
+    return full_size(super().config(), Mixtral, 4096, 256, micro_batches=4, vocab_size=32000,
+                     num_layers=32, dim=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                     mlp_dim=14336, num_experts=8, experts_per_token=2, max_length=32768)
 
 
 @register

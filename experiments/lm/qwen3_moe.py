@@ -34,12 +34,10 @@ class Qwen3_30B_A3B(Llama7B):  # pylint: disable=invalid-name  # The model's own
 
   @classmethod
   def config(cls) -> fdl.Config[Setup]:
-    cfg = full_size(super().config(), Qwen3Moe, 4096, 512, vocab_size=VOCAB, num_layers=48,
-                    dim=2048, num_heads=32, num_kv_heads=4, head_dim=128, mlp_dim=6144,
-                    expert_mlp_dim=768, num_experts=128, experts_per_token=8,
-                    renormalize_top_k=True, max_length=40960)
-    cfg.train.grad_accum_steps = 2
-    return cfg
+    return full_size(super().config(), Qwen3Moe, 4096, 512, micro_batches=2, vocab_size=VOCAB,
+                     num_layers=48, dim=2048, num_heads=32, num_kv_heads=4, head_dim=128,
+                     mlp_dim=6144, expert_mlp_dim=768, num_experts=128, experts_per_token=8,
+                     renormalize_top_k=True, max_length=40960)
 
 
 @register

@@ -20,15 +20,18 @@ def synthetic_lm_data(vocab_size: int, sequence_length: int, global_batch_size: 
                     num_batches=eval_batches)
 
 
-def full_size(cfg: fdl.Config[Setup], model: type, sequence_length: int, batch: int,
-              **fields: Any) -> fdl.Config[Setup]:
+def full_size(cfg: fdl.Config[Setup], model: type, sequence_length: int, batch: int, *,
+              micro_batches: int | None = None, **fields: Any) -> fdl.Config[Setup]:
   """`cfg` with a `model` of `fields` (vocab_size among them) as the full-size shape experiments
   run it (bfloat16 compute over float32 parameters, the layers scanned and fully
   rematerialized), trained and evaluated on synthetic tokens of its vocabulary: `batch` rows of
-  `sequence_length` a step, 10 eval batches."""
+  `sequence_length` a step (as `micro_batches` accumulated ones where given; else as `cfg`
+  has it), 10 eval batches."""
   cfg.model = fdl.Config(model, **fields, dtype="bfloat16", param_dtype="float32",
                          scan_layers=True, remat_policy="full")
   vocab = fields["vocab_size"]
   cfg.train_data = synthetic_lm_data(vocab, sequence_length, batch)
   cfg.eval_data = synthetic_lm_data(vocab, sequence_length, batch, eval_batches=10)
+  if micro_batches is not None:
+    cfg.train.grad_accum_steps = micro_batches
   return cfg

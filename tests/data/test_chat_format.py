@@ -25,8 +25,9 @@ from tests.data import chat_tokenizers
 OPEN, CLOSE = "\u27e6", "\u27e7"  # Around the tokens that count.
 
 
-def _marked(files, ids, weights) -> str:
-  """The conversation's text with every run of weighted tokens between OPEN and CLOSE."""
+def _marked(files, messages) -> str:
+  """The conversation's tokens as text, every run of weighted tokens between OPEN and CLOSE."""
+  ids, weights = chat_template.conversation_tokens(files, messages)
   made = pretrained_tokenizer.tokenizer(files)
   text, inside = "", False
   for token, weight in zip(ids, weights):
@@ -46,24 +47,21 @@ CONVERSATION = [{"role": "system", "content": "Be brief."},
 
 def test_smollm2_templates_loss_mask_is_the_hand_marked_one():
   files = pretrained_tokenizer.read(smollm2_gguf())
-  ids, weights = chat_template.conversation_tokens(files, CONVERSATION)
-  assert _marked(files, ids, weights) == (
+  assert _marked(files, CONVERSATION) == (
       "<|im_start|>system\nBe brief.<|im_end|>\n"
       "<|im_start|>user\nWhat is 2+2?<|im_end|>\n"
       f"<|im_start|>assistant\n{OPEN}It is 4.<|im_end|>{CLOSE}\n"
       "<|im_start|>user\nAnd 3+3?<|im_end|>\n"
       f"<|im_start|>assistant\n{OPEN}6<|im_end|>{CLOSE}\n")
   # Without a system message the template adds its own; the mask follows the assistant still.
-  ids, weights = chat_template.conversation_tokens(files, CONVERSATION[1:3])
-  assert _marked(files, ids, weights).endswith(
-      f"<|im_start|>assistant\n{OPEN}It is 4.<|im_end|>{CLOSE}\n")
-  assert "SmolLM" in _marked(files, ids, weights)
+  alone = _marked(files, CONVERSATION[1:3])
+  assert alone.endswith(f"<|im_start|>assistant\n{OPEN}It is 4.<|im_end|>{CLOSE}\n")
+  assert "SmolLM" in alone
 
 
 def test_llama3_style_templates_loss_mask_is_the_hand_marked_one(tmp_path):
   files = pretrained_tokenizer.read(chat_tokenizers.byte_level_folder(tmp_path, "llama3"))
-  ids, weights = chat_template.conversation_tokens(files, CONVERSATION)
-  assert _marked(files, ids, weights) == (
+  assert _marked(files, CONVERSATION) == (
       "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
       "<|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
       f"<|start_header_id|>assistant<|end_header_id|>\n\n{OPEN}It is 4.<|eot_id|>{CLOSE}"

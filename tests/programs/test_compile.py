@@ -36,6 +36,15 @@ def _report(job: pathlib.Path) -> dict:
   return json.loads((job / "compile" / "report.json").read_text())
 
 
+def _v5e8_compile(job: pathlib.Path, *flags: str):
+  """TINY's --mode=compile for a v5e-8 with `flags`, into the job folder `job`: (the run,
+  its report.json)."""
+  result = run_cli([*TINY, "--mode=compile", "--compile_topology=v5e-8", *flags,
+                    f"--job_log_dir={job}"])
+  assert result.code == 0, result.stderr
+  return result, _report(job)
+
+
 def _need_libtpu():
   try:
     import libtpu  # pylint: disable=import-outside-toplevel,unused-import
@@ -299,18 +308,11 @@ def test_remat_policies_alone_show_which_fit_each_as_its_own_compile_says(tmp_pa
   same config with --fdl.model.remat_policy=full: it finds the very program the table
   compiled in the kept analyses (the digest of the lowered program), and says the same."""
   _need_libtpu()
-  args = [*TINY, "--mode=compile", "--compile_topology=v5e-8"]
-  table = run_cli([*args, "--compile_remat_policies=none,full",
-                   f"--job_log_dir={tmp_path / 'table'}"])
-  assert table.code == 0, table.stderr
-  report = _report(tmp_path / "table")
+  table, report = _v5e8_compile(tmp_path / "table", "--compile_remat_policies=none,full")
   rows = {row["remat_policy"]: row for row in report["remat_policies"]["rows"]}
   assert list(rows) == ["none", "full"] and report["remat_policy"] == "none"
   assert rows["none"]["bytes"] == report["memory"]["deciding"]  # The report's own compile.
-  plain = run_cli([*args, "--fdl.model.remat_policy='full'",
-                   f"--job_log_dir={tmp_path / 'full'}"])
-  assert plain.code == 0, plain.stderr
-  full = _report(tmp_path / "full")
+  plain, full = _v5e8_compile(tmp_path / "full", "--fdl.model.remat_policy='full'")
   assert full["compile_cached"], "the table compiled another program than remat_policy=full's"
   assert (rows["full"]["bytes"], rows["full"]["verdict"], rows["full"]["margin"]) == (
       full["memory"]["deciding"], full["verdict"], full["margin"])
@@ -329,20 +331,15 @@ def test_optimizer_options_count_an_offloaded_state_in_host_memory(tmp_path):
   host memory; that state, counted from shapes, is Adam's two float32 moments of every
   parameter (replicated over 8 data-parallel chips), and the verdict compares device bytes."""
   _need_libtpu()
-  args = [*TINY, "--mode=compile", "--compile_topology=v5e-8"]
-  table = run_cli([*args, "--compile_optimizer_options=param_dtype,offload",
-                   f"--job_log_dir={tmp_path / 'table'}"])
-  assert table.code == 0, table.stderr
-  report = _report(tmp_path / "table")
+  table, report = _v5e8_compile(tmp_path / "table",
+                                "--compile_optimizer_options=param_dtype,offload")
   section = report["optimizer_options"]
   rows = {row["optimizer_option"]: row for row in section["rows"]}
   assert list(rows) == ["param_dtype", "offload"] and section["own"] == "param_dtype"
   assert rows["param_dtype"]["bytes"] == report["memory"]["deciding"]
   assert rows["param_dtype"]["host_bytes"] == 0 < rows["offload"]["host_bytes"]
-  offloaded = run_cli([*args, "--fdl.optimizer.offload_state=True",
-                       f"--job_log_dir={tmp_path / 'offload'}"])
-  assert offloaded.code == 0, offloaded.stderr
-  plain, moved = report["memory"], _report(tmp_path / "offload")
+  offloaded, moved = _v5e8_compile(tmp_path / "offload", "--fdl.optimizer.offload_state=True")
+  plain = report["memory"]
   assert moved["compile_cached"], "the table compiled another program than offload_state's"
   assert rows["offload"]["bytes"] == moved["memory"]["deciding"] < plain["deciding"]
   host = moved["memory"]["host"]
