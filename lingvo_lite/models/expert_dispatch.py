@@ -206,7 +206,10 @@ def run_grouped(x: jax.Array, group_sizes: jax.Array, experts_of_rows: jax.Array
   """The experts on rows sorted by expert, before the output projection's bias: x [N, D],
   the first group_sizes[0] rows expert 0's, and so on (rows past the groups give zeros);
   `experts_of_rows` [N] each row's expert, for the input biases (any valid index past the
-  groups). Returns float32 [N, D] (a sum the caller may finish over shards).
+  groups). Returns [N, D] in x's dtype: each assignment's row, which the caller weighs and sums
+  in float32 (`weighted_sum`). In the compute dtype, as a dense MLP's output projection is:
+  these rows are k per token, and for DeepSeek-V3 on a v5e in float32 they were nine buffers
+  of 7 GiB a layer (bench/results/2026-12-07/deepseek/compile_verdicts.md).
 
   The grouped matmuls are `jax.lax.ragged_dot` where the compiler has a grouped kernel; on
   CPUs, whose XLA rewrites it into one dense matmul per expert (E times the work: measured
@@ -216,14 +219,17 @@ def run_grouped(x: jax.Array, group_sizes: jax.Array, experts_of_rows: jax.Array
     return _tiled_grouped(x, group_sizes, weights, activation, alpha, limit)
 
   def project(inputs, kernel, bias):
+    # The kernel's output in the compute dtype itself (it accumulates in float32 inside): a
+    # float32 output followed by a cast is a float32 buffer XLA keeps (DeepSeek-V3's seven
+    # GiB ones).
+    if bias is None:
+      return jax.lax.ragged_dot(inputs, kernel, group_sizes, preferred_element_type=x.dtype)
     y = jax.lax.ragged_dot(inputs, kernel, group_sizes, preferred_element_type=jnp.float32)
-    if bias is not None:
-      y = y + jnp.take(bias, experts_of_rows, axis=0).astype(jnp.float32)
-    return y.astype(x.dtype)
+    return (y + jnp.take(bias, experts_of_rows, axis=0).astype(jnp.float32)).astype(x.dtype)
   gate = tag(project(x, weights.wi, weights.wi_bias), "mlp_in")
   up = tag(project(x, weights.wi_gate, weights.wi_gate_bias), "mlp_in")
   hidden = activate(gate, up, activation, alpha, limit)
-  return jax.lax.ragged_dot(hidden, weights.wo, group_sizes, preferred_element_type=jnp.float32)
+  return project(hidden, weights.wo, None)
 
 
 def _tiled_grouped(x: jax.Array, group_sizes: jax.Array, weights: ExpertWeights,
@@ -259,7 +265,7 @@ def _tiled_grouped(x: jax.Array, group_sizes: jax.Array, weights: ExpertWeights,
   up = tag(project(blocks, weights.wi_gate, weights.wi_gate_bias), "mlp_in")
   hidden = activate(gate, up, activation, alpha, limit)
   out = jnp.einsum("nti,nio->nto", hidden, jnp.take(weights.wo, tile_expert, axis=0),
-                   preferred_element_type=jnp.float32).reshape(tiles * tile, dim)
+                   preferred_element_type=jnp.float32).astype(x.dtype).reshape(tiles * tile, dim)
   # Back to the rows: row r of expert e sits at padded_starts[e] + (r - starts[e]).
   row = jnp.arange(rows)
   row_expert = jnp.minimum(jnp.searchsorted(jnp.cumsum(group_sizes), row, side="right"),
@@ -296,6 +302,13 @@ def unsort(rows: jax.Array, order: jax.Array) -> jax.Array:
   return jnp.take(rows, inverse, axis=0)
 
 
+def weighted_sum(rows: jax.Array, routing_weights: jax.Array) -> jax.Array:
+  """float32 [T, D]: each token's k rows [T, k, D] weighed by `routing_weights` [T, k] and
+  summed, in float32 from the rows' own dtype (no float32 copy of the k rows is made)."""
+  return jnp.einsum("tkd,tk->td", rows, routing_weights.astype(rows.dtype),
+                    preferred_element_type=jnp.float32)
+
+
 def dropless(x: jax.Array, routing: Routing, weights: ExpertWeights,
              activation: ExpertActivation, alpha: float, limit: float) -> jax.Array:
   """Every assignment of x [T, D] through its expert, grouped by expert: [T, D]."""
@@ -303,8 +316,7 @@ def dropless(x: jax.Array, routing: Routing, weights: ExpertWeights,
   order, group_sizes, experts_of_rows = sorted_by_expert(routing.experts, weights.wi.shape[0])
   out = run_grouped(jnp.take(x, order // k, axis=0), group_sizes, experts_of_rows,
                     weights, activation, alpha, limit)
-  out = unsort(out, order).reshape(tokens, k, -1)
-  y = jnp.einsum("tkd,tk->td", out, routing.weights)
+  y = weighted_sum(unsort(out, order).reshape(tokens, k, -1), routing.weights)
   bias = output_bias(weights, routing.experts, routing.weights, jnp.float32)
   return (y if bias is None else y + bias).astype(x.dtype)
 

@@ -137,8 +137,8 @@ def _per_shard(shards: _Shards, activation: expert_dispatch.ExpertActivation, al
   shard_weights = expert_dispatch.ExpertWeights(wi, wi_gate, wo, wi_bias, wi_gate_bias, None)
   out = expert_dispatch.run_grouped(jnp.take(tokens, order // k, axis=0), group_sizes,
                                     experts_of_rows, shard_weights, activation, alpha, limit)
-  out = expert_dispatch.unsort(out, order).reshape(-1, k, dim)
-  y = jnp.einsum("tkd,tk->td", out, routing_weights)
+  y = expert_dispatch.weighted_sum(expert_dispatch.unsort(out, order).reshape(-1, k, dim),
+                                   routing_weights)
   if shards.sliced:
     y = jax.lax.psum(y, shards.sliced)
   if wo_bias is not None:  # Each token's share of its experts' biases held here.

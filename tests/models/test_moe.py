@@ -115,6 +115,32 @@ def test_dropless_equals_every_expert_on_every_token_masked_by_the_routing(setti
 
 
 @pytest.mark.parametrize("setting", ["softmax top-2 renormalized", "gpt-oss: biases, clamped"])
+def test_the_grouped_matmul_as_accelerators_run_it_equals_the_reference(setting, monkeypatch):
+  """Off a CPU the experts are `jax.lax.ragged_dot` (which XLA:CPU runs too, as a dense matmul
+  per expert): the same outputs as the reference; and in bfloat16 every grouped product
+  without a bias to add comes out in bfloat16 (a float32 output cast afterwards was a float32
+  buffer of all k rows a token gets: DeepSeek-V3's 7 GiB ones)."""
+  monkeypatch.setattr(expert_dispatch, "current_platform", lambda: "tpu")
+  layer, x = _layer(setting), _inputs()
+  params = _params(layer, x)
+  error = np.abs(_apply(layer, params, x) - _dense_reference(params, x, setting)).max()
+  assert error < TOLERANCE, f"{error:.2e}"
+  rows, oss = 12, SETTINGS[setting][3]
+  weights = expert_dispatch.ExpertWeights(
+      *(jnp.zeros(shape, jnp.bfloat16) for shape in ((EXPERTS, DIM, HIDDEN),) * 2
+        + ((EXPERTS, HIDDEN, DIM),)),
+      *((jnp.zeros((EXPERTS, HIDDEN), jnp.bfloat16),) * 2 if oss else (None, None)), None)
+  jaxpr = jax.make_jaxpr(lambda x, sizes, of_rows: expert_dispatch.run_grouped(
+      x, sizes, of_rows, weights, "clamped_swiglu" if oss else "swiglu", 1.702, 1.5))(
+          jnp.zeros((rows, DIM), jnp.bfloat16), jnp.full((EXPERTS,), 2, jnp.int32),
+          jnp.zeros((rows,), jnp.int32))
+  products = [e.outvars[0].aval.dtype for e in jaxpr.eqns
+              if e.primitive.name.startswith("ragged_dot")]
+  assert products == ([jnp.float32] * 2 + [jnp.bfloat16] if oss else [jnp.bfloat16] * 3)
+  assert jaxpr.out_avals[0].dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("setting", ["softmax top-2 renormalized", "gpt-oss: biases, clamped"])
 def test_capacity_that_drops_nothing_equals_dropless(setting):
   x = _inputs()
   # A factor of E / k gives each expert the whole row: no assignment can be dropped.
