@@ -74,8 +74,8 @@ def _variants(specs: list[str]) -> list[tuple[str, list[str]]]:
 
 def _splash_overrides(sets: list[str]) -> tuple[list[str], dict]:
   """(the config overrides, the splash BlockSizes fields) of one variant's sets."""
-  from jax.experimental.pallas.ops.tpu.splash_attention import (  # pylint: disable=import-outside-toplevel
-      splash_attention_kernel as kernel)
+  # pylint: disable-next=import-outside-toplevel
+  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernel
   overrides, fields = [], {}
   for item in sets:
     path, _, value = item.partition("=")

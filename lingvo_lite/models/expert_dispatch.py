@@ -304,7 +304,8 @@ def unsort(rows: jax.Array, order: jax.Array) -> jax.Array:
 
 def weighted_sum(rows: jax.Array, routing_weights: jax.Array) -> jax.Array:
   """float32 [T, D]: each token's k rows [T, k, D] weighed by `routing_weights` [T, k] and
-  summed, in float32 from the rows' own dtype (no float32 copy of the k rows is made)."""
+  summed, in float32 from the rows' own dtype (no float32 copy of the k rows is made; the
+  weights are rounded to that dtype, as a bfloat16 model's other products are)."""
   return jnp.einsum("tkd,tk->td", rows, routing_weights.astype(rows.dtype),
                     preferred_element_type=jnp.float32)
 

@@ -14,9 +14,10 @@ log-sum-exp. This module is the whole bridge between the model's attention and t
   rows (the logical `batch` axis's mesh axes) and heads (`heads`'), so data, FSDP and tensor
   parallelism all work; the sequence is never split (context parallelism is a non-goal).
 - Lengths: the kernel's blocks must divide the sequence. `block_size` takes the largest of
-  512, 256 and 128 that divides it (1024 first for heads of 64: `NARROW_HEAD_BLOCK_SIZES`); a length no block divides (a short decode prefill bucket)
-  has no splash form, and `supports_length` says so, so the caller takes the written-out path
-  for it. A decode step's single query token always takes the cached (written-out) path.
+  512, 256 and 128 that divides it (1024 first for heads of 64: `NARROW_HEAD_BLOCK_SIZES`);
+  a length no block divides (a short decode prefill bucket) has no splash form, and
+  `supports_length` says so, so the caller takes the written-out path for it. A decode
+  step's single query token always takes the cached (written-out) path.
 - Platforms: on a TPU the kernel is compiled by Mosaic; anywhere else it runs in Pallas's
   interpret mode (slow, exact), which is what the CPU tests compare against the einsum path.
 """

@@ -119,7 +119,8 @@ def test_heads_of_64_take_the_tuned_kernel_and_equal_a_plain_softmax_attention()
   q, k, v = (jax.random.normal(key, (1, length, heads, head_dim)) for key, heads in zip(
       jax.random.split(jax.random.key(7), 3), (2, 1, 1)))
   q = q * head_dim**-0.5  # Scaled, as the layers hand it over.
-  kernel = flash_attention._kernel(length, 2, head_dim, None, True)  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  kernel = flash_attention._kernel(length, 2, head_dim, None, True)
   sizes = kernel.kwargs["block_sizes"]
   assert (sizes.block_q, sizes.block_kv_dkv, sizes.k_layout.name, sizes.v_layout.name) == (
       1024, 1024, "SEQ_MINOR", "SEQ_MINOR")

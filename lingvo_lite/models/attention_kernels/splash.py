@@ -3,8 +3,9 @@
 It takes every mask (causal, segments, a window as the kernel's band, gpt-oss's sinks) and
 never writes the scores out; its blocks must divide the length (a short prefill bucket they
 do not divide is written out). Its decode step is the written-out form's ("einsum"): on the
-chip it beat the paged decode kernel at every batch measured (README, "Measured on a TPU
-v5e": 4.5 against 13.6 ms a step at 64 slots of heads of 128); "paged" stays a row to name.
+chip it beat the paged decode kernel at 8 and 64 slots and equalled it at one (README,
+"Measured on a TPU v5e": 4.5 against 13.6 ms a step at 64 slots of heads of 128); "paged"
+stays a row to name.
 Off a TPU it runs in Pallas's interpret mode (slow, exact: what the CPU tests compare); a GPU
 cannot run it.
 """
@@ -31,7 +32,7 @@ def attend(layer: Any, q: jax.Array, k: jax.Array, v: jax.Array,
 ROW = Kernel(
     name="splash",
     description="Pallas's splash flash-attention kernel for TPUs (any mask; lengths its "
-                "blocks of 512, 256 or 128 divide; decodes written out)",
+                "blocks of 512, 256 or 128 (1024 for heads of 64) divide; decodes written out)",
     platforms=("tpu",), interpreted_on=("cpu",), auto_on=("tpu",), holds_scores=False,
     attend=attend, takes_length=flash_attention.supports_length, decode_fallback="einsum",
     value_width=True)
