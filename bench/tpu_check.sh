@@ -10,8 +10,9 @@
 #
 # then, on the TPU VM, from the repository root:
 #
-#   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train llama1b decode tests moe
-#                                           profile int8 estimate (default: numerics train decode)
+#   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train llama1b decode tests weights
+#                                           moe profile int8 estimate (default: numerics train
+#                                           decode)
 #
 # numerics: bench/tpu_numerics.py: splash against einsum on the chip, a 50-step tiny training
 #         run and greedy decode of the tiny families, written for --compare with a CPU run.
@@ -34,8 +35,12 @@
 #         measured step for every train row (the same executable), a traced step per row with
 #         each kernel's measured time beside its estimate ($OUT/estimate_profile/<row>.json),
 #         and the chip constants lingvo_lite/chips.py takes, measured: $OUT/estimate.jsonl.
-# tests:  the suite's model, decode, step, training and weights tests on the chip, in parts
+# tests:  the suite's model, decode and training tests on the chip, in parts
 #         (bench/tpu_test_parts.py): a JUnit file each, one summary line across them.
+# weights: the weights tests (against transformers, peft and gguf): torch 2.13.0+cpu from the
+#         TPU machine's own /opt/wheels, the rest as wheels of the lock's versions in
+#         .whl-weights (28 MB: a call of its own, as a call carries at most 64 MiB), made once
+#         by the recipe above with `-d .whl-weights -r bench/tpu_weights_wheels.txt`.
 # Output: stdout, and $OUT/*.txt / *.jsonl when $OUT is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -107,7 +112,19 @@ for stage in "${stages[@]}"; do
     tests)
       # The on-device tests in parts, each a pytest process with a JUnit file under $out and
       # a summary line (bench/tpu_test_parts.py says which parts and why a test is left out).
-      python3 bench/tpu_test_parts.py --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/tests.txt"
+      python3 bench/tpu_test_parts.py --out "$out" kernels families models decode training \
+          2>&1 | grep -v "^[WI]0" | tee "$out/tests.txt"
+      ;;
+    weights)
+      wsite="${TPU_CHECK_WEIGHTS_SITE:-/tmp/lingvo_lite_weights_site}"
+      if [ ! -e "$wsite/.installed" ]; then
+        PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
+            --no-compile --no-cache-dir --target "$wsite" --find-links /opt/wheels \
+            torch==2.13.0+cpu .whl-weights/*.whl || exit 1
+        touch "$wsite/.installed"
+      fi
+      PYTHONPATH="$PYTHONPATH:$wsite" python3 bench/tpu_test_parts.py --out "$out" weights \
+          2>&1 | grep -v "^[WI]0" | tee "$out/tests_weights_run.txt"
       ;;
     profile)
       # Where the device time goes (bench/tpu_profile.py): batch-64 decode of both decode
@@ -135,7 +152,7 @@ for stage in "${stages[@]}"; do
     moe)
       python3 bench/moe_bench.py mfu --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/moe.txt"
       ;;
-    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, llama1b, decode, tests, moe, profile, int8, estimate)" >&2
+    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, llama1b, decode, tests, weights, moe, profile, int8, estimate)" >&2
        exit 2 ;;
   esac
 done
