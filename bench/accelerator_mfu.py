@@ -125,7 +125,6 @@ def measure(experiment: str, sets: list[str], steps: int) -> dict:
          "xla_memory_gib": None if predicted is None else predicted / 2**30,
          "parameters": model.num_parameters(), **_estimate(compiled, jitted, step_time)}
   del state, metrics, compiled, jitted
-  flash_attention.BLOCK_OVERRIDES = {}
   return row
 
 
