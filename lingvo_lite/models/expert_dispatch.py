@@ -47,7 +47,7 @@ from typing import Any, Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import layers
+from lingvo_lite.models import grouped_matmul, layers
 from lingvo_lite.models import quantization as quantizing
 from lingvo_lite.models.quantization import Quantization
 from lingvo_lite.models.remat import tag
@@ -211,10 +211,11 @@ def run_grouped(x: jax.Array, group_sizes: jax.Array, experts_of_rows: jax.Array
   these rows are k per token, and for DeepSeek-V3 on a v5e in float32 they were nine buffers
   of 7 GiB a layer (bench/results/2026-12-07/deepseek/compile_verdicts.md).
 
-  The grouped matmuls are `jax.lax.ragged_dot` where the compiler has a grouped kernel; on
-  CPUs, whose XLA rewrites it into one dense matmul per expert (E times the work: measured
-  10x slower than the capacity path at 32 experts), tiles of rows of one expert each
-  (`_tiled_grouped`)."""
+  The grouped matmuls are `jax.lax.ragged_dot` where the compiler has a grouped kernel
+  (`grouped_matmul.ragged_dot`: under a pipeline's `vmap` over its stages, products without a
+  batch dimension, which XLA:TPU needs); on CPUs, whose XLA rewrites it into one dense matmul
+  per expert (E times the work: measured 10x slower than the capacity path at 32 experts),
+  tiles of rows of one expert each (`_tiled_grouped`)."""
   if current_platform() == "cpu":
     return _tiled_grouped(x, group_sizes, weights, activation, alpha, limit)
 
@@ -223,8 +224,8 @@ def run_grouped(x: jax.Array, group_sizes: jax.Array, experts_of_rows: jax.Array
     # float32 output followed by a cast is a float32 buffer XLA keeps (DeepSeek-V3's seven
     # GiB ones).
     if bias is None:
-      return jax.lax.ragged_dot(inputs, kernel, group_sizes, preferred_element_type=x.dtype)
-    y = jax.lax.ragged_dot(inputs, kernel, group_sizes, preferred_element_type=jnp.float32)
+      return grouped_matmul.ragged_dot(inputs, kernel, group_sizes, x.dtype)
+    y = grouped_matmul.ragged_dot(inputs, kernel, group_sizes, jnp.float32)
     return (y + jnp.take(bias, experts_of_rows, axis=0).astype(jnp.float32)).astype(x.dtype)
   gate = tag(project(x, weights.wi, weights.wi_bias), "mlp_in")
   up = tag(project(x, weights.wi_gate, weights.wi_gate_bias), "mlp_in")

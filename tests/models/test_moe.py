@@ -13,7 +13,8 @@ import numpy as np
 import optax
 import pytest
 
-from lingvo_lite.models import expert_dispatch, moe
+from lingvo_lite import target
+from lingvo_lite.models import expert_dispatch, grouped_matmul, moe
 from lingvo_lite.models.moe_transformer import MoeTransformerLM
 from lingvo_lite.training import steps
 from lingvo_lite.training.train_state import TrainState
@@ -134,10 +135,107 @@ def test_the_grouped_matmul_as_accelerators_run_it_equals_the_reference(setting,
       x, sizes, of_rows, weights, "clamped_swiglu" if oss else "swiglu", 1.702, 1.5))(
           jnp.zeros((rows, DIM), jnp.bfloat16), jnp.full((EXPERTS,), 2, jnp.int32),
           jnp.zeros((rows,), jnp.int32))
-  products = [e.outvars[0].aval.dtype for e in jaxpr.eqns
-              if e.primitive.name.startswith("ragged_dot")]
+  products = [e.outvars[0].aval.dtype for e in _ragged_products(jaxpr.jaxpr)]
   assert products == ([jnp.float32] * 2 + [jnp.bfloat16] if oss else [jnp.bfloat16] * 3)
   assert jaxpr.out_avals[0].dtype == jnp.bfloat16
+
+
+def _ragged_products(jaxpr):
+  """The `ragged_dot_general` equations of `jaxpr` and of every jaxpr inside it, in order."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name.startswith("ragged_dot"):
+      found.append(eqn)
+    for value in eqn.params.values():
+      for inner in value if isinstance(value, (tuple, list)) else (value,):
+        inner = getattr(inner, "jaxpr", inner)  # A closed jaxpr's own.
+        if hasattr(inner, "eqns"):
+          found.extend(_ragged_products(inner))
+  return found
+
+
+# Stages x rows x (in, out) width, groups; each stage's sizes: a group past the rows (cut
+# there, as ragged_dot cuts it), some rows past the groups, the groups filling the rows.
+STAGES, ROWS, WIDTHS, GROUPS = 3, 9, (5, 7), 4
+SIZES = ((4, 0, 4, 4), (2, 3, 0, 1), (0, 9, 0, 0))
+
+
+def _grouped_numpy(lhs, rhs, sizes, cotangent):
+  """One stage's grouped matmul lhs [N, K] x rhs [G, K, F] and the gradients of
+  sum(out x cotangent), in float64: each row times its group's matrix, zero past the groups."""
+  ends = np.minimum(np.cumsum(sizes), len(lhs))
+  member = np.zeros((len(lhs), len(sizes)))
+  for group, (start, end) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends)):
+    member[start:end, group] = 1
+  lhs, rhs, cotangent = (np.asarray(a, np.float64) for a in (lhs, rhs, cotangent))
+  return (np.einsum("ng,nk,gkf->nf", member, lhs, rhs),
+          np.einsum("ng,nf,gkf->nk", member, cotangent, rhs),
+          np.einsum("ng,nk,nf->gkf", member, lhs, cotangent))
+
+
+def test_the_vmapped_grouped_matmul_equals_a_loop_over_stages_values_and_gradients():
+  """The pipeline's stage axis vmaps the grouped matmul: its fold of the stages into the
+  groups gives each stage's products and gradients, weights per stage or shared by all."""
+  generator = np.random.default_rng(3)
+  lhs, cotangent = (jnp.asarray(generator.normal(size=(STAGES, ROWS, w)), jnp.float32)
+                    for w in WIDTHS)
+  rhs = jnp.asarray(generator.normal(size=(STAGES, GROUPS, *WIDTHS)), jnp.float32)
+  sizes = jnp.asarray(SIZES, jnp.int32)
+  for shared in (False, True):
+    weights = rhs[0] if shared else rhs
+
+    def loss(lhs, weights, shared=shared):
+      out = jax.vmap(grouped_matmul.ragged_dot, in_axes=(0, None if shared else 0, 0))(
+          lhs, weights, sizes)
+      return jnp.sum(out * cotangent), out
+    with jax.default_matmul_precision("highest"):
+      (_, out), (d_lhs, d_rhs) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(
+          lhs, weights)
+    expected = [_grouped_numpy(lhs[s], weights if shared else weights[s], SIZES[s],
+                               cotangent[s]) for s in range(STAGES)]
+    assert np.std(out) > 0.5 and not np.any(out[1, 6:]), "rows past the groups give zeros"
+    for got, want in ((out, [e[0] for e in expected]), (d_lhs, [e[1] for e in expected]),
+                      (d_rhs, sum(e[2] for e in expected) if shared
+                       else [e[2] for e in expected])):
+      error = np.abs(np.asarray(got, np.float64) - np.asarray(want)).max()
+      assert error < TOLERANCE, f"shared weights {shared}: {error:.2e}"
+
+
+def test_no_product_of_the_vmapped_grouped_matmul_is_batched_and_xla_tpu_compiles_it():
+  """Forward and backward, every ragged product of the vmapped grouped matmul has a 2-D lhs
+  and no batch dimension, the only form XLA:TPU takes: the v5e compile of the gradient
+  succeeds, where `jax.lax.ragged_dot` vmapped is refused (the pipelined experts' failure)."""
+  def gradient(matmul):
+    def loss(lhs, rhs, sizes):
+      return jnp.sum(jax.vmap(matmul)(lhs, rhs, sizes).astype(jnp.float32))
+    return jax.jit(jax.grad(loss, (0, 1)))
+  shapes = ((STAGES, ROWS, WIDTHS[0]), (STAGES, GROUPS, *WIDTHS), (STAGES, GROUPS))
+  arguments = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in
+               zip(shapes, (jnp.bfloat16, jnp.bfloat16, jnp.int32))]
+  ours = gradient(lambda *a: grouped_matmul.ragged_dot(*a, jnp.float32))
+  products = _ragged_products(jax.make_jaxpr(ours)(*arguments).jaxpr)
+  assert len(products) == 3  # The forward's, the rows' gradient, the weights'.
+  for eqn in products:
+    assert eqn.invars[0].aval.ndim == 2, eqn
+    assert eqn.params["ragged_dot_dimension_numbers"].dot_dimension_numbers[1] == ((), ())
+  try:
+    import libtpu  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError as e:
+    pytest.fail(f"libtpu is not installed ({e}); bin/setup.sh installs it")
+  tpu = target.compile_target("v5e-8")
+  on_chip = jax.sharding.SingleDeviceSharding(tpu.devices[0])
+  arguments = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_chip) for a in arguments]
+  # A compile-only TPU client cannot read back the executables JAX's cache would keep.
+  cached = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    with target.active(tpu):
+      ours.trace(*arguments).lower().compile()
+      with pytest.raises(Exception, match="number of batch dimensions should be 0"):
+        gradient(lambda *a: jax.lax.ragged_dot(*a, preferred_element_type=jnp.float32)).trace(
+            *arguments).lower().compile()
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cached)
 
 
 @pytest.mark.parametrize("setting", ["softmax top-2 renormalized", "gpt-oss: biases, clamped"])
