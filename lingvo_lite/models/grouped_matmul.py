@@ -18,7 +18,8 @@ one is squeezed instead: the stage axis under its mesh axis, where each device h
 around them (the order JAX documents) whose backward pass is the two products JAX's own
 transpose of `ragged_dot` makes: the rows' gradient (the output's gradient against the
 weights, contracted over their output width) and the weights' (ragged over the contracted
-rows, one [in, out] block per group), in the forward's `preferred_element_type`.
+rows, one [in, out] block per group), in the forward's `preferred_element_type`. Forward-mode
+differentiation (`jax.jvp`) of a `custom_vjp` is not defined; nothing here asks for it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache as jax_compilation_cache
 
 from lingvo_lite import target
 from lingvo_lite.models import expert_dispatch, grouped_matmul, moe
@@ -173,20 +174,29 @@ def _grouped_numpy(lhs, rhs, sizes, cotangent):
           np.einsum("ng,nk,nf->gkf", member, lhs, cotangent))
 
 
+# How the grouped matmul is vmapped over the stages: (its in_axes, whether the weights are one
+# set for every stage, a vmap of one around it: the fold's own products folded again).
+VMAPS = {"weights per stage": ((0, 0, 0), False, False),
+         "weights shared": ((0, None, 0), True, False),
+         "nested in a vmap of one": ((0, 0, 0), False, True)}
+
+
 def test_the_vmapped_grouped_matmul_equals_a_loop_over_stages_values_and_gradients():
   """The pipeline's stage axis vmaps the grouped matmul: its fold of the stages into the
-  groups gives each stage's products and gradients, weights per stage or shared by all."""
+  groups gives each stage's products and gradients (NumPy's, one stage at a time)."""
   generator = np.random.default_rng(3)
   lhs, cotangent = (jnp.asarray(generator.normal(size=(STAGES, ROWS, w)), jnp.float32)
                     for w in WIDTHS)
   rhs = jnp.asarray(generator.normal(size=(STAGES, GROUPS, *WIDTHS)), jnp.float32)
   sizes = jnp.asarray(SIZES, jnp.int32)
-  for shared in (False, True):
+  for name, (in_axes, shared, nested) in VMAPS.items():
     weights = rhs[0] if shared else rhs
+    matmul = jax.vmap(grouped_matmul.ragged_dot, in_axes=in_axes)
+    if nested:
+      matmul = lambda *a, inner=matmul: jax.vmap(inner)(*(x[None] for x in a))[0]
 
-    def loss(lhs, weights, shared=shared):
-      out = jax.vmap(grouped_matmul.ragged_dot, in_axes=(0, None if shared else 0, 0))(
-          lhs, weights, sizes)
+    def loss(lhs, weights, matmul=matmul):
+      out = matmul(lhs, weights, sizes)
       return jnp.sum(out * cotangent), out
     with jax.default_matmul_precision("highest"):
       (_, out), (d_lhs, d_rhs) = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(
@@ -198,7 +208,7 @@ def test_the_vmapped_grouped_matmul_equals_a_loop_over_stages_values_and_gradien
                       (d_rhs, sum(e[2] for e in expected) if shared
                        else [e[2] for e in expected])):
       error = np.abs(np.asarray(got, np.float64) - np.asarray(want)).max()
-      assert error < TOLERANCE, f"shared weights {shared}: {error:.2e}"
+      assert error < TOLERANCE, f"{name}: {error:.2e}"
 
 
 def test_no_product_of_the_vmapped_grouped_matmul_is_batched_and_xla_tpu_compiles_it():
@@ -225,9 +235,11 @@ def test_no_product_of_the_vmapped_grouped_matmul_is_batched_and_xla_tpu_compile
   tpu = target.compile_target("v5e-8")
   on_chip = jax.sharding.SingleDeviceSharding(tpu.devices[0])
   arguments = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_chip) for a in arguments]
-  # A compile-only TPU client cannot read back the executables JAX's cache would keep.
+  # A compile-only TPU client cannot read back the executables JAX's cache would keep (JAX
+  # decides at its first compile whether it uses the cache: reset, it decides again).
   cached = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
+  jax_compilation_cache.reset_cache()
   try:
     with target.active(tpu):
       ours.trace(*arguments).lower().compile()
@@ -236,6 +248,7 @@ def test_no_product_of_the_vmapped_grouped_matmul_is_batched_and_xla_tpu_compile
             *arguments).lower().compile()
   finally:
     jax.config.update("jax_enable_compilation_cache", cached)
+    jax_compilation_cache.reset_cache()
 
 
 @pytest.mark.parametrize("setting", ["softmax top-2 renormalized", "gpt-oss: biases, clamped"])
