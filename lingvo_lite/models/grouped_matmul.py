@@ -84,9 +84,10 @@ def _product(form: str, dtype: Any) -> custom_vmap:
 
   @product.def_vmap
   def folded(axis_size, in_batched, lhs, rhs, group_sizes):
+    # The folded product is `product` itself, not the primitive: an outer vmap folds it again.
     lhs, rhs, group_sizes = (a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
                              for a, batched in zip((lhs, rhs, group_sizes), in_batched))
-    if axis_size == 1:  # Nested vmaps fold again: `product` is called, not the primitive.
+    if axis_size == 1:
       return product(lhs[0], rhs[0], group_sizes[0])[None], True
     rows = lhs.shape[1]
     sizes = _with_rest(group_sizes, rows).reshape(-1)
