@@ -153,8 +153,15 @@ def compile_row(row: str, slices: int, limit_s: float) -> dict:
              available_gib=(report["memory"]["available"] or 0) / 2**30,
              mesh=report["mesh"], compile_seconds=report["compile_seconds"],
              fit_knob=report.get("next_knob"), peak_gib=(report["memory"].get("peak") or 0)
-             / 2**30, largest_buffers=report["largest_buffers"][:3],
-             model_flops_per_chip=report["flops"]["model_per_device"])
+             / 2**30, largest_buffers=report["largest_buffers"],
+             model_flops_per_chip=report["flops"]["model_per_device"],
+             # The deciding sum's terms and the state counted from shapes, to say which
+             # buffers a DOES NOT FIT is made of.
+             memory={k: report["memory"].get(k) for k in (
+                 "arguments", "outputs", "aliased", "temporaries", "generated_code", "total",
+                 "peak", "deciding_rule", "xla_error")},
+             analytic_by_part=report["analytic"]["by_part"],
+             remat_policy=report.get("remat_policy"), optimizer=report.get("optimizer"))
   if estimate.get("made"):
     out.update(estimate_s=estimate["seconds"], estimate_mfu=estimate["mfu"],
                parts=estimate["parts"], overlapped=estimate["overlapped"],
