@@ -9,10 +9,12 @@ Each row is `python -m lingvo_lite --exp=ROW --mode=compile --compile_topology=v
 slices splitting it as MaxText's `dcn_data_parallelism: -1` does; the settings a CPU-built
 config cannot carry from experiments/lm/maxtext.py's ON_TPU), under a wall-clock limit
 (--limit_s: the process group is killed past it), with no compilation cache (a cached compile
-would time nothing). A row records the verdict, the deciding bytes per chip, the step-time
-estimate (programs/compile/estimate_report.py) and the MFU it implies, its parts and the one
-that dominates, the compile's wall time (process start to exit) and peak host memory (the
-child's ru_maxrss from os.wait4). Rows go in size order (16B at 1 slice first) and are appended
+would time nothing). A row records the verdict, the deciding bytes per chip and the terms they
+are made of (XLA's arguments, outputs, aliased bytes, temporaries and peak; the state counted
+from shapes; the ten largest buffers), the step-time estimate
+(programs/compile/estimate_report.py) and the MFU it implies, its parts and the one that
+dominates, the compile's wall time (process start to exit) and peak host memory (the child's
+ru_maxrss from os.wait4). Rows go in size order (16B at 1 slice first) and are appended
 to OUT.jsonl as each ends; a rerun skips the rows already there, so the table can be made over
 several sittings. OUT.md is rewritten from OUT.jsonl after every row.
 
