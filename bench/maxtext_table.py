@@ -2,7 +2,7 @@
 for 1, 2, 4, 8, 16 and 32 slices of v5e-256, beside MaxText's measured TFLOP/s/chip and MFU.
 
   python bench/maxtext_table.py [--rows MaxText16B,...] [--slices 1,2,4] [--limit_s 900]
-      [--out bench/results/2026-12-07/maxtext_table] [--markdown_only]
+      [--out bench/results/2026-12-07/maxtext_v2/maxtext_table] [--markdown_only]
 
 Each row is `python -m lingvo_lite --exp=ROW --mode=compile --compile_topology=v5e-256
 --compile_num_slices=K` in its own process (the batch K x the script's per-slice batch, the
@@ -16,7 +16,7 @@ from shapes; the ten largest buffers), the step-time estimate
 dominates, the compile's wall time (process start to exit) and peak host memory (the child's
 ru_maxrss from os.wait4). Rows go in size order (16B at 1 slice first) and are appended
 to OUT.jsonl as each ends; a rerun skips the rows already there, so the table can be made over
-several sittings. OUT.md is rewritten from OUT.jsonl after every row.
+several sittings. OUT.md is rewritten from OUT.jsonl after every row, by model and slice count.
 
 MaxText's columns are its README's (MaxText/configs/v5e/README.md, commit 1de063ea). Its MFU
 is its TFLOP/s/chip over the v5e's 197 TFLOP/s; its TFLOPs per step are
@@ -184,7 +184,8 @@ def to_markdown(rows: list[dict]) -> str:
            "MaxText step, TFLOP/s/chip, MFU | step error | compile wall, peak RSS | "
            "what accounts for a >10% difference |",
            "|---|---|---|---|---|---|---|---|"]
-  for r in rows:
+  # By model and slice count, whatever order the rows were compiled in.
+  for r in sorted(rows, key=lambda r: (_scale(r["row"]), r["slices"])):
     where = f"{r['slices']} ({r['chips']})"
     maxtext_cell = (f"{r['maxtext_step_s'] * 1e3:.0f} ms, {r['maxtext_tflops_per_chip']}, "
                     f"{r['maxtext_mfu']:.2%}")
@@ -217,8 +218,9 @@ def main() -> None:
   parser.add_argument("--rows", default=",".join(PUBLISHED))
   parser.add_argument("--slices", default=",".join(map(str, SLICES)))
   parser.add_argument("--limit_s", type=float, default=900.0)
+  # maxtext_v2: the step-time estimate's version 2 (2026-12-07/maxtext_table.* was version 1).
   parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "2026-12-07",
-                                                    "maxtext_table"))
+                                                    "maxtext_v2", "maxtext_table"))
   parser.add_argument("--markdown_only", action="store_true",
                       help="rewrite OUT.md from OUT.jsonl and compile nothing")
   args = parser.parse_args()
