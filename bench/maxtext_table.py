@@ -2,19 +2,21 @@
 for 1, 2, 4, 8, 16 and 32 slices of v5e-256, beside MaxText's measured TFLOP/s/chip and MFU.
 
   python bench/maxtext_table.py [--rows MaxText16B,...] [--slices 1,2,4] [--limit_s 900]
-      [--out bench/results/2026-12-07/maxtext_table] [--markdown_only]
+      [--out bench/results/2026-12-07/maxtext_v2/maxtext_table] [--markdown_only]
 
 Each row is `python -m lingvo_lite --exp=ROW --mode=compile --compile_topology=v5e-256
 --compile_num_slices=K` in its own process (the batch K x the script's per-slice batch, the
 slices splitting it as MaxText's `dcn_data_parallelism: -1` does; the settings a CPU-built
 config cannot carry from experiments/lm/maxtext.py's ON_TPU), under a wall-clock limit
 (--limit_s: the process group is killed past it), with no compilation cache (a cached compile
-would time nothing). A row records the verdict, the deciding bytes per chip, the step-time
-estimate (programs/compile/estimate_report.py) and the MFU it implies, its parts and the one
-that dominates, the compile's wall time (process start to exit) and peak host memory (the
-child's ru_maxrss from os.wait4). Rows go in size order (16B at 1 slice first) and are appended
+would time nothing). A row records the verdict, the deciding bytes per chip and the terms they
+are made of (XLA's arguments, outputs, aliased bytes, temporaries and peak; the state counted
+from shapes; the ten largest buffers), the step-time estimate
+(programs/compile/estimate_report.py) and the MFU it implies, its parts and the one that
+dominates, the compile's wall time (process start to exit) and peak host memory (the child's
+ru_maxrss from os.wait4). Rows go in size order (16B at 1 slice first) and are appended
 to OUT.jsonl as each ends; a rerun skips the rows already there, so the table can be made over
-several sittings. OUT.md is rewritten from OUT.jsonl after every row.
+several sittings. OUT.md is rewritten from OUT.jsonl after every row, by model and slice count.
 
 MaxText's columns are its README's (MaxText/configs/v5e/README.md, commit 1de063ea). Its MFU
 is its TFLOP/s/chip over the v5e's 197 TFLOP/s; its TFLOPs per step are
@@ -153,8 +155,15 @@ def compile_row(row: str, slices: int, limit_s: float) -> dict:
              available_gib=(report["memory"]["available"] or 0) / 2**30,
              mesh=report["mesh"], compile_seconds=report["compile_seconds"],
              fit_knob=report.get("next_knob"), peak_gib=(report["memory"].get("peak") or 0)
-             / 2**30, largest_buffers=report["largest_buffers"][:3],
-             model_flops_per_chip=report["flops"]["model_per_device"])
+             / 2**30, largest_buffers=report["largest_buffers"],
+             model_flops_per_chip=report["flops"]["model_per_device"],
+             # The deciding sum's terms and the state counted from shapes, to say which
+             # buffers a DOES NOT FIT is made of.
+             memory={k: report["memory"].get(k) for k in (
+                 "arguments", "outputs", "aliased", "temporaries", "generated_code", "total",
+                 "peak", "deciding_rule", "xla_error")},
+             analytic_by_part=report["analytic"]["by_part"],
+             remat_policy=report.get("remat_policy"), optimizer=report.get("optimizer"))
   if estimate.get("made"):
     out.update(estimate_s=estimate["seconds"], estimate_mfu=estimate["mfu"],
                parts=estimate["parts"], overlapped=estimate["overlapped"],
@@ -175,7 +184,8 @@ def to_markdown(rows: list[dict]) -> str:
            "MaxText step, TFLOP/s/chip, MFU | step error | compile wall, peak RSS | "
            "what accounts for a >10% difference |",
            "|---|---|---|---|---|---|---|---|"]
-  for r in rows:
+  # By model and slice count, whatever order the rows were compiled in.
+  for r in sorted(rows, key=lambda r: (_scale(r["row"]), r["slices"])):
     where = f"{r['slices']} ({r['chips']})"
     maxtext_cell = (f"{r['maxtext_step_s'] * 1e3:.0f} ms, {r['maxtext_tflops_per_chip']}, "
                     f"{r['maxtext_mfu']:.2%}")
@@ -208,8 +218,9 @@ def main() -> None:
   parser.add_argument("--rows", default=",".join(PUBLISHED))
   parser.add_argument("--slices", default=",".join(map(str, SLICES)))
   parser.add_argument("--limit_s", type=float, default=900.0)
+  # maxtext_v2: the step-time estimate's version 2 (2026-12-07/maxtext_table.* was version 1).
   parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "2026-12-07",
-                                                    "maxtext_table"))
+                                                    "maxtext_v2", "maxtext_table"))
   parser.add_argument("--markdown_only", action="store_true",
                       help="rewrite OUT.md from OUT.jsonl and compile nothing")
   args = parser.parse_args()
