@@ -12,7 +12,9 @@ whole ran past 8 minutes there on 2026-12-07, 122 of its 265 tests done, hence t
   training  the step, DPO and optimizer tests (tests/test_steps.py, test_dpo.py,
             test_optimizers.py)
   weights   tests/weights: Hugging Face, GGUF, PEFT, slim and job weights against
-            transformers and peft (needs torch, transformers, peft and gguf installed there)
+            transformers and peft, and tests/models' tests against transformers (DeepSeek's
+            MoE, the dense families' parameter counts), which the families part skips
+            without torch (needs torch, transformers, peft and gguf installed there)
 
 Float32 comparisons run at the highest matmul precision (a TPU's default keeps three digits).
 The chip takes one process at a time, so the parts run one after another. Each skip is listed
@@ -42,7 +44,9 @@ PARTS = {
         "lora", "moe", "quantization", "remat", "transformer", "layer_kinds")],
     "decode": ["tests/decode"],
     "training": ["tests/test_steps.py", "tests/test_dpo.py", "tests/test_optimizers.py"],
-    "weights": ["tests/weights"],
+    # With the models' tests that read transformers (skipped in the parts above, where the
+    # TPU machine has no torch; this part installs it, bench/tpu_check.sh weights).
+    "weights": ["tests/weights", f"{_MODELS}deepseek_moe.py", f"{_MODELS}dense_families.py"],
 }
 # Tests that need what the TPU machine does not carry (seqio and TensorFlow), by node id.
 DESELECTED = {
@@ -52,8 +56,8 @@ DESELECTED = {
 PART_SECONDS = 480
 
 
-def _run(part: str, out: str) -> str:
-  """Runs one part; returns its JUnit file's path."""
+def _run(part: str, out: str, seconds: int) -> str:
+  """Runs one part for at most `seconds`; returns its JUnit file's path."""
   junit = os.path.join(out, f"tests_{part}.xml")
   command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
              f"--junitxml={junit}", *PARTS[part],
@@ -62,7 +66,7 @@ def _run(part: str, out: str) -> str:
   with open(os.path.join(out, f"tests_{part}.txt"), "w", encoding="utf-8") as log:
     process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-      process.wait(timeout=PART_SECONDS)
+      process.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
       # An interrupt, not a kill: pytest then ends its session and still writes the JUnit
       # file of the tests it ran, so a part that runs long says which of them failed.
@@ -73,7 +77,7 @@ def _run(part: str, out: str) -> str:
         process.kill()
         process.wait()
       log.flush()
-      log.write(f"\ntpu_test_parts: part {part} ran past {PART_SECONDS} s and was stopped\n")
+      log.write(f"\ntpu_test_parts: part {part} ran past {seconds} s and was stopped\n")
   return junit
 
 
@@ -96,11 +100,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("parts", nargs="*", default=list(PARTS), choices=[*PARTS, []])
   parser.add_argument("--out", required=True)
+  parser.add_argument("--part_seconds", type=int, default=PART_SECONDS,
+                      help="each part's limit (a device call's own limit may be shorter)")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
   lines, totals = [], [0, 0, 0]
   for part in args.parts or list(PARTS):
-    passed, failed, skipped, skips = _counts(_run(part, args.out))
+    passed, failed, skipped, skips = _counts(_run(part, args.out, args.part_seconds))
     totals = [totals[0] + passed, totals[1] + failed, totals[2] + skipped]
     lines.append(f"{part}: {passed} passed, {failed} failed, {skipped} skipped")
     lines += [f"  skipped {line}" for line in skips]
