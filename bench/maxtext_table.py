@@ -1,11 +1,12 @@
 """MaxText's published v5e table, reproduced on paper: each MaxText shape compiled from this CPU
-for 1, 2, 4, 8, 16 and 32 slices of v5e-256, beside MaxText's measured TFLOP/s/chip and MFU.
+for 1, 2, 4, 8, 16 and 32 slices of v5e-256, beside MaxText's measured TFLOP/s/chip and MFU;
+and its largest v5p script's (1024b.sh: MaxText1024B on 1 and 2 slices of v5p-2048).
 
   python bench/maxtext_table.py [--rows MaxText16B,...] [--slices 1,2,4] [--limit_s 900]
       [--out bench/results/2026-12-07/maxtext_v2/maxtext_table] [--markdown_only]
 
 Each row is `python -m lingvo_lite --exp=ROW --mode=compile --compile_topology=v5e-256
---compile_num_slices=K` in its own process (the batch K x the script's per-slice batch, the
+--compile_num_slices=K` (1024B: v5p-2048, `TOPOLOGY`) in its own process (the batch K x the script's per-slice batch, the
 slices splitting it as MaxText's `dcn_data_parallelism: -1` does; the settings a CPU-built
 config cannot carry from experiments/lm/maxtext.py's ON_TPU), under a wall-clock limit
 (--limit_s: the process group is killed past it), with no compilation cache (a cached compile
@@ -18,8 +19,9 @@ ru_maxrss from os.wait4). Rows go in size order (16B at 1 slice first) and are a
 to OUT.jsonl as each ends; a rerun skips the rows already there, so the table can be made over
 several sittings. OUT.md is rewritten from OUT.jsonl after every row, by model and slice count.
 
-MaxText's columns are its README's (MaxText/configs/v5e/README.md, commit 1de063ea). Its MFU
-is its TFLOP/s/chip over the v5e's 197 TFLOP/s; its TFLOPs per step are
+MaxText's columns are its README's (MaxText/configs/v5e/README.md, commit 1de063ea; 1024B's
+MaxText/configs/v5p/README.md). Its MFU is its TFLOP/s/chip over the chip's peak (v5e 197
+TFLOP/s, v5p 459), as is the estimate's; its TFLOPs per step are
 maxtext_utils.calculate_tflops_training_per_device's terms (weights' matmuls x 3 for the
 backward, causal attention halved, the output projection), which `maxtext_flops` restates:
 MaxText's step time is those FLOPs over its TFLOP/s. Where the estimate and MaxText's step
@@ -46,7 +48,10 @@ from experiments.lm import maxtext  # Light: Fiddle configs, no JAX work.
 
 SLICES = (1, 2, 4, 8, 16, 32)
 V5E_PEAK = 197e12  # bf16 FLOP/s per chip, the datasheet's (MaxText's MFU divides by it).
-# MaxText's README table (TFLOP/s/chip, MFU %) by slices of v5e-256; per_device_batch_size.
+# The slice each row's script runs on and its chips (v5e-256 unless named here).
+TOPOLOGY = {"MaxText1024B": ("v5p-2048", 1024)}
+# MaxText's README tables (TFLOP/s/chip, MFU %) by slice count; per_device_batch_size. A row
+# is compiled only for the slice counts MaxText publishes.
 PUBLISHED = {
     "MaxText16B": (6, {1: (120, 61.10), 2: (117, 59.37), 4: (117, 59.14), 8: (115, 58.27),
                        16: (111, 56.56), 32: (108, 54.65)}),
@@ -56,6 +61,8 @@ PUBLISHED = {
                        16: (105, 53.29), 32: (99, 50.18)}),
     "MaxText128B": (1, {1: (110, 56.06), 2: (110, 55.82), 4: (108, 54.93), 8: (104, 52.93),
                         16: (100, 50.86), 32: (91, 46.25)}),
+    # configs/v5p/README.md (commit 1de063ea): 1 and 2 x v5p-2048; its MFU is over v5p's 459.
+    "MaxText1024B": (2, {1: (254, 55.35), 2: (237, 51.55)}),
 }
 
 
@@ -126,11 +133,13 @@ def _attribution(estimate: dict, maxtext_seconds: float) -> str:
 
 
 def compile_row(row: str, slices: int, limit_s: float) -> dict:
-  """One compile of `row` for `slices` x v5e-256 and what its report says."""
+  """One compile of `row` for `slices` x its slice (v5e-256, `TOPOLOGY`) and what its report
+  says."""
   per_device, published = PUBLISHED[row]
-  batch = per_device * 256 * slices
+  topology, slice_chips = TOPOLOGY.get(row, ("v5e-256", 256))
+  batch = per_device * slice_chips * slices
   with tempfile.TemporaryDirectory(prefix="maxtext_table_") as job:
-    args = [f"--exp={row}", "--mode=compile", "--compile_topology=v5e-256",
+    args = [f"--exp={row}", "--mode=compile", f"--compile_topology={topology}",
             f"--compile_num_slices={slices}", f"--job_log_dir={job}/job",
             "--compilation_cache_dir=", f"--fdl.train_data.global_batch_size={batch}",
             f"--fdl.eval_data.global_batch_size={batch}"]
@@ -140,7 +149,8 @@ def compile_row(row: str, slices: int, limit_s: float) -> dict:
     report = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else None
   tflops, mfu_percent = published[slices]
   maxtext_seconds = maxtext_flops(_scale(row), per_device) / (tflops * 1e12)
-  out = {"row": row, "slices": slices, "chips": 256 * slices, "global_batch_size": batch,
+  out = {"row": row, "topology": topology, "slices": slices, "chips": slice_chips * slices,
+         "global_batch_size": batch,
          "overrides": list(maxtext.ON_TPU.get(row, ())), "exit_code": code,
          "timed_out": timed_out, "limit_s": limit_s, "wall_s": wall, "peak_rss_gib": rss,
          "maxtext_tflops_per_chip": tflops, "maxtext_mfu": mfu_percent / 100,
@@ -186,7 +196,9 @@ def to_markdown(rows: list[dict]) -> str:
            "|---|---|---|---|---|---|---|---|"]
   # By model and slice count, whatever order the rows were compiled in.
   for r in sorted(rows, key=lambda r: (_scale(r["row"]), r["slices"])):
-    where = f"{r['slices']} ({r['chips']})"
+    topology = r.get("topology", "v5e-256")  # Rows before 1024B's: all v5e-256.
+    where = (f"{r['slices']} ({r['chips']})" if topology == "v5e-256"
+             else f"{r['slices']} x {topology} ({r['chips']})")
     maxtext_cell = (f"{r['maxtext_step_s'] * 1e3:.0f} ms, {r['maxtext_tflops_per_chip']}, "
                     f"{r['maxtext_mfu']:.2%}")
     cost = f"{r['wall_s']:.0f} s, {r['peak_rss_gib']:.2f} GiB"
@@ -235,7 +247,7 @@ def main() -> None:
     return
   for row in args.rows.split(","):
     for slices in map(int, args.slices.split(",")):
-      if (row, slices) in seen:
+      if (row, slices) in seen or slices not in PUBLISHED[row][1]:
         continue
       result = compile_row(row, slices, args.limit_s)
       print(json.dumps(result), flush=True)
