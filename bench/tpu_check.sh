@@ -11,7 +11,7 @@
 # then, on the TPU VM, from the repository root:
 #
 #   bash bench/tpu_check.sh [STAGE ...]     STAGE: numerics train llama1b decode tests weights
-#                                           moe profile int8 estimate (default: numerics train
+#                                           moe profile int8 estimate fit (default: numerics train
 #                                           decode)
 #
 # numerics: bench/tpu_numerics.py: splash against einsum on the chip, a 50-step tiny training
@@ -35,6 +35,10 @@
 #         measured step for every train row (the same executable), a traced step per row with
 #         each kernel's measured time beside its estimate ($OUT/estimate_profile/<row>.json),
 #         and the chip constants lingvo_lite/chips.py takes, measured: $OUT/estimate.jsonl.
+# fit:    whether the compile verdict's rule is the chip's: a Llama1BOneChip row that XLA:TPU
+#         compiles (its heap simulation's peak 12.95 GiB) but the verdict's sum (arguments +
+#         outputs - aliased + temporaries: 16.05 GiB) puts past the chip's 15.75 GiB (both from
+#         `--mode=compile --compile_topology=v5e-1` on a CPU host, 2026-12-07): runs or not.
 # tests:  the suite's model, decode and training tests on the chip, in parts
 #         (bench/tpu_test_parts.py): a JUnit file each, one summary line across them.
 # weights: the weights tests (against transformers, peft and gguf): torch 2.13.0+cpu from the
@@ -97,6 +101,11 @@ for stage in "${stages[@]}"; do
           --variant "bf16_moments_b1:optimizer.moment_dtype='bfloat16';train_data.global_batch_size=1" \
           --variant "bf16_moments_offloaded_b3:optimizer.moment_dtype='bfloat16';optimizer.offload_state=True;train_data.global_batch_size=3" \
           2>&1 | grep -v "^[WI]0" | tee "$out/llama1b.txt"
+      ;;
+    fit)
+      python3 bench/accelerator_mfu.py --experiment Llama1BOneChip --steps 5 --json "$out/fit.jsonl" \
+          --variant "mwc_bf16m_b5:model.remat_policy='minimal_with_context';optimizer.moment_dtype='bfloat16';train_data.global_batch_size=5" \
+          2>&1 | grep -v "^[WI]0" | tee "$out/fit.txt"
       ;;
     decode)
       # SmolLM2's heads of 64 have no kernel form (the written-out path either way): its
