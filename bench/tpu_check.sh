@@ -121,7 +121,7 @@ for stage in "${stages[@]}"; do
     tests)
       # The on-device tests in parts, each a pytest process with a JUnit file under $out and
       # a summary line (bench/tpu_test_parts.py says which parts and why a test is left out).
-      python3 bench/tpu_test_parts.py --out "$out" kernels families models decode training \
+      python3 bench/tpu_test_parts.py --out "$out" kernels families adapters models decode training \
           2>&1 | grep -v "^[WI]0" | tee "$out/tests.txt"
       ;;
     weights)
