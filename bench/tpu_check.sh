@@ -50,11 +50,16 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-$(mktemp -d)}"
 site="${TPU_CHECK_SITE:-/tmp/lingvo_lite_site}"
-if [ -d .whl-tpu ] && [ ! -e "$site/.installed" ]; then
+# Wheels into a site folder once (no index, no network): install_once SITE PIP_ARGS...
+install_once() {
+  local into="$1"
+  shift
+  [ -e "$into/.installed" ] && return 0
   PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
-      --no-compile --no-cache-dir --upgrade --target "$site" .whl-tpu/*.whl || exit 1
-  touch "$site/.installed"
-fi
+      --no-compile --no-cache-dir --upgrade --target "$into" "$@" || exit 1
+  touch "$into/.installed"
+}
+[ -d .whl-tpu ] && install_once "$site" .whl-tpu/*.whl
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}:$site"
 export PYTHONUNBUFFERED=1
 stages=("$@")
@@ -121,17 +126,11 @@ for stage in "${stages[@]}"; do
     tests)
       # The on-device tests in parts, each a pytest process with a JUnit file under $out and
       # a summary line (bench/tpu_test_parts.py says which parts and why a test is left out).
-      python3 bench/tpu_test_parts.py --out "$out" kernels families adapters models decode training \
-          2>&1 | grep -v "^[WI]0" | tee "$out/tests.txt"
+      python3 bench/tpu_test_parts.py --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/tests.txt"
       ;;
     weights)
       wsite="${TPU_CHECK_WEIGHTS_SITE:-/tmp/lingvo_lite_weights_site}"
-      if [ ! -e "$wsite/.installed" ]; then
-        PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --no-index --no-deps \
-            --no-compile --no-cache-dir --target "$wsite" --find-links /opt/wheels \
-            torch==2.13.0+cpu .whl-weights/*.whl || exit 1
-        touch "$wsite/.installed"
-      fi
+      install_once "$wsite" --find-links /opt/wheels torch==2.13.0+cpu .whl-weights/*.whl
       PYTHONPATH="$PYTHONPATH:$wsite" python3 bench/tpu_test_parts.py --out "$out" weights \
           2>&1 | grep -v "^[WI]0" | tee "$out/tests_weights_run.txt"
       ;;
@@ -161,7 +160,7 @@ for stage in "${stages[@]}"; do
     moe)
       python3 bench/moe_bench.py mfu --out "$out" 2>&1 | grep -v "^[WI]0" | tee "$out/moe.txt"
       ;;
-    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, llama1b, decode, tests, weights, moe, profile, int8, estimate)" >&2
+    *) echo "tpu_check.sh: unknown stage $stage (numerics, train, llama1b, decode, tests, weights, moe, profile, int8, estimate, fit)" >&2
        exit 2 ;;
   esac
 done

@@ -235,20 +235,16 @@ def test_no_product_of_the_vmapped_grouped_matmul_is_batched_and_xla_tpu_compile
   tpu = target.compile_target("v5e-8")
   on_chip = jax.sharding.SingleDeviceSharding(tpu.devices[0])
   arguments = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=on_chip) for a in arguments]
-  # A compile-only TPU client cannot read back the executables JAX's cache would keep (JAX
-  # decides at its first compile whether it uses the cache: reset, it decides again).
-  cached = jax.config.jax_enable_compilation_cache
+  # A compile-only TPU client cannot read back the executables JAX's cache would keep: off
+  # for this test (JAX decides at its first compile whether it uses the cache: reset, it
+  # decides again; tests/conftest.py puts the setting back after the test).
   jax.config.update("jax_enable_compilation_cache", False)
   jax_compilation_cache.reset_cache()
-  try:
-    with target.active(tpu):
-      ours.trace(*arguments).lower().compile()
-      with pytest.raises(Exception, match="number of batch dimensions should be 0"):
-        gradient(lambda *a: jax.lax.ragged_dot(*a, preferred_element_type=jnp.float32)).trace(
-            *arguments).lower().compile()
-  finally:
-    jax.config.update("jax_enable_compilation_cache", cached)
-    jax_compilation_cache.reset_cache()
+  with target.active(tpu):
+    ours.trace(*arguments).lower().compile()
+    with pytest.raises(Exception, match="number of batch dimensions should be 0"):
+      gradient(lambda *a: jax.lax.ragged_dot(*a, preferred_element_type=jnp.float32)).trace(
+          *arguments).lower().compile()
 
 
 @pytest.mark.parametrize("setting", ["softmax top-2 renormalized", "gpt-oss: biases, clamped"])
