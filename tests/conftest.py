@@ -105,6 +105,24 @@ def _jax_config():
 
 _use_shared_jax_cache()
 
+# Set by bench/tpu_test_parts.py on a TPU machine, whose chip takes one process at a time.
+CHILDREN_ON_CPU_ENV = "LINGVO_LITE_TEST_CHILDREN_ON_CPU"
+
+
+def _children_on_the_cpu() -> None:
+  """Where asked (CHILDREN_ON_CPU_ENV=1), the processes a test starts (`python -m lingvo_lite`
+  as a user types it) run on the CPU: this process holds the chip, and a second one that
+  asks for it fails ("The TPU is already in use"). JAX reads JAX_PLATFORMS when it is
+  imported, so this process imports it first and keeps the platforms it was given; the
+  children inherit JAX_PLATFORMS=cpu from its environment."""
+  if os.environ.get(CHILDREN_ON_CPU_ENV) != "1":
+    return
+  import jax  # pylint: disable=import-outside-toplevel,unused-import
+  os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+_children_on_the_cpu()
+
 
 @pytest.fixture(autouse=True)
 def _fresh_jax_cache_on_each_folder_change():

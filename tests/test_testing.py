@@ -42,3 +42,27 @@ def test_run_cli_still_runs_the_executor():
   result = testing.run_cli(["--mode=list"])
   assert result.code == 0, result.stderr[-2000:]
   assert "PyCodeTiny" in result.stdout
+
+
+# Imports the test suite's conftest as pytest would on a TPU machine, then starts a child.
+_CHILDREN_PROBE = """
+import os, subprocess, sys
+import tests.conftest
+import jax
+print(jax.config.jax_platforms)
+print(subprocess.run([sys.executable, "-c", "import jax; print(jax.config.jax_platforms)"],
+                     capture_output=True, text=True, check=True).stdout.strip())
+"""
+
+
+def test_children_of_a_process_that_holds_the_chip_run_on_the_cpu():
+  """bench/tpu_test_parts.py's CHILDREN_ON_CPU: the test process keeps the platforms it was
+  given (the chip); a process it starts gets the CPU (a second process on a TPU fails)."""
+  env = dict(os.environ, LINGVO_LITE_TEST_CHILDREN_ON_CPU="1", JAX_PLATFORMS="tpu,cpu")
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(testing.source_root()),
+                                                    env.get("PYTHONPATH")]))
+  completed = subprocess.run([sys.executable, "-c", _CHILDREN_PROBE], env=env,
+                             cwd=testing.source_root(), capture_output=True, text=True,
+                             timeout=300, check=False)
+  assert completed.returncode == 0, completed.stderr[-3000:]
+  assert completed.stdout.splitlines() == ["tpu,cpu", "cpu"]
