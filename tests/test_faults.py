@@ -479,8 +479,10 @@ def test_a_step_without_checksums_is_skipped_unless_asked_for(tmp_path, cache, t
   assert len(about_6) == 1 and "checksum" in about_6[0], result.stderr[-3000:]
   assert "done: step 8" in result.stdout
 
-  result = _ok(_run(tmp_path, "job_unverified", cache, *TRAINED_ARGS, "--fdl.train.steps=8",
-                    "--fdl.checkpoint.restore_unverified=True"))
+  # The opt-in, in this process: the refusal above is the real process's.
+  result = _in_process(tmp_path / "job_unverified", cache, *TRAINED_ARGS,
+                       "--fdl.train.steps=8", "--fdl.checkpoint.restore_unverified=True")
+  assert result.code == 0, result.stderr[-3000:]
   assert "resumed from step 6" in result.stdout
   assert "done: step 8" in result.stdout
 
@@ -503,10 +505,12 @@ def test_a_failed_resume_leaves_the_job_dir_as_it_was(tmp_path, cache, trained_j
   job = _copy_job(trained_job, tmp_path / "job")
   before = tree_digest(job)
   # A learning rate of 1e4 makes the loss non-finite within a few steps, long before the
-  # next save.
-  result = _run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=40",
-                "--fdl.checkpoint.every_steps=1000", "--fdl.optimizer.peak_learning_rate=1e4")
-  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+  # next save. In this process: a resumed run's failure as a process (exit 1, one line) is
+  # test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume's.
+  result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=40",
+                       "--fdl.checkpoint.every_steps=1000",
+                       "--fdl.optimizer.peak_learning_rate=1e4")
+  assert result.code == 1, (result.code, result.stderr[-3000:])
   assert "resumed from step 6" in result.stdout
   assert "train step 7/40" in result.stdout  # It did start training.
   _assert_one_error_line(result.stderr)
@@ -520,7 +524,10 @@ def test_orphaned_temporary_folders_are_removed_on_the_next_start(tmp_path, cach
   # What a kill in the middle of saving step 9 leaves (a step this run will not save again).
   orphan = job / "checkpoints" / f"9.{TMP_MARKER}"
   shutil.copytree(job / "checkpoints" / "6" / "default", orphan / f"default.{TMP_MARKER}")
-  result = _ok(_run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=8"))
+  # In this process: the folders real kills leave, a real process removes in
+  # test_kill_9_soak_loses_nothing.
+  result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=8")
+  assert result.code == 0, result.stderr[-3000:]
   assert "resumed from step 6" in result.stdout
   named = [l for l in (result.stdout + result.stderr).splitlines() if orphan.name in l]
   if orphan.exists():
