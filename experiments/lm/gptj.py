@@ -60,10 +60,10 @@ class GptJ6BFinetune(GptJ6B):
     python -m lingvo_lite --exp=GptJ6BFinetune --mode=compile --compile_topology=v5e-16
 
   The experiment's own data are synthetic tokens of the same shapes, so it compiles (and its
-  memory verdict holds) without the files. Fully sharded as GptJ6B, the step fits a v5e-16 (11.4
-  of 16 GiB per chip). It does not fit a v4-8: float32 weights and Adam moments are 16.9 GiB of
-  each chip's 30.75, and with gradients and their sum the step needs 31.4 GiB even a row per
-  chip at a time (`--fdl.train.grad_accum_steps=8`; 33.9 GiB with 2 micro-batches).
+  memory verdict holds) without the files. Fully sharded as GptJ6B, the step fits a v5e-16 (8.6
+  of 16 GiB per chip, XLA:TPU's peak). It does not fit a v4-8: float32 weights and Adam
+  moments are 16.9 GiB of each chip's 30.75, and with gradients and their sum the step needs
+  31.4 GiB even a row per chip at a time (`--fdl.train.grad_accum_steps=8`; 33.9 GiB with 2 micro-batches).
   """
 
   @classmethod
