@@ -42,16 +42,20 @@ def line(name: str, memory: dict) -> str:
 
 
 def rows(name: str, report: dict):
-  if "memory" in report and report["memory"]:
+  """A line per judged compile of a report: its own, each table row's, each batch searched."""
+  if report.get("memory"):
     yield line(name, report["memory"])
   for table in ("optimizer_options", "remat_policies"):
-    for row in (report.get(table) or {}).get("rows", []) if isinstance(
-        report.get(table), dict) else report.get(table) or []:
-      if isinstance(row, dict) and row.get("memory"):
-        label = next((row[k] for k in ("optimizer_option", "remat_policy") if k in row), "?")
-        yield line(f"{name} [{table} {label}]", row["memory"])
-  if report.get("max_batch"):
-    yield f"{name} [max_batch]: {json.dumps(report['max_batch'])[:2000]}"
+    for row in (report.get(table) or {}).get("rows", []):
+      label = row.get(report[table]["column"], "?")
+      yield (f"{name} [{table} {label}]: today {row['verdict']} {row['bytes'] / GIB:.3f} of "
+             f"{row['available'] / GIB:.2f} GiB")
+  for row in (report.get("max_batch") or {}).get("policies", []):
+    label = next((row[k] for k in ("optimizer_option", "remat_policy") if k in row), "?")
+    tried = ", ".join(f"{c['per_device_batch_size']}: {c['bytes'] / GIB:.2f} of "
+                      f"{c['available'] / GIB:.2f} {'fits' if c['fits'] else 'no'}"
+                      for c in row["compiles"])
+    yield f"{name} [max batch {label}]: {row['max_per_device_batch_size']} ({tried})"
 
 
 def main(paths: list[str]) -> None:
