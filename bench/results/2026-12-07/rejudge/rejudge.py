@@ -44,7 +44,13 @@ def line(name: str, memory: dict) -> str:
 def rows(name: str, report: dict):
   """A line per judged compile of a report: its own, each table row's, each batch searched."""
   if report.get("memory"):
-    yield line(name, report["memory"])
+    memory = dict(report["memory"])
+    for function, each in (report.get("functions") or {}).items():  # A decode report.
+      if "peak" in each:
+        memory = {**each, "available": memory["available"], "source": memory["source"]}
+      yield line(f"{name} [{function}]", memory)
+    if not report.get("functions"):
+      yield line(name, memory)
   for table in ("optimizer_options", "remat_policies"):
     for row in (report.get(table) or {}).get("rows", []):
       label = row.get(report[table]["column"], "?")
