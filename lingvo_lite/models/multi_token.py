@@ -27,7 +27,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from lingvo_lite.models import embedding_rows, layers
+from lingvo_lite.models import layers
+from lingvo_lite.models import quantization as quantizing
 
 
 def ahead(values: jax.Array, k: int, fill: Any = 0) -> jax.Array:
@@ -88,12 +89,13 @@ class MultiTokenPrediction:
     """Each depth's normed output stacked on the batch axis [D x B, T, D], for the shared
     output projection (`normed`: the main model's last hidden state after its final norm)."""
     dtype = jnp.dtype(self.dtype)
+    # Rows of the whole table, as the main embedding's lookup takes them (FSDP).
+    table = jax.tree.map(lambda a: layers.constrain(a, None, None), embedding)
     kinds, mlp_kinds = self.kinds_by_layer(), self.mlp_kinds_by_layer()
     fields = tuple(sorted(self._block_fields(kinds[-1], mlp_kinds[-1]).items()))
     hidden, outputs = normed, []
     for depth in range(1, self.multi_token_depth() + 1):
-      # Rows of the whole table, as the main embedding's lookup takes them (FSDP).
-      embedded = embedding_rows.lookup(embedding, ahead(tokens, depth), dtype)
+      embedded = quantizing.take_rows(table, ahead(tokens, depth), dtype)
       if self.embedding_scale == "sqrt_dim":
         embedded = embedded * jnp.asarray(math.sqrt(self.dim), dtype)
       hidden, normed_out = MultiTokenModule(

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.run_fields import RUN, TRAINING, Run
-from lingvo_lite.models import attention_kernels, embedding_rows, layers
+from lingvo_lite.models import attention_kernels, layers
 from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models.pipeline import PipelineSettings
 from lingvo_lite.models import quantization as quantizing
@@ -403,9 +403,9 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       embedding = quantizing.quantize(embedding, contracted=(1,))
     # Gather from the whole table, as FSDP does with every weight before use: from a sharded
     # table XLA cannot turn the gathered rows into batch-sharded activations efficiently and
-    # replicates them instead ("involuntary full rematerialization"). A float table is
-    # gathered in the compute dtype (models/embedding_rows.py).
-    x = embedding_rows.lookup(embedding, tokens, dtype)
+    # replicates them instead ("involuntary full rematerialization").
+    x = quantizing.take_rows(jax.tree.map(lambda a: layers.constrain(a, None, None), embedding),
+                             tokens, dtype)
     if self.embedding_scale == "sqrt_dim":
       # Rounded to the compute dtype first, as Gemma's reference rounds it to its weights'.
       x = x * jnp.asarray(math.sqrt(self.dim), dtype)

@@ -8,7 +8,6 @@ import pytest
 
 from experiments.lm import architectures
 import fiddle as fdl
-from lingvo_lite.models import embedding_rows
 from lingvo_lite.models.transformer import TransformerLM, positions_from_segments
 
 FAMILIES = {
@@ -133,33 +132,3 @@ def _model_and_params_of(cfg):
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 1, cfg.vocab_size)
   params = model.init(jax.random.key(1), tokens)["params"]
   return model, nn.meta.unbox(params), tokens
-
-
-def test_the_lookup_gathers_in_the_compute_dtype_and_its_gradient_sums_in_float32(monkeypatch):
-  """models/embedding_rows.py: the rows equal the float32 table's rows rounded, and the
-  gradient equals NumPy's float32 scatter-add of the rows' cotangents (a bfloat16 sum of a
-  repeated token's rows, what autodiff of the cast table gives, is off by ~0.1 here); in a
-  whole model, the gradients equal those of the float32 lookup it replaced."""
-  rng = np.random.default_rng(0)
-  table = jnp.asarray(rng.normal(size=(50, 16)), jnp.float32)
-  tokens = jnp.asarray(rng.integers(0, 5, size=(3, 40)), jnp.int32)  # Each token ~24 times.
-  cotangent = jnp.asarray(rng.normal(size=(3, 40, 16)), jnp.bfloat16)
-  rows, pullback = jax.vjp(lambda t: embedding_rows.take_rows(t, tokens, jnp.bfloat16), table)
-  assert rows.dtype == jnp.bfloat16
-  np.testing.assert_array_equal(np.asarray(rows, np.float32), np.asarray(
-      np.asarray(table)[np.asarray(tokens)].astype(jnp.bfloat16), np.float32))
-  expected = np.zeros((50, 16), np.float32)
-  np.add.at(expected, np.asarray(tokens).reshape(-1),
-            np.asarray(cotangent, np.float32).reshape(-1, 16))
-  np.testing.assert_allclose(pullback(cotangent)[0], expected, rtol=1e-6, atol=1e-6)
-
-  model = fdl.build(FAMILIES["llama"]).clone(dtype="bfloat16", param_dtype="float32")
-  variables = model.init(jax.random.key(0), tokens[:, :12])
-
-  def gradients():
-    return jax.grad(lambda v: jnp.sum(model.apply(v, tokens[:, :12]) ** 2))(variables)
-  new = gradients()
-  monkeypatch.setattr(embedding_rows, "take_rows",
-                      lambda t, i, dtype: jnp.take(t, i, axis=0).astype(dtype))
-  for got, want in zip(jax.tree.leaves(new), jax.tree.leaves(gradients())):
-    np.testing.assert_array_equal(got, want)
