@@ -30,28 +30,11 @@ import functools
 import math
 from typing import NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from lingvo_lite.models import expert_dispatch
-
-
-def _axes(logical: str, size: int, mesh: jax.sharding.AbstractMesh) -> tuple[str, ...]:
-  """The mesh axes (of more than one device) a dimension of `size` along the logical axis is
-  split over, or () where they do not divide it (one row, as shapes are traced with)."""
-  mapped = nn.logical_to_mesh_axes((logical,))[0]
-  names = (mapped,) if isinstance(mapped, str) else tuple(mapped or ())
-  names = tuple(name for name in names if mesh.shape[name] > 1)
-  ways = 1
-  for name in names:
-    ways *= mesh.shape[name]
-  return names if size % ways == 0 else ()
-
-
-def _spec(*dims: tuple[str, ...]) -> PartitionSpec:
-  return PartitionSpec(*(dim if dim else None for dim in dims))
+from lingvo_lite.models import expert_dispatch, mesh_axes
 
 
 class _Shards(NamedTuple):
@@ -73,15 +56,13 @@ def _shards(x: jax.Array, weights: expert_dispatch.ExpertWeights,
   """Where x [B, L, D] and the experts' `weights` are split on `mesh`."""
   batch, _, dim = x.shape
   num_experts, _, hidden = weights.wi.shape
-  rows = _axes("batch", batch, mesh)
-  experts = _axes("experts", num_experts, mesh)
-  sliced = _axes("mlp", hidden, mesh)
-  width = tuple(axis for axis in _axes("embed", dim, mesh) if axis not in experts + sliced)
-  ways = 1
-  for axis in experts:
-    ways *= mesh.shape[axis]
+  rows = mesh_axes.split_over("batch", batch, mesh)
+  experts = mesh_axes.split_over("experts", num_experts, mesh)
+  sliced = mesh_axes.split_over("mlp", hidden, mesh)
+  width = tuple(axis for axis in mesh_axes.split_over("embed", dim, mesh)
+                if axis not in experts + sliced)
   return _Shards(rows, experts, sliced, width, tuple(axis for axis in experts if axis in rows),
-                 num_experts // ways)
+                 num_experts // mesh_axes.ways(experts, mesh))
 
 
 def dropless(x: jax.Array, routing: expert_dispatch.Routing,
@@ -96,20 +77,28 @@ def dropless(x: jax.Array, routing: expert_dispatch.Routing,
     return expert_dispatch.dropless(x.reshape(-1, dim), routing, weights, activation, alpha, limit)
   k = routing.experts.shape[-1]
   shards = _shards(x, weights, mesh)
-  rows, experts, sliced, width = shards.rows, shards.experts, shards.sliced, shards.width
   chosen = routing.experts.reshape(batch, length, k)
   routing_weights = routing.weights.reshape(batch, length, k)
-  token_spec = _spec(rows, (), ())
-  bias_specs = (_spec(experts, sliced), _spec(experts, sliced), _spec(experts, width))
   run = jax.shard_map(
       functools.partial(_per_shard, shards, activation, alpha, limit),
-      in_specs=(token_spec, token_spec, token_spec, _spec(experts, width, sliced),
-                _spec(experts, width, sliced), _spec(experts, sliced, width),
-                *(None if b is None else spec for b, spec in zip(
-                    (weights.wi_bias, weights.wi_gate_bias, weights.wo_bias), bias_specs))),
-      out_specs=token_spec, check_vma=False)
+      in_specs=_in_specs(shards, weights), out_specs=mesh_axes.spec(shards.rows, (), ()),
+      check_vma=False)
   return run(x, chosen, routing_weights, weights.wi, weights.wi_gate, weights.wo,
              weights.wi_bias, weights.wi_gate_bias, weights.wo_bias)
+
+
+def _in_specs(shards: _Shards, weights: expert_dispatch.ExpertWeights
+              ) -> tuple[PartitionSpec | None, ...]:
+  """The specs of a per-shard dispatch's operands: the tokens [B, L, D], the chosen experts
+  and their weights [B, L, k], the stacked weights, their biases (None where there are
+  none)."""
+  spec, experts, sliced, width = mesh_axes.spec, shards.experts, shards.sliced, shards.width
+  token_spec = spec(shards.rows, (), ())
+  bias_specs = (spec(experts, sliced), spec(experts, sliced), spec(experts, width))
+  return (token_spec, token_spec, token_spec, spec(experts, width, sliced),
+          spec(experts, width, sliced), spec(experts, sliced, width),
+          *(None if b is None else bias_spec for b, bias_spec in zip(
+              (weights.wi_bias, weights.wi_gate_bias, weights.wo_bias), bias_specs)))
 
 
 def _per_shard(shards: _Shards, activation: expert_dispatch.ExpertActivation, alpha: float,
@@ -197,17 +186,11 @@ def all_to_all(x: jax.Array, routing: expert_dispatch.Routing,
   if not shards.experts or shards.gathered != shards.experts:
     return dropless(x, routing, weights, activation, alpha, limit), nothing
   k = routing.experts.shape[-1]
-  rows, experts, sliced, width = shards.rows, shards.experts, shards.sliced, shards.width
-  token_spec = _spec(rows, (), ())
-  bias_specs = (_spec(experts, sliced), _spec(experts, sliced), _spec(experts, width))
   run = jax.shard_map(
-      functools.partial(_exchanged, shards, math.prod(mesh.shape[a] for a in experts),
-                        activation, alpha, limit, factor),
-      in_specs=(token_spec, token_spec, token_spec, _spec(experts, width, sliced),
-                _spec(experts, width, sliced), _spec(experts, sliced, width),
-                *(None if b is None else spec for b, spec in zip(
-                    (weights.wi_bias, weights.wi_gate_bias, weights.wo_bias), bias_specs))),
-      out_specs=(token_spec, PartitionSpec()), check_vma=False)
+      functools.partial(_exchanged, shards, mesh_axes.ways(shards.experts, mesh), activation,
+                        alpha, limit, factor),
+      in_specs=_in_specs(shards, weights),
+      out_specs=(mesh_axes.spec(shards.rows, (), ()), PartitionSpec()), check_vma=False)
   return run(x, routing.experts.reshape(batch, length, k),
              routing.weights.reshape(batch, length, k), weights.wi, weights.wi_gate,
              weights.wo, weights.wi_bias, weights.wi_gate_bias, weights.wo_bias)
