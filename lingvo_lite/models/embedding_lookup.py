@@ -19,7 +19,12 @@ an axis the batch is not split over), the plain scatter-add, as autodiff's.
 
 The rows are gathered from the table cast to the compute dtype first: casting the rows after
 the gather gives the same values, and the whole table the gather reads is half the bytes in
-bfloat16. The gradient is autodiff's sum, in float32, cast to the table's dtype.
+bfloat16 (XLA:TPU does not move a cast after the gather before it by itself for a v5e: on
+v5e-256 x 8 the float32 gather and its receive buffer across slices were the two largest
+allocations, 3.46 GiB each, once the backward was per shard). Either half alone did not help
+there: both take DeepSeek-V3's step under XLA:TPU's limit (compile_verdicts.md beside
+bench/results/2026-12-07/deepseek/). The gradient is autodiff's sum, in float32, cast to the
+table's dtype.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ from lingvo_lite.models import mesh_axes
 def rows(table: jax.Array, tokens: jax.Array, dtype: jnp.dtype) -> jax.Array:
   """`table[tokens]` in `dtype`, tokens [batch, length] -> [batch, length, dim], gathered from
   the whole table."""
-  whole = nn.with_logical_constraint(table, (None, None))
-  return jnp.take(whole, tokens, axis=0).astype(dtype)
+  whole = nn.with_logical_constraint(table.astype(dtype), (None, None))
+  return jnp.take(whole, tokens, axis=0)
 
 
 def _rows_forward(table, tokens, dtype):
