@@ -21,10 +21,10 @@ The rows are gathered from the table cast to the compute dtype first: casting th
 the gather gives the same values, and the whole table the gather reads is half the bytes in
 bfloat16 (XLA:TPU does not move a cast after the gather before it by itself for a v5e: on
 v5e-256 x 8 the float32 gather and its receive buffer across slices were the two largest
-allocations, 3.46 GiB each, once the backward was per shard). Either half alone did not help
-there: both take DeepSeek-V3's step under XLA:TPU's limit (compile_verdicts.md beside
-bench/results/2026-12-07/deepseek/). The gradient is autodiff's sum, in float32, cast to the
-table's dtype.
+allocations, 3.46 GiB each, once the backward was per shard). Neither half alone helped
+there; with the all-to-all dispatch both took DeepSeek-V3's step past XLA:TPU's first check,
+to 0.37 GiB over its last (bench/results/2026-12-07/deepseek/compile_verdicts.md). The
+gradient is autodiff's sum, in float32, cast to the table's dtype.
 """
 
 from __future__ import annotations
