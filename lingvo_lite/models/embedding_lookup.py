@@ -22,8 +22,8 @@ the gather gives the same values, and the whole table the gather reads is half t
 bfloat16 (XLA:TPU does not move a cast after the gather before it by itself for a v5e: on
 v5e-256 x 8 the float32 gather and its receive buffer across slices were the two largest
 allocations, 3.46 GiB each, once the backward was per shard). Neither half alone helped
-there; with the all-to-all dispatch both took DeepSeek-V3's step past XLA:TPU's first check,
-to 0.37 GiB over its last (bench/results/2026-12-07/deepseek/compile_verdicts.md). The
+there; with the all-to-all dispatch, both (and the barrier below) let XLA:TPU compile
+DeepSeek-V3's step for v5e-256 x 8 (bench/results/2026-12-07/deepseek/compile_verdicts.md). The
 gradient is autodiff's sum, in float32, cast to the table's dtype.
 """
 
