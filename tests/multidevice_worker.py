@@ -200,18 +200,24 @@ def _lora_losses(mesh_shape, quantization="int8_weights", steps=3):
 MOE_MESHES = {"single": {}, "expert4_data2": {"expert": 4, "data": 2},
               "expert2_fsdp2_tensor2": {"expert": 2, "fsdp": 2, "tensor": 2, "data": 1}}
 MOE_DECODE_MESHES = {"single": None, "expert4_data2": (2, 1, 1, 4)}
+# The all-to-all dispatch (models/moe_parallel.py: the routed rows moved to their experts'
+# devices) on the same meshes, at a capacity factor of the expert ways (nothing can drop),
+# and at 1.0 (rows dropped: not the single device's function).
+MOE_ALL_TO_ALL = {"expert4_data2_all_to_all": ("expert4_data2", 4.0),
+                  "expert2_fsdp2_tensor2_all_to_all": ("expert2_fsdp2_tensor2", 2.0),
+                  "expert4_data2_all_to_all_drops": ("expert4_data2", 1.0)}
 
 
 def _mesh_sets(axes):
   return tuple(f"partitioner.ici_{axis}={size}" for axis, size in axes.items())
 
 
-def _moe_gradients(axes):
+def _moe_gradients(axes, extra_sets=()):
   """The loss, the objective's gradients (every parameter, flattened) and the experts'
   PartitionSpecs of one batch of PyCodeMixtralTiny on one device or a mesh."""
   from lingvo_lite.training.objectives import lm  # pylint: disable=g-import-not-at-top
   from lingvo_lite.training.objectives.objective import Forward  # pylint: disable=g-import-not-at-top
-  setup = synthetic_tiny_setup("PyCodeMixtralTiny", *SETS, *_mesh_sets(axes))
+  setup = synthetic_tiny_setup("PyCodeMixtralTiny", *SETS, *_mesh_sets(axes), *extra_sets)
   devices = jax.devices()[:1] if not axes else jax.devices()
   jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
   with jitted.activated():
@@ -295,6 +301,10 @@ def main():
                                    for name, shape in INT8_WEIGHTS_MESHES.items()}
   result["qlora"] = {name: _lora_losses(shape) for name, shape in LORA_MESHES.items()}
   result["moe"] = {name: _moe_gradients(axes) for name, axes in MOE_MESHES.items()}
+  result["moe"].update({
+      name: _moe_gradients(MOE_MESHES[mesh], ("model.dispatch='all_to_all'",
+                                              f"model.capacity_factor={factor}"))
+      for name, (mesh, factor) in MOE_ALL_TO_ALL.items()})
   result["moe_decode"] = {name: _decode_logits(shape, experiment="PyCodeMixtralTiny")
                           for name, shape in MOE_DECODE_MESHES.items()}
   result["bad"] = {}

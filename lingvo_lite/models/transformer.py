@@ -53,7 +53,7 @@ import jax.numpy as jnp
 
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.run_fields import RUN, TRAINING, Run
-from lingvo_lite.models import attention_kernels, layers
+from lingvo_lite.models import attention_kernels, embedding_lookup, layers
 from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models.pipeline import PipelineSettings
 from lingvo_lite.models import quantization as quantizing
@@ -401,11 +401,13 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       # Float weights under "int8_weights" (an eval, say): the lookup and the tied output read
       # the table's int8 rows as decoding's quantized parameters hold them.
       embedding = quantizing.quantize(embedding, contracted=(1,))
-    # Gather from the whole table, as FSDP does with every weight before use: from a sharded
-    # table XLA cannot turn the gathered rows into batch-sharded activations efficiently and
-    # replicates them instead ("involuntary full rematerialization").
-    x = quantizing.take_rows(jax.tree.map(lambda a: layers.constrain(a, None, None), embedding),
-                             tokens, dtype)
+    # Gathered from the whole table, its gradient built in the table's shards
+    # (models/embedding_lookup.py); an int8 table (decoding's) has no gradient.
+    if quantizing.is_quantized(embedding):
+      x = quantizing.take_rows(jax.tree.map(lambda a: layers.constrain(a, None, None), embedding),
+                               tokens, dtype)
+    else:
+      x = embedding_lookup.rows(embedding, tokens, dtype)
     if self.embedding_scale == "sqrt_dim":
       # Rounded to the compute dtype first, as Gemma's reference rounds it to its weights'.
       x = x * jnp.asarray(math.sqrt(self.dim), dtype)
