@@ -371,7 +371,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       length = tokens.shape[1]
       positions = (positions_from_segments(segment_ids) if segment_ids is not None
                    else jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape))
-    x, embedding = self._embedded(tokens, positions)
+    x, embedding = self._embedded(tokens, positions, decoding_step=cache is not None)
     x, extra = self._layers(x, positions, segment_ids, cache, return_kv)
     if output_index is not None:
       x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
@@ -387,7 +387,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       return (logits, extra) if multi_token else logits
     return (logits, extra) if (return_kv or cache is not None) else logits
 
-  def _embedded(self, tokens: jax.Array, positions: jax.Array) -> tuple[jax.Array, Any]:
+  def _embedded(self, tokens: jax.Array, positions: jax.Array, decoding_step: bool = False
+                ) -> tuple[jax.Array, Any]:
     """The tokens' embeddings [batch, length, dim] in the compute dtype (scaled, biased and
     positioned as the fields say), and the embedding table (quantized under "int8_weights")
     that a tied output reads."""
@@ -401,9 +402,9 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       # Float weights under "int8_weights" (an eval, say): the lookup and the tied output read
       # the table's int8 rows as decoding's quantized parameters hold them.
       embedding = quantizing.quantize(embedding, contracted=(1,))
-    # Gathered from the whole table, its gradient built in the table's shards
-    # (models/embedding_lookup.py); an int8 table (decoding's) has no gradient.
-    if quantizing.is_quantized(embedding):
+    # Its gradient built in the table's shards (models/embedding_lookup.py), but not for an int8
+    # table (no gradient) or a cached decoding step, which would cast the whole table each step.
+    if quantizing.is_quantized(embedding) or decoding_step:
       x = quantizing.take_rows(jax.tree.map(lambda a: layers.constrain(a, None, None), embedding),
                                tokens, dtype)
     else:
