@@ -166,8 +166,12 @@ def test_tpu_compile_lowers_the_tpu_form_of_the_model():
     tpu_text = JittedSteps(setup, target=tpu).lower_train_step().as_text()
   host_setup = synthetic_tiny_setup("PyCodeTiny")
   host_text = JittedSteps(host_setup).lower_train_step().as_text()
-  assert "optimization_barrier" in host_text
-  assert "optimization_barrier" not in tpu_text
+  # The embedding lookup's barrier over the table [259, 64] (models/embedding_lookup.py) is
+  # in both forms; the weight matmul's barriers only in the host's.
+  matmul_barriers = lambda text: [line for line in text.splitlines()
+                                  if "optimization_barrier" in line and "259x64" not in line]
+  assert matmul_barriers(host_text) and not matmul_barriers(tpu_text)
+  assert "optimization_barrier" in tpu_text  # The lookup's: the filter above has work to do.
   assert tpu.num_devices == 8 and tpu.device_kind.startswith("TPU v5")
   assert jax.default_backend() == "cpu"
 
