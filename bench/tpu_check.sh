@@ -134,9 +134,9 @@ for stage in "${stages[@]}"; do
       wsite="${TPU_CHECK_WEIGHTS_SITE:-/tmp/lingvo_lite_weights_site}"
       install_once "$wsite" --find-links /opt/wheels torch==2.13.0+cpu .whl-weights/*.whl
       # Both weights parts, or those named in $WEIGHTS_PARTS (a device call of 10 minutes
-      # takes one: "weights", "weights_more").
+      # takes one: "weights", "weights_more"), each for at most $PART_SECONDS.
       PYTHONPATH="$PYTHONPATH:$wsite" python3 bench/tpu_test_parts.py --out "$out" \
-          ${WEIGHTS_PARTS:-weights weights_more} 2>&1 | grep -v "^[WI]0" \
+          --part_seconds "${PART_SECONDS:-480}" ${WEIGHTS_PARTS:-weights weights_more} 2>&1 | grep -v "^[WI]0" \
           | tee "$out/tests_weights_run.txt"
       ;;
     profile)
