@@ -11,6 +11,11 @@ set -u
 cd "$(dirname "$0")/../../../.."
 mv .whl-tpu-lite .whl-tpu && mv .whl-weights-lite .whl-weights
 source bench/results/2026-12-07/tpu4/chip_env.sh
+# The weights site first (what tpu_check.sh's weights stage installs; it then finds it there).
+wsite=/tmp/lingvo_lite_weights_site
+[ -e $wsite/.installed ] || { PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q \
+    --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $wsite \
+    --find-links /opt/wheels torch==2.13.0+cpu .whl-weights/*.whl && touch $wsite/.installed; }
 PYTHONPATH="$PYTHONPATH:/tmp/lingvo_lite_weights_site" JAX_DEFAULT_MATMUL_PRECISION=highest \
     timeout 60 python3 bench/tpu_family_diff.py --cases gemma3_scaled,gemma3 \
     --json $OUT/family_diff.json 2>&1 | clean | grep -v "Writing model" > $OUT/family_diff.txt
