@@ -1,8 +1,9 @@
 #!/bin/bash
 # Chip call D (a fresh machine: the project's wheels and the weights wheels in one call, as
 # .whl-tpu-lite and .whl-weights-lite: .whl-tpu without uvloop, the server's event loop, and
-# .whl-weights without hf_xet, the hub's downloads, which no weights test uses; 60 MiB of the
-# 64 a call carries), in the order of what the session's device time left (625 s) should buy
+# .whl-weights without hf_xet, the hub's downloads, which no weights test uses; less zstandard,
+# networkx, tokenizers and sentencepiece, which none of this call's tests imports: with the
+# checkout, 62 of the 64 MiB a call carries), in the order of what the session's device time left (625 s) should buy
 # first: where gemma3_scaled's logits part from the CPU's on the chip
 # (bench/tpu_family_diff.py); call B's failures again after their fixes (conftest's children
 # without the hugepages warning, compares_a_child, the Apache Beam skip); then the weights
