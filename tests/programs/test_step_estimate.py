@@ -5,6 +5,7 @@ collectives over ICI and DCN, the pipeline bubble, and the report's lines for bo
 No compile of a model: everything runs on short HLO texts in this process."""
 
 import dataclasses
+import re
 import types
 
 import jax
@@ -273,6 +274,13 @@ def test_an_asynchronous_collective_counts_once_per_start_across_loops_and_fusio
   assert nested.seconds["memory"] == pytest.approx(4 * 3 * 2 * advance)
   # The kernels of the windowed loop hide the transfer.
   assert nested.seconds["ici"] == 0 and nested.hidden["ici"] == pytest.approx(4 * transfer)
+  # Continuations without the start's channel: XLA's own mark (their backend config) tells.
+  marked = MORE.replace("calls=%more_c", 'backend_config={"continuation_config":{}}, '
+                        "calls=%more_c")
+  unnamed = _estimate(re.sub(r"(more_c\S* = .*), channel_id=7", r"\1", _async_module(
+      [_counted_loop("inner", marked), _counted_loop("outer", START + _while("inner", 3) + DONE)],
+      _while("outer", 4))), _devices([0, 0]))
+  assert unnamed.ici_bytes == 4 * gather and unnamed.kernels == nested.kernels
   # Pipelined over a loop's trips: started before the loop and at the end of each trip, each
   # run waited for at the next trip's beginning (the last after the loop): 1 + 3 runs.
   pipelined = _estimate(_async_module(

@@ -38,7 +38,8 @@ from lingvo_lite.programs.compile.hlo_text import Instruction
 
 PARTS = ("compute", "memory", "ici", "dcn", "bubble")
 # Kept estimates of another version are not read (analyses.py compiles again).
-MODEL_VERSION = 2  # 2: writes alone at the read bandwidth (chips.Chip.hbm_seconds).
+MODEL_VERSION = 3  # 2: writes alone at the read bandwidth (chips.Chip.hbm_seconds); 3: an
+# asynchronous collective counted once per start, not once per continued kernel.
 _COUNTS = ("flops", "hbm_bytes", "ici_bytes", "dcn_bytes", "kernels", "hbm_busy")
 _COPIES = ("copy-start", "slice-start")
 
