@@ -211,7 +211,7 @@ def test_an_asynchronous_collective_adds_only_what_the_kernels_between_do_not_hi
 
 # XLA:TPU's asynchronous collective fusions (a windowed einsum's): a start, fusions that each
 # hold the same collective (its channel) and advance it beside their own work, and a done.
-# The `%SITE%` marks where the test puts the pieces; each computation's names are its own.
+# Each piece calls a computation of its own (`_gather`), and each loop's names are its own.
 GATHER = """%%NAME% (%P%: f32[1024]) -> f32[2048] {
   %%P% = f32[1024]{0} parameter(0)
   ROOT %%NAME%.ag = f32[2048]{0} all-gather(%%P%), channel_id=7, replica_groups={{0,1}},
@@ -290,6 +290,10 @@ def test_an_asynchronous_collective_counts_once_per_start_across_loops_and_fusio
   assert pipelined.seconds["memory"] == pytest.approx(3 * 2 * advance)
   # A start that is never waited for where it runs is counted whole there, once a trip.
   assert pipelined.seconds["ici"] + pipelined.hidden["ici"] == pytest.approx(4 * transfer)
+  # Started again before its done: both runs move their bytes.
+  again = _estimate(_async_module([], START + START.replace("start =", "start.1 =") + DONE),
+                    _devices([0, 0]))
+  assert again.ici_bytes == 2 * gather
 
 
 def test_an_async_update_carries_its_start_to_the_done():
