@@ -109,7 +109,7 @@ class _Walker:
         if started.seconds["memory"] >= max(started.seconds["ici"], started.seconds["dcn"]):
           window -= totals.hbm_busy - busy
         _overlap(totals, started, max(window, 0.0))
-      elif role == "continued":  # A kernel that also advances a pending collective.
+      elif role == "continued":  # A kernel that also advances a started collective: its own.
         _add_cost(totals, self.cost(instruction))
       else:
         self._synchronous(instruction, totals)
