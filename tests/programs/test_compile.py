@@ -121,11 +121,7 @@ def test_saved_step_trains_exactly_and_refuses_what_differs(tmp_path):
           XLA_FLAGS="--xla_cpu_enable_fast_math=true")),
       "versions": edited("versions", lambda m: m["versions"].update(jax="0.0.1")),
   }
-  # The suite's compilation cache (the default folder; tests/conftest.py): a hit is still a
-  # backend compile event for the worker's listener, so the checks below see the train step
-  # "compiled" in the normal run either way, and the saved step is compared with an
-  # executable XLA made from the same program (~8 s less on 2 cores when the cache is warm).
-  train = [*TINY, *SHARDED, "--fdl.train.steps=4"]
+  train = [*TINY, *SHARDED, "--fdl.train.steps=4"]  # The suite's cache: see the worker's doc.
   runs = [[*train, f"--job_log_dir={tmp_path / 'compiled'}"],
           [*train, f"--job_log_dir={tmp_path / 'loaded'}", f"--compiled_step_in={step}"],
           [*train, f"--job_log_dir={tmp_path / 'other_steps'}", "--fdl.train.steps=5",
