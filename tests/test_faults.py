@@ -2,8 +2,11 @@
 a checkpoint's commit and its checksums, a failed resume, orphaned temporary folders and a
 second Ctrl-C.
 
-Each case runs `python -m lingvo_lite` as a child process from a temporary working directory
-with a relative `--job_log_dir`, as a user would, on the tiny synthetic-data setup. The cases
+Each case runs its faulted run as `python -m lingvo_lite` in a child process from a temporary
+working directory with a relative `--job_log_dir`, as a user would, on the tiny synthetic-data
+setup; the uninterrupted references the faults are held to, and resumes whose class a real
+process already covers, run the same command in this process (`_in_process`: no start-up of
+its own). The cases
 share the suite's compilation cache (content-addressed, so sharing is safe), and the optimizer's
 `decay_steps` is fixed so that runs of different lengths compile the same train step: only
 the first run of each model, batch and optimizer setting compiles.
@@ -185,7 +188,8 @@ TRAINED_ARGS = ["--fdl.checkpoint.every_steps=2", "--fdl.checkpoint.max_to_keep=
 @pytest.fixture(scope="module")
 def trained_job(tmp_path_factory, cache):
   cwd = tmp_path_factory.mktemp("trained")
-  _ok(_run(cwd, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=6"))
+  # In this process (a start-up less): the reference the cases' own processes are held to.
+  _in_process_ok(cwd / "job", cache, *TRAINED_ARGS, "--fdl.train.steps=6")
   assert _complete_steps(cwd / "job") == [2, 4, 6]
   return cwd / "job"
 
@@ -209,9 +213,10 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   steps, every = 20 * SOAK_KILLS + 20, 10
   args = [f"--fdl.train.steps={steps}", f"--fdl.checkpoint.every_steps={every}"]
   # The uninterrupted run first: it also fills the compilation cache, so no kill lands in
-  # a cache write (JAX's cache does not write atomically).
+  # a cache write (JAX's cache does not write atomically). It and the final resume run in this
+  # process (a start-up less each); the killed runs are the real processes.
   began = time.time()
-  _ok(_run(tmp_path, "whole", cache, *args))
+  _in_process_ok(tmp_path / "whole", cache, *args)
   print(f"uninterrupted run: {time.time() - began:.1f} s")
   parts = tmp_path / "parts"
   rng = np.random.default_rng(0)
@@ -237,7 +242,7 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
       kills_in_flight += any(int(n.split(".")[0]) > saved for n in _temporary_folders(parts))
       print(f"kill {attempt} at {time.time() - began:.1f} s: resumed from <= {start}, saved "
             f"{saved}, logged {_logged_step(parts)}, in flight so far {kills_in_flight}")
-    result = _ok(_run(tmp_path, "parts", cache, *args))
+    result = _in_process_ok(parts, cache, *args)
   finally:
     _stop(process)
   assert "resumed from step" in result.stdout
@@ -428,9 +433,8 @@ def test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume
   job = tmp_path / "job"
   # The runs before and after the diverged one in this process (a start-up less each): the
   # diverged run is this class's real process.
-  result = _in_process(job, cache, *common, "--fdl.train.steps=12",
-                       "--fdl.optimizer.peak_learning_rate=5")
-  assert result.code == 0, (result.code, result.stderr[-3000:])
+  _in_process_ok(job, cache, *common, "--fdl.train.steps=12",
+                 "--fdl.optimizer.peak_learning_rate=5")
   # max_to_keep=2 keeps 10 and 12, and also 6, the newest healthy step.
   assert _complete_steps(job) == [6, 10, 12]
 
@@ -460,9 +464,8 @@ def test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume
   # The advice works: moved away, a lower learning rate resumes from step 6 and trains on.
   for step in diverged:
     shutil.move(job / "checkpoints" / step, tmp_path / step)
-  result = _in_process(job, cache, *common, "--fdl.train.steps=12",
-                       "--fdl.optimizer.peak_learning_rate=1e-3")
-  assert result.code == 0, (result.code, result.stderr[-3000:])
+  result = _in_process_ok(job, cache, *common, "--fdl.train.steps=12",
+                          "--fdl.optimizer.peak_learning_rate=1e-3")
   assert "resumed from step 6" in result.stdout
   assert [row["step"] for row in _rows(job)] == list(range(1, 13))
   lowest = min(row["loss"] for row in _rows(job))
@@ -596,6 +599,13 @@ def _assert_ends_as(job, reference, step=6):
 def _in_process(job, cache, *args):
   """The same command as `_run`, in this process (no start-up of its own)."""
   return run_cli([*BASE, f"--job_log_dir={job}", f"--compilation_cache_dir={cache}", *args])
+
+
+def _in_process_ok(job, cache, *args):
+  """`_in_process`'s run, which must exit 0."""
+  result = _in_process(job, cache, *args)
+  assert result.code == 0, (result.code, result.stderr[-3000:])
+  return result
 
 
 def _as_before_step_records(step_dir):
