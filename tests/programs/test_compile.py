@@ -121,7 +121,7 @@ def test_saved_step_trains_exactly_and_refuses_what_differs(tmp_path):
           XLA_FLAGS="--xla_cpu_enable_fast_math=true")),
       "versions": edited("versions", lambda m: m["versions"].update(jax="0.0.1")),
   }
-  train = [*TINY, *SHARDED, "--fdl.train.steps=4", "--compilation_cache_dir="]
+  train = [*TINY, *SHARDED, "--fdl.train.steps=4"]  # The suite's cache: see the worker's doc.
   runs = [[*train, f"--job_log_dir={tmp_path / 'compiled'}"],
           [*train, f"--job_log_dir={tmp_path / 'loaded'}", f"--compiled_step_in={step}"],
           [*train, f"--job_log_dir={tmp_path / 'other_steps'}", "--fdl.train.steps=5",
