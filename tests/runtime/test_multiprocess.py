@@ -119,6 +119,16 @@ def test_a_process_whose_coordinator_never_comes_gives_up_in_one_line(tmp_path):
   assert process.stdout.read() == "" and not (tmp_path / "job").exists()
 
 
+# gloo's connection message, its numbers as "#".
+_GLOO = ("[Gloo] Rank # is connected to # peer ranks. Expected number of connected peer ranks "
+         "is : #")
+
+
+def _gloos(line: str) -> bool:
+  """Whether `line` is gloo's connection message or a piece of one."""
+  return re.sub(r"\d+", "#", line.strip()) in _GLOO
+
+
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
   single = _start(tmp_path / "single", 8, ["--fdl.train.steps=7"])
@@ -129,9 +139,9 @@ def test_two_processes_match_one_process_with_the_same_devices(tmp_path):
   assert "jax.distributed: process 0 of 2" in outputs[0]
   assert "mesh stage=1 data=2 fsdp=2 expert=1 tensor=2; 2 process(es)" in outputs[0]
   # Only process 0 logs. gloo's C++ code prints "[Gloo] Rank R is connected to N peer ranks"
-  # lines from several threads at once (so they can arrive split); those are not ours.
-  assert [l for l in outputs[1].splitlines()
-          if l.strip() and "peer ranks" not in l and "[Gloo]" not in l] == []
+  # lines from several threads at once, so they can arrive split anywhere (a line "3" alone
+  # was seen): those pieces are not ours.
+  assert [l for l in outputs[1].splitlines() if l.strip() and not _gloos(l)] == []
   # Process 0 recorded the checksums of the files both processes wrote; resuming restores
   # the step-5 checkpoint after process 0 verifies them and shares the verdict.
   assert (tmp_path / "multi" / "checkpoints" / "5" / "lingvo_lite_checksums.json").exists()
