@@ -277,6 +277,13 @@ class Checkpointer(Restoring):
   def poll(self) -> list[int]:
     """At a step boundary: verifies the pending save if orbax has finished it.
 
+    Each process sees its own save finish, so processes reach this at different steps.
+    Processes other than 0 therefore do not wait here for process 0's checksums: process 0
+    may have gone on to dispatch the next step and be waiting for it, and that step's
+    collectives need this process (a two-process run hung that way, each waiting for the
+    other). They wait for them only in `save` and `close`, which every process reaches at the
+    same step.
+
     Returns:
       The steps verified by this call.
 
@@ -285,10 +292,15 @@ class Checkpointer(Restoring):
     """
     if not self.save_finished():
       return []
-    return self.wait()
+    return self.wait(await_checksums=False)
 
-  def wait(self) -> list[int]:
+  def wait(self, await_checksums: bool = True) -> list[int]:
     """Waits for pending saves, then checksums them and applies `max_to_keep`.
+
+    Args:
+      await_checksums: On processes other than 0, also wait for process 0 to record each
+        step's checksums (`_await_checksums`); only where every process waits at the same
+        step (see `poll`).
 
     Returns:
       The steps verified by this call.
@@ -315,7 +327,7 @@ class Checkpointer(Restoring):
         except OSError as e:
           raise CheckpointWriteError(f"recording the checksums of checkpoint step {step} "
                                      f"failed: {innermost_cause(e)}", e) from e
-      elif self._settings.checksums:
+      elif self._settings.checksums and await_checksums:
         self._await_checksums(step)
       self._verified_steps.add(step)
       self._sound.add(step)  # Its counter is the state's this run saved.

@@ -92,6 +92,25 @@ def test_other_processes_wait_in_the_checkpoint_for_process_0s_checksums(tmp_pat
   checkpointer.close()
 
 
+def test_other_processes_do_not_wait_for_process_0s_checksums_at_a_step_boundary(
+    tmp_path, monkeypatch):
+  """`poll` runs where each process sees its own save finish, so process 0 may be in the next
+  step, which needs process 1: there process 1 must not wait for the checksums (a two-process
+  run hung so). Process 0 here never records them."""
+  from lingvo_lite.checkpoints import manager as checkpoints  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(checkpoints, "CHECKSUM_WAIT_SECONDS", 60.0)
+  checkpointer = Checkpointer(epath.Path(tmp_path), CheckpointSettings(
+      every_steps=1, max_to_keep=None, async_save=True))
+  checkpointer.save(1, {"w": jnp.arange(4.0)})
+  checkpointer._manager.wait_until_finished()  # pylint: disable=protected-access
+  monkeypatch.setattr(checkpoints.jax, "process_index", lambda: 1)
+  started = time.monotonic()
+  assert checkpointer.poll() == [1]
+  assert time.monotonic() - started < 30
+  assert not checkpoint_integrity.has_checksums(epath.Path(tmp_path) / "1")
+  checkpointer.close()
+
+
 def test_every_path_that_verifies_a_step_reports_it(tmp_path):
   # The train program keeps a step's metric rows when it hears of it: a step verified by the
   # next save (not by poll) was once never reported, and a later failure took its rows back.
