@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas import tpu as pltpu
-from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 
 from lingvo_lite.models import flash_attention
 from lingvo_lite.target import current_platform
@@ -88,6 +86,11 @@ def attend(q: jax.Array, keys: jax.Array, values: jax.Array, lengths: jax.Array,
                      f"got {entries}")
   if interpret is None:
     interpret = current_platform() != "tpu"
+
+  # Imported here, not with this module: Pallas's TPU modules take 0.1 s to import, which
+  # every process that never decodes with the kernel would pay.
+  from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention  # pylint: disable=g-import-not-at-top
 
   def shard(q, keys, values, lengths):
     slots, kv_heads, group, head_dim = q.shape

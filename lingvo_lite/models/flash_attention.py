@@ -25,11 +25,11 @@ log-sum-exp. This module is the whole bridge between the model's attention and t
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
 from lingvo_lite.target import current_platform
@@ -47,8 +47,7 @@ BLOCK_SIZES = (512, 256, 128)
 # timed there.
 NARROW_HEAD = 64
 NARROW_HEAD_BLOCK_SIZES = (1024, *BLOCK_SIZES)
-TUNED_FOR_NARROW_HEADS = dict(k_layout=splash.QKVLayout.SEQ_MINOR,
-                              v_layout=splash.QKVLayout.SEQ_MINOR)
+TUNED_FOR_NARROW_HEADS = dict(k_layout="SEQ_MINOR", v_layout="SEQ_MINOR")  # QKVLayout names.
 
 # Fields of the kernel's `BlockSizes` set over the edge `block_size` picks (block_q=1024,
 # block_kv_compute=512, use_fused_bwd_kernel=False, k_layout=QKVLayout.SEQ_MINOR, ...): what
@@ -58,6 +57,14 @@ BLOCK_OVERRIDES: dict = {}
 # The name the kernel's saved residuals (its output and log-sum-exp) carry, so a remat policy
 # can keep them (models/remat.py's "attention_out" covers both paths).
 RESIDUAL_NAME = "attention_out"
+
+
+def _splash() -> Any:
+  """Pallas's splash attention module, imported where a kernel is made: its TPU modules take
+  0.1 s to import, which every process that never makes one (most runs on a CPU, every child
+  process of the tests) would pay."""
+  from jax.experimental.pallas.ops.tpu import splash_attention  # pylint: disable=g-import-not-at-top
+  return splash_attention
 
 
 def block_size(length: int, head_dim: int | None = None) -> int | None:
@@ -73,10 +80,11 @@ def supports_length(length: int) -> bool:
 
 
 def _kernel(length: int, heads: int, head_dim: int, window: int | None, interpret: bool
-            ) -> splash.SplashAttentionKernel:
-  """A kernel for one shard's `heads` query heads: the same mask for every head. Made anew
-  in each trace (its mask tables become constants of that trace: a kernel kept across traces
-  would carry one trace's values into another)."""
+            ) -> Any:
+  """A kernel (splash's SplashAttentionKernel) for one shard's `heads` query heads: the same
+  mask for every head. Made anew in each trace (its mask tables become constants of that
+  trace: a kernel kept across traces would carry one trace's values into another)."""
+  splash = _splash()
   shape = (length, length)
   if window is None:
     mask = splash.CausalMask(shape)
@@ -86,7 +94,8 @@ def _kernel(length: int, heads: int, head_dim: int, window: int | None, interpre
   sizes = dict(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
   if head_dim <= NARROW_HEAD:
-    sizes.update(TUNED_FOR_NARROW_HEADS)
+    sizes.update({field: splash.QKVLayout[layout]
+                  for field, layout in TUNED_FOR_NARROW_HEADS.items()})
   sizes.update(BLOCK_OVERRIDES)
   if not sizes["use_fused_bwd_kernel"]:  # The separate dq kernel's blocks, as the dkv one's.
     sizes = {"block_q_dq": sizes["block_q_dkv"], "block_kv_dq": sizes["block_kv_dkv"], **sizes}
@@ -169,7 +178,7 @@ def splash_attention(q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.
       kernel = functools.partial(kernel, sinks=sinks.astype(jnp.float32))
     if segment_ids is None:
       return jax.vmap(kernel)(q, k, v)
-    segments = splash.SegmentIds(q=segment_ids, kv=segment_ids)
+    segments = _splash().SegmentIds(q=segment_ids, kv=segment_ids)
     return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=s))(q, k, v, segments)
 
   specs = shard_specs(q.shape[0], k.shape[1])
