@@ -27,6 +27,10 @@ class ToolArgumentParser(argparse.ArgumentParser):
       for item in value if isinstance(value, list) else [value]:
         if isinstance(item, str) and not item.strip():
           self.error(f"--{name}={item}: {EMPTY_VALUE}")
+        if isinstance(item, str) and "\0" in item:
+          # No path or name a tool passes on can hold one: every os call raises ValueError.
+          self.error(f"--{name}={item}: holds a NUL character (\\x00), which no file or "
+                     "split name can hold; give the value without it")
     return parsed
 
 

@@ -220,6 +220,14 @@ CASES = [
     _case("vocab empty --split", "train_vocab",
           ["--task=lk_bt_tasks.text_task", "--split=", "--output=vocab/new.model"], 2,
           "train_vocab: error: --split=: empty (an unset shell variable gives an empty value)"),
+    # A NUL in any value (a caller's, not argv's): refused by the parser, not met by os.stat.
+    _case("NUL in a split name", "build_store",
+          ["--format=text", "--files=a\0b=data/*.txt", "--out=new"], 2,
+          "build_store: --files=a\\x00b=data/*.txt: holds a NUL character (\\x00), which no "
+          "file or split name can hold; give the value without it (see --help)\n"),
+    _case("NUL in make_prompts' --out", "make_prompts",
+          ["--task=arithmetic", "--count=2", "--out=o\0.jsonl"], 2,
+          "--out=o\\x00.jsonl: holds a NUL character"),
     # Class 2: Beam's options, the files, and what a worker raises.
     _case("pipeline option Beam refuses", "build_store",
           ["--format=text", "--files=train=data/*.txt", "--out=new",
