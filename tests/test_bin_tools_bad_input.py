@@ -228,6 +228,20 @@ CASES = [
     _case("NUL in make_prompts' --out", "make_prompts",
           ["--task=arithmetic", "--count=2", "--out=o\0.jsonl"], 2,
           "--out=o\\x00.jsonl: holds a NUL character"),
+    # Numbers that would run for hours and fill the memory (every problem is held) before any
+    # check could fail, or that no problem fits: refused where the generators check arguments.
+    _case("more problems than a set holds", "make_prompts",
+          ["--task=arithmetic", f"--count={10**8}", "--out=p.jsonl"], 2,
+          "make_prompts: --task=arithmetic: count=100000000: at most 100,000 problems per set; "
+          "make several sets with different seeds for more\n"),
+    _case("numbers no problem can hold", "make_prompts",
+          ["--task=arithmetic", f"--max_number={10**26}", "--out=p.jsonl"], 2,
+          f"--task=arithmetic: max_number={10**26}: at most 999, the largest quantity a problem "
+          "holds\n"),
+    _case("more drawn tests than a problem needs", "make_prompts",
+          ["--task=code", f"--tests_per_problem={10**8}", "--out=p.jsonl"], 2,
+          "--task=code: tests_per_problem=100000000: give 0 to 1000 drawn test cases per "
+          "problem\n"),
     # Class 2: Beam's options, the files, and what a worker raises.
     _case("pipeline option Beam refuses", "build_store",
           ["--format=text", "--files=train=data/*.txt", "--out=new",
