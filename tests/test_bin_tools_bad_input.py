@@ -242,6 +242,11 @@ CASES = [
           ["--task=code", f"--tests_per_problem={10**8}", "--out=p.jsonl"], 2,
           "--task=code: tests_per_problem=100000000: give 0 to 1000 drawn test cases per "
           "problem\n"),
+    # A prompt set's pattern that names a folder: the user's mistake (2), as a glob of
+    # folders is for build_store, not a read that failed (it was exit 1, "cannot be read").
+    _case("prompt set pattern of a folder", "make_prompts", ["--check=data"], 2,
+          "make_prompts: --check='data': matches 1 folder(s) but no file; give JSON-lines files "
+          "of prompt records, e.g. FOLDER/*.jsonl\n"),
     # Class 2: Beam's options, the files, and what a worker raises.
     _case("pipeline option Beam refuses", "build_store",
           ["--format=text", "--files=train=data/*.txt", "--out=new",
