@@ -33,6 +33,21 @@ class ToolArgumentParser(argparse.ArgumentParser):
                      "split name can hold; give the value without it")
     return parsed
 
+  def refuse_unread(self, parsed: argparse.Namespace, mode: str,
+                    readers: dict[str, tuple[str, ...]]) -> None:
+    """Refuses a flag given (its value not its default) that `mode` does not read, as the
+    executor refuses a flag its --mode does not read: ignored, it would look obeyed.
+
+    Args:
+      parsed: What `parse_args` returned.
+      mode: What the command does (`--task=code`, `--check`), as the message names it.
+      readers: Each mode-specific flag's name -> the modes that read it.
+    """
+    for name, modes in readers.items():
+      if mode not in modes and getattr(parsed, name) != self.get_default(name):
+        self.error(f"--{name}: {mode} does not read it (only {' and '.join(modes)} does); "
+                   "drop the flag")
+
 
 def ended(run: Callable[[], int], print_error: Callable[[str], None], interrupted: str,
           write_again: str = "") -> int:

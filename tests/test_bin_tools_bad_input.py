@@ -247,6 +247,17 @@ CASES = [
     _case("prompt set pattern of a folder", "make_prompts", ["--check=data"], 2,
           "make_prompts: --check='data': matches 1 folder(s) but no file; give JSON-lines files "
           "of prompt records, e.g. FOLDER/*.jsonl\n"),
+    # A flag what the tool does reads not: ignored, it would look obeyed (the executor refuses
+    # a flag its --mode does not read the same way).
+    _case("arithmetic's flag for the code task", "make_prompts",
+          ["--task=code", "--operations=add", "--out=p.jsonl"], 2,
+          "make_prompts: --operations: --task=code does not read it (only --task=arithmetic "
+          "does); drop the flag (see --help)\n"),
+    _case("a check's flag when writing a set", "make_prompts",
+          ["--task=arithmetic", "--rewards=exact_answer", "--out=p.jsonl"], 2,
+          "--rewards: --task=arithmetic does not read it (only --check does)"),
+    _case("a set's flag when checking one", "make_prompts", ["--check=data/a.txt", "--count=5"],
+          2, "--count: --check does not read it (only --task=arithmetic does)"),
     # Class 2: Beam's options, the files, and what a worker raises.
     _case("pipeline option Beam refuses", "build_store",
           ["--format=text", "--files=train=data/*.txt", "--out=new",
