@@ -45,8 +45,8 @@ class ToolArgumentParser(argparse.ArgumentParser):
     """
     for name, modes in readers.items():
       if mode not in modes and getattr(parsed, name) != self.get_default(name):
-        self.error(f"--{name}: {mode} does not read it (only {' and '.join(modes)} does); "
-                   "drop the flag")
+        self.error(f"--{name}: {mode} does not read it (only {' and '.join(modes)} "
+                   f"{'does' if len(modes) == 1 else 'do'}); drop the flag")
 
 
 def ended(run: Callable[[], int], print_error: Callable[[str], None], interrupted: str,

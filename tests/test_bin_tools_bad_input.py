@@ -258,6 +258,14 @@ CASES = [
           "--rewards: --task=arithmetic does not read it (only --check does)"),
     _case("a set's flag when checking one", "make_prompts", ["--check=data/a.txt", "--count=5"],
           2, "--count: --check does not read it (only --task=arithmetic does)"),
+    _case("another format's setting", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--text_field=body", "--out=new"], 2,
+          "build_store: --text_field: --format=text does not read it (only --format=jsonl does); "
+          "drop the flag (see --help)\n"),
+    _case("a flag setting of other formats", "build_store",
+          ["--format=lines", "--files=train=data/*.txt", "--skip_bad_records", "--out=new"], 2,
+          "--skip_bad_records: --format=lines does not read it (only --format=chat and "
+          "--format=preference do)"),
     # Class 2: Beam's options, the files, and what a worker raises.
     _case("pipeline option Beam refuses", "build_store",
           ["--format=text", "--files=train=data/*.txt", "--out=new",
