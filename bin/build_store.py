@@ -81,6 +81,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
       raise UsageError(f"--task: {', '.join(given + ['--files'] * bool(args.files))} would be "
                        "ignored (the task has its own files and vocabulary); give either --task "
                        "or --format with --files")
+  elif args.format:
+    # A setting of another format (--text_field with --format=text) would be ignored.
+    parser.refuse_unread(args, f"--format={args.format}", {
+        setting.name: tuple(f"--format={name}" for name, format_ in FORMATS.items()
+                            if setting in format_.settings) for setting in all_settings()})
   if args.vocabulary is None:
     args.vocabulary = "bytes"
   for setting in all_settings():

@@ -51,6 +51,17 @@ def _arithmetic_operations() -> tuple[str, ...]:
   return arithmetic_problems.OPERATIONS
 
 
+# The flags that only some of what the tool does read (`ToolArgumentParser.refuse_unread`).
+_WRITERS = ("--task=arithmetic", "--task=code")
+_READERS = {
+    **{name: _WRITERS for name in ("split", "seed", "out", "form")},
+    **{name: ("--task=arithmetic",) for name in ("count", "min_steps", "max_steps",
+                                                  "max_number", "operations", "one_shot")},
+    "tests_per_problem": ("--task=code",),
+    "skip_bad_records": ("--check",), "rewards": ("--check",),
+}
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
   parser = ToolArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--task", choices=TASKS, help="the generated set to write (with --out)")
@@ -84,6 +95,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
   if bool(args.task) == bool(args.check):
     raise UsageError("give either --task (with --out) or --check; valid --task choices: "
                      + ", ".join(TASKS))
+  parser.refuse_unread(args, f"--task={args.task}" if args.task else "--check", _READERS)
   if args.task and not args.out:
     raise UsageError("--out: required with --task (the JSON-lines file to write)")
   return args

@@ -19,6 +19,11 @@ kept here for every reader:
     writing into is read to its end; one that no program writes to (no writer, nothing in it)
     is refused as a FIFO would be.
 
+What a file holds may be hostile too: `json_value` is `json.loads` for every JSON file or line a
+program reads (a config.json, a job's metrics and records, a manifest, a tokenizer), whose every
+failure is a ValueError, the one error its readers catch: JSON nested a hundred thousand deep
+makes Python's parser raise RecursionError instead, which escaped them as a traceback.
+
 A missing file, a folder or a file without read permission is the caller's to word (each
 reader has its own fix for those): `check` lets them through, `read_bytes` raises the OSError.
 A remote path (`gs://...`) names an object, never a special file: epath reads it.
@@ -26,9 +31,11 @@ A remote path (`gs://...`) names an object, never a special file: epath reads it
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import stat
+from typing import Any
 
 from etils import epath
 
@@ -40,6 +47,19 @@ FIX = "give a regular file"
 _SPECIAL_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
                   (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 _CHUNK = 1 << 16
+
+
+def json_value(text: str | bytes, **options: Any) -> Any:
+  """`json.loads(text, **options)`, raising ValueError for every failure (module doc).
+
+  Raises:
+    ValueError: not JSON (json.JSONDecodeError), bytes that are not UTF-8
+      (UnicodeDecodeError), or nesting deeper than Python's parser recurses.
+  """
+  try:
+    return json.loads(text, **options)
+  except RecursionError:
+    raise ValueError("nested too deeply to be read (JSON nested thousands of levels)") from None
 
 
 def special_kind(mode: int) -> str | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import json
 import os
 import shutil
 import stat
@@ -18,7 +17,7 @@ from typing import Callable
 
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.errors import UsageError, os_error_text, shown
 from lingvo_lite.outputs import (MANIFEST, check_creatable, created_folders, real,
                                  refuse_inside_checkpoints, refusal)
@@ -97,7 +96,7 @@ class FolderOutput:
       if not stat.S_ISREG(info.st_mode) or info.st_size > _MANIFEST_LIMIT:
         return None
       with open(manifest, encoding="utf-8") as f:
-        data = json.load(f)
+        data = input_files.json_value(f.read())
     except (OSError, ValueError, RecursionError):
       return None
     value = data.get("schema") if isinstance(data, dict) else None
@@ -116,7 +115,7 @@ def _remote_state(output: FolderOutput) -> str:
     return _EMPTY
   # A remote folder: the same rules, one message.
   try:
-    recorded = json.loads((output.path / MANIFEST).read_text()).get("schema")
+    recorded = input_files.json_value((output.path / MANIFEST).read_text()).get("schema")
   except Exception:  # pylint: disable=broad-except
     recorded = None
   foreign = [name for name in entries if name not in output.files]

@@ -40,14 +40,17 @@ def resolve(text: str | os.PathLike, flag: str | None = None) -> epath.Path:
 
   Raises:
     UsageError: a URL of a scheme epath cannot open, a `file://` URL naming another host, a
-      relative path while the working directory is gone, or a local path that is not valid
-      UTF-8 (TensorBoard's writer and tensorstore take only UTF-8 path names, and would fail
-      only once training has run).
+      relative path while the working directory is gone, a path holding a NUL character
+      (which no file name can hold: every os call on it raises ValueError, wherever the path
+      is first used), or a local path that is not valid UTF-8 (TensorBoard's writer and
+      tensorstore take only UTF-8 path names, and would fail only once training has run).
   """
   text = os.fspath(text)
   shown = f"{flag}={_printable(text)}" if flag else repr(text)
+  _refuse_nul(text, shown)
   if text.startswith(_FILE_SCHEME):
     text = _local_path_of_file_url(text, shown)
+    _refuse_nul(text, shown)  # `file:///a%00b`
   elif is_remote(text):
     scheme = text.split("://", 1)[0] + "://"
     if scheme not in register._URI_PREFIXES_TO_CLS:  # pylint: disable=protected-access
@@ -70,6 +73,14 @@ def resolve(text: str | os.PathLike, flag: str | None = None) -> epath.Path:
                      "TensorBoard and the checkpoint library need; rename the folder, or give "
                      "another path") from None
   return epath.Path(absolute)
+
+
+def _refuse_nul(text: str, shown: str) -> None:
+  """argv cannot hold a NUL, but a flag file's line, a config.json, a file:// URL's `%00` or
+  a tool's caller can; os.stat and open would raise a bare ValueError on it."""
+  if "\0" in text:
+    raise UsageError(f"{shown}: holds a NUL character (\\x00), which no file name can hold; "
+                     "give the path without it")
 
 
 def _printable(text: str) -> str:

@@ -27,7 +27,26 @@ class ToolArgumentParser(argparse.ArgumentParser):
       for item in value if isinstance(value, list) else [value]:
         if isinstance(item, str) and not item.strip():
           self.error(f"--{name}={item}: {EMPTY_VALUE}")
+        if isinstance(item, str) and "\0" in item:
+          # No path or name a tool passes on can hold one: every os call raises ValueError.
+          self.error(f"--{name}={item}: holds a NUL character (\\x00), which no file or "
+                     "split name can hold; give the value without it")
     return parsed
+
+  def refuse_unread(self, parsed: argparse.Namespace, mode: str,
+                    readers: dict[str, tuple[str, ...]]) -> None:
+    """Refuses a flag given (its value not its default) that `mode` does not read, as the
+    executor refuses a flag its --mode does not read: ignored, it would look obeyed.
+
+    Args:
+      parsed: What `parse_args` returned.
+      mode: What the command does (`--task=code`, `--check`), as the message names it.
+      readers: Each mode-specific flag's name -> the modes that read it.
+    """
+    for name, modes in readers.items():
+      if mode not in modes and getattr(parsed, name) != self.get_default(name):
+        self.error(f"--{name}: {mode} does not read it (only {' and '.join(modes)} "
+                   f"{'does' if len(modes) == 1 else 'do'}); drop the flag")
 
 
 def ended(run: Callable[[], int], print_error: Callable[[str], None], interrupted: str,

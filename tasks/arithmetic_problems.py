@@ -42,6 +42,9 @@ ONE_SHOT_SYSTEM = (
     "Solution:\nSam starts with 7 coins.\n7 + 5 = 12.\n12 - 3 = 9.\n<answer>9</answer>")
 _MAX_QUANTITY = 999
 _MAX_DRAWS = 100  # Operations drawn for one problem before it is given up (`_arithmetic`).
+# The most problems one call makes, all held in memory: 20,000 take about 2 s; a count past
+# this would run for hours and fill the memory before it could fail.
+MAX_COUNT = 100_000
 _NAMES = (("Mia", "She"), ("Leo", "He"), ("Ava", "She"), ("Noah", "He"), ("Zoe", "She"),
           ("Omar", "He"), ("Lena", "She"), ("Ravi", "He"), ("Iris", "She"), ("Tom", "He"))
 _ITEMS = ("apples", "marbles", "stickers", "pencils", "coins", "cookies", "books", "stamps",
@@ -161,7 +164,8 @@ def generate(split: str, count: int, seed: int = 0, min_steps: int = 2, max_step
     count: Problems to make.
     seed: Chooses the problems within the split.
     min_steps, max_steps: Operations per problem, drawn uniformly from this range.
-    max_number: The largest number a sentence introduces (the start, an amount added).
+    max_number: The largest number a sentence introduces (the start, an amount added); at
+      most `_MAX_QUANTITY`, the largest quantity a problem holds.
     operations: The kinds of operation drawn from (`OPERATIONS`; the demo's easy problems:
       "add", "take"). With steps, max_number, the difficulty.
     one_shot: Give each record the `system` string `ONE_SHOT_SYSTEM` (the format, with a
@@ -177,6 +181,12 @@ def generate(split: str, count: int, seed: int = 0, min_steps: int = 2, max_step
   if max_number < 2 or count < 0:
     raise ValueError(f"max_number={max_number}, count={count}: need max_number >= 2, count "
                      ">= 0")
+  if max_number > _MAX_QUANTITY:  # A start above it is never drawn: no problem would be found.
+    raise ValueError(f"max_number={max_number}: at most {_MAX_QUANTITY}, the largest quantity "
+                     "a problem holds")
+  if count > MAX_COUNT:
+    raise ValueError(f"count={count}: at most {MAX_COUNT:,} problems per set; make several "
+                     "sets with different seeds for more")
   unknown = [kind for kind in operations if kind not in _OPERATIONS]
   if not operations or unknown or isinstance(operations, str):
     raise ValueError(f"operations={operations!r}: give one or more of "

@@ -20,6 +20,9 @@ import random
 from typing import Any, Callable, NamedTuple
 
 SPLITS = ("train", "held_out")
+# Each drawn case is a line of every record's `tests` and a call of the reference solution, all
+# held in memory: 8 is the default, and a count past this would run for hours.
+MAX_TESTS_PER_PROBLEM = 1000
 
 
 class Problem(NamedTuple):
@@ -185,10 +188,13 @@ def generate(split: str, seed: int = 0, tests_per_problem: int = 8) -> list[dict
   """The split's problems as prompt records (module doc), the same for the same arguments.
 
   Raises:
-    ValueError: an unknown split.
+    ValueError: an unknown split, or `tests_per_problem` outside [0, MAX_TESTS_PER_PROBLEM].
   """
   if split not in SPLITS:
     raise ValueError(f"split={split!r}: valid splits: {', '.join(SPLITS)}")
+  if not 0 <= tests_per_problem <= MAX_TESTS_PER_PROBLEM:
+    raise ValueError(f"tests_per_problem={tests_per_problem}: give 0 to "
+                     f"{MAX_TESTS_PER_PROBLEM} drawn test cases per problem")
   records = []
   for problem in PROBLEMS:
     if (problem.name in HELD_OUT) != (split == "held_out"):

@@ -223,6 +223,29 @@ CASES = {
                           "flag --experiments_module=: empty", None),
     "empty module in a list": (["--mode=list", "--experiments_module=a,,b"],
                                "flag --experiments_module=a,,b: item 2 is empty", None),
+    # A NUL in a path: argv cannot hold one, a flag file's line or a file:// URL can; every
+    # path goes through paths.resolve, which refuses it (os.stat would raise ValueError).
+    "NUL in a job dir from a flag file": (
+        ["--mode=eval", "--flagfile=nul.txt"], "--job_log_dir=job\\x00x: holds a NUL character "
+        "(\\x00), which no file name can hold; give the path without it",
+        _write("nul.txt", "--job_log_dir=job\0x\n")),
+    "NUL in a cache dir from a flag file": (
+        [*PRINT, "--flagfile=nul.txt"], "--compilation_cache_dir=c\\x00: holds a NUL character",
+        _write("nul.txt", "--compilation_cache_dir=c\0\n")),
+    "NUL in a file:// config file": (
+        ["--mode=print", "--fdl_config_file=file:///a%00b.json"],
+        "--fdl_config_file=file:///a%00b.json: holds a NUL character", None),
+    "NUL in a weight source": ([*PRINT, "--init_from=hf:w\0x"],
+                               "train.init_from.path=w\\x00x: holds a NUL character", None),
+    "NUL in --decode_out": (["--mode=decode", "--exp=PyCodeTiny", "--fiddler=tiny",
+                             "--job_log_dir=job", "--prompt=a", "--decode_out=o\0.jsonl"],
+                            "--decode_out=o\\x00.jsonl: holds a NUL character", None),
+    "NUL in --export_dir": (["--mode=export", "--exp=PyCodeTiny", "--fiddler=tiny",
+                             "--job_log_dir=job", "--export_dir=e\0x"],
+                            "--export_dir=e\\x00x: holds a NUL character", None),
+    "NUL in --compare": (["--mode=report", "--job_log_dir=job", "--compare=j\0"],
+                         "--compare=j\\x00: holds a NUL character",
+                         _write("job/config.json", "{}")),
     # The compilation cache: JAX would warn at each compile and train on.
     "cache dir blank": ([*TRAIN, "--compilation_cache_dir= "],
                         "--compilation_cache_dir=' ': blank; give a folder for JAX's compiled "

@@ -4,6 +4,7 @@ directory it pointed at is byte-for-byte unchanged."""
 import dataclasses
 import errno
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -13,10 +14,12 @@ from typing import Callable
 
 import fiddle as fdl
 import pytest
+from etils import epath
 
 from experiments.lm import architectures
-from lingvo_lite import paths, target
+from lingvo_lite import input_files, paths, target
 from lingvo_lite.errors import UsageError
+from lingvo_lite.runtime import summaries
 from lingvo_lite.testing import run_cli, source_root
 from tests.trained_jobs import tree_digest
 
@@ -119,6 +122,13 @@ CLI_CASES = [
     Case("conflicting flags", ["--exp=PyCodeTiny", "--fdl_config=PyCodeTiny", "--job_log_dir={job}"],
      "conflicting flags; give only one of --exp, --fdl_config, --fdl_config_file"),
     Case("unknown flag", ["--mdoe=train", "--job_log_dir={job}"], "Unknown command line flag 'mdoe'"),
+    # A host name no socket takes: Python's bind raises TypeError, not OSError, for it.
+    Case("serve on a host name that is not text", ["--mode=serve", "--job_log_dir={job}",
+                                                    "--port=0", "--host=\udcff"],
+         "--host=\\xff --port=0: cannot listen there (encoding of hostname failed)"),
+    Case("serve on a host name with a NUL", ["--mode=serve", "--job_log_dir={job}", "--port=0",
+                                             "--host=a\0b"],
+         "--host=a\\x00b --port=0: cannot listen there (host name must not contain null"),
     Case("stray positional argument", ["--job_log_dir={job}", "train"],
      "unexpected argument 'train'"),
     Case("set without a value", ["--fdl_set=model.num_layers", "--job_log_dir={job}"],
@@ -646,7 +656,7 @@ COMPILE_CASES = [
          "takes no new files (ENOENT)"),
     Case("saved step manifest nested too deep", [*TRAIN_TINY, "--job_log_dir={tmp}/new",
                                                  "--compiled_step_in=step"],
-         "--compiled_step_in='step': cannot read the saved step (RecursionError",
+         "--compiled_step_in='step': cannot read the saved step (ValueError: nested too deeply",
          lambda tmp: (_write("step/manifest.json", "[" * 100000 + "]" * 100000)(tmp),
                       _write("step/executable.bin", "x")(tmp))),
     Case("topology name of the wrong count", [*COMPILE_TINY, "--compile_topology=v4-4"],
@@ -900,6 +910,32 @@ def test_a_report_that_cannot_be_written_is_one_line_exit_1_and_leaves_nothing(j
       "lingvo_lite: error: cannot write the report to job/report: the disk is full (ENOSPC); "
       "free space, or write elsewhere, then make the report again"]
   assert tree_digest(tmp_path / "job") == before
+
+
+# A JSON line nested 100,000 deep: Python's parser raises RecursionError on it, not the
+# ValueError its readers catch (input_files.json_value makes it one).
+_DEEP_LINE = '{"step": 4, "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n"
+
+
+def test_job_files_nested_past_the_parser_are_read_as_bad_lines(job, tmp_path, monkeypatch):
+  """A line of metrics.jsonl, run_info.jsonl or an eval set's records that no JSON parser
+  returns from (a damaged or planted file) is skipped as a half-written line is, by the report
+  and by the metrics a resumed run reads first: each was a RecursionError's traceback."""
+  shutil.copytree(job, tmp_path / "job")
+  with open(tmp_path / "job" / "metrics.jsonl") as f:
+    steps = [json.loads(line)["step"] for line in f]
+  for name in ("metrics.jsonl", "run_info.jsonl", "eval_validation.jsonl"):
+    with open(tmp_path / "job" / name, "a") as f:
+      f.write(_DEEP_LINE)
+  monkeypatch.chdir(tmp_path)
+  result = run_cli(["--mode=report", "--job_log_dir=job"])
+  assert result.code == 0, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  metrics = epath.Path(tmp_path / "job" / "metrics.jsonl")
+  assert steps and summaries.logged_steps(metrics) == steps  # The deep line left out.
+  assert [row["step"] for row in summaries.read_rows(metrics)] == steps
+  with pytest.raises(ValueError, match="nested too deeply"):
+    input_files.json_value(_DEEP_LINE)
 
 
 @pytest.fixture(autouse=True)

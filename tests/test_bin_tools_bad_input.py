@@ -220,6 +220,52 @@ CASES = [
     _case("vocab empty --split", "train_vocab",
           ["--task=lk_bt_tasks.text_task", "--split=", "--output=vocab/new.model"], 2,
           "train_vocab: error: --split=: empty (an unset shell variable gives an empty value)"),
+    # A NUL in any value (a caller's, not argv's): refused by the parser, not met by os.stat.
+    _case("NUL in a split name", "build_store",
+          ["--format=text", "--files=a\0b=data/*.txt", "--out=new"], 2,
+          "build_store: --files=a\\x00b=data/*.txt: holds a NUL character (\\x00), which no "
+          "file or split name can hold; give the value without it (see --help)\n"),
+    _case("NUL in make_prompts' --out", "make_prompts",
+          ["--task=arithmetic", "--count=2", "--out=o\0.jsonl"], 2,
+          "--out=o\\x00.jsonl: holds a NUL character"),
+    # Numbers that would run for hours and fill the memory (every problem is held) before any
+    # check could fail, or that no problem fits: refused where the generators check arguments.
+    _case("more problems than a set holds", "make_prompts",
+          ["--task=arithmetic", f"--count={10**8}", "--out=p.jsonl"], 2,
+          "make_prompts: --task=arithmetic: count=100000000: at most 100,000 problems per set; "
+          "make several sets with different seeds for more\n"),
+    _case("numbers no problem can hold", "make_prompts",
+          ["--task=arithmetic", f"--max_number={10**26}", "--out=p.jsonl"], 2,
+          f"--task=arithmetic: max_number={10**26}: at most 999, the largest quantity a problem "
+          "holds\n"),
+    _case("more drawn tests than a problem needs", "make_prompts",
+          ["--task=code", f"--tests_per_problem={10**8}", "--out=p.jsonl"], 2,
+          "--task=code: tests_per_problem=100000000: give 0 to 1000 drawn test cases per "
+          "problem\n"),
+    # A prompt set's pattern that names a folder: the user's mistake (2), as a glob of
+    # folders is for build_store, not a read that failed (it was exit 1, "cannot be read").
+    _case("prompt set pattern of a folder", "make_prompts", ["--check=data"], 2,
+          "make_prompts: --check='data': matches 1 folder(s) but no file; give JSON-lines files "
+          "of prompt records, e.g. FOLDER/*.jsonl\n"),
+    # A flag what the tool does reads not: ignored, it would look obeyed (the executor refuses
+    # a flag its --mode does not read the same way).
+    _case("arithmetic's flag for the code task", "make_prompts",
+          ["--task=code", "--operations=add", "--out=p.jsonl"], 2,
+          "make_prompts: --operations: --task=code does not read it (only --task=arithmetic "
+          "does); drop the flag (see --help)\n"),
+    _case("a check's flag when writing a set", "make_prompts",
+          ["--task=arithmetic", "--rewards=exact_answer", "--out=p.jsonl"], 2,
+          "--rewards: --task=arithmetic does not read it (only --check does)"),
+    _case("a set's flag when checking one", "make_prompts", ["--check=data/a.txt", "--count=5"],
+          2, "--count: --check does not read it (only --task=arithmetic does)"),
+    _case("another format's setting", "build_store",
+          ["--format=text", "--files=train=data/*.txt", "--text_field=body", "--out=new"], 2,
+          "build_store: --text_field: --format=text does not read it (only --format=jsonl does); "
+          "drop the flag (see --help)\n"),
+    _case("a flag setting of other formats", "build_store",
+          ["--format=lines", "--files=train=data/*.txt", "--skip_bad_records", "--out=new"], 2,
+          "--skip_bad_records: --format=lines does not read it (only --format=chat and "
+          "--format=preference do)"),
     # Class 2: Beam's options, the files, and what a worker raises.
     _case("pipeline option Beam refuses", "build_store",
           ["--format=text", "--files=train=data/*.txt", "--out=new",

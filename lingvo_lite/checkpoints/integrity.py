@@ -92,7 +92,7 @@ def read_record(step_dir: epath.Path) -> Record:
   ValueError, RecursionError)."""
   if input_files.kind_of(step_dir / CHECKSUMS_FILE) is not None:
     raise ValueError(f"{CHECKSUMS_FILE} is not a regular file")  # A FIFO would never end.
-  record = json.loads((step_dir / CHECKSUMS_FILE).read_text())
+  record = input_files.json_value((step_dir / CHECKSUMS_FILE).read_text())
   if not isinstance(record, dict):
     raise ValueError(f"{CHECKSUMS_FILE} holds no JSON object")
   # A format-1 record's values are all entries (objects): a "step" that is a number and a

@@ -177,7 +177,7 @@ def to_text(cfg: fdl.Buildable) -> str:
 
 def to_json(cfg: fdl.Buildable, experiment: type | None = None) -> str:
   """Fiddle's JSON of `cfg`, plus each explicitly set field's origin and the experiment."""
-  data = json.loads(serialization.dump_json(cfg))
+  data = input_files.json_value(serialization.dump_json(cfg))
   origins = {}
   for path, owner, name, _ in fields(cfg):
     if not isinstance(owner, fdl.Buildable):
@@ -217,7 +217,7 @@ def _read_json(path: epath.Path, flag: str) -> dict[str, Any]:
     raise UsageError(f"{flag}={path}: is a folder; give the config.json file in it, e.g. "
                      f"{flag}={path / CONFIG_JSON}")
   try:
-    data = json.loads(input_files.read_bytes(path, f"{flag}={path}",
+    data = input_files.json_value(input_files.read_bytes(path, f"{flag}={path}",
                                              "give the config.json a run wrote"))
   # RecursionError: arrays nested thousands deep.
   except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
@@ -297,7 +297,7 @@ def _first_line(error: BaseException) -> str:
 def recorded_experiment(path: epath.Path) -> str | None:
   """The import path of the experiment class a config.json was written from, if recorded."""
   try:
-    extra = json.loads(input_files.read_bytes(path, str(path))).get(_EXTRA_KEY) or {}
+    extra = input_files.json_value(input_files.read_bytes(path, str(path))).get(_EXTRA_KEY) or {}
   except (OSError, ValueError, AttributeError):
     return None
   name = extra.get("experiment") if isinstance(extra, dict) else None

@@ -150,7 +150,7 @@ def encode_with_special_tokens(files: TokenizerFiles, text: str) -> list[int]:
 def _token_byte_lengths(files: TokenizerFiles) -> np.ndarray:
   made = tokenizer(files)
   lengths = np.zeros(made.get_vocab_size(with_added_tokens=True), np.int32)
-  decoder = (json.loads(files.json).get("decoder") or {})
+  decoder = (input_files.json_value(files.json).get("decoder") or {})
   byte_level = _has_part(decoder, "ByteLevel")
   inverse = {c: b for b, c in _byte_to_char().items()}
   added = {token.content for token in made.get_added_tokens_decoder().values()}
@@ -284,7 +284,7 @@ def _json_object(path: str, given: str) -> dict:
     return {}
   try:
     with open(path, encoding="utf-8") as f:
-      value = json.load(f)
+      value = input_files.json_value(f.read())
   except (OSError, ValueError) as e:
     raise UsageError(f"{FIELD}.path={given!r}: {os.path.basename(path)} is not JSON "
                      f"({str(e).splitlines()[0][:200]})") from None
@@ -408,7 +408,7 @@ def gguf_tokenizer(files: TokenizerFiles, vocab_size: int) -> dict[str, Any] | N
   llama.cpp names (`smollm`: Digits then ByteLevel; `gpt-2`: ByteLevel alone). A model
   vocabulary padded past the tokenizer (`vocab_size`) gets UNUSED `[PAD<i>]` tokens, as
   llama.cpp's converter writes them: llama.cpp wants a token for each row of the table."""
-  spec = json.loads(files.json)
+  spec = input_files.json_value(files.json)
   model = spec.get("model") or {}
   pre = spec.get("pre_tokenizer") or {}
   parts = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]

@@ -21,6 +21,7 @@ import dataclasses
 import glob
 import hashlib
 import json
+import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -75,7 +76,8 @@ def load(patterns: Sequence[str], skip_bad_records: bool = False,
   """Every record of the files `patterns` match (module doc), checked.
 
   Raises:
-    UsageError: naming `field`: a pattern that matches no file; no usable record.
+    UsageError: naming `field`: a pattern that matches no file, or only folders; no usable
+      record.
     DataError: `<path>: line N: <why>` for the first bad record (without `skip_bad_records`),
       or a file that cannot be read.
   """
@@ -85,7 +87,13 @@ def load(patterns: Sequence[str], skip_bad_records: bool = False,
     if not matched:
       raise config_error(field, pattern, "matches no file", "give JSON-lines files of prompt "
                          "records (bin/make_prompts.py writes some)")
-    paths.extend(path for path in matched if path not in paths)
+    # A folder is the user's pattern at fault, not data that failed to read (as for a token
+    # store's files): one a pattern such as `prompts/*` also matches is passed over.
+    files = [path for path in matched if not os.path.isdir(path)]
+    if not files:
+      raise config_error(field, pattern, f"matches {len(matched)} folder(s) but no file",
+                         "give JSON-lines files of prompt records, e.g. FOLDER/*.jsonl")
+    paths.extend(path for path in files if path not in paths)
   records, skipped, first, seen = [], 0, None, {}
   digest = hashlib.sha256()
   for path in paths:

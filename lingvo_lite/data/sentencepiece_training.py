@@ -147,7 +147,7 @@ def _check_replaceable(path: epath.Path, field: str, value: Any) -> None:
     raise config_error(field, value, "already exists and is not a regular file, and it is "
                        "never replaced", fix)
   try:
-    written = json.loads(sidecar.read_text())["sha256"]
+    written = input_files.json_value(sidecar.read_text())["sha256"]
     own = written == hashlib.sha256(path.read_bytes()).hexdigest()
   except (OSError, ValueError, KeyError, TypeError):
     own = False

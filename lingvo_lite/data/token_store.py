@@ -119,7 +119,7 @@ def read_ledger(store: epath.Path) -> dict[int, dict[str, Any]]:
     return {}
   entries = {}
   for file in folder.glob("*.json"):
-    entry = json.loads(file.read_text())
+    entry = input_files.json_value(file.read_text())
     entries[int(entry["shard"])] = entry
   return entries
 
@@ -130,7 +130,7 @@ def read_manifest(store: epath.Path) -> dict[str, Any] | None:
   if not file.exists():
     return None
   try:
-    manifest = json.loads(input_files.read_bytes(file, str(file), "delete the folder to "
+    manifest = input_files.json_value(input_files.read_bytes(file, str(file), "delete the folder to "
                                                  "rebuild the store"))
   except (OSError, ValueError, RecursionError) as e:
     raise DataError(f"{file}: unreadable token-store manifest ({e}); delete the folder to "

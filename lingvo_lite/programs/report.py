@@ -30,7 +30,7 @@ from typing import Any
 
 from etils import epath
 
-from lingvo_lite import outputs, paths
+from lingvo_lite import input_files, outputs, paths
 from lingvo_lite.config import diffs as config_diffs, files as config_files, graph as config_graph
 from lingvo_lite.errors import UsageError
 from lingvo_lite.programs import Invocation, ProgramFailure
@@ -141,7 +141,7 @@ def _read_cache(folder: epath.Path) -> dict[str, Any]:
   if report_data.is_special_file(folder / VERIFIED_CACHE):
     return {}  # A FIFO: reading it would block; every step is verified again.
   try:
-    cached = json.loads((folder / VERIFIED_CACHE).read_text())
+    cached = input_files.json_value((folder / VERIFIED_CACHE).read_text())
   except (OSError, ValueError):
     return {}  # None yet, or damaged: every step is verified again.
   return cached if isinstance(cached, dict) else {}

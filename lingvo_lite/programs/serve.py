@@ -91,7 +91,9 @@ def _bind(host: str, port: int) -> socket.socket:
   try:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host, port))
-  except (OSError, OverflowError) as e:
+  # TypeError: a host name that cannot be encoded (`--host=$'\xff'`, a NUL from a flag file);
+  # UnicodeError (a ValueError): one that IDNA cannot encode.
+  except (OSError, OverflowError, TypeError, ValueError) as e:
     listener.close()
     raise _cannot_listen(host, port, e) from None
   return listener

@@ -26,7 +26,6 @@ decode answers, run starts) is read through the same coercions and notes (`numbe
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
@@ -192,7 +191,7 @@ def read_jsonl(path: epath.Path, notes: list[str], shown: str) -> list[dict[str,
     if not line.strip():
       continue
     try:
-      row = json.loads(line)
+      row = input_files.json_value(line)
     except ValueError:  # UnicodeDecodeError too.
       if number == len(lines):
         notes.append(f"{shown}: its last line is being written (left out)")
@@ -270,7 +269,7 @@ def _committed(step_dir: epath.Path) -> float | None:
   if is_special_file(path):
     return None
   try:
-    metadata = json.loads(path.read_text())
+    metadata = input_files.json_value(path.read_text())
   except (OSError, ValueError):
     return None
   nanoseconds = number(metadata, "commit_timestamp_nsecs")
@@ -359,7 +358,7 @@ def _json_file(path: epath.Path, shown: str, notes: list[str]) -> dict[str, Any]
     notes.append(_special_note(shown))
     return None
   try:
-    data = json.loads(path.read_text())
+    data = input_files.json_value(path.read_text())
   except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
     return None
   except (OSError, ValueError) as e:

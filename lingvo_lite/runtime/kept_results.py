@@ -18,7 +18,7 @@ from typing import Any
 
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 
 SCHEMA = 1
 
@@ -43,7 +43,7 @@ def read(cache_folder: str | None, kind: str, key: str) -> dict[str, Any] | None
     return None
   try:
     with open(path, encoding="utf-8") as f:
-      kept = json.load(f)
+      kept = input_files.json_value(f.read())
   except (OSError, ValueError):
     return None
   return kept if isinstance(kept, dict) and kept.get("schema") == SCHEMA else None

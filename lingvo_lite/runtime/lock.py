@@ -34,7 +34,7 @@ import time
 from absl import logging
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.errors import UsageError
 
 LOCK_NAME = ".lingvo_lite.lock"
@@ -179,7 +179,7 @@ def _read_holder(fd: int, wait: bool) -> dict | None:
     text = os.pread(fd, 1 << 16, 0).decode(errors="replace").strip()
     if text:
       try:
-        holder = json.loads(text)
+        holder = input_files.json_value(text)
         return holder if isinstance(holder, dict) else {}
       except ValueError:
         return {}

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from etils import epath
 
 import lingvo_lite
-from lingvo_lite import file_writes, paths
+from lingvo_lite import file_writes, input_files, paths
 
 FILE_NAME = "run_info.jsonl"
 # The distributions whose versions decide what a run computes, as pip names them.
@@ -134,7 +134,7 @@ def read(job_dir: epath.Path) -> list[dict[str, Any]]:
   rows = []
   for line in text.splitlines():
     try:
-      row = json.loads(line)
+      row = input_files.json_value(line)
     except ValueError:
       continue
     if isinstance(row, dict):

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Mapping
 
 from etils import epath
 
-from lingvo_lite import file_writes
+from lingvo_lite import file_writes, input_files
 from lingvo_lite.runtime import event_files
 
 
@@ -276,7 +276,7 @@ def read_rows(jsonl_path: epath.Path, keep: Callable[[int], bool] = lambda step:
   """The rows of the steps `keep` says, the last written of each, in step order (none when
   the file does not exist)."""
   data = jsonl_path.read_bytes() if jsonl_path.exists() else None
-  return [json.loads(line) for line in _last_rows(data, keep).splitlines()]
+  return [input_files.json_value(line) for line in _last_rows(data, keep).splitlines()]
 
 
 def keep_rows(jsonl_path: epath.Path, tensorboard_dir: epath.Path | None,
@@ -325,7 +325,7 @@ def _row_steps(data: bytes | None) -> list[int]:
 def _row_step(line: str) -> int | None:
   """The step of a JSONL row; None for a line that is not one (half a row, left by a kill)."""
   try:
-    step = json.loads(line).get("step")
+    step = input_files.json_value(line).get("step")
   except (ValueError, AttributeError):
     return None
   return step if isinstance(step, int) else None

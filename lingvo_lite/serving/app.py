@@ -28,6 +28,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
+from lingvo_lite import errors
 from lingvo_lite.data import chat_template
 from lingvo_lite.errors import UsageError, one_line
 from lingvo_lite.serving import openai_api, request_body
@@ -66,8 +67,13 @@ class Server:
     ]
 
     async def http_error(request, error: HTTPException):
-      return _error(error.status_code, f"{request.method} {request.url.path}: {error.detail}",
-                    None, "not_found" if error.status_code == 404 else "invalid_request_error")
+      # A path of any length may be asked for (100 KB fit in a request line): no answer grows
+      # with it.
+      path = request.url.path
+      if len(path) > errors.SHOWN_LIMIT:
+        path = f"{path[:errors.SHOWN_LIMIT]}... ({len(path)} characters)"
+      return _error(error.status_code, f"{request.method} {path}: {error.detail}", None,
+                    "not_found" if error.status_code == 404 else "invalid_request_error")
 
     return Starlette(routes=routes, exception_handlers={HTTPException: http_error})
 

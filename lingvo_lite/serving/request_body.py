@@ -3,6 +3,8 @@ place where bytes become Python values, so no route meets a value the checks bel
 
 A body is refused (`RequestError`, a 4xx naming `body` or the field) when it is
   - larger than MAX_BODY_BYTES (413);
+  - cut short: the client closed the connection before the bytes its Content-Length promised
+    (499, as nginx names a request its client left);
   - not UTF-8 (JSON over HTTP is UTF-8, RFC 8259), or not JSON;
   - nested deeper than MAX_DEPTH: no field of the API nests past 3 levels, and a body of a
     hundred thousand `[` would exhaust Python's recursion while being parsed, or later in any
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request as HttpRequest
+from starlette.requests import ClientDisconnect, Request as HttpRequest
 
 from lingvo_lite.serving.openai_api import RequestError
 
@@ -36,10 +38,17 @@ async def read(request: HttpRequest) -> Any:
   if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
     raise RequestError("body", f"{declared} bytes; at most {MAX_BODY_BYTES}", status=413)
   data = bytearray()
-  async for part in request.stream():
-    data += part
-    if len(data) > MAX_BODY_BYTES:
-      raise RequestError("body", f"over {MAX_BODY_BYTES} bytes", status=413)
+  try:
+    async for part in request.stream():
+      data += part
+      if len(data) > MAX_BODY_BYTES:
+        raise RequestError("body", f"over {MAX_BODY_BYTES} bytes", status=413)
+  except ClientDisconnect:
+    # The client went away mid-body (fewer bytes than its Content-Length, then a close): its
+    # mistake, answered 499 as a client that leaves mid-generation is, never logged as the
+    # server's failure with a traceback.
+    raise RequestError("body", f"the client closed the connection after {len(data)} bytes, "
+                       "before the body ended", status=499) from None
   return decode(bytes(data))
 
 

@@ -79,7 +79,7 @@ class HfCheckpoint(PathSource):
       raise UsageError(f"{where}: no such file; a Hugging Face folder holds its model's "
                        "config.json beside the safetensors")
     try:
-      values = json.loads(input_files.read_bytes(file, where, _FOLDER_FIX))
+      values = input_files.json_value(input_files.read_bytes(file, where, _FOLDER_FIX))
     except OSError as e:  # A folder, no permission.
       raise UsageError(f"{where}: cannot be read ({e.strerror or e}); {_FOLDER_FIX}") from None
     except (ValueError, UnicodeDecodeError, RecursionError) as e:

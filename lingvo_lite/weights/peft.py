@@ -223,7 +223,7 @@ class PeftCheckpoint(PathSource):
     if not file.exists():
       raise UsageError(f"{where}: no such file; a PEFT folder holds its adapter_config.json")
     try:
-      values = json.loads(input_files.read_bytes(file, where, _FOLDER_FIX))
+      values = input_files.json_value(input_files.read_bytes(file, where, _FOLDER_FIX))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
       raise UsageError(f"{where}: not JSON ({e})") from None
     return peft_config.check(values, where)

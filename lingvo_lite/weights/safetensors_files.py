@@ -11,7 +11,6 @@ What the tensors must be (dtypes, shapes, names) is tensor_checks.py's, for ever
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable
 
@@ -56,7 +55,7 @@ class SafetensorsFiles:
     index = folder / index_file if index_file else None
     if index is not None and index.exists():
       try:
-        weight_map = json.loads(input_files.read_bytes(
+        weight_map = input_files.json_value(input_files.read_bytes(
             index, os.path.join(shown, index_file), fix))["weight_map"]
       except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError, OSError):
         weight_map = None

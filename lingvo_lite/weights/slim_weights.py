@@ -22,7 +22,6 @@ source `--init_from=slim:PATH` sets) and `SlimExport` (the writer of `--export_f
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -101,7 +100,7 @@ class SlimCheckpoint(PathSource):
     folder = paths.resolve(self.path, f"{FIELD}.path")
     manifest = folder / "manifest.json"
     try:
-      data = json.loads(input_files.read_bytes(
+      data = input_files.json_value(input_files.read_bytes(
           manifest, f"{FIELD}=slim:{self.path}: its manifest.json", _FOLDER_FIX))
       schema = data["schema"]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):

@@ -15,7 +15,9 @@ import copy
 import dataclasses
 import http.client
 import json
+import logging
 import random
+import socket
 import threading
 
 import pytest
@@ -297,3 +299,39 @@ def test_issue_38_bodies_are_refused_naming_the_field(server, route, body, field
   assert code == 400, text
   error = json.loads(text)["error"]
   assert error["param"] == field and error["message"].startswith(field + ":"), error
+
+
+# ----------------------------------------------------------------------------- the connection
+
+# What a client does to the HTTP exchange itself; each answer is a 4xx (or none, where the
+# client is gone) and no traceback is logged: the server logs only its own failures.
+CONNECTION_CASES = {
+    # Fewer bytes than the Content-Length, then the client leaves: its disconnect was logged
+    # as a failed request with a traceback (starlette's ClientDisconnect).
+    "body cut short": (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+                       b"\r\n{\"prompt\"", None),
+    # A path of 100 KB: its 404 echoed the whole path.
+    "a long path": (b"GET /" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\nConnection: close"
+                    b"\r\n\r\n", b"HTTP/1.1 404 "),
+    "a method no route takes": (b"DELETE /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                                b"Connection: close\r\n\r\n", b"HTTP/1.1 405 "),
+}
+
+
+@pytest.mark.parametrize("name", CONNECTION_CASES)
+def test_a_hostile_connection_gets_a_4xx_and_logs_no_traceback(server, name, caplog):
+  request, answer_start = CONNECTION_CASES[name]
+  host, port = server.url[len("http://"):].split(":")
+  with socket.create_connection((host, int(port)), timeout=30) as client:
+    client.sendall(request)
+    if answer_start is None:
+      client.shutdown(socket.SHUT_WR)  # Gone before the body ended.
+    answer = b""
+    while chunk := client.recv(65536):
+      answer += chunk
+  if answer_start is not None:
+    assert answer.startswith(answer_start), answer[:300]
+    assert len(answer) < 2000, answer[:300]  # Nothing of the request echoed whole.
+  assert server.complete({"prompt": "def f(", "max_tokens": 2})["usage"]["completion_tokens"]
+  failures = [r for r in caplog.records if r.levelno >= logging.ERROR]
+  assert not failures, failures[0].getMessage()

@@ -31,7 +31,7 @@ import jax
 from etils import epath
 from jax.experimental import serialize_executable
 
-from lingvo_lite import output_folders, outputs, paths, target as targets
+from lingvo_lite import input_files, output_folders, outputs, paths, target as targets
 from lingvo_lite.errors import UsageError, shown
 from lingvo_lite.on_mesh.jitted import JittedSteps
 from lingvo_lite.programs.compile.aot import CompileResult
@@ -202,7 +202,7 @@ def load(value: str, jitted: JittedSteps) -> Any:
     raise UsageError(f"{flag}: empty; give the folder --compiled_step_out wrote")
   path = paths.resolve(value, "--compiled_step_in")
   try:
-    saved = json.loads((path / MANIFEST).read_text())
+    saved = input_files.json_value((path / MANIFEST).read_text())
     serialized = (path / EXECUTABLE).read_bytes()
   except FileNotFoundError as e:
     raise UsageError(f"{flag}: no saved step there ({os.path.basename(str(e.filename))} is "

@@ -11,7 +11,7 @@ import json
 
 from etils import epath
 
-from lingvo_lite import paths
+from lingvo_lite import input_files, paths
 from lingvo_lite.errors import UsageError
 from lingvo_lite.runtime import summaries
 from lingvo_lite.on_mesh import evaluation
@@ -38,7 +38,7 @@ class EvalRecord:
       return
     self.rebuilt = False
     try:
-      data = json.loads(self._path.read_text())
+      data = input_files.json_value(self._path.read_text())
       self.sets = {int(step): list(names) for step, names in data["evaluated"].items()}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
       raise UsageError(f"{self._path}: not an eval record written by lingvo_lite ({e}); move "
