@@ -32,6 +32,11 @@ _NORMS = {"parallel": ("norm", None, None, None),
           "post_norm": (None, "attention_post_norm", None, "mlp_post_norm")}
 
 
+def _residual(x: jax.Array) -> jax.Array:
+  """`x` [batch, length, dim] of the residual stream, under its logical constraint."""
+  return layers.constrain(x, "batch", "length", "activation_embed")
+
+
 def norm_count(kind: BlockKind) -> int:
   """How many norms a layer of `kind` has."""
   return sum(name is not None for name in _NORMS[kind])
@@ -97,6 +102,10 @@ class Block(nn.Module):
     cache = None
     if isinstance(x, tuple):
       x, cache = x
+    # The residual stream keeps its width split as the rules say (`activation_embed`: over
+    # tensor by default) at the layer's input (what remat keeps, the scan's carry), between
+    # attention and MLP and at its output; XLA gathers it for the projections that read it.
+    x = _residual(x)
     context = None if cache is None else layers.Context(*cache, layer)
     attention = self.attention_type(
         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
@@ -126,9 +135,9 @@ class Block(nn.Module):
     if self.kind == "parallel":
       x = x + attended + mlp(h)
     else:
-      x = x + self._norm(attention_post_norm)(attended)
+      x = _residual(x + self._norm(attention_post_norm)(attended))
       x = x + self._norm(mlp_post_norm)(mlp(self._norm(mlp_norm)(x)))
-    x = layers.constrain(x, "batch", "length", "embed")
+    x = _residual(x)
     if context is not None:
       out = (x, (extra.keys, extra.values))
       return (out, None) if self.scan_carry else out
