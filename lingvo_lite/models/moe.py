@@ -181,7 +181,7 @@ class MoeMlp(nn.Module):
                          param_dtype=self.param_dtype, name="shared")(x)
     self._sow_statistics(routing, dropped, bias)
     # The layer's output, as a dense MLP's (models/remat.py's "mlp_out").
-    return remat.tag(layers.constrain(y, "batch", "length", "activation_embed"), "mlp_out")
+    return remat.tag(layers.constrain(y, "batch", "length", "embed"), "mlp_out")
 
   def _sow_statistics(self, routing: Routing, dropped: jax.Array,
                       bias: jax.Array | None) -> None:

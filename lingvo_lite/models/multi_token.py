@@ -69,7 +69,7 @@ class MultiTokenModule(nn.Module):
     # The joined width is 2 x embed: split as the model width is on its input side.
     x = layers.Dense(hidden.shape[-1], kernel_axes=("embed", None), use_bias=False,
                      dtype=self.dtype, param_dtype=self.param_dtype, name="projection")(joined)
-    x = layers.constrain(x, "batch", "length", "activation_embed")
+    x = layers.constrain(x, "batch", "length", "embed")
     x = self.block_class(**dict(self.block_fields), name="block")(x, positions, segment_ids)
     return x, self._norm("final_norm")(x)
 
