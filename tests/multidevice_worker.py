@@ -245,9 +245,11 @@ def _moe_gradients(axes):
 
 # The residual stream between layers (`activation_embed`, over tensor by default): a tiny
 # Llama's scanned, fully rematerialized stack, whose backward keeps each layer's input in one
-# stacked buffer [layers, rows, length, width] per device, on one device and on data x tensor.
+# stacked buffer [layers, rows, length, width] per device, on one device, data x tensor and
+# data x fsdp x tensor (the weights' width over fsdp beside the activations' over tensor).
 RESIDUAL_SETS = ("model.scan_layers=True", "model.remat_policy='full'")
-RESIDUAL_MESHES = {"single": {}, "data4_tensor2": {"data": 4, "tensor": 2}}
+RESIDUAL_MESHES = {"single": {}, "data4_tensor2": {"data": 4, "tensor": 2},
+                   "data2_fsdp2_tensor2": {"data": 2, "fsdp": 2, "tensor": 2}}
 
 
 def _residual_stream(axes):

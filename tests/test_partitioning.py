@@ -123,13 +123,14 @@ def test_expert_parallel_gradients_equal_the_single_device_ones(worker, mesh, sp
                                err_msg=path)
 
 
-def test_the_residual_stream_is_split_over_tensor_with_one_devices_gradients(worker):
-  """A scanned, fully rematerialized stack on data=4 x tensor=2: the layer inputs its
-  backward keeps are stacked per device as [layers, rows / data, length, width / tensor]
-  (`activation_embed` -> tensor), not at the whole width as each of a tensor group's devices
-  kept them before; the loss and every parameter's gradient of one batch equal one device's
-  within 1e-5."""
-  single, sharded = worker["residual"]["single"], worker["residual"]["data4_tensor2"]
+@pytest.mark.parametrize("mesh", ["data4_tensor2", "data2_fsdp2_tensor2"])
+def test_the_residual_stream_is_split_over_tensor_with_one_devices_gradients(worker, mesh):
+  """A scanned, fully rematerialized stack on data=4 x tensor=2 and data=2 x fsdp=2 x
+  tensor=2: the layer inputs its backward keeps are stacked per device as [layers, rows / 4,
+  length, width / tensor] (`activation_embed` -> tensor), not at the whole width as each of a
+  tensor group's devices kept them before; the loss and every parameter's gradient of one
+  batch equal one device's within 1e-5."""
+  single, sharded = worker["residual"]["single"], worker["residual"][mesh]
   sizes = sharded["sizes"]
   layers, rows, length, dim = (sizes[k] for k in ("layers", "rows", "length", "dim"))
   # One device keeps the whole stack: the shape the sharded one is compared by.
