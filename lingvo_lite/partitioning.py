@@ -54,8 +54,9 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     # The residual stream's width over tensor, as MaxText's `activation_embed` rule: each of a
     # tensor group's chips keeps 1/tensor of the layer inputs remat saves, where whole they
     # were 16 copies of the same rows (MaxText128B's scan kept 2 x 32 GiB a chip). XLA
-    # all-gathers them before the projections that read them and reduce-scatters the
-    # projections' sums back (sequence-parallel style), where it all-reduced them before.
+    # all-gathers them before the projections that read them; the projections' sums are
+    # all-reduced at the whole width and sliced back (models/block.py `_summand`: a
+    # reduce-scatter straight onto tensor meets a partitioner bug).
     ("activation_embed", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
