@@ -1,8 +1,8 @@
 """The suite's on-device tests, run on a TPU in parts, each its own pytest process with a JUnit
 file, and one summary line across the parts.
 
-  python3 bench/tpu_test_parts.py --out DIR [PART ...]     (bash bench/tpu_check.sh tests;
-                                                           every part but weights by default)
+  python3 bench/tpu_test_parts.py --out DIR [PART ...]
+      (bash bench/tpu_check.sh tests: every part but the weights parts, by default)
 
 Parts (each meant to finish under 8 minutes on one v5e chip: a command may run 10; tests/models
 whole ran past 8 minutes there on 2026-12-07, 122 of its 265 tests done, hence four parts; the
@@ -14,10 +14,12 @@ chip took about 5x the CPU host's time for the kernels part, 329 s):
   decode    tests/decode: cached decoding against teacher forcing, sampling, requests
   training  the step, DPO and optimizer tests (tests/test_steps.py, test_dpo.py,
             test_optimizers.py)
-  weights   tests/weights: Hugging Face, GGUF, PEFT, slim and job weights against
-            transformers and peft, and tests/models' tests against transformers (DeepSeek's
-            MoE, the dense families' parameter counts), which the families part skips
-            without torch (needs torch, transformers, peft and gguf installed there)
+  weights   tests/weights' Hugging Face folders, dense families, DeepSeek and GGUF files,
+            and contradicting weights, against transformers and gguf
+  weights_more  tests/weights' MoE families, PEFT adapters and job weights, and tests/models'
+            tests against transformers (DeepSeek's MoE, the dense families' parameter
+            counts), which the families part skips without torch (both weights parts need
+            torch, transformers, peft and gguf installed there)
 
 Float32 comparisons run at the highest matmul precision (a TPU's default keeps three digits).
 The chip takes one process at a time, so the parts run one after another. Each skip is listed
@@ -49,9 +51,16 @@ PARTS = {
     "models": [f"{_MODELS}{name}.py" for name in ("remat", "transformer", "layer_kinds")],
     "decode": ["tests/decode"],
     "training": ["tests/test_steps.py", "tests/test_dpo.py", "tests/test_optimizers.py"],
-    # With the models' tests that read transformers (skipped in the parts above, where the
-    # TPU machine has no torch; this part installs it, bench/tpu_check.sh weights).
-    "weights": ["tests/weights", f"{_MODELS}deepseek_moe.py", f"{_MODELS}dense_families.py"],
+    # The tests against transformers, peft and gguf, with the models' tests that read
+    # transformers (skipped in the parts above, where the TPU machine has no torch;
+    # bench/tpu_check.sh weights installs it). Two parts: tests/weights whole ran past 8
+    # minutes on the chip on 2026-12-07, 105 of its tests done.
+    "weights": [f"tests/weights/test_{name}.py" for name in (
+        "contradicting_weights", "gguf_checkpoint", "hf_deepseek", "hf_dense_families",
+        "hf_folders")],
+    "weights_more": [*(f"tests/weights/test_{name}.py" for name in (
+        "hf_moe_families", "job_checkpoint", "peft")),
+                     f"{_MODELS}deepseek_moe.py", f"{_MODELS}dense_families.py"],
 }
 # Tests that need what the TPU machine does not carry (seqio and TensorFlow), by node id.
 DESELECTED = {
@@ -63,9 +72,10 @@ DESELECTED = {
 }
 PART_SECONDS = 480
 CHILDREN_ON_CPU = "LINGVO_LITE_TEST_CHILDREN_ON_CPU"  # tests/conftest.py reads it.
-# What runs when no part is named: every part but weights, which needs torch and the other
-# libraries installed first (bench/tpu_check.sh weights does that, then names it).
-DEFAULT_PARTS = [part for part in PARTS if part != "weights"]
+# What runs when no part is named: every part but the weights parts, which need torch and
+# the other libraries installed first (bench/tpu_check.sh weights does that, then names them).
+WEIGHTS_PARTS = ("weights", "weights_more")
+DEFAULT_PARTS = [part for part in PARTS if part not in WEIGHTS_PARTS]
 
 
 def _run(part: str, out: str, seconds: int) -> str:

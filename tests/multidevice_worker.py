@@ -54,7 +54,11 @@ SPLASH_MESHES = {"einsum_single": (None, "einsum"), "splash_data2_fsdp2_tensor2"
 DENSE_FAMILIES = ("PyCodeQwen3Tiny", "PyCodeGemma3Tiny", "PyCodeOlmo3Tiny")
 
 
-def _losses_and_specs(mesh_shape, extra_sets=(), steps=5, experiment="PyCodeLlamaTiny"):
+def _losses_and_specs(mesh_shape, extra_sets=(), steps=5, experiment="PyCodeLlamaTiny",
+                      find_kernel=False):
+  """`find_kernel`: whether to trace the train step once more to see if it calls a Pallas
+  kernel (`kernel`: the splash cases ask; a trace of the whole step, ~1-2 s on 2 cores, that
+  the other cases do not need; None where not asked)."""
   sets = SETS + tuple(extra_sets)
   if mesh_shape is not None:
     sets += tuple(f"partitioner.ici_{axis}={size}"
@@ -65,8 +69,10 @@ def _losses_and_specs(mesh_shape, extra_sets=(), steps=5, experiment="PyCodeLlam
   losses = []
   with jitted.activated():
     state = jitted.init_state()
-    kernel = "pallas_call" in str(jax.make_jaxpr(jitted.train_step)(
-        state, jitted.global_batch(setup.train_data.batch(0))))
+    kernel = None
+    if find_kernel:
+      kernel = "pallas_call" in str(jax.make_jaxpr(jitted.train_step)(
+          state, jitted.global_batch(setup.train_data.batch(0))))
     for step in range(steps):
       state, metrics = jitted.train_step(state, jitted.global_batch(setup.train_data.batch(step)))
       losses.append(float(metrics["loss"]))
@@ -201,6 +207,12 @@ def _lora_losses(mesh_shape, quantization="int8_weights", steps=3):
 MOE_MESHES = {"single": {}, "expert4_data2": {"expert": 4, "data": 2},
               "expert2_fsdp2_tensor2": {"expert": 2, "fsdp": 2, "tensor": 2, "data": 1}}
 MOE_DECODE_MESHES = {"single": None, "expert4_data2": (2, 1, 1, 4)}
+# The all-to-all dispatch (models/moe_parallel.py: the routed rows moved to their experts'
+# devices) on the same meshes, at a capacity factor of the expert ways (nothing can drop),
+# and at 1.0 (rows dropped: not the single device's function).
+MOE_ALL_TO_ALL = {"expert4_data2_all_to_all": ("expert4_data2", 4.0),
+                  "expert2_fsdp2_tensor2_all_to_all": ("expert2_fsdp2_tensor2", 2.0),
+                  "expert4_data2_all_to_all_drops": ("expert4_data2", 1.0)}
 
 
 def _mesh_sets(axes):
@@ -235,9 +247,9 @@ def _gradients(experiment, axes, extra_sets=(), hlo=False):
           }, jitted, hlo or None
 
 
-def _moe_gradients(axes):
+def _moe_gradients(axes, extra_sets=()):
   """`_gradients` of PyCodeMixtralTiny, with the experts' PartitionSpecs."""
-  run, jitted, _ = _gradients("PyCodeMixtralTiny", axes)
+  run, jitted, _ = _gradients("PyCodeMixtralTiny", axes, extra_sets)
   experts = jitted.sharded_state.shardings.params["layer_0"]["mlp"]
   run["specs"] = {name: str(experts[name].spec) for name in ("wi", "wo", "router_kernel")}
   return run
@@ -316,7 +328,7 @@ def main():
   result = {"meshes": {name: _losses_and_specs(shape) for name, shape in MESHES.items()}}
   result["splash"] = {
       name: _losses_and_specs(shape, (*SPLASH_SETS, f"model.attention_implementation="
-                                      f"'{implementation}'"), steps=3)
+                                      f"'{implementation}'"), steps=3, find_kernel=True)
       for name, (shape, implementation) in SPLASH_MESHES.items()}
   result["families"] = {
       experiment: {name: _losses_and_specs(shape, steps=3, experiment=experiment)["losses"]
@@ -329,6 +341,10 @@ def main():
                                    for name, shape in INT8_WEIGHTS_MESHES.items()}
   result["qlora"] = {name: _lora_losses(shape) for name, shape in LORA_MESHES.items()}
   result["moe"] = {name: _moe_gradients(axes) for name, axes in MOE_MESHES.items()}
+  result["moe"].update({
+      name: _moe_gradients(MOE_MESHES[mesh], ("model.dispatch='all_to_all'",
+                                              f"model.capacity_factor={factor}"))
+      for name, (mesh, factor) in MOE_ALL_TO_ALL.items()})
   result["residual"] = {name: _residual_stream(axes) for name, axes in RESIDUAL_MESHES.items()}
   result["moe_decode"] = {name: _decode_logits(shape, experiment="PyCodeMixtralTiny")
                           for name, shape in MOE_DECODE_MESHES.items()}

@@ -400,8 +400,8 @@ CASES = {
                                "--fdl.model.capacity_factor=0.0: must be a positive number",
                                None),
     "moe: unknown dispatch": ([*MOE, "--fdl.model.dispatch='megablox'"],
-                              "model.dispatch must be one of 'dropless', 'capacity', 'dense', "
-                              "got str 'megablox'", None),
+                              "model.dispatch must be one of 'dropless', 'all_to_all', "
+                              "'capacity', 'dense', got str 'megablox'", None),
     "moe: no feed-forward kind": ([*MOE, "--fdl.model.mlp_kinds=()"],
                                   "model.mlp_kinds=(): names no feed-forward kind", None),
     # DeepSeek's groups of experts and multi-token prediction (issue 55).

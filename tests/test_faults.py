@@ -2,9 +2,12 @@
 a checkpoint's commit and its checksums, a failed resume, orphaned temporary folders and a
 second Ctrl-C.
 
-Each case runs `python -m lingvo_lite` as a child process from a temporary working directory
-with a relative `--job_log_dir`, as a user would, on the tiny synthetic-data setup. The cases
-share one compilation cache (content-addressed, so sharing is safe), and the optimizer's
+Each case runs its faulted run as `python -m lingvo_lite` in a child process from a temporary
+working directory with a relative `--job_log_dir`, as a user would, on the tiny synthetic-data
+setup; the uninterrupted references the faults are held to, and resumes whose class a real
+process already covers, run the same command in this process (`_in_process`: no start-up of
+its own). The cases
+share the suite's compilation cache (content-addressed, so sharing is safe), and the optimizer's
 `decay_steps` is fixed so that runs of different lengths compile the same train step: only
 the first run of each model, batch and optimizer setting compiles.
 (Concurrent trainers on one job dir: tests/runtime/test_job_lock.py.)
@@ -29,7 +32,7 @@ from lingvo_lite.checkpoints import health
 from lingvo_lite.checkpoints import integrity as checkpoint_integrity
 from lingvo_lite.checkpoints.manager import CheckpointSettings, Checkpointer
 from lingvo_lite.programs.train import failures
-from lingvo_lite.runtime import small_disk, summaries
+from lingvo_lite.runtime import compilation_cache, small_disk, summaries
 from lingvo_lite.testing import Terminal, run_cli, source_root
 from tests.trained_jobs import tree_digest
 
@@ -50,7 +53,12 @@ LIMITED = ("import os, resource, signal, sys; signal.signal(signal.SIGXFSZ, sign
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("jax_cache"))
+  """The suite's shared compilation cache (tests/conftest.py), else one of the module's own.
+  Shared: these runs' programs (the tiny step at each learning rate and clipping here) are
+  then compiled once per machine, not once per run of this file (~4 s a program on 2 cores).
+  A kill that lands in a cache write can leave a truncated entry; JAX then warns (the suite
+  silences that warning in every process) and compiles, so no case depends on it."""
+  return os.environ.get(compilation_cache.JAX_ENV) or str(tmp_path_factory.mktemp("jax_cache"))
 
 
 def _env():
@@ -180,7 +188,8 @@ TRAINED_ARGS = ["--fdl.checkpoint.every_steps=2", "--fdl.checkpoint.max_to_keep=
 @pytest.fixture(scope="module")
 def trained_job(tmp_path_factory, cache):
   cwd = tmp_path_factory.mktemp("trained")
-  _ok(_run(cwd, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=6"))
+  # In this process (a start-up less): the reference the cases' own processes are held to.
+  _in_process_ok(cwd / "job", cache, *TRAINED_ARGS, "--fdl.train.steps=6")
   assert _complete_steps(cwd / "job") == [2, 4, 6]
   return cwd / "job"
 
@@ -204,9 +213,10 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
   steps, every = 20 * SOAK_KILLS + 20, 10
   args = [f"--fdl.train.steps={steps}", f"--fdl.checkpoint.every_steps={every}"]
   # The uninterrupted run first: it also fills the compilation cache, so no kill lands in
-  # a cache write (JAX's cache does not write atomically).
+  # a cache write (JAX's cache does not write atomically). It and the final resume run in this
+  # process (a start-up less each); the killed runs are the real processes.
   began = time.time()
-  _ok(_run(tmp_path, "whole", cache, *args))
+  _in_process_ok(tmp_path / "whole", cache, *args)
   print(f"uninterrupted run: {time.time() - began:.1f} s")
   parts = tmp_path / "parts"
   rng = np.random.default_rng(0)
@@ -232,7 +242,7 @@ def test_kill_9_soak_loses_nothing(tmp_path, cache):
       kills_in_flight += any(int(n.split(".")[0]) > saved for n in _temporary_folders(parts))
       print(f"kill {attempt} at {time.time() - began:.1f} s: resumed from <= {start}, saved "
             f"{saved}, logged {_logged_step(parts)}, in flight so far {kills_in_flight}")
-    result = _ok(_run(tmp_path, "parts", cache, *args))
+    result = _in_process_ok(parts, cache, *args)
   finally:
     _stop(process)
   assert "resumed from step" in result.stdout
@@ -421,8 +431,10 @@ def test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume
   common = ["--fdl.checkpoint.every_steps=2", "--fdl.checkpoint.max_to_keep=2",
             "--fdl.optimizer.clip_grad_norm=None"]
   job = tmp_path / "job"
-  _ok(_run(tmp_path, "job", cache, *common, "--fdl.train.steps=12",
-           "--fdl.optimizer.peak_learning_rate=5"))
+  # The runs before and after the diverged one in this process (a start-up less each): the
+  # diverged run is this class's real process.
+  _in_process_ok(job, cache, *common, "--fdl.train.steps=12",
+                 "--fdl.optimizer.peak_learning_rate=5")
   # max_to_keep=2 keeps 10 and 12, and also 6, the newest healthy step.
   assert _complete_steps(job) == [6, 10, 12]
 
@@ -452,8 +464,8 @@ def test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume
   # The advice works: moved away, a lower learning rate resumes from step 6 and trains on.
   for step in diverged:
     shutil.move(job / "checkpoints" / step, tmp_path / step)
-  result = _ok(_run(tmp_path, "job", cache, *common, "--fdl.train.steps=12",
-                    "--fdl.optimizer.peak_learning_rate=1e-3"))
+  result = _in_process_ok(job, cache, *common, "--fdl.train.steps=12",
+                          "--fdl.optimizer.peak_learning_rate=1e-3")
   assert "resumed from step 6" in result.stdout
   assert [row["step"] for row in _rows(job)] == list(range(1, 13))
   lowest = min(row["loss"] for row in _rows(job))
@@ -479,8 +491,10 @@ def test_a_step_without_checksums_is_skipped_unless_asked_for(tmp_path, cache, t
   assert len(about_6) == 1 and "checksum" in about_6[0], result.stderr[-3000:]
   assert "done: step 8" in result.stdout
 
-  result = _ok(_run(tmp_path, "job_unverified", cache, *TRAINED_ARGS, "--fdl.train.steps=8",
-                    "--fdl.checkpoint.restore_unverified=True"))
+  # The opt-in, in this process: the refusal above is the real process's.
+  result = _in_process(tmp_path / "job_unverified", cache, *TRAINED_ARGS,
+                       "--fdl.train.steps=8", "--fdl.checkpoint.restore_unverified=True")
+  assert result.code == 0, result.stderr[-3000:]
   assert "resumed from step 6" in result.stdout
   assert "done: step 8" in result.stdout
 
@@ -503,10 +517,12 @@ def test_a_failed_resume_leaves_the_job_dir_as_it_was(tmp_path, cache, trained_j
   job = _copy_job(trained_job, tmp_path / "job")
   before = tree_digest(job)
   # A learning rate of 1e4 makes the loss non-finite within a few steps, long before the
-  # next save.
-  result = _run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=40",
-                "--fdl.checkpoint.every_steps=1000", "--fdl.optimizer.peak_learning_rate=1e4")
-  assert result.returncode == 1, (result.returncode, result.stderr[-3000:])
+  # next save. In this process: a resumed run's failure as a process (exit 1, one line) is
+  # test_a_diverged_run_names_the_newest_healthy_checkpoint_kept_across_a_resume's.
+  result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=40",
+                       "--fdl.checkpoint.every_steps=1000",
+                       "--fdl.optimizer.peak_learning_rate=1e4")
+  assert result.code == 1, (result.code, result.stderr[-3000:])
   assert "resumed from step 6" in result.stdout
   assert "train step 7/40" in result.stdout  # It did start training.
   _assert_one_error_line(result.stderr)
@@ -520,7 +536,10 @@ def test_orphaned_temporary_folders_are_removed_on_the_next_start(tmp_path, cach
   # What a kill in the middle of saving step 9 leaves (a step this run will not save again).
   orphan = job / "checkpoints" / f"9.{TMP_MARKER}"
   shutil.copytree(job / "checkpoints" / "6" / "default", orphan / f"default.{TMP_MARKER}")
-  result = _ok(_run(tmp_path, "job", cache, *TRAINED_ARGS, "--fdl.train.steps=8"))
+  # In this process: the folders real kills leave, a real process removes in
+  # test_kill_9_soak_loses_nothing.
+  result = _in_process(job, cache, *TRAINED_ARGS, "--fdl.train.steps=8")
+  assert result.code == 0, result.stderr[-3000:]
   assert "resumed from step 6" in result.stdout
   named = [l for l in (result.stdout + result.stderr).splitlines() if orphan.name in l]
   if orphan.exists():
@@ -580,6 +599,13 @@ def _assert_ends_as(job, reference, step=6):
 def _in_process(job, cache, *args):
   """The same command as `_run`, in this process (no start-up of its own)."""
   return run_cli([*BASE, f"--job_log_dir={job}", f"--compilation_cache_dir={cache}", *args])
+
+
+def _in_process_ok(job, cache, *args):
+  """`_in_process`'s run, which must exit 0."""
+  result = _in_process(job, cache, *args)
+  assert result.code == 0, (result.code, result.stderr[-3000:])
+  return result
 
 
 def _as_before_step_records(step_dir):

@@ -101,17 +101,25 @@ def test_tiny_dense_families_train_on_a_mesh_as_on_one_device(worker, experiment
   np.testing.assert_allclose(losses["data2_fsdp2_tensor2"], losses["single"], rtol=1e-5)
 
 
+_EXPERT4_DATA2_SPECS = {"wi": "P('expert',)", "wo": "P('expert',)",
+                       "router_kernel": "P(None, 'expert')"}
+_EXPERT2_FSDP2_TENSOR2_SPECS = {"wi": "P('expert', 'fsdp', 'tensor')",
+                                "wo": "P('expert', 'tensor', 'fsdp')",
+                                "router_kernel": "P('fsdp', 'expert')"}
+
+
 @pytest.mark.parametrize("mesh, specs", [
-    ("expert4_data2", {"wi": "P('expert',)", "wo": "P('expert',)",
-                       "router_kernel": "P(None, 'expert')"}),
-    ("expert2_fsdp2_tensor2", {"wi": "P('expert', 'fsdp', 'tensor')",
-                               "wo": "P('expert', 'tensor', 'fsdp')",
-                               "router_kernel": "P('fsdp', 'expert')"})])
+    ("expert4_data2", _EXPERT4_DATA2_SPECS),
+    ("expert2_fsdp2_tensor2", _EXPERT2_FSDP2_TENSOR2_SPECS),
+    ("expert4_data2_all_to_all", _EXPERT4_DATA2_SPECS),
+    ("expert2_fsdp2_tensor2_all_to_all", _EXPERT2_FSDP2_TENSOR2_SPECS)])
 def test_expert_parallel_gradients_equal_the_single_device_ones(worker, mesh, specs):
   """A tiny Mixtral's loss and every parameter's gradient of one batch, its experts split
   over the expert axis (each expert group's devices gather their tokens, run their own
-  experts and sum the outputs back: models/moe_parallel.py) and combined with data, fsdp
-  and tensor parallelism, equal one device's within 1e-5."""
+  experts and sum the outputs back; or, `_all_to_all`, each device moves its routed rows to
+  their experts' devices and back, at a capacity factor that drops nothing:
+  models/moe_parallel.py) and combined with data, fsdp and tensor parallelism, equal one
+  device's within 1e-5."""
   single, sharded = worker["moe"]["single"], worker["moe"][mesh]
   shown = lambda run: {k: v.replace("PartitionSpec", "P") for k, v in run["specs"].items()}
   assert shown(sharded) == specs and shown(single)["wi"] == "P()"
@@ -143,6 +151,15 @@ def test_the_residual_stream_is_split_over_tensor_with_one_devices_gradients(wor
   for path, values in single["grads"].items():
     np.testing.assert_allclose(sharded["grads"][path], values, rtol=1e-5, atol=1e-5 * scale,
                                err_msg=path)
+
+
+def test_the_all_to_all_dispatch_drops_rows_past_its_capacity(worker):
+  """At a capacity factor of 1 (each expert shard takes a device's fair share of its rows),
+  the all-to-all dispatch of the same batch drops rows, so its loss is not one device's: the
+  factor bounds what moves (the equality above is not the capacity's doing)."""
+  single, dropping = worker["moe"]["single"], worker["moe"]["expert4_data2_all_to_all_drops"]
+  assert np.isfinite(dropping["loss"])
+  assert abs(dropping["loss"] - single["loss"]) > 1e-4 * abs(single["loss"])
 
 
 def test_decode_with_experts_sharded_gives_the_logits_of_one_device(worker):

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -258,6 +259,8 @@ def _make(jobs: pathlib.Path, name: str, commands: list[list[str]],
         f"{completed.stderr[-3000:]}")
     child = json.loads(out.read_text())
     for command, result in zip(commands[start:], child["results"]):
+      if result["code"] != 0:
+        _skip_where_apache_beam_is_missing(result["stderr"])
       assert result["code"] == 0, (
           f"{' '.join(command)}: exit {result['code']}\n{result['stderr'][-3000:]}")
     code = {relative: _file_hash(root / relative) for relative in child["modules"]
@@ -283,6 +286,17 @@ def _make(jobs: pathlib.Path, name: str, commands: list[list[str]],
   except BaseException:
     _remove(making)
     raise
+
+
+def _skip_where_apache_beam_is_missing(stderr: str) -> None:
+  """A job's data comes from a token store built by an Apache Beam pipeline on its first use;
+  a machine without Beam (the lent TPU machine: bench/tpu_test_parts.py) cannot make the job,
+  and every test that wants it is skipped there, saying so. CI installs Beam from the lock,
+  so there a failed job stays a failure."""
+  missing = importlib.util.find_spec("apache_beam") is None
+  if missing and "No module named 'apache_beam'" in stderr:
+    import pytest  # pylint: disable=import-outside-toplevel  # Only in a test process.
+    pytest.skip("this job's token store is built by Apache Beam, which this machine lacks")
 
 
 def _prune(jobs: pathlib.Path) -> None:

@@ -3,8 +3,11 @@
 them that compute the same function where nothing is dropped.
 
 The routing and the three dispatches (`dropless`, `capacity`, `dense`) are
-models/expert_dispatch.py's; this module is the layer: its parameters, its dispatch by
-field, and what it sows.
+models/expert_dispatch.py's; `all_to_all` is `dropless` with the routed rows moved to their
+experts' devices under a mesh (models/moe_parallel.py: at most `capacity_factor` times a
+device's fair share to each expert shard, the rest dropped; with a factor of at least the
+expert ways, or without a mesh, it is `dropless`). This module is the layer: its parameters,
+its dispatch by field, and what it sows.
 
 Statistics (sown into the `STATISTICS` collection, which `MoeTransformerLM.
 logits_and_losses` reads; nothing is kept when the model is applied without it):
@@ -18,7 +21,7 @@ logits_and_losses` reads; nothing is kept when the model is applied without it):
 - `router_probability` [E]: each expert's mean router score (the balance loss's second
   factor): with `expert_fraction`, what a pipeline's microbatches average into the batch's
   balance loss exactly (both are means over the tokens; the loss, their product, is not).
-- `dropped`: the fraction of assignments dropped (0 but under "capacity").
+- `dropped`: the fraction of assignments dropped (0 but under "capacity" and "all_to_all").
 - With `selection_bias` only: `expert_load` [E], each expert's assignments (counts, for the
   bias's update after the step: models/expert_balance.py), and `selection_bias` [E], the
   bias as it chose (logged).
@@ -60,7 +63,7 @@ from lingvo_lite.models.expert_dispatch import (ExpertActivation, ExpertGroups, 
                                                 route, router_z_loss)
 from lingvo_lite.models.quantization import Quantization
 
-Dispatch = Literal["dropless", "capacity", "dense"]
+Dispatch = Literal["dropless", "all_to_all", "capacity", "dense"]
 
 # The collection a layer's routing statistics are sown into.
 STATISTICS = "statistics"
@@ -73,9 +76,10 @@ class MoeMlp(nn.Module):
     num_experts: E, the routed experts.
     experts_per_token: k, the experts each token goes to.
     mlp_dim: Each expert's hidden width.
-    dispatch: "dropless", "capacity" or "dense" (the module doc).
+    dispatch: "dropless", "all_to_all", "capacity" or "dense" (the module doc).
     capacity_factor: Under "capacity": each expert's slots per row over its fair share
-      (length x k / E).
+      (length x k / E); under "all_to_all": the rows a device sends each expert shard over
+      its fair share (T x k / ways).
     router_score: "softmax" or "sigmoid".
     renormalize: Divide the chosen k scores by their sum.
     router_bias: A learned bias on the router logits (gpt-oss).
@@ -170,6 +174,8 @@ class MoeMlp(nn.Module):
     dropped = jnp.zeros((), jnp.float32)
     if self.dispatch == "capacity":
       y, dropped = capacity_dispatch(x, routing, weights, self.capacity_factor, *settings)
+    elif self.dispatch == "all_to_all":
+      y, dropped = moe_parallel.all_to_all(x, routing, weights, self.capacity_factor, *settings)
     elif self.dispatch == "dense":
       y = dense_reference(x.reshape(-1, dim), routing, weights, *settings)
     else:

@@ -68,10 +68,13 @@ class MoeTransformerLM(TransformerLM):
     expert_mlp_dim: Each expert's hidden width; None: `mlp_dim` (the dense layers' width).
     mlp_kinds: Each layer's feed-forward kind, a pattern repeated over the layers: "moe" or
       "dense".
-    dispatch: "dropless" (grouped matmuls over tokens sorted by expert), "capacity" (a
+    dispatch: "dropless" (grouped matmuls over tokens sorted by expert), "all_to_all"
+      (dropless with the routed rows moved to their experts' devices, at most
+      `capacity_factor` x a device's fair share to each; the rest dropped), "capacity" (a
       fixed number of slots per expert and row; the rest dropped) or "dense" (every expert on
       every token: the reference); models/moe.py.
-    capacity_factor: Under "capacity": each expert's slots per row over its fair share.
+    capacity_factor: Under "capacity": each expert's slots per row over its fair share;
+      under "all_to_all": each expert shard's rows from a device over its fair share.
     router_score: "softmax" or "sigmoid" scores of the router logits.
     renormalize_top_k: Divide the chosen k scores by their sum.
     router_bias: A learned bias on the router logits.

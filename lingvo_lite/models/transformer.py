@@ -53,7 +53,7 @@ import jax.numpy as jnp
 
 from lingvo_lite.fields import Int32Size, NonNegativeInt, PositiveFloat, PositiveInt
 from lingvo_lite.run_fields import RUN, TRAINING, Run
-from lingvo_lite.models import attention_kernels, layers
+from lingvo_lite.models import attention_kernels, embedding_lookup, layers
 from lingvo_lite.models.lora import LoraSettings
 from lingvo_lite.models.pipeline import PipelineSettings
 from lingvo_lite.models import quantization as quantizing
@@ -371,7 +371,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       length = tokens.shape[1]
       positions = (positions_from_segments(segment_ids) if segment_ids is not None
                    else jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape))
-    x, embedding = self._embedded(tokens, positions)
+    x, embedding = self._embedded(tokens, positions, decoding_step=cache is not None)
     x, extra = self._layers(x, positions, segment_ids, cache, return_kv)
     if output_index is not None:
       x = jnp.take_along_axis(x, output_index.astype(jnp.int32)[:, None, None], axis=1)
@@ -387,7 +387,8 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       return (logits, extra) if multi_token else logits
     return (logits, extra) if (return_kv or cache is not None) else logits
 
-  def _embedded(self, tokens: jax.Array, positions: jax.Array) -> tuple[jax.Array, Any]:
+  def _embedded(self, tokens: jax.Array, positions: jax.Array, decoding_step: bool = False
+                ) -> tuple[jax.Array, Any]:
     """The tokens' embeddings [batch, length, dim] in the compute dtype (scaled, biased and
     positioned as the fields say), and the embedding table (quantized under "int8_weights")
     that a tied output reads."""
@@ -401,11 +402,13 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
       # Float weights under "int8_weights" (an eval, say): the lookup and the tied output read
       # the table's int8 rows as decoding's quantized parameters hold them.
       embedding = quantizing.quantize(embedding, contracted=(1,))
-    # Gather from the whole table, as FSDP does with every weight before use: from a sharded
-    # table XLA cannot turn the gathered rows into batch-sharded activations efficiently and
-    # replicates them instead ("involuntary full rematerialization").
-    x = quantizing.take_rows(jax.tree.map(lambda a: layers.constrain(a, None, None), embedding),
-                             tokens, dtype)
+    # Its gradient built in the table's shards (models/embedding_lookup.py), but not for an int8
+    # table (no gradient) or a cached decoding step, which would cast the whole table each step.
+    if quantizing.is_quantized(embedding) or decoding_step:
+      x = quantizing.take_rows(jax.tree.map(lambda a: layers.constrain(a, None, None), embedding),
+                               tokens, dtype)
+    else:
+      x = embedding_lookup.rows(embedding, tokens, dtype)
     if self.embedding_scale == "sqrt_dim":
       # Rounded to the compute dtype first, as Gemma's reference rounds it to its weights'.
       x = x * jnp.asarray(math.sqrt(self.dim), dtype)

@@ -22,8 +22,22 @@ def run_tool(cwd, *args):
                         check=False)
 
 
+def run_main(cwd, monkeypatch, capfd, *args):
+  """The tool's main in this process, from `cwd`: (exit code, stdout, stderr). A process start
+  less than run_tool (TensorFlow and seqio load once per test process), for runs whose class
+  (a build, a usage error) a real process covers in the same test."""
+  capfd.readouterr()  # What the test printed before is not the tool's.
+  with monkeypatch.context() as patch:
+    patch.chdir(cwd)
+    patch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")  # As run_tool sets it.
+    code = bin_tools.tool("build_store").main(list(args))
+  out, err = capfd.readouterr()
+  return code, out, err
+
+
 @pytest.mark.slow
-def test_builds_json_lines_with_two_workers_then_keeps_it_and_refuses_bad_input(tmp_path):
+def test_builds_json_lines_with_two_workers_then_keeps_it_and_refuses_bad_input(
+    tmp_path, monkeypatch, capfd):
   (tmp_path / "data").mkdir()
   for i in range(4):
     records = [{"text": f"document {i}.{j}: " + "word " * (j * 7), "id": j} for j in range(30)]
@@ -39,15 +53,19 @@ def test_builds_json_lines_with_two_workers_then_keeps_it_and_refuses_bad_input(
   expected = sum(len(("document %d.%d: " % (i, j) + "word " * (j * 7)).encode()) + 1
                  for i in range(4) for j in range(30))
   assert manifest["tokens"] == expected and manifest["build"]["workers"] == 2
-  again = run_tool(tmp_path, *args)
-  assert again.returncode == 0 and "train: kept (up to date)" in again.stdout, again.stdout
+  # The second build in this process: the first one's process already ran the tool as a user
+  # does; this checks what that build left is seen as up to date.
+  code, out, _ = run_main(tmp_path, monkeypatch, capfd, *args)
+  assert code == 0 and "train: kept (up to date)" in out, out
 
   missing = run_tool(tmp_path, "--format=jsonl", "--files=train=nothing/*.jsonl", "--out=x")
   assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
   assert "files['train']='nothing/*.jsonl': matches no file" in missing.stderr
-  field = run_tool(tmp_path, "--format=jsonl", "--files=train=data/*.jsonl",
-                   "--text_field=body", "--out=x")
-  assert field.returncode == 2 and "text_field='body'" in field.stderr, field.stderr
+  # The same class of failure (a usage error, exit 2) as `missing`: in this process.
+  code, out, err = run_main(tmp_path, monkeypatch, capfd, "--format=jsonl",
+                            "--files=train=data/*.jsonl", "--text_field=body", "--out=x")
+  assert code == 2 and err.count("\n") == 1 and not out, err
+  assert "text_field='body'" in err, err
 
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "a.jsonl").write_text('{"text": "fine"}\n{"text": "also"}\n{oops\n')

@@ -8,6 +8,7 @@ import pytest
 
 from experiments.lm import architectures
 import fiddle as fdl
+from lingvo_lite.models import embedding_lookup
 from lingvo_lite.models.transformer import TransformerLM, positions_from_segments
 
 FAMILIES = {
@@ -132,3 +133,23 @@ def _model_and_params_of(cfg):
   tokens = jax.random.randint(jax.random.key(0), (2, 12), 1, cfg.vocab_size)
   params = model.init(jax.random.key(1), tokens)["params"]
   return model, nn.meta.unbox(params), tokens
+
+
+def test_the_embedding_lookup_is_the_rounded_rows_and_its_gradient_a_float32_sum():
+  """models/embedding_lookup.py on one device: the rows equal the float32 table's rows rounded
+  to the compute dtype (the table is cast before its whole-table gather), and the gradient
+  equals NumPy's float32 scatter-add of the rows' cotangents (a bfloat16 sum of a repeated
+  token's ~24 rows, what autodiff of the cast table gives, is off by ~0.1 here). Under a mesh
+  the per-shard backward is tests/test_partitioning.py's (every gradient as one device's)."""
+  rng = np.random.default_rng(0)
+  table = jnp.asarray(rng.normal(size=(50, 16)), jnp.float32)
+  tokens = jnp.asarray(rng.integers(0, 5, size=(3, 40)), jnp.int32)
+  cotangent = jnp.asarray(rng.normal(size=(3, 40, 16)), jnp.bfloat16)
+  rows, pullback = jax.vjp(lambda t: embedding_lookup.rows(t, tokens, jnp.bfloat16), table)
+  assert rows.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(rows, np.float32), np.asarray(
+      np.asarray(table)[np.asarray(tokens)].astype(jnp.bfloat16), np.float32))
+  expected = np.zeros((50, 16), np.float32)
+  np.add.at(expected, np.asarray(tokens).reshape(-1),
+            np.asarray(cotangent, np.float32).reshape(-1, 16))
+  np.testing.assert_allclose(pullback(cotangent)[0], expected, rtol=1e-6, atol=1e-6)

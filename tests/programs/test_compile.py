@@ -55,6 +55,8 @@ def _need_libtpu():
 
 def test_cpu8_argument_bytes_equal_an_independent_count(tmp_path):
   job = tmp_path / "job"
+  # A process of its own, as every cpu:N compile here: one in this process would leave it
+  # 8 CPU devices, which the cases after it would see.
   completed = run_process([*TINY, *SHARDED, "--mode=compile", "--compile_topology=cpu:8",
                        f"--job_log_dir={job}"])
   assert completed.returncode == 0, completed.stderr
@@ -119,7 +121,7 @@ def test_saved_step_trains_exactly_and_refuses_what_differs(tmp_path):
           XLA_FLAGS="--xla_cpu_enable_fast_math=true")),
       "versions": edited("versions", lambda m: m["versions"].update(jax="0.0.1")),
   }
-  train = [*TINY, *SHARDED, "--fdl.train.steps=4", "--compilation_cache_dir="]
+  train = [*TINY, *SHARDED, "--fdl.train.steps=4"]  # The suite's cache: see the worker's doc.
   runs = [[*train, f"--job_log_dir={tmp_path / 'compiled'}"],
           [*train, f"--job_log_dir={tmp_path / 'loaded'}", f"--compiled_step_in={step}"],
           [*train, f"--job_log_dir={tmp_path / 'other_steps'}", "--fdl.train.steps=5",
@@ -164,8 +166,12 @@ def test_tpu_compile_lowers_the_tpu_form_of_the_model():
     tpu_text = JittedSteps(setup, target=tpu).lower_train_step().as_text()
   host_setup = synthetic_tiny_setup("PyCodeTiny")
   host_text = JittedSteps(host_setup).lower_train_step().as_text()
-  assert "optimization_barrier" in host_text
-  assert "optimization_barrier" not in tpu_text
+  # The embedding lookup's barrier over the table [259, 64] (models/embedding_lookup.py) is
+  # in both forms; the weight matmul's barriers only in the host's.
+  matmul_barriers = lambda text: [line for line in text.splitlines()
+                                  if "optimization_barrier" in line and "259x64" not in line]
+  assert matmul_barriers(host_text) and not matmul_barriers(tpu_text)
+  assert "optimization_barrier" in tpu_text  # The lookup's: the filter above has work to do.
   assert tpu.num_devices == 8 and tpu.device_kind.startswith("TPU v5")
   assert jax.default_backend() == "cpu"
 
@@ -178,8 +184,12 @@ def test_tpu_compiles_one_and_two_slices(tmp_path):
                "--fdl.train_data.global_batch_size=32", "--fdl.eval_data.global_batch_size=32"],
        32, {"stage": 1, "data": 32, "fsdp": 1, "expert": 1, "tensor": 1})):
     job = tmp_path / name
-    completed = run_process([*TINY, "--mode=compile", f"--job_log_dir={job}", *args])
-    assert completed.returncode == 0, completed.stderr
+    argv = [*TINY, "--mode=compile", f"--job_log_dir={job}", *args]
+    # One slice in this process (the v5e-8 compile the other cases run in it too); two as a
+    # process of its own, whose stderr holds what libtpu's C++ would print there.
+    completed = run_cli(argv) if name == "one" else run_process(argv)
+    code = completed.code if name == "one" else completed.returncode
+    assert code == 0, completed.stderr
     assert completed.stderr.strip() == "", completed.stderr  # libtpu's warnings kept out
     report = _report(job)
     assert report["verdict"] == "FITS"
@@ -316,7 +326,9 @@ def test_remat_policies_alone_show_which_fit_each_as_its_own_compile_says(tmp_pa
   assert full["compile_cached"], "the table compiled another program than remat_policy=full's"
   assert (rows["full"]["bytes"], rows["full"]["verdict"], rows["full"]["margin"]) == (
       full["memory"]["deciding"], full["verdict"], full["margin"])
-  assert rows["full"]["bytes"] != rows["none"]["bytes"]  # Remat changed the program.
+  # Remat changed the program: its temporaries (the decided peak of so small a step can be
+  # the same, held by the state).
+  assert full["memory"]["temporaries"] != report["memory"]["temporaries"]
   for policy, row in rows.items():
     assert re.search(rf"^    {policy} +{re.escape(compile_report.gib(row['bytes']))}  FITS  ",
                      table.stdout, re.M), table.stdout
@@ -426,6 +438,32 @@ def test_out_of_memory_messages_become_bytes():
   assert needed == equal.available
   assert compile_report.judge(needed, equal.available, source)[0] == compile_report.DOES_NOT_FIT
   assert compile_report.judge(needed, equal.available)[0] == compile_report.FITS
+
+
+def test_a_tpu_step_is_held_to_xlas_peak_not_to_the_sum_of_its_buffers():
+  """The chip's rule, measured (bench/results/2026-12-07/tpu5): Llama1BOneChip at batch 5 ran
+  on a v5e though arguments + outputs - aliased + temporaries were 16.03 GiB of its 15.75;
+  XLA:TPU's heap-simulated peak, 12.95 GiB, is what decides. On CPU and GPU jaxlib's peak
+  leaves temporaries out, so the sum decides there."""
+  gib = 2**30
+  step = aot.MemoryBytes(arguments=int(4.2 * gib), outputs=int(4.2 * gib),
+                         aliased=int(4.2 * gib), temporaries=int(11.83 * gib),
+                         generated_code=0, peak=int(12.95 * gib))
+  available = int(15.75 * gib)
+  needed, rule, source = compile_report.deciding(step, None, "tpu")
+  assert needed == step.peak and "heap simulation" in rule
+  assert compile_report.judge(needed, available, source)[0] == compile_report.FITS
+  needed, rule, source = compile_report.deciding(step, None, "cpu")
+  assert needed == step.total > available
+  assert compile_report.judge(needed, available, source)[0] == compile_report.DOES_NOT_FIT
+  # An offloaded optimizer state is in XLA:TPU's peak, not in the chip's memory.
+  offloaded = aot.MemoryBytes(arguments=gib, outputs=gib, aliased=gib, temporaries=2 * gib,
+                              generated_code=0, peak=9 * gib, host_arguments=6 * gib,
+                              host_outputs=6 * gib, host_aliased=6 * gib)
+  assert compile_report.deciding(offloaded, None, "tpu")[0] == 3 * gib
+  # A TPU backend that reports no peak: the sum.
+  no_peak = aot.MemoryBytes(**{**step.__dict__, "peak": None})
+  assert compile_report.deciding(no_peak, None, "tpu")[0] == step.total
 
 
 def test_no_memory_analysis_is_unknown_never_fits():

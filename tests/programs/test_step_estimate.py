@@ -5,6 +5,7 @@ collectives over ICI and DCN, the pipeline bubble, and the report's lines for bo
 No compile of a model: everything runs on short HLO texts in this process."""
 
 import dataclasses
+import re
 import types
 
 import jax
@@ -206,6 +207,112 @@ def test_an_asynchronous_collective_adds_only_what_the_kernels_between_do_not_hi
   transfer = 4 * (1 << 20) / (2 * 50e9) + OVERHEAD
   assert large.seconds["ici"] == pytest.approx(transfer - kernel)
   assert large.total == pytest.approx(transfer)
+
+
+# XLA:TPU's asynchronous collective fusions (a windowed einsum's): a start, fusions that each
+# hold the same collective (its channel) and advance it beside their own work, and a done.
+# Each piece calls a computation of its own (`_gather`), and each loop's names are its own.
+GATHER = """%%NAME% (%P%: f32[1024]) -> f32[2048] {
+  %%P% = f32[1024]{0} parameter(0)
+  ROOT %%NAME%.ag = f32[2048]{0} all-gather(%%P%), channel_id=7, replica_groups={{0,1}},
+      dimensions={0}
+}
+"""
+COUNTED_LOOP = """%%NAME% (%NAME%.t: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %%NAME%.t = (s32[], f32[1024]{0}) parameter(0)
+  %%NAME%.i = s32[] get-tuple-element(%%NAME%.t), index=0
+  %x = f32[1024]{0} get-tuple-element(%%NAME%.t), index=1
+  %%NAME%.one = s32[] constant(1)
+  %%NAME%.next = s32[] add(%%NAME%.i, %%NAME%.one)
+%BODY%  ROOT %%NAME%.out = (s32[], f32[1024]{0}) tuple(%%NAME%.next, %x)
+}
+
+%%NAME%.cond (%NAME%.c: (s32[], f32[1024])) -> pred[] {
+  %%NAME%.c = (s32[], f32[1024]{0}) parameter(0)
+  ROOT %%NAME%.lt = pred[] constant(true)
+}
+"""
+
+
+def _gather(name):
+  return GATHER.replace("%NAME%", name).replace("%P%", name + ".p")
+
+
+def _counted_loop(name, body):
+  return COUNTED_LOOP.replace("%BODY%", body).replace("%NAME%", name)
+
+
+def _while(name, trips, into="x"):
+  return (f"  %{name}.init = (s32[], f32[1024]{{0}}) tuple(%zero, %{into})\n"
+          f"  %{name}.loop = (s32[], f32[1024]{{0}}) while(%{name}.init), condition=%{name}.cond, "
+          f'body=%{name}, backend_config={{"known_trip_count":{{"n":"{trips}"}}}}\n')
+
+
+def _async_module(loops, entry):
+  return (f"HloModule m, is_scheduled=true\n\n" + "".join(_gather(n) for n in (
+      "start_c", "more_c", "more_c.1", "done_c")) + "".join(loops) +
+          "\nENTRY %main (x: f32[1024]) -> f32[1024] {\n  %x = f32[1024]{0} parameter(0)\n"
+          f"  %zero = s32[] constant(0)\n{entry}  ROOT %out = f32[1024]{{0}} bitcast(%x)\n}}\n")
+
+
+START = "  %async-collective-start = f32[2048]{0} fusion(%x), kind=kCustom, calls=%start_c\n"
+DONE = ("  %async-collective-done = f32[2048]{0} fusion(%x), kind=kCustom, calls=%done_c\n")
+MORE = ("  %more = f32[2048]{0} fusion(%x), kind=kOutput, calls=%more_c\n"
+        "  %more.1 = f32[2048]{0} fusion(%x), kind=kOutput, calls=%more_c.1\n")
+
+
+def test_an_asynchronous_collective_counts_once_per_start_across_loops_and_fusions():
+  gather = 4096.0  # all-gather of 2: (2 - 1) x the 4 KiB input, moved once per start
+  transfer = gather / (2 * 50e9) + OVERHEAD
+  advance = (4096 + 8192) / 1e11 + OVERHEAD  # a continuation reads 4 KiB, writes 8 KiB
+  # Micro-batches (4) x a start, a windowed loop (3 trips) continuing it twice a trip, a done.
+  nested = _estimate(_async_module(
+      [_counted_loop("inner", MORE), _counted_loop("outer", START + _while("inner", 3) + DONE)],
+      _while("outer", 4)), _devices([0, 0]))
+  assert nested.ici_bytes == 4 * gather
+  assert nested.kernels == 4 * (1 + 3 * 2)  # a collective and six continuation kernels each
+  assert nested.seconds["memory"] == pytest.approx(4 * 3 * 2 * advance)
+  # The kernels of the windowed loop hide the transfer.
+  assert nested.seconds["ici"] == 0 and nested.hidden["ici"] == pytest.approx(4 * transfer)
+  # Continuations without the start's channel: XLA's own mark (their backend config) tells.
+  marked = MORE.replace("calls=%more_c", 'backend_config={"continuation_config":{}}, '
+                        "calls=%more_c")
+  unnamed = _estimate(re.sub(r"(more_c\S* = .*), channel_id=7", r"\1", _async_module(
+      [_counted_loop("inner", marked), _counted_loop("outer", START + _while("inner", 3) + DONE)],
+      _while("outer", 4))), _devices([0, 0]))
+  assert unnamed.ici_bytes == 4 * gather and unnamed.kernels == nested.kernels
+  # Pipelined over a loop's trips: started before the loop and at the end of each trip, each
+  # run waited for at the next trip's beginning (the last after the loop): 1 + 3 runs.
+  pipelined = _estimate(_async_module(
+      [_counted_loop("trip", DONE + MORE + START)], START + _while("trip", 3) + DONE),
+      _devices([0, 0]))
+  assert pipelined.ici_bytes == (1 + 3) * gather
+  assert pipelined.seconds["memory"] == pytest.approx(3 * 2 * advance)
+  # A start that is never waited for where it runs is counted whole there, once a trip.
+  assert pipelined.seconds["ici"] + pipelined.hidden["ici"] == pytest.approx(4 * transfer)
+  # Started again before its done: both runs move their bytes.
+  again = _estimate(_async_module([], START + START.replace("start =", "start.1 =") + DONE),
+                    _devices([0, 0]))
+  assert again.ici_bytes == 2 * gather
+
+
+def test_an_async_update_carries_its_start_to_the_done():
+  totals = _estimate(f"""HloModule m, is_scheduled=true
+
+{_gather("wrapped")}
+ENTRY %main (x: f32[1024], z: f32[8,1024]) -> f32[2048] {{
+  %x = f32[1024]{{0}} parameter(0)
+  %z = f32[8,1024]{{1,0}} parameter(1)
+  %as = ((f32[1024]{{0}}), f32[2048]{{0}}, u32[]) async-start(%x), calls=%wrapped
+  %au = ((f32[1024]{{0}}), f32[2048]{{0}}, u32[]) async-update(%as), calls=%wrapped
+  %e = f32[8,1024]{{1,0}} exponential(%z)
+  ROOT %ad = f32[2048]{{0}} async-done(%au), calls=%wrapped
+}}
+""", _devices([0, 0]))
+  kernel = 2 * 8 * 1024 * 4 / 1e11 + OVERHEAD  # the exponential, the only kernel
+  assert totals.seconds["memory"] == pytest.approx(kernel) and totals.kernels == 2
+  assert totals.seconds["ici"] == 0
+  assert totals.hidden["ici"] == pytest.approx(4096 / (2 * 50e9) + OVERHEAD)
 
 
 def test_a_multi_slice_programs_dcn_transfer_counts_across_its_slices():

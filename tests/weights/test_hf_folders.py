@@ -264,6 +264,7 @@ def _losses(job):
 
 
 @pytest.mark.slow
+@pytest.mark.compares_a_child
 def test_a_warm_start_from_hf_then_kill_9_resumes_from_the_jobs_own_checkpoint(tmp_path):
   """--init_from=hf:PATH sets the model from config.json and its parameters from the
   safetensors; a run killed after its step-4 save resumes from its own checkpoint, without

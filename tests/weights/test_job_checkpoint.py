@@ -139,6 +139,7 @@ def test_a_warm_started_job_counts_from_zero_and_resumes_from_its_own_steps(sour
 
 
 @pytest.mark.slow
+@pytest.mark.compares_a_child
 def test_a_kill_9_after_a_warm_start_resumes_from_the_jobs_own_checkpoint(source, tmp_path):
   """The uninterrupted warm-started run's curve, from a run killed after its step-2 save and
   rerun with the source gone."""

@@ -14,7 +14,10 @@ The model (programs/compile/hlo_costs.py and collective_costs.py hold its terms)
     schedule makes one asynchronous (`all-reduce-start` ... `all-reduce-done`, `async-start`),
     it runs beside the kernels scheduled between start and done, and only what exceeds their
     time adds to the step; so do asynchronous copies and slices (prefetches between HBM and
-    vector memory).
+    vector memory). An asynchronous collective moves its bytes once per run of its start,
+    however many computations or kernels it spans: XLA:TPU continues one in the fusions of a
+    loop whose start and done lie outside it (a windowed einsum), and each continuation is that
+    kernel's own work, not another collective; a done whose start lies elsewhere moves nothing.
   - A pipeline of p stages over m micro-batches (r circular repeats) idles each stage for
     (p - 1) / (r m + p - 1) of the pipelined loop: when the loop's bubble iterations are in the
     program (an SPMD pipeline computes them), that share of the counted time is the bubble;
@@ -35,7 +38,8 @@ from lingvo_lite.programs.compile.hlo_text import Instruction
 
 PARTS = ("compute", "memory", "ici", "dcn", "bubble")
 # Kept estimates of another version are not read (analyses.py compiles again).
-MODEL_VERSION = 2  # 2: writes alone at the read bandwidth (chips.Chip.hbm_seconds).
+MODEL_VERSION = 3  # 2: writes alone at the read bandwidth (chips.Chip.hbm_seconds); 3: an
+# asynchronous collective counted once per start, not once per continued kernel.
 _COUNTS = ("flops", "hbm_bytes", "ici_bytes", "dcn_bytes", "kernels", "hbm_busy")
 _COPIES = ("copy-start", "slice-start")
 
@@ -77,6 +81,9 @@ class _Walker:
     self.module, self.chip, self.network = module, chip, network
     self.overhead = chip.op_overhead_s.value
     self._done: dict[str, Totals] = {}
+    # The module's, not one computation's: a continuation or done in a loop body belongs to a
+    # start in the computation around the loop.
+    self._async = _async_channels(module)
 
   def computation(self, name: str | None) -> Totals:
     if name not in self.module.computations:
@@ -87,7 +94,13 @@ class _Walker:
     for instruction in self.module.computations[name].instructions:
       role, key = self._role(instruction, pending)
       if role == "start":
+        if key in pending:  # Started again before its done: the earlier run counted whole.
+          totals.add(pending.pop(key)[0])
         pending[key] = (self._started(instruction), totals.total, totals.hbm_busy)
+      elif role == "update":  # `async-update`: the same work, now awaited through the update.
+        pending[instruction.name] = pending.pop(key)
+      elif role == "waited":  # Its start, in another computation, counted the transfer.
+        pass
       elif role == "done":
         started, at, busy = pending.pop(key)
         # A transfer over HBM runs in the time the kernels between leave HBM idle; one over
@@ -96,7 +109,7 @@ class _Walker:
         if started.seconds["memory"] >= max(started.seconds["ici"], started.seconds["dcn"]):
           window -= totals.hbm_busy - busy
         _overlap(totals, started, max(window, 0.0))
-      elif role == "continued":  # A kernel that also advances a pending collective.
+      elif role == "continued":  # A kernel that also advances a started collective: its own.
         _add_cost(totals, self.cost(instruction))
       else:
         self._synchronous(instruction, totals)
@@ -106,24 +119,30 @@ class _Walker:
     return totals
 
   def _role(self, instruction: Instruction, pending: dict) -> tuple[str, Any]:
-    """("start" | "done" | "continued" | "sync", the key pairing a start with its done).
-    Pairs: `X-start` ... `X-done(X-start)`, `async-start` ... `async-done`, a DCN `send` ...
-    `send-done`, and XLA:TPU's asynchronous collective fusions (`async-collective-start`,
-    kernels fused with the collective's progress, `async-collective-done`), paired by the
-    collective's channel."""
+    """("start" | "update" | "done" | "continued" | "waited" | "sync", the key pairing a start
+    with its done). Pairs: `X-start` ... `X-done(X-start)`, `async-start` ... `async-update`
+    ... `async-done`, a DCN `send` ... `send-done`, and XLA:TPU's asynchronous collective
+    fusions (`async-collective-start`, kernels fused with the collective's progress,
+    `async-collective-done`), paired by the collective's channel. A fused piece of a collective
+    started anywhere in the module (or marked a continuation by XLA) is "continued" (its kernel
+    only) or, a done not started here, "waited" (nothing): its start counts the transfer."""
     opcode, name = instruction.opcode, instruction.name
     if opcode.endswith("-start") or (opcode == "send" and "megascale" in instruction.attributes):
       return "start", name
-    if opcode.endswith("-done") and instruction.operands and instruction.operands[0] in pending:
-      return "done", instruction.operands[0]
+    operand = instruction.operands[0] if instruction.operands else None
+    if opcode.endswith(("-update", "-done")) and operand in pending:
+      return ("update" if opcode.endswith("-update") else "done"), operand
     if opcode == "fusion":
       inner = hlo_costs.fused_collectives(self.module, self.module.called(instruction))
       if inner:
-        key = ("channel", inner[0].attribute("channel_id") or inner[0].name)
+        key = _channel_key(inner[0])
+        done = name.startswith("async-collective-done")
         if name.startswith("async-collective-start"):
           return "start", key
-        if key in pending:
-          return ("done" if name.startswith("async-collective-done") else "continued"), key
+        if done and key in pending:
+          return "done", key
+        if key in self._async or "continuation_config" in instruction.attributes:
+          return ("waited" if done else "continued"), key
     return "sync", None
 
   def _synchronous(self, instruction: Instruction, totals: Totals) -> None:
@@ -205,7 +224,7 @@ class _Walker:
   def cost(self, instruction: Instruction) -> Cost:
     """One synchronous kernel's cost."""
     opcode = instruction.opcode
-    if opcode in hlo_costs.FREE or opcode.endswith("-done") or _scalar(instruction):
+    if opcode in hlo_costs.FREE or opcode.endswith(("-done", "-update")) or _scalar(instruction):
       return hlo_costs.FREE_COST
     matmul = None
     if opcode == "custom-call":
@@ -226,6 +245,20 @@ class _Walker:
     part = "compute" if mxu_seconds >= memory_seconds and matmul else "memory"
     return Cost(max(mxu_seconds, memory_seconds) + self.overhead, part, flops, moved,
                 memory_seconds)
+
+
+def _channel_key(collective: Instruction) -> tuple[str, str]:
+  """What pairs the pieces of one asynchronous collective fusion: its collective's channel."""
+  return ("channel", collective.attribute("channel_id") or collective.name)
+
+
+def _async_channels(module: hlo_text.Module) -> frozenset:
+  """The channel keys of the module's asynchronous collective fusions' starts."""
+  return frozenset(
+      _channel_key(inner[0]) for computation in module.computations.values()
+      for instruction in computation.instructions
+      if instruction.opcode == "fusion" and instruction.name.startswith("async-collective-start")
+      and (inner := hlo_costs.fused_collectives(module, module.called(instruction))))
 
 
 def _scalar(instruction: Instruction) -> bool:
