@@ -466,6 +466,84 @@ def test_a_tpu_step_is_held_to_xlas_peak_not_to_the_sum_of_its_buffers():
   assert compile_report.deciding(no_peak, None, "tpu")[0] == step.total
 
 
+def test_a_tpu_step_with_offloaded_activations_is_held_to_what_it_allocates_in_hbm():
+  """MaxText128B with `qkv_proj_offloaded` on a v5e-256 (bench/results/2026-12-08/
+  maxtext128b/): XLA:TPU's peak was its arguments + the 12 GiB of q/k/v stacks it keeps in
+  host memory (17.47 GiB), its buffer assignment 13.99 GiB in HBM, and XLA:TPU compiled the
+  step under its own 15.75 GiB: what is allocated in the device's memory decides. Without
+  host temporaries the peak decides as before."""
+  gib = 2**30
+  offloading = aot.MemoryBytes(
+      arguments=5876123136, outputs=5875733504, aliased=5875729920, temporaries=12969324544,
+      generated_code=54085632, peak=5876123136 + 12 * gib, host_temporaries=12 * gib,
+      device_allocated=15022031360)
+  needed, rule, source = compile_report.deciding(offloading, None, "tpu")
+  assert needed == 15022031360 + 54085632 and "buffer assignment" in rule
+  available = int(15.75 * gib)
+  assert compile_report.judge(needed, available, source)[0] == compile_report.FITS
+  assert compile_report.judge(offloading.peak, available)[0] == compile_report.DOES_NOT_FIT
+  on_device = aot.MemoryBytes(**{**offloading.__dict__, "host_temporaries": 0})
+  assert compile_report.deciding(on_device, None, "tpu")[0] == on_device.peak
+  unassigned = aot.MemoryBytes(**{**offloading.__dict__, "device_allocated": None})
+  assert compile_report.deciding(unassigned, None, "tpu")[0] == unassigned.peak
+
+
+def _buffer_assignment_message():
+  """xla/service/hlo.proto's BufferAssignmentProto, as much as the compile report reads, built
+  with protobuf's own descriptors (the field numbers are hlo.proto's: logical_buffers 1,
+  buffer_allocations 3; an allocation's index 1, size 2, is_thread_local 3,
+  is_entry_computation_parameter 5, color 8), so its encoding and decoding are protobuf's."""
+  from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # pylint: disable=import-outside-toplevel
+  field = descriptor_pb2.FieldDescriptorProto
+  file = descriptor_pb2.FileDescriptorProto(name="buffer_assignment_test.proto",
+                                            package="assignment_test", syntax="proto3")
+  allocation = file.message_type.add(name="BufferAllocationProto")
+  for name, number, kind in (("index", 1, field.TYPE_INT64), ("size", 2, field.TYPE_INT64),
+                             ("is_thread_local", 3, field.TYPE_BOOL),
+                             ("is_entry_computation_parameter", 5, field.TYPE_BOOL),
+                             ("color", 8, field.TYPE_INT64)):
+    allocation.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
+  assignment = file.message_type.add(name="BufferAssignmentProto")
+  assignment.field.add(name="logical_buffers", number=1, type=field.TYPE_BYTES,
+                       label=field.LABEL_REPEATED)
+  assignment.field.add(name="buffer_allocations", number=3, type=field.TYPE_MESSAGE,
+                       type_name=".assignment_test.BufferAllocationProto",
+                       label=field.LABEL_REPEATED)
+  pool = descriptor_pool.DescriptorPool()
+  pool.Add(file)
+  return message_factory.GetMessageClass(
+      pool.FindMessageTypeByName("assignment_test.BufferAssignmentProto"))
+
+
+def test_the_buffer_assignment_is_read_by_memory_space():
+  """What the compile report reads of XLA's serialized buffer assignment equals protobuf's own
+  decoding: written by protobuf (sizes past 2**32, host and vector memory, thread-local
+  scalars, other fields between), and as XLA:CPU writes it for a real compile, whose bytes in
+  the device's memory `aot` reports."""
+  from lingvo_lite.programs.compile import buffer_assignment  # pylint: disable=import-outside-toplevel
+  message = _buffer_assignment_message()
+  written = message(logical_buffers=[b"\x08\x01" * 9])
+  rows = [(5876123136, 0, True, False), (12 * 2**30, 5, False, False), (9145908224, 0, False,
+          False), (117440512, 1, False, False), (4, 0, False, True), (0, 0, False, False)]
+  for index, (size, color, parameter, local) in enumerate(rows):
+    written.buffer_allocations.add(index=index, size=size, color=color, is_thread_local=local,
+                                   is_entry_computation_parameter=parameter)
+  read = buffer_assignment.allocations(written.SerializeToString())
+  assert [(a.size, a.color, a.parameter, a.thread_local) for a in read] == rows
+  assert buffer_assignment.device_bytes(written.SerializeToString()) == 5876123136 + 9145908224
+  assert buffer_assignment.device_bytes(b"") is None
+  assert buffer_assignment.device_bytes(written.SerializeToString()[:-3]) is None
+
+  step = jax.jit(lambda a, b: jax.numpy.tanh(a @ b).sum(0))
+  executable = step.lower(np.ones((64, 128), np.float32), np.ones((128, 96), np.float32)).compile()
+  serialized = executable.memory_analysis().serialized_buffer_assignment_proto
+  decoded = message.FromString(serialized).buffer_allocations
+  assert [(a.size, a.color) for a in buffer_assignment.allocations(serialized)] == [
+      (a.size, a.color) for a in decoded]
+  assert aot._memory(executable).device_allocated == sum(  # pylint: disable=protected-access
+      a.size for a in decoded if a.color == 0 and not a.is_thread_local) >= (64 + 96) * 128 * 4
+
+
 def test_no_memory_analysis_is_unknown_never_fits():
   class Stats:  # What some backends return (jax #18954): zeros, or -1.
     argument_size_in_bytes = output_size_in_bytes = alias_size_in_bytes = 0
@@ -501,6 +579,25 @@ def test_largest_buffers_skip_fused_and_aliasing_instructions():
   assert [(b.bytes, b.shape, b.op_name) for b in buffers] == [
       (64 * 64 * 4, "f32[64,64]", "jit(step)/dot_general"),
       (8 * 8 * 4, "f32[8,8]", "state.params['w']")]
+
+
+def test_largest_buffers_in_host_memory_come_after_the_devices_and_say_so():
+  """An offloaded remat stack (`S(5)`: pinned host memory) larger than any device buffer is
+  listed after the device's largest, marked, and never displaces them."""
+  device = [f"  %d{i} = bf16[{i + 1},1024]{{1,0:T(8,128)(2,1)}} add(%p, %p)" for i in range(12)]
+  hlo = "\n".join([
+      "ENTRY %main (p: bf16[64,1024]) -> bf16[64,1024] {",
+      "  %p = bf16[64,1024]{1,0:T(8,128)(2,1)} parameter(0)", *device,
+      "  %stack = bf16[64,16,1024]{2,1,0:T(8,128)(2,1)S(5)} dynamic-update-slice-done(%s)",
+      "  ROOT %v = bf16[2,1024]{1,0:T(8,128)(2,1)S(1)} add(%p, %p)",
+      "}"])
+  buffers = aot.largest_buffers(hlo, count=3)
+  assert [(b.instruction, b.memory_space) for b in buffers] == [
+      ("parameter %p", 0), ("add %d11", 0), ("add %d10", 0),
+      ("dynamic-update-slice-done %stack", 5), ("add %v", 1)]
+  lines = compile_report.buffer_lines([vars(b) for b in buffers])
+  assert "%stack (in host memory)" in lines[4] and "%v (memory space 1)" in lines[5]
+  assert "in host memory" not in "".join(lines[:4])
 
 
 def test_reports_written_by_two_writers_at_once_stay_whole(tmp_path):
