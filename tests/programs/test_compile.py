@@ -489,10 +489,10 @@ def test_a_tpu_step_with_offloaded_activations_is_held_to_what_it_allocates_in_h
 
 
 def _buffer_assignment_message():
-  """xla/service/hlo.proto's BufferAssignmentProto, as much as the compile report reads, built
-  with protobuf's own descriptors (the field numbers are hlo.proto's: logical_buffers 1,
+  """xla/service/hlo.proto's BufferAssignmentProto, its allocations' sizes and memory spaces,
+  built with protobuf's own descriptors (the field numbers are hlo.proto's: logical_buffers 1,
   buffer_allocations 3; an allocation's index 1, size 2, is_thread_local 3,
-  is_entry_computation_parameter 5, color 8), so its encoding and decoding are protobuf's."""
+  is_entry_computation_parameter 5, color 8): an independent reading of an assignment."""
   from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # pylint: disable=import-outside-toplevel
   field = descriptor_pb2.FieldDescriptorProto
   file = descriptor_pb2.FileDescriptorProto(name="buffer_assignment_test.proto",
@@ -515,33 +515,45 @@ def _buffer_assignment_message():
       pool.FindMessageTypeByName("assignment_test.BufferAssignmentProto"))
 
 
-def test_the_buffer_assignment_is_read_by_memory_space():
-  """What the compile report reads of XLA's serialized buffer assignment equals protobuf's own
-  decoding: written by protobuf (sizes past 2**32, host and vector memory, thread-local
-  scalars, other fields between), and as XLA:CPU writes it for a real compile, whose bytes in
-  the device's memory `aot` reports."""
+def test_the_buffer_assignment_is_read_by_memory_space(tmp_path, monkeypatch):
+  """What the compile reads of XLA's buffer assignment (its text, as a compile writes it into
+  a folder of its own) equals protobuf's decoding of the same assignment, which XLA:CPU also
+  sends serialized with its memory analysis (XLA:TPU sends none); with XLA_FLAGS dumping, the
+  newest assignment in their folder is read. The lines' memory spaces are read as written."""
+  from jax._src import compilation_cache  # pylint: disable=import-outside-toplevel
   from lingvo_lite.programs.compile import buffer_assignment  # pylint: disable=import-outside-toplevel
-  message = _buffer_assignment_message()
-  written = message(logical_buffers=[b"\x08\x01" * 9])
-  rows = [(5876123136, 0, True, False), (12 * 2**30, 5, False, False), (9145908224, 0, False,
-          False), (117440512, 1, False, False), (4, 0, False, True), (0, 0, False, False)]
-  for index, (size, color, parameter, local) in enumerate(rows):
-    written.buffer_allocations.add(index=index, size=size, color=color, is_thread_local=local,
-                                   is_entry_computation_parameter=parameter)
-  read = buffer_assignment.allocations(written.SerializeToString())
-  assert [(a.size, a.color, a.parameter, a.thread_local) for a in read] == rows
-  assert buffer_assignment.device_bytes(written.SerializeToString()) == 5876123136 + 9145908224
-  assert buffer_assignment.device_bytes(b"") is None
-  assert buffer_assignment.device_bytes(written.SerializeToString()[:-3]) is None
-
+  # As the compile program runs (a cached executable is not compiled, so XLA writes no
+  # assignment); conftest's fixture turns the cache back on after the test.
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
   step = jax.jit(lambda a, b: jax.numpy.tanh(a @ b).sum(0))
-  executable = step.lower(np.ones((64, 128), np.float32), np.ones((128, 96), np.float32)).compile()
+  lowered = step.lower(np.ones((64, 128), np.float32), np.ones((128, 96), np.float32))
+  executable, device = buffer_assignment.compile_with_device_bytes(lowered)
   serialized = executable.memory_analysis().serialized_buffer_assignment_proto
-  decoded = message.FromString(serialized).buffer_allocations
-  assert [(a.size, a.color) for a in buffer_assignment.allocations(serialized)] == [
-      (a.size, a.color) for a in decoded]
-  assert aot._memory(executable).device_allocated == sum(  # pylint: disable=protected-access
-      a.size for a in decoded if a.color == 0 and not a.is_thread_local) >= (64 + 96) * 128 * 4
+  decoded = _buffer_assignment_message().FromString(serialized).buffer_allocations
+  assert device == sum(a.size for a in decoded if a.color == 0 and not a.is_thread_local)
+  assert device >= (64 + 96) * 128 * 4  # The two parameters at least.
+
+  text = "\n".join([
+      "BufferAssignment:", "allocation 0: size 512, thread-local:",
+      "allocation 1: size 5876123136, parameter 10, shape |f32[64,3584,512]| at ShapeIndex {}, "
+      "maybe-live-out:", "allocation 2: size 12884901888, color 5, preallocated-temp:",
+      " value: <5 reduce_sum.43 @0> (size=512,offset=0): f32[]{:T(128)}",
+      "allocation 3: size 9145908224, preallocated-temp:",
+      "allocation 4: size 117440512, color 1, preallocated-temp:"])
+  assert [(a.size, a.color, a.parameter, a.thread_local)
+          for a in buffer_assignment.allocations(text)] == [
+              (512, 0, False, True), (5876123136, 0, True, False), (12884901888, 5, False, False),
+              (9145908224, 0, False, False), (117440512, 1, False, False)]
+  assert buffer_assignment.device_bytes(text) == 5876123136 + 9145908224
+  assert buffer_assignment.device_bytes("BufferAssignment:\n") is None
+  dumped = tmp_path / "module_0001.jit_f.after_optimizations-buffer-assignment.txt"
+  dumped.write_text(text)
+  later = os.path.getmtime(dumped) + 60  # As if XLA had written it during the compile.
+  os.utime(dumped, (later, later))
+  monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=1 "
+                                  f"--xla_dump_to={tmp_path}")
+  assert buffer_assignment.compile_with_device_bytes(lowered)[1] == 5876123136 + 9145908224
 
 
 def test_no_memory_analysis_is_unknown_never_fits():

@@ -182,7 +182,10 @@ def compile_lowered(lowered: Any, started: float, need_executable: bool = False,
     except (KeyError, TypeError, ValueError):
       pass  # Not what this code writes: compiled again, and written anew.
   try:
-    executable = lowered.compile()
+    if targets.current().platform == "tpu":  # Where the verdict reads it (compile_report).
+      executable, device_allocated = buffer_assignment.compile_with_device_bytes(lowered)
+    else:
+      executable, device_allocated = lowered.compile(), None
   except Exception as e:  # pylint: disable=broad-except
     out_of_memory = parse_out_of_memory(str(e))
     if out_of_memory is None:
@@ -191,7 +194,8 @@ def compile_lowered(lowered: Any, started: float, need_executable: bool = False,
   else:
     seconds = time.perf_counter() - started
     hlo = executable.as_text()
-    compiled = Compiled(executable, seconds, _memory(executable), None, _flops(executable),
+    compiled = Compiled(executable, seconds, _memory(executable, device_allocated), None,
+                        _flops(executable),
                         largest_buffers(hlo), dot_counts(hlo),
                         estimate=_estimate(hlo, estimate_devices))
   analyses.write(digest, {
@@ -252,8 +256,9 @@ def parse_out_of_memory(message: str) -> OutOfMemory | None:
   return None
 
 
-def _memory(executable: Any) -> MemoryBytes | None:
-  """XLA's analysis, or None where the backend reports nothing (jax #18954: 0 or -1)."""
+def _memory(executable: Any, device_allocated: int | None = None) -> MemoryBytes | None:
+  """XLA's analysis, with `device_allocated` (buffer_assignment.py), or None where the
+  backend reports nothing (jax #18954: 0 or -1)."""
   try:
     stats = executable.memory_analysis()
   except Exception:  # pylint: disable=broad-except
@@ -269,8 +274,7 @@ def _memory(executable: Any) -> MemoryBytes | None:
           for name in ("argument", "output", "alias", "temp")]
   return MemoryBytes(*map(int, values), peak=int(peak) if peak and peak > 0 else None,
                      host_arguments=host[0], host_outputs=host[1], host_aliased=host[2],
-                     host_temporaries=host[3], device_allocated=buffer_assignment.device_bytes(
-                         getattr(stats, "serialized_buffer_assignment_proto", None)))
+                     host_temporaries=host[3], device_allocated=device_allocated)
 
 
 def _flops(executable: Any) -> float | None:
