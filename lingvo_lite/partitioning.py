@@ -34,10 +34,15 @@ IciSize = Annotated[int, Range(1, also=(-1,), note="-1 takes the devices left ov
 MESH_AXES = ("stage", "data", "fsdp", "expert", "tensor")
 # The logical axes of the batch and of activations along it, whatever the model.
 DATA_AXES = ("batch", "length")
-# The logical axis names the default rules map: the batch's, and those the transformer
-# families name their parameters' axes by. A model's own are its family's `logical_axes()`.
-LOGICAL_AXES = DATA_AXES + ("embed", "mlp", "heads", "kv", "vocab", "norm", "position",
-                            "layers", "experts", "latent", "q_lora", "kv_lora")
+# The residual stream between layers (the embeddings, each block's output, the scanned stack's
+# carry that remat keeps per layer): its width has a name of its own, apart from `embed` (the
+# weights' width, split over fsdp, which the batch already takes on an activation).
+ACTIVATION_AXES = DATA_AXES + ("activation_embed",)
+# The logical axis names the default rules map: the batch's and the residual stream's, and
+# those the transformer families name their parameters' axes by. A model's own are its
+# family's `logical_axes()`.
+LOGICAL_AXES = ACTIVATION_AXES + ("embed", "mlp", "heads", "kv", "vocab", "norm", "position",
+                                  "layers", "experts", "latent", "q_lora", "kv_lora")
 
 # Logical axis -> mesh axes. The batch is split over every data-parallel axis (FSDP and the
 # expert axis are data parallel for activations, as in MaxText); weights are split over fsdp on
@@ -46,6 +51,13 @@ LOGICAL_AXES = DATA_AXES + ("embed", "mlp", "heads", "kv", "vocab", "norm", "pos
 DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp", "expert")),
     ("length", None),
+    # The residual stream's width over tensor, as MaxText's `activation_embed` rule: each of a
+    # tensor group's chips keeps 1/tensor of the layer inputs remat saves, where whole they
+    # were 16 copies of the same rows (MaxText128B's scan kept 2 x 32 GiB a chip). XLA
+    # all-gathers them before the projections that read them; the projections' sums are
+    # all-reduced at the whole width and sliced back (models/block.py `_summand`: a
+    # reduce-scatter straight onto tensor meets a partitioner bug).
+    ("activation_embed", "tensor"),
     ("embed", "fsdp"),
     ("mlp", "tensor"),
     ("heads", "tensor"),
@@ -285,6 +297,28 @@ class Partitioner:
     if missing:
       raise config_error("partitioner.rules", missing, "no rule for these logical axes",
                          f"add ({missing[0]!r}, None) to replicate or map it to a mesh axis")
+    self._check_activation_axes()
+
+  def _check_activation_axes(self) -> None:
+    """The residual stream's dimensions take distinct mesh axes.
+
+    Flax gives a mesh axis to the first of an array's logical axes whose rule names it and
+    leaves a later one whole: with `activation_embed` on a mesh axis the batch's rule names
+    too, either the activations' width or their batch would silently stay unsplit (a
+    replicated batch does every row's work on every chip). A logical axis with a second rule
+    (a fallback Flax tries in order) is what the user asked for, and is let through.
+    """
+    owner: dict[str, str] = {}
+    for name in ACTIVATION_AXES:
+      for axis in self.intended_mesh_axes(name):
+        first = owner.setdefault(axis, name)
+        if first != name and not self.has_fallback(name):
+          raise config_error(
+              "partitioner.rules", f"{first} -> {axis}, {name} -> {axis}",
+              f"the activations between layers, {list(ACTIVATION_AXES)}, have dimensions "
+              f"{first!r} and {name!r}, and one mesh axis can split only one dimension of "
+              "an array", f"map {name!r} to a mesh axis {first!r} does not use (the default "
+              "is 'tensor') or to None")
 
   def intended_mesh_axes(self, logical_axis: str | None) -> tuple[str, ...]:
     """The mesh axes of the first rule for `logical_axis` (what the user asked for)."""

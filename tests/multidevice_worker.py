@@ -9,6 +9,7 @@ argument `deepseek`, 16 devices: a tiny DeepSeek-style MoE on data x fsdp x tens
 
 import functools
 import json
+import re
 import sys
 import tempfile
 
@@ -218,12 +219,13 @@ def _mesh_sets(axes):
   return tuple(f"partitioner.ici_{axis}={size}" for axis, size in axes.items())
 
 
-def _moe_gradients(axes, extra_sets=()):
-  """The loss, the objective's gradients (every parameter, flattened) and the experts'
-  PartitionSpecs of one batch of PyCodeMixtralTiny on one device or a mesh."""
+def _gradients(experiment, axes, extra_sets=(), hlo=False):
+  """The loss and the objective's gradients (every parameter, flattened) of one batch of
+  `experiment` on one device or a mesh, the JittedSteps, and with `hlo` the per-device HLO
+  of its compiled train step on that batch (else None)."""
   from lingvo_lite.training.objectives import lm  # pylint: disable=g-import-not-at-top
   from lingvo_lite.training.objectives.objective import Forward  # pylint: disable=g-import-not-at-top
-  setup = synthetic_tiny_setup("PyCodeMixtralTiny", *SETS, *_mesh_sets(axes), *extra_sets)
+  setup = synthetic_tiny_setup(experiment, *SETS, *extra_sets, *_mesh_sets(axes))
   devices = jax.devices()[:1] if not axes else jax.devices()
   jitted = JittedSteps(setup, setup.partitioner.make_mesh(devices))
   with jitted.activated():
@@ -237,11 +239,43 @@ def _moe_gradients(axes, extra_sets=()):
 
     with jax.default_matmul_precision("highest"):
       grads, loss = jax.jit(jax.grad(objective, has_aux=True))(state.params)
-  experts = jitted.sharded_state.shardings.params["layer_0"]["mlp"]
+    if hlo:
+      hlo = jitted.train_step.lower(state, batch).compile().as_text()
   return {"loss": float(loss),
           "grads": {jax.tree_util.keystr(path): np.asarray(leaf).ravel().tolist()
-                    for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]},
-          "specs": {name: str(experts[name].spec) for name in ("wi", "wo", "router_kernel")}}
+                    for path, leaf in jax.tree_util.tree_flatten_with_path(grads)[0]}
+          }, jitted, hlo or None
+
+
+def _moe_gradients(axes, extra_sets=()):
+  """`_gradients` of PyCodeMixtralTiny, with the experts' PartitionSpecs."""
+  run, jitted, _ = _gradients("PyCodeMixtralTiny", axes, extra_sets)
+  experts = jitted.sharded_state.shardings.params["layer_0"]["mlp"]
+  run["specs"] = {name: str(experts[name].spec) for name in ("wi", "wo", "router_kernel")}
+  return run
+
+
+# The residual stream between layers (`activation_embed`, over tensor by default): a tiny
+# Llama's scanned, fully rematerialized stack, whose backward keeps each layer's input in one
+# stacked buffer [layers, rows, length, width] per device, on one device, data x tensor and
+# data x fsdp x tensor (the weights' width over fsdp beside the activations' over tensor).
+RESIDUAL_SETS = ("model.scan_layers=True", "model.remat_policy='full'")
+RESIDUAL_MESHES = {"single": {}, "data4_tensor2": {"data": 4, "tensor": 2},
+                   "data2_fsdp2_tensor2": {"data": 2, "fsdp": 2, "tensor": 2}}
+
+
+def _residual_stream(axes):
+  """`_gradients` of the scanned stack, with the per-device shapes of every 4-d
+  dynamic-update-slice of its compiled train step (the scan writing the layer inputs it
+  keeps into their stack) and the model's sizes."""
+  run, jitted, hlo = _gradients("PyCodeLlamaTiny", axes, RESIDUAL_SETS, hlo=True)
+  setup = jitted.setup
+  run["stacked"] = sorted(set(re.findall(
+      r"= f32\[(\d+,\d+,\d+,\d+)\]\S* dynamic-update-slice\(", hlo)))
+  run["sizes"] = {"layers": setup.model.num_layers, "dim": setup.model.dim,
+                  "rows": setup.train_data.global_batch_size,
+                  "length": setup.train_data.sequence_length}
+  return run
 
 
 # DeepSeek's mixture of experts (issue 55) on the tiny DeepSeek-V3 (latent attention: its
@@ -311,6 +345,7 @@ def main():
       name: _moe_gradients(MOE_MESHES[mesh], ("model.dispatch='all_to_all'",
                                               f"model.capacity_factor={factor}"))
       for name, (mesh, factor) in MOE_ALL_TO_ALL.items()})
+  result["residual"] = {name: _residual_stream(axes) for name, axes in RESIDUAL_MESHES.items()}
   result["moe_decode"] = {name: _decode_logits(shape, experiment="PyCodeMixtralTiny")
                           for name, shape in MOE_DECODE_MESHES.items()}
   result["bad"] = {}

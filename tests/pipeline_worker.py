@@ -77,7 +77,10 @@ def _trajectory(experiment, sets, mesh_axes=None, repeats=1, microbatches=1, sta
       losses.append(float(loss))
       grads.append({jax.tree_util.keystr(k): np.asarray(v)
                     for k, v in jax.tree_util.tree_flatten_with_path(g)[0]})
-      params = jax.tree.map(lambda p, d: p - LEARNING_RATE * d, params, g)
+      # Placed as the step takes them: a gradient's layout is XLA's choice (a norm scale's,
+      # beside activations split over tensor on their width, comes back split too).
+      params = jax.device_put(jax.tree.map(lambda p, d: p - LEARNING_RATE * d, params, g),
+                              jitted.sharded_state.shardings.params)
   specs = {jax.tree_util.keystr(k): str(s.spec) for k, s in
            jax.tree_util.tree_flatten_with_path(jitted.sharded_state.shardings.params)[0]}
   return losses, grads, specs, start

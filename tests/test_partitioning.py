@@ -131,6 +131,28 @@ def test_expert_parallel_gradients_equal_the_single_device_ones(worker, mesh, sp
                                err_msg=path)
 
 
+@pytest.mark.parametrize("mesh", ["data4_tensor2", "data2_fsdp2_tensor2"])
+def test_the_residual_stream_is_split_over_tensor_with_one_devices_gradients(worker, mesh):
+  """A scanned, fully rematerialized stack on data=4 x tensor=2 and data=2 x fsdp=2 x
+  tensor=2: the layer inputs its backward keeps are stacked per device as [layers, rows / 4,
+  length, width / tensor] (`activation_embed` -> tensor), not at the whole width as each of a
+  tensor group's devices kept them before; the loss and every parameter's gradient of one
+  batch equal one device's within 1e-5."""
+  single, sharded = worker["residual"]["single"], worker["residual"][mesh]
+  sizes = sharded["sizes"]
+  layers, rows, length, dim = (sizes[k] for k in ("layers", "rows", "length", "dim"))
+  # One device keeps the whole stack: the shape the sharded one is compared by.
+  assert f"{layers},{rows},{length},{dim}" in single["stacked"], single["stacked"]
+  assert f"{layers},{rows // 4},{length},{dim // 2}" in sharded["stacked"], sharded["stacked"]
+  assert f"{layers},{rows // 4},{length},{dim}" not in sharded["stacked"], sharded["stacked"]
+  np.testing.assert_allclose(sharded["loss"], single["loss"], rtol=1e-5)
+  assert set(sharded["grads"]) == set(single["grads"])
+  scale = max(np.abs(values).max() for values in single["grads"].values())
+  for path, values in single["grads"].items():
+    np.testing.assert_allclose(sharded["grads"][path], values, rtol=1e-5, atol=1e-5 * scale,
+                               err_msg=path)
+
+
 def test_the_all_to_all_dispatch_drops_rows_past_its_capacity(worker):
   """At a capacity factor of 1 (each expert shard takes a device's fair share of its rows),
   the all-to-all dispatch of the same batch drops rows, so its loss is not one device's: the
@@ -281,3 +303,25 @@ def test_rule_targets_are_checked_before_anything_is_sharded(target, message):
     Partitioner(rules=rules).check_rules({"batch"})
   assert str(error.value).startswith(message), str(error.value)
   Partitioner().check_rules({"batch"})  # The default rules pass.
+
+
+@pytest.mark.parametrize("rules, message", [
+    # The batch's rule first: the activations' width would silently stay whole.
+    ({"activation_embed": "fsdp"}, "partitioner.rules='batch -> fsdp, activation_embed -> "
+                                   "fsdp': the activations between layers"),
+    # Its rule first: the batch would lose `data` on every activation.
+    ({"activation_embed": ("tensor", "data")}, "partitioner.rules='batch -> data, "
+                                               "activation_embed -> data'"),
+    ({"length": "tensor"}, "partitioner.rules='length -> tensor, activation_embed -> tensor'"),
+])
+def test_the_residual_streams_dimensions_take_distinct_mesh_axes(rules, message):
+  with pytest.raises(UsageError) as error:
+    Partitioner(rules=tuple((name, rules.get(name, target))
+                            for name, target in Partitioner().rules)).check_rules({"batch"})
+  assert str(error.value).startswith(message), str(error.value)
+  assert "map 'activation_embed' to a mesh axis" in str(error.value)
+  # A fallback rule (Flax tries a logical axis's rules in order) is the user's choice; no
+  # rule for the width keeps it whole (as a job's saved rules from before it had one).
+  Partitioner(rules=(*Partitioner().rules, ("activation_embed", None))).check_rules(set())
+  Partitioner(rules=tuple(r for r in Partitioner().rules if r[0] != "activation_embed")
+              ).check_rules({"batch"})

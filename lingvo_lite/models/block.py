@@ -32,6 +32,22 @@ _NORMS = {"parallel": ("norm", None, None, None),
           "post_norm": (None, "attention_post_norm", None, "mlp_post_norm")}
 
 
+def _residual(x: jax.Array) -> jax.Array:
+  """`x` [batch, length, dim] of the residual stream, under its logical constraint."""
+  return layers.constrain(x, "batch", "length", "activation_embed")
+
+
+def _summand(y: jax.Array) -> jax.Array:
+  """A projection's output [batch, length, dim] before it joins the residual stream: summed
+  over its contracted (tensor-split) axis at the whole width, then sliced to the stream's
+  split. Reduce-scattered straight onto `tensor` while its weight splits the width over
+  `fsdp` and the batch is over data x fsdp, jax 0.10.2's SPMD partitioner swaps the batch
+  shards of the (data 0, fsdp 1) and (data 1, fsdp 0) devices and never swaps them back:
+  rows 2-5 of 8 on data=2 x fsdp=2 x tensor=2 were other rows' sums
+  (bench/results/2026-12-07/maxtext_act_embed/README.md, "A partitioner bug")."""
+  return layers.constrain(y, "batch", "length", None)
+
+
 def norm_count(kind: BlockKind) -> int:
   """How many norms a layer of `kind` has."""
   return sum(name is not None for name in _NORMS[kind])
@@ -97,6 +113,10 @@ class Block(nn.Module):
     cache = None
     if isinstance(x, tuple):
       x, cache = x
+    # The residual stream keeps its width split as the rules say (`activation_embed`: over
+    # tensor by default) at the layer's input (what remat keeps, the scan's carry), between
+    # attention and MLP and at its output; XLA gathers it for the projections that read it.
+    x = _residual(x)
     context = None if cache is None else layers.Context(*cache, layer)
     attention = self.attention_type(
         num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
@@ -123,12 +143,13 @@ class Block(nn.Module):
     attended = attention(h, positions, segment_ids, context, self.return_kv)
     if wants_extra:
       attended, extra = attended
+    attended = _summand(attended)
     if self.kind == "parallel":
-      x = x + attended + mlp(h)
+      x = x + attended + _summand(mlp(h))
     else:
-      x = x + self._norm(attention_post_norm)(attended)
-      x = x + self._norm(mlp_post_norm)(mlp(self._norm(mlp_norm)(x)))
-    x = layers.constrain(x, "batch", "length", "embed")
+      x = _residual(x + self._norm(attention_post_norm)(attended))
+      x = x + self._norm(mlp_post_norm)(_summand(mlp(self._norm(mlp_norm)(x))))
+    x = _residual(x)
     if context is not None:
       out = (x, (extra.keys, extra.values))
       return (out, None) if self.scan_carry else out

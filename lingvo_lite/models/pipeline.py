@@ -134,14 +134,15 @@ def _on_stages(tree: Any, dim: int) -> Any:
   return jax.tree.map(one, tree)
 
 
-def _microbatched(a: Any, micro: int) -> Any:
+def _microbatched(a: Any, micro: int, *axes: str | None) -> Any:
   """[B, ...] -> [M, B / M, ...], microbatch m holding rows m, m + M, ... (the data axes'
-  split of the batch stays on the rows)."""
+  split of the batch stays on the rows; `axes`, the logical names of the dimensions after
+  the batch's, keep theirs: the residual stream's width split as between layers)."""
   if a is None:
     return None
   split = a.reshape(a.shape[0] // micro, micro, *a.shape[1:])
   split = jnp.swapaxes(split, 0, 1)
-  return nn.with_logical_constraint(split, (None, "batch") + (None,) * (a.ndim - 1))
+  return nn.with_logical_constraint(split, (None, "batch") + (axes or (None,) * (a.ndim - 1)))
 
 
 def _unmicrobatched(a: jax.Array) -> jax.Array:
@@ -240,7 +241,7 @@ def run(group: GroupFunction, variables: Any, x: jax.Array, positions: jax.Array
   # [G, ...] -> [R, S, G / (R S), ...]: piece r x S + s is stage s's block of repeat r.
   staged = _on_stages(jax.tree.map(
       lambda a: a.reshape(repeats, stages, per_piece, *a.shape[1:]), variables), 1)
-  inputs = _microbatched(x, micro)
+  inputs = _microbatched(x, micro, "length", "activation_embed")
   positions, segment_ids = _microbatched(positions, micro), _microbatched(segment_ids, micro)
   stage_index = jnp.arange(stages)
   stage_fn = jax.vmap(_stage_function(group),

@@ -421,7 +421,7 @@ class TransformerLM(TransformerSizes, TransformerChecks, TransformerLayers, Mult
           nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), ("position", "embed")),
           (self.max_length, self.dim), param_dtype)
       x = x + jnp.take(table, positions, axis=0).astype(dtype)
-    return layers.constrain(x, "batch", "length", "embed"), embedding
+    return layers.constrain(x, "batch", "length", "activation_embed"), embedding
 
   def _logits(self, x: jax.Array, embedding: Any, ahead: Any = None) -> jax.Array:
     """The final norm and the output projection (the embedding table's, where tied): float32

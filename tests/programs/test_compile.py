@@ -466,6 +466,96 @@ def test_a_tpu_step_is_held_to_xlas_peak_not_to_the_sum_of_its_buffers():
   assert compile_report.deciding(no_peak, None, "tpu")[0] == step.total
 
 
+def test_a_tpu_step_with_offloaded_activations_is_held_to_what_it_allocates_in_hbm():
+  """MaxText128B with `qkv_proj_offloaded` on a v5e-256 (bench/results/2026-12-08/
+  maxtext128b/): XLA:TPU's peak was its arguments + the 12 GiB of q/k/v stacks it keeps in
+  host memory (17.47 GiB), its buffer assignment 13.99 GiB in HBM, and XLA:TPU compiled the
+  step under its own 15.75 GiB: what is allocated in the device's memory decides. Without
+  host temporaries the peak decides as before."""
+  gib = 2**30
+  offloading = aot.MemoryBytes(
+      arguments=5876123136, outputs=5875733504, aliased=5875729920, temporaries=12969324544,
+      generated_code=54085632, peak=5876123136 + 12 * gib, host_temporaries=12 * gib,
+      device_allocated=15022031360)
+  needed, rule, source = compile_report.deciding(offloading, None, "tpu")
+  assert needed == 15022031360 + 54085632 and "buffer assignment" in rule
+  available = int(15.75 * gib)
+  assert compile_report.judge(needed, available, source)[0] == compile_report.FITS
+  assert compile_report.judge(offloading.peak, available)[0] == compile_report.DOES_NOT_FIT
+  on_device = aot.MemoryBytes(**{**offloading.__dict__, "host_temporaries": 0})
+  assert compile_report.deciding(on_device, None, "tpu")[0] == on_device.peak
+  unassigned = aot.MemoryBytes(**{**offloading.__dict__, "device_allocated": None})
+  assert compile_report.deciding(unassigned, None, "tpu")[0] == unassigned.peak
+
+
+def _buffer_assignment_message():
+  """xla/service/hlo.proto's BufferAssignmentProto, its allocations' sizes and memory spaces,
+  built with protobuf's own descriptors (the field numbers are hlo.proto's: logical_buffers 1,
+  buffer_allocations 3; an allocation's index 1, size 2, is_thread_local 3,
+  is_entry_computation_parameter 5, color 8): an independent reading of an assignment."""
+  from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # pylint: disable=import-outside-toplevel
+  field = descriptor_pb2.FieldDescriptorProto
+  file = descriptor_pb2.FileDescriptorProto(name="buffer_assignment_test.proto",
+                                            package="assignment_test", syntax="proto3")
+  allocation = file.message_type.add(name="BufferAllocationProto")
+  for name, number, kind in (("index", 1, field.TYPE_INT64), ("size", 2, field.TYPE_INT64),
+                             ("is_thread_local", 3, field.TYPE_BOOL),
+                             ("is_entry_computation_parameter", 5, field.TYPE_BOOL),
+                             ("color", 8, field.TYPE_INT64)):
+    allocation.field.add(name=name, number=number, type=kind, label=field.LABEL_OPTIONAL)
+  assignment = file.message_type.add(name="BufferAssignmentProto")
+  assignment.field.add(name="logical_buffers", number=1, type=field.TYPE_BYTES,
+                       label=field.LABEL_REPEATED)
+  assignment.field.add(name="buffer_allocations", number=3, type=field.TYPE_MESSAGE,
+                       type_name=".assignment_test.BufferAllocationProto",
+                       label=field.LABEL_REPEATED)
+  pool = descriptor_pool.DescriptorPool()
+  pool.Add(file)
+  return message_factory.GetMessageClass(
+      pool.FindMessageTypeByName("assignment_test.BufferAssignmentProto"))
+
+
+def test_the_buffer_assignment_is_read_by_memory_space(tmp_path, monkeypatch):
+  """What the compile reads of XLA's buffer assignment (its text, as a compile writes it into
+  a folder of its own) equals protobuf's decoding of the same assignment, which XLA:CPU also
+  sends serialized with its memory analysis (XLA:TPU sends none); with XLA_FLAGS dumping, the
+  newest assignment in their folder is read. The lines' memory spaces are read as written."""
+  from jax._src import compilation_cache  # pylint: disable=import-outside-toplevel
+  from lingvo_lite.programs.compile import buffer_assignment  # pylint: disable=import-outside-toplevel
+  # As the compile program runs (a cached executable is not compiled, so XLA writes no
+  # assignment); conftest's fixture turns the cache back on after the test.
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
+  step = jax.jit(lambda a, b: jax.numpy.tanh(a @ b).sum(0))
+  lowered = step.lower(np.ones((64, 128), np.float32), np.ones((128, 96), np.float32))
+  executable, device = buffer_assignment.compile_with_device_bytes(lowered)
+  serialized = executable.memory_analysis().serialized_buffer_assignment_proto
+  decoded = _buffer_assignment_message().FromString(serialized).buffer_allocations
+  assert device == sum(a.size for a in decoded if a.color == 0 and not a.is_thread_local)
+  assert device >= (64 + 96) * 128 * 4  # The two parameters at least.
+
+  text = "\n".join([
+      "BufferAssignment:", "allocation 0: size 512, thread-local:",
+      "allocation 1: size 5876123136, parameter 10, shape |f32[64,3584,512]| at ShapeIndex {}, "
+      "maybe-live-out:", "allocation 2: size 12884901888, color 5, preallocated-temp:",
+      " value: <5 reduce_sum.43 @0> (size=512,offset=0): f32[]{:T(128)}",
+      "allocation 3: size 9145908224, preallocated-temp:",
+      "allocation 4: size 117440512, color 1, preallocated-temp:"])
+  assert [(a.size, a.color, a.parameter, a.thread_local)
+          for a in buffer_assignment.allocations(text)] == [
+              (512, 0, False, True), (5876123136, 0, True, False), (12884901888, 5, False, False),
+              (9145908224, 0, False, False), (117440512, 1, False, False)]
+  assert buffer_assignment.device_bytes(text) == 5876123136 + 9145908224
+  assert buffer_assignment.device_bytes("BufferAssignment:\n") is None
+  dumped = tmp_path / "module_0001.jit_f.after_optimizations-buffer-assignment.txt"
+  dumped.write_text(text)
+  later = os.path.getmtime(dumped) + 60  # As if XLA had written it during the compile.
+  os.utime(dumped, (later, later))
+  monkeypatch.setenv("XLA_FLAGS", f"--xla_force_host_platform_device_count=1 "
+                                  f"--xla_dump_to={tmp_path}")
+  assert buffer_assignment.compile_with_device_bytes(lowered)[1] == 5876123136 + 9145908224
+
+
 def test_no_memory_analysis_is_unknown_never_fits():
   class Stats:  # What some backends return (jax #18954): zeros, or -1.
     argument_size_in_bytes = output_size_in_bytes = alias_size_in_bytes = 0
@@ -501,6 +591,25 @@ def test_largest_buffers_skip_fused_and_aliasing_instructions():
   assert [(b.bytes, b.shape, b.op_name) for b in buffers] == [
       (64 * 64 * 4, "f32[64,64]", "jit(step)/dot_general"),
       (8 * 8 * 4, "f32[8,8]", "state.params['w']")]
+
+
+def test_largest_buffers_in_host_memory_come_after_the_devices_and_say_so():
+  """An offloaded remat stack (`S(5)`: pinned host memory) larger than any device buffer is
+  listed after the device's largest, marked, and never displaces them."""
+  device = [f"  %d{i} = bf16[{i + 1},1024]{{1,0:T(8,128)(2,1)}} add(%p, %p)" for i in range(12)]
+  hlo = "\n".join([
+      "ENTRY %main (p: bf16[64,1024]) -> bf16[64,1024] {",
+      "  %p = bf16[64,1024]{1,0:T(8,128)(2,1)} parameter(0)", *device,
+      "  %stack = bf16[64,16,1024]{2,1,0:T(8,128)(2,1)S(5)} dynamic-update-slice-done(%s)",
+      "  ROOT %v = bf16[2,1024]{1,0:T(8,128)(2,1)S(1)} add(%p, %p)",
+      "}"])
+  buffers = aot.largest_buffers(hlo, count=3)
+  assert [(b.instruction, b.memory_space) for b in buffers] == [
+      ("parameter %p", 0), ("add %d11", 0), ("add %d10", 0),
+      ("dynamic-update-slice-done %stack", 5), ("add %v", 1)]
+  lines = compile_report.buffer_lines([vars(b) for b in buffers])
+  assert "%stack (in host memory)" in lines[4] and "%v (memory space 1)" in lines[5]
+  assert "in host memory" not in "".join(lines[:4])
 
 
 def test_reports_written_by_two_writers_at_once_stay_whole(tmp_path):

@@ -21,7 +21,8 @@ from lingvo_lite import chips, target as targets
 from lingvo_lite.experiment import Setup
 from lingvo_lite.on_mesh import evaluation
 from lingvo_lite.on_mesh.jitted import JittedSteps
-from lingvo_lite.programs.compile import analyses, step_estimate
+from lingvo_lite.programs.compile import analyses, buffer_assignment, step_estimate
+from lingvo_lite.programs.compile.hlo_text import parse_shape
 
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # XLA:TPU's out-of-memory messages, e.g. "the total memory required for HLO temporaries
@@ -36,7 +37,7 @@ _DTYPE_BYTES = {"pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f
                 "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
                 "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(?P<name>[\w.\-]+) = (?P<dtype>[a-z]\w*)"
-                          r"\[(?P<dims>[\d,]*)\][^ ]* (?P<op>[\w\-]+)\(")
+                          r"\[(?P<dims>[\d,]*)\](?P<layout>[^ ]*) (?P<op>[\w\-]+)\(")
 _OP_NAME = re.compile(r'op_name="(?P<op_name>[^"]*)"')
 _MATMULS = ("dot", "convolution")
 _INTEGER = ("s8", "u8", "s4", "u4", "s16", "u16", "s32", "u32")
@@ -54,6 +55,8 @@ class MemoryBytes:
     host_arguments, host_outputs, host_aliased, host_temporaries: The same in the host's
       memory (an offloaded optimizer state: `optimizer.offload_state`; activations a remat
       policy offloads).
+    device_allocated: What XLA's buffer assignment allocates in the device's own memory
+      (buffer_assignment.py), where it sends one; else None.
   """
 
   arguments: int
@@ -66,6 +69,7 @@ class MemoryBytes:
   host_outputs: int = 0
   host_aliased: int = 0
   host_temporaries: int = 0
+  device_allocated: int | None = None
 
   @property
   def total(self) -> int:
@@ -90,10 +94,14 @@ class OutOfMemory:
 
 @dataclasses.dataclass(frozen=True)
 class Buffer:
+  """One array of the optimized HLO; `memory_space` is its layout's (5: pinned host memory,
+  0: the device's)."""
+
   bytes: int
   shape: str
   instruction: str
   op_name: str
+  memory_space: int = buffer_assignment.DEVICE_SPACE
 
 
 @dataclasses.dataclass
@@ -174,7 +182,10 @@ def compile_lowered(lowered: Any, started: float, need_executable: bool = False,
     except (KeyError, TypeError, ValueError):
       pass  # Not what this code writes: compiled again, and written anew.
   try:
-    executable = lowered.compile()
+    if targets.current().platform == "tpu":  # Where the verdict reads it (compile_report).
+      executable, device_allocated = buffer_assignment.compile_with_device_bytes(lowered)
+    else:
+      executable, device_allocated = lowered.compile(), None
   except Exception as e:  # pylint: disable=broad-except
     out_of_memory = parse_out_of_memory(str(e))
     if out_of_memory is None:
@@ -183,7 +194,8 @@ def compile_lowered(lowered: Any, started: float, need_executable: bool = False,
   else:
     seconds = time.perf_counter() - started
     hlo = executable.as_text()
-    compiled = Compiled(executable, seconds, _memory(executable), None, _flops(executable),
+    compiled = Compiled(executable, seconds, _memory(executable, device_allocated), None,
+                        _flops(executable),
                         largest_buffers(hlo), dot_counts(hlo),
                         estimate=_estimate(hlo, estimate_devices))
   analyses.write(digest, {
@@ -244,8 +256,9 @@ def parse_out_of_memory(message: str) -> OutOfMemory | None:
   return None
 
 
-def _memory(executable: Any) -> MemoryBytes | None:
-  """XLA's analysis, or None where the backend reports nothing (jax #18954: 0 or -1)."""
+def _memory(executable: Any, device_allocated: int | None = None) -> MemoryBytes | None:
+  """XLA's analysis, with `device_allocated` (buffer_assignment.py), or None where the
+  backend reports nothing (jax #18954: 0 or -1)."""
   try:
     stats = executable.memory_analysis()
   except Exception:  # pylint: disable=broad-except
@@ -261,7 +274,7 @@ def _memory(executable: Any) -> MemoryBytes | None:
           for name in ("argument", "output", "alias", "temp")]
   return MemoryBytes(*map(int, values), peak=int(peak) if peak and peak > 0 else None,
                      host_arguments=host[0], host_outputs=host[1], host_aliased=host[2],
-                     host_temporaries=host[3])
+                     host_temporaries=host[3], device_allocated=device_allocated)
 
 
 def _flops(executable: Any) -> float | None:
@@ -306,8 +319,10 @@ def dot_counts(hlo_text: str) -> dict[str, int]:
   return counts
 
 
-def largest_buffers(hlo_text: str, count: int = 10) -> list[Buffer]:
-  """The largest arrays the optimized HLO materializes, largest first.
+def largest_buffers(hlo_text: str, count: int = 10, elsewhere: int = 3) -> list[Buffer]:
+  """The `count` largest arrays the optimized HLO materializes in the device's memory,
+  largest first, then the `elsewhere` largest in other memory spaces (an offloaded remat
+  stack in pinned host memory: its layout's `S(5)`), which the device does not hold.
 
   Instructions of fused computations live in registers or fused loops, not in buffers, so
   only the other computations are read (the entry, loop bodies, reductions). Bitcasts and
@@ -334,6 +349,11 @@ def largest_buffers(hlo_text: str, count: int = 10) -> list[Buffer]:
         bytes=_shape_bytes(match.group("dtype"), match.group("dims")),
         shape=f"{match.group('dtype')}[{match.group('dims')}]",
         instruction=f"{match.group('op')} %{match.group('name')}",
-        op_name=op_name.group("op_name") if op_name else ""))
+        op_name=op_name.group("op_name") if op_name else "",
+        memory_space=parse_shape(
+            match.group("dtype") + f"[{match.group('dims')}]" + match.group("layout")
+        )[0][0].memory_space))
   buffers.sort(key=lambda b: -b.bytes)
-  return buffers[:count]
+  device = [b for b in buffers if b.memory_space == buffer_assignment.DEVICE_SPACE]
+  other = [b for b in buffers if b.memory_space != buffer_assignment.DEVICE_SPACE]
+  return device[:count] + other[:elsewhere]

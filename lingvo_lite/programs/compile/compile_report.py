@@ -12,15 +12,20 @@ report.json, schema "lingvo_lite.compile_report/1":
   batch:      global_batch_size, per_device_batch_size, sequence_length
   memory:     arguments, outputs, aliased, temporaries, generated_code, total (arguments +
               outputs - aliased + temporaries + generated code), peak (XLA's peak of live
-              buffers where it reports one; it decides only on TPU), host: {arguments,
-              outputs, aliased, temporaries} (in host memory: optimizer.offload_state),
+              buffers where it reports one; it decides only on TPU), device_allocated
+              (what XLA's buffer assignment allocates in the device's memory, or null:
+              programs/compile/buffer_assignment.py; it decides on TPU where the program
+              keeps temporaries in host memory, which XLA:TPU's peak counts), host:
+              {arguments, outputs, aliased, temporaries} (in host memory:
+              optimizer.offload_state, a remat policy's offloaded activations),
               deciding (the number the verdict compares), deciding_rule (which and why),
               source: "memory_analysis" | "resource_exhausted" | "none"
   verdict:    "FITS" | "DOES NOT FIT" | "UNKNOWN" (XLA reported no memory analysis)
   margin:     bytes (available - deciding, negative when it does not fit), fraction
   next_knob:  for a step that does not fit, one line naming the field to change first
               (programs/compile/fit_advice.py); null otherwise
-  largest_buffers: [{bytes, shape, instruction, op_name}], ten at most
+  largest_buffers: [{bytes, shape, instruction, op_name, memory_space}]: the ten largest
+              in the device's memory, then the three largest elsewhere (5: host memory)
   analytic:   by_part: parameters, optimizer (by moment name), other_state, batch; total, and
               xla_arguments beside it; host_by_part, host_total, xla_host_arguments: the
               same of what lives in host memory (an offloaded optimizer state)
@@ -66,7 +71,8 @@ import numpy as np
 
 from lingvo_lite import mfu
 from lingvo_lite.on_mesh import evaluation
-from lingvo_lite.programs.compile import estimate_report, fit_advice, pipeline_report, step_bound
+from lingvo_lite.programs.compile import (buffer_assignment, estimate_report, fit_advice,
+                                         pipeline_report, step_bound)
 from lingvo_lite.programs.compile.aot import CompileResult, MemoryBytes, OutOfMemory
 from lingvo_lite.training.train_state import HOST_MEMORY
 
@@ -133,6 +139,16 @@ def deciding(memory: MemoryBytes | None, out_of_memory: OutOfMemory | None,
             "(a TPU compile that does not fit gives no memory analysis)", "resource_exhausted")
   if memory is None:
     return None, "XLA reported no memory analysis (0 or -1) on this backend", "none"
+  if platform == "tpu" and memory.host_temporaries and memory.device_allocated:
+    # XLA:TPU's peak counts temporaries it keeps in host memory (a remat policy's offloaded
+    # activations), and not by adding them: MaxText128B's was its arguments + its 12 GiB of
+    # host temporaries (17.47 GiB), its 8.52 GiB of device temporaries not in it, so nothing
+    # subtracted from it leaves the device's. Its buffer assignment says what is in HBM.
+    return (memory.device_allocated + memory.generated_code,
+            "the bytes XLA:TPU's buffer assignment allocates in the device's memory (its "
+            "arguments, outputs, constants and heap-packed temporaries) + generated code: its "
+            "peak counts the temporaries it keeps in host memory (offloaded activations), "
+            "which the device does not hold", "memory_analysis")
   if platform == "tpu" and memory.peak:
     # Measured on a v5e (bench/results/2026-12-07/tpu5): a Llama1BOneChip step whose sum
     # below is 16.03 GiB, past the 15.75 XLA:TPU allows, ran there at 56.3% MFU; its peak
@@ -209,7 +225,7 @@ def build(result: CompileResult) -> dict[str, Any]:
           **({"arguments": memory.arguments, "outputs": memory.outputs,
               "aliased": memory.aliased, "temporaries": memory.temporaries,
               "generated_code": memory.generated_code, "total": memory.total,
-              "peak": memory.peak,
+              "peak": memory.peak, "device_allocated": memory.device_allocated,
               "host": {"arguments": memory.host_arguments, "outputs": memory.host_outputs,
                        "aliased": memory.host_aliased,
                        "temporaries": memory.host_temporaries}} if memory else {}),
@@ -303,6 +319,8 @@ def memory_text(m: dict[str, Any]) -> str:
           f"{gib(m['aliased'])}, temporaries {gib(m['temporaries'])}, generated code "
           f"{gib(m['generated_code'])}; total {gib(m['total'])}"
           + (f"; XLA peak {gib(m['peak'])}" if m.get("peak") else "")
+          + (f"; allocated in device memory {gib(m['device_allocated'])}"
+             if m.get("device_allocated") else "")
           + (f"; in host memory: arguments {gib(host['arguments'])}, outputs "
              f"{gib(host['outputs'])}, aliased {gib(host['aliased'])}, temporaries "
              f"{gib(host['temporaries'])}" if any(host.values()) else ""))
@@ -313,7 +331,11 @@ def buffer_lines(buffers: list[dict[str, Any]], where: str = "") -> list[str]:
     return []
   lines = [f"  largest buffers (optimized HLO{where}):"]
   for b in buffers:
-    lines.append(f"    {gib(b['bytes']):>12}  {b['shape']:<28} {b['instruction']}  "
+    space = b.get("memory_space", buffer_assignment.DEVICE_SPACE)
+    where_kept = {buffer_assignment.DEVICE_SPACE: "",
+                  buffer_assignment.HOST_SPACE: " (in host memory)"}.get(
+                      space, f" (memory space {space})")
+    lines.append(f"    {gib(b['bytes']):>12}  {b['shape']:<28} {b['instruction']}{where_kept}  "
                  f"{b['op_name'][-90:]}")
   return lines
 
