@@ -32,6 +32,17 @@ def _rules(package: str) -> dict[str, tuple[str, list[str], list[str]]]:
   """{label: (kind, srcs, deps)} of every rule call with a name in one BUILD.bazel."""
   with open(os.path.join(ROOT, package, "BUILD.bazel"), encoding="utf-8") as f:
     tree = ast.parse(f.read())
+  # Lists the file names at its top (`EVALUATING_DEPS = [...]`), for `deps = NAME + [...]`.
+  named = {node.targets[0].id: node.value for node in tree.body
+           if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+
+  def strings(value: ast.AST | None) -> list[str]:
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add):
+      return strings(value.left) + strings(value.right)
+    if isinstance(value, ast.Name):
+      return strings(named.get(value.id))
+    return [e.value for e in getattr(value, "elts", []) if isinstance(e, ast.Constant)]
+
   rules = {}
   for node in ast.walk(tree):
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
@@ -39,8 +50,7 @@ def _rules(package: str) -> dict[str, tuple[str, list[str], list[str]]]:
     fields = {k.arg: k.value for k in node.keywords if k.arg}
     if not isinstance(fields.get("name"), ast.Constant):
       continue
-    lists = {key: [e.value for e in getattr(fields.get(key), "elts", [])
-                   if isinstance(e, ast.Constant)] for key in ("srcs", "deps")}
+    lists = {key: strings(fields.get(key)) for key in ("srcs", "deps")}
     rules[f"{package}:{fields['name'].value}"] = (
         node.func.id, lists["srcs"], [_label(package, d) for d in lists["deps"]])
   return rules
@@ -90,3 +100,48 @@ def test_every_module_of_the_framework_is_in_a_library():
              for name in files if re.fullmatch(r"[a-z_0-9]+\.py", name)}
   assert not sorted(modules - listed), f"modules in no BUILD rule: {sorted(modules - listed)}"
 
+
+
+def _module_file(name: str) -> str | None:
+  """The file of module `name` (a.b.c) under the root, or None if it is not one of ours."""
+  path = os.path.join(ROOT, *name.split("."))
+  for candidate in (path + ".py", os.path.join(path, "__init__.py")):
+    if os.path.isfile(candidate):
+      return os.path.relpath(candidate, ROOT)
+  return None
+
+
+def _imported_files(path: str) -> set[str]:
+  """The framework's modules `path` imports, at the top or inside a function; not packages'
+  `__init__.py` (their `package` targets are what every library lists first)."""
+  with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      names.add(node.module)
+      names.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return {file for name in names if name.split(".")[0] == "lingvo_lite"
+          for file in [_module_file(name)]
+          if file is not None and not file.endswith("__init__.py")}
+
+
+def test_every_import_of_the_framework_is_in_its_librarys_deps():
+  """A module's library reaches (through its deps) every framework module the module imports:
+  outside Bazel every module is on the path, so a missing dep fails only in the sandbox, and
+  only in a test whose other deps do not happen to bring the module along."""
+  rules = _framework_rules()
+  owner = {}
+  for label, (_, srcs, _) in rules.items():
+    for src in srcs:
+      if not src.startswith("//"):
+        owner[os.path.join(label.split(":")[0], src)] = label
+  missing = []
+  for path, label in sorted(owner.items()):
+    reached = _reached(rules, label)
+    for imported in sorted(_imported_files(path)):
+      if imported in owner and owner[imported] not in reached:
+        missing.append(f"{label} ({path}) imports {imported}: add {owner[imported]}")
+  assert not missing, "libraries missing a dep:\n" + "\n".join(missing)
