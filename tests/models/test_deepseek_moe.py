@@ -166,7 +166,7 @@ def test_a_train_step_moves_each_bias_by_the_papers_rule(layout):
   model = (_model() if layout.startswith("unrolled") else
            _model(first_dense_layers=0, num_layers=2, scan_layers=True))
   batch = _batch()
-  params = nn.meta.unbox(model.init(jax.random.key(0), batch["inputs"])["params"])
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), batch["inputs"])["params"])
   assert model.num_parameters() == sum(p.size for p in jax.tree.leaves(params))  # Biases in.
   generator = np.random.default_rng(5)
   params = jax.tree_util.tree_map_with_path(
@@ -174,7 +174,7 @@ def test_a_train_step_moves_each_bias_by_the_papers_rule(layout):
       if "selection_bias" in jax.tree_util.keystr(path) else p, params)
   optimizer = optax.adamw(0.1, weight_decay=0.5, mask=None)  # Decays the biases too.
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                     opt_state=optimizer.init(params))
+                     opt_state=jax.jit(optimizer.init)(params))
 
   def step(accumulate):
     return jax.jit(lambda s, b: steps.train_step(
@@ -182,7 +182,8 @@ def test_a_train_step_moves_each_bias_by_the_papers_rule(layout):
         grad_accum_steps=accumulate))(state, batch)
 
   (moved, metrics), (split, _) = step(1), step(2)
-  _, sown = model.apply({"params": params}, batch["inputs"], mutable=[moe.STATISTICS])
+  _, sown = jax.jit(lambda p, x: model.apply({"params": p}, x, mutable=[moe.STATISTICS]))(
+      params, batch["inputs"])
   loads = {key.replace("['expert_load'][0]", "['selection_bias']"): value
            for key, value in _flat(sown[moe.STATISTICS]).items() if "expert_load" in key}
   rows = np.concatenate([load.reshape(-1, EXPERTS) for load in loads.values()])
@@ -204,11 +205,12 @@ def test_a_train_step_moves_each_bias_by_the_papers_rule(layout):
 
 def _train_run(model, batches):
   """The per-step (load CV, loss) of training `model` (from one seed) on `batches`, all the
-  steps in one compiled scan (a tiny model's step is dispatch, not arithmetic)."""
-  params = nn.meta.unbox(model.init(jax.random.key(0), batches["inputs"][0])["params"])
+  steps in one compiled scan (a tiny model's step is dispatch, not arithmetic); the init
+  jitted too (op by op, its MoE layers are a hundred compiles)."""
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), batches["inputs"][0])["params"])
   optimizer = optax.adam(1e-2)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                     opt_state=optimizer.init(params))
+                     opt_state=jax.jit(optimizer.init)(params))
 
   def body(state, batch):
     state, metrics = steps.train_step(state, batch, model=model, optimizer=optimizer,
@@ -313,7 +315,7 @@ def test_multi_token_prediction_loss_equals_a_hand_written_one():
            "weights": jnp.asarray((segment_ids > 0) * rng.uniform(0.5, 1.0, (2, 12)),
                                   jnp.float32),
            "segment_ids": jnp.asarray(segment_ids), "positions": jnp.asarray(positions)}
-  params = nn.meta.unbox(model.init(jax.random.key(3), batch["inputs"])["params"])
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(3), batch["inputs"])["params"])
   params = jax.tree.map(lambda p: p + 0.1 * jnp.asarray(rng.normal(size=p.shape), p.dtype),
                         params)  # The norms' scales off 1.
   objective = MultiTokenPrediction(weight=0.3)

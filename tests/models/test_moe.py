@@ -42,7 +42,8 @@ def _inputs(shape=(3, 10)):
 
 
 def _params(layer, x):
-  params = nn.meta.unbox(layer.init(jax.random.key(1), x)["params"])
+  # Only the shapes are used: traced, not run op by op (each op a compile).
+  params = nn.meta.unbox(jax.eval_shape(layer.init, jax.random.key(1), x)["params"])
   generator = np.random.default_rng(2)
   # Biases off zero (a swapped or missing one shows), weights O(1).
   return jax.tree.map(lambda p: jnp.asarray(generator.normal(size=p.shape) * (
@@ -288,7 +289,8 @@ def test_the_balance_loss_and_z_loss_are_their_formulas(setting):
   layer, x = _layer(setting), _inputs()
   params = _params(layer, x)
   with jax.default_matmul_precision("highest"):
-    _, state = layer.apply({"params": params}, x, mutable=[moe.STATISTICS])
+    _, state = jax.jit(lambda p, x: layer.apply({"params": p}, x, mutable=[moe.STATISTICS]))(
+        params, x)
   sown = {name: np.asarray(value[0]) for name, value in state[moe.STATISTICS].items()}
   _, experts, scores, logits = _routing_numpy(params, x, setting)
   tokens, k = experts.shape
@@ -313,10 +315,12 @@ def _model(**changes):
 
 def test_the_objective_adds_the_weighted_mean_losses_and_logs_them_by_expert():
   model, tokens = _model(), jnp.asarray(np.random.default_rng(3).integers(0, 40, (2, 9)))
-  params = nn.meta.unbox(model.init(jax.random.key(0), tokens)["params"])
-  logits, auxiliary, statistics = model.logits_and_losses(params, tokens)
-  assert np.allclose(logits, model.apply({"params": params}, tokens))
-  _, state = model.apply({"params": params}, tokens, mutable=[moe.STATISTICS])
+  # Each call jitted: one program, not one compile per operation.
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), tokens)["params"])
+  logits, auxiliary, statistics = jax.jit(model.logits_and_losses)(params, tokens)
+  assert np.allclose(logits, jax.jit(model.apply)({"params": params}, tokens))
+  _, state = jax.jit(lambda p, t: model.apply({"params": p}, t, mutable=[moe.STATISTICS]))(
+      params, tokens)
   per_layer = [state[moe.STATISTICS][f"layer_{i}"]["mlp"] for i in (0, 1)]  # Layer 2: dense.
   balance = np.mean([layer["load_balance"][0] for layer in per_layer])
   z = np.mean([layer["router_z"][0] for layer in per_layer])
@@ -326,7 +330,7 @@ def test_the_objective_adds_the_weighted_mean_losses_and_logs_them_by_expert():
   assert np.isclose(sum(shares), 1.0) and len(statistics) == 3 + 4
   # Scanned (a group of the pattern, and the same statistics) gives the same.
   scanned = model.clone(scan_layers=True)
-  _, auxiliary_scanned, statistics_scanned = scanned.logits_and_losses(
+  _, auxiliary_scanned, statistics_scanned = jax.jit(scanned.logits_and_losses)(
       scanned.to_own_layout(params), tokens)
   assert np.isclose(float(auxiliary_scanned), float(auxiliary), rtol=1e-5)
   assert all(np.isclose(float(statistics_scanned[k]), float(v), rtol=1e-5, atol=1e-7)
@@ -343,10 +347,10 @@ def test_a_train_step_follows_the_balance_loss_and_accumulates_its_statistics():
   batch = {"inputs": jnp.asarray(rng.integers(0, 40, (4, 8))),
            "targets": jnp.asarray(rng.integers(0, 40, (4, 8))),
            "weights": jnp.ones((4, 8), jnp.float32)}
-  params = nn.meta.unbox(model.init(jax.random.key(0), batch["inputs"])["params"])
+  params = nn.meta.unbox(jax.jit(model.init)(jax.random.key(0), batch["inputs"])["params"])
   optimizer = optax.sgd(0.1)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                     opt_state=optimizer.init(params))
+                     opt_state=jax.jit(optimizer.init)(params))
 
   def step(model, accumulate=1):
     return jax.jit(lambda s, b: steps.train_step(
@@ -356,7 +360,7 @@ def test_a_train_step_follows_the_balance_loss_and_accumulates_its_statistics():
   with jax.default_matmul_precision("highest"):
     (moved, metrics), (_, split_metrics) = step(model), step(model, 2)
     unbalanced, _ = step(model.clone(load_balance_coefficient=0.0))
-    halves = [model.logits_and_losses(params, batch["inputs"][rows])[2]
+    halves = [jax.jit(model.logits_and_losses)(params, batch["inputs"][rows])[2]
               for rows in (slice(0, 2), slice(2, 4))]
   router = lambda s: np.asarray(s.params["layer_0"]["mlp"]["router_kernel"])
   assert not np.allclose(router(moved), router(unbalanced), atol=1e-6)
