@@ -333,18 +333,14 @@ def _check_distinct_mesh_axes(partitioner: Partitioner, parameter: ArrayShape) -
   parameter would not be sharded as configured. A logical axis with a second rule (a
   fallback Flax tries in order) is what the user asked for, and is let through.
   """
-  owner: dict[str, str] = {}
-  for name in parameter.axes:
-    if not name:
-      continue
-    for axis in partitioner.intended_mesh_axes(name):
-      first = owner.setdefault(axis, name)
-      if first != name and not partitioner.has_fallback(name):
-        raise config_error(
-            "partitioner.rules", f"{first} -> {axis}, {name} -> {axis}",
-            f"parameter {parameter.path} has dimensions {first!r} and {name!r}, and one mesh "
-            "axis can split only one dimension of an array",
-            f"map {name!r} or {first!r} to another mesh axis or to None")
+  shared = partitioner.shared_mesh_axis(parameter.axes)
+  if shared is not None:
+    first, name, axis = shared
+    raise config_error(
+        "partitioner.rules", f"{first} -> {axis}, {name} -> {axis}",
+        f"parameter {parameter.path} has dimensions {first!r} and {name!r}, and one mesh "
+        "axis can split only one dimension of an array",
+        f"map {name!r} or {first!r} to another mesh axis or to None")
 
 
 def setup_config(**parts: Any) -> fdl.Config[Setup]:

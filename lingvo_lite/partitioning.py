@@ -308,17 +308,31 @@ class Partitioner:
     replicated batch does every row's work on every chip). A logical axis with a second rule
     (a fallback Flax tries in order) is what the user asked for, and is let through.
     """
+    shared = self.shared_mesh_axis(ACTIVATION_AXES)
+    if shared is not None:
+      first, name, axis = shared
+      raise config_error(
+          "partitioner.rules", f"{first} -> {axis}, {name} -> {axis}",
+          f"the activations between layers, {list(ACTIVATION_AXES)}, have dimensions "
+          f"{first!r} and {name!r}, and one mesh axis can split only one dimension of "
+          "an array", f"map {name!r} to a mesh axis {first!r} does not use (the default "
+          "is 'tensor') or to None")
+
+  def shared_mesh_axis(self, logical_axes: Sequence[str | None]
+                       ) -> tuple[str, str, str] | None:
+    """(the first logical axis, a later one, the mesh axis both ask for) where two dimensions
+    of one array are mapped to one mesh axis by their first rules, or None. A logical axis
+    with a second rule (a fallback Flax tries in order) is what the user asked for, and is
+    let through."""
     owner: dict[str, str] = {}
-    for name in ACTIVATION_AXES:
+    for name in logical_axes:
+      if not name:
+        continue
       for axis in self.intended_mesh_axes(name):
         first = owner.setdefault(axis, name)
         if first != name and not self.has_fallback(name):
-          raise config_error(
-              "partitioner.rules", f"{first} -> {axis}, {name} -> {axis}",
-              f"the activations between layers, {list(ACTIVATION_AXES)}, have dimensions "
-              f"{first!r} and {name!r}, and one mesh axis can split only one dimension of "
-              "an array", f"map {name!r} to a mesh axis {first!r} does not use (the default "
-              "is 'tensor') or to None")
+          return first, name, axis
+    return None
 
   def intended_mesh_axes(self, logical_axis: str | None) -> tuple[str, ...]:
     """The mesh axes of the first rule for `logical_axis` (what the user asked for)."""
